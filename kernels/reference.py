@@ -1,0 +1,395 @@
+"""Pure-JAX decode step of the Kimi K3 hybrid family (the multi-kernel baseline).
+
+One step: embedding; per layer RMSNorm -> KDA or MLA attention -> residual, RMSNorm -> dense FFN
+or latent MoE (sigmoid router with selection bias, top-k, shared experts) -> residual; final norm,
+lm_head, greedy sampling. Shapes come only from a `perfmodel.arch.ModelSpec`.
+
+Numerics (the megakernel follows the same rules): weights are stored in `dtype` (bf16 by
+default); a matmul casts its activation input to the weight dtype and accumulates in f32; every
+other op (norms, gates, recurrences, softmax) runs in f32. The MLA latent cache is stored in the
+`kv_cache` format (bf16), the KDA state and short-conv window in f32.
+
+Model details fixed here (the preset does not state them): RMSNorm eps 1e-6; KDA q/k are
+L2-normalised per head, q scaled by head_dim^-1/2, the short conv (width W, depthwise, SiLU)
+acts on q|k|v, the decay is g = max(-exp(A_log) * softplus(decay_b(decay_a(x)) + dt_bias), -5)
+per channel (the -5 lower bound of FACTS.md s.3), beta = sigmoid(beta_proj(x)), the delta rule
+S' = (I - beta k k^T) diag(exp g) S + beta k v^T, o = S'^T q, per-head RMSNorm, sigmoid output
+gate. MLA has no positional encoding (FACTS.md s.3), so the rope part of the key is a shared
+latent without rotation; softmax scale (qk_nope+qk_rope)^-1/2. The router picks top-k of
+sigmoid(logits) + bias and weights the picks by sigmoid(logits) normalised to sum 1.
+
+Named scopes: `embed`, `layer_XX/attention`, `layer_XX/ffn` or `layer_XX/moe` (with sub-scopes
+`router`, `experts`, `shared`) and `head`; every op of the step lies inside one of them.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from perfmodel.arch import Layer, ModelSpec
+from perfmodel.errors import SpecError, positive_int, require
+
+EPS = 1e-6
+DECAY_LOWER_BOUND = -5.0
+
+
+# ----- weights and cache ----------------------------------------------------------------------
+
+class StaticSpec:
+    """A ModelSpec as hashable static data (ModelSpec holds dicts, so it has no hash)."""
+
+    def __init__(self, spec: ModelSpec):
+        self.spec, self._key = spec, repr(spec)
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __eq__(self, other):
+        return isinstance(other, StaticSpec) and other._key == self._key
+
+
+@dataclass(frozen=True)
+class Weights:
+    """All weights of a model (a pytree of arrays) with their spec as static data.
+
+    params: {"embed": [V, H], "layers": [per-layer {name: array}], "final_norm": [H],
+    "lm_head": [H, V]}; a layer's names are those of `spec.layer_matmuls` (experts stacked on a
+    leading axis) and of `small_param_shapes`."""
+    params: dict
+    static: StaticSpec
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.static.spec
+
+    def __getitem__(self, key):
+        return self.params[key]
+
+
+jax.tree_util.register_dataclass(Weights, data_fields=["params"], meta_fields=["static"])
+
+
+def small_param_shapes(spec: ModelSpec, layer: Layer) -> dict[str, tuple[int, ...]]:
+    """Every non-matmul weight of a layer, by name (the two RMSNorms, conv taps, decay constants,
+    latent norms, router selection bias)."""
+    h = spec.hidden
+    out = {"attn_norm": (h,), "ffn_norm": (h,)}
+    if layer.attention == "kda":
+        a = spec.kda
+        out |= {"conv": (a.conv_width, 3 * a.heads * a.head_dim), "A_log": (a.heads,),
+                "dt_bias": (a.heads,), "o_norm": (a.head_dim,)}
+    elif layer.attention == "mla":
+        out |= {"q_norm": (spec.mla.q_lora_rank,), "kv_norm": (spec.mla.kv_lora_rank,)}
+    if layer.ffn == "moe":
+        out["router_bias"] = (spec.moe.experts,)
+    return out
+
+
+def check_spec(spec: ModelSpec) -> None:
+    """Refuse specs outside the hybrid family this step implements."""
+    for layer in spec.layers:
+        require(layer.attention in ("kda", "mla"), f"layers[{layer.index}].attention",
+                layer.attention, "the K3 decode step implements kda and mla attention only")
+    if spec.kda and spec.count(attention="kda"):
+        require(spec.kda.output_gate_rank == 0, "kda.output_gate_rank", spec.kda.output_gate_rank,
+                "only the full-rank output gate (0) is implemented")
+        positive_int("kda.conv_width", spec.kda.conv_width)
+        positive_int("kda.decay_gate_rank", spec.kda.decay_gate_rank)
+    if spec.mla and spec.count(attention="mla"):
+        positive_int("mla.q_lora_rank", spec.mla.q_lora_rank)
+
+
+def init_weights(spec: ModelSpec, seed: int = 0, dtype=jnp.bfloat16) -> Weights:
+    """Seeded random weights named and shaped as `spec.layer_matmuls` / `small_param_shapes`."""
+    check_spec(spec)
+    rng = np.random.default_rng(seed)
+
+    def normal(shape, scale):
+        return jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * scale, dtype)
+
+    def small(name, shape):
+        if name in ("attn_norm", "ffn_norm", "o_norm", "q_norm", "kv_norm"):
+            return jnp.asarray(1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32), dtype)
+        if name == "A_log":
+            return jnp.asarray(np.log(rng.uniform(1.0, 16.0, shape)).astype(np.float32), dtype)
+        scale = {"conv": 0.5, "dt_bias": 0.5, "router_bias": 0.1}[name]
+        return normal(shape, scale)
+
+    layers = []
+    for layer in spec.layers:
+        lw = {name: small(name, shape) for name, shape in small_param_shapes(spec, layer).items()}
+        for mm in spec.layer_matmuls(layer):
+            shape = (mm.d_in, mm.d_out) if mm.experts == 1 else (mm.experts, mm.d_in, mm.d_out)
+            lw[mm.name] = normal(shape, mm.d_in ** -0.5)
+        layers.append(lw)
+    params = {"embed": normal((spec.vocab, spec.hidden), 1.0), "layers": layers,
+              "final_norm": small("attn_norm", (spec.hidden,)),
+              "lm_head": normal((spec.hidden, spec.vocab), spec.hidden ** -0.5)}
+    return Weights(params, StaticSpec(spec))
+
+
+def cache_shapes(spec: ModelSpec, batch: int, max_context: int) -> dict[str, tuple[tuple[int, ...], object]]:
+    """Per-kind stacked caches: KDA state and conv window (f32), MLA latent cache (bf16)."""
+    out = {}
+    n_kda, n_mla = spec.count(attention="kda"), spec.count(attention="mla")
+    if n_kda:
+        a = spec.kda
+        out["kda_state"] = ((n_kda, batch, a.heads, a.head_dim, a.head_dim), jnp.float32)
+        out["kda_conv"] = ((n_kda, batch, a.conv_width - 1, 3 * a.heads * a.head_dim), jnp.float32)
+    if n_mla:
+        m = spec.mla
+        out["mla_latent"] = ((n_mla, batch, max_context, m.kv_lora_rank + m.qk_rope_dim),
+                             jnp.bfloat16)
+    return out
+
+
+def init_cache(spec: ModelSpec, batch: int, max_context: int) -> dict[str, jax.Array]:
+    """Zero caches for `batch` sequences of up to `max_context` tokens."""
+    check_spec(spec)
+    positive_int("batch", batch), positive_int("max_context", max_context)
+    return {k: jnp.zeros(s, d) for k, (s, d) in cache_shapes(spec, batch, max_context).items()}
+
+
+def kind_ordinal(spec: ModelSpec, layer: Layer) -> int:
+    """0-based index of `layer` among the layers of its attention kind (its cache slot)."""
+    return sum(1 for l in spec.layers[:layer.index - 1] if l.attention == layer.attention)
+
+
+# ----- building blocks (shared with the megakernel) ----------------------------------------------
+
+def mm(x, w):
+    """x @ w with x cast to the weight dtype and f32 accumulation."""
+    return jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+
+
+def rms_norm(x, w):
+    x = x.astype(jnp.float32)
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + EPS) * w.astype(jnp.float32)
+
+
+def silu(x):
+    return x * jax.nn.sigmoid(x)
+
+
+def swiglu(gu):
+    """silu(gate) * up for a fused [.., 2w] gate|up activation."""
+    w = gu.shape[-1] // 2
+    return silu(gu[..., :w]) * gu[..., w:]
+
+
+def short_conv(window, x_new, taps):
+    """Depthwise causal conv of width W + SiLU. window [B, W-1, C] (oldest first), x_new [B, C],
+    taps [W, C]. Returns (activation [B, C], new window)."""
+    taps = taps.astype(jnp.float32)
+    w = taps.shape[0]
+    y = x_new * taps[w - 1]
+    for j in range(w - 1):
+        y = y + window[:, j] * taps[j]
+    new_window = jnp.concatenate([window[:, 1:], x_new[:, None]], axis=1) if w > 1 else window
+    return silu(y), new_window
+
+
+def l2_normalize(x):
+    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + EPS)
+
+
+def kda_gates(h_dec_b, a_log, dt_bias, beta_logits, heads, dk):
+    """Per-channel decay exp(g) [B, heads, dk] and beta [B, heads] from the projections."""
+    b = h_dec_b.shape[0]
+    pre = h_dec_b.reshape(b, heads, dk) + dt_bias.astype(jnp.float32)[None, :, None]
+    g = -jnp.exp(a_log.astype(jnp.float32))[None, :, None] * jax.nn.softplus(pre)
+    return jnp.exp(jnp.maximum(g, DECAY_LOWER_BOUND)), jax.nn.sigmoid(beta_logits)
+
+
+def delta_rule(state, q, k, v, decay, beta):
+    """One KDA recurrent step for [B, heads, dk(, dv)] operands; returns (o [B, heads, dv], S')."""
+    s1 = decay[..., None] * state
+    u = v - jnp.sum(k[..., None] * s1, axis=2)
+    s2 = s1 + (beta[..., None] * k)[..., None] * u[:, :, None, :]
+    return jnp.sum(q[..., None] * s2, axis=2), s2
+
+
+def route(logits, bias, top_k):
+    """Sigmoid router with selection bias: dense combine weights [B, E] (zeros off the top-k)."""
+    scores = jax.nn.sigmoid(logits)
+    _, ids = jax.lax.top_k(scores + bias.astype(jnp.float32), top_k)
+    picked = jnp.sum(jax.nn.one_hot(ids, logits.shape[-1], dtype=jnp.float32), axis=1)
+    w = scores * picked
+    return w / jnp.sum(w, axis=-1, keepdims=True), ids
+
+
+# ----- phases ---------------------------------------------------------------------------------
+
+def _scope(layer: Layer, phase: str) -> str:
+    return f"layer_{layer.index:02d}/{phase}"
+
+
+def embed(weights, tokens):
+    with jax.named_scope("embed"):
+        return jnp.take(weights["embed"], tokens, axis=0).astype(jnp.float32)
+
+
+def _kda(spec, lw, state, window, h):
+    a = spec.kda
+    b, c = h.shape[0], a.heads * a.head_dim
+    qkv = jnp.concatenate([mm(h, lw["q_proj"]), mm(h, lw["k_proj"]), mm(h, lw["v_proj"])], -1)
+    act, window = short_conv(window, qkv, lw["conv"])
+    split = lambda i: act[:, i * c:(i + 1) * c].reshape(b, a.heads, a.head_dim)
+    q, k, v = l2_normalize(split(0)) * a.head_dim ** -0.5, l2_normalize(split(1)), split(2)
+    decay, beta = kda_gates(mm(mm(h, lw["decay_a"]), lw["decay_b"]), lw["A_log"], lw["dt_bias"],
+                            mm(h, lw["beta_proj"]), a.heads, a.head_dim)
+    o, state = delta_rule(state, q, k, v, decay, beta)
+    o = rms_norm(o, lw["o_norm"]).reshape(b, c) * jax.nn.sigmoid(mm(h, lw["gate_proj"]))
+    return mm(o, lw["o_proj"]), state, window
+
+
+def _mla(spec, lw, latent_cache, h, positions, form):
+    m = spec.mla
+    b, t_max = h.shape[0], latent_cache.shape[1]
+    q = mm(rms_norm(mm(h, lw["q_a"]), lw["q_norm"]), lw["q_b"])
+    q = q.reshape(b, m.heads, m.qk_nope_dim + m.qk_rope_dim)
+    q_nope, q_rope = q[..., :m.qk_nope_dim], q[..., m.qk_nope_dim:]
+    kv = mm(h, lw["kv_a"])
+    new = jnp.concatenate([rms_norm(kv[:, :m.kv_lora_rank], lw["kv_norm"]),
+                           kv[:, m.kv_lora_rank:]], -1)
+    latent_cache = latent_cache.at[jnp.arange(b), positions].set(new.astype(latent_cache.dtype))
+    cache = latent_cache.astype(jnp.float32)
+    c, k_rope = cache[..., :m.kv_lora_rank], cache[..., m.kv_lora_rank:]
+    kv_b = lw["kv_b"].astype(jnp.float32).reshape(m.kv_lora_rank, m.heads,
+                                                   m.qk_nope_dim + m.v_head_dim)
+    w_uk, w_uv = kv_b[..., :m.qk_nope_dim], kv_b[..., m.qk_nope_dim:]
+    if form == "absorbed":
+        q_lat = jnp.einsum("bhn,rhn->bhr", q_nope, w_uk)
+        scores = jnp.einsum("bhr,btr->bht", q_lat, c)
+    else:
+        scores = jnp.einsum("bhn,bthn->bht", q_nope, jnp.einsum("btr,rhn->bthn", c, w_uk))
+    scores = (scores + jnp.einsum("bhp,btp->bht", q_rope, k_rope)) \
+        * (m.qk_nope_dim + m.qk_rope_dim) ** -0.5
+    valid = jnp.arange(t_max)[None, None, :] <= positions[:, None, None]
+    p = jax.nn.softmax(jnp.where(valid, scores, -jnp.inf), axis=-1)
+    if form == "absorbed":
+        o = jnp.einsum("bhr,rhv->bhv", jnp.einsum("bht,btr->bhr", p, c), w_uv)
+    else:
+        o = jnp.einsum("bht,bthv->bhv", p, jnp.einsum("btr,rhv->bthv", c, w_uv))
+    o = o.reshape(b, m.heads * m.v_head_dim)
+    if m.output_gate:
+        o = o * jax.nn.sigmoid(mm(h, lw["gate_proj"]))
+    return mm(o, lw["o_proj"]), latent_cache
+
+
+def attention(spec, layer, lw, cache, x, positions, mla_form="absorbed"):
+    """x + attention(rms_norm(x)); updates this layer's slot of the stacked cache."""
+    with jax.named_scope(_scope(layer, "attention")):
+        h = rms_norm(x, lw["attn_norm"])
+        i, cache = kind_ordinal(spec, layer), dict(cache)
+        if layer.attention == "kda":
+            out, st, win = _kda(spec, lw, cache["kda_state"][i], cache["kda_conv"][i], h)
+            cache["kda_state"] = cache["kda_state"].at[i].set(st)
+            cache["kda_conv"] = cache["kda_conv"].at[i].set(win)
+        else:
+            out, lat = _mla(spec, lw, cache["mla_latent"][i], h, positions, mla_form)
+            cache["mla_latent"] = cache["mla_latent"].at[i].set(lat)
+        return x + out, cache
+
+
+def distinct_experts(ids, n_experts, size):
+    """Sorted distinct expert ids of a batch's picks, padded to `size` with `n_experts`."""
+    return jnp.unique(ids.reshape(-1), size=size, fill_value=n_experts)
+
+
+def ffn(spec, layer, lw, x):
+    """x + dense FFN or latent MoE of rms_norm(x)."""
+    phase = "ffn" if layer.ffn == "dense" else "moe"
+    with jax.named_scope(_scope(layer, phase)):
+        h = rms_norm(x, lw["ffn_norm"])
+        if layer.ffn == "dense":
+            return x + mm(swiglu(mm(h, lw["gate_up"])), lw["down"])
+        m = spec.moe
+        with jax.named_scope("router"):
+            comb, ids = route(mm(h, lw["router"]), lw["router_bias"], m.top_k)
+        with jax.named_scope("experts"):
+            z = mm(h, lw["latent_down"]) if m.latent_dim else h
+            # Only the distinct experts of the batch are read (as a decode engine does).
+            uniq = distinct_experts(ids, m.experts, min(m.experts, ids.size))
+            w_gu = jnp.take(lw["expert_gate_up"], uniq, axis=0, mode="fill", fill_value=0)
+            w_dn = jnp.take(lw["expert_down"], uniq, axis=0, mode="fill", fill_value=0)
+            cw = jnp.take(comb, uniq, axis=1, mode="fill", fill_value=0)        # [B, M]
+            act = swiglu(jnp.einsum("bd,mdf->mbf", z.astype(w_gu.dtype), w_gu,
+                                    preferred_element_type=jnp.float32))
+            y = jnp.einsum("mbf,mfd->mbd", act.astype(w_dn.dtype), w_dn,
+                           preferred_element_type=jnp.float32)
+            routed = jnp.einsum("bm,mbd->bd", cw, y)
+            out = mm(routed, lw["latent_up"]) if m.latent_dim else routed
+        if m.shared_width:
+            with jax.named_scope("shared"):
+                out = out + mm(swiglu(mm(h, lw["shared_gate_up"])), lw["shared_down"])
+        return x + out
+
+
+def head(weights, x):
+    """Final norm, lm_head, greedy sampling: (next tokens [B] int32, logits [B, V] f32)."""
+    with jax.named_scope("head"):
+        logits = mm(rms_norm(x, weights["final_norm"]), weights["lm_head"])
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), logits
+
+
+# ----- the step -------------------------------------------------------------------------------
+
+def _check_inputs(cache, tokens, positions):
+    some = next(iter(cache.values()))
+    batch = some.shape[1]
+    require(tokens.shape == (batch,), "tokens.shape", tuple(tokens.shape),
+            f"expected ({batch},) to match the cache batch")
+    require(positions.shape == (batch,), "positions.shape", tuple(positions.shape),
+            f"expected ({batch},) to match the cache batch")
+
+
+@functools.partial(jax.jit, static_argnames=("mla_form",), donate_argnames=("cache",))
+def _decode_step_jit(weights, cache, tokens, positions, *, mla_form):
+    spec = weights.spec
+    x = embed(weights, tokens)
+    for layer, lw in zip(spec.layers, weights["layers"]):
+        x, cache = attention(spec, layer, lw, cache, x, positions, mla_form)
+        x = ffn(spec, layer, lw, x)
+    nxt, logits = head(weights, x)
+    return nxt, logits, cache
+
+
+def decode_step(weights: Weights, cache, tokens, positions, mla_form: str = "absorbed"):
+    """One decode step as one XLA program: (next tokens [B], logits [B, V] f32, new cache).
+
+    tokens [B] int32 are the current tokens, positions [B] int32 their 0-based positions (the
+    MLA cache holds positions 0..pos-1 and gets entry pos). The cache argument is donated.
+    """
+    require(mla_form in ("absorbed", "plain"), "mla_form", mla_form, "absorbed or plain")
+    _check_inputs(cache, tokens, positions)
+    return _decode_step_jit(weights, cache, jnp.asarray(tokens, jnp.int32),
+                            jnp.asarray(positions, jnp.int32), mla_form=mla_form)
+
+
+@functools.lru_cache(maxsize=None)
+def _phase_fns(static: StaticSpec, mla_form: str):
+    spec, jit = static.spec, jax.jit
+    attn = {l.index: jit(functools.partial(attention, spec, l, mla_form=mla_form),
+                         donate_argnums=(1,)) for l in spec.layers}
+    ffns = {l.index: jit(functools.partial(ffn, spec, l)) for l in spec.layers}
+    return jit(embed), attn, ffns, jit(head)
+
+
+def decode_step_op_by_op(weights: Weights, cache, tokens, positions, mla_form: str = "absorbed"):
+    """Same step, dispatching embed, each layer's attention and FFN/MoE, and head as separate
+    jitted calls (a multi-kernel engine)."""
+    require(mla_form in ("absorbed", "plain"), "mla_form", mla_form, "absorbed or plain")
+    _check_inputs(cache, tokens, positions)
+    emb, attn, ffns, hd = _phase_fns(weights.static, mla_form)
+    positions = jnp.asarray(positions, jnp.int32)
+    x = emb(weights, jnp.asarray(tokens, jnp.int32))
+    for layer, lw in zip(weights.spec.layers, weights["layers"]):
+        x, cache = attn[layer.index](lw, cache, x, positions)
+        x = ffns[layer.index](lw, x)
+    nxt, logits = hd(weights, x)
+    return nxt, logits, cache

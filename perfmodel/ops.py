@@ -1,0 +1,174 @@
+"""The per-device op graph of one decode step: FLOPs, bytes by class and collectives per op.
+
+Parallel layout (documented choices, see README "Model terms"):
+- attention, dense FFN, shared experts, latent projections, embedding and lm_head are sharded
+  over `tp` devices; the MoE router is replicated (as vLLM's ReplicatedLinear gate);
+- routed experts belong to `ep` groups in contiguous blocks, each expert split over the
+  devices / ep devices of its group; tokens are replicated, so no dispatch is needed and the
+  partial expert outputs are summed by an all-reduce over all devices;
+- MLA's latent cache is replicated across TP ranks (each rank reads all of it for its heads).
+Byte classes: static (weights known ahead, prefetchable across layers), routed (expert
+weights known only after the router), kv (KV cache / recurrent state), act (activations).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .arch import Layer, Matmul, ModelSpec
+from .deployment import Deployment
+from .moe import expected_busiest_group
+
+BYTE_CLASSES = ("static", "routed", "kv", "act")
+ACT_BYTES = 2  # bf16 activations
+
+
+@dataclass
+class OpGraph:
+    """Parallel arrays, one entry per op, in program order."""
+    layer: np.ndarray      # 0 embedding, 1..n layers, n+1 head
+    phase: list[str]       # embed, attention, ffn, moe, head
+    name: list[str]
+    is_collective: np.ndarray
+    flops: np.ndarray
+    dtype: list[str]
+    static_bytes: np.ndarray
+    routed_bytes: np.ndarray
+    kv_bytes: np.ndarray
+    act_bytes: np.ndarray
+    coll_kind: list[str]
+    coll_bytes: np.ndarray
+    coll_group: np.ndarray
+    layer_kind: dict[int, str]
+    tokens: int           # rows processed per replica this step
+    distinct_experts: float  # per MoE layer on the busiest expert group
+
+    @property
+    def bytes(self) -> np.ndarray:
+        return self.static_bytes + self.routed_bytes + self.kv_bytes + self.act_bytes
+
+    def __len__(self) -> int:
+        return len(self.name)
+
+
+class _Builder:
+    def __init__(self):
+        self.rows: list[tuple] = []
+
+    def compute(self, layer, phase, name, flops=0.0, dtype="bf16", static=0.0, routed=0.0, kv=0.0, act=0.0):
+        self.rows.append((layer, phase, name, False, flops, dtype, static, routed, kv, act, "", 0.0, 1))
+
+    def collective(self, layer, phase, name, kind, nbytes, group):
+        if group > 1:
+            self.rows.append((layer, phase, name, True, 0.0, "", 0.0, 0.0, 0.0, 0.0, kind, nbytes, group))
+
+
+def build(model: ModelSpec, d: Deployment) -> OpGraph:
+    b = -(-d.batch // d.dp)              # sequences per attention replica
+    t = b * d.rows_per_seq               # rows (tokens) processed per replica
+    h, f = model.hidden, model.formats
+    ops = _Builder()
+
+    def matmul(layer: int, phase: str, mm: Matmul, shards: int):
+        fmt = f[mm.family]
+        ops.compute(layer, phase, mm.name, 2.0 * t * mm.params / shards, fmt.compute_dtype,
+                    static=mm.params / shards * fmt.bytes_per_value,
+                    act=ACT_BYTES * t * (mm.d_in + mm.d_out / shards))
+
+    ops.compute(0, "embed", "embedding_gather", static=t * h * f["embedding"].bytes_per_value / d.tp)
+    ops.collective(0, "embed", "embedding_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
+    distinct = 0.0
+    for layer in model.layers:
+        i = layer.index
+        ops.compute(i, "attention", "attn_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
+        mms = model.attention_matmuls(layer.attention)
+        for mm in mms[:-1]:
+            matmul(i, "attention", mm, d.tp)
+        _attention_core(ops, model, layer, d, b, t)
+        matmul(i, "attention", mms[-1], d.tp)
+        ops.collective(i, "attention", "attn_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
+        ops.compute(i, layer.ffn, "ffn_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
+        if layer.ffn == "dense":
+            for mm in model.ffn_matmuls("dense"):
+                matmul(i, "ffn", mm, d.tp)
+            ops.collective(i, "ffn", "ffn_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
+        else:
+            distinct = _moe(ops, model, i, d, t)
+    n1 = len(model.layers) + 1
+    ops.compute(n1, "head", "final_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
+    lm = Matmul("lm_head", "lm_head" if not model.tie_embeddings else "embedding", h, model.vocab)
+    matmul(n1, "head", lm, d.tp)
+    ops.compute(n1, "head", "argmax", 2.0 * t * model.vocab / d.tp, act=4.0 * t * model.vocab / d.tp)
+    ops.collective(n1, "head", "argmax_all_gather", "all_gather", 8.0 * t, d.tp)
+
+    cols = list(zip(*ops.rows))
+    arr = lambda k, dt=float: np.asarray(cols[k], dtype=dt)
+    kinds = {l.index: f"{l.attention}+{l.ffn}" for l in model.layers}
+    kinds.update({0: "embed", n1: "head"})
+    return OpGraph(arr(0, int), list(cols[1]), list(cols[2]), arr(3, bool), arr(4), list(cols[5]),
+                   arr(6), arr(7), arr(8), arr(9), list(cols[10]), arr(11), arr(12, int), kinds, t,
+                   distinct)
+
+
+def _attention_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment, b: int, t: int):
+    i, L, kvb = layer.index, d.context, model.formats["kv_cache"].bytes_per_value
+    if layer.attention == "kda":
+        a = model.kda
+        hl = a.heads // d.tp
+        conv_ch = 3 * hl * a.head_dim
+        state = hl * a.head_dim * a.head_dim * model.formats["state"].bytes_per_value
+        conv_state = conv_ch * (a.conv_width - 1) * kvb
+        # per head and token: decay, k^T S, rank-1 delta update, S^T q = 7 dk dv FLOPs
+        flops = t * (7.0 * hl * a.head_dim * a.head_dim + 2.0 * conv_ch * a.conv_width)
+        ops.compute(i, "attention", "kda_recurrence", flops, "f32", kv=2 * b * (state + conv_state),
+                    act=ACT_BYTES * t * 4 * hl * a.head_dim)
+    elif layer.attention == "mla":
+        m = model.mla
+        hl = m.heads // d.tp
+        width = m.kv_lora_rank + m.qk_rope_dim
+        flops = t * hl * L * (4.0 * m.kv_lora_rank + 2.0 * m.qk_rope_dim)
+        ops.compute(i, "attention", "mla_attention", flops, "bf16",
+                    kv=b * (L + d.rows_per_seq) * width * kvb,
+                    act=ACT_BYTES * t * hl * (2 * width + m.kv_lora_rank))
+    else:
+        g = model.gqa
+        hl, kvl = g.heads // d.tp, -(-g.kv_heads // d.tp)
+        span = min(L, g.window) if g.window else L
+        ops.compute(i, "attention", "gqa_attention", 4.0 * t * hl * g.head_dim * span, "bf16",
+                    kv=b * (span + d.rows_per_seq) * 2 * kvl * g.head_dim * kvb,
+                    act=ACT_BYTES * t * 2 * hl * g.head_dim)
+
+
+def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int) -> float:
+    m, f, h = model.moe, model.formats, model.hidden
+    mms = {mm.name: mm for mm in model.ffn_matmuls("moe")}
+
+    def matmul(mm: Matmul, shards: int):
+        fmt = f[mm.family]
+        ops.compute(i, "moe", mm.name, 2.0 * t * mm.params / shards, fmt.compute_dtype,
+                    static=mm.params / shards * fmt.bytes_per_value,
+                    act=ACT_BYTES * t * (mm.d_in + mm.d_out / shards))
+
+    matmul(mms["router"], 1)
+    ops.compute(i, "moe", "top_k", 4.0 * t * m.experts, act=4.0 * t * m.experts)
+    d_exp = m.latent_dim or h
+    if m.latent_dim:
+        matmul(mms["latent_down"], d.tp)
+        ops.collective(i, "moe", "latent_all_gather", "all_gather", ACT_BYTES * t * d_exp, d.tp)
+    if m.shared_width:
+        matmul(mms["shared_gate_up"], d.tp)
+        matmul(mms["shared_down"], d.tp)
+    groups = d.expert_groups
+    expert_tp = d.devices // groups
+    distinct, pairs = expected_busiest_group(m.experts, m.top_k, t * d.dp, groups, d.routing_skew)
+    fmt = f["routed_expert"]
+    per_expert = mms["expert_gate_up"].params // m.experts + mms["expert_down"].params // m.experts
+    ops.compute(i, "moe", "routed_experts", 2.0 * pairs * per_expert / expert_tp, fmt.compute_dtype,
+                routed=distinct * per_expert / expert_tp * fmt.bytes_per_value,
+                act=ACT_BYTES * pairs * (2 * d_exp + 3 * m.expert_width / expert_tp))
+    ops.collective(i, "moe", "expert_all_reduce", "all_reduce", ACT_BYTES * t * d_exp, d.devices)
+    if m.latent_dim:
+        matmul(mms["latent_up"], d.tp)
+    ops.collective(i, "moe", "moe_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
+    return distinct

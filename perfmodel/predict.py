@@ -1,0 +1,96 @@
+"""Predict a decode step: per-layer table, step time, tokens/s, bound, and the cause breakdown."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import ops as ops_mod
+from .arch import ModelSpec
+from .deployment import Deployment, validate
+from .hardware import Hardware
+from .schedule import CAUSES, Timeline, simulate_megakernel, simulate_multikernel
+
+
+@dataclass
+class LayerRow:
+    layer: int
+    kind: str
+    time_s: float
+    compute_s: float
+    stall_s: float           # waiting on DMA (weights, experts, KV / state)
+    collective_s: float
+    overhead_s: float        # launch / per-op overhead and pipeline fill / drain
+    flops: float
+    static_bytes: float
+    routed_bytes: float
+    kv_bytes: float
+    act_bytes: float
+
+
+@dataclass
+class Prediction:
+    model: str
+    hardware: str
+    deployment: Deployment
+    step_s: float            # one (verification) step, draft included
+    tokens_per_s: float
+    bytes_per_device: float  # HBM bytes one device moves per step
+    hbm_floor_s: float       # bytes_per_device / peak bandwidth
+    compute_floor_s: float
+    bound: str               # memory, compute or latency
+    breakdown_s: dict[str, float]
+    layers: list[LayerRow]
+    timeline: Timeline
+
+    @property
+    def hbm_utilisation(self) -> float:
+        return self.hbm_floor_s / self.step_s if self.step_s else 0.0
+
+
+def simulate(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False):
+    g = ops_mod.build(model, d)
+    if d.engine == "megakernel":
+        tl = simulate_megakernel(g, hw, d, model.moe.top_k if model.moe else 1, record)
+    else:
+        tl = simulate_multikernel(g, hw, record)
+    return g, tl
+
+
+def predict(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False) -> Prediction:
+    validate(model, hw, d)
+    g, tl = simulate(model, hw, d, record)
+    draft = d.spec.draft_cost_fraction if d.spec else 0.0
+    step = tl.step_s * (1 + draft)
+    accepted = d.batch * (d.spec.tokens_per_step if d.spec else 1.0)
+    bw = hw.core_hbm_bandwidth_bytes_per_s
+    hbm_floor = tl.dma_bytes / bw
+    compute_floor = float(tl.wait_s["compute"].sum()) * hw.efficiency.flops
+    latency = float(tl.wait_s["collective"].sum() + tl.wait_s["launch"].sum())
+    bound = max((hbm_floor, "memory"), (compute_floor, "compute"), (latency, "latency"))[1]
+    breakdown = {c: float(tl.wait_s[c].sum()) for c in CAUSES}
+    if draft:
+        breakdown["draft"] = tl.step_s * draft
+    return Prediction(model.name, hw.name, d, step, accepted / step if step else 0.0, tl.dma_bytes,
+                      hbm_floor, compute_floor, bound, breakdown, _layer_rows(g, tl), tl)
+
+
+def _layer_rows(g: ops_mod.OpGraph, tl: Timeline) -> list[LayerRow]:
+    rows = []
+    prev_end = 0.0
+    for layer in np.unique(g.layer):
+        m = g.layer == layer
+        end = float(tl.end_s[m].max())
+        w = {c: float(v[m].sum()) for c, v in tl.wait_s.items()}
+        rows.append(LayerRow(int(layer), g.layer_kind[int(layer)], end - prev_end, w["compute"],
+                             w["weight_streaming"] + w["expert_fetch"], w["collective"],
+                             w["launch"] + w["fill_drain"], float(g.flops[m].sum()),
+                             float(g.static_bytes[m].sum()), float(g.routed_bytes[m].sum()),
+                             float(g.kv_bytes[m].sum()), float(g.act_bytes[m].sum())))
+        prev_end = end
+    return rows
+
+
+def with_batch(d: Deployment, batch: int) -> Deployment:
+    return dataclasses.replace(d, batch=batch)

@@ -1,0 +1,244 @@
+"""One decode step simulated as a timeline on the DMA engine, the compute unit and the link.
+
+Engines (DESIGN.md "Engines"):
+- multikernel: every op is its own kernel, run in order on one stream; a kernel pays its launch,
+  starts its weight loads when it starts (DMA latency + first tile = pipeline fill) and computes
+  the last tile after the loads end (drain); collectives are kernels of their own; activations
+  go through HBM. Nothing overlaps across a kernel boundary (one CUDA-graph stream).
+- megakernel: one program. Static weights stream through a ring of `banks` on-chip tiles in
+  program order, a tile being issued when the tile `banks` earlier has been consumed, so loads
+  run ahead through collectives, routing and layer boundaries. KV cache / state copies are issued
+  at layer start. Routed experts are issued only after that layer's router, into `slots` expert
+  buffers. Activations stay on chip.
+The DMA engine serves outstanding copies first-in-first-out or shares its bandwidth equally
+among all outstanding copies (round-robin), as the chip preset says (`dma_sharing`).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .collectives import collective_time_s
+from .deployment import Deployment
+from .errors import SpecError
+from .hardware import Hardware
+from .ops import OpGraph
+
+CAUSES = ("compute", "weight_streaming", "expert_fetch", "collective", "launch", "fill_drain")
+
+
+class DmaEngine:
+    """HBM -> on-chip copies; a copy starts `latency` after issue and then needs bytes/bandwidth.
+
+    FIFO: copies are served one after another in issue order. Shared: every started copy gets
+    bandwidth / (number of started copies), tracked with a virtual clock V (bytes served to each
+    active copy) so that each arrival or completion costs O(log n).
+    """
+
+    def __init__(self, bandwidth: float, latency: float, shared: bool):
+        self.bw, self.lat, self.shared = bandwidth, latency, shared
+        self.t = 0.0        # engine clock
+        self.v = 0.0        # shared mode: virtual service per active copy
+        self.pending: deque[tuple[float, int, float]] = deque()  # (arrival, id, bytes)
+        self.heap: list[tuple[float, int]] = []                   # (finish V, id)
+        self.done: dict[int, float] = {}
+        self.begin: list[float] = []
+        self.labels: list[tuple[str, int]] = []
+        self.busy_bytes = 0.0
+
+    def issue(self, t: float, nbytes: float, label: tuple[str, int] = ("", 0)) -> int:
+        cid = len(self.begin)
+        self.busy_bytes += nbytes
+        self.labels.append(label)
+        self.begin.append(t + self.lat)
+        if nbytes <= 0:
+            self.done[cid] = t
+        elif self.shared:
+            self.pending.append((t + self.lat, cid, nbytes))
+        else:  # FIFO has a closed form: start when the engine frees
+            self.t = max(self.t, t + self.lat) + nbytes / self.bw
+            self.done[cid] = self.t
+        return cid
+
+    def lane_events(self) -> list[tuple[str, str, int, float, float]]:
+        """Every copy as a DMA-lane event (completing any still in flight)."""
+        return [("dma", name, layer, self.begin[i], self.completion(i))
+                for i, (name, layer) in enumerate(self.labels)]
+
+    def completion(self, cid: int) -> float:
+        """Serve copies (with the arrivals known now) until copy `cid` is complete."""
+        heap, pending = self.heap, self.pending
+        while cid not in self.done:
+            n = len(heap)
+            t_next = self.t + (heap[0][0] - self.v) * n / self.bw if n else math.inf
+            if pending and pending[0][0] <= t_next:
+                arrival, i, b = pending.popleft()
+                if n:
+                    self.v += (arrival - self.t) * self.bw / n if arrival > self.t else 0.0
+                self.t = max(self.t, arrival)
+                heapq.heappush(heap, (self.v + b, i))
+            else:
+                finish, i = heapq.heappop(heap)
+                self.t, self.v = t_next, finish
+                self.done[i] = t_next
+        return self.done[cid]
+
+
+@dataclass
+class Timeline:
+    """Per-op start/end on the compute unit, the wait before each op by cause, and lanes."""
+    start_s: np.ndarray
+    end_s: np.ndarray
+    wait_s: dict[str, np.ndarray]         # per op, by cause (sums with compute to the step)
+    step_s: float
+    dma_bytes: float
+    events: list[tuple[str, str, int, float, float]] = field(default_factory=list)  # lane, name, layer, t0, t1
+
+
+def op_compute_s(g: OpGraph, hw: Hardware) -> np.ndarray:
+    eff = hw.efficiency.flops
+    rates = np.array([hw.flops_rate(dt) if dt else 1.0 for dt in g.dtype])
+    return np.where(g.is_collective, 0.0, g.flops / (rates * eff))
+
+
+def collective_s(g: OpGraph, hw: Hardware) -> np.ndarray:
+    return np.array([collective_time_s(hw, k, b, p) if c else 0.0
+                     for c, k, b, p in zip(g.is_collective, g.coll_kind, g.coll_bytes, g.coll_group)])
+
+
+def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False) -> Timeline:
+    bw = hw.core_hbm_bandwidth_bytes_per_s * hw.efficiency.hbm
+    comp, coll = op_compute_s(g, hw), collective_s(g, hw)
+    nbytes = g.bytes
+    t_mem = nbytes / bw
+    tile = np.minimum(nbytes, hw.dma_tile_bytes)
+    first = tile / bw
+    last = np.where(nbytes > 0, comp * tile / np.maximum(nbytes, 1.0), comp)
+    core = np.maximum(t_mem + last, first + comp)
+    lat = np.where(nbytes > 0, hw.dma_latency_s, 0.0)
+    launch = np.full(len(g), hw.launch_overhead_s + hw.efficiency.op_overhead_s)
+    coll_mask = g.is_collective
+    dur = np.where(coll_mask, launch + coll, launch + lat + core)
+    end = np.cumsum(dur)
+    start = end - dur
+    routed_share = np.where(nbytes > 0, g.routed_bytes / np.maximum(nbytes, 1.0), 0.0)
+    stream = np.where(coll_mask, 0.0, np.maximum(0.0, t_mem - comp))
+    busy = np.where(coll_mask, 0.0, comp)
+    wait = {"launch": launch, "collective": np.where(coll_mask, coll, 0.0),
+            "weight_streaming": stream * (1 - routed_share), "expert_fetch": stream * routed_share,
+            "fill_drain": np.where(coll_mask, 0.0, lat + core - np.maximum(t_mem, comp))}
+    tl = Timeline(start, end, wait | {"compute": busy}, float(end[-1]) if len(end) else 0.0,
+                  float(nbytes.sum()))
+    if record:
+        for j in range(len(g)):
+            lane = "link" if coll_mask[j] else "compute"
+            tl.events.append((lane, g.name[j], int(g.layer[j]), start[j] + launch[j], end[j]))
+            if nbytes[j] > 0 and not coll_mask[j]:
+                tl.events.append(("dma", g.name[j], int(g.layer[j]), start[j] + launch[j] + lat[j],
+                                  start[j] + launch[j] + lat[j] + t_mem[j]))
+    return tl
+
+
+def ring_banks(hw: Hardware, prefetch_bytes: float | None) -> int:
+    """Ring depth in tiles; by default half the on-chip buffer (the rest holds experts, KV, activations)."""
+    depth = prefetch_bytes if prefetch_bytes is not None else hw.onchip_bytes / 2
+    if depth > hw.onchip_bytes:
+        raise SpecError("prefetch_bytes", depth, f"exceeds the {hw.onchip_kind} of {hw.name} "
+                        f"({hw.onchip_bytes:.0f} bytes per core) by {depth - hw.onchip_bytes:.0f} bytes")
+    return max(1, int(depth // hw.dma_tile_bytes))
+
+
+def expert_slots(g: OpGraph, hw: Hardware, d: Deployment, banks: int, top_k: int) -> int:
+    """Expert buffers: as asked, or by default as many as fit beside the ring (at most top_k)."""
+    per_expert = float(g.routed_bytes.max(initial=0)) / max(1, math.ceil(g.distinct_experts))
+    if per_expert == 0:
+        return d.expert_slots or top_k
+    free = hw.onchip_bytes - banks * hw.dma_tile_bytes
+    fit = int(free // per_expert)
+    slots = d.expert_slots or min(top_k, fit)
+    if slots < 1 or slots > fit:
+        raise SpecError("expert_slots", slots,
+                        f"{slots} x {per_expert:.0f} B expert buffers plus the ring ({banks} x "
+                        f"{hw.dma_tile_bytes} B) exceed the {hw.onchip_kind} of {hw.name} "
+                        f"({hw.onchip_bytes:.0f} B per core) by "
+                        f"{max(slots, 1) * per_expert + banks * hw.dma_tile_bytes - hw.onchip_bytes:.0f} B")
+    return slots
+
+
+def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
+                        record: bool = False) -> Timeline:
+    bw = hw.core_hbm_bandwidth_bytes_per_s * hw.efficiency.hbm
+    dma = DmaEngine(bw, hw.dma_latency_s, hw.dma_sharing == "shared")
+    comp, coll = op_compute_s(g, hw), collective_s(g, hw)
+    banks = ring_banks(hw, d.prefetch_bytes)
+    tile_b = float(hw.dma_tile_bytes)
+    # static tiles in program order: (op index, bytes)
+    ntiles = np.where(g.static_bytes > 0, np.ceil(g.static_bytes / tile_b), 0).astype(int)
+    tile_op = np.repeat(np.arange(len(g)), ntiles)
+    tile_bytes = np.concatenate([np.minimum(tile_b, g.static_bytes[j] - tile_b * np.arange(n))
+                                 for j, n in enumerate(ntiles) if n] or [np.zeros(0)])
+    slots = expert_slots(g, hw, d, banks, top_k)
+    label = lambda k: (g.name[tile_op[k]], int(g.layer[tile_op[k]]))
+    tile_id = [dma.issue(0.0, float(tile_bytes[k]), label(k)) for k in range(min(banks, len(tile_bytes)))]
+    next_tile = len(tile_id)
+    overhead = hw.efficiency.op_overhead_s
+    n = len(g)
+    start, end = np.zeros(n), np.zeros(n)
+    waits = {c: np.zeros(n) for c in CAUSES}
+    events = []
+    now = 0.0
+    first_tile = np.concatenate([[0], np.cumsum(ntiles)])
+    layer_kv: dict[int, int] = {}
+    for j in range(n):
+        layer = int(g.layer[j])
+        if layer not in layer_kv:  # layer start: prefetch its KV cache / state
+            kv = float(g.kv_bytes[g.layer == layer].sum())
+            layer_kv[layer] = dma.issue(now, kv, ("kv_cache/state", layer))
+        if g.is_collective[j]:
+            start[j], end[j] = now, now + coll[j]
+            waits["collective"][j] = coll[j]
+            if record:
+                events.append(("link", g.name[j], layer, now, end[j]))
+            now = end[j]
+            continue
+        ready = now
+        if g.kv_bytes[j] > 0:
+            ready = max(ready, dma.completion(layer_kv[layer]))
+            waits["weight_streaming"][j] += ready - now
+        start[j] = ready
+        t = ready + overhead
+        waits["launch"][j] = overhead
+        if ntiles[j]:  # stream this op's tiles through the ring
+            per_byte = comp[j] / g.static_bytes[j]
+            for k in range(first_tile[j], first_tile[j + 1]):
+                arrive = dma.completion(tile_id[k])
+                waits["weight_streaming"][j] += max(0.0, arrive - t)
+                t = max(t, arrive) + per_byte * tile_bytes[k]
+                if next_tile < len(tile_bytes):  # this tile's bank is free: refill it
+                    tile_id.append(dma.issue(t, float(tile_bytes[next_tile]), label(next_tile)))
+                    next_tile += 1
+        elif g.routed_bytes[j] > 0:  # experts: fetched into slots after the router
+            count = max(1, math.ceil(g.distinct_experts))
+            per = g.routed_bytes[j] / count
+            ids = [dma.issue(t, per, (g.name[j], layer)) for _ in range(min(slots, count))]
+            for e in range(count):
+                arrive = dma.completion(ids[e])
+                waits["expert_fetch"][j] += max(0.0, arrive - t)
+                t = max(t, arrive) + comp[j] / count
+                if e + slots < count:
+                    ids.append(dma.issue(t, per, (g.name[j], layer)))
+        else:
+            t += comp[j]
+        waits["compute"][j] = comp[j]
+        end[j] = t
+        if record:
+            events.append(("compute", g.name[j], layer, start[j], t))
+        now = t
+    tl = Timeline(start, end, waits, now, dma.busy_bytes)
+    if record:
+        tl.events = events + dma.lane_events()
+    return tl
