@@ -1,0 +1,153 @@
+"""`perfmodel` command line: list, predict, sweep, trace, reproduce (and validate, hostbench).
+
+Every command takes --json for a stable, documented output (docs/json-schema.md). Bad input
+exits with status 2 and one line naming the field and value, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import sys
+
+from . import arch, hardware
+from .deployment import Deployment, SpecDecode
+from .errors import SpecError
+from .report import SCHEMA_VERSION, deployment_json, layer_summary, prediction_json, table
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def float_list(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def add_deployment_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="kimi-k3", help="preset name or .toml / config.json path")
+    p.add_argument("--hardware", default="tpu-v7", help="preset name or .toml path")
+    p.add_argument("--devices", type=int, default=32, help="JAX devices (TPU v7: 2 per chip) or GPUs")
+    p.add_argument("--tp", type=int, default=None, help="tensor parallel degree (default: devices)")
+    p.add_argument("--ep", type=int, default=None, help="expert-parallel groups (default: devices)")
+    p.add_argument("--engine", choices=("megakernel", "multikernel"), default="megakernel")
+    p.add_argument("--context", type=int, default=4096, help="tokens already in each sequence's cache")
+    p.add_argument("--prefetch-mib", type=float, default=None,
+                   help="megakernel ring depth in MiB (default: half the on-chip buffer)")
+    p.add_argument("--expert-slots", type=int, default=None,
+                   help="megakernel expert buffers (default: as many as fit, at most top-k)")
+    p.add_argument("--routing-skew", type=float, default=0.0, help="Zipf exponent of expert popularity")
+    p.add_argument("--draft-rows", type=int, default=0, help="speculative decoding: drafted rows per step")
+    acc = p.add_mutually_exclusive_group()
+    acc.add_argument("--acceptance-length", type=float, default=None, help="tokens per step (tau)")
+    acc.add_argument("--acceptance-prob", type=float, default=None, help="per-token acceptance a")
+    p.add_argument("--draft-cost", type=float, default=0.05, help="drafter time / verification time")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def load_inputs(a: argparse.Namespace):
+    model, hw = arch.load_model(a.model), hardware.load_hardware(a.hardware)
+    spec = None
+    if a.draft_rows:
+        if a.acceptance_length is None and a.acceptance_prob is None:
+            raise SpecError("--acceptance-length", None, "speculative decoding needs an acceptance")
+        spec = SpecDecode(a.draft_rows, a.acceptance_prob, a.acceptance_length, a.draft_cost)
+    d = Deployment(devices=a.devices, tp=a.tp or a.devices, engine=a.engine, ep=a.ep,
+                   context=a.context, spec=spec, routing_skew=a.routing_skew,
+                   expert_slots=a.expert_slots,
+                   prefetch_bytes=a.prefetch_mib * 2**20 if a.prefetch_mib is not None else None)
+    return model, hw, d
+
+
+def inputs_json(a, model, hw, d, **extra) -> dict:
+    return {"model": model.name, "hardware": hw.name, **deployment_json(d), **extra}
+
+
+def cmd_list(a) -> dict:
+    out = {"schema_version": SCHEMA_VERSION, "models": [], "hardware": []}
+    for name in arch.list_presets():
+        m = arch.load_model(name)
+        out["models"].append({"name": name, "layers": len(m.layers), "params": m.total_params,
+                              "weight_bytes": m.weight_bytes()})
+    for name in hardware.list_presets():
+        h = hardware.load_hardware(name)
+        out["hardware"].append({"name": name, "kind": h.kind, "cores_per_chip": h.cores_per_chip,
+                                "bf16_flops_per_s": h.peak_flops_per_s["bf16"],
+                                "hbm_bandwidth_bytes_per_s": h.hbm_bandwidth_bytes_per_s,
+                                "onchip_bytes": h.onchip_bytes})
+    if not a.json:
+        print(table(["model", "layers", "params (B)", "weights (GB)"],
+                    [[m["name"], m["layers"], m["params"] / 1e9, m["weight_bytes"] / 1e9] for m in out["models"]]))
+        print()
+        print(table(["hardware", "kind", "cores/chip", "bf16 TFLOP/s", "HBM GB/s", "on-chip MiB"],
+                    [[h["name"], h["kind"], h["cores_per_chip"], h["bf16_flops_per_s"] / 1e12,
+                      h["hbm_bandwidth_bytes_per_s"] / 1e9, h["onchip_bytes"] / 2**20] for h in out["hardware"]]))
+    return out
+
+
+def cmd_predict(a) -> dict:
+    from .predict import predict
+    model, hw, d = load_inputs(a)
+    preds = [predict(model, hw, dataclasses.replace(d, batch=b)) for b in a.batch]
+    out = {"schema_version": SCHEMA_VERSION, "command": "predict",
+           "inputs": inputs_json(a, model, hw, d, batch=a.batch),
+           "method": f"{d.engine} timeline simulation (perfmodel.schedule)",
+           "results": [prediction_json(p, layers=True) for p in preds]}
+    if not a.json:
+        print(f"{model.name} on {a.devices} x {hw.name} devices, tp={d.tp} ep={d.expert_groups}, "
+              f"{d.engine}, context {d.context}" + (f", spec decode {d.spec}" if d.spec else ""))
+        print(f"method: {out['method']}\n")
+        print(f"per layer kind at batch {preds[0].deployment.batch}:")
+        print(layer_summary(preds[0]))
+        print()
+        print(table(["batch", "step ms", "tokens/s", "GB/device", "HBM floor ms", "HBM util",
+                     "bound"], [[p.deployment.batch, p.step_s * 1e3, p.tokens_per_s,
+                                 p.bytes_per_device / 1e9, p.hbm_floor_s * 1e3, p.hbm_utilisation,
+                                 p.bound] for p in preds]))
+    return out
+
+
+# Modules that add their own subcommands: each has add_parser(subparsers) setting `func`.
+EXTENSIONS: tuple[str, ...] = ()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="perfmodel", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("list", help="show model and hardware presets")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+    p = sub.add_parser("predict", help="predict decode step time and tokens/s")
+    add_deployment_args(p)
+    p.add_argument("--batch", type=int_list, default=[1], help="comma-separated batch sizes")
+    p.set_defaults(func=cmd_predict)
+    for name in EXTENSIONS:
+        importlib.import_module(name).add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    try:
+        out = a.func(a)
+        if getattr(a, "json", False):
+            json.dump(out, sys.stdout, indent=1)
+            print()
+    except SpecError as e:
+        print(f"perfmodel {a.command}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # output piped into head and the like
+        sys.stderr.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
