@@ -200,8 +200,8 @@ def l2_normalize(x):
 def kda_gates(h_dec_b, a_log, dt_bias, beta_logits, heads, dk):
     """Per-channel decay exp(g) [B, heads, dk] and beta [B, heads] from the projections."""
     b = h_dec_b.shape[0]
-    pre = h_dec_b.reshape(b, heads, dk) + dt_bias.astype(jnp.float32)[None, :, None]
-    g = -jnp.exp(a_log.astype(jnp.float32))[None, :, None] * jax.nn.softplus(pre)
+    pre = h_dec_b.reshape(b, heads, dk) + dt_bias.astype(jnp.float32).reshape(1, heads, 1)
+    g = -jnp.exp(a_log.astype(jnp.float32)).reshape(1, heads, 1) * jax.nn.softplus(pre)
     return jnp.exp(jnp.maximum(g, DECAY_LOWER_BOUND)), jax.nn.sigmoid(beta_logits)
 
 
@@ -233,35 +233,61 @@ def embed(weights, tokens):
         return jnp.take(weights["embed"], tokens, axis=0).astype(jnp.float32)
 
 
-def _kda(spec, lw, state, window, h):
+def kda_block(spec, matmul, v, load_state, h):
+    """KDA attention of the normed input h [B, H]. matmul(name, x) applies a layer weight (in
+    spec order), v maps small-vector names to values, load_state() returns (state, conv window)
+    and is called after the projections. Returns (output [B, H], new state, new window)."""
     a = spec.kda
     b, c = h.shape[0], a.heads * a.head_dim
-    qkv = jnp.concatenate([mm(h, lw["q_proj"]), mm(h, lw["k_proj"]), mm(h, lw["v_proj"])], -1)
-    act, window = short_conv(window, qkv, lw["conv"])
+    qkv = jnp.concatenate([matmul("q_proj", h), matmul("k_proj", h), matmul("v_proj", h)], -1)
+    dec = matmul("decay_b", matmul("decay_a", h))
+    beta_logits, gate = matmul("beta_proj", h), matmul("gate_proj", h)
+    state, window = load_state()
+    act, window = short_conv(window, qkv, v["conv"])
     split = lambda i: act[:, i * c:(i + 1) * c].reshape(b, a.heads, a.head_dim)
-    q, k, v = l2_normalize(split(0)) * a.head_dim ** -0.5, l2_normalize(split(1)), split(2)
-    decay, beta = kda_gates(mm(mm(h, lw["decay_a"]), lw["decay_b"]), lw["A_log"], lw["dt_bias"],
-                            mm(h, lw["beta_proj"]), a.heads, a.head_dim)
-    o, state = delta_rule(state, q, k, v, decay, beta)
-    o = rms_norm(o, lw["o_norm"]).reshape(b, c) * jax.nn.sigmoid(mm(h, lw["gate_proj"]))
-    return mm(o, lw["o_proj"]), state, window
+    q, k, vv = l2_normalize(split(0)) * a.head_dim ** -0.5, l2_normalize(split(1)), split(2)
+    decay, beta = kda_gates(dec, v["A_log"], v["dt_bias"], beta_logits, a.heads, a.head_dim)
+    o, state = delta_rule(state, q, k, vv, decay, beta)
+    o = rms_norm(o, v["o_norm"]).reshape(b, c) * jax.nn.sigmoid(gate)
+    return matmul("o_proj", o), state, window
+
+
+def mla_project(spec, matmul, v, h):
+    """MLA query (nope, rope parts, [B, heads, .]) and the new latent [B, kv_lora + rope] f32."""
+    m = spec.mla
+    q = matmul("q_b", rms_norm(matmul("q_a", h), v["q_norm"]))
+    q = q.reshape(h.shape[0], m.heads, m.qk_nope_dim + m.qk_rope_dim)
+    kv = matmul("kv_a", h)
+    new = jnp.concatenate([rms_norm(kv[:, :m.kv_lora_rank], v["kv_norm"]),
+                           kv[:, m.kv_lora_rank:]], -1)
+    return q[..., :m.qk_nope_dim], q[..., m.qk_nope_dim:], new
+
+
+def split_kv_b(spec, kv_b):
+    """kv_b [kv_lora, heads*(nope+v)] -> (W_uk [r, heads, nope], W_uv [r, heads, v]) f32."""
+    m = spec.mla
+    w = kv_b.astype(jnp.float32).reshape(m.kv_lora_rank, m.heads, m.qk_nope_dim + m.v_head_dim)
+    return w[..., :m.qk_nope_dim], w[..., m.qk_nope_dim:]
+
+
+def mla_output(spec, matmul, o, h):
+    """Output gate (if any) and o_proj of the attention values o [B, heads, v]."""
+    m = spec.mla
+    o = o.reshape(o.shape[0], m.heads * m.v_head_dim)
+    if m.output_gate:
+        o = o * jax.nn.sigmoid(matmul("gate_proj", h))
+    return matmul("o_proj", o)
 
 
 def _mla(spec, lw, latent_cache, h, positions, form):
     m = spec.mla
+    matmul = lambda name, x: mm(x, lw[name])
     b, t_max = h.shape[0], latent_cache.shape[1]
-    q = mm(rms_norm(mm(h, lw["q_a"]), lw["q_norm"]), lw["q_b"])
-    q = q.reshape(b, m.heads, m.qk_nope_dim + m.qk_rope_dim)
-    q_nope, q_rope = q[..., :m.qk_nope_dim], q[..., m.qk_nope_dim:]
-    kv = mm(h, lw["kv_a"])
-    new = jnp.concatenate([rms_norm(kv[:, :m.kv_lora_rank], lw["kv_norm"]),
-                           kv[:, m.kv_lora_rank:]], -1)
+    q_nope, q_rope, new = mla_project(spec, matmul, lw, h)
     latent_cache = latent_cache.at[jnp.arange(b), positions].set(new.astype(latent_cache.dtype))
     cache = latent_cache.astype(jnp.float32)
     c, k_rope = cache[..., :m.kv_lora_rank], cache[..., m.kv_lora_rank:]
-    kv_b = lw["kv_b"].astype(jnp.float32).reshape(m.kv_lora_rank, m.heads,
-                                                   m.qk_nope_dim + m.v_head_dim)
-    w_uk, w_uv = kv_b[..., :m.qk_nope_dim], kv_b[..., m.qk_nope_dim:]
+    w_uk, w_uv = split_kv_b(spec, lw["kv_b"])
     if form == "absorbed":
         q_lat = jnp.einsum("bhn,rhn->bhr", q_nope, w_uk)
         scores = jnp.einsum("bhr,btr->bht", q_lat, c)
@@ -275,10 +301,7 @@ def _mla(spec, lw, latent_cache, h, positions, form):
         o = jnp.einsum("bhr,rhv->bhv", jnp.einsum("bht,btr->bhr", p, c), w_uv)
     else:
         o = jnp.einsum("bht,bthv->bhv", p, jnp.einsum("btr,rhv->bthv", c, w_uv))
-    o = o.reshape(b, m.heads * m.v_head_dim)
-    if m.output_gate:
-        o = o * jax.nn.sigmoid(mm(h, lw["gate_proj"]))
-    return mm(o, lw["o_proj"]), latent_cache
+    return mla_output(spec, matmul, o, h), latent_cache
 
 
 def attention(spec, layer, lw, cache, x, positions, mla_form="absorbed"):
@@ -287,7 +310,9 @@ def attention(spec, layer, lw, cache, x, positions, mla_form="absorbed"):
         h = rms_norm(x, lw["attn_norm"])
         i, cache = kind_ordinal(spec, layer), dict(cache)
         if layer.attention == "kda":
-            out, st, win = _kda(spec, lw, cache["kda_state"][i], cache["kda_conv"][i], h)
+            matmul = lambda name, x: mm(x, lw[name])
+            load = lambda: (cache["kda_state"][i], cache["kda_conv"][i])
+            out, st, win = kda_block(spec, matmul, lw, load, h)
             cache["kda_state"] = cache["kda_state"].at[i].set(st)
             cache["kda_conv"] = cache["kda_conv"].at[i].set(win)
         else:

@@ -1,0 +1,225 @@
+"""The megakernel's configuration and how weights are packed into uniform HBM tiles.
+
+Static weights (every matmul except the routed experts, plus the lm_head) are packed, in the
+order the kernel consumes them, into one array [n_tiles, T, T] of square bf16 tiles; a matmul
+[d_in, d_out] is zero-padded to multiples of T and cut into ceil(d_out/T) column blocks of
+ceil(d_in/T) row tiles each (column block outer), so the kernel accumulates one output block
+over its row tiles. Routed experts are packed per MoE layer as [E, tiles_per_expert, T, T]
+(gate_up tiles then down tiles). The small per-layer vectors (RMSNorm weights, conv taps, decay
+constants, latent norms, router selection bias) are packed as rows of 128 lanes into
+[n_layers + 1, vector_rows, 128] (the last entry holds the final norm).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from perfmodel.arch import Layer, Matmul, ModelSpec
+from perfmodel.errors import SpecError, positive_int, require
+
+from . import reference
+
+LANES = 128
+SUBLANES = 8
+BF16_SUBLANES = 16  # rows of a packed bf16 (16, 128) tile
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """batch: real sequences (padded to a multiple of 8 rows in the kernel); max_context: MLA
+    cache capacity in tokens; depth: VMEM ring banks for static weights (one tile each);
+    tile: edge T of a square bf16 weight tile (bank bytes = 2*T*T); expert_slots: VMEM slots
+    for routed experts; cache_block: tokens per MLA cache prefetch DMA."""
+    batch: int
+    max_context: int = 64
+    depth: int = 4
+    tile: int = 128
+    expert_slots: int = 2
+    cache_block: int = 16
+
+    def __post_init__(self):
+        for name in ("batch", "max_context", "depth", "tile", "expert_slots", "cache_block"):
+            positive_int(name, getattr(self, name))
+        require(self.tile % LANES == 0, "tile", self.tile, f"must be a multiple of {LANES} lanes")
+        require(self.max_context % self.cache_block == 0, "max_context", self.max_context,
+                f"must be a multiple of cache_block ({self.cache_block})")
+
+    @property
+    def padded_batch(self) -> int:
+        return -(-self.batch // SUBLANES) * SUBLANES
+
+    @property
+    def bank_bytes(self) -> int:
+        return 2 * self.tile * self.tile
+
+
+def check_kernel_spec(spec: ModelSpec, cfg: KernelConfig) -> None:
+    """Refuse specs and configs the megakernel cannot run (clear SpecError)."""
+    reference.check_spec(spec)
+    if spec.count(ffn="moe"):
+        require(cfg.expert_slots <= spec.moe.top_k * cfg.batch, "expert_slots", cfg.expert_slots,
+                f"more slots than experts a step can pick (top_k*batch = {spec.moe.top_k * cfg.batch})")
+    for fam, fmt in spec.formats.items():
+        want = "f32" if fam == "state" else "bf16"
+        if fam in ("activation",):
+            continue
+        require(fmt.name == want, f"formats.{fam}", fmt.name,
+                f"the megakernel stores {fam} as {want}")
+
+
+@dataclass(frozen=True)
+class TiledMatmul:
+    """A matmul's place in the static tile stream."""
+    layer: int          # 1-based; n_layers + 1 for the lm_head
+    mm: Matmul
+    rows: int           # row tiles (ceil(d_in / T))
+    cols: int           # column blocks (ceil(d_out / T))
+    first: int          # index of its first tile in the stream
+
+    @property
+    def tiles(self) -> int:
+        return self.rows * self.cols
+
+
+def tiles_of(mm: Matmul, t: int) -> tuple[int, int]:
+    return math.ceil(mm.d_in / t), math.ceil(mm.d_out / t)
+
+
+def static_matmuls(spec: ModelSpec, layer: Layer) -> list[Matmul]:
+    """A layer's static matmuls in the kernel's consumption order."""
+    return [mm for mm in spec.layer_matmuls(layer) if mm.family != "routed_expert"]
+
+
+def lm_head_matmul(spec: ModelSpec) -> Matmul:
+    return Matmul("lm_head", "lm_head", spec.hidden, spec.vocab)
+
+
+def static_stream(spec: ModelSpec, cfg: KernelConfig) -> list[TiledMatmul]:
+    """Every static matmul, in stream order, with its tile range."""
+    out, first = [], 0
+    entries = [(l.index, mm) for l in spec.layers for mm in static_matmuls(spec, l)]
+    entries.append((len(spec.layers) + 1, lm_head_matmul(spec)))
+    for layer, mm in entries:
+        r, c = tiles_of(mm, cfg.tile)
+        out.append(TiledMatmul(layer, mm, r, c, first))
+        first += r * c
+    return out
+
+
+def expert_matmuls(spec: ModelSpec) -> list[Matmul]:
+    return [mm for mm in spec.ffn_matmuls("moe") if mm.family == "routed_expert"]
+
+
+def tiles_per_expert(spec: ModelSpec, cfg: KernelConfig) -> int:
+    return sum(r * c for r, c in (tiles_of(mm, cfg.tile) for mm in expert_matmuls(spec)))
+
+
+def _tile_matrix(w: np.ndarray, t: int) -> np.ndarray:
+    """[d_in, d_out] -> [cols*rows, T, T], column block outer, zero-padded."""
+    r, c = math.ceil(w.shape[0] / t), math.ceil(w.shape[1] / t)
+    p = np.zeros((r * t, c * t), w.dtype)
+    p[:w.shape[0], :w.shape[1]] = w
+    return p.reshape(r, t, c, t).transpose(2, 0, 1, 3).reshape(c * r, t, t)
+
+
+# ----- small vectors ------------------------------------------------------------------------------
+
+def _rows(n: int) -> int:
+    return math.ceil(n / LANES)
+
+
+def _pad16(n: int) -> int:
+    return -(-n // BF16_SUBLANES) * BF16_SUBLANES
+
+
+def vector_layout(spec: ModelSpec, layer: Layer | None) -> dict[str, tuple[int, int, tuple]]:
+    """name -> (first row, rows, shape) of a layer's small vectors (layer None: final norm).
+    Attention-family vectors come first; the router bias starts on a 16-row boundary."""
+    shapes = {"final_norm": (spec.hidden,)} if layer is None else \
+        reference.small_param_shapes(spec, layer)
+    out, row = {}, 0
+    for name, shape in shapes.items():
+        if name == "router_bias":
+            row = _pad16(row)
+        n = shape[0] * _rows(shape[1]) if len(shape) == 2 else _rows(shape[0])
+        out[name] = (row, n, shape)
+        row += n
+    return out
+
+
+def vector_copies(spec: ModelSpec, layer: Layer | None) -> list[tuple[str, int, int]]:
+    """(family, first row, rows) of the DMAs that bring a layer's vectors on chip."""
+    lay = vector_layout(spec, layer)
+    att_end = max(r + n for name, (r, n, _) in lay.items() if name != "router_bias")
+    out = [("attention", 0, _pad16(att_end))]
+    if "router_bias" in lay:
+        r, n, _ = lay["router_bias"]
+        out.append(("router", r, _pad16(n)))
+    return out
+
+
+def vector_rows(spec: ModelSpec) -> int:
+    return max(r + n for l in (*spec.layers, None) for _, r, n in vector_copies(spec, l))
+
+
+# ----- packing ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Packed:
+    """Weights laid out for the megakernel (all arrays in HBM)."""
+    embed: object      # [V, 1, H] bf16 (one row per token id)
+    static: object     # [n_tiles, T, T] bf16
+    experts: object    # [n_moe_layers, E, tiles_per_expert, T, T] bf16 (or [0, ...])
+    vectors: object    # [n_layers + 1, vector_rows, 128] bf16
+
+
+def pack_weights(weights: reference.Weights, cfg: KernelConfig) -> Packed:
+    """Pack reference weights (bf16) into the megakernel's tile layout."""
+    spec = weights.spec
+    check_kernel_spec(spec, cfg)
+    t = cfg.tile
+    np_ = lambda a: np.asarray(a)
+    layers = weights["layers"]
+    tiles = []
+    for tm in static_stream(spec, cfg):
+        w = weights["lm_head"] if tm.mm.name == "lm_head" else layers[tm.layer - 1][tm.mm.name]
+        tiles.append(_tile_matrix(np_(w), t))
+    experts = []
+    for layer, lw in zip(spec.layers, layers):
+        if layer.ffn == "moe":
+            per_e = [np.concatenate([_tile_matrix(np_(lw[mm.name][e]), t)
+                                     for mm in expert_matmuls(spec)])
+                     for e in range(spec.moe.experts)]
+            experts.append(np.stack(per_e))
+    tpe = tiles_per_expert(spec, cfg) if spec.moe else 1
+    experts = np.stack(experts) if experts else np.zeros((0, 1, tpe, t, t), jnp.bfloat16)
+    vr = vector_rows(spec)
+    vec = np.zeros((len(spec.layers) + 1, vr, LANES), jnp.bfloat16)
+    for i, layer in enumerate((*spec.layers, None)):
+        src = {"final_norm": weights["final_norm"]} if layer is None else layers[i]
+        for name, (r, n, shape) in vector_layout(spec, layer).items():
+            v = np_(src[name]).reshape(-1, shape[-1]) if len(shape) == 2 else np_(src[name])[None]
+            block = np.zeros((v.shape[0], _rows(shape[-1]) * LANES), vec.dtype)
+            block[:, :shape[-1]] = v
+            vec[i, r:r + n] = block.reshape(n, LANES)
+    v, h = spec.vocab, spec.hidden
+    return Packed(embed=jnp.asarray(weights["embed"]).reshape(v, 1, h),
+                  static=jnp.asarray(np.concatenate(tiles)), experts=jnp.asarray(experts),
+                  vectors=jnp.asarray(vec))
+
+
+def unpack_vector(vrows, layout_entry):
+    """Rows of a loaded vector block -> the vector(s) [n] or [W, C] as f32."""
+    r, n, shape = layout_entry
+    block = vrows[r:r + n].astype(jnp.float32)
+    if len(shape) == 2:
+        return block.reshape(shape[0], -1)[:, :shape[1]]
+    return block.reshape(1, -1)[:, :shape[0]]
+
+
+jax.tree_util.register_dataclass(Packed, data_fields=["embed", "static", "experts", "vectors"],
+                                 meta_fields=[])
