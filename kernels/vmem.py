@@ -1,0 +1,113 @@
+"""VMEM budget of the megakernel, with TPU tile padding, checked against the chip's VMEM.
+
+Each buffer's bytes are padded to the TPU memory tiling: the last dimension to the lane count
+(128) and the second-minor dimension to the dtype's sublane tiling (`TpuInfo.
+get_sublane_tiling`: 8 rows for 32-bit, 16 for bf16 on TPU7x). The chip figures come from JAX's
+`tpu_info` (the attached TPU, or TPU7x per TensorCore when none is attached).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+from jax.experimental.pallas import tpu as pltpu
+
+from perfmodel.arch import ModelSpec
+from perfmodel.errors import SpecError
+
+from . import layout, reference
+from .layout import KernelConfig
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int       # padded to the TPU tiling
+
+
+@dataclass(frozen=True)
+class Budget:
+    buffers: tuple[Buffer, ...]
+    capacity_bytes: int
+    chip: str
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(b.bytes for b in self.buffers)
+
+    def table(self) -> str:
+        lines = [f"VMEM budget on {self.chip} (TPU tile padding included):"]
+        for b in self.buffers:
+            lines.append(f"  {b.name:<34} {str(b.shape):<24} {b.dtype:<9} {b.bytes:>12,} B")
+        lines.append(f"  {'total':<68}{self.total_bytes:>12,} B of {self.capacity_bytes:,} B "
+                     f"({100 * self.total_bytes / self.capacity_bytes:.1f} %)")
+        return "\n".join(lines)
+
+
+def chip_info() -> pltpu.TpuInfo:
+    """The attached TPU's per-core figures, or TPU7x (one TensorCore) on a machine without one."""
+    if pltpu.is_tpu_device():
+        return pltpu.get_tpu_info()
+    return pltpu.get_tpu_info_for_chip(pltpu.ChipVersion.TPU_7X, 1)
+
+
+def padded_bytes(shape: tuple[int, ...], dtype, info: pltpu.TpuInfo) -> int:
+    dtype = jnp.dtype(dtype)
+    dims = (1,) * max(0, 2 - len(shape)) + tuple(shape)
+    sub = info.get_sublane_tiling(dtype)
+    lead = math.prod(dims[:-2])
+    return lead * math.ceil(dims[-2] / sub) * sub * math.ceil(dims[-1] / info.num_lanes) \
+        * info.num_lanes * dtype.itemsize
+
+
+def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buffer]:
+    """The kernel's VMEM scratch and blocks, plus its largest compiler-managed values."""
+    bp, t, h = cfg.padded_batch, cfg.tile, spec.hidden
+    caches = reference.cache_shapes(spec, cfg.batch, cfg.max_context)
+    items = [("weight ring (depth x tile)", (cfg.depth, t, t), jnp.bfloat16),
+             ("expert slots", (cfg.expert_slots, layout.tiles_per_expert(spec, cfg) if spec.moe
+                               else 1, t, t), jnp.bfloat16),
+             ("layer vectors (double buffer)", (2, layout.vector_rows(spec), layout.LANES),
+              jnp.bfloat16),
+             ("embedding rows", (bp, 1, h), jnp.bfloat16),
+             ("next tokens (output)", (bp, layout.LANES), jnp.int32),
+             ("logits (output)", (bp, spec.vocab), jnp.float32),
+             ("logits (value)", (bp, spec.vocab), jnp.float32),
+             ("residual + normed input (values)", (2, bp, h), jnp.float32)]
+    if "kda_state" in caches:
+        items += [("kda state", (bp,) + caches["kda_state"][0][2:], jnp.float32),
+                  ("kda state (value)", (bp,) + caches["kda_state"][0][2:], jnp.float32),
+                  ("kda conv window", (bp,) + caches["kda_conv"][0][2:], jnp.float32)]
+    if "mla_latent" in caches:
+        m = spec.mla
+        d = caches["mla_latent"][0][-1]
+        items += [("mla cache blocks", (bp, cfg.max_context, d), jnp.bfloat16),
+                  ("mla cache (f32 value)", (bp, cfg.max_context, d), jnp.float32),
+                  ("mla new latent row", (bp, 1, d), jnp.bfloat16),
+                  ("mla kv_b (value)", (m.kv_lora_rank, m.heads * (m.qk_nope_dim + m.v_head_dim)),
+                   jnp.bfloat16)]
+    if spec.moe:
+        items.append(("used-expert mask", (1, spec.moe.experts), jnp.int32))
+    return [Buffer(n, tuple(s), jnp.dtype(d).name, padded_bytes(s, d, info)) for n, s, d in items]
+
+
+def check_vmem(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo | None = None,
+               capacity_bytes: int | None = None) -> Budget:
+    """The budget, or SpecError naming the largest buffers and the excess when it does not fit
+    in `capacity_bytes` (default: the chip's VMEM per core)."""
+    layout.check_kernel_spec(spec, cfg)
+    info = info or chip_info()
+    cap = info.vmem_capacity_bytes if capacity_bytes is None else capacity_bytes
+    budget = Budget(tuple(buffers(spec, cfg, info)), cap, str(info.chip_version))
+    if budget.total_bytes > cap:
+        big = sorted(budget.buffers, key=lambda b: -b.bytes)[:4]
+        raise SpecError("vmem", budget.total_bytes,
+                        f"the kernel needs {budget.total_bytes:,} B of VMEM but {budget.chip} has "
+                        f"{cap:,} B: {budget.total_bytes - cap:,} B too many; largest buffers: "
+                        + ", ".join(f"{b.name} {b.bytes:,} B" for b in big)
+                        + f" (depth={cfg.depth}, expert_slots={cfg.expert_slots}, "
+                        f"max_context={cfg.max_context})")
+    return budget
