@@ -59,6 +59,7 @@ class MoE:
     expert_width: int
     shared_width: int = 0   # total width of the shared experts
     latent_dim: int = 0     # 0 = experts take the hidden state directly
+    routing_skew: float = 0.0  # Zipf exponent of expert popularity (perfmodel.moe); 0 = uniform
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,10 @@ def _section(data: dict, key: str, cls, prefix: str):
     for k, v in vars(obj).items():
         if isinstance(v, bool):
             continue
-        require(isinstance(v, int) and v >= 0, f"{prefix}.{k}", v, "must be an integer >= 0")
+        if isinstance(cls.__dataclass_fields__[k].default, float):
+            require(isinstance(v, (int, float)) and v >= 0, f"{prefix}.{k}", v, "must be a number >= 0")
+        else:
+            require(isinstance(v, int) and v >= 0, f"{prefix}.{k}", v, "must be an integer >= 0")
     return obj
 
 

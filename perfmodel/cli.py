@@ -43,7 +43,8 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
                    help="megakernel ring depth in MiB (default: half the on-chip buffer)")
     p.add_argument("--expert-slots", type=int, default=None,
                    help="megakernel expert buffers (default: as many as fit, at most top-k)")
-    p.add_argument("--routing-skew", type=float, default=0.0, help="Zipf exponent of expert popularity")
+    p.add_argument("--routing-skew", type=float, default=None,
+                   help="Zipf exponent of expert popularity (default: the model preset's)")
     p.add_argument("--draft-rows", type=int, default=0, help="speculative decoding: drafted rows per step")
     acc = p.add_mutually_exclusive_group()
     acc.add_argument("--acceptance-length", type=float, default=None, help="tokens per step (tau)")
@@ -114,8 +115,117 @@ def cmd_predict(a) -> dict:
     return out
 
 
+# friendly sweep axis -> (Deployment / Hardware field, unit scale or parser)
+SWEEP_AXES = {"batch": ("batch", int), "context": ("context", int),
+              "prefetch_mib": ("prefetch_bytes", lambda v: float(v) * 2**20),
+              "expert_slots": ("expert_slots", int), "routing_skew": ("routing_skew", float),
+              "vmem_mib": ("onchip_bytes", lambda v: float(v) * 2**20),
+              "hbm_gbps": ("hbm_bandwidth_bytes_per_s", lambda v: float(v) * 1e9),
+              "link_latency_us": ("link_latency_s", lambda v: float(v) * 1e-6),
+              "engine": ("engine", str), "dma_sharing": ("dma_sharing", str)}
+
+
+def parse_vary(text: str) -> tuple[str, str, list]:
+    name, _, values = text.partition("=")
+    if name not in SWEEP_AXES or not values:
+        raise argparse.ArgumentTypeError(
+            f"expected AXIS=v1,v2,... with AXIS in {', '.join(SWEEP_AXES)}; got {text!r}")
+    field, conv = SWEEP_AXES[name]
+    try:
+        return name, field, [conv(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad value in {text!r}") from None
+
+
+def cmd_sweep(a) -> dict:
+    from .sweep import saturation, sweep
+    model, hw, d = load_inputs(a)
+    axes = {field: values for _, field, values in a.vary}
+    rows = sweep(model, hw, d, axes)
+    out = {"schema_version": SCHEMA_VERSION, "command": "sweep", "inputs": inputs_json(a, model, hw, d),
+           "axes": {name: values for name, _, values in a.vary}, "rows": rows}
+    if "prefetch_bytes" in axes:
+        others = [f for f in axes if f != "prefetch_bytes"]
+        groups: dict[tuple, list] = {}
+        for r in rows:
+            groups.setdefault(tuple(r[f] for f in others), []).append(r)
+        out["saturation"] = [{**dict(zip(others, k)), "prefetch_bytes": sat["prefetch_bytes"],
+                              "step_s": sat["step_s"]}
+                             for k, rs in groups.items() if (sat := saturation(rs))]
+    if not a.json:
+        fields = list(axes)
+        print(table([n for n, _, _ in a.vary] + ["step ms", "tokens/s", "bound", "stall ms", "collective ms"],
+                    [[_show(r[f], f) for f in fields] + (
+                        [r["step_s"] * 1e3, r["tokens_per_s"], r["bound"],
+                         (r["breakdown_s"]["weight_streaming"] + r["breakdown_s"]["expert_fetch"]) * 1e3,
+                         r["breakdown_s"]["collective"] * 1e3] if "step_s" in r else [r["error"], "", "", ""])
+                     for r in rows]))
+        for s in out.get("saturation", []):
+            print(f"gain saturates at {s['prefetch_bytes'] / 2**20:.0f} MiB of prefetch "
+                  f"({', '.join(f'{k}={v}' for k, v in s.items() if k not in ('prefetch_bytes', 'step_s'))}): "
+                  f"{s['step_s'] * 1e3:.3f} ms, within 1 % of the best depth swept")
+    return out
+
+
+def _show(v, field):
+    return v / 2**20 if field in ("prefetch_bytes", "onchip_bytes") else v
+
+
+def cmd_trace(a) -> dict:
+    from .predict import predict
+    from .timeline import chrome_trace
+    model, hw, d = load_inputs(a)
+    p = predict(model, hw, dataclasses.replace(d, batch=a.batch), record=True)
+    trace = chrome_trace(p)
+    with open(a.out, "w") as f:
+        json.dump(trace, f)
+    out = {"schema_version": SCHEMA_VERSION, "command": "trace", "out": a.out,
+           "events": len(trace["traceEvents"]), "step_s": p.step_s}
+    if not a.json:
+        print(f"wrote {a.out}: {out['events']} events, step {p.step_s * 1e3:.3f} ms "
+              f"(open in ui.perfetto.dev or chrome://tracing)")
+    return out
+
+
+def cmd_reproduce(a) -> dict:
+    from .calibrate import reproduce, write_presets
+    out = reproduce(fit_parameters=not a.no_fit)
+    out["command"] = "reproduce"
+    if a.write:
+        out["written"] = write_presets(out)
+    if not a.json:
+        print_reproduce(out)
+    return out
+
+
+def print_reproduce(r: dict) -> None:
+    print(f"{r['model']}: seed table, predicted vs reported tokens/s (fit on {r['fit_on']})\n")
+    if r["fitted_parameters"]:
+        print(table(["fitted parameter", "value", "plausible range", "plausible"],
+                    [[k, v["value"], f"{v['plausible_range'][0]} .. {v['plausible_range'][1]}",
+                      "yes" if v["plausible"] else "NO"] for k, v in r["fitted_parameters"].items()]))
+        print()
+    print(table(["platform", "batch", "spec decode", "predicted", "reported", "error %", "step ms", "role",
+                 "target"],
+                [[p["platform"], p["batch"], "7 rows, tau 6" if p["spec_decode"] else "-",
+                  p["predicted_tokens_per_s"], p["reported_tokens_per_s"], 100 * p["error"],
+                  p["predicted_step_ms"], p["role"],
+                  ("met" if p["within_target"] else "MISSED") + f" (<= {100 * r['targets'][p['role']]:.0f} %)"]
+                 for p in r["points"]]))
+    print()
+    print(table(["batch", "TPU/GB200 predicted", "TPU/GB200 reported"],
+                [[t["batch"], t["predicted_ratio"], t["reported_ratio"]] for t in r["trend"]]))
+    missed = [p for p in r["points"] if not p["within_target"]]
+    if missed:
+        print("\nmissed targets: " + "; ".join(
+            f"{p['platform']} batch {p['batch']}{' spec' if p['spec_decode'] else ''} "
+            f"({100 * p['error']:+.1f} %, {p['role']})" for p in missed) + " (see README 'Seed table')")
+    for path in r.get("written", []):
+        print(f"wrote fitted defaults into {path}")
+
+
 # Modules that add their own subcommands: each has add_parser(subparsers) setting `func`.
-EXTENSIONS: tuple[str, ...] = ()
+EXTENSIONS: tuple[str, ...] = ("perfmodel.hostbench", "perfmodel.validate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,6 +238,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_deployment_args(p)
     p.add_argument("--batch", type=int_list, default=[1], help="comma-separated batch sizes")
     p.set_defaults(func=cmd_predict)
+    p = sub.add_parser("sweep", help="what-if: vary prefetch depth, batch, slots, VMEM, ...")
+    add_deployment_args(p)
+    p.add_argument("--vary", type=parse_vary, action="append", required=True,
+                   help="AXIS=v1,v2,... (repeatable); axes: " + ", ".join(SWEEP_AXES))
+    p.set_defaults(func=cmd_sweep, batch=1)
+    p = sub.add_parser("trace", help="export the simulated step as Perfetto / Chrome trace JSON")
+    add_deployment_args(p)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--out", default="predicted_trace.json")
+    p.set_defaults(func=cmd_trace)
+    p = sub.add_parser("reproduce", help="the seed table: fit on batch 1 and 8, predict the rest")
+    p.add_argument("--no-fit", action="store_true", help="physical defaults only, nothing fitted")
+    p.add_argument("--write", action="store_true", help="store the fitted values as preset defaults")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_reproduce)
     for name in EXTENSIONS:
         importlib.import_module(name).add_parser(sub)
     return parser

@@ -60,7 +60,7 @@ class Deployment:
     prefetch_bytes: float | None = None  # megakernel ring depth in bytes (None: as VMEM allows)
     expert_slots: int | None = None      # megakernel expert buffers (None: top_k)
     spec: SpecDecode | None = None
-    routing_skew: float = 0.0
+    routing_skew: float | None = None    # None: the model preset's [moe] routing_skew
 
     @property
     def expert_groups(self) -> int:
@@ -94,7 +94,8 @@ def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
             positive_int("expert_slots", d.expert_slots)
     if d.prefetch_bytes is not None:
         require(d.prefetch_bytes > 0, "prefetch_bytes", d.prefetch_bytes, "must be > 0")
-    require(d.routing_skew >= 0, "routing_skew", d.routing_skew, "must be >= 0")
+    if d.routing_skew is not None:
+        require(d.routing_skew >= 0, "routing_skew", d.routing_skew, "must be >= 0")
     need = resident_bytes_per_device(model, d)
     have = hw.core_hbm_bytes
     if need > have:

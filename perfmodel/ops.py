@@ -161,7 +161,8 @@ def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int) -> floa
         matmul(mms["shared_down"], d.tp)
     groups = d.expert_groups
     expert_tp = d.devices // groups
-    distinct, pairs = expected_busiest_group(m.experts, m.top_k, t * d.dp, groups, d.routing_skew)
+    skew = m.routing_skew if d.routing_skew is None else d.routing_skew
+    distinct, pairs = expected_busiest_group(m.experts, m.top_k, t * d.dp, groups, skew)
     fmt = f["routed_expert"]
     per_expert = mms["expert_gate_up"].params // m.experts + mms["expert_down"].params // m.experts
     ops.compute(i, "moe", "routed_experts", 2.0 * pairs * per_expert / expert_tp, fmt.compute_dtype,

@@ -1,0 +1,147 @@
+"""Calibrate named efficiency parameters on the seed table and reproduce it (`perfmodel reproduce`).
+
+Rules (issue 3): physical defaults first; at most 3 named parameters per platform, fitted only on
+batch 1 and batch 8 of the seed table; batches 2 and 4 and the speculative-decoding pair are held
+out. The fit starts from the `Efficiency` dataclass defaults every time, so it does not depend on
+what a previous `--write` stored in the presets.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from datetime import date
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from .arch import PRESET_DIR as MODEL_DIR, load_model
+from .deployment import Deployment, SpecDecode
+from .hardware import PRESET_DIR, Efficiency, Hardware, load_hardware
+from .measurements import Measurement, seed_measurements
+from .predict import predict
+
+MODEL = "kimi-k3"
+FIT_BATCHES = (1, 8)
+TARGETS = {"fitted": 0.10, "held-out": 0.15}
+
+
+@dataclass(frozen=True)
+class Param:
+    """A fitted parameter: where it lives, fit bounds, and the range called physically plausible."""
+    name: str
+    scope: str        # "model" (shared by all platforms) or a platform name
+    bounds: tuple[float, float]
+    plausible: tuple[float, float]
+    why: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.scope}.{self.name}"
+
+
+def fit_params(platforms: list[str]) -> list[Param]:
+    """The router's skew is a property of the model, shared by both platforms; each platform
+    gets its own collective latency scale (2 parameters per platform, of the 3 allowed)."""
+    out = [Param("routing_skew", "model", (0.0, 3.0), (0.0, 1.0),
+                 "Zipf exponent of expert popularity; uniform routing (0) is the baseline")]
+    out += [Param("collective_latency_scale", p, (0.0, 10.0), (0.25, 4.0),
+                  "multiplies the sourced link / collective latencies") for p in platforms]
+    return out
+
+
+def deployment_for(m: Measurement, skew: float | None = None) -> Deployment:
+    spec = SpecDecode(m.draft_rows, acceptance_length=m.acceptance_length) if m.spec_decode else None
+    return Deployment(devices=m.devices, tp=m.tp, ep=m.ep, engine=m.engine, batch=m.batch, spec=spec,
+                      routing_skew=skew)
+
+
+def role(m: Measurement) -> str:
+    return "fitted" if not m.spec_decode and m.batch in FIT_BATCHES else "held-out"
+
+
+def _apply(values: dict[str, float], hw: dict[str, Hardware], platform: str) -> tuple[Hardware, float]:
+    """Hardware with physical-default efficiency except the fitted values, and the skew."""
+    eff = {p.split(".", 1)[1]: v for p, v in values.items() if p.startswith(platform + ".")}
+    return (dataclasses.replace(hw[platform], efficiency=dataclasses.replace(Efficiency(), **eff)),
+            values.get("model.routing_skew", 0.0))
+
+
+def fit(measurements: list[Measurement], hw: dict[str, Hardware]) -> dict[str, float]:
+    """Least squares on log(predicted / reported) over the training points, from physical defaults."""
+    model = load_model(MODEL)
+    params = fit_params(sorted(hw))
+    train = [m for m in measurements if role(m) == "fitted"]
+    lo, hi = np.array([p.bounds[0] for p in params]), np.array([p.bounds[1] for p in params])
+    x0 = np.clip([0.0 if p.name == "routing_skew" else getattr(Efficiency(), p.name) for p in params], lo, hi)
+
+    def residuals(x):
+        values = dict(zip((p.key for p in params), x))
+        out = []
+        for m in train:
+            h, skew = _apply(values, hw, m.platform)
+            out.append(np.log(predict(model, h, deployment_for(m, skew)).tokens_per_s / m.tokens_per_s))
+        return out
+
+    res = least_squares(residuals, x0, bounds=(lo, hi), diff_step=1e-3)
+    return dict(zip((p.key for p in params), map(float, res.x)))
+
+
+def reproduce(fit_parameters: bool = True) -> dict:
+    """The seed table predicted next to the reported values (schema in docs/json-schema.md).
+
+    With fit_parameters=False every parameter stays at its physical default (skew 0)."""
+    model = load_model(MODEL)
+    ms = seed_measurements()
+    hw = {m.platform: load_hardware(m.hardware) for m in ms}
+    values = fit(ms, hw) if fit_parameters else {}
+    fitted = {p.key: {"value": values[p.key], "scope": p.scope, "why": p.why,
+                      "plausible_range": list(p.plausible),
+                      "plausible": p.plausible[0] <= values[p.key] <= p.plausible[1]}
+              for p in fit_params(sorted(hw)) if p.key in values}
+    points = []
+    for m in ms:
+        h, skew = _apply(values, hw, m.platform)
+        p = predict(model, h, deployment_for(m, skew))
+        err = p.tokens_per_s / m.tokens_per_s - 1
+        r = role(m) if fit_parameters else "held-out"
+        points.append({"platform": m.platform, "batch": m.batch,
+                       "spec_decode": {"draft_rows": m.draft_rows, "acceptance_length": m.acceptance_length}
+                       if m.spec_decode else None,
+                       "predicted_tokens_per_s": p.tokens_per_s, "reported_tokens_per_s": m.tokens_per_s,
+                       "error": err, "role": r, "within_target": abs(err) <= TARGETS[r],
+                       "predicted_step_ms": p.step_s * 1e3, "source": m.source})
+    return {"schema_version": 1, "model": MODEL, "fitted_parameters": fitted,
+            "fit_on": "seed table batches 1 and 8 of both platforms (no speculative decoding)",
+            "targets": TARGETS, "points": points, "trend": trend(points)}
+
+
+def trend(points: list[dict]) -> list[dict]:
+    """TPU / GB200 tokens/s ratio per batch, predicted and reported."""
+    get = lambda plat, b, key: next(p[key] for p in points
+                                    if p["platform"] == plat and p["batch"] == b and not p["spec_decode"])
+    batches = sorted({p["batch"] for p in points if not p["spec_decode"]})
+    return [{"batch": b,
+             "predicted_ratio": get("tpu-v7", b, "predicted_tokens_per_s") / get("gb200", b, "predicted_tokens_per_s"),
+             "reported_ratio": get("tpu-v7", b, "reported_tokens_per_s") / get("gb200", b, "reported_tokens_per_s")}
+            for b in batches]
+
+
+def write_presets(report: dict) -> list[str]:
+    """Store fitted values as preset defaults (model skew, hardware efficiency), with provenance."""
+    stamp = f"fitted by perfmodel reproduce --write on {date.today()} on seed batches 1 and 8"
+    written = []
+    for key, info in report["fitted_parameters"].items():
+        scope, name = key.split(".", 1)
+        path = MODEL_DIR / f"{MODEL}.toml" if scope == "model" else PRESET_DIR / f"{scope}.toml"
+        text = path.read_text()
+        text, n = re.subn(rf"(?m)^{name} = (?!\")[^\n]*$", f"{name} = {info['value']:.6g}", text)
+        if n != 1:
+            raise RuntimeError(f"{path}: expected exactly one '{name} = ' line")
+        src_key = name if scope == "model" else "efficiency"
+        text, n = re.subn(rf'(?m)^{src_key} = ".*"$', f'{src_key} = "{stamp}; the rest physical defaults"', text)
+        if n != 1:
+            raise RuntimeError(f"{path}: expected exactly one '{src_key} = \"...\"' source line")
+        path.write_text(text)
+        written.append(str(path))
+    return sorted(set(written))

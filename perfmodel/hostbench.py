@@ -1,0 +1,299 @@
+"""Host microbenchmarks: this machine's memory bandwidth, matmul FLOP/s and JAX overheads, written
+as a hardware file (`kind = "cpu"`) that `perfmodel.hardware.load_hardware` reads.
+
+Measured (min / median / max over repeats, all through JAX on the default CPU device):
+- streaming read bandwidth: a jitted sum over f32 arrays of several sizes beyond the last-level
+  cache; the largest size's median is `hbm_bandwidth_bytes_per_s`; copy (read + write) is reported
+  beside it;
+- matmul FLOP/s: large square matmuls in bf16 and f32 (`peak_flops_per_s`), and a decode-shaped
+  matmul (`DECODE_ROWS` rows x a cache-resident weight) whose rate / peak is `efficiency.flops`;
+- dispatch overhead: one jitted call of a tiny op, called and waited on (`launch_overhead_s`:
+  what each kernel of an op-by-op engine pays);
+- in-program per-op overhead: a chain of tiny dependent matmuls in one compiled program, per op
+  (`efficiency.op_overhead_s`: what each op pays inside one XLA program).
+Not measured (stated as such in the file's sources): memory latency (`dma_latency_s`), the fill
+granule (`dma_tile_bytes`) and the link fields, which do not apply to one CPU device.
+
+CLI: `perfmodel hostbench [--out FILE] [--quick] [--repeats N]`.
+"""
+from __future__ import annotations
+
+import datetime
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SpecError, positive_int
+
+MIB = 2**20
+BANDWIDTH_SIZES_MIB = (128, 512, 1024)
+QUICK_BANDWIDTH_SIZES_MIB = (96, 192)
+MATMUL_N = 2048
+QUICK_MATMUL_N = 768
+DECODE_ROWS = 32          # decode-shaped matmul: rows = batch
+DECODE_WIDTH = 1024       # weight DECODE_WIDTH x DECODE_WIDTH (bf16: 2 MiB, stays in cache)
+CHAIN_OPS = 256
+DMA_LATENCY_ASSUMED_S = 1.0e-7
+DMA_TILE_ASSUMED_BYTES = 65536
+
+
+@dataclass(frozen=True)
+class Stat:
+    """min / median / max of repeated measurements of one figure."""
+    min: float
+    median: float
+    max: float
+
+    @classmethod
+    def of(cls, xs: list[float]) -> "Stat":
+        return cls(min(xs), statistics.median(xs), max(xs))
+
+    def scaled(self, k: float) -> "Stat":
+        """k / x for a time x (a rate from a duration): min and max swap."""
+        return Stat(k / self.max, k / self.median, k / self.min)
+
+    def json(self) -> dict:
+        return {"min": self.min, "median": self.median, "max": self.max}
+
+
+@dataclass(frozen=True)
+class HostBench:
+    cpu: str
+    date: str
+    repeats: int
+    read_bandwidth: dict[int, Stat]      # bytes/s by array size in MiB
+    copy_bandwidth: dict[int, Stat]      # (read + written) bytes/s by size in MiB
+    matmul_flops: dict[str, Stat]        # FLOP/s by dtype, square MATMUL_N matmul
+    decode_matmul_flops: dict[str, Stat]  # FLOP/s by dtype, DECODE_ROWS x DECODE_WIDTH^2
+    dispatch_s: Stat                     # one jitted call, dispatched and waited on
+    op_overhead_s: Stat                  # per op inside one compiled program
+    llc_bytes: int
+    ram_bytes: int
+    devices: int
+
+    @property
+    def stream_bandwidth(self) -> Stat:
+        return self.read_bandwidth[max(self.read_bandwidth)]
+
+    @property
+    def flops_efficiency(self) -> float:
+        """Decode-shaped matmul rate / square-matmul peak, bf16 (the weights' dtype)."""
+        return min(1.0, self.decode_matmul_flops["bf16"].median / self.matmul_flops["bf16"].median)
+
+    def json(self) -> dict:
+        return {"cpu": self.cpu, "date": self.date, "repeats": self.repeats, "devices": self.devices,
+                "llc_bytes": self.llc_bytes, "ram_bytes": self.ram_bytes,
+                "read_bandwidth_bytes_per_s": {str(k): v.json() for k, v in self.read_bandwidth.items()},
+                "copy_bandwidth_bytes_per_s": {str(k): v.json() for k, v in self.copy_bandwidth.items()},
+                "matmul_flops_per_s": {k: v.json() for k, v in self.matmul_flops.items()},
+                "decode_matmul_flops_per_s": {k: v.json() for k, v in self.decode_matmul_flops.items()},
+                "dispatch_s": self.dispatch_s.json(), "op_overhead_s": self.op_overhead_s.json(),
+                "flops_efficiency": self.flops_efficiency}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def llc_bytes() -> int:
+    """Largest cache reported by sysfs (the last-level cache), in bytes."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip()
+        mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1], 1)
+        sizes.append(int(text.rstrip("KMG")) * mult)
+    return max(sizes, default=32 * MIB)
+
+
+def ram_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise SpecError("/proc/meminfo", None, "no MemTotal line")
+
+
+def _time(fn, repeats: int, warmup: int = 1) -> list[float]:
+    """Wall times of `fn()` (which must block until its result is ready)."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> HostBench:
+    """Run every microbenchmark; `quick` uses smaller sizes (for tests; not a measurement)."""
+    import jax
+    import jax.numpy as jnp
+    from tqdm import tqdm
+    positive_int("repeats", repeats)
+    sizes = QUICK_BANDWIDTH_SIZES_MIB if quick else BANDWIDTH_SIZES_MIB
+    n = QUICK_MATMUL_N if quick else MATMUL_N
+    steps = len(sizes) + 5
+    bar = tqdm(total=steps, desc="hostbench", disable=not progress)
+
+    total = jax.jit(jnp.sum)
+    scale = jax.jit(lambda x: x * 1.0001)
+    read, copy = {}, {}
+    for mib in sizes:
+        x = jnp.ones((mib * MIB // 4,), jnp.float32)
+        nbytes = x.size * 4
+        read[mib] = Stat.of(_time(lambda: total(x).block_until_ready(), repeats)).scaled(nbytes)
+        copy[mib] = Stat.of(_time(lambda: scale(x).block_until_ready(), repeats)).scaled(2 * nbytes)
+        del x
+        bar.update()
+
+    matmul, decode = {}, {}
+    mm = jax.jit(jnp.matmul)
+    for name, dt in (("bf16", jnp.bfloat16), ("f32", jnp.float32)):
+        a = jnp.ones((n, n), dt)
+        matmul[name] = Stat.of(_time(lambda: mm(a, a).block_until_ready(), repeats)).scaled(2.0 * n**3)
+        x = jnp.ones((DECODE_ROWS, DECODE_WIDTH), dt)
+        w = jnp.ones((DECODE_WIDTH, DECODE_WIDTH), dt)
+        calls = 20  # each call is short: time a batch of calls
+        def run():
+            for _ in range(calls):
+                y = mm(x, w)
+            y.block_until_ready()
+        decode[name] = Stat.of(_time(run, repeats)).scaled(2.0 * DECODE_ROWS * DECODE_WIDTH**2 * calls)
+        bar.update()
+
+    tiny = jax.jit(lambda v: v + 1)
+    v = jnp.ones((8,), jnp.float32)
+    calls = 2000
+    def dispatch():
+        for _ in range(calls):
+            tiny(v).block_until_ready()
+    dispatch_s = Stat.of([t / calls for t in _time(dispatch, repeats)])
+    bar.update()
+
+    mats = jnp.asarray(jax.random.normal(jax.random.key(0), (CHAIN_OPS, 8, 8)), jnp.float32) * 0.3
+    def chain(m, x):
+        for i in range(CHAIN_OPS):  # unrolled: CHAIN_OPS dependent dots XLA cannot fuse away
+            x = jnp.tanh(x @ m[i])
+        return x
+    chain_jit, one_jit = jax.jit(chain), jax.jit(lambda m, x: jnp.tanh(x @ m[0]))
+    x0 = jnp.ones((8, 8), jnp.float32)
+    t_chain = _time(lambda: chain_jit(mats, x0).block_until_ready(), repeats)
+    t_one = statistics.median(_time(lambda: one_jit(mats, x0).block_until_ready(), repeats))
+    op_overhead = Stat.of([max(0.0, (t - t_one) / (CHAIN_OPS - 1)) for t in t_chain])
+    bar.update(2)
+    bar.close()
+    return HostBench(cpu_model(), datetime.date.today().isoformat(), repeats, read, copy, matmul,
+                     decode, dispatch_s, op_overhead, llc_bytes(), ram_bytes(), jax.device_count())
+
+
+def _stat_text(s: Stat, unit: float, name: str) -> str:
+    return f"{name} min/median/max {s.min / unit:.4g}/{s.median / unit:.4g}/{s.max / unit:.4g}"
+
+
+def hardware_toml(b: HostBench, name: str = "host-cpu") -> str:
+    """The hardware file: every number with a source naming the benchmark, CPU and date."""
+    by = f"measured by hostbench on {b.cpu}, {b.date}, {b.repeats} repeats"
+    bw, cp = b.stream_bandwidth, b.copy_bandwidth[max(b.copy_bandwidth)]
+    big = max(b.read_bandwidth)
+    flops = ", ".join(_stat_text(s, 1e9, f"{k} GFLOP/s") for k, v in [("bf16", 0), ("f32", 0)]
+                      for s in [b.matmul_flops[k]])
+    dec = b.decode_matmul_flops["bf16"]
+    src = {
+        "cores_per_chip": "the whole CPU is one JAX device",
+        "peak_flops_per_s": f"{by}: {MATMUL_N}^3 square matmul, {flops}",
+        "hbm_bytes": "MemTotal of /proc/meminfo (RAM)",
+        "hbm_bandwidth_bytes_per_s": f"{by}: jitted f32 sum over {big} MiB (streaming read), "
+                                     + _stat_text(bw, 1e9, "GB/s")
+                                     + f"; copy (read + write) {_stat_text(cp, 1e9, 'GB/s')}",
+        "onchip_bytes": "last-level cache size from /sys/devices/system/cpu/cpu0/cache",
+        "intra_chip_bandwidth_bytes_per_s": "not applicable (one device); set to the measured copy bandwidth",
+        "intra_chip_latency_s": "not applicable (one device)",
+        "link_bandwidth_bytes_per_s": "not applicable (one device, no collectives); set to the measured copy bandwidth",
+        "link_latency_s": "not applicable (one device)",
+        "collective_base_latency_s": "not applicable (one device)",
+        "collective_algorithm": "not applicable (one device)",
+        "launch_overhead_s": f"{by}: one jitted tiny op called and waited on, "
+                             + _stat_text(b.dispatch_s, 1e-6, "us"),
+        "dma_latency_s": "assumption, not measured: DRAM load latency about 100 ns",
+        "dma_sharing": "assumption: one memory system serving an op's loads in order",
+        "dma_tile_bytes": "assumption, not measured: hardware prefetch runs about 64 KiB ahead (pipeline fill)",
+        "efficiency.hbm": "1.0: hbm_bandwidth_bytes_per_s is already the measured sustained rate",
+        "efficiency.flops": f"{by}: bf16 {DECODE_ROWS}x{DECODE_WIDTH}x{DECODE_WIDTH} matmul "
+                            f"{dec.median / 1e9:.4g} GFLOP/s / square-matmul median",
+        "efficiency.collective_latency_scale": "not applicable (one device)",
+        "efficiency.op_overhead_s": f"{by}: chain of {CHAIN_OPS} tiny dependent matmuls in one "
+                                    f"program, per op, " + _stat_text(b.op_overhead_s, 1e-6, "us"),
+    }
+    fields = [
+        ("name", f'"{name}"'), ("kind", '"cpu"'), ("cores_per_chip", "1"),
+        ("peak_flops_per_s", "{ " + ", ".join(f"{k} = {v.median:.6g}" for k, v in b.matmul_flops.items()) + " }"),
+        ("hbm_bytes", f"{b.ram_bytes}"), ("hbm_bandwidth_bytes_per_s", f"{bw.median:.6g}"),
+        ("onchip_bytes", f"{b.llc_bytes}"), ("onchip_kind", '"LLC"'),
+        ("intra_chip_bandwidth_bytes_per_s", f"{cp.median:.6g}"), ("intra_chip_latency_s", "0.0"),
+        ("link_bandwidth_bytes_per_s", f"{cp.median:.6g}"), ("link_latency_s", "0.0"),
+        ("collective_base_latency_s", "0.0"), ("collective_algorithm", '"ring"'),
+        ("launch_overhead_s", f"{b.dispatch_s.median:.6g}"),
+        ("dma_latency_s", f"{DMA_LATENCY_ASSUMED_S:.6g}"), ("dma_sharing", '"fifo"'),
+        ("dma_tile_bytes", f"{DMA_TILE_ASSUMED_BYTES}"),
+    ]
+    lines = [f"# Host CPU measured by `perfmodel hostbench` ({b.cpu}, {b.date}).",
+             "# launch_overhead_s is the op-by-op dispatch cost; a single compiled program has no",
+             "# launches (use launch_overhead_s = 0) and pays efficiency.op_overhead_s per op."]
+    lines += [f"{k} = {v}" for k, v in fields]
+    lines += ["", "[efficiency]", "hbm = 1.0", f"flops = {b.flops_efficiency:.6g}",
+              "collective_latency_scale = 1.0", f"op_overhead_s = {b.op_overhead_s.median:.6g}",
+              "", "[sources]"]
+    lines += [f'{k if "." not in k else chr(34) + k + chr(34)} = "{v}"' for k, v in src.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
+    """Write the hardware file (checked by loading it back) and the raw figures as JSON beside it."""
+    import json
+    from .hardware import load_hardware
+    out = Path(out)
+    if out.suffix != ".toml":
+        raise SpecError("--out", str(out), "the hardware file must end in .toml")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(hardware_toml(b, name))
+    load_hardware(str(out))
+    out.with_suffix(".json").write_text(json.dumps(b.json(), indent=1) + "\n")
+    return out
+
+
+def cmd_hostbench(a) -> dict:
+    b = measure(a.repeats, a.quick, progress=not a.json)
+    path = write(b, a.out, a.name)
+    if not a.json:
+        print(f"host: {b.cpu}, {b.devices} JAX device(s), LLC {b.llc_bytes / MIB:.0f} MiB, "
+              f"RAM {b.ram_bytes / 2**30:.1f} GiB")
+        for mib, s in b.read_bandwidth.items():
+            print(f"  read  {mib:5d} MiB: " + _stat_text(s, 1e9, "GB/s"))
+        for mib, s in b.copy_bandwidth.items():
+            print(f"  copy  {mib:5d} MiB: " + _stat_text(s, 1e9, "GB/s"))
+        for k, s in b.matmul_flops.items():
+            print(f"  matmul {k}: " + _stat_text(s, 1e9, "GFLOP/s"))
+        for k, s in b.decode_matmul_flops.items():
+            print(f"  decode-shaped matmul {k}: " + _stat_text(s, 1e9, "GFLOP/s"))
+        print("  dispatch: " + _stat_text(b.dispatch_s, 1e-6, "us"))
+        print("  in-program per-op overhead: " + _stat_text(b.op_overhead_s, 1e-6, "us"))
+        print(f"wrote {path} (+ {path.with_suffix('.json').name})")
+    return {"hardware_file": str(path), **b.json()}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("hostbench", help="measure this machine and write a CPU hardware file")
+    p.add_argument("--out", default="experiments/results/host-cpu.toml", help="hardware file to write")
+    p.add_argument("--name", default="host-cpu", help="the hardware name in the file")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--quick", action="store_true", help="small sizes (a smoke test, not a measurement)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_hostbench)
