@@ -1,0 +1,24 @@
+"""perfmodel dashboard: `streamlit run dashboards/app.py` (bundled data only; no GPU, TPU or network).
+
+Views: Compare (predicted vs measured tokens/s), What-if (prefetch / VMEM / batch tuning),
+Validation (per-layer predicted vs measured traces), Models & hardware (presets and uploads).
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import streamlit as st  # noqa: E402
+
+st.set_page_config(page_title="perfmodel: decode performance", layout="wide")
+
+from pmdash import common, compare, models, validation, whatif  # noqa: E402
+
+VIEWS = {"Compare": compare.render, "What-if": whatif.render, "Validation": validation.render,
+         "Models & hardware": models.render}
+
+st.sidebar.title("perfmodel")
+view = st.sidebar.radio("View", list(VIEWS), key="view")
+st.sidebar.caption("Decode performance model of LLMs on TPU v7, GB200 and other chips. "
+                   "Every number can be downloaded and reproduced with the `perfmodel` CLI.")
+common.guarded(VIEWS[view])

@@ -1,0 +1,1 @@
+"""The perfmodel Streamlit dashboard's views and helpers (entry point: dashboards/app.py)."""

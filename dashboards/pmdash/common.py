@@ -1,0 +1,339 @@
+"""Shared pieces of the dashboard: cached loading and prediction, CLI commands, downloads, errors.
+
+Everything expensive is cached on plain, hashable inputs (names, file text, numbers), so a widget
+change only recomputes what that widget feeds. Predictions are cached as plain dicts (numbers,
+lists) so that a cache hit costs an unpickle of a few kB, not a model rebuild.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import shlex
+import tempfile
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from perfmodel import arch, hardware
+from perfmodel.deployment import Deployment, SpecDecode
+from perfmodel.errors import SpecError
+from perfmodel.predict import predict
+
+REPO = Path(__file__).resolve().parents[2]
+MiB = 2**20
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+SPEC_DRAFT_ROWS, SPEC_ACCEPTANCE = 7, 6.0
+
+# Canonical deployments (the seed table, FACTS.md s.1).
+CANONICAL = {
+    "tpu-v7": dict(hardware="tpu-v7", engine="megakernel", devices=32, tp=32, ep=8),
+    "gb200": dict(hardware="gb200", engine="multikernel", devices=16, tp=16, ep=16),
+}
+
+# Step-time causes in stacking order, with the labels the page shows.
+CAUSE_LABELS = {
+    "weight_streaming": "weight streaming (exposed DMA stall)",
+    "expert_fetch": "expert fetch (exposed DMA stall)",
+    "collective": "collectives",
+    "launch": "launch / per-op overhead",
+    "fill_drain": "pipeline fill / drain",
+    "compute": "compute",
+    "draft": "drafter",
+}
+
+
+# ----- inputs: presets and uploaded files ------------------------------------------------------
+
+def uploads(kind: str) -> dict[str, tuple[str, str]]:
+    """Session store of uploaded specs: display name -> (file suffix, text)."""
+    return st.session_state.setdefault(f"uploaded_{kind}", {})
+
+
+def model_options() -> list[str]:
+    return arch.list_presets() + list(uploads("model"))
+
+
+def hardware_options() -> list[str]:
+    return hardware.list_presets() + list(uploads("hardware"))
+
+
+def model_ref(name: str) -> tuple:
+    """A hashable reference: a preset name, or an uploaded file's (name, suffix, text)."""
+    up = uploads("model").get(name)
+    return (name, None, None) if up is None else (name, *up)
+
+
+def hardware_ref(name: str) -> tuple:
+    up = uploads("hardware").get(name)
+    return (name, None, None) if up is None else (name, *up)
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def load_model_ref(ref: tuple):
+    name, suffix, text = ref
+    if text is None:
+        return arch.load_model(name)
+    return parse_model_text(text, suffix, name)
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def load_hardware_ref(ref: tuple):
+    name, suffix, text = ref
+    if text is None:
+        return hardware.load_hardware(name)
+    return parse_hardware_text(text, name)
+
+
+def parse_model_text(text: str, suffix: str, name: str | None = None):
+    """A model from an uploaded Hugging Face config.json (suffix .json) or a preset-style .toml."""
+    if suffix not in (".json", ".toml"):
+        raise SpecError("model file", name or suffix, "expected a Hugging Face config.json or a model .toml")
+    if suffix == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise SpecError("model file", name, f"not valid TOML: {e}") from None
+        return _guard(lambda: arch.from_dict(data), "model file", name)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.json"
+        path.write_text(text)
+        spec = _guard(lambda: arch.from_hf_config(path), "model file", name)
+    if name and spec.name in ("", Path(tmp).name):
+        spec = dataclasses.replace(spec, name=name)
+    return spec
+
+
+def parse_hardware_text(text: str, filename: str | None = None):
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError("hardware file", filename, f"not valid TOML: {e}") from None
+    return _guard(lambda: hardware.from_dict(data), "hardware file", data.get("name", filename))
+
+
+def _guard(fn, field, value):
+    """Run a parser; malformed content that slips past its checks becomes a SpecError."""
+    try:
+        return fn()
+    except SpecError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise SpecError(field, value, f"malformed content ({type(e).__name__}: {e})") from None
+
+
+def register_upload(kind: str, filename: str, data: bytes) -> str:
+    """Parse an uploaded model / hardware file; on success keep it for the other views."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(f"{kind} file", filename, "not a text file (UTF-8 JSON or TOML expected)") from None
+    suffix = Path(filename).suffix.lower()
+    if kind == "model":
+        spec = parse_model_text(text, suffix, Path(filename).stem)
+        name = f"uploaded: {spec.name}"
+    else:
+        if suffix != ".toml":
+            raise SpecError("hardware file", filename, "expected a hardware .toml (see perfmodel/presets/hardware)")
+        hw = parse_hardware_text(text, filename)
+        name = f"uploaded: {hw.name}"
+    uploads(kind)[name] = (suffix, text)
+    return name
+
+
+# ----- deployments and cached predictions -----------------------------------------------------
+
+def dep_key(devices: int, tp: int, ep: int | None, engine: str, batch: int = 1, context: int = 4096,
+            prefetch_mib: float | None = None, expert_slots: int | None = None,
+            draft_rows: int = 0, acceptance_length: float | None = None) -> tuple:
+    """Deployment inputs as a hashable tuple (the cache key)."""
+    return (("devices", int(devices)), ("tp", int(tp)), ("ep", None if ep is None else int(ep)),
+            ("engine", engine), ("batch", int(batch)), ("context", int(context)),
+            ("prefetch_mib", None if prefetch_mib is None else float(prefetch_mib)),
+            ("expert_slots", None if expert_slots is None else int(expert_slots)),
+            ("draft_rows", int(draft_rows)),
+            ("acceptance_length", None if acceptance_length is None else float(acceptance_length)))
+
+
+def with_key(key: tuple, **changes) -> tuple:
+    d = dict(key)
+    d.update(changes)
+    return dep_key(**d)
+
+
+def make_deployment(key: tuple) -> Deployment:
+    k = dict(key)
+    spec = SpecDecode(k["draft_rows"], acceptance_length=k["acceptance_length"]) if k["draft_rows"] else None
+    pf = k["prefetch_mib"]
+    return Deployment(devices=k["devices"], tp=k["tp"], engine=k["engine"], ep=k["ep"], batch=k["batch"],
+                      context=k["context"], prefetch_bytes=None if pf is None else pf * MiB,
+                      expert_slots=k["expert_slots"], spec=spec)
+
+
+def resolve_hw(hw_ref: tuple, onchip_mib: float | None):
+    hw = load_hardware_ref(hw_ref)
+    if onchip_mib is not None:
+        if not onchip_mib > 0:
+            raise SpecError("onchip_bytes", onchip_mib * MiB, "must be > 0")
+        hw = hw.replace(onchip_bytes=float(onchip_mib) * MiB)
+    return hw
+
+
+@st.cache_data(show_spinner=False, max_entries=4096)
+def predict_cached(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None = None,
+                   record: bool = False) -> dict:
+    """One prediction as a plain dict, or {"error": message} for an input the model refuses."""
+    try:
+        model, hw = load_model_ref(m_ref), resolve_hw(hw_ref, onchip_mib)
+        p = predict(model, hw, make_deployment(key), record=record)
+    except SpecError as e:
+        return {"error": str(e)}
+    out = {"tokens_per_s": p.tokens_per_s, "step_s": p.step_s, "bound": p.bound,
+           "hbm_floor_s": p.hbm_floor_s, "compute_floor_s": p.compute_floor_s,
+           "hbm_utilisation": p.hbm_utilisation, "bytes_per_device": p.bytes_per_device,
+           "breakdown_s": dict(p.breakdown_s),
+           "layers": [dataclasses.asdict(r) for r in p.layers]}
+    if record:
+        out["events"] = [(lane, name, int(layer), float(t0), float(t1))
+                         for lane, name, layer, t0, t1 in p.timeline.events]
+        out["trace"] = chrome_trace_or_none(p)
+    return out
+
+
+def chrome_trace_or_none(p) -> dict | None:
+    try:
+        from perfmodel.timeline import chrome_trace
+    except ImportError:
+        return None
+    try:
+        return chrome_trace(p)
+    except (ValueError, SpecError):
+        return None
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def prefetch_sweep_cached(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None,
+                          depths_mib: tuple[float, ...]) -> tuple[list[dict], dict | None]:
+    """Step time per prefetch depth (perfmodel.sweep when present) and the saturation point."""
+    model, hw = load_model_ref(m_ref), resolve_hw(hw_ref, onchip_mib)
+    d = make_deployment(key)
+    values = [x * MiB for x in depths_mib]
+    try:
+        from perfmodel import sweep as sweep_mod
+        rows = sweep_mod.sweep(model, hw, d, {"prefetch_bytes": values})
+        sat = sweep_mod.saturation(rows)
+    except (ImportError, AttributeError, TypeError):  # sweep module absent or a different signature
+        rows, sat = _local_sweep(model, hw, d, values)
+    clean = []
+    for r in rows:
+        row = {"prefetch_mib": r["prefetch_bytes"] / MiB}
+        if "step_s" in r:
+            row.update(step_s=r["step_s"], tokens_per_s=r["tokens_per_s"], bound=r.get("bound", ""),
+                       **{f"{c}_s": v for c, v in r.get("breakdown_s", {}).items()})
+        else:
+            row["error"] = r.get("error", "")
+        clean.append(row)
+    sat_row = None if sat is None else {"prefetch_mib": sat["prefetch_bytes"] / MiB, "step_s": sat["step_s"]}
+    return clean, sat_row
+
+
+def _local_sweep(model, hw, d, values):
+    rows = []
+    for v in values:
+        try:
+            p = predict(model, hw, dataclasses.replace(d, prefetch_bytes=v))
+            rows.append({"prefetch_bytes": v, "step_s": p.step_s, "tokens_per_s": p.tokens_per_s,
+                         "bound": p.bound, "breakdown_s": p.breakdown_s})
+        except SpecError as e:
+            rows.append({"prefetch_bytes": v, "error": str(e)})
+    ok = [r for r in rows if "step_s" in r]
+    if not ok:
+        return rows, None
+    best = min(r["step_s"] for r in ok)
+    return rows, min((r for r in ok if r["step_s"] <= best * 1.01), key=lambda r: r["prefetch_bytes"])
+
+
+# ----- CLI commands shown next to the numbers ---------------------------------------------------
+
+def _cli_name(kind: str, name: str) -> str:
+    if name.startswith("uploaded: "):
+        return "<path to your config.json or .toml>" if kind == "model" else "<path to your hardware .toml>"
+    return name
+
+
+def cli_args(model: str, hw: str, key: tuple, onchip_mib: float | None = None) -> list[str]:
+    k = dict(key)
+    args = ["--model", _cli_name("model", model), "--hardware", _cli_name("hardware", hw),
+            "--devices", str(k["devices"]), "--tp", str(k["tp"])]
+    if k["ep"] is not None:
+        args += ["--ep", str(k["ep"])]
+    args += ["--engine", k["engine"]]
+    if k["context"] != 4096:
+        args += ["--context", str(k["context"])]
+    if k["prefetch_mib"] is not None:
+        args += ["--prefetch-mib", f"{k['prefetch_mib']:g}"]
+    if k["expert_slots"] is not None:
+        args += ["--expert-slots", str(k["expert_slots"])]
+    if k["draft_rows"]:
+        args += ["--draft-rows", str(k["draft_rows"]), "--acceptance-length", f"{k['acceptance_length']:g}"]
+    return args
+
+
+def cli_predict(model: str, hw: str, key: tuple, batches, onchip_mib: float | None = None) -> str:
+    args = ["perfmodel", "predict"] + cli_args(model, hw, key) + ["--batch", ",".join(map(str, batches)), "--json"]
+    cmd = shlex.join(args)
+    if onchip_mib is not None:  # predict has no VMEM flag: the sweep command carries it
+        cmd += f"\n# on-chip buffer {onchip_mib:g} MiB: perfmodel sweep ... --vary vmem_mib={onchip_mib:g}"
+    return cmd
+
+
+def cli_sweep(model: str, hw: str, key: tuple, depths_mib, onchip_mib: float | None = None) -> str:
+    k = dict(key)
+    args = ["perfmodel", "sweep"] + cli_args(model, hw, with_key(key, prefetch_mib=None))
+    args += ["--vary", "prefetch_mib=" + ",".join(f"{x:g}" for x in depths_mib)]
+    if k["batch"] != 1:  # sweep takes the batch as an axis
+        args += ["--vary", f"batch={k['batch']}"]
+    if onchip_mib is not None:
+        args += ["--vary", f"vmem_mib={onchip_mib:g}"]
+    return shlex.join(args + ["--json"])
+
+
+# ----- output helpers ---------------------------------------------------------------------------
+
+def downloads(df: pd.DataFrame, stem: str, key: str, extra_json: dict | None = None) -> None:
+    """CSV and JSON download buttons for a table (JSON carries the rows plus any context)."""
+    c1, c2 = st.columns(2)
+    c1.download_button("Download CSV", df.to_csv(index=False), file_name=f"{stem}.csv", mime="text/csv",
+                       key=f"{key}_csv")
+    payload = {**(extra_json or {}), "rows": json.loads(df.to_json(orient="records"))}
+    c2.download_button("Download JSON", json.dumps(payload, indent=1), file_name=f"{stem}.json",
+                       mime="application/json", key=f"{key}_json")
+
+
+def show_command(cmd: str) -> None:
+    st.caption("Reproduce with the CLI:")
+    st.code(cmd, language="bash")
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:12]
+
+
+def read_csv_bytes(data: bytes) -> pd.DataFrame:
+    text = data.decode("utf-8")
+    lines = [l for l in text.splitlines() if not l.startswith("#")]
+    return pd.read_csv(io.StringIO("\n".join(lines)))
+
+
+def guarded(render) -> None:
+    """Run a view; bad input shows its message, anything unexpected a one-line error, never a traceback."""
+    try:
+        render()
+    except SpecError as e:
+        st.error(f"Invalid input: {e}")
+    except Exception as e:  # noqa: BLE001 -- the page must never show a traceback
+        st.error(f"Unexpected error ({type(e).__name__}): {e}. Please report it with the inputs above.")

@@ -1,0 +1,127 @@
+"""Models & hardware view: the presets with their sources; load a config.json or a hardware file."""
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import streamlit as st
+
+from perfmodel import arch, hardware
+from perfmodel.errors import SpecError
+
+from . import common as c
+
+
+def model_row(name: str, m) -> dict:
+    fam = m.params_by_family()
+    return {"model": name, "layers": len(m.layers), "hidden": m.hidden,
+            "attention": ", ".join(f"{k} x{m.count(attention=k)}" for k in ("kda", "mla", "gqa")
+                                   if m.count(attention=k)),
+            "experts (top-k)": f"{m.moe.experts} (top-{m.moe.top_k})" if m.moe else "-",
+            "params_B": m.total_params / 1e9, "routed_expert_params_B": fam.get("routed_expert", 0) / 1e9,
+            "weights_GB": m.weight_bytes() / 1e9, "routed_format": m.formats["routed_expert"].name,
+            "sources": "; ".join(f"{k}: {v}" for k, v in m.sources.items())}
+
+
+def hardware_row(name: str, h) -> dict:
+    return {"hardware": name, "kind": h.kind, "cores_per_chip": h.cores_per_chip,
+            "bf16_TFLOP_per_s": h.peak_flops_per_s["bf16"] / 1e12,
+            "fp8_TFLOP_per_s": h.peak_flops_per_s.get("fp8", float("nan")) / 1e12,
+            "HBM_GB": h.hbm_bytes / 1e9, "HBM_GB_per_s": h.hbm_bandwidth_bytes_per_s / 1e9,
+            "onchip_MiB_per_core": h.onchip_bytes / c.MiB, "onchip_kind": h.onchip_kind,
+            "link_GB_per_s_per_direction": h.link_bandwidth_bytes_per_s / 1e9,
+            "link_latency_us": h.link_latency_s * 1e6, "launch_overhead_us": h.launch_overhead_s * 1e6,
+            "efficiency": ", ".join(f"{k}={v:g}" for k, v in dataclasses.asdict(h.efficiency).items())}
+
+
+@st.cache_data(show_spinner=False)
+def preset_tables() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Static: the bundled presets (cached for the process)."""
+    ms = pd.DataFrame([model_row(n, arch.load_model(n)) for n in arch.list_presets()])
+    hs = pd.DataFrame([hardware_row(n, hardware.load_hardware(n)) for n in hardware.list_presets()])
+    return ms, hs
+
+
+def hardware_fields(h) -> pd.DataFrame:
+    rows = []
+    for f in dataclasses.fields(h):
+        if f.name in ("sources", "name"):
+            continue
+        v = getattr(h, f.name)
+        if f.name == "efficiency":
+            for k, ev in dataclasses.asdict(v).items():
+                rows.append({"field": f"efficiency.{k}", "value": f"{ev:g}",
+                             "source": h.sources.get(f"efficiency.{k}", h.sources.get("efficiency", ""))})
+            continue
+        value = ", ".join(f"{k}={x:.4g}" for k, x in v.items()) if isinstance(v, dict) else (
+            f"{v:.6g}" if isinstance(v, float) else str(v))
+        rows.append({"field": f.name, "value": value, "source": h.sources.get(f.name, "")})
+    return pd.DataFrame(rows)
+
+
+def model_fields(m) -> pd.DataFrame:
+    rows = [{"field": "layers", "value": str(len(m.layers))}, {"field": "hidden", "value": str(m.hidden)},
+            {"field": "vocab", "value": str(m.vocab)}]
+    for sec in ("kda", "mla", "gqa", "moe"):
+        obj = getattr(m, sec)
+        if obj is not None:
+            rows += [{"field": f"{sec}.{k}", "value": str(v)} for k, v in dataclasses.asdict(obj).items()]
+    rows.append({"field": "ffn.dense_width", "value": str(m.dense_width)})
+    rows += [{"field": f"formats.{k}", "value": f.name} for k, f in m.formats.items()]
+    rows += [{"field": f"params.{k}", "value": f"{v / 1e9:.3f} B"} for k, v in m.params_by_family().items()]
+    return pd.DataFrame(rows)
+
+
+def render() -> None:
+    st.header("Models and hardware")
+    ms, hs = preset_tables()
+    st.subheader("Model presets")
+    st.dataframe(ms.style.format({"params_B": "{:.1f}", "routed_expert_params_B": "{:.1f}",
+                                  "weights_GB": "{:.1f}"}), hide_index=True, key="mh_models")
+    c.downloads(ms, "model_presets", "mh_models_dl")
+    st.subheader("Hardware presets")
+    st.dataframe(hs, hide_index=True, key="mh_hw")
+    c.downloads(hs, "hardware_presets", "mh_hw_dl")
+    c.show_command("perfmodel list --json")
+
+    st.subheader("Details and sources")
+    left, right = st.columns(2)
+    with left:
+        mopts = c.model_options()
+        mname = st.selectbox("Model", mopts, index=mopts.index("kimi-k3"), key="mh_model")
+        m = c.load_model_ref(c.model_ref(mname))
+        st.dataframe(model_fields(m), hide_index=True, key="mh_model_fields")
+        st.markdown("**Sources**")
+        st.dataframe(pd.DataFrame([{"what": k, "source": v} for k, v in m.sources.items()]),
+                     hide_index=True, key="mh_model_sources")
+    with right:
+        hopts = c.hardware_options()
+        hname = st.selectbox("Hardware", hopts, index=hopts.index("tpu-v7"), key="mh_hw_pick")
+        h = c.load_hardware_ref(c.hardware_ref(hname))
+        hf = hardware_fields(h)
+        st.dataframe(hf, hide_index=True, key="mh_hw_fields")
+        c.downloads(hf, f"hardware_{h.name}", "mh_hw_fields_dl")
+
+    st.subheader("Load your own")
+    st.caption("A Hugging Face `config.json` (DeepSeek / Kimi / Llama style keys) or a model `.toml` in the "
+               "preset schema (perfmodel/presets/models); a hardware `.toml` in the preset schema "
+               "(perfmodel/presets/hardware: every number needs a `[sources]` entry). Loaded files become "
+               "choices in the Compare and What-if views for this session.")
+    a, b = st.columns(2)
+    for col, kind, key in ((a, "model", "mh_model_upload"), (b, "hardware", "mh_hw_upload")):
+        with col:
+            up = st.file_uploader(f"{kind.capitalize()} file", key=key)
+            if up is None:
+                continue
+            try:
+                name = c.register_upload(kind, up.name, up.getvalue())
+            except SpecError as e:
+                st.error(f"Could not load {up.name}: {e}")
+                continue
+            st.success(f"Loaded {up.name} as '{name}': now selectable in Compare and What-if.")
+            if kind == "model":
+                st.dataframe(pd.DataFrame([model_row(name, c.load_model_ref(c.model_ref(name)))]),
+                             hide_index=True, key=f"{key}_preview")
+            else:
+                st.dataframe(hardware_fields(c.load_hardware_ref(c.hardware_ref(name))), hide_index=True,
+                             key=f"{key}_preview")
