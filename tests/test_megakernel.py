@@ -1,0 +1,152 @@
+"""The Pallas megakernel against the pure-JAX reference, in Pallas TPU interpret mode on CPU with
+race detection on, for the MINI configuration derived from kimi-k3 (dense first layer, KDA and
+MLA attention, 16-expert latent MoE with shared experts).
+
+Tolerances (bf16 weights, f32 accumulation, f32 elementwise math in both): the kernel sums a
+matmul tile by tile (f32 partial sums over 128-row tiles) where XLA sums in one dot, so f32
+results differ in the last bits; whenever such a value is cast to bf16 as the next matmul's
+operand (relative step 2^-8 = 0.39 %) the rounding may differ by one bf16 ulp, and these flips
+propagate through ~20 matmuls. Observed worst cases on MINI are about 1.5e-2 absolute on logits
+of magnitude ~4 and one bf16 ulp on cached latents. We allow |kernel - reference| <= 5e-2 +
+2e-2 |reference| for logits and states (several ulps of bf16 at these magnitudes, still two
+orders of magnitude below the logits' spread), and require the greedy tokens to agree wherever
+the reference's top-2 logit margin exceeds 0.1.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interp_state
+
+from kernels import layout, megakernel, plan, reference, vmem
+from perfmodel.arch import load_model
+from perfmodel.errors import SpecError
+
+ATOL, RTOL, MARGIN = 5e-2, 2e-2, 0.1
+CONTEXT = 32
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_model("kimi-k3-mini")
+
+
+@pytest.fixture(scope="module")
+def weights(spec):
+    return reference.init_weights(spec, seed=0)
+
+
+def reference_distinct(spec, weights, cache, tokens, positions):
+    """Distinct experts picked per MoE layer by the reference (same phases as its step)."""
+    x, out = reference.embed(weights, tokens), []
+    for layer, lw in zip(spec.layers, weights["layers"]):
+        x, cache = reference.attention(spec, layer, lw, cache, x, positions)
+        if layer.ffn == "moe":
+            h = reference.rms_norm(x, lw["ffn_norm"])
+            _, ids = reference.route(reference.mm(h, lw["router"]), lw["router_bias"],
+                                     spec.moe.top_k)
+            out.append(len(np.unique(np.asarray(ids))))
+        x = reference.ffn(spec, layer, lw, x)
+    return out
+
+
+def run_both(spec, weights, cfg, steps, seed=1):
+    """Teacher-forced decode: both engines get the reference's tokens; checks every step."""
+    packed = layout.pack_weights(weights, cfg)
+    rng = np.random.default_rng(seed)
+    tokens = jnp.asarray(rng.integers(0, spec.vocab, cfg.batch), jnp.int32)
+    positions = jnp.asarray(rng.integers(0, CONTEXT - steps - 1, cfg.batch), jnp.int32)
+    r_cache = reference.init_cache(spec, cfg.batch, CONTEXT)
+    k_cache = reference.init_cache(spec, cfg.batch, CONTEXT)
+    interpret = pltpu.InterpretParams(detect_races=True)
+    for _ in range(steps):
+        want_distinct = reference_distinct(spec, weights, r_cache, tokens, positions)
+        r_next, r_logits, r_cache = reference.decode_step(weights, r_cache, tokens, positions)
+        k_next, k_logits, k_cache, distinct = megakernel.decode_step(
+            spec, cfg, packed, k_cache, tokens, positions, interpret)
+        assert not interp_state.races.races_found
+        np.testing.assert_allclose(k_logits, r_logits, atol=ATOL, rtol=RTOL)
+        top2 = np.sort(np.asarray(r_logits), axis=-1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > MARGIN
+        np.testing.assert_array_equal(np.asarray(k_next)[clear], np.asarray(r_next)[clear])
+        for name in r_cache:
+            np.testing.assert_allclose(np.asarray(k_cache[name], np.float32),
+                                       np.asarray(r_cache[name], np.float32),
+                                       atol=ATOL, rtol=RTOL, err_msg=name)
+        assert [int(d) for d in distinct] == want_distinct
+        tokens, positions = r_next, positions + 1
+    return distinct
+
+
+# (batch, ring depth in banks, expert slots, steps): depth 1 bank .. whole model (194 tiles),
+# slots 1 .. top_k (4); one layer of MINI is 44 tiles.
+CASES = [(1, 1, 1, 3), (2, 3, 4, 3), (4, 44, 2, 3), (8, 194, 3, 2)]
+
+
+@pytest.mark.parametrize("batch,depth,slots,steps", CASES)
+def test_megakernel_matches_reference(spec, weights, batch, depth, slots, steps):
+    cfg = layout.KernelConfig(batch=batch, max_context=CONTEXT, depth=depth,
+                              expert_slots=slots, cache_block=8)
+    run_both(spec, weights, cfg, steps)
+
+
+@pytest.mark.slow
+def test_megakernel_many_steps_batch8(spec, weights):
+    cfg = layout.KernelConfig(batch=8, max_context=CONTEXT, depth=90, expert_slots=4,
+                              cache_block=8)
+    run_both(spec, weights, cfg, steps=6, seed=3)
+
+
+def test_plan_matches_kernel_counts(spec, weights):
+    """The plan for the kernel's own distinct-expert counts moves exactly those experts."""
+    cfg = layout.KernelConfig(batch=2, max_context=CONTEXT, depth=3, expert_slots=4,
+                              cache_block=8)
+    distinct = run_both(spec, weights, cfg, steps=1, seed=5)
+    p = plan.dma_plan(spec, cfg, [int(d) for d in distinct])
+    expert_bytes = layout.tiles_per_expert(spec, cfg) * cfg.bank_bytes
+    routed = [c for c in p if c.routed]
+    assert sum(c.bytes for c in routed) == int(sum(distinct)) * expert_bytes
+    assert all(c.family == "routed_expert" for c in routed)
+
+
+def test_vmem_budget_refuses_oversized_ring(spec):
+    cfg = layout.KernelConfig(batch=8, max_context=CONTEXT, depth=4096)
+    with pytest.raises(SpecError) as e:
+        vmem.check_vmem(spec, cfg)
+    msg = str(e.value)
+    budget = sum(b.bytes for b in vmem.buffers(spec, cfg, vmem.chip_info()))
+    excess = budget - vmem.chip_info().vmem_capacity_bytes
+    assert e.value.field == "vmem" and "weight ring" in msg and f"{excess:,} B too many" in msg
+
+
+def test_vmem_budget_refuses_undersized_chip_and_config(spec):
+    cfg = layout.KernelConfig(batch=1, max_context=CONTEXT, depth=2)
+    fits = vmem.check_vmem(spec, cfg)
+    assert fits.total_bytes < fits.capacity_bytes
+    with pytest.raises(SpecError, match="too many"):
+        vmem.check_vmem(spec, cfg, capacity_bytes=fits.total_bytes - 1)
+    for field in ("depth", "expert_slots"):
+        with pytest.raises(SpecError) as e:
+            layout.KernelConfig(batch=1, **{field: 0})
+        assert e.value.field == field and "0" in str(e.value)
+
+
+def test_padded_bytes_follow_tpu_tiling():
+    info = vmem.chip_info()
+    assert vmem.padded_bytes((8, 1, 256), jnp.bfloat16, info) == 8 * 16 * 256 * 2
+    assert vmem.padded_bytes((3, 100), jnp.float32, info) == 8 * 128 * 4
+    assert vmem.padded_bytes((16,), jnp.int32, info) == 8 * 128 * 4
+
+
+def test_bad_inputs_raise_spec_error(spec, weights):
+    cfg = layout.KernelConfig(batch=2, max_context=CONTEXT)
+    packed = layout.pack_weights(weights, cfg)
+    cache = reference.init_cache(spec, 2, CONTEXT)
+    with pytest.raises(SpecError, match="tokens.shape"):
+        megakernel.decode_step(spec, cfg, packed, cache, jnp.zeros(3, jnp.int32),
+                               jnp.zeros(2, jnp.int32))
+    with pytest.raises(SpecError, match="max_context"):
+        layout.KernelConfig(batch=1, max_context=30, cache_block=16)
+    with pytest.raises(SpecError, match="tile"):
+        layout.KernelConfig(batch=1, tile=100)
