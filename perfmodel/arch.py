@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import tomllib
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from .errors import SpecError, positive_int, require
@@ -160,6 +161,10 @@ class ModelSpec:
         return self.attention_matmuls(layer.attention) + self.ffn_matmuls(layer.ffn)
 
     def params_by_family(self) -> dict[str, int]:
+        return dict(self._params_by_family)
+
+    @cached_property
+    def _params_by_family(self) -> dict[str, int]:
         out = dict.fromkeys(WEIGHT_FAMILIES, 0)
         for layer in self.layers:
             for mm in self.layer_matmuls(layer):

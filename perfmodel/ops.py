@@ -65,6 +65,21 @@ class _Builder:
 
 
 def build(model: ModelSpec, d: Deployment) -> OpGraph:
+    """The op graph; cached per model object and the deployment fields it depends on (sweeps over
+    prefetch depth, slots, engine or hardware reuse it). Callers must not mutate it."""
+    key = (d.devices, d.tp, d.expert_groups, d.batch, d.context, d.rows_per_seq, d.routing_skew)
+    cache = _CACHE.setdefault(id(model), (model, {}))[1]
+    if key not in cache:
+        if len(cache) > 256:
+            cache.clear()
+        cache[key] = _build(model, d)
+    return cache[key]
+
+
+_CACHE: dict[int, tuple[ModelSpec, dict]] = {}  # id(model) -> (model kept alive, graphs)
+
+
+def _build(model: ModelSpec, d: Deployment) -> OpGraph:
     b = -(-d.batch // d.dp)              # sequences per attention replica
     t = b * d.rows_per_seq               # rows (tokens) processed per replica
     h, f = model.hidden, model.formats

@@ -77,19 +77,16 @@ def predict(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False)
 
 
 def _layer_rows(g: ops_mod.OpGraph, tl: Timeline) -> list[LayerRow]:
-    rows = []
-    prev_end = 0.0
-    for layer in np.unique(g.layer):
-        m = g.layer == layer
-        end = float(tl.end_s[m].max())
-        w = {c: float(v[m].sum()) for c, v in tl.wait_s.items()}
-        rows.append(LayerRow(int(layer), g.layer_kind[int(layer)], end - prev_end, w["compute"],
-                             w["weight_streaming"] + w["expert_fetch"], w["collective"],
-                             w["launch"] + w["fill_drain"], float(g.flops[m].sum()),
-                             float(g.static_bytes[m].sum()), float(g.routed_bytes[m].sum()),
-                             float(g.kv_bytes[m].sum()), float(g.act_bytes[m].sum())))
-        prev_end = end
-    return rows
+    n = int(g.layer.max()) + 1
+    per = lambda v: np.bincount(g.layer, weights=v, minlength=n).tolist()
+    w = {c: per(v) for c, v in tl.wait_s.items()}
+    ends = np.maximum.accumulate(np.maximum.reduceat(tl.end_s, np.flatnonzero(np.diff(g.layer, prepend=-1))))
+    time_s = np.diff(ends, prepend=0.0).tolist()
+    flops, st, ro, kv, act = (per(v) for v in (g.flops, g.static_bytes, g.routed_bytes, g.kv_bytes, g.act_bytes))
+    return [LayerRow(i, g.layer_kind[i], time_s[i], w["compute"][i],
+                     w["weight_streaming"][i] + w["expert_fetch"][i], w["collective"][i],
+                     w["launch"][i] + w["fill_drain"][i], flops[i], st[i], ro[i], kv[i], act[i])
+            for i in range(n)]
 
 
 def with_batch(d: Deployment, batch: int) -> Deployment:

@@ -53,7 +53,7 @@ class DmaEngine:
     def issue(self, t: float, nbytes: float, label: tuple[str, int] = ("", 0)) -> int:
         cid = len(self.begin)
         self.busy_bytes += nbytes
-        self.labels.append(label)
+        self.labels.append(label)  # for lane_events
         self.begin.append(t + self.lat)
         if nbytes <= 0:
             self.done[cid] = t
@@ -100,8 +100,8 @@ class Timeline:
 
 
 def op_compute_s(g: OpGraph, hw: Hardware) -> np.ndarray:
-    eff = hw.efficiency.flops
-    rates = np.array([hw.flops_rate(dt) if dt else 1.0 for dt in g.dtype])
+    eff, table = hw.efficiency.flops, {dt: hw.flops_rate(dt) for dt in set(g.dtype) if dt}
+    rates = np.array([table[dt] if dt else 1.0 for dt in g.dtype])
     return np.where(g.is_collective, 0.0, g.flops / (rates * eff))
 
 
@@ -173,71 +173,85 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                         record: bool = False) -> Timeline:
     bw = hw.core_hbm_bandwidth_bytes_per_s * hw.efficiency.hbm
     dma = DmaEngine(bw, hw.dma_latency_s, hw.dma_sharing == "shared")
-    comp, coll = op_compute_s(g, hw), collective_s(g, hw)
+    issue, completion, done = dma.issue, dma.completion, dma.done
     banks = ring_banks(hw, d.prefetch_bytes)
     tile_b = float(hw.dma_tile_bytes)
-    # static tiles in program order: (op index, bytes)
-    ntiles = np.where(g.static_bytes > 0, np.ceil(g.static_bytes / tile_b), 0).astype(int)
-    tile_op = np.repeat(np.arange(len(g)), ntiles)
-    tile_bytes = np.concatenate([np.minimum(tile_b, g.static_bytes[j] - tile_b * np.arange(n))
-                                 for j, n in enumerate(ntiles) if n] or [np.zeros(0)])
+    # static weights packed back to back in consumption order, cut into uniform tiles (banks)
+    op_end = np.cumsum(g.static_bytes)
+    op_begin = op_end - g.static_bytes
+    total = float(op_end[-1]) if len(g) else 0.0
+    n_tiles = math.ceil(total / tile_b)
+    tile_bytes = np.minimum(tile_b, total - tile_b * np.arange(n_tiles)).tolist()
+    owner = np.searchsorted(op_end, tile_b * np.arange(n_tiles), side="right").tolist()
     slots = expert_slots(g, hw, d, banks, top_k)
-    label = lambda k: (g.name[tile_op[k]], int(g.layer[tile_op[k]]))
-    tile_id = [dma.issue(0.0, float(tile_bytes[k]), label(k)) for k in range(min(banks, len(tile_bytes)))]
+    names, layers = g.name, g.layer.tolist()
+    label = (lambda k: (names[owner[k]], layers[owner[k]])) if record else (lambda k: ("", 0))
+    comp, coll = op_compute_s(g, hw).tolist(), collective_s(g, hw).tolist()
+    static, routed, kv_op = g.static_bytes.tolist(), g.routed_bytes.tolist(), g.kv_bytes.tolist()
+    is_coll = g.is_collective.tolist()
+    kv_layer = np.bincount(g.layer, weights=g.kv_bytes).tolist()
+    op_begin, op_end = op_begin.tolist(), op_end.tolist()
+    tile_id = [issue(0.0, tile_bytes[k], label(k)) for k in range(min(banks, n_tiles))]
     next_tile = len(tile_id)
     overhead = hw.efficiency.op_overhead_s
+    count = max(1, math.ceil(g.distinct_experts))
     n = len(g)
-    start, end = np.zeros(n), np.zeros(n)
-    waits = {c: np.zeros(n) for c in CAUSES}
+    start, end = [0.0] * n, [0.0] * n
+    stream, fetch, coll_w = [0.0] * n, [0.0] * n, [0.0] * n
     events = []
     now = 0.0
-    first_tile = np.concatenate([[0], np.cumsum(ntiles)])
-    layer_kv: dict[int, int] = {}
+    kv_id = {}
     for j in range(n):
-        layer = int(g.layer[j])
-        if layer not in layer_kv:  # layer start: prefetch its KV cache / state
-            kv = float(g.kv_bytes[g.layer == layer].sum())
-            layer_kv[layer] = dma.issue(now, kv, ("kv_cache/state", layer))
-        if g.is_collective[j]:
+        layer = layers[j]
+        if layer not in kv_id:  # layer start: prefetch its KV cache / state
+            kv_id[layer] = issue(now, kv_layer[layer], ("kv_cache/state", layer))
+        if is_coll[j]:
             start[j], end[j] = now, now + coll[j]
-            waits["collective"][j] = coll[j]
+            coll_w[j] = coll[j]
             if record:
-                events.append(("link", g.name[j], layer, now, end[j]))
+                events.append(("link", names[j], layer, now, end[j]))
             now = end[j]
             continue
-        ready = now
-        if g.kv_bytes[j] > 0:
-            ready = max(ready, dma.completion(layer_kv[layer]))
-            waits["weight_streaming"][j] += ready - now
+        ready = max(now, completion(kv_id[layer])) if kv_op[j] > 0 else now
+        stream[j] = ready - now
         start[j] = ready
         t = ready + overhead
-        waits["launch"][j] = overhead
-        if ntiles[j]:  # stream this op's tiles through the ring
-            per_byte = comp[j] / g.static_bytes[j]
-            for k in range(first_tile[j], first_tile[j + 1]):
-                arrive = dma.completion(tile_id[k])
-                waits["weight_streaming"][j] += max(0.0, arrive - t)
-                t = max(t, arrive) + per_byte * tile_bytes[k]
-                if next_tile < len(tile_bytes):  # this tile's bank is free: refill it
-                    tile_id.append(dma.issue(t, float(tile_bytes[next_tile]), label(next_tile)))
-                    next_tile += 1
-        elif g.routed_bytes[j] > 0:  # experts: fetched into slots after the router
-            count = max(1, math.ceil(g.distinct_experts))
-            per = g.routed_bytes[j] / count
-            ids = [dma.issue(t, per, (g.name[j], layer)) for _ in range(min(slots, count))]
+        if static[j] > 0:  # consume this op's byte range tile by tile
+            per_byte = comp[j] / static[j]
+            lo, hi = op_begin[j], op_end[j]
+            for k in range(int(lo // tile_b), math.ceil(hi / tile_b)):
+                arrive = done.get(tile_id[k]) or completion(tile_id[k])
+                if arrive > t:
+                    stream[j] += arrive - t
+                    t = arrive
+                t += per_byte * (min(hi, (k + 1) * tile_b) - max(lo, k * tile_b))
+                if hi >= (k + 1) * tile_b or hi == total:  # tile consumed: refill its bank
+                    if next_tile < n_tiles:
+                        tile_id.append(issue(t, tile_bytes[next_tile], label(next_tile)))
+                        next_tile += 1
+        elif routed[j] > 0:  # experts: fetched into slots only after the router
+            per, step = routed[j] / count, comp[j] / count
+            ids = [issue(t, per, (names[j], layer)) for _ in range(min(slots, count))]
             for e in range(count):
-                arrive = dma.completion(ids[e])
-                waits["expert_fetch"][j] += max(0.0, arrive - t)
-                t = max(t, arrive) + comp[j] / count
+                arrive = completion(ids[e])
+                if arrive > t:
+                    fetch[j] += arrive - t
+                    t = arrive
+                t += step
                 if e + slots < count:
-                    ids.append(dma.issue(t, per, (g.name[j], layer)))
+                    ids.append(issue(t, per, (names[j], layer)))
         else:
             t += comp[j]
-        waits["compute"][j] = comp[j]
         end[j] = t
         if record:
-            events.append(("compute", g.name[j], layer, start[j], t))
+            events.append(("compute", names[j], layer, start[j], t))
         now = t
+    arr = np.asarray
+    comp_a = arr(comp) * ~g.is_collective
+    waits = {"compute": comp_a, "weight_streaming": arr(stream), "expert_fetch": arr(fetch),
+             "collective": arr(coll_w), "launch": np.where(g.is_collective, 0.0, overhead),
+             "fill_drain": np.zeros(n)}
+    start, end = arr(start), arr(end)
     tl = Timeline(start, end, waits, now, dma.busy_bytes)
     if record:
         tl.events = events + dma.lane_events()
