@@ -1,0 +1,201 @@
+"""The pure-JAX reference decode step: shapes from the spec, one-program vs op-by-op, MLA forms,
+KDA and router invariants, named scopes, caches carried across steps, derived sizes."""
+import collections
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kernels import reference
+from perfmodel.arch import load_model
+from perfmodel.errors import SpecError
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_model("kimi-k3-mini")
+
+
+@pytest.fixture(scope="module")
+def weights(spec):
+    return reference.init_weights(spec, seed=0)
+
+
+def _inputs(spec, batch, context=16, seed=0):
+    rng = np.random.default_rng(seed)
+    return (reference.init_cache(spec, batch, context),
+            jnp.asarray(rng.integers(0, spec.vocab, batch), jnp.int32),
+            jnp.asarray(rng.integers(0, context // 2, batch), jnp.int32))
+
+
+def test_weights_follow_the_spec(spec, weights):
+    n = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(weights))
+    assert n == spec.total_params
+    for layer, lw in zip(spec.layers, weights["layers"]):
+        for mm in spec.layer_matmuls(layer):
+            want = (mm.d_in, mm.d_out) if mm.experts == 1 else (mm.experts, mm.d_in, mm.d_out)
+            assert lw[mm.name].shape == want and lw[mm.name].dtype == jnp.bfloat16
+    f32 = reference.init_weights(spec, seed=0, dtype=jnp.float32)
+    assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(f32))
+
+
+def test_cache_shapes(spec):
+    c = reference.init_cache(spec, 3, 16)
+    assert c["kda_state"].shape == (3, 3, 2, 128, 128) and c["kda_state"].dtype == jnp.float32
+    assert c["kda_conv"].shape == (3, 3, 3, 768)
+    assert c["mla_latent"].shape == (1, 3, 16, 256) and c["mla_latent"].dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_one_program_equals_op_by_op(spec, weights, batch):
+    c1, tok, pos = _inputs(spec, batch)
+    c2 = jax.tree.map(jnp.copy, c1)
+    for _ in range(3):
+        n1, l1, c1 = reference.decode_step(weights, c1, tok, pos)
+        n2, l2, c2 = reference.decode_step_op_by_op(weights, c2, tok, pos)
+        np.testing.assert_allclose(l1, l2, atol=1e-5, rtol=1e-5)
+        np.testing.assert_array_equal(n1, n2)
+        tok, pos = n1, pos + 1
+    for k in c1:
+        np.testing.assert_allclose(np.asarray(c1[k], np.float32), np.asarray(c2[k], np.float32),
+                                   atol=1e-5)
+
+
+def test_mla_absorbed_equals_plain(spec, weights):
+    c1, tok, pos = _inputs(spec, 4, seed=1)
+    c2 = jax.tree.map(jnp.copy, c1)
+    for _ in range(3):
+        n1, l1, c1 = reference.decode_step(weights, c1, tok, pos, mla_form="absorbed")
+        _, l2, c2 = reference.decode_step(weights, c2, tok, pos, mla_form="plain")
+        np.testing.assert_allclose(l1, l2, atol=1e-3, rtol=1e-3)
+        tok, pos = n1, pos + 1
+
+
+def test_sequences_are_independent(spec, weights):
+    """A sequence's logits do not depend on the other sequences of the batch."""
+    cache, tok, pos = _inputs(spec, 4, seed=2)
+    _, logits, _ = reference.decode_step(weights, cache, tok, pos)
+    c1 = reference.init_cache(spec, 1, 16)
+    _, one, _ = reference.decode_step(weights, c1, tok[2:3], pos[2:3])
+    np.testing.assert_allclose(one[0], logits[2], atol=3e-2)  # bf16 rounding noise only
+
+
+def test_mla_ignores_cache_beyond_position(spec, weights):
+    cache, tok, pos = _inputs(spec, 2, seed=3)
+    pos = jnp.array([3, 5], jnp.int32)
+    noisy = dict(cache)
+    noisy["mla_latent"] = cache["mla_latent"].at[:, :, 6:].set(7.0)
+    _, l1, _ = reference.decode_step(weights, jax.tree.map(jnp.copy, cache), tok, pos)
+    _, l2, _ = reference.decode_step(weights, noisy, tok, pos)
+    np.testing.assert_allclose(l1, l2, atol=1e-6)
+
+
+def test_cache_is_updated_in_place_positions(spec, weights):
+    cache, tok, _ = _inputs(spec, 2, seed=4)
+    pos = jnp.array([0, 4], jnp.int32)
+    _, _, new = reference.decode_step(weights, cache, tok, pos)
+    lat = np.asarray(new["mla_latent"], np.float32)
+    assert np.abs(lat[0, 0, 0]).sum() > 0 and np.abs(lat[0, 1, 4]).sum() > 0
+    assert np.abs(lat[0, 0, 1:]).sum() == 0 and np.abs(lat[0, 1, :4]).sum() == 0
+    assert np.abs(np.asarray(new["kda_state"])).sum() > 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_delta_rule_writes_value_at_key(seed):
+    """With beta = 1 and no decay, reading the new state at a unit key returns its value."""
+    r = np.random.default_rng(seed)
+    s = jnp.asarray(r.standard_normal((2, 3, 8, 5)), jnp.float32)
+    k = reference.l2_normalize(jnp.asarray(r.standard_normal((2, 3, 8)), jnp.float32))
+    v = jnp.asarray(r.standard_normal((2, 3, 5)), jnp.float32)
+    o, _ = reference.delta_rule(s, k, k, v, jnp.ones((2, 3, 8)), jnp.ones((2, 3)))
+    np.testing.assert_allclose(o, v, atol=1e-4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_router_picks_top_k_with_bias(seed):
+    r = np.random.default_rng(seed)
+    logits = jnp.asarray(r.standard_normal((4, 16)), jnp.float32)
+    bias = jnp.asarray(r.standard_normal(16), jnp.float32)
+    comb, ids = reference.route(logits, bias, 4)
+    assert ((np.asarray(comb) > 0).sum(axis=1) == 4).all()
+    np.testing.assert_allclose(np.asarray(comb).sum(axis=1), 1.0, rtol=1e-5)
+    sel = np.asarray(jax.nn.sigmoid(logits) + bias)
+    for b in range(4):
+        assert set(np.asarray(ids[b])) == set(np.argsort(-sel[b], kind="stable")[:4])
+        w = np.asarray(jax.nn.sigmoid(logits[b]))[np.asarray(ids[b])]
+        np.testing.assert_allclose(np.asarray(comb[b])[np.asarray(ids[b])], w / w.sum(),
+                                   rtol=1e-5)
+
+
+def test_every_op_is_in_one_named_scope(spec, weights):
+    cache, tok, pos = _inputs(spec, 2)
+    hlo = reference._decode_step_jit.lower(weights, cache, tok, pos,
+                                           mla_form="absorbed").compile().as_text()
+    prefix = "jit(_decode_step_jit)/"
+    names = [n for n in re.findall(r'op_name="([^"]*)"', hlo) if n.startswith(prefix)]
+    scope = re.compile(r"^(embed|head|layer_\d\d/(attention|ffn|moe))(/|$)")
+    args = ("weights", "cache", "tokens", "positions")
+    bad = [n for n in names if not scope.match(n[len(prefix):])
+           and not n[len(prefix):].startswith(args)]
+    assert not bad, collections.Counter(bad).most_common(5)
+    seen = {m.group(1) for n in names if (m := scope.match(n[len(prefix):]))}
+    want = {"embed", "head"} | {f"layer_{l.index:02d}/{'ffn' if l.ffn == 'dense' else 'moe'}"
+                                for l in spec.layers} \
+        | {f"layer_{l.index:02d}/attention" for l in spec.layers}
+    assert want <= seen
+    assert any("/moe/router/" in n for n in names) and any("/moe/experts/" in n for n in names)
+
+
+def test_bad_inputs(spec, weights):
+    cache, tok, pos = _inputs(spec, 2)
+    with pytest.raises(SpecError, match="tokens.shape"):
+        reference.decode_step(weights, cache, tok[:1], pos)
+    with pytest.raises(SpecError, match="mla_form"):
+        reference.decode_step(weights, cache, tok, pos, mla_form="rope")
+    with pytest.raises(SpecError, match="batch"):
+        reference.init_cache(spec, 0, 16)
+
+
+def test_derived_bigger_spec_runs(tmp_path):
+    """Any size derived from the kimi-k3 preset (here: 6 layers, rope 64, 32 experts top-6)."""
+    p = tmp_path / "derived.toml"
+    p.write_text("""base = "kimi-k3"
+name = "k3-derived"
+hidden = 384
+vocab = 2048
+layers = 6
+[attention]
+mla_layers = [4, 6]
+[kda]
+heads = 3
+head_dim = 64
+decay_gate_rank = 64
+[mla]
+heads = 3
+q_lora_rank = 192
+kv_lora_rank = 128
+qk_nope_dim = 64
+qk_rope_dim = 64
+v_head_dim = 64
+[ffn]
+dense_width = 768
+[moe]
+experts = 32
+top_k = 6
+expert_width = 96
+shared_width = 192
+latent_dim = 192
+[formats]
+routed_expert = "bf16"
+""")
+    spec = load_model(str(p))
+    w = reference.init_weights(spec, seed=1, dtype=jnp.float32)
+    cache, tok, pos = _inputs(spec, 3)
+    nxt, logits, cache = reference.decode_step(w, cache, tok, pos)
+    assert logits.shape == (3, 2048) and np.isfinite(np.asarray(logits)).all()
+    assert cache["mla_latent"].shape == (2, 3, 16, 192)
