@@ -319,6 +319,14 @@ def show_command(cmd: str) -> None:
     st.code(cmd, language="bash")
 
 
+def shown_path(path: Path) -> str:
+    """A path as the page shows it: relative to the repository when inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
 def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:12]
 

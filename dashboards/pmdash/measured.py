@@ -7,7 +7,7 @@ import pandas as pd
 from perfmodel.errors import SpecError
 from perfmodel.measurements import seed_measurements
 
-from .common import REPO, read_csv_bytes
+from .common import REPO, read_csv_bytes, shown_path
 
 HOST_VALIDATION_CSV = REPO / "experiments" / "results" / "host_validation.csv"
 COLUMNS = ["source", "hardware", "engine", "devices", "batch", "draft_rows", "acceptance_length",
@@ -70,7 +70,7 @@ def parse_upload(name: str, data: bytes) -> pd.DataFrame:
 def host_points() -> tuple[pd.DataFrame | None, str]:
     """Step-level host results, if the host validation CSV exists and carries tokens/s."""
     if not HOST_VALIDATION_CSV.exists():
-        return None, (f"No host validation results yet ({HOST_VALIDATION_CSV.relative_to(REPO)} is missing; "
+        return None, (f"No host validation results yet ({shown_path(HOST_VALIDATION_CSV)} is missing; "
                       "run the host validation experiment to produce it).")
     try:
         df = read_csv_bytes(HOST_VALIDATION_CSV.read_bytes())

@@ -84,24 +84,7 @@ def render() -> None:
     c.downloads(hs, "hardware_presets", "mh_hw_dl")
     c.show_command("perfmodel list --json")
 
-    st.subheader("Details and sources")
-    left, right = st.columns(2)
-    with left:
-        mopts = c.model_options()
-        mname = st.selectbox("Model", mopts, index=mopts.index("kimi-k3"), key="mh_model")
-        m = c.load_model_ref(c.model_ref(mname))
-        st.dataframe(model_fields(m), hide_index=True, key="mh_model_fields")
-        st.markdown("**Sources**")
-        st.dataframe(pd.DataFrame([{"what": k, "source": v} for k, v in m.sources.items()]),
-                     hide_index=True, key="mh_model_sources")
-    with right:
-        hopts = c.hardware_options()
-        hname = st.selectbox("Hardware", hopts, index=hopts.index("tpu-v7"), key="mh_hw_pick")
-        h = c.load_hardware_ref(c.hardware_ref(hname))
-        hf = hardware_fields(h)
-        st.dataframe(hf, hide_index=True, key="mh_hw_fields")
-        c.downloads(hf, f"hardware_{h.name}", "mh_hw_fields_dl")
-
+    details = st.container()  # filled after the uploads, so new files are choices at once
     st.subheader("Load your own")
     st.caption("A Hugging Face `config.json` (DeepSeek / Kimi / Llama style keys) or a model `.toml` in the "
                "preset schema (perfmodel/presets/models); a hardware `.toml` in the preset schema "
@@ -125,3 +108,23 @@ def render() -> None:
             else:
                 st.dataframe(hardware_fields(c.load_hardware_ref(c.hardware_ref(name))), hide_index=True,
                              key=f"{key}_preview")
+
+    with details:
+        st.subheader("Details and sources")
+        left, right = st.columns(2)
+        with left:
+            mopts = c.model_options()
+            mname = st.selectbox("Model", mopts, index=mopts.index("kimi-k3"), key="mh_model")
+            m = c.load_model_ref(c.model_ref(mname))
+            st.dataframe(model_fields(m), hide_index=True, key="mh_model_fields")
+            st.markdown("**Sources**")
+            st.dataframe(pd.DataFrame([{"what": k, "source": v} for k, v in m.sources.items()]),
+                         hide_index=True, key="mh_model_sources")
+        with right:
+            hopts = c.hardware_options()
+            hname = st.selectbox("Hardware", hopts, index=hopts.index("tpu-v7"), key="mh_hw_pick")
+            h = c.load_hardware_ref(c.hardware_ref(hname))
+            hf = hardware_fields(h)
+            st.dataframe(hf, hide_index=True, key="mh_hw_fields")
+            c.downloads(hf, f"hardware_{h.name}", "mh_hw_fields_dl")
+

@@ -99,7 +99,7 @@ def show_comparison(df: pd.DataFrame, title: str, key: str, command: str | None)
 def bundled() -> None:
     st.subheader("Bundled host validation")
     if not HOST_VALIDATION_CSV.exists():
-        st.info(f"No host validation results yet: {HOST_VALIDATION_CSV.relative_to(c.REPO)} is missing. "
+        st.info(f"No host validation results yet: {c.shown_path(HOST_VALIDATION_CSV)} is missing. "
                 "Produce them with `perfmodel validate` on this machine (host CPU traces of the pure-JAX "
                 "reference step); this view then shows them.")
         return

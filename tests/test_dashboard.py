@@ -1,0 +1,476 @@
+"""The Streamlit dashboard, driven headless with streamlit.testing.v1.AppTest.
+
+Every view and widget: a value change must change the outputs the way it should, bad input must
+show a message in the page (st.error) and never an exception, and the CLI command shown next to
+a number must reproduce it.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+pytest.importorskip("plotly")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "dashboards" / "app.py"
+sys.path.insert(0, str(APP.parent))
+
+from pmdash import common, measured, validation  # noqa: E402
+
+TIMEOUT = 120
+TPU_V7 = "tpu-v7 megakernel (32 dev, tp 32, ep 8)"
+GB200 = "gb200 multikernel (16 dev, tp 16, ep 16)"
+
+
+def open_view(view: str = "Compare", errors_ok: bool = False) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    at.session_state["view"] = view
+    at.run()
+    assert_clean(at, errors_ok)
+    return at
+
+
+def arr(v) -> list:
+    """A plotly data array from figure JSON (plotly >= 6 encodes numeric arrays as base64 'bdata')."""
+    if isinstance(v, dict) and "bdata" in v:
+        import base64
+        import numpy as np
+        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+        return a.reshape(v["shape"]).tolist() if "shape" in v and isinstance(v["shape"], list) else a.tolist()
+    return list(v)
+
+
+def assert_clean(at: AppTest, errors_ok: bool = False) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    if not errors_ok:
+        assert not at.error, [e.value for e in at.error]
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def charts(at: AppTest) -> dict[str, dict]:
+    """Plotly charts on the page by key, as their figure JSON."""
+    out = {}
+    for el in at.get("plotly_chart"):
+        spec = json.loads(el.proto.spec)
+        out[el.proto.id] = spec
+    return out
+
+
+def chart(at: AppTest, key: str) -> dict:
+    found = [json.loads(el.proto.spec) for el in at.get("plotly_chart") if key in el.proto.id]
+    assert found, f"no chart with key {key}; have {list(charts(at))}"
+    return found[0]
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def number(text: str) -> float:
+    return float(re.sub(r"[^0-9.+-e]", "", text.replace(",", "")).split()[0])
+
+
+# st.dataframe carries no key in the element tree: tables are found by their columns.
+TABLES = {"cmp_pred": ["platform", "hardware", "engine", "spec_decode", "batch", "predicted_tokens_per_s"],
+          "cmp_errors": ["platform", "spec_decode", "batch", "measured_tokens_per_s"],
+          "val_host_table": ["layer", "kind", "predicted_us", "measured_us"],
+          "mh_models": ["model", "layers"], "mh_hw": ["hardware", "kind"],
+          "mh_hw_fields": ["field", "value", "source"], "mh_model_fields": ["field", "value"]}
+
+
+def table(at: AppTest, key: str):
+    cols = TABLES[key]
+    found = [d.value for d in at.dataframe if list(d.value.columns)[:len(cols)] == cols
+             and (key != "mh_model_fields" or list(d.value.columns) == cols)]
+    assert found, f"no table {key}"
+    return found[0]
+
+
+def run_cli(cmd: str) -> dict:
+    from perfmodel import cli
+    args = shlex.split(cmd.splitlines()[0])
+    assert args[0] == "perfmodel"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli.main(args[1:]) == 0
+    return json.loads(buf.getvalue())
+
+
+# ----- app shell ------------------------------------------------------------------------------
+
+def test_every_view_renders_without_error():
+    at = open_view("Compare")
+    for view in ("What-if", "Validation", "Models & hardware", "Compare"):
+        at.sidebar.radio(key="view").set_value(view).run()
+        assert_clean(at)
+        assert at.header[0].value
+
+
+# ----- Compare -----------------------------------------------------------------------------------
+
+def test_compare_default_shows_seed_points_with_errors_and_cli():
+    at = open_view("Compare")
+    fig = chart(at, "cmp_chart")
+    names = [t["name"] for t in fig["data"]]
+    assert f"{TPU_V7} predicted" in names and f"{GB200} predicted" in names
+    assert any("measured" in n for n in names)
+    pred = table(at, "cmp_pred")
+    assert sorted(pred["batch"].unique()) == [1, 2, 4, 8, 16, 32, 64]
+    err = table(at, "cmp_errors")
+    assert len(err) == 8  # the seed table's 4 batches x 2 platforms, no spec decode
+    assert set(err["measured_tokens_per_s"]) >= {249, 392, 515, 865, 127, 227, 373, 636}
+    assert (err["error"].abs() < 1.0).all()
+    assert metric(at, "Mean absolute error over the points shown").endswith("%")
+    # the CLI command shown reproduces the predicted curve
+    cmd = next(c.value for c in at.code if "--hardware tpu-v7" in c.value and "predict" in c.value)
+    out = run_cli(cmd)
+    cli_tps = {r["batch"]: r["tokens_per_s"] for r in out["results"]}
+    page = pred[pred["platform"] == TPU_V7].set_index("batch")["predicted_tokens_per_s"]
+    for b, v in cli_tps.items():
+        assert page[b] == pytest.approx(v, rel=1e-9)
+
+
+def test_compare_speculative_decoding_toggle():
+    at = open_view("Compare")
+    off = table(at, "cmp_pred")
+    at.radio(key="cmp_spec").set_value("on").run()
+    assert_clean(at)
+    on = table(at, "cmp_pred")
+    assert on["spec_decode"].all()
+    err = table(at, "cmp_errors")
+    assert sorted(err["measured_tokens_per_s"]) == [452, 709]  # the DSpark pair
+    for plat in (TPU_V7, GB200):
+        b1_off = off[(off.platform == plat) & (off.batch == 1)]["predicted_tokens_per_s"].item()
+        b1_on = on[(on.platform == plat) & (on.batch == 1)]["predicted_tokens_per_s"].item()
+        assert b1_on > 2 * b1_off  # 6 accepted tokens per step for a slightly longer step
+    assert any("--draft-rows 7 --acceptance-length 6" in c.value for c in at.code)
+    at.radio(key="cmp_spec").set_value("both").run()
+    names = [t["name"] for t in chart(at, "cmp_chart")["data"]]
+    assert f"{TPU_V7} predicted" in names and f"{TPU_V7} predicted + spec decode" in names
+    assert len(table(at, "cmp_errors")) == 10
+
+
+def test_compare_batches_and_platform_widgets():
+    at = open_view("Compare")
+    at.multiselect(key="cmp_batches").set_value([1, 3, 48]).run()
+    assert_clean(at)
+    assert sorted(table(at, "cmp_pred")["batch"].unique()) == [1, 3, 48]
+    assert "--batch 1,3,48" in " ".join(c.value for c in at.code)
+    # platform B as a second TPU v7 megakernel: the GB200 measured points disappear
+    at.selectbox(key="cmp_B_hw").set_value("tpu-v7").run()
+    at.radio(key="cmp_B_engine").set_value("megakernel").run()
+    at.number_input(key="cmp_B_devices").set_value(32).run()
+    at.number_input(key="cmp_B_tp").set_value(32).run()
+    at.number_input(key="cmp_B_ep").set_value(8).run()
+    assert_clean(at)
+    err = table(at, "cmp_errors")
+    assert set(err["platform"]) == {TPU_V7}
+    # the multikernel engine on the same chips is slower at batch 1
+    at.radio(key="cmp_B_engine").set_value("multikernel").run()
+    pred = table(at, "cmp_pred")
+    mk = pred[(pred.engine == "multikernel") & (pred.batch == 1)]["predicted_tokens_per_s"].item()
+    mega = pred[(pred.engine == "megakernel") & (pred.batch == 1)]["predicted_tokens_per_s"].item()
+    assert mega > mk
+    at.multiselect(key="cmp_batches").set_value([]).run()
+    assert_clean(at)
+    assert at.warning and "at least one batch" in at.warning[0].value
+
+
+def test_compare_impossible_layout_shows_message():
+    at = open_view("Compare")
+    at.number_input(key="cmp_A_devices").set_value(31).run()
+    assert_clean(at, errors_ok=True)
+    msgs = errors(at)
+    assert len(msgs) == 1 and "must divide devices (31)" in msgs[0] and "batch 1, 2, 4" in msgs[0]
+    assert set(table(at, "cmp_pred")["platform"]) == {GB200}  # the other platform still plotted
+
+
+def test_compare_user_measurements_upload():
+    at = open_view("Compare")
+    csv = b"# my run\nhardware,engine,devices,batch,tokens_per_s,source\ntpu-v7,megakernel,32,16,1500,my bench\n"
+    at.file_uploader(key="cmp_upload").set_value(("mine.csv", csv, "text/csv")).run()
+    assert_clean(at)
+    err = table(at, "cmp_errors")
+    mine = err[err["origin"] == "uploaded mine.csv"]
+    assert len(mine) == 1 and mine["batch"].item() == 16 and mine["source"].item() == "my bench"
+    # a foreign file and a CSV with the wrong columns: a message, no exception
+    at.file_uploader(key="cmp_upload").set_value(("photo.png", b"\x89PNG\r\n\x1a\n\x00\x00", "image/png")).run()
+    assert_clean(at, errors_ok=True)
+    assert any("expected a .csv" in e for e in errors(at))
+    at.file_uploader(key="cmp_upload").set_value(("bad.csv", b"a,b\n1,2\n", "text/csv")).run()
+    assert_clean(at, errors_ok=True)
+    assert any("missing column(s) hardware, engine, batch, tokens_per_s" in e for e in errors(at))
+    at.file_uploader(key="cmp_upload").set_value(
+        ("bad2.csv", b"hardware,engine,batch,tokens_per_s\ntpu-v7,megakernel,two,5\n", "text/csv")).run()
+    assert any("column batch" in e for e in errors(at))
+
+
+def test_measurements_normalise_rejects_bad_values():
+    import pandas as pd
+    from perfmodel.errors import SpecError
+    with pytest.raises(SpecError, match="engine"):
+        measured.normalise(pd.DataFrame({"hardware": ["x"], "engine": ["vllm"], "batch": [1],
+                                         "tokens_per_s": [3.0]}), "t")
+    with pytest.raises(SpecError, match="tokens_per_s > 0"):
+        measured.normalise(pd.DataFrame({"hardware": ["x"], "engine": ["megakernel"], "batch": [1],
+                                         "tokens_per_s": [0.0]}), "t")
+    assert len(measured.seed_table()) == 10
+
+
+# ----- What-if -----------------------------------------------------------------------------------
+
+def whatif_state(at: AppTest) -> dict:
+    return {"tps": number(metric(at, "tokens/s")), "step_ms": number(metric(at, "step time")),
+            "bound": metric(at, "bound")}
+
+
+def test_whatif_default_renders_all_charts_and_cli_reproduces():
+    at = open_view("What-if")
+    for key in ("wi_breakdown", "wi_timeline", "wi_prefetch_chart", "wi_roofline"):
+        assert chart(at, key)["data"], key
+    lanes = {t["name"] for t in chart(at, "wi_timeline")["data"]}
+    assert lanes == {"dma", "compute", "link"}
+    bd = chart(at, "wi_breakdown")
+    assert {t["name"] for t in bd["data"]} >= {common.CAUSE_LABELS["weight_streaming"],
+                                                common.CAUSE_LABELS["collective"]}
+    assert any("saturates at" in c.value for c in at.caption)
+    s = whatif_state(at)
+    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel predict"))
+    out = run_cli(cmd)
+    assert out["results"][0]["tokens_per_s"] == pytest.approx(s["tps"], rel=2e-3)
+    sweep_cmd = next(c.value for c in at.code if c.value.startswith("perfmodel sweep"))
+    assert "--vary prefetch_mib=" in sweep_cmd
+    assert any(c.value.startswith("perfmodel trace") for c in at.code)
+    assert len(at.get("download_button")) >= 8
+
+
+def test_whatif_widgets_change_outputs():
+    at = open_view("What-if")
+    base = whatif_state(at)
+    at.select_slider(key="wi_batch").set_value(8).run()
+    assert_clean(at)
+    b8 = whatif_state(at)
+    assert b8["tps"] > base["tps"] and b8["step_ms"] > base["step_ms"]
+    at.select_slider(key="wi_batch").set_value(1).run()
+    at.radio(key="wi_engine").set_value("multikernel").run()
+    assert_clean(at)
+    mk = whatif_state(at)
+    assert mk["step_ms"] > base["step_ms"]
+    assert any("megakernel setting" in i.value for i in at.info)  # no prefetch sweep for multikernel
+    at.radio(key="wi_engine").set_value("megakernel").run()
+    at.number_input(key="wi_context").set_value(262144).run()
+    assert_clean(at)
+    assert whatif_state(at)["step_ms"] > base["step_ms"]  # more KV cache to read
+    at.number_input(key="wi_context").set_value(4096).run()
+    at.number_input(key="wi_prefetch").set_value(4.0).run()
+    assert_clean(at)
+    shallow = whatif_state(at)
+    assert shallow["step_ms"] > base["step_ms"]  # a one-tile ring exposes the weight stream
+    assert any("--prefetch-mib 4" in c.value for c in at.code)
+    at.number_input(key="wi_prefetch").set_value(None).run()
+    at.number_input(key="wi_vmem").set_value(16.0).run()
+    assert_clean(at)
+    small = whatif_state(at)
+    assert small["step_ms"] > base["step_ms"]
+    sweep = chart(at, "wi_prefetch_chart")["data"][0]
+    assert max(arr(sweep["x"])) <= 16
+    at.number_input(key="wi_vmem").set_value(None).run()
+    at.number_input(key="wi_slots").set_value(2).run()
+    assert_clean(at)
+    assert whatif_state(at)["step_ms"] != base["step_ms"]
+    assert any("--expert-slots 2" in c.value for c in at.code)
+    at.number_input(key="wi_slots").set_value(None).run()
+    assert whatif_state(at) == base
+
+
+def test_whatif_speculative_decoding_and_acceptance_length():
+    at = open_view("What-if")
+    base = whatif_state(at)
+    at.toggle(key="wi_spec").set_value(True).run()
+    assert_clean(at)
+    tau6 = whatif_state(at)
+    assert tau6["tps"] > 2 * base["tps"]  # 6 tokens per (slightly longer) step
+    at.slider(key="wi_acc").set_value(3.0).run()
+    tau3 = whatif_state(at)
+    assert tau3["tps"] == pytest.approx(tau6["tps"] / 2, rel=1e-6)  # same step, half the tokens
+    assert any("--draft-rows 7 --acceptance-length 3" in c.value for c in at.code)
+    assert "draft" in {t["name"].split(" ")[0] for t in chart(at, "wi_breakdown")["data"]} or any(
+        "drafter" == t["name"] for t in chart(at, "wi_breakdown")["data"])
+
+
+def test_whatif_impossible_configurations_show_the_excess():
+    at = open_view("What-if")
+    at.number_input(key="wi_prefetch").set_value(200.0).run()
+    assert_clean(at, errors_ok=True)
+    assert len(errors(at)) == 1 and "prefetch_bytes" in errors(at)[0] and "exceeds" in errors(at)[0]
+    at.number_input(key="wi_prefetch").set_value(None).run()
+    at.number_input(key="wi_slots").set_value(500).run()
+    assert_clean(at, errors_ok=True)
+    assert "expert_slots=500" in errors(at)[0]
+    at.number_input(key="wi_slots").set_value(None).run()
+    at.number_input(key="wi_tp").set_value(7).run()
+    assert_clean(at, errors_ok=True)
+    assert "tp=7" in errors(at)[0]
+    at.number_input(key="wi_tp").set_value(32).run()
+    at.number_input(key="wi_devices").set_value(2).run()  # 2.8 T parameters on 2 devices
+    assert_clean(at, errors_ok=True)
+    assert any("does not fit" in e or "must divide" in e for e in errors(at))
+
+
+def test_whatif_timeline_layer_range():
+    at = open_view("What-if")
+    full = sum(len(arr(t["x"])) for t in chart(at, "wi_timeline")["data"])
+    at.select_slider(key="wi_layers").set_value((1, 4)).run()
+    assert_clean(at)
+    part = chart(at, "wi_timeline")["data"]
+    n = sum(len(arr(t["x"])) for t in part)
+    assert 0 < n < full
+    layers = {cd[1] for t in part for cd in t["customdata"]}
+    assert layers <= {1, 2, 3, 4}
+
+
+def test_whatif_other_hardware_and_model():
+    at = open_view("What-if")
+    at.selectbox(key="wi_hw").set_value("gb200").run()
+    at.number_input(key="wi_devices").set_value(16).run()
+    at.number_input(key="wi_tp").set_value(16).run()
+    at.number_input(key="wi_ep").set_value(16).run()
+    assert_clean(at)
+    gb = whatif_state(at)
+    at.selectbox(key="wi_model").set_value("kimi-k3-mini").run()
+    assert_clean(at, errors_ok=True)
+    assert at.metric or at.error  # either a prediction or a message naming the bad layout
+
+
+# ----- Validation -------------------------------------------------------------------------------
+
+def test_validation_without_host_results_says_so(monkeypatch, tmp_path):
+    monkeypatch.setattr(validation, "HOST_VALIDATION_CSV", tmp_path / "host_validation.csv")
+    at = open_view("Validation")
+    assert any("No host validation results yet" in i.value for i in at.info)
+
+
+def test_validation_bundled_results_mape_and_worst_layers(monkeypatch, tmp_path):
+    csv = tmp_path / "host_validation.csv"
+    rows = ["layer,kind,predicted_us,measured_us"] + [f"{i},kda,{100 + i},{100}" for i in range(10)]
+    rows.append("10,mla,50,100")  # the worst layer: -50 %
+    csv.write_text("\n".join(rows) + "\n")
+    monkeypatch.setattr(validation, "HOST_VALIDATION_CSV", csv)
+    at = open_view("Validation")
+    mape = number(metric(at, "MAPE over layers"))
+    expected = (sum(i / 100 for i in range(10)) + 0.5) / 11 * 100
+    assert mape == pytest.approx(expected, abs=0.1)
+    df = table(at, "val_host_table")
+    assert len(df) == 11
+    assert arr(chart(at, "val_host_chart")["data"][1]["marker"]["color"])[10] == "#d62728"
+    assert any("largest absolute error" in c.value for c in at.caption)
+
+
+def test_validation_bad_inputs(monkeypatch, tmp_path):
+    csv = tmp_path / "host_validation.csv"
+    csv.write_text("foo,bar\n1,2\n")
+    monkeypatch.setattr(validation, "HOST_VALIDATION_CSV", csv)
+    at = open_view("Validation", errors_ok=True)
+    assert any("unexpected layout" in e for e in errors(at))
+    at.text_input(key="val_path").input(str(tmp_path / "nope")).run()
+    assert_clean(at, errors_ok=True)
+    assert any("does not exist" in e for e in errors(at))
+    other = tmp_path / "notes.txt"
+    other.write_text("hello")
+    at.text_input(key="val_path").input(str(other)).run()
+    assert any("expected a .xplane.pb" in e for e in errors(at))
+    at.text_input(key="val_path").input("").run()
+    at.file_uploader(key="val_upload").set_value(("cat.jpg", b"\xff\xd8\xff", "image/jpeg")).run()
+    assert_clean(at, errors_ok=True)
+    assert any("not a profiler trace" in e for e in errors(at))
+
+
+def test_per_layer_table_units():
+    import pandas as pd
+    df = validation.per_layer_table(pd.DataFrame({"layer": [1, 2], "predicted_s": [1e-6, 2e-6],
+                                                  "measured_s": [2e-6, 2e-6]}))
+    assert list(df["predicted_us"]) == pytest.approx([1, 2]) and list(df["error"]) == pytest.approx([-0.5, 0])
+
+
+# ----- Models & hardware ------------------------------------------------------------------------
+
+HF_CONFIG = {"num_hidden_layers": 4, "hidden_size": 1024, "vocab_size": 32000, "num_attention_heads": 16,
+             "num_key_value_heads": 4, "intermediate_size": 4096, "_name_or_path": "tiny-llama"}
+
+
+def test_models_view_presets_and_sources():
+    at = open_view("Models & hardware")
+    models = table(at, "mh_models")
+    assert "kimi-k3" in set(models["model"]) and (models["sources"].str.len() > 0).all()
+    hw = table(at, "mh_hw")
+    assert {"tpu-v7", "gb200"} <= set(hw["hardware"])
+    fields = table(at, "mh_hw_fields")
+    assert (fields.set_index("field").loc["hbm_bandwidth_bytes_per_s", "source"]).startswith("seed")
+    at.selectbox(key="mh_hw_pick").set_value("gb200").run()
+    assert table(at, "mh_hw_fields").set_index("field").loc["onchip_kind", "value"] != "VMEM"
+    at.selectbox(key="mh_model").set_value("deepseek-v3").run()
+    assert_clean(at)
+    assert "256" in table(at, "mh_model_fields").set_index("field").loc["moe.experts", "value"]
+
+
+def test_models_upload_config_json_used_in_whatif():
+    at = open_view("Models & hardware")
+    at.file_uploader(key="mh_model_upload").set_value(
+        ("config.json", json.dumps(HF_CONFIG).encode(), "application/json")).run()
+    assert_clean(at)
+    assert "uploaded: tiny-llama" in at.success[0].value
+    at.sidebar.radio(key="view").set_value("What-if").run()
+    at.selectbox(key="wi_model").set_value("uploaded: tiny-llama").run()
+    assert_clean(at, errors_ok=True)
+    assert "must divide gqa heads (16)" in errors(at)[0]
+    at.number_input(key="wi_devices").set_value(4).run()
+    at.number_input(key="wi_tp").set_value(4).run()
+    assert_clean(at)
+    assert number(metric(at, "tokens/s")) > 1000
+    assert any("<path to your config.json or .toml>" in c.value for c in at.code)
+
+
+def test_models_upload_hardware_toml_and_bad_files():
+    at = open_view("Models & hardware")
+    text = (ROOT / "perfmodel/presets/hardware/tpu-v7.toml").read_text().replace(
+        'name = "tpu-v7"', 'name = "tpu-v7-big-vmem"').replace("onchip_bytes = 67108864", "onchip_bytes = 134217728")
+    at.file_uploader(key="mh_hw_upload").set_value(("big.toml", text.encode(), "text/plain")).run()
+    assert_clean(at)
+    assert "uploaded: tpu-v7-big-vmem" in at.success[0].value
+    assert "uploaded: tpu-v7-big-vmem" in at.selectbox(key="mh_hw_pick").options
+    bad = [("mh_model_upload", "config.json", b'{"hidden_size": 1}', "required key is missing"),
+           ("mh_model_upload", "config.json", b"{not json", "not a readable JSON"),
+           ("mh_model_upload", "config.json", b"\xff\xfe\x00\x9c", "not a text file"),
+           ("mh_model_upload", "model.yaml", b"a: 1", "expected a Hugging Face config.json"),
+           ("mh_hw_upload", "hw.toml", b'name = "x"\nkind=', "not valid TOML"),
+           ("mh_hw_upload", "hw.toml", text.replace("dma_sharing", "#").encode(), "missing"),
+           ("mh_hw_upload", "hw.json", b"{}", "expected a hardware .toml")]
+    for key, name, data, why in bad:
+        at.file_uploader(key=key).set_value((name, data, "application/octet-stream")).run()
+        assert_clean(at, errors_ok=True)
+        assert any(why in e for e in errors(at)), (name, why, errors(at))
+        at.file_uploader(key=key).set_value(None).run()
+
+
+def test_unexpected_exception_is_a_message_not_a_traceback(monkeypatch):
+    from pmdash import models
+    def boom():
+        raise RuntimeError("kaboom")
+    monkeypatch.setattr(models, "preset_tables", boom)
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    at.session_state["view"] = "Models & hardware"
+    at.run()
+    assert not at.exception
+    assert "kaboom" in errors(at)[0] and "RuntimeError" in errors(at)[0]
