@@ -60,12 +60,13 @@ class DmaEngine:
         elif self.shared:
             self.pending.append((t + self.lat, cid, nbytes))
         else:  # FIFO has a closed form: start when the engine frees
-            self.t = max(self.t, t + self.lat) + nbytes / self.bw
+            self.begin[cid] = max(self.t, t + self.lat)
+            self.t = self.begin[cid] + nbytes / self.bw
             self.done[cid] = self.t
         return cid
 
     def lane_events(self) -> list[tuple[str, str, int, float, float]]:
-        """Every copy as a DMA-lane event (completing any still in flight)."""
+        """Every copy as a DMA-lane event from its start of service (completing any in flight)."""
         return [("dma", name, layer, self.begin[i], self.completion(i))
                 for i, (name, layer) in enumerate(self.labels)]
 

@@ -1,0 +1,193 @@
+"""Schedule simulator: invariants, a hand-worked two-layer example, DMA sharing modes."""
+import dataclasses
+import tomllib
+
+import numpy as np
+import pytest
+
+from perfmodel.arch import load_model
+from perfmodel.deployment import Deployment, SpecDecode
+from perfmodel.errors import SpecError
+from perfmodel.hardware import PRESET_DIR, from_dict, load_hardware
+from perfmodel.ops import OpGraph, build
+from perfmodel.predict import predict
+from perfmodel.schedule import collective_s, op_compute_s, simulate_megakernel, simulate_multikernel
+
+K3 = load_model("kimi-k3")
+TPU = Deployment(devices=32, tp=32, ep=8, engine="megakernel")
+
+
+def hw_with(name="tpu-v7", **fields):
+    data = tomllib.loads((PRESET_DIR / f"{name}.toml").read_text())
+    eff = {**data.get("efficiency", {}), **fields.pop("efficiency", {})}
+    return from_dict({**data, **fields, "efficiency": eff})
+
+
+def graph(rows, distinct=0.0):
+    """OpGraph from (layer, name, flops, static, routed, coll_bytes or None) rows."""
+    n = len(rows)
+    col = lambda i, dt=float: np.array([r[i] or 0 for r in rows], dtype=dt)
+    coll = np.array([r[5] is not None for r in rows])
+    return OpGraph(col(0, int), ["x"] * n, [r[1] for r in rows], coll, col(2), ["" if c else "bf16" for c in coll],
+                   col(3), col(4), np.zeros(n), np.zeros(n), ["all_reduce" if c else "" for c in coll], col(5),
+                   np.where(coll, 2, 1), {1: "a", 2: "b"}, 1, distinct)
+
+
+# 1 byte = 1 ns of DMA, 1 MFLOP = 1 us, 1000-byte tiles, a 2-bank ring, FIFO, no DMA latency,
+# collectives cost exactly their 1 us base latency, a kernel launch costs 0.2 us
+HAND = dict(cores_per_chip=1, peak_flops_per_s={"bf16": 1e12}, hbm_bandwidth_bytes_per_s=1e9,
+            onchip_bytes=4000, dma_tile_bytes=1000, dma_latency_s=0.0, dma_sharing="fifo",
+            collective_base_latency_s=1e-6, link_latency_s=0.0, intra_chip_latency_s=0.0,
+            link_bandwidth_bytes_per_s=1e30, intra_chip_bandwidth_bytes_per_s=1e30, launch_overhead_s=0.2e-6,
+            collective_algorithm="one_shot",
+            efficiency={"hbm": 1.0, "flops": 1.0, "collective_latency_scale": 1.0, "op_overhead_s": 0.0})
+TWO_LAYERS = [(1, "w1", 1e6, 2000, 0, None), (1, "ar", 0, 0, 0, 0.0), (2, "w2", 0.5e6, 1000, 0, None)]
+
+
+def test_hand_worked_two_layers_megakernel():
+    # t=0 issue tiles 0,1 (done 1, 2 us). w1: tile 0 at 1 us, half of w1's compute -> 1.5 us, bank
+    # freed: tile 2 issued at 1.5, queued behind tile 1 -> done 3 us. tile 1 at 2 us -> w1 ends 2.5.
+    # all-reduce 2.5 -> 3.5. w2: tile 2 already there -> 3.5 + 0.5 = 4.0 us.
+    hw = hw_with(**HAND)
+    tl = simulate_megakernel(graph(TWO_LAYERS), hw, Deployment(devices=1, tp=1, prefetch_bytes=2000), 1, record=True)
+    assert tl.end_s == pytest.approx([2.5e-6, 3.5e-6, 4.0e-6])
+    assert tl.start_s == pytest.approx([0.0, 2.5e-6, 3.5e-6])
+    assert tl.wait_s["weight_streaming"] == pytest.approx([1.5e-6, 0, 0])
+    assert tl.step_s == pytest.approx(4.0e-6)
+    dma = sorted(t for e in tl.events if e[0] == "dma" and e[4] > e[3] for t in e[3:])
+    assert dma == pytest.approx([0, 1e-6, 1e-6, 2e-6, 2e-6, 3e-6])  # FIFO: served back to back
+
+
+def test_hand_worked_two_layers_multikernel():
+    # w1: launch .2 + max(mem 2 + last tile .5, first tile 1 + compute 1) = 2.7 us; all-reduce .2 + 1;
+    # w2: .2 + max(1 + .5, 1 + .5) = 1.7 us; total 5.6 us
+    tl = simulate_multikernel(graph(TWO_LAYERS), hw_with(**HAND))
+    assert np.diff(np.concatenate([[0], tl.end_s])) == pytest.approx([2.7e-6, 1.2e-6, 1.7e-6])
+    assert tl.step_s == pytest.approx(5.6e-6)
+
+
+@pytest.mark.parametrize("engine", ["megakernel", "multikernel"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_step_is_at_least_bytes_and_critical_path(engine, batch):
+    hw = load_hardware("tpu-v7")
+    d = dataclasses.replace(TPU, engine=engine, batch=batch)
+    p = predict(K3, hw, d)
+    g = build(K3, d)
+    bw = hw.core_hbm_bandwidth_bytes_per_s * hw.efficiency.hbm
+    critical = op_compute_s(g, hw).sum() + collective_s(g, hw).sum()
+    assert p.timeline.step_s >= max(p.bytes_per_device / bw, critical) * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("batch", [1, 4, 8])
+@pytest.mark.parametrize("model,hw_name,dev,ep", [("kimi-k3", "tpu-v7", 32, 8), ("deepseek-v3", "h200", 16, 2),
+                                                  ("llama-3.1-8b", "h100", 1, None)])
+def test_megakernel_never_slower_than_multikernel_under_fifo(batch, model, hw_name, dev, ep):
+    m = load_model(model)
+    hw = load_hardware(hw_name).replace(dma_sharing="fifo")
+    d = Deployment(devices=dev, tp=dev, ep=ep, batch=batch, engine="megakernel",
+                   expert_slots=1 if m.moe else None)
+    mega = predict(m, hw, d).step_s
+    multi = predict(m, hw, dataclasses.replace(d, engine="multikernel")).step_s
+    assert mega <= multi
+
+
+def zero_latency(name):
+    return hw_with(name, dma_latency_s=0.0, launch_overhead_s=0.0, link_latency_s=0.0,
+                   collective_base_latency_s=0.0, intra_chip_latency_s=0.0, dma_tile_bytes=1,
+                   dma_sharing="fifo", efficiency={"op_overhead_s": 0.0})
+
+
+def test_zero_latency_reduces_multikernel_to_the_roofline():
+    hw = zero_latency("gb200")
+    d = Deployment(devices=16, tp=16, engine="multikernel", batch=4)
+    g = build(K3, d)
+    bw = hw.core_hbm_bandwidth_bytes_per_s * hw.efficiency.hbm
+    roofline = np.maximum(g.bytes / bw, op_compute_s(g, hw)).sum() + collective_s(g, hw).sum()
+    assert predict(K3, hw, d).step_s == pytest.approx(roofline, rel=1e-3)
+
+
+def test_zero_latency_reduces_megakernel_to_the_roofline():
+    hw = zero_latency("tpu-v7").replace(dma_tile_bytes=2**20)
+    d = dataclasses.replace(TPU, batch=4, prefetch_bytes=48 * 2**20, expert_slots=2)
+    p = predict(K3, hw, d)
+    bw = hw.core_hbm_bandwidth_bytes_per_s * hw.efficiency.hbm
+    g = build(K3, d)
+    # DMA runs on through collectives, so the bound is the larger of the two lanes
+    roofline = max(p.bytes_per_device / bw, op_compute_s(g, hw).sum() + collective_s(g, hw).sum())
+    assert roofline * (1 - 1e-9) <= p.step_s <= roofline * 1.02
+
+
+def depth_curve(hw, batch, depths_mib, slots):
+    return [predict(K3, hw, dataclasses.replace(TPU, batch=batch, prefetch_bytes=m * 2**20,
+                                                 expert_slots=slots)).step_s for m in depths_mib]
+
+
+def test_fifo_more_depth_is_never_slower():
+    hw = load_hardware("tpu-v7").replace(dma_sharing="fifo")
+    for batch in (1, 8):
+        curve = depth_curve(hw, batch, [4, 8, 16, 24, 32, 40, 48, 56], slots=1)
+        assert all(b <= a * (1 + 1e-9) for a, b in zip(curve, curve[1:])), curve
+
+
+# A layer's weights, a 2 us collective, a layer whose 1000-byte KV copy is issued at its start,
+# a 10 us collective, then 3 tiles of weights. With a 1 GB/s link, a two-party one-shot
+# all-reduce of M bytes takes M ns. (layer, name, flops, static, routed, collective bytes)
+BURST = [(1, "w1", 0, 1000, 0, None), (1, "c1", 0, 0, 0, 2000.0), (2, "core", 0, 0, 0, None),
+         (2, "c2", 0, 0, 0, 10000.0), (3, "w3", 0, 3000, 0, None)]
+
+
+def burst_curve(sharing):
+    hw = hw_with(**{**HAND, "dma_sharing": sharing, "collective_base_latency_s": 0.0,
+                    "link_bandwidth_bytes_per_s": 1e9})
+    g = graph(BURST)
+    g.kv_bytes[2] = 1000.0
+    return [simulate_megakernel(g, hw, Deployment(devices=1, tp=1, prefetch_bytes=banks * 1000), 1).step_s
+            for banks in (1, 2, 3, 4)]
+
+
+def test_shared_dma_can_make_more_depth_slower():
+    # Shared: 4 banks issue w1's tile with three w3 tiles at t=0, so w1's tile lands at 4 us, not
+    # 1 us, and everything after slips; the w3 tiles would have loaded during c2 anyway.
+    # FIFO serves w1's tile first: more depth is never slower.
+    assert burst_curve("shared") == pytest.approx([16e-6, 16e-6, 16e-6, 17e-6])
+    fifo = burst_curve("fifo")
+    assert all(b <= a for a, b in zip(fifo, fifo[1:])) and fifo[-1] == pytest.approx(15e-6)
+
+
+def test_shared_dma_on_kimi_k3_depth_curve_flattens():
+    hw = load_hardware("tpu-v7")
+    assert hw.dma_sharing == "shared"
+    curve = depth_curve(hw, 1, [4, 16, 32, 48], slots=1)
+    assert curve[0] > curve[1] > curve[2] and abs(curve[3] / curve[2] - 1) < 0.01
+
+
+def test_ring_and_slots_must_fit_in_vmem():
+    hw = load_hardware("tpu-v7")
+    with pytest.raises(SpecError, match="prefetch_bytes") as e:
+        predict(K3, hw, dataclasses.replace(TPU, prefetch_bytes=80 * 2**20))
+    assert "by" in str(e.value)
+    with pytest.raises(SpecError, match="expert_slots"):
+        predict(K3, hw, dataclasses.replace(TPU, prefetch_bytes=32 * 2**20, expert_slots=16))
+
+
+def test_speculative_decoding_tokens_per_step():
+    assert SpecDecode(7, acceptance_prob=0.8).tokens_per_step == pytest.approx((1 - 0.8 ** 8) / 0.2)
+    assert SpecDecode(7, acceptance_length=6).tokens_per_step == 6
+    with pytest.raises(SpecError):
+        SpecDecode(7, acceptance_length=9)
+    with pytest.raises(SpecError):
+        SpecDecode(7)
+
+
+def test_spec_decode_verifies_rows_of_one_sequence():
+    hw = load_hardware("tpu-v7")
+    spec = SpecDecode(7, acceptance_length=6, draft_cost_fraction=0.0)
+    p1 = predict(K3, hw, TPU)
+    ps = predict(K3, hw, dataclasses.replace(TPU, spec=spec))
+    p8 = predict(K3, hw, dataclasses.replace(TPU, batch=8))
+    # 8 rows of one sequence: weights and experts as for 8 tokens, but one KV / state read
+    assert p1.step_s < ps.step_s <= p8.step_s
+    assert ps.tokens_per_s == pytest.approx(6 / ps.step_s)
+    g8, gs = build(K3, dataclasses.replace(TPU, batch=8)), build(K3, dataclasses.replace(TPU, spec=spec))
+    assert gs.routed_bytes.sum() == pytest.approx(g8.routed_bytes.sum())
+    assert gs.kv_bytes.sum() < g8.kv_bytes.sum()
