@@ -225,7 +225,7 @@ def print_reproduce(r: dict) -> None:
 
 
 # Modules that add their own subcommands: each has add_parser(subparsers) setting `func`.
-EXTENSIONS: tuple[str, ...] = ("perfmodel.hostbench", "perfmodel.validate")
+EXTENSIONS: tuple[str, ...] = ("perfmodel.hostbench", "perfmodel.traces", "perfmodel.validate")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,6 +7,9 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
   beside it;
 - matmul FLOP/s: large square matmuls in bf16 and f32 (`peak_flops_per_s`), and a decode-shaped
   matmul (`DECODE_ROWS` rows x a cache-resident weight) whose rate / peak is `efficiency.flops`;
+- decode-shaped matmul bandwidth: weight bytes / time of a (rows x K) @ (K x N) dot over a
+  MATVEC_MIB weight, for each batch size in MATVEC_ROWS and each dtype (reported; the
+  validation uses it to show how far XLA:CPU's dot falls below the streaming rate);
 - dispatch overhead: one jitted call of a tiny op, called and waited on (`launch_overhead_s`:
   what each kernel of an op-by-op engine pays);
 - in-program per-op overhead: a chain of tiny dependent matmuls in one compiled program, per op
@@ -35,6 +38,9 @@ QUICK_MATMUL_N = 768
 DECODE_ROWS = 32          # decode-shaped matmul: rows = batch
 DECODE_WIDTH = 1024       # weight DECODE_WIDTH x DECODE_WIDTH (bf16: 2 MiB, stays in cache)
 CHAIN_OPS = 256
+MATVEC_MIB = 256          # decode-shaped matmuls: a weight of this size, far beyond the LLC,
+MATVEC_K = 1024           # with MATVEC_K input features (a hidden size), times MATVEC_ROWS rows
+MATVEC_ROWS = (1, 2, 4, 8, 16, 32)
 DMA_LATENCY_ASSUMED_S = 1.0e-7
 DMA_TILE_ASSUMED_BYTES = 65536
 
@@ -67,6 +73,7 @@ class HostBench:
     copy_bandwidth: dict[int, Stat]      # (read + written) bytes/s by size in MiB
     matmul_flops: dict[str, Stat]        # FLOP/s by dtype, square MATMUL_N matmul
     decode_matmul_flops: dict[str, Stat]  # FLOP/s by dtype, DECODE_ROWS x DECODE_WIDTH^2
+    matvec_bandwidth: dict[tuple[str, int], Stat]  # weight bytes/s of a (rows x K) @ (K x N) dot
     dispatch_s: Stat                     # one jitted call, dispatched and waited on
     op_overhead_s: Stat                  # per op inside one compiled program
     llc_bytes: int
@@ -89,6 +96,8 @@ class HostBench:
                 "copy_bandwidth_bytes_per_s": {str(k): v.json() for k, v in self.copy_bandwidth.items()},
                 "matmul_flops_per_s": {k: v.json() for k, v in self.matmul_flops.items()},
                 "decode_matmul_flops_per_s": {k: v.json() for k, v in self.decode_matmul_flops.items()},
+                "matvec_bandwidth_bytes_per_s": {f"{k[0]}/{k[1]}": v.json()
+                                                 for k, v in self.matvec_bandwidth.items()},
                 "dispatch_s": self.dispatch_s.json(), "op_overhead_s": self.op_overhead_s.json(),
                 "flops_efficiency": self.flops_efficiency}
 
@@ -140,18 +149,32 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
     positive_int("repeats", repeats)
     sizes = QUICK_BANDWIDTH_SIZES_MIB if quick else BANDWIDTH_SIZES_MIB
     n = QUICK_MATMUL_N if quick else MATMUL_N
-    steps = len(sizes) + 5
+    steps = len(sizes) + 7
     bar = tqdm(total=steps, desc="hostbench", disable=not progress)
 
     total = jax.jit(jnp.sum)
-    scale = jax.jit(lambda x: x * 1.0001)
+    scale = jax.jit(lambda x: x * 1.0001, donate_argnums=0)  # in place: no page faults
     read, copy = {}, {}
     for mib in sizes:
-        x = jnp.ones((mib * MIB // 4,), jnp.float32)
-        nbytes = x.size * 4
-        read[mib] = Stat.of(_time(lambda: total(x).block_until_ready(), repeats)).scaled(nbytes)
-        copy[mib] = Stat.of(_time(lambda: scale(x).block_until_ready(), repeats)).scaled(2 * nbytes)
-        del x
+        box = [jnp.ones((mib * MIB // 4,), jnp.float32)]
+        nbytes = box[0].size * 4
+        read[mib] = Stat.of(_time(lambda: total(box[0]).block_until_ready(), repeats)).scaled(nbytes)
+        def rescale():
+            box[0] = scale(box[0])
+            box[0].block_until_ready()
+        copy[mib] = Stat.of(_time(rescale, repeats)).scaled(2 * nbytes)
+        del box
+        bar.update()
+
+    matvec = {}  # decode-shaped matmul over a weight far beyond the LLC: effective bytes/s
+    dot = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32))
+    for name, dt, size in (("f32", jnp.float32, 4), ("bf16", jnp.bfloat16, 2)):
+        w = jnp.ones((MATVEC_K, MATVEC_MIB * MIB // size // MATVEC_K), dt)
+        for rows in MATVEC_ROWS:
+            x = jnp.ones((rows, w.shape[0]), dt)
+            matvec[(name, rows)] = Stat.of(_time(lambda: dot(x, w).block_until_ready(),
+                                                 repeats)).scaled(w.size * size)
+        del w
         bar.update()
 
     matmul, decode = {}, {}
@@ -191,7 +214,7 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
     bar.update(2)
     bar.close()
     return HostBench(cpu_model(), datetime.date.today().isoformat(), repeats, read, copy, matmul,
-                     decode, dispatch_s, op_overhead, llc_bytes(), ram_bytes(), jax.device_count())
+                     decode, matvec, dispatch_s, op_overhead, llc_bytes(), ram_bytes(), jax.device_count())
 
 
 def _stat_text(s: Stat, unit: float, name: str) -> str:
@@ -283,6 +306,9 @@ def cmd_hostbench(a) -> dict:
             print(f"  matmul {k}: " + _stat_text(s, 1e9, "GFLOP/s"))
         for k, s in b.decode_matmul_flops.items():
             print(f"  decode-shaped matmul {k}: " + _stat_text(s, 1e9, "GFLOP/s"))
+        for (dt, rows), s in b.matvec_bandwidth.items():
+            print(f"  decode matmul {dt} {rows:2d} rows x {MATVEC_MIB} MiB weight: "
+                  + _stat_text(s, 1e9, "GB/s"))
         print("  dispatch: " + _stat_text(b.dispatch_s, 1e-6, "us"))
         print("  in-program per-op overhead: " + _stat_text(b.op_overhead_s, 1e-6, "us"))
         print(f"wrote {path} (+ {path.with_suffix('.json').name})")
