@@ -7,6 +7,7 @@ Parallel layout (documented choices, see README "Model terms"):
   devices / ep devices of its group; tokens are replicated, so no dispatch is needed and the
   partial expert outputs are summed by an all-reduce over all devices;
 - MLA's latent cache is replicated across TP ranks (each rank reads all of it for its heads).
+The small vectors (norm weights, router bias, conv taps; < 0.01 % of the bytes) are left out.
 Byte classes: static (weights known ahead, prefetchable across layers), routed (expert
 weights known only after the router), kv (KV cache / recurrent state), act (activations).
 """

@@ -1,0 +1,58 @@
+"""Seed-table reproduction: fit rules, targets, trend, and presets holding the fitted values."""
+import pytest
+
+from perfmodel.arch import load_model
+from perfmodel.calibrate import deployment_for, reproduce
+from perfmodel.hardware import load_hardware
+from perfmodel.measurements import seed_measurements
+from perfmodel.predict import predict
+
+
+@pytest.fixture(scope="module")
+def report():
+    return reproduce()
+
+
+def test_at_most_three_parameters_per_platform(report):
+    params = report["fitted_parameters"]
+    for platform in ("tpu-v7", "gb200"):
+        assert len([k for k, v in params.items() if v["scope"] in ("model", platform)]) <= 3
+    assert all(v["plausible"] for v in params.values())
+
+
+def test_only_batch_1_and_8_are_fitted(report):
+    fitted = [p for p in report["points"] if p["role"] == "fitted"]
+    assert {(p["batch"], p["spec_decode"]) for p in fitted} == {(1, None), (8, None)}
+    assert all(abs(p["error"]) <= 0.10 for p in fitted)
+
+
+def test_speculative_decoding_pair_is_predicted(report):
+    spec = [p for p in report["points"] if p["spec_decode"]]
+    assert len(spec) == 2 and all(p["role"] == "held-out" and abs(p["error"]) <= 0.15 for p in spec)
+    tpu = next(p for p in spec if p["platform"] == "tpu-v7")
+    assert tpu["predicted_step_ms"] == pytest.approx(8.5, rel=0.15)  # "about 8.5 ms per decode step"
+
+
+def test_target_flags_follow_the_errors(report):
+    for p in report["points"]:
+        assert p["within_target"] == (abs(p["error"]) <= report["targets"][p["role"]])
+
+
+def test_trend_falls_from_about_2x_to_about_1_4x(report):
+    ratios = [t["predicted_ratio"] for t in report["trend"]]
+    assert ratios == sorted(ratios, reverse=True)
+    assert ratios[0] > 1.7 and ratios[-1] < 1.6
+
+
+def test_presets_hold_the_fitted_values(report):
+    """`perfmodel predict` with the presets gives the numbers `reproduce` reports (refit with
+    `perfmodel reproduce --write` after changing the model)."""
+    model = load_model("kimi-k3")
+    for m, p in zip(seed_measurements(), report["points"]):
+        got = predict(model, load_hardware(m.hardware), deployment_for(m)).tokens_per_s
+        assert got == pytest.approx(p["predicted_tokens_per_s"], rel=2e-3)
+
+
+def test_physical_defaults_only():
+    r = reproduce(fit_parameters=False)
+    assert r["fitted_parameters"] == {} and {p["role"] for p in r["points"]} == {"held-out"}
