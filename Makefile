@@ -1,0 +1,36 @@
+# Two commands set everything up on a fresh machine (README "Quick start"):
+#   make run    the main job: the dashboard (streamlit run dashboards/app.py)
+#   make test   the whole test suite (installs Chromium for the browser test when missing)
+# Both create .venv with Python >= 3.12 and install the pinned requirements.lock first.
+
+VENV := .venv
+STAMP := $(VENV)/.installed
+# first Python >= 3.12 found: PATH, then pyenv's versions (whose shims need PYENV_VERSION)
+PYTHON ?= $(shell for p in python3.13 python3.12 $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python3 /usr/bin/python3.12 python3; do \
+	  $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$p; break; }; done)
+
+.PHONY: run test predict setup browser
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	@test -n "$(PYTHON)" || { echo "need Python >= 3.12 (python3.12 on PATH or pyenv)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements.lock
+	$(VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+run: $(STAMP)
+	$(VENV)/bin/streamlit run dashboards/app.py --server.headless true
+
+predict: $(STAMP)
+	$(VENV)/bin/perfmodel predict --model kimi-k3 --hardware tpu-v7 --devices 32 --tp 32 --ep 8 \
+		--engine megakernel --batch 1,2,4,8
+
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		echo "chromium not installed (needs root): the browser test will be skipped"
+
+test: $(STAMP) browser
+	$(VENV)/bin/python -m pytest -n 2 -q
