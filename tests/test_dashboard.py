@@ -337,7 +337,7 @@ def test_whatif_timeline_layer_range():
     part = chart(at, "wi_timeline")["data"]
     n = sum(len(arr(t["x"])) for t in part)
     assert 0 < n < full
-    layers = {cd[1] for t in part for cd in t["customdata"]}
+    layers = {int(h.split("(layer ")[1].rstrip(")")) for t in part for h in arr(t["hovertext"])}
     assert layers <= {1, 2, 3, 4}
 
 
@@ -474,3 +474,15 @@ def test_unexpected_exception_is_a_message_not_a_traceback(monkeypatch):
     at.run()
     assert not at.exception
     assert "kaboom" in errors(at)[0] and "RuntimeError" in errors(at)[0]
+
+
+def test_download_payloads():
+    import pandas as pd
+    df = pd.DataFrame({"batch": [1, 2], "tokens_per_s": [249.0, 392.0]})
+    out = json.loads(common.table_json(df, {"model": "kimi-k3"}))
+    assert out["model"] == "kimi-k3" and out["rows"][1] == {"batch": 2, "tokens_per_s": 392.0}
+    if common.has_chrome_trace():
+        key = common.dep_key(32, 32, 8, "megakernel")
+        trace = json.loads(common.chrome_trace_json(common.model_ref("kimi-k3"), common.hardware_ref("tpu-v7"),
+                                                    key, None))
+        assert len(trace["traceEvents"]) > 1000

@@ -15,6 +15,7 @@ import tempfile
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -197,22 +198,30 @@ def predict_cached(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | 
            "hbm_utilisation": p.hbm_utilisation, "bytes_per_device": p.bytes_per_device,
            "breakdown_s": dict(p.breakdown_s),
            "layers": [dataclasses.asdict(r) for r in p.layers]}
-    if record:
-        out["events"] = [(lane, name, int(layer), float(t0), float(t1))
-                         for lane, name, layer, t0, t1 in p.timeline.events]
-        out["trace"] = chrome_trace_or_none(p)
+    if record:  # numpy columns: a cache hit unpickles a few arrays, not thousands of tuples
+        ev = p.timeline.events
+        out["events"] = {"lane": np.array([e[0] for e in ev], dtype=str),
+                         "name": np.array([e[1] for e in ev], dtype=str),
+                         "layer": np.array([e[2] for e in ev], dtype=np.int64),
+                         "t0_s": np.array([e[3] for e in ev], dtype=float),
+                         "t1_s": np.array([e[4] for e in ev], dtype=float)}
     return out
 
 
-def chrome_trace_or_none(p) -> dict | None:
+def has_chrome_trace() -> bool:
     try:
-        from perfmodel.timeline import chrome_trace
+        from perfmodel.timeline import chrome_trace  # noqa: F401
     except ImportError:
-        return None
-    try:
-        return chrome_trace(p)
-    except (ValueError, SpecError):
-        return None
+        return False
+    return True
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def chrome_trace_json(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None) -> str:
+    """The simulated step as Perfetto / Chrome trace JSON (built only when downloaded)."""
+    from perfmodel.timeline import chrome_trace
+    model, hw = load_model_ref(m_ref), resolve_hw(hw_ref, onchip_mib)
+    return json.dumps(chrome_trace(predict(model, hw, make_deployment(key), record=True)))
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
@@ -307,11 +316,15 @@ def cli_sweep(model: str, hw: str, key: tuple, depths_mib, onchip_mib: float | N
 def downloads(df: pd.DataFrame, stem: str, key: str, extra_json: dict | None = None) -> None:
     """CSV and JSON download buttons for a table (JSON carries the rows plus any context)."""
     c1, c2 = st.columns(2)
-    c1.download_button("Download CSV", df.to_csv(index=False), file_name=f"{stem}.csv", mime="text/csv",
+    # the files are built when clicked (callables), so a re-render does not serialise every table
+    c1.download_button("Download CSV", lambda: df.to_csv(index=False), file_name=f"{stem}.csv", mime="text/csv",
                        key=f"{key}_csv")
-    payload = {**(extra_json or {}), "rows": json.loads(df.to_json(orient="records"))}
-    c2.download_button("Download JSON", json.dumps(payload, indent=1), file_name=f"{stem}.json",
+    c2.download_button("Download JSON", lambda: table_json(df, extra_json), file_name=f"{stem}.json",
                        mime="application/json", key=f"{key}_json")
+
+
+def table_json(df: pd.DataFrame, extra: dict | None = None) -> str:
+    return json.dumps({**(extra or {}), "rows": json.loads(df.to_json(orient="records"))}, indent=1, default=str)
 
 
 def show_command(cmd: str) -> None:

@@ -1,8 +1,6 @@
 """What-if view: tune prefetch depth, expert slots, VMEM, batch, context, engine, acceptance length."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -111,38 +109,56 @@ def breakdown(x: dict, r: dict) -> None:
                                                      "hardware": x["hw"], "vmem_mib": x["vmem"]})
 
 
+@st.cache_data(show_spinner=False, max_entries=64)
+def timeline_lanes(m_ref: tuple, h_ref: tuple, key: tuple, vmem: float | None, lo: int, hi: int) -> dict:
+    """Per lane: bar starts and lengths (us) and hover texts for layers lo..hi, as numpy arrays."""
+    ev = c.predict_cached(m_ref, h_ref, key, vmem, record=True)["events"]
+    sel = (ev["layer"] >= lo) & (ev["layer"] <= hi)
+    out = {}
+    for lane in LANES:
+        m = sel & (ev["lane"] == lane)
+        if not m.any():
+            continue
+        t0, t1 = ev["t0_s"][m] * 1e6, ev["t1_s"][m] * 1e6
+        text = np.char.add(np.char.add(ev["name"][m], " (layer "), ev["layer"][m].astype(str))
+        out[lane] = {"base": t0, "x": t1 - t0, "text": np.char.add(text, ")"), "layer": ev["layer"][m]}
+    return out
+
+
 def timeline(x: dict, r: dict) -> None:
     st.subheader("Simulated step timeline (DMA / compute / link)")
     layers = [row["layer"] for row in r["layers"]]
     lo, hi = st.select_slider("Layers shown", options=layers, value=(layers[0], layers[-1]), key="wi_layers")
-    ev = [e for e in r["events"] if lo <= e[2] <= hi]
+    m_ref, h_ref = c.model_ref(x["model"]), c.hardware_ref(x["hw"])
+    lanes = timeline_lanes(m_ref, h_ref, x["key"], x["vmem"], lo, hi)
     fig = go.Figure()
-    for lane in LANES:
-        le = [e for e in ev if e[0] == lane]
-        if not le:
-            continue
-        t0 = np.array([e[3] for e in le]) * 1e6
-        dur = np.array([e[4] - e[3] for e in le]) * 1e6
-        fig.add_trace(go.Bar(y=[lane] * len(le), x=dur, base=t0, orientation="h", name=lane,
-                             marker_color=LANE_COLORS[lane], marker_line_width=0,
-                             customdata=[[e[1], e[2]] for e in le],
-                             hovertemplate="%{customdata[0]} (layer %{customdata[1]})<br>start %{base:.2f} us"
-                             "<br>duration %{x:.3f} us<extra>" + lane + "</extra>"))
+    for lane, d in lanes.items():
+        fig.add_trace(go.Bar(y=np.full(len(d["x"]), lane), x=d["x"], base=d["base"], orientation="h", name=lane,
+                             marker_color=LANE_COLORS[lane], marker_line_width=0, hovertext=d["text"],
+                             hovertemplate="%{hovertext}<br>start %{base:.2f} us<br>duration %{x:.3f} us"
+                             "<extra>" + lane + "</extra>"))
     fig.update_layout(barmode="overlay", xaxis_title="time in step (us)", height=280, margin=dict(t=30),
                       yaxis=dict(categoryorder="array", categoryarray=list(reversed(LANES))),
                       showlegend=False)
     st.plotly_chart(fig, key="wi_timeline", config={"scrollZoom": True})
-    st.caption(f"{len(ev)} events in layers {lo}..{hi}; drag to zoom, double-click to reset.")
+    n = sum(len(d["x"]) for d in lanes.values())
+    st.caption(f"{n} events in layers {lo}..{hi}; drag to zoom, double-click to reset.")
     c1, c2 = st.columns(2)
-    if r.get("trace"):
-        c1.download_button("Download Perfetto trace (JSON)", json.dumps(r["trace"]),
+    args = (m_ref, h_ref, x["key"], x["vmem"])
+    if c.has_chrome_trace():
+        c1.download_button("Download Perfetto trace (JSON)", lambda: c.chrome_trace_json(*args),
                            file_name="whatif_timeline.trace.json", mime="application/json", key="wi_trace_dl")
-    edf = pd.DataFrame(ev, columns=["lane", "name", "layer", "t0_s", "t1_s"])
-    c2.download_button("Download events (CSV)", edf.to_csv(index=False), file_name="whatif_events.csv",
+    c2.download_button("Download events (CSV)", lambda: events_csv(*args, lo, hi), file_name="whatif_events.csv",
                        mime="text/csv", key="wi_events_dl")
     st.caption("Reproduce with the CLI:")
     st.code(c.cli_predict(x["model"], x["hw"], x["key"], [dict(x["key"])["batch"]], x["vmem"]).replace(
         "perfmodel predict", "perfmodel trace").replace(" --json", " --out step.trace.json"), language="bash")
+
+
+def events_csv(m_ref, h_ref, key, vmem, lo, hi) -> str:
+    ev = c.predict_cached(m_ref, h_ref, key, vmem, record=True)["events"]
+    df = pd.DataFrame(ev)
+    return df[(df["layer"] >= lo) & (df["layer"] <= hi)].to_csv(index=False)
 
 
 def depths_for(hw) -> tuple[float, ...]:

@@ -1,0 +1,90 @@
+"""Re-render time of the dashboard after a widget change, driven by streamlit.testing.v1.AppTest.
+
+    .venv/bin/python experiments/bench_dashboard.py [--rounds 3] [--json]
+
+Opens the What-if and Compare views for Kimi K3 and changes one widget at a time (batch, engine,
+prefetch depth, expert slots, VMEM size, context, speculative decoding, acceptance length, layer
+range; batch sizes, spec decode, platform layout). Round 1 meets each value for the first time
+(cold: the model runs); later rounds revisit values already computed (warm: cached). Prints the
+median re-render time per view and over all changes; the target is <= 300 ms.
+AppTest runs the script in-process, as the server does, minus the websocket and the browser.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+APP = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
+TARGET_S = 0.300
+
+WHATIF = [("select_slider", "wi_batch", 8), ("select_slider", "wi_batch", 1),
+          ("radio", "wi_engine", "multikernel"), ("radio", "wi_engine", "megakernel"),
+          ("number_input", "wi_prefetch", 16.0), ("number_input", "wi_prefetch", None),
+          ("number_input", "wi_slots", 8), ("number_input", "wi_slots", None),
+          ("number_input", "wi_vmem", 48.0), ("number_input", "wi_vmem", None),
+          ("number_input", "wi_context", 32768), ("number_input", "wi_context", 4096),
+          ("toggle", "wi_spec", True), ("slider", "wi_acc", 4.0), ("slider", "wi_acc", 6.0),
+          ("toggle", "wi_spec", False), ("select_slider", "wi_layers", (1, 8)),
+          ("select_slider", "wi_layers", (0, 94))]
+COMPARE = [("radio", "cmp_spec", "on"), ("radio", "cmp_spec", "off"),
+           ("multiselect", "cmp_batches", [1, 2, 4, 8]), ("multiselect", "cmp_batches", [1, 2, 4, 8, 16, 32, 64]),
+           ("number_input", "cmp_A_ep", 16), ("number_input", "cmp_A_ep", 8),
+           ("radio", "cmp_B_engine", "megakernel"), ("radio", "cmp_B_engine", "multikernel")]
+
+
+def drive(view: str, changes: list, rounds: int) -> dict:
+    at = AppTest.from_file(str(APP), default_timeout=600)
+    at.session_state["view"] = view
+    t = time.perf_counter()
+    at.run()
+    first = time.perf_counter() - t
+    times: dict[int, list[float]] = {r: [] for r in range(rounds)}
+    for r in range(rounds):
+        for kind, key, value in changes:
+            widget = getattr(at, kind)(key=key).set_value(value)
+            t = time.perf_counter()
+            widget.run()
+            times[r].append(time.perf_counter() - t)
+            if at.exception:
+                raise SystemExit(f"{view}: {key}={value!r} raised {[e.value for e in at.exception]}")
+    warm = [x for r in range(1, rounds) for x in times[r]]
+    return {"view": view, "first_load_s": first, "changes": len(changes),
+            "cold_median_s": statistics.median(times[0]), "cold_max_s": max(times[0]),
+            "warm_median_s": statistics.median(warm) if warm else None,
+            "warm_max_s": max(warm) if warm else None,
+            "all": [x for r in range(rounds) for x in times[r]]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3, help="passes over the widget changes (>= 2)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    results = [drive("What-if", WHATIF, a.rounds), drive("Compare", COMPARE, a.rounds)]
+    allt = [x for r in results for x in r["all"]]
+    out = {"command": "python experiments/bench_dashboard.py" + (f" --rounds {a.rounds}" if a.rounds != 3 else ""),
+           "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
+           "target_s": TARGET_S, "median_s": statistics.median(allt),
+           "views": [{k: v for k, v in r.items() if k != "all"} for r in results]}
+    if a.json:
+        json.dump(out, sys.stdout, indent=1)
+        print()
+    else:
+        for r in out["views"]:
+            print(f"{r['view']:8s}: first load {r['first_load_s'] * 1e3:7.0f} ms; {r['changes']} widget changes: "
+                  f"cold median {r['cold_median_s'] * 1e3:6.0f} ms (max {r['cold_max_s'] * 1e3:.0f}), "
+                  f"warm median {r['warm_median_s'] * 1e3:6.0f} ms (max {r['warm_max_s'] * 1e3:.0f})")
+        print(f"median re-render after a widget change (all views, all rounds): {out['median_s'] * 1e3:.0f} ms "
+              f"(target <= {TARGET_S * 1e3:.0f} ms: {'met' if out['median_s'] <= TARGET_S else 'MISSED'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
