@@ -101,6 +101,10 @@ def cmd_predict(a) -> dict:
            "inputs": inputs_json(a, model, hw, d, batch=a.batch),
            "method": f"{d.engine} timeline simulation (perfmodel.schedule)",
            "results": [prediction_json(p, layers=True) for p in preds]}
+    if a.gain:
+        from .predict import prefetch_gain
+        for r, p in zip(out["results"], preds):
+            r["prefetch_gain"] = prefetch_gain(model, hw, p.deployment)
     if not a.json:
         print(f"{model.name} on {a.devices} x {hw.name} devices, tp={d.tp} ep={d.expert_groups}, "
               f"{d.engine}, context {d.context}" + (f", spec decode {d.spec}" if d.spec else ""))
@@ -112,6 +116,14 @@ def cmd_predict(a) -> dict:
                      "bound"], [[p.deployment.batch, p.step_s * 1e3, p.tokens_per_s,
                                  p.bytes_per_device / 1e9, p.hbm_floor_s * 1e3, p.hbm_utilisation,
                                  p.bound] for p in preds]))
+        if a.gain:
+            g0 = out["results"][0]["prefetch_gain"]
+            causes = list(g0["by_cause_s"])
+            print("\nprefetch gain (multikernel - megakernel, same chips and layout), ms:")
+            print(table(["batch", "multikernel", "megakernel", "gain", "speedup"] + causes,
+                        [[r["batch"], g["multikernel_step_s"] * 1e3, g["megakernel_step_s"] * 1e3,
+                          g["gain_s"] * 1e3, g["speedup"]] + [g["by_cause_s"][c] * 1e3 for c in causes]
+                         for r in out["results"] for g in [r["prefetch_gain"]]]))
     return out
 
 
@@ -237,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("predict", help="predict decode step time and tokens/s")
     add_deployment_args(p)
     p.add_argument("--batch", type=int_list, default=[1], help="comma-separated batch sizes")
+    p.add_argument("--gain", action="store_true", help="also the prefetch gain over the other engine, by cause")
     p.set_defaults(func=cmd_predict)
     p = sub.add_parser("sweep", help="what-if: vary prefetch depth, batch, slots, VMEM, ...")
     add_deployment_args(p)

@@ -89,5 +89,11 @@ def _layer_rows(g: ops_mod.OpGraph, tl: Timeline) -> list[LayerRow]:
             for i in range(n)]
 
 
-def with_batch(d: Deployment, batch: int) -> Deployment:
-    return dataclasses.replace(d, batch=batch)
+def prefetch_gain(model: ModelSpec, hw: Hardware, d: Deployment) -> dict:
+    """Multi-kernel minus megakernel step time on the same hardware and layout, by cause."""
+    mega = predict(model, hw, dataclasses.replace(d, engine="megakernel"))
+    multi = predict(model, hw, dataclasses.replace(d, engine="multikernel"))
+    causes = sorted(set(mega.breakdown_s) | set(multi.breakdown_s), key=list(CAUSES + ("draft",)).index)
+    return {"megakernel_step_s": mega.step_s, "multikernel_step_s": multi.step_s,
+            "gain_s": multi.step_s - mega.step_s, "speedup": multi.step_s / mega.step_s,
+            "by_cause_s": {c: multi.breakdown_s.get(c, 0.0) - mega.breakdown_s.get(c, 0.0) for c in causes}}

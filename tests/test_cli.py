@@ -81,3 +81,12 @@ def test_console_script_has_no_traceback():
     r = subprocess.run([sys.executable, "-m", "perfmodel.cli", "predict", "--hardware", "nope"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "hardware='nope'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_prefetch_gain_by_cause(capsys):
+    out = run_json(capsys, "predict", "--ep", "8", "--batch", "1,8", "--gain")
+    g1, g8 = (r["prefetch_gain"] for r in out["results"])
+    for g in (g1, g8):
+        assert g["gain_s"] == pytest.approx(sum(g["by_cause_s"].values()), rel=1e-6)
+        assert g["by_cause_s"]["launch"] > 0  # the megakernel launches nothing per op
+    assert g1["speedup"] > g8["speedup"] > 1  # prefetching matters less as batches grow
