@@ -208,7 +208,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         reads = [pltpu.make_async_copy(kda_state.at[o], dst(state_buf), kda_sem.at[0]),
                  pltpu.make_async_copy(kda_conv.at[o], dst(conv_buf), kda_sem.at[1])]
         for (nm, arr), cp in zip((("kda state", kda_state), ("conv window", kda_conv)), reads):
-            dma.note(layer.index, "state", nm, arr.size // arr.shape[0] * 4)
+            dma.note(layer.index, "state", nm, arr.size // arr.shape[0] * arr.dtype.itemsize)
             cp.start()
 
         def load_state():
@@ -219,11 +219,12 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
 
         out, st, win = ref.kda_block(spec, functools.partial(matmul, layer), v, load_state, h)
         state_buf[...] = st
-        conv_buf[...] = win
+        conv_buf[...] = win.astype(conv_buf.dtype)
         writes = [pltpu.make_async_copy(dst(state_buf), kda_state.at[o], kda_sem.at[2]),
                   pltpu.make_async_copy(dst(conv_buf), kda_conv.at[o], kda_sem.at[3])]
         for (nm, arr), cp in zip((("kda state", kda_state), ("conv window", kda_conv)), writes):
-            dma.note(layer.index, "state", nm + " (write back)", arr.size // arr.shape[0] * 4)
+            dma.note(layer.index, "state", nm + " (write back)",
+                     arr.size // arr.shape[0] * arr.dtype.itemsize)
             cp.start()
         pending.extend(writes)
         return out
@@ -401,7 +402,7 @@ def _shapes(spec: ModelSpec, cfg: KernelConfig):
                pltpu.VMEM((bp, 1, spec.hidden), BF16), pltpu.SemaphoreType.DMA((4,))]
     if "kda_state" in caches:
         scratch += [pltpu.VMEM((bp,) + caches["kda_state"][0][2:], F32),
-                    pltpu.VMEM((bp,) + caches["kda_conv"][0][2:], F32),
+                    pltpu.VMEM((bp,) + caches["kda_conv"][0][2:], caches["kda_conv"][1]),
                     pltpu.SemaphoreType.DMA((4,))]
     if "mla_latent" in caches:
         d = caches["mla_latent"][0][-1]

@@ -133,13 +133,14 @@ def init_weights(spec: ModelSpec, seed: int = 0, dtype=jnp.bfloat16) -> Weights:
 
 
 def cache_shapes(spec: ModelSpec, batch: int, max_context: int) -> dict[str, tuple[tuple[int, ...], object]]:
-    """Per-kind stacked caches: KDA state and conv window (f32), MLA latent cache (bf16)."""
+    """Per-kind stacked caches: KDA state (f32), KDA conv window and MLA latent cache (bf16)."""
     out = {}
     n_kda, n_mla = spec.count(attention="kda"), spec.count(attention="mla")
     if n_kda:
         a = spec.kda
         out["kda_state"] = ((n_kda, batch, a.heads, a.head_dim, a.head_dim), jnp.float32)
-        out["kda_conv"] = ((n_kda, batch, a.conv_width - 1, 3 * a.heads * a.head_dim), jnp.float32)
+        out["kda_conv"] = ((n_kda, batch, a.conv_width - 1, 3 * a.heads * a.head_dim),
+                           jnp.bfloat16)
     if n_mla:
         m = spec.mla
         out["mla_latent"] = ((n_mla, batch, max_context, m.kv_lora_rank + m.qk_rope_dim),
@@ -314,7 +315,7 @@ def attention(spec, layer, lw, cache, x, positions, mla_form="absorbed"):
             load = lambda: (cache["kda_state"][i], cache["kda_conv"][i])
             out, st, win = kda_block(spec, matmul, lw, load, h)
             cache["kda_state"] = cache["kda_state"].at[i].set(st)
-            cache["kda_conv"] = cache["kda_conv"].at[i].set(win)
+            cache["kda_conv"] = cache["kda_conv"].at[i].set(win.astype(cache["kda_conv"].dtype))
         else:
             out, lat = _mla(spec, lw, cache["mla_latent"][i], h, positions, mla_form)
             cache["mla_latent"] = cache["mla_latent"].at[i].set(lat)

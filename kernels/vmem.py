@@ -80,7 +80,7 @@ def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buf
     if "kda_state" in caches:
         items += [("kda state", (bp,) + caches["kda_state"][0][2:], jnp.float32),
                   ("kda state (value)", (bp,) + caches["kda_state"][0][2:], jnp.float32),
-                  ("kda conv window", (bp,) + caches["kda_conv"][0][2:], jnp.float32)]
+                  ("kda conv window", (bp,) + caches["kda_conv"][0][2:], caches["kda_conv"][1])]
     if "mla_latent" in caches:
         m = spec.mla
         d = caches["mla_latent"][0][-1]

@@ -1,0 +1,157 @@
+"""The megakernel's DMA plan as data: structure, bytes from first principles and against the
+analytic model's op graph, ring prefetch across layers, errors, and the `kernels.run` CLI."""
+import math
+
+import numpy as np
+import pytest
+
+from kernels import layout, plan, reference, run
+from perfmodel import ops
+from perfmodel.arch import WEIGHT_FAMILIES, load_model
+from perfmodel.deployment import Deployment
+from perfmodel.dmaplan import bytes_by_layer_family
+from perfmodel.errors import SpecError
+
+STATIC = ("attention", "dense_ffn", "shared_expert", "router", "lm_head")
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_model("kimi-k3-mini")
+
+
+def cfg_(**kw):
+    base = dict(batch=4, max_context=64, depth=6, expert_slots=2, cache_block=16)
+    return layout.KernelConfig(**(base | kw))
+
+
+def test_plan_structure(spec):
+    p = plan.dma_plan(spec, cfg_(), [12, 11, 10], [3, 5, 0, 17])
+    assert [c.order for c in p] == list(range(len(p)))
+    assert {c.family for c in p} <= set(WEIGHT_FAMILIES) | {"kv_cache", "state"}
+    assert all(0 <= c.layer <= len(spec.layers) + 1 for c in p)
+    assert all(c.routed == (c.family == "routed_expert") for c in p)
+    assert all(c.bytes > 0 for c in p)
+
+
+def test_plan_bytes_from_first_principles(spec):
+    cfg, distinct, pos = cfg_(), [12, 11, 10], [3, 5, 0, 17]
+    p = plan.dma_plan(spec, cfg, distinct, pos)
+    fam = {f: sum(c.bytes for c in p if c.family == f) for f in {c.family for c in p}}
+    t = cfg.tile
+    static_mms = [mm for l in spec.layers for mm in spec.layer_matmuls(l)
+                  if mm.family != "routed_expert"]
+    padded = sum(math.ceil(mm.d_in / t) * math.ceil(mm.d_out / t) * t * t * 2 for mm in static_mms)
+    lm_head = spec.hidden * spec.vocab * 2
+    over = plan.overhead_bytes(spec, cfg, distinct)
+    assert sum(fam[f] for f in STATIC) == padded + lm_head + over["vectors"]
+    assert padded + lm_head == 2 * sum(mm.params for mm in static_mms) + lm_head \
+        + over["tile_padding"]
+    # the vectors carry every small parameter, padded to 16-row blocks per layer
+    small = spec.params_by_family()
+    n_small = small["attention"] - sum(mm.params for mm in static_mms if mm.family == "attention")
+    n_small += spec.count(ffn="moe") * spec.moe.experts
+    assert 2 * n_small <= over["vectors"] < 2 * n_small + (len(spec.layers) + 1) * 2 * 16 * 128 * 2
+    m, a, b = spec.moe, spec.kda, cfg.batch
+    assert fam["routed_expert"] == sum(distinct) * 2 * (m.latent_dim * 2 * m.expert_width
+                                                       + m.expert_width * m.latent_dim)
+    d = spec.mla.kv_lora_rank + spec.mla.qk_rope_dim
+    blocks = sum(math.ceil(q / cfg.cache_block) for q in pos)
+    assert fam["kv_cache"] == blocks * cfg.cache_block * d * 2 + b * d * 2
+    per_seq = a.heads * a.head_dim ** 2 * 4 + (a.conv_width - 1) * 3 * a.heads * a.head_dim * 2
+    assert fam["state"] == spec.count(attention="kda") * 2 * b * per_seq
+    assert fam["embedding"] == b * spec.hidden * 2
+
+
+def test_plan_matches_the_analytic_model(spec):
+    """Per layer, plan bytes = the op graph's static + routed + kv bytes + the plan's overhead
+    (tile padding, small vectors), for one device, context L a multiple of cache_block."""
+    cfg, ctx = cfg_(max_context=64), 48
+    g = ops.build(spec, Deployment(devices=1, tp=1, batch=cfg.batch, context=ctx))
+    distinct = [round(g.distinct_experts)] * spec.count(ffn="moe")
+    p = plan.dma_plan(spec, cfg, distinct, [ctx] * cfg.batch)
+    model = sum(g.static_bytes) + sum(g.kv_bytes) + distinct[0] * spec.count(ffn="moe") * \
+        sum(2 * mm.params // mm.experts for mm in layout.expert_matmuls(spec))
+    over = plan.overhead_bytes(spec, cfg, distinct)
+    assert sum(c.bytes for c in p) == model + over["tile_padding"] + over["vectors"]
+    per_layer = bytes_by_layer_family(p)
+    for layer in range(len(spec.layers) + 2):
+        kv = sum(v for (l, f), v in per_layer.items() if l == layer and f in ("kv_cache", "state"))
+        assert kv == sum(g.kv_bytes[g.layer == layer])
+
+
+def test_ring_prefetches_across_layers(spec):
+    """When layer 2's router has run, exactly `depth` static tiles beyond those consumed are in
+    flight (the ring does not stop at layer or phase boundaries)."""
+    for depth in (1, 6, 50):
+        cfg = cfg_(depth=depth)
+        p = plan.dma_plan(spec, cfg)
+        first_routed = next(c.order for c in p if c.routed)
+        issued = sum(1 for c in p[:first_routed] if "[tile" in c.name)
+        consumed = 0
+        for tm in layout.static_stream(spec, cfg):
+            consumed += tm.tiles
+            if tm.layer == 2 and tm.mm.name == "latent_down":
+                break
+        assert issued == consumed + depth
+
+
+def test_every_static_tile_once_in_stream_order(spec):
+    cfg = cfg_(depth=3)
+    p = plan.dma_plan(spec, cfg)
+    tiles = [c for c in p if "[tile" in c.name]
+    stream = [(tm.layer, tm.mm.name, k) for tm in layout.static_stream(spec, cfg)
+              for k in range(tm.tiles)]
+    assert [(c.layer, c.name) for c in tiles] == [(l, f"{n}[tile {k}]") for l, n, k in stream]
+    assert all(c.bytes == cfg.bank_bytes for c in tiles)
+
+
+def test_plan_totals_do_not_depend_on_depth_or_slots(spec):
+    totals = {sum(c.bytes for c in plan.dma_plan(spec, cfg_(depth=d, expert_slots=s)))
+              for d, s in [(1, 1), (6, 2), (194, 4)]}
+    assert len(totals) == 1
+
+
+def test_plan_defaults(spec):
+    cfg = cfg_()
+    p = plan.dma_plan(spec, cfg)
+    n_exp = sum(1 for c in p if c.routed)
+    assert n_exp == spec.count(ffn="moe") * min(spec.moe.experts, cfg.batch * spec.moe.top_k)
+    blocks = sum(1 for c in p if "cache block" in c.name)
+    assert blocks == cfg.batch * math.ceil((cfg.max_context - 1) / cfg.cache_block)
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(distinct_experts=[1, 2]), "distinct_experts"),
+    (dict(distinct_experts=[1, 2, 99]), "distinct_experts"),
+    (dict(positions=[0, 1]), "positions"),
+    (dict(positions=[0, 1, 2, 64]), "positions"),
+])
+def test_plan_errors(spec, kw, field):
+    with pytest.raises(SpecError) as e:
+        plan.dma_plan(spec, cfg_(), **kw)
+    assert e.value.field == field
+
+
+def test_summary_table(spec):
+    text = plan.summary(spec, plan.dma_plan(spec, cfg_()))
+    assert "layer_04" in text and "routed_expert" in text and text.splitlines()[-1].startswith("total")
+
+
+def test_run_cli_interpret(capsys):
+    assert run.main(["--batch", "2", "--steps", "2", "--depth", "3", "--context", "16",
+                     "--interpret"]) == 0
+    out = capsys.readouterr().out
+    assert "VMEM budget" in out and "DMA plan of step 1" in out and "layer_04" in out
+    assert "timings are not measured" in out
+    rows = out.split("tokens (one row per sequence):")[1].strip().splitlines()[:2]
+    assert all(len(r.split()) == 3 for r in rows)
+
+
+def test_run_cli_errors(capsys):
+    assert run.main(["--depth", "5000", "--interpret"]) == 2
+    assert "too many" in capsys.readouterr().err
+    assert run.main(["--steps", "100", "--context", "16", "--interpret"]) == 2
+    if not __import__("jax").devices()[0].platform == "tpu":
+        assert run.main(["--steps", "1"]) == 2
+        assert "no TPU" in capsys.readouterr().err
