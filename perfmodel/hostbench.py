@@ -22,6 +22,7 @@ CLI: `perfmodel hostbench [--out FILE] [--quick] [--repeats N]`.
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import statistics
 import time
@@ -79,6 +80,7 @@ class HostBench:
     llc_bytes: int
     ram_bytes: int
     devices: int
+    load_average: float = float("nan")  # 1-minute load average when the run ended
 
     @property
     def stream_bandwidth(self) -> Stat:
@@ -99,7 +101,8 @@ class HostBench:
                 "matvec_bandwidth_bytes_per_s": {f"{k[0]}/{k[1]}": v.json()
                                                  for k, v in self.matvec_bandwidth.items()},
                 "dispatch_s": self.dispatch_s.json(), "op_overhead_s": self.op_overhead_s.json(),
-                "flops_efficiency": self.flops_efficiency}
+                "flops_efficiency": self.flops_efficiency,
+                "load_average_1min": self.load_average}
 
 
 def cpu_model() -> str:
@@ -169,7 +172,7 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
     matvec = {}  # decode-shaped matmul over a weight far beyond the LLC: effective bytes/s
     dot = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32))
     for name, dt, size in (("f32", jnp.float32, 4), ("bf16", jnp.bfloat16, 2)):
-        w = jnp.ones((MATVEC_K, MATVEC_MIB * MIB // size // MATVEC_K), dt)
+        w = jnp.ones((MATVEC_K, (32 if quick else MATVEC_MIB) * MIB // size // MATVEC_K), dt)
         for rows in MATVEC_ROWS:
             x = jnp.ones((rows, w.shape[0]), dt)
             matvec[(name, rows)] = Stat.of(_time(lambda: dot(x, w).block_until_ready(),
@@ -214,7 +217,8 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
     bar.update(2)
     bar.close()
     return HostBench(cpu_model(), datetime.date.today().isoformat(), repeats, read, copy, matmul,
-                     decode, matvec, dispatch_s, op_overhead, llc_bytes(), ram_bytes(), jax.device_count())
+                     decode, matvec, dispatch_s, op_overhead, llc_bytes(), ram_bytes(), jax.device_count(),
+                     os.getloadavg()[0])
 
 
 def _stat_text(s: Stat, unit: float, name: str) -> str:

@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,6 +173,7 @@ def _events(pd, hlo: dict[int, dict[str, str]]):
     for plane in pd.planes:
         if plane.name.startswith("/host:metadata"):
             continue
+        on_device = plane.name.startswith("/device:")
         for line in plane.lines:
             is_steps_line = line.name == "Steps"
             for ev in line.events:
@@ -183,7 +185,10 @@ def _events(pd, hlo: dict[int, dict[str, str]]):
                     continue
                 if name.startswith("end: "):
                     continue
-                marker = scope_of(name) if MARKER_RE.fullmatch(name) else None
+                # a named-scope marker: exactly a scope on host planes; on device planes the
+                # runtime may prefix it (program or kernel name)
+                marker = scope_of(name) if MARKER_RE.fullmatch(name) or (
+                    on_device and "hlo_op" not in stats and SCOPE_RE.search(name)) else None
                 if marker:
                     ops.append(OpEvent(ev.start_ns, ev.end_ns, marker[0], plane.name))
                     continue
@@ -314,7 +319,9 @@ def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: i
         hlo_dir = next((c for c in cands if c.is_dir()), None)
     hlo = load_hlo_dir(Path(hlo_dir)) if hlo_dir else {}
     pd = load_xspace(xp)
-    ops, windows = _events(pd, hlo)
+    with warnings.catch_warnings():  # the binding's stat types warn on iteration
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ops, windows = _events(pd, hlo)
     if not ops:
         raise SpecError("trace", str(xp), "no XLA op or named-scope events: a foreign trace, "
                         "or one recorded without a decode step")
@@ -330,7 +337,7 @@ def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: i
     n = n_layers
     if n is None:
         n = max((scope_of(k)[1] or 0 for s in steps for k in s.scope_s), default=0)
-    if not hlo and any(o.scope is None for o in ops):
+    if not hlo and any(o.scope is None and o.plane.startswith("/host") for o in ops):
         notes.append("no HLO dump found: CPU op events cannot be attributed")
     per_layer: dict[int, list[float]] = defaultdict(list)
     per_scope: dict[str, list[float]] = defaultdict(list)

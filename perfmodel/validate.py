@@ -109,11 +109,11 @@ def matched_hbm_efficiency(hw_path: str, dtype: str, batch: int) -> float:
 def compare(t: TraceSummary, model=None, hardware: str = DEFAULT_HOST_HARDWARE,
             batch: int | None = None, context: int | None = None, mode: str | None = None,
             matched_efficiency: bool = False) -> Comparison:
-    """Predict the traced run (its capture.json supplies what the arguments leave out)."""
+    """Predict a traced run (its capture.json supplies what the arguments leave out): a host
+    run (compiled / op_by_op, multi-kernel engine) or a megakernel run (one device)."""
     from .arch import load_model
     from .deployment import Deployment
     from .hardware import load_hardware
-    from .ops import build
     from .predict import predict
     meta = t.meta
     model = model or meta.get("model")
@@ -125,15 +125,24 @@ def compare(t: TraceSummary, model=None, hardware: str = DEFAULT_HOST_HARDWARE,
             raise SpecError(name, None, f"{t.path} has no capture.json: give {name}")
     spec = load_model(model)
     hw = load_hardware(hardware)
-    eff = hw.efficiency.hbm
     if matched_efficiency:
-        eff = matched_hbm_efficiency(hardware, meta.get("weights_dtype", "f32"), batch)
-        hw = hw.with_efficiency(hbm=eff)
-    p = predict(spec, host_hardware(hw, mode),
-                Deployment(devices=1, tp=1, engine="multikernel", batch=batch, context=context))
+        hw = hw.with_efficiency(hbm=matched_hbm_efficiency(hardware, meta.get("weights_dtype", "f32"),
+                                                           batch))
+    if mode == "megakernel":  # a TPU trace of the megakernel on one device, default ring
+        d = Deployment(devices=1, tp=1, engine="megakernel", batch=batch, context=context)
+    else:
+        hw = host_hardware(hw, mode)
+        d = Deployment(devices=1, tp=1, engine="multikernel", batch=batch, context=context)
+    p = predict(spec, hw, d)
+    return against(t, spec, hw, p, mode)
+
+
+def against(t: TraceSummary, spec, hw, p, mode: str) -> Comparison:
+    """Per-layer and step comparison of one trace with one prediction of it."""
+    from .ops import build
     n = len(spec.layers)
     if t.n_layers not in (n, 0):
-        raise SpecError("--model", model, f"has {n} layers, the trace {t.n_layers}")
+        raise SpecError("--model", spec.name, f"has {n} layers, the trace {t.n_layers}")
     graph_ops = np.bincount(build(spec, p.deployment).layer, minlength=n + 2)
     rows = []
     for r in p.layers:
@@ -142,9 +151,10 @@ def compare(t: TraceSummary, model=None, hardware: str = DEFAULT_HOST_HARDWARE,
                                  m.min if m else 0.0, m.max if m else 0.0,
                                  int(graph_ops[r.layer]), t.layer_ops.get(r.layer, 0)))
     measured = t.host_step_s.median if t.host_step_s else t.step_s.median
-    return Comparison(Path(t.run_dir).name, spec.name, hw.name, mode,
-                      batch, context, p.step_s, measured, t.step_s.median, t.unattributed_share,
-                      rows, eff)
+    d = p.deployment
+    return Comparison(Path(t.run_dir).name, spec.name, hw.name, mode, d.batch, d.context,
+                      p.step_s, measured, t.step_s.median, t.unattributed_share, rows,
+                      hw.efficiency.hbm)
 
 
 def run_dirs(trace: str | Path) -> list[Path]:
@@ -231,7 +241,8 @@ def add_parser(sub) -> None:
     p.add_argument("--hardware", default=DEFAULT_HOST_HARDWARE, help="preset or .toml (hostbench output)")
     p.add_argument("--batch", type=int, default=None, help="default: the capture's")
     p.add_argument("--context", type=int, default=None, help="default: the capture's")
-    p.add_argument("--mode", choices=("compiled", "op_by_op"), default=None)
+    p.add_argument("--mode", choices=("compiled", "op_by_op", "megakernel"), default=None,
+                   help="default: the capture's; megakernel: a TPU trace, one device")
     p.add_argument("--matched-efficiency", action="store_true",
                    help="efficiency.hbm from hostbench's decode-matmul curve at the run's batch")
     p.add_argument("--json", action="store_true")

@@ -1,0 +1,135 @@
+"""Profile the Pallas megakernel on a TPU VM: measured prefetch-depth curve next to the simulator's.
+
+    python experiments/profile_megakernel.py --preset kimi-k3-mini --batch 1,2,4,8 --depths 1,2,4,8,12
+
+For each batch and ring depth: runs `kernels.megakernel.decode_step` under `jax.profiler.trace`
+(one `StepTraceAnnotation("decode_step")` per step), parses the trace with `perfmodel.traces`
+(the kernel's `jax.named_scope` per layer and phase appear as in-kernel trace markers), predicts
+the same configuration with the megakernel simulator (ring of `depth` banks of the kernel's tile
+bytes, its expert slots) and writes per-layer and per-step predicted vs measured to
+experiments/results/megakernel_profile.csv (+ .json), with the machine, date and command.
+
+TPU runtime flags (set here before jax is imported; extend with PERFMODEL_TPU_TRACE_FLAGS):
+    LIBTPU_INIT_ARGS += --xla_enable_custom_call_region_trace=true
+        (emit trace events for the named regions inside a Mosaic custom call: the markers)
+    LIBTPU_INIT_ARGS += --xla_xprof_register_llo_debug_info=true
+        (keep the kernel's scope names in the trace)
+These flags have not been exercised here (no TPU on the development machine): if a libtpu
+version rejects or renames one, set PERFMODEL_TPU_TRACE_FLAGS to the working set.
+Without a TPU the script exits with status 2 and a message; its parsing and comparison code
+(`compare_run`) is covered by tests/test_traces.py on constructed TPU traces.
+"""
+from __future__ import annotations
+
+import os
+
+TRACE_FLAGS = os.environ.get("PERFMODEL_TPU_TRACE_FLAGS",
+                             "--xla_enable_custom_call_region_trace=true "
+                             "--xla_xprof_register_llo_debug_info=true")
+os.environ["LIBTPU_INIT_ARGS"] = (os.environ.get("LIBTPU_INIT_ARGS", "") + " " + TRACE_FLAGS).strip()
+
+import argparse  # noqa: E402  (the flags above must precede any jax import)
+import csv  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from perfmodel.arch import load_model  # noqa: E402
+from perfmodel.cli import int_list  # noqa: E402
+from perfmodel.deployment import Deployment  # noqa: E402
+from perfmodel.hardware import load_hardware  # noqa: E402
+from perfmodel.predict import predict  # noqa: E402
+from perfmodel.traces import STEP_NAME, TraceSummary, parse_trace  # noqa: E402
+from perfmodel.validate import Comparison, against  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def compare_run(t: TraceSummary, preset: str, hardware: str, batch: int, context: int,
+                depth: int, bank_bytes: int, slots: int) -> Comparison:
+    """The megakernel simulator's prediction of one traced run, layer by layer: one device, a
+    ring of `depth` banks of `bank_bytes` (the simulator's tile set to the kernel's bank)."""
+    spec = load_model(preset)
+    hw = load_hardware(hardware)
+    hw = hw.replace(dma_tile_bytes=bank_bytes)
+    d = Deployment(devices=1, tp=1, engine="megakernel", batch=batch, context=context,
+                   prefetch_bytes=float(depth * bank_bytes), expert_slots=slots)
+    return against(t, spec, hw, predict(spec, hw, d), f"megakernel depth {depth}")
+
+
+def rows_of(c: Comparison, depth: int) -> list[list]:
+    out = [[c.batch, depth, "step", c.predicted_step_s, c.measured_step_s, c.step_error]]
+    return out + [[c.batch, depth, r.layer, r.predicted_s, r.measured_s, r.rel_error]
+                  for r in c.layers]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="kimi-k3-mini")
+    ap.add_argument("--hardware", default="tpu-v7")
+    ap.add_argument("--batch", type=int_list, default=[1, 2, 4, 8])
+    ap.add_argument("--depths", type=int_list, default=[1, 2, 4, 8, 12])
+    ap.add_argument("--context", type=int, default=64, help="MLA cache capacity (tokens)")
+    ap.add_argument("--tile", type=int, default=128)
+    ap.add_argument("--slots", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--traces", default=str(ROOT / "out" / "megakernel_traces"))
+    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "megakernel_profile.csv"))
+    a = ap.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas import tpu as pltpu
+    if not pltpu.is_tpu_device():
+        print(f"profile_megakernel: no TPU attached (JAX backend: {jax.default_backend()}); this "
+              "experiment needs a TPU VM. Its trace parsing and comparison are tested on "
+              "constructed TPU traces (tests/test_traces.py).", file=sys.stderr)
+        return 2
+    from kernels import layout, megakernel, reference
+    spec = load_model(a.preset)
+    weights = reference.init_weights(spec, 0)
+    results, rows = [], []
+    for batch in a.batch:
+        for depth in a.depths:
+            cfg = layout.KernelConfig(batch=batch, max_context=a.context, depth=depth,
+                                      tile=a.tile, expert_slots=a.slots)
+            packed = layout.pack_weights(weights, cfg)
+            cache = reference.init_cache(spec, batch, a.context)
+            tokens = jnp.zeros((batch,), jnp.int32)
+            positions = jnp.full((batch,), a.context // 2, jnp.int32)
+            for _ in range(2):  # compile, warm up
+                tokens, _, cache, _ = megakernel.decode_step(spec, cfg, packed, cache, tokens, positions)
+            jax.block_until_ready(tokens)
+            run = Path(a.traces) / f"{spec.name}_b{batch}_d{depth}"
+            with jax.profiler.trace(str(run)):
+                for i in range(a.steps):
+                    with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
+                        tokens, _, cache, _ = megakernel.decode_step(spec, cfg, packed, cache,
+                                                                     tokens, positions)
+                        jax.block_until_ready(tokens)
+            t = parse_trace(run, n_layers=len(spec.layers))
+            # the kernel attends over positions < pos: the model's context is that length
+            c = compare_run(t, a.preset, a.hardware, batch, a.context // 2, depth, cfg.bank_bytes,
+                            a.slots)
+            results.append({"depth": depth, **c.json()})
+            rows += rows_of(c, depth)
+            print(f"batch {batch} depth {depth:2d}: step measured {c.measured_step_s * 1e6:.1f} us,"
+                  f" predicted {c.predicted_step_s * 1e6:.1f} us ({c.step_error:+.1%}), layer MAPE "
+                  f"{c.layer_mape:.1%}, unattributed {c.unattributed_share:.1%}")
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as f:
+        f.write(f"# machine: {jax.devices()[0].device_kind}\n# date: "
+                f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}\n"
+                f"# command: python {' '.join(sys.argv)}\n# trace flags: {TRACE_FLAGS}\n")
+        w = csv.writer(f)
+        w.writerow(["batch", "depth", "layer", "predicted_s", "measured_s", "rel_error"])
+        w.writerows(rows)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Host validation: measure this machine, trace the reference decode step, compare with the model.
+
+    python experiments/validate_host.py [--quick] [--traces out/host_traces] [--steps 5]
+
+1. `perfmodel.hostbench` -> experiments/results/host-cpu.toml (+ .json): the only input the
+   model gets from this machine (no fitting on the decode runs below).
+2. For kimi-k3-host-large (f32 weights about 1.8 GB, far beyond the LLC) and kimi-k3-host-small
+   (about 27 MiB, within a 32 MiB LLC), batch 1, 2, 4, 8, 16, 32 and contexts 256 and 4096:
+   traces of the reference step as one compiled program and op by op (`perfmodel.traces`).
+3. Predictions with the multi-kernel engine on one CPU device (`perfmodel.validate`), twice:
+   `file` = the hardware file as written; `matched` = efficiency.hbm from hostbench's
+   decode-matmul microbenchmark at the run's batch (still microbenchmarks only).
+Writes experiments/results/host_validation.csv (one row per layer and per step, with the
+machine, date and command in its header) and host_validation.json (summaries, targets, gaps).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from perfmodel import hostbench, validate
+from perfmodel.arch import load_model
+from perfmodel.traces import capture_reference
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "experiments" / "results"
+MODELS = ("kimi-k3-host-large", "kimi-k3-host-small")
+BATCHES = (1, 2, 4, 8, 16, 32)
+CONTEXTS = (256, 4096)
+TARGETS = {"median_abs_step_error": 0.15, "median_abs_layer_error": 0.25,
+           "median_abs_gap_error": 0.25}
+VARIANTS = {"file": False, "matched": True}
+
+
+def dispatch_gap_s(model: str, hw_file: str) -> float:
+    """What the op-by-op gap would be at one launch per dispatched phase (embed, per layer
+    attention and FFN/MoE, head) instead of one per op of the model's graph: a diagnostic."""
+    from perfmodel.hardware import load_hardware
+    n = len(load_model(model).layers)
+    return (2 * n + 2) * load_hardware(hw_file).launch_overhead_s
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sweep (smoke test; not the result)")
+    ap.add_argument("--traces", default=str(ROOT / "out" / "host_traces"))
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7, help="hostbench repeats")
+    ap.add_argument("--skip-capture", action="store_true", help="reuse the traces already there")
+    a = ap.parse_args()
+    models, batches, contexts = MODELS, BATCHES, CONTEXTS
+    out_csv, out_json = RESULTS / "host_validation.csv", RESULTS / "host_validation.json"
+    hw_file = RESULTS / "host-cpu.toml"
+    if a.quick:
+        models, batches, contexts = ("kimi-k3-host-small",), (1, 4), (256,)
+        out_csv, out_json = Path(a.traces) / "quick.csv", Path(a.traces) / "quick.json"
+        hw_file = Path(a.traces) / "host-cpu.toml"
+    command = "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    load_before = os.getloadavg()[0]
+
+    bench = hostbench.measure(a.repeats, quick=a.quick)
+    hostbench.write(bench, hw_file)
+    print(f"hardware file: {hw_file}")
+    traces = Path(a.traces)
+    if not a.skip_capture:
+        for m in models:
+            capture_reference(m, traces, batches, contexts, steps=a.steps)
+
+    rows, summaries = [], {}
+    for variant, matched in VARIANTS.items():
+        results = [c for c in validate.validate(traces, hardware=str(hw_file),
+                                                 matched_efficiency=matched)
+                   if c.model in {load_model(m).name for m in models} and c.batch in batches
+                   and c.context in contexts]
+        s = validate.summary(results)
+        s["per_model"] = {m: validate.summary([c for c in results if c.model == m])
+                          for m in models}
+        for g in s["gaps"]:
+            g["per_dispatch_gap_s"] = dispatch_gap_s(g["model"], str(hw_file))
+            g["per_dispatch_gap_error"] = validate.rel_error(g["per_dispatch_gap_s"],
+                                                             g["measured_gap_s"])
+        s["targets"] = {k: {"target": v, "value": s[k], "met": s[k] <= v} for k, v in TARGETS.items()}
+        summaries[variant] = s
+        for c in results:
+            base = [variant, c.model, c.mode, c.batch, c.context]
+            rows.append(base + ["step", "step", c.predicted_step_s, c.measured_step_s, "", "",
+                                c.step_error, sum(r.predicted_ops for r in c.layers),
+                                sum(r.measured_ops for r in c.layers), c.hbm_efficiency,
+                                c.unattributed_share])
+            rows += [base + [r.layer, r.kind, r.predicted_s, r.measured_s, r.measured_min_s,
+                             r.measured_max_s, r.rel_error, r.predicted_ops, r.measured_ops,
+                             c.hbm_efficiency, ""] for r in c.layers]
+
+    meta = {"machine": bench.cpu, "jax_devices": bench.devices, "date": started,
+            "command": command, "hardware_file": str(hw_file.relative_to(ROOT)
+                                                     if hw_file.is_relative_to(ROOT) else hw_file),
+            "load_average_1min": {"start": load_before, "end": os.getloadavg()[0]},
+            "models": list(models), "batches": list(batches), "contexts": list(contexts),
+            "steps": a.steps, "weights_dtype": "f32",
+            "note": "the model is not fitted on these runs: only hostbench feeds it"}
+    out_csv.parent.mkdir(parents=True, exist_ok=True)
+    with out_csv.open("w", newline="") as f:
+        for k in ("machine", "date", "command", "hardware_file", "load_average_1min", "note"):
+            f.write(f"# {k}: {meta[k]}\n")
+        w = csv.writer(f)
+        w.writerow(["variant", "model", "mode", "batch", "context", "layer", "kind", "predicted_s",
+                    "measured_s", "measured_min_s", "measured_max_s", "rel_error", "model_ops",
+                    "traced_ops", "hbm_efficiency", "unattributed_share"])
+        w.writerows(rows)
+    out_json.write_text(json.dumps({"meta": meta, "hostbench": bench.json(),
+                                    "summary": summaries}, indent=1) + "\n")
+    for variant, s in summaries.items():
+        print(f"\n[{variant}] {s['runs']} runs")
+        for m, ms in s["per_model"].items():
+            print(f"  {m}: median |step error| {ms['median_abs_step_error']:.1%}, median |layer "
+                  f"error| {ms['median_abs_layer_error']:.1%}, median |gap error| "
+                  f"{ms['median_abs_gap_error']:.1%}")
+        for k, t in s["targets"].items():
+            print(f"  {k}: {t['value']:.1%} (target <= {t['target']:.0%}) "
+                  f"{'met' if t['met'] else 'MISSED'}")
+        per_dispatch = [abs(g["per_dispatch_gap_error"]) for g in s["gaps"]]
+        if per_dispatch:
+            print(f"  diagnostic: gap at one launch per dispatched phase: median |error| "
+                  f"{statistics.median(per_dispatch):.1%}")
+        print(f"  max unattributed share of traced op time: {s['max_unattributed_share']:.2%}")
+    print(f"\nwrote {out_csv} and {out_json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
