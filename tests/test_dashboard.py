@@ -85,7 +85,7 @@ def number(text: str) -> float:
 # st.dataframe carries no key in the element tree: tables are found by their columns.
 TABLES = {"cmp_pred": ["platform", "hardware", "engine", "spec_decode", "batch", "predicted_tokens_per_s"],
           "cmp_errors": ["platform", "spec_decode", "batch", "measured_tokens_per_s"],
-          "val_host_table": ["layer", "kind", "predicted_us", "measured_us"],
+          "val_host_table": ["layer", "kind", "predicted_us", "measured_us"],  # any per-layer comparison
           "mh_models": ["model", "layers"], "mh_hw": ["hardware", "kind"],
           "mh_hw_fields": ["field", "value", "source"], "mh_model_fields": ["field", "value"]}
 
@@ -374,8 +374,64 @@ def test_validation_bundled_results_mape_and_worst_layers(monkeypatch, tmp_path)
     assert mape == pytest.approx(expected, abs=0.1)
     df = table(at, "val_host_table")
     assert len(df) == 11
-    assert arr(chart(at, "val_host_chart")["data"][1]["marker"]["color"])[10] == "#d62728"
+    bars = chart(at, "val_host_chart")["data"][0]
+    assert arr(bars["marker"]["color"])[10] == "#d62728" and arr(bars["x"])[10] == 10
     assert any("largest absolute error" in c.value for c in at.caption)
+
+
+def test_validation_host_csv_schema_runs_and_step_rows(monkeypatch, tmp_path):
+    """The layout experiments/validate_host.py writes: # header, per-run step rows and layer rows."""
+    csv = tmp_path / "host_validation.csv"
+    head = "variant,model,mode,batch,context,layer,kind,predicted_s,measured_s,measured_min_s,measured_max_s,rel_error"
+    rows = ["# machine: test cpu", "# command: python experiments/validate_host.py", head]
+    for mode, scale in (("compiled", 1.0), ("op_by_op", 2.0)):
+        rows.append(f"file,kimi-k3-host-small,{mode},1,64,step,step,{0.004 * scale},{0.005 * scale},,,")
+        rows += [f"file,kimi-k3-host-small,{mode},1,64,{i},kda,{0.001 * scale},{0.001 * scale * (1 + i / 10)},,,"
+                 for i in range(4)]
+    csv.write_text("\n".join(rows) + "\n")
+    monkeypatch.setattr(validation, "HOST_VALIDATION_CSV", csv)
+    at = open_view("Validation")
+    assert any("machine: test cpu" in c.value for c in at.caption)
+    assert metric(at, "step error") == "-20.0%"
+    assert number(metric(at, "layers")) == 4  # the step row is not a layer
+    runs = [d.value for d in at.dataframe if "layer_mape" in d.value.columns][0]
+    assert len(runs) == 2 and list(runs["mode"]) == ["compiled", "op_by_op"]
+    at.selectbox(key="val_run").set_value(at.selectbox(key="val_run").options[1]).run()
+    assert_clean(at)
+    assert metric(at, "measured step") == "10.000 ms"
+
+
+@pytest.fixture(scope="module")
+def captured_traces(tmp_path_factory):
+    """One real host capture of the reference step (perfmodel capture; about 20 s on 2 cores)."""
+    pytest.importorskip("jax")
+    from perfmodel.traces import capture_reference
+    out = tmp_path_factory.mktemp("traces")
+    runs = capture_reference("kimi-k3-host-small", out, batches=(1,), contexts=(64,), modes=("compiled",), steps=2)
+    return out, runs[0]
+
+
+@pytest.mark.slow
+def test_validation_real_trace_path_and_directory_upload(captured_traces):
+    out, run = captured_traces
+    at = open_view("Validation")
+    at.selectbox(key="val_hw").set_value("tpu-v7").run()  # any preset: the plumbing is under test
+    at.text_input(key="val_path").input(str(run)).run()
+    assert_clean(at)
+    assert number(metric(at, "layers")) >= 3
+    assert metric(at, "MAPE over layers").endswith("%")
+    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel validate"))
+    assert f"--trace {run}" in cmd and "--hardware tpu-v7" in cmd
+    page_layers = table(at, "val_host_table")
+    # the same directory uploaded file by file (relative names, as a directory upload sends them)
+    files = [(str(f.relative_to(out)), f.read_bytes(), "application/octet-stream")
+             for f in sorted(out.rglob("*")) if f.is_file()]
+    at.text_input(key="val_path").input("").run()
+    at.file_uploader(key="val_upload").set_value(files).run()
+    assert_clean(at)
+    up_layers = table(at, "val_host_table")
+    assert list(up_layers["layer"]) == list(page_layers["layer"])
+    assert list(up_layers["predicted_us"]) == pytest.approx(list(page_layers["predicted_us"]))
 
 
 def test_validation_bad_inputs(monkeypatch, tmp_path):
@@ -391,10 +447,16 @@ def test_validation_bad_inputs(monkeypatch, tmp_path):
     other.write_text("hello")
     at.text_input(key="val_path").input(str(other)).run()
     assert any("expected a .xplane.pb" in e for e in errors(at))
+    at.text_input(key="val_path").input(str(tmp_path)).run()  # a directory without any trace
+    assert_clean(at, errors_ok=True)
+    assert any("Cannot use this trace" in e for e in errors(at))
     at.text_input(key="val_path").input("").run()
     at.file_uploader(key="val_upload").set_value(("cat.jpg", b"\xff\xd8\xff", "image/jpeg")).run()
     assert_clean(at, errors_ok=True)
     assert any("not a profiler trace" in e for e in errors(at))
+    at.file_uploader(key="val_upload").set_value(("run.xplane.pb", b"garbage", "application/octet-stream")).run()
+    assert_clean(at, errors_ok=True)
+    assert any("Cannot use this trace" in e for e in errors(at))
 
 
 def test_per_layer_table_units():

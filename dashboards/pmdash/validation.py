@@ -1,9 +1,15 @@
-"""Validation view: per-layer predicted vs measured (bundled host results, uploaded traces), MAPE."""
+"""Validation view: per-layer predicted vs measured (bundled host results, uploaded traces), MAPE.
+
+The bundled results are experiments/results/host_validation.csv, written by
+experiments/validate_host.py: one row per layer and one "step" row per run (variant, model,
+mode, batch, context). A trace the user gives is parsed and compared by `perfmodel.validate`
+(`perfmodel.traces` underneath), exactly as `perfmodel validate --trace ...` does.
+"""
 from __future__ import annotations
 
-import importlib
+import shlex
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import pandas as pd
@@ -16,157 +22,271 @@ from . import common as c
 from .measured import HOST_VALIDATION_CSV
 
 WORST = 5
-
-
-def _module(name: str):
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
+RUN_KEYS = ("variant", "model", "mode", "batch", "context")
+HOST_HW_FILE = c.REPO / "experiments" / "results" / "host-cpu.toml"
+FROM_CAPTURE = "(from capture.json)"
 
 
 def per_layer_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Normalise a per-layer comparison to layer, kind, predicted_s, measured_s, error.
+    """Normalise a per-layer comparison to layer, kind, predicted_us, measured_us, error.
 
-    Accepts the columns the host validation writes: a layer column, and predicted / measured
-    times in seconds (`*_s`) or microseconds (`*_us`).
+    Takes a layer column and predicted / measured times in seconds (`predicted_s`), or in
+    microseconds / milliseconds (`*_us`, `*_ms`). Rows whose layer is not a number (the
+    host CSV's per-step rows) are left out.
     """
-    cols = {c_.lower(): c_ for c_ in df.columns}
+    cols = {k.lower(): k for k in df.columns}
     layer = next((cols[k] for k in ("layer", "layer_index", "layer_id") if k in cols), None)
     if layer is None:
         raise SpecError("per-layer table", list(df.columns), "needs a 'layer' column")
 
     def pick(word: str) -> tuple[str, float]:
         for suffix, scale in (("_s", 1.0), ("_us", 1e-6), ("_ms", 1e-3)):
-            for k, orig in cols.items():
-                if word in k and k.endswith(suffix) and "error" not in k:
-                    return orig, scale
+            if word + suffix in cols:
+                return cols[word + suffix], scale
         raise SpecError("per-layer table", list(df.columns),
-                        f"needs a {word} time column (e.g. {word}_s or {word}_us)")
+                        f"needs a {word} time column ({word}_s, {word}_us or {word}_ms)")
 
     pc, ps = pick("predicted")
     mc, ms = pick("measured")
-    out = pd.DataFrame({"layer": df[layer]})
+    lay = pd.to_numeric(df[layer], errors="coerce")
+    keep = lay.notna()
+    out = pd.DataFrame({"layer": lay[keep].astype(int)})
     kind = next((cols[k] for k in ("kind", "layer_kind") if k in cols), None)
-    out["kind"] = df[kind].astype(str) if kind else ""
-    for extra in ("platform", "hardware", "run", "engine", "batch"):
-        if extra in cols:
-            out[extra] = df[cols[extra]]
-    out["predicted_us"] = pd.to_numeric(df[pc], errors="coerce") * ps * 1e6
-    out["measured_us"] = pd.to_numeric(df[mc], errors="coerce") * ms * 1e6
-    out = out[out["measured_us"].notna() & out["predicted_us"].notna()]
-    out["error"] = np.where(out["measured_us"] > 0, out["predicted_us"] / out["measured_us"] - 1, np.nan)
+    out["kind"] = df.loc[keep, kind].astype(str) if kind else ""
+    out["predicted_us"] = pd.to_numeric(df.loc[keep, pc], errors="coerce") * ps * 1e6
+    out["measured_us"] = pd.to_numeric(df.loc[keep, mc], errors="coerce") * ms * 1e6
+    out = out[out["measured_us"].notna() & out["predicted_us"].notna() & (out["measured_us"] > 0)]
+    out["error"] = out["predicted_us"] / out["measured_us"] - 1
     out["abs_error"] = out["error"].abs()
     return out.reset_index(drop=True)
 
 
-def show_comparison(df: pd.DataFrame, title: str, key: str, command: str | None) -> None:
+def show_comparison(df: pd.DataFrame, title: str, key: str, command: str | None,
+                    step: tuple[float, float] | None = None) -> None:
+    """MAPE, the per-layer chart with the worst layers in red, the table, downloads, the CLI."""
     if df.empty:
         st.warning(f"{title}: no layer has both a predicted and a measured time.")
         return
     mape = float(df["abs_error"].mean())
-    step_err = df["predicted_us"].sum() / df["measured_us"].sum() - 1 if df["measured_us"].sum() else float("nan")
-    m = st.columns(3)
+    pred_step, meas_step = step or (df["predicted_us"].sum() / 1e6, df["measured_us"].sum() / 1e6)
+    m = st.columns(4)
     m[0].metric("MAPE over layers", f"{mape:.1%}")
-    m[1].metric("step (sum of layers) error", f"{step_err:+.1%}")
-    m[2].metric("layers", f"{len(df)}")
-    worst = set(df.nlargest(WORST, "abs_error").index)
-    color = np.where(df.index.isin(worst), "#d62728", "#1f77b4")
-    lim = [max(1e-3, float(min(df["predicted_us"].min(), df["measured_us"].min())) * 0.8),
-           float(max(df["predicted_us"].max(), df["measured_us"].max())) * 1.25]
+    m[1].metric("step error", f"{pred_step / meas_step - 1:+.1%}" if meas_step else "n/a",
+                help="(predicted - measured) / measured for the whole step" if step else
+                "sum of the layers (no separate step measurement)")
+    m[2].metric("measured step", f"{meas_step * 1e3:.3f} ms")
+    m[3].metric("layers", f"{len(df)}")
+    worst = df.nlargest(min(WORST, len(df)), "abs_error")
+    is_worst = df.index.isin(worst.index)
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=lim, y=lim, mode="lines", line=dict(dash="dot", color="grey"), name="exact",
-                             hoverinfo="skip"))
-    fig.add_trace(go.Scatter(x=df["measured_us"], y=df["predicted_us"], mode="markers", name="layers",
-                             marker=dict(color=color, size=9),
-                             customdata=df[["layer", "kind", "error"]].to_numpy(),
-                             hovertemplate="layer %{customdata[0]} (%{customdata[1]})<br>measured %{x:.2f} us"
-                             "<br>predicted %{y:.2f} us<br>error %{customdata[2]:+.1%}<extra></extra>"))
-    fig.update_layout(xaxis=dict(type="log", title="measured time per layer (us)"),
-                      yaxis=dict(type="log", title="predicted time per layer (us)"), height=420,
-                      margin=dict(t=30), showlegend=False)
+    fig.add_trace(go.Bar(x=df["layer"], y=df["measured_us"], name="measured",
+                         marker_color=np.where(is_worst, "#d62728", "#9ecae1"),
+                         customdata=np.stack([df["kind"], df["error"]], axis=1),
+                         hovertemplate="layer %{x} (%{customdata[0]})<br>measured %{y:.2f} us"
+                         "<br>error %{customdata[1]:+.1%}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=df["layer"], y=df["predicted_us"], name="predicted", mode="markers",
+                             marker=dict(color="#08306b", size=7, symbol="line-ew-open", line=dict(width=3)),
+                             hovertemplate="layer %{x}<br>predicted %{y:.2f} us<extra></extra>"))
+    fig.update_layout(xaxis_title="layer (0 = embedding, last = head)", yaxis_title="time per layer (us)",
+                      height=380, margin=dict(t=30), legend=dict(orientation="h", y=1.1), bargap=0.15)
     st.plotly_chart(fig, key=f"{key}_chart")
-    st.caption(f"Red: the {min(WORST, len(df))} layers with the largest absolute error.")
-    st.dataframe(df.style.format({"predicted_us": "{:.2f}", "measured_us": "{:.2f}", "error": "{:+.1%}",
-                                  "abs_error": "{:.1%}"}).apply(
-        lambda r: ["background-color: #f8d7da" if r.name in worst else "" for _ in r], axis=1),
-        hide_index=True, key=f"{key}_table")
+    st.caption(f"Red bars: the {len(worst)} layers with the largest absolute error "
+               f"({', '.join(f'layer {int(r.layer)} {r.error:+.0%}' for r in worst.itertuples())}).")
+    styled = df.style.format({"predicted_us": "{:.2f}", "measured_us": "{:.2f}", "error": "{:+.1%}",
+                              "abs_error": "{:.1%}"}).apply(
+        lambda r: ["background-color: #f8d7da" if is_worst[r.name] else "" for _ in r], axis=1)
+    st.dataframe(styled, hide_index=True, key=f"{key}_table")
     c.downloads(df, f"validation_{key}", f"{key}_dl", {"title": title, "mape": mape})
     if command:
         c.show_command(command)
+
+
+@st.cache_data(show_spinner=False, max_entries=4)
+def read_host_csv(path: str, mtime: float) -> pd.DataFrame:
+    return c.read_csv_bytes(Path(path).read_bytes())
+
+
+def csv_header(path: Path) -> list[str]:
+    return [l[2:] for l in path.read_text().splitlines()[:12] if l.startswith("# ")]
 
 
 def bundled() -> None:
     st.subheader("Bundled host validation")
     if not HOST_VALIDATION_CSV.exists():
         st.info(f"No host validation results yet: {c.shown_path(HOST_VALIDATION_CSV)} is missing. "
-                "Produce them with `perfmodel validate` on this machine (host CPU traces of the pure-JAX "
-                "reference step); this view then shows them.")
+                "Produce them on this machine with `python experiments/validate_host.py` (host CPU traces "
+                "of the pure-JAX reference step, compared with the model); this view then shows them.")
         return
     try:
-        raw = c.read_csv_bytes(HOST_VALIDATION_CSV.read_bytes())
+        raw = read_host_csv(str(HOST_VALIDATION_CSV), HOST_VALIDATION_CSV.stat().st_mtime)
+        for line in csv_header(HOST_VALIDATION_CSV):
+            st.caption(line)
+        runs = [k for k in RUN_KEYS if k in raw.columns]
+        step_pair = None
+        if runs:
+            ids = raw[runs].astype(str).agg(" / ".join, axis=1)
+            raw = raw.assign(run=ids)
+            summary = run_summary(raw, runs)
+            if not summary.empty:
+                st.markdown("**All runs**")
+                st.dataframe(summary.style.format({"step_error": "{:+.1%}", "layer_mape": "{:.1%}",
+                                                   "predicted_step_ms": "{:.3f}", "measured_step_ms": "{:.3f}"}),
+                             hide_index=True, key="val_runs")
+                c.downloads(summary, "host_validation_runs", "val_runs_dl")
+            choice = st.selectbox("Run (" + " / ".join(runs) + ")", list(dict.fromkeys(ids)), key="val_run")
+            raw = raw[raw["run"] == choice]
+            step_rows = raw[raw["layer"].astype(str) == "step"] if "layer" in raw.columns else raw.iloc[0:0]
+            if len(step_rows) == 1:
+                step_pair = (float(step_rows["predicted_s"].iloc[0]), float(step_rows["measured_s"].iloc[0]))
         df = per_layer_table(raw)
     except SpecError as e:
         st.error(f"{HOST_VALIDATION_CSV.name} has an unexpected layout: {e}")
         return
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 -- a broken results file must not break the page
         st.error(f"{HOST_VALIDATION_CSV.name} could not be read ({type(e).__name__}: {e}).")
         return
-    groups = [g for g in ("platform", "hardware", "run") if g in df.columns]
-    if groups and df[groups[0]].nunique() > 1:
-        choice = st.selectbox("Run", sorted(df[groups[0]].astype(str).unique()), key="val_run")
-        df = df[df[groups[0]].astype(str) == choice].reset_index(drop=True)
-    show_comparison(df, "host validation", "val_host", "perfmodel validate --json")
+    show_comparison(df, "host validation", "val_host", "python experiments/validate_host.py", step_pair)
 
 
-def compare_trace(path: Path) -> pd.DataFrame:
-    """Parse a trace dir / .xplane.pb with perfmodel.traces and compare per layer with the model."""
-    validate = _module("perfmodel.validate")
-    traces = _module("perfmodel.traces")
-    for mod, fname in ((validate, "compare_trace"), (validate, "validate_trace"), (traces, "compare")):
-        fn = getattr(mod, fname, None) if mod else None
-        if fn is not None:
-            result = fn(path)
-            rows = result if isinstance(result, pd.DataFrame) else pd.DataFrame(
-                result.get("layers", result) if isinstance(result, dict) else result)
-            return per_layer_table(rows)
-    raise SpecError("trace", str(path), "trace parsing is not available in this checkout yet "
-                    "(perfmodel.traces / perfmodel.validate has no trace comparison function)")
+def run_summary(raw: pd.DataFrame, runs: list[str]) -> pd.DataFrame:
+    """One line per run: step predicted / measured / error and the layers' MAPE."""
+    rows = []
+    for run_id, g in raw.groupby("run", sort=False):
+        layers = per_layer_table(g)
+        step = g[g["layer"].astype(str) == "step"] if "layer" in g.columns else g.iloc[0:0]
+        row = dict(zip(runs, g.iloc[0][runs]))
+        if len(step) == 1:
+            ps, ms = float(step["predicted_s"].iloc[0]), float(step["measured_s"].iloc[0])
+            row.update(predicted_step_ms=ps * 1e3, measured_step_ms=ms * 1e3,
+                       step_error=ps / ms - 1 if ms else float("nan"))
+        row["layer_mape"] = float(layers["abs_error"].mean()) if not layers.empty else float("nan")
+        if not layers.empty:
+            w = layers.loc[layers["abs_error"].idxmax()]
+            row["worst_layer"] = f"{int(w.layer)} ({w.kind}, {w.error:+.0%})"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def comparisons_table(results) -> pd.DataFrame:
+    rows = []
+    for comp in results:
+        for r in comp.layers:
+            rows.append({"run": comp.run, "layer": r.layer, "kind": r.kind, "predicted_s": r.predicted_s,
+                         "measured_s": r.measured_s})
+    return pd.DataFrame(rows)
+
+
+def compare_trace(path: Path, x: dict) -> list:
+    """Parse a trace (run dir, directory of runs or .xplane.pb) and compare it with the model."""
+    try:
+        from perfmodel import validate
+    except ImportError:
+        raise SpecError("trace", str(path), "trace comparison (perfmodel.validate) is not available") from None
+    try:
+        return validate.validate(path, model=x["model"], hardware=x["hardware"], batch=x["batch"],
+                                 context=x["context"], mode=x["mode"])
+    except SpecError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- a foreign or corrupt file must give a message, not a traceback
+        raise SpecError("trace", Path(path).name, f"could not be parsed as a profiler trace "
+                        f"({type(e).__name__}: {e})") from None
 
 
 def check_trace_upload(files) -> None:
     names = [f.name for f in files]
-    if not any(n.endswith(".xplane.pb") or n.endswith(".pb") or n.endswith(".json.gz") or n.endswith(".json")
-               for n in names):
+    if not any(n.endswith(".pb") for n in names):
         raise SpecError("trace upload", ", ".join(names[:3]),
                         "not a profiler trace: expected a .xplane.pb file or a jax.profiler trace directory")
 
 
+def safe_relpath(name: str) -> Path:
+    parts = [p for p in PurePosixPath(name.replace("\\", "/")).parts if p not in ("", "/", ".", "..")]
+    if not parts:
+        raise SpecError("trace upload", name, "empty file name")
+    return Path(*parts)
+
+
+def trace_inputs() -> dict:
+    """Hardware and, for a trace without capture.json, the model, batch, context and mode."""
+    hw_opts = ([str(HOST_HW_FILE)] if HOST_HW_FILE.exists() else []) + c.hardware_options()
+    r = st.columns(5)
+    hw = r[0].selectbox("Hardware the trace ran on", hw_opts, key="val_hw",
+                        format_func=lambda s: c.shown_path(Path(s)) if s.endswith(".toml") else s,
+                        help="The host CPU file comes from `perfmodel hostbench` (experiments/results/host-cpu.toml).")
+    if hw.startswith("uploaded: "):
+        raise SpecError("hardware", hw, "trace comparison takes a preset or the hostbench file")
+    models = [FROM_CAPTURE] + c.model_options()
+    model = r[1].selectbox("Model", models, key="val_model")
+    if model.startswith("uploaded: "):
+        raise SpecError("model", model, "trace comparison takes a preset model (or the capture's)")
+    batch = r[2].number_input("Batch", 1, 4096, value=None, placeholder=FROM_CAPTURE, key="val_batch")
+    context = r[3].number_input("Context", 0, 10_000_000, value=None, placeholder=FROM_CAPTURE, key="val_context")
+    mode = r[4].selectbox("Mode", [FROM_CAPTURE, "compiled", "op_by_op"], key="val_mode")
+    if not HOST_HW_FILE.exists():
+        st.caption(f"{c.shown_path(HOST_HW_FILE)} is missing: run `perfmodel hostbench --out "
+                   f"{c.shown_path(HOST_HW_FILE)}` to measure this machine.")
+    return {"hardware": hw, "model": None if model == FROM_CAPTURE else model, "batch": batch,
+            "context": context, "mode": None if mode == FROM_CAPTURE else mode}
+
+
+def cli_validate(path: str, x: dict) -> str:
+    hw = x["hardware"]
+    args = ["perfmodel", "validate", "--trace", path, "--hardware", c.shown_path(Path(hw)) if hw.endswith(".toml") else hw]
+    for k in ("model", "batch", "context", "mode"):
+        if x[k] is not None:
+            args += [f"--{k}", str(x[k])]
+    return shlex.join(args + ["--json"])
+
+
 def uploaded() -> None:
     st.subheader("Your trace")
-    st.caption("A `.xplane.pb` file, or a `jax.profiler` trace directory (upload the directory or give its path "
-               "on this machine). Layers are attributed from the named scopes the reference step and the "
-               "megakernel carry.")
+    st.caption("A `.xplane.pb` file, or a trace directory from `perfmodel capture` / `jax.profiler` (upload the "
+               "directory's files, or give its path on this machine). Layers are attributed from the named "
+               "scopes in the HLO dump beside the trace (`hlo/`); `capture.json` supplies model, batch and "
+               "context.")
+    x = trace_inputs()
     files = st.file_uploader("Trace file(s)", accept_multiple_files=True, key="val_upload")
     path_text = st.text_input("...or a trace path on this machine", key="val_path",
-                              placeholder="e.g. /tmp/trace or run.xplane.pb")
+                              placeholder="e.g. traces/kimi-k3-host-small_b1_c64_compiled or run.xplane.pb")
     if files:
         check_trace_upload(files)
         with tempfile.TemporaryDirectory() as tmp:
             for f in files:
-                dest = Path(tmp) / Path(f.name).name
+                dest = Path(tmp) / safe_relpath(f.name)
+                dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(f.getvalue())
-            target = Path(tmp) if len(files) > 1 else Path(tmp) / Path(files[0].name).name
-            df = compare_trace(target)
-        show_comparison(df, "uploaded trace", "val_upload", None)
+            pbs = list(Path(tmp).rglob("*.pb"))
+            target = pbs[0] if len(files) == 1 else Path(tmp)
+            results = compare_trace(target, x)
+        show_results(results, "uploaded trace", "val_upload", None)
     elif path_text:
         p = Path(path_text).expanduser()
         if not p.exists():
             raise SpecError("trace path", path_text, "does not exist")
         if p.is_file() and not p.name.endswith(".pb"):
             raise SpecError("trace path", path_text, "expected a .xplane.pb file or a trace directory")
-        df = compare_trace(p)
-        show_comparison(df, "trace", "val_path", f"perfmodel validate --trace {path_text} --json")
+        results = compare_trace(p, x)
+        show_results(results, "trace", "val_path", cli_validate(path_text, x))
+
+
+def show_results(results: list, title: str, key: str, command: str | None) -> None:
+    if not results:
+        st.warning("No captured run found there.")
+        return
+    if len(results) > 1:
+        names = [r.run for r in results]
+        pick = st.selectbox("Run", names, key=f"{key}_run")
+        comp = results[names.index(pick)]
+    else:
+        comp = results[0]
+    st.caption(f"{comp.run}: {comp.model} on {comp.hardware}, {comp.mode}, batch {comp.batch}, context "
+               f"{comp.context}; unattributed {comp.unattributed_share:.1%} of traced op time")
+    df = per_layer_table(comparisons_table([comp]))
+    if df.empty:
+        st.warning("No traced time could be attributed to a layer. A bare .xplane.pb from the CPU carries no "
+                   "layer names: give the whole capture directory (with its `hlo/` dump and `capture.json`).")
+        return
+    show_comparison(df, title, key, command, (comp.predicted_step_s, comp.measured_step_s))
 
 
 def render() -> None:
