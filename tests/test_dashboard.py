@@ -132,6 +132,8 @@ def test_compare_default_shows_seed_points_with_errors_and_cli():
     assert len(err) == 8  # the seed table's 4 batches x 2 platforms, no spec decode
     assert set(err["measured_tokens_per_s"]) >= {249, 392, 515, 865, 127, 227, 373, 636}
     assert (err["error"].abs() < 1.0).all()
+    assert set(err[err["role"] == "fitted"]["batch"]) == {1, 8}  # the calibration's training points
+    assert set(err[err["role"] == "held-out"]["batch"]) == {2, 4}
     assert metric(at, "Mean absolute error over the points shown").endswith("%")
     # the CLI command shown reproduces the predicted curve
     cmd = next(c.value for c in at.code if "--hardware tpu-v7" in c.value and "predict" in c.value)

@@ -67,7 +67,7 @@ def error_rows(model: str, plat: dict, points: pd.DataFrame, spec_on: bool) -> l
                      "measured_tokens_per_s": float(m["tokens_per_s"]),
                      "predicted_tokens_per_s": pred,
                      "error": (pred / m["tokens_per_s"] - 1) if pred else None,
-                     "source": m["source"], "origin": m["origin"]})
+                     "role": m["role"], "source": m["source"], "origin": m["origin"]})
     return rows
 
 
@@ -159,6 +159,9 @@ def render() -> None:
         show = edf.copy()
         mape = show["error"].abs().mean()
         st.metric("Mean absolute error over the points shown", f"{mape:.1%}")
+        if (show["role"] == "fitted").any():
+            st.caption("role: the calibration (`perfmodel reproduce`) fits its efficiency parameters on the "
+                       "'fitted' seed points only; 'held-out' points were not used to fit anything.")
         st.dataframe(show.style.format({"measured_tokens_per_s": "{:.0f}", "predicted_tokens_per_s": "{:.0f}",
                                         "error": "{:+.1%}"}), key="cmp_errors", hide_index=True)
         c.downloads(edf, "compare_errors", "cmp_err_dl", {"model": model})

@@ -11,15 +11,25 @@ from .common import REPO, read_csv_bytes, shown_path
 
 HOST_VALIDATION_CSV = REPO / "experiments" / "results" / "host_validation.csv"
 COLUMNS = ["source", "hardware", "engine", "devices", "batch", "draft_rows", "acceptance_length",
-           "tokens_per_s", "origin"]
+           "tokens_per_s", "origin", "role"]
 REQUIRED = ("hardware", "engine", "batch", "tokens_per_s")
 
 
 def seed_table() -> pd.DataFrame:
-    rows = [dataclasses.asdict(m) for m in seed_measurements()]
-    df = pd.DataFrame(rows)
+    ms = seed_measurements()
+    df = pd.DataFrame([dataclasses.asdict(m) for m in ms])
     df["origin"] = "seed table (perfmodel/data/seed_measurements.csv)"
+    df["role"] = [calibration_role(m) for m in ms]
     return df[COLUMNS]
+
+
+def calibration_role(m) -> str:
+    """fitted (the calibration's training points) or held-out, as `perfmodel reproduce` names them."""
+    try:
+        from perfmodel.calibrate import role
+    except ImportError:
+        return ""
+    return role(m)
 
 
 def normalise(df: pd.DataFrame, origin: str) -> pd.DataFrame:
@@ -53,6 +63,7 @@ def normalise(df: pd.DataFrame, origin: str) -> pd.DataFrame:
                         "must be megakernel or multikernel")
     out["source"] = df["source"].astype(str) if "source" in df.columns else origin
     out["origin"] = origin
+    out["role"] = ""
     return out[COLUMNS]
 
 

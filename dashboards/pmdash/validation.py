@@ -221,7 +221,8 @@ def trace_inputs() -> dict:
         raise SpecError("model", model, "trace comparison takes a preset model (or the capture's)")
     batch = r[2].number_input("Batch", 1, 4096, value=None, placeholder=FROM_CAPTURE, key="val_batch")
     context = r[3].number_input("Context", 0, 10_000_000, value=None, placeholder=FROM_CAPTURE, key="val_context")
-    mode = r[4].selectbox("Mode", [FROM_CAPTURE, "compiled", "op_by_op"], key="val_mode")
+    mode = r[4].selectbox("Mode", [FROM_CAPTURE, "compiled", "op_by_op", "megakernel"], key="val_mode",
+                        help="compiled / op_by_op: the host reference step; megakernel: a TPU trace of the kernel")
     if not HOST_HW_FILE.exists():
         st.caption(f"{c.shown_path(HOST_HW_FILE)} is missing: run `perfmodel hostbench --out "
                    f"{c.shown_path(HOST_HW_FILE)}` to measure this machine.")

@@ -239,6 +239,9 @@ def roofline(x: dict, r: dict, hw) -> None:
     fig.update_layout(xaxis=dict(type="log", title="arithmetic intensity (FLOP per HBM byte)"),
                       yaxis=dict(type="log", title="achieved FLOP/s per device"), height=420, margin=dict(t=30))
     st.plotly_chart(fig, key="wi_roofline")
+    st.caption("A layer's point is its FLOPs and HBM bytes over its time in the step. With the megakernel a layer "
+               "can sit above the HBM roof: part of its weights streamed in during earlier layers (prefetch "
+               "across layer boundaries). Far below the roofs: the layer waits on collectives or launches.")
     cols = ["layer", "kind", "time_s", "compute_s", "stall_s", "collective_s", "overhead_s", "flops",
             "static_bytes", "routed_bytes", "kv_bytes", "act_bytes", "intensity_flops_per_byte",
             "achieved_flops_per_s"]
