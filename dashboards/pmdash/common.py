@@ -293,10 +293,20 @@ def cli_args(model: str, hw: str, key: tuple, onchip_mib: float | None = None) -
 
 
 def cli_predict(model: str, hw: str, key: tuple, batches, onchip_mib: float | None = None) -> str:
-    args = ["perfmodel", "predict"] + cli_args(model, hw, key) + ["--batch", ",".join(map(str, batches)), "--json"]
-    cmd = shlex.join(args)
-    if onchip_mib is not None:  # predict has no VMEM flag: the sweep command carries it
-        cmd += f"\n# on-chip buffer {onchip_mib:g} MiB: perfmodel sweep ... --vary vmem_mib={onchip_mib:g}"
+    """`perfmodel predict`; with an on-chip buffer override, `perfmodel sweep` (predict has no VMEM flag)."""
+    batch_list = ",".join(map(str, batches))
+    if onchip_mib is None:
+        return shlex.join(["perfmodel", "predict"] + cli_args(model, hw, key) + ["--batch", batch_list, "--json"])
+    return shlex.join(["perfmodel", "sweep"] + cli_args(model, hw, key) +
+                      ["--vary", f"vmem_mib={onchip_mib:g}", "--vary", f"batch={batch_list}", "--json"])
+
+
+def cli_trace(model: str, hw: str, key: tuple, onchip_mib: float | None = None) -> str:
+    cmd = shlex.join(["perfmodel", "trace"] + cli_args(model, hw, key) +
+                     ["--batch", str(dict(key)["batch"]), "--out", "step.trace.json"])
+    if onchip_mib is not None:
+        cmd += (f"\n# perfmodel trace has no VMEM flag: copy the hardware preset with onchip_bytes = "
+                f"{onchip_mib * MiB:.0f} ({onchip_mib:g} MiB) and pass that .toml as --hardware")
     return cmd
 
 

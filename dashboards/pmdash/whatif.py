@@ -151,8 +151,7 @@ def timeline(x: dict, r: dict) -> None:
     c2.download_button("Download events (CSV)", lambda: events_csv(*args, lo, hi), file_name="whatif_events.csv",
                        mime="text/csv", key="wi_events_dl")
     st.caption("Reproduce with the CLI:")
-    st.code(c.cli_predict(x["model"], x["hw"], x["key"], [dict(x["key"])["batch"]], x["vmem"]).replace(
-        "perfmodel predict", "perfmodel trace").replace(" --json", " --out step.trace.json"), language="bash")
+    st.code(c.cli_trace(x["model"], x["hw"], x["key"], x["vmem"]), language="bash")
 
 
 def events_csv(m_ref, h_ref, key, vmem, lo, hi) -> str:
