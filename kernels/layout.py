@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from perfmodel.arch import Layer, Matmul, ModelSpec
-from perfmodel.errors import SpecError, positive_int, require
+from perfmodel.errors import positive_int, require
 
 from . import reference
 

@@ -25,7 +25,7 @@ from jax.experimental.pallas import tpu as pltpu
 from perfmodel.arch import ModelSpec
 from perfmodel.errors import require
 
-from . import layout, reference as ref
+from . import layout, reference as ref, vmem
 from .layout import KernelConfig, Packed
 
 F32, BF16 = jnp.float32, jnp.bfloat16
@@ -90,7 +90,7 @@ class _Ring:
         pad = -d_in % t
         if pad:
             xb = jnp.concatenate([xb, jnp.zeros((xb.shape[0], pad), BF16)], axis=1)
-        cols, acc = {}, None
+        cols = {}
         for i, j, bank in self._tiles(name):
             part = jnp.dot(xb[:, i * t:(i + 1) * t], bank[...], preferred_element_type=F32)
             cols[j] = part if i == 0 else cols[j] + part
@@ -154,8 +154,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
     refs = list(refs)
     take = lambda k: [refs.pop(0) for _ in range(k)]
     tok_ref, pos_ref, emb_hbm, static_hbm, exp_hbm, vec_hbm = take(6)
-    kda_in = take(2) if n_kda else None
-    mla_in = take(1) if n_mla else None
+    take(2 * bool(n_kda) + bool(n_mla))  # cache inputs: aliased to the cache outputs below
     next_ref, logits_ref = take(2)
     kda_state, kda_conv = take(2) if n_kda else (None, None)
     (mla_cache,) = take(1) if n_mla else (None,)
@@ -167,8 +166,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         cache_buf, newrow = take(2)
     if n_moe:
         mask_v, mask_s, ids_s = take(3)
-    assert not refs and kda_in is not None or not n_kda
-    del kda_in, mla_in  # aliased: the output refs are the same HBM buffers
+    assert not refs
 
     b_real, bp, t = cfg.batch, cfg.padded_batch, cfg.tile
     h_dim = spec.hidden
@@ -420,12 +418,12 @@ def build_call(spec: ModelSpec, cfg: KernelConfig, interpret=None, record: list 
     out_shapes, scratch = _shapes(spec, cfg)
     n_cache = len(out_shapes) - 3
     smem, anyspace = pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)
-    vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
+    vmem_block = pl.BlockSpec(memory_space=pltpu.VMEM)
     return pl.pallas_call(
         functools.partial(_kernel, spec, cfg, record),
         out_shape=tuple(out_shapes),
         in_specs=[smem, smem] + [anyspace] * (4 + n_cache),
-        out_specs=tuple([vmem, vmem] + [anyspace] * n_cache + [smem]),
+        out_specs=tuple([vmem_block, vmem_block] + [anyspace] * n_cache + [smem]),
         scratch_shapes=scratch,
         input_output_aliases={6 + k: 2 + k for k in range(n_cache)},
         compiler_params=None if interpret else pltpu.CompilerParams(
@@ -433,15 +431,15 @@ def build_call(spec: ModelSpec, cfg: KernelConfig, interpret=None, record: list 
         interpret=interpret)
 
 
-@functools.partial(jax.jit, static_argnames=("static", "cfg", "interpret"),
+@functools.partial(jax.jit, static_argnames=("static", "cfg", "interpret", "vmem_limit_bytes"),
                    donate_argnames=("cache",))
-def _step(packed, cache, tokens, positions, *, static, cfg, interpret):
+def _step(packed, cache, tokens, positions, *, static, cfg, interpret, vmem_limit_bytes=None):
     spec = static.spec
     pad = cfg.padded_batch - cfg.batch
     tokens = jnp.pad(tokens.astype(jnp.int32), (0, pad))
     positions = jnp.pad(positions.astype(jnp.int32), (0, pad))
     names = list(ref.cache_shapes(spec, cfg.batch, cfg.max_context))
-    outs = build_call(spec, cfg, interpret)(
+    outs = build_call(spec, cfg, interpret, vmem_limit_bytes=vmem_limit_bytes)(
         tokens, positions, packed.embed, packed.static, packed.experts, packed.vectors,
         *[cache[k] for k in names])
     nxt, logits, *caches, ndist = outs
@@ -453,11 +451,13 @@ def decode_step(spec: ModelSpec, cfg: KernelConfig, packed: Packed, cache, token
                 interpret=None):
     """One decode step in one pallas_call: (next tokens [B], logits [B, V] f32, new cache,
     distinct experts fetched per MoE layer [n_moe]). The cache (as `reference.init_cache`) is
-    donated and updated in place. interpret: None on TPU, or a `pltpu.InterpretParams`."""
-    layout.check_kernel_spec(spec, cfg)
+    donated and updated in place. interpret: None on TPU, or a `pltpu.InterpretParams`.
+    Raises SpecError if the configuration does not fit the chip's VMEM (`vmem.check_vmem`)."""
+    budget = vmem.check_vmem(spec, cfg)
     require(tuple(tokens.shape) == (cfg.batch,), "tokens.shape", tuple(tokens.shape),
             f"expected ({cfg.batch},) = (cfg.batch,)")
     require(tuple(positions.shape) == (cfg.batch,), "positions.shape", tuple(positions.shape),
             f"expected ({cfg.batch},) = (cfg.batch,)")
     return _step(packed, cache, jnp.asarray(tokens), jnp.asarray(positions),
-                 static=ref.StaticSpec(spec), cfg=cfg, interpret=interpret)
+                 static=ref.StaticSpec(spec), cfg=cfg, interpret=interpret,
+                 vmem_limit_bytes=None if interpret else budget.capacity_bytes)

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from perfmodel.arch import Layer, ModelSpec
-from perfmodel.errors import SpecError, positive_int, require
+from perfmodel.errors import positive_int, require
 
 EPS = 1e-6
 DECAY_LOWER_BOUND = -5.0

@@ -2,10 +2,9 @@
 analytic model's op graph, ring prefetch across layers, errors, and the `kernels.run` CLI."""
 import math
 
-import numpy as np
 import pytest
 
-from kernels import layout, plan, reference, run
+from kernels import layout, plan, run
 from perfmodel import ops
 from perfmodel.arch import WEIGHT_FAMILIES, load_model
 from perfmodel.deployment import Deployment

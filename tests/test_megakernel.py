@@ -150,3 +150,20 @@ def test_bad_inputs_raise_spec_error(spec, weights):
         layout.KernelConfig(batch=1, max_context=30, cache_block=16)
     with pytest.raises(SpecError, match="tile"):
         layout.KernelConfig(batch=1, tile=100)
+
+
+def test_kernel_lowers_to_mosaic_for_tpu7x(spec, weights):
+    """Without a TPU, export the step for TPU7x: every op of the kernel body must have a Pallas
+    TPU (Mosaic) lowering. (Mosaic's own layout passes run only on a TPU host.)"""
+    from jax import export
+    from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
+    cfg = layout.KernelConfig(batch=4, max_context=CONTEXT, depth=6, cache_block=8)
+    packed = layout.pack_weights(weights, cfg)
+    cache = reference.init_cache(spec, cfg.batch, CONTEXT)
+    z = jnp.zeros(cfg.batch, jnp.int32)
+    step = jax.jit(lambda p, c, t, q: megakernel._step(
+        p, c, t, q, static=reference.StaticSpec(spec), cfg=cfg, interpret=None))
+    tpu = AbstractDevice(device_kind="TPU7x", num_cores=1, platform="tpu")
+    with use_abstract_mesh(AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=tpu)):
+        exported = export.export(step, platforms=["tpu"])(packed, cache, z, z)
+    assert "tpu_custom_call" in exported.mlir_module()
