@@ -112,7 +112,13 @@ def test_dashboard_in_headless_chromium(server):
             page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')")
             assert_no_errors(page)
             page.screenshot(path=str(OUT / "models.png"), full_page=True)
+
+            page.locator('[data-testid="stSidebar"]').get_by_text("Validation", exact=True).click()
+            page.get_by_text("Bundled host validation").wait_for()
+            page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')")
+            assert_no_errors(page)
+            page.screenshot(path=str(OUT / "validation.png"), full_page=True)
         finally:
             browser.close()
-    for name in ("compare.png", "whatif.png", "models.png"):
+    for name in ("compare.png", "whatif.png", "models.png", "validation.png"):
         assert (OUT / name).stat().st_size > 10_000
