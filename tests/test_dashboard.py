@@ -219,6 +219,40 @@ def test_compare_user_measurements_upload():
     assert any("column batch" in e for e in errors(at))
 
 
+def test_compare_host_validation_points(monkeypatch, tmp_path):
+    """Host step rows (op by op, hardware file as written) are measured points of the hostbench hardware."""
+    hw_file = tmp_path / "host-cpu.toml"
+    hw_file.write_text((ROOT / "perfmodel/presets/hardware/tpu-v7.toml").read_text().replace(
+        'name = "tpu-v7"', 'name = "host-cpu"'))
+    csv = tmp_path / "host_validation.csv"
+    head = "variant,model,mode,batch,context,layer,kind,predicted_s,measured_s"
+    csv.write_text("\n".join([
+        "# machine: test", head,
+        "file,kimi-k3-host-small,op_by_op,1,256,step,step,0.001,0.002",
+        "file,kimi-k3-host-small,op_by_op,4,256,step,step,0.001,0.004",
+        "file,kimi-k3-host-small,compiled,1,256,step,step,0.001,0.001",   # another mode: not a point
+        "matched,kimi-k3-host-small,op_by_op,1,256,step,step,0.001,0.003",  # another variant: not a point
+        "file,kimi-k3-host-small,op_by_op,1,256,1,kda,0.0001,0.0002"]) + "\n")
+    monkeypatch.setattr(common, "HOST_HW_FILE", hw_file)
+    monkeypatch.setattr(measured, "HOST_VALIDATION_CSV", csv)
+    at = open_view("Compare")
+    assert not at.info  # no "missing host results" note
+    at.selectbox(key="cmp_model").set_value("kimi-k3-host-small").run()
+    at.selectbox(key="cmp_A_hw").set_value(common.HOST_HW).run()
+    at.radio(key="cmp_A_engine").set_value("multikernel").run()
+    for k in ("devices", "tp", "ep"):
+        at.number_input(key=f"cmp_A_{k}").set_value(1).run()
+    at.number_input(key="cmp_context").set_value(4096).run()
+    assert_clean(at, errors_ok=True)  # platform B (gb200, tp 16) cannot run this small model: a message
+    assert len(table(at, "cmp_pred")) == 7
+    assert not [d for d in at.dataframe if "measured_tokens_per_s" in d.value.columns]  # context 4096: none
+    at.number_input(key="cmp_context").set_value(256).run()
+    err = table(at, "cmp_errors")
+    assert sorted(err["measured_tokens_per_s"]) == pytest.approx([500.0, 1000.0])  # batch / step time
+    assert set(err["origin"]) == {"host validation"}
+    assert any(f"--hardware {hw_file}" in c.value and "--context 256" in c.value for c in at.code)
+
+
 def test_measurements_normalise_rejects_bad_values():
     import pandas as pd
     from perfmodel.errors import SpecError

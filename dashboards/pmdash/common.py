@@ -59,8 +59,17 @@ def model_options() -> list[str]:
     return arch.list_presets() + list(uploads("model"))
 
 
+HOST_HW_FILE = REPO / "experiments" / "results" / "host-cpu.toml"
+HOST_HW = "host-cpu (hostbench)"  # this machine, measured by `perfmodel hostbench`
+
+
+def local_hardware() -> dict[str, Path]:
+    """Hardware files of this checkout offered beside the presets (when they exist)."""
+    return {HOST_HW: HOST_HW_FILE} if HOST_HW_FILE.exists() else {}
+
+
 def hardware_options() -> list[str]:
-    return hardware.list_presets() + list(uploads("hardware"))
+    return hardware.list_presets() + list(local_hardware()) + list(uploads("hardware"))
 
 
 def model_ref(name: str) -> tuple:
@@ -70,6 +79,9 @@ def model_ref(name: str) -> tuple:
 
 
 def hardware_ref(name: str) -> tuple:
+    local = local_hardware().get(name)
+    if local is not None:  # keyed on the text, so a re-measured file is picked up
+        return (name, ".toml", local.read_text())
     up = uploads("hardware").get(name)
     return (name, None, None) if up is None else (name, *up)
 
@@ -269,6 +281,8 @@ def _local_sweep(model, hw, d, values):
 # ----- CLI commands shown next to the numbers ---------------------------------------------------
 
 def _cli_name(kind: str, name: str) -> str:
+    if kind == "hardware" and name in local_hardware():
+        return shown_path(local_hardware()[name])
     if name.startswith("uploaded: "):
         return "<path to your config.json or .toml>" if kind == "model" else "<path to your hardware .toml>"
     return name

@@ -29,10 +29,10 @@ def platform_inputs(col, tag: str, default: dict) -> dict:
     return dict(hw=hw, engine=engine, devices=int(devices), tp=int(tp), ep=int(ep), label=label)
 
 
-def predicted_rows(model: str, plat: dict, batches, spec_on: bool) -> tuple[list[dict], list[str]]:
+def predicted_rows(model: str, plat: dict, batches, spec_on: bool, context: int) -> tuple[list[dict], list]:
     rows, errors = [], []
     for b in batches:
-        key = c.dep_key(plat["devices"], plat["tp"], plat["ep"], plat["engine"], batch=b,
+        key = c.dep_key(plat["devices"], plat["tp"], plat["ep"], plat["engine"], batch=b, context=context,
                         draft_rows=c.SPEC_DRAFT_ROWS if spec_on else 0,
                         acceptance_length=c.SPEC_ACCEPTANCE if spec_on else None)
         r = c.predict_cached(c.model_ref(model), c.hardware_ref(plat["hw"]), key)
@@ -49,9 +49,9 @@ def predicted_rows(model: str, plat: dict, batches, spec_on: bool) -> tuple[list
     return rows, errors
 
 
-def error_rows(model: str, plat: dict, points: pd.DataFrame, spec_on: bool) -> list[dict]:
+def error_rows(model: str, plat: dict, points: pd.DataFrame, spec_on: bool, context: int) -> list[dict]:
     rows = []
-    sel = measured.matches(points, plat["hw"], plat["engine"], plat["devices"], spec_on)
+    sel = measured.matches(points, model, plat["hw"], plat["engine"], plat["devices"], context, spec_on)
     if sel is None:
         return rows
     for _, m in sel.iterrows():
@@ -60,7 +60,7 @@ def error_rows(model: str, plat: dict, points: pd.DataFrame, spec_on: bool) -> l
         if draft and (acc is None or pd.isna(acc)):
             continue
         key = c.dep_key(plat["devices"], plat["tp"], plat["ep"], plat["engine"], batch=int(m["batch"]),
-                        draft_rows=draft, acceptance_length=acc)
+                        context=context, draft_rows=draft, acceptance_length=acc)
         r = c.predict_cached(c.model_ref(model), c.hardware_ref(plat["hw"]), key)
         pred = r.get("tokens_per_s")
         rows.append({"platform": plat["label"], "spec_decode": spec_on, "batch": int(m["batch"]),
@@ -80,8 +80,9 @@ def render() -> None:
     ca, cb = st.columns(2)
     pa = platform_inputs(ca, "A", c.CANONICAL["tpu-v7"])
     pb = platform_inputs(cb, "B", c.CANONICAL["gb200"])
-    c1, c2 = st.columns([3, 2])
+    c1, c3, c2 = st.columns([3, 1, 2])
     batches = c1.multiselect("Batch sizes", list(range(1, 65)), default=list(c.DEFAULT_BATCHES), key="cmp_batches")
+    context = int(c3.number_input("Context (tokens)", 0, 4_000_000, 4096, step=1024, key="cmp_context"))
     spec_mode = c2.radio(f"Speculative decoding ({c.SPEC_DRAFT_ROWS} draft rows, acceptance length "
                          f"{c.SPEC_ACCEPTANCE:g})", SPEC_MODES, horizontal=True, key="cmp_spec")
     batches = sorted(batches)
@@ -94,7 +95,7 @@ def render() -> None:
     if host is not None:
         points.append(host)
     with st.expander("Load your own measurements (CSV)"):
-        st.caption("Columns: hardware, engine, batch, tokens_per_s; optional devices, draft_rows, "
+        st.caption("Columns: hardware, engine, batch, tokens_per_s; optional model, devices, context, draft_rows, "
                    "acceptance_length, source. Lines starting with # are ignored.")
         up = st.file_uploader("Measurements CSV", type=None, key="cmp_upload")
         if up is not None:
@@ -112,11 +113,11 @@ def render() -> None:
     pred, errs, perr = [], [], {}
     for plat in (pa, pb):
         for s in spec_states:
-            rows, e = predicted_rows(model, plat, batches, s)
+            rows, e = predicted_rows(model, plat, batches, s, context)
             pred += rows
             for b, msg in e:
                 perr.setdefault(f"{plat['label']}{' (spec decode)' if s else ''}: {msg}", []).append(b)
-            errs += error_rows(model, plat, allpoints, s)
+            errs += error_rows(model, plat, allpoints, s, context)
     for msg, bs in perr.items():
         st.error(f"{msg} (batch {', '.join(map(str, bs))})")
     pdf, edf = pd.DataFrame(pred), pd.DataFrame(errs)
@@ -153,8 +154,9 @@ def render() -> None:
 
     st.subheader("Measured points: per-point error")
     if edf.empty:
-        st.info("No measured points for these platforms (the seed table covers tpu-v7 megakernel with 32 "
-                "devices and gb200 multikernel with 16; load your own CSV above).")
+        st.info("No measured points for these platforms (the seed table covers Kimi K3 on tpu-v7 megakernel "
+                "with 32 devices and gb200 multikernel with 16; the host results cover the kimi-k3-host-* models "
+                f"on '{c.HOST_HW}', multikernel, 1 device, at their contexts; load your own CSV above).")
     else:
         show = edf.copy()
         mape = show["error"].abs().mean()
@@ -170,7 +172,7 @@ def render() -> None:
     c.downloads(pdf, "compare_predicted", "cmp_pred_dl", {"model": model})
     for plat in (pa, pb):
         for s in spec_states:
-            key = c.dep_key(plat["devices"], plat["tp"], plat["ep"], plat["engine"],
+            key = c.dep_key(plat["devices"], plat["tp"], plat["ep"], plat["engine"], context=context,
                             draft_rows=c.SPEC_DRAFT_ROWS if s else 0,
                             acceptance_length=c.SPEC_ACCEPTANCE if s else None)
             c.show_command(c.cli_predict(model, plat["hw"], key, batches))

@@ -10,8 +10,9 @@ from perfmodel.measurements import seed_measurements
 from .common import REPO, read_csv_bytes, shown_path
 
 HOST_VALIDATION_CSV = REPO / "experiments" / "results" / "host_validation.csv"
-COLUMNS = ["source", "hardware", "engine", "devices", "batch", "draft_rows", "acceptance_length",
-           "tokens_per_s", "origin", "role"]
+COLUMNS = ["source", "model", "hardware", "engine", "devices", "batch", "context", "draft_rows",
+           "acceptance_length", "tokens_per_s", "origin", "role"]
+SEED_MODEL = "kimi-k3"  # the seed table is Kimi K3 decode (FACTS.md s.1)
 REQUIRED = ("hardware", "engine", "batch", "tokens_per_s")
 
 
@@ -20,6 +21,8 @@ def seed_table() -> pd.DataFrame:
     df = pd.DataFrame([dataclasses.asdict(m) for m in ms])
     df["origin"] = "seed table (perfmodel/data/seed_measurements.csv)"
     df["role"] = [calibration_role(m) for m in ms]
+    df["model"] = SEED_MODEL
+    df["context"] = None
     return df[COLUMNS]
 
 
@@ -44,13 +47,14 @@ def normalise(df: pd.DataFrame, origin: str) -> pd.DataFrame:
         raise SpecError("measurements file", origin, "has no rows")
     out = pd.DataFrame({"hardware": df["hardware"].astype(str).str.strip(),
                         "engine": df["engine"].astype(str).str.strip()})
+    optional = ("devices", "acceptance_length", "context")
     for col, kind in (("batch", int), ("tokens_per_s", float), ("devices", int), ("draft_rows", int),
-                      ("acceptance_length", float)):
+                      ("acceptance_length", float), ("context", int)):
         if col not in df.columns:
-            out[col] = None if col in ("devices", "acceptance_length") else 0
+            out[col] = None if col in optional else 0
             continue
         vals = pd.to_numeric(df[col], errors="coerce")
-        bad = vals.isna() & df[col].notna() if col in ("devices", "acceptance_length") else vals.isna()
+        bad = vals.isna() & df[col].notna() if col in optional else vals.isna()
         if bad.any():
             i = int(bad.to_numpy().nonzero()[0][0])
             raise SpecError(f"measurements file column {col}", df[col].iloc[i], f"row {i + 1}: not a number")
@@ -61,6 +65,7 @@ def normalise(df: pd.DataFrame, origin: str) -> pd.DataFrame:
     if bad_engine.any():
         raise SpecError("measurements file column engine", out["engine"][bad_engine].iloc[0],
                         "must be megakernel or multikernel")
+    out["model"] = df["model"].astype(str).str.strip() if "model" in df.columns else None
     out["source"] = df["source"].astype(str) if "source" in df.columns else origin
     out["origin"] = origin
     out["role"] = ""
@@ -78,29 +83,57 @@ def parse_upload(name: str, data: bytes) -> pd.DataFrame:
     return normalise(df, f"uploaded {name}")
 
 
+HOST_STEP_COLUMNS = {"variant", "model", "mode", "batch", "context", "layer", "measured_s"}
+
+
 def host_points() -> tuple[pd.DataFrame | None, str]:
-    """Step-level host results, if the host validation CSV exists and carries tokens/s."""
+    """Step-level host results from the host validation CSV, as measured tokens/s points.
+
+    experiments/validate_host.py writes one "step" row per run. The points kept are the runs
+    with the hardware file as written (variant "file") and op by op (mode "op_by_op": every op
+    pays its dispatch, which is what the multikernel engine on the hostbench file predicts);
+    tokens/s = batch / measured step time. They belong to the "host-cpu (hostbench)" hardware
+    choice, multikernel, 1 device.
+    """
+    from .common import HOST_HW
+
     if not HOST_VALIDATION_CSV.exists():
         return None, (f"No host validation results yet ({shown_path(HOST_VALIDATION_CSV)} is missing; "
-                      "run the host validation experiment to produce it).")
+                      "run `python experiments/validate_host.py` to produce it).")
     try:
         df = read_csv_bytes(HOST_VALIDATION_CSV.read_bytes())
     except Exception as e:  # noqa: BLE001 -- a broken results file must not break the page
         return None, f"{HOST_VALIDATION_CSV.name} could not be read: {e}"
-    if not set(REQUIRED) <= set(df.columns):
-        return None, (f"{HOST_VALIDATION_CSV.name} holds per-layer host results (no step-level tokens/s "
-                      "columns); they are shown in the Validation view.")
-    try:
-        return normalise(df, "host validation"), ""
-    except SpecError as e:
-        return None, f"{HOST_VALIDATION_CSV.name}: {e}"
+    if HOST_STEP_COLUMNS <= set(df.columns):
+        step = df[(df["layer"].astype(str) == "step") & (df["variant"] == "file") & (df["mode"] == "op_by_op")]
+        if step.empty:
+            return None, f"{HOST_VALIDATION_CSV.name} has no op-by-op step rows."
+        batch = pd.to_numeric(step["batch"], errors="coerce")
+        meas = pd.to_numeric(step["measured_s"], errors="coerce")
+        pts = pd.DataFrame({"hardware": HOST_HW, "engine": "multikernel", "devices": 1, "batch": batch,
+                            "context": step["context"], "model": step["model"],
+                            "tokens_per_s": batch / meas, "draft_rows": 0})
+        pts = pts[pts["tokens_per_s"].notna() & (pts["tokens_per_s"] > 0)]
+        out = normalise(pts, "host validation")
+        out["source"] = [f"{HOST_VALIDATION_CSV.name}: op by op, context {c}" for c in out["context"]]
+        return out, ""
+    if set(REQUIRED) <= set(df.columns):
+        try:
+            return normalise(df, "host validation"), ""
+        except SpecError as e:
+            return None, f"{HOST_VALIDATION_CSV.name}: {e}"
+    return None, f"{HOST_VALIDATION_CSV.name} has no step-level rows; its per-layer results are in the Validation view."
 
 
-def matches(df: pd.DataFrame, hw: str, engine: str, devices: int, spec_on: bool) -> pd.DataFrame:
-    """Measured rows for one platform: same hardware, engine and (when given) device count."""
+def matches(df: pd.DataFrame, model: str, hw: str, engine: str, devices: int, context: int,
+            spec_on: bool) -> pd.DataFrame:
+    """Measured rows for one platform: same model, hardware, engine, and (where the row gives them)
+    device count and context."""
     if df is None or df.empty:
         return df
     m = (df["hardware"] == hw) & (df["engine"] == engine)
+    m &= df["model"].isna() | (df["model"] == model)
     m &= df["devices"].isna() | (df["devices"] == devices)
+    m &= df["context"].isna() | (df["context"] == context)
     m &= (df["draft_rows"] > 0) == spec_on
     return df[m]

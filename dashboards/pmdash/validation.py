@@ -23,7 +23,7 @@ from .measured import HOST_VALIDATION_CSV
 
 WORST = 5
 RUN_KEYS = ("variant", "model", "mode", "batch", "context")
-HOST_HW_FILE = c.REPO / "experiments" / "results" / "host-cpu.toml"
+HOST_HW_FILE = c.HOST_HW_FILE
 FROM_CAPTURE = "(from capture.json)"
 
 
