@@ -118,6 +118,22 @@ def test_every_view_renders_without_error():
         assert at.header[0].value
 
 
+def test_inputs_survive_switching_views():
+    at = open_view("What-if")
+    at.select_slider(key="wi_batch").set_value(8).run()
+    at.number_input(key="wi_prefetch").set_value(16.0).run()
+    before = whatif_state(at)
+    at.sidebar.radio(key="view").set_value("Compare").run()
+    at.radio(key="cmp_spec").set_value("on").run()
+    at.sidebar.radio(key="view").set_value("Models & hardware").run()
+    at.sidebar.radio(key="view").set_value("What-if").run()
+    assert_clean(at)
+    assert at.select_slider(key="wi_batch").value == 8 and at.number_input(key="wi_prefetch").value == 16.0
+    assert whatif_state(at) == before
+    at.sidebar.radio(key="view").set_value("Compare").run()
+    assert at.radio(key="cmp_spec").value == "on"
+
+
 # ----- Compare -----------------------------------------------------------------------------------
 
 def test_compare_default_shows_seed_points_with_errors_and_cli():

@@ -36,6 +36,20 @@ CANONICAL = {
     "gb200": dict(hardware="gb200", engine="multikernel", devices=16, tp=16, ep=16),
 }
 
+# Widget keys start with their view's prefix. Kept across view switches: all but uploaders and
+# buttons (they cannot be set from state) and widgets whose options depend on other inputs.
+VIEW_PREFIXES = ("cmp_", "wi_", "val_", "mh_")
+NOT_SETTABLE = {"cmp_upload", "mh_model_upload", "mh_hw_upload", "val_upload", "wi_trace_dl", "wi_events_dl",
+                "wi_layers", "wi_acc", "val_run", "val_path_run", "val_upload_run"}
+
+
+def init(**defaults) -> None:
+    """Widget defaults go into the session state once (widgets are then created without a
+    default), so a value kept across view switches never conflicts with a default."""
+    for key, value in defaults.items():
+        if key not in st.session_state:
+            st.session_state[key] = value
+
 # Step-time causes in stacking order, with the labels the page shows.
 CAUSE_LABELS = {
     "weight_streaming": "weight streaming (exposed DMA stall)",

@@ -15,16 +15,16 @@ SPEC_MODES = ("off", "on", "both")
 
 def platform_inputs(col, tag: str, default: dict) -> dict:
     hw_opts = c.hardware_options()
+    c.init(**{f"cmp_{tag}_{k}": default[v] for k, v in (("hw", "hardware"), ("engine", "engine"),
+                                                          ("devices", "devices"), ("tp", "tp"), ("ep", "ep"))})
     with col:
         st.markdown(f"**Platform {tag}**")
-        hw = st.selectbox("Hardware", hw_opts, index=hw_opts.index(default["hardware"]), key=f"cmp_{tag}_hw")
-        engine = st.radio("Engine", ("megakernel", "multikernel"),
-                          index=("megakernel", "multikernel").index(default["engine"]), horizontal=True,
-                          key=f"cmp_{tag}_engine")
+        hw = st.selectbox("Hardware", hw_opts, key=f"cmp_{tag}_hw")
+        engine = st.radio("Engine", ("megakernel", "multikernel"), horizontal=True, key=f"cmp_{tag}_engine")
         a, b, e = st.columns(3)
-        devices = a.number_input("Devices", 1, 4096, default["devices"], key=f"cmp_{tag}_devices")
-        tp = b.number_input("TP", 1, 4096, default["tp"], key=f"cmp_{tag}_tp")
-        ep = e.number_input("EP groups", 1, 4096, default["ep"], key=f"cmp_{tag}_ep")
+        devices = a.number_input("Devices", 1, 4096, key=f"cmp_{tag}_devices")
+        tp = b.number_input("TP", 1, 4096, key=f"cmp_{tag}_tp")
+        ep = e.number_input("EP groups", 1, 4096, key=f"cmp_{tag}_ep")
     label = f"{hw} {engine} ({devices} dev, tp {tp}, ep {ep})"
     return dict(hw=hw, engine=engine, devices=int(devices), tp=int(tp), ep=int(ep), label=label)
 
@@ -75,14 +75,14 @@ def render() -> None:
     st.header("Compare platforms: predicted vs measured tokens/s")
     st.caption("Kimi K3 decode by default: TPU v7 Pallas megakernel (32 devices = 16 chips, tp 32, ep 8) vs "
                "GB200 vLLM multi-kernel (16 GPUs, tp 16, ep 16), the seed table's layouts (docs/FACTS.md s.1).")
-    models = c.model_options()
-    model = st.selectbox("Model", models, index=models.index("kimi-k3"), key="cmp_model")
+    c.init(cmp_model="kimi-k3", cmp_batches=list(c.DEFAULT_BATCHES), cmp_context=4096, cmp_spec="off")
+    model = st.selectbox("Model", c.model_options(), key="cmp_model")
     ca, cb = st.columns(2)
     pa = platform_inputs(ca, "A", c.CANONICAL["tpu-v7"])
     pb = platform_inputs(cb, "B", c.CANONICAL["gb200"])
     c1, c3, c2 = st.columns([3, 1, 2])
-    batches = c1.multiselect("Batch sizes", list(range(1, 65)), default=list(c.DEFAULT_BATCHES), key="cmp_batches")
-    context = int(c3.number_input("Context (tokens)", 0, 4_000_000, 4096, step=1024, key="cmp_context"))
+    batches = c1.multiselect("Batch sizes", list(range(1, 65)), key="cmp_batches")
+    context = int(c3.number_input("Context (tokens)", 0, 4_000_000, step=1024, key="cmp_context"))
     spec_mode = c2.radio(f"Speculative decoding ({c.SPEC_DRAFT_ROWS} draft rows, acceptance length "
                          f"{c.SPEC_ACCEPTANCE:g})", SPEC_MODES, horizontal=True, key="cmp_spec")
     batches = sorted(batches)

@@ -113,16 +113,15 @@ def render() -> None:
         st.subheader("Details and sources")
         left, right = st.columns(2)
         with left:
-            mopts = c.model_options()
-            mname = st.selectbox("Model", mopts, index=mopts.index("kimi-k3"), key="mh_model")
+            c.init(mh_model="kimi-k3", mh_hw_pick="tpu-v7")
+            mname = st.selectbox("Model", c.model_options(), key="mh_model")
             m = c.load_model_ref(c.model_ref(mname))
             st.dataframe(model_fields(m), hide_index=True, key="mh_model_fields")
             st.markdown("**Sources**")
             st.dataframe(pd.DataFrame([{"what": k, "source": v} for k, v in m.sources.items()]),
                          hide_index=True, key="mh_model_sources")
         with right:
-            hopts = c.hardware_options()
-            hname = st.selectbox("Hardware", hopts, index=hopts.index("tpu-v7"), key="mh_hw_pick")
+            hname = st.selectbox("Hardware", c.hardware_options(), key="mh_hw_pick")
             h = c.load_hardware_ref(c.hardware_ref(hname))
             hf = hardware_fields(h)
             st.dataframe(hf, hide_index=True, key="mh_hw_fields")

@@ -17,17 +17,19 @@ ENGINES = ("megakernel", "multikernel")
 
 def inputs() -> dict:
     models, hws = c.model_options(), c.hardware_options()
+    c.init(wi_model="kimi-k3", wi_hw="tpu-v7", wi_engine="megakernel", wi_batch=1, wi_devices=32, wi_tp=32, wi_ep=8,
+           wi_context=4096, wi_spec=False, wi_draft=c.SPEC_DRAFT_ROWS)
     st.header("What-if: where the decode step goes")
     r1 = st.columns(4)
-    model = r1[0].selectbox("Model", models, index=models.index("kimi-k3"), key="wi_model")
-    hw = r1[1].selectbox("Hardware", hws, index=hws.index("tpu-v7"), key="wi_hw")
+    model = r1[0].selectbox("Model", models, key="wi_model")
+    hw = r1[1].selectbox("Hardware", hws, key="wi_hw")
     engine = r1[2].radio("Engine", ENGINES, horizontal=True, key="wi_engine")
-    batch = r1[3].select_slider("Batch", list(c.BATCHES), value=1, key="wi_batch")
+    batch = r1[3].select_slider("Batch", list(c.BATCHES), key="wi_batch")
     r2 = st.columns(4)
-    devices = r2[0].number_input("Devices", 1, 4096, 32, key="wi_devices")
-    tp = r2[1].number_input("TP", 1, 4096, 32, key="wi_tp")
-    ep = r2[2].number_input("EP groups", 1, 4096, 8, key="wi_ep")
-    context = r2[3].number_input("Context (tokens in cache)", 0, 4_000_000, 4096, step=1024, key="wi_context")
+    devices = r2[0].number_input("Devices", 1, 4096, key="wi_devices")
+    tp = r2[1].number_input("TP", 1, 4096, key="wi_tp")
+    ep = r2[2].number_input("EP groups", 1, 4096, key="wi_ep")
+    context = r2[3].number_input("Context (tokens in cache)", 0, 4_000_000, step=1024, key="wi_context")
     r3 = st.columns(4)
     hw_spec = c.load_hardware_ref(c.hardware_ref(hw))
     onchip = hw_spec.onchip_bytes / c.MiB
@@ -42,8 +44,8 @@ def inputs() -> dict:
                               value=None, step=8.0, placeholder=f"preset: {onchip:g} MiB",
                               help="On-chip buffer per core (Hardware.onchip_bytes).", key="wi_vmem")
     with r3[3]:
-        spec = st.toggle("Speculative decoding", value=False, key="wi_spec")
-        draft = st.number_input("Draft rows", 1, 64, c.SPEC_DRAFT_ROWS, key="wi_draft", disabled=not spec)
+        spec = st.toggle("Speculative decoding", key="wi_spec")
+        draft = st.number_input("Draft rows", 1, 64, key="wi_draft", disabled=not spec)
         acc = st.slider("Acceptance length (tokens / step)", 1.0, float(draft) + 1, min(c.SPEC_ACCEPTANCE, draft + 1.0),
                         step=0.5, key="wi_acc", disabled=not spec)
     key = c.dep_key(devices, tp, ep, engine, batch=batch, context=context, prefetch_mib=prefetch,
