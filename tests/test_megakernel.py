@@ -20,6 +20,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interp_state
 
 from kernels import layout, megakernel, plan, reference, vmem
+from kernels.specs import ODD_SIZED, derived_spec
 from perfmodel.arch import load_model
 from perfmodel.errors import SpecError
 
@@ -79,15 +80,16 @@ def run_both(spec, weights, cfg, steps, seed=1):
     return distinct
 
 
-# (batch, ring depth in banks, expert slots, steps): depth 1 bank .. whole model (194 tiles),
-# slots 1 .. top_k (4); one layer of MINI is 44 tiles.
-CASES = [(1, 1, 1, 3), (2, 3, 4, 3), (4, 44, 2, 3), (8, 194, 3, 2)]
+# (batch, ring depth in banks, expert slots, steps, tile): depth 1 bank .. whole model (194
+# tiles of 128), slots 1 .. top_k (4); one layer of MINI is 44 tiles of 128.
+CASES = [(1, 1, 1, 3, 128), (2, 3, 4, 3, 128), (4, 44, 2, 3, 128), (8, 194, 3, 2, 128),
+         (3, 5, 2, 2, 256)]
 
 
-@pytest.mark.parametrize("batch,depth,slots,steps", CASES)
-def test_megakernel_matches_reference(spec, weights, batch, depth, slots, steps):
+@pytest.mark.parametrize("batch,depth,slots,steps,tile", CASES)
+def test_megakernel_matches_reference(spec, weights, batch, depth, slots, steps, tile):
     cfg = layout.KernelConfig(batch=batch, max_context=CONTEXT, depth=depth,
-                              expert_slots=slots, cache_block=8)
+                              expert_slots=slots, tile=tile, cache_block=8)
     run_both(spec, weights, cfg, steps)
 
 
@@ -96,6 +98,15 @@ def test_megakernel_many_steps_batch8(spec, weights):
     cfg = layout.KernelConfig(batch=8, max_context=CONTEXT, depth=90, expert_slots=4,
                               cache_block=8)
     run_both(spec, weights, cfg, steps=6, seed=3)
+
+
+@pytest.mark.slow
+def test_megakernel_odd_sized_spec():
+    """Widths that do not fill 128-wide tiles (padding paths), 6 layers, 32 experts top-6."""
+    spec = derived_spec(**ODD_SIZED)
+    cfg = layout.KernelConfig(batch=3, max_context=CONTEXT, depth=7, expert_slots=3,
+                              cache_block=8)
+    run_both(spec, reference.init_weights(spec, seed=2), cfg, steps=2)
 
 
 def test_plan_matches_kernel_counts(spec, weights):

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kernels import reference
+from kernels.specs import ODD_SIZED, derived_spec
 from perfmodel.arch import load_model
 from perfmodel.errors import SpecError
 
@@ -161,41 +162,23 @@ def test_bad_inputs(spec, weights):
         reference.init_cache(spec, 0, 16)
 
 
-def test_derived_bigger_spec_runs(tmp_path):
-    """Any size derived from the kimi-k3 preset (here: 6 layers, rope 64, 32 experts top-6)."""
-    p = tmp_path / "derived.toml"
-    p.write_text("""base = "kimi-k3"
-name = "k3-derived"
-hidden = 384
-vocab = 2048
-layers = 6
-[attention]
-mla_layers = [4, 6]
-[kda]
-heads = 3
-head_dim = 64
-decay_gate_rank = 64
-[mla]
-heads = 3
-q_lora_rank = 192
-kv_lora_rank = 128
-qk_nope_dim = 64
-qk_rope_dim = 64
-v_head_dim = 64
-[ffn]
-dense_width = 768
-[moe]
-experts = 32
-top_k = 6
-expert_width = 96
-shared_width = 192
-latent_dim = 192
-[formats]
-routed_expert = "bf16"
-""")
-    spec = load_model(str(p))
+def test_derived_spec_runs_in_f32():
+    """Any size derived from the kimi-k3 preset (widths not multiples of 128), f32 weights."""
+    spec = derived_spec(**ODD_SIZED)
     w = reference.init_weights(spec, seed=1, dtype=jnp.float32)
     cache, tok, pos = _inputs(spec, 3)
+    c2 = jax.tree.map(jnp.copy, cache)
     nxt, logits, cache = reference.decode_step(w, cache, tok, pos)
-    assert logits.shape == (3, 2048) and np.isfinite(np.asarray(logits)).all()
+    assert logits.shape == (3, spec.vocab) and np.isfinite(np.asarray(logits)).all()
     assert cache["mla_latent"].shape == (2, 3, 16, 192)
+    n2, l2, _ = reference.decode_step_op_by_op(w, c2, tok, pos, mla_form="plain")
+    np.testing.assert_allclose(l2, logits, atol=1e-4, rtol=1e-4)
+
+
+def test_derived_spec_overrides_and_errors():
+    spec = derived_spec(hidden=512, moe={"experts": 64})
+    assert spec.hidden == 512 and spec.moe.experts == 64 and spec.moe.top_k == 16
+    with pytest.raises(SpecError, match="model"):
+        derived_spec("no-such-preset")
+    with pytest.raises(SpecError, match="gqa"):
+        reference.init_weights(derived_spec("llama-3.2-1b"), 0)
