@@ -166,7 +166,7 @@ def render() -> None:
                        "'fitted' seed points only; 'held-out' points were not used to fit anything.")
         st.dataframe(show.style.format({"measured_tokens_per_s": "{:.0f}", "predicted_tokens_per_s": "{:.0f}",
                                         "error": "{:+.1%}"}), key="cmp_errors", hide_index=True)
-        c.downloads(edf, "compare_errors", "cmp_err_dl", {"model": model})
+        c.downloads(edf, "compare_errors", "cmp_err_dl", {"model": model, "mean_abs_error": mape})
     st.subheader("Predicted curves")
     st.dataframe(pdf, hide_index=True, key="cmp_pred")
     c.downloads(pdf, "compare_predicted", "cmp_pred_dl", {"model": model})

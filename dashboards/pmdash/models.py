@@ -116,7 +116,9 @@ def render() -> None:
             c.init(mh_model="kimi-k3", mh_hw_pick="tpu-v7")
             mname = st.selectbox("Model", c.model_options(), key="mh_model")
             m = c.load_model_ref(c.model_ref(mname))
-            st.dataframe(model_fields(m), hide_index=True, key="mh_model_fields")
+            mf = model_fields(m)
+            st.dataframe(mf, hide_index=True, key="mh_model_fields")
+            c.downloads(mf, f"model_{m.name}", "mh_model_fields_dl", {"sources": m.sources})
             st.markdown("**Sources**")
             st.dataframe(pd.DataFrame([{"what": k, "source": v} for k, v in m.sources.items()]),
                          hide_index=True, key="mh_model_sources")

@@ -69,6 +69,11 @@ def render() -> None:
     m[2].metric("bound", r["bound"])
     m[3].metric("HBM floor", f"{r['hbm_floor_s'] * 1e3:.3f} ms")
     m[4].metric("HBM utilisation", f"{r['hbm_utilisation']:.0%}")
+    summary = {k: r[k] for k in ("tokens_per_s", "step_s", "bound", "hbm_floor_s", "compute_floor_s",
+                                 "hbm_utilisation", "bytes_per_device")}
+    summary.update({f"{k}_s": v for k, v in r["breakdown_s"].items()})
+    c.downloads(pd.DataFrame([summary]), "whatif_prediction", "wi_pred_dl",
+                {"model": x["model"], "hardware": x["hw"], "vmem_mib": vmem, "inputs": dict(key)})
     c.show_command(cmd)
     breakdown(x, r)
     timeline(x, r)
