@@ -92,7 +92,7 @@ def test_dashboard_in_headless_chromium(server):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS, timeout=60_000)
         try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1900})
+            page = browser.new_page(viewport={"width": 1500, "height": 3000})
             page.set_default_timeout(60_000)
             page.goto(server, wait_until="domcontentloaded")
             wait_for_charts(page, 1)
