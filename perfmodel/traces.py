@@ -5,7 +5,8 @@ compiled XLA program) and `decode_step_op_by_op` (one jitted call per phase) und
 `jax.profiler.trace`, each step inside a `StepTraceAnnotation("decode_step")`, in a subprocess
 whose XLA_FLAGS dump the optimised HLO of every compiled module (that is where the `op_name`
 metadata, i.e. the named scopes, lives). Layout of the output directory:
-    OUT/hlo/module_NNNN.<name>.cpu_after_optimizations.txt   (NNNN = the trace's program_id)
+    OUT/hlo_<model>_<time>/module_NNNN.<name>.cpu_after_optimizations.txt
+        (NNNN = the trace's program_id; one directory per capture process, as ids restart)
     OUT/<model>_b<B>_c<C>_<mode>/capture.json                (what ran, host wall times)
     OUT/<model>_b<B>_c<C>_<mode>/plugins/profile/*/*.xplane.pb
 
@@ -307,7 +308,7 @@ def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: i
     """Per-step, per-layer and per-scope times of one trace (a run directory or `.xplane.pb`).
 
     `hlo_dir` defaults to the capture's (capture.json) or `hlo/` beside or above the trace;
-    `n_layers` to the largest layer index seen; `skip_first` drops warm-up steps."""
+    `n_layers` to the capture's model's, else the largest layer index seen; `skip_first` drops warm-up steps."""
     xp = find_xplane(path)
     run_dir = Path(path) if Path(path).is_dir() else xp.parent
     meta_file = next((d / "capture.json" for d in [run_dir, *run_dir.parents][:5]
@@ -335,6 +336,9 @@ def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: i
     if not steps:
         raise SpecError("trace", str(xp), "no op events inside any step marker")
     n = n_layers
+    if n is None and meta.get("model"):
+        from .arch import load_model
+        n = len(load_model(meta["model"]).layers)
     if n is None:
         n = max((scope_of(k)[1] or 0 for s in steps for k in s.scope_s), default=0)
     if not hlo and any(o.scope is None and o.plane.startswith("/host") for o in ops):
@@ -373,7 +377,7 @@ def run_name(model: str, batch: int, context: int, mode: str) -> str:
 
 
 def _capture_worker(model: str, batches: list[int], contexts: list[int], modes: list[str],
-                    steps: int, out: Path, dtype: str, command: str) -> None:
+                    steps: int, out: Path, hlo: str, dtype: str, command: str) -> None:
     """In this process (XLA_FLAGS must already dump HLO to out/hlo): record every run."""
     import jax
     import jax.numpy as jnp
@@ -406,13 +410,13 @@ def _capture_worker(model: str, batches: list[int], contexts: list[int], modes: 
                     nxt, _, cache = fn(weights, cache, tokens, positions)
                     nxt.block_until_ready()
         meta = {"model": spec.name, "batch": batch, "context": context, "mode": mode,
-                "steps": steps, "weights_dtype": dtype, "host_step_s": host, "hlo_dir": "../hlo",
+                "steps": steps, "weights_dtype": dtype, "host_step_s": host, "hlo_dir": f"../{hlo}",
                 "machine": cpu_model(), "jax": jax.__version__, "command": command,
                 "load_average_1min": os.getloadavg()[0],
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         (run_dir / "capture.json").write_text(json.dumps(meta, indent=1) + "\n")
         del cache
-    for f in (out / "hlo").iterdir():  # keep only the optimised HLO text the parser reads
+    for f in (out / hlo).iterdir():  # keep only the optimised HLO text the parser reads
         if f.is_dir():
             shutil.rmtree(f)
         elif not f.name.endswith(HLO_SUFFIX):
@@ -433,20 +437,22 @@ def capture_reference(model: str, out_dir: str | Path, batches=(1,), contexts=(6
     positive_int("steps", steps)
     if dtype not in ("f32", "bfloat16"):
         raise SpecError("dtype", dtype, "f32 or bfloat16")
+    from .arch import load_model
+    name = load_model(model).name
     out = Path(out_dir).resolve()
-    (out / "hlo").mkdir(parents=True, exist_ok=True)
+    # program ids restart in every process: one HLO directory per capture process
+    hlo = f"hlo_{name}_{datetime.datetime.now():%Y%m%d%H%M%S%f}"
+    (out / hlo).mkdir(parents=True)
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                        f" --xla_dump_to={out / 'hlo'} --xla_dump_hlo_as_text").strip()
+                        f" --xla_dump_to={out / hlo} --xla_dump_hlo_as_text").strip()
     args = {"model": model, "batches": list(batches), "contexts": list(contexts),
-            "modes": list(modes), "steps": steps, "out": str(out), "dtype": dtype,
+            "modes": list(modes), "steps": steps, "out": str(out), "hlo": hlo, "dtype": dtype,
             "command": " ".join(sys.argv)}
     r = subprocess.run([sys.executable, "-m", "perfmodel.traces", json.dumps(args)], env=env,
                        timeout=timeout_s, stdout=subprocess.PIPE, stderr=None, text=True)
     if r.returncode:
         raise SpecError("capture", model, f"capture subprocess failed with status {r.returncode}")
-    from .arch import load_model
-    name = load_model(model).name
     return [out / run_name(name, b, c, m) for c in contexts for b in batches for m in modes]
 
 
@@ -480,4 +486,4 @@ def add_parser(sub) -> None:
 if __name__ == "__main__":
     a = json.loads(sys.argv[1])
     _capture_worker(a["model"], a["batches"], a["contexts"], a["modes"], a["steps"],
-                    Path(a["out"]), a["dtype"], a["command"])
+                    Path(a["out"]), a["hlo"], a["dtype"], a["command"])
