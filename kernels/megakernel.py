@@ -52,8 +52,9 @@ class _Ring:
 
     def __init__(self, spec, cfg, hbm, banks, sems, dma):
         self.cfg, self.hbm, self.banks, self.sems, self.dma = cfg, hbm, banks, sems, dma
-        self.entries = iter(layout.static_stream(spec, cfg))
-        self.owner = [tm for tm in layout.static_stream(spec, cfg) for _ in range(tm.tiles)]
+        stream = layout.static_stream(spec, cfg)
+        self.entries = iter(stream)
+        self.owner = [tm for tm in stream for _ in range(tm.tiles)]
         self.g = 0
 
     def _copy(self, g):

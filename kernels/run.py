@@ -9,6 +9,7 @@ the generated tokens; on a real TPU (without --interpret) also the time per step
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 
@@ -23,6 +24,27 @@ from perfmodel.errors import SpecError
 from . import layout, megakernel, plan, reference, vmem
 
 
+def _generate(spec, cfg, packed, cache, tokens, positions, interpret, steps):
+    """Greedy decoding: (tokens per step incl. the first [B, steps+1], wall time per step);
+    prints the DMA plan of step 1."""
+    generated, times = [np.asarray(tokens)], []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        tokens, _, cache, distinct = megakernel.decode_step(spec, cfg, packed, cache, tokens,
+                                                            positions, interpret)
+        jax.block_until_ready(tokens)
+        times.append(time.perf_counter() - t0)
+        if step == 0:
+            distinct = [int(d) for d in distinct]
+            first = plan.dma_plan(spec, cfg, distinct, [int(q) for q in positions])
+            print(f"\nDMA plan of step 1 ({len(first)} copies, distinct experts per MoE layer "
+                  f"{distinct}), bytes per layer by family:")
+            print(plan.summary(spec, first))
+        positions = positions + 1
+        generated.append(np.asarray(tokens))
+    return np.stack(generated, axis=1), times
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kernels.run", description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="kimi-k3-mini")
@@ -33,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tile", type=int, default=128, help="weight tile edge (bank = 2*T*T bytes)")
     p.add_argument("--context", type=int, default=64, help="MLA cache capacity (tokens)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace-dir", help="write a jax.profiler trace of the steps here")
     p.add_argument("--interpret", action="store_true",
                    help="Pallas TPU interpret mode on CPU (numerics only, no timing)")
     a = p.parse_args(argv)
@@ -62,23 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(a.seed)
     tokens = jnp.asarray(rng.integers(0, spec.vocab, cfg.batch), jnp.int32)
     positions = jnp.zeros((cfg.batch,), jnp.int32)
-    generated, times = [np.asarray(tokens)], []
-    for step in range(a.steps):
-        t0 = time.perf_counter()
-        tokens, _, cache, distinct = megakernel.decode_step(spec, cfg, packed, cache, tokens,
-                                                            positions, interpret)
-        jax.block_until_ready(tokens)
-        times.append(time.perf_counter() - t0)
-        if step == 0:
-            first = plan.dma_plan(spec, cfg, [int(d) for d in distinct],
-                                  [int(q) for q in positions])
-            print(f"\nDMA plan of step 1 ({len(first)} copies, distinct experts per MoE layer "
-                  f"{[int(d) for d in distinct]}), bytes per layer by family:")
-            print(plan.summary(spec, first))
-        positions = positions + 1
-        generated.append(np.asarray(tokens))
+    tracing = jax.profiler.trace(a.trace_dir) if a.trace_dir else contextlib.nullcontext()
+    with tracing:
+        generated, times = _generate(spec, cfg, packed, cache, tokens, positions, interpret,
+                                     a.steps)
     print("\ntokens (one row per sequence):")
-    for row in np.stack(generated, axis=1):
+    for row in generated:
         print("  " + " ".join(str(int(t)) for t in row))
     if on_tpu:
         steady = times[1:] or times
