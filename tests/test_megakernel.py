@@ -12,11 +12,16 @@ of magnitude ~4 and one bf16 ulp on cached latents. We allow |kernel - reference
 orders of magnitude below the logits' spread), and require the greedy tokens to agree wherever
 the reference's top-2 logit margin exceeds 0.1.
 """
+import base64
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import export
 from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
 from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interp_state
 
 from kernels import layout, megakernel, plan, reference, vmem
@@ -165,9 +170,8 @@ def test_bad_inputs_raise_spec_error(spec, weights):
 
 def test_kernel_lowers_to_mosaic_for_tpu7x(spec, weights):
     """Without a TPU, export the step for TPU7x: every op of the kernel body must have a Pallas
-    TPU (Mosaic) lowering. (Mosaic's own layout passes run only on a TPU host.)"""
-    from jax import export
-    from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
+    TPU (Mosaic) lowering, and the named scopes become trace markers in the Mosaic module.
+    (Mosaic's own layout passes run only on a TPU host.)"""
     cfg = layout.KernelConfig(batch=4, max_context=CONTEXT, depth=6, cache_block=8)
     packed = layout.pack_weights(weights, cfg)
     cache = reference.init_cache(spec, cfg.batch, CONTEXT)
@@ -177,4 +181,11 @@ def test_kernel_lowers_to_mosaic_for_tpu7x(spec, weights):
     tpu = AbstractDevice(device_kind="TPU7x", num_cores=1, platform="tpu")
     with use_abstract_mesh(AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=tpu)):
         exported = export.export(step, platforms=["tpu"])(packed, cache, z, z)
-    assert "tpu_custom_call" in exported.mlir_module()
+    text = exported.mlir_module()
+    assert text.count("tpu_custom_call") == 1
+    body = base64.b64decode(re.search(r'\\22body\\22: \\22([A-Za-z0-9+/=]+)', text).group(1))
+    markers = {m.decode() for m in re.findall(rb"layer_\d\d/\w+|embed|head|router|experts", body)}
+    want = {"embed", "head", "router", "experts"} | {
+        f"layer_{l.index:02d}/{p}" for l in spec.layers
+        for p in ("attention", "ffn" if l.ffn == "dense" else "moe")}
+    assert want <= markers
