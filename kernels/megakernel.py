@@ -18,6 +18,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -459,6 +460,11 @@ def decode_step(spec: ModelSpec, cfg: KernelConfig, packed: Packed, cache, token
             f"expected ({cfg.batch},) = (cfg.batch,)")
     require(tuple(positions.shape) == (cfg.batch,), "positions.shape", tuple(positions.shape),
             f"expected ({cfg.batch},) = (cfg.batch,)")
+    pos, tok = np.asarray(positions), np.asarray(tokens)
+    require(bool(((pos >= 0) & (pos < cfg.max_context)).all()), "positions", pos.tolist(),
+            f"must lie in [0, max_context={cfg.max_context}) (the kernel writes the cache in place)")
+    require(bool(((tok >= 0) & (tok < spec.vocab)).all()), "tokens", tok.tolist(),
+            f"must lie in [0, vocab={spec.vocab})")
     return _step(packed, cache, jnp.asarray(tokens), jnp.asarray(positions),
                  static=ref.StaticSpec(spec), cfg=cfg, interpret=interpret,
                  vmem_limit_bytes=None if interpret else budget.capacity_bytes)

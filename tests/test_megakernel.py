@@ -162,6 +162,12 @@ def test_bad_inputs_raise_spec_error(spec, weights):
     with pytest.raises(SpecError, match="tokens.shape"):
         megakernel.decode_step(spec, cfg, packed, cache, jnp.zeros(3, jnp.int32),
                                jnp.zeros(2, jnp.int32))
+    with pytest.raises(SpecError, match="positions"):
+        megakernel.decode_step(spec, cfg, packed, cache, jnp.zeros(2, jnp.int32),
+                               jnp.array([0, CONTEXT], jnp.int32))
+    with pytest.raises(SpecError, match="tokens"):
+        megakernel.decode_step(spec, cfg, packed, cache, jnp.array([0, spec.vocab], jnp.int32),
+                               jnp.zeros(2, jnp.int32))
     with pytest.raises(SpecError, match="max_context"):
         layout.KernelConfig(batch=1, max_context=30, cache_block=16)
     with pytest.raises(SpecError, match="tile"):
