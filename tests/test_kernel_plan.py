@@ -2,9 +2,11 @@
 analytic model's op graph, ring prefetch across layers, errors, and the `kernels.run` CLI."""
 import math
 
+import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from kernels import layout, plan, run
+from kernels import layout, plan, reference, run
 from perfmodel import ops
 from perfmodel.arch import WEIGHT_FAMILIES, load_model
 from perfmodel.deployment import Deployment
@@ -154,3 +156,30 @@ def test_run_cli_errors(capsys):
     if not __import__("jax").devices()[0].platform == "tpu":
         assert run.main(["--steps", "1"]) == 2
         assert "no TPU" in capsys.readouterr().err
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 300), st.sampled_from([128, 256]))
+def test_tiles_reassemble_the_matrix(d_in, d_out, t):
+    """Column block outer, row tile inner, zero padding: the kernel's accumulation order."""
+    w = np.arange(d_in * d_out, dtype=np.float32).reshape(d_in, d_out) + 1
+    tiles = layout._tile_matrix(w, t)
+    rows, cols = math.ceil(d_in / t), math.ceil(d_out / t)
+    assert tiles.shape == (rows * cols, t, t)
+    full = np.block([[tiles[j * rows + i] for j in range(cols)] for i in range(rows)])
+    np.testing.assert_array_equal(full[:d_in, :d_out], w)
+    assert not full[d_in:].any() and not full[:, d_out:].any()  # the padding is zeros
+
+
+def test_vectors_round_trip(spec):
+    """Packed small vectors unpack to the reference weights, layer by layer."""
+    w = reference.init_weights(spec, seed=4)
+    packed = layout.pack_weights(w, cfg_())
+    for i, layer in enumerate((*spec.layers, None)):
+        src = {"final_norm": w["final_norm"]} if layer is None else w["layers"][i]
+        for name, entry in layout.vector_layout(spec, layer).items():
+            got = np.asarray(layout.unpack_vector(packed.vectors[i], entry))
+            want = np.asarray(src[name], np.float32).reshape(got.shape)
+            np.testing.assert_array_equal(got, want, err_msg=f"{i} {name}")
+    assert packed.static.shape[0] == sum(tm.tiles for tm in layout.static_stream(spec, cfg_()))
+    assert packed.experts.shape == (3, 16, 3, 128, 128)
