@@ -158,15 +158,19 @@ def expert_slots(g: OpGraph, hw: Hardware, d: Deployment, banks: int, top_k: int
     per_expert = float(g.routed_bytes.max(initial=0)) / max(1, math.ceil(g.distinct_experts))
     if per_expert == 0:
         return d.expert_slots or top_k
-    free = hw.onchip_bytes - banks * hw.dma_tile_bytes
-    fit = int(free // per_expert)
+    ring = banks * hw.dma_tile_bytes
+    fit = int((hw.onchip_bytes - ring) // per_expert)
+    if d.expert_slots is None and fit < 1:
+        raise SpecError("prefetch_bytes", ring, f"the ring ({banks} x {hw.dma_tile_bytes} B) leaves no room "
+                        f"in the {hw.onchip_kind} of {hw.name} ({hw.onchip_bytes:.0f} B per core) for one "
+                        f"{per_expert:.0f} B expert buffer: {ring + per_expert - hw.onchip_bytes:.0f} B short")
     slots = d.expert_slots or min(top_k, fit)
-    if slots < 1 or slots > fit:
+    if slots > fit:
         raise SpecError("expert_slots", slots,
                         f"{slots} x {per_expert:.0f} B expert buffers plus the ring ({banks} x "
                         f"{hw.dma_tile_bytes} B) exceed the {hw.onchip_kind} of {hw.name} "
                         f"({hw.onchip_bytes:.0f} B per core) by "
-                        f"{max(slots, 1) * per_expert + banks * hw.dma_tile_bytes - hw.onchip_bytes:.0f} B")
+                        f"{slots * per_expert + ring - hw.onchip_bytes:.0f} B")
     return slots
 
 
