@@ -39,7 +39,7 @@ class Budget:
         return sum(b.bytes for b in self.buffers)
 
     def table(self) -> str:
-        lines = [f"VMEM budget on {self.chip} (TPU tile padding included):"]
+        lines = [f"VMEM budget on {self.chip}, TPU tile padding included:"]
         for b in self.buffers:
             lines.append(f"  {b.name:<34} {str(b.shape):<24} {b.dtype:<9} {b.bytes:>12,} B")
         lines.append(f"  {'total':<68}{self.total_bytes:>12,} B of {self.capacity_bytes:,} B "
@@ -101,7 +101,9 @@ def check_vmem(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo | None = 
     layout.check_kernel_spec(spec, cfg)
     info = info or chip_info()
     cap = info.vmem_capacity_bytes if capacity_bytes is None else capacity_bytes
-    budget = Budget(tuple(buffers(spec, cfg, info)), cap, str(info.chip_version))
+    attached = "attached" if pltpu.is_tpu_device() else "no TPU attached, jax tpu_info figures"
+    budget = Budget(tuple(buffers(spec, cfg, info)), cap,
+                    f"TPU {info.chip_version} ({attached}, per TensorCore)")
     if budget.total_bytes > cap:
         big = sorted(budget.buffers, key=lambda b: -b.bytes)[:4]
         raise SpecError("vmem", budget.total_bytes,
