@@ -43,6 +43,8 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
                    help="megakernel ring depth in MiB (default: half the on-chip buffer)")
     p.add_argument("--expert-slots", type=int, default=None,
                    help="megakernel expert buffers (default: as many as fit, at most top-k)")
+    p.add_argument("--vmem-mib", type=float, default=None,
+                   help="override the on-chip buffer per core (VMEM / shared memory), MiB")
     p.add_argument("--routing-skew", type=float, default=None,
                    help="Zipf exponent of expert popularity (default: the model preset's)")
     p.add_argument("--draft-rows", type=int, default=0, help="speculative decoding: drafted rows per step")
@@ -55,6 +57,10 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
 
 def load_inputs(a: argparse.Namespace):
     model, hw = arch.load_model(a.model), hardware.load_hardware(a.hardware)
+    if a.vmem_mib is not None:
+        if a.vmem_mib <= 0:
+            raise SpecError("--vmem-mib", a.vmem_mib, "must be > 0")
+        hw = hw.replace(onchip_bytes=a.vmem_mib * 2**20)
     spec = None
     if a.draft_rows:
         if a.acceptance_length is None and a.acceptance_prob is None:
@@ -170,7 +176,7 @@ def cmd_sweep(a) -> dict:
                     [[_show(r[f], f) for f in fields] + (
                         [r["step_s"] * 1e3, r["tokens_per_s"], r["bound"],
                          (r["breakdown_s"]["weight_streaming"] + r["breakdown_s"]["expert_fetch"]) * 1e3,
-                         r["breakdown_s"]["collective"] * 1e3] if "step_s" in r else [r["error"], "", "", ""])
+                         r["breakdown_s"]["collective"] * 1e3] if "step_s" in r else [r["error"], "", "", "", ""])
                      for r in rows]))
         for s in out.get("saturation", []):
             print(f"gain saturates at {s['prefetch_bytes'] / 2**20:.0f} MiB of prefetch "

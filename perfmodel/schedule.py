@@ -147,10 +147,13 @@ def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False) -> Time
 def ring_banks(hw: Hardware, prefetch_bytes: float | None) -> int:
     """Ring depth in tiles; by default half the on-chip buffer (the rest holds experts, KV, activations)."""
     depth = prefetch_bytes if prefetch_bytes is not None else hw.onchip_bytes / 2
-    if depth > hw.onchip_bytes:
-        raise SpecError("prefetch_bytes", depth, f"exceeds the {hw.onchip_kind} of {hw.name} "
-                        f"({hw.onchip_bytes:.0f} bytes per core) by {depth - hw.onchip_bytes:.0f} bytes")
-    return max(1, int(depth // hw.dma_tile_bytes))
+    banks = max(1, int(depth // hw.dma_tile_bytes))
+    if max(depth, banks * hw.dma_tile_bytes) > hw.onchip_bytes:
+        need = max(depth, banks * hw.dma_tile_bytes)
+        raise SpecError("prefetch_bytes", depth, f"a ring of {banks} x {hw.dma_tile_bytes} B tiles exceeds the "
+                        f"{hw.onchip_kind} of {hw.name} ({hw.onchip_bytes:.0f} B per core) by "
+                        f"{need - hw.onchip_bytes:.0f} B")
+    return banks
 
 
 def expert_slots(g: OpGraph, hw: Hardware, d: Deployment, banks: int, top_k: int) -> int:
