@@ -173,7 +173,7 @@ class Packed:
     """Weights laid out for the megakernel (all arrays in HBM)."""
     embed: object      # [V, 1, H] bf16 (one row per token id)
     static: object     # [n_tiles, T, T] bf16
-    experts: object    # [n_moe_layers, E, tiles_per_expert, T, T] bf16 (or [0, ...])
+    experts: object    # [n_moe_layers, E, tiles_per_expert, T, T] bf16 (one zero tile if no MoE)
     vectors: object    # [n_layers + 1, vector_rows, 128] bf16
 
 
@@ -196,7 +196,7 @@ def pack_weights(weights: reference.Weights, cfg: KernelConfig) -> Packed:
                      for e in range(spec.moe.experts)]
             experts.append(np.stack(per_e))
     tpe = tiles_per_expert(spec, cfg) if spec.moe else 1
-    experts = np.stack(experts) if experts else np.zeros((0, 1, tpe, t, t), jnp.bfloat16)
+    experts = np.stack(experts) if experts else np.zeros((1, 1, tpe, t, t), jnp.bfloat16)
     vr = vector_rows(spec)
     vec = np.zeros((len(spec.layers) + 1, vr, LANES), jnp.bfloat16)
     for i, layer in enumerate((*spec.layers, None)):

@@ -35,7 +35,7 @@ def _records(static: reference.StaticSpec, cfg: KernelConfig) -> tuple[dict, ...
     args = [sds((bp,), jnp.int32), sds((bp,), jnp.int32),
             sds((spec.vocab, 1, spec.hidden), jnp.bfloat16),
             sds((sum(tm.tiles for tm in layout.static_stream(spec, cfg)), t, t), jnp.bfloat16),
-            sds((max(n_moe, 0), e, tpe, t, t), jnp.bfloat16),
+            sds((n_moe, e, tpe, t, t) if n_moe else (1, 1, tpe, t, t), jnp.bfloat16),
             sds((len(spec.layers) + 1, layout.vector_rows(spec), layout.LANES), jnp.bfloat16)]
     args += [sds(s, d) for s, d in
              reference.cache_shapes(spec, cfg.batch, cfg.max_context).values()]

@@ -114,6 +114,18 @@ def test_megakernel_odd_sized_spec():
     run_both(spec, reference.init_weights(spec, seed=2), cfg, steps=2)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("layers", [
+    dict(layers=2, attention={"default": "kda", "mla_layers": [1]},
+         ffn={"dense_layers": [1, 2], "dense_width": 256}),         # no MoE layer
+    dict(layers=2, attention={"default": "mla"}, ffn={"dense_layers": []}),  # MLA + MoE only
+], ids=["no-moe", "mla-moe-only"])
+def test_megakernel_other_layer_mixes(layers):
+    spec = derived_spec(**(ODD_SIZED | layers))
+    cfg = layout.KernelConfig(batch=2, max_context=CONTEXT, depth=3, cache_block=8)
+    run_both(spec, reference.init_weights(spec, seed=3), cfg, steps=2)
+
+
 def test_plan_matches_kernel_counts(spec, weights):
     """The plan for the kernel's own distinct-expert counts moves exactly those experts."""
     cfg = layout.KernelConfig(batch=2, max_context=CONTEXT, depth=3, expert_slots=4,
