@@ -339,16 +339,17 @@ def ffn(spec, layer, lw, x):
             comb, ids = route(mm(h, lw["router"]), lw["router_bias"], m.top_k)
         with jax.named_scope("experts"):
             z = mm(h, lw["latent_down"]) if m.latent_dim else h
-            # Only the distinct experts of the batch are read (as a decode engine does).
+            # Loop over the batch's distinct experts (ascending ids, as the megakernel), reading
+            # each expert's weights in place: only the picked experts are read, once.
             uniq = distinct_experts(ids, m.experts, min(m.experts, ids.size))
-            w_gu = jnp.take(lw["expert_gate_up"], uniq, axis=0, mode="fill", fill_value=0)
-            w_dn = jnp.take(lw["expert_down"], uniq, axis=0, mode="fill", fill_value=0)
-            cw = jnp.take(comb, uniq, axis=1, mode="fill", fill_value=0)        # [B, M]
-            act = swiglu(jnp.einsum("bd,mdf->mbf", z.astype(w_gu.dtype), w_gu,
-                                    preferred_element_type=jnp.float32))
-            y = jnp.einsum("mbf,mfd->mbd", act.astype(w_dn.dtype), w_dn,
-                           preferred_element_type=jnp.float32)
-            routed = jnp.einsum("bm,mbd->bd", cw, y)
+
+            def apply(j, acc):
+                e = uniq[j]
+                y = mm(swiglu(mm(z, lw["expert_gate_up"][e])), lw["expert_down"][e])
+                return acc + jax.lax.dynamic_index_in_dim(comb, e, axis=1) * y
+
+            n = jnp.sum(uniq < m.experts)
+            routed = jax.lax.fori_loop(0, n, apply, jnp.zeros(z.shape, jnp.float32))
             out = mm(routed, lw["latent_up"]) if m.latent_dim else routed
         if m.shared_width:
             with jax.named_scope("shared"):
