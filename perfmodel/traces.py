@@ -42,6 +42,7 @@ from .errors import SpecError, positive_int
 
 MODES = ("compiled", "op_by_op")
 STEP_NAME = "decode_step"
+UNTRACED_STEPS_PER_STEP = 2  # untraced wall-time steps per traced step, modes interleaved
 SCOPE_RE = re.compile(r"(?:^|/)(embed|head|layer_(\d+)/(attention|ffn|moe))(?=/|$)")
 MARKER_RE = re.compile(r"(embed|head|layer_\d+/(attention|ffn|moe))(/[\w.\-]+)*")
 HLO_SUFFIX = ".cpu_after_optimizations.txt"
@@ -388,33 +389,37 @@ def _capture_worker(model: str, batches: list[int], contexts: list[int], modes: 
     spec = load_model(model)
     weights = R.init_weights(spec, 0, dtype=getattr(jnp, {"f32": "float32"}.get(dtype, dtype)))
     fns = {"compiled": R.decode_step, "op_by_op": R.decode_step_op_by_op}
-    todo = [(c, b, m) for c in contexts for b in batches for m in modes]
-    for context, batch, mode in tqdm(todo, desc=f"capture {model}", file=sys.stderr):
-        run_dir = out / run_name(spec.name, batch, context, mode)
-        cache = R.init_cache(spec, batch, context + 1)
+    todo = [(c, b) for c in contexts for b in batches]
+    for context, batch in tqdm(todo, desc=f"capture {model}", file=sys.stderr):
+        cache = R.init_cache(spec, batch, context + 1)  # passed through every mode's steps
         tokens = jnp.arange(batch, dtype=jnp.int32) % spec.vocab
         positions = jnp.full((batch,), context, jnp.int32)  # every step rewrites the same slot
-        fn = fns[mode]
-        for _ in range(2):  # compile and warm up
-            nxt, _, cache = fn(weights, cache, tokens, positions)
-        nxt.block_until_ready()
-        host = []
-        for _ in range(steps):  # untraced wall time
-            t = time.perf_counter()
-            nxt, _, cache = fn(weights, cache, tokens, positions)
+
+        def step(mode):
+            nonlocal cache
+            nxt, _, cache = fns[mode](weights, cache, tokens, positions)
             nxt.block_until_ready()
-            host.append(time.perf_counter() - t)
-        with jax.profiler.trace(str(run_dir)):
-            for i in range(steps):
-                with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
-                    nxt, _, cache = fn(weights, cache, tokens, positions)
-                    nxt.block_until_ready()
-        meta = {"model": spec.name, "batch": batch, "context": context, "mode": mode,
-                "steps": steps, "weights_dtype": dtype, "host_step_s": host, "hlo_dir": f"../{hlo}",
-                "machine": cpu_model(), "jax": jax.__version__, "command": command,
-                "load_average_1min": os.getloadavg()[0],
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        (run_dir / "capture.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+        for mode in modes:  # compile and warm up
+            step(mode), step(mode)
+        host = {m: [] for m in modes}
+        for _ in range(UNTRACED_STEPS_PER_STEP * steps):
+            for mode in modes:  # interleaved: drifts in machine load hit every mode alike
+                t = time.perf_counter()
+                step(mode)
+                host[mode].append(time.perf_counter() - t)
+        for mode in modes:
+            run_dir = out / run_name(spec.name, batch, context, mode)
+            with jax.profiler.trace(str(run_dir)):
+                for i in range(steps):
+                    with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
+                        step(mode)
+            meta = {"model": spec.name, "batch": batch, "context": context, "mode": mode,
+                    "steps": steps, "weights_dtype": dtype, "host_step_s": host[mode],
+                    "hlo_dir": f"../{hlo}", "machine": cpu_model(), "jax": jax.__version__,
+                    "command": command, "load_average_1min": os.getloadavg()[0],
+                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+            (run_dir / "capture.json").write_text(json.dumps(meta, indent=1) + "\n")
         del cache
     for f in (out / hlo).iterdir():  # keep only the optimised HLO text the parser reads
         if f.is_dir():
