@@ -199,7 +199,6 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
     pending = []  # KDA write-backs in flight (waited before the buffers are reused)
 
     def kda_attention(layer, v, h):
-        a = spec.kda
         o = ref.kind_ordinal(spec, layer)
         for cp in pending:
             cp.wait()
@@ -240,10 +239,13 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
 
         def for_blocks(fn):  # blocks holding positions < pos, for each real sequence
             for b in range(b_real):
-                nblk = (pos_ref[b] + cb - 1) // cb
-                lax.fori_loop(0, nblk, lambda k, c, b=b: (fn(block_copy(b, k)), c)[1], 0)
+                def body(k, carry, b=b):
+                    fn(block_copy(b, k))
+                    return carry
+                lax.fori_loop(0, (pos_ref[b] + cb - 1) // cb, body, 0)
 
-        dma.note(layer.index, "kv_cache", "latent cache block", cb * d * 2,
+        row_bytes = d * mla_cache.dtype.itemsize
+        dma.note(layer.index, "kv_cache", "latent cache block", cb * row_bytes,
                  repeat=("cache_blocks", cb))
         for_blocks(lambda cp: cp.start())
         q_nope, q_rope, c_new = ref.mla_project(spec, functools.partial(matmul, layer), v, h)
@@ -252,13 +254,12 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         writes = [pltpu.make_async_copy(newrow.at[b], mla_cache.at[o, b, pl.ds(pos_ref[b], 1)],
                                         misc_sem.at[2]) for b in range(b_real)]
         for cp in writes:
-            dma.note(layer.index, "kv_cache", "latent cache row (write)", d * 2)
+            dma.note(layer.index, "kv_cache", "latent cache row (write)", row_bytes)
             cp.start()
         kv_b = ring.matrix("kv_b", r, m.heads * (m.qk_nope_dim + m.v_head_dim))
         for_blocks(lambda cp: cp.wait())
         tpos = lax.broadcasted_iota(jnp.int32, (bp, cfg.max_context), 1)
-        pos = jnp.concatenate([jnp.full((1, 1), pos_ref[b] if b < b_real else 0, jnp.int32)
-                               for b in range(bp)], axis=0)
+        pos = jnp.concatenate([jnp.full((1, 1), pos_ref[b], jnp.int32) for b in range(bp)])
         valid = tpos < pos
         cache = jnp.where(valid[:, :, None], cache_buf[...].astype(F32), 0.0)
         # absorbed form over the cached positions < pos plus the new token (kept in VMEM)
