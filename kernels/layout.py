@@ -62,7 +62,8 @@ def check_kernel_spec(spec: ModelSpec, cfg: KernelConfig) -> None:
     reference.check_spec(spec)
     if spec.count(ffn="moe"):
         require(cfg.expert_slots <= spec.moe.top_k * cfg.batch, "expert_slots", cfg.expert_slots,
-                f"more slots than experts a step can pick (top_k*batch = {spec.moe.top_k * cfg.batch})")
+                "more slots than experts a step can pick "
+                f"(top_k*batch = {spec.moe.top_k * cfg.batch})")
     for fam, fmt in spec.formats.items():
         want = "f32" if fam == "state" else "bf16"
         if fam in ("activation",):

@@ -463,7 +463,7 @@ def decode_step(spec: ModelSpec, cfg: KernelConfig, packed: Packed, cache, token
             f"expected ({cfg.batch},) = (cfg.batch,)")
     pos, tok = np.asarray(positions), np.asarray(tokens)
     require(bool(((pos >= 0) & (pos < cfg.max_context)).all()), "positions", pos.tolist(),
-            f"must lie in [0, max_context={cfg.max_context}) (the kernel writes the cache in place)")
+            f"must lie in [0, max_context={cfg.max_context}) (the cache is written in place)")
     require(bool(((tok >= 0) & (tok < spec.vocab)).all()), "tokens", tok.tolist(),
             f"must lie in [0, vocab={spec.vocab})")
     return _step(packed, cache, jnp.asarray(tokens), jnp.asarray(positions),

@@ -6,8 +6,9 @@ lm_head, greedy sampling. Shapes come only from a `perfmodel.arch.ModelSpec`.
 
 Numerics (the megakernel follows the same rules): weights are stored in `dtype` (bf16 by
 default); a matmul casts its activation input to the weight dtype and accumulates in f32; every
-other op (norms, gates, recurrences, softmax) runs in f32. The MLA latent cache is stored in the
-`kv_cache` format (bf16), the KDA state and short-conv window in f32.
+other op (norms, gates, recurrences, softmax) runs in f32. The MLA latent cache and the KDA
+short-conv window are stored in the `kv_cache` format (bf16, as `perfmodel.ops` counts them),
+the KDA recurrent state in the `state` format (f32).
 
 Model details fixed here (the preset does not state them): RMSNorm eps 1e-6; KDA q/k are
 L2-normalised per head, q scaled by head_dim^-1/2, the short conv (width W, depthwise, SiLU)
@@ -132,7 +133,7 @@ def init_weights(spec: ModelSpec, seed: int = 0, dtype=jnp.bfloat16) -> Weights:
     return Weights(params, StaticSpec(spec))
 
 
-def cache_shapes(spec: ModelSpec, batch: int, max_context: int) -> dict[str, tuple[tuple[int, ...], object]]:
+def cache_shapes(spec: ModelSpec, batch: int, max_context: int) -> dict[str, tuple[tuple, object]]:
     """Per-kind stacked caches: KDA state (f32), KDA conv window and MLA latent cache (bf16)."""
     out = {}
     n_kda, n_mla = spec.count(attention="kda"), spec.count(attention="mla")
