@@ -450,13 +450,21 @@ def _step(packed, cache, tokens, positions, *, static, cfg, interpret, vmem_limi
             ndist[:spec.count(ffn="moe")])
 
 
+def make_step(spec: ModelSpec, cfg: KernelConfig, interpret=None):
+    """Validate once (spec, config, VMEM budget: SpecError if it does not fit) and return
+    step(packed, cache, tokens, positions) -> (next tokens [B], logits [B, V] f32, new cache,
+    distinct experts fetched per MoE layer [n_moe]), with no per-call host work (for timing).
+    The cache (as `reference.init_cache`) is donated and updated in place. interpret: None on a
+    TPU, or a `pltpu.InterpretParams`."""
+    budget = vmem.check_vmem(spec, cfg)
+    return functools.partial(_step, static=ref.StaticSpec(spec), cfg=cfg, interpret=interpret,
+                             vmem_limit_bytes=None if interpret else budget.capacity_bytes)
+
+
 def decode_step(spec: ModelSpec, cfg: KernelConfig, packed: Packed, cache, tokens, positions,
                 interpret=None):
-    """One decode step in one pallas_call: (next tokens [B], logits [B, V] f32, new cache,
-    distinct experts fetched per MoE layer [n_moe]). The cache (as `reference.init_cache`) is
-    donated and updated in place. interpret: None on TPU, or a `pltpu.InterpretParams`.
-    Raises SpecError if the configuration does not fit the chip's VMEM (`vmem.check_vmem`)."""
-    budget = vmem.check_vmem(spec, cfg)
+    """One decode step in one pallas_call (see `make_step`), checking the inputs' shapes and
+    ranges first (positions in [0, max_context), tokens in [0, vocab))."""
     require(tuple(tokens.shape) == (cfg.batch,), "tokens.shape", tuple(tokens.shape),
             f"expected ({cfg.batch},) = (cfg.batch,)")
     require(tuple(positions.shape) == (cfg.batch,), "positions.shape", tuple(positions.shape),
@@ -466,6 +474,5 @@ def decode_step(spec: ModelSpec, cfg: KernelConfig, packed: Packed, cache, token
             f"must lie in [0, max_context={cfg.max_context}) (the cache is written in place)")
     require(bool(((tok >= 0) & (tok < spec.vocab)).all()), "tokens", tok.tolist(),
             f"must lie in [0, vocab={spec.vocab})")
-    return _step(packed, cache, jnp.asarray(tokens), jnp.asarray(positions),
-                 static=ref.StaticSpec(spec), cfg=cfg, interpret=interpret,
-                 vmem_limit_bytes=None if interpret else budget.capacity_bytes)
+    return make_step(spec, cfg, interpret)(packed, cache, jnp.asarray(tokens),
+                                           jnp.asarray(positions))

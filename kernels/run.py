@@ -26,12 +26,12 @@ from . import layout, megakernel, plan, reference, vmem
 
 def _generate(spec, cfg, packed, cache, tokens, positions, interpret, steps):
     """Greedy decoding: (tokens per step incl. the first [B, steps+1], wall time per step);
-    prints the DMA plan of step 1."""
+    prints the DMA plan of step 1. Positions stay < max_context (checked by the caller)."""
     generated, times = [np.asarray(tokens)], []
+    step_fn = megakernel.make_step(spec, cfg, interpret)
     for step in range(steps):
         t0 = time.perf_counter()
-        tokens, _, cache, distinct = megakernel.decode_step(spec, cfg, packed, cache, tokens,
-                                                            positions, interpret)
+        tokens, _, cache, distinct = step_fn(packed, cache, tokens, positions)
         jax.block_until_ready(tokens)
         times.append(time.perf_counter() - t0)
         if step == 0:

@@ -194,8 +194,7 @@ def test_kernel_lowers_to_mosaic_for_tpu7x(spec, weights):
     packed = layout.pack_weights(weights, cfg)
     cache = reference.init_cache(spec, cfg.batch, CONTEXT)
     z = jnp.zeros(cfg.batch, jnp.int32)
-    step = jax.jit(lambda p, c, t, q: megakernel._step(
-        p, c, t, q, static=reference.StaticSpec(spec), cfg=cfg, interpret=None))
+    step = jax.jit(megakernel.make_step(spec, cfg))
     tpu = AbstractDevice(device_kind="TPU7x", num_cores=1, platform="tpu")
     with use_abstract_mesh(AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=tpu)):
         exported = export.export(step, platforms=["tpu"])(packed, cache, z, z)
