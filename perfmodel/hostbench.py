@@ -12,6 +12,8 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
   validation uses it to show how far XLA:CPU's dot falls below the streaming rate);
 - dispatch overhead: one jitted call of a tiny op, called and waited on (`launch_overhead_s`:
   what each kernel of an op-by-op engine pays);
+- dispatch against argument count: the same tiny op taking 1..256 arrays (reported; a decode
+  phase passes its layer's weights, so its dispatch costs more than a one-array call);
 - in-program per-op overhead: a chain of tiny dependent matmuls in one compiled program, per op
   (`efficiency.op_overhead_s`: what each op pays inside one XLA program).
 Not measured (stated as such in the file's sources): memory latency (`dma_latency_s`), the fill
@@ -22,11 +24,12 @@ CLI: `perfmodel hostbench [--out FILE] [--quick] [--repeats N]`.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import platform
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import SpecError, positive_int
@@ -39,6 +42,7 @@ QUICK_MATMUL_N = 768
 DECODE_ROWS = 32          # decode-shaped matmul: rows = batch
 DECODE_WIDTH = 1024       # weight DECODE_WIDTH x DECODE_WIDTH (bf16: 2 MiB, stays in cache)
 CHAIN_OPS = 256
+DISPATCH_ARGS = (1, 16, 64, 256)  # dispatch cost against the number of array arguments
 MATVEC_MIB = 256          # decode-shaped matmuls: a weight of this size, far beyond the LLC,
 MATVEC_K = 1024           # with MATVEC_K input features (a hidden size), times MATVEC_ROWS rows
 MATVEC_ROWS = (1, 2, 4, 8, 16, 32)
@@ -81,6 +85,18 @@ class HostBench:
     ram_bytes: int
     devices: int
     load_average: float = float("nan")  # 1-minute load average when the run ended
+    dispatch_by_args: dict[int, Stat] = field(default_factory=dict)  # one call with n arrays
+
+    def dispatch_s_for(self, n_args: int) -> float:
+        """Dispatch time of a call with `n_args` arrays: the least-squares line through the
+        medians measured at DISPATCH_ARGS (a microbenchmark fit; no decode run feeds it)."""
+        xs = sorted(self.dispatch_by_args)
+        if len(xs) < 2:
+            return self.dispatch_s.median
+        ys = [self.dispatch_by_args[x].median for x in xs]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        return my + slope * (n_args - mx)
 
     @property
     def stream_bandwidth(self) -> Stat:
@@ -101,6 +117,7 @@ class HostBench:
                 "matvec_bandwidth_bytes_per_s": {f"{k[0]}/{k[1]}": v.json()
                                                  for k, v in self.matvec_bandwidth.items()},
                 "dispatch_s": self.dispatch_s.json(), "op_overhead_s": self.op_overhead_s.json(),
+                "dispatch_s_by_args": {str(k): v.json() for k, v in self.dispatch_by_args.items()},
                 "flops_efficiency": self.flops_efficiency,
                 "load_average_1min": self.load_average}
 
@@ -202,6 +219,15 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
         for _ in range(calls):
             tiny(v).block_until_ready()
     dispatch_s = Stat.of([t / calls for t in _time(dispatch, repeats)])
+    by_args = {}
+    add_all = jax.jit(lambda *xs: functools.reduce(jnp.add, xs))
+    for n_args in DISPATCH_ARGS:  # the same tiny op taking n_args arrays
+        xs = [jnp.ones((8,), jnp.float32) for _ in range(n_args)]
+        k = max(20, calls // n_args)
+        def call_many():
+            for _ in range(k):
+                add_all(*xs).block_until_ready()
+        by_args[n_args] = Stat.of([t / k for t in _time(call_many, repeats)])
     bar.update()
 
     mats = jnp.asarray(jax.random.normal(jax.random.key(0), (CHAIN_OPS, 8, 8)), jnp.float32) * 0.3
@@ -218,7 +244,7 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
     bar.close()
     return HostBench(cpu_model(), datetime.date.today().isoformat(), repeats, read, copy, matmul,
                      decode, matvec, dispatch_s, op_overhead, llc_bytes(), ram_bytes(), jax.device_count(),
-                     os.getloadavg()[0])
+                     os.getloadavg()[0], by_args)
 
 
 def _stat_text(s: Stat, unit: float, name: str) -> str:
@@ -314,6 +340,8 @@ def cmd_hostbench(a) -> dict:
             print(f"  decode matmul {dt} {rows:2d} rows x {MATVEC_MIB} MiB weight: "
                   + _stat_text(s, 1e9, "GB/s"))
         print("  dispatch: " + _stat_text(b.dispatch_s, 1e-6, "us"))
+        for n_args, s in b.dispatch_by_args.items():
+            print(f"  dispatch with {n_args:3d} array arguments: " + _stat_text(s, 1e-6, "us"))
         print("  in-program per-op overhead: " + _stat_text(b.op_overhead_s, 1e-6, "us"))
         print(f"wrote {path} (+ {path.with_suffix('.json').name})")
     return {"hardware_file": str(path), **b.json()}

@@ -63,3 +63,12 @@ def test_quick_measurement_runs(tmp_path):
     assert all(s.min <= s.median <= s.max for s in b.matmul_flops.values())
     assert b.dispatch_s.median > 0 and b.op_overhead_s.min >= 0
     load_hardware(str(hostbench.write(b, tmp_path / "quick.toml")))
+
+
+def test_dispatch_cost_against_argument_count_is_a_line_through_the_medians():
+    b = bench()
+    assert b.dispatch_s_for(10) == b.dispatch_s.median  # not measured: the one-array figure
+    s = lambda x: Stat(x, x, x)
+    b = HostBench(*[getattr(b, f) for f in HostBench.__dataclass_fields__][:-1],
+                  dispatch_by_args={1: s(5e-6), 65: s(37e-6)})
+    assert b.dispatch_s_for(33) == pytest.approx(21e-6)
