@@ -35,17 +35,18 @@ F32, BF16 = jnp.float32, jnp.bfloat16
 class Dma:
     """Issues nothing itself; records each DMA issue site (in program order) for the plan.
 
-    A record is a dict(layer, family, name, bytes, routed, repeat); repeat is None (one copy),
+    A record is a dict(layer, family, name, bytes, routed, ring, repeat); ring marks a static
+    weight tile streamed through the ring of banks; repeat is None (one copy),
     ("experts", moe_ordinal) (one copy per distinct expert picked) or ("cache_blocks", block)
     (per sequence, ceil(pos / block) copies)."""
 
     def __init__(self, record: list | None):
         self.record = record
 
-    def note(self, layer, family, name, nbytes, routed=False, repeat=None):
+    def note(self, layer, family, name, nbytes, routed=False, repeat=None, ring=False):
         if self.record is not None:
             self.record.append(dict(layer=layer, family=family, name=name, bytes=int(nbytes),
-                                    routed=routed, repeat=repeat))
+                                    routed=routed, ring=ring, repeat=repeat))
 
 
 class _Ring:
@@ -66,7 +67,7 @@ class _Ring:
         if g < len(self.owner):
             tm = self.owner[g]
             self.dma.note(tm.layer, tm.mm.family, f"{tm.mm.name}[tile {g - tm.first}]",
-                          self.cfg.bank_bytes)
+                          self.cfg.bank_bytes, ring=True)
             self._copy(g).start()
 
     def start(self):

@@ -70,7 +70,7 @@ def dma_plan(spec: ModelSpec, cfg: KernelConfig, distinct_experts: list[int] | N
     out: list[Copy] = []
 
     def add(r, name, routed=False):
-        out.append(Copy(len(out), r["layer"], r["family"], name, r["bytes"], routed))
+        out.append(Copy(len(out), r["layer"], r["family"], name, r["bytes"], routed, r["ring"]))
 
     for r in _records(reference.StaticSpec(spec), cfg):
         rep = r["repeat"]
@@ -104,6 +104,20 @@ def overhead_bytes(spec: ModelSpec, cfg: KernelConfig,
     vectors = sum(n * layout.LANES * 2 for layer in (*spec.layers, None)
                   for _, _, n in layout.vector_copies(spec, layer))
     return {"tile_padding": int(pad), "vectors": int(vectors)}
+
+
+def predicted_step(spec: ModelSpec, cfg: KernelConfig, the_plan: list[Copy], context: int,
+                   hardware: str = "tpu-v7"):
+    """The schedule simulator run on exactly this plan, on one TensorCore of `hardware`: the
+    ring of cfg.depth banks of cfg.bank_bytes, cfg.expert_slots expert buffers (a prediction,
+    perfmodel.predict.Prediction, not a measurement)."""
+    from perfmodel.deployment import Deployment
+    from perfmodel.hardware import load_hardware
+    from perfmodel.predict import predict
+    hw = load_hardware(hardware).replace(dma_tile_bytes=cfg.bank_bytes)
+    d = Deployment(devices=1, tp=1, batch=cfg.batch, context=context,
+                   prefetch_bytes=cfg.depth * cfg.bank_bytes, expert_slots=cfg.expert_slots)
+    return predict(spec, hw, d, plan=the_plan)
 
 
 def summary(spec: ModelSpec, plan: list[Copy]) -> str:

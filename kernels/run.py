@@ -40,6 +40,10 @@ def _generate(spec, cfg, packed, cache, tokens, positions, interpret, steps):
             print(f"\nDMA plan of step 1 ({len(first)} copies, distinct experts per MoE layer "
                   f"{distinct}), bytes per layer by family:")
             print(plan.summary(spec, first))
+            pred = plan.predicted_step(spec, cfg, first, int(max(positions)))
+            print(f"\npredicted on one tpu-v7 TensorCore from this plan (perfmodel simulator, not "
+                  f"a measurement): {pred.step_s * 1e6:.1f} us/step, {pred.bytes_per_device:,.0f} B moved, "
+                  f"DMA stall {1e6 * (pred.breakdown_s['weight_streaming'] + pred.breakdown_s['expert_fetch']):.1f} us")
         positions = positions + 1
         generated.append(np.asarray(tokens))
     return np.stack(generated, axis=1), times

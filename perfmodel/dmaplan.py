@@ -14,6 +14,7 @@ class Copy:
     name: str        # what is copied, e.g. "q_proj[tile 3]" or "expert slot 2"
     bytes: int
     routed: bool = False  # data dependent: issued only after this layer's router has run
+    ring: bool = False    # a static weight tile streamed through the ring of on-chip banks
 
 
 def bytes_by_layer_family(plan: list[Copy]) -> dict[tuple[int, str], int]:

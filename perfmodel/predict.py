@@ -9,6 +9,8 @@ import numpy as np
 from . import ops as ops_mod
 from .arch import ModelSpec
 from .deployment import Deployment, validate
+from .dmaplan import Copy
+from .errors import SpecError
 from .hardware import Hardware
 from .schedule import CAUSES, Timeline, simulate_megakernel, simulate_multikernel
 
@@ -49,18 +51,23 @@ class Prediction:
         return self.hbm_floor_s / self.step_s if self.step_s else 0.0
 
 
-def simulate(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False):
+def simulate(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False, plan=None):
     g = ops_mod.build(model, d)
     if d.engine == "megakernel":
-        tl = simulate_megakernel(g, hw, d, model.moe.top_k if model.moe else 1, record)
+        tl = simulate_megakernel(g, hw, d, model.moe.top_k if model.moe else 1, record, plan)
     else:
         tl = simulate_multikernel(g, hw, record)
     return g, tl
 
 
-def predict(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False) -> Prediction:
+def predict(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False,
+            plan: list[Copy] | None = None) -> Prediction:
+    """`plan`: a megakernel's own DMA plan (kernels.plan.dma_plan) to simulate instead of the
+    model's uniform stream of tiles; the ring's tile size is then the plan's."""
     validate(model, hw, d)
-    g, tl = simulate(model, hw, d, record)
+    if plan is not None and d.engine != "megakernel":
+        raise SpecError("plan", "given", "a DMA plan is the megakernel's; engine must be megakernel")
+    g, tl = simulate(model, hw, d, record, plan)
     draft = d.spec.draft_cost_fraction if d.spec else 0.0
     step = tl.step_s * (1 + draft)
     accepted = d.batch * (d.spec.tokens_per_step if d.spec else 1.0)

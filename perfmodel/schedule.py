@@ -15,6 +15,7 @@ among all outstanding copies (round-robin), as the chip preset says (`dma_sharin
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -24,6 +25,7 @@ import numpy as np
 
 from .collectives import collective_time_s
 from .deployment import Deployment
+from .dmaplan import Copy
 from .errors import SpecError
 from .hardware import Hardware
 from .ops import OpGraph
@@ -177,32 +179,85 @@ def expert_slots(g: OpGraph, hw: Hardware, d: Deployment, banks: int, top_k: int
     return slots
 
 
+@dataclass
+class Stream:
+    """What the megakernel's DMA engine moves: ring tiles in stream order, the byte range of the
+    stream each op consumes, bytes issued at each layer's start (KV / state, small vectors), and
+    each layer's routed copies."""
+    tile_bytes: list[float]
+    tile_end: list[float]       # cumulative position of each tile's last byte
+    op_begin: list[float]
+    op_end: list[float]
+    layer_start_bytes: dict[int, float]
+    routed_copies: dict[int, list[float]]
+
+
+def uniform_stream(g: OpGraph, tile_bytes: float) -> Stream:
+    """The model's own stream: static weights packed back to back in consumption order and cut
+    into uniform tiles (banks); each MoE layer fetches ceil(E[distinct]) equal expert copies."""
+    op_end = np.cumsum(g.static_bytes)
+    total = float(op_end[-1]) if len(g) else 0.0
+    n_tiles = math.ceil(total / tile_bytes)
+    tiles = np.minimum(tile_bytes, total - tile_bytes * np.arange(n_tiles))
+    count = max(1, math.ceil(g.distinct_experts))
+    routed = np.bincount(g.layer, weights=g.routed_bytes)
+    return Stream(tiles.tolist(), np.cumsum(tiles).tolist(), (op_end - g.static_bytes).tolist(), op_end.tolist(),
+                  dict(enumerate(np.bincount(g.layer, weights=g.kv_bytes).tolist())),
+                  {int(l): [routed[l] / count] * count for l in np.flatnonzero(routed)})
+
+
+def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
+    """A kernel's real DMA plan (perfmodel.dmaplan): its ring tiles in order, each layer's ops
+    consuming that layer's tiles in proportion to the bytes the model gives them; the plan's
+    other copies (KV / state reads and write-backs, vectors, embedding rows) at layer start."""
+    ring = [c for c in plan if c.ring]
+    tiles = np.array([c.bytes for c in ring], float)
+    tile_end = np.cumsum(tiles)
+    model_static = np.bincount(g.layer, weights=g.static_bytes, minlength=int(g.layer.max()) + 1)
+    begin, end = np.zeros(len(g)), np.zeros(len(g))
+    for layer in sorted({c.layer for c in ring}):
+        idx = np.flatnonzero([c.layer == layer for c in ring])
+        if np.any(np.diff(idx) != 1) or layer >= len(model_static) or model_static[layer] == 0:
+            raise SpecError("plan", f"layer {layer}", "ring tiles must be contiguous in the stream and "
+                            "belong to a layer whose ops the model streams weights for")
+        a, size = tile_end[idx[0]] - tiles[idx[0]], tiles[idx].sum()
+        m = g.layer == layer
+        within = np.cumsum(g.static_bytes[m]) / model_static[layer]
+        within[-1] = 1.0  # the layer's last op consumes its last tile exactly
+        end[m] = a + size * within
+        begin[m] = end[m] - size * g.static_bytes[m] / model_static[layer]
+    layer_start: dict[int, float] = {}
+    routed: dict[int, list[float]] = {}
+    for c in plan:
+        if c.routed:
+            routed.setdefault(c.layer, []).append(float(c.bytes))
+        elif not c.ring:
+            layer_start[c.layer] = layer_start.get(c.layer, 0.0) + c.bytes
+    return Stream(tiles.tolist(), tile_end.tolist(), begin.tolist(), end.tolist(), layer_start, routed)
+
+
 def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
-                        record: bool = False) -> Timeline:
+                        record: bool = False, plan: list[Copy] | None = None) -> Timeline:
+    """The megakernel timeline; on the model's own uniform stream or on a kernel's DMA plan."""
     bw = hw.core_hbm_bandwidth_bytes_per_s * hw.efficiency.hbm
     dma = DmaEngine(bw, hw.dma_latency_s, hw.dma_sharing == "shared")
     issue, completion, done = dma.issue, dma.completion, dma.done
     banks = ring_banks(hw, d.prefetch_bytes)
-    tile_b = float(hw.dma_tile_bytes)
-    # static weights packed back to back in consumption order, cut into uniform tiles (banks)
-    op_end = np.cumsum(g.static_bytes)
-    op_begin = op_end - g.static_bytes
-    total = float(op_end[-1]) if len(g) else 0.0
-    n_tiles = math.ceil(total / tile_b)
-    tile_bytes = np.minimum(tile_b, total - tile_b * np.arange(n_tiles)).tolist()
-    owner = np.searchsorted(op_end, tile_b * np.arange(n_tiles), side="right").tolist()
+    st = uniform_stream(g, float(hw.dma_tile_bytes)) if plan is None else plan_stream(g, plan)
+    tile_bytes, tile_end, op_begin, op_end = st.tile_bytes, st.tile_end, st.op_begin, st.op_end
+    n_tiles = len(tile_bytes)
+    total = tile_end[-1] if n_tiles else 0.0
+    owner = np.searchsorted(op_end, np.asarray(tile_end) - 0.5, side="right").tolist()
     slots = expert_slots(g, hw, d, banks, top_k)
     names, layers = g.name, g.layer.tolist()
-    label = (lambda k: (names[owner[k]], layers[owner[k]])) if record else (lambda k: ("", 0))
+    label = (lambda k: (names[min(owner[k], len(g) - 1)], layers[min(owner[k], len(g) - 1)])) if record \
+        else (lambda k: ("", 0))
     comp, coll = op_compute_s(g, hw).tolist(), collective_s(g, hw).tolist()
     static, routed, kv_op = g.static_bytes.tolist(), g.routed_bytes.tolist(), g.kv_bytes.tolist()
     is_coll = g.is_collective.tolist()
-    kv_layer = np.bincount(g.layer, weights=g.kv_bytes).tolist()
-    op_begin, op_end = op_begin.tolist(), op_end.tolist()
     tile_id = [issue(0.0, tile_bytes[k], label(k)) for k in range(min(banks, n_tiles))]
     next_tile = len(tile_id)
     overhead = hw.efficiency.op_overhead_s
-    count = max(1, math.ceil(g.distinct_experts))
     n = len(g)
     start, end = [0.0] * n, [0.0] * n
     stream, fetch, coll_w = [0.0] * n, [0.0] * n, [0.0] * n
@@ -212,7 +267,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     for j in range(n):
         layer = layers[j]
         if layer not in kv_id:  # layer start: prefetch its KV cache / state
-            kv_id[layer] = issue(now, kv_layer[layer], ("kv_cache/state", layer))
+            kv_id[layer] = issue(now, st.layer_start_bytes.get(layer, 0.0), ("kv_cache/state", layer))
         if is_coll[j]:
             start[j], end[j] = now, now + coll[j]
             coll_w[j] = coll[j]
@@ -224,30 +279,32 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
         stream[j] = ready - now
         start[j] = ready
         t = ready + overhead
-        if static[j] > 0:  # consume this op's byte range tile by tile
-            per_byte = comp[j] / static[j]
+        if op_end[j] > op_begin[j]:  # consume this op's byte range of the stream, tile by tile
+            per_byte = comp[j] / (op_end[j] - op_begin[j])
             lo, hi = op_begin[j], op_end[j]
-            for k in range(int(lo // tile_b), math.ceil(hi / tile_b)):
+            k = bisect.bisect_right(tile_end, lo)
+            while k < n_tiles and tile_end[k] - tile_bytes[k] < hi:
                 arrive = done.get(tile_id[k]) or completion(tile_id[k])
                 if arrive > t:
                     stream[j] += arrive - t
                     t = arrive
-                t += per_byte * (min(hi, (k + 1) * tile_b) - max(lo, k * tile_b))
-                if hi >= (k + 1) * tile_b or hi == total:  # tile consumed: refill its bank
-                    if next_tile < n_tiles:
-                        tile_id.append(issue(t, tile_bytes[next_tile], label(next_tile)))
-                        next_tile += 1
+                t += per_byte * (min(hi, tile_end[k]) - max(lo, tile_end[k] - tile_bytes[k]))
+                if (hi >= tile_end[k] or hi >= total) and next_tile < n_tiles:  # consumed: refill its bank
+                    tile_id.append(issue(t, tile_bytes[next_tile], label(next_tile)))
+                    next_tile += 1
+                k += 1
         elif routed[j] > 0:  # experts: fetched into slots only after the router
-            per, step = routed[j] / count, comp[j] / count
-            ids = [issue(t, per, (names[j], layer)) for _ in range(min(slots, count))]
-            for e in range(count):
+            copies = st.routed_copies.get(layer, [])
+            step = comp[j] / max(1, len(copies))
+            ids = [issue(t, b, (names[j], layer)) for b in copies[:slots]]
+            for e in range(len(copies)):
                 arrive = completion(ids[e])
                 if arrive > t:
                     fetch[j] += arrive - t
                     t = arrive
                 t += step
-                if e + slots < count:
-                    ids.append(issue(t, per, (names[j], layer)))
+                if e + slots < len(copies):
+                    ids.append(issue(t, copies[e + slots], (names[j], layer)))
         else:
             t += comp[j]
         end[j] = t

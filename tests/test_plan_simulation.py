@@ -1,0 +1,56 @@
+"""The schedule simulator run on the megakernel's own DMA plan (kernels.plan)."""
+import dataclasses
+
+import pytest
+
+from kernels import layout, plan
+from perfmodel.arch import load_model
+from perfmodel.deployment import Deployment
+from perfmodel.errors import SpecError
+from perfmodel.hardware import load_hardware
+from perfmodel.ops import build
+from perfmodel.predict import predict
+
+SPEC = load_model("kimi-k3-mini")
+CTX = 48
+
+
+def setup(depth=6, slots=2, sharing=None):
+    cfg = layout.KernelConfig(batch=4, max_context=64, depth=depth, expert_slots=slots)
+    g = build(SPEC, Deployment(devices=1, tp=1, batch=4, context=CTX))
+    the_plan = plan.dma_plan(SPEC, cfg, [round(g.distinct_experts)] * SPEC.count(ffn="moe"), [CTX] * 4)
+    hw = load_hardware("tpu-v7").replace(dma_tile_bytes=cfg.bank_bytes)
+    if sharing:
+        hw = hw.replace(dma_sharing=sharing)
+    d = Deployment(devices=1, tp=1, batch=4, context=CTX, prefetch_bytes=depth * cfg.bank_bytes, expert_slots=slots)
+    return cfg, the_plan, hw, d
+
+
+def test_plan_simulation_moves_exactly_the_plan_bytes():
+    cfg, the_plan, hw, d = setup()
+    p = predict(SPEC, hw, d, plan=the_plan)
+    assert p.bytes_per_device == sum(c.bytes for c in the_plan)
+    own = predict(SPEC, hw, d)  # the model's own uniform stream of the same configuration
+    assert p.step_s == pytest.approx(own.step_s, rel=0.10)  # the plan adds tile padding and vectors
+    assert p.step_s >= own.step_s * 0.99
+    assert plan.predicted_step(SPEC, cfg, the_plan, CTX).step_s == pytest.approx(p.step_s)
+
+
+def test_plan_ring_depth_under_fifo_is_never_slower():
+    steps = [predict(SPEC, *setup(depth=k, sharing="fifo")[2:], plan=setup(depth=k)[1]).step_s for k in (1, 3, 12, 48)]
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(steps, steps[1:])) and steps[-1] < steps[0]
+
+
+def test_plan_records_every_copy_on_the_dma_lane():
+    _, the_plan, hw, d = setup()
+    p = predict(SPEC, hw, d, record=True, plan=the_plan)
+    dma = [e for e in p.timeline.events if e[0] == "dma"]
+    # every ring tile and expert copy, plus one layer-start copy (KV / state, vectors) per layer
+    assert len(dma) == sum(c.ring for c in the_plan) + sum(c.routed for c in the_plan) + len(SPEC.layers) + 2
+    assert all(e[4] > e[3] for e in dma)
+
+
+def test_plan_needs_the_megakernel_engine():
+    _, the_plan, hw, d = setup()
+    with pytest.raises(SpecError, match="megakernel"):
+        predict(SPEC, hw, dataclasses.replace(d, engine="multikernel"), plan=the_plan)
