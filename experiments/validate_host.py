@@ -3,7 +3,8 @@
     python experiments/validate_host.py [--quick] [--traces out/host_traces] [--steps 5]
 
 1. `perfmodel.hostbench` -> experiments/results/host-cpu.toml (+ .json): the only input the
-   model gets from this machine (no fitting on the decode runs below).
+   model gets from this machine (no fitting on the decode runs below); measured again after
+   the runs (`hostbench_after` in the JSON) to show how far the machine drifted meanwhile.
 2. For kimi-k3-host-large (f32 weights about 1.8 GB, far beyond the LLC) and kimi-k3-host-small
    (about 27 MiB, within a 32 MiB LLC), batch 1, 2, 4, 8, 16, 32 and contexts 256 and 4096:
    traces of the reference step as one compiled program and op by op (`perfmodel.traces`).
@@ -78,6 +79,15 @@ def main() -> int:
         for m in models:
             capture_reference(m, traces, batches, contexts, steps=a.steps)
 
+    after = hostbench.measure(a.repeats, quick=a.quick)  # the same figures after the runs
+    drift = {"stream_read": (bench.stream_bandwidth.median, after.stream_bandwidth.median),
+             **{f"matvec_{dt}_{r}rows": (bench.matvec_bandwidth[(dt, r)].median,
+                                        after.matvec_bandwidth[(dt, r)].median)
+                for dt, r in bench.matvec_bandwidth if dt == "f32"},
+             "dispatch_s": (bench.dispatch_s.median, after.dispatch_s.median)}
+    print("hostbench before -> after the runs (medians): " + ", ".join(
+        f"{k} {b:.3g} -> {x:.3g}" for k, (b, x) in drift.items()))
+
     rows, summaries = [], {}
     for variant, matched in VARIANTS.items():
         results = [c for c in validate.validate(traces, hardware=str(hw_file),
@@ -120,7 +130,8 @@ def main() -> int:
                     "traced_ops", "hbm_efficiency", "unattributed_share"])
         w.writerows(rows)
     out_json.write_text(json.dumps({"meta": meta, "hostbench": bench.json(),
-                                    "summary": summaries}, indent=1) + "\n")
+                                    "hostbench_after": after.json(), "summary": summaries},
+                                   indent=1) + "\n")
     for variant, s in summaries.items():
         print(f"\n[{variant}] {s['runs']} runs")
         for m, ms in s["per_model"].items():
