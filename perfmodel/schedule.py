@@ -41,30 +41,34 @@ class DmaEngine:
     active copy) so that each arrival or completion costs O(log n).
     """
 
-    def __init__(self, bandwidth: float, latency: float, shared: bool):
-        self.bw, self.lat, self.shared = bandwidth, latency, shared
+    def __init__(self, bandwidth: float, latency: float, shared: bool, record: bool = False):
+        self.bw, self.lat, self.shared, self.record = bandwidth, latency, shared, record
         self.t = 0.0        # engine clock
         self.v = 0.0        # shared mode: virtual service per active copy
         self.pending: deque[tuple[float, int, float]] = deque()  # (arrival, id, bytes)
         self.heap: list[tuple[float, int]] = []                   # (finish V, id)
         self.done: dict[int, float] = {}
-        self.begin: list[float] = []
-        self.labels: list[tuple[str, int]] = []
+        self.n = 0
+        self.begin: dict[int, float] = {}          # when recording: start of service
+        self.labels: list[tuple[str, int]] = []    # when recording: (name, layer) per copy
         self.busy_bytes = 0.0
 
-    def issue(self, t: float, nbytes: float, label: tuple[str, int] = ("", 0)) -> int:
-        cid = len(self.begin)
+    def issue(self, t: float, nbytes: float, label: tuple[str, int] | None = None) -> int:
+        cid = self.n
+        self.n += 1
         self.busy_bytes += nbytes
-        self.labels.append(label)  # for lane_events
-        self.begin.append(t + self.lat)
+        start = t + self.lat
         if nbytes <= 0:
             self.done[cid] = t
         elif self.shared:
-            self.pending.append((t + self.lat, cid, nbytes))
+            self.pending.append((start, cid, nbytes))
         else:  # FIFO has a closed form: start when the engine frees
-            self.begin[cid] = max(self.t, t + self.lat)
-            self.t = self.begin[cid] + nbytes / self.bw
+            start = max(self.t, start)
+            self.t = start + nbytes / self.bw
             self.done[cid] = self.t
+        if self.record:
+            self.begin[cid] = start
+            self.labels.append(label)
         return cid
 
     def lane_events(self) -> list[tuple[str, str, int, float, float]]:
@@ -74,21 +78,26 @@ class DmaEngine:
 
     def completion(self, cid: int) -> float:
         """Serve copies (with the arrivals known now) until copy `cid` is complete."""
-        heap, pending = self.heap, self.pending
-        while cid not in self.done:
+        done = self.done
+        if cid in done:
+            return done[cid]
+        heap, pending, bw, t, v = self.heap, self.pending, self.bw, self.t, self.v
+        while cid not in done:
             n = len(heap)
-            t_next = self.t + (heap[0][0] - self.v) * n / self.bw if n else math.inf
+            t_next = t + (heap[0][0] - v) * n / bw if n else math.inf
             if pending and pending[0][0] <= t_next:
                 arrival, i, b = pending.popleft()
-                if n:
-                    self.v += (arrival - self.t) * self.bw / n if arrival > self.t else 0.0
-                self.t = max(self.t, arrival)
-                heapq.heappush(heap, (self.v + b, i))
+                if arrival > t:
+                    if n:
+                        v += (arrival - t) * bw / n
+                    t = arrival
+                heapq.heappush(heap, (v + b, i))
             else:
-                finish, i = heapq.heappop(heap)
-                self.t, self.v = t_next, finish
-                self.done[i] = t_next
-        return self.done[cid]
+                v, i = heapq.heappop(heap)
+                t = t_next
+                done[i] = t
+        self.t, self.v = t, v
+        return done[cid]
 
 
 @dataclass
@@ -240,7 +249,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                         record: bool = False, plan: list[Copy] | None = None) -> Timeline:
     """The megakernel timeline; on the model's own uniform stream or on a kernel's DMA plan."""
     bw = hw.core_hbm_bandwidth_bytes_per_s * hw.efficiency.hbm
-    dma = DmaEngine(bw, hw.dma_latency_s, hw.dma_sharing == "shared")
+    dma = DmaEngine(bw, hw.dma_latency_s, hw.dma_sharing == "shared", record)
     issue, completion, done = dma.issue, dma.completion, dma.done
     banks = ring_banks(hw, d.prefetch_bytes)
     st = uniform_stream(g, float(hw.dma_tile_bytes)) if plan is None else plan_stream(g, plan)
@@ -250,8 +259,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     owner = np.searchsorted(op_end, np.asarray(tile_end) - 0.5, side="right").tolist()
     slots = expert_slots(g, hw, d, banks, top_k)
     names, layers = g.name, g.layer.tolist()
-    label = (lambda k: (names[min(owner[k], len(g) - 1)], layers[min(owner[k], len(g) - 1)])) if record \
-        else (lambda k: ("", 0))
+    label = lambda k: record and (names[min(owner[k], len(g) - 1)], layers[min(owner[k], len(g) - 1)])
     comp, coll = op_compute_s(g, hw).tolist(), collective_s(g, hw).tolist()
     static, routed, kv_op = g.static_bytes.tolist(), g.routed_bytes.tolist(), g.kv_bytes.tolist()
     is_coll = g.is_collective.tolist()
