@@ -183,7 +183,7 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
             box[0] = scale(box[0])
             box[0].block_until_ready()
         copy[mib] = Stat.of(_time(rescale, repeats)).scaled(2 * nbytes)
-        del box
+        box.clear()  # free this size's array before the next
         bar.update()
 
     matvec = {}  # decode-shaped matmul over a weight far beyond the LLC: effective bytes/s

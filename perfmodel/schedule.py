@@ -261,7 +261,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     names, layers = g.name, g.layer.tolist()
     label = lambda k: record and (names[min(owner[k], len(g) - 1)], layers[min(owner[k], len(g) - 1)])
     comp, coll = op_compute_s(g, hw).tolist(), collective_s(g, hw).tolist()
-    static, routed, kv_op = g.static_bytes.tolist(), g.routed_bytes.tolist(), g.kv_bytes.tolist()
+    routed, kv_op = g.routed_bytes.tolist(), g.kv_bytes.tolist()
     is_coll = g.is_collective.tolist()
     tile_id = [issue(0.0, tile_bytes[k], label(k)) for k in range(min(banks, n_tiles))]
     next_tile = len(tile_id)

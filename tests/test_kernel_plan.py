@@ -8,17 +8,12 @@ from hypothesis import given, settings, strategies as st
 
 from kernels import layout, plan, reference, run
 from perfmodel import ops
-from perfmodel.arch import WEIGHT_FAMILIES, load_model
+from perfmodel.arch import WEIGHT_FAMILIES
 from perfmodel.deployment import Deployment
 from perfmodel.dmaplan import bytes_by_layer_family
 from perfmodel.errors import SpecError
 
 STATIC = ("attention", "dense_ffn", "shared_expert", "router", "lm_head")
-
-
-@pytest.fixture(scope="module")
-def spec():
-    return load_model("kimi-k3-mini")
 
 
 def cfg_(**kw):

@@ -26,21 +26,10 @@ from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interp_sta
 
 from kernels import layout, megakernel, plan, reference, vmem
 from kernels.specs import ODD_SIZED, derived_spec
-from perfmodel.arch import load_model
 from perfmodel.errors import SpecError
 
 ATOL, RTOL, MARGIN = 5e-2, 2e-2, 0.1
 CONTEXT = 32
-
-
-@pytest.fixture(scope="module")
-def spec():
-    return load_model("kimi-k3-mini")
-
-
-@pytest.fixture(scope="module")
-def weights(spec):
-    return reference.init_weights(spec, seed=0)
 
 
 def reference_distinct(spec, weights, cache, tokens, positions):

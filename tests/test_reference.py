@@ -11,18 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from kernels import reference
 from kernels.specs import ODD_SIZED, derived_spec
-from perfmodel.arch import load_model
 from perfmodel.errors import SpecError
-
-
-@pytest.fixture(scope="module")
-def spec():
-    return load_model("kimi-k3-mini")
-
-
-@pytest.fixture(scope="module")
-def weights(spec):
-    return reference.init_weights(spec, seed=0)
 
 
 def _inputs(spec, batch, context=16, seed=0):

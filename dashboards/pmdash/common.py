@@ -234,14 +234,6 @@ def predict_cached(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | 
     return out
 
 
-def has_chrome_trace() -> bool:
-    try:
-        from perfmodel.timeline import chrome_trace  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @st.cache_resource(show_spinner=False, max_entries=8)
 def chrome_trace_json(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None) -> str:
     """The simulated step as Perfetto / Chrome trace JSON (built only when downloaded)."""

@@ -152,9 +152,8 @@ def timeline(x: dict, r: dict) -> None:
     st.caption(f"{n} events in layers {lo}..{hi}; drag to zoom, double-click to reset.")
     c1, c2 = st.columns(2)
     args = (m_ref, h_ref, x["key"], x["vmem"])
-    if c.has_chrome_trace():
-        c1.download_button("Download Perfetto trace (JSON)", lambda: c.chrome_trace_json(*args),
-                           file_name="whatif_timeline.trace.json", mime="application/json", key="wi_trace_dl")
+    c1.download_button("Download Perfetto trace (JSON)", lambda: c.chrome_trace_json(*args),
+                       file_name="whatif_timeline.trace.json", mime="application/json", key="wi_trace_dl")
     c2.download_button("Download events (CSV)", lambda: events_csv(*args, lo, hi), file_name="whatif_events.csv",
                        mime="text/csv", key="wi_events_dl")
     st.caption("Reproduce with the CLI:")
