@@ -11,9 +11,6 @@ import math
 
 from .hardware import Hardware
 
-KINDS = ("all_reduce", "all_gather", "all_to_all")
-
-
 def steps(algorithm: str, kind: str, chips: int) -> int:
     """Sequential link steps of a collective among `chips` participants."""
     if chips <= 1:

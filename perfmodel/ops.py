@@ -21,7 +21,6 @@ from .arch import Layer, Matmul, ModelSpec
 from .deployment import Deployment
 from .moe import expected_busiest_group
 
-BYTE_CLASSES = ("static", "routed", "kv", "act")
 ACT_BYTES = 2  # bf16 activations
 
 
@@ -69,6 +68,8 @@ def build(model: ModelSpec, d: Deployment) -> OpGraph:
     """The op graph; cached per model object and the deployment fields it depends on (sweeps over
     prefetch depth, slots, engine or hardware reuse it). Callers must not mutate it."""
     key = (d.devices, d.tp, d.expert_groups, d.batch, d.context, d.rows_per_seq, d.routing_skew)
+    if id(model) not in _CACHE and len(_CACHE) >= 16:
+        _CACHE.clear()
     cache = _CACHE.setdefault(id(model), (model, {}))[1]
     if key not in cache:
         if len(cache) > 256:
