@@ -59,6 +59,12 @@ def errors(at: AppTest) -> list[str]:
     return [e.value for e in at.error]
 
 
+def assert_message(at: AppTest, needle: str) -> None:
+    """No exception, and an error element in the page that contains `needle`."""
+    assert_clean(at, errors_ok=True)
+    assert any(needle in e for e in errors(at)), errors(at)
+
+
 def charts(at: AppTest) -> dict[str, dict]:
     """Plotly charts on the page by key, as their figure JSON."""
     out = {}
@@ -225,11 +231,9 @@ def test_compare_user_measurements_upload():
     assert len(mine) == 1 and mine["batch"].item() == 16 and mine["source"].item() == "my bench"
     # a foreign file and a CSV with the wrong columns: a message, no exception
     at.file_uploader(key="cmp_upload").set_value(("photo.png", b"\x89PNG\r\n\x1a\n\x00\x00", "image/png")).run()
-    assert_clean(at, errors_ok=True)
-    assert any("expected a .csv" in e for e in errors(at))
+    assert_message(at, "expected a .csv")
     at.file_uploader(key="cmp_upload").set_value(("bad.csv", b"a,b\n1,2\n", "text/csv")).run()
-    assert_clean(at, errors_ok=True)
-    assert any("missing column(s) hardware, engine, batch, tokens_per_s" in e for e in errors(at))
+    assert_message(at, "missing column(s) hardware, engine, batch, tokens_per_s")
     at.file_uploader(key="cmp_upload").set_value(
         ("bad2.csv", b"hardware,engine,batch,tokens_per_s\ntpu-v7,megakernel,two,5\n", "text/csv")).run()
     assert any("column batch" in e for e in errors(at))
@@ -495,22 +499,18 @@ def test_validation_bad_inputs(monkeypatch, tmp_path):
     at = open_view("Validation", errors_ok=True)
     assert any("unexpected layout" in e for e in errors(at))
     at.text_input(key="val_path").input(str(tmp_path / "nope")).run()
-    assert_clean(at, errors_ok=True)
-    assert any("does not exist" in e for e in errors(at))
+    assert_message(at, "does not exist")
     other = tmp_path / "notes.txt"
     other.write_text("hello")
     at.text_input(key="val_path").input(str(other)).run()
     assert any("expected a .xplane.pb" in e for e in errors(at))
     at.text_input(key="val_path").input(str(tmp_path)).run()  # a directory without any trace
-    assert_clean(at, errors_ok=True)
-    assert any("Cannot use this trace" in e for e in errors(at))
+    assert_message(at, "Cannot use this trace")
     at.text_input(key="val_path").input("").run()
     at.file_uploader(key="val_upload").set_value(("cat.jpg", b"\xff\xd8\xff", "image/jpeg")).run()
-    assert_clean(at, errors_ok=True)
-    assert any("not a profiler trace" in e for e in errors(at))
+    assert_message(at, "not a profiler trace")
     at.file_uploader(key="val_upload").set_value(("run.xplane.pb", b"garbage", "application/octet-stream")).run()
-    assert_clean(at, errors_ok=True)
-    assert any("Cannot use this trace" in e for e in errors(at))
+    assert_message(at, "Cannot use this trace")
 
 
 def test_per_layer_table_units():
