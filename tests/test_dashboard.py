@@ -342,9 +342,9 @@ def test_whatif_widgets_change_outputs():
     assert small["step_ms"] > base["step_ms"]
     sweep = chart(at, "wi_prefetch_chart")["data"][0]
     assert max(arr(sweep["x"])) <= 16
-    cmd = next(c.value for c in at.code if "--vary vmem_mib=16" in c.value and "prefetch_mib" not in c.value)
-    out = run_cli(cmd)  # predict has no VMEM flag: the page shows the equivalent one-point sweep
-    assert out["rows"][0]["tokens_per_s"] == pytest.approx(small["tps"], rel=2e-3)
+    cmd = next(c.value for c in at.code if "perfmodel predict" in c.value and "--vmem-mib 16" in c.value)
+    out = run_cli(cmd)
+    assert out["results"][0]["tokens_per_s"] == pytest.approx(small["tps"], rel=2e-3)
     at.number_input(key="wi_vmem").set_value(None).run()
     at.number_input(key="wi_slots").set_value(2).run()
     assert_clean(at)

@@ -23,6 +23,7 @@ from perfmodel import arch, hardware
 from perfmodel.deployment import Deployment, SpecDecode
 from perfmodel.errors import SpecError
 from perfmodel.predict import predict
+from perfmodel.sweep import saturation, sweep
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 2**20
@@ -245,16 +246,10 @@ def chrome_trace_json(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float
 @st.cache_data(show_spinner=False, max_entries=256)
 def prefetch_sweep_cached(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None,
                           depths_mib: tuple[float, ...]) -> tuple[list[dict], dict | None]:
-    """Step time per prefetch depth (perfmodel.sweep when present) and the saturation point."""
+    """Step time per prefetch depth (perfmodel.sweep) and the saturation point."""
     model, hw = load_model_ref(m_ref), resolve_hw(hw_ref, onchip_mib)
-    d = make_deployment(key)
-    values = [x * MiB for x in depths_mib]
-    try:
-        from perfmodel import sweep as sweep_mod
-        rows = sweep_mod.sweep(model, hw, d, {"prefetch_bytes": values})
-        sat = sweep_mod.saturation(rows)
-    except (ImportError, AttributeError, TypeError):  # sweep module absent or a different signature
-        rows, sat = _local_sweep(model, hw, d, values)
+    rows = sweep(model, hw, make_deployment(key), {"prefetch_bytes": [x * MiB for x in depths_mib]})
+    sat = saturation(rows)
     clean = []
     for r in rows:
         row = {"prefetch_mib": r["prefetch_bytes"] / MiB}
@@ -268,22 +263,6 @@ def prefetch_sweep_cached(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: f
     return clean, sat_row
 
 
-def _local_sweep(model, hw, d, values):
-    rows = []
-    for v in values:
-        try:
-            p = predict(model, hw, dataclasses.replace(d, prefetch_bytes=v))
-            rows.append({"prefetch_bytes": v, "step_s": p.step_s, "tokens_per_s": p.tokens_per_s,
-                         "bound": p.bound, "breakdown_s": p.breakdown_s})
-        except SpecError as e:
-            rows.append({"prefetch_bytes": v, "error": str(e)})
-    ok = [r for r in rows if "step_s" in r]
-    if not ok:
-        return rows, None
-    best = min(r["step_s"] for r in ok)
-    return rows, min((r for r in ok if r["step_s"] <= best * 1.01), key=lambda r: r["prefetch_bytes"])
-
-
 # ----- CLI commands shown next to the numbers ---------------------------------------------------
 
 def _cli_name(kind: str, name: str) -> str:
@@ -295,6 +274,7 @@ def _cli_name(kind: str, name: str) -> str:
 
 
 def cli_args(model: str, hw: str, key: tuple, onchip_mib: float | None = None) -> list[str]:
+    """The deployment and hardware flags of every perfmodel command shown on the page."""
     k = dict(key)
     args = ["--model", _cli_name("model", model), "--hardware", _cli_name("hardware", hw),
             "--devices", str(k["devices"]), "--tp", str(k["tp"])]
@@ -309,35 +289,27 @@ def cli_args(model: str, hw: str, key: tuple, onchip_mib: float | None = None) -
         args += ["--expert-slots", str(k["expert_slots"])]
     if k["draft_rows"]:
         args += ["--draft-rows", str(k["draft_rows"]), "--acceptance-length", f"{k['acceptance_length']:g}"]
+    if onchip_mib is not None:
+        args += ["--vmem-mib", f"{onchip_mib:g}"]
     return args
 
 
 def cli_predict(model: str, hw: str, key: tuple, batches, onchip_mib: float | None = None) -> str:
-    """`perfmodel predict`; with an on-chip buffer override, `perfmodel sweep` (predict has no VMEM flag)."""
-    batch_list = ",".join(map(str, batches))
-    if onchip_mib is None:
-        return shlex.join(["perfmodel", "predict"] + cli_args(model, hw, key) + ["--batch", batch_list, "--json"])
-    return shlex.join(["perfmodel", "sweep"] + cli_args(model, hw, key) +
-                      ["--vary", f"vmem_mib={onchip_mib:g}", "--vary", f"batch={batch_list}", "--json"])
+    return shlex.join(["perfmodel", "predict"] + cli_args(model, hw, key, onchip_mib) +
+                      ["--batch", ",".join(map(str, batches)), "--json"])
 
 
 def cli_trace(model: str, hw: str, key: tuple, onchip_mib: float | None = None) -> str:
-    cmd = shlex.join(["perfmodel", "trace"] + cli_args(model, hw, key) +
-                     ["--batch", str(dict(key)["batch"]), "--out", "step.trace.json"])
-    if onchip_mib is not None:
-        cmd += (f"\n# perfmodel trace has no VMEM flag: copy the hardware preset with onchip_bytes = "
-                f"{onchip_mib * MiB:.0f} ({onchip_mib:g} MiB) and pass that .toml as --hardware")
-    return cmd
+    return shlex.join(["perfmodel", "trace"] + cli_args(model, hw, key, onchip_mib) +
+                      ["--batch", str(dict(key)["batch"]), "--out", "step.trace.json"])
 
 
 def cli_sweep(model: str, hw: str, key: tuple, depths_mib, onchip_mib: float | None = None) -> str:
     k = dict(key)
-    args = ["perfmodel", "sweep"] + cli_args(model, hw, with_key(key, prefetch_mib=None))
+    args = ["perfmodel", "sweep"] + cli_args(model, hw, with_key(key, prefetch_mib=None), onchip_mib)
     args += ["--vary", "prefetch_mib=" + ",".join(f"{x:g}" for x in depths_mib)]
     if k["batch"] != 1:  # sweep takes the batch as an axis
         args += ["--vary", f"batch={k['batch']}"]
-    if onchip_mib is not None:
-        args += ["--vary", f"vmem_mib={onchip_mib:g}"]
     return shlex.join(args + ["--json"])
 
 
