@@ -124,7 +124,23 @@ def from_dict(data: dict) -> Hardware:
     return hw
 
 
+def _number(field: str, v) -> None:
+    require(isinstance(v, (int, float)) and not isinstance(v, bool), field, v, "must be a number")
+
+
 def validate(hw: Hardware) -> None:
+    for f in dataclasses.fields(Hardware):
+        v = getattr(hw, f.name)
+        if f.type in ("float", "int"):
+            _number(f.name, v)
+        elif f.type == "str":
+            require(isinstance(v, str), f.name, v, "must be a string")
+    require(isinstance(hw.peak_flops_per_s, dict), "peak_flops_per_s", hw.peak_flops_per_s,
+            "must be a table of dtype = FLOP/s")
+    for k, v in hw.peak_flops_per_s.items():
+        _number(f"peak_flops_per_s.{k}", v)
+    for f in dataclasses.fields(Efficiency):
+        _number(f"efficiency.{f.name}", getattr(hw.efficiency, f.name))
     require(hw.kind in ("tpu", "gpu", "cpu"), "kind", hw.kind, "must be tpu, gpu or cpu")
     require(isinstance(hw.cores_per_chip, int) and hw.cores_per_chip > 0, "cores_per_chip",
             hw.cores_per_chip, "must be a positive integer")

@@ -28,7 +28,9 @@ def test_a_number_without_source_is_refused():
 
 
 @pytest.mark.parametrize("field,value", [("hbm_bandwidth_bytes_per_s", 0), ("dma_sharing", "lifo"),
-                                         ("kind", "fpga"), ("link_latency_s", -1e-6)])
+                                         ("kind", "fpga"), ("link_latency_s", -1e-6),
+                                         ("hbm_bandwidth_bytes_per_s", "fast"), ("peak_flops_per_s", 5),
+                                         ("onchip_kind", 3)])
 def test_bad_hardware_values_name_the_field(field, value):
     data = tomllib.loads((PRESET_DIR / "tpu-v7.toml").read_text())
     data[field] = value

@@ -28,10 +28,7 @@ def seed_table() -> pd.DataFrame:
 
 def calibration_role(m) -> str:
     """fitted (the calibration's training points) or held-out, as `perfmodel reproduce` names them."""
-    try:
-        from perfmodel.calibrate import role
-    except ImportError:
-        return ""
+    from perfmodel.calibrate import role
     return role(m)
 
 

@@ -178,10 +178,7 @@ def comparisons_table(results) -> pd.DataFrame:
 
 def compare_trace(path: Path, x: dict) -> list:
     """Parse a trace (run dir, directory of runs or .xplane.pb) and compare it with the model."""
-    try:
-        from perfmodel import validate
-    except ImportError:
-        raise SpecError("trace", str(path), "trace comparison (perfmodel.validate) is not available") from None
+    from perfmodel import validate
     try:
         return validate.validate(path, model=x["model"], hardware=x["hardware"], batch=x["batch"],
                                  context=x["context"], mode=x["mode"])
