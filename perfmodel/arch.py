@@ -204,15 +204,35 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+def _derived(base: dict, over: dict) -> dict:
+    """`over` merged into `base`; a nested table replaces only the keys it names, except
+    `attention`, replaced whole (its layer lists depend on the layer count)."""
+    if "attention" in over:
+        base = {k: v for k, v in base.items() if k != "attention"}
+    return _merge(base, over)
+
+
 def _read_toml(path: Path) -> dict:
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise SpecError("model file", str(path), f"not valid TOML: {e}") from None
     if "base" in data:
-        base = _read_toml(PRESET_DIR / f"{data.pop('base')}.toml")
-        data = _merge(base, data)
+        data = _derived(_preset_data(data.pop("base")), data)
     return data
+
+
+def _preset_data(name: str) -> dict:
+    preset = PRESET_DIR / f"{name}.toml"
+    require(preset.exists(), "model", name,
+            f"unknown preset; known: {', '.join(list_presets())} (or give a .toml/.json path)")
+    return _read_toml(preset)
+
+
+def derive(base: str, **overrides) -> ModelSpec:
+    """The preset `base` with `overrides` (nested tables as dicts), validated like a preset file:
+    `derive("kimi-k3", hidden=1024, moe={"experts": 64})`."""
+    return from_dict(_derived(_preset_data(base), overrides))
 
 
 def load_model(name_or_path: str) -> ModelSpec:
@@ -223,10 +243,7 @@ def load_model(name_or_path: str) -> ModelSpec:
     if p.suffix == ".toml":
         require(p.exists(), "model", name_or_path, "file not found")
         return from_dict(_read_toml(p))
-    preset = PRESET_DIR / f"{name_or_path}.toml"
-    require(preset.exists(), "model", name_or_path,
-            f"unknown preset; known: {', '.join(list_presets())} (or give a .toml/.json path)")
-    return from_dict(_read_toml(preset))
+    return from_dict(_preset_data(name_or_path))
 
 
 def _section(data: dict, key: str, cls, prefix: str):

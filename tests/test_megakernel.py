@@ -25,7 +25,8 @@ from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_me
 from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interp_state
 
 from kernels import layout, megakernel, plan, reference, vmem
-from kernels.specs import ODD_SIZED, derived_spec
+from kernels.specs import ODD_SIZED
+from perfmodel.arch import derive
 from perfmodel.errors import SpecError
 
 ATOL, RTOL, MARGIN = 5e-2, 2e-2, 0.1
@@ -97,7 +98,7 @@ def test_megakernel_many_steps_batch8(spec, weights):
 @pytest.mark.slow
 def test_megakernel_odd_sized_spec():
     """Widths that do not fill 128-wide tiles (padding paths), 6 layers, 32 experts top-6."""
-    spec = derived_spec(**ODD_SIZED)
+    spec = derive("kimi-k3", **ODD_SIZED)
     cfg = layout.KernelConfig(batch=3, max_context=CONTEXT, depth=7, expert_slots=3,
                               cache_block=8)
     run_both(spec, reference.init_weights(spec, seed=2), cfg, steps=2)
@@ -110,7 +111,7 @@ def test_megakernel_odd_sized_spec():
     dict(layers=2, attention={"default": "mla"}, ffn={"dense_layers": []}),  # MLA + MoE only
 ], ids=["no-moe", "mla-moe-only"])
 def test_megakernel_other_layer_mixes(layers):
-    spec = derived_spec(**(ODD_SIZED | layers))
+    spec = derive("kimi-k3", **(ODD_SIZED | layers))
     cfg = layout.KernelConfig(batch=2, max_context=CONTEXT, depth=3, cache_block=8)
     run_both(spec, reference.init_weights(spec, seed=3), cfg, steps=2)
 

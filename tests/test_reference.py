@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kernels import reference
-from kernels.specs import ODD_SIZED, derived_spec
+from kernels.specs import ODD_SIZED
+from perfmodel.arch import derive
 from perfmodel.errors import SpecError
 
 
@@ -153,7 +154,7 @@ def test_bad_inputs(spec, weights):
 
 def test_derived_spec_runs_in_f32():
     """Any size derived from the kimi-k3 preset (widths not multiples of 128), f32 weights."""
-    spec = derived_spec(**ODD_SIZED)
+    spec = derive("kimi-k3", **ODD_SIZED)
     w = reference.init_weights(spec, seed=1, dtype=jnp.float32)
     cache, tok, pos = _inputs(spec, 3)
     c2 = jax.tree.map(jnp.copy, cache)
@@ -165,9 +166,9 @@ def test_derived_spec_runs_in_f32():
 
 
 def test_derived_spec_overrides_and_errors():
-    spec = derived_spec(hidden=512, moe={"experts": 64})
+    spec = derive("kimi-k3", hidden=512, moe={"experts": 64})
     assert spec.hidden == 512 and spec.moe.experts == 64 and spec.moe.top_k == 16
     with pytest.raises(SpecError, match="model"):
-        derived_spec("no-such-preset")
+        derive("no-such-preset")
     with pytest.raises(SpecError, match="gqa"):
-        reference.init_weights(derived_spec("llama-3.2-1b"), 0)
+        reference.init_weights(derive("llama-3.2-1b"), 0)
