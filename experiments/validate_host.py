@@ -27,7 +27,7 @@ from pathlib import Path
 
 from perfmodel import hostbench, validate
 from perfmodel.arch import load_model
-from perfmodel.traces import capture_reference
+from perfmodel_jax.capture import capture_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"

@@ -11,13 +11,16 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from datetime import date
+from pathlib import Path
 
 import numpy as np
 from scipy.optimize import least_squares
 
 from .arch import PRESET_DIR as MODEL_DIR, load_model
 from .deployment import Deployment, SpecDecode
-from .hardware import PRESET_DIR, Efficiency, Hardware, load_hardware
+from .errors import require
+from .files import read_text
+from .hardware import Efficiency, Hardware, load_hardware
 from .measurements import Measurement, seed_measurements
 from .predict import predict
 
@@ -127,21 +130,24 @@ def trend(points: list[dict]) -> list[dict]:
             for b in batches]
 
 
-def write_presets(report: dict) -> list[str]:
-    """Store fitted values as preset defaults (model skew, hardware efficiency), with provenance."""
+def write_presets(report: dict, target) -> dict[Path, tuple[str, list[str]]]:
+    """The fitted values as preset defaults, with provenance: {file under `target`: (new text,
+    changes)}, `target` laid out as perfmodel/presets (models/, hardware/). A file `target` lacks
+    starts from the bundled preset. Nothing is written here (the caller writes atomically)."""
+    require(Path(target).is_dir(), "--write", str(target), "not an existing directory")
     stamp = f"fitted by perfmodel reproduce --write on {date.today()} on seed batches 1 and 8"
-    written = []
+    out: dict[Path, tuple[str, list[str]]] = {}
     for key, info in report["fitted_parameters"].items():
         scope, name = key.split(".", 1)
-        path = MODEL_DIR / f"{MODEL}.toml" if scope == "model" else PRESET_DIR / f"{scope}.toml"
-        text = path.read_text()
-        text, n = re.subn(rf"(?m)^{name} = (?!\")[^\n]*$", f"{name} = {info['value']:.6g}", text)
-        if n != 1:
-            raise RuntimeError(f"{path}: expected exactly one '{name} = ' line")
+        rel = Path("models", f"{MODEL}.toml") if scope == "model" else Path("hardware", f"{scope}.toml")
+        path = Path(target) / rel
+        text, changes = out.get(path) or (read_text(path if path.exists() else MODEL_DIR.parent / rel,
+                                                    "--write"), [])
+        old = re.findall(rf"(?m)^{name} = (?!\")([^\n]*)$", text)
+        require(len(old) == 1, "--write", str(path), f"expected exactly one '{name} = ' line")
+        text = re.sub(rf"(?m)^{name} = (?!\")[^\n]*$", f"{name} = {info['value']:.6g}", text)
         src_key = name if scope == "model" else "efficiency"
         text, n = re.subn(rf'(?m)^{src_key} = ".*"$', f'{src_key} = "{stamp}; the rest physical defaults"', text)
-        if n != 1:
-            raise RuntimeError(f"{path}: expected exactly one '{src_key} = \"...\"' source line")
-        path.write_text(text)
-        written.append(str(path))
-    return sorted(set(written))
+        require(n == 1, "--write", str(path), f"expected exactly one '{src_key} = \"...\"' source line")
+        out[path] = (text, changes + [f"{name} {old[0].strip()} -> {info['value']:.6g}"])
+    return out

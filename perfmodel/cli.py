@@ -9,57 +9,51 @@ import argparse
 import dataclasses
 import importlib
 import json
+import math
 import sys
+import traceback
 
 from . import arch, hardware
-from .deployment import Deployment, SpecDecode
+from .args import (MAX_SKEW, Parser, UsageError, choice, context, count, int_list, integer, items,
+                   nonnegative, number, positive)
+from .checks import one_line
+from .deployment import ENGINES, Deployment, SpecDecode
 from .errors import SpecError
-from .report import SCHEMA_VERSION, deployment_json, layer_summary, prediction_json, table
+from .files import write_atomic
+from .report import (SCHEMA_VERSION, deployment_json, json_text, layer_summary, plain,
+                     prediction_json, table)
 
-
-def int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def float_list(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+MAX_SWEEP_POINTS = 10_000
+MAX_STREAM_TILES = 2**22  # ring tiles the megakernel simulator walks per step (memory and time)
 
 
 def add_deployment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="kimi-k3", help="preset name or .toml / config.json path")
     p.add_argument("--hardware", default="tpu-v7", help="preset name or .toml path")
-    p.add_argument("--devices", type=int, default=32, help="JAX devices (TPU v7: 2 per chip) or GPUs")
-    p.add_argument("--tp", type=int, default=None, help="tensor parallel degree (default: devices)")
-    p.add_argument("--ep", type=int, default=None, help="expert-parallel groups (default: devices)")
-    p.add_argument("--engine", choices=("megakernel", "multikernel"), default="megakernel")
-    p.add_argument("--context", type=int, default=4096, help="tokens already in each sequence's cache")
-    p.add_argument("--prefetch-mib", type=float, default=None,
+    p.add_argument("--devices", type=count, default=32, help="JAX devices (TPU v7: 2 per chip) or GPUs")
+    p.add_argument("--tp", type=count, default=None, help="tensor parallel degree (default: devices)")
+    p.add_argument("--ep", type=count, default=None, help="expert-parallel groups (default: devices)")
+    p.add_argument("--engine", choices=ENGINES, default="megakernel")
+    p.add_argument("--context", type=context, default=4096, help="tokens already in each sequence's cache")
+    p.add_argument("--prefetch-mib", type=lambda v: number(v, 0, True, 2**30), default=None,
                    help="megakernel ring depth in MiB (default: half the on-chip buffer)")
-    p.add_argument("--expert-slots", type=int, default=None,
+    p.add_argument("--expert-slots", type=count, default=None,
                    help="megakernel expert buffers (default: as many as fit, at most top-k)")
-    p.add_argument("--vmem-mib", type=float, default=None,
+    p.add_argument("--vmem-mib", type=lambda v: number(v, 0, True, 2**30), default=None,
                    help="override the on-chip buffer per core (VMEM / shared memory), MiB")
-    p.add_argument("--routing-skew", type=float, default=None,
+    p.add_argument("--routing-skew", type=lambda v: number(v, hi=MAX_SKEW), default=None,
                    help="Zipf exponent of expert popularity (default: the model preset's)")
-    p.add_argument("--draft-rows", type=int, default=0, help="speculative decoding: drafted rows per step")
+    p.add_argument("--draft-rows", type=lambda t: integer(t, 0), default=0, help="speculative decoding: drafted rows per step")
     acc = p.add_mutually_exclusive_group()
-    acc.add_argument("--acceptance-length", type=float, default=None, help="tokens per step (tau)")
-    acc.add_argument("--acceptance-prob", type=float, default=None, help="per-token acceptance a")
-    p.add_argument("--draft-cost", type=float, default=0.05, help="drafter time / verification time")
+    acc.add_argument("--acceptance-length", type=positive, default=None, help="tokens per step (tau)")
+    acc.add_argument("--acceptance-prob", type=nonnegative, default=None, help="per-token acceptance a")
+    p.add_argument("--draft-cost", type=lambda v: number(v, hi=100), default=0.05, help="drafter time / verification time")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def load_inputs(a: argparse.Namespace):
     model, hw = arch.load_model(a.model), hardware.load_hardware(a.hardware)
     if a.vmem_mib is not None:
-        if a.vmem_mib <= 0:
-            raise SpecError("--vmem-mib", a.vmem_mib, "must be > 0")
         hw = hw.replace(onchip_bytes=a.vmem_mib * 2**20)
     spec = None
     if a.draft_rows:
@@ -70,6 +64,12 @@ def load_inputs(a: argparse.Namespace):
                    context=a.context, spec=spec, routing_skew=a.routing_skew,
                    expert_slots=a.expert_slots,
                    prefetch_bytes=a.prefetch_mib * 2**20 if a.prefetch_mib is not None else None)
+    tiles = model.weight_bytes() / (d.tp * hw.dma_tile_bytes)
+    if d.engine == "megakernel" and tiles > MAX_STREAM_TILES:
+        raise SpecError("dma_tile_bytes", hw.dma_tile_bytes,
+                        f"streams {model.name} in {tiles:.3g} tiles per step; the simulator takes at most "
+                        f"{MAX_STREAM_TILES}: use tiles of at least "
+                        f"{model.weight_bytes() / (d.tp * MAX_STREAM_TILES):.0f} B")
     return model, hw, d
 
 
@@ -133,32 +133,41 @@ def cmd_predict(a) -> dict:
     return out
 
 
-# friendly sweep axis -> (Deployment / Hardware field, unit scale or parser)
-SWEEP_AXES = {"batch": ("batch", int), "context": ("context", int),
-              "prefetch_mib": ("prefetch_bytes", lambda v: float(v) * 2**20),
-              "expert_slots": ("expert_slots", int), "routing_skew": ("routing_skew", float),
-              "vmem_mib": ("onchip_bytes", lambda v: float(v) * 2**20),
-              "hbm_gbps": ("hbm_bandwidth_bytes_per_s", lambda v: float(v) * 1e9),
-              "link_latency_us": ("link_latency_s", lambda v: float(v) * 1e-6),
-              "engine": ("engine", str), "dma_sharing": ("dma_sharing", str)}
+# friendly sweep axis -> (Deployment / Hardware field, parser of one value to the field's unit)
+MIB = 2**20
+SWEEP_AXES = {"batch": ("batch", count), "context": ("context", context),
+              "prefetch_mib": ("prefetch_bytes", lambda v: number(v, 0, True, 2**30) * MIB),
+              "expert_slots": ("expert_slots", count),
+              "routing_skew": ("routing_skew", lambda v: number(v, hi=MAX_SKEW)),
+              "vmem_mib": ("onchip_bytes", lambda v: number(v, 0, True, 2**30) * MIB),
+              "hbm_gbps": ("hbm_bandwidth_bytes_per_s", lambda v: number(v, 0, True, 1e9) * 1e9),
+              "link_latency_us": ("link_latency_s", lambda v: number(v, hi=1e9) * 1e-6),
+              "engine": ("engine", lambda v: choice(v, ENGINES)),
+              "dma_sharing": ("dma_sharing", lambda v: choice(v, hardware.DMA_SHARING))}
 
 
 def parse_vary(text: str) -> tuple[str, str, list]:
     name, _, values = text.partition("=")
-    if name not in SWEEP_AXES or not values:
+    if name not in SWEEP_AXES:
         raise argparse.ArgumentTypeError(
             f"expected AXIS=v1,v2,... with AXIS in {', '.join(SWEEP_AXES)}; got {text!r}")
     field, conv = SWEEP_AXES[name]
     try:
-        return name, field, [conv(v) for v in values.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad value in {text!r}") from None
+        return name, field, [conv(v) for v in items(values)]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{name}: {e}") from None
 
 
 def cmd_sweep(a) -> dict:
     from .sweep import saturation, sweep
     model, hw, d = load_inputs(a)
     axes = {field: values for _, field, values in a.vary}
+    names = [n for n, _, _ in a.vary]
+    if len(set(names)) < len(names):
+        raise SpecError("--vary", ",".join(names), "each axis at most once")
+    points = math.prod(len(v) for v in axes.values())
+    if points > MAX_SWEEP_POINTS:
+        raise SpecError("--vary", f"{points} points", f"at most {MAX_SWEEP_POINTS} per sweep")
     rows = sweep(model, hw, d, axes)
     out = {"schema_version": SCHEMA_VERSION, "command": "sweep", "inputs": inputs_json(a, model, hw, d),
            "axes": {name: values for name, _, values in a.vary}, "rows": rows}
@@ -195,10 +204,10 @@ def cmd_trace(a) -> dict:
     model, hw, d = load_inputs(a)
     p = predict(model, hw, dataclasses.replace(d, batch=a.batch), record=True)
     trace = chrome_trace(p)
-    with open(a.out, "w") as f:
-        json.dump(trace, f)
     out = {"schema_version": SCHEMA_VERSION, "command": "trace", "out": a.out,
            "events": len(trace["traceEvents"]), "step_s": p.step_s}
+    json_text(out)  # the output is complete before anything is written
+    write_atomic(a.out, json.dumps(plain(trace), allow_nan=False))
     if not a.json:
         print(f"wrote {a.out}: {out['events']} events, step {p.step_s * 1e3:.3f} ms "
               f"(open in ui.perfetto.dev or chrome://tracing)")
@@ -209,8 +218,13 @@ def cmd_reproduce(a) -> dict:
     from .calibrate import reproduce, write_presets
     out = reproduce(fit_parameters=not a.no_fit)
     out["command"] = "reproduce"
-    if a.write:
-        out["written"] = write_presets(out)
+    updates = write_presets(out, a.write) if a.write is not None else {}
+    if a.write is not None:
+        out["written"] = [{"path": str(path), "changes": changes}
+                          for path, (_, changes) in updates.items()]
+    json_text(out)  # the output is complete before anything is written
+    for path, (text, _) in updates.items():
+        write_atomic(path, text, "--write", parents=True)
     if not a.json:
         print_reproduce(out)
     return out
@@ -238,16 +252,17 @@ def print_reproduce(r: dict) -> None:
         print("\nmissed targets: " + "; ".join(
             f"{p['platform']} batch {p['batch']}{' spec' if p['spec_decode'] else ''} "
             f"({100 * p['error']:+.1f} %, {p['role']})" for p in missed) + " (see README 'Seed table')")
-    for path in r.get("written", []):
-        print(f"wrote fitted defaults into {path}")
+    for w in r.get("written", []):
+        print(f"wrote {w['path']}: " + "; ".join(w["changes"]))
 
 
 # Modules that add their own subcommands: each has add_parser(subparsers) setting `func`.
-EXTENSIONS: tuple[str, ...] = ("perfmodel.hostbench", "perfmodel.traces", "perfmodel.validate")
+EXTENSIONS: tuple[str, ...] = ("perfmodel.hostbench", "perfmodel_jax.capture", "perfmodel.validate")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="perfmodel", description=__doc__.splitlines()[0])
+    parser = Parser(prog="perfmodel", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show the traceback of internal errors")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="show model and hardware presets")
     p.add_argument("--json", action="store_true")
@@ -264,12 +279,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sweep, batch=1)
     p = sub.add_parser("trace", help="export the simulated step as Perfetto / Chrome trace JSON")
     add_deployment_args(p)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--out", default="predicted_trace.json")
+    p.add_argument("--batch", type=count, default=1)
+    p.add_argument("--out", default="predicted_trace.json", help="trace file to write")
     p.set_defaults(func=cmd_trace)
     p = sub.add_parser("reproduce", help="the seed table: fit on batch 1 and 8, predict the rest")
     p.add_argument("--no-fit", action="store_true", help="physical defaults only, nothing fitted")
-    p.add_argument("--write", action="store_true", help="store the fitted values as preset defaults")
+    p.add_argument("--write", metavar="PRESETS_DIR", default=None,
+                   help="store the fitted values as preset defaults in PRESETS_DIR/models/*.toml and "
+                        "PRESETS_DIR/hardware/*.toml (an existing directory, e.g. perfmodel/presets of "
+                        "a checkout); prints what it changed")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_reproduce)
     for name in EXTENSIONS:
@@ -278,19 +296,54 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    a = parser.parse_args(argv)
+    """Run one command. Exit 0; 2 with one line on stderr for bad input (or a missing optional
+    dependency); 1 with one line for an internal error (`--debug` adds the traceback)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = "perfmodel"
+    if hasattr(sys.stdout, "reconfigure"):  # echoed paths may hold undecodable bytes
+        sys.stdout.reconfigure(errors="backslashreplace")
     try:
+        a = build_parser().parse_args(argv)
+        command = f"perfmodel {a.command}"
         out = a.func(a)
         if getattr(a, "json", False):
-            json.dump(out, sys.stdout, indent=1)
-            print()
+            sys.stdout.write(json_text(out))
+        sys.stdout.flush()
+    except SystemExit as e:  # --help, --version
+        return e.code if isinstance(e.code, int) else 0
+    except UsageError as e:
+        return _fail(str(e), 2)
     except SpecError as e:
-        print(f"perfmodel {a.command}: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(f"{command}: error: {e}", 2)
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] in OPTIONAL:
+            return _fail(f"{command}: needs {e.name.split('.')[0]}, which is not installed: "
+                         f"pip install 'perfmodel[{OPTIONAL[e.name.split('.')[0]]}]'", 2)
+        return _internal(command, e, "--debug" in argv)
     except BrokenPipeError:  # output piped into head and the like
         sys.stderr.close()
+    except KeyboardInterrupt:
+        return _fail(f"{command}: interrupted", 130)
+    except Exception as e:
+        return _internal(command, e, "--debug" in argv)
     return 0
+
+
+# optional dependency (top-level module) -> the extra that installs it
+OPTIONAL = {"jax": "jax", "jaxlib": "jax", "streamlit": "dashboard", "plotly": "dashboard",
+            "pandas": "dashboard"}
+
+
+def _fail(message: str, code: int) -> int:
+    print(one_line(message), file=sys.stderr)
+    return code
+
+
+def _internal(command: str, e: BaseException, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(e)
+    return _fail(f"{command}: internal error: {type(e).__name__}: {e} (please report it; "
+                 f"--debug shows the traceback)", 1)
 
 
 if __name__ == "__main__":

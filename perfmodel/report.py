@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+
+import numpy as np
 
 from .predict import Prediction
 
@@ -51,3 +55,24 @@ def deployment_json(d) -> dict:
     out = dataclasses.asdict(d)
     out["ep"] = d.expert_groups
     return out
+
+
+def plain(x):
+    """`x` as plain JSON types: numpy scalars and arrays become Python numbers and lists, tuples
+    lists, keys strings; a non-finite number (an undefined ratio, say) becomes None (null)."""
+    if isinstance(x, dict):
+        return {str(k): plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return [plain(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if x is None or isinstance(x, (str, bool, int, float)):
+        return x
+    raise TypeError(f"{type(x).__name__} in JSON output")
+
+
+def json_text(out: dict) -> str:
+    """The --json form of a command's result: plain JSON (no NaN / Infinity), one object."""
+    return json.dumps(plain(out), indent=1, allow_nan=False) + "\n"

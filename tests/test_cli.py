@@ -53,7 +53,7 @@ def test_list_sweep_and_trace(capsys, tmp_path):
 
 @pytest.mark.parametrize("argv,needle", [
     (["predict", "--model", "gpt-17"], "model='gpt-17'"),
-    (["predict", "--batch", "0"], "batch=0"),
+    (["predict", "--batch", "0"], "--batch"),
     (["predict", "--tp", "5"], "tp=5"),
     (["predict", "--devices", "1", "--hardware", "h100"], "does not fit"),
     (["predict", "--prefetch-mib", "100"], "prefetch_bytes"),

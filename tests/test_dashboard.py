@@ -463,7 +463,7 @@ def test_validation_host_csv_schema_runs_and_step_rows(monkeypatch, tmp_path):
 def captured_traces(tmp_path_factory):
     """One real host capture of the reference step (perfmodel capture; about 20 s on 2 cores)."""
     pytest.importorskip("jax")
-    from perfmodel.traces import capture_reference
+    from perfmodel_jax.capture import capture_reference
     out = tmp_path_factory.mktemp("traces")
     runs = capture_reference("kimi-k3-host-small", out, batches=(1,), contexts=(64,), modes=("compiled",), steps=2)
     return out, runs[0]

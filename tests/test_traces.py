@@ -16,6 +16,7 @@ import pytest
 from perfmodel import traces
 from perfmodel.cli import main
 from perfmodel.errors import SpecError
+from perfmodel_jax import capture
 from test_hostbench import bench  # a synthetic HostBench
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -213,8 +214,8 @@ def test_validate_cli_errors(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     out = tmp_path_factory.mktemp("traces")
-    runs = traces.capture_reference("kimi-k3-host-small", out, batches=(2,), contexts=(16,),
-                                    steps=3)
+    runs = capture.capture_reference("kimi-k3-host-small", out, batches=(2,), contexts=(16,),
+                                     steps=3)
     return out, runs
 
 
@@ -224,7 +225,7 @@ def test_recorded_cpu_traces_attribute_95_percent(recorded):
                                       "kimi-k3-host-small_b2_c16_op_by_op"]
     for r in runs:
         meta = json.loads((r / "capture.json").read_text())
-        assert meta["batch"] == 2 and meta["steps"] == 3 and len(meta["host_step_s"]) == 3 * traces.UNTRACED_STEPS_PER_STEP
+        assert meta["batch"] == 2 and meta["steps"] == 3 and len(meta["host_step_s"]) == 3 * capture.UNTRACED_STEPS_PER_STEP
         t = traces.parse_trace(r)
         print(f"{r.name}: unattributed share {t.unattributed_share:.3%}")
         assert t.unattributed_share <= 0.05
