@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from .checks import HF_CONFIG, MAX_EXPERTS, MAX_LAYERS, MAX_SKEW, MODEL_FILE, STR, check_range, check_tree, check_type
 from .errors import SpecError, positive_int, require
+from .files import check_path, read_text
 from .formats import Format, get_format
 
 PRESET_DIR = Path(__file__).parent / "presets" / "models"
@@ -212,21 +214,23 @@ def _derived(base: dict, over: dict) -> dict:
     return _merge(base, over)
 
 
-def _read_toml(path: Path) -> dict:
+def _read_toml(path: Path, chain: tuple[str, ...] = ()) -> dict:
+    text = read_text(path, "model file")
     try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
+        data = tomllib.loads(text)
+    except (ValueError, RecursionError) as e:  # TOMLDecodeError, over-long integers, deep nesting
         raise SpecError("model file", str(path), f"not valid TOML: {e}") from None
     if "base" in data:
-        data = _derived(_preset_data(data.pop("base")), data)
+        base = check_type("base", data.pop("base"), STR)
+        require(base not in chain, "base", base, "cycle: " + " -> ".join(chain + (base,)))
+        data = _derived(_preset_data(base, chain + (base,)), data)
     return data
 
 
-def _preset_data(name: str) -> dict:
-    preset = PRESET_DIR / f"{name}.toml"
-    require(preset.exists(), "model", name,
+def _preset_data(name: str, chain: tuple[str, ...] = ()) -> dict:
+    require(name in list_presets(), "model", name,
             f"unknown preset; known: {', '.join(list_presets())} (or give a .toml/.json path)")
-    return _read_toml(preset)
+    return _read_toml(PRESET_DIR / f"{name}.toml", chain or (name,))
 
 
 def derive(base: str, **overrides) -> ModelSpec:
@@ -237,7 +241,7 @@ def derive(base: str, **overrides) -> ModelSpec:
 
 def load_model(name_or_path: str) -> ModelSpec:
     """A preset name (`perfmodel list`), a preset-format .toml file or an HF config.json."""
-    p = Path(name_or_path)
+    p = check_path("--model", name_or_path)
     if p.suffix == ".json" or (p.is_dir() and (p / "config.json").exists()):
         return from_hf_config(p / "config.json" if p.is_dir() else p)
     if p.suffix == ".toml":
@@ -269,9 +273,11 @@ def _section(data: dict, key: str, cls, prefix: str):
 
 def from_dict(data: dict) -> ModelSpec:
     """Build and validate a ModelSpec from the preset schema (see presets/models/*.toml)."""
+    check_tree(data, MODEL_FILE)
     for key in ("name", "hidden", "vocab", "layers"):
         require(key in data, key, None, "required field is missing")
     n = positive_int("layers", data["layers"])
+    require(n <= MAX_LAYERS, "layers", n, f"at most {MAX_LAYERS}")
     attn = data.get("attention", {})
     default = attn.get("default", "gqa")
     require(default in ATTENTION_KINDS, "attention.default", default,
@@ -326,6 +332,8 @@ def _validate(s: ModelSpec) -> None:
         require(s.moe is not None, "moe", None, "MoE layers present but [moe] is missing")
         m = s.moe
         positive_int("moe.experts", m.experts), positive_int("moe.top_k", m.top_k)
+        require(m.experts <= MAX_EXPERTS, "moe.experts", m.experts, f"at most {MAX_EXPERTS}")
+        check_range("moe.routing_skew", m.routing_skew, 0, MAX_SKEW)
         positive_int("moe.expert_width", m.expert_width)
         require(m.top_k <= m.experts, "moe.top_k", m.top_k,
                 f"must be <= moe.experts ({m.experts})")
@@ -335,12 +343,13 @@ def _validate(s: ModelSpec) -> None:
 
 def from_hf_config(path: Path) -> ModelSpec:
     """DeepSeek-V3 / Kimi K2 / Kimi Linear / Llama style config.json -> ModelSpec."""
+    text = read_text(path, "model file")
     try:
-        c = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        c = json.loads(text)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, over-long integers, deep nesting
         raise SpecError("model file", str(path), f"not a readable JSON config: {e}") from None
     require(isinstance(c, dict), "model file", str(path), "expected a JSON object")
-    c = c.get("text_config", c)
+    c = check_tree(c.get("text_config", c), HF_CONFIG, "config.json")
 
     def get(key, default=None):
         if key in c:

@@ -11,7 +11,6 @@ import math
 MAX_COUNT = 2**20       # batch sizes, devices, slots, steps: far beyond any real deployment
 MAX_CONTEXT = 2**30     # tokens in one sequence's cache
 MAX_LIST = 256          # values in one comma-separated list
-MAX_SKEW = 10.0         # Zipf exponent of expert popularity (1: already very skewed)
 
 
 class UsageError(Exception):

@@ -17,21 +17,47 @@ MAX_INT = 2**53            # larger integers lose precision (and overflow) as fl
 MAX_DEPTH = 8              # nesting of tables / lists in a spec file
 MAX_ITEMS = 100_000        # entries of one list or table
 
-NUMBER = "number"          # an int or a float, not a bool
-INT = "integer"
-STR = "string"
-BOOL = "boolean"
-TABLE = "table"
-LIST = "list"
+MAX_SKEW = 10.0            # Zipf exponent of expert popularity (1 is already very skewed)
+
+NUMBER, INT, STR, BOOL, TABLE, LIST = "a number", "an integer", "a string", "a boolean", "a table", "a list"
+COUNT = "a positive integer"
+LAYERS = f"an integer in [0, {MAX_LAYERS}]"
 _CHECK = {NUMBER: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
           INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
           STR: lambda v: isinstance(v, str), BOOL: lambda v: isinstance(v, bool),
           TABLE: lambda v: isinstance(v, dict), LIST: lambda v: isinstance(v, list),
+          COUNT: lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+          LAYERS: lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_LAYERS,
           None: lambda v: v is None}
+
+# File schemas for check_tree: a tuple of kinds; a dict for a table ("*": any other key); a
+# one-element list for a list of that rule. Finer checks stay with the loaders.
+_SECTION = {"*": (NUMBER, BOOL)}
+MODEL_FILE = {"name": (STR,), "base": (STR,), "hidden": (INT,), "vocab": (INT,),
+              "layers": (INT,), "tie_embeddings": (BOOL,),
+              "attention": {"default": (STR,), "*": [(INT,)]},
+              "ffn": {"dense_layers": [(INT,)], "dense_width": (INT,)},
+              "formats": {"*": (STR,)}, "sources": {"*": (STR,)},
+              "kda": _SECTION, "mla": _SECTION, "gqa": _SECTION, "moe": _SECTION,
+              "inherit_fitted": [(STR,)]}
+HARDWARE_FILE = {"peak_flops_per_s": {"*": (NUMBER,)}, "efficiency": {"*": (NUMBER,)},
+                 "sources": {"*": (STR,)}, "*": (NUMBER, STR)}
+_OPT_INT = (INT, None)
+HF_CONFIG = {"_name_or_path": (STR, None), "num_hidden_layers": (LAYERS,), "hidden_size": (COUNT,),
+             "vocab_size": (COUNT,), "tie_word_embeddings": (BOOL, None),
+             "num_attention_heads": (COUNT,), "num_key_value_heads": (COUNT, None),
+             "head_dim": _OPT_INT, "sliding_window": _OPT_INT, "kv_lora_rank": _OPT_INT,
+             "q_lora_rank": _OPT_INT, "qk_nope_head_dim": _OPT_INT, "qk_rope_head_dim": _OPT_INT,
+             "v_head_dim": _OPT_INT, "intermediate_size": _OPT_INT,
+             "n_routed_experts": _OPT_INT, "num_experts": _OPT_INT, "n_shared_experts": _OPT_INT,
+             "moe_intermediate_size": _OPT_INT, "num_experts_per_tok": _OPT_INT,
+             "first_k_dense_replace": (LAYERS, None), "quantization_config": (TABLE, None),
+             "linear_attn_config": {"num_heads": (COUNT,), "head_dim": (COUNT,),
+                                    "short_conv_kernel_size": (INT,), "full_attn_layers": [(INT,)]}}
 
 
 def check_type(field: str, value, *kinds: str | None):
-    """`value` if it is one of `kinds` (NUMBER, INT, STR, BOOL, TABLE, LIST, None for null)."""
+    """`value` if it is one of `kinds` (NUMBER, INT, COUNT, STR, ..., None for null)."""
     require(any(_CHECK[k](value) for k in kinds), field, value,
             "must be " + " or ".join(k or "null" for k in kinds))
     return value
@@ -56,27 +82,27 @@ def check_range(field: str, value, lo=None, hi=None, lo_open: bool = False):
     return value
 
 
-def check_tree(data, schema: dict | None = None, prefix: str = "", depth: int = 0):
-    """Every value in a parsed file finite, bounded and nested at most MAX_DEPTH deep; keys in
-    `schema` of its kind: {"key": (kinds...)} or {"key": {nested schema}} for a table."""
-    field = prefix.rstrip(".") or "file"
+def check_tree(data, rule=None, field: str = "file", depth: int = 0):
+    """Every value in parsed file data finite, bounded and nested at most MAX_DEPTH deep, and of
+    the kind `rule` (a schema as MODEL_FILE) says; returns `data`."""
     require(depth <= MAX_DEPTH, field, "...", f"nested more than {MAX_DEPTH} deep")
+    if isinstance(rule, dict):
+        check_type(field, data, TABLE)
+    elif isinstance(rule, list):
+        check_type(field, data, LIST)
+    elif rule:
+        check_type(field, data, *rule)
     if isinstance(data, (dict, list)):
         require(len(data) <= MAX_ITEMS, field, f"{len(data)} entries", f"at most {MAX_ITEMS}")
     if isinstance(data, list):
         for i, v in enumerate(data):
-            check_tree(v, None, f"{prefix.rstrip('.')}[{i}].", depth + 1)
-        return data
-    if not isinstance(data, dict):
-        return check_finite(field, data)
-    for k, v in data.items():
-        key = f"{prefix}{k}"
-        rule = (schema or {}).get(k)
-        if isinstance(rule, dict):
-            check_type(key, v, TABLE)
-        elif rule:
-            check_type(key, v, *rule)
-        check_tree(v, rule if isinstance(rule, dict) else None, key + ".", depth + 1)
+            check_tree(v, rule[0] if isinstance(rule, list) else None, f"{field}[{i}]", depth + 1)
+    elif isinstance(data, dict):
+        sub = rule if isinstance(rule, dict) else {}
+        for k, v in data.items():
+            check_tree(v, sub.get(k, sub.get("*")), f"{field}.{k}" if depth else str(k), depth + 1)
+    else:
+        check_finite(field, data)
     return data
 
 

@@ -14,12 +14,12 @@ import sys
 import traceback
 
 from . import arch, hardware
-from .args import (MAX_SKEW, Parser, UsageError, choice, context, count, int_list, integer, items,
+from .args import (Parser, UsageError, choice, context, count, int_list, integer, items,
                    nonnegative, number, positive)
-from .checks import one_line
+from .checks import MAX_SKEW, one_line
 from .deployment import ENGINES, Deployment, SpecDecode
-from .errors import SpecError
-from .files import write_atomic
+from .errors import SpecError, require
+from .files import check_path, write_atomic
 from .report import (SCHEMA_VERSION, deployment_json, json_text, layer_summary, plain,
                      prediction_json, table)
 
@@ -216,6 +216,8 @@ def cmd_trace(a) -> dict:
 
 def cmd_reproduce(a) -> dict:
     from .calibrate import reproduce, write_presets
+    if a.write is not None:  # before the fit, which takes a while
+        require(check_path("--write", a.write).is_dir(), "--write", a.write, "not an existing directory")
     out = reproduce(fit_parameters=not a.no_fit)
     out["command"] = "reproduce"
     updates = write_presets(out, a.write) if a.write is not None else {}
@@ -299,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. Exit 0; 2 with one line on stderr for bad input (or a missing optional
     dependency); 1 with one line for an internal error (`--debug` adds the traceback)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv  # accepted anywhere on the line
+    argv = [x for x in argv if x != "--debug"]
     command = "perfmodel"
     if hasattr(sys.stdout, "reconfigure"):  # echoed paths may hold undecodable bytes
         sys.stdout.reconfigure(errors="backslashreplace")
@@ -319,13 +323,13 @@ def main(argv: list[str] | None = None) -> int:
         if (e.name or "").split(".")[0] in OPTIONAL:
             return _fail(f"{command}: needs {e.name.split('.')[0]}, which is not installed: "
                          f"pip install 'perfmodel[{OPTIONAL[e.name.split('.')[0]]}]'", 2)
-        return _internal(command, e, "--debug" in argv)
+        return _internal(command, e, debug)
     except BrokenPipeError:  # output piped into head and the like
         sys.stderr.close()
     except KeyboardInterrupt:
         return _fail(f"{command}: interrupted", 130)
     except Exception as e:
-        return _internal(command, e, "--debug" in argv)
+        return _internal(command, e, debug)
     return 0
 
 

@@ -11,7 +11,8 @@ from .errors import SpecError, require
 MAX_FILE_BYTES = 64 * 2**20   # a spec or config file; traces are read elsewhere
 
 
-def _path(field: str, path) -> Path:
+def check_path(field: str, path) -> Path:
+    """`path` as a Path, if it could name a file (not empty, no NUL, not over-long)."""
     text = str(path)
     require(text != "", field, text, "empty path")
     require("\0" not in text, field, text, "path holds a NUL character")
@@ -23,7 +24,7 @@ def _path(field: str, path) -> Path:
 
 def read_text(path, field: str = "file") -> str:
     """The UTF-8 text of a user file, or a SpecError naming the file and what is wrong."""
-    p = _path(field, path)
+    p = check_path(field, path)
     try:
         with open(p, "rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
@@ -40,7 +41,7 @@ def read_text(path, field: str = "file") -> str:
 def write_atomic(path, text: str, field: str = "--out", parents: bool = False) -> Path:
     """Write `text` to a temporary file beside `path`, then rename it over `path`: a reader
     sees the old file or the whole new one, never a part. `parents`: create missing directories."""
-    p = _path(field, path)
+    p = check_path(field, path)
     if parents:
         try:
             p.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .checks import HARDWARE_FILE, check_tree
 from .errors import SpecError, require
+from .files import check_path, read_text
 
 PRESET_DIR = Path(__file__).parent / "presets" / "hardware"
 DMA_SHARING = ("fifo", "shared")
@@ -81,16 +83,17 @@ def list_presets() -> list[str]:
 
 
 def load_hardware(name_or_path: str) -> Hardware:
-    p = Path(name_or_path)
+    p = check_path("--hardware", name_or_path)
     if p.suffix == ".toml":
         require(p.exists(), "hardware", name_or_path, "file not found")
     else:
-        p = PRESET_DIR / f"{name_or_path}.toml"
-        require(p.exists(), "hardware", name_or_path,
+        require(name_or_path in list_presets(), "hardware", name_or_path,
                 f"unknown preset; known: {', '.join(list_presets())} (or give a .toml path)")
+        p = PRESET_DIR / f"{name_or_path}.toml"
+    text = read_text(p, "hardware file")
     try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
+        data = tomllib.loads(text)
+    except (ValueError, RecursionError) as e:  # TOMLDecodeError, over-long integers, deep nesting
         raise SpecError("hardware file", str(p), f"not valid TOML: {e}") from None
     return from_dict(data)
 
@@ -104,7 +107,7 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 def from_dict(data: dict) -> Hardware:
-    data = dict(data)
+    data = dict(check_tree(data, HARDWARE_FILE))
     sources = data.pop("sources", {})
     eff = data.pop("efficiency", {})
     names = {f.name for f in dataclasses.fields(Hardware)} - {"efficiency", "sources"}

@@ -32,7 +32,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .checks import COUNT, INT, NUMBER, STR, check_tree
 from .errors import SpecError
+from .files import check_path, read_text
 
 STEP_NAME = "decode_step"
 SCOPE_RE = re.compile(r"(?:^|/)(embed|head|layer_(\d+)/(attention|ffn|moe))(?=/|$)")
@@ -118,7 +120,9 @@ def load_hlo_dir(hlo_dir: Path) -> dict[int, dict[str, str]]:
     """program_id -> (instruction -> scope) for every dumped module in `hlo_dir`."""
     out = {}
     for f in Path(hlo_dir).glob(f"module_*{HLO_SUFFIX}"):
-        out[int(f.name.split(".")[0].split("_")[1])] = hlo_scopes(f.read_text())
+        pid = f.name.split(".")[0].split("_")[1]
+        if pid.isdigit():
+            out[int(pid)] = hlo_scopes(read_text(f, "HLO dump"))
     return out
 
 
@@ -126,7 +130,7 @@ def load_hlo_dir(hlo_dir: Path) -> dict[int, dict[str, str]]:
 
 def find_xplane(path: str | Path) -> Path:
     """The `.xplane.pb` file at `path` (a file, or the newest one under a directory)."""
-    p = Path(path)
+    p = check_path("--trace", path)
     if p.is_file():
         return p
     if not p.exists():
@@ -291,6 +295,20 @@ class TraceSummary:
                 "notes": self.notes}
 
 
+CAPTURE_FILE = {"model": (STR,), "batch": (COUNT,), "context": (INT,), "mode": (STR,), "steps": (COUNT,),
+                "host_step_s": [(NUMBER,)], "hlo_dir": (STR,), "weights_dtype": (STR,)}
+
+
+def capture_meta(path: Path) -> dict:
+    """A run's capture.json (what ran, host wall times), checked."""
+    text = read_text(path, "capture.json")
+    try:
+        meta = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise SpecError("capture.json", str(path), f"not valid JSON: {e}") from None
+    return check_tree(meta, CAPTURE_FILE, "capture.json")
+
+
 def layer_index(scope: str, n_layers: int) -> int:
     s = scope_of(scope)
     return 0 if s[0] == "embed" else n_layers + 1 if s[0] == "head" else s[1]
@@ -306,9 +324,9 @@ def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: i
     run_dir = Path(path) if Path(path).is_dir() else xp.parent
     meta_file = next((d / "capture.json" for d in [run_dir, *run_dir.parents][:5]
                       if (d / "capture.json").exists()), None)
-    meta = json.loads(meta_file.read_text()) if meta_file else {}
+    meta = capture_meta(meta_file) if meta_file else {}
     if hlo_dir is None:
-        cands = ([meta_file.parent / meta["hlo_dir"]] if meta.get("hlo_dir") else []) + \
+        cands = ([meta_file.parent / check_path("hlo_dir", meta["hlo_dir"])] if meta.get("hlo_dir") else []) + \
             [d / "hlo" for d in [run_dir, *run_dir.parents][:5]]
         hlo_dir = next((c for c in cands if c.is_dir()), None)
     hlo = load_hlo_dir(Path(hlo_dir)) if hlo_dir else {}

@@ -23,7 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import SpecError
+from .args import context, count
+from .checks import check_tree
+from .errors import SpecError, require
+from .files import read_text
 from .traces import TraceSummary, parse_trace
 
 DEFAULT_HOST_HARDWARE = "experiments/results/host-cpu.toml"
@@ -98,12 +101,18 @@ def matched_hbm_efficiency(hw_path: str, dtype: str, batch: int) -> float:
     if not jpath.exists():
         raise SpecError("--matched-efficiency", str(jpath), "needs the hostbench JSON beside the "
                         "hardware file (run `perfmodel hostbench`)")
-    data = json.loads(jpath.read_text())
-    curve = {int(k.split("/")[1]): v["median"] for k, v in data["matvec_bandwidth_bytes_per_s"].items()
-             if k.split("/")[0] == {"bfloat16": "bf16"}.get(dtype, dtype)}
-    stream = data["read_bandwidth_bytes_per_s"][str(max(map(int, data["read_bandwidth_bytes_per_s"])))]
-    rows = min(curve, key=lambda r: (abs(r - batch), r))  # nearest measured batch
-    return min(1.0, curve[rows] / stream["median"])
+    try:
+        data = check_tree(json.loads(read_text(jpath, "--matched-efficiency")))
+        curve = {int(k.split("/")[1]): v["median"] for k, v in data["matvec_bandwidth_bytes_per_s"].items()
+                 if k.split("/")[0] == {"bfloat16": "bf16"}.get(dtype, dtype)}
+        stream = data["read_bandwidth_bytes_per_s"][str(max(map(int, data["read_bandwidth_bytes_per_s"])))]
+        rows = min(curve, key=lambda r: (abs(r - batch), r))  # nearest measured batch
+        eff = curve[rows] / stream["median"]
+    except (ValueError, RecursionError, KeyError, TypeError, IndexError, ZeroDivisionError) as e:
+        raise SpecError("--matched-efficiency", str(jpath), f"not a hostbench JSON ({type(e).__name__}: "
+                        f"{e})") from None
+    require(eff > 0, "--matched-efficiency", str(jpath), "the decode-matmul bandwidth must be > 0")
+    return min(1.0, eff)
 
 
 def compare(t: TraceSummary, model=None, hardware: str = DEFAULT_HOST_HARDWARE,
@@ -239,8 +248,8 @@ def add_parser(sub) -> None:
     p.add_argument("--trace", required=True, help="a captured run, a directory of runs, or a .xplane.pb")
     p.add_argument("--model", default=None, help="default: the capture's model")
     p.add_argument("--hardware", default=DEFAULT_HOST_HARDWARE, help="preset or .toml (hostbench output)")
-    p.add_argument("--batch", type=int, default=None, help="default: the capture's")
-    p.add_argument("--context", type=int, default=None, help="default: the capture's")
+    p.add_argument("--batch", type=count, default=None, help="default: the capture's")
+    p.add_argument("--context", type=context, default=None, help="default: the capture's")
     p.add_argument("--mode", choices=("compiled", "op_by_op", "megakernel"), default=None,
                    help="default: the capture's; megakernel: a TPU trace, one device")
     p.add_argument("--matched-efficiency", action="store_true",

@@ -1,0 +1,370 @@
+"""Fuzz the CLI contract: any argv and any model / hardware / config / trace file content either
+works (exit 0, and --json is plain JSON) or fails with exit 2 and one line on stderr. An exit 1
+(internal error), a traceback, a hang or any other exception fails the test.
+
+Profiles (PERFMODEL_FUZZ_PROFILE): `ci` (default: 1,200 cases over the three fuzz tests, fixed
+seed) and `fuzz` (`make fuzz`: 12,000, random). The module prints how many cases ran.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import tomllib
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from perfmodel import arch
+from perfmodel.cli import main
+
+PRESETS = Path(arch.__file__).parent / "presets"
+PROFILE = os.environ.get("PERFMODEL_FUZZ_PROFILE", "ci")
+SCALE = {"ci": 1, "fuzz": 10}[PROFILE]
+CASES = {"argv": 600, "files": 450, "traces": 150}  # x SCALE: 1,200 / 12,000 in all
+
+
+def fuzz(test: str):
+    return settings(max_examples=CASES[test] * SCALE, deadline=None, derandomize=PROFILE == "ci",
+                    suppress_health_check=list(HealthCheck), database=None)
+
+
+HANG_S = 30
+COUNTS: dict[str, int] = {}
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+
+    def hang(*_):
+        raise TimeoutError(f"no answer within {HANG_S} s: {argv!r}")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(HANG_S)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(argv)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _no_constant(name):
+    raise AssertionError(f"{name} in JSON output")
+
+
+def check_contract(argv: list[str]) -> int:
+    """Run `argv` and assert the contract (module docstring); returns the exit status."""
+    rc, out, err = run(argv)
+    assert rc in (0, 2), f"exit {rc} for {argv!r}: {err.strip()}"
+    if rc == 2:
+        lines = err.strip("\n").split("\n")
+        assert len(lines) == 1 and lines[0].startswith("perfmodel"), f"{argv!r}: {err!r}"
+        assert all(c.isprintable() for c in lines[0]), f"control characters in {lines[0]!r}"
+    elif "--json" in argv and not out.startswith("usage:"):  # --help wins
+        json.loads(out, parse_constant=_no_constant)
+    return rc
+
+
+def count(test: str) -> None:
+    COUNTS[test] = COUNTS.get(test, 0) + 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def print_counts():
+    yield
+    print("\nfuzz cases run: " + ", ".join(f"{k} {v}" for k, v in COUNTS.items())
+          + f"; total {sum(COUNTS.values())}")
+
+
+# ----- values -----------------------------------------------------------------------------------
+
+EDGE_TEXT = ["", ",", ",,", " ", "-0", "0", "1", "2", "8", "-1", "nan", "-nan", "inf", "-inf",
+             "1e400", "1e-400", "9" * 30, "0x10", "1,", ",1", "1,,2", "1.5", "true", "..", ".",
+             "/", "/dev/full", "/dev/null", "/nonexistent/dir/x.json", "a" * 300, "x/" * 2100,
+             "\x00", "\x1b[31m", "\n", "é", "\udcff", "kimi-k3", "tpu-v7", "\u2028"]
+text_values = st.one_of(st.sampled_from(EDGE_TEXT), st.text(max_size=12),
+                        st.integers(-2**70, 2**70).map(str),
+                        st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                        st.lists(st.integers(-3, 70).map(str), min_size=0, max_size=4).map(",".join))
+toml_scalars = st.one_of(st.integers(-2**70, 2**70), st.sampled_from([0, 1, -1, 2**53 + 1, 10**30]),
+                         st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+                         st.text(max_size=8), st.sampled_from(["bf16", "fp8", "mxfp4", "kda", "mla", "gqa"]))
+toml_values = st.recursive(toml_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(["a", "heads", "default", "x"]),
+                                                 inner, max_size=3)), max_leaves=8)
+
+
+# ----- argv ---------------------------------------------------------------------------------------
+
+MODELS = ["kimi-k3-mini", "llama-3.2-1b", "kimi-k3-host-small", "kimi-linear-48b", "nope"]
+HARDWARE = ["tpu-v7", "gb200", "h100", "tpu-v6e", "nope"]
+DEPLOY_OPTS = {"--model": st.sampled_from(MODELS) | text_values,
+               "--hardware": st.sampled_from(HARDWARE) | text_values,
+               "--devices": st.sampled_from(["1", "2", "4", "8", "16", "32"]) | text_values,
+               "--tp": st.sampled_from(["1", "2", "4"]) | text_values,
+               "--ep": st.sampled_from(["1", "2", "4", "8"]) | text_values,
+               "--engine": st.sampled_from(["megakernel", "multikernel"]) | text_values,
+               "--context": st.sampled_from(["0", "64", "4096"]) | text_values,
+               "--prefetch-mib": st.sampled_from(["1", "8", "16"]) | text_values,
+               "--expert-slots": st.sampled_from(["1", "4", "16"]) | text_values,
+               "--vmem-mib": st.sampled_from(["1", "16", "64"]) | text_values,
+               "--routing-skew": st.sampled_from(["0", "0.7"]) | text_values,
+               "--draft-rows": st.sampled_from(["0", "3", "7"]) | text_values,
+               "--acceptance-length": st.sampled_from(["1", "2", "6"]) | text_values,
+               "--acceptance-prob": st.sampled_from(["0", "0.5"]) | text_values,
+               "--draft-cost": st.sampled_from(["0", "0.05"]) | text_values}
+AXES = ["batch", "context", "prefetch_mib", "expert_slots", "routing_skew", "vmem_mib", "hbm_gbps",
+        "link_latency_us", "engine", "dma_sharing", "nope", ""]
+EXTRA = {"predict": {"--batch": st.sampled_from(["1", "1,2", "8"]) | text_values},
+         "sweep": {"--vary": st.tuples(st.sampled_from(AXES), text_values).map("=".join)},
+         "trace": {"--batch": st.sampled_from(["1", "2"]) | text_values, "--out": text_values}}
+
+
+@st.composite
+def argvs(draw, tmp: Path):
+    cmd = draw(st.sampled_from(["predict", "sweep", "trace", "list", "reproduce", "validate",
+                                "capture", "hostbench", "nope"]))
+    argv = [cmd]
+    opts = {**DEPLOY_OPTS, **EXTRA.get(cmd, {})} if cmd in EXTRA else {}
+    if cmd == "predict":
+        argv += ["--model", "kimi-k3-mini", "--devices", "1"]  # small unless the draw says else
+    for name in draw(st.lists(st.sampled_from(sorted(opts)), max_size=5, unique=True)) if opts else []:
+        argv += [name, draw(opts[name])]
+    if cmd == "sweep":
+        argv += ["--vary", draw(EXTRA["sweep"]["--vary"])]
+    if cmd == "trace" and "--out" not in argv:
+        argv += ["--out", str(tmp / "t.json")]
+    if cmd in ("reproduce", "capture", "hostbench", "validate", "list", "nope"):
+        # only what fails before any long run: bad options and bad targets
+        argv += draw(st.lists(text_values | st.sampled_from(
+            ["--write", "--out", "--batch", "--trace", "--modes", "--steps", "--repeats", "--help"]),
+            min_size=1 if cmd not in ("list", "nope") else 0, max_size=4))
+    if draw(st.booleans()):
+        argv.append("--json")
+    return argv
+
+
+def _slow_run(argv: list[str]) -> bool:
+    """Commands that would really measure, capture or fit (tens of seconds): not fuzzed."""
+    cmd = argv[0]
+    if cmd == "reproduce":
+        return "--help" not in argv and not any(a.startswith("-") and a not in
+                                                ("--json", "--no-fit", "--write", "--help") for a in argv[1:])
+    return cmd in ("capture", "hostbench") and "--help" not in argv
+
+
+@fuzz("argv")
+@given(data=st.data())
+def test_fuzz_argv(data, tmp_path_factory):
+    tmp = tmp_path_factory.getbasetemp()
+    argv = data.draw(argvs(tmp))
+    if _slow_run(argv):
+        argv = argv + ["--no-such-option"]
+    check_contract(argv)
+    count("argv")
+
+
+# ----- file contents ------------------------------------------------------------------------------
+
+def toml_text(data: dict) -> str:
+    """A small TOML writer (top-level scalars, then tables; deeper values inline)."""
+    def val(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, float):
+            return {"nan": "nan", "inf": "inf", "-inf": "-inf"}.get(repr(v), repr(v))
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{json.dumps(k)} = {val(x)}" for k, x in v.items()) + "}"
+        return str(v)
+    top = [f"{json.dumps(k)} = {val(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    tables = [f"[{json.dumps(k)}]\n" + "\n".join(f"{json.dumps(a)} = {val(b)}" for a, b in v.items())
+              for k, v in data.items() if isinstance(v, dict)]
+    return "\n".join(top + tables) + "\n"
+
+
+def mutate(data: dict, draw) -> dict:
+    """`data` with a few fields replaced, deleted or added, at any depth."""
+    data = json.loads(json.dumps(data))
+    for _ in range(draw(st.integers(1, 3))):
+        d = data
+        while isinstance(d, dict) and d and draw(st.booleans()):
+            k = draw(st.sampled_from(sorted(d)))
+            if not isinstance(d[k], dict):
+                break
+            d = d[k]
+        if not isinstance(d, dict):
+            continue
+        key = draw(st.sampled_from(sorted(d) + ["base", "new_field", "layers", "sources"]))
+        if draw(st.integers(0, 4)) == 0:
+            d.pop(key, None)
+        else:
+            d[key] = draw(toml_values | st.sampled_from(["kimi-k3", "kimi-k3-mini", "nope"]))
+    return data
+
+
+def byte_noise(raw: bytes, draw) -> bytes:
+    raw = bytearray(raw)
+    for _ in range(draw(st.integers(1, 4))):
+        i = draw(st.integers(0, max(0, len(raw) - 1)))
+        raw[i:i + draw(st.integers(0, 3))] = draw(st.binary(min_size=1, max_size=4))
+    return bytes(raw)
+
+
+MODEL_SRC = tomllib.loads((PRESETS / "models" / "kimi-k3-host-small.toml").read_text())
+HW_SRC = tomllib.loads((PRESETS / "hardware" / "tpu-v7.toml").read_text())
+HF_SRC = {"num_hidden_layers": 4, "hidden_size": 256, "vocab_size": 1000, "num_attention_heads": 4,
+          "kv_lora_rank": 64, "q_lora_rank": 96, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+          "v_head_dim": 32, "n_routed_experts": 16, "n_shared_experts": 1, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 64, "first_k_dense_replace": 1, "intermediate_size": 512,
+          "quantization_config": {"quant_method": "fp8"}}
+
+
+@st.composite
+def file_content(draw, src: dict, as_json: bool) -> bytes:
+    data = mutate(src, draw)
+    raw = (json.dumps(data) if as_json else toml_text(data)).encode("utf-8", "surrogatepass")
+    return byte_noise(raw, draw) if draw(st.integers(0, 3)) == 0 else raw
+
+
+@fuzz("files")
+@given(data=st.data())
+def test_fuzz_model_and_hardware_files(data, tmp_path_factory):
+    d = tmp_path_factory.mktemp("files", numbered=True)
+    kind = data.draw(st.sampled_from(["model", "hardware", "hf"]))
+    if kind == "hardware":
+        f = d / "hw.toml"
+        f.write_bytes(data.draw(file_content(HW_SRC, False)))
+        argv = ["predict", "--model", "kimi-k3-mini", "--devices", "1", "--hardware", str(f)]
+    else:
+        f = d / ("config.json" if kind == "hf" else "m.toml")
+        f.write_bytes(data.draw(file_content(HF_SRC if kind == "hf" else MODEL_SRC, kind == "hf")))
+        argv = ["predict", "--model", str(f), "--devices", "1", "--hardware", "tpu-v7"]
+    argv += data.draw(st.sampled_from([[], ["--engine", "multikernel"], ["--json"]]))
+    check_contract(argv)
+    count(f"{kind} files")
+
+
+@pytest.fixture(scope="module")
+def xspace(tmp_path_factory):
+    """Bytes of a small valid TPU trace of kimi-k3-mini (tests/test_traces.py builds it)."""
+    pytest.importorskip("jax")
+    from test_traces import MINI_STEP, write_xspace, xspace_text
+    f = write_xspace(tmp_path_factory.mktemp("x") / "t.xplane.pb", xspace_text([MINI_STEP] * 2, 30.0))
+    return f.read_bytes()
+
+
+@fuzz("traces")
+@given(data=st.data())
+def test_fuzz_trace_files(data, xspace, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run", numbered=True)
+    raw = data.draw(st.one_of(st.binary(max_size=64), st.just(xspace).map(lambda b: b),
+                              st.integers(0, len(xspace)).map(lambda n: xspace[:n])))
+    if data.draw(st.booleans()):
+        raw = byte_noise(raw or b"x", data.draw)
+    (run_dir / "t.xplane.pb").write_bytes(raw)
+    meta = {"model": "kimi-k3-mini", "batch": 1, "context": 32, "mode": "megakernel",
+            "host_step_s": [1e-4, 2e-4]}
+    if data.draw(st.booleans()):
+        meta = mutate(meta, data.draw)
+        (run_dir / "capture.json").write_bytes(byte_noise(json.dumps(meta).encode(), data.draw)
+                                               if data.draw(st.integers(0, 3)) == 0 else json.dumps(meta).encode())
+        argv = ["validate", "--trace", str(run_dir), "--hardware", "tpu-v7"]
+    else:
+        argv = ["validate", "--trace", str(run_dir / "t.xplane.pb"), "--model", "kimi-k3-mini",
+                "--hardware", "tpu-v7", "--batch", "1", "--context", "32", "--mode", "megakernel"]
+    check_contract(argv + data.draw(st.sampled_from([[], ["--json"]])))
+    count("trace files")
+
+
+# ----- every signature the first fuzz run found, kept as explicit examples --------------------------
+
+def _model_file(tmp: Path, text: str | bytes, name: str = "m.toml") -> str:
+    f = tmp / name
+    f.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return str(f)
+
+
+GOOD_MODEL = (PRESETS / "models" / "kimi-k3-host-small.toml").read_text()
+
+
+@pytest.mark.parametrize("make_argv", [
+    lambda t: ["predict", "--model", _model_file(t, b"name = \"\xff\xfe\"\n")],  # undecodable bytes
+    lambda t: ["predict", "--hardware", _model_file(t, b"\xff\xfe\x00", "hw.toml")],
+    lambda t: ["predict", "--model", _model_file(t, b"{\"hidden_size\": \"\xff\"}", "config.json")],
+    lambda t: ["predict", "--model", _model_file(t, 'name = "x"\nhidden = 64\nvocab = 8\nlayers = 2\nattention = 5\n')],
+    lambda t: ["predict", "--model", _model_file(t, 'name = "x"\nhidden = 64\nvocab = 8\nlayers = 2\nmoe = 5\n')],
+    lambda t: ["predict", "--model", _model_file(t, GOOD_MODEL.replace('"bf16"', '["bf16"]', 1) + '\n[formats]\nattention = [1]\n')],
+    lambda t: ["predict", "--model", _model_file(t, '{"num_hidden_layers": null, "hidden_size": 8}', "config.json")],
+    lambda t: ["predict", "--model", _model_file(t, '{"num_hidden_layers": 2, "hidden_size": 8, "vocab_size": 8, '
+                                                    '"num_attention_heads": 0, "intermediate_size": 8}', "config.json")],
+    lambda t: ["predict", "--model", _model_file(t, '{"num_hidden_layers": 2, "hidden_size": 8, "vocab_size": 8, '
+                                                    '"num_attention_heads": 2, "n_routed_experts": 4, "num_experts_per_tok": 1, '
+                                                    '"moe_intermediate_size": "x", "n_shared_experts": 99999999999}', "config.json")],
+    lambda t: ["predict", "--model", _model_file(t, '{"num_hidden_layers": 2, "first_k_dense_replace": 99999999999}', "config.json")],
+    lambda t: ["predict", "--model", _model_file(t, "[" * 5000 + "]" * 5000, "config.json")],
+    lambda t: ["predict", "--model", _model_file(t, GOOD_MODEL.replace("layers = 4", "layers = 99999999999999999"))],
+    lambda t: ["predict", "--model", _model_file(t, GOOD_MODEL.replace("layers = 4", "layers = " + "9" * 5000))],
+    lambda t: ["predict", "--model", _model_file(t, 'base = "kimi-k3"\nname = "x"\n[moe]\nexperts = 1000000000\n')],
+    lambda t: ["predict", "--model", _model_file(t, 'base = "kimi-k3"\nname = "x"\n[moe]\nrouting_skew = inf\n')],
+    lambda t: ["predict", "--model", _model_file(t, 'base = ["kimi-k3"]\nname = "x"\n')],
+    lambda t: ["predict", "--hardware", _model_file(t, (PRESETS / "hardware" / "tpu-v7.toml").read_text()
+                                                    .replace("link_latency_s = ", "link_latency_s = inf #"), "hw.toml")],
+    lambda t: ["predict", "--hardware", _model_file(t, (PRESETS / "hardware" / "tpu-v7.toml").read_text()
+                                                    .replace("[efficiency]", "efficiency = 3\n[x]"), "hw.toml")],
+    lambda t: ["predict", "--hardware", _model_file(t, (PRESETS / "hardware" / "tpu-v7.toml").read_text()
+                                                    .replace("dma_tile_bytes = ", "dma_tile_bytes = 1 #"), "hw.toml")],
+    lambda t: ["predict", "--batch", ","],
+    lambda t: ["sweep", "--vary", "batch=-0"],
+    lambda t: ["sweep", "--vary", "hbm_gbps=-nan,0"],
+    lambda t: ["sweep", "--vary", "prefetch_mib=nan", "--json"],
+    lambda t: ["sweep", "--vary", "batch=" + ",".join(["1"] * 200), "--vary", "context=" + ",".join(["1"] * 200)],
+    lambda t: ["validate", "--trace", str(t), "--hardware", "tpu-v7", "--json"],
+    lambda t: ["trace", "--out", ".."],
+    lambda t: ["trace", "--out", ""],
+    lambda t: ["trace", "--out", "/dev/full"],
+    lambda t: ["trace", "--out", "/nonexistent/dir/t.json"],
+    lambda t: ["trace", "--out", str(t / ("x" * 300))],
+    lambda t: ["trace", "--out", "x/" * 3000],
+    lambda t: ["predict", "--model", "x" * 5000 + ".toml"],
+    lambda t: ["predict", "--model", "bad\x1b[31m\nname"],
+    lambda t: ["predict", "--model", "\udcff.toml"],
+    lambda t: ["capture", "--out", "/dev/full/x", "--batch", ","],
+    lambda t: ["capture", "--steps", "0"],
+    lambda t: ["reproduce", "--write", str(t / "missing")],
+    lambda t: ["reproduce", "--write", ""],
+    lambda t: ["predict", "--prefetch-mib", "1e308"],
+    lambda t: ["predict", "--routing-skew", "1e300"],
+    lambda t: ["predict", "--context", "9" * 400],
+    lambda t: ["nope"],
+    lambda t: [],
+])
+def test_regression_examples(make_argv, tmp_path):
+    check_contract(make_argv(tmp_path))
+
+
+def test_base_cycle(tmp_path, monkeypatch):
+    (tmp_path / "a.toml").write_text('base = "b"\nname = "a"\n')
+    (tmp_path / "b.toml").write_text('base = "a"\nname = "b"\n')
+    (tmp_path / "c.toml").write_text('base = "c"\nname = "c"\n')
+    monkeypatch.setattr(arch, "PRESET_DIR", tmp_path)
+    for name in ("a", "c"):
+        rc, _, err = run(["predict", "--model", name])
+        assert rc == 2 and "cycle" in err, err
+
+
+def test_internal_error_is_one_line_and_debug_shows_traceback(monkeypatch, capsys):
+    from perfmodel import cli
+    monkeypatch.setattr(cli, "cmd_list", lambda a: 1 / 0)
+    rc, _, err = run(["list"])
+    assert rc == 1 and "please report" in err and len(err.strip().splitlines()) == 1
+    rc, _, err = run(["--debug", "list"])
+    assert rc == 1 and "Traceback" in err and "ZeroDivisionError" in err
