@@ -259,7 +259,8 @@ def print_reproduce(r: dict) -> None:
 
 
 # Modules that add their own subcommands: each has add_parser(subparsers) setting `func`.
-EXTENSIONS: tuple[str, ...] = ("perfmodel.hostbench", "perfmodel_jax.capture", "perfmodel.validate")
+EXTENSIONS: tuple[str, ...] = ("perfmodel.hostbench", "perfmodel_jax.capture", "perfmodel.validate",
+                               "perfmodel.dashboard")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -309,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         a = build_parser().parse_args(argv)
         command = f"perfmodel {a.command}"
-        out = a.func(a)
+        out = {"schema_version": SCHEMA_VERSION, "command": a.command, **a.func(a)}
         if getattr(a, "json", False):
             sys.stdout.write(json_text(out))
         sys.stdout.flush()

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +91,73 @@ def test_prefetch_gain_by_cause(capsys):
         assert g["gain_s"] == pytest.approx(sum(g["by_cause_s"].values()), rel=1e-6)
         assert g["by_cause_s"]["launch"] > 0  # the megakernel launches nothing per op
     assert g1["speedup"] > g8["speedup"] > 1  # prefetching matters less as batches grow
+
+
+# ----- every command's --json against docs/json-schema.json ---------------------------------------
+
+SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "docs" / "json-schema.json").read_text())
+
+
+def check_schema(out: dict) -> None:
+    import jsonschema
+    jsonschema.validate(out, {**SCHEMA, "$ref": f"#/$defs/{out['command']}"})
+
+
+def json_of(capsys, *argv) -> dict:
+    assert main([*argv, "--json"]) == 0, capsys.readouterr().err
+    text = capsys.readouterr().out
+    out = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in JSON output"))
+    check_schema(out)
+    return out
+
+
+@pytest.mark.parametrize("argv", [
+    ["list"],
+    ["predict", "--ep", "8", "--batch", "1,8", "--gain"],
+    ["predict", "--model", "kimi-k3-mini", "--devices", "1", "--draft-rows", "3", "--acceptance-prob", "0.6"],
+    ["sweep", "--ep", "8", "--vary", "prefetch_mib=8,16", "--vary", "batch=1,2"],
+    ["sweep", "--ep", "8", "--vary", "prefetch_mib=8,1000"],  # a point that cannot run: its error
+    ["reproduce", "--no-fit"],
+])
+def test_json_matches_schema(capsys, argv):
+    json_of(capsys, *argv)
+
+
+def test_trace_json_and_atomic_write(capsys, tmp_path):
+    path = tmp_path / "t.json"
+    out = json_of(capsys, "trace", "--ep", "8", "--out", str(path))
+    assert out["out"] == str(path) and json.loads(path.read_text())["traceEvents"]
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]  # no temporary file left behind
+    assert main(["trace", "--ep", "8", "--out", str(tmp_path / "missing" / "t.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_reproduce_json_and_write_into_a_target(capsys, tmp_path):
+    """The fit's JSON is plain (numpy scalars leaked once); --write needs a directory, writes
+    only there, after the output, and says what it changed."""
+    import perfmodel
+    bundled = {p: p.read_bytes() for p in Path(perfmodel.__file__).parent.glob("presets/*/*.toml")}
+    out = json_of(capsys, "reproduce", "--write", str(tmp_path))
+    assert {Path(w["path"]).name for w in out["written"]} == {"kimi-k3.toml", "tpu-v7.toml", "gb200.toml"}
+    skew = out["fitted_parameters"]["model.routing_skew"]["value"]
+    text = (tmp_path / "models" / "kimi-k3.toml").read_text()
+    assert f"routing_skew = {skew:.6g}" in text and any("routing_skew" in c for w in out["written"]
+                                                         for c in w["changes"])
+    assert {p: p.read_bytes() for p in bundled} == bundled  # the installed presets are untouched
+    assert main(["reproduce", "--write", str(tmp_path / "nope")]) == 2
+
+
+def test_validate_json_matches_schema(capsys, tmp_path):
+    pytest.importorskip("jax")
+    from test_traces import MINI_STEP, write_xspace, xspace_text
+    f = write_xspace(tmp_path / "tpu.xplane.pb", xspace_text([MINI_STEP] * 2, step_us=30.0))
+    json_of(capsys, "validate", "--trace", str(f), "--model", "kimi-k3-mini", "--hardware", "tpu-v7",
+            "--batch", "1", "--context", "32", "--mode", "megakernel")
+
+
+@pytest.mark.slow
+def test_capture_and_hostbench_json_match_schema(capsys, tmp_path):
+    pytest.importorskip("jax")
+    json_of(capsys, "capture", "--out", str(tmp_path / "traces"), "--steps", "2", "--modes", "compiled",
+            "--context", "16")
+    json_of(capsys, "hostbench", "--quick", "--repeats", "2", "--out", str(tmp_path / "host.toml"))

@@ -1,0 +1,1 @@
+"""The Streamlit dashboard (`perfmodel dashboard`, or `streamlit run dashboards/app.py`)."""
