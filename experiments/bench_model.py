@@ -1,4 +1,4 @@
-"""Benchmark the model's speed (issue 3 targets): median time of one Kimi K3 prediction at one
+"""Benchmark the model's speed (its speed targets): median time of one Kimi K3 prediction at one
 batch (target <= 10 ms) and of a 4-batch x 8-depth prefetch sweep (target <= 250 ms).
 
 Usage: python experiments/bench_model.py [--repeats 15]

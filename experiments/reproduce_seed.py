@@ -1,4 +1,4 @@
-"""Reproduce the seed table (FACTS.md s.1): fit on batch 1 and 8, predict batches 2 and 4 and the
+"""Reproduce the seed table (docs/sources.md s.1): fit on batch 1 and 8, predict batches 2 and 4 and the
 speculative-decoding pair, and write experiments/results/seed_reproduction.{json,csv}.
 
 Usage: python experiments/reproduce_seed.py [--no-fit]

@@ -13,9 +13,9 @@ the KDA recurrent state in the `state` format (f32).
 Model details fixed here (the preset does not state them): RMSNorm eps 1e-6; KDA q/k are
 L2-normalised per head, q scaled by head_dim^-1/2, the short conv (width W, depthwise, SiLU)
 acts on q|k|v, the decay is g = max(-exp(A_log) * softplus(decay_b(decay_a(x)) + dt_bias), -5)
-per channel (the -5 lower bound of FACTS.md s.3), beta = sigmoid(beta_proj(x)), the delta rule
+per channel (the -5 lower bound of docs/sources.md s.3), beta = sigmoid(beta_proj(x)), the delta rule
 S' = (I - beta k k^T) diag(exp g) S + beta k v^T, o = S'^T q, per-head RMSNorm, sigmoid output
-gate. MLA has no positional encoding (FACTS.md s.3), so the rope part of the key is a shared
+gate. MLA has no positional encoding (docs/sources.md s.3), so the rope part of the key is a shared
 latent without rotation; softmax scale (qk_nope+qk_rope)^-1/2. The router picks top-k of
 sigmoid(logits) + bias and weights the picks by sigmoid(logits) normalised to sum 1.
 

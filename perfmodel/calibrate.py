@@ -1,6 +1,6 @@
 """Calibrate named efficiency parameters on the seed table and reproduce it (`perfmodel reproduce`).
 
-Rules (issue 3): physical defaults first; at most 3 named parameters per platform, fitted only on
+Rules: physical defaults first; at most 3 named parameters per platform, fitted only on
 batch 1 and batch 8 of the seed table; batches 2 and 4 and the speculative-decoding pair are held
 out. The fit starts from the `Efficiency` dataclass defaults every time, so it does not depend on
 what a previous `--write` stored in the presets.

@@ -1,6 +1,6 @@
 """Expert-routing statistics: how many experts a decode step touches, and on the busiest rank.
 
-Uniform routing is the baseline (FACTS.md s.4): E[D] = E * (1 - (1 - k/E)^B). A skew > 0
+Uniform routing is the baseline (docs/sources.md s.4): E[D] = E * (1 - (1 - k/E)^B). A skew > 0
 makes expert i's selection weight proportional to (i + 1)^-skew (a Zipf law), a simple stand-in
 for the measured imbalance of real routers; skew = 0 is uniform.
 """

@@ -7,7 +7,7 @@ from perfmodel.arch import from_dict, list_presets, load_model
 from perfmodel.errors import SpecError
 from perfmodel.formats import FORMATS
 
-# published totals (FACTS.md s.3; model cards) -> must match within 3 %
+# published totals (docs/sources.md s.3; model cards) -> must match within 3 %
 PUBLISHED = {"kimi-k3": 2.8e12, "kimi-k2": 1.0e12, "deepseek-v3": 671e9, "llama-3.1-8b": 8.03e9,
              "llama-3.2-1b": 1.235e9, "kimi-linear-48b": 48e9}
 

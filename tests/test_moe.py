@@ -9,7 +9,7 @@ from perfmodel.moe import expected_busiest_group, expected_distinct, selection_p
 def test_occupancy_formula_hand_values():
     assert expected_distinct(896, 16, 1) == pytest.approx(16)
     assert expected_distinct(896, 16, 8) == pytest.approx(896 * (1 - (1 - 16 / 896) ** 8))
-    assert expected_distinct(896, 16, 8) == pytest.approx(120.28, abs=0.01)  # FACTS.md: "about 120"
+    assert expected_distinct(896, 16, 8) == pytest.approx(120.28, abs=0.01)  # docs/sources.md: "about 120"
     assert expected_distinct(4, 2, 100) == pytest.approx(4)
 
 

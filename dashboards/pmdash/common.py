@@ -31,7 +31,7 @@ BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 SPEC_DRAFT_ROWS, SPEC_ACCEPTANCE = 7, 6.0
 
-# Canonical deployments (the seed table, FACTS.md s.1).
+# Canonical deployments (the seed table, docs/sources.md s.1).
 CANONICAL = {
     "tpu-v7": dict(hardware="tpu-v7", engine="megakernel", devices=32, tp=32, ep=8),
     "gb200": dict(hardware="gb200", engine="multikernel", devices=16, tp=16, ep=16),

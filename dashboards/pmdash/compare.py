@@ -74,7 +74,7 @@ def error_rows(model: str, plat: dict, points: pd.DataFrame, spec_on: bool, cont
 def render() -> None:
     st.header("Compare platforms: predicted vs measured tokens/s")
     st.caption("Kimi K3 decode by default: TPU v7 Pallas megakernel (32 devices = 16 chips, tp 32, ep 8) vs "
-               "GB200 vLLM multi-kernel (16 GPUs, tp 16, ep 16), the seed table's layouts (docs/FACTS.md s.1).")
+               "GB200 vLLM multi-kernel (16 GPUs, tp 16, ep 16), the seed table's layouts (docs/sources.md s.1).")
     c.init(cmp_model="kimi-k3", cmp_batches=list(c.DEFAULT_BATCHES), cmp_context=4096, cmp_spec="off")
     model = st.selectbox("Model", c.model_options(), key="cmp_model")
     ca, cb = st.columns(2)

@@ -12,7 +12,7 @@ from .common import REPO, read_csv_bytes, shown_path
 HOST_VALIDATION_CSV = REPO / "experiments" / "results" / "host_validation.csv"
 COLUMNS = ["source", "model", "hardware", "engine", "devices", "batch", "context", "draft_rows",
            "acceptance_length", "tokens_per_s", "origin", "role"]
-SEED_MODEL = "kimi-k3"  # the seed table is Kimi K3 decode (FACTS.md s.1)
+SEED_MODEL = "kimi-k3"  # the seed table is Kimi K3 decode (docs/sources.md s.1)
 REQUIRED = ("hardware", "engine", "batch", "tokens_per_s")
 
 
