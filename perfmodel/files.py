@@ -54,6 +54,7 @@ def write_atomic(path, text: str, field: str = "--out", parents: bool = False) -
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{p.name[:200]}.", suffix=".tmp")
+        os.chmod(tmp, p.stat().st_mode & 0o777 if p.exists() else 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -68,6 +69,12 @@ def write_atomic(path, text: str, field: str = "--out", parents: bool = False) -
     return p
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def user_data_dir() -> Path:
     """$XDG_DATA_HOME/perfmodel (default ~/.local/share/perfmodel): where perfmodel keeps what it
     measures or fits on this machine unless told otherwise."""
@@ -78,3 +85,9 @@ def user_data_dir() -> Path:
 def user_data_path(name: str) -> Path:
     """`name` in the user data directory (`write_atomic(..., parents=True)` creates it)."""
     return user_data_dir() / name
+
+
+def host_hardware_file() -> Path:
+    """Where `perfmodel hostbench` writes this machine's hardware file by default (and where
+    `perfmodel validate` looks for it): the user data directory, never the package or a checkout."""
+    return user_data_path("host-cpu.toml")

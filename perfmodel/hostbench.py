@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import SpecError, positive_int
+from .files import host_hardware_file, write_atomic
+from .report import plain
 
 MIB = 2**20
 BANDWIDTH_SIZES_MIB = (128, 512, 1024)
@@ -315,10 +317,9 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
     out = Path(out)
     if out.suffix != ".toml":
         raise SpecError("--out", str(out), "the hardware file must end in .toml")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(hardware_toml(b, name))
+    write_atomic(out, hardware_toml(b, name), parents=True)
     load_hardware(str(out))
-    out.with_suffix(".json").write_text(json.dumps(b.json(), indent=1) + "\n")
+    write_atomic(out.with_suffix(".json"), json.dumps(plain(b.json()), indent=1, allow_nan=False) + "\n")
     return out
 
 
@@ -349,7 +350,8 @@ def cmd_hostbench(a) -> dict:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("hostbench", help="measure this machine and write a CPU hardware file")
-    p.add_argument("--out", default="experiments/results/host-cpu.toml", help="hardware file to write")
+    p.add_argument("--out", default=str(host_hardware_file()),
+                   help="hardware file to write (default: %(default)s)")
     p.add_argument("--name", default="host-cpu", help="the hardware name in the file")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke test, not a measurement)")

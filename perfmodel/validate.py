@@ -26,10 +26,10 @@ import numpy as np
 from .args import context, count
 from .checks import check_tree
 from .errors import SpecError, require
-from .files import read_text
+from .files import host_hardware_file, read_text
 from .traces import TraceSummary, parse_trace
 
-DEFAULT_HOST_HARDWARE = "experiments/results/host-cpu.toml"
+DEFAULT_HOST_HARDWARE = str(host_hardware_file())  # where `perfmodel hostbench` writes by default
 
 
 @dataclass
