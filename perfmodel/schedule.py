@@ -163,7 +163,8 @@ def ring_banks(hw: Hardware, prefetch_bytes: float | None) -> int:
         need = max(depth, banks * hw.dma_tile_bytes)
         raise SpecError("prefetch_bytes", depth, f"a ring of {banks} x {hw.dma_tile_bytes} B tiles exceeds the "
                         f"{hw.onchip_kind} of {hw.name} ({hw.onchip_bytes:.0f} B per core) by "
-                        f"{need - hw.onchip_bytes:.0f} B")
+                        f"{need - hw.onchip_bytes:.0f} B; at most "
+                        f"{hw.onchip_bytes // hw.dma_tile_bytes * hw.dma_tile_bytes / 2**20:.4g} MiB fits")
     return banks
 
 
@@ -177,14 +178,15 @@ def expert_slots(g: OpGraph, hw: Hardware, d: Deployment, banks: int, top_k: int
     if d.expert_slots is None and fit < 1:
         raise SpecError("prefetch_bytes", ring, f"the ring ({banks} x {hw.dma_tile_bytes} B) leaves no room "
                         f"in the {hw.onchip_kind} of {hw.name} ({hw.onchip_bytes:.0f} B per core) for one "
-                        f"{per_expert:.0f} B expert buffer: {ring + per_expert - hw.onchip_bytes:.0f} B short")
+                        f"{per_expert:.0f} B expert buffer: {ring + per_expert - hw.onchip_bytes:.0f} B short; "
+                        f"a ring of at most {(hw.onchip_bytes - per_expert) / 2**20:.4g} MiB leaves room")
     slots = d.expert_slots or min(top_k, fit)
     if slots > fit:
         raise SpecError("expert_slots", slots,
                         f"{slots} x {per_expert:.0f} B expert buffers plus the ring ({banks} x "
                         f"{hw.dma_tile_bytes} B) exceed the {hw.onchip_kind} of {hw.name} "
                         f"({hw.onchip_bytes:.0f} B per core) by "
-                        f"{slots * per_expert + ring - hw.onchip_bytes:.0f} B")
+                        f"{slots * per_expert + ring - hw.onchip_bytes:.0f} B; at most {fit} fit")
     return slots
 
 
