@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import unicodedata
 
-from .errors import SpecError, require
+from .errors import require
 
 # Sizes that keep one prediction within memory and seconds (real models are far below them).
 MAX_LAYERS = 1024          # Kimi K3: 93

@@ -219,6 +219,7 @@ def recorded(tmp_path_factory):
     return out, runs
 
 
+@pytest.mark.slow  # a real capture: about 30 s on 2 cores
 def test_recorded_cpu_traces_attribute_95_percent(recorded):
     out, runs = recorded
     assert [r.name for r in runs] == ["kimi-k3-host-small_b2_c16_compiled",
@@ -237,6 +238,7 @@ def test_recorded_cpu_traces_attribute_95_percent(recorded):
     assert all(f.name.endswith(traces.HLO_SUFFIX) for f in hlo.iterdir())
 
 
+@pytest.mark.slow  # a real capture: about 30 s on 2 cores
 def test_validate_on_recorded_traces(recorded, tmp_path, capsys):
     out, _ = recorded
     from perfmodel import hostbench
