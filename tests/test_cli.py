@@ -161,3 +161,21 @@ def test_capture_and_hostbench_json_match_schema(capsys, tmp_path):
     json_of(capsys, "capture", "--out", str(tmp_path / "traces"), "--steps", "2", "--modes", "compiled",
             "--context", "16")
     json_of(capsys, "hostbench", "--quick", "--repeats", "2", "--out", str(tmp_path / "host.toml"))
+
+
+def test_perfmodel_imports_neither_jax_nor_kernels():
+    """Layering: the model and its CLI (every subcommand registered) load without JAX or kernels."""
+    code = ("import sys, pkgutil, importlib, perfmodel, perfmodel.cli\n"
+            "perfmodel.cli.build_parser()\n"
+            "for m in pkgutil.iter_modules(perfmodel.__path__): importlib.import_module('perfmodel.' + m.name)\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'kernels'))\n"
+            "assert not bad, bad")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_missing_optional_dependency_is_a_one_line_hint(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "jax", None)  # import jax -> ModuleNotFoundError
+    assert main(["capture", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'perfmodel[jax]'" in err and len(err.strip().splitlines()) == 1
