@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from .checks import MAX_SKEW
+
 MAX_COUNT = 2**20       # batch sizes, devices, slots, steps: far beyond any real deployment
 MAX_CONTEXT = 2**30     # tokens in one sequence's cache
 MAX_LIST = 256          # values in one comma-separated list
@@ -69,6 +71,16 @@ def nonnegative(text: str) -> float:
 
 def positive(text: str) -> float:
     return number(text, lo_open=True)
+
+
+def mib(text: str) -> float:
+    """A size in MiB: > 0 and at most 1 PiB."""
+    return number(text, 0, True, 2**30)
+
+
+def skew(text: str) -> float:
+    """A Zipf exponent of expert popularity in [0, MAX_SKEW]."""
+    return number(text, hi=MAX_SKEW)
 
 
 def int_list(text: str) -> list[int]:

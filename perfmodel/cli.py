@@ -14,9 +14,9 @@ import sys
 import traceback
 
 from . import arch, hardware
-from .args import (Parser, UsageError, choice, context, count, int_list, integer, items,
-                   nonnegative, number, positive)
-from .checks import MAX_SKEW, one_line
+from .args import (Parser, UsageError, choice, context, count, int_list, integer, items, mib,
+                   nonnegative, number, positive, skew)
+from .checks import one_line
 from .deployment import ENGINES, Deployment, SpecDecode
 from .errors import SpecError, require
 from .files import check_path, write_atomic
@@ -35,19 +35,21 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ep", type=count, default=None, help="expert-parallel groups (default: devices)")
     p.add_argument("--engine", choices=ENGINES, default="megakernel")
     p.add_argument("--context", type=context, default=4096, help="tokens already in each sequence's cache")
-    p.add_argument("--prefetch-mib", type=lambda v: number(v, 0, True, 2**30), default=None,
+    p.add_argument("--prefetch-mib", type=mib, default=None,
                    help="megakernel ring depth in MiB (default: half the on-chip buffer)")
     p.add_argument("--expert-slots", type=count, default=None,
                    help="megakernel expert buffers (default: as many as fit, at most top-k)")
-    p.add_argument("--vmem-mib", type=lambda v: number(v, 0, True, 2**30), default=None,
+    p.add_argument("--vmem-mib", type=mib, default=None,
                    help="override the on-chip buffer per core (VMEM / shared memory), MiB")
-    p.add_argument("--routing-skew", type=lambda v: number(v, hi=MAX_SKEW), default=None,
+    p.add_argument("--routing-skew", type=skew, default=None,
                    help="Zipf exponent of expert popularity (default: the model preset's)")
-    p.add_argument("--draft-rows", type=lambda t: integer(t, 0), default=0, help="speculative decoding: drafted rows per step")
+    p.add_argument("--draft-rows", type=lambda t: integer(t, 0), default=0,
+                   help="speculative decoding: drafted rows per step")
     acc = p.add_mutually_exclusive_group()
     acc.add_argument("--acceptance-length", type=positive, default=None, help="tokens per step (tau)")
     acc.add_argument("--acceptance-prob", type=nonnegative, default=None, help="per-token acceptance a")
-    p.add_argument("--draft-cost", type=lambda v: number(v, hi=100), default=0.05, help="drafter time / verification time")
+    p.add_argument("--draft-cost", type=lambda v: number(v, hi=100), default=0.05,
+                   help="drafter time / verification time")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -136,10 +138,10 @@ def cmd_predict(a) -> dict:
 # friendly sweep axis -> (Deployment / Hardware field, parser of one value to the field's unit)
 MIB = 2**20
 SWEEP_AXES = {"batch": ("batch", count), "context": ("context", context),
-              "prefetch_mib": ("prefetch_bytes", lambda v: number(v, 0, True, 2**30) * MIB),
+              "prefetch_mib": ("prefetch_bytes", lambda v: mib(v) * MIB),
               "expert_slots": ("expert_slots", count),
-              "routing_skew": ("routing_skew", lambda v: number(v, hi=MAX_SKEW)),
-              "vmem_mib": ("onchip_bytes", lambda v: number(v, 0, True, 2**30) * MIB),
+              "routing_skew": ("routing_skew", skew),
+              "vmem_mib": ("onchip_bytes", lambda v: mib(v) * MIB),
               "hbm_gbps": ("hbm_bandwidth_bytes_per_s", lambda v: number(v, 0, True, 1e9) * 1e9),
               "link_latency_us": ("link_latency_s", lambda v: number(v, hi=1e9) * 1e-6),
               "engine": ("engine", lambda v: choice(v, ENGINES)),
