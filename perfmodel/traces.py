@@ -24,9 +24,12 @@ op. So the per-layer times of a step sum to the step's window. Layers are number
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import statistics
+import sys
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -141,14 +144,33 @@ def find_xplane(path: str | Path) -> Path:
     return found[-1]
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """Send file descriptor 2 to /dev/null: the protobuf parser logs each malformed string of a
+    corrupt trace there, and the CLI reports one line instead."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def load_xspace(path: Path):
     """`jax.profiler.ProfileData` of one `.xplane.pb`, with a clear error for bad files."""
     from jax.profiler import ProfileData
-    data = Path(path).read_bytes()
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise SpecError("trace", str(path), e.strerror or type(e).__name__) from None
     if not data:
         raise SpecError("trace", str(path), "empty file (no XSpace protobuf)")
     try:
-        pd = ProfileData.from_serialized_xspace(data)
+        with _native_stderr_silenced():
+            pd = ProfileData.from_serialized_xspace(data)
     except Exception as e:  # the binding raises its own status error types
         raise SpecError("trace", str(path), f"not a readable XSpace protobuf (corrupt or "
                         f"truncated): {str(e).splitlines()[0][:200]}") from None
