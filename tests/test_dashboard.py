@@ -533,7 +533,7 @@ def test_models_view_presets_and_sources():
     hw = table(at, "mh_hw")
     assert {"tpu-v7", "gb200"} <= set(hw["hardware"])
     fields = table(at, "mh_hw_fields")
-    assert (fields.set_index("field").loc["hbm_bandwidth_bytes_per_s", "source"]).startswith("seed")
+    assert (fields.set_index("field").loc["hbm_bandwidth_bytes_per_s", "source"]).startswith("Inferact")
     at.selectbox(key="mh_hw_pick").set_value("gb200").run()
     assert table(at, "mh_hw_fields").set_index("field").loc["onchip_kind", "value"] != "VMEM"
     at.selectbox(key="mh_model").set_value("deepseek-v3").run()

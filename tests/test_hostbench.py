@@ -56,6 +56,7 @@ def test_cli_rejects_a_non_toml_output(tmp_path, capsys, monkeypatch):
     assert out["hardware_file"].endswith("h.toml") and out["cpu"] == "Test CPU 9000"
 
 
+@pytest.mark.slow
 def test_quick_measurement_runs(tmp_path):
     """A real (quick, small-size) run: figures are positive and the file loads. Not a benchmark."""
     b = hostbench.measure(repeats=2, quick=True, progress=False)

@@ -135,6 +135,7 @@ def test_summary_table(spec):
     assert text.splitlines()[-1].startswith("total")
 
 
+@pytest.mark.slow
 def test_run_cli_interpret(capsys):
     assert run.main(["--batch", "2", "--steps", "2", "--depth", "3", "--context", "16",
                      "--interpret"]) == 0

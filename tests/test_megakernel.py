@@ -77,8 +77,9 @@ def run_both(spec, weights, cfg, steps, seed=1):
 
 # (batch, ring depth in banks, expert slots, steps, tile): depth 1 bank .. whole model (194
 # tiles of 128), slots 1 .. top_k (4); one layer of MINI is 44 tiles of 128.
-CASES = [(1, 1, 1, 3, 128), (2, 3, 4, 3, 128), (4, 44, 2, 3, 128), (8, 194, 3, 2, 128),
-         (3, 5, 2, 2, 256)]
+SLOW = pytest.mark.slow  # 1-2.5 min each in interpret mode on 2 shared cores (make test-all)
+CASES = [(1, 1, 1, 3, 128), pytest.param(2, 3, 4, 3, 128, marks=SLOW), pytest.param(4, 44, 2, 3, 128, marks=SLOW),
+         pytest.param(8, 194, 3, 2, 128, marks=SLOW), (3, 5, 2, 2, 256)]
 
 
 @pytest.mark.parametrize("batch,depth,slots,steps,tile", CASES)

@@ -40,7 +40,7 @@ def test_cache_shapes(spec):
     assert c["mla_latent"].shape == (1, 3, 16, 256) and c["mla_latent"].dtype == jnp.bfloat16
 
 
-@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("batch", [1, pytest.param(3, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)])
 def test_one_program_equals_op_by_op(spec, weights, batch):
     c1, tok, pos = _inputs(spec, batch)
     c2 = jax.tree.map(jnp.copy, c1)
@@ -152,6 +152,7 @@ def test_bad_inputs(spec, weights):
         reference.init_cache(spec, 0, 16)
 
 
+@pytest.mark.slow
 def test_derived_spec_runs_in_f32():
     """Any size derived from the kimi-k3 preset (widths not multiples of 128), f32 weights."""
     spec = derive("kimi-k3", **ODD_SIZED)
