@@ -133,6 +133,9 @@ def compare(t: TraceSummary, model=None, hardware: str = DEFAULT_HOST_HARDWARE,
         if v is None:
             raise SpecError(name, None, f"{t.path} has no capture.json: give {name}")
     spec = load_model(model)
+    if hardware == DEFAULT_HOST_HARDWARE and not Path(hardware).exists():
+        raise SpecError("--hardware", hardware, "no hostbench file here yet: run `perfmodel hostbench` "
+                        "or give --hardware")
     hw = load_hardware(hardware)
     if matched_efficiency:
         hw = hw.with_efficiency(hbm=matched_hbm_efficiency(hardware, meta.get("weights_dtype", "f32"),

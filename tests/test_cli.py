@@ -179,3 +179,18 @@ def test_missing_optional_dependency_is_a_one_line_hint(capsys, monkeypatch):
     assert main(["capture", "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert "pip install 'perfmodel[jax]'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_failed_write_keeps_the_old_file(capsys, tmp_path, monkeypatch):
+    """Disk full half-way: the old file stays whole, no temporary file is left, exit 2."""
+    import os
+    path = tmp_path / "t.json"
+    path.write_text("old")
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    assert main(["trace", "--model", "kimi-k3-mini", "--devices", "1", "--out", str(path)]) == 2
+    assert "No space left" in capsys.readouterr().err
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["t.json"]
