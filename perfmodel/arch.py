@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from .checks import HF_CONFIG, MAX_EXPERTS, MAX_LAYERS, MAX_SKEW, MODEL_FILE, STR, check_range, check_tree, check_type
+from .checks import (HF_CONFIG, MAX_EXPERTS, MAX_LAYERS, MAX_SKEW, MODEL_FILE, STR, check_range,
+                     check_tree, check_type)
 from .errors import SpecError, positive_int, require
 from .files import check_path, read_text
 from .formats import Format, get_format

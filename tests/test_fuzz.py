@@ -293,8 +293,9 @@ def test_fuzz_trace_files(data, xspace, tmp_path_factory):
             "host_step_s": [1e-4, 2e-4]}
     if data.draw(st.booleans()):
         meta = mutate(meta, data.draw)
-        (run_dir / "capture.json").write_bytes(byte_noise(json.dumps(meta).encode(), data.draw)
-                                               if data.draw(st.integers(0, 3)) == 0 else json.dumps(meta).encode())
+        raw = json.dumps(meta).encode()
+        (run_dir / "capture.json").write_bytes(byte_noise(raw, data.draw) if data.draw(st.integers(0, 3)) == 0
+                                               else raw)
         argv = ["validate", "--trace", str(run_dir), "--hardware", "tpu-v7"]
     else:
         argv = ["validate", "--trace", str(run_dir / "t.xplane.pb"), "--model", "kimi-k3-mini",
@@ -303,70 +304,87 @@ def test_fuzz_trace_files(data, xspace, tmp_path_factory):
     count("trace files")
 
 
-# ----- every signature the first fuzz run found, kept as explicit examples --------------------------
+# ----- every signature the issue's fuzz run found, kept as explicit examples ------------------------
 
-def _model_file(tmp: Path, text: str | bytes, name: str = "m.toml") -> str:
-    f = tmp / name
-    f.write_bytes(text if isinstance(text, bytes) else text.encode())
-    return str(f)
-
-
-GOOD_MODEL = (PRESETS / "models" / "kimi-k3-host-small.toml").read_text()
+HOST_MODEL = (PRESETS / "models" / "kimi-k3-host-small.toml").read_text()
+TPU = (PRESETS / "hardware" / "tpu-v7.toml").read_text()
+TINY = 'name = "x"\nhidden = 64\nvocab = 8\nlayers = 2\n'
+HF = '{"num_hidden_layers": 2, "hidden_size": 8, "vocab_size": 8, '
 
 
-@pytest.mark.parametrize("make_argv", [
-    lambda t: ["predict", "--model", _model_file(t, b"name = \"\xff\xfe\"\n")],  # undecodable bytes
-    lambda t: ["predict", "--hardware", _model_file(t, b"\xff\xfe\x00", "hw.toml")],
-    lambda t: ["predict", "--model", _model_file(t, b"{\"hidden_size\": \"\xff\"}", "config.json")],
-    lambda t: ["predict", "--model", _model_file(t, 'name = "x"\nhidden = 64\nvocab = 8\nlayers = 2\nattention = 5\n')],
-    lambda t: ["predict", "--model", _model_file(t, 'name = "x"\nhidden = 64\nvocab = 8\nlayers = 2\nmoe = 5\n')],
-    lambda t: ["predict", "--model", _model_file(t, GOOD_MODEL.replace('"bf16"', '["bf16"]', 1) + '\n[formats]\nattention = [1]\n')],
-    lambda t: ["predict", "--model", _model_file(t, '{"num_hidden_layers": null, "hidden_size": 8}', "config.json")],
-    lambda t: ["predict", "--model", _model_file(t, '{"num_hidden_layers": 2, "hidden_size": 8, "vocab_size": 8, '
-                                                    '"num_attention_heads": 0, "intermediate_size": 8}', "config.json")],
-    lambda t: ["predict", "--model", _model_file(t, '{"num_hidden_layers": 2, "hidden_size": 8, "vocab_size": 8, '
-                                                    '"num_attention_heads": 2, "n_routed_experts": 4, "num_experts_per_tok": 1, '
-                                                    '"moe_intermediate_size": "x", "n_shared_experts": 99999999999}', "config.json")],
-    lambda t: ["predict", "--model", _model_file(t, '{"num_hidden_layers": 2, "first_k_dense_replace": 99999999999}', "config.json")],
-    lambda t: ["predict", "--model", _model_file(t, "[" * 5000 + "]" * 5000, "config.json")],
-    lambda t: ["predict", "--model", _model_file(t, GOOD_MODEL.replace("layers = 4", "layers = 99999999999999999"))],
-    lambda t: ["predict", "--model", _model_file(t, GOOD_MODEL.replace("layers = 4", "layers = " + "9" * 5000))],
-    lambda t: ["predict", "--model", _model_file(t, 'base = "kimi-k3"\nname = "x"\n[moe]\nexperts = 1000000000\n')],
-    lambda t: ["predict", "--model", _model_file(t, 'base = "kimi-k3"\nname = "x"\n[moe]\nrouting_skew = inf\n')],
-    lambda t: ["predict", "--model", _model_file(t, 'base = ["kimi-k3"]\nname = "x"\n')],
-    lambda t: ["predict", "--hardware", _model_file(t, (PRESETS / "hardware" / "tpu-v7.toml").read_text()
-                                                    .replace("link_latency_s = ", "link_latency_s = inf #"), "hw.toml")],
-    lambda t: ["predict", "--hardware", _model_file(t, (PRESETS / "hardware" / "tpu-v7.toml").read_text()
-                                                    .replace("[efficiency]", "efficiency = 3\n[x]"), "hw.toml")],
-    lambda t: ["predict", "--hardware", _model_file(t, (PRESETS / "hardware" / "tpu-v7.toml").read_text()
-                                                    .replace("dma_tile_bytes = ", "dma_tile_bytes = 1 #"), "hw.toml")],
-    lambda t: ["predict", "--batch", ","],
-    lambda t: ["sweep", "--vary", "batch=-0"],
-    lambda t: ["sweep", "--vary", "hbm_gbps=-nan,0"],
-    lambda t: ["sweep", "--vary", "prefetch_mib=nan", "--json"],
-    lambda t: ["sweep", "--vary", "batch=" + ",".join(["1"] * 200), "--vary", "context=" + ",".join(["1"] * 200)],
-    lambda t: ["validate", "--trace", str(t), "--hardware", "tpu-v7", "--json"],
-    lambda t: ["trace", "--out", ".."],
-    lambda t: ["trace", "--out", ""],
-    lambda t: ["trace", "--out", "/dev/full"],
-    lambda t: ["trace", "--out", "/nonexistent/dir/t.json"],
-    lambda t: ["trace", "--out", str(t / ("x" * 300))],
-    lambda t: ["trace", "--out", "x/" * 3000],
-    lambda t: ["predict", "--model", "x" * 5000 + ".toml"],
-    lambda t: ["predict", "--model", "bad\x1b[31m\nname"],
-    lambda t: ["predict", "--model", "\udcff.toml"],
-    lambda t: ["capture", "--out", "/dev/full/x", "--batch", ","],
-    lambda t: ["capture", "--steps", "0"],
-    lambda t: ["reproduce", "--write", str(t / "missing")],
-    lambda t: ["reproduce", "--write", ""],
-    lambda t: ["predict", "--prefetch-mib", "1e308"],
-    lambda t: ["predict", "--routing-skew", "1e300"],
-    lambda t: ["predict", "--context", "9" * 400],
-    lambda t: ["nope"],
-    lambda t: [],
-])
-def test_regression_examples(make_argv, tmp_path):
-    check_contract(make_argv(tmp_path))
+def model(text: str | bytes, name: str = "m.toml"):
+    """argv predicting with a model file holding `text` (written into the test's tmp dir)."""
+    def argv(tmp: Path) -> list[str]:
+        (tmp / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+        return ["predict", "--model", str(tmp / name)]
+    return argv
+
+
+def hw(text: str | bytes):
+    def argv(tmp: Path) -> list[str]:
+        (tmp / "hw.toml").write_bytes(text if isinstance(text, bytes) else text.encode())
+        return ["predict", "--model", "kimi-k3-mini", "--devices", "1", "--hardware", str(tmp / "hw.toml")]
+    return argv
+
+
+def cli(*argv: str):
+    return lambda tmp: [a.replace("TMP", str(tmp)) for a in argv]
+
+
+REGRESSIONS = {
+    "undecodable model file": model(b'name = "\xff\xfe"\n'),
+    "undecodable hardware file": hw(b"\xff\xfe\x00"),
+    "undecodable config.json": model(b'{"hidden_size": "\xff"}', "config.json"),
+    "attention not a table": model(TINY + "attention = 5\n"),
+    "moe not a table": model(TINY + "moe = 5\n"),
+    "format not a string": model(TINY + "[formats]\nattention = [1]\n"),
+    "null layer count": model('{"num_hidden_layers": null, "hidden_size": 8}', "config.json"),
+    "zero heads": model(HF + '"num_attention_heads": 0, "intermediate_size": 8}', "config.json"),
+    "string width, huge shared count": model(
+        HF + '"num_attention_heads": 2, "n_routed_experts": 4, "num_experts_per_tok": 1, '
+        '"moe_intermediate_size": "x", "n_shared_experts": 99999999999}', "config.json"),
+    "huge first_k_dense_replace": model('{"num_hidden_layers": 2, "first_k_dense_replace": 99999999999}',
+                                        "config.json"),
+    "deeply nested JSON": model("[" * 5000 + "]" * 5000, "config.json"),
+    "huge layer count": model(HOST_MODEL.replace("layers = 4", "layers = 99999999999999999")),
+    "5000-digit layer count": model(HOST_MODEL.replace("layers = 4", "layers = " + "9" * 5000)),
+    "a billion experts": model('base = "kimi-k3"\nname = "x"\n[moe]\nexperts = 1000000000\n'),
+    "infinite skew": model('base = "kimi-k3"\nname = "x"\n[moe]\nrouting_skew = inf\n'),
+    "base not a string": model('base = ["kimi-k3"]\nname = "x"\n'),
+    "infinite latency": hw(TPU.replace("link_latency_s = ", "link_latency_s = inf #")),
+    "efficiency not a table": hw(TPU.replace("[efficiency]", "efficiency = 3\n[x]")),
+    "1-byte DMA tiles": hw(TPU.replace("dma_tile_bytes = ", "dma_tile_bytes = 1 #")),
+    "--batch ,": cli("predict", "--batch", ","),
+    "--vary batch=-0": cli("sweep", "--vary", "batch=-0"),
+    "--vary hbm_gbps=-nan,0": cli("sweep", "--vary", "hbm_gbps=-nan,0"),
+    "--vary prefetch_mib=nan": cli("sweep", "--vary", "prefetch_mib=nan", "--json"),
+    "40,000-point sweep": cli("sweep", "--vary", "batch=" + ",".join(["1"] * 200),
+                              "--vary", "context=" + ",".join(["1"] * 200)),
+    "validate an empty directory": cli("validate", "--trace", "TMP", "--hardware", "tpu-v7", "--json"),
+    "trace --out ..": cli("trace", "--out", ".."),
+    "trace --out ''": cli("trace", "--out", ""),
+    "trace --out /dev/full": cli("trace", "--out", "/dev/full"),
+    "trace --out into a missing directory": cli("trace", "--out", "/nonexistent/dir/t.json"),
+    "trace --out 300-byte name": cli("trace", "--out", "TMP/" + "x" * 300),
+    "trace --out 6000-byte path": cli("trace", "--out", "x/" * 3000),
+    "5000-byte model path": cli("predict", "--model", "x" * 5000 + ".toml"),
+    "control characters in a name": cli("predict", "--model", "bad\x1b[31m\nname"),
+    "undecodable argv": cli("predict", "--model", "\udcff.toml"),
+    "capture into /dev/full": cli("capture", "--out", "/dev/full/x", "--batch", ","),
+    "capture --steps 0": cli("capture", "--steps", "0"),
+    "reproduce --write a missing directory": cli("reproduce", "--write", "TMP/missing"),
+    "reproduce --write ''": cli("reproduce", "--write", ""),
+    "--prefetch-mib 1e308": cli("predict", "--prefetch-mib", "1e308"),
+    "--routing-skew 1e300": cli("predict", "--routing-skew", "1e300"),
+    "400-digit context": cli("predict", "--context", "9" * 400),
+    "unknown command": cli("nope"),
+    "no command": cli(),
+}
+
+
+@pytest.mark.parametrize("name", REGRESSIONS)
+def test_regression_examples(name, tmp_path):
+    assert check_contract(REGRESSIONS[name](tmp_path)) == 2
 
 
 def test_base_cycle(tmp_path, monkeypatch):
