@@ -12,7 +12,7 @@ import json
 import sys
 
 from . import arch, hardware
-from .deployment import Deployment, SpecDecode
+from .deployment import Deployment, SpecDecode, expert_tiling_cost
 from .errors import SpecError
 from .report import SCHEMA_VERSION, deployment_json, layer_summary, prediction_json, table
 
@@ -31,6 +31,14 @@ def float_list(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
+def routing_arg(text: str) -> float:
+    named = {"independent": 0.0, "identical": 1.0}
+    try:
+        return named[text] if text in named else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected independent, identical or a number in [0, 1], got {text!r}") from None
+
+
 def add_deployment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="kimi-k3", help="preset name or .toml / config.json path")
     p.add_argument("--hardware", default="tpu-v7", help="preset name or .toml path")
@@ -47,6 +55,9 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
                    help="override the on-chip buffer per core (VMEM / shared memory), MiB")
     p.add_argument("--routing-skew", type=float, default=None,
                    help="Zipf exponent of expert popularity (default: the model preset's)")
+    p.add_argument("--routing", type=routing_arg, default=None,
+                   help="rows of a batch: independent, identical (every row the same experts) or a "
+                        "correlation in [0, 1] (default: the model preset's)")
     p.add_argument("--draft-rows", type=int, default=0, help="speculative decoding: drafted rows per step")
     acc = p.add_mutually_exclusive_group()
     acc.add_argument("--acceptance-length", type=float, default=None, help="tokens per step (tau)")
@@ -67,7 +78,7 @@ def load_inputs(a: argparse.Namespace):
             raise SpecError("--acceptance-length", None, "speculative decoding needs an acceptance")
         spec = SpecDecode(a.draft_rows, a.acceptance_prob, a.acceptance_length, a.draft_cost)
     d = Deployment(devices=a.devices, tp=a.tp or a.devices, engine=a.engine, ep=a.ep,
-                   context=a.context, spec=spec, routing_skew=a.routing_skew,
+                   context=a.context, spec=spec, routing_skew=a.routing_skew, routing_correlation=a.routing,
                    expert_slots=a.expert_slots,
                    prefetch_bytes=a.prefetch_mib * 2**20 if a.prefetch_mib is not None else None)
     return model, hw, d
@@ -122,6 +133,11 @@ def cmd_predict(a) -> dict:
                      "bound"], [[p.deployment.batch, p.step_s * 1e3, p.tokens_per_s,
                                  p.bytes_per_device / 1e9, p.hbm_floor_s * 1e3, p.hbm_utilisation,
                                  p.bound] for p in preds]))
+        tiling = expert_tiling_cost(model, hw, preds[0].deployment)
+        if tiling:
+            print(f"\nrouted experts ({tiling['expert_bytes'] / 2**20:.1f} MiB each) stream through "
+                  f"{tiling['expert_slots']} buffers in {tiling['tiles_per_expert']} tiles; against whole-expert "
+                  f"buffers this costs {tiling['cost_s'] * 1e6:+.1f} us per step at batch {preds[0].deployment.batch}")
         if a.gain:
             g0 = out["results"][0]["prefetch_gain"]
             causes = list(g0["by_cause_s"])

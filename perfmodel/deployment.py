@@ -1,6 +1,7 @@
 """How a model is served: devices, parallel layout, engine, batch, context, speculative decoding."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .arch import ModelSpec
@@ -131,3 +132,28 @@ def resident_bytes_per_device(model: ModelSpec, d: Deployment) -> float:
 def cache_bytes_per_seq(model: ModelSpec, context: int, tp: int) -> float:
     """One sequence's caches and states on one device, over all layers (`ModelSpec.cache_bytes`)."""
     return sum(model.cache_bytes(l.attention, context, tp) for l in model.layers)
+
+
+def expert_tiling_cost(model: ModelSpec, hw: Hardware, d: Deployment) -> dict | None:
+    """What streaming experts in tiles costs (megakernel, an expert larger than the on-chip room
+    beside the ring): tiles per expert, and the step against the same chip given just enough
+    room for whole-expert buffers beside the same ring. None when experts are copied whole."""
+    import dataclasses
+
+    from .ops import build
+    from .predict import predict
+    from .schedule import expert_slots, ring_banks
+    if d.engine != "megakernel" or not model.moe:
+        return None
+    banks = ring_banks(hw, d.prefetch_bytes)
+    g = build(model, d)
+    slots, tiles = expert_slots(g, hw, d, banks, model.moe.top_k)
+    if tiles == 1:
+        return None
+    ring = banks * hw.dma_tile_bytes
+    per_expert = float(g.routed_bytes.max(initial=0)) / max(1, math.ceil(g.distinct_experts))
+    whole = dataclasses.replace(d, prefetch_bytes=float(ring), expert_slots=slots)
+    tiled = predict(model, hw, d).step_s
+    untiled = predict(model, hw.replace(onchip_bytes=ring + slots * per_expert), whole).step_s
+    return {"expert_slots": slots, "tiles_per_expert": tiles, "expert_bytes": per_expert,
+            "step_s": float(tiled), "whole_expert_step_s": float(untiled), "cost_s": float(tiled - untiled)}
