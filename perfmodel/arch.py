@@ -378,11 +378,16 @@ def derive(base: str, **overrides) -> ModelSpec:
     return from_dict(_derived(_preset_data(base), overrides))
 
 
+def from_hf_config(path: Path) -> ModelSpec:
+    """A Hugging Face config.json (the importer lives in perfmodel.hf)."""
+    from . import hf
+    return hf.from_hf_config(Path(path))
+
+
 def load_model(name_or_path: str) -> ModelSpec:
     """A preset name (`perfmodel list`), a preset-format .toml file or an HF config.json."""
     p = Path(name_or_path)
     if p.suffix == ".json" or (p.is_dir() and (p / "config.json").exists()):
-        from .hf import from_hf_config
         return from_hf_config(p / "config.json" if p.is_dir() else p)
     if p.suffix == ".toml":
         require(p.exists(), "model", name_or_path, "file not found")
