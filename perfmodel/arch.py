@@ -302,9 +302,11 @@ class ModelSpec:
 
     @property
     def active_params(self) -> int:
-        """Parameters one token uses: all but the routed experts it does not pick."""
+        """Parameters one token uses: all but the routed experts it does not pick and the
+        embedding rows it does not read (the convention of the gpt-oss model card)."""
         m, routed = self.moe, self.params_by_family()["routed_expert"]
-        return self.total_params - (routed - routed * m.top_k // m.experts if m else 0)
+        unused = routed - routed * m.top_k // m.experts if m else 0
+        return self.total_params - unused - (self.vocab - 1) * self.hidden
 
     def matmul_bytes(self, mm: Matmul) -> float:
         """Stored bytes of one weight matrix (all its experts), block scales included."""

@@ -18,6 +18,8 @@ CARDS = {
     "kimi-k2-thinking.json": ("1T", None, {"mla+dense": 1, "mla+moe": 60}),
     "glm-4.7-fp8.json": ("355B", None, {"gqa+dense": 3, "gqa+moe": 89}),
     "llama-3.3-70b-instruct.json": ("70.6B", None, {"gqa+dense": 80}),
+    "gpt-oss-20b.json": ("20.91B", "3.61B", {"gqa-swa128+moe": 12, "gqa+moe": 12}),
+    "gpt-oss-120b.json": ("116.83B", "5.13B", {"gqa-swa128+moe": 18, "gqa+moe": 18}),
 }
 
 
