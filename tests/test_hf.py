@@ -18,6 +18,8 @@ CARDS = {
     "kimi-k2-thinking.json": ("1T", None, {"mla+dense": 1, "mla+moe": 60}),
     "glm-4.7-fp8.json": ("355B", None, {"gqa+dense": 3, "gqa+moe": 89}),
     "llama-3.3-70b-instruct.json": ("70.6B", None, {"gqa+dense": 80}),
+    "kimi-k2.5-int4.json": ("1T", "32B", {"mla+dense": 1, "mla+moe": 60}),
+    "glm-4.7-flash.json": ("30B", None, {"mla+dense": 1, "mla+moe": 46}),
     "gpt-oss-20b.json": ("20.91B", "3.61B", {"gqa-swa128+moe": 12, "gqa+moe": 12}),
     "gpt-oss-120b.json": ("116.83B", "5.13B", {"gqa-swa128+moe": 18, "gqa+moe": 18}),
 }
@@ -49,6 +51,14 @@ def test_fixture_imports_with_card_counts(name):
 
 def test_every_fixture_is_covered():
     assert {p.name for p in FIXTURES.glob("*.json")} == set(CARDS) | {"glm-5-fp8.json"}
+
+
+def test_kimi_k25_int4_experts_only():
+    """compressed-tensors int4, group 32, on the routed experts; attention, shared experts and the
+    dense FFN stay bf16 (its `ignore` list)."""
+    m = load_model(str(FIXTURES / "kimi-k2.5-int4.json"))
+    f = m.formats
+    assert f["routed_expert"].bits_per_value == 4.5 and f["attention"].name == f["shared_expert"].name == "bf16"
 
 
 def test_sparse_attention_config_without_index_keys_is_refused():
