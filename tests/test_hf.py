@@ -20,6 +20,8 @@ CARDS = {
     "llama-3.3-70b-instruct.json": ("70.6B", None, {"gqa+dense": 80}),
     "kimi-k2.5-int4.json": ("1T", "32B", {"mla+dense": 1, "mla+moe": 60}),
     "glm-4.7-flash.json": ("30B", None, {"mla+dense": 1, "mla+moe": 46}),
+    "glm-5.1.json": ("744B", None, {"mla-dsa2048+dense": 3, "mla-dsa2048+moe": 75}),
+    "deepseek-r1.json": ("671B", "37B", {"mla+dense": 3, "mla+moe": 58}),
     "gpt-oss-20b.json": ("20.91B", "3.61B", {"gqa-swa128+moe": 12, "gqa+moe": 12}),
     "gpt-oss-120b.json": ("116.83B", "5.13B", {"gqa-swa128+moe": 18, "gqa+moe": 18}),
 }
@@ -50,7 +52,23 @@ def test_fixture_imports_with_card_counts(name):
 
 
 def test_every_fixture_is_covered():
-    assert {p.name for p in FIXTURES.glob("*.json")} == set(CARDS) | {"glm-5-fp8.json"}
+    assert {p.name for p in FIXTURES.glob("*.json")} == set(CARDS) | {"glm-5-fp8.json", "minimax-m1.json"}
+
+
+def test_lightning_attention_is_refused():
+    """MiniMax-M1 mixes lightning (linear) attention layers, which are not modelled."""
+    with pytest.raises(SpecError) as e:
+        load_model(str(FIXTURES / "minimax-m1.json"))
+    assert e.value.field == "config.json:attn_type_list"
+
+
+def test_deepseek_fp8_blocks_and_sparse_attention_cache():
+    r1 = load_model(str(FIXTURES / "deepseek-r1.json"))
+    assert r1.formats["routed_expert"].name == "fp8-block128"
+    glm = load_model(str(FIXTURES / "glm-5.1.json"))
+    assert glm.mla.index_topk == 2048 and glm.mla.index_heads == 32
+    # per token and layer: the 512 + 64 latent and the indexer's 128-wide key, bf16
+    assert glm.cache_bytes("mla", 1, 1) == (512 + 64 + 128) * 2
 
 
 def test_kimi_k25_int4_experts_only():
