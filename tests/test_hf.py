@@ -22,6 +22,7 @@ CARDS = {
     "glm-4.7-flash.json": ("30B", None, {"mla+dense": 1, "mla+moe": 46}),
     "glm-5.1.json": ("744B", None, {"mla-dsa2048+dense": 3, "mla-dsa2048+moe": 75}),
     "deepseek-r1.json": ("671B", "37B", {"mla+dense": 3, "mla+moe": 58}),
+    "mixtral-8x7b.json": ("46.7B", None, {"gqa+moe": 32}),
     "gpt-oss-20b.json": ("20.91B", "3.61B", {"gqa-swa128+moe": 12, "gqa+moe": 12}),
     "gpt-oss-120b.json": ("116.83B", "5.13B", {"gqa-swa128+moe": 18, "gqa+moe": 18}),
 }
