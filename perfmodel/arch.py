@@ -147,6 +147,7 @@ class ModelSpec:
     mamba2: Mamba2 | None = None
     variants: dict[str, object] = field(default_factory=dict)  # extra attention labels
     dense_width: int = 0
+    ffn_gated: bool = True   # SwiGLU-style gate and up projections; False: up only (relu2 MLPs)
     moe: MoE | None = None
     tie_embeddings: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
@@ -257,12 +258,14 @@ class ModelSpec:
         return 0.0
 
     def ffn_matmuls(self, ffn: str) -> list[Matmul]:
-        h = self.hidden
+        """The FFN's matrices; `*gate_up` holds the gate and up projections (up only when the
+        MLP is not gated)."""
+        h, g = self.hidden, 2 if self.ffn_gated else 1
         if ffn == "none":
             return []
         if ffn == "dense":
             w = self.dense_width
-            return [Matmul("gate_up", "dense_ffn", h, 2 * w), Matmul("down", "dense_ffn", w, h)]
+            return [Matmul("gate_up", "dense_ffn", h, g * w), Matmul("down", "dense_ffn", w, h)]
         m = self.moe
         d = m.latent_dim or h
         mm = [Matmul("router", "router", h, m.experts)]
@@ -270,9 +273,9 @@ class ModelSpec:
             mm += [Matmul("latent_down", "shared_expert", h, d),
                    Matmul("latent_up", "shared_expert", d, h)]
         if m.shared_width:
-            mm += [Matmul("shared_gate_up", "shared_expert", h, 2 * m.shared_width),
+            mm += [Matmul("shared_gate_up", "shared_expert", h, g * m.shared_width),
                    Matmul("shared_down", "shared_expert", m.shared_width, h)]
-        return mm + [Matmul("expert_gate_up", "routed_expert", d, 2 * m.expert_width, m.experts),
+        return mm + [Matmul("expert_gate_up", "routed_expert", d, g * m.expert_width, m.experts),
                      Matmul("expert_down", "routed_expert", m.expert_width, d, m.experts)]
 
     def layer_matmuls(self, layer: Layer) -> list[Matmul]:
@@ -481,7 +484,7 @@ def from_dict(data: dict) -> ModelSpec:
     kinds = _labels({k: v for k, v in attn.items() if not isinstance(v, dict)}, n, "gqa", known_attn, "attention")
     ffn = data.get("ffn", {})
     require(isinstance(ffn, dict), "ffn", ffn, "must be a table")
-    ffns = _labels({k: v for k, v in ffn.items() if k != "dense_width"}, n, "moe" if "moe" in data else "dense",
+    ffns = _labels({k: v for k, v in ffn.items() if k not in ("dense_width", "gated")}, n, "moe" if "moe" in data else "dense",
                    set(FFN_KINDS), "ffn")
     layers = tuple(Layer(i + 1, kinds[i], ffns[i]) for i in range(n))
     custom = data.get("custom_formats", {})
@@ -494,8 +497,9 @@ def from_dict(data: dict) -> ModelSpec:
     formats = {fam: get_format(fmt, f"formats.{fam}", custom) for fam, fmt in fmts.items()}
     for fam in WEIGHT_FAMILIES + CACHE_FAMILIES:
         formats.setdefault(fam, get_format("f32" if fam == "state" else "bf16"))
-    dense_width = ffn.get("dense_width", 0)
+    dense_width, gated = ffn.get("dense_width", 0), ffn.get("gated", True)
     _check_value("ffn.dense_width", dense_width, 0)
+    _check_value("ffn.gated", gated, True)
     sources = data.get("sources", {})
     require(isinstance(sources, dict) and all(isinstance(v, str) for v in sources.values()), "sources",
             sources, "must be a table of strings")
@@ -504,7 +508,7 @@ def from_dict(data: dict) -> ModelSpec:
     tie = data.get("tie_embeddings", False)
     require(isinstance(tie, bool), "tie_embeddings", tie, "must be true or false")
     spec = ModelSpec(name=name, hidden=data["hidden"], vocab=data["vocab"], layers=layers, formats=formats,
-                     variants=variants, dense_width=dense_width, moe=_section(data, "moe", MoE, "moe"),
+                     variants=variants, dense_width=dense_width, ffn_gated=gated, moe=_section(data, "moe", MoE, "moe"),
                      tie_embeddings=tie, sources=dict(sources), **sections)
     _validate(spec)
     return spec
@@ -562,7 +566,7 @@ def to_dict(s: ModelSpec) -> dict:
     for label, a in s.variants.items():
         attn[label] = {"type": a.kind, **{f.name: getattr(a, f.name) for f in fields(a)}}
     out["attention"] = attn
-    out["ffn"] = {"default": "dense", "dense_width": s.dense_width,
+    out["ffn"] = {"default": "dense", "dense_width": s.dense_width, "gated": s.ffn_gated,
                   **{f"{k}_layers": [l.index for l in s.layers if l.ffn == k] for k in ("moe", "none")}}
     if s.moe:
         out["moe"] = {f.name: getattr(s.moe, f.name) for f in fields(s.moe)}

@@ -21,6 +21,7 @@ LAYER_TYPES = {"full_attention": "full", "sliding_attention": "swa", "linear_att
                "chunked_attention": "swa"}   # a chunk bounds the span as a window does
 HYBRID_CHARS = {"M": "mamba2", "*": "attention", "-": "mlp", "E": "moe"}
 QUANT_METHODS = ("fp8", "mxfp4", "compressed-tensors", "modelopt")
+UNGATED_ACTIVATIONS = ("relu2",)   # Nemotron-H: up and down projections only
 
 
 class _Config:
@@ -241,7 +242,8 @@ def _moe(c: _Config, raw: dict, d: dict, n: int, ffn: list[str]) -> None:
     if "dense" in ffn:
         key = "intermediate_size_mlp" if c.has("intermediate_size_mlp") else "intermediate_size"
         dense_width = c.int(key, lo=1)
-    d["ffn"] = {"default": "dense", "dense_width": dense_width,
+    act = raw.get("mlp_hidden_act", raw.get("hidden_act", "silu"))
+    d["ffn"] = {"default": "dense", "dense_width": dense_width, "gated": act not in UNGATED_ACTIVATIONS,
                 "moe_layers": [i + 1 for i, f in enumerate(ffn) if f == "moe"],
                 "none_layers": [i + 1 for i, f in enumerate(ffn) if f == "none"]}
 

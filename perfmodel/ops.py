@@ -213,7 +213,7 @@ def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int) -> floa
     expert_bytes = sum(model.matmul_bytes(mms[k]) for k in ("expert_gate_up", "expert_down")) / m.experts
     ops.compute(i, "moe", "routed_experts", 2.0 * pairs * per_expert / expert_tp, fmt.compute_dtype,
                 routed=distinct * expert_bytes / expert_tp,
-                act=ACT_BYTES * pairs * (2 * d_exp + 3 * m.expert_width / expert_tp))
+                act=ACT_BYTES * pairs * (2 * d_exp + (2 + model.ffn_gated) * m.expert_width / expert_tp))
     ops.collective(i, "moe", "expert_all_reduce", "all_reduce", ACT_BYTES * t * d_exp, d.devices)
     if m.latent_dim:
         matmul(mms["latent_up"], d.tp)

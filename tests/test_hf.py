@@ -23,6 +23,7 @@ CARDS = {
     "glm-5.1.json": ("744B", None, {"mla-dsa2048+dense": 3, "mla-dsa2048+moe": 75}),
     "deepseek-r1.json": ("671B", "37B", {"mla+dense": 3, "mla+moe": 58}),
     "mixtral-8x7b.json": ("46.7B", None, {"gqa+moe": 32}),
+    "nemotron-3-nano-30b-a3b.json": ("31.6B", None, {"mamba2": 23, "moe": 23, "gqa": 6}),
     "gpt-oss-20b.json": ("20.91B", "3.61B", {"gqa-swa128+moe": 12, "gqa+moe": 12}),
     "gpt-oss-120b.json": ("116.83B", "5.13B", {"gqa-swa128+moe": 18, "gqa+moe": 18}),
 }
@@ -136,6 +137,12 @@ def test_gpt_oss_style_config(tmp_path):
     assert [m.layer_kind(l) for l in m.layers] == ["gqa-swa128+moe", "gqa+moe"] * 2
     assert m.gqa.sinks and m.moe.expert_width == 512
     assert m.formats["routed_expert"].name == "mxfp4" and m.formats["attention"].name == "bf16"
+
+
+def test_nemotron_relu2_experts_have_no_gate():
+    m = load_model(str(FIXTURES / "nemotron-3-nano-30b-a3b.json"))
+    assert not m.ffn_gated and m.moe.shared_width == 3712
+    assert m.mamba2.heads == 64 and m.mamba2.groups == 8 and m.mamba2.state_dim == 128
 
 
 def test_nemotron_h_style_config(tmp_path):
