@@ -112,8 +112,13 @@ def _attention(c: _Config, raw: dict, d: dict, n: int, h: int, heads: int) -> di
     if lin is not None:  # Kimi Linear / K3: KDA with MLA on the listed layers
         require(isinstance(lin, dict), "config.json:linear_attn_config", lin, "must be an object")
         lc = _Config(lin)
-        d["kda"] = {"heads": lc.int("num_heads", heads, lo=1), "head_dim": lc.int("head_dim", 128, lo=1),
-                    "conv_width": lc.int("short_conv_kernel_size", 4, lo=1)}
+        head_dim = lc.int("head_dim", 128, lo=1)
+        full_gate = lin.get("use_full_rank_gate", False)
+        require(isinstance(full_gate, bool), "config.json:linear_attn_config.use_full_rank_gate", full_gate,
+                "must be true or false")
+        d["kda"] = {"heads": lc.int("num_heads", heads, lo=1), "head_dim": head_dim,
+                    "conv_width": lc.int("short_conv_kernel_size", 4, lo=1),
+                    "output_gate_rank": 0 if full_gate else head_dim}  # Kimi Linear: low rank = head_dim
         _mla(c, raw, d, heads)
         full = lc.list("full_attn_layers")
         require(all(isinstance(i, int) and 1 <= i <= n for i in full), "config.json:linear_attn_config.full_attn_layers",
@@ -179,9 +184,11 @@ def _gqa(c: _Config, raw: dict, d: dict, h: int, heads: int, window: int) -> Non
 
 
 def _mla(c: _Config, raw: dict, d: dict, heads: int) -> None:
+    gate = raw.get("mla_use_output_gate", False)
+    require(isinstance(gate, bool), "config.json:mla_use_output_gate", gate, "must be true or false")
     d["mla"] = {"heads": heads, "q_lora_rank": c.int("q_lora_rank", 0), "kv_lora_rank": c.int("kv_lora_rank", lo=1),
                 "qk_nope_dim": c.int("qk_nope_head_dim", lo=1), "qk_rope_dim": c.int("qk_rope_head_dim"),
-                "v_head_dim": c.int("v_head_dim", lo=1)}
+                "v_head_dim": c.int("v_head_dim", lo=1), "output_gate": gate}
     mt = str(raw.get("model_type", ""))
     sparse = "dsa" in mt or mt == "deepseek_v32" or c.has("index_topk")
     if sparse:
@@ -216,6 +223,11 @@ def _ffn_kinds(c: _Config, raw: dict, n: int) -> list[str]:
     return ["moe" if m else "dense" for m in moe]
 
 
+def _first(raw: dict, *keys: str) -> str:
+    """The first of `keys` the config sets (else the first, so its absence is the error)."""
+    return next((k for k in keys if raw.get(k) is not None), keys[0])
+
+
 def _experts(c: _Config, raw: dict) -> int:
     for key in ("n_routed_experts", "num_experts", "num_local_experts"):
         if raw.get(key):
@@ -228,16 +240,18 @@ def _moe(c: _Config, raw: dict, d: dict, n: int, ffn: list[str]) -> None:
     mt = str(raw.get("model_type", ""))
     if "moe" in ffn:
         width = c.int("moe_intermediate_size") if c.has("moe_intermediate_size") else c.int("intermediate_size")
-        top_k = c.int("num_experts_per_tok") if c.has("num_experts_per_tok") else c.int("experts_per_token")
+        top_k = c.int(_first(raw, "num_experts_per_tok", "num_experts_per_token", "experts_per_token"), lo=1)
         shared = 0
         if c.has("shared_expert_intermediate_size"):
             shared = c.int("shared_expert_intermediate_size")
-        elif c.has("n_shared_experts"):
-            shared = c.int("n_shared_experts") * (c.int("moe_shared_expert_intermediate_size") if
-                                                  c.has("moe_shared_expert_intermediate_size") else width)
+        elif c.has("n_shared_experts") or c.has("num_shared_experts"):
+            count = c.int(_first(raw, "n_shared_experts", "num_shared_experts"))
+            shared = count * (c.int("moe_shared_expert_intermediate_size") if
+                              c.has("moe_shared_expert_intermediate_size") else width)
         elif mt.startswith("llama4"):  # one shared expert as wide as a routed one
             shared = width
-        d["moe"] = {"experts": experts, "top_k": top_k, "expert_width": width, "shared_width": shared}
+        d["moe"] = {"experts": experts, "top_k": top_k, "expert_width": width, "shared_width": shared,
+                    "latent_dim": c.int("routed_expert_hidden_size", 0)}  # Kimi K3 latent MoE
     dense_width = 0
     if "dense" in ffn:
         key = "intermediate_size_mlp" if c.has("intermediate_size_mlp") else "intermediate_size"
@@ -273,12 +287,20 @@ def _formats(qc) -> tuple[dict, dict]:
 
 
 def _compressed_tensors(qc: dict, linear: tuple[str, ...]) -> tuple[dict, dict]:
-    """compressed-tensors weight-only integer groups (Kimi K2-Thinking: int4, group 32)."""
+    """compressed-tensors weight-only groups: integer (Kimi K2-Thinking: int4, group 32) or
+    MXFP4 (Kimi K3: 4-bit floats, group 32, uint8 = E8M0 scales)."""
     groups = qc.get("config_groups")
     require(isinstance(groups, dict) and len(groups) == 1, "config.json:quantization_config.config_groups",
             groups, "exactly one group is understood")
     w = next(iter(groups.values())).get("weights") or {}
     bits, group, strategy = w.get("num_bits"), w.get("group_size"), w.get("strategy")
+    ignore = " ".join(str(x) for x in qc.get("ignore", []))
+    targets = ["routed_expert"] if "self_attn" in ignore or "shared_experts" in ignore else list(linear)
+    if w.get("type") == "float":
+        require(bits == 4 and group == 32 and w.get("scale_dtype") == "torch.uint8",
+                "config.json:quantization_config.config_groups.weights", w,
+                "the known float format is MXFP4: 4 bits, group 32, uint8 (E8M0) scales")
+        return dict.fromkeys(targets, "mxfp4"), {}
     require(w.get("type") == "int" and bits in (4, 8) and strategy in ("group", "channel"),
             "config.json:quantization_config.config_groups.weights", w,
             "known: integer weights of 4 or 8 bits, group or channel strategy")
@@ -289,6 +311,4 @@ def _compressed_tensors(qc: dict, linear: tuple[str, ...]) -> tuple[dict, dict]:
     custom = {name: {"value_bits": bits, "scale_dtype": "bf16", "block": block,
                      "compute_dtype": "int8" if bits == 8 else "bf16",
                      "source": "compressed-tensors pack-quantized (bf16 scales)"}}
-    ignore = " ".join(str(x) for x in qc.get("ignore", []))
-    targets = ["routed_expert"] if "self_attn" in ignore or "shared_experts" in ignore else list(linear)
     return dict.fromkeys(targets, name), custom

@@ -1,4 +1,5 @@
 """Hugging Face import: every real config.json fixture imports, with the model card's counts."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -24,6 +25,7 @@ CARDS = {
     "deepseek-r1.json": ("671B", "37B", {"mla+dense": 3, "mla+moe": 58}),
     "mixtral-8x7b.json": ("46.7B", None, {"gqa+moe": 32}),
     "nemotron-3-nano-30b-a3b.json": ("31.6B", None, {"mamba2": 23, "moe": 23, "gqa": 6}),
+    "kimi-k3.json": ("2.8T", None, {"kda+dense": 1, "kda+moe": 68, "mla+moe": 24}),
     "gpt-oss-20b.json": ("20.91B", "3.61B", {"gqa-swa128+moe": 12, "gqa+moe": 12}),
     "gpt-oss-120b.json": ("116.83B", "5.13B", {"gqa-swa128+moe": 18, "gqa+moe": 18}),
 }
@@ -71,6 +73,15 @@ def test_deepseek_fp8_blocks_and_sparse_attention_cache():
     assert glm.mla.index_topk == 2048 and glm.mla.index_heads == 32
     # per token and layer: the 512 + 64 latent and the indexer's 128-wide key, bf16
     assert glm.cache_bytes("mla", 1, 1) == (512 + 64 + 128) * 2
+
+
+def test_released_kimi_k3_config_is_the_preset():
+    """The released config (num_experts_per_token, num_shared_experts, routed_expert_hidden_size,
+    MLA output gate, full-rank KDA gate, MXFP4 experts) gives the kimi-k3 preset's shapes exactly."""
+    m, preset = load_model(str(FIXTURES / "kimi-k3.json")), load_model("kimi-k3")
+    assert m.layers == preset.layers and m.kda == preset.kda and m.mla == preset.mla
+    assert dataclasses.replace(m.moe, routing_skew=preset.moe.routing_skew) == preset.moe
+    assert m.weight_bytes() == preset.weight_bytes() and m.formats["routed_expert"].name == "mxfp4"
 
 
 def test_kimi_k25_int4_experts_only():
