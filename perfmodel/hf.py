@@ -21,7 +21,13 @@ LAYER_TYPES = {"full_attention": "full", "sliding_attention": "swa", "linear_att
                "chunked_attention": "swa"}   # a chunk bounds the span as a window does
 HYBRID_CHARS = {"M": "mamba2", "*": "attention", "-": "mlp", "E": "moe"}
 QUANT_METHODS = ("fp8", "mxfp4", "compressed-tensors", "modelopt")
-UNGATED_ACTIVATIONS = ("relu2",)   # Nemotron-H: up and down projections only
+UNGATED_ACTIVATIONS = ("relu2",)
+# keys of mechanisms that change cost and are not modelled: refused, not approximated
+UNMODELLED_KEYS = {"compress_ratios": "compressed attention (DeepSeek-V4)",
+                   "num_kv_shared_layers": "KV cache shared across layers",
+                   "kv_sharing_layer_map": "KV cache shared across layers",
+                   "attention_k_eq_v": "attention with keys equal to values",
+                   "altup_num_inputs": "AltUp (Gemma 3n)"}   # Nemotron-H: up and down projections only
 
 
 class _Config:
@@ -80,6 +86,9 @@ def _nonfinite(s: str):
 def spec_dict(raw: dict, name: str, source: str) -> dict:
     """The preset-schema dict (perfmodel.arch.from_dict) of one config.json."""
     c = _Config(raw)
+    for key, what in UNMODELLED_KEYS.items():
+        require(raw.get(key) in (None, False, 0, []), f"config.json:{key}", raw.get(key),
+                f"{what} changes cost and is not modelled")
     n = c.int("num_hidden_layers", lo=1, hi=MAX_LAYERS)
     h, heads = c.int("hidden_size", lo=1), c.int("num_attention_heads", lo=1)
     d: dict = {"name": name, "hidden": h, "vocab": c.int("vocab_size", lo=1), "layers": n,

@@ -119,6 +119,8 @@ def base_config(**extra):
     ({"model_type": "deepseek_v32", "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
       "v_head_dim": 32}, "config.json:index_n_heads"),
     ({"attn_type_list": [0, 1, 1, 1]}, "config.json:attn_type_list"),
+    ({"compress_ratios": [0, 4, 128, 0]}, "config.json:compress_ratios"),
+    ({"num_kv_shared_layers": 2}, "config.json:num_kv_shared_layers"),
     ({"num_hidden_layers": 20000}, "config.json:num_hidden_layers"),
     ({"hidden_size": None}, "config.json:hidden_size"),
     ({"hidden_size": 1.5}, "config.json:hidden_size"),
