@@ -188,3 +188,27 @@ def test_megakernel_predicts_deepseek_v3_ep8_with_tiled_experts():
         assert p.timeline.expert_tiles > 1 and p.tokens_per_s > 0
         cost = expert_tiling_cost(m, load_hardware(hw), d)
         assert cost["tiles_per_expert"] == p.timeline.expert_tiles
+
+
+def test_kda_layer_by_hand():
+    """Kimi K3 layer 2: q, k, v, low-rank decay, beta, full-rank output gate, o; f32 state."""
+    m = load_model("kimi-k3")
+    g = build(m, ONE)
+    ops = {n: j for j, n in enumerate(g.name) if g.layer[j] == 2 and g.phase[j] == "attention"}
+    h, v = 7168, 96 * 128
+    assert sum(g.static_bytes[j] for j in ops.values()) == 2 * (3 * h * v + h * 128 + 128 * v + h * 96 + h * v + v * h)
+    assert g.kv_bytes[ops["kda_recurrence"]] == 2 * 96 * (128 * 128 * 4 + 3 * 128 * 3 * 2)
+
+
+def test_moe_layer_with_custom_formats_by_hand():
+    """The 62-layer example: int4 experts with f32 scales per 128 inputs, NVFP4 shared experts,
+    a bf16 router kept as a hi/lo pair; one row picks top-8 experts."""
+    m = load_model("docs/examples/gated-swa-moe-62l.toml")
+    g = build(m, Deployment(devices=1, tp=1, ep=1, batch=1, context=1000))
+    ops = {n: j for j, n in enumerate(g.name) if g.layer[j] == 2 and g.phase[j] == "moe"}
+    h, w = 6144, 2048
+    int4 = lambda d_in, d_out: (d_in * d_out * 4 + d_out * (d_in // 128) * 32) / 8
+    assert g.routed_bytes[ops["routed_experts"]] == pytest.approx(8 * (int4(h, 2 * w) + int4(w, h)))
+    nvfp4 = lambda d_in, d_out: (d_in * d_out * 4 + d_out * (d_in // 16) * 8 + 32) / 8
+    assert g.static_bytes[ops["shared_gate_up"]] == nvfp4(h, 2 * w)
+    assert g.static_bytes[ops["router"]] == 2 * 2 * h * 256
