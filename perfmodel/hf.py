@@ -91,8 +91,10 @@ def spec_dict(raw: dict, name: str, source: str) -> dict:
                 f"{what} changes cost and is not modelled")
     n = c.int("num_hidden_layers", lo=1, hi=MAX_LAYERS)
     h, heads = c.int("hidden_size", lo=1), c.int("num_attention_heads", lo=1)
+    tie = raw.get("tie_word_embeddings", False)
+    require(isinstance(tie, bool), "config.json:tie_word_embeddings", tie, "must be true or false")
     d: dict = {"name": name, "hidden": h, "vocab": c.int("vocab_size", lo=1), "layers": n,
-               "tie_embeddings": bool(raw.get("tie_word_embeddings", False)), "sources": {"all": source}}
+               "tie_embeddings": tie, "sources": {"all": source}}
     attn, ffn = _attention(c, raw, d, n, h, heads), _ffn_kinds(c, raw, n)
     _moe(c, raw, d, n, ffn)
     d["attention"] = attn
@@ -103,7 +105,6 @@ def spec_dict(raw: dict, name: str, source: str) -> dict:
 
 
 def _attention(c: _Config, raw: dict, d: dict, n: int, h: int, heads: int) -> dict:
-    mt = str(raw.get("model_type", ""))
     if "hybrid_override_pattern" in raw:  # Nemotron-H: one mixer per block
         pat = raw["hybrid_override_pattern"]
         require(isinstance(pat, str) and len(pat) == n, "config.json:hybrid_override_pattern", pat,
@@ -138,7 +139,7 @@ def _attention(c: _Config, raw: dict, d: dict, n: int, h: int, heads: int) -> di
         return {"default": "mla"}
     types = _layer_types(c, raw, n)
     window = c.int("sliding_window", 0) if raw.get("use_sliding_window", True) else 0
-    if "chunked_attention" in types:
+    if c.has("attention_chunk_size"):  # Llama 4: local layers attend within their chunk
         window = c.int("attention_chunk_size", lo=1)
     if "linear" in types:  # Qwen3-Next / Qwen3.5: gated DeltaNet
         d["gdn"] = {"key_heads": c.int("linear_num_key_heads", lo=1), "value_heads": c.int("linear_num_value_heads", lo=1),

@@ -168,7 +168,8 @@ def test_nemotron_h_style_config(tmp_path):
 def test_llama4_style_interleaved_moe(tmp_path):
     cfg = {"model_type": "llama4", "text_config": base_config(
         model_type="llama4_text", num_local_experts=16, num_experts_per_tok=1, interleave_moe_layer_step=2,
-        intermediate_size=128, intermediate_size_mlp=512)}
+        intermediate_size=128, intermediate_size_mlp=512, attention_chunk_size=8192, no_rope_layers=[1, 1, 1, 0])}
     m = load_model(write(tmp_path, cfg))
     assert [l.ffn for l in m.layers] == ["dense", "moe"] * 2
+    assert [m.layer_kind(l) for l in m.layers][2:] == ["gqa-swa8192+dense", "gqa+moe"]
     assert m.moe.shared_width == 128 and m.dense_width == 512
