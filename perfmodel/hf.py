@@ -22,6 +22,7 @@ LAYER_TYPES = {"full_attention": "full", "sliding_attention": "swa", "linear_att
 HYBRID_CHARS = {"M": "mamba2", "*": "attention", "-": "mlp", "E": "moe"}
 QUANT_METHODS = ("fp8", "mxfp4", "compressed-tensors", "modelopt")
 UNGATED_ACTIVATIONS = ("relu2",)
+STATE_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "fp16"}
 # keys of mechanisms that change cost and are not modelled: refused, not approximated
 UNMODELLED_KEYS = {"compress_ratios": "compressed attention (DeepSeek-V4)",
                    "num_kv_shared_layers": "KV cache shared across layers",
@@ -99,6 +100,11 @@ def spec_dict(raw: dict, name: str, source: str) -> dict:
     _moe(c, raw, d, n, ffn)
     d["attention"] = attn
     d["formats"], custom = _formats(raw.get("quantization_config"))
+    state_key = _first(raw, "mamba_ssm_dtype", "mamba_ssm_cache_dtype")
+    if raw.get(state_key) is not None:  # recurrent state precision (gated DeltaNet, Mamba-2)
+        require(raw[state_key] in STATE_DTYPES, f"config.json:{state_key}", raw[state_key],
+                f"known: {', '.join(STATE_DTYPES)}")
+        d["formats"]["state"] = STATE_DTYPES[raw[state_key]]
     if custom:
         d["custom_formats"] = custom
     return d

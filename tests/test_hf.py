@@ -121,6 +121,7 @@ def base_config(**extra):
     ({"attn_type_list": [0, 1, 1, 1]}, "config.json:attn_type_list"),
     ({"compress_ratios": [0, 4, 128, 0]}, "config.json:compress_ratios"),
     ({"num_kv_shared_layers": 2}, "config.json:num_kv_shared_layers"),
+    ({"mamba_ssm_dtype": "float8"}, "config.json:mamba_ssm_dtype"),
     ({"num_hidden_layers": 20000}, "config.json:num_hidden_layers"),
     ({"hidden_size": None}, "config.json:hidden_size"),
     ({"hidden_size": 1.5}, "config.json:hidden_size"),
@@ -154,7 +155,7 @@ def test_gpt_oss_style_config(tmp_path):
 
 def test_nemotron_relu2_experts_have_no_gate():
     m = load_model(str(FIXTURES / "nemotron-3-nano-30b-a3b.json"))
-    assert not m.ffn_gated and m.moe.shared_width == 3712
+    assert not m.ffn_gated and m.moe.shared_width == 3712 and m.formats["state"].name == "f32"
     assert m.mamba2.heads == 64 and m.mamba2.groups == 8 and m.mamba2.state_dim == 128
 
 
