@@ -443,8 +443,9 @@ def _labels(table, n: int, default: str, known: set[str], what: str) -> list[str
                 f"{what}.pattern", pattern, f"must be a list of 1..{n} labels from {sorted(known)}")
         out = [pattern[i % len(pattern)] for i in range(n)]
     for key, idx in table.items():
-        if not key.endswith("_layers"):
+        if key in ("default", "pattern"):
             continue
+        require(key.endswith("_layers"), f"{what}.{key}", idx, "unknown key; known: default, pattern, <label>_layers")
         label = key.removesuffix("_layers")
         require(label in known, f"{what}.{key}", idx, f"expected <label>_layers with label in {sorted(known)}")
         require(isinstance(idx, list), f"{what}.{key}", idx, "must be a list of layer numbers")

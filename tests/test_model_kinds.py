@@ -122,6 +122,7 @@ def test_user_defined_format_in_toml():
     ({"moe": {"experts": 4, "top_k": 2, "expert_width": 8, "routing_skew": float("nan")}}, "moe.routing_skew"),
     ({"moe": {"experts": 4, "top_k": 2, "expert_width": 8, "routing_correlation": 1.5}}, "moe.routing_correlation"),
     ({"attention": {"swa": {"type": "rnn"}}}, "attention.swa.type"),
+    ({"ffn": {"dense_width": 512, "patern": ["dense"]}}, "ffn.patern"),
 ])
 def test_bad_fields_name_themselves(over, field):
     with pytest.raises(SpecError) as e:
