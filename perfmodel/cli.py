@@ -122,6 +122,9 @@ def cmd_predict(a) -> dict:
         from .predict import prefetch_gain
         for r, p in zip(out["results"], preds):
             r["prefetch_gain"] = prefetch_gain(model, hw, p.deployment)
+    tiling = expert_tiling_cost(model, hw, preds[0].deployment)
+    if tiling:
+        out["expert_tiling"] = {**tiling, "batch": preds[0].deployment.batch}
     if not a.json:
         print(f"{model.name} on {a.devices} x {hw.name} devices, tp={d.tp} ep={d.expert_groups}, "
               f"{d.engine}, context {d.context}" + (f", spec decode {d.spec}" if d.spec else ""))
@@ -133,7 +136,6 @@ def cmd_predict(a) -> dict:
                      "bound"], [[p.deployment.batch, p.step_s * 1e3, p.tokens_per_s,
                                  p.bytes_per_device / 1e9, p.hbm_floor_s * 1e3, p.hbm_utilisation,
                                  p.bound] for p in preds]))
-        tiling = expert_tiling_cost(model, hw, preds[0].deployment)
         if tiling:
             print(f"\nrouted experts ({tiling['expert_bytes'] / 2**20:.1f} MiB each) stream through "
                   f"{tiling['expert_slots']} buffers in {tiling['tiles_per_expert']} tiles; against whole-expert "
