@@ -3,33 +3,43 @@
 One source of truth for shapes: the analytic model, the parameter counts and the Pallas
 kernel's test configurations all derive from a `ModelSpec`. Presets are TOML files in
 `presets/models/`; a preset may name a `base` preset and override some of its fields (that is
-how the MINI kernel configuration derives from kimi-k3). Hugging Face `config.json` files of the
-DeepSeek / Kimi / Llama families load through `from_hf_config`.
+how the MINI kernel configuration derives from kimi-k3). Hugging Face `config.json` files load
+through `perfmodel.hf`.
+
+Each layer has an attention label and an FFN kind. The labels `kda`, `mla`, `gqa`, `gdn`
+(gated DeltaNet), `mamba2` take their shapes from the top-level table of that name; a model
+may add more labels under `[attention.<label>]` with `type = "<kind>"`, fields not given being
+taken from the table of that kind (e.g. a sliding-window GQA beside the full one), and `none`
+is a layer without attention (a Nemotron-H MLP block). FFN kinds are `dense`, `moe`, `none`.
+Layer patterns: `default`, then a cyclic `pattern` list, then `<label>_layers` lists (1-based).
 """
 from __future__ import annotations
 
-import json
+import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
+from typing import ClassVar
 
-from .checks import (HF_CONFIG, MAX_EXPERTS, MAX_LAYERS, MAX_SKEW, MODEL_FILE, STR, check_range,
-                     check_tree, check_type)
+from .checks import MAX_EXPERTS, MAX_LAYERS, MAX_SKEW, STR, check_range, check_tree, check_type
 from .errors import SpecError, positive_int, require
 from .files import check_path, read_text
-from .formats import Format, get_format
+from .formats import FORMATS, Format, format_from_dict, get_format
 
 PRESET_DIR = Path(__file__).parent / "presets" / "models"
-ATTENTION_KINDS = ("kda", "mla", "gqa")
+ATTENTION_KINDS = ("kda", "mla", "gqa", "gdn", "mamba2")
+FFN_KINDS = ("dense", "moe", "none")
 WEIGHT_FAMILIES = ("attention", "dense_ffn", "shared_expert", "routed_expert", "router",
                    "embedding", "lm_head")
 CACHE_FAMILIES = ("kv_cache", "state", "activation")
+MAX_DIM = 1 << 24          # no width, head count or vocab beyond 16 M
 
 
 @dataclass(frozen=True)
 class KDA:
     """Kimi Delta Attention: linear attention with a per-head recurrent state dk x dv."""
+    kind: ClassVar[str] = "kda"
     heads: int
     head_dim: int
     conv_width: int = 4
@@ -39,6 +49,9 @@ class KDA:
 
 @dataclass(frozen=True)
 class MLA:
+    """Multi-head latent attention; with `index_topk` > 0, DeepSeek sparse attention: an indexer
+    (index_heads x index_head_dim, its own key cache) picks the top-k cached tokens per query."""
+    kind: ClassVar[str] = "mla"
     heads: int
     q_lora_rank: int
     kv_lora_rank: int
@@ -46,14 +59,46 @@ class MLA:
     qk_rope_dim: int
     v_head_dim: int
     output_gate: bool = False
+    index_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
 
 
 @dataclass(frozen=True)
 class GQA:
+    kind: ClassVar[str] = "gqa"
     heads: int
     kv_heads: int
     head_dim: int
-    window: int = 0  # 0 = full attention, else sliding window length
+    window: int = 0            # 0 = full attention, else sliding window length
+    output_gate: bool = False  # sigmoid gate on the attention output (Qwen3-Next, Qwen3.5)
+    sinks: bool = False        # a learned sink logit per head (gpt-oss)
+    v_head_dim: int = 0        # 0 = head_dim
+
+
+@dataclass(frozen=True)
+class GDN:
+    """Gated DeltaNet (Qwen3-Next): key and value heads apart, state value_heads x dk x dv."""
+    kind: ClassVar[str] = "gdn"
+    key_heads: int
+    value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_width: int = 4
+
+
+@dataclass(frozen=True)
+class Mamba2:
+    """Mamba-2 selective state space layer: state heads x head_dim x state_dim."""
+    kind: ClassVar[str] = "mamba2"
+    heads: int
+    head_dim: int
+    state_dim: int
+    groups: int = 1
+    conv_width: int = 4
+
+
+ATTENTION_CLASSES = {c.kind: c for c in (KDA, MLA, GQA, GDN, Mamba2)}
 
 
 @dataclass(frozen=True)
@@ -64,6 +109,8 @@ class MoE:
     shared_width: int = 0   # total width of the shared experts
     latent_dim: int = 0     # 0 = experts take the hidden state directly
     routing_skew: float = 0.0  # Zipf exponent of expert popularity (perfmodel.moe); 0 = uniform
+    routing_correlation: float = 0.0  # 0 = rows route independently, 1 = every row alike
+    router_copies: int = 1  # router weights stored and applied this many times (2 = bf16 hi/lo pair)
 
 
 @dataclass(frozen=True)
@@ -83,8 +130,8 @@ class Matmul:
 @dataclass(frozen=True)
 class Layer:
     index: int        # 1-based
-    attention: str    # one of ATTENTION_KINDS
-    ffn: str          # "dense" or "moe"
+    attention: str    # an attention label (a kind of ATTENTION_KINDS, a variant, or "none")
+    ffn: str          # one of FFN_KINDS
 
 
 @dataclass(frozen=True)
@@ -97,57 +144,129 @@ class ModelSpec:
     kda: KDA | None = None
     mla: MLA | None = None
     gqa: GQA | None = None
+    gdn: GDN | None = None
+    mamba2: Mamba2 | None = None
+    variants: dict[str, object] = field(default_factory=dict)  # extra attention labels
     dense_width: int = 0
+    ffn_gated: bool = True   # SwiGLU-style gate and up projections; False: up only (relu2 MLPs)
     moe: MoE | None = None
     tie_embeddings: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
-    # ----- weights -------------------------------------------------------------------------
-    def attention_matmuls(self, kind: str) -> list[Matmul]:
-        h = self.hidden
-        if kind == "kda":
-            a = self.kda
-            qk, v = a.heads * a.head_dim, a.heads * a.head_dim
-            mm = [Matmul("q_proj", "attention", h, qk), Matmul("k_proj", "attention", h, qk),
-                  Matmul("v_proj", "attention", h, v),
-                  Matmul("decay_a", "attention", h, a.decay_gate_rank),
-                  Matmul("decay_b", "attention", a.decay_gate_rank, qk),
-                  Matmul("beta_proj", "attention", h, a.heads)]
-            if a.output_gate_rank:
-                mm += [Matmul("gate_a", "attention", h, a.output_gate_rank),
-                       Matmul("gate_b", "attention", a.output_gate_rank, v)]
-            else:
-                mm.append(Matmul("gate_proj", "attention", h, v))
-            return mm + [Matmul("o_proj", "attention", v, h)]
-        if kind == "mla":
-            m = self.mla
-            mm = [Matmul("q_a", "attention", h, m.q_lora_rank),
-                  Matmul("q_b", "attention", m.q_lora_rank, m.heads * (m.qk_nope_dim + m.qk_rope_dim)),
-                  Matmul("kv_a", "attention", h, m.kv_lora_rank + m.qk_rope_dim),
-                  Matmul("kv_b", "attention", m.kv_lora_rank, m.heads * (m.qk_nope_dim + m.v_head_dim))]
-            if m.output_gate:
-                mm.append(Matmul("gate_proj", "attention", h, m.heads * m.v_head_dim))
-            return mm + [Matmul("o_proj", "attention", m.heads * m.v_head_dim, h)]
-        g = self.gqa
-        return [Matmul("q_proj", "attention", h, g.heads * g.head_dim),
-                Matmul("k_proj", "attention", h, g.kv_heads * g.head_dim),
-                Matmul("v_proj", "attention", h, g.kv_heads * g.head_dim),
-                Matmul("o_proj", "attention", g.heads * g.head_dim, h)]
+    # ----- attention labels ----------------------------------------------------------------
+    def attn(self, label: str):
+        """The shape object (KDA, MLA, GQA, GDN, Mamba2) of an attention label; None for none."""
+        if label == "none":
+            return None
+        return getattr(self, label) if label in ATTENTION_KINDS else self.variants[label]
 
-    def attention_small_params(self, kind: str) -> int:
-        """Non-matmul attention parameters (conv taps, per-head decay constants, norms)."""
-        if kind == "kda":
-            a = self.kda
+    def layer_kind(self, layer: Layer) -> str:
+        """What a layer is, window included: `gqa-swa128+moe`, `gdn+moe`, `mla-dsa2048+dense`,
+        `mamba2` (no FFN), `dense` (no attention)."""
+        a = self.attn(layer.attention)
+        parts = []
+        if a is not None:
+            name = a.kind
+            if isinstance(a, GQA) and a.window:
+                name += f"-swa{a.window}"
+            if isinstance(a, MLA) and a.index_topk:
+                name += f"-dsa{a.index_topk}"
+            parts.append(name)
+        if layer.ffn != "none":
+            parts.append(layer.ffn)
+        return "+".join(parts) or "identity"
+
+    # ----- weights -------------------------------------------------------------------------
+    def attention_matmuls(self, label: str) -> list[Matmul]:
+        """The attention's matrices in program order; the last one is the output projection."""
+        h, a = self.hidden, self.attn(label)
+        mm = lambda name, d_in, d_out: Matmul(name, "attention", d_in, d_out)
+        if a is None:
+            return []
+        if isinstance(a, KDA):
+            qk, v = a.heads * a.head_dim, a.heads * a.head_dim
+            out = [mm("q_proj", h, qk), mm("k_proj", h, qk), mm("v_proj", h, v),
+                   mm("decay_a", h, a.decay_gate_rank), mm("decay_b", a.decay_gate_rank, qk),
+                   mm("beta_proj", h, a.heads)]
+            if a.output_gate_rank:
+                out += [mm("gate_a", h, a.output_gate_rank), mm("gate_b", a.output_gate_rank, v)]
+            else:
+                out.append(mm("gate_proj", h, v))
+            return out + [mm("o_proj", v, h)]
+        if isinstance(a, MLA):
+            q_in = a.q_lora_rank or h
+            qk = a.heads * (a.qk_nope_dim + a.qk_rope_dim)
+            out = [mm("q_a", h, a.q_lora_rank), mm("q_b", a.q_lora_rank, qk)] if a.q_lora_rank \
+                else [mm("q_proj", h, qk)]
+            out += [mm("kv_a", h, a.kv_lora_rank + a.qk_rope_dim),
+                    mm("kv_b", a.kv_lora_rank, a.heads * (a.qk_nope_dim + a.v_head_dim))]
+            if a.index_topk:
+                out += [mm("index_q", q_in, a.index_heads * a.index_head_dim),
+                        mm("index_k", h, a.index_head_dim), mm("index_weights", h, a.index_heads)]
+            if a.output_gate:
+                out.append(mm("gate_proj", h, a.heads * a.v_head_dim))
+            return out + [mm("o_proj", a.heads * a.v_head_dim, h)]
+        if isinstance(a, GQA):
+            vd = a.v_head_dim or a.head_dim
+            out = [mm("q_proj", h, a.heads * a.head_dim), mm("k_proj", h, a.kv_heads * a.head_dim),
+                   mm("v_proj", h, a.kv_heads * vd)]
+            if a.output_gate:
+                out.append(mm("gate_proj", h, a.heads * vd))
+            return out + [mm("o_proj", a.heads * vd, h)]
+        if isinstance(a, GDN):
+            k, v = a.key_heads * a.key_head_dim, a.value_heads * a.value_head_dim
+            return [mm("q_proj", h, k), mm("k_proj", h, k), mm("v_proj", h, v), mm("gate_proj", h, v),
+                    mm("beta_alpha_proj", h, 2 * a.value_heads), mm("o_proj", v, h)]
+        inner = a.heads * a.head_dim  # Mamba2: in_proj = z, x, B, C, dt
+        return [mm("in_proj", h, 2 * inner + 2 * a.groups * a.state_dim + a.heads), mm("out_proj", inner, h)]
+
+    def attention_small_params(self, label: str) -> int:
+        """Non-matmul attention parameters (conv taps, per-head decay constants, norms, sinks)."""
+        a = self.attn(label)
+        if isinstance(a, KDA):
             return 3 * a.heads * a.head_dim * a.conv_width + 2 * a.heads + a.head_dim
-        if kind == "mla":
-            return self.mla.q_lora_rank + self.mla.kv_lora_rank
+        if isinstance(a, MLA):
+            return a.q_lora_rank + a.kv_lora_rank + (2 * a.index_head_dim if a.index_topk else 0)
+        if isinstance(a, GQA):
+            return a.heads if a.sinks else 0
+        if isinstance(a, GDN):
+            conv = 2 * a.key_heads * a.key_head_dim + a.value_heads * a.value_head_dim
+            return conv * a.conv_width + 2 * a.value_heads + a.value_head_dim
+        if isinstance(a, Mamba2):
+            inner = a.heads * a.head_dim
+            conv = inner + 2 * a.groups * a.state_dim
+            return conv * (a.conv_width + 1) + 3 * a.heads + inner
         return 0
 
+    def cache_bytes(self, label: str, context: int, tp: int) -> float:
+        """One sequence's cache of one layer on one device: KV / latents for `context` tokens
+        (a sliding window keeps only its window) or the fixed recurrent and conv state."""
+        a, kv, st = self.attn(label), self.formats["kv_cache"].bytes_per_value, self.formats["state"].bytes_per_value
+        if isinstance(a, GQA):
+            span = min(context, a.window) if a.window else context
+            return span * -(-a.kv_heads // tp) * (a.head_dim + (a.v_head_dim or a.head_dim)) * kv
+        if isinstance(a, MLA):  # latents replicated across TP ranks; the indexer keeps its own keys
+            return context * (a.kv_lora_rank + a.qk_rope_dim + (a.index_head_dim if a.index_topk else 0)) * kv
+        if isinstance(a, KDA):
+            return a.heads // tp * (a.head_dim * a.head_dim * st + 3 * a.head_dim * (a.conv_width - 1) * kv)
+        if isinstance(a, GDN):
+            conv = 2 * a.key_heads * a.key_head_dim + a.value_heads * a.value_head_dim
+            return (a.value_heads * a.key_head_dim * a.value_head_dim * st + conv * (a.conv_width - 1) * kv) / tp
+        if isinstance(a, Mamba2):
+            inner = a.heads * a.head_dim
+            conv = inner + 2 * a.groups * a.state_dim
+            return (inner * a.state_dim * st + conv * (a.conv_width - 1) * kv) / tp
+        return 0.0
+
     def ffn_matmuls(self, ffn: str) -> list[Matmul]:
-        h = self.hidden
+        """The FFN's matrices; `*gate_up` holds the gate and up projections (up only when the
+        MLP is not gated)."""
+        h, g = self.hidden, 2 if self.ffn_gated else 1
+        if ffn == "none":
+            return []
         if ffn == "dense":
             w = self.dense_width
-            return [Matmul("gate_up", "dense_ffn", h, 2 * w), Matmul("down", "dense_ffn", w, h)]
+            return [Matmul("gate_up", "dense_ffn", h, g * w), Matmul("down", "dense_ffn", w, h)]
         m = self.moe
         d = m.latent_dim or h
         mm = [Matmul("router", "router", h, m.experts)]
@@ -155,9 +274,9 @@ class ModelSpec:
             mm += [Matmul("latent_down", "shared_expert", h, d),
                    Matmul("latent_up", "shared_expert", d, h)]
         if m.shared_width:
-            mm += [Matmul("shared_gate_up", "shared_expert", h, 2 * m.shared_width),
+            mm += [Matmul("shared_gate_up", "shared_expert", h, g * m.shared_width),
                    Matmul("shared_down", "shared_expert", m.shared_width, h)]
-        return mm + [Matmul("expert_gate_up", "routed_expert", d, 2 * m.expert_width, m.experts),
+        return mm + [Matmul("expert_gate_up", "routed_expert", d, g * m.expert_width, m.experts),
                      Matmul("expert_down", "routed_expert", m.expert_width, d, m.experts)]
 
     def layer_matmuls(self, layer: Layer) -> list[Matmul]:
@@ -172,7 +291,8 @@ class ModelSpec:
         for layer in self.layers:
             for mm in self.layer_matmuls(layer):
                 out[mm.family] += mm.params
-            out["attention"] += self.attention_small_params(layer.attention) + 2 * self.hidden
+            norms = (layer.attention != "none") + (layer.ffn != "none")
+            out["attention"] += self.attention_small_params(layer.attention) + norms * self.hidden
             if layer.ffn == "moe":
                 out["router"] += self.moe.experts  # selection bias
         out["embedding"] = self.vocab * self.hidden
@@ -184,13 +304,34 @@ class ModelSpec:
     def total_params(self) -> int:
         return sum(self.params_by_family().values())
 
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: all but the routed experts it does not pick and the
+        embedding rows it does not read (the convention of the gpt-oss model card)."""
+        m, routed = self.moe, self.params_by_family()["routed_expert"]
+        unused = routed - routed * m.top_k // m.experts if m else 0
+        return self.total_params - unused - (self.vocab - 1) * self.hidden
+
+    def matmul_bytes(self, mm: Matmul) -> float:
+        """Stored bytes of one weight matrix (all its experts), block scales included."""
+        return self.formats[mm.family].tensor_bytes(mm.d_in, mm.d_out, mm.experts)
+
     def weight_bytes(self) -> int:
-        return int(sum(n * self.formats[f].bytes_per_value
-                       for f, n in self.params_by_family().items()))
+        mats = [mm for layer in self.layers for mm in self.layer_matmuls(layer)]
+        mats.append(Matmul("embedding", "embedding", self.hidden, self.vocab))
+        if not self.tie_embeddings:
+            mats.append(Matmul("lm_head", "lm_head", self.hidden, self.vocab))
+        small = self.params_by_family()  # what no matrix holds: norms, conv taps, biases
+        for mm in mats:
+            small[mm.family] -= mm.params
+        return int(sum(self.matmul_bytes(mm) for mm in mats)
+                   + sum(n * self.formats[f].bytes_per_value for f, n in small.items()))
 
     def count(self, attention: str | None = None, ffn: str | None = None) -> int:
+        """Layers with this attention label (or kind) and / or FFN kind."""
         return sum(1 for l in self.layers
-                   if (attention is None or l.attention == attention)
+                   if (attention is None or l.attention == attention
+                       or (attention in ATTENTION_KINDS and getattr(self.attn(l.attention), "kind", None) == attention))
                    and (ffn is None or l.ffn == ffn))
 
 
@@ -221,38 +362,46 @@ def _derived(base: dict, over: dict) -> dict:
         require(name in FITTED, "inherit_fitted", name, f"fitted values are {', '.join(FITTED)}")
     base = {**base, "sources": dict(base.get("sources", {}))}
     for name in set(FITTED) - set(keep):
-        section, field = name.split(".")
+        section, key = name.split(".")
         if isinstance(base.get(section), dict):
-            base[section] = {k: v for k, v in base[section].items() if k != field}
-        base["sources"].pop(field, None)
+            base[section] = {k: v for k, v in base[section].items() if k != key}
+        base["sources"].pop(key, None)
     if "attention" in over:
         base = {k: v for k, v in base.items() if k != "attention"}
     return _merge(base, over)
 
 
-def _read_toml(path: Path, chain: tuple[str, ...] = ()) -> dict:
+def _read_toml(path: Path, seen: tuple[str, ...] = ()) -> dict:
     text = read_text(path, "model file")
     try:
         data = tomllib.loads(text)
     except (ValueError, RecursionError) as e:  # TOMLDecodeError, over-long integers, deep nesting
         raise SpecError("model file", str(path), f"not valid TOML: {e}") from None
+    check_tree(data)
     if "base" in data:
         base = check_type("base", data.pop("base"), STR)
-        require(base not in chain, "base", base, "cycle: " + " -> ".join(chain + (base,)))
-        data = _derived(_preset_data(base, chain + (base,)), data)
+        require(base not in seen, "base", base, f"cycle of base presets: {' -> '.join(seen + (base,))}")
+        data = _derived(_preset_data(base, seen + (base,)), data)
     return data
 
 
-def _preset_data(name: str, chain: tuple[str, ...] = ()) -> dict:
+def _preset_data(name: str, seen: tuple[str, ...] = ()) -> dict:
+    preset = PRESET_DIR / f"{name}.toml"
     require(name in list_presets(), "model", name,
             f"unknown preset; known: {', '.join(list_presets())} (or give a .toml/.json path)")
-    return _read_toml(PRESET_DIR / f"{name}.toml", chain or (name,))
+    return _read_toml(preset, seen or (name,))
 
 
 def derive(base: str, **overrides) -> ModelSpec:
     """The preset `base` with `overrides` (nested tables as dicts), validated like a preset file:
     `derive("kimi-k3", hidden=1024, moe={"experts": 64})`."""
     return from_dict(_derived(_preset_data(base), overrides))
+
+
+def from_hf_config(path: Path) -> ModelSpec:
+    """A Hugging Face config.json (the importer lives in perfmodel.hf)."""
+    from . import hf
+    return hf.from_hf_config(Path(path))
 
 
 def load_model(name_or_path: str) -> ModelSpec:
@@ -262,86 +411,147 @@ def load_model(name_or_path: str) -> ModelSpec:
         return from_hf_config(p / "config.json" if p.is_dir() else p)
     if p.suffix == ".toml":
         require(p.exists(), "model", name_or_path, "file not found")
-        return from_dict(_read_toml(p))
+        return from_dict(_read_toml(p, (p.stem,)))
     return from_dict(_preset_data(name_or_path))
 
 
-def _section(data: dict, key: str, cls, prefix: str):
-    if key not in data:
-        return None
-    sec = dict(data[key])
-    fields = cls.__dataclass_fields__
+def _check_value(name: str, v, default):
+    """One scalar field checked against the type of its default: bool, float (finite, >= 0) or
+    int (0 .. MAX_DIM)."""
+    if isinstance(default, bool):
+        require(isinstance(v, bool), name, v, "must be true or false")
+    elif isinstance(default, float):
+        require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
+                name, v, "must be a finite number >= 0")
+    else:
+        require(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_DIM, name, v,
+                f"must be an integer in 0..{MAX_DIM}")
+
+
+def _build(cls, sec, prefix: str, inherit: dict | None = None):
+    require(isinstance(sec, dict), prefix, sec, "must be a table")
+    names = [f.name for f in fields(cls)]
     for k in sec:
-        require(k in fields, f"{prefix}.{k}", sec[k], f"unknown field; known: {', '.join(fields)}")
-    try:
-        obj = cls(**sec)
-    except TypeError as e:
-        raise SpecError(prefix, sec, f"missing field ({e})") from None
-    for k, v in vars(obj).items():
-        if isinstance(v, bool):
-            continue
-        if isinstance(cls.__dataclass_fields__[k].default, float):
-            require(isinstance(v, (int, float)) and v >= 0, f"{prefix}.{k}", v, "must be a number >= 0")
+        require(k in names, f"{prefix}.{k}", sec[k], f"unknown field; known: {', '.join(names)}")
+    values = {**(inherit or {}), **sec}
+    for f in fields(cls):
+        if f.name in values:
+            _check_value(f"{prefix}.{f.name}", values[f.name], 0 if f.default is MISSING else f.default)
         else:
-            require(isinstance(v, int) and v >= 0, f"{prefix}.{k}", v, "must be an integer >= 0")
-    return obj
+            require(f.default is not MISSING, f"{prefix}.{f.name}", None, "required field is missing")
+    return cls(**values)
+
+
+def _section(data: dict, key: str, cls, prefix: str):
+    return _build(cls, data[key], prefix) if key in data else None
+
+
+def _labels(table, n: int, default: str, known: set[str], what: str) -> list[str]:
+    """Per-layer labels: `default`, then the cyclic `pattern`, then `<label>_layers` lists."""
+    require(isinstance(table, dict), what, table, "must be a table")
+    default = table.get("default", default)
+    require(default in known, f"{what}.default", default, f"must be one of {sorted(known)}")
+    out = [default] * n
+    pattern = table.get("pattern")
+    if pattern is not None:
+        require(isinstance(pattern, list) and 1 <= len(pattern) <= n and all(p in known for p in pattern),
+                f"{what}.pattern", pattern, f"must be a list of 1..{n} labels from {sorted(known)}")
+        out = [pattern[i % len(pattern)] for i in range(n)]
+    for key, idx in table.items():
+        if key in ("default", "pattern"):
+            continue
+        require(key.endswith("_layers"), f"{what}.{key}", idx, "unknown key; known: default, pattern, <label>_layers")
+        label = key.removesuffix("_layers")
+        require(label in known, f"{what}.{key}", idx, f"expected <label>_layers with label in {sorted(known)}")
+        require(isinstance(idx, list), f"{what}.{key}", idx, "must be a list of layer numbers")
+        for i in idx:
+            require(isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= n, f"{what}.{key}", i,
+                    f"layer numbers are 1-based and <= layers ({n})")
+            out[i - 1] = label
+    return out
 
 
 def from_dict(data: dict) -> ModelSpec:
     """Build and validate a ModelSpec from the preset schema (see presets/models/*.toml)."""
-    check_tree(data, MODEL_FILE)
+    require(isinstance(data, dict), "model", data, "must be a table")
     for key in ("name", "hidden", "vocab", "layers"):
         require(key in data, key, None, "required field is missing")
     n = positive_int("layers", data["layers"])
-    require(n <= MAX_LAYERS, "layers", n, f"at most {MAX_LAYERS}")
+    require(n <= MAX_LAYERS, "layers", n, f"must be <= {MAX_LAYERS}")
+    for key in ("hidden", "vocab"):
+        positive_int(key, data[key])
+        require(data[key] <= MAX_DIM, key, data[key], f"must be <= {MAX_DIM}")
+    sections = {kind: _section(data, kind, ATTENTION_CLASSES[kind], kind) for kind in ATTENTION_KINDS}
     attn = data.get("attention", {})
-    default = attn.get("default", "gqa")
-    require(default in ATTENTION_KINDS, "attention.default", default,
-            f"must be one of {ATTENTION_KINDS}")
-    kinds = [default] * n
-    for key, idx in attn.items():
-        if key == "default":
+    require(isinstance(attn, dict), "attention", attn, "must be a table")
+    variants = {}
+    for label, sec in attn.items():
+        if not isinstance(sec, dict):
             continue
-        kind = key.removesuffix("_layers")
-        require(key.endswith("_layers") and kind in ATTENTION_KINDS, f"attention.{key}", idx,
-                f"expected <kind>_layers with kind in {ATTENTION_KINDS}")
-        for i in idx:
-            require(isinstance(i, int) and 1 <= i <= n, f"attention.{key}", i,
-                    f"layer numbers are 1-based and <= layers ({n})")
-            kinds[i - 1] = kind
+        require(label not in ATTENTION_KINDS + ("none", "default", "pattern"), f"attention.{label}", sec,
+                "a variant needs a label of its own")
+        kind = sec.get("type")
+        require(kind in ATTENTION_KINDS, f"attention.{label}.type", kind, f"must be one of {ATTENTION_KINDS}")
+        base = sections[kind]
+        inherit = {f.name: getattr(base, f.name) for f in fields(base)} if base else {}
+        variants[label] = _build(ATTENTION_CLASSES[kind], {k: v for k, v in sec.items() if k != "type"},
+                                 f"attention.{label}", inherit)
+    known_attn = set(ATTENTION_KINDS) | set(variants) | {"none"}
+    kinds = _labels({k: v for k, v in attn.items() if not isinstance(v, dict)}, n, "gqa", known_attn, "attention")
     ffn = data.get("ffn", {})
-    dense = set(ffn.get("dense_layers", [] if "moe" in data else range(1, n + 1)))
-    layers = tuple(Layer(i, kinds[i - 1], "dense" if i in dense else "moe") for i in range(1, n + 1))
-    formats = {fam: get_format(fmt, f"formats.{fam}") for fam, fmt in data.get("formats", {}).items()}
+    require(isinstance(ffn, dict), "ffn", ffn, "must be a table")
+    ffns = _labels({k: v for k, v in ffn.items() if k not in ("dense_width", "gated")}, n, "moe" if "moe" in data else "dense",
+                   set(FFN_KINDS), "ffn")
+    layers = tuple(Layer(i + 1, kinds[i], ffns[i]) for i in range(n))
+    custom = data.get("custom_formats", {})
+    require(isinstance(custom, dict), "custom_formats", custom, "must be a table of formats")
+    custom = {k: format_from_dict(k, v, f"custom_formats.{k}") for k, v in custom.items()}
+    fmts = data.get("formats", {})
+    require(isinstance(fmts, dict), "formats", fmts, "must be a table of family = format")
+    unknown = set(fmts) - set(WEIGHT_FAMILIES + CACHE_FAMILIES)
+    require(not unknown, "formats", sorted(unknown), "unknown weight family")
+    formats = {fam: get_format(fmt, f"formats.{fam}", custom) for fam, fmt in fmts.items()}
     for fam in WEIGHT_FAMILIES + CACHE_FAMILIES:
         formats.setdefault(fam, get_format("f32" if fam == "state" else "bf16"))
-    unknown = set(formats) - set(WEIGHT_FAMILIES + CACHE_FAMILIES)
-    require(not unknown, "formats", sorted(unknown), "unknown weight family")
-    spec = ModelSpec(
-        name=str(data["name"]), hidden=positive_int("hidden", data["hidden"]),
-        vocab=positive_int("vocab", data["vocab"]), layers=layers, formats=formats,
-        kda=_section(data, "kda", KDA, "kda"), mla=_section(data, "mla", MLA, "mla"),
-        gqa=_section(data, "gqa", GQA, "gqa"),
-        dense_width=int(ffn.get("dense_width", 0)), moe=_section(data, "moe", MoE, "moe"),
-        tie_embeddings=bool(data.get("tie_embeddings", False)),
-        sources=dict(data.get("sources", {})))
+    dense_width, gated = ffn.get("dense_width", 0), ffn.get("gated", True)
+    _check_value("ffn.dense_width", dense_width, 0)
+    _check_value("ffn.gated", gated, True)
+    sources = data.get("sources", {})
+    require(isinstance(sources, dict) and all(isinstance(v, str) for v in sources.values()), "sources",
+            sources, "must be a table of strings")
+    name = data["name"]
+    require(isinstance(name, str) and 0 < len(name) <= 200, "name", name, "must be a string of 1..200 chars")
+    tie = data.get("tie_embeddings", False)
+    require(isinstance(tie, bool), "tie_embeddings", tie, "must be true or false")
+    spec = ModelSpec(name=name, hidden=data["hidden"], vocab=data["vocab"], layers=layers, formats=formats,
+                     variants=variants, dense_width=dense_width, ffn_gated=gated, moe=_section(data, "moe", MoE, "moe"),
+                     tie_embeddings=tie, sources=dict(sources), **sections)
     _validate(spec)
     return spec
 
 
 def _validate(s: ModelSpec) -> None:
-    for kind in ATTENTION_KINDS:
-        if s.count(attention=kind):
-            require(getattr(s, kind) is not None, kind, None,
-                    f"{s.count(attention=kind)} layers use {kind} but [{kind}] is missing")
-    if s.kda:
-        positive_int("kda.heads", s.kda.heads), positive_int("kda.head_dim", s.kda.head_dim)
-    if s.mla:
-        positive_int("mla.heads", s.mla.heads), positive_int("mla.kv_lora_rank", s.mla.kv_lora_rank)
-    if s.gqa:
-        positive_int("gqa.heads", s.gqa.heads), positive_int("gqa.kv_heads", s.gqa.kv_heads)
-        require(s.gqa.heads % s.gqa.kv_heads == 0, "gqa.kv_heads", s.gqa.kv_heads,
-                f"must divide gqa.heads ({s.gqa.heads})")
+    used = {l.attention for l in s.layers} - {"none"}
+    for label in sorted(used):
+        require(s.attn(label) is not None, label, None,
+                f"{s.count(attention=label)} layers use {label} but [{label}] is missing")
+    for label, a in [(k, getattr(s, k)) for k in ATTENTION_KINDS] + list(s.variants.items()):
+        if a is None:
+            continue
+        where = label if label in ATTENTION_KINDS else f"attention.{label}"
+        for f in ("heads", "head_dim", "kv_heads", "kv_lora_rank", "key_heads", "value_heads",
+                  "key_head_dim", "value_head_dim", "state_dim", "groups"):
+            if hasattr(a, f):
+                positive_int(f"{where}.{f}", getattr(a, f))
+        if isinstance(a, GQA):
+            require(a.heads % a.kv_heads == 0, f"{where}.kv_heads", a.kv_heads, f"must divide {where}.heads ({a.heads})")
+        if isinstance(a, GDN):
+            require(a.value_heads % a.key_heads == 0, f"{where}.key_heads", a.key_heads,
+                    f"must divide {where}.value_heads ({a.value_heads})")
+        if isinstance(a, Mamba2):
+            require(a.heads % a.groups == 0, f"{where}.groups", a.groups, f"must divide {where}.heads ({a.heads})")
+        if isinstance(a, MLA) and a.index_topk:
+            positive_int(f"{where}.index_heads", a.index_heads), positive_int(f"{where}.index_head_dim", a.index_head_dim)
     if s.count(ffn="dense"):
         positive_int("ffn.dense_width", s.dense_width)
     if s.count(ffn="moe"):
@@ -350,63 +560,62 @@ def _validate(s: ModelSpec) -> None:
         positive_int("moe.experts", m.experts), positive_int("moe.top_k", m.top_k)
         require(m.experts <= MAX_EXPERTS, "moe.experts", m.experts, f"at most {MAX_EXPERTS}")
         check_range("moe.routing_skew", m.routing_skew, 0, MAX_SKEW)
-        positive_int("moe.expert_width", m.expert_width)
-        require(m.top_k <= m.experts, "moe.top_k", m.top_k,
-                f"must be <= moe.experts ({m.experts})")
+        positive_int("moe.expert_width", m.expert_width), positive_int("moe.router_copies", m.router_copies)
+        require(m.top_k <= m.experts, "moe.top_k", m.top_k, f"must be <= moe.experts ({m.experts})")
+        require(m.routing_correlation <= 1, "moe.routing_correlation", m.routing_correlation, "must be in [0, 1]")
 
 
-# ----- Hugging Face config.json ---------------------------------------------------------------
+# ----- writing (the inverse of from_dict, for exports and round-trip tests) -------------------
 
-def from_hf_config(path: Path) -> ModelSpec:
-    """DeepSeek-V3 / Kimi K2 / Kimi Linear / Llama style config.json -> ModelSpec."""
-    text = read_text(path, "model file")
-    try:
-        c = json.loads(text)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, over-long integers, deep nesting
-        raise SpecError("model file", str(path), f"not a readable JSON config: {e}") from None
-    require(isinstance(c, dict), "model file", str(path), "expected a JSON object")
-    c = check_tree(c.get("text_config", c), HF_CONFIG, "config.json")
+def to_dict(s: ModelSpec) -> dict:
+    """The preset-schema dict that `from_dict` turns back into an equal ModelSpec."""
+    out: dict = {"name": s.name, "hidden": s.hidden, "vocab": s.vocab, "layers": len(s.layers)}
+    if s.tie_embeddings:
+        out["tie_embeddings"] = True
+    attn: dict = {"default": "gqa"}
+    for label in sorted({l.attention for l in s.layers}):
+        idx = [l.index for l in s.layers if l.attention == label]
+        if label != "gqa":
+            attn[f"{label}_layers"] = idx
+    for kind in ATTENTION_KINDS:
+        a = getattr(s, kind)
+        if a is not None:
+            out[kind] = {f.name: getattr(a, f.name) for f in fields(a)}
+    for label, a in s.variants.items():
+        attn[label] = {"type": a.kind, **{f.name: getattr(a, f.name) for f in fields(a)}}
+    out["attention"] = attn
+    out["ffn"] = {"default": "dense", "dense_width": s.dense_width, "gated": s.ffn_gated,
+                  **{f"{k}_layers": [l.index for l in s.layers if l.ffn == k] for k in ("moe", "none")}}
+    if s.moe:
+        out["moe"] = {f.name: getattr(s.moe, f.name) for f in fields(s.moe)}
+    custom = {f.name: f for f in s.formats.values() if FORMATS.get(f.name) != f}
+    if custom:
+        out["custom_formats"] = {n: {"value_bits": f.value_bits, "scale_dtype": f.scale_dtype,
+                                     "block": list(f.block), "global_scale_dtype": f.global_scale_dtype,
+                                     "compute_dtype": f.compute_dtype} for n, f in custom.items()}
+    out["formats"] = {fam: f.name for fam, f in s.formats.items()}
+    if s.sources:
+        out["sources"] = dict(s.sources)
+    return out
 
-    def get(key, default=None):
-        if key in c:
-            return c[key]
-        if default is None:
-            raise SpecError(f"config.json:{key}", None, "required key is missing")
-        return default
 
-    n = get("num_hidden_layers")
-    d: dict = {"name": c.get("_name_or_path") or Path(path).parent.name or "hf-model",
-               "hidden": get("hidden_size"), "vocab": get("vocab_size"), "layers": n,
-               "tie_embeddings": bool(c.get("tie_word_embeddings", False)),
-               "sources": {"all": f"Hugging Face config {path}"}}
-    heads = get("num_attention_heads")
-    if "kv_lora_rank" in c and c.get("kv_lora_rank"):
-        d["mla"] = {"heads": heads, "q_lora_rank": c.get("q_lora_rank") or 0,
-                    "kv_lora_rank": get("kv_lora_rank"), "qk_nope_dim": get("qk_nope_head_dim"),
-                    "qk_rope_dim": get("qk_rope_head_dim"), "v_head_dim": get("v_head_dim")}
-        d["attention"] = {"default": "mla"}
-    else:
-        kv = c.get("num_key_value_heads", heads)
-        d["gqa"] = {"heads": heads, "kv_heads": kv,
-                    "head_dim": c.get("head_dim") or get("hidden_size") // heads,
-                    "window": c.get("sliding_window") or 0}
-        d["attention"] = {"default": "gqa"}
-    lin = c.get("linear_attn_config")
-    if lin:
-        d["kda"] = {"heads": lin.get("num_heads", heads), "head_dim": lin.get("head_dim", 128),
-                    "conv_width": lin.get("short_conv_kernel_size", 4)}
-        d["attention"] = {"default": "kda", "mla_layers": list(lin.get("full_attn_layers", []))}
-    experts = c.get("n_routed_experts") or c.get("num_experts")
-    if experts:
-        shared = (c.get("n_shared_experts") or 0) * get("moe_intermediate_size")
-        d["moe"] = {"experts": experts, "top_k": get("num_experts_per_tok"),
-                    "expert_width": get("moe_intermediate_size"), "shared_width": shared}
-        first = c.get("first_k_dense_replace", 0)
-        d["ffn"] = {"dense_layers": list(range(1, first + 1)),
-                    "dense_width": c.get("intermediate_size", 0)}
-    else:
-        d["ffn"] = {"dense_layers": list(range(1, n + 1)), "dense_width": get("intermediate_size")}
-    qc = c.get("quantization_config") or {}
-    if qc.get("quant_method") == "fp8" or qc.get("fmt") == "e4m3":
-        d["formats"] = {f: "fp8" for f in ("attention", "dense_ffn", "shared_expert", "routed_expert")}
-    return from_dict(d)
+def to_toml(s: ModelSpec) -> str:
+    """`to_dict` as TOML text (scalars, lists and one level of nested tables)."""
+    def val(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        return repr(v)
+
+    def table(name: str, d: dict) -> list[str]:
+        lines = [f"[{name}]"] if name else []
+        lines += [f'"{k}" = {val(v)}' for k, v in d.items() if not isinstance(v, dict)]
+        for k, v in d.items():
+            if isinstance(v, dict):
+                lines += [""] + table(f'{name}."{k}"' if name else f'"{k}"', v)
+        return lines
+
+    return "\n".join(table("", to_dict(s))) + "\n"

@@ -17,7 +17,7 @@ from . import arch, hardware
 from .args import (Parser, UsageError, choice, context, count, int_list, integer, items, mib,
                    nonnegative, number, positive, skew)
 from .checks import one_line
-from .deployment import ENGINES, Deployment, SpecDecode
+from .deployment import ENGINES, Deployment, SpecDecode, expert_tiling_cost
 from .errors import SpecError, require
 from .files import check_path, write_atomic
 from .report import (SCHEMA_VERSION, deployment_json, json_text, layer_summary, plain,
@@ -25,6 +25,11 @@ from .report import (SCHEMA_VERSION, deployment_json, json_text, layer_summary, 
 
 MAX_SWEEP_POINTS = 10_000
 MAX_STREAM_TILES = 2**22  # ring tiles the megakernel simulator walks per step (memory and time)
+
+
+def routing_arg(text: str) -> float:
+    named = {"independent": 0.0, "identical": 1.0}
+    return named[text] if text in named else number(text, hi=1.0)
 
 
 def add_deployment_args(p: argparse.ArgumentParser) -> None:
@@ -43,6 +48,9 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
                    help="override the on-chip buffer per core (VMEM / shared memory), MiB")
     p.add_argument("--routing-skew", type=skew, default=None,
                    help="Zipf exponent of expert popularity (default: the model preset's)")
+    p.add_argument("--routing", type=routing_arg, default=None,
+                   help="rows of a batch: independent, identical (every row the same experts) or a "
+                        "correlation in [0, 1] (default: the model preset's)")
     p.add_argument("--draft-rows", type=lambda t: integer(t, 0), default=0,
                    help="speculative decoding: drafted rows per step")
     acc = p.add_mutually_exclusive_group()
@@ -63,7 +71,7 @@ def load_inputs(a: argparse.Namespace):
             raise SpecError("--acceptance-length", None, "speculative decoding needs an acceptance")
         spec = SpecDecode(a.draft_rows, a.acceptance_prob, a.acceptance_length, a.draft_cost)
     d = Deployment(devices=a.devices, tp=a.tp or a.devices, engine=a.engine, ep=a.ep,
-                   context=a.context, spec=spec, routing_skew=a.routing_skew,
+                   context=a.context, spec=spec, routing_skew=a.routing_skew, routing_correlation=a.routing,
                    expert_slots=a.expert_slots,
                    prefetch_bytes=a.prefetch_mib * 2**20 if a.prefetch_mib is not None else None)
     tiles = model.weight_bytes() / (d.tp * hw.dma_tile_bytes)
@@ -113,6 +121,9 @@ def cmd_predict(a) -> dict:
         from .predict import prefetch_gain
         for r, p in zip(out["results"], preds):
             r["prefetch_gain"] = prefetch_gain(model, hw, p.deployment)
+    tiling = expert_tiling_cost(model, hw, preds[0].deployment)
+    if tiling:
+        out["expert_tiling"] = {**tiling, "batch": preds[0].deployment.batch}
     if not a.json:
         print(f"{model.name} on {a.devices} x {hw.name} devices, tp={d.tp} ep={d.expert_groups}, "
               f"{d.engine}, context {d.context}" + (f", spec decode {d.spec}" if d.spec else ""))
@@ -124,6 +135,10 @@ def cmd_predict(a) -> dict:
                      "bound"], [[p.deployment.batch, p.step_s * 1e3, p.tokens_per_s,
                                  p.bytes_per_device / 1e9, p.hbm_floor_s * 1e3, p.hbm_utilisation,
                                  p.bound] for p in preds]))
+        if tiling:
+            print(f"\nrouted experts ({tiling['expert_bytes'] / 2**20:.1f} MiB each) stream through "
+                  f"{tiling['expert_slots']} buffers in {tiling['tiles_per_expert']} tiles; against whole-expert "
+                  f"buffers this costs {tiling['cost_s'] * 1e6:+.1f} us per step at batch {preds[0].deployment.batch}")
         if a.gain:
             g0 = out["results"][0]["prefetch_gain"]
             causes = list(g0["by_cause_s"])

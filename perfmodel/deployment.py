@@ -1,6 +1,7 @@
 """How a model is served: devices, parallel layout, engine, batch, context, speculative decoding."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .arch import ModelSpec
@@ -61,6 +62,7 @@ class Deployment:
     expert_slots: int | None = None      # megakernel expert buffers (None: top_k)
     spec: SpecDecode | None = None
     routing_skew: float | None = None    # None: the model preset's [moe] routing_skew
+    routing_correlation: float | None = None  # 0 independent rows .. 1 identical; None: the preset's
 
     @property
     def expert_groups(self) -> int:
@@ -82,10 +84,10 @@ def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
     require(isinstance(d.context, int) and d.context >= 0, "context", d.context, "must be an integer >= 0")
     require(d.engine in ENGINES, "engine", d.engine, f"must be one of {ENGINES}")
     require(d.devices % d.tp == 0, "tp", d.tp, f"must divide devices ({d.devices})")
-    for kind in ("kda", "mla", "gqa"):
-        sub = getattr(model, kind)
-        if sub is not None and model.count(attention=kind):
-            require(sub.heads % d.tp == 0, "tp", d.tp, f"must divide {kind} heads ({sub.heads})")
+    for label in sorted({l.attention for l in model.layers} - {"none"}):
+        a = model.attn(label)
+        heads = getattr(a, "heads", None) or a.value_heads
+        require(heads % d.tp == 0, "tp", d.tp, f"must divide {label} heads ({heads})")
     if model.moe and model.count(ffn="moe"):
         g = positive_int("ep", d.expert_groups)
         require(d.devices % g == 0, "ep", g, f"must divide devices ({d.devices})")
@@ -96,6 +98,9 @@ def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
         require(d.prefetch_bytes > 0, "prefetch_bytes", d.prefetch_bytes, "must be > 0")
     if d.routing_skew is not None:
         require(d.routing_skew >= 0, "routing_skew", d.routing_skew, "must be >= 0")
+    if d.routing_correlation is not None:
+        require(0 <= d.routing_correlation <= 1, "routing_correlation", d.routing_correlation,
+                "must be in [0, 1] (0 = independent rows, 1 = identical)")
     need = resident_bytes_per_device(model, d)
     have = hw.core_hbm_bytes
     if need > have:
@@ -106,28 +111,49 @@ def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
 
 def resident_bytes_per_device(model: ModelSpec, d: Deployment) -> float:
     """HBM a device holds: its weight shards plus its sequences' caches and states."""
+    by_family = dict.fromkeys(model.formats, 0.0)
     fam = model.params_by_family()
-    f = model.formats
-    sharded = sum(fam[k] * f[k].bytes_per_value for k in ("attention", "dense_ffn", "shared_expert",
-                                                           "embedding", "lm_head")) / d.tp
-    routed = fam["routed_expert"] * f["routed_expert"].bytes_per_value / d.devices
-    router = fam["router"] * f["router"].bytes_per_value  # replicated
+    mats = [mm for l in model.layers for mm in model.layer_matmuls(l)]
+    for mm in mats:
+        by_family[mm.family] += model.matmul_bytes(mm)
+        fam[mm.family] -= mm.params
+    for f in ("embedding", "lm_head"):
+        by_family[f] += model.formats[f].tensor_bytes(model.hidden, model.vocab) if fam[f] else 0.0
+        fam[f] = 0
+    for f, n in fam.items():  # norms, conv taps, biases
+        by_family[f] += n * model.formats[f].bytes_per_value
+    sharded = sum(by_family[k] for k in ("attention", "dense_ffn", "shared_expert", "embedding", "lm_head")) / d.tp
+    routed = by_family["routed_expert"] / d.devices
+    router = by_family["router"] * (model.moe.router_copies if model.moe else 1)  # replicated
     seqs = -(-d.batch // d.dp)
     return sharded + routed + router + seqs * cache_bytes_per_seq(model, d.context + d.rows_per_seq, d.tp)
 
 
 def cache_bytes_per_seq(model: ModelSpec, context: int, tp: int) -> float:
-    """One sequence's KV cache (MLA latents are replicated across TP ranks) and KDA state."""
-    total = 0.0
-    kv, st = model.formats["kv_cache"].bytes_per_value, model.formats["state"].bytes_per_value
-    if model.mla:
-        total += model.count(attention="mla") * context * (model.mla.kv_lora_rank + model.mla.qk_rope_dim) * kv
-    if model.gqa:
-        g = model.gqa
-        span = min(context, g.window) if g.window else context
-        total += model.count(attention="gqa") * span * 2 * -(-g.kv_heads // tp) * g.head_dim * kv
-    if model.kda:
-        a = model.kda
-        per_layer = a.heads // tp * (a.head_dim * a.head_dim * st + 3 * a.head_dim * (a.conv_width - 1) * kv)
-        total += model.count(attention="kda") * per_layer
-    return total
+    """One sequence's caches and states on one device, over all layers (`ModelSpec.cache_bytes`)."""
+    return sum(model.cache_bytes(l.attention, context, tp) for l in model.layers)
+
+
+def expert_tiling_cost(model: ModelSpec, hw: Hardware, d: Deployment) -> dict | None:
+    """What streaming experts in tiles costs (megakernel, an expert larger than the on-chip room
+    beside the ring): tiles per expert, and the step against the same chip given just enough
+    room for whole-expert buffers beside the same ring. None when experts are copied whole."""
+    import dataclasses
+
+    from .ops import build
+    from .predict import predict
+    from .schedule import expert_slots, ring_banks
+    if d.engine != "megakernel" or not model.moe:
+        return None
+    banks = ring_banks(hw, d.prefetch_bytes)
+    g = build(model, d)
+    slots, tiles = expert_slots(g, hw, d, banks, model.moe.top_k)
+    if tiles == 1:
+        return None
+    ring = banks * hw.dma_tile_bytes
+    per_expert = float(g.routed_bytes.max(initial=0)) / max(1, math.ceil(g.distinct_experts))
+    whole = dataclasses.replace(d, prefetch_bytes=float(ring), expert_slots=slots)
+    tiled = predict(model, hw, d).step_s
+    untiled = predict(model, hw.replace(onchip_bytes=ring + slots * per_expert), whole).step_s
+    return {"expert_slots": slots, "tiles_per_expert": tiles, "expert_bytes": per_expert,
+            "step_s": float(tiled), "whole_expert_step_s": float(untiled), "cost_s": float(tiled - untiled)}

@@ -3,6 +3,14 @@
 Uniform routing is the baseline (docs/sources.md s.4): E[D] = E * (1 - (1 - k/E)^B). A skew > 0
 makes expert i's selection weight proportional to (i + 1)^-skew (a Zipf law), a simple stand-in
 for the measured imbalance of real routers; skew = 0 is uniform.
+
+Rows of a batch may also route alike (a benchmark that repeats one prompt). With correlation
+rho, the first row picks its top-k and every other row copies that choice with probability rho,
+else picks independently. Expert i is then touched with
+    p_i = q_i + (1 - q_i) * (1 - (1 - (1 - rho) q_i)^(T - 1)),
+the independent rows being Binomial(T - 1, 1 - rho) (its generating function gives the power).
+rho = 0 is the independent case 1 - (1 - q_i)^T; rho = 1 (`identical`) gives sum p_i = top_k
+distinct experts at any batch.
 """
 from __future__ import annotations
 
@@ -28,26 +36,35 @@ def selection_probabilities(experts: int, top_k: int, skew: float = 0.0) -> np.n
         budget = top_k - q[~free].sum()
 
 
-def expected_distinct(experts: int, top_k: int, tokens: int, skew: float = 0.0) -> float:
-    """Expected number of distinct experts selected by `tokens` independent tokens."""
+def touched_probabilities(experts: int, top_k: int, tokens: int, skew: float = 0.0,
+                          correlation: float = 0.0) -> np.ndarray:
+    """P(expert i is selected by at least one of `tokens` rows), rows correlated by `correlation`."""
+    require(0 <= correlation <= 1, "routing_correlation", correlation, "must be in [0, 1]")
     q = selection_probabilities(experts, top_k, skew)
-    return float(np.sum(1 - (1 - q) ** tokens))
+    if tokens < 1:
+        return np.zeros(experts)
+    return q + (1 - q) * (1 - (1 - (1 - correlation) * q) ** (tokens - 1))
+
+
+def expected_distinct(experts: int, top_k: int, tokens: int, skew: float = 0.0,
+                      correlation: float = 0.0) -> float:
+    """Expected number of distinct experts selected by `tokens` rows."""
+    return float(np.sum(touched_probabilities(experts, top_k, tokens, skew, correlation)))
 
 
 @lru_cache(maxsize=4096)
 def expected_busiest_group(experts: int, top_k: int, tokens: int, groups: int,
-                           skew: float = 0.0) -> tuple[float, float]:
+                           skew: float = 0.0, correlation: float = 0.0) -> tuple[float, float]:
     """(E[max over groups of distinct experts in a group], E[token-expert pairs on that group]).
 
     Experts are owned by `groups` expert-parallel groups in contiguous blocks (so a skew puts the
-    popular experts together, the worst case). Expert i is touched with p_i = 1 - (1 - q_i)^T; a
+    popular experts together, the worst case). Expert i is touched with p_i (above); a
     group's count is Poisson-binomial, treating experts as independent (the small negative
     correlation of top-k without replacement is ignored: tests bound the error against a
     simulation), and E[max] = sum_x (1 - prod_g P(X_g <= x)). Smooth in skew, so it can be fitted.
     """
     require(experts % groups == 0, "ep", groups, f"must divide the number of experts ({experts})")
-    q = selection_probabilities(experts, top_k, skew)
-    touched = (1 - (1 - q) ** tokens).reshape(groups, experts // groups)
+    touched = touched_probabilities(experts, top_k, tokens, skew, correlation).reshape(groups, experts // groups)
     pmf = np.zeros((groups, experts // groups + 1))
     pmf[:, 0] = 1.0
     for j in range(touched.shape[1]):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arch import Layer, Matmul, ModelSpec
+from .arch import GDN, GQA, KDA, MLA, Layer, Mamba2, Matmul, ModelSpec
 from .deployment import Deployment
 from .moe import expected_busiest_group
 
@@ -67,7 +67,8 @@ class _Builder:
 def build(model: ModelSpec, d: Deployment) -> OpGraph:
     """The op graph; cached per model object and the deployment fields it depends on (sweeps over
     prefetch depth, slots, engine or hardware reuse it). Callers must not mutate it."""
-    key = (d.devices, d.tp, d.expert_groups, d.batch, d.context, d.rows_per_seq, d.routing_skew)
+    key = (d.devices, d.tp, d.expert_groups, d.batch, d.context, d.rows_per_seq, d.routing_skew,
+           d.routing_correlation)
     if id(model) not in _CACHE and len(_CACHE) >= 16:
         _CACHE.clear()
     cache = _CACHE.setdefault(id(model), (model, {}))[1]
@@ -90,7 +91,7 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
     def matmul(layer: int, phase: str, mm: Matmul, shards: int):
         fmt = f[mm.family]
         ops.compute(layer, phase, mm.name, 2.0 * t * mm.params / shards, fmt.compute_dtype,
-                    static=mm.params / shards * fmt.bytes_per_value,
+                    static=model.matmul_bytes(mm) / shards,
                     act=ACT_BYTES * t * (mm.d_in + mm.d_out / shards))
 
     ops.compute(0, "embed", "embedding_gather", static=t * h * f["embedding"].bytes_per_value / d.tp)
@@ -98,13 +99,16 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
     distinct = 0.0
     for layer in model.layers:
         i = layer.index
-        ops.compute(i, "attention", "attn_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
         mms = model.attention_matmuls(layer.attention)
-        for mm in mms[:-1]:
-            matmul(i, "attention", mm, d.tp)
-        _attention_core(ops, model, layer, d, b, t)
-        matmul(i, "attention", mms[-1], d.tp)
-        ops.collective(i, "attention", "attn_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
+        if mms:
+            ops.compute(i, "attention", "attn_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
+            for mm in mms[:-1]:
+                matmul(i, "attention", mm, d.tp)
+            _attention_core(ops, model, layer, d, b, t)
+            matmul(i, "attention", mms[-1], d.tp)
+            ops.collective(i, "attention", "attn_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
+        if layer.ffn == "none":
+            continue
         ops.compute(i, layer.ffn, "ffn_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
         if layer.ffn == "dense":
             for mm in model.ffn_matmuls("dense"):
@@ -121,7 +125,7 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
 
     cols = list(zip(*ops.rows))
     arr = lambda k, dt=float: np.asarray(cols[k], dtype=dt)
-    kinds = {l.index: f"{l.attention}+{l.ffn}" for l in model.layers}
+    kinds = {l.index: model.layer_kind(l) for l in model.layers}
     kinds.update({0: "embed", n1: "head"})
     return OpGraph(arr(0, int), list(cols[1]), list(cols[2]), arr(3, bool), arr(4), list(cols[5]),
                    arr(6), arr(7), arr(8), arr(9), list(cols[10]), arr(11), arr(12, int), kinds, t,
@@ -129,45 +133,68 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
 
 
 def _attention_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment, b: int, t: int):
-    i, L, kvb = layer.index, d.context, model.formats["kv_cache"].bytes_per_value
-    if layer.attention == "kda":
-        a = model.kda
+    """The attention itself (scores, state update), between its projections. Caches are read
+    per sequence (`b` on this replica); a recurrent state is read and written back."""
+    i, L, rows = layer.index, d.context, d.rows_per_seq
+    kvb, stb = model.formats["kv_cache"].bytes_per_value, model.formats["state"].bytes_per_value
+    a = model.attn(layer.attention)
+    if isinstance(a, KDA):
         hl = a.heads // d.tp
         conv_ch = 3 * hl * a.head_dim
-        state = hl * a.head_dim * a.head_dim * model.formats["state"].bytes_per_value
-        conv_state = conv_ch * (a.conv_width - 1) * kvb
         # per head and token: decay, k^T S, rank-1 delta update, S^T q = 7 dk dv FLOPs
         flops = t * (7.0 * hl * a.head_dim * a.head_dim + 2.0 * conv_ch * a.conv_width)
-        ops.compute(i, "attention", "kda_recurrence", flops, "f32", kv=2 * b * (state + conv_state),
+        ops.compute(i, "attention", "kda_recurrence", flops, "f32",
+                    kv=2 * b * model.cache_bytes(layer.attention, L, d.tp),
                     act=ACT_BYTES * t * 4 * hl * a.head_dim)
-    elif layer.attention == "mla":
-        m = model.mla
-        hl = m.heads // d.tp
-        width = m.kv_lora_rank + m.qk_rope_dim
-        flops = t * hl * L * (4.0 * m.kv_lora_rank + 2.0 * m.qk_rope_dim)
+    elif isinstance(a, GDN):
+        vl, kl = a.value_heads // d.tp, max(1, a.key_heads // d.tp)
+        conv_ch = 2 * kl * a.key_head_dim + vl * a.value_head_dim
+        # per value head and token, as KDA: gate, k^T S, rank-1 delta update, S^T q = 7 dk dv
+        flops = t * (7.0 * vl * a.key_head_dim * a.value_head_dim + 2.0 * conv_ch * a.conv_width)
+        ops.compute(i, "attention", "gdn_recurrence", flops, "f32",
+                    kv=2 * b * model.cache_bytes(layer.attention, L, d.tp),
+                    act=ACT_BYTES * t * (conv_ch + 2 * vl * a.value_head_dim))
+    elif isinstance(a, Mamba2):
+        hl = a.heads // d.tp
+        inner, conv_ch = hl * a.head_dim, hl * a.head_dim + 2 * a.groups * a.state_dim
+        # per state element and token: h = exp(dt A) h + dt B x (3 FLOPs), y = C h (2 FLOPs)
+        flops = t * (5.0 * inner * a.state_dim + 2.0 * conv_ch * a.conv_width)
+        ops.compute(i, "attention", "mamba2_scan", flops, "f32",
+                    kv=2 * b * model.cache_bytes(layer.attention, L, d.tp),
+                    act=ACT_BYTES * t * (conv_ch + 2 * inner))
+    elif isinstance(a, MLA):
+        hl = a.heads // d.tp
+        width = a.kv_lora_rank + a.qk_rope_dim
+        span = L
+        if a.index_topk:  # the indexer scores every cached token, MLA then reads the top-k
+            il = max(1, a.index_heads // d.tp)
+            ops.compute(i, "attention", "dsa_indexer", 2.0 * t * il * a.index_head_dim * (L + rows) + 2.0 * t * il * L,
+                        "fp8", kv=b * (L + rows) * a.index_head_dim * kvb,
+                        act=ACT_BYTES * t * il * a.index_head_dim + 4.0 * t * L)
+            span = min(L, a.index_topk)
+        flops = t * hl * span * (4.0 * a.kv_lora_rank + 2.0 * a.qk_rope_dim)
         ops.compute(i, "attention", "mla_attention", flops, "bf16",
-                    kv=b * (L + d.rows_per_seq) * width * kvb,
-                    act=ACT_BYTES * t * hl * (2 * width + m.kv_lora_rank))
-    else:
-        g = model.gqa
-        hl, kvl = g.heads // d.tp, -(-g.kv_heads // d.tp)
-        span = min(L, g.window) if g.window else L
-        ops.compute(i, "attention", "gqa_attention", 4.0 * t * hl * g.head_dim * span, "bf16",
-                    kv=b * (span + d.rows_per_seq) * 2 * kvl * g.head_dim * kvb,
-                    act=ACT_BYTES * t * 2 * hl * g.head_dim)
+                    kv=b * (span + rows) * width * kvb,
+                    act=ACT_BYTES * t * hl * (2 * width + a.kv_lora_rank))
+    elif isinstance(a, GQA):
+        hl, kvl, vd = a.heads // d.tp, -(-a.kv_heads // d.tp), a.v_head_dim or a.head_dim
+        span = min(L, a.window) if a.window else L
+        ops.compute(i, "attention", "gqa_attention", 2.0 * t * hl * (a.head_dim + vd) * span, "bf16",
+                    kv=b * (span + rows) * kvl * (a.head_dim + vd) * kvb,
+                    act=ACT_BYTES * t * hl * (a.head_dim + vd))
 
 
 def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int) -> float:
     m, f, h = model.moe, model.formats, model.hidden
     mms = {mm.name: mm for mm in model.ffn_matmuls("moe")}
 
-    def matmul(mm: Matmul, shards: int):
+    def matmul(mm: Matmul, shards: int, copies: int = 1):
         fmt = f[mm.family]
-        ops.compute(i, "moe", mm.name, 2.0 * t * mm.params / shards, fmt.compute_dtype,
-                    static=mm.params / shards * fmt.bytes_per_value,
+        ops.compute(i, "moe", mm.name, 2.0 * t * mm.params / shards * copies, fmt.compute_dtype,
+                    static=model.matmul_bytes(mm) / shards * copies,
                     act=ACT_BYTES * t * (mm.d_in + mm.d_out / shards))
 
-    matmul(mms["router"], 1)
+    matmul(mms["router"], 1, m.router_copies)  # replicated; a hi/lo pair is applied twice
     ops.compute(i, "moe", "top_k", 4.0 * t * m.experts, act=4.0 * t * m.experts)
     d_exp = m.latent_dim or h
     if m.latent_dim:
@@ -179,12 +206,14 @@ def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int) -> floa
     groups = d.expert_groups
     expert_tp = d.devices // groups
     skew = m.routing_skew if d.routing_skew is None else d.routing_skew
-    distinct, pairs = expected_busiest_group(m.experts, m.top_k, t * d.dp, groups, skew)
+    corr = m.routing_correlation if d.routing_correlation is None else d.routing_correlation
+    distinct, pairs = expected_busiest_group(m.experts, m.top_k, t * d.dp, groups, skew, corr)
     fmt = f["routed_expert"]
     per_expert = mms["expert_gate_up"].params // m.experts + mms["expert_down"].params // m.experts
+    expert_bytes = sum(model.matmul_bytes(mms[k]) for k in ("expert_gate_up", "expert_down")) / m.experts
     ops.compute(i, "moe", "routed_experts", 2.0 * pairs * per_expert / expert_tp, fmt.compute_dtype,
-                routed=distinct * per_expert / expert_tp * fmt.bytes_per_value,
-                act=ACT_BYTES * pairs * (2 * d_exp + 3 * m.expert_width / expert_tp))
+                routed=distinct * expert_bytes / expert_tp,
+                act=ACT_BYTES * pairs * (2 * d_exp + (2 + model.ffn_gated) * m.expert_width / expert_tp))
     ops.collective(i, "moe", "expert_all_reduce", "all_reduce", ACT_BYTES * t * d_exp, d.devices)
     if m.latent_dim:
         matmul(mms["latent_up"], d.tp)

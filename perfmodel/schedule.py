@@ -109,6 +109,7 @@ class Timeline:
     step_s: float
     dma_bytes: float
     events: list[tuple[str, str, int, float, float]] = field(default_factory=list)  # lane, name, layer, t0, t1
+    expert_tiles: int = 1  # megakernel: copies each routed expert streams through its buffer in
 
 
 def op_compute_s(g: OpGraph, hw: Hardware) -> np.ndarray:
@@ -168,18 +169,23 @@ def ring_banks(hw: Hardware, prefetch_bytes: float | None) -> int:
     return banks
 
 
-def expert_slots(g: OpGraph, hw: Hardware, d: Deployment, banks: int, top_k: int) -> int:
-    """Expert buffers: as asked, or by default as many as fit beside the ring (at most top_k)."""
+def expert_slots(g: OpGraph, hw: Hardware, d: Deployment, banks: int, top_k: int) -> tuple[int, int]:
+    """(expert buffers, tiles per expert): as many whole-expert buffers as asked, or by default as
+    fit beside the ring (at most top_k). When not even one expert fits, each expert streams
+    through the buffers (two by default) in tiles, as real kernels do: more, smaller copies."""
     per_expert = float(g.routed_bytes.max(initial=0)) / max(1, math.ceil(g.distinct_experts))
     if per_expert == 0:
-        return d.expert_slots or top_k
+        return d.expert_slots or top_k, 1
     ring = banks * hw.dma_tile_bytes
-    fit = int((hw.onchip_bytes - ring) // per_expert)
-    if d.expert_slots is None and fit < 1:
-        raise SpecError("prefetch_bytes", ring, f"the ring ({banks} x {hw.dma_tile_bytes} B) leaves no room "
-                        f"in the {hw.onchip_kind} of {hw.name} ({hw.onchip_bytes:.0f} B per core) for one "
-                        f"{per_expert:.0f} B expert buffer: {ring + per_expert - hw.onchip_bytes:.0f} B short; "
-                        f"a ring of at most {(hw.onchip_bytes - per_expert) / 2**20:.4g} MiB leaves room")
+    free = hw.onchip_bytes - ring
+    fit = int(free // per_expert)
+    if fit < 1:
+        if free <= 0:
+            raise SpecError("prefetch_bytes", ring, f"the ring ({banks} x {hw.dma_tile_bytes} B) leaves no room "
+                            f"in the {hw.onchip_kind} of {hw.name} ({hw.onchip_bytes:.0f} B per core) for expert "
+                            "buffers")
+        slots = d.expert_slots or 2
+        return slots, math.ceil(slots * per_expert / free)
     slots = d.expert_slots or min(top_k, fit)
     if slots > fit:
         raise SpecError("expert_slots", slots,
@@ -187,7 +193,7 @@ def expert_slots(g: OpGraph, hw: Hardware, d: Deployment, banks: int, top_k: int
                         f"{hw.dma_tile_bytes} B) exceed the {hw.onchip_kind} of {hw.name} "
                         f"({hw.onchip_bytes:.0f} B per core) by "
                         f"{slots * per_expert + ring - hw.onchip_bytes:.0f} B; at most {fit} fit")
-    return slots
+    return slots, 1
 
 
 @dataclass
@@ -259,7 +265,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     n_tiles = len(tile_bytes)
     total = tile_end[-1] if n_tiles else 0.0
     owner = np.searchsorted(op_end, np.asarray(tile_end) - 0.5, side="right").tolist()
-    slots = expert_slots(g, hw, d, banks, top_k)
+    slots, pieces = expert_slots(g, hw, d, banks, top_k)
     names, layers = g.name, g.layer.tolist()
     label = lambda k: record and (names[min(owner[k], len(g) - 1)], layers[min(owner[k], len(g) - 1)])
     comp, coll = op_compute_s(g, hw).tolist(), collective_s(g, hw).tolist()
@@ -304,7 +310,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                     next_tile += 1
                 k += 1
         elif routed[j] > 0:  # experts: fetched into slots only after the router
-            copies = st.routed_copies.get(layer, [])
+            copies = [b / pieces for b in st.routed_copies.get(layer, []) for _ in range(pieces)]
             step = comp[j] / max(1, len(copies))
             ids = [issue(t, b, (names[j], layer)) for b in copies[:slots]]
             for e in range(len(copies)):
@@ -327,7 +333,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
              "collective": arr(coll_w), "launch": np.where(g.is_collective, 0.0, overhead),
              "fill_drain": np.zeros(n)}
     start, end = arr(start), arr(end)
-    tl = Timeline(start, end, waits, now, dma.busy_bytes)
+    tl = Timeline(start, end, waits, now, dma.busy_bytes, expert_tiles=pieces)
     if record:
         tl.events = events + dma.lane_events()
     return tl

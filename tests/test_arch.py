@@ -9,7 +9,9 @@ from perfmodel.formats import FORMATS
 
 # published totals (docs/sources.md s.3; model cards) -> must match within 3 %
 PUBLISHED = {"kimi-k3": 2.8e12, "kimi-k2": 1.0e12, "deepseek-v3": 671e9, "llama-3.1-8b": 8.03e9,
-             "llama-3.2-1b": 1.235e9, "kimi-linear-48b": 48e9}
+             "llama-3.2-1b": 1.235e9, "kimi-linear-48b": 48e9, "llama-3.3-70b": 70.6e9,
+             "qwen3-235b-a22b": 235e9, "qwen3-next-80b-a3b": 80e9, "qwen3.5-397b-a17b": 397e9,
+             "gpt-oss-120b": 116.83e9, "nemotron-3-nano-30b-a3b": 31.6e9}
 
 
 @pytest.mark.parametrize("name,total", PUBLISHED.items())
@@ -47,8 +49,7 @@ def test_mini_preset_derives_from_k3():
 
 
 def test_every_preset_loads():
-    assert {"kimi-k3", "kimi-k2", "deepseek-v3", "kimi-linear-48b", "llama-3.2-1b",
-            "llama-3.1-8b"} <= set(list_presets())
+    assert set(PUBLISHED) | {"kimi-k3-mini"} <= set(list_presets())
 
 
 def deepseek_config():

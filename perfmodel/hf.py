@@ -1,0 +1,329 @@
+"""Hugging Face `config.json` -> ModelSpec, for the families people serve.
+
+Read: DeepSeek-V3 / V3.2 (MLA, DeepSeek sparse attention), Kimi K2 / K2.5, Kimi Linear (KDA +
+MLA), GLM-4.x / GLM-5, Llama 3 / 4 (interleaved MoE, chunked attention), Mixtral, Qwen3 dense and
+MoE, Qwen3-Next / Qwen3.5 (gated DeltaNet + gated attention), gpt-oss (sliding / full pattern,
+sinks, MXFP4 experts), Gemma 3 (5 local : 1 global), MiniMax-M2, Nemotron-H (Mamba-2 hybrid).
+A key the importer does not understand but that changes cost (a `layer_types` value, a hybrid
+pattern character, a quantisation method, a sparse-attention model without its index keys) is a
+SpecError naming the key: the importer never silently models something else.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .arch import MAX_LAYERS, ModelSpec, from_dict
+from .checks import check_tree
+from .errors import SpecError, require
+from .files import read_text
+
+LAYER_TYPES = {"full_attention": "full", "sliding_attention": "swa", "linear_attention": "linear",
+               "chunked_attention": "swa"}   # a chunk bounds the span as a window does
+HYBRID_CHARS = {"M": "mamba2", "*": "attention", "-": "mlp", "E": "moe"}
+QUANT_METHODS = ("fp8", "mxfp4", "compressed-tensors", "modelopt")
+UNGATED_ACTIVATIONS = ("relu2",)
+STATE_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "fp16"}
+# keys of mechanisms that change cost and are not modelled: refused, not approximated
+UNMODELLED_KEYS = {"compress_ratios": "compressed attention (DeepSeek-V4)",
+                   "num_kv_shared_layers": "KV cache shared across layers",
+                   "kv_sharing_layer_map": "KV cache shared across layers",
+                   "attention_k_eq_v": "attention with keys equal to values",
+                   "altup_num_inputs": "AltUp (Gemma 3n)"}   # Nemotron-H: up and down projections only
+
+
+class _Config:
+    """The config dict with typed, range-checked access naming `config.json:<key>`."""
+
+    def __init__(self, c: dict):
+        self.c = c
+
+    def has(self, key: str) -> bool:
+        return self.c.get(key) is not None
+
+    def int(self, key: str, default: int | None = None, lo: int = 0, hi: int = 1 << 24) -> int:
+        v = self.c.get(key)
+        if v is None:
+            if default is None:
+                raise SpecError(f"config.json:{key}", None, "required key is missing")
+            return default
+        require(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi, f"config.json:{key}", v,
+                f"must be an integer in {lo}..{hi}")
+        return v
+
+    def list(self, key: str) -> list:
+        v = self.c.get(key)
+        require(v is None or isinstance(v, list), f"config.json:{key}", v, "must be a list")
+        return v or []
+
+
+def from_hf_config(path: Path) -> ModelSpec:
+    text = read_text(path, "model file")
+    try:
+        top = json.loads(text, parse_constant=lambda s: _nonfinite(s))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, over-long integers, deep nesting
+        raise SpecError("model file", str(path), f"not a readable JSON config: {e}") from None
+    check_tree(top)
+    require(isinstance(top, dict), "model file", str(path), "expected a JSON object")
+    text = top.get("text_config")
+    require(text is None or isinstance(text, dict), "config.json:text_config", text, "must be an object")
+    c = dict(text or top)
+    for key in ("quantization_config", "tie_word_embeddings", "_name_or_path"):  # often kept at the top
+        if key not in c and key in top:
+            c[key] = top[key]
+    name = c.get("_name_or_path") or Path(path).stem
+    if name == "config":
+        name = Path(path).parent.name or "hf-model"
+    d = spec_dict(c, str(name), f"Hugging Face config {Path(path).name}")
+    return from_dict(d)
+
+
+def _nonfinite(s: str):
+    raise SpecError("config.json", s, "NaN and Infinity are not numbers a config can hold")
+
+
+def spec_dict(raw: dict, name: str, source: str) -> dict:
+    """The preset-schema dict (perfmodel.arch.from_dict) of one config.json."""
+    c = _Config(raw)
+    for key, what in UNMODELLED_KEYS.items():
+        require(raw.get(key) in (None, False, 0, []), f"config.json:{key}", raw.get(key),
+                f"{what} changes cost and is not modelled")
+    n = c.int("num_hidden_layers", lo=1, hi=MAX_LAYERS)
+    h, heads = c.int("hidden_size", lo=1), c.int("num_attention_heads", lo=1)
+    tie = raw.get("tie_word_embeddings", False)
+    require(isinstance(tie, bool), "config.json:tie_word_embeddings", tie, "must be true or false")
+    d: dict = {"name": name, "hidden": h, "vocab": c.int("vocab_size", lo=1), "layers": n,
+               "tie_embeddings": tie, "sources": {"all": source}}
+    attn, ffn = _attention(c, raw, d, n, h, heads), _ffn_kinds(c, raw, n)
+    _moe(c, raw, d, n, ffn)
+    d["attention"] = attn
+    d["formats"], custom = _formats(raw.get("quantization_config"))
+    state_key = _first(raw, "mamba_ssm_dtype", "mamba_ssm_cache_dtype")
+    if raw.get(state_key) is not None:  # recurrent state precision (gated DeltaNet, Mamba-2)
+        require(raw[state_key] in STATE_DTYPES, f"config.json:{state_key}", raw[state_key],
+                f"known: {', '.join(STATE_DTYPES)}")
+        d["formats"]["state"] = STATE_DTYPES[raw[state_key]]
+    if custom:
+        d["custom_formats"] = custom
+    return d
+
+
+def _attention(c: _Config, raw: dict, d: dict, n: int, h: int, heads: int) -> dict:
+    if "hybrid_override_pattern" in raw:  # Nemotron-H: one mixer per block
+        pat = raw["hybrid_override_pattern"]
+        require(isinstance(pat, str) and len(pat) == n, "config.json:hybrid_override_pattern", pat,
+                f"must be a string of num_hidden_layers ({n}) characters")
+        bad = sorted(set(pat) - set(HYBRID_CHARS))
+        require(not bad, "config.json:hybrid_override_pattern", bad, f"unknown block kinds; known: {HYBRID_CHARS}")
+        d["mamba2"] = {"heads": c.int("mamba_num_heads", lo=1), "head_dim": c.int("mamba_head_dim", lo=1),
+                       "state_dim": c.int("ssm_state_size", lo=1), "groups": c.int("n_groups", 1, lo=1),
+                       "conv_width": c.int("conv_kernel", 4, lo=1)}
+        _gqa(c, raw, d, h, heads, window=0)
+        kinds = {"M": "mamba2", "*": "gqa"}
+        return {"default": "none", **{f"{k}_layers": [i + 1 for i, ch in enumerate(pat) if kinds.get(ch) == k]
+                                      for k in ("mamba2", "gqa")}}
+    lin = raw.get("linear_attn_config")
+    if lin is not None:  # Kimi Linear / K3: KDA with MLA on the listed layers
+        require(isinstance(lin, dict), "config.json:linear_attn_config", lin, "must be an object")
+        lc = _Config(lin)
+        head_dim = lc.int("head_dim", 128, lo=1)
+        full_gate = lin.get("use_full_rank_gate", False)
+        require(isinstance(full_gate, bool), "config.json:linear_attn_config.use_full_rank_gate", full_gate,
+                "must be true or false")
+        d["kda"] = {"heads": lc.int("num_heads", heads, lo=1), "head_dim": head_dim,
+                    "conv_width": lc.int("short_conv_kernel_size", 4, lo=1),
+                    "output_gate_rank": 0 if full_gate else head_dim}  # Kimi Linear: low rank = head_dim
+        _mla(c, raw, d, heads)
+        full = lc.list("full_attn_layers")
+        require(all(isinstance(i, int) and 1 <= i <= n for i in full), "config.json:linear_attn_config.full_attn_layers",
+                full, f"must be 1-based layer numbers <= {n}")
+        return {"default": "kda", "mla_layers": list(full)}
+    if c.has("kv_lora_rank"):
+        _mla(c, raw, d, heads)
+        return {"default": "mla"}
+    types = _layer_types(c, raw, n)
+    window = c.int("sliding_window", 0) if raw.get("use_sliding_window", True) else 0
+    if c.has("attention_chunk_size"):  # Llama 4: local layers attend within their chunk
+        window = c.int("attention_chunk_size", lo=1)
+    if "linear" in types:  # Qwen3-Next / Qwen3.5: gated DeltaNet
+        d["gdn"] = {"key_heads": c.int("linear_num_key_heads", lo=1), "value_heads": c.int("linear_num_value_heads", lo=1),
+                    "key_head_dim": c.int("linear_key_head_dim", lo=1),
+                    "value_head_dim": c.int("linear_value_head_dim", lo=1),
+                    "conv_width": c.int("linear_conv_kernel_dim", 4, lo=1)}
+    swa = "swa" in types
+    _gqa(c, raw, d, h, heads, window=0 if swa else window)
+    out: dict = {"default": "gqa"}
+    if swa:
+        require(window > 0, "config.json:sliding_window", raw.get("sliding_window"),
+                "layer_types has sliding layers but no window is given")
+        out["swa"] = {"type": "gqa", "window": window}
+        out["swa_layers"] = [i + 1 for i, t in enumerate(types) if t == "swa"]
+    if "linear" in types:
+        out["gdn_layers"] = [i + 1 for i, t in enumerate(types) if t == "linear"]
+    return out
+
+
+def _layer_types(c: _Config, raw: dict, n: int) -> list[str]:
+    """Per layer: full, swa or linear, from `layer_types` or the older interval keys."""
+    if "layer_types" in raw:
+        lt = c.list("layer_types")
+        require(len(lt) == n, "config.json:layer_types", len(lt), f"must list num_hidden_layers ({n}) layers")
+        for t in lt:
+            require(t in LAYER_TYPES, "config.json:layer_types", t,
+                    f"unknown layer type (changes cost); known: {', '.join(LAYER_TYPES)}")
+        return [LAYER_TYPES[t] for t in lt]
+    if c.has("linear_num_value_heads"):  # Qwen3-Next before layer_types: full every k-th
+        k = c.int("full_attention_interval", lo=1)
+        return ["full" if (i + 1) % k == 0 else "linear" for i in range(n)]
+    if c.has("sliding_window_pattern") and c.has("sliding_window"):  # Gemma 3: every k-th global
+        k = c.int("sliding_window_pattern", lo=1)
+        return ["full" if (i + 1) % k == 0 else "swa" for i in range(n)]
+    if c.has("attention_chunk_size") and c.has("no_rope_layers"):  # Llama 4: NoPE layers are global
+        nope = c.list("no_rope_layers")
+        return ["swa" if nope[i] else "full" for i in range(n)] if len(nope) == n else ["full"] * n
+    if "attn_type_list" in raw:  # MiniMax: 0 = lightning (linear) attention, 1 = softmax
+        types = c.list("attn_type_list")
+        require(all(t == 1 for t in types), "config.json:attn_type_list", types,
+                "lightning attention layers (0) are not modelled")
+    return ["full"] * n
+
+
+def _gqa(c: _Config, raw: dict, d: dict, h: int, heads: int, window: int) -> None:
+    mt = str(raw.get("model_type", ""))
+    gate = raw.get("attn_output_gate", mt.startswith("qwen3_next"))
+    require(isinstance(gate, bool), "config.json:attn_output_gate", gate, "must be true or false")
+    d["gqa"] = {"heads": heads, "kv_heads": c.int("num_key_value_heads", heads, lo=1),
+                "head_dim": c.int("head_dim", h // heads, lo=1), "window": window, "output_gate": gate,
+                "sinks": mt == "gpt_oss"}
+
+
+def _mla(c: _Config, raw: dict, d: dict, heads: int) -> None:
+    gate = raw.get("mla_use_output_gate", False)
+    require(isinstance(gate, bool), "config.json:mla_use_output_gate", gate, "must be true or false")
+    d["mla"] = {"heads": heads, "q_lora_rank": c.int("q_lora_rank", 0), "kv_lora_rank": c.int("kv_lora_rank", lo=1),
+                "qk_nope_dim": c.int("qk_nope_head_dim", lo=1), "qk_rope_dim": c.int("qk_rope_head_dim"),
+                "v_head_dim": c.int("v_head_dim", lo=1), "output_gate": gate}
+    mt = str(raw.get("model_type", ""))
+    sparse = "dsa" in mt or mt == "deepseek_v32" or c.has("index_topk")
+    if sparse:
+        d["mla"].update(index_heads=c.int("index_n_heads", lo=1), index_head_dim=c.int("index_head_dim", lo=1),
+                        index_topk=c.int("index_topk", lo=1))
+
+
+def _ffn_kinds(c: _Config, raw: dict, n: int) -> list[str]:
+    """Per layer: dense or moe (or none: Nemotron-H blocks without an MLP)."""
+    experts = _experts(c, raw)
+    if "hybrid_override_pattern" in raw:
+        pat = raw["hybrid_override_pattern"]
+        return ["moe" if ch == "E" else "dense" if ch == "-" else "none" for ch in pat]
+    if not experts:
+        return ["dense"] * n
+    first = c.int("first_k_dense_replace", 0, hi=n)
+    freq = raw.get("moe_layer_freq", 1)
+    if isinstance(freq, list):
+        require(len(freq) == n and all(f in (0, 1) for f in freq), "config.json:moe_layer_freq", freq,
+                f"a list must give 0 or 1 for each of the {n} layers")
+        moe = [bool(f) for f in freq]
+    else:
+        k = c.int("moe_layer_freq", 1, lo=1)
+        moe = [i >= first and i % k == 0 for i in range(n)]
+    step = c.int("decoder_sparse_step", 1, lo=1) if "decoder_sparse_step" in raw else \
+        c.int("interleave_moe_layer_step", 1, lo=1)
+    only_mlp = set(c.list("mlp_only_layers"))
+    moe = [m and (i + 1) % step == 0 and i not in only_mlp for i, m in enumerate(moe)]
+    if "moe_layers" in raw:  # Llama 4 lists them explicitly (0-based)
+        listed = set(c.list("moe_layers"))
+        moe = [i in listed for i in range(n)]
+    return ["moe" if m else "dense" for m in moe]
+
+
+def _first(raw: dict, *keys: str) -> str:
+    """The first of `keys` the config sets (else the first, so its absence is the error)."""
+    return next((k for k in keys if raw.get(k) is not None), keys[0])
+
+
+def _experts(c: _Config, raw: dict) -> int:
+    for key in ("n_routed_experts", "num_experts", "num_local_experts"):
+        if raw.get(key):
+            return c.int(key, lo=1)
+    return 0
+
+
+def _moe(c: _Config, raw: dict, d: dict, n: int, ffn: list[str]) -> None:
+    experts = _experts(c, raw)
+    mt = str(raw.get("model_type", ""))
+    if "moe" in ffn:
+        width = c.int("moe_intermediate_size") if c.has("moe_intermediate_size") else c.int("intermediate_size")
+        top_k = c.int(_first(raw, "num_experts_per_tok", "num_experts_per_token", "experts_per_token"), lo=1)
+        shared = 0
+        if c.has("shared_expert_intermediate_size"):
+            shared = c.int("shared_expert_intermediate_size")
+        elif c.has("n_shared_experts") or c.has("num_shared_experts"):
+            count = c.int(_first(raw, "n_shared_experts", "num_shared_experts"))
+            shared = count * (c.int("moe_shared_expert_intermediate_size") if
+                              c.has("moe_shared_expert_intermediate_size") else width)
+        elif mt.startswith("llama4"):  # one shared expert as wide as a routed one
+            shared = width
+        d["moe"] = {"experts": experts, "top_k": top_k, "expert_width": width, "shared_width": shared,
+                    "latent_dim": c.int("routed_expert_hidden_size", 0)}  # Kimi K3 latent MoE
+    dense_width = 0
+    if "dense" in ffn:
+        key = "intermediate_size_mlp" if c.has("intermediate_size_mlp") else "intermediate_size"
+        dense_width = c.int(key, lo=1)
+    act = raw.get("mlp_hidden_act", raw.get("hidden_act", "silu"))
+    d["ffn"] = {"default": "dense", "dense_width": dense_width, "gated": act not in UNGATED_ACTIVATIONS,
+                "moe_layers": [i + 1 for i, f in enumerate(ffn) if f == "moe"],
+                "none_layers": [i + 1 for i, f in enumerate(ffn) if f == "none"]}
+
+
+def _formats(qc) -> tuple[dict, dict]:
+    """Weight formats from `quantization_config` (none: bf16 as published)."""
+    if qc is None:
+        return {}, {}
+    require(isinstance(qc, dict), "config.json:quantization_config", qc, "must be an object")
+    method = qc.get("quant_method")
+    require(method in QUANT_METHODS, "config.json:quantization_config.quant_method", method,
+            f"unknown quantisation method (changes cost); known: {', '.join(QUANT_METHODS)}")
+    linear = ("attention", "dense_ffn", "shared_expert", "routed_expert")
+    if method == "fp8":
+        block = qc.get("weight_block_size")
+        require(block in (None, [128, 128]), "config.json:quantization_config.weight_block_size", block,
+                "only 128x128 blocks (DeepSeek) or per-tensor scales are known")
+        return dict.fromkeys(linear, "fp8-block128" if block else "fp8"), {}
+    if method == "mxfp4":  # gpt-oss: the MoE experts only
+        return {"routed_expert": "mxfp4"}, {}
+    if method == "modelopt":
+        algo = qc.get("quant_algo")
+        require(algo in ("NVFP4", "FP8"), "config.json:quantization_config.quant_algo", algo,
+                "known: NVFP4, FP8")
+        return dict.fromkeys(linear, "nvfp4" if algo == "NVFP4" else "fp8"), {}
+    return _compressed_tensors(qc, linear)
+
+
+def _compressed_tensors(qc: dict, linear: tuple[str, ...]) -> tuple[dict, dict]:
+    """compressed-tensors weight-only groups: integer (Kimi K2-Thinking: int4, group 32) or
+    MXFP4 (Kimi K3: 4-bit floats, group 32, uint8 = E8M0 scales)."""
+    groups = qc.get("config_groups")
+    require(isinstance(groups, dict) and len(groups) == 1, "config.json:quantization_config.config_groups",
+            groups, "exactly one group is understood")
+    w = next(iter(groups.values())).get("weights") or {}
+    bits, group, strategy = w.get("num_bits"), w.get("group_size"), w.get("strategy")
+    ignore = " ".join(str(x) for x in qc.get("ignore", []))
+    targets = ["routed_expert"] if "self_attn" in ignore or "shared_experts" in ignore else list(linear)
+    if w.get("type") == "float":
+        require(bits == 4 and group == 32 and w.get("scale_dtype") == "torch.uint8",
+                "config.json:quantization_config.config_groups.weights", w,
+                "the known float format is MXFP4: 4 bits, group 32, uint8 (E8M0) scales")
+        return dict.fromkeys(targets, "mxfp4"), {}
+    require(w.get("type") == "int" and bits in (4, 8) and strategy in ("group", "channel"),
+            "config.json:quantization_config.config_groups.weights", w,
+            "known: integer weights of 4 or 8 bits, group or channel strategy")
+    name = f"int{bits}-{strategy}{group or ''}"
+    block = [1, group] if strategy == "group" else [1, 0]
+    require(strategy == "channel" or (isinstance(group, int) and 1 <= group <= 1 << 20),
+            "config.json:quantization_config.config_groups.weights.group_size", group, "must be a positive integer")
+    custom = {name: {"value_bits": bits, "scale_dtype": "bf16", "block": block,
+                     "compute_dtype": "int8" if bits == 8 else "bf16",
+                     "source": "compressed-tensors pack-quantized (bf16 scales)"}}
+    return dict.fromkeys(targets, name), custom
