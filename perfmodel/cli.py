@@ -243,7 +243,8 @@ def print_reproduce(r: dict) -> None:
 
 
 # Modules that add their own subcommands: each has add_parser(subparsers) setting `func`.
-EXTENSIONS: tuple[str, ...] = ("perfmodel.hostbench", "perfmodel.traces", "perfmodel.validate")
+EXTENSIONS: tuple[str, ...] = ("perfmodel.hostbench", "perfmodel.traces", "perfmodel.validate",
+                              "perfmodel.microbench")
 
 
 def build_parser() -> argparse.ArgumentParser:
