@@ -1,9 +1,10 @@
-"""Calibrate named efficiency parameters on the seed table and reproduce it (`perfmodel reproduce`).
+"""Whole-step fit on the seed table and its reproduction (`perfmodel reproduce`).
 
-Rules (issue 3): physical defaults first; at most 3 named parameters per platform, fitted only on
-batch 1 and batch 8 of the seed table; batches 2 and 4 and the speculative-decoding pair are held
+Every term comes from the component layer (perfmodel.components, fitted to micro-benchmarks by
+`perfmodel calibrate`). On top of it at most 2 whole-step parameters per platform, fitted only on
+batches 1 and 8 of the seed table; batches 2 and 4 and the speculative-decoding pair are held
 out. The fit starts from the `Efficiency` dataclass defaults every time, so it does not depend on
-what a previous `--write` stored in the presets.
+what a previous `--write` stored in the presets; `--no-fit` shows the errors with none of them.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from .predict import predict
 
 MODEL = "kimi-k3"
 FIT_BATCHES = (1, 8)
-TARGETS = {"fitted": 0.10, "held-out": 0.15}
+TARGETS = {"fitted": 0.08, "held-out": 0.10}
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,13 @@ class Param:
 
 def fit_params(platforms: list[str]) -> list[Param]:
     """The router's skew is a property of the model, shared by both platforms; each platform
-    gets its own collective latency scale (2 parameters per platform, of the 3 allowed)."""
+    gets its own collective latency scale: the micro-benchmarks measure collectives at 8 devices,
+    the seed deployments run them over 32 TPU devices / 16 GPUs (2 parameters per platform)."""
     out = [Param("routing_skew", "model", (0.0, 3.0), (0.0, 1.0),
                  "Zipf exponent of expert popularity; uniform routing (0) is the baseline")]
-    out += [Param("collective_latency_scale", p, (0.0, 10.0), (0.25, 4.0),
-                  "multiplies the sourced link / collective latencies") for p in platforms]
+    out += [Param("collective_latency_scale", p, (0.0, 10.0), (0.5, 2.0),
+                  "multiplies the fitted collective latency terms (8-device micro-benchmarks) at the "
+                  "seed's scale") for p in platforms]
     return out
 
 

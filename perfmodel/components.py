@@ -113,20 +113,21 @@ def collective_phases(kind: str, algorithm: str, payload: float, devices: int, c
     return [ph for ph in phases if ph.copies]
 
 
-def phase_time(c: dict, ph: Phase, chips: int, cores: int) -> float:
+def phase_time(c: dict, ph: Phase, chips: int, cores: int, scale: float = 1.0) -> float:
     """One phase: a semaphore round + issuing its copies + the slowest of the sibling copy, this
     core's cross-chip bytes over its links (bandwidths of `remote_copy_time`) and the chip's
     (all `cores` sending at once) over `chip_bandwidth_bytes_per_s`. A phase's copies are in
-    flight together, so the round, not each copy's latency, is paid."""
+    flight together, so the round, not each copy's latency, is paid. `scale` multiplies the
+    latency terms (a whole-step parameter, 1 by default)."""
     links = max(1, min(int(param(c, "links_per_chip")), chips - 1))
     move = max(ph.sibling_bytes / param(c, "sibling_bandwidth_bytes_per_s"),
                ph.cross_bytes / (links * param(c, "link_bandwidth_bytes_per_s")),
                cores * ph.cross_bytes / param(c, "chip_bandwidth_bytes_per_s"))
-    return param(c, "collective_phase_s") + ph.copies * param(c, "collective_copy_issue_s") + move
+    return scale * (param(c, "collective_phase_s") + ph.copies * param(c, "collective_copy_issue_s")) + move
 
 
 def collective_time(c: dict, kind: str, payload: float, devices: int, cores: int,
-                    algorithm: str | None = None) -> tuple[float, str]:
+                    algorithm: str | None = None, scale: float = 1.0) -> tuple[float, str]:
     """One in-kernel collective (`all_reduce` or `all_gather`): an entry/exit handshake (the peers'
     buffers are free, the result is complete) and its phases of remote copies and semaphore rounds; with no `algorithm`, the fastest one for this payload (as the kernel picks
     from its own measurements). Returns (seconds, algorithm).
@@ -136,7 +137,7 @@ def collective_time(c: dict, kind: str, payload: float, devices: int, cores: int
     k = min(cores, devices)
     chips = max(1, devices // k)
     options = [algorithm] if algorithm else ALGORITHMS[kind]
-    return min((param(c, "collective_call_s") + sum(phase_time(c, ph, chips, k) for ph in
+    return min((scale * param(c, "collective_call_s") + sum(phase_time(c, ph, chips, k, scale) for ph in
                                                      collective_phases(kind, a, payload, devices, cores)), a)
                for a in options)
 
@@ -160,13 +161,15 @@ def kernel_stream_time(c: dict, nbytes: float, hbm_bandwidth: float) -> float:
     return nbytes / (hbm_bandwidth * param(c, "kernel_bandwidth_efficiency"))
 
 
-def gpu_all_reduce_time(c: dict, nbytes: float, ranks: int) -> float:
-    """A one-shot / NVLink all-reduce library call: base + per-peer cost + bytes / bandwidth.
-    Micro-benchmarks: h100-custom-ar-*, gb200-mnnvl-ar-*, b200-nccl-ar-*."""
+def gpu_all_reduce_time(c: dict, nbytes: float, ranks: int, scale: float = 1.0) -> float:
+    """An NVLink all-reduce library call: base + per-peer cost + the bus traffic of each rank,
+    2 (ranks - 1) / ranks x bytes, over the achieved bus bandwidth.
+    `scale` multiplies the latency terms. Micro-benchmarks: h100-custom-ar-*, gb200-mnnvl-ar-*,
+    b200-nccl-ar-*."""
     if ranks <= 1:
         return 0.0
-    return (param(c, "allreduce_base_s") + (ranks - 1) * param(c, "allreduce_per_peer_s")
-            + nbytes / param(c, "allreduce_bytes_per_s"))
+    return (scale * (param(c, "allreduce_base_s") + (ranks - 1) * param(c, "allreduce_per_peer_s"))
+            + 2 * (ranks - 1) / ranks * nbytes / param(c, "allreduce_bytes_per_s"))
 
 
 def is_tpu_model(c: dict) -> bool:
