@@ -143,12 +143,13 @@ def op_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None) ->
     eff, table = hw.efficiency.flops, {dt: hw.flops_rate(dt) for dt in set(g.dtype) if dt}
     rates = np.array([table[dt] if dt else 1.0 for dt in g.dtype])
     t = np.where(g.is_collective, 0.0, g.flops / (rates * eff))
+    experts = max(1.0, math.ceil(g.distinct_experts))
     if cm.is_tpu_model(hw.components):
         w = op_weights(g) if weights is None else weights
-        dots = np.where(g.routed_bytes > 0, 2.0 * max(1.0, math.ceil(g.distinct_experts)), 1.0)
+        dots = np.where(g.routed_bytes > 0, 2.0 * experts, 1.0)
         for j in np.flatnonzero((w > 0) & (g.flops > 0)):
             t[j] = cm.matmul_time(hw.components, w[j], g.dtype[j], g.flops[j] / (2 * w[j]), dots[j])
-    return t
+    return t + np.where(g.routed_bytes > 0, experts * hw.efficiency.expert_overhead_s, 0.0)
 
 
 def collective_s(g: OpGraph, hw: Hardware) -> np.ndarray:
@@ -165,14 +166,14 @@ def collective_s(g: OpGraph, hw: Hardware) -> np.ndarray:
                      for c_, k, b, p in zip(g.is_collective, g.coll_kind, g.coll_bytes, g.coll_group)])
 
 
-def stream_terms(hw: Hardware) -> tuple[float, float, float]:
+def stream_terms(hw: Hardware, multikernel: bool = False) -> tuple[float, float, float]:
     """(bandwidth, first-byte latency, per-descriptor cost) of one core's HBM -> on-chip copies:
-    the fitted DMA component on a TPU, the achieved decode-kernel bandwidth on a GPU, else the
-    spec sheet x `efficiency.hbm`."""
+    the fitted DMA component on a TPU, the achieved decode-kernel bandwidth of a multi-kernel
+    engine on a GPU, else the spec sheet x `efficiency.hbm`."""
     c, peak = hw.components, hw.core_hbm_bandwidth_bytes_per_s
     if cm.is_tpu_model(c):
         return c["dma_bandwidth_bytes_per_s"], c["dma_latency_s"], c["dma_descriptor_s"]
-    if cm.is_gpu_model(c):
+    if cm.is_gpu_model(c) and multikernel:
         return peak * c["kernel_bandwidth_efficiency"], hw.dma_latency_s, 0.0
     return peak * hw.efficiency.hbm, hw.dma_latency_s, 0.0
 
@@ -190,7 +191,7 @@ def call_s(hw: Hardware) -> float:
 
 def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
                          weights: np.ndarray | None = None) -> Timeline:
-    bw, dma_lat, desc = stream_terms(hw)
+    bw, dma_lat, desc = stream_terms(hw, multikernel=True)
     comp, coll = op_compute_s(g, hw, weights), collective_s(g, hw)
     nbytes = g.bytes
     t_mem = nbytes / bw + np.where(nbytes > 0, desc * np.ceil(nbytes / hw.dma_tile_bytes), 0.0)
