@@ -121,6 +121,9 @@ def reproduce(fit_parameters: bool = True) -> dict:
                        "predicted_tokens_per_s": p.tokens_per_s, "reported_tokens_per_s": m.tokens_per_s,
                        "error": err, "role": r, "within_target": abs(err) <= TARGETS[r],
                        "predicted_step_ms": p.step_s * 1e3, "source": m.source})
+    if fit_parameters:  # the same points with nothing fitted, beside the fitted errors
+        for pt, raw in zip(points, reproduce(fit_parameters=False)["points"]):
+            pt["no_fit_error"] = raw["error"]
     return {"schema_version": 1, "model": MODEL, "fitted_parameters": fitted,
             "fit_on": "seed table batches 1 and 8 of both platforms (no speculative decoding)",
             "targets": TARGETS, "points": points, "trend": trend(points)}

@@ -67,13 +67,14 @@ class DmaEngine:
         self.busy_bytes = 0.0
 
     def issue(self, t: float, nbytes: float, label: tuple[str, int] | None = None,
-              latency: float | None = None) -> int:
-        """A copy issued at `t`; `latency` overrides the engine's first-byte latency (remote
-        copies out of VMEM pay their phase's round instead)."""
+              remote: bool = False) -> int:
+        """A copy issued at `t`. A remote copy (VMEM to another core, a collective's) reads no
+        HBM and pays its phase's round instead of the HBM first-byte latency."""
         cid = self.n
         self.n += 1
-        self.busy_bytes += nbytes
-        start = t + (self.lat if latency is None else latency)
+        if not remote:
+            self.busy_bytes += nbytes
+        start = t + (0.0 if remote else self.lat)
         if nbytes > 0:
             nbytes += self.extra
         if nbytes <= 0:
@@ -365,7 +366,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                 cores = min(hw.cores_per_chip, p)
                 alg = cm.collective_time(c, k, m, p, hw.cores_per_chip, scale=scale)[1]
                 for ph in cm.collective_phases(k, alg, m, p, hw.cores_per_chip):
-                    cid = issue(t, ph.dma_bytes, (names[j], layer), latency=0.0)
+                    cid = issue(t, ph.dma_bytes, (names[j], layer), remote=True)
                     t = max(t + cm.phase_time(c, ph, p // cores, cores, scale), completion(cid))
             start[j], end[j] = now, t
             coll_w[j] = t - now
@@ -415,7 +416,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     arr = np.asarray
     comp_a = arr(comp) * ~g.is_collective
     waits = {"compute": comp_a, "weight_streaming": arr(stream), "expert_fetch": arr(fetch),
-             "collective": arr(coll_w), "launch": np.where(g.is_collective, 0.0, overhead),
+             "collective": arr(coll_w), "launch": np.where(g.is_collective, 0.0, overhead) + t0 * (arr(range(n)) == 0),
              "fill_drain": np.zeros(n)}
     start, end = arr(start), arr(end)
     tl = Timeline(start, end, waits, now, dma.busy_bytes)
