@@ -244,7 +244,7 @@ def print_reproduce(r: dict) -> None:
 
 
 # Modules that add their own subcommands: each has add_parser(subparsers) setting `func`.
-EXTENSIONS: tuple[str, ...] = ("perfmodel.hostbench", "perfmodel.traces", "perfmodel.validate",
+EXTENSIONS: tuple[str, ...] = ("perfmodel.hostbench_cli", "perfmodel.traces", "perfmodel.validate",
                               "perfmodel.microbench", "perfmodel.explain")
 
 

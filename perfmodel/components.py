@@ -14,6 +14,7 @@ TPU (one TensorCore = one device; a chip has `cores_per_chip` of them):
 - `device_call_time`: host dispatch of one device call (a jitted program).
 GPU: `kernel_launch_time` (CUDA-graph node), `kernel_stream_time` (achieved bandwidth of a decode
 GEMV / grouped GEMM kernel), `gpu_all_reduce_time` (by ranks and payload).
+Host CPU: `host_dot_time` (XLA:CPU decode-shaped dots by rows), fitted to hostbench's figures.
 """
 from __future__ import annotations
 
@@ -170,6 +171,21 @@ def gpu_all_reduce_time(c: dict, nbytes: float, ranks: int, scale: float = 1.0) 
         return 0.0
     return (scale * (param(c, "allreduce_base_s") + (ranks - 1) * param(c, "allreduce_per_peer_s"))
             + 2 * (ranks - 1) / ranks * nbytes / param(c, "allreduce_bytes_per_s"))
+
+
+# ---- host CPU (XLA:CPU through JAX) --------------------------------------------------------
+
+def host_dot_time(c: dict, nbytes: float, rows: float) -> float:
+    """A decode-shaped dot over `nbytes` of weights far beyond the LLC: one row runs XLA:CPU's
+    matrix-vector path at its own bandwidth; two or more rows run the matrix-matrix path, a
+    streaming term plus a cost per row and byte. Micro-benchmarks: host-dot-f32-r* (hostbench)."""
+    if rows <= 1:
+        return nbytes / param(c, "dot_gemv_bandwidth_bytes_per_s")
+    return nbytes * (1 / param(c, "dot_gemm_bandwidth_bytes_per_s") + rows * param(c, "dot_gemm_row_s_per_byte"))
+
+
+def is_host_model(c: dict) -> bool:
+    return "dot_gemv_bandwidth_bytes_per_s" in c
 
 
 def is_tpu_model(c: dict) -> bool:

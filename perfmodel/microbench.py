@@ -31,7 +31,7 @@ DATA_DIR = Path(__file__).parent / "data" / "microbench"
 TARGET = 0.10
 UNITS = {"us_per_layer": 1e-6, "us_per_step": 1e-6, "us_per_expert": 1e-6, "us_per_copy": 1e-6,
          "us_per_collective": 1e-6, "us_per_dot": 1e-6, "us_per_tile": 1e-6, "us_per_call": 1e-6,
-         "us_per_kernel": 1e-6, "GB_per_s": 1e9, "fraction_of_hbm_bandwidth": 1.0, "s": 1.0}
+         "us_per_kernel": 1e-6, "ms_per_dot": 1e-3, "GB_per_s": 1e9, "fraction_of_hbm_bandwidth": 1.0, "s": 1.0}
 # group -> (its parameters, the mechanisms whose micro-benchmarks fit them)
 GROUPS = {
     "dma": (("dma_bandwidth_bytes_per_s", "dma_latency_s", "dma_descriptor_s"),
@@ -47,6 +47,8 @@ GROUPS = {
     "gpu_all_reduce": (("allreduce_base_s", "allreduce_per_peer_s", "allreduce_bytes_per_s"),
                        ("gpu_all_reduce",)),
     "gpu_kernel": (("kernel_bandwidth_efficiency",), ("engine_bandwidth_fraction",)),
+    "host_dot": (("dot_gemv_bandwidth_bytes_per_s", "dot_gemm_bandwidth_bytes_per_s", "dot_gemm_row_s_per_byte"),
+                 ("host_dot",)),
 }
 
 
@@ -113,6 +115,8 @@ def predict_entry(e: dict, hw: Hardware) -> float:
         t = cm.kernel_launch_time(c)
     elif m == "gpu_all_reduce":
         t = cm.gpu_all_reduce_time(c, i["bytes"], i["ranks"])
+    elif m == "host_dot":
+        t = cm.host_dot_time(c, i["bytes"], i["rows"])
     elif m == "engine_bandwidth_fraction":
         return engine_bandwidth_fraction(hw, i)
     else:

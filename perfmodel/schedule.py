@@ -196,6 +196,12 @@ def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
     comp, coll = op_compute_s(g, hw, weights), collective_s(g, hw)
     nbytes = g.bytes
     t_mem = nbytes / bw + np.where(nbytes > 0, desc * np.ceil(nbytes / hw.dma_tile_bytes), 0.0)
+    if cm.is_host_model(hw.components):  # XLA:CPU dots: achieved bandwidth by rows (hostbench)
+        w = op_weights(g) if weights is None else weights
+        for j in np.flatnonzero((w > 0) & (g.flops > 0)):
+            rows = g.flops[j] / (2 * w[j])
+            t_mem[j] = (cm.host_dot_time(hw.components, g.static_bytes[j] + g.routed_bytes[j], rows)
+                        + (g.kv_bytes[j] + g.act_bytes[j]) / bw)
     tile = np.minimum(nbytes, hw.dma_tile_bytes)
     first = tile / bw
     last = np.where(nbytes > 0, comp * tile / np.maximum(nbytes, 1.0), comp)

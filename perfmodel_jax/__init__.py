@@ -1,0 +1,1 @@
+"""The JAX side of perfmodel: trace capture and host micro-benchmarks (needs the [jax] extra)."""
