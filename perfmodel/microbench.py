@@ -139,6 +139,13 @@ def modelled(data: dict, platform: str) -> list[dict]:
             and e.get("platform", data.get("platform")) == platform]
 
 
+def upper_bound(hw: Hardware, name: str) -> float:
+    """Physical ceilings: a core's DMA cannot outrun its share of HBM; an efficiency is <= 1."""
+    if name == "dma_bandwidth_bytes_per_s":
+        return hw.core_hbm_bandwidth_bytes_per_s
+    return 1.0 if name == "kernel_bandwidth_efficiency" else np.inf
+
+
 def fit(data: dict, hw: Hardware) -> Hardware:
     """Each group's parameters on its own entries for this platform (log least squares, >= 0)."""
     entries = modelled(data, hw.name)
@@ -153,12 +160,14 @@ def fit(data: dict, hw: Hardware) -> Hardware:
             require(not missing, f"components.{missing[0] if missing else ''}", None,
                     f"needs a starting value in the {hw.name} hardware file")
             x0 = np.log([hw.components[n] for n in names])
+            hi = np.log([upper_bound(hw, n) for n in names])
+            x0 = np.minimum(x0, hi - 1e-6)
 
             def residuals(x, own=own, names=names):
                 h = dataclasses.replace(hw, components={**hw.components, **dict(zip(names, np.exp(x)))})
                 return [math.log(max(predict_entry(e, h), 1e-30) / e["value"]) for e in own]
 
-            res = least_squares(residuals, x0, x_scale=1.0, diff_step=1e-4)
+            res = least_squares(residuals, x0, bounds=(-np.inf, hi), diff_step=1e-4)
             hw = dataclasses.replace(hw, components={**hw.components,
                                                      **{n: float(v) for n, v in zip(names, np.exp(res.x))}})
     return hw
