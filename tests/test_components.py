@@ -83,3 +83,24 @@ def test_calibrate_cli_bad_file_is_one_line(tmp_path, capsys):
     assert main(["calibrate", "--microbench", str(bad)]) == 2
     assert "entries" in capsys.readouterr().err
     assert main(["calibrate", "--microbench", str(tmp_path / "none.json")]) == 2
+
+
+def test_gb200_all_reduce_within_10_percent():
+    data = load("gpu.json")
+    hw = calibrated(data, load_hardware("gb200"), "gpu.json")
+    rows = [r for r in residual_table(data, hw) if r["id"].startswith("gb200-")]
+    assert len(rows) == 4 and all(r["within_target"] for r in rows)
+
+
+def test_host_presets_do_not_inherit_the_fitted_skew():
+    from perfmodel.arch import load_model
+    assert load_model("kimi-k3").moe.routing_skew > 0
+    assert all(load_model(m).moe.routing_skew == 0 for m in ("kimi-k3-host-small", "kimi-k3-host-large"))
+
+
+def test_hostbench_without_jax_prints_a_one_line_hint(monkeypatch, capsys, tmp_path):
+    import perfmodel.hostbench_cli as cli
+    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: None)
+    assert main(["hostbench", "--out", str(tmp_path / "h.toml")]) == 0
+    out = capsys.readouterr().out.strip()
+    assert len(out.splitlines()) == 1 and "JAX" in out and not (tmp_path / "h.toml").exists()
