@@ -65,7 +65,8 @@ def matmul_time(c: dict, weights: float, dtype: str, lhs_rows: int, dots: int = 
     """Weight-stationary matmul of `weights` weights (in 256 x 256 tiles) against `lhs_rows` rows:
     per tile max(weight push, rows x row time) -- flat in the rows until the LHS stream is the
     longer -- plus a fixed issue cost per dot. Micro-benchmarks: ms-nvfp4-gateup-slice-v2-b*,
-    ms-nvfp4-dequant-*, ms-stream-int8(-narrowdots) (composed with the DMA stream)."""
+    ms-stream-int8(-narrowdots) (composed with the DMA stream); the dequant-path dots are
+    reported, not fitted (their VPU dequantisation is not modelled)."""
     per_tile = max(mxu_push_s(c, dtype), lhs_rows * param(c, "mxu_row_s"))
     return weights / TILE_WEIGHTS * per_tile + dots * param(c, "mxu_dot_issue_s")
 
@@ -130,8 +131,9 @@ def phase_time(c: dict, ph: Phase, chips: int, cores: int, scale: float = 1.0) -
 def collective_time(c: dict, kind: str, payload: float, devices: int, cores: int,
                     algorithm: str | None = None, scale: float = 1.0) -> tuple[float, str]:
     """One in-kernel collective (`all_reduce` or `all_gather`): an entry/exit handshake (the peers'
-    buffers are free, the result is complete) and its phases of remote copies and semaphore rounds; with no `algorithm`, the fastest one for this payload (as the kernel picks
-    from its own measurements). Returns (seconds, algorithm).
+    buffers are free, the result is complete) and its phases of remote copies and semaphore
+    rounds; with no `algorithm`, the fastest one for this payload (as the kernel picks from its
+    own measurements). Returns (seconds, algorithm).
     Micro-benchmarks: the 14 ms-ar-* / ms-ag-* collectives (8 devices on 4 chips)."""
     if devices <= 1:
         return 0.0, "none"
