@@ -190,6 +190,15 @@ def call_s(hw: Hardware) -> float:
     return cm.device_call_time(hw.components) if "host_dispatch_s" in hw.components else 0.0
 
 
+def fused_norms(g: OpGraph, hw: Hardware) -> np.ndarray:
+    """Norm ops that follow an all-reduce on a GPU with a fitted all-reduce component: the
+    measured kernel is all-reduce + RMSNorm fused (components.gpu_all_reduce_time)."""
+    if not cm.is_gpu_model(hw.components) or len(g) < 2:
+        return np.zeros(len(g), bool)
+    after_ar = np.r_[False, g.is_collective[:-1] & (np.array(g.coll_kind[:-1]) == "all_reduce")]
+    return after_ar & np.array([n.endswith("_norm") for n in g.name])
+
+
 def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
                          weights: np.ndarray | None = None) -> Timeline:
     bw, dma_lat, desc = stream_terms(hw, multikernel=True)
@@ -212,6 +221,9 @@ def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
         launch[0] += call_s(hw)
     coll_mask = g.is_collective
     dur = np.where(coll_mask, launch + coll, launch + lat + core)
+    fused = fused_norms(g, hw)  # inside the all-reduce kernel before them: no kernel of their own
+    launch, lat, core, comp, t_mem = (np.where(fused, 0.0, x) for x in (launch, lat, core, comp, t_mem))
+    dur = np.where(fused, 0.0, dur)
     end = np.cumsum(dur)
     start = end - dur
     routed_share = np.where(nbytes > 0, g.routed_bytes / np.maximum(nbytes, 1.0), 0.0)
