@@ -98,7 +98,7 @@ def test_megakernel_never_slower_than_multikernel_under_fifo(batch, model, hw_na
 def zero_latency(name):
     return hw_with(name, dma_latency_s=0.0, launch_overhead_s=0.0, link_latency_s=0.0,
                    collective_base_latency_s=0.0, intra_chip_latency_s=0.0, dma_tile_bytes=1,
-                   dma_sharing="fifo", efficiency={"op_overhead_s": 0.0})
+                   dma_sharing="fifo", efficiency={"op_overhead_s": 0.0, "expert_overhead_s": 0.0})
 
 
 def test_zero_latency_reduces_multikernel_to_the_roofline():
