@@ -103,11 +103,12 @@ def run(a) -> dict:
                     [[r["op"], r["flops"] / 1e6, r["static_bytes"] / 1e3, r["routed_bytes"] / 1e3,
                       r["kv_bytes"] / 1e3, r["start_s"] * 1e6, r["end_s"] * 1e6, r["waited_on"]]
                      for r in out["ops"]]))
-        print("\nterms (each op in isolation):")
+        print("\nterms (each op in isolation; full sources with --json):")
         for r in out["ops"]:
             for t in r["terms"]:
+                src = t["source"] if len(t["source"]) <= 110 else t["source"][:107] + "..."
                 print(f"  {r['op']}: {t['term']} = {1e6 * t['seconds']:.3f} us  [{t['mechanism']}]  "
-                      f"source: {t['source']}")
+                      f"source: {src}")
     return out
 
 
