@@ -6,6 +6,7 @@ its mechanism (a perfmodel.components function) and source, and the resource the
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -49,6 +50,11 @@ def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray) -> list[dict]:
                         "source": _source(hw, "link_latency_s", "link_bandwidth_bytes_per_s")})
         return out
     comp = float(op_compute_s(g, hw, weights)[j])
+    if g.routed_bytes[j] > 0 and hw.efficiency.expert_overhead_s > 0:
+        fixed = math.ceil(max(1.0, g.distinct_experts)) * hw.efficiency.expert_overhead_s
+        comp -= fixed
+        out.append({"term": "fixed cost per distinct expert (whole-step parameter)", "seconds": fixed,
+                    "mechanism": "efficiency.expert_overhead_s", "source": _source(hw, "efficiency")})
     mxu = cm.is_tpu_model(c) and weights[j] > 0 and g.flops[j] > 0
     out.append({"term": "matmul weight push" if mxu else "compute (peak x efficiency.flops)", "seconds": comp,
                 "mechanism": "components.matmul_time" if mxu else "schedule.op_compute_s",
