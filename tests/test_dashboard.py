@@ -363,7 +363,7 @@ def test_whatif_speculative_decoding_and_acceptance_length():
     assert tau6["tps"] > 2 * base["tps"]  # 6 tokens per (slightly longer) step
     at.slider(key="wi_acc").set_value(3.0).run()
     tau3 = whatif_state(at)
-    assert tau3["tps"] == pytest.approx(tau6["tps"] / 2, rel=1e-6)  # same step, half the tokens
+    assert tau3["tps"] == pytest.approx(tau6["tps"] / 2, abs=0.5)  # same step, half the tokens (shown rounded)
     assert any("--draft-rows 7 --acceptance-length 3" in c.value for c in at.code)
     assert "draft" in {t["name"].split(" ")[0] for t in chart(at, "wi_breakdown")["data"]} or any(
         "drafter" == t["name"] for t in chart(at, "wi_breakdown")["data"])
@@ -533,7 +533,7 @@ def test_models_view_presets_and_sources():
     hw = table(at, "mh_hw")
     assert {"tpu-v7", "gb200"} <= set(hw["hardware"])
     fields = table(at, "mh_hw_fields")
-    assert (fields.set_index("field").loc["hbm_bandwidth_bytes_per_s", "source"]).startswith("seed")
+    assert (fields.set_index("field").loc["hbm_bandwidth_bytes_per_s", "source"]).startswith("Inferact")
     at.selectbox(key="mh_hw_pick").set_value("gb200").run()
     assert table(at, "mh_hw_fields").set_index("field").loc["onchip_kind", "value"] != "VMEM"
     at.selectbox(key="mh_model").set_value("deepseek-v3").run()
