@@ -25,7 +25,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from perfmodel import hostbench, validate
+from perfmodel import validate
+from perfmodel_jax import hostbench
 from perfmodel.arch import load_model
 from perfmodel_jax.capture import capture_reference
 

@@ -1,9 +1,10 @@
-"""Calibrate named efficiency parameters on the seed table and reproduce it (`perfmodel reproduce`).
+"""Whole-step fit on the seed table and its reproduction (`perfmodel reproduce`).
 
-Rules: physical defaults first; at most 3 named parameters per platform, fitted only on
-batch 1 and batch 8 of the seed table; batches 2 and 4 and the speculative-decoding pair are held
+Every term comes from the component layer (perfmodel.components, fitted to micro-benchmarks by
+`perfmodel calibrate`). On top of it at most 2 whole-step parameters per platform, fitted only on
+batches 1 and 8 of the seed table; batches 2 and 4 and the speculative-decoding pair are held
 out. The fit starts from the `Efficiency` dataclass defaults every time, so it does not depend on
-what a previous `--write` stored in the presets.
+what a previous `--write` stored in the presets; `--no-fit` shows the errors with none of them.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from .predict import predict
 
 MODEL = "kimi-k3"
 FIT_BATCHES = (1, 8)
-TARGETS = {"fitted": 0.10, "held-out": 0.15}
+TARGETS = {"fitted": 0.08, "held-out": 0.10}
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,19 @@ class Param:
 
 
 def fit_params(platforms: list[str]) -> list[Param]:
-    """The router's skew is a property of the model, shared by both platforms; each platform
-    gets its own collective latency scale (2 parameters per platform, of the 3 allowed)."""
+    """The router's skew is a property of the model, shared by both platforms; besides it, one
+    parameter per platform for what no micro-benchmark covers at the seed's scale (2 per platform):
+    GPU: the collectives (micro-benchmarks at 8 GPUs, the seed runs 16, layout not published);
+    TPU: the per-expert fixed cost of the expert loop (no micro-benchmark isolates it)."""
     out = [Param("routing_skew", "model", (0.0, 3.0), (0.0, 1.0),
                  "Zipf exponent of expert popularity; uniform routing (0) is the baseline")]
-    out += [Param("collective_latency_scale", p, (0.0, 10.0), (0.25, 4.0),
-                  "multiplies the sourced link / collective latencies") for p in platforms]
+    for p in platforms:
+        out.append(Param("expert_overhead_s", p, (0.0, 5e-6), (0.0, 2e-6),
+                         "fixed cost per distinct expert of a layer (bookkeeping, semaphore waits, "
+                         "instruction fetch of the expert loop)") if p == "tpu-v7" else
+                   Param("collective_latency_scale", p, (0.0, 10.0), (0.5, 2.0),
+                         "multiplies the fitted collective latency terms (8-GPU micro-benchmarks) "
+                         "at the seed's 16 GPUs"))
     return out
 
 
@@ -75,11 +83,13 @@ def fit(measurements: list[Measurement], hw: dict[str, Hardware]) -> dict[str, f
     model = load_model(MODEL)
     params = fit_params(sorted(hw))
     train = [m for m in measurements if role(m) == "fitted"]
-    lo, hi = np.array([p.bounds[0] for p in params]), np.array([p.bounds[1] for p in params])
-    x0 = np.clip([0.0 if p.name == "routing_skew" else getattr(Efficiency(), p.name) for p in params], lo, hi)
+    unit = np.array([1e-6 if p.name.endswith("_s") else 1.0 for p in params])  # fit times in us
+    lo, hi = np.array([p.bounds[0] for p in params]) / unit, np.array([p.bounds[1] for p in params]) / unit
+    x0 = np.clip([0.0 if p.name == "routing_skew" else getattr(Efficiency(), p.name) for p in params] / unit,
+                 lo, hi)
 
     def residuals(x):
-        values = dict(zip((p.key for p in params), x))
+        values = dict(zip((p.key for p in params), x * unit))
         out = []
         for m in train:
             h, skew = _apply(values, hw, m.platform)
@@ -87,7 +97,7 @@ def fit(measurements: list[Measurement], hw: dict[str, Hardware]) -> dict[str, f
         return out
 
     res = least_squares(residuals, x0, bounds=(lo, hi), diff_step=1e-3)
-    return dict(zip((p.key for p in params), map(float, res.x)))
+    return dict(zip((p.key for p in params), map(float, res.x * unit)))
 
 
 def reproduce(fit_parameters: bool = True) -> dict:
@@ -114,6 +124,9 @@ def reproduce(fit_parameters: bool = True) -> dict:
                        "predicted_tokens_per_s": p.tokens_per_s, "reported_tokens_per_s": m.tokens_per_s,
                        "error": err, "role": r, "within_target": abs(err) <= TARGETS[r],
                        "predicted_step_ms": p.step_s * 1e3, "source": m.source})
+    if fit_parameters:  # the same points with nothing fitted, beside the fitted errors
+        for pt, raw in zip(points, reproduce(fit_parameters=False)["points"]):
+            pt["no_fit_error"] = raw["error"]
     return {"schema_version": 1, "model": MODEL, "fitted_parameters": fitted,
             "fit_on": "seed table batches 1 and 8 of both platforms (no speculative decoding)",
             "targets": TARGETS, "points": points, "trend": trend(points)}

@@ -41,6 +41,7 @@ MODEL_FILE = {"name": (STR,), "base": (STR,), "hidden": (INT,), "vocab": (INT,),
               "kda": _SECTION, "mla": _SECTION, "gqa": _SECTION, "moe": _SECTION,
               "inherit_fitted": [(STR,)]}
 HARDWARE_FILE = {"peak_flops_per_s": {"*": (NUMBER,)}, "efficiency": {"*": (NUMBER,)},
+                 "components": {"*": (NUMBER,)},
                  "sources": {"*": (STR,)}, "*": (NUMBER, STR)}
 _OPT_INT = (INT, None)
 HF_CONFIG = {"_name_or_path": (STR, None), "num_hidden_layers": (LAYERS,), "hidden_size": (COUNT,),

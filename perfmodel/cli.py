@@ -256,10 +256,11 @@ def print_reproduce(r: dict) -> None:
                     [[k, v["value"], f"{v['plausible_range'][0]} .. {v['plausible_range'][1]}",
                       "yes" if v["plausible"] else "NO"] for k, v in r["fitted_parameters"].items()]))
         print()
-    print(table(["platform", "batch", "spec decode", "predicted", "reported", "error %", "step ms", "role",
-                 "target"],
+    print(table(["platform", "batch", "spec decode", "predicted", "reported", "error %", "no-fit %", "step ms",
+                 "role", "target"],
                 [[p["platform"], p["batch"], "7 rows, tau 6" if p["spec_decode"] else "-",
                   p["predicted_tokens_per_s"], p["reported_tokens_per_s"], 100 * p["error"],
+                  100 * p["no_fit_error"] if "no_fit_error" in p else "-",
                   p["predicted_step_ms"], p["role"],
                   ("met" if p["within_target"] else "MISSED") + f" (<= {100 * r['targets'][p['role']]:.0f} %)"]
                  for p in r["points"]]))
@@ -276,8 +277,8 @@ def print_reproduce(r: dict) -> None:
 
 
 # Modules that add their own subcommands: each has add_parser(subparsers) setting `func`.
-EXTENSIONS: tuple[str, ...] = ("perfmodel.hostbench", "perfmodel_jax.capture", "perfmodel.validate",
-                               "perfmodel.dashboard")
+EXTENSIONS: tuple[str, ...] = ("perfmodel_jax.hostbench", "perfmodel_jax.capture", "perfmodel.validate",
+                               "perfmodel.dashboard", "perfmodel.microbench", "perfmodel.explain")
 
 
 def build_parser() -> argparse.ArgumentParser:

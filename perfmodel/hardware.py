@@ -28,6 +28,7 @@ class Efficiency:
     flops: float = 0.6                   # sustained / peak matmul rate on decode-shaped matmuls
     collective_latency_scale: float = 1.0  # multiplies every link latency term
     op_overhead_s: float = 0.0           # fixed cost per op (launch, sync) beyond the roofline
+    expert_overhead_s: float = 0.0       # fixed cost per distinct expert a layer computes
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Hardware:
     dma_tile_bytes: int                 # granule a kernel streams weights in (fill / drain)
     efficiency: Efficiency = Efficiency()
     jax_chip: str = ""                  # pltpu.ChipVersion member name, for TPUs
+    components: dict[str, float] = field(default_factory=dict)  # perfmodel.components parameters
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -110,7 +112,8 @@ def from_dict(data: dict) -> Hardware:
     data = dict(check_tree(data, HARDWARE_FILE))
     sources = data.pop("sources", {})
     eff = data.pop("efficiency", {})
-    names = {f.name for f in dataclasses.fields(Hardware)} - {"efficiency", "sources"}
+    comp = data.pop("components", {})
+    names = {f.name for f in dataclasses.fields(Hardware)} - {"efficiency", "sources", "components"}
     for k in data:
         require(k in names, k, data[k], "unknown hardware field")
     missing = sorted(names - set(data) - {"jax_chip"})
@@ -118,9 +121,10 @@ def from_dict(data: dict) -> Hardware:
     for k in eff:
         require(k in Efficiency.__dataclass_fields__, f"efficiency.{k}", eff[k],
                 f"unknown efficiency parameter; known: {', '.join(Efficiency.__dataclass_fields__)}")
-    hw = Hardware(**data, efficiency=Efficiency(**eff), sources=sources)
+    require(isinstance(comp, dict), "components", comp, "must be a table of name = number")
+    hw = Hardware(**data, efficiency=Efficiency(**eff), components=comp, sources=sources)
     validate(hw)
-    unsourced = [k for k, v in _flatten({**data, "efficiency": eff}).items()
+    unsourced = [k for k, v in _flatten({**data, "efficiency": eff, "components": comp}).items()
                  if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in sources
                  and k.split(".")[0] not in sources]
     require(not unsourced, "sources", unsourced, "every number needs a source entry")
@@ -144,6 +148,9 @@ def validate(hw: Hardware) -> None:
         _number(f"peak_flops_per_s.{k}", v)
     for f in dataclasses.fields(Efficiency):
         _number(f"efficiency.{f.name}", getattr(hw.efficiency, f.name))
+    for k, v in hw.components.items():
+        _number(f"components.{k}", v)
+        require(v >= 0, f"components.{k}", v, "must be >= 0")
     require(hw.kind in ("tpu", "gpu", "cpu"), "kind", hw.kind, "must be tpu, gpu or cpu")
     require(isinstance(hw.cores_per_chip, int) and hw.cores_per_chip > 0, "cores_per_chip",
             hw.cores_per_chip, "must be a positive integer")
@@ -167,6 +174,29 @@ def validate(hw: Hardware) -> None:
     require(e.collective_latency_scale >= 0, "efficiency.collective_latency_scale",
             e.collective_latency_scale, "must be >= 0")
     require(e.op_overhead_s >= 0, "efficiency.op_overhead_s", e.op_overhead_s, "must be >= 0")
+    require(e.expert_overhead_s >= 0, "efficiency.expert_overhead_s", e.expert_overhead_s, "must be >= 0")
+
+
+def to_toml(hw: Hardware, header: str = "") -> str:
+    """The hardware file of `hw` (the preset format), sources included."""
+    def val(v):
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {val(x)}" for k, x in v.items()) + " }"
+        return repr(v) if isinstance(v, int) else f"{v:.6g}"
+    lines = [f"# {l}" for l in header.splitlines()]
+    for f in dataclasses.fields(Hardware):
+        v = getattr(hw, f.name)
+        if f.name not in ("efficiency", "components", "sources") and not (f.name == "jax_chip" and not v):
+            lines.append(f"{f.name} = {val(v)}")
+    tables = {"efficiency": dataclasses.asdict(hw.efficiency), "components": hw.components,
+              "sources": hw.sources}
+    for name, table in tables.items():
+        if table:
+            lines += ["", f"[{name}]"] + [f"{k if k.isidentifier() else val(k)} = {val(v)}"
+                                          for k, v in table.items()]
+    return "\n".join(lines) + "\n"
 
 
 def jax_chip_figures(hw: Hardware) -> dict[str, float] | None:

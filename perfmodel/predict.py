@@ -12,7 +12,7 @@ from .deployment import Deployment, validate
 from .dmaplan import Copy
 from .errors import SpecError
 from .hardware import Hardware
-from .schedule import CAUSES, Timeline, simulate_megakernel, simulate_multikernel
+from .schedule import CAUSES, Timeline, op_weights, simulate_megakernel, simulate_multikernel
 
 
 @dataclass
@@ -53,10 +53,11 @@ class Prediction:
 
 def simulate(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False, plan=None):
     g = ops_mod.build(model, d)
+    w = op_weights(g, model.formats["routed_expert"].bytes_per_value)
     if d.engine == "megakernel":
-        tl = simulate_megakernel(g, hw, d, model.moe.top_k if model.moe else 1, record, plan)
+        tl = simulate_megakernel(g, hw, d, model.moe.top_k if model.moe else 1, record, plan, w)
     else:
-        tl = simulate_multikernel(g, hw, record)
+        tl = simulate_multikernel(g, hw, record, w)
     return g, tl
 
 

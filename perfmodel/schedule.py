@@ -12,6 +12,16 @@ Engines (DESIGN.md "Engines"):
   buffers. Activations stay on chip.
 The DMA engine serves outstanding copies first-in-first-out or shares its bandwidth equally
 among all outstanding copies (round-robin), as the chip preset says (`dma_sharing`).
+
+Where the hardware file has fitted components (perfmodel.components), the terms come from them:
+TPU: the DMA engine runs at the fitted stream bandwidth with a fixed cost per descriptor and the
+fitted first-byte latency; matmuls cost the MXU's weight push (flat for few rows) plus a per-dot
+issue; a collective is its phases of remote copies, and on the megakernel each phase's bytes go
+through the same DMA engine as the weight stream and the experts (they queue and share
+bandwidth); the host dispatch is paid once per device call (one per step). GPU: each kernel
+pays the CUDA-graph launch and streams at the achieved decode-kernel bandwidth; all-reduces
+cost the fitted library time by ranks and payload. Without components the spec-sheet terms
+(perfmodel.collectives, `efficiency`) are used.
 """
 from __future__ import annotations
 
@@ -23,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import components as cm
 from .collectives import collective_time_s
 from .deployment import Deployment
 from .dmaplan import Copy
@@ -41,8 +52,10 @@ class DmaEngine:
     active copy) so that each arrival or completion costs O(log n).
     """
 
-    def __init__(self, bandwidth: float, latency: float, shared: bool, record: bool = False):
+    def __init__(self, bandwidth: float, latency: float, shared: bool, record: bool = False,
+                 descriptor_s: float = 0.0):
         self.bw, self.lat, self.shared, self.record = bandwidth, latency, shared, record
+        self.extra = descriptor_s * bandwidth  # a descriptor's fixed cost, as engine bytes
         self.t = 0.0        # engine clock
         self.v = 0.0        # shared mode: virtual service per active copy
         self.pending: deque[tuple[float, int, float]] = deque()  # (arrival, id, bytes)
@@ -53,11 +66,17 @@ class DmaEngine:
         self.labels: list[tuple[str, int]] = []    # when recording: (name, layer) per copy
         self.busy_bytes = 0.0
 
-    def issue(self, t: float, nbytes: float, label: tuple[str, int] | None = None) -> int:
+    def issue(self, t: float, nbytes: float, label: tuple[str, int] | None = None,
+              remote: bool = False) -> int:
+        """A copy issued at `t`. A remote copy (VMEM to another core, a collective's) reads no
+        HBM and pays its phase's round instead of the HBM first-byte latency."""
         cid = self.n
         self.n += 1
-        self.busy_bytes += nbytes
-        start = t + self.lat
+        if not remote:
+            self.busy_bytes += nbytes
+        start = t + (0.0 if remote else self.lat)
+        if nbytes > 0:
+            nbytes += self.extra
         if nbytes <= 0:
             self.done[cid] = t
         elif self.shared:
@@ -112,30 +131,100 @@ class Timeline:
     expert_tiles: int = 1  # megakernel: copies each routed expert streams through its buffer in
 
 
-def op_compute_s(g: OpGraph, hw: Hardware) -> np.ndarray:
+def op_weights(g: OpGraph, routed_bytes_per_value: float = 0.5) -> np.ndarray:
+    """Weights each matmul op pushes: static ops flops / (2 rows); routed ops their bytes / the
+    routed format's bytes per value. Zero for ops without weights (norms, attention core)."""
+    static = np.where(g.static_bytes > 0, g.flops / (2.0 * max(g.tokens, 1)), 0.0)
+    return np.where(g.routed_bytes > 0, g.routed_bytes / routed_bytes_per_value, static)
+
+
+def op_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None) -> np.ndarray:
+    """Per-op compute: the roofline of the peak rate x `efficiency.flops`; on a TPU with fitted
+    components, matmuls instead cost the MXU weight push (components.matmul_time: flat for few
+    rows; a routed op issues two dots per distinct expert)."""
     eff, table = hw.efficiency.flops, {dt: hw.flops_rate(dt) for dt in set(g.dtype) if dt}
     rates = np.array([table[dt] if dt else 1.0 for dt in g.dtype])
-    return np.where(g.is_collective, 0.0, g.flops / (rates * eff))
+    t = np.where(g.is_collective, 0.0, g.flops / (rates * eff))
+    experts = max(1.0, math.ceil(g.distinct_experts))
+    if cm.is_tpu_model(hw.components):
+        w = op_weights(g) if weights is None else weights
+        dots = np.where(g.routed_bytes > 0, 2.0 * experts, 1.0)
+        for j in np.flatnonzero((w > 0) & (g.flops > 0)):
+            t[j] = cm.matmul_time(hw.components, w[j], g.dtype[j], g.flops[j] / (2 * w[j]), dots[j])
+    return t + np.where(g.routed_bytes > 0, experts * hw.efficiency.expert_overhead_s, 0.0)
 
 
 def collective_s(g: OpGraph, hw: Hardware) -> np.ndarray:
-    return np.array([collective_time_s(hw, k, b, p) if c else 0.0
-                     for c, k, b, p in zip(g.is_collective, g.coll_kind, g.coll_bytes, g.coll_group)])
+    """Per-op collective time: the fitted component (TPU in-kernel collectives, GPU all-reduce
+    library) where the hardware file has one, else the spec-sheet model (perfmodel.collectives)."""
+    c, scale = hw.components, hw.efficiency.collective_latency_scale
+    if cm.is_tpu_model(c):
+        f = lambda k, b, p: cm.collective_time(c, k, b, p, hw.cores_per_chip, scale=scale)[0]
+    elif cm.is_gpu_model(c):
+        f = lambda k, b, p: cm.gpu_all_reduce_time(c, b, p, scale)
+    else:
+        f = lambda k, b, p: collective_time_s(hw, k, b, p)
+    return np.array([f(k, b, p) if c_ else 0.0
+                     for c_, k, b, p in zip(g.is_collective, g.coll_kind, g.coll_bytes, g.coll_group)])
 
 
-def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False) -> Timeline:
-    bw = hw.core_hbm_bandwidth_bytes_per_s * hw.efficiency.hbm
-    comp, coll = op_compute_s(g, hw), collective_s(g, hw)
+def stream_terms(hw: Hardware, multikernel: bool = False) -> tuple[float, float, float]:
+    """(bandwidth, first-byte latency, per-descriptor cost) of one core's HBM -> on-chip copies:
+    the fitted DMA component on a TPU, the achieved decode-kernel bandwidth of a multi-kernel
+    engine on a GPU, else the spec sheet x `efficiency.hbm`."""
+    c, peak = hw.components, hw.core_hbm_bandwidth_bytes_per_s
+    if cm.is_tpu_model(c):
+        return c["dma_bandwidth_bytes_per_s"], c["dma_latency_s"], c["dma_descriptor_s"]
+    if cm.is_gpu_model(c) and multikernel:
+        return peak * c["kernel_bandwidth_efficiency"], hw.dma_latency_s, 0.0
+    return peak * hw.efficiency.hbm, hw.dma_latency_s, 0.0
+
+
+def launch_s(hw: Hardware) -> float:
+    """Per-kernel cost of a multi-kernel engine: the CUDA-graph launch component on a GPU."""
+    c = hw.components
+    return (c["kernel_launch_s"] if cm.is_gpu_model(c) else hw.launch_overhead_s) + hw.efficiency.op_overhead_s
+
+
+def call_s(hw: Hardware) -> float:
+    """Per device call (one per step): host dispatch where the hardware file has it."""
+    return cm.device_call_time(hw.components) if "host_dispatch_s" in hw.components else 0.0
+
+
+def fused_norms(g: OpGraph, hw: Hardware) -> np.ndarray:
+    """Norm ops that follow an all-reduce on a GPU with a fitted all-reduce component: the
+    measured kernel is all-reduce + RMSNorm fused (components.gpu_all_reduce_time)."""
+    if not cm.is_gpu_model(hw.components) or len(g) < 2:
+        return np.zeros(len(g), bool)
+    after_ar = np.r_[False, g.is_collective[:-1] & (np.array(g.coll_kind[:-1]) == "all_reduce")]
+    return after_ar & np.array([n.endswith("_norm") for n in g.name])
+
+
+def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
+                         weights: np.ndarray | None = None) -> Timeline:
+    bw, dma_lat, desc = stream_terms(hw, multikernel=True)
+    comp, coll = op_compute_s(g, hw, weights), collective_s(g, hw)
     nbytes = g.bytes
-    t_mem = nbytes / bw
+    t_mem = nbytes / bw + np.where(nbytes > 0, desc * np.ceil(nbytes / hw.dma_tile_bytes), 0.0)
+    if cm.is_host_model(hw.components):  # XLA:CPU dots: achieved bandwidth by rows (hostbench)
+        w = op_weights(g) if weights is None else weights
+        for j in np.flatnonzero((w > 0) & (g.flops > 0)):
+            rows = g.flops[j] / (2 * w[j])
+            t_mem[j] = (cm.host_dot_time(hw.components, g.static_bytes[j] + g.routed_bytes[j], rows)
+                        + (g.kv_bytes[j] + g.act_bytes[j]) / bw)
     tile = np.minimum(nbytes, hw.dma_tile_bytes)
     first = tile / bw
     last = np.where(nbytes > 0, comp * tile / np.maximum(nbytes, 1.0), comp)
     core = np.maximum(t_mem + last, first + comp)
-    lat = np.where(nbytes > 0, hw.dma_latency_s, 0.0)
-    launch = np.full(len(g), hw.launch_overhead_s + hw.efficiency.op_overhead_s)
+    lat = np.where(nbytes > 0, dma_lat, 0.0)
+    launch = np.full(len(g), launch_s(hw))
+    if len(g):
+        launch[0] += call_s(hw)
     coll_mask = g.is_collective
     dur = np.where(coll_mask, launch + coll, launch + lat + core)
+    fused = fused_norms(g, hw)  # inside the all-reduce kernel before them: no kernel of their own
+    launch, lat, core, comp, t_mem = (np.where(fused, 0.0, x) for x in (launch, lat, core, comp, t_mem))
+    dur = np.where(fused, 0.0, dur)
     end = np.cumsum(dur)
     start = end - dur
     routed_share = np.where(nbytes > 0, g.routed_bytes / np.maximum(nbytes, 1.0), 0.0)
@@ -254,10 +343,18 @@ def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
 
 
 def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
-                        record: bool = False, plan: list[Copy] | None = None) -> Timeline:
-    """The megakernel timeline; on the model's own uniform stream or on a kernel's DMA plan."""
-    bw = hw.core_hbm_bandwidth_bytes_per_s * hw.efficiency.hbm
-    dma = DmaEngine(bw, hw.dma_latency_s, hw.dma_sharing == "shared", record)
+                        record: bool = False, plan: list[Copy] | None = None,
+                        weights: np.ndarray | None = None) -> Timeline:
+    """The megakernel timeline; on the model's own uniform stream or on a kernel's DMA plan.
+
+    In-layer dependencies: a MoE layer's expert copies are issued when its router's top-k is
+    known (shared experts compute meanwhile), the expert matmuls wait for them, the all-reduce
+    follows, and the next layer's ops follow that. With fitted TPU components, each phase of a
+    collective moves its bytes as a remote copy on this same DMA engine."""
+    bw, lat, desc = stream_terms(hw)
+    dma = DmaEngine(bw, lat, hw.dma_sharing == "shared", record, desc)
+    c = hw.components
+    remote = cm.is_tpu_model(c)
     issue, completion, done = dma.issue, dma.completion, dma.done
     banks = ring_banks(hw, d.prefetch_bytes)
     st = uniform_stream(g, float(hw.dma_tile_bytes)) if plan is None else plan_stream(g, plan)
@@ -268,25 +365,37 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     slots, pieces = expert_slots(g, hw, d, banks, top_k)
     names, layers = g.name, g.layer.tolist()
     label = lambda k: record and (names[min(owner[k], len(g) - 1)], layers[min(owner[k], len(g) - 1)])
-    comp, coll = op_compute_s(g, hw).tolist(), collective_s(g, hw).tolist()
+    comp, coll = op_compute_s(g, hw, weights).tolist(), collective_s(g, hw).tolist()
     routed, kv_op = g.routed_bytes.tolist(), g.kv_bytes.tolist()
     is_coll = g.is_collective.tolist()
-    tile_id = [issue(0.0, tile_bytes[k], label(k)) for k in range(min(banks, n_tiles))]
+    t0 = call_s(hw)
+    tile_id = [issue(t0, tile_bytes[k], label(k)) for k in range(min(banks, n_tiles))]
     next_tile = len(tile_id)
     overhead = hw.efficiency.op_overhead_s
     n = len(g)
     start, end = [0.0] * n, [0.0] * n
     stream, fetch, coll_w = [0.0] * n, [0.0] * n, [0.0] * n
     events = []
-    now = 0.0
+    now = t0
     kv_id = {}
+    expert_ids: dict[int, list[int]] = {}  # layer -> its expert copies issued so far
     for j in range(n):
         layer = layers[j]
         if layer not in kv_id:  # layer start: prefetch its KV cache / state
             kv_id[layer] = issue(now, st.layer_start_bytes.get(layer, 0.0), ("kv_cache/state", layer))
         if is_coll[j]:
-            start[j], end[j] = now, now + coll[j]
-            coll_w[j] = coll[j]
+            t = now + coll[j]
+            if remote:  # its phases' remote copies queue on this core's DMA engine
+                scale = hw.efficiency.collective_latency_scale
+                t = now + scale * c["collective_call_s"]
+                k, m, p = g.coll_kind[j], float(g.coll_bytes[j]), int(g.coll_group[j])
+                cores = min(hw.cores_per_chip, p)
+                alg = cm.collective_time(c, k, m, p, hw.cores_per_chip, scale=scale)[1]
+                for ph in cm.collective_phases(k, alg, m, p, hw.cores_per_chip):
+                    cid = issue(t, ph.dma_bytes, (names[j], layer), remote=True)
+                    t = max(t + cm.phase_time(c, ph, p // cores, cores, scale), completion(cid))
+            start[j], end[j] = now, t
+            coll_w[j] = t - now
             if record:
                 events.append(("link", names[j], layer, now, end[j]))
             now = end[j]
@@ -309,10 +418,10 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                     tile_id.append(issue(t, tile_bytes[next_tile], label(next_tile)))
                     next_tile += 1
                 k += 1
-        elif routed[j] > 0:  # experts: fetched into slots only after the router
+        elif routed[j] > 0:  # experts: fetched into slots once the router has picked them
             copies = [b / pieces for b in st.routed_copies.get(layer, []) for _ in range(pieces)]
             step = comp[j] / max(1, len(copies))
-            ids = [issue(t, b, (names[j], layer)) for b in copies[:slots]]
+            ids = expert_ids.get(layer) or [issue(t, b, (names[j], layer)) for b in copies[:slots]]
             for e in range(len(copies)):
                 arrive = completion(ids[e])
                 if arrive > t:
@@ -323,6 +432,9 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                     ids.append(issue(t, copies[e + slots], (names[j], layer)))
         else:
             t += comp[j]
+            if names[j] == "top_k" and st.routed_copies.get(layer):  # routing known: fetch now
+                expert_ids[layer] = [issue(t, b, ("routed_experts", layer))
+                                     for b in st.routed_copies[layer][:slots]]
         end[j] = t
         if record:
             events.append(("compute", names[j], layer, start[j], t))
@@ -330,7 +442,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     arr = np.asarray
     comp_a = arr(comp) * ~g.is_collective
     waits = {"compute": comp_a, "weight_streaming": arr(stream), "expert_fetch": arr(fetch),
-             "collective": arr(coll_w), "launch": np.where(g.is_collective, 0.0, overhead),
+             "collective": arr(coll_w), "launch": np.where(g.is_collective, 0.0, overhead) + t0 * (arr(range(n)) == 0),
              "fill_drain": np.zeros(n)}
     start, end = arr(start), arr(end)
     tl = Timeline(start, end, waits, now, dma.busy_bytes, expert_tiles=pieces)

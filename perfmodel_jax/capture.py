@@ -35,7 +35,7 @@ def _capture_worker(model: str, batches: list[int], contexts: list[int], modes: 
     from tqdm import tqdm
 
     from kernels import reference as R
-    from perfmodel.hostbench import cpu_model
+    from perfmodel_jax.hostbench import cpu_model
     spec = load_model(model)
     weights = R.init_weights(spec, 0, dtype=getattr(jnp, {"f32": "float32"}.get(dtype, dtype)))
     fns = {"compiled": R.decode_step, "op_by_op": R.decode_step_op_by_op}

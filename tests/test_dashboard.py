@@ -363,7 +363,7 @@ def test_whatif_speculative_decoding_and_acceptance_length():
     assert tau6["tps"] > 2 * base["tps"]  # 6 tokens per (slightly longer) step
     at.slider(key="wi_acc").set_value(3.0).run()
     tau3 = whatif_state(at)
-    assert tau3["tps"] == pytest.approx(tau6["tps"] / 2, rel=1e-6)  # same step, half the tokens
+    assert tau3["tps"] == pytest.approx(tau6["tps"] / 2, abs=0.5)  # same step, half the tokens (shown rounded)
     assert any("--draft-rows 7 --acceptance-length 3" in c.value for c in at.code)
     assert "draft" in {t["name"].split(" ")[0] for t in chart(at, "wi_breakdown")["data"]} or any(
         "drafter" == t["name"] for t in chart(at, "wi_breakdown")["data"])

@@ -6,10 +6,10 @@ import tomllib
 
 import pytest
 
-from perfmodel import hostbench
+from perfmodel_jax import hostbench
 from perfmodel.cli import main
 from perfmodel.hardware import load_hardware
-from perfmodel.hostbench import HostBench, Stat
+from perfmodel_jax.hostbench import HostBench, Stat
 
 
 def bench() -> HostBench:

@@ -241,7 +241,7 @@ def test_recorded_cpu_traces_attribute_95_percent(recorded):
 @pytest.mark.slow  # a real capture: about 30 s on 2 cores
 def test_validate_on_recorded_traces(recorded, tmp_path, capsys):
     out, _ = recorded
-    from perfmodel import hostbench
+    from perfmodel_jax import hostbench
     hw = tmp_path / "host.toml"
     hostbench.write(bench(), hw)
     assert main(["validate", "--trace", str(out), "--hardware", str(hw), "--json"]) == 0

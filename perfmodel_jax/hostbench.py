@@ -19,7 +19,8 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
 Not measured (stated as such in the file's sources): memory latency (`dma_latency_s`), the fill
 granule (`dma_tile_bytes`) and the link fields, which do not apply to one CPU device.
 
-CLI: `perfmodel hostbench [--out FILE] [--quick] [--repeats N]`.
+CLI: `perfmodel hostbench [--out FILE] [--quick] [--repeats N]`; the default output is in the
+user's data directory (perfmodel.files.host_hardware_file), never a committed file.
 """
 from __future__ import annotations
 
@@ -32,9 +33,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import SpecError, positive_int
-from .files import host_hardware_file, write_atomic
-from .report import plain
+from perfmodel.args import count
+from perfmodel.errors import SpecError, positive_int
+from perfmodel.files import host_hardware_file, write_atomic
+from perfmodel.report import plain
 
 MIB = 2**20
 BANDWIDTH_SIZES_MIB = (128, 512, 1024)
@@ -284,6 +286,7 @@ def hardware_toml(b: HostBench, name: str = "host-cpu") -> str:
         "efficiency.flops": f"{by}: bf16 {DECODE_ROWS}x{DECODE_WIDTH}x{DECODE_WIDTH} matmul "
                             f"{dec.median / 1e9:.4g} GFLOP/s / square-matmul median",
         "efficiency.collective_latency_scale": "not applicable (one device)",
+        "efficiency.expert_overhead_s": "0: a whole-step parameter, never fitted for the host",
         "efficiency.op_overhead_s": f"{by}: chain of {CHAIN_OPS} tiny dependent matmuls in one "
                                     f"program, per op, " + _stat_text(b.op_overhead_s, 1e-6, "us"),
     }
@@ -310,20 +313,49 @@ def hardware_toml(b: HostBench, name: str = "host-cpu") -> str:
     return "\n".join(lines) + "\n"
 
 
+def microbench(b: HostBench, name: str = "host-cpu") -> dict:
+    """The decode-shaped dot figures as component micro-benchmarks (perfmodel.microbench format);
+    f32 only: the host models' weights are f32."""
+    src = f"perfmodel hostbench on {b.cpu}, {b.date}, {b.repeats} repeats (median)"
+    entries = [{"id": f"host-dot-f32-r{rows}", "platform": name, "mechanism": "host_dot",
+                "inputs": {"bytes": MATVEC_MIB * MIB, "rows": rows},
+                "value": MATVEC_MIB * MIB / s.median / 1e-3, "unit": "ms_per_dot",
+                "scope": f"jitted f32 dot, {rows} rows x {MATVEC_K} x {MATVEC_MIB} MiB weight", "source": src}
+               for (dt, rows), s in b.matvec_bandwidth.items() if dt == "f32"]
+    return {"what": "host component micro-benchmarks measured by perfmodel hostbench", "platform": name,
+            "entries": entries}
+
+
 def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
-    """Write the hardware file (checked by loading it back) and the raw figures as JSON beside it."""
+    """Write the hardware file, its components fitted to this run's micro-benchmarks by the same
+    code as `perfmodel calibrate` (the micro-benchmark file beside it, `.microbench.json`), and
+    the raw figures as JSON beside it."""
+    import dataclasses
     import json
-    from .hardware import load_hardware
+    from perfmodel.hardware import from_dict, to_toml
+    from perfmodel.microbench import calibrated
+    import tomllib
     out = Path(out)
     if out.suffix != ".toml":
         raise SpecError("--out", str(out), "the hardware file must end in .toml")
-    write_atomic(out, hardware_toml(b, name), parents=True)
-    load_hardware(str(out))
+    data = microbench(b, name)
+    hw = from_dict(tomllib.loads(hardware_toml(b, name)))
+    start = {"dot_gemv_bandwidth_bytes_per_s": 2e10, "dot_gemm_bandwidth_bytes_per_s": 2e10,
+             "dot_gemm_row_s_per_byte": 1e-12}
+    hw = dataclasses.replace(hw, components=start, sources={**hw.sources, **{
+        f"components.{k}": "starting value" for k in start}})
+    mb = out.with_suffix(".microbench.json")
+    hw = calibrated(data, hw, mb.name)
+    write_atomic(mb, json.dumps(data, indent=1) + "\n")
+    write_atomic(out, to_toml(hw, f"Host CPU measured by `perfmodel hostbench` ({b.cpu}, {b.date}).\n"
+                                  "launch_overhead_s is the op-by-op dispatch cost; a compiled program "
+                                  "has no launches\nand pays efficiency.op_overhead_s per op."))
     write_atomic(out.with_suffix(".json"), json.dumps(plain(b.json()), indent=1, allow_nan=False) + "\n")
     return out
 
 
 def cmd_hostbench(a) -> dict:
+    import jax  # noqa: F401  (fail here, with the CLI's hint, when JAX is missing)
     b = measure(a.repeats, a.quick, progress=not a.json)
     path = write(b, a.out, a.name)
     if not a.json:
@@ -353,7 +385,7 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default=str(host_hardware_file()),
                    help="hardware file to write (default: %(default)s)")
     p.add_argument("--name", default="host-cpu", help="the hardware name in the file")
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--repeats", type=count, default=7)
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke test, not a measurement)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_hostbench)

@@ -1,0 +1,199 @@
+"""The component layer: every time term is a named mechanism with its own parameters.
+
+Each function below is one mechanism. Its parameters live in the hardware file's
+`[components]` table (with a `[sources]` entry each) and are fitted only to that mechanism's
+own micro-benchmarks by `perfmodel calibrate --microbench FILE` (perfmodel/microbench.py); the
+docstring names those micro-benchmarks (ids in perfmodel/data/microbench/*.json).
+
+TPU (one TensorCore = one device; a chip has `cores_per_chip` of them):
+- `dma_stream_time`: HBM -> VMEM copies on the core's DMA engine;
+- `matmul_time`: the MXU's weight push (flat for few rows) and the per-dot issue cost;
+- `remote_copy_time`: a remote VMEM copy to the sibling core or to a core on another chip;
+- `collective_time`: one collective as phases of remote copies and a semaphore round, per
+  algorithm (`rs_ag`, `hierarchical`, `direct`), the fastest picked per payload as a kernel would;
+- `device_call_time`: host dispatch of one device call (a jitted program).
+GPU: `kernel_launch_time` (CUDA-graph node), `kernel_stream_time` (achieved bandwidth of a decode
+GEMV / grouped GEMM kernel), `gpu_all_reduce_time` (by ranks and payload).
+Host CPU: `host_dot_time` (XLA:CPU decode-shaped dots by rows), fitted to hostbench's figures.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import SpecError
+
+TILE_WEIGHTS = 256 * 256          # one MXU weight tile (TPU v7: 256 x 256)
+PUSH_DTYPE = {"bf16": "bf16", "f32": "bf16", "int8": "bf16", "fp8": "fp8", "int4": "fp8",
+              "mxfp4": "fp8", "nvfp4": "fp8", "fp4": "fp8"}  # MXU rate each operand dtype runs at
+ALGORITHMS = {"all_reduce": ("rs_ag", "hierarchical"), "all_gather": ("direct", "hierarchical")}
+TPU_PARAMS = ("dma_bandwidth_bytes_per_s", "dma_latency_s", "dma_descriptor_s",
+              "mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_row_s", "mxu_dot_issue_s",
+              "sibling_latency_s", "sibling_bandwidth_bytes_per_s", "cross_chip_latency_s",
+              "link_bandwidth_bytes_per_s", "links_per_chip", "collective_call_s", "collective_phase_s", "chip_bandwidth_bytes_per_s",
+              "collective_copy_issue_s", "host_dispatch_s")
+GPU_PARAMS = ("kernel_launch_s", "kernel_bandwidth_efficiency", "allreduce_base_s",
+              "allreduce_per_peer_s", "allreduce_bytes_per_s")
+
+
+def param(c: dict, name: str) -> float:
+    if name not in c:
+        raise SpecError(f"components.{name}", None, "missing in the hardware file: run perfmodel "
+                        "calibrate --microbench FILE --hardware NAME --out FILE")
+    return c[name]
+
+
+# ---- TPU ---------------------------------------------------------------------------------
+
+def dma_stream_time(c: dict, nbytes: float, descriptors: int = 1, cold: bool = True) -> float:
+    """HBM -> VMEM stream of `nbytes` in `descriptors` copies served back to back by one DMA
+    engine: first-byte latency (when the engine starts cold) + a fixed cost per descriptor +
+    bytes at the achieved bandwidth. Several outstanding copies share that bandwidth
+    (round-robin) or queue (FIFO): perfmodel.schedule.DmaEngine.
+    Micro-benchmarks: ms-stream-bf16, ms-stream-int8-dma-only, ms-stream-lmhead-*,
+    ms-expert-int4-per-expert (warm: a per-expert slope)."""
+    return ((param(c, "dma_latency_s") if cold else 0.0) + descriptors * param(c, "dma_descriptor_s")
+            + nbytes / param(c, "dma_bandwidth_bytes_per_s"))
+
+
+def mxu_push_s(c: dict, dtype: str) -> float:
+    """Time to push one 256 x 256 weight tile of `dtype` into the MXU (int8 at the bf16 rate,
+    fp8 and 4-bit formats at the fp8 rate). Micro-benchmarks: ms-mxu-push-bf16, ms-mxu-push-fp8."""
+    return param(c, f"mxu_push_{PUSH_DTYPE.get(dtype, 'bf16')}_s")
+
+
+def matmul_time(c: dict, weights: float, dtype: str, lhs_rows: int, dots: int = 1) -> float:
+    """Weight-stationary matmul of `weights` weights (in 256 x 256 tiles) against `lhs_rows` rows:
+    per tile max(weight push, rows x row time) -- flat in the rows until the LHS stream is the
+    longer -- plus a fixed issue cost per dot. Micro-benchmarks: ms-nvfp4-gateup-slice-v2-b*,
+    ms-stream-int8(-narrowdots) (composed with the DMA stream); the dequant-path dots are
+    reported, not fitted (their VPU dequantisation is not modelled)."""
+    per_tile = max(mxu_push_s(c, dtype), lhs_rows * param(c, "mxu_row_s"))
+    return weights / TILE_WEIGHTS * per_tile + dots * param(c, "mxu_dot_issue_s")
+
+
+def remote_copy_time(c: dict, nbytes: float, path: str, links: int = 1) -> float:
+    """One remote VMEM copy (issue to semaphore) to the sibling core of the chip or to a core on
+    another chip over `links` links in parallel: latency + bytes / bandwidth.
+    Micro-benchmarks: ms-copy-sibling-*, ms-copy-crosschip-*, ms-bw-crosschip-3links."""
+    if path == "sibling":
+        return param(c, "sibling_latency_s") + nbytes / param(c, "sibling_bandwidth_bytes_per_s")
+    return param(c, "cross_chip_latency_s") + nbytes / (links * param(c, "link_bandwidth_bytes_per_s"))
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One round of a collective: every core issues `copies` remote copies at once, `sibling_bytes`
+    to its sibling core and `cross_bytes` to cores on other chips, then a semaphore round."""
+    copies: int
+    sibling_bytes: float
+    cross_bytes: float
+
+    @property
+    def dma_bytes(self) -> float:
+        """Bytes this core's DMA engine moves in the phase."""
+        return self.sibling_bytes + self.cross_bytes
+
+
+def collective_phases(kind: str, algorithm: str, payload: float, devices: int, cores: int) -> list[Phase]:
+    """The phases of `algorithm` for a collective whose full per-device result is `payload` bytes,
+    among `devices` devices on chips of `cores` cores (devices 2r, 2r+1 share chip r)."""
+    k = min(cores, devices)
+    chips = devices // k
+    if algorithm in ("rs_ag", "direct"):  # every device writes one shard to every peer
+        shard = payload / devices
+        one = Phase(devices - 1, (k - 1) * shard, (devices - k) * shard)
+        return [one, one] if kind == "all_reduce" else [one]
+    if algorithm != "hierarchical":
+        raise SpecError("algorithm", algorithm, f"one of {ALGORITHMS[kind]}")
+    if kind == "all_reduce":  # sibling reduce-scatter, chips RS + AG on 1/k each, sibling gather
+        sib = Phase(k - 1, (k - 1) * payload / k, 0.0)
+        cross = Phase(chips - 1, 0.0, (chips - 1) * payload / k / chips)
+    else:  # all-gather: sibling gather, then the chip's block to the same core on other chips
+        sib = Phase(k - 1, (k - 1) * payload / devices, 0.0)
+        cross = Phase(chips - 1, 0.0, (chips - 1) * k * payload / devices)
+    phases = [sib, cross, cross, sib] if kind == "all_reduce" else [sib, cross]
+    return [ph for ph in phases if ph.copies]
+
+
+def phase_time(c: dict, ph: Phase, chips: int, cores: int, scale: float = 1.0) -> float:
+    """One phase: a semaphore round + issuing its copies + the slowest of the sibling copy, this
+    core's cross-chip bytes over its links (bandwidths of `remote_copy_time`) and the chip's
+    (all `cores` sending at once) over `chip_bandwidth_bytes_per_s`. A phase's copies are in
+    flight together, so the round, not each copy's latency, is paid. `scale` multiplies the
+    latency terms (a whole-step parameter, 1 by default)."""
+    links = max(1, min(int(param(c, "links_per_chip")), chips - 1))
+    move = max(ph.sibling_bytes / param(c, "sibling_bandwidth_bytes_per_s"),
+               ph.cross_bytes / (links * param(c, "link_bandwidth_bytes_per_s")),
+               cores * ph.cross_bytes / param(c, "chip_bandwidth_bytes_per_s"))
+    return scale * (param(c, "collective_phase_s") + ph.copies * param(c, "collective_copy_issue_s")) + move
+
+
+def collective_time(c: dict, kind: str, payload: float, devices: int, cores: int,
+                    algorithm: str | None = None, scale: float = 1.0) -> tuple[float, str]:
+    """One in-kernel collective (`all_reduce` or `all_gather`): an entry/exit handshake (the peers'
+    buffers are free, the result is complete) and its phases of remote copies and semaphore
+    rounds; with no `algorithm`, the fastest one for this payload (as the kernel picks from its
+    own measurements). Returns (seconds, algorithm).
+    Micro-benchmarks: the 14 ms-ar-* / ms-ag-* collectives (8 devices on 4 chips)."""
+    if devices <= 1:
+        return 0.0, "none"
+    k = min(cores, devices)
+    chips = max(1, devices // k)
+    options = [algorithm] if algorithm else ALGORITHMS[kind]
+    return min((scale * param(c, "collective_call_s") + sum(phase_time(c, ph, chips, k, scale) for ph in
+                                                     collective_phases(kind, a, payload, devices, cores)), a)
+               for a in options)
+
+
+def device_call_time(c: dict) -> float:
+    """Host dispatch of one device call (a jitted program or pallas_call), paid once per call.
+    Micro-benchmark: ms-host-dispatch."""
+    return param(c, "host_dispatch_s")
+
+
+# ---- GPU ---------------------------------------------------------------------------------
+
+def kernel_launch_time(c: dict) -> float:
+    """Launch of one kernel node of a CUDA graph. Micro-benchmark: h100-cuda-graph-launch."""
+    return param(c, "kernel_launch_s")
+
+
+def kernel_stream_time(c: dict, nbytes: float, hbm_bandwidth: float) -> float:
+    """Bytes of one decode GEMV / grouped-GEMM kernel at its achieved share of HBM bandwidth.
+    Micro-benchmark: h100-vllm-sglang-llama1b-bw (through the multi-kernel engine)."""
+    return nbytes / (hbm_bandwidth * param(c, "kernel_bandwidth_efficiency"))
+
+
+def gpu_all_reduce_time(c: dict, nbytes: float, ranks: int, scale: float = 1.0) -> float:
+    """An NVLink all-reduce library call: base + per-peer cost + the bus traffic of each rank,
+    2 (ranks - 1) / ranks x bytes, over the achieved bus bandwidth. The GB200 figures are of the
+    all-reduce fused with the following RMSNorm, so the engine gives that norm no kernel.
+    `scale` multiplies the latency terms. Micro-benchmarks: h100-custom-ar-*, gb200-mnnvl-ar-*,
+    b200-nccl-ar-*."""
+    if ranks <= 1:
+        return 0.0
+    return (scale * (param(c, "allreduce_base_s") + (ranks - 1) * param(c, "allreduce_per_peer_s"))
+            + 2 * (ranks - 1) / ranks * nbytes / param(c, "allreduce_bytes_per_s"))
+
+
+# ---- host CPU (XLA:CPU through JAX) --------------------------------------------------------
+
+def host_dot_time(c: dict, nbytes: float, rows: float) -> float:
+    """A decode-shaped dot over `nbytes` of weights far beyond the LLC: one row runs XLA:CPU's
+    matrix-vector path at its own bandwidth; two or more rows run the matrix-matrix path, a
+    streaming term plus a cost per row and byte. Micro-benchmarks: host-dot-f32-r* (hostbench)."""
+    if rows <= 1:
+        return nbytes / param(c, "dot_gemv_bandwidth_bytes_per_s")
+    return nbytes * (1 / param(c, "dot_gemm_bandwidth_bytes_per_s") + rows * param(c, "dot_gemm_row_s_per_byte"))
+
+
+def is_host_model(c: dict) -> bool:
+    return "dot_gemv_bandwidth_bytes_per_s" in c
+
+
+def is_tpu_model(c: dict) -> bool:
+    return "dma_bandwidth_bytes_per_s" in c
+
+
+def is_gpu_model(c: dict) -> bool:
+    return "kernel_launch_s" in c

@@ -1,0 +1,128 @@
+"""`perfmodel explain`: one layer (or one op) term by term: bytes, FLOPs, each latency term with
+its mechanism (a perfmodel.components function) and source, and the resource the op waited on.
+
+    perfmodel explain --ep 8 --batch 1 --layer 4 [--op routed_experts] [--json]
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from . import components as cm
+from . import ops as ops_mod
+from .errors import SpecError
+from .predict import predict
+from .schedule import collective_s, op_compute_s, op_weights, stream_terms
+
+# wait cause -> the resource the op waited on
+RESOURCE = {"compute": "compute unit (MXU / VPU / SMs)", "weight_streaming": "DMA engine (HBM -> on-chip)",
+            "expert_fetch": "DMA engine (routed experts, after the router)",
+            "collective": "links and remote copies (collective)", "launch": "host / kernel launch",
+            "fill_drain": "pipeline fill and drain of a kernel"}
+
+
+def _source(hw, *names: str) -> str:
+    found = [f"{n}: {hw.sources[k]}" for n in names
+             for k in (f"components.{n}", n, f"efficiency.{n}") if k in hw.sources][:len(names)]
+    return "; ".join(found) or "assumption (no source entry)"
+
+
+def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray) -> list[dict]:
+    """The latency terms of op `j` in isolation, each with its mechanism and source."""
+    c, out = hw.components, []
+    if g.is_collective[j]:
+        t = float(collective_s(g, hw)[j])
+        k, m, p = g.coll_kind[j], float(g.coll_bytes[j]), int(g.coll_group[j])
+        if cm.is_tpu_model(c):
+            alg = cm.collective_time(c, k, m, p, hw.cores_per_chip)[1]
+            phases = cm.collective_phases(k, alg, m, p, hw.cores_per_chip)
+            out.append({"term": f"{k} ({alg}, {len(phases)} phases of remote copies)", "seconds": t,
+                        "mechanism": "components.collective_time", "source": _source(
+                            hw, "collective_call_s", "collective_phase_s", "chip_bandwidth_bytes_per_s")})
+        elif cm.is_gpu_model(c):
+            out.append({"term": f"{k} library call over {p} ranks", "seconds": t,
+                        "mechanism": "components.gpu_all_reduce_time",
+                        "source": _source(hw, "allreduce_base_s", "allreduce_bytes_per_s")})
+        else:
+            out.append({"term": f"{k} over {p} devices", "seconds": t, "mechanism": "collectives.collective_time_s",
+                        "source": _source(hw, "link_latency_s", "link_bandwidth_bytes_per_s")})
+        return out
+    comp = float(op_compute_s(g, hw, weights)[j])
+    if g.routed_bytes[j] > 0 and hw.efficiency.expert_overhead_s > 0:
+        fixed = math.ceil(max(1.0, g.distinct_experts)) * hw.efficiency.expert_overhead_s
+        comp -= fixed
+        out.append({"term": "fixed cost per distinct expert (whole-step parameter)", "seconds": fixed,
+                    "mechanism": "efficiency.expert_overhead_s", "source": _source(hw, "efficiency")})
+    mxu = cm.is_tpu_model(c) and weights[j] > 0 and g.flops[j] > 0
+    out.append({"term": "matmul weight push" if mxu else "compute (peak x efficiency.flops)", "seconds": comp,
+                "mechanism": "components.matmul_time" if mxu else "schedule.op_compute_s",
+                "source": _source(hw, "mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_dot_issue_s") if mxu
+                else _source(hw, "peak_flops_per_s", "flops")})
+    moved = float(g.static_bytes[j] + g.routed_bytes[j] + g.kv_bytes[j])
+    if moved > 0:
+        bw, lat, desc = stream_terms(hw)
+        out.append({"term": "HBM -> on-chip stream", "seconds": lat + desc + moved / bw,
+                    "mechanism": "components.dma_stream_time" if cm.is_tpu_model(c) else "bytes / bandwidth",
+                    "source": _source(hw, "dma_bandwidth_bytes_per_s", "dma_latency_s") if cm.is_tpu_model(c)
+                    else _source(hw, "hbm_bandwidth_bytes_per_s", "kernel_bandwidth_efficiency", "hbm")})
+    return out
+
+
+def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
+    p = predict(model, hw, d)
+    g = ops_mod.build(model, d)
+    weights = op_weights(g, model.formats["routed_expert"].bytes_per_value)
+    idx = [j for j in range(len(g)) if g.layer[j] == layer and (op is None or g.name[j] == op)]
+    if not idx:
+        known = sorted({g.name[j] for j in range(len(g)) if g.layer[j] == layer})
+        raise SpecError("--op" if op else "--layer", op or layer,
+                        f"not in the model; ops of layer {layer}: {', '.join(known)}" if known
+                        else f"layers are 0..{int(g.layer.max())}")
+    tl = p.timeline
+    rows = []
+    for j in idx:
+        waits = {k: float(v[j]) for k, v in tl.wait_s.items() if k != "compute" and v[j] > 0}
+        cause = max(waits, key=waits.get) if waits else "compute"
+        rows.append({"op": g.name[j], "flops": float(g.flops[j]), "static_bytes": float(g.static_bytes[j]),
+                     "routed_bytes": float(g.routed_bytes[j]), "kv_bytes": float(g.kv_bytes[j]),
+                     "act_bytes": float(g.act_bytes[j]), "start_s": float(tl.start_s[j]),
+                     "end_s": float(tl.end_s[j]), "waits_s": waits, "waited_on": RESOURCE[cause],
+                     "terms": terms(g, hw, j, weights)})
+    row = next((r for r in p.layers if r.layer == layer), None)
+    return {"schema_version": 1, "command": "explain", "model": model.name, "hardware": hw.name,
+            "deployment": dataclasses.asdict(d), "layer": layer, "kind": g.layer_kind.get(layer, ""),
+            "layer_time_s": row.time_s if row else None, "step_s": p.step_s, "ops": rows}
+
+
+def run(a) -> dict:
+    from .cli import load_inputs
+    from .report import table
+    model, hw, d = load_inputs(a)
+    out = explain(model, hw, dataclasses.replace(d, batch=a.batch), a.layer, a.op)
+    if not a.json:
+        print(f"{out['model']} on {out['hardware']}, {d.engine}, batch {a.batch}: layer {a.layer} "
+              f"({out['kind']}), {1e6 * (out['layer_time_s'] or 0):.2f} us of a "
+              f"{1e3 * out['step_s']:.3f} ms step\n")
+        print(table(["op", "MFLOP", "static KB", "routed KB", "kv KB", "start us", "end us", "waited on"],
+                    [[r["op"], r["flops"] / 1e6, r["static_bytes"] / 1e3, r["routed_bytes"] / 1e3,
+                      r["kv_bytes"] / 1e3, r["start_s"] * 1e6, r["end_s"] * 1e6, r["waited_on"]]
+                     for r in out["ops"]]))
+        print("\nterms (each op in isolation; full sources with --json):")
+        for r in out["ops"]:
+            for t in r["terms"]:
+                src = t["source"] if len(t["source"]) <= 110 else t["source"][:107] + "..."
+                print(f"  {r['op']}: {t['term']} = {1e6 * t['seconds']:.3f} us  [{t['mechanism']}]  "
+                      f"source: {src}")
+    return out
+
+
+def add_parser(sub) -> None:
+    from .cli import add_deployment_args
+    p = sub.add_parser("explain", help="one layer or op term by term: bytes, FLOPs, mechanisms, sources")
+    add_deployment_args(p)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--layer", type=int, required=True, help="0 = embedding, n + 1 = head")
+    p.add_argument("--op", default=None, help="one op of the layer (e.g. routed_experts)")
+    p.set_defaults(func=run)

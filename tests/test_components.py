@@ -1,0 +1,100 @@
+"""Component layer: each mechanism against its own micro-benchmarks, and `perfmodel calibrate`."""
+import json
+
+import pytest
+
+from perfmodel import components as cm
+from perfmodel.cli import main
+from perfmodel.hardware import load_hardware
+from perfmodel.microbench import calibrated, load, residual_table
+
+# Residuals above 10 % that the component model does not explain (README "Components"): the
+# 16-row all-gathers cost ~1 us more than 8-row ones, which no byte or copy count accounts for.
+KNOWN_MISSES = {"ms-ag-16x1024-direct", "ms-ag-8x512-hier"}
+
+
+@pytest.fixture(scope="module")
+def tpu():
+    data = load("tpu7x.json")
+    return data, calibrated(data, load_hardware("tpu-v7"), "tpu7x.json")
+
+
+def test_every_tpu7x_micro_benchmark_within_10_percent(tpu):
+    data, hw = tpu
+    rows = [r for r in residual_table(data, hw) if r["within_target"] is not None]
+    assert len(rows) >= 30
+    missed = {r["id"] for r in rows if not r["within_target"]}
+    assert missed <= KNOWN_MISSES, missed
+    assert all(abs(r["error"]) <= 0.20 for r in rows)
+
+
+def test_preset_holds_the_calibrated_components(tpu):
+    """The tpu-v7 preset is `perfmodel calibrate --microbench tpu7x.json --out` output: refitting
+    from it predicts every micro-benchmark the same (flat directions may drift)."""
+    data, hw = tpu
+    again = {r["id"]: r["predicted"] for r in residual_table(data, hw)}
+    for r in residual_table(data, load_hardware("tpu-v7")):
+        if r["predicted"] is not None:
+            assert r["predicted"] == pytest.approx(again[r["id"]], rel=0.01), r["id"]
+
+
+def test_kernel_picks_the_measured_fastest_algorithm(tpu):
+    c = tpu[1].components
+    pick = lambda kind, payload: cm.collective_time(c, kind, payload, 8, 2)[1]
+    assert pick("all_reduce", 8 * 8192 * 2) == "rs_ag"            # B=1 default: RS+AG bf16
+    assert pick("all_reduce", 64 * 4096 * 2) == "hierarchical"    # B=8 default
+    assert all(pick("all_gather", r * n * 2) == "direct" for r, n in ((8, 512), (8, 1024), (16, 1024)))
+
+
+def test_sibling_core_is_about_10x_a_cross_chip_link(tpu):
+    c = tpu[1].components
+    big = 16 * 2**20
+    ratio = cm.remote_copy_time(c, big, "cross_chip") / cm.remote_copy_time(c, big, "sibling")
+    assert 10 < ratio < 16  # 367 us vs 27.5 us measured
+
+
+def test_matmul_is_flat_in_the_rows_until_the_lhs_stream_dominates(tpu):
+    c = tpu[1].components
+    t = [cm.matmul_time(c, 4096 * 1024, "fp8", rows) for rows in (1, 8, 32, 256)]
+    assert t[0] == t[1] == t[2] < t[3]
+    assert cm.matmul_time(c, 2**20, "bf16", 8, dots=0) == pytest.approx(
+        2 * cm.matmul_time(c, 2**20, "fp8", 8, dots=0), rel=0.1)  # bf16 push is 2x the fp8 time
+
+
+def test_missing_component_names_the_parameter():
+    with pytest.raises(Exception, match="components.dma_latency_s"):
+        cm.dma_stream_time({}, 1.0)
+
+
+def test_calibrate_cli_writes_a_loadable_hardware_file(tmp_path, capsys):
+    out = tmp_path / "tpu.toml"
+    assert main(["calibrate", "--microbench", "tpu7x.json", "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {r["id"] for r in report["residuals"]} >= {"ms-copy-sibling-256k", "ms-ar-8x8192-rsag-bf16"}
+    hw = load_hardware(str(out))
+    assert hw.components["link_bandwidth_bytes_per_s"] == pytest.approx(45e9, rel=0.05)
+    assert "fitted by perfmodel calibrate" in hw.sources["components.collective_phase_s"]
+    assert list(tmp_path.iterdir()) == [out]  # no temp file left behind
+
+
+def test_calibrate_cli_bad_file_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main(["calibrate", "--microbench", str(bad)]) == 2
+    assert "entries" in capsys.readouterr().err
+    assert main(["calibrate", "--microbench", str(tmp_path / "none.json")]) == 2
+
+
+def test_gb200_all_reduce_within_10_percent():
+    data = load("gpu.json")
+    hw = calibrated(data, load_hardware("gb200"), "gpu.json")
+    rows = [r for r in residual_table(data, hw) if r["id"].startswith("gb200-")]
+    assert len(rows) == 4 and all(r["within_target"] for r in rows)
+
+
+def test_host_presets_do_not_inherit_the_fitted_skew():
+    from perfmodel.arch import load_model
+    assert load_model("kimi-k3").moe.routing_skew > 0
+    assert all(load_model(m).moe.routing_skew == 0 for m in ("kimi-k3-host-small", "kimi-k3-host-large"))
+
+

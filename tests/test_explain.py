@@ -1,0 +1,39 @@
+"""`perfmodel explain` and the dashboard's Explain view."""
+import json
+
+from streamlit.testing.v1 import AppTest
+
+from perfmodel.cli import main
+
+
+def test_explain_routed_experts_names_mechanisms_and_the_resource(capsys):
+    assert main(["explain", "--ep", "8", "--layer", "4", "--op", "routed_experts", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (op,) = out["ops"]
+    assert op["routed_bytes"] > 0 and op["flops"] > 0
+    mechanisms = {t["mechanism"]: t for t in op["terms"]}
+    assert {"components.matmul_time", "components.dma_stream_time"} <= set(mechanisms)
+    assert set(mechanisms) <= {"components.matmul_time", "components.dma_stream_time", "efficiency.expert_overhead_s"}
+    assert "fitted by perfmodel calibrate" in mechanisms["components.matmul_time"]["source"]
+    assert op["waited_on"].startswith("DMA engine (routed experts")
+
+
+def test_explain_collective_shows_its_algorithm(capsys):
+    assert main(["explain", "--ep", "8", "--layer", "4", "--op", "attn_all_reduce", "--json"]) == 0
+    (term,) = json.loads(capsys.readouterr().out)["ops"][0]["terms"]
+    assert term["mechanism"] == "components.collective_time" and "rs_ag" in term["term"]
+
+
+def test_explain_unknown_op_is_one_line(capsys):
+    assert main(["explain", "--ep", "8", "--layer", "4", "--op", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "routed_experts" in err and len(err.strip().splitlines()) == 1
+
+
+def test_dashboard_explain_view_renders():
+    at = AppTest.from_file("../dashboards/app.py", default_timeout=120)
+    at.run()
+    at.sidebar.radio(key="view").set_value("Explain").run()
+    at.number_input(key="ex_layer").set_value(4).run()
+    assert not at.exception and not at.error
+    assert len(at.dataframe) == 2 and "routed_experts" in set(at.dataframe[0].value["op"])
