@@ -4,10 +4,13 @@ Static weights (every matmul except the routed experts, plus the lm_head) are pa
 order the kernel consumes them, into one array [n_tiles, T, T] of square bf16 tiles; a matmul
 [d_in, d_out] is zero-padded to multiples of T and cut into ceil(d_out/T) column blocks of
 ceil(d_in/T) row tiles each (column block outer), so the kernel accumulates one output block
-over its row tiles. Routed experts are packed per MoE layer as [E, tiles_per_expert, T, T]
-(gate_up tiles then down tiles). The small per-layer vectors (RMSNorm weights, conv taps, decay
-constants, latent norms, router selection bias) are packed as rows of 128 lanes into
-[n_layers + 1, vector_rows, 128] (the last entry holds the final norm).
+over its row tiles. Layers of the same kind have identical tile blocks, so the stream is a stack
+of per-layer blocks: the kernel's layer loop finds a layer's block from its first tile (the
+layer table, `layer_table`) and each matmul at a static offset inside it (`layer_tiles`).
+Routed experts are packed per MoE layer as [E, tiles_per_expert, T, T] (gate_up tiles then down
+tiles). The small per-layer vectors (RMSNorm weights, conv taps, decay constants, latent norms,
+router selection bias) are packed as rows of 128 lanes into [n_layers + 1, vector_rows, 128]
+(the last entry holds the final norm); the router bias sits at the same row in every layer.
 """
 from __future__ import annotations
 
@@ -32,12 +35,13 @@ BF16_SUBLANES = 16  # rows of a packed bf16 (16, 128) tile
 class KernelConfig:
     """batch: real sequences (padded to a multiple of 8 rows in the kernel); max_context: MLA
     cache capacity in tokens; depth: VMEM ring banks for static weights (one tile each);
-    tile: edge T of a square bf16 weight tile (bank bytes = 2*T*T); expert_slots: VMEM slots
-    for routed experts; cache_block: tokens per MLA cache prefetch DMA."""
+    tile: edge T of a square bf16 weight tile (bank bytes = 2*T*T), a multiple of the MXU width
+    (`vmem.check_vmem` checks it against the chip); expert_slots: VMEM slots for routed
+    experts; cache_block: tokens per MLA cache prefetch DMA."""
     batch: int
     max_context: int = 64
     depth: int = 4
-    tile: int = 128
+    tile: int = 256
     expert_slots: int = 2
     cache_block: int = 16
 
@@ -115,6 +119,14 @@ def expert_matmuls(spec: ModelSpec) -> list[Matmul]:
     return [mm for mm in spec.ffn_matmuls("moe") if mm.family == "routed_expert"]
 
 
+def max_row_col_tiles(spec: ModelSpec, cfg: KernelConfig) -> tuple[int, int]:
+    """The most row tiles and column blocks of any matmul the kernel runs (its VMEM scratch
+    for a matmul's input row tiles and output column blocks)."""
+    shapes = [(tm.rows, tm.cols) for tm in static_stream(spec, cfg)]
+    shapes += [tiles_of(mm, cfg.tile) for mm in expert_matmuls(spec)] if spec.moe else []
+    return max(r for r, _ in shapes), max(c for _, c in shapes)
+
+
 def tiles_per_expert(spec: ModelSpec, cfg: KernelConfig) -> int:
     return sum(r * c for r, c in (tiles_of(mm, cfg.tile) for mm in expert_matmuls(spec)))
 
@@ -129,6 +141,41 @@ def _tile_matrix(w: np.ndarray, t: int) -> np.ndarray:
 
 # ----- small vectors ------------------------------------------------------------------------------
 
+# columns of the layer table (int32 [n_layers, 6], in SMEM): attention kind (0 KDA, 1 MLA), FFN
+# kind (0 dense, 1 MoE), ordinal among layers of the same attention kind (cache slot), ordinal
+# among MoE layers, first static tile of the layer, first static tile of its FFN part
+ATT, FFN, ATT_ORD, MOE_ORD, FIRST, FFN_FIRST = range(6)
+ATTENTION_IDS, FFN_IDS = {"kda": 0, "mla": 1}, {"dense": 0, "moe": 1}
+
+
+def layer_tiles(spec: ModelSpec, cfg: KernelConfig, attention: str | None, ffn: str | None
+                ) -> dict[str, tuple[int, int, int]]:
+    """name -> (first tile relative to the attention (or FFN) part, rows, cols) of the matmuls
+    of one attention kind or one FFN kind (give one of the two)."""
+    mms = spec.attention_matmuls(attention) if attention else \
+        [mm for mm in spec.ffn_matmuls(ffn) if mm.family != "routed_expert"]
+    out, first = {}, 0
+    for mm in mms:
+        r, c = tiles_of(mm, cfg.tile)
+        out[mm.name] = (first, r, c)
+        first += r * c
+    return out
+
+
+def layer_table(spec: ModelSpec, cfg: KernelConfig) -> np.ndarray:
+    """The layer loop's per-layer scalars (columns ATT .. FFN_FIRST), int32 [n_layers, 6]."""
+    rows, first = [], 0
+    for layer in spec.layers:
+        att = sum(r * c for _, r, c in layer_tiles(spec, cfg, layer.attention, None).values())
+        ffn = sum(r * c for _, r, c in layer_tiles(spec, cfg, None, layer.ffn).values())
+        rows.append([ATTENTION_IDS[layer.attention], FFN_IDS[layer.ffn],
+                     reference.kind_ordinal(spec, layer),
+                     sum(1 for l in spec.layers[:layer.index - 1] if l.ffn == "moe"),
+                     first, first + att])
+        first += att + ffn
+    return np.asarray(rows, np.int32)
+
+
 def _rows(n: int) -> int:
     return math.ceil(n / LANES)
 
@@ -137,16 +184,32 @@ def _pad16(n: int) -> int:
     return -(-n // BF16_SUBLANES) * BF16_SUBLANES
 
 
+def _attention_rows(spec: ModelSpec, attention: str) -> int:
+    shapes = reference.small_param_shapes(spec, Layer(1, attention, "dense"))
+    return _pad16(sum(_shape_rows(s) for s in shapes.values()))
+
+
+def _shape_rows(shape: tuple) -> int:
+    return shape[0] * _rows(shape[1]) if len(shape) == 2 else _rows(shape[0])
+
+
+def router_row(spec: ModelSpec) -> int:
+    """The row of the router bias in every layer's vector block (after the longest attention
+    block, so that the layer loop reads it at a static row)."""
+    return max(_attention_rows(spec, l.attention) for l in spec.layers)
+
+
 def vector_layout(spec: ModelSpec, layer: Layer | None) -> dict[str, tuple[int, int, tuple]]:
     """name -> (first row, rows, shape) of a layer's small vectors (layer None: final norm).
-    Attention-family vectors come first; the router bias starts on a 16-row boundary."""
+    Attention-family vectors come first (the two RMSNorm weights at rows shared by all kinds);
+    the router bias starts at `router_row`."""
     shapes = {"final_norm": (spec.hidden,)} if layer is None else \
         reference.small_param_shapes(spec, layer)
     out, row = {}, 0
     for name, shape in shapes.items():
         if name == "router_bias":
-            row = _pad16(row)
-        n = shape[0] * _rows(shape[1]) if len(shape) == 2 else _rows(shape[0])
+            row = router_row(spec)
+        n = _shape_rows(shape)
         out[name] = (row, n, shape)
         row += n
     return out

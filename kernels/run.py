@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--depth", type=int, default=6, help="weight ring banks")
     p.add_argument("--slots", type=int, default=2, help="routed expert slots")
-    p.add_argument("--tile", type=int, default=128, help="weight tile edge (bank = 2*T*T bytes)")
+    p.add_argument("--tile", type=int, default=vmem.chip_info().mxu_column_size,
+                   help="weight tile edge (bank = 2*T*T bytes); default the MXU width")
     p.add_argument("--context", type=int, default=64, help="MLA cache capacity (tokens)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace-dir", help="write a jax.profiler trace of the steps here")

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
 from perfmodel.arch import ModelSpec
-from perfmodel.errors import SpecError
+from perfmodel.errors import SpecError, require
 
 from . import layout, reference
 from .layout import KernelConfig
@@ -97,10 +97,14 @@ def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buf
 def check_vmem(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo | None = None,
                capacity_bytes: int | None = None) -> Budget:
     """The budget, or SpecError naming the largest buffers and the excess when it does not fit
-    in `capacity_bytes` (default: the chip's VMEM per core)."""
+    in `capacity_bytes` (default: the chip's VMEM per core); the tile must be a multiple of the
+    chip's MXU width."""
     layout.check_kernel_spec(spec, cfg)
     info = info or chip_info()
     cap = info.vmem_capacity_bytes if capacity_bytes is None else capacity_bytes
+    require(cfg.tile % info.mxu_column_size == 0, "tile", cfg.tile,
+            f"must be a multiple of the MXU width of TPU {info.chip_version} "
+            f"({info.mxu_column_size}, jax tpu_info)")
     attached = "attached" if pltpu.is_tpu_device() else "no TPU attached, jax tpu_info figures"
     budget = Budget(tuple(buffers(spec, cfg, info)), cap,
                     f"TPU {info.chip_version} ({attached}, per TensorCore)")
