@@ -44,6 +44,7 @@ class KernelConfig:
     tile: int = 256
     expert_slots: int = 2
     cache_block: int = 16
+    hierarchical: bool = False  # all-reduce with the sibling TensorCore first (kernels.comm)
 
     def __post_init__(self):
         for name in ("batch", "max_context", "depth", "tile", "expert_slots", "cache_block"):
@@ -99,8 +100,14 @@ def static_matmuls(spec: ModelSpec, layer: Layer) -> list[Matmul]:
     return [mm for mm in spec.layer_matmuls(layer) if mm.family != "routed_expert"]
 
 
+def tp_of(spec: ModelSpec) -> int:
+    """Devices the spec's shapes are split over (a `shard.DeviceSpec`), else 1."""
+    return getattr(spec, "tp", 1)
+
+
 def lm_head_matmul(spec: ModelSpec) -> Matmul:
-    return Matmul("lm_head", "lm_head", spec.hidden, spec.vocab)
+    """The lm_head (a vocabulary shard on each of tp devices)."""
+    return Matmul("lm_head", "lm_head", spec.hidden, spec.vocab // tp_of(spec))
 
 
 def static_stream(spec: ModelSpec, cfg: KernelConfig) -> list[TiledMatmul]:
@@ -235,9 +242,9 @@ def vector_rows(spec: ModelSpec) -> int:
 @dataclass(frozen=True)
 class Packed:
     """Weights laid out for the megakernel (all arrays in HBM)."""
-    embed: object      # [V, 1, H] bf16 (one row per token id)
+    embed: object      # [V, 1, H/tp] bf16 (one row per token id)
     static: object     # [n_tiles, T, T] bf16
-    experts: object    # [n_moe_layers, E, tiles_per_expert, T, T] bf16 (one zero tile if no MoE)
+    experts: object    # [n_moe_layers, E/groups, tiles_per_expert, T, T] bf16 (a zero tile if no MoE)
     vectors: object    # [n_layers + 1, vector_rows, 128] bf16
 
 
@@ -257,7 +264,7 @@ def pack_weights(weights: reference.Weights, cfg: KernelConfig) -> Packed:
         if layer.ffn == "moe":
             per_e = [np.concatenate([_tile_matrix(np_(lw[mm.name][e]), t)
                                      for mm in expert_matmuls(spec)])
-                     for e in range(spec.moe.experts)]
+                     for e in range(lw[expert_matmuls(spec)[0].name].shape[0])]
             experts.append(np.stack(per_e))
     tpe = tiles_per_expert(spec, cfg) if spec.moe else 1
     experts = np.stack(experts) if experts else np.zeros((1, 1, tpe, t, t), jnp.bfloat16)
@@ -270,8 +277,7 @@ def pack_weights(weights: reference.Weights, cfg: KernelConfig) -> Packed:
             block = np.zeros((v.shape[0], _rows(shape[-1]) * LANES), vec.dtype)
             block[:, :shape[-1]] = v
             vec[i, r:r + n] = block.reshape(n, LANES)
-    v, h = spec.vocab, spec.hidden
-    return Packed(embed=jnp.asarray(weights["embed"]).reshape(v, 1, h),
+    return Packed(embed=jnp.asarray(weights["embed"]).reshape(spec.vocab, 1, -1),
                   static=jnp.asarray(np.concatenate(tiles)), experts=jnp.asarray(experts),
                   vectors=jnp.asarray(vec))
 

@@ -28,7 +28,8 @@ from jax.experimental.pallas import tpu as pltpu
 from perfmodel.arch import Layer, ModelSpec
 from perfmodel.errors import require
 
-from . import layout, reference as ref, vmem
+from . import comm, layout, reference as ref, shard, vmem
+from .comm import Comm
 from .layout import KernelConfig, Packed
 
 F32, BF16 = jnp.float32, jnp.bfloat16
@@ -159,7 +160,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
     n_moe, n_layers = spec.count(ffn="moe"), len(spec.layers)
     refs = list(refs)
     take = lambda k: [refs.pop(0) for _ in range(k)]
-    tok_ref, pos_ref, table, emb_hbm, static_hbm, exp_hbm, vec_hbm = take(7)
+    tok_ref, pos_ref, table, me_ref, emb_hbm, static_hbm, exp_hbm, vec_hbm = take(8)
     take(2 * bool(n_kda) + bool(n_mla))  # cache inputs: aliased to the cache outputs below
     next_ref, logits_ref = take(2)
     kda_state, kda_conv = take(2) if n_kda else (None, None)
@@ -172,6 +173,9 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         cache_buf, newrow, kvb_buf = take(3)
     if n_moe:
         mask_v, mask_s, ids_s = take(3)
+    tp = layout.tp_of(spec)
+    comm = Comm(tp, me_ref, *take(4), hierarchical=cfg.hierarchical) if tp > 1 else \
+        Comm(1, me_ref, None, None, None, None)
     assert not refs
 
     b_real, bp, t = cfg.batch, cfg.padded_batch, cfg.tile
@@ -194,7 +198,10 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
 
         def matmul(name, x):
             off, r, c = offs[name]
-            return ring.matmul(name, g_first + off, x, r, c, d_out[name])
+            y = ring.matmul(name, g_first + off, x, r, c, d_out[name])
+            if name in shard.GATHERED:
+                return comm.all_gather(y)
+            return comm.all_reduce(y) if name in ("o_proj", "down") else y
         matmul.offsets, matmul.first = offs, g_first
         return matmul
 
@@ -240,16 +247,18 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         ring.start()
         if n_kda:
             kda_flag[0] = 0
+        if tp > 1:
+            comm.counter[0] = 0
         dma.note("vectors", layer=0)
         for_vector_copies(0, lambda cp: cp.start())
         emb = [pltpu.make_async_copy(emb_hbm.at[tok_ref[b]], xrows.at[b], misc_sem.at[0])
                for b in range(b_real)]
         for cp in emb:
-            dma.note("copy", 0, "embedding", "embedding row", h_dim * 2)
+            dma.note("copy", 0, "embedding", "embedding row", h_dim // tp * 2)
             cp.start()
         for cp in emb:
             cp.wait()
-        x = jnp.where(real, xrows[:, 0, :].astype(F32), 0.0)
+        x = comm.all_gather(jnp.where(real, xrows[:, 0, :].astype(F32), 0.0))
 
     # ----- attention kinds -----
     def kda_writes(o):
@@ -370,7 +379,10 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
                 picked, sel = picked | hit, jnp.where(hit, -jnp.inf, sel)
             comb = jnp.where(picked, scores, 0.0)
             comb = comb / jnp.sum(comb, axis=-1, keepdims=True)
-            used = jnp.max(jnp.where(real & picked, 1, 0), axis=0, keepdims=True)
+            own_first = (me_ref[0] // spec.expert_tp) * spec.local_experts if tp > 1 else 0
+            n_own = spec.local_experts if tp > 1 else e_n
+            own = (lane >= own_first) & (lane < own_first + n_own)
+            used = jnp.max(jnp.where(real & picked & own, 1, 0), axis=0, keepdims=True)
             mask_v[...] = used.astype(jnp.int32)
             cp = pltpu.make_async_copy(mask_v, mask_s, misc_sem.at[3])  # VMEM -> SMEM
             cp.start()
@@ -392,7 +404,8 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
             dn_r, dn_c = layout.tiles_of(dn_mm, t)
 
             def fetch(j):
-                return pltpu.make_async_copy(exp_hbm.at[mo, ids_s[j]], slot_buf.at[j % s_n],
+                return pltpu.make_async_copy(exp_hbm.at[mo, ids_s[j] - own_first],
+                                             slot_buf.at[j % s_n],
                                              slot_sem.at[j % s_n])
 
             dma.note("experts", None, "routed_expert", "expert",
@@ -411,12 +424,13 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
                 w_e = jnp.sum(jnp.where(lane == e, comb, 0.0), axis=1, keepdims=True)
                 return acc + w_e * y
 
+            # this device's experts' partial sum; summed over devices below
             routed = lax.fori_loop(0, n_used, apply, jnp.zeros((bp, d_lat), F32))
-            out = matmul("latent_up", routed) if me.latent_dim else routed
+            out = matmul("latent_up", comm.reduce_scatter(routed)) if me.latent_dim else routed
         if me.shared_width:
             with jax.named_scope("shared"):
                 out = out + matmul("shared_down", ref.swiglu(matmul("shared_gate_up", h)))
-        return out
+        return comm.all_reduce(out)
 
     # ----- the layer loop (one trace of each kind, whatever the layer count) -----
     dma.scope = "loop"
@@ -445,10 +459,18 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
                                      layout.vector_layout(spec, None)["final_norm"])
         h = ref.rms_norm(x, final)
         lm = stream[-1]
-        logits = ring.matmul("lm_head", lm.first, h, lm.rows, lm.cols, spec.vocab)
+        logits = ring.matmul("lm_head", lm.first, h, lm.rows, lm.cols, lm.mm.d_out)
         logits_ref[...] = logits
         lane = lax.broadcasted_iota(jnp.int32, logits.shape, 1)
-        next_ref[...] = jnp.broadcast_to(_argmax_first(logits, lane), next_ref.shape)
+        best = _argmax_first(logits, lane)
+        if tp > 1:  # (max, global index) of every vocabulary shard; the first maximum wins
+            mx = jnp.max(logits, axis=-1, keepdims=True)
+            idx = (best + me_ref[0] * lm.mm.d_out).astype(F32)
+            mxs, idxs = comm.all_gather(mx), comm.all_gather(idx)
+            best = _argmax_first(mxs, lax.broadcasted_iota(jnp.int32, mxs.shape, 1))
+            pick = lax.broadcasted_iota(jnp.int32, mxs.shape, 1) == best
+            best = jnp.sum(jnp.where(pick, idxs, 0.0), axis=1, keepdims=True).astype(jnp.int32)
+        next_ref[...] = jnp.broadcast_to(best, next_ref.shape)
         if n_kda:
             @pl.when(kda_flag[0] == 1)
             def _():
@@ -466,8 +488,9 @@ def _shapes(spec: ModelSpec, cfg: KernelConfig):
     bp, t, e = cfg.padded_batch, cfg.tile, spec.moe.experts if spec.moe else 1
     caches = ref.cache_shapes(spec, cfg.batch, cfg.max_context)
     n_moe = spec.count(ffn="moe")
+    tp = layout.tp_of(spec)
     out = [jax.ShapeDtypeStruct((bp, layout.LANES), jnp.int32),
-           jax.ShapeDtypeStruct((bp, spec.vocab), F32)]
+           jax.ShapeDtypeStruct((bp, spec.vocab // tp), F32)]
     out += [jax.ShapeDtypeStruct(s, d) for s, d in caches.values()]
     out.append(jax.ShapeDtypeStruct((max(n_moe, 1),), jnp.int32))
     tpe = layout.tiles_per_expert(spec, cfg) if spec.moe else 1
@@ -477,7 +500,7 @@ def _shapes(spec: ModelSpec, cfg: KernelConfig):
                pltpu.SemaphoreType.DMA((cfg.expert_slots,)),
                pltpu.VMEM((2, layout.vector_rows(spec), layout.LANES), BF16),
                pltpu.SemaphoreType.DMA((2,)),
-               pltpu.VMEM((bp, 1, spec.hidden), BF16), pltpu.SemaphoreType.DMA((4,)),
+               pltpu.VMEM((bp, 1, spec.hidden // tp), BF16), pltpu.SemaphoreType.DMA((4,)),
                pltpu.VMEM((rmax, bp, t), F32), pltpu.VMEM((cmax, bp, t), F32)]
     if "kda_state" in caches:
         scratch += [pltpu.VMEM((bp,) + caches["kda_state"][0][2:], F32),
@@ -491,7 +514,21 @@ def _shapes(spec: ModelSpec, cfg: KernelConfig):
     if n_moe:
         scratch += [pltpu.VMEM((1, e), jnp.int32), pltpu.SMEM((1, e), jnp.int32),
                     pltpu.SMEM((e,), jnp.int32)]
+    if tp > 1:
+        send, recv = comm.buffer_widths(*collective_widths(spec), tp, cfg.hierarchical)
+        scratch += [pltpu.VMEM((bp, send), F32), pltpu.VMEM((2, tp, bp, recv), F32),
+                    pltpu.SemaphoreType.DMA((2, 2)), pltpu.SMEM((1,), jnp.int32)]
     return out, scratch
+
+
+def collective_widths(spec: ModelSpec) -> tuple[list[int], list[int]]:
+    """(widths all-gathered, widths all-reduced or reduce-scattered) by the kernel."""
+    tp = layout.tp_of(spec)
+    gathered = [spec.hidden // tp, 1]
+    gathered += [mm.d_out for l in spec.layers for mm in spec.layer_matmuls(l)
+                 if mm.name in shard.GATHERED]
+    reduced = [spec.hidden] + ([spec.moe.latent_dim] if spec.moe and spec.moe.latent_dim else [])
+    return gathered, reduced
 
 
 def build_call(spec: ModelSpec, cfg: KernelConfig, interpret=None, record: list | None = None,
@@ -506,10 +543,10 @@ def build_call(spec: ModelSpec, cfg: KernelConfig, interpret=None, record: list 
     return pl.pallas_call(
         functools.partial(_kernel, spec, cfg, record),
         out_shape=tuple(out_shapes),
-        in_specs=[smem, smem, smem] + [anyspace] * (4 + n_cache),
+        in_specs=[smem, smem, smem, smem] + [anyspace] * (4 + n_cache),
         out_specs=tuple([vmem_block, vmem_block] + [anyspace] * n_cache + [smem]),
         scratch_shapes=scratch,
-        input_output_aliases={7 + k: 2 + k for k in range(n_cache)},
+        input_output_aliases={8 + k: 2 + k for k in range(n_cache)},
         compiler_params=None if interpret else pltpu.CompilerParams(
             vmem_limit_bytes=vmem_limit_bytes),
         interpret=interpret)
@@ -518,12 +555,12 @@ def build_call(spec: ModelSpec, cfg: KernelConfig, interpret=None, record: list 
 def call_args(spec: ModelSpec, cfg: KernelConfig) -> list[jax.ShapeDtypeStruct]:
     """The pallas_call's arguments as abstract values (for tracing and lowering)."""
     t, bp, n_moe = cfg.tile, cfg.padded_batch, spec.count(ffn="moe")
-    e = spec.moe.experts if spec.moe else 1
+    e = (spec.local_experts if layout.tp_of(spec) > 1 else spec.moe.experts) if spec.moe else 1
     tpe = layout.tiles_per_expert(spec, cfg) if spec.moe else 1
     sds = jax.ShapeDtypeStruct
     args = [sds((bp,), jnp.int32), sds((bp,), jnp.int32),
-            sds(layout.layer_table(spec, cfg).shape, jnp.int32),
-            sds((spec.vocab, 1, spec.hidden), BF16),
+            sds(layout.layer_table(spec, cfg).shape, jnp.int32), sds((1,), jnp.int32),
+            sds((spec.vocab, 1, spec.hidden // layout.tp_of(spec)), BF16),
             sds((sum(tm.tiles for tm in layout.static_stream(spec, cfg)), t, t), BF16),
             sds((n_moe, e, tpe, t, t) if n_moe else (1, 1, tpe, t, t), BF16),
             sds((len(spec.layers) + 1, layout.vector_rows(spec), layout.LANES), BF16)]
@@ -556,7 +593,8 @@ def _step(packed, cache, tokens, positions, *, static, cfg, interpret, vmem_limi
     positions = jnp.pad(positions.astype(jnp.int32), (0, pad))
     names = list(ref.cache_shapes(spec, cfg.batch, cfg.max_context))
     outs = build_call(spec, cfg, interpret, vmem_limit_bytes=vmem_limit_bytes)(
-        tokens, positions, jnp.asarray(layout.layer_table(spec, cfg)), packed.embed, packed.static, packed.experts, packed.vectors,
+        tokens, positions, jnp.asarray(layout.layer_table(spec, cfg)), jnp.zeros(1, jnp.int32),
+        packed.embed, packed.static, packed.experts, packed.vectors,
         *[cache[k] for k in names])
     nxt, logits, *caches, ndist = outs
     return (nxt[:cfg.batch, 0], logits[:cfg.batch], dict(zip(names, caches)),

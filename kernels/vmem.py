@@ -72,10 +72,10 @@ def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buf
                                else 1, t, t), jnp.bfloat16),
              ("layer vectors (double buffer)", (2, layout.vector_rows(spec), layout.LANES),
               jnp.bfloat16),
-             ("embedding rows", (bp, 1, h), jnp.bfloat16),
+             ("embedding rows", (bp, 1, h // layout.tp_of(spec)), jnp.bfloat16),
              ("next tokens (output)", (bp, layout.LANES), jnp.int32),
-             ("logits (output)", (bp, spec.vocab), jnp.float32),
-             ("logits (value)", (bp, spec.vocab), jnp.float32),
+             ("logits (output)", (bp, layout.lm_head_matmul(spec).d_out), jnp.float32),
+             ("logits (value)", (bp, layout.lm_head_matmul(spec).d_out), jnp.float32),
              ("residual + normed input (values)", (2, bp, h), jnp.float32)]
     if "kda_state" in caches:
         items += [("kda state", (bp,) + caches["kda_state"][0][2:], jnp.float32),

@@ -181,3 +181,21 @@ def test_vectors_round_trip(spec):
             np.testing.assert_array_equal(got, want, err_msg=f"{i} {name}")
     assert packed.static.shape[0] == sum(tm.tiles for tm in layout.static_stream(spec, cfg_()))
     assert packed.experts.shape == (3, 16, 2, 256, 256)
+
+
+@pytest.mark.slow
+def test_full_scale_plan_matches_the_analytic_model():
+    """Kimi K3 (routed experts in bf16, the kernel's format) on 32 devices, TP32: one device's
+    plan bytes = the op graph's per-device static + routed + kv bytes + the plan's overhead."""
+    from kernels import shard
+    from perfmodel.arch import derive
+    full = derive("kimi-k3", formats={"routed_expert": "bf16"})
+    dspec = shard.device_spec(full, 32)
+    cfg, ctx = cfg_(max_context=256, depth=16, cache_block=64), 192
+    g = ops.build(full, Deployment(devices=32, tp=32, batch=cfg.batch, context=ctx))
+    distinct = [round(g.distinct_experts)] * full.count(ffn="moe")
+    p = plan.dma_plan(dspec, cfg, distinct, [ctx] * cfg.batch)
+    model = sum(g.static_bytes) + sum(g.kv_bytes) + distinct[0] * full.count(ffn="moe") * \
+        sum(2 * mm.params // mm.experts for mm in layout.expert_matmuls(dspec))
+    over = plan.overhead_bytes(dspec, cfg, distinct)
+    assert sum(c.bytes for c in p) == model + over["tile_padding"] + over["vectors"]
