@@ -91,6 +91,12 @@ def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buf
                    jnp.bfloat16)]
     if spec.moe:
         items.append(("used-expert mask", (1, spec.moe.experts), jnp.int32))
+    tp = layout.tp_of(spec)
+    if tp > 1:
+        from . import comm, megakernel
+        send, recv = comm.buffer_widths(*megakernel.collective_widths(spec), tp, cfg.hierarchical)
+        items += [("collective send buffer", (bp, send), jnp.float32),
+                  ("collective receive buffers", (2, tp, bp, recv), jnp.float32)]
     return [Buffer(n, tuple(s), jnp.dtype(d).name, padded_bytes(s, d, info)) for n, s, d in items]
 
 
