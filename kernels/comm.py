@@ -3,10 +3,13 @@ remote DMAs (`pltpu.make_async_remote_copy`) and DMA semaphores.
 
 Every device runs the same sequence of collectives. A collective with n members sends one piece
 to each other member (a remote copy into slot `my position` of the peer's receive buffer),
-then waits for its sends and for the n - 1 pieces it receives. Receive buffers are double
-buffered by the collective's parity (an SMEM counter): a device can reuse a parity's buffer
-only two collectives later, and its peers have then consumed that buffer, since they send the
-intermediate collective's pieces only after reading theirs.
+then waits for its sends and for the n - 1 pieces it receives. Each kind of group (the whole
+axis or the same-core plane; the sibling pair) has its own receive buffers, double buffered by
+the parity of that kind's exchange count (an SMEM counter): a device reuses a parity's buffer
+only two exchanges of the same group later, and the group's members have then consumed it,
+since they send the intermediate exchange's pieces only after reading theirs. (One buffer set
+for all groups would race: a sibling's write can overtake the reads of a plane exchange, which
+the sibling takes no part in.)
 
 - all_gather(x [bp, w]) -> [bp, n*w] in member order (one piece per peer, each padded to 128
   lanes);
@@ -46,8 +49,8 @@ def buffer_widths(gathered: list[int], reduced: list[int], tp: int, hierarchical
 
 class Comm:
     """Collectives of one kernel invocation: me_ref (SMEM [1]) holds this device's index on the
-    mesh axis; send [bp, S] and recv [2, tp, bp, R] f32 VMEM; DMA semaphores sems [2, 2]
-    (send, receive per parity); counter SMEM [1]."""
+    mesh axis; send [bp, S] and recv [4, tp, bp, R] f32 VMEM (2 group kinds x 2 parities); DMA
+    semaphores sems [2, 4] (send, receive); counter SMEM [2] (exchanges per group kind)."""
 
     def __init__(self, tp, me_ref, send, recv, sems, counter, hierarchical=False):
         self.tp, self.me_ref, self.send, self.recv = tp, me_ref, send, recv
@@ -56,8 +59,8 @@ class Comm:
     def _exchange(self, pieces, group):
         """Send pieces[k] (equal-width [bp, w] values) to member k of the group; returns the n
         pieces meant for me, in member order (my own passed through)."""
-        n, pos, member = group
-        par = self.counter[0] % 2
+        n, pos, member, kind = group
+        par = 2 * kind + self.counter[kind] % 2
         w = pieces[0].shape[1]
         wp = _lanes(w)
         for k, p in enumerate(pieces):
@@ -77,21 +80,21 @@ class Comm:
                 copy(k, k).wait_recv()  # member k's piece for me lands in my slot k
         own = sum(jnp.where(k == pos, p, 0.0) for k, p in enumerate(pieces))
         got = [jnp.where(k == pos, own, self.recv[par, k, :, :w]) for k in range(n)]
-        self.counter[0] += 1
+        self.counter[kind] += 1
         return got
 
     def _axis(self):
         me = self.me_ref[0]
-        return self.tp, me, lambda k: k
+        return self.tp, me, lambda k: k, 0
 
     def _plane(self):
         """The devices with my core index (one per chip), as a group."""
         me = self.me_ref[0]
-        return self.tp // 2, me // 2, lambda k: 2 * k + me % 2
+        return self.tp // 2, me // 2, lambda k: 2 * k + me % 2, 0
 
     def _sibling(self):
         me = self.me_ref[0]
-        return 2, me % 2, lambda k: 2 * (me // 2) + k
+        return 2, me % 2, lambda k: 2 * (me // 2) + k, 1
 
     def all_gather(self, x, group=None):
         if self.tp == 1:

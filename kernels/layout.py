@@ -37,14 +37,15 @@ class KernelConfig:
     cache capacity in tokens; depth: VMEM ring banks for static weights (one tile each);
     tile: edge T of a square bf16 weight tile (bank bytes = 2*T*T), a multiple of the MXU width
     (`vmem.check_vmem` checks it against the chip); expert_slots: VMEM slots for routed
-    experts; cache_block: tokens per MLA cache prefetch DMA."""
+    experts; cache_block: tokens per MLA cache tile (one DMA; 3 tile buffers in VMEM);
+    hierarchical: all-reduce with the sibling TensorCore first (`kernels.comm`)."""
     batch: int
-    max_context: int = 64
+    max_context: int = 256
     depth: int = 4
     tile: int = 256
     expert_slots: int = 2
-    cache_block: int = 16
-    hierarchical: bool = False  # all-reduce with the sibling TensorCore first (kernels.comm)
+    cache_block: int = 256
+    hierarchical: bool = False
 
     def __post_init__(self):
         for name in ("batch", "max_context", "depth", "tile", "expert_slots", "cache_block"):

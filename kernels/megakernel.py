@@ -170,7 +170,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
     if n_kda:
         state_buf, conv_buf, kda_sem, kda_flag = take(4)
     if n_mla:
-        cache_buf, newrow, kvb_buf = take(3)
+        cache_buf, newrow, kvb_buf, kv_sem = take(4)
     if n_moe:
         mask_v, mask_s, ids_s = take(3)
     tp = layout.tp_of(spec)
@@ -248,7 +248,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         if n_kda:
             kda_flag[0] = 0
         if tp > 1:
-            comm.counter[0] = 0
+            comm.counter[0] = comm.counter[1] = 0
         dma.note("vectors", layer=0)
         for_vector_copies(0, lambda cp: cp.start())
         emb = [pltpu.make_async_copy(emb_hbm.at[tok_ref[b]], xrows.at[b], misc_sem.at[0])
@@ -306,51 +306,68 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         v = vectors_of(lax.rem(i, 2), attention="mla")
         matmul = matmuls_of(i, attention="mla")
 
-        def block_copy(b, k):
+        def tile_copy(b, k):  # token tile k of sequence b into buffer k mod 3
             return pltpu.make_async_copy(mla_cache.at[o, b, pl.ds(k * cb, cb)],
-                                         cache_buf.at[b, pl.ds(k * cb, cb)], misc_sem.at[1])
+                                         cache_buf.at[k % 3], kv_sem.at[k % 3])
 
-        def for_blocks(fn):  # blocks holding positions < pos, for each real sequence
-            for b in range(b_real):
-                def body(k, carry, b=b):
-                    fn(block_copy(b, k))
-                    return carry
-                lax.fori_loop(0, (pos_ref[b] + cb - 1) // cb, body, 0)
+        def n_tiles(b):  # tiles holding positions < pos
+            return (pos_ref[b] + cb - 1) // cb
+
+        def start_first(b):
+            for k in range(2):
+                pl.when(k < n_tiles(b))(lambda k=k: tile_copy(b, k).start())
 
         row_bytes = (r + m.qk_rope_dim) * mla_cache.dtype.itemsize
         dma.note("cache_blocks", None, "kv_cache", "latent cache block", cb * row_bytes)
-        for_blocks(lambda cp: cp.start())
+        if b_real:
+            start_first(0)  # overlaps the projections
         q_nope, q_rope, c_new = ref.mla_project(spec, matmul, v, h)
         off, kr, kc = matmul.offsets["kv_b"]
         kv_b = ring.matrix("kv_b", matmul.first + off, kr, kc, r,
                            m.heads * (m.qk_nope_dim + m.v_head_dim), kvb_buf)
+        # absorbed form, flash-style: the new token first, then the cached tiles of each
+        # sequence with an online softmax (3 buffers: tiles k+1, k+2 in flight while k is used)
+        w_uk, w_uv = ref.split_kv_b(spec, kv_b)
+        c_new = c_new.astype(BF16).astype(F32)
+        q_lat = jnp.einsum("bhn,rhn->bhr", q_nope, w_uk)
+        scale = (m.qk_nope_dim + m.qk_rope_dim) ** -0.5
+        s_n = (jnp.einsum("bhr,br->bh", q_lat, c_new[:, :r])
+               + jnp.einsum("bhp,bp->bh", q_rope, c_new[:, r:]))[..., None] * scale
+        nt = (((1,), (1,)), ((), ()))  # contract the last dims: a @ b.T
+        ctxs = []
+        for b in range(bp):
+            acc0 = jnp.broadcast_to(c_new[b:b + 1, :r], (m.heads, r))
+            if b >= b_real:
+                ctxs.append(acc0)
+                continue
+            if b:
+                start_first(b)
+
+            def body(k, carry, b=b):
+                mx, den, acc = carry
+                tile_copy(b, k).wait()
+                pl.when(k + 2 < n_tiles(b))(lambda: tile_copy(b, k + 2).start())
+                c = cache_buf[k % 3].astype(F32)
+                s = (lax.dot_general(q_lat[b], c[:, :r], nt)
+                     + lax.dot_general(q_rope[b], c[:, r:], nt)) * scale
+                t_pos = k * cb + lax.broadcasted_iota(jnp.int32, s.shape, 1)
+                s = jnp.where(t_pos < pos_ref[b], s, -jnp.inf)
+                new_mx = jnp.maximum(mx, jnp.max(s, axis=-1, keepdims=True))
+                alpha, p = jnp.exp(mx - new_mx), jnp.exp(s - new_mx)
+                return (new_mx, den * alpha + jnp.sum(p, axis=-1, keepdims=True),
+                        acc * alpha + jnp.dot(p, c[:, :r]))
+            mx, den, acc = lax.fori_loop(0, n_tiles(b), body,
+                                         (s_n[b], jnp.ones((m.heads, 1), F32), acc0))
+            ctxs.append(acc / den)
+        ctx = jnp.stack(ctxs)
         dma.note("wait", name="latent cache block")
-        for_blocks(lambda cp: cp.wait())
-        # the new row is written only now: no write overlaps a block read of the same range
+        # the new row is written only now: no write overlaps a tile read of the same range
         newrow[:, 0, :] = c_new.astype(BF16)
         writes = [pltpu.make_async_copy(newrow.at[b], mla_cache.at[o, b, pl.ds(pos_ref[b], 1)],
                                         misc_sem.at[2]) for b in range(b_real)]
         for cp in writes:
             dma.note("copy", None, "kv_cache", "latent cache row (write)", row_bytes)
             cp.start()
-        tpos = lax.broadcasted_iota(jnp.int32, (bp, cfg.max_context), 1)
-        pos = jnp.concatenate([jnp.full((1, 1), pos_ref[b], jnp.int32) for b in range(bp)])
-        valid = tpos < pos
-        cache = jnp.where(valid[:, :, None], cache_buf[...].astype(F32), 0.0)
-        # absorbed form over the cached positions < pos plus the new token (kept in VMEM)
-        w_uk, w_uv = ref.split_kv_b(spec, kv_b)
-        c_new = c_new.astype(BF16).astype(F32)
-        q_lat = jnp.einsum("bhn,rhn->bhr", q_nope, w_uk)
-        scale = (m.qk_nope_dim + m.qk_rope_dim) ** -0.5
-        s_c = (jnp.einsum("bhr,btr->bht", q_lat, cache[..., :r])
-               + jnp.einsum("bhp,btp->bht", q_rope, cache[..., r:])) * scale
-        s_c = jnp.where(valid[:, None, :], s_c, -jnp.inf)
-        s_n = (jnp.einsum("bhr,br->bh", q_lat, c_new[:, :r])
-               + jnp.einsum("bhp,bp->bh", q_rope, c_new[:, r:]))[..., None] * scale
-        mx = jnp.maximum(jnp.max(s_c, axis=-1, keepdims=True), s_n)
-        p_c, p_n = jnp.exp(s_c - mx), jnp.exp(s_n - mx)
-        den = jnp.sum(p_c, axis=-1, keepdims=True) + p_n
-        ctx = (jnp.einsum("bht,btr->bhr", p_c, cache[..., :r]) + p_n * c_new[:, None, :r]) / den
         out = ref.mla_output(spec, matmul, jnp.einsum("bhr,rhv->bhv", ctx, w_uv), h)
         dma.note("wait", name="latent cache row (write)")
         for cp in writes:
@@ -509,15 +526,16 @@ def _shapes(spec: ModelSpec, cfg: KernelConfig):
     if "mla_latent" in caches:
         d = caches["mla_latent"][0][-1]
         kv_b = next(mm for mm in spec.attention_matmuls("mla") if mm.name == "kv_b")
-        scratch += [pltpu.VMEM((bp, cfg.max_context, d), BF16), pltpu.VMEM((bp, 1, d), BF16),
-                    pltpu.VMEM((math.prod(layout.tiles_of(kv_b, t)), t, t), BF16)]
+        scratch += [pltpu.VMEM((3, cfg.cache_block, d), BF16), pltpu.VMEM((bp, 1, d), BF16),
+                    pltpu.VMEM((math.prod(layout.tiles_of(kv_b, t)), t, t), BF16),
+                    pltpu.SemaphoreType.DMA((3,))]
     if n_moe:
         scratch += [pltpu.VMEM((1, e), jnp.int32), pltpu.SMEM((1, e), jnp.int32),
                     pltpu.SMEM((e,), jnp.int32)]
     if tp > 1:
         send, recv = comm.buffer_widths(*collective_widths(spec), tp, cfg.hierarchical)
-        scratch += [pltpu.VMEM((bp, send), F32), pltpu.VMEM((2, tp, bp, recv), F32),
-                    pltpu.SemaphoreType.DMA((2, 2)), pltpu.SMEM((1,), jnp.int32)]
+        scratch += [pltpu.VMEM((bp, send), F32), pltpu.VMEM((4, tp, bp, recv), F32),
+                    pltpu.SemaphoreType.DMA((2, 4)), pltpu.SMEM((2,), jnp.int32)]
     return out, scratch
 
 

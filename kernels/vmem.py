@@ -84,8 +84,8 @@ def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buf
     if "mla_latent" in caches:
         m = spec.mla
         d = caches["mla_latent"][0][-1]
-        items += [("mla cache blocks", (bp, cfg.max_context, d), jnp.bfloat16),
-                  ("mla cache (f32 value)", (bp, cfg.max_context, d), jnp.float32),
+        items += [("mla cache tiles (3 buffers)", (3, cfg.cache_block, d), jnp.bfloat16),
+                  ("mla cache tile (f32 value)", (cfg.cache_block, d), jnp.float32),
                   ("mla new latent row", (bp, 1, d), jnp.bfloat16),
                   ("mla kv_b (value)", (m.kv_lora_rank, m.heads * (m.qk_nope_dim + m.v_head_dim)),
                    jnp.bfloat16)]
@@ -96,7 +96,7 @@ def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buf
         from . import comm, megakernel
         send, recv = comm.buffer_widths(*megakernel.collective_widths(spec), tp, cfg.hierarchical)
         items += [("collective send buffer", (bp, send), jnp.float32),
-                  ("collective receive buffers", (2, tp, bp, recv), jnp.float32)]
+                  ("collective receive buffers", (4, tp, bp, recv), jnp.float32)]
     return [Buffer(n, tuple(s), jnp.dtype(d).name, padded_bytes(s, d, info)) for n, s, d in items]
 
 

@@ -199,3 +199,16 @@ def test_full_scale_plan_matches_the_analytic_model():
         sum(2 * mm.params // mm.experts for mm in layout.expert_matmuls(dspec))
     over = plan.overhead_bytes(dspec, cfg, distinct)
     assert sum(c.bytes for c in p) == model + over["tile_padding"] + over["vectors"]
+
+
+def test_cache_row_written_after_its_tile_reads_completed(spec):
+    """In program order, an MLA layer's new cache rows are issued only after the kernel waited
+    for every cache tile read of that layer (a write into a range still being read would race)."""
+    events = plan.dma_events(spec, cfg_(), positions=[17, 33, 0, 63])
+    for layer in (l.index for l in spec.layers if l.attention == "mla"):
+        ev = [(i, kind, name) for i, (kind, lyr, name) in enumerate(events) if lyr == layer]
+        reads = [i for i, k, n in ev if k == "start" and n.startswith("latent cache block")]
+        waited = [i for i, k, n in ev if k == "wait" and n == "latent cache block"]
+        writes = [i for i, k, n in ev if k == "start" and n == "latent cache row (write)"]
+        assert reads and waited and len(writes) == 4
+        assert max(reads) < waited[0] < min(writes)

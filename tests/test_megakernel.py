@@ -132,7 +132,7 @@ def test_plan_matches_kernel_counts(spec, weights):
 
 
 def test_vmem_budget_refuses_oversized_ring(spec):
-    cfg = layout.KernelConfig(batch=8, max_context=CONTEXT, depth=4096)
+    cfg = layout.KernelConfig(batch=8, max_context=CONTEXT, depth=4096, cache_block=8)
     with pytest.raises(SpecError) as e:
         vmem.check_vmem(spec, cfg)
     msg = str(e.value)
@@ -142,7 +142,7 @@ def test_vmem_budget_refuses_oversized_ring(spec):
 
 
 def test_vmem_budget_refuses_undersized_chip_and_config(spec):
-    cfg = layout.KernelConfig(batch=1, max_context=CONTEXT, depth=2)
+    cfg = layout.KernelConfig(batch=1, max_context=CONTEXT, depth=2, cache_block=8)
     fits = vmem.check_vmem(spec, cfg)
     assert fits.total_bytes < fits.capacity_bytes
     with pytest.raises(SpecError, match="too many"):
@@ -161,7 +161,7 @@ def test_padded_bytes_follow_tpu_tiling():
 
 
 def test_bad_inputs_raise_spec_error(spec, weights):
-    cfg = layout.KernelConfig(batch=2, max_context=CONTEXT)
+    cfg = layout.KernelConfig(batch=2, max_context=CONTEXT, cache_block=8)
     packed = layout.pack_weights(weights, cfg)
     cache = reference.init_cache(spec, 2, CONTEXT)
     with pytest.raises(SpecError, match="tokens.shape"):
