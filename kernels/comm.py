@@ -4,12 +4,12 @@ remote DMAs (`pltpu.make_async_remote_copy`) and DMA semaphores.
 Every device runs the same sequence of collectives. A collective with n members sends one piece
 to each other member (a remote copy into slot `my position` of the peer's receive buffer),
 then waits for its sends and for the n - 1 pieces it receives. Each kind of group (the whole
-axis or the same-core plane; the sibling pair) has its own receive buffers, double buffered by
+axis, the same-core plane, the sibling pair) has its own receive buffers, double buffered by
 the parity of that kind's exchange count (an SMEM counter): a device reuses a parity's buffer
 only two exchanges of the same group later, and the group's members have then consumed it,
-since they send the intermediate exchange's pieces only after reading theirs. (One buffer set
-for all groups would race: a sibling's write can overtake the reads of a plane exchange, which
-the sibling takes no part in.)
+since they send the intermediate exchange's pieces only after reading theirs. (Buffers shared
+by two kinds of group race, as the race detector showed: a member of one group can overtake
+the reads of an exchange of another group it takes no part in.)
 
 - all_gather(x [bp, w]) -> [bp, n*w] in member order (one piece per peer, each padded to 128
   lanes);
@@ -49,8 +49,8 @@ def buffer_widths(gathered: list[int], reduced: list[int], tp: int, hierarchical
 
 class Comm:
     """Collectives of one kernel invocation: me_ref (SMEM [1]) holds this device's index on the
-    mesh axis; send [bp, S] and recv [4, tp, bp, R] f32 VMEM (2 group kinds x 2 parities); DMA
-    semaphores sems [2, 4] (send, receive); counter SMEM [2] (exchanges per group kind)."""
+    mesh axis; send [bp, S] and recv [6, tp, bp, R] f32 VMEM (3 group kinds x 2 parities); DMA
+    semaphores sems [2, 6] (send, receive); counter SMEM [3] (exchanges per group kind)."""
 
     def __init__(self, tp, me_ref, send, recv, sems, counter, hierarchical=False):
         self.tp, self.me_ref, self.send, self.recv = tp, me_ref, send, recv
@@ -90,11 +90,11 @@ class Comm:
     def _plane(self):
         """The devices with my core index (one per chip), as a group."""
         me = self.me_ref[0]
-        return self.tp // 2, me // 2, lambda k: 2 * k + me % 2, 0
+        return self.tp // 2, me // 2, lambda k: 2 * k + me % 2, 1
 
     def _sibling(self):
         me = self.me_ref[0]
-        return 2, me % 2, lambda k: 2 * (me // 2) + k, 1
+        return 2, me % 2, lambda k: 2 * (me // 2) + k, 2
 
     def all_gather(self, x, group=None):
         if self.tp == 1:

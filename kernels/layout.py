@@ -24,7 +24,7 @@ import numpy as np
 from perfmodel.arch import Layer, Matmul, ModelSpec
 from perfmodel.errors import positive_int, require
 
-from . import reference
+from . import quant, reference
 
 LANES = 128
 SUBLANES = 8
@@ -71,11 +71,13 @@ def check_kernel_spec(spec: ModelSpec, cfg: KernelConfig) -> None:
                 "more slots than experts a step can pick "
                 f"(top_k*batch = {spec.moe.top_k * cfg.batch})")
     for fam, fmt in spec.formats.items():
-        want = "f32" if fam == "state" else "bf16"
+        want = ("f32",) if fam == "state" else ("bf16",)
+        if fam == "routed_expert":
+            want += quant.QUANTISED
         if fam in ("activation",):
             continue
-        require(fmt.name == want, f"formats.{fam}", fmt.name,
-                f"the megakernel stores {fam} as {want}")
+        require(fmt.name in want, f"formats.{fam}", fmt.name,
+                f"the megakernel stores {fam} as {' or '.join(want)}")
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,23 @@ def max_row_col_tiles(spec: ModelSpec, cfg: KernelConfig) -> tuple[int, int]:
     shapes = [(tm.rows, tm.cols) for tm in static_stream(spec, cfg)]
     shapes += [tiles_of(mm, cfg.tile) for mm in expert_matmuls(spec)] if spec.moe else []
     return max(r for r, _ in shapes), max(c for _, c in shapes)
+
+
+def expert_format(spec: ModelSpec, cfg: KernelConfig) -> quant.TileFormat:
+    """How a routed-expert tile is stored (bf16: codes are the weights, no scales)."""
+    name = spec.formats["routed_expert"].name
+    if name in quant.QUANTISED:
+        return quant.tile_format(name, cfg.tile)
+    return quant.TileFormat("bf16", cfg.tile, jnp.bfloat16, cfg.tile, cfg.tile, None)
+
+
+def expert_bytes(spec: ModelSpec, cfg: KernelConfig) -> tuple[int, int]:
+    """(code bytes, scale bytes) of one routed expert as the kernel fetches it."""
+    f, tpe = expert_format(spec, cfg), tiles_per_expert(spec, cfg)
+    codes = tpe * f.code_rows * cfg.tile * np.dtype(f.code_dtype).itemsize
+    scales = 0 if f.scale_dtype is None else \
+        tpe * (cfg.tile // f.group) * cfg.tile * np.dtype(f.scale_dtype).itemsize
+    return codes, scales
 
 
 def tiles_per_expert(spec: ModelSpec, cfg: KernelConfig) -> int:
@@ -245,8 +264,10 @@ class Packed:
     """Weights laid out for the megakernel (all arrays in HBM)."""
     embed: object      # [V, 1, H/tp] bf16 (one row per token id)
     static: object     # [n_tiles, T, T] bf16
-    experts: object    # [n_moe_layers, E/groups, tiles_per_expert, T, T] bf16 (a zero tile if no MoE)
+    experts: object    # [n_moe_layers, E/groups, tiles_per_expert, code_rows, T] codes (bf16:
+    #                    the weights; a zero tile if no MoE)
     vectors: object    # [n_layers + 1, vector_rows, 128] bf16
+    expert_scales: object = None  # [n_moe_layers, E/groups, tiles_per_expert, T/group, T]
 
 
 def pack_weights(weights: reference.Weights, cfg: KernelConfig) -> Packed:
@@ -260,13 +281,25 @@ def pack_weights(weights: reference.Weights, cfg: KernelConfig) -> Packed:
     for tm in static_stream(spec, cfg):
         w = weights["lm_head"] if tm.mm.name == "lm_head" else layers[tm.layer - 1][tm.mm.name]
         tiles.append(_tile_matrix(np_(w), t))
-    experts = []
+    experts, scales = [], []
+    fmt = expert_format(spec, cfg).name if spec.moe else "bf16"
     for layer, lw in zip(spec.layers, layers):
         if layer.ffn == "moe":
-            per_e = [np.concatenate([_tile_matrix(np_(lw[mm.name][e]), t)
-                                     for mm in expert_matmuls(spec)])
-                     for e in range(lw[expert_matmuls(spec)[0].name].shape[0])]
+            per_e, per_s = [], []
+            for e in range(lw[expert_matmuls(spec)[0].name].shape[0]):
+                cs, ss = [], []
+                for mm in expert_matmuls(spec):
+                    w = np_(lw[mm.name][e])
+                    if fmt == "bf16":
+                        cs.append(_tile_matrix(w, t))
+                        continue
+                    c, s = quant.quantize(w.astype(np.float32), fmt, t)
+                    cs.append(quant.tile_codes(c, fmt, t))
+                    ss.append(quant.tile_scales(s, fmt, t, w.shape[1]))
+                per_e.append(np.concatenate(cs))
+                per_s.append(np.concatenate(ss) if ss else None)
             experts.append(np.stack(per_e))
+            scales.append(None if fmt == "bf16" else np.stack(per_s))
     tpe = tiles_per_expert(spec, cfg) if spec.moe else 1
     experts = np.stack(experts) if experts else np.zeros((1, 1, tpe, t, t), jnp.bfloat16)
     vr = vector_rows(spec)
@@ -280,7 +313,8 @@ def pack_weights(weights: reference.Weights, cfg: KernelConfig) -> Packed:
             vec[i, r:r + n] = block.reshape(n, LANES)
     return Packed(embed=jnp.asarray(weights["embed"]).reshape(spec.vocab, 1, -1),
                   static=jnp.asarray(np.concatenate(tiles)), experts=jnp.asarray(experts),
-                  vectors=jnp.asarray(vec))
+                  vectors=jnp.asarray(vec),
+                  expert_scales=jnp.asarray(np.stack(scales)) if fmt != "bf16" else None)
 
 
 def unpack_vector(vrows, layout_entry):
@@ -292,5 +326,6 @@ def unpack_vector(vrows, layout_entry):
     return block.reshape(1, -1)[:, :shape[0]]
 
 
-jax.tree_util.register_dataclass(Packed, data_fields=["embed", "static", "experts", "vectors"],
-                                 meta_fields=[])
+jax.tree_util.register_dataclass(
+    Packed, data_fields=["embed", "static", "experts", "vectors", "expert_scales"],
+    meta_fields=[])

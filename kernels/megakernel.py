@@ -28,7 +28,7 @@ from jax.experimental.pallas import tpu as pltpu
 from perfmodel.arch import Layer, ModelSpec
 from perfmodel.errors import require
 
-from . import comm, layout, reference as ref, shard, vmem
+from . import comm, layout, quant, reference as ref, shard, vmem
 from .comm import Comm
 from .layout import KernelConfig, Packed
 
@@ -71,7 +71,7 @@ class Dma:
 
 def _tiled_matmul(x, rows, cols, d_out, tile, xs, ys):
     """x [bp, d_in] f32 @ W -> [bp, d_out] f32, W given tile by tile: tile(k, use) calls
-    use(bank ref) on tile k = j*rows + i (column block j outer) and returns its result. The
+    use(bf16 value [T, T]) on tile k = j*rows + i (column block j outer) and returns its result. The
     input's row tiles go to VMEM scratch xs, the output blocks to ys; both loops are fori_loops
     (the trace does not grow with the matrix)."""
     t = xs.shape[-1]
@@ -83,8 +83,8 @@ def _tiled_matmul(x, rows, cols, d_out, tile, xs, ys):
 
     def col(j, carry):
         def row(i, acc):
-            return acc + tile(j * rows + i, lambda bank: jnp.dot(
-                xs[i].astype(BF16), bank[...], preferred_element_type=F32))
+            return acc + tile(j * rows + i, lambda w: jnp.dot(
+                xs[i].astype(BF16), w, preferred_element_type=F32))
         ys[j] = lax.fori_loop(0, rows, row, jnp.zeros(ys.shape[1:], F32))
         return carry
 
@@ -110,9 +110,9 @@ class _Ring:
             self._copy(g).start()
 
     def tile(self, g, use):
-        """Wait for tile g, use(bank ref), then issue tile g + depth into the freed bank."""
+        """Wait for tile g, use(its value), then issue tile g + depth into the freed bank."""
         self._copy(g).wait()
-        out = use(self.banks.at[lax.rem(g, self.cfg.depth)])
+        out = use(self.banks[lax.rem(g, self.cfg.depth)])
         nxt = g + self.cfg.depth
 
         @pl.when(nxt < self.n)
@@ -131,8 +131,8 @@ class _Ring:
         self.dma.note("ring", name=name)
 
         def body(k, carry):
-            def use(bank):
-                buf[k] = bank[...]
+            def use(w):
+                buf[k] = w
                 return 0
             self.tile(g0 + k, use)
             return carry
@@ -161,12 +161,16 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
     refs = list(refs)
     take = lambda k: [refs.pop(0) for _ in range(k)]
     tok_ref, pos_ref, table, me_ref, emb_hbm, static_hbm, exp_hbm, vec_hbm = take(8)
+    xfmt = layout.expert_format(spec, cfg) if n_moe else None
+    quantised = xfmt is not None and xfmt.name != "bf16"
+    (exp_scale_hbm,) = take(1) if quantised else (None,)
     take(2 * bool(n_kda) + bool(n_mla))  # cache inputs: aliased to the cache outputs below
     next_ref, logits_ref = take(2)
     kda_state, kda_conv = take(2) if n_kda else (None, None)
     (mla_cache,) = take(1) if n_mla else (None,)
     (ndist_ref,) = take(1)
     ring_buf, ring_sem, slot_buf, slot_sem, vbuf, vsem, xrows, misc_sem, xs, ys = take(10)
+    (scale_buf,) = take(1) if quantised else (None,)
     if n_kda:
         state_buf, conv_buf, kda_sem, kda_flag = take(4)
     if n_mla:
@@ -248,7 +252,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         if n_kda:
             kda_flag[0] = 0
         if tp > 1:
-            comm.counter[0] = comm.counter[1] = 0
+            comm.counter[0] = comm.counter[1] = comm.counter[2] = 0
         dma.note("vectors", layer=0)
         for_vector_copies(0, lambda cp: cp.start())
         emb = [pltpu.make_async_copy(emb_hbm.at[tok_ref[b]], xrows.at[b], misc_sem.at[0])
@@ -420,20 +424,36 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
             gu_r, gu_c = layout.tiles_of(gu_mm, t)
             dn_r, dn_c = layout.tiles_of(dn_mm, t)
 
-            def fetch(j):
-                return pltpu.make_async_copy(exp_hbm.at[mo, ids_s[j] - own_first],
-                                             slot_buf.at[j % s_n],
-                                             slot_sem.at[j % s_n])
+            class fetch:  # expert j's codes (and scales) into slot j mod slots
+                def __init__(self, j):
+                    e, s = ids_s[j] - own_first, j % s_n
+                    self.copies = [pltpu.make_async_copy(exp_hbm.at[mo, e], slot_buf.at[s],
+                                                         slot_sem.at[s])]
+                    if quantised:
+                        self.copies.append(pltpu.make_async_copy(
+                            exp_scale_hbm.at[mo, e], scale_buf.at[s], slot_sem.at[s]))
+
+                def start(self):
+                    for cp in self.copies:
+                        cp.start()
+
+                def wait(self):
+                    for cp in self.copies:
+                        cp.wait()
 
             dma.note("experts", None, "routed_expert", "expert",
-                     layout.tiles_per_expert(spec, cfg) * cfg.bank_bytes, routed=True)
+                     sum(layout.expert_bytes(spec, cfg)), routed=True)
             for j in range(s_n):
                 pl.when(j < n_used)(lambda j=j: fetch(j).start())
 
             def apply(j, acc):
                 fetch(j).wait()
                 e, slot = ids_s[j], j % s_n
-                from_slot = lambda first: lambda k, use: use(slot_buf.at[slot, first + k])
+                def from_slot(first):
+                    if not quantised:
+                        return lambda k, use: use(slot_buf[slot, first + k])
+                    return lambda k, use: use(quant.dequantize_tile(
+                        slot_buf[slot, first + k], scale_buf[slot, first + k], xfmt.name))
                 gu = _tiled_matmul(z, gu_r, gu_c, gu_mm.d_out, from_slot(0), xs, ys)
                 y = _tiled_matmul(ref.swiglu(gu), dn_r, dn_c, dn_mm.d_out,
                                   from_slot(gu_r * gu_c), xs, ys)
@@ -511,14 +531,20 @@ def _shapes(spec: ModelSpec, cfg: KernelConfig):
     out += [jax.ShapeDtypeStruct(s, d) for s, d in caches.values()]
     out.append(jax.ShapeDtypeStruct((max(n_moe, 1),), jnp.int32))
     tpe = layout.tiles_per_expert(spec, cfg) if spec.moe else 1
+    xfmt = layout.expert_format(spec, cfg) if n_moe else None
+    quantised = xfmt is not None and xfmt.name != "bf16"
     rmax, cmax = layout.max_row_col_tiles(spec, cfg)
     scratch = [pltpu.VMEM((cfg.depth, t, t), BF16), pltpu.SemaphoreType.DMA((cfg.depth,)),
-               pltpu.VMEM((cfg.expert_slots, tpe, t, t), BF16),
+               pltpu.VMEM((cfg.expert_slots, tpe, xfmt.code_rows if xfmt else t, t),
+                          xfmt.code_dtype if xfmt else BF16),
                pltpu.SemaphoreType.DMA((cfg.expert_slots,)),
                pltpu.VMEM((2, layout.vector_rows(spec), layout.LANES), BF16),
                pltpu.SemaphoreType.DMA((2,)),
                pltpu.VMEM((bp, 1, spec.hidden // tp), BF16), pltpu.SemaphoreType.DMA((4,)),
                pltpu.VMEM((rmax, bp, t), F32), pltpu.VMEM((cmax, bp, t), F32)]
+    if quantised:
+        scratch.append(pltpu.VMEM((cfg.expert_slots, tpe, t // xfmt.group, t),
+                                  xfmt.scale_dtype))
     if "kda_state" in caches:
         scratch += [pltpu.VMEM((bp,) + caches["kda_state"][0][2:], F32),
                     pltpu.VMEM((bp,) + caches["kda_conv"][0][2:], caches["kda_conv"][1]),
@@ -534,8 +560,8 @@ def _shapes(spec: ModelSpec, cfg: KernelConfig):
                     pltpu.SMEM((e,), jnp.int32)]
     if tp > 1:
         send, recv = comm.buffer_widths(*collective_widths(spec), tp, cfg.hierarchical)
-        scratch += [pltpu.VMEM((bp, send), F32), pltpu.VMEM((4, tp, bp, recv), F32),
-                    pltpu.SemaphoreType.DMA((2, 4)), pltpu.SMEM((2,), jnp.int32)]
+        scratch += [pltpu.VMEM((bp, send), F32), pltpu.VMEM((6, tp, bp, recv), F32),
+                    pltpu.SemaphoreType.DMA((2, 6)), pltpu.SMEM((3,), jnp.int32)]
     return out, scratch
 
 
@@ -556,15 +582,16 @@ def build_call(spec: ModelSpec, cfg: KernelConfig, interpret=None, record: list 
     layer)."""
     out_shapes, scratch = _shapes(spec, cfg)
     n_cache = len(out_shapes) - 3
+    q = int(bool(spec.count(ffn="moe")) and layout.expert_format(spec, cfg).name != "bf16")
     smem, anyspace = pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)
     vmem_block = pl.BlockSpec(memory_space=pltpu.VMEM)
     return pl.pallas_call(
         functools.partial(_kernel, spec, cfg, record),
         out_shape=tuple(out_shapes),
-        in_specs=[smem, smem, smem, smem] + [anyspace] * (4 + n_cache),
+        in_specs=[smem, smem, smem, smem] + [anyspace] * (4 + q + n_cache),
         out_specs=tuple([vmem_block, vmem_block] + [anyspace] * n_cache + [smem]),
         scratch_shapes=scratch,
-        input_output_aliases={8 + k: 2 + k for k in range(n_cache)},
+        input_output_aliases={8 + q + k: 2 + k for k in range(n_cache)},
         compiler_params=None if interpret else pltpu.CompilerParams(
             vmem_limit_bytes=vmem_limit_bytes),
         interpret=interpret)
@@ -575,13 +602,17 @@ def call_args(spec: ModelSpec, cfg: KernelConfig) -> list[jax.ShapeDtypeStruct]:
     t, bp, n_moe = cfg.tile, cfg.padded_batch, spec.count(ffn="moe")
     e = (spec.local_experts if layout.tp_of(spec) > 1 else spec.moe.experts) if spec.moe else 1
     tpe = layout.tiles_per_expert(spec, cfg) if spec.moe else 1
+    xfmt = layout.expert_format(spec, cfg) if n_moe else None
     sds = jax.ShapeDtypeStruct
     args = [sds((bp,), jnp.int32), sds((bp,), jnp.int32),
             sds(layout.layer_table(spec, cfg).shape, jnp.int32), sds((1,), jnp.int32),
             sds((spec.vocab, 1, spec.hidden // layout.tp_of(spec)), BF16),
             sds((sum(tm.tiles for tm in layout.static_stream(spec, cfg)), t, t), BF16),
-            sds((n_moe, e, tpe, t, t) if n_moe else (1, 1, tpe, t, t), BF16),
+            sds((n_moe, e, tpe, xfmt.code_rows, t), xfmt.code_dtype) if n_moe else
+            sds((1, 1, tpe, t, t), BF16),
             sds((len(spec.layers) + 1, layout.vector_rows(spec), layout.LANES), BF16)]
+    if n_moe and xfmt.name != "bf16":
+        args.append(sds((n_moe, e, tpe, t // xfmt.group, t), xfmt.scale_dtype))
     return args + [sds(s, d) for s, d in
                    ref.cache_shapes(spec, cfg.batch, cfg.max_context).values()]
 
@@ -613,6 +644,7 @@ def _step(packed, cache, tokens, positions, *, static, cfg, interpret, vmem_limi
     outs = build_call(spec, cfg, interpret, vmem_limit_bytes=vmem_limit_bytes)(
         tokens, positions, jnp.asarray(layout.layer_table(spec, cfg)), jnp.zeros(1, jnp.int32),
         packed.embed, packed.static, packed.experts, packed.vectors,
+        *([] if packed.expert_scales is None else [packed.expert_scales]),
         *[cache[k] for k in names])
     nxt, logits, *caches, ndist = outs
     return (nxt[:cfg.batch, 0], logits[:cfg.batch], dict(zip(names, caches)),

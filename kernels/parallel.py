@@ -75,19 +75,18 @@ def _step(packed, cache, tokens, positions, *, static, cfg, interpret, vmem_limi
     call = megakernel.build_call(dspec, cfg, interpret, vmem_limit_bytes=vmem_limit_bytes)
     mesh = Mesh(np.asarray(jax.devices()[:tp]), (AXIS,))
 
-    def per_device(me, tok, pos, table, embed, static_w, experts, vectors, *caches):
-        first = lambda a: a[0]
-        outs = call(tok, pos, table, me, *map(first, (embed, static_w, experts, vectors)),
-                    *map(first, caches))
+    def per_device(me, tok, pos, table, *arrays):  # weights and caches: this device's [0]
+        outs = call(tok, pos, table, me, *(a[0] for a in arrays))
         return tuple(o[None] for o in outs)
 
+    weights = [packed.embed, packed.static, packed.experts, packed.vectors]
+    weights += [] if packed.expert_scales is None else [packed.expert_scales]
     dev, rep = P(AXIS), P()
     outs = jax.shard_map(per_device, mesh=mesh,
-                         in_specs=(dev, rep, rep, rep) + (dev,) * (4 + len(names)),
+                         in_specs=(dev, rep, rep, rep) + (dev,) * (len(weights) + len(names)),
                          out_specs=dev, check_vma=False)(
         jnp.arange(tp, dtype=jnp.int32), tokens, positions,
-        jnp.asarray(layout.layer_table(dspec, cfg)), packed.embed, packed.static,
-        packed.experts, packed.vectors, *[cache[k] for k in names])
+        jnp.asarray(layout.layer_table(dspec, cfg)), *weights, *[cache[k] for k in names])
     nxt, logits, *caches, ndist = outs
     logits = jnp.concatenate(list(logits), axis=-1)  # vocabulary shards in device order
     return (nxt[0, :cfg.batch, 0], logits[:cfg.batch], dict(zip(names, caches)),

@@ -138,7 +138,8 @@ def overhead_bytes(spec: ModelSpec, cfg: KernelConfig,
                    distinct_experts: list[int] | None = None) -> dict[str, int]:
     """What the plan moves beyond the weight / cache bytes an analytic model counts
     (`perfmodel.ops`): "tile_padding", the zeros that pad static matmuls and the routed experts
-    fetched this step to whole T x T tiles; "vectors", the small per-layer vectors (norms, conv
+    fetched this step to whole T x T tiles (quantised experts: plus the per-channel scales of
+    int8 / fp8, which the model's formats do not count); "vectors", the small per-layer vectors (norms, conv
     taps, decay constants, router bias, final norm) in 16 x 128 row blocks."""
     pad = sum(tm.tiles * cfg.bank_bytes - 2 * tm.mm.params
               for tm in layout.static_stream(spec, cfg))
@@ -146,9 +147,9 @@ def overhead_bytes(spec: ModelSpec, cfg: KernelConfig,
         n_moe = spec.count(ffn="moe")
         if distinct_experts is None:
             distinct_experts = [min(spec.moe.experts, cfg.batch * spec.moe.top_k)] * n_moe
-        per_expert = sum(2 * mm.params // mm.experts for mm in layout.expert_matmuls(spec))
-        pad += sum(distinct_experts) * (layout.tiles_per_expert(spec, cfg) * cfg.bank_bytes
-                                        - per_expert)
+        per_expert = sum(mm.params // mm.experts for mm in layout.expert_matmuls(spec)) \
+            * spec.formats["routed_expert"].bytes_per_value
+        pad += sum(distinct_experts) * (sum(layout.expert_bytes(spec, cfg)) - per_expert)
     vectors = sum(n * layout.LANES * 2 for layer in (*spec.layers, None)
                   for _, _, n in layout.vector_copies(spec, layer))
     return {"tile_padding": int(pad), "vectors": int(vectors)}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -25,8 +26,9 @@ from jax.experimental.pallas import tpu as pltpu
 
 from perfmodel.arch import load_model
 from perfmodel.errors import SpecError
+from perfmodel.formats import get_format
 
-from . import layout, megakernel, parallel, plan, reference, shard, vmem
+from . import layout, megakernel, parallel, plan, quant, reference, shard, vmem
 
 
 def _generate(spec, cfg, packed, cache, tokens, positions, step_fn, steps):
@@ -76,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="weight tile edge (bank = 2*T*T bytes); default the MXU width")
     p.add_argument("--context", type=int, default=64, help="MLA cache capacity (tokens)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--expert-format", choices=("bf16",) + quant.QUANTISED,
+                   help="store the routed experts in this format (default: the preset's)")
     p.add_argument("--devices", type=int, default=1, help="mesh devices (TensorCores)")
     p.add_argument("--tp", type=int, help="tensor-parallel degree (default and only: --devices)")
     p.add_argument("--ep", type=int, help="expert-parallel groups (default: one per device)")
@@ -87,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         spec = load_model(a.preset)
+        if a.expert_format:
+            spec = dataclasses.replace(spec, formats=spec.formats | {
+                "routed_expert": get_format(a.expert_format, "expert-format")})
         cfg = layout.KernelConfig(batch=a.batch, max_context=a.context, depth=a.depth,
                                   tile=a.tile, expert_slots=a.slots, cache_block=min(256, a.context),
                                   hierarchical=a.hierarchical)

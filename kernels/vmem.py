@@ -66,10 +66,11 @@ def padded_bytes(shape: tuple[int, ...], dtype, info: pltpu.TpuInfo) -> int:
 def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buffer]:
     """The kernel's VMEM scratch and blocks, plus its largest compiler-managed values."""
     bp, t, h = cfg.padded_batch, cfg.tile, spec.hidden
+    xfmt = layout.expert_format(spec, cfg)
     caches = reference.cache_shapes(spec, cfg.batch, cfg.max_context)
     items = [("weight ring (depth x tile)", (cfg.depth, t, t), jnp.bfloat16),
              ("expert slots", (cfg.expert_slots, layout.tiles_per_expert(spec, cfg) if spec.moe
-                               else 1, t, t), jnp.bfloat16),
+                               else 1, xfmt.code_rows, t), xfmt.code_dtype),
              ("layer vectors (double buffer)", (2, layout.vector_rows(spec), layout.LANES),
               jnp.bfloat16),
              ("embedding rows", (bp, 1, h // layout.tp_of(spec)), jnp.bfloat16),
@@ -91,12 +92,15 @@ def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buf
                    jnp.bfloat16)]
     if spec.moe:
         items.append(("used-expert mask", (1, spec.moe.experts), jnp.int32))
+        if xfmt.scale_dtype is not None:
+            items.append(("expert scale slots", (cfg.expert_slots, layout.tiles_per_expert(
+                spec, cfg), t // xfmt.group, t), xfmt.scale_dtype))
     tp = layout.tp_of(spec)
     if tp > 1:
         from . import comm, megakernel
         send, recv = comm.buffer_widths(*megakernel.collective_widths(spec), tp, cfg.hierarchical)
         items += [("collective send buffer", (bp, send), jnp.float32),
-                  ("collective receive buffers", (4, tp, bp, recv), jnp.float32)]
+                  ("collective receive buffers", (6, tp, bp, recv), jnp.float32)]
     return [Buffer(n, tuple(s), jnp.dtype(d).name, padded_bytes(s, d, info)) for n, s, d in items]
 
 

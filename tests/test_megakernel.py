@@ -47,9 +47,12 @@ def reference_distinct(spec, weights, cache, tokens, positions):
     return out
 
 
-def run_both(spec, weights, cfg, steps, seed=1):
-    """Teacher-forced decode: both engines get the reference's tokens; checks every step."""
+def run_both(spec, weights, cfg, steps, seed=1, reference_weights=None):
+    """Teacher-forced decode: both engines get the reference's tokens; checks every step.
+    reference_weights: what the reference runs (default `weights`; quantised experts: their
+    dequantised values)."""
     packed = layout.pack_weights(weights, cfg)
+    weights = weights if reference_weights is None else reference_weights
     rng = np.random.default_rng(seed)
     tokens = jnp.asarray(rng.integers(0, spec.vocab, cfg.batch), jnp.int32)
     positions = jnp.asarray(rng.integers(0, CONTEXT - steps - 1, cfg.batch), jnp.int32)
