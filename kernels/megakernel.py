@@ -318,7 +318,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
             return (pos_ref[b] + cb - 1) // cb
 
         def start_first(b):
-            for k in range(2):
+            for k in range(min(2, cfg.max_context // cb)):
                 pl.when(k < n_tiles(b))(lambda k=k: tile_copy(b, k).start())
 
         row_bytes = (r + m.qk_rope_dim) * mla_cache.dtype.itemsize
