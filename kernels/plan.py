@@ -139,8 +139,9 @@ def overhead_bytes(spec: ModelSpec, cfg: KernelConfig,
     """What the plan moves beyond the weight / cache bytes an analytic model counts
     (`perfmodel.ops`): "tile_padding", the zeros that pad static matmuls and the routed experts
     fetched this step to whole T x T tiles (quantised experts: plus the per-channel scales of
-    int8 / fp8, which the model's formats do not count); "vectors", the small per-layer vectors (norms, conv
-    taps, decay constants, router bias, final norm) in 16 x 128 row blocks."""
+    int8 / fp8, which the model's formats do not count); "vectors", the small per-layer
+    vectors (norms, conv taps, decay constants, router bias, final norm) in 16 x 128 row
+    blocks."""
     pad = sum(tm.tiles * cfg.bank_bytes - 2 * tm.mm.params
               for tm in layout.static_stream(spec, cfg))
     if spec.count(ffn="moe"):

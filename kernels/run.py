@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             spec = dataclasses.replace(spec, formats=spec.formats | {
                 "routed_expert": get_format(a.expert_format, "expert-format")})
         cfg = layout.KernelConfig(batch=a.batch, max_context=a.context, depth=a.depth,
-                                  tile=a.tile, expert_slots=a.slots, cache_block=min(256, a.context),
-                                  hierarchical=a.hierarchical)
+                                  tile=a.tile, expert_slots=a.slots,
+                                  cache_block=min(256, a.context), hierarchical=a.hierarchical)
         if a.steps > a.context:
             raise SpecError("steps", a.steps, f"must be <= --context ({a.context})")
         tp = a.tp or a.devices

@@ -60,17 +60,23 @@ def test_plan_bytes_from_first_principles(spec):
     assert fam["embedding"] == b * spec.hidden * 2
 
 
+def plan_and_model(spec, device_spec, cfg, ctx, devices):
+    """(the plan of one device, the op graph, the model's bytes per device: static + kv +
+    routed, with the model's own distinct-expert count, and that count per MoE layer)."""
+    g = ops.build(spec, Deployment(devices=devices, tp=devices, batch=cfg.batch, context=ctx))
+    distinct = [round(g.distinct_experts)] * spec.count(ffn="moe")
+    p = plan.dma_plan(device_spec, cfg, distinct, [ctx] * cfg.batch)
+    model = sum(g.static_bytes) + sum(g.kv_bytes) + distinct[0] * spec.count(ffn="moe") * \
+        sum(2 * mm.params // mm.experts for mm in layout.expert_matmuls(device_spec))
+    over = plan.overhead_bytes(device_spec, cfg, distinct)
+    return p, g, model + over["tile_padding"] + over["vectors"]
+
+
 def test_plan_matches_the_analytic_model(spec):
     """Per layer, plan bytes = the op graph's static + routed + kv bytes + the plan's overhead
     (tile padding, small vectors), for one device, context L a multiple of cache_block."""
-    cfg, ctx = cfg_(max_context=64), 48
-    g = ops.build(spec, Deployment(devices=1, tp=1, batch=cfg.batch, context=ctx))
-    distinct = [round(g.distinct_experts)] * spec.count(ffn="moe")
-    p = plan.dma_plan(spec, cfg, distinct, [ctx] * cfg.batch)
-    model = sum(g.static_bytes) + sum(g.kv_bytes) + distinct[0] * spec.count(ffn="moe") * \
-        sum(2 * mm.params // mm.experts for mm in layout.expert_matmuls(spec))
-    over = plan.overhead_bytes(spec, cfg, distinct)
-    assert sum(c.bytes for c in p) == model + over["tile_padding"] + over["vectors"]
+    p, g, want = plan_and_model(spec, spec, cfg_(max_context=64), 48, 1)
+    assert sum(c.bytes for c in p) == want
     per_layer = bytes_by_layer_family(p)
     for layer in range(len(spec.layers) + 2):
         kv = sum(v for (l, f), v in per_layer.items() if l == layer and f in ("kv_cache", "state"))
@@ -190,15 +196,9 @@ def test_full_scale_plan_matches_the_analytic_model():
     from kernels import shard
     from perfmodel.arch import derive
     full = derive("kimi-k3", formats={"routed_expert": "bf16"})
-    dspec = shard.device_spec(full, 32)
-    cfg, ctx = cfg_(max_context=256, depth=16, cache_block=64), 192
-    g = ops.build(full, Deployment(devices=32, tp=32, batch=cfg.batch, context=ctx))
-    distinct = [round(g.distinct_experts)] * full.count(ffn="moe")
-    p = plan.dma_plan(dspec, cfg, distinct, [ctx] * cfg.batch)
-    model = sum(g.static_bytes) + sum(g.kv_bytes) + distinct[0] * full.count(ffn="moe") * \
-        sum(2 * mm.params // mm.experts for mm in layout.expert_matmuls(dspec))
-    over = plan.overhead_bytes(dspec, cfg, distinct)
-    assert sum(c.bytes for c in p) == model + over["tile_padding"] + over["vectors"]
+    cfg = cfg_(max_context=256, depth=16, cache_block=64)
+    p, _, want = plan_and_model(full, shard.device_spec(full, 32), cfg, 192, 32)
+    assert sum(c.bytes for c in p) == want
 
 
 def test_cache_row_written_after_its_tile_reads_completed(spec):
