@@ -3,12 +3,12 @@
     python experiments/bench_kernel_compile.py [--tp 32] [--batch 4] [--context 1024]
 
 Builds one device's shapes (`kernels.shard.device_spec`, TP over `--tp` devices, routed experts
-in bf16: the kernel's format), traces the kernel (its layer loop is traced once per kind) and
+in the preset's format (Kimi K3: MXFP4) or --expert-format), traces the kernel (its layer loop is traced once per kind) and
 exports the step with `jax.export` for an abstract mesh of `--tp` TPU7x devices (one pallas_call
 per device under shard_map, collectives as remote DMAs): every op must have a Pallas TPU
 (Mosaic) lowering. Prints the trace size, the time of each phase and the size of
 the exported module, and the VMEM budget (whole routed experts in bf16 per slot do not fit a
-TensorCore's VMEM at this size: reported, not enforced); writes
+TensorCore's VMEM at this size: reported, not enforced here); writes
 experiments/results/kernel_compile.json. Mosaic's own compilation
 (layout passes, LLO) runs only on a TPU host and is not part of this figure.
 """
@@ -33,6 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--depth", type=int, default=16)
     ap.add_argument("--slots", type=int, default=2)
+    ap.add_argument("--expert-format", help="routed-expert format (default: the preset's)")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "kernel_compile.json"))
     a = ap.parse_args(argv)
 
@@ -46,7 +47,8 @@ def main(argv=None) -> int:
     from perfmodel.arch import derive
 
     t0 = time.perf_counter()
-    full = derive(a.preset, formats={"routed_expert": "bf16"})
+    full = derive(a.preset, **({"formats": {"routed_expert": a.expert_format}}
+                               if a.expert_format else {}))
     dspec = shard.device_spec(full, a.tp)
     cfg = layout.KernelConfig(batch=a.batch, max_context=a.context, depth=a.depth,
                               expert_slots=a.slots, cache_block=256)
@@ -66,7 +68,7 @@ def main(argv=None) -> int:
     t2 = time.perf_counter()
     buffers = vmem.buffers(dspec, cfg, vmem.chip_info())  # reported, not enforced here
     largest = max(buffers, key=lambda b: b.bytes)
-    res = {"preset": a.preset, "tp": a.tp, "batch": a.batch, "context": a.context,
+    res = {"preset": a.preset, "routed_expert": full.formats["routed_expert"].name, "tp": a.tp, "batch": a.batch, "context": a.context,
            "layers": len(full.layers), "kernel_jaxpr_equations": eqns,
            "trace_s": round(t1 - t0, 2), "export_s": round(t2 - t1, 2),
            "total_s": round(t2 - t0, 2), "mlir_chars": len(text),

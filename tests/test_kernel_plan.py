@@ -67,7 +67,8 @@ def plan_and_model(spec, device_spec, cfg, ctx, devices):
     distinct = [round(g.distinct_experts)] * spec.count(ffn="moe")
     p = plan.dma_plan(device_spec, cfg, distinct, [ctx] * cfg.batch)
     model = sum(g.static_bytes) + sum(g.kv_bytes) + distinct[0] * spec.count(ffn="moe") * \
-        sum(2 * mm.params // mm.experts for mm in layout.expert_matmuls(device_spec))
+        sum(mm.params // mm.experts for mm in layout.expert_matmuls(device_spec)) * \
+        spec.formats["routed_expert"].bytes_per_value
     over = plan.overhead_bytes(device_spec, cfg, distinct)
     return p, g, model + over["tile_padding"] + over["vectors"]
 
@@ -190,12 +191,14 @@ def test_vectors_round_trip(spec):
 
 
 @pytest.mark.slow
-def test_full_scale_plan_matches_the_analytic_model():
-    """Kimi K3 (routed experts in bf16, the kernel's format) on 32 devices, TP32: one device's
-    plan bytes = the op graph's per-device static + routed + kv bytes + the plan's overhead."""
+@pytest.mark.parametrize("fmt", ["mxfp4", "bf16"])
+def test_full_scale_plan_matches_the_analytic_model(fmt):
+    """Kimi K3 (routed experts in MXFP4 as the preset, or bf16) on 32 devices, TP32: one
+    device's plan bytes = the op graph's per-device static + routed + kv bytes + the plan's
+    overhead."""
     from kernels import shard
     from perfmodel.arch import derive
-    full = derive("kimi-k3", formats={"routed_expert": "bf16"})
+    full = derive("kimi-k3", formats={"routed_expert": fmt})
     cfg = cfg_(max_context=256, depth=16, cache_block=64)
     p, _, want = plan_and_model(full, shard.device_spec(full, 32), cfg, 192, 32)
     assert sum(c.bytes for c in p) == want
