@@ -1,6 +1,8 @@
 """Profile the Pallas megakernel on a TPU VM: measured prefetch-depth curve next to the simulator's.
 
     python experiments/profile_megakernel.py --preset kimi-k3-mini --batch 1,2,4,8 --depths 1,2,4,8,12
+    python experiments/profile_megakernel.py --devices 8 --ep 4 [--hierarchical]   # on a mesh
+    python experiments/profile_megakernel.py --devices 2 --interpret   # CPU: numerics only
 
 For each batch and ring depth: runs `kernels.megakernel.decode_step` under `jax.profiler.trace`
 (one `StepTraceAnnotation("decode_step")` per step), parses the trace with `perfmodel.traces`
@@ -16,8 +18,13 @@ TPU runtime flags (set here before jax is imported; extend with PERFMODEL_TPU_TR
         (keep the kernel's scope names in the trace)
 These flags have not been exercised here (no TPU on the development machine): if a libtpu
 version rejects or renames one, set PERFMODEL_TPU_TRACE_FLAGS to the working set.
-Without a TPU the script exits with status 2 and a message; its parsing and comparison code
-(`compare_run`) is covered by tests/test_traces.py on constructed TPU traces.
+With --devices N the kernel runs on N mesh devices (tensor parallel over all of them, routed
+experts in --ep groups; `kernels.parallel`) and the prediction uses the same deployment. With
+--interpret (no TPU) it runs every configuration once in Pallas TPU interpret mode on N virtual
+CPU devices and reports tokens only: interpret-mode time says nothing about TPU speed.
+Without a TPU and without --interpret the script exits with status 2 and a message; its
+parsing and comparison code (`compare_run`) is covered by tests/test_traces.py on constructed
+TPU traces.
 """
 from __future__ import annotations
 
@@ -47,14 +54,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def compare_run(t: TraceSummary, preset: str, hardware: str, batch: int, context: int,
-                depth: int, bank_bytes: int, slots: int) -> Comparison:
-    """The megakernel simulator's prediction of one traced run, layer by layer: one device, a
-    ring of `depth` banks of `bank_bytes` (the simulator's tile set to the kernel's bank)."""
+                depth: int, bank_bytes: int, slots: int, devices: int = 1,
+                ep: int | None = None) -> Comparison:
+    """The megakernel simulator's prediction of one traced run, layer by layer: `devices`
+    devices, all tensor parallel, `ep` expert groups, a ring of `depth` banks of `bank_bytes`
+    (the simulator's tile set to the kernel's bank)."""
     spec = load_model(preset)
     hw = load_hardware(hardware)
     hw = hw.replace(dma_tile_bytes=bank_bytes)
-    d = Deployment(devices=1, tp=1, engine="megakernel", batch=batch, context=context,
-                   prefetch_bytes=float(depth * bank_bytes), expert_slots=slots)
+    d = Deployment(devices=devices, tp=devices, ep=ep, engine="megakernel", batch=batch,
+                   context=context, prefetch_bytes=float(depth * bank_bytes), expert_slots=slots)
     return against(t, spec, hw, predict(spec, hw, d), f"megakernel depth {depth}")
 
 
@@ -64,6 +73,42 @@ def rows_of(c: Comparison, depth: int) -> list[list]:
                   for r in c.layers]
 
 
+def _config(a, batch: int, depth: int):
+    from kernels import layout
+    return layout.KernelConfig(batch=batch, max_context=a.context, depth=depth, tile=a.tile,
+                               expert_slots=a.slots, cache_block=min(256, a.context),
+                               hierarchical=a.hierarchical)
+
+
+def _prepare(a, spec, weights, cfg, interpret):
+    """(step, packed weights, cache) on one device or on the mesh of --devices."""
+    from kernels import layout, megakernel, parallel, reference
+    cache = reference.init_cache(spec, cfg.batch, cfg.max_context)
+    if a.devices == 1:
+        return megakernel.make_step(spec, cfg, interpret), layout.pack_weights(weights, cfg), cache
+    dspec, step = parallel.make_step(spec, cfg, a.devices, a.ep, interpret)
+    return step, parallel.pack(weights, cfg, dspec), parallel.shard_cache(cache, dspec)
+
+
+def _interpret(a) -> int:
+    """Every configuration once in interpret mode: tokens only, no timing."""
+    import jax.numpy as jnp
+    from jax.experimental.pallas import tpu as pltpu
+    from kernels import reference
+    spec = load_model(a.preset)
+    weights = reference.init_weights(spec, 0)
+    for batch in a.batch:
+        for depth in a.depths:
+            cfg = _config(a, batch, depth)
+            step, packed, cache = _prepare(a, spec, weights, cfg,
+                                           pltpu.InterpretParams(detect_races=True))
+            tokens, _, _, _ = step(packed, cache, jnp.zeros((batch,), jnp.int32),
+                                   jnp.full((batch,), a.context // 2, jnp.int32))
+            print(f"batch {batch} depth {depth:2d} on {a.devices} device(s): next tokens "
+                  f"{[int(t) for t in tokens]} (interpret mode: no timing)")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="kimi-k3-mini")
@@ -71,47 +116,60 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int_list, default=[1, 2, 4, 8])
     ap.add_argument("--depths", type=int_list, default=[1, 2, 4, 8, 12])
     ap.add_argument("--context", type=int, default=64, help="MLA cache capacity (tokens)")
-    ap.add_argument("--tile", type=int, default=128)
+    ap.add_argument("--tile", type=int, default=256)
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--devices", type=int, default=1, help="mesh devices (TensorCores)")
+    ap.add_argument("--tp", type=int, help="tensor-parallel degree (must equal --devices)")
+    ap.add_argument("--ep", type=int, help="expert-parallel groups (default: one per device)")
+    ap.add_argument("--hierarchical", action="store_true",
+                    help="all-reduce with the sibling TensorCore first")
+    ap.add_argument("--interpret", action="store_true",
+                    help="Pallas TPU interpret mode on virtual CPU devices (numerics only)")
     ap.add_argument("--traces", default=str(ROOT / "out" / "megakernel_traces"))
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "megakernel_profile.csv"))
     a = ap.parse_args(argv)
 
+    if (a.tp or a.devices) != a.devices:
+        print("profile_megakernel: --tp must equal --devices (no data parallelism)",
+              file=sys.stderr)
+        return 2
+    if a.interpret and a.devices > 1:  # before JAX creates its CPU backend
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   f" --xla_force_host_platform_device_count={a.devices}")
     import jax
     import jax.numpy as jnp
     from jax.experimental.pallas import tpu as pltpu
+    if a.interpret:
+        return _interpret(a)
     if not pltpu.is_tpu_device():
         print(f"profile_megakernel: no TPU attached (JAX backend: {jax.default_backend()}); this "
               "experiment needs a TPU VM. Its trace parsing and comparison are tested on "
               "constructed TPU traces (tests/test_traces.py).", file=sys.stderr)
         return 2
-    from kernels import layout, megakernel, reference
+    from kernels import layout, reference
     spec = load_model(a.preset)
     weights = reference.init_weights(spec, 0)
     results, rows = [], []
     for batch in a.batch:
         for depth in a.depths:
-            cfg = layout.KernelConfig(batch=batch, max_context=a.context, depth=depth,
-                                      tile=a.tile, expert_slots=a.slots)
-            packed = layout.pack_weights(weights, cfg)
-            cache = reference.init_cache(spec, batch, a.context)
+            cfg = _config(a, batch, depth)
+            step, packed, cache = _prepare(a, spec, weights, cfg, None)
             tokens = jnp.zeros((batch,), jnp.int32)
             positions = jnp.full((batch,), a.context // 2, jnp.int32)
             for _ in range(2):  # compile, warm up
-                tokens, _, cache, _ = megakernel.decode_step(spec, cfg, packed, cache, tokens, positions)
+                tokens, _, cache, _ = step(packed, cache, tokens, positions)
             jax.block_until_ready(tokens)
-            run = Path(a.traces) / f"{spec.name}_b{batch}_d{depth}"
+            run = Path(a.traces) / f"{spec.name}_n{a.devices}_b{batch}_d{depth}"
             with jax.profiler.trace(str(run)):
                 for i in range(a.steps):
                     with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
-                        tokens, _, cache, _ = megakernel.decode_step(spec, cfg, packed, cache,
-                                                                     tokens, positions)
+                        tokens, _, cache, _ = step(packed, cache, tokens, positions)
                         jax.block_until_ready(tokens)
             t = parse_trace(run, n_layers=len(spec.layers))
             # the kernel attends over positions < pos: the model's context is that length
             c = compare_run(t, a.preset, a.hardware, batch, a.context // 2, depth, cfg.bank_bytes,
-                            a.slots)
+                            a.slots, a.devices, a.ep)
             results.append({"depth": depth, **c.json()})
             rows += rows_of(c, depth)
             print(f"batch {batch} depth {depth:2d}: step measured {c.measured_step_s * 1e6:.1f} us,"

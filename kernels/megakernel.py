@@ -15,18 +15,21 @@ plan from the kernel's own code. Numerics follow `kernels.reference` (same helpe
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from perfmodel.arch import ModelSpec
+from perfmodel.arch import Layer, ModelSpec
 from perfmodel.errors import require
 
-from . import layout, reference as ref, vmem
+from . import comm, layout, quant, reference as ref, shard, vmem
+from .comm import Comm
 from .layout import KernelConfig, Packed
 
 F32, BF16 = jnp.float32, jnp.bfloat16
@@ -35,114 +38,108 @@ F32, BF16 = jnp.float32, jnp.bfloat16
 class Dma:
     """Issues nothing itself; records each DMA issue site (in program order) for the plan.
 
-    A record is a dict(layer, family, name, bytes, routed, ring, repeat); ring marks a static
-    weight tile streamed through the ring of banks; repeat is None (one copy),
-    ("experts", moe_ordinal) (one copy per distinct expert picked) or ("cache_blocks", block)
-    (per sequence, ceil(pos / block) copies)."""
+    A record is a dict(site, scope, when, layer, family, name, bytes, routed); scope is "pre"
+    (before the layer loop), "loop" (the loop body, traced once for all layers) or "post"
+    (the head); when is None or the ("attention" | "ffn", kind) of the branch it lies in; site
+    is "copy" (one copy; layer None = the loop's current layer), "ring_start" (the first
+    `depth` static tiles), "ring" (the tiles of matmul `name` of the current layer, each
+    followed by the issue of the tile `depth` ahead), "vectors" (the vector block of layer
+    `layer` relative to the current one), "experts" (one copy per distinct expert picked) or
+    "cache_blocks" (per sequence, ceil(pos / block) copies); waits are recorded as site "wait"
+    (name = the copies waited for) so that orderings can be checked."""
 
     def __init__(self, record: list | None):
-        self.record = record
+        self.record, self.scope, self.when = record, "pre", None
 
-    def note(self, layer, family, name, nbytes, routed=False, repeat=None, ring=False):
+    def note(self, site, layer=None, family=None, name="", nbytes=0, routed=False):
         if self.record is not None:
-            self.record.append(dict(layer=layer, family=family, name=name, bytes=int(nbytes),
-                                    routed=routed, ring=ring, repeat=repeat))
+            self.record.append(dict(site=site, scope=self.scope, when=self.when, layer=layer,
+                                    family=family, name=name, bytes=int(nbytes), routed=routed))
+
+    def branch(self, when):
+        """Records of `fn` (traced inside a cond branch) are tagged with `when`."""
+        def wrap(fn):
+            def traced(*a):
+                outer, self.when = self.when, when
+                try:
+                    return fn(*a)
+                finally:
+                    self.when = outer
+            return traced
+        return wrap
+
+
+def _tiled_matmul(x, rows, cols, d_out, tile, xs, ys):
+    """x [bp, d_in] f32 @ W -> [bp, d_out] f32, W given tile by tile: tile(k, use) calls
+    use(bf16 value [T, T]) on tile k = j*rows + i (column block j outer) and returns its result. The
+    input's row tiles go to VMEM scratch xs, the output blocks to ys; both loops are fori_loops
+    (the trace does not grow with the matrix)."""
+    t = xs.shape[-1]
+    pad = -x.shape[1] % t
+    if pad:
+        x = jnp.concatenate([x, jnp.zeros((x.shape[0], pad), F32)], axis=1)
+    for i in range(rows):
+        xs[i] = x[:, i * t:(i + 1) * t]
+
+    def col(j, carry):
+        def row(i, acc):
+            return acc + tile(j * rows + i, lambda w: jnp.dot(
+                xs[i].astype(BF16), w, preferred_element_type=F32))
+        ys[j] = lax.fori_loop(0, rows, row, jnp.zeros(ys.shape[1:], F32))
+        return carry
+
+    lax.fori_loop(0, cols, col, 0)
+    return jnp.concatenate([ys[j] for j in range(cols)], axis=1)[:, :d_out]
 
 
 class _Ring:
-    """The static weight stream through `depth` VMEM banks."""
+    """The static weight stream through `depth` VMEM banks; tile g lives in bank g mod depth
+    (g may be a traced index: the loop body computes it from the layer table)."""
 
-    def __init__(self, spec, cfg, hbm, banks, sems, dma):
-        self.cfg, self.hbm, self.banks, self.sems, self.dma = cfg, hbm, banks, sems, dma
-        stream = layout.static_stream(spec, cfg)
-        self.entries = iter(stream)
-        self.owner = [tm for tm in stream for _ in range(tm.tiles)]
-        self.g = 0
+    def __init__(self, cfg, n_tiles, hbm, banks, sems, xs, ys, dma):
+        self.cfg, self.n, self.hbm, self.banks, self.sems = cfg, n_tiles, hbm, banks, sems
+        self.xs, self.ys, self.dma = xs, ys, dma
 
     def _copy(self, g):
-        d = self.cfg.depth
-        return pltpu.make_async_copy(self.hbm.at[g], self.banks.at[g % d], self.sems.at[g % d])
+        b = lax.rem(g, self.cfg.depth)
+        return pltpu.make_async_copy(self.hbm.at[g], self.banks.at[b], self.sems.at[b])
 
-    def _issue(self, g):
-        if g < len(self.owner):
-            tm = self.owner[g]
-            self.dma.note(tm.layer, tm.mm.family, f"{tm.mm.name}[tile {g - tm.first}]",
-                          self.cfg.bank_bytes, ring=True)
+    def start(self):
+        self.dma.note("ring_start")
+        for g in range(min(self.cfg.depth, self.n)):
             self._copy(g).start()
 
-    def start(self):
-        for g in range(self.cfg.depth):
-            self._issue(g)
+    def tile(self, g, use):
+        """Wait for tile g, use(its value), then issue tile g + depth into the freed bank."""
+        self._copy(g).wait()
+        out = use(self.banks[lax.rem(g, self.cfg.depth)])
+        nxt = g + self.cfg.depth
 
-    def _tiles(self, name):
-        """Yields (i, j, bank ref) for each tile of the next matmul, which must be `name`."""
-        tm = next(self.entries)
-        assert tm.mm.name == name, (tm.mm.name, name)
-        for j in range(tm.cols):
-            for i in range(tm.rows):
-                g = self.g
-                self._copy(g).wait()
-                yield i, j, self.banks.at[g % self.cfg.depth]
-                self._issue(g + self.cfg.depth)
-                self.g += 1
-
-    def matmul(self, name, x, d_in, d_out):
-        """x [rows, d_in] f32 @ W[name] -> [rows, d_out] f32, tile by tile (bf16 operands)."""
-        t = self.cfg.tile
-        xb = x.astype(BF16)
-        pad = -d_in % t
-        if pad:
-            xb = jnp.concatenate([xb, jnp.zeros((xb.shape[0], pad), BF16)], axis=1)
-        cols = {}
-        for i, j, bank in self._tiles(name):
-            part = jnp.dot(xb[:, i * t:(i + 1) * t], bank[...], preferred_element_type=F32)
-            cols[j] = part if i == 0 else cols[j] + part
-        return jnp.concatenate([cols[j] for j in sorted(cols)], axis=1)[:, :d_out]
-
-    def matrix(self, name, d_in, d_out):
-        """The whole matrix W[name] [d_in, d_out] as a bf16 value (for the absorbed MLA)."""
-        tiles = {}
-        for i, j, bank in self._tiles(name):
-            tiles[i, j] = bank[...]
-        rows = max(i for i, _ in tiles) + 1
-        cols = max(j for _, j in tiles) + 1
-        full = jnp.concatenate([jnp.concatenate([tiles[i, j] for i in range(rows)], axis=0)
-                                for j in range(cols)], axis=1)
-        return full[:d_in, :d_out]
-
-
-class _Vectors:
-    """Per-layer small vectors, double-buffered: layer i+1's copy is issued when layer i starts."""
-
-    def __init__(self, spec, hbm, buf, sems, dma):
-        self.spec, self.hbm, self.buf, self.sems, self.dma = spec, hbm, buf, sems, dma
-        self.layers = (*spec.layers, None)
-
-    def _copies(self, i):
-        out = []
-        for family, r, n in layout.vector_copies(self.spec, self.layers[i]):
-            out.append((family, pltpu.make_async_copy(self.hbm.at[i, pl.ds(r, n)],
-                                                      self.buf.at[i % 2, pl.ds(r, n)],
-                                                      self.sems.at[i % 2]), n))
+        @pl.when(nxt < self.n)
+        def _():
+            self._copy(nxt).start()
         return out
 
-    def _issue(self, i):
-        if i < len(self.layers):
-            for family, cp, n in self._copies(i):
-                self.dma.note(i + 1, family, "vectors", n * layout.LANES * 2)
-                cp.start()
+    def matmul(self, name, g0, x, rows, cols, d_out):
+        """x [bp, d_in] @ the matmul whose first tile is g0 -> [bp, d_out] f32."""
+        self.dma.note("ring", name=name)
+        return _tiled_matmul(x, rows, cols, d_out, lambda k, use: self.tile(g0 + k, use),
+                             self.xs, self.ys)
 
-    def start(self):
-        self._issue(0)
+    def matrix(self, name, g0, rows, cols, d_in, d_out, buf):
+        """The whole matrix [d_in, d_out] as a bf16 value, its tiles gathered in VMEM buf."""
+        self.dma.note("ring", name=name)
 
-    def begin(self, i):
-        """Wait for entry i (0-based layer; n_layers = final norm); returns name -> f32 value."""
-        for _, cp, _ in self._copies(i):
-            cp.wait()
-        rows = self.buf[i % 2]
-        self._issue(i + 1)
-        lay = layout.vector_layout(self.spec, self.layers[i])
-        return {name: layout.unpack_vector(rows, e) for name, e in lay.items()}
+        def body(k, carry):
+            def use(w):
+                buf[k] = w
+                return 0
+            self.tile(g0 + k, use)
+            return carry
+        lax.fori_loop(0, rows * cols, body, 0)
+        full = jnp.concatenate([jnp.concatenate([buf[j * rows + i] for i in range(rows)], axis=0)
+                                for j in range(cols)], axis=1)
+        return full[:d_in, :d_out]
 
 
 def _argmax_first(x, iota):
@@ -151,64 +148,144 @@ def _argmax_first(x, iota):
     return jnp.min(jnp.where(x == m, iota, x.shape[-1]), axis=-1, keepdims=True)
 
 
+def _switch(pred_is_first, kinds, fns, *args):
+    """fns[kinds[0]](*args) if only one kind is present, else a cond on the traced predicate."""
+    if len(kinds) == 1:
+        return fns[kinds[0]](*args)
+    return lax.cond(pred_is_first, fns[kinds[0]], fns[kinds[1]], *args)
+
+
 def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
     n_kda, n_mla = spec.count(attention="kda"), spec.count(attention="mla")
-    n_moe = spec.count(ffn="moe")
+    n_moe, n_layers = spec.count(ffn="moe"), len(spec.layers)
     refs = list(refs)
     take = lambda k: [refs.pop(0) for _ in range(k)]
-    tok_ref, pos_ref, emb_hbm, static_hbm, exp_hbm, vec_hbm = take(6)
+    tok_ref, pos_ref, table, me_ref, emb_hbm, static_hbm, exp_hbm, vec_hbm = take(8)
+    xfmt = layout.expert_format(spec, cfg) if n_moe else None
+    quantised = xfmt is not None and xfmt.name != "bf16"
+    (exp_scale_hbm,) = take(1) if quantised else (None,)
     take(2 * bool(n_kda) + bool(n_mla))  # cache inputs: aliased to the cache outputs below
     next_ref, logits_ref = take(2)
     kda_state, kda_conv = take(2) if n_kda else (None, None)
     (mla_cache,) = take(1) if n_mla else (None,)
     (ndist_ref,) = take(1)
-    ring_buf, ring_sem, slot_buf, slot_sem, vbuf, vsem, xrows, misc_sem = take(8)
+    ring_buf, ring_sem, slot_buf, slot_sem, vbuf, vsem, xrows, misc_sem, xs, ys = take(10)
+    (scale_buf,) = take(1) if quantised else (None,)
     if n_kda:
-        state_buf, conv_buf, kda_sem = take(3)
+        state_buf, conv_buf, kda_sem, kda_flag = take(4)
     if n_mla:
-        cache_buf, newrow = take(2)
+        cache_buf, newrow, kvb_buf, kv_sem = take(4)
     if n_moe:
         mask_v, mask_s, ids_s = take(3)
+    tp = layout.tp_of(spec)
+    comm = Comm(tp, me_ref, *take(4), hierarchical=cfg.hierarchical) if tp > 1 else \
+        Comm(1, me_ref, None, None, None, None)
     assert not refs
 
     b_real, bp, t = cfg.batch, cfg.padded_batch, cfg.tile
     h_dim = spec.hidden
     dma = Dma(record)
-    ring = _Ring(spec, cfg, static_hbm, ring_buf, ring_sem, dma)
-    vecs = _Vectors(spec, vec_hbm, vbuf, vsem, dma)
-    mms = {(l.index, mm.name): mm for l in spec.layers for mm in spec.layer_matmuls(l)}
+    stream = layout.static_stream(spec, cfg)
+    n_tiles = sum(tm.tiles for tm in stream)
+    ring = _Ring(cfg, n_tiles, static_hbm, ring_buf, ring_sem, xs, ys, dma)
+    att_kinds = sorted({l.attention for l in spec.layers}, key=layout.ATTENTION_IDS.get)
+    ffn_kinds = sorted({l.ffn for l in spec.layers}, key=layout.FFN_IDS.get)
     row = lax.broadcasted_iota(jnp.int32, (bp, 1), 0)
     real = row < b_real
 
-    def matmul(layer, name, x):
-        mm = mms[layer.index, name]
-        return ring.matmul(name, x, mm.d_in, mm.d_out)
+    def matmuls_of(i, attention=None, ffn=None):
+        """matmul(name, x) for layer i's attention (or FFN) part, tiles from the layer table."""
+        offs = layout.layer_tiles(spec, cfg, attention, ffn)
+        g_first = table[i, layout.FIRST if attention else layout.FFN_FIRST]
+        d_out = {mm.name: mm.d_out for mm in (spec.attention_matmuls(attention) if attention
+                                              else spec.ffn_matmuls(ffn))}
+
+        def matmul(name, x):
+            off, r, c = offs[name]
+            y = ring.matmul(name, g_first + off, x, r, c, d_out[name])
+            if name in shard.GATHERED:
+                return comm.all_gather(y)
+            return comm.all_reduce(y) if name in ("o_proj", "down") else y
+        matmul.offsets, matmul.first = offs, g_first
+        return matmul
+
+    # ----- small vectors: double-buffered, layer i+1's block issued when layer i starts -------
+    def vector_copies(entry, attention, with_router):
+        """The copies of vector entry `entry` (traced; n_layers = final norm) for a layer kind."""
+        layer = None if attention is None else \
+            perfmodel_layer(attention, "moe" if with_router else "dense")
+        slot = lax.rem(entry, 2)
+        return [pltpu.make_async_copy(vec_hbm.at[entry, pl.ds(r, n)],
+                                      vbuf.at[slot, pl.ds(r, n)], vsem.at[slot])
+                for _, r, n in layout.vector_copies(spec, layer)]
+
+    def for_vector_copies(entry, fn):
+        """fn(copy) for each copy of entry's block (entry: an int, or traced in the loop, where
+        the copies are chosen by the entry's kinds from the layer table)."""
+        def each(attention, with_router):
+            for cp in vector_copies(entry, attention, with_router):
+                fn(cp)
+        if isinstance(entry, int):
+            layer = (*spec.layers, None)[entry]
+            return each(layer and layer.attention, layer is not None and layer.ffn == "moe")
+        last = entry == n_layers
+        pl.when(last)(lambda: each(None, False))
+        safe = jnp.minimum(entry, n_layers - 1)
+        for a in att_kinds:
+            for f in ffn_kinds:
+                hit = jnp.logical_and(table[safe, layout.ATT] == layout.ATTENTION_IDS[a],
+                                      table[safe, layout.FFN] == layout.FFN_IDS[f])
+                pl.when(jnp.logical_and(jnp.logical_not(last), hit))(
+                    lambda a=a, f=f: each(a, f == "moe"))
+
+    def vectors_of(slot, attention=None, ffn=None):
+        """name -> f32 value of the block in vbuf slot, for one attention (or FFN) kind."""
+        lay = layout.vector_layout(spec, perfmodel_layer(attention or att_kinds[0],
+                                                         ffn or "dense"))
+        rows = vbuf[slot]
+        keep = ("router_bias",) if ffn else tuple(n for n in lay if n != "router_bias")
+        return {name: layout.unpack_vector(rows, lay[name]) for name in keep if name in lay}
 
     # ----- embedding -----
     with jax.named_scope("embed"):
         ring.start()
-        vecs.start()
+        if n_kda:
+            kda_flag[0] = 0
+        if tp > 1:
+            comm.counter[0] = comm.counter[1] = comm.counter[2] = 0
+        dma.note("vectors", layer=0)
+        for_vector_copies(0, lambda cp: cp.start())
         emb = [pltpu.make_async_copy(emb_hbm.at[tok_ref[b]], xrows.at[b], misc_sem.at[0])
                for b in range(b_real)]
         for cp in emb:
-            dma.note(0, "embedding", "embedding row", h_dim * 2)
+            dma.note("copy", 0, "embedding", "embedding row", h_dim // tp * 2)
             cp.start()
         for cp in emb:
             cp.wait()
-        x = jnp.where(real, xrows[:, 0, :].astype(F32), 0.0)
+        x = comm.all_gather(jnp.where(real, xrows[:, 0, :].astype(F32), 0.0))
 
-    pending = []  # KDA write-backs in flight (waited before the buffers are reused)
+    # ----- attention kinds -----
+    def kda_writes(o):
+        dst = (lambda buf: buf.at[pl.ds(0, b_real)]) if b_real < bp else (lambda buf: buf)
+        return [pltpu.make_async_copy(dst(state_buf), kda_state.at[o], kda_sem.at[2]),
+                pltpu.make_async_copy(dst(conv_buf), kda_conv.at[o], kda_sem.at[3])]
 
-    def kda_attention(layer, v, h):
-        o = ref.kind_ordinal(spec, layer)
-        for cp in pending:
-            cp.wait()
-        pending.clear()
+    @dma.branch(("attention", "kda"))
+    def kda_attention(i, h):
+        o = table[i, layout.ATT_ORD]
+        v = vectors_of(lax.rem(i, 2), attention="kda")
+
+        @pl.when(kda_flag[0] == 1)  # the previous KDA layer's write-back
+        def _():
+            for cp in kda_writes(0):
+                cp.wait()
         dst = (lambda buf: buf.at[pl.ds(0, b_real)]) if b_real < bp else (lambda buf: buf)
         reads = [pltpu.make_async_copy(kda_state.at[o], dst(state_buf), kda_sem.at[0]),
                  pltpu.make_async_copy(kda_conv.at[o], dst(conv_buf), kda_sem.at[1])]
-        for (nm, arr), cp in zip((("kda state", kda_state), ("conv window", kda_conv)), reads):
-            dma.note(layer.index, "state", nm, arr.size // arr.shape[0] * arr.dtype.itemsize)
+        sizes = [kda_state.size // kda_state.shape[0] * 4,
+                 kda_conv.size // kda_conv.shape[0] * kda_conv.dtype.itemsize]
+        for nm, nb, cp in zip(("kda state", "conv window"), sizes, reads):
+            dma.note("copy", None, "state", nm, nb)
             cp.start()
 
         def load_state():
@@ -217,87 +294,116 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
             return (jnp.where(real[:, :, None, None], state_buf[...], 0.0),
                     jnp.where(real[:, :, None], conv_buf[...], 0.0))
 
-        out, st, win = ref.kda_block(spec, functools.partial(matmul, layer), v, load_state, h)
+        out, st, win = ref.kda_block(spec, matmuls_of(i, attention="kda"), v, load_state, h)
         state_buf[...] = st
         conv_buf[...] = win.astype(conv_buf.dtype)
-        writes = [pltpu.make_async_copy(dst(state_buf), kda_state.at[o], kda_sem.at[2]),
-                  pltpu.make_async_copy(dst(conv_buf), kda_conv.at[o], kda_sem.at[3])]
-        for (nm, arr), cp in zip((("kda state", kda_state), ("conv window", kda_conv)), writes):
-            dma.note(layer.index, "state", nm + " (write back)",
-                     arr.size // arr.shape[0] * arr.dtype.itemsize)
+        for nm, nb, cp in zip(("kda state", "conv window"), sizes, kda_writes(o)):
+            dma.note("copy", None, "state", nm + " (write back)", nb)
             cp.start()
-        pending.extend(writes)
+        kda_flag[0] = 1
         return out
 
-    def mla_attention(layer, v, h):
+    @dma.branch(("attention", "mla"))
+    def mla_attention(i, h):
         m = spec.mla
-        o, cb, r = ref.kind_ordinal(spec, layer), cfg.cache_block, m.kv_lora_rank
-        d = r + m.qk_rope_dim
+        o, cb, r = table[i, layout.ATT_ORD], cfg.cache_block, m.kv_lora_rank
+        v = vectors_of(lax.rem(i, 2), attention="mla")
+        matmul = matmuls_of(i, attention="mla")
 
-        def block_copy(b, k):
+        def tile_copy(b, k):  # token tile k of sequence b into buffer k mod 3
             return pltpu.make_async_copy(mla_cache.at[o, b, pl.ds(k * cb, cb)],
-                                         cache_buf.at[b, pl.ds(k * cb, cb)], misc_sem.at[1])
+                                         cache_buf.at[k % 3], kv_sem.at[k % 3])
 
-        def for_blocks(fn):  # blocks holding positions < pos, for each real sequence
-            for b in range(b_real):
-                def body(k, carry, b=b):
-                    fn(block_copy(b, k))
-                    return carry
-                lax.fori_loop(0, (pos_ref[b] + cb - 1) // cb, body, 0)
+        def n_tiles(b):  # tiles holding positions < pos
+            return (pos_ref[b] + cb - 1) // cb
 
-        row_bytes = d * mla_cache.dtype.itemsize
-        dma.note(layer.index, "kv_cache", "latent cache block", cb * row_bytes,
-                 repeat=("cache_blocks", cb))
-        for_blocks(lambda cp: cp.start())
-        q_nope, q_rope, c_new = ref.mla_project(spec, functools.partial(matmul, layer), v, h)
-        c_new = c_new.astype(BF16)
-        newrow[:, 0, :] = c_new
+        def start_first(b):
+            for k in range(min(2, cfg.max_context // cb)):
+                pl.when(k < n_tiles(b))(lambda k=k: tile_copy(b, k).start())
+
+        row_bytes = (r + m.qk_rope_dim) * mla_cache.dtype.itemsize
+        dma.note("cache_blocks", None, "kv_cache", "latent cache block", cb * row_bytes)
+        if b_real:
+            start_first(0)  # overlaps the projections
+        q_nope, q_rope, c_new = ref.mla_project(spec, matmul, v, h)
+        off, kr, kc = matmul.offsets["kv_b"]
+        kv_b = ring.matrix("kv_b", matmul.first + off, kr, kc, r,
+                           m.heads * (m.qk_nope_dim + m.v_head_dim), kvb_buf)
+        # absorbed form, flash-style: the new token first, then the cached tiles of each
+        # sequence with an online softmax (3 buffers: tiles k+1, k+2 in flight while k is used)
+        w_uk, w_uv = ref.split_kv_b(spec, kv_b)
+        c_new = c_new.astype(BF16).astype(F32)
+        q_lat = jnp.einsum("bhn,rhn->bhr", q_nope, w_uk)
+        scale = (m.qk_nope_dim + m.qk_rope_dim) ** -0.5
+        s_n = (jnp.einsum("bhr,br->bh", q_lat, c_new[:, :r])
+               + jnp.einsum("bhp,bp->bh", q_rope, c_new[:, r:]))[..., None] * scale
+        nt = (((1,), (1,)), ((), ()))  # contract the last dims: a @ b.T
+        ctxs = []
+        for b in range(bp):
+            acc0 = jnp.broadcast_to(c_new[b:b + 1, :r], (m.heads, r))
+            if b >= b_real:
+                ctxs.append(acc0)
+                continue
+            if b:
+                start_first(b)
+
+            def body(k, carry, b=b):
+                mx, den, acc = carry
+                tile_copy(b, k).wait()
+                pl.when(k + 2 < n_tiles(b))(lambda: tile_copy(b, k + 2).start())
+                c = cache_buf[k % 3].astype(F32)
+                s = (lax.dot_general(q_lat[b], c[:, :r], nt)
+                     + lax.dot_general(q_rope[b], c[:, r:], nt)) * scale
+                t_pos = k * cb + lax.broadcasted_iota(jnp.int32, s.shape, 1)
+                s = jnp.where(t_pos < pos_ref[b], s, -jnp.inf)
+                new_mx = jnp.maximum(mx, jnp.max(s, axis=-1, keepdims=True))
+                alpha, p = jnp.exp(mx - new_mx), jnp.exp(s - new_mx)
+                return (new_mx, den * alpha + jnp.sum(p, axis=-1, keepdims=True),
+                        acc * alpha + jnp.dot(p, c[:, :r]))
+            mx, den, acc = lax.fori_loop(0, n_tiles(b), body,
+                                         (s_n[b], jnp.ones((m.heads, 1), F32), acc0))
+            ctxs.append(acc / den)
+        ctx = jnp.stack(ctxs)
+        dma.note("wait", name="latent cache block")
+        # the new row is written only now: no write overlaps a tile read of the same range
+        newrow[:, 0, :] = c_new.astype(BF16)
         writes = [pltpu.make_async_copy(newrow.at[b], mla_cache.at[o, b, pl.ds(pos_ref[b], 1)],
                                         misc_sem.at[2]) for b in range(b_real)]
         for cp in writes:
-            dma.note(layer.index, "kv_cache", "latent cache row (write)", row_bytes)
+            dma.note("copy", None, "kv_cache", "latent cache row (write)", row_bytes)
             cp.start()
-        kv_b = ring.matrix("kv_b", r, m.heads * (m.qk_nope_dim + m.v_head_dim))
-        for_blocks(lambda cp: cp.wait())
-        tpos = lax.broadcasted_iota(jnp.int32, (bp, cfg.max_context), 1)
-        pos = jnp.concatenate([jnp.full((1, 1), pos_ref[b], jnp.int32) for b in range(bp)])
-        valid = tpos < pos
-        cache = jnp.where(valid[:, :, None], cache_buf[...].astype(F32), 0.0)
-        # absorbed form over the cached positions < pos plus the new token (kept in VMEM)
-        w_uk, w_uv = ref.split_kv_b(spec, kv_b)
-        c_new = c_new.astype(F32)
-        q_lat = jnp.einsum("bhn,rhn->bhr", q_nope, w_uk)
-        scale = (m.qk_nope_dim + m.qk_rope_dim) ** -0.5
-        s_c = (jnp.einsum("bhr,btr->bht", q_lat, cache[..., :r])
-               + jnp.einsum("bhp,btp->bht", q_rope, cache[..., r:])) * scale
-        s_c = jnp.where(valid[:, None, :], s_c, -jnp.inf)
-        s_n = (jnp.einsum("bhr,br->bh", q_lat, c_new[:, :r])
-               + jnp.einsum("bhp,bp->bh", q_rope, c_new[:, r:]))[..., None] * scale
-        mx = jnp.maximum(jnp.max(s_c, axis=-1, keepdims=True), s_n)
-        p_c, p_n = jnp.exp(s_c - mx), jnp.exp(s_n - mx)
-        den = jnp.sum(p_c, axis=-1, keepdims=True) + p_n
-        ctx = (jnp.einsum("bht,btr->bhr", p_c, cache[..., :r]) + p_n * c_new[:, None, :r]) / den
-        out = ref.mla_output(spec, functools.partial(matmul, layer),
-                             jnp.einsum("bhr,rhv->bhv", ctx, w_uv), h)
+        out = ref.mla_output(spec, matmul, jnp.einsum("bhr,rhv->bhv", ctx, w_uv), h)
+        dma.note("wait", name="latent cache row (write)")
         for cp in writes:
             cp.wait()
         return out
 
-    def moe(layer, v, h):
+    # ----- FFN kinds -----
+    @dma.branch(("ffn", "dense"))
+    def dense_ffn(i, h):
+        matmul = matmuls_of(i, ffn="dense")
+        return matmul("down", ref.swiglu(matmul("gate_up", h)))
+
+    @dma.branch(("ffn", "moe"))
+    def moe(i, h):
         me, e_n = spec.moe, spec.moe.experts
-        mo = sum(1 for l in spec.layers[:layer.index - 1] if l.ffn == "moe")
+        mo = table[i, layout.MOE_ORD]
+        matmul = matmuls_of(i, ffn="moe")
         lane = lax.broadcasted_iota(jnp.int32, (bp, e_n), 1)
         with jax.named_scope("router"):
-            logits = matmul(layer, "router", h)
+            logits = matmul("router", h)
             scores = jax.nn.sigmoid(logits)
-            sel = scores + v["router_bias"]
+            sel = scores + vectors_of(lax.rem(i, 2), ffn="moe")["router_bias"]
             picked = jnp.zeros((bp, e_n), jnp.bool_)
             for _ in range(me.top_k):
                 hit = lane == _argmax_first(sel, lane)
                 picked, sel = picked | hit, jnp.where(hit, -jnp.inf, sel)
             comb = jnp.where(picked, scores, 0.0)
             comb = comb / jnp.sum(comb, axis=-1, keepdims=True)
-            used = jnp.max(jnp.where(real & picked, 1, 0), axis=0, keepdims=True)
+            own_first = (me_ref[0] // spec.expert_tp) * spec.local_experts if tp > 1 else 0
+            n_own = spec.local_experts if tp > 1 else e_n
+            own = (lane >= own_first) & (lane < own_first + n_own)
+            used = jnp.max(jnp.where(real & picked & own, 1, 0), axis=0, keepdims=True)
             mask_v[...] = used.astype(jnp.int32)
             cp = pltpu.make_async_copy(mask_v, mask_s, misc_sem.at[3])  # VMEM -> SMEM
             cp.start()
@@ -311,79 +417,107 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
             n_used = lax.fori_loop(0, e_n, compact, jnp.int32(0))
             ndist_ref[mo] = n_used
         with jax.named_scope("experts"):
-            z = matmul(layer, "latent_down", h) if me.latent_dim else h
+            z = matmul("latent_down", h) if me.latent_dim else h
             d_lat = me.latent_dim or h_dim
             s_n = cfg.expert_slots
             gu_mm, dn_mm = layout.expert_matmuls(spec)
             gu_r, gu_c = layout.tiles_of(gu_mm, t)
             dn_r, dn_c = layout.tiles_of(dn_mm, t)
 
-            def fetch(j):
-                return pltpu.make_async_copy(exp_hbm.at[mo, ids_s[j]], slot_buf.at[j % s_n],
-                                             slot_sem.at[j % s_n])
+            class fetch:  # expert j's codes (and scales) into slot j mod slots
+                def __init__(self, j):
+                    e, s = ids_s[j] - own_first, j % s_n
+                    self.copies = [pltpu.make_async_copy(exp_hbm.at[mo, e], slot_buf.at[s],
+                                                         slot_sem.at[s])]
+                    if quantised:
+                        self.copies.append(pltpu.make_async_copy(
+                            exp_scale_hbm.at[mo, e], scale_buf.at[s], slot_sem.at[s]))
 
-            dma.note(layer.index, "routed_expert", "expert",
-                     layout.tiles_per_expert(spec, cfg) * cfg.bank_bytes, routed=True,
-                     repeat=("experts", mo))
+                def start(self):
+                    for cp in self.copies:
+                        cp.start()
+
+                def wait(self):
+                    for cp in self.copies:
+                        cp.wait()
+
+            dma.note("experts", None, "routed_expert", "expert",
+                     sum(layout.expert_bytes(spec, cfg)), routed=True)
             for j in range(s_n):
                 pl.when(j < n_used)(lambda j=j: fetch(j).start())
-
-            def tiled(x, first, rows, cols, slot, d_in, d_out):
-                xb = x.astype(BF16)
-                if -d_in % t:
-                    xb = jnp.concatenate([xb, jnp.zeros((bp, -d_in % t), BF16)], axis=1)
-                outs = []
-                for jj in range(cols):
-                    acc = 0.0
-                    for ii in range(rows):
-                        w = slot_buf[slot, first + jj * rows + ii]
-                        acc = acc + jnp.dot(xb[:, ii * t:(ii + 1) * t], w,
-                                            preferred_element_type=F32)
-                    outs.append(acc)
-                return jnp.concatenate(outs, axis=1)[:, :d_out]
 
             def apply(j, acc):
                 fetch(j).wait()
                 e, slot = ids_s[j], j % s_n
-                gu = tiled(z, 0, gu_r, gu_c, slot, gu_mm.d_in, gu_mm.d_out)
-                y = tiled(ref.swiglu(gu), gu_r * gu_c, dn_r, dn_c, slot, dn_mm.d_in, dn_mm.d_out)
+                def from_slot(first):
+                    if not quantised:
+                        return lambda k, use: use(slot_buf[slot, first + k])
+                    return lambda k, use: use(quant.dequantize_tile(
+                        slot_buf[slot, first + k], scale_buf[slot, first + k], xfmt.name))
+                gu = _tiled_matmul(z, gu_r, gu_c, gu_mm.d_out, from_slot(0), xs, ys)
+                y = _tiled_matmul(ref.swiglu(gu), dn_r, dn_c, dn_mm.d_out,
+                                  from_slot(gu_r * gu_c), xs, ys)
                 pl.when(j + s_n < n_used)(lambda: fetch(j + s_n).start())
                 w_e = jnp.sum(jnp.where(lane == e, comb, 0.0), axis=1, keepdims=True)
                 return acc + w_e * y
 
+            # this device's experts' partial sum; summed over devices below
             routed = lax.fori_loop(0, n_used, apply, jnp.zeros((bp, d_lat), F32))
-            out = matmul(layer, "latent_up", routed) if me.latent_dim else routed
+            out = matmul("latent_up", comm.reduce_scatter(routed)) if me.latent_dim else routed
         if me.shared_width:
             with jax.named_scope("shared"):
-                out = out + matmul(layer, "shared_down",
-                                   ref.swiglu(matmul(layer, "shared_gate_up", h)))
-        return out
+                out = out + matmul("shared_down", ref.swiglu(matmul("shared_gate_up", h)))
+        return comm.all_reduce(out)
 
-    # ----- layers -----
-    for i, layer in enumerate(spec.layers):
-        with jax.named_scope(f"layer_{layer.index:02d}/attention"):
-            v = vecs.begin(i)
-            h = ref.rms_norm(x, v["attn_norm"])
-            attn = kda_attention if layer.attention == "kda" else mla_attention
-            x = x + attn(layer, v, h)
-        phase = "ffn" if layer.ffn == "dense" else "moe"
-        with jax.named_scope(f"layer_{layer.index:02d}/{phase}"):
-            h = ref.rms_norm(x, v["ffn_norm"])
-            if layer.ffn == "dense":
-                x = x + matmul(layer, "down", ref.swiglu(matmul(layer, "gate_up", h)))
-            else:
-                x = x + moe(layer, v, h)
+    # ----- the layer loop (one trace of each kind, whatever the layer count) -----
+    dma.scope = "loop"
+
+    def layer(i, x):
+        with jax.named_scope("layer/attention"):
+            for_vector_copies(i, lambda cp: cp.wait())
+            dma.note("vectors", layer=1)
+            for_vector_copies(i + 1, lambda cp: cp.start())
+            common = vectors_of(lax.rem(i, 2), attention=att_kinds[0])
+            h = ref.rms_norm(x, common["attn_norm"])
+            x = x + _switch(table[i, layout.ATT] == 0, att_kinds,
+                            {"kda": kda_attention, "mla": mla_attention}, i, h)
+        with jax.named_scope("layer/ffn"):
+            h = ref.rms_norm(x, common["ffn_norm"])
+            return x + _switch(table[i, layout.FFN] == 0, ffn_kinds,
+                               {"dense": dense_ffn, "moe": moe}, i, h)
+
+    x = lax.fori_loop(0, n_layers, layer, x)
+    dma.scope = "post"
 
     # ----- head -----
     with jax.named_scope("head"):
-        v = vecs.begin(len(spec.layers))
-        h = ref.rms_norm(x, v["final_norm"])
-        logits = ring.matmul("lm_head", h, spec.hidden, spec.vocab)
+        for_vector_copies(n_layers, lambda cp: cp.wait())
+        final = layout.unpack_vector(vbuf[n_layers % 2],
+                                     layout.vector_layout(spec, None)["final_norm"])
+        h = ref.rms_norm(x, final)
+        lm = stream[-1]
+        logits = ring.matmul("lm_head", lm.first, h, lm.rows, lm.cols, lm.mm.d_out)
         logits_ref[...] = logits
         lane = lax.broadcasted_iota(jnp.int32, logits.shape, 1)
-        next_ref[...] = jnp.broadcast_to(_argmax_first(logits, lane), next_ref.shape)
-        for cp in pending:
-            cp.wait()
+        best = _argmax_first(logits, lane)
+        if tp > 1:  # (max, global index) of every vocabulary shard; the first maximum wins
+            mx = jnp.max(logits, axis=-1, keepdims=True)
+            idx = (best + me_ref[0] * lm.mm.d_out).astype(F32)
+            mxs, idxs = comm.all_gather(mx), comm.all_gather(idx)
+            best = _argmax_first(mxs, lax.broadcasted_iota(jnp.int32, mxs.shape, 1))
+            pick = lax.broadcasted_iota(jnp.int32, mxs.shape, 1) == best
+            best = jnp.sum(jnp.where(pick, idxs, 0.0), axis=1, keepdims=True).astype(jnp.int32)
+        next_ref[...] = jnp.broadcast_to(best, next_ref.shape)
+        if n_kda:
+            @pl.when(kda_flag[0] == 1)
+            def _():
+                for cp in kda_writes(0):
+                    cp.wait()
+
+
+def perfmodel_layer(attention: str, ffn: str) -> Layer:
+    """A stand-in layer of the given kinds (layouts depend only on the kinds)."""
+    return Layer(1, attention, ffn)
 
 
 def _shapes(spec: ModelSpec, cfg: KernelConfig):
@@ -391,48 +525,112 @@ def _shapes(spec: ModelSpec, cfg: KernelConfig):
     bp, t, e = cfg.padded_batch, cfg.tile, spec.moe.experts if spec.moe else 1
     caches = ref.cache_shapes(spec, cfg.batch, cfg.max_context)
     n_moe = spec.count(ffn="moe")
+    tp = layout.tp_of(spec)
     out = [jax.ShapeDtypeStruct((bp, layout.LANES), jnp.int32),
-           jax.ShapeDtypeStruct((bp, spec.vocab), F32)]
+           jax.ShapeDtypeStruct((bp, spec.vocab // tp), F32)]
     out += [jax.ShapeDtypeStruct(s, d) for s, d in caches.values()]
     out.append(jax.ShapeDtypeStruct((max(n_moe, 1),), jnp.int32))
     tpe = layout.tiles_per_expert(spec, cfg) if spec.moe else 1
+    xfmt = layout.expert_format(spec, cfg) if n_moe else None
+    quantised = xfmt is not None and xfmt.name != "bf16"
+    rmax, cmax = layout.max_row_col_tiles(spec, cfg)
     scratch = [pltpu.VMEM((cfg.depth, t, t), BF16), pltpu.SemaphoreType.DMA((cfg.depth,)),
-               pltpu.VMEM((cfg.expert_slots, tpe, t, t), BF16),
+               pltpu.VMEM((cfg.expert_slots, tpe, xfmt.code_rows if xfmt else t, t),
+                          xfmt.code_dtype if xfmt else BF16),
                pltpu.SemaphoreType.DMA((cfg.expert_slots,)),
                pltpu.VMEM((2, layout.vector_rows(spec), layout.LANES), BF16),
                pltpu.SemaphoreType.DMA((2,)),
-               pltpu.VMEM((bp, 1, spec.hidden), BF16), pltpu.SemaphoreType.DMA((4,))]
+               pltpu.VMEM((bp, 1, spec.hidden // tp), BF16), pltpu.SemaphoreType.DMA((4,)),
+               pltpu.VMEM((rmax, bp, t), F32), pltpu.VMEM((cmax, bp, t), F32)]
+    if quantised:
+        scratch.append(pltpu.VMEM((cfg.expert_slots, tpe, t // xfmt.group, t),
+                                  xfmt.scale_dtype))
     if "kda_state" in caches:
         scratch += [pltpu.VMEM((bp,) + caches["kda_state"][0][2:], F32),
                     pltpu.VMEM((bp,) + caches["kda_conv"][0][2:], caches["kda_conv"][1]),
-                    pltpu.SemaphoreType.DMA((4,))]
+                    pltpu.SemaphoreType.DMA((4,)), pltpu.SMEM((1,), jnp.int32)]
     if "mla_latent" in caches:
         d = caches["mla_latent"][0][-1]
-        scratch += [pltpu.VMEM((bp, cfg.max_context, d), BF16), pltpu.VMEM((bp, 1, d), BF16)]
+        kv_b = next(mm for mm in spec.attention_matmuls("mla") if mm.name == "kv_b")
+        scratch += [pltpu.VMEM((3, cfg.cache_block, d), BF16), pltpu.VMEM((bp, 1, d), BF16),
+                    pltpu.VMEM((math.prod(layout.tiles_of(kv_b, t)), t, t), BF16),
+                    pltpu.SemaphoreType.DMA((3,))]
     if n_moe:
         scratch += [pltpu.VMEM((1, e), jnp.int32), pltpu.SMEM((1, e), jnp.int32),
                     pltpu.SMEM((e,), jnp.int32)]
+    if tp > 1:
+        send, recv = comm.buffer_widths(*collective_widths(spec), tp, cfg.hierarchical)
+        scratch += [pltpu.VMEM((bp, send), F32), pltpu.VMEM((6, tp, bp, recv), F32),
+                    pltpu.SemaphoreType.DMA((2, 6)), pltpu.SMEM((3,), jnp.int32)]
     return out, scratch
+
+
+def collective_widths(spec: ModelSpec) -> tuple[list[int], list[int]]:
+    """(widths all-gathered, widths all-reduced or reduce-scattered) by the kernel."""
+    tp = layout.tp_of(spec)
+    gathered = [spec.hidden // tp, 1]
+    gathered += [mm.d_out for l in spec.layers for mm in spec.layer_matmuls(l)
+                 if mm.name in shard.GATHERED]
+    reduced = [spec.hidden] + ([spec.moe.latent_dim] if spec.moe and spec.moe.latent_dim else [])
+    return gathered, reduced
 
 
 def build_call(spec: ModelSpec, cfg: KernelConfig, interpret=None, record: list | None = None,
                vmem_limit_bytes: int | None = None):
-    """The pallas_call: (tokens[Bp], positions[Bp], embed, static, experts, vectors, *caches) ->
-    (next[Bp,128], logits[Bp,V], *caches, distinct experts per MoE layer)."""
+    """The pallas_call: (tokens[Bp], positions[Bp], layer table, embed, static, experts,
+    vectors, *caches) -> (next[Bp,128], logits[Bp,V], *caches, distinct experts per MoE
+    layer)."""
     out_shapes, scratch = _shapes(spec, cfg)
     n_cache = len(out_shapes) - 3
+    q = int(bool(spec.count(ffn="moe")) and layout.expert_format(spec, cfg).name != "bf16")
     smem, anyspace = pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)
     vmem_block = pl.BlockSpec(memory_space=pltpu.VMEM)
     return pl.pallas_call(
         functools.partial(_kernel, spec, cfg, record),
         out_shape=tuple(out_shapes),
-        in_specs=[smem, smem] + [anyspace] * (4 + n_cache),
+        in_specs=[smem, smem, smem, smem] + [anyspace] * (4 + q + n_cache),
         out_specs=tuple([vmem_block, vmem_block] + [anyspace] * n_cache + [smem]),
         scratch_shapes=scratch,
-        input_output_aliases={6 + k: 2 + k for k in range(n_cache)},
+        input_output_aliases={8 + q + k: 2 + k for k in range(n_cache)},
         compiler_params=None if interpret else pltpu.CompilerParams(
             vmem_limit_bytes=vmem_limit_bytes),
         interpret=interpret)
+
+
+def call_args(spec: ModelSpec, cfg: KernelConfig) -> list[jax.ShapeDtypeStruct]:
+    """The pallas_call's arguments as abstract values (for tracing and lowering)."""
+    t, bp, n_moe = cfg.tile, cfg.padded_batch, spec.count(ffn="moe")
+    e = (spec.local_experts if layout.tp_of(spec) > 1 else spec.moe.experts) if spec.moe else 1
+    tpe = layout.tiles_per_expert(spec, cfg) if spec.moe else 1
+    xfmt = layout.expert_format(spec, cfg) if n_moe else None
+    sds = jax.ShapeDtypeStruct
+    args = [sds((bp,), jnp.int32), sds((bp,), jnp.int32),
+            sds(layout.layer_table(spec, cfg).shape, jnp.int32), sds((1,), jnp.int32),
+            sds((spec.vocab, 1, spec.hidden // layout.tp_of(spec)), BF16),
+            sds((sum(tm.tiles for tm in layout.static_stream(spec, cfg)), t, t), BF16),
+            sds((n_moe, e, tpe, xfmt.code_rows, t), xfmt.code_dtype) if n_moe else
+            sds((1, 1, tpe, t, t), BF16),
+            sds((len(spec.layers) + 1, layout.vector_rows(spec), layout.LANES), BF16)]
+    if n_moe and xfmt.name != "bf16":
+        args.append(sds((n_moe, e, tpe, t // xfmt.group, t), xfmt.scale_dtype))
+    return args + [sds(s, d) for s, d in
+                   ref.cache_shapes(spec, cfg.batch, cfg.max_context).values()]
+
+
+def kernel_equations(spec: ModelSpec, cfg: KernelConfig) -> int:
+    """Equations in the kernel body's jaxpr, sub-jaxprs (loops, conds) included: the trace
+    size, which must not grow with the layer count."""
+    closed = jax.make_jaxpr(build_call(spec, cfg))(*call_args(spec, cfg))
+    kernel = next(e for e in closed.jaxpr.eqns if e.primitive.name == "pallas_call")
+
+    def count(jaxpr):
+        n = 0
+        for eqn in jaxpr.eqns:
+            n += 1
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                n += count(sub)
+        return n
+    return count(kernel.params["jaxpr"])
 
 
 @functools.partial(jax.jit, static_argnames=("static", "cfg", "interpret", "vmem_limit_bytes"),
@@ -444,7 +642,9 @@ def _step(packed, cache, tokens, positions, *, static, cfg, interpret, vmem_limi
     positions = jnp.pad(positions.astype(jnp.int32), (0, pad))
     names = list(ref.cache_shapes(spec, cfg.batch, cfg.max_context))
     outs = build_call(spec, cfg, interpret, vmem_limit_bytes=vmem_limit_bytes)(
-        tokens, positions, packed.embed, packed.static, packed.experts, packed.vectors,
+        tokens, positions, jnp.asarray(layout.layer_table(spec, cfg)), jnp.zeros(1, jnp.int32),
+        packed.embed, packed.static, packed.experts, packed.vectors,
+        *([] if packed.expert_scales is None else [packed.expert_scales]),
         *[cache[k] for k in names])
     nxt, logits, *caches, ndist = outs
     return (nxt[:cfg.batch, 0], logits[:cfg.batch], dict(zip(names, caches)),

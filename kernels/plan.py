@@ -1,10 +1,12 @@
 """The megakernel's DMA plan as data (`perfmodel.dmaplan.Copy`), derived from the kernel itself.
 
-The kernel records every DMA issue site while it is traced (`megakernel.Dma`); this module
-traces it once per (spec, config) and expands the data-dependent sites: one routed copy per
-distinct expert a MoE layer picked, and per sequence ceil(pos / cache_block) MLA cache blocks.
-Copies are listed in issue order; `bytes` is what the DMA moves, tile padding included, and
-write-backs (KDA state, new MLA cache rows) are listed too, since they use the same DMA engine.
+The kernel records every DMA issue site while it is traced (`megakernel.Dma`): the layer loop's
+body is traced once, so this module walks the layers in Python, replaying for each layer the
+sites of its kinds, and expands the ring (each consumed tile issues the one `depth` ahead) and
+the data-dependent sites: one routed copy per distinct expert a MoE layer picked, and per
+sequence ceil(pos / cache_block) MLA cache blocks. Copies are listed in issue order; `bytes` is
+what the DMA moves, tile padding included, and write-backs (KDA state, new MLA cache rows) are
+listed too, since they use the same DMA engine.
 """
 from __future__ import annotations
 
@@ -27,19 +29,7 @@ def _records(static: reference.StaticSpec, cfg: KernelConfig) -> tuple[dict, ...
     spec = static.spec
     record: list = []
     call = megakernel.build_call(spec, cfg, interpret=None, record=record)
-    t, bp = cfg.tile, cfg.padded_batch
-    n_moe = spec.count(ffn="moe")
-    e = spec.moe.experts if spec.moe else 1
-    tpe = layout.tiles_per_expert(spec, cfg) if spec.moe else 1
-    sds = jax.ShapeDtypeStruct
-    args = [sds((bp,), jnp.int32), sds((bp,), jnp.int32),
-            sds((spec.vocab, 1, spec.hidden), jnp.bfloat16),
-            sds((sum(tm.tiles for tm in layout.static_stream(spec, cfg)), t, t), jnp.bfloat16),
-            sds((n_moe, e, tpe, t, t) if n_moe else (1, 1, tpe, t, t), jnp.bfloat16),
-            sds((len(spec.layers) + 1, layout.vector_rows(spec), layout.LANES), jnp.bfloat16)]
-    args += [sds(s, d) for s, d in
-             reference.cache_shapes(spec, cfg.batch, cfg.max_context).values()]
-    jax.eval_shape(call, *args)
+    jax.eval_shape(call, *megakernel.call_args(spec, cfg))
     return tuple(record)
 
 
@@ -53,6 +43,21 @@ def dma_plan(spec: ModelSpec, cfg: KernelConfig, distinct_experts: list[int] | N
     blocks holding 0..pos-1 are read); None = max_context - 1 for every sequence.
     """
     layout.check_kernel_spec(spec, cfg)
+    return [c for c in _expand(spec, cfg, distinct_experts, positions) if c is not None]
+
+
+def dma_events(spec: ModelSpec, cfg: KernelConfig, distinct_experts: list[int] | None = None,
+               positions: list[int] | None = None) -> list[tuple[str, int, str]]:
+    """The plan with the kernel's recorded waits: ("start", layer, name) per copy and
+    ("wait", layer, name) where the kernel waits for the copies named `name`, in program
+    order (for ordering checks, e.g. no cache row written while block reads are in flight)."""
+    layout.check_kernel_spec(spec, cfg)
+    return [e for e in _expand(spec, cfg, distinct_experts, positions, events=True)
+            if e is not None]
+
+
+def _expand(spec, cfg, distinct_experts, positions, events=False):
+    """Replay the recorded sites layer by layer (see the module docstring)."""
     n_moe = spec.count(ffn="moe")
     if distinct_experts is None:
         distinct_experts = [min(spec.moe.experts, cfg.batch * spec.moe.top_k)] * n_moe
@@ -67,40 +72,85 @@ def dma_plan(spec: ModelSpec, cfg: KernelConfig, distinct_experts: list[int] | N
     require(len(positions) == cfg.batch and all(0 <= p < cfg.max_context for p in positions),
             "positions", list(positions),
             f"expected {cfg.batch} positions in [0, max_context={cfg.max_context})")
-    out: list[Copy] = []
+    stream = layout.static_stream(spec, cfg)
+    owner = [tm for tm in stream for _ in range(tm.tiles)]
+    by_name = {(tm.layer, tm.mm.name): tm for tm in stream}
+    entries = (*spec.layers, None)
+    n = 0      # copies so far
+    ring = 0   # next static tile to issue
 
-    def add(r, name, routed=False):
-        out.append(Copy(len(out), r["layer"], r["family"], name, r["bytes"], routed, r["ring"]))
+    def copy(layer, family, name, nbytes, routed=False, ring_tile=False):
+        nonlocal n
+        n += 1
+        c = Copy(n - 1, layer, family, name, nbytes, routed, ring_tile)
+        return ("start", layer, name) if events else c
 
-    for r in _records(reference.StaticSpec(spec), cfg):
-        rep = r["repeat"]
-        if rep is None:
-            add(r, r["name"], r["routed"])
-        elif rep[0] == "experts":
-            for j in range(int(distinct_experts[rep[1]])):
-                add(r, f"expert {j} -> slot {j % cfg.expert_slots}", True)
-        else:
-            for b, p in enumerate(positions):
-                for k in range(math.ceil(p / rep[1])):
-                    add(r, f"{r['name']} seq {b} block {k}")
-    return out
+    def issue_ring(upto):
+        nonlocal ring
+        while ring < min(upto, len(owner)):
+            tm = owner[ring]
+            yield copy(tm.layer, tm.mm.family, f"{tm.mm.name}[tile {ring - tm.first}]",
+                       cfg.bank_bytes, ring_tile=True)
+            ring += 1
+
+    def sites(records, layer):
+        for r in records:
+            when = r["when"]
+            if when and getattr(layer, when[0]) != when[1]:
+                continue
+            here = r["layer"] if r["layer"] is not None else getattr(layer, "index", None)
+            site = r["site"]
+            if site == "ring_start":
+                yield from issue_ring(cfg.depth)
+            elif site == "ring":
+                tm = by_name[(len(spec.layers) + 1 if layer is None else layer.index, r["name"])]
+                for k in range(tm.tiles):
+                    yield from issue_ring(tm.first + k + 1 + cfg.depth)
+            elif site == "vectors":
+                entry = r["layer"] + (0 if layer is None else layer.index - 1)
+                for family, _, rows in layout.vector_copies(spec, entries[entry]):
+                    yield copy(entry + 1, family, "vectors", rows * layout.LANES * 2)
+            elif site == "experts":
+                mo = sum(1 for l in spec.layers[:layer.index - 1] if l.ffn == "moe")
+                for j in range(int(distinct_experts[mo])):
+                    yield copy(here, r["family"], f"expert {j} -> slot {j % cfg.expert_slots}",
+                               r["bytes"], routed=True)
+            elif site == "cache_blocks":
+                block = cfg.cache_block
+                for b, p in enumerate(positions):
+                    for k in range(math.ceil(p / block)):
+                        yield copy(here, r["family"], f"{r['name']} seq {b} block {k}",
+                                   r["bytes"])
+            elif site == "wait":
+                yield ("wait", here, r["name"]) if events else None
+            else:
+                yield copy(here, r["family"], r["name"], r["bytes"], r["routed"])
+
+    records = _records(reference.StaticSpec(spec), cfg)
+    scoped = {s: [r for r in records if r["scope"] == s] for s in ("pre", "loop", "post")}
+    yield from sites(scoped["pre"], None)
+    for layer in spec.layers:
+        yield from sites(scoped["loop"], layer)
+    yield from sites(scoped["post"], None)
 
 
 def overhead_bytes(spec: ModelSpec, cfg: KernelConfig,
                    distinct_experts: list[int] | None = None) -> dict[str, int]:
     """What the plan moves beyond the weight / cache bytes an analytic model counts
     (`perfmodel.ops`): "tile_padding", the zeros that pad static matmuls and the routed experts
-    fetched this step to whole T x T tiles; "vectors", the small per-layer vectors (norms, conv
-    taps, decay constants, router bias, final norm) in 16 x 128 row blocks."""
+    fetched this step to whole T x T tiles (quantised experts: plus the per-channel scales of
+    int8 / fp8, which the model's formats do not count); "vectors", the small per-layer
+    vectors (norms, conv taps, decay constants, router bias, final norm) in 16 x 128 row
+    blocks."""
     pad = sum(tm.tiles * cfg.bank_bytes - 2 * tm.mm.params
               for tm in layout.static_stream(spec, cfg))
     if spec.count(ffn="moe"):
         n_moe = spec.count(ffn="moe")
         if distinct_experts is None:
             distinct_experts = [min(spec.moe.experts, cfg.batch * spec.moe.top_k)] * n_moe
-        per_expert = sum(2 * mm.params // mm.experts for mm in layout.expert_matmuls(spec))
-        pad += sum(distinct_experts) * (layout.tiles_per_expert(spec, cfg) * cfg.bank_bytes
-                                        - per_expert)
+        per_expert = sum(mm.params // mm.experts for mm in layout.expert_matmuls(spec)) \
+            * spec.formats["routed_expert"].bytes_per_value
+        pad += sum(distinct_experts) * (sum(layout.expert_bytes(spec, cfg)) - per_expert)
     vectors = sum(n * layout.LANES * 2 for layer in (*spec.layers, None)
                   for _, _, n in layout.vector_copies(spec, layer))
     return {"tile_padding": int(pad), "vectors": int(vectors)}

@@ -1,15 +1,21 @@
 """Generate tokens with the megakernel from seeded random weights.
 
     python -m kernels.run --preset kimi-k3-mini --batch 4 --steps 8 --depth 6 [--interpret]
+    python -m kernels.run --preset PRESET --devices 8 --tp 8 --ep 4 [--interpret]
 
-Prints the VMEM budget, the DMA plan summary of the first step (bytes per layer by family) and
-the generated tokens; on a real TPU (without --interpret) also the time per step. Interpret mode
-(Pallas TPU interpreter on CPU, race detection on) checks numerics only: no timing is measured.
+Prints the VMEM budget, the DMA plan summary of the first step (bytes per layer by family, of
+device 0) and the generated tokens; on a real TPU (without --interpret) also the time per step.
+With --devices N > 1 the kernel runs once per device under shard_map (tensor parallel over all
+N devices, routed experts in --ep groups); with --interpret on CPU, N virtual devices are made
+(XLA_FLAGS). Interpret mode (Pallas TPU interpreter on CPU, race detection on) checks numerics
+only: no timing is measured.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import os
 import sys
 import time
 
@@ -20,26 +26,30 @@ from jax.experimental.pallas import tpu as pltpu
 
 from perfmodel.arch import load_model
 from perfmodel.errors import SpecError
+from perfmodel.formats import get_format
 
-from . import layout, megakernel, plan, reference, vmem
+from . import layout, megakernel, parallel, plan, quant, reference, shard, vmem
 
 
-def _generate(spec, cfg, packed, cache, tokens, positions, interpret, steps):
+def _generate(spec, cfg, packed, cache, tokens, positions, step_fn, steps):
     """Greedy decoding: (tokens per step incl. the first [B, steps+1], wall time per step);
-    prints the DMA plan of step 1. Positions stay < max_context (checked by the caller)."""
+    prints the DMA plan of step 1. Positions stay < max_context (checked by the caller). spec:
+    the (device) spec the step runs."""
     generated, times = [np.asarray(tokens)], []
-    step_fn = megakernel.make_step(spec, cfg, interpret)
+    tp = layout.tp_of(spec)
     for step in range(steps):
         t0 = time.perf_counter()
         tokens, _, cache, distinct = step_fn(packed, cache, tokens, positions)
         jax.block_until_ready(tokens)
         times.append(time.perf_counter() - t0)
         if step == 0:
-            distinct = [int(d) for d in distinct]
+            distinct = [int(d) for d in (distinct[0] if tp > 1 else distinct)]
             first = plan.dma_plan(spec, cfg, distinct, [int(q) for q in positions])
             print(f"\nDMA plan of step 1 ({len(first)} copies, distinct experts per MoE layer "
                   f"{distinct}), bytes per layer by family:")
             print(plan.summary(spec, first))
+            if tp > 1:
+                continue  # the simulator's plan input is for one device without collectives
             pred = plan.predicted_step(spec, cfg, first, int(max(positions)))
             print(f"\npredicted on one tpu-v7 TensorCore from this plan (perfmodel simulator, not "
                   f"a measurement): {pred.step_s * 1e6:.1f} us/step, {pred.bytes_per_device:,.0f} B moved, "
@@ -50,26 +60,51 @@ def _generate(spec, cfg, packed, cache, tokens, positions, interpret, steps):
 
 
 def main(argv: list[str] | None = None) -> int:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--devices", type=int, default=1)
+    pre.add_argument("--interpret", action="store_true")
+    k, _ = pre.parse_known_args(argv)
+    if k.interpret and k.devices > 1 and "host_platform_device_count" not in \
+            os.environ.get("XLA_FLAGS", ""):  # before JAX creates its CPU backend
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   f" --xla_force_host_platform_device_count={k.devices}")
     p = argparse.ArgumentParser(prog="python -m kernels.run", description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="kimi-k3-mini")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--depth", type=int, default=6, help="weight ring banks")
     p.add_argument("--slots", type=int, default=2, help="routed expert slots")
-    p.add_argument("--tile", type=int, default=128, help="weight tile edge (bank = 2*T*T bytes)")
+    p.add_argument("--tile", type=int, default=vmem.chip_info().mxu_column_size,
+                   help="weight tile edge (bank = 2*T*T bytes); default the MXU width")
     p.add_argument("--context", type=int, default=64, help="MLA cache capacity (tokens)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--expert-format", choices=("bf16",) + quant.QUANTISED,
+                   help="store the routed experts in this format (default: the preset's)")
+    p.add_argument("--devices", type=int, default=1, help="mesh devices (TensorCores)")
+    p.add_argument("--tp", type=int, help="tensor-parallel degree (default and only: --devices)")
+    p.add_argument("--ep", type=int, help="expert-parallel groups (default: one per device)")
+    p.add_argument("--hierarchical", action="store_true",
+                   help="all-reduce with the sibling TensorCore first")
     p.add_argument("--trace-dir", help="write a jax.profiler trace of the steps here")
     p.add_argument("--interpret", action="store_true",
                    help="Pallas TPU interpret mode on CPU (numerics only, no timing)")
     a = p.parse_args(argv)
     try:
         spec = load_model(a.preset)
+        if a.expert_format:
+            spec = dataclasses.replace(spec, formats=spec.formats | {
+                "routed_expert": get_format(a.expert_format, "expert-format")})
         cfg = layout.KernelConfig(batch=a.batch, max_context=a.context, depth=a.depth,
-                                  tile=a.tile, expert_slots=a.slots)
+                                  tile=a.tile, expert_slots=a.slots,
+                                  cache_block=min(256, a.context), hierarchical=a.hierarchical)
         if a.steps > a.context:
             raise SpecError("steps", a.steps, f"must be <= --context ({a.context})")
-        budget = vmem.check_vmem(spec, cfg)
+        tp = a.tp or a.devices
+        if tp != a.devices:
+            raise SpecError("tp", tp, f"must equal --devices ({a.devices}): the kernel has no "
+                            "data parallelism")
+        dspec = shard.device_spec(spec, tp, a.ep) if tp > 1 else spec
+        budget = vmem.check_vmem(dspec, cfg)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -79,19 +114,29 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     interpret = pltpu.InterpretParams(detect_races=True) if a.interpret else None
-    print(f"{spec.name}: {len(spec.layers)} layers, batch {cfg.batch} (padded {cfg.padded_batch}),"
+    try:
+        step_fn = parallel.make_step(spec, cfg, tp, a.ep, interpret)[1] if tp > 1 else \
+            megakernel.make_step(spec, cfg, interpret)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{spec.name}: {len(spec.layers)} layers on {tp} device(s), "
+          f"batch {cfg.batch} (padded {cfg.padded_batch}),"
           f" ring {cfg.depth} x {cfg.bank_bytes:,} B, {cfg.expert_slots} expert slots")
     print(budget.table())
 
     weights = reference.init_weights(spec, a.seed)
-    packed = layout.pack_weights(weights, cfg)
     cache = reference.init_cache(spec, cfg.batch, cfg.max_context)
+    if tp > 1:
+        packed, cache = parallel.pack(weights, cfg, dspec), parallel.shard_cache(cache, dspec)
+    else:
+        packed = layout.pack_weights(weights, cfg)
     rng = np.random.default_rng(a.seed)
     tokens = jnp.asarray(rng.integers(0, spec.vocab, cfg.batch), jnp.int32)
     positions = jnp.zeros((cfg.batch,), jnp.int32)
     tracing = jax.profiler.trace(a.trace_dir) if a.trace_dir else contextlib.nullcontext()
     with tracing:
-        generated, times = _generate(spec, cfg, packed, cache, tokens, positions, interpret,
+        generated, times = _generate(dspec, cfg, packed, cache, tokens, positions, step_fn,
                                      a.steps)
     print("\ntokens (one row per sequence):")
     for row in generated:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
 from perfmodel.arch import ModelSpec
-from perfmodel.errors import SpecError
+from perfmodel.errors import SpecError, require
 
 from . import layout, reference
 from .layout import KernelConfig
@@ -66,16 +66,17 @@ def padded_bytes(shape: tuple[int, ...], dtype, info: pltpu.TpuInfo) -> int:
 def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buffer]:
     """The kernel's VMEM scratch and blocks, plus its largest compiler-managed values."""
     bp, t, h = cfg.padded_batch, cfg.tile, spec.hidden
+    xfmt = layout.expert_format(spec, cfg)
     caches = reference.cache_shapes(spec, cfg.batch, cfg.max_context)
     items = [("weight ring (depth x tile)", (cfg.depth, t, t), jnp.bfloat16),
              ("expert slots", (cfg.expert_slots, layout.tiles_per_expert(spec, cfg) if spec.moe
-                               else 1, t, t), jnp.bfloat16),
+                               else 1, xfmt.code_rows, t), xfmt.code_dtype),
              ("layer vectors (double buffer)", (2, layout.vector_rows(spec), layout.LANES),
               jnp.bfloat16),
-             ("embedding rows", (bp, 1, h), jnp.bfloat16),
+             ("embedding rows", (bp, 1, h // layout.tp_of(spec)), jnp.bfloat16),
              ("next tokens (output)", (bp, layout.LANES), jnp.int32),
-             ("logits (output)", (bp, spec.vocab), jnp.float32),
-             ("logits (value)", (bp, spec.vocab), jnp.float32),
+             ("logits (output)", (bp, layout.lm_head_matmul(spec).d_out), jnp.float32),
+             ("logits (value)", (bp, layout.lm_head_matmul(spec).d_out), jnp.float32),
              ("residual + normed input (values)", (2, bp, h), jnp.float32)]
     if "kda_state" in caches:
         items += [("kda state", (bp,) + caches["kda_state"][0][2:], jnp.float32),
@@ -84,23 +85,36 @@ def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buf
     if "mla_latent" in caches:
         m = spec.mla
         d = caches["mla_latent"][0][-1]
-        items += [("mla cache blocks", (bp, cfg.max_context, d), jnp.bfloat16),
-                  ("mla cache (f32 value)", (bp, cfg.max_context, d), jnp.float32),
+        items += [("mla cache tiles (3 buffers)", (3, cfg.cache_block, d), jnp.bfloat16),
+                  ("mla cache tile (f32 value)", (cfg.cache_block, d), jnp.float32),
                   ("mla new latent row", (bp, 1, d), jnp.bfloat16),
                   ("mla kv_b (value)", (m.kv_lora_rank, m.heads * (m.qk_nope_dim + m.v_head_dim)),
                    jnp.bfloat16)]
     if spec.moe:
         items.append(("used-expert mask", (1, spec.moe.experts), jnp.int32))
+        if xfmt.scale_dtype is not None:
+            items.append(("expert scale slots", (cfg.expert_slots, layout.tiles_per_expert(
+                spec, cfg), t // xfmt.group, t), xfmt.scale_dtype))
+    tp = layout.tp_of(spec)
+    if tp > 1:
+        from . import comm, megakernel
+        send, recv = comm.buffer_widths(*megakernel.collective_widths(spec), tp, cfg.hierarchical)
+        items += [("collective send buffer", (bp, send), jnp.float32),
+                  ("collective receive buffers", (6, tp, bp, recv), jnp.float32)]
     return [Buffer(n, tuple(s), jnp.dtype(d).name, padded_bytes(s, d, info)) for n, s, d in items]
 
 
 def check_vmem(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo | None = None,
                capacity_bytes: int | None = None) -> Budget:
     """The budget, or SpecError naming the largest buffers and the excess when it does not fit
-    in `capacity_bytes` (default: the chip's VMEM per core)."""
+    in `capacity_bytes` (default: the chip's VMEM per core); the tile must be a multiple of the
+    chip's MXU width."""
     layout.check_kernel_spec(spec, cfg)
     info = info or chip_info()
     cap = info.vmem_capacity_bytes if capacity_bytes is None else capacity_bytes
+    require(cfg.tile % info.mxu_column_size == 0, "tile", cfg.tile,
+            f"must be a multiple of the MXU width of TPU {info.chip_version} "
+            f"({info.mxu_column_size}, jax tpu_info)")
     attached = "attached" if pltpu.is_tpu_device() else "no TPU attached, jax tpu_info figures"
     budget = Budget(tuple(buffers(spec, cfg, info)), cap,
                     f"TPU {info.chip_version} ({attached}, per TensorCore)")

@@ -1,0 +1,108 @@
+"""The megakernel on a mesh of `tp` devices: one pallas_call per device under `shard_map`, with
+the shards of `kernels.shard` and the in-kernel collectives of `kernels.comm`.
+
+Every per-device array gets a leading device axis (sharded over the mesh axis): packed weights,
+caches (KDA state and conv window hold the device's heads; the MLA latent cache is replicated,
+one copy per device, written identically by all). `shard_cache` / `unshard_cache` convert
+between the reference's cache layout and this one.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+
+from perfmodel.arch import ModelSpec
+from perfmodel.errors import require
+
+from . import layout, megakernel, reference, shard, vmem
+from .comm import AXIS
+from .layout import KernelConfig, Packed
+
+
+def pack(weights: reference.Weights, cfg: KernelConfig, dspec: shard.DeviceSpec) -> Packed:
+    """Every device's packed shard, stacked on a leading device axis."""
+    per = [layout.pack_weights(shard.shard_weights(weights, dspec, d), cfg)
+           for d in range(dspec.tp)]
+    return jax.tree.map(lambda *a: jnp.stack(a), *per)
+
+
+def _qkv_heads(w, d, tp):
+    """The q|k|v channel layout of the conv window restricted to device d's heads."""
+    return jnp.concatenate([p[..., d * p.shape[-1] // tp:(d + 1) * p.shape[-1] // tp]
+                            for p in jnp.split(w, 3, axis=-1)], axis=-1)
+
+
+def shard_cache(cache: dict, dspec: shard.DeviceSpec) -> dict:
+    tp, out = dspec.tp, {}
+    for name, c in cache.items():
+        if name == "kda_state":
+            hl = c.shape[2] // tp
+            out[name] = jnp.stack([c[:, :, d * hl:(d + 1) * hl] for d in range(tp)])
+        elif name == "kda_conv":
+            out[name] = jnp.stack([_qkv_heads(c, d, tp) for d in range(tp)])
+        else:
+            out[name] = jnp.stack([c] * tp)
+    return out
+
+
+def unshard_cache(cache: dict, dspec: shard.DeviceSpec) -> dict:
+    out = {}
+    for name, c in cache.items():
+        if name == "kda_state":
+            out[name] = jnp.concatenate(list(c), axis=2)
+        elif name == "kda_conv":
+            parts = [jnp.split(c[d], 3, axis=-1) for d in range(dspec.tp)]
+            out[name] = jnp.concatenate([jnp.concatenate([p[k] for p in parts], axis=-1)
+                                         for k in range(3)], axis=-1)
+        else:
+            out[name] = c[0]
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("static", "cfg", "interpret", "vmem_limit_bytes"),
+                   donate_argnames=("cache",))
+def _step(packed, cache, tokens, positions, *, static, cfg, interpret, vmem_limit_bytes=None):
+    dspec = static.spec
+    tp = dspec.tp
+    pad = cfg.padded_batch - cfg.batch
+    tokens = jnp.pad(tokens.astype(jnp.int32), (0, pad))
+    positions = jnp.pad(positions.astype(jnp.int32), (0, pad))
+    names = list(reference.cache_shapes(dspec, cfg.batch, cfg.max_context))
+    call = megakernel.build_call(dspec, cfg, interpret, vmem_limit_bytes=vmem_limit_bytes)
+    mesh = Mesh(np.asarray(jax.devices()[:tp]), (AXIS,))
+
+    def per_device(me, tok, pos, table, *arrays):  # weights and caches: this device's [0]
+        outs = call(tok, pos, table, me, *(a[0] for a in arrays))
+        return tuple(o[None] for o in outs)
+
+    weights = [packed.embed, packed.static, packed.experts, packed.vectors]
+    weights += [] if packed.expert_scales is None else [packed.expert_scales]
+    dev, rep = P(AXIS), P()
+    outs = jax.shard_map(per_device, mesh=mesh,
+                         in_specs=(dev, rep, rep, rep) + (dev,) * (len(weights) + len(names)),
+                         out_specs=dev, check_vma=False)(
+        jnp.arange(tp, dtype=jnp.int32), tokens, positions,
+        jnp.asarray(layout.layer_table(dspec, cfg)), *weights, *[cache[k] for k in names])
+    nxt, logits, *caches, ndist = outs
+    logits = jnp.concatenate(list(logits), axis=-1)  # vocabulary shards in device order
+    return (nxt[0, :cfg.batch, 0], logits[:cfg.batch], dict(zip(names, caches)),
+            ndist[:, :dspec.count(ffn="moe")])
+
+
+def make_step(spec: ModelSpec, cfg: KernelConfig, tp: int, ep: int | None = None,
+              interpret=None):
+    """(device spec, step(packed, cache, tokens, positions) -> (next tokens [B], logits [B, V],
+    new cache, distinct experts fetched per device and MoE layer [tp, n_moe])) on the first
+    `tp` devices; packed from `pack`, cache from `shard_cache`."""
+    require(len(jax.devices()) >= tp, "tp", tp,
+            f"needs {tp} devices, {len(jax.devices())} present (on CPU set XLA_FLAGS="
+            f"--xla_force_host_platform_device_count={tp})")
+    dspec = shard.device_spec(spec, tp, ep)
+    budget = vmem.check_vmem(dspec, cfg)
+    return dspec, functools.partial(
+        _step, static=reference.StaticSpec(dspec), cfg=cfg, interpret=interpret,
+        vmem_limit_bytes=None if interpret else budget.capacity_bytes)
