@@ -102,10 +102,15 @@ def model_ref(name: str) -> tuple:
     return (name, None, None) if up is None else (name, *up)
 
 
+@st.cache_data(show_spinner=False, max_entries=8)
+def file_text(path: str, mtime: float) -> str:
+    return Path(path).read_text()
+
+
 def hardware_ref(name: str) -> tuple:
     local = local_hardware().get(name)
     if local is not None:  # keyed on the text, so a re-measured file is picked up
-        return (name, ".toml", local.read_text())
+        return (name, ".toml", file_text(str(local), local.stat().st_mtime))
     up = uploads("hardware").get(name)
     return (name, None, None) if up is None else (name, *up)
 

@@ -7,7 +7,6 @@ one error box per cause with the nearest layouts that run.
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
 from perfmodel.errors import SpecError
@@ -183,15 +182,16 @@ def render() -> None:
 
 
 def draw(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, log_y: bool) -> None:
-    fig = go.Figure()
+    """The chart, built as a plain figure dict (no plotly object validation: this runs on every input)."""
     colors = {p["label"]: PLATFORM_COLORS[p["tag"]] for p in (x["pa"], x["pb"])}
+    data = []
     if not pdf.empty:
         for (label, spec), g in pdf.groupby(["platform", "spec_decode"], sort=False):
             name = f"{label} predicted" + (" + spec decode" if spec else "")
-            fig.add_trace(go.Scatter(
-                x=g["batch"], y=g["predicted_tokens_per_s"], mode="lines+markers", name=name,
-                line=dict(color=colors.get(label), dash="dash" if spec else "solid"),
-                customdata=g[["step_ms", "bound", "hbm_utilisation"]].to_numpy(),
+            data.append(dict(
+                type="scatter", x=g["batch"].tolist(), y=g["predicted_tokens_per_s"].tolist(), mode="lines+markers",
+                name=name, line=dict(color=colors.get(label), dash="dash" if spec else "solid"),
+                customdata=g[["step_ms", "bound", "hbm_utilisation"]].to_numpy().tolist(),
                 hovertemplate=("batch %{x}<br>predicted %{y:,.0f} tokens/s<br>step %{customdata[0]:.3f} ms"
                                "<br>bound: %{customdata[1]}<br>HBM utilisation %{customdata[2]:.0%}"
                                f"<extra>{name}</extra>")))
@@ -200,23 +200,23 @@ def draw(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, log_y: bool) -> None:
         sources = list(dict.fromkeys(plotted["source"]))
         for (label, spec, source), g in plotted.groupby(["platform", "spec_decode", "source"], sort=False):
             name = f"{source}" + (" + spec decode" if spec else "") + f" (platform {label.split(':')[0]})"
-            fig.add_trace(go.Scatter(
-                x=g["batch"], y=g["measured_tokens_per_s"], mode="markers", name=name,
-                marker=dict(color=colors.get(label), size=12, line=dict(width=2),
-                            symbol=SOURCE_SYMBOLS[sources.index(source) % len(SOURCE_SYMBOLS)]),
-                customdata=g[["predicted_tokens_per_s", "error", "reference"]].to_numpy(),
+            data.append(dict(
+                type="scatter", x=g["batch"].tolist(), y=g["measured_tokens_per_s"].tolist(), mode="markers",
+                name=name, marker=dict(color=colors.get(label), size=12, line=dict(width=2),
+                                       symbol=SOURCE_SYMBOLS[sources.index(source) % len(SOURCE_SYMBOLS)]),
+                customdata=g[["predicted_tokens_per_s", "error", "reference"]].to_numpy().tolist(),
                 hovertemplate=("batch %{x}<br>measured %{y:,.0f} tokens/s<br>predicted %{customdata[0]:,.0f} "
                                "tokens/s<br>error %{customdata[1]:+.1%}<br>%{customdata[2]}"
                                f"<extra>{name}</extra>")))
+    layout = dict(xaxis=dict(title=dict(text="batch (sequences)"), type="log", tickvals=list(x["batches"])),
+                  yaxis=dict(title=dict(text="aggregate decode tokens/s" + (" (log)" if log_y else "")),
+                             type="log" if log_y else "linear"),
+                  height=500, legend=dict(orientation="h", y=-0.2), margin=dict(t=30))
     if pdf.empty:
-        fig.add_annotation(text="No platform can run this model at these layouts: see the messages above "
-                           "(and the nearest layouts that run).", showarrow=False, xref="paper", yref="paper",
-                           x=0.5, y=0.5, font=dict(size=15))
-    fig.update_layout(xaxis=dict(title="batch (sequences)", type="log", tickvals=list(x["batches"])),
-                      yaxis=dict(title="aggregate decode tokens/s" + (" (log)" if log_y else ""),
-                                 type="log" if log_y else "linear"),
-                      height=500, legend=dict(orientation="h", y=-0.2), margin=dict(t=30))
-    st.plotly_chart(fig, key="cmp_chart")
+        layout["annotations"] = [dict(text="No platform can run this model at these layouts: see the messages above "
+                                      "(and the nearest layouts that run).", showarrow=False, xref="paper",
+                                      yref="paper", x=0.5, y=0.5, font=dict(size=15))]
+    st.plotly_chart({"data": data, "layout": layout}, key="cmp_chart")
     if not edf.empty and (edf["check"] != "").any():
         bad = edf[edf["check"] != ""]
         st.warning(f"{len(bad)} measured point(s) left off the chart: above {IMPLAUSIBLE:g}x the chip's HBM roofline "
@@ -238,9 +238,11 @@ def tables(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, spec_states: list) -> 
         if (edf["role"] == "fitted").any():
             st.caption("role: the calibration (`perfmodel reproduce`) fits its efficiency parameters on the "
                        "'fitted' published points only; 'held-out' points were not used to fit anything.")
-        st.dataframe(edf.drop(columns=["tag"]).style.format(
-            {"measured_tokens_per_s": "{:,.0f}", "predicted_tokens_per_s": "{:,.0f}", "error": "{:+.1%}",
-             "hbm_roofline_tokens_per_s": "{:,.0f}"}), key="cmp_errors", hide_index=True)
+        shown = edf.drop(columns=["tag"]).assign(error=edf["error"] * 100)
+        tps = st.column_config.NumberColumn(format="%.0f")
+        st.dataframe(shown, key="cmp_errors", hide_index=True, column_config={
+            "measured_tokens_per_s": tps, "predicted_tokens_per_s": tps, "hbm_roofline_tokens_per_s": tps,
+            "error": st.column_config.NumberColumn("error (%)", format="%+.1f")})
         c.downloads(edf.drop(columns=["tag"]), "compare_errors", "cmp_err_dl",
                     {"model": x["model"], "mean_abs_error": mape})
     st.subheader("Predicted curves")

@@ -6,12 +6,15 @@ Each source carries a plain-language name (its `origin`): "Inferact, 16x TPU v7,
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+
 import pandas as pd
+import streamlit as st
 
 from perfmodel.errors import SpecError
 from perfmodel.measurements import seed_measurements
 
-from .common import REPO, UPLOAD_PREFIX, read_csv_bytes, shown_path
+from .common import HOST_HW, REPO, UPLOAD_PREFIX, read_csv_bytes, shown_path
 
 HOST_VALIDATION_CSV = REPO / "experiments" / "results" / "host_validation.csv"
 COLUMNS = ["source", "model", "hardware", "engine", "devices", "batch", "context", "draft_rows",
@@ -24,6 +27,7 @@ HOST_ORIGIN = "this machine, host validation"
 REQUIRED = ("hardware", "engine", "batch", "tokens_per_s")
 
 
+@st.cache_data(show_spinner=False)
 def published_table() -> pd.DataFrame:
     ms = seed_measurements()
     df = pd.DataFrame([dataclasses.asdict(m) for m in ms])
@@ -93,6 +97,13 @@ HOST_STEP_COLUMNS = {"variant", "model", "mode", "batch", "context", "layer", "m
 
 
 def host_points() -> tuple[pd.DataFrame | None, str]:
+    """The host points, re-read only when the results file changes."""
+    path = HOST_VALIDATION_CSV
+    return _host_points(str(path), path.stat().st_mtime if path.exists() else None)
+
+
+@st.cache_data(show_spinner=False, max_entries=4)
+def _host_points(path: str, mtime: float | None) -> tuple[pd.DataFrame | None, str]:
     """Step-level host results from the host validation CSV, as measured tokens/s points.
 
     experiments/validate_host.py writes one "step" row per run. The points kept are the runs
@@ -101,13 +112,11 @@ def host_points() -> tuple[pd.DataFrame | None, str]:
     tokens/s = batch / measured step time. They belong to the "host-cpu (hostbench)" hardware
     choice, multikernel, 1 device.
     """
-    from .common import HOST_HW
-
-    if not HOST_VALIDATION_CSV.exists():
+    if mtime is None:
         return None, (f"No host validation results yet ({shown_path(HOST_VALIDATION_CSV)} is missing; "
                       "run `python experiments/validate_host.py` to produce it).")
     try:
-        df = read_csv_bytes(HOST_VALIDATION_CSV.read_bytes())
+        df = read_csv_bytes(Path(path).read_bytes())
     except Exception as e:  # noqa: BLE001 -- a broken results file must not break the page
         return None, f"{HOST_VALIDATION_CSV.name} could not be read: {e}"
     if HOST_STEP_COLUMNS <= set(df.columns):
@@ -127,7 +136,7 @@ def host_points() -> tuple[pd.DataFrame | None, str]:
         try:
             return normalise(df, HOST_ORIGIN), ""
         except SpecError as e:
-            return None, f"{HOST_VALIDATION_CSV.name}: {e}"
+            return None, f"{Path(path).name}: {e}"
     return None, f"{HOST_VALIDATION_CSV.name} has no step-level rows; its per-layer results are in the Validation view."
 
 
@@ -145,6 +154,7 @@ def matches(df: pd.DataFrame, model: str, hw: str, engine: str, devices: int, co
     return df[m]
 
 
+@st.cache_data(show_spinner=False, max_entries=256)
 def reported(model: str, hw: str, engine: str, devices: int, context: int, batch: int,
              draft_rows: int, acceptance_length: float | None) -> dict | None:
     """The published or host-measured tokens/s for exactly this deployment, if one exists."""
