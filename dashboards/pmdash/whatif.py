@@ -1,7 +1,7 @@
 """What-if view: tune prefetch depth, expert slots, VMEM, batch, context, engine, acceptance length.
 
 Inputs are strict text fields; a bad one keeps the outputs of the last valid inputs, greyed out.
-Figures are cached as plain dicts (st.plotly_chart then only serialises them).
+Figures are cached (st.plotly_chart then only copies and serialises them).
 A configuration the model refuses shows its on-chip budget in MiB and the nearest ones that run,
 and the prefetch sweep (what fits) stays live. Each chart section is a fragment: its own widgets
 rerun only that section.
@@ -161,7 +161,7 @@ def headline(x: dict, r: dict, stale: str | None) -> None:
 # ----- breakdown ----------------------------------------------------------------------------------
 
 @st.cache_resource(show_spinner=False, max_entries=64)
-def breakdown_figure(m_ref, h_ref, key, vmem, engine) -> tuple[dict, pd.DataFrame, dict]:
+def breakdown_figure(m_ref, h_ref, key, vmem, engine) -> tuple[go.Figure, pd.DataFrame, dict]:
     r = c.predict_cached(m_ref, h_ref, key, vmem)
     other = "multikernel" if engine == "megakernel" else "megakernel"
     ro = c.predict_cached(m_ref, h_ref, c.with_key(key, engine=other), vmem)
@@ -183,7 +183,7 @@ def breakdown_figure(m_ref, h_ref, key, vmem, engine) -> tuple[dict, pd.DataFram
                              ": %{y:.4f} ms (%{customdata:.1%} of the step)<extra></extra>"))
     fig.update_layout(barmode="stack", yaxis_title="time per decode step (ms)", height=380,
                       margin=dict(t=30), legend=dict(orientation="h", y=-0.15))
-    return fig.to_dict(), df, ro
+    return fig, df, ro
 
 
 def breakdown_section(x: dict, r: dict, stale: str | None) -> None:
@@ -233,7 +233,7 @@ def timeline_lanes(m_ref: tuple, h_ref: tuple, key: tuple, vmem: float | None, l
 
 
 @st.cache_resource(show_spinner=False, max_entries=32)
-def timeline_figure(m_ref, h_ref, key, vmem, lo: int, hi: int, events: bool) -> tuple[dict, int]:
+def timeline_figure(m_ref, h_ref, key, vmem, lo: int, hi: int, events: bool) -> tuple[go.Figure, int]:
     lanes = timeline_lanes(m_ref, h_ref, key, vmem, lo, hi, events)
     n = sum(len(d["x"]) for d in lanes.values())
     fig = go.Figure()
@@ -251,7 +251,7 @@ def timeline_figure(m_ref, h_ref, key, vmem, lo: int, hi: int, events: bool) -> 
                                  "<extra>" + lane + "</extra>"))
     fig.update_layout(barmode="overlay", xaxis_title="time in step (us)", height=260, margin=dict(t=20),
                       yaxis=dict(categoryorder="array", categoryarray=list(reversed(LANES))), showlegend=False)
-    return fig.to_dict(), n
+    return fig, n
 
 
 @st.fragment
@@ -307,13 +307,13 @@ def sweep_rows(m_ref, h_ref, key, vmem) -> tuple[list[dict], dict | None, float]
 
 
 @st.cache_resource(show_spinner=False, max_entries=64)
-def sweep_figure(m_ref, h_ref, key, vmem, log_x: bool) -> dict:
+def sweep_figure(m_ref, h_ref, key, vmem, log_x: bool) -> go.Figure:
     rows, sat, current = sweep_rows(m_ref, h_ref, key, vmem)
     ok = pd.DataFrame([r for r in rows if "step_s" in r])
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.55, 0.45], vertical_spacing=0.06,
                         specs=[[{"secondary_y": True}], [{}]])
     if ok.empty:
-        return fig.to_dict()
+        return fig
     hover = ok[["tokens_per_s", "banks", "expert_slots"]].to_numpy()
     fig.add_trace(go.Scatter(x=ok["prefetch_mib"], y=ok["step_s"] * 1e3, mode="lines+markers", name="step time",
                              line=dict(color="#1f77b4"), customdata=hover,
@@ -349,7 +349,7 @@ def sweep_figure(m_ref, h_ref, key, vmem, log_x: bool) -> dict:
     fig.update_yaxes(title_text="step time (ms)", row=1, col=1)
     fig.update_yaxes(title_text="expert slots", secondary_y=True, row=1, col=1, showgrid=False, rangemode="tozero")
     fig.update_yaxes(title_text="time by cause (ms)", row=2, col=1)
-    return fig.to_dict()
+    return fig
 
 
 def bend_explanation(rows: list[dict], sat: dict | None, current: float, hw) -> str | None:
@@ -425,7 +425,7 @@ def prefetch_section(x: dict, stale: str | None) -> None:
 # ----- roofline -----------------------------------------------------------------------------------
 
 @st.cache_resource(show_spinner=False, max_entries=32)
-def roofline_figure(m_ref, h_ref, key, vmem) -> tuple[dict, pd.DataFrame]:
+def roofline_figure(m_ref, h_ref, key, vmem) -> tuple[go.Figure, pd.DataFrame]:
     r = c.predict_cached(m_ref, h_ref, key, vmem)
     hw = c.resolve_hw(h_ref, vmem)
     df = pd.DataFrame(r["layers"])
@@ -460,7 +460,7 @@ def roofline_figure(m_ref, h_ref, key, vmem) -> tuple[dict, pd.DataFrame]:
     fig.update_layout(xaxis=dict(type="log", title="arithmetic intensity (FLOP per HBM byte)", exponentformat="power"),
                       yaxis=dict(type="log", title="achieved TFLOP/s per device", exponentformat="power"),
                       height=440, margin=dict(t=30))
-    return fig.to_dict(), df
+    return fig, df
 
 
 @st.fragment
