@@ -22,7 +22,8 @@ def count(n: float) -> str:
 
 def size(nbytes: float) -> str:
     """Bytes in GB (>= 1 GB) or MiB."""
-    return f"{nbytes / 1e9:,.3g} GB" if nbytes >= 1e9 else f"{nbytes / c.MiB:,.3g} MiB"
+    v, unit = (nbytes / 1e9, "GB") if nbytes >= 1e9 else (nbytes / c.MiB, "MiB")
+    return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
 
 
 def rate(bytes_per_s: float) -> str:
@@ -160,6 +161,8 @@ def render() -> None:
             hname = st.selectbox("Hardware", c.hardware_options(), key="mh_hw_pick")
             h = c.load_hardware_ref(c.hardware_ref(hname))
             hf = hardware_fields(h)
-            st.dataframe(hf, hide_index=True, key="mh_hw_fields")
+            st.dataframe(hf, hide_index=True, key="mh_hw_fields", column_config={
+                "field": st.column_config.TextColumn(width="medium"),
+                "value": st.column_config.TextColumn(width="medium")})
             c.downloads(hf, f"hardware_{h.name}", "mh_hw_fields_dl")
 

@@ -8,6 +8,8 @@ rerun only that section.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -347,7 +349,9 @@ def sweep_figure(m_ref, h_ref, key, vmem, log_x: bool) -> go.Figure:
     fig.update_layout(barmode="stack", height=560, margin=dict(t=30), legend=dict(orientation="h", y=-0.14))
     fig.update_xaxes(**xaxis, row=2, col=1)
     fig.update_yaxes(title_text="step time (ms)", row=1, col=1)
-    fig.update_yaxes(title_text="expert slots", secondary_y=True, row=1, col=1, showgrid=False, rangemode="tozero")
+    top = int(ok["expert_slots"].max())
+    fig.update_yaxes(title_text="expert slots", secondary_y=True, row=1, col=1, showgrid=False,
+                     range=[0, top * 1.15 + 0.5], tick0=0, dtick=max(1, math.ceil(top / 5)))
     fig.update_yaxes(title_text="time by cause (ms)", row=2, col=1)
     return fig
 
@@ -457,8 +461,9 @@ def roofline_figure(m_ref, h_ref, key, vmem) -> tuple[go.Figure, pd.DataFrame]:
         fig.add_trace(go.Scatter(x=[tot_f / tot_b], y=[tot_f / r["step_s"] / 1e12], mode="markers", name="whole step",
                                  marker=dict(size=14, symbol="star", color="black"),
                                  hovertemplate="whole step<br>%{x:.3g} FLOP/byte<br>%{y:.3g} TFLOP/s<extra></extra>"))
-    fig.update_layout(xaxis=dict(type="log", title="arithmetic intensity (FLOP per HBM byte)", exponentformat="power"),
-                      yaxis=dict(type="log", title="achieved TFLOP/s per device", exponentformat="power"),
+    decades = dict(type="log", dtick=1, tickformat="~g", minor=dict(showgrid=True))  # labels at 0.1, 1, 10, ... only
+    fig.update_layout(xaxis=dict(title="arithmetic intensity (FLOP per HBM byte)", **decades),
+                      yaxis=dict(title="achieved TFLOP/s per device", **decades),
                       height=440, margin=dict(t=30))
     return fig, df
 
