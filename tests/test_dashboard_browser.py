@@ -81,17 +81,21 @@ def view(page, name: str, chart: str | None = None) -> None:
     bb.wait_idle(page)
 
 
+def settle(page) -> None:
+    """Wait for the rerun an input started (give it time to start on a loaded machine, then to end)."""
+    time.sleep(0.6)
+    bb.wait_idle(page)
+
+
 def type_in(page, key: str, value) -> None:
     bb.act(page, "text", key, value)
-    time.sleep(0.2)  # let the rerun start before waiting for it to end
-    bb.wait_idle(page)
+    settle(page)
 
 
 def pick(page, key: str, option: str) -> None:
     page.locator(f".st-key-{key}").click()
     page.get_by_role("option", name=option, exact=True).click()
-    time.sleep(0.2)
-    bb.wait_idle(page)
+    settle(page)
 
 
 def figure(page, key: str) -> dict:
@@ -183,8 +187,7 @@ def test_infeasible_configuration_keeps_the_page(page):
     for key in ("wi_breakdown", "wi_timeline", "wi_roofline"):
         assert figure(page, key)["traces"]
     page.get_by_role("button", name="Use this").first.click()
-    time.sleep(0.2)
-    bb.wait_idle(page)
+    settle(page)
     assert_no_errors(page)
 
 
@@ -221,22 +224,24 @@ def test_measured_sources_log_axis_and_implausible_upload(page, tmp_path):
     assert page.get_by_text("above 2x the chip's HBM roofline").count() >= 1
     assert "seed" not in page.inner_text("body").lower()
     page.locator(".st-key-cmp_logy label").click()
-    time.sleep(0.2)
-    bb.wait_idle(page)
+    settle(page)
     assert figure(page, "cmp_chart")["yaxis"] == "log"
 
 
 def test_compare_refused_layouts_one_box_per_cause(page):
     pick(page, "cmp_A_hw", "h100")
     pick(page, "cmp_A_hw", "tpu-v6e")
+    page.locator(ERRORS).first.wait_for()
+    bb.wait_idle(page)
     assert len(errors(page)) == 1  # one per cause, not one per batch
     pick(page, "cmp_A_hw", "tpu-v7")
     pick(page, "cmp_model", "kimi-k3-host-small")
+    page.locator(ERRORS).nth(1).wait_for()
+    bb.wait_idle(page)
     assert len(errors(page)) == 2  # platform A and B: tp does not divide the 2 heads
     assert page.locator(".st-key-cmp_near_A_0 button").count() == 1
     page.locator(".st-key-cmp_near_A_0 button").click()
-    time.sleep(0.2)
-    bb.wait_idle(page)
+    settle(page)
     assert [t for t in figure(page, "cmp_chart")["traces"] if t["name"].startswith("A:")]
 
 

@@ -163,6 +163,19 @@ def render() -> None:
         return
     spec_states = {"off": [False], "on": [True], "both": [False, True]}[x["spec_mode"]]
     pred, errs_rows, refusals, nearest = [], [], [], {}
+    with st.spinner("Running the model..."):
+        collect(x, spec_states, allpoints, stale, pred, errs_rows, refusals, nearest)
+    c.errors_by_cause(refusals)
+    for tag, near in nearest.items():
+        nearest_buttons(tag, near)
+    pdf, edf = pd.DataFrame(pred), pd.DataFrame(errs_rows)
+    with maybe_stale(stale, "cmp"):
+        draw(x, pdf, edf, log_y)
+        tables(x, pdf, edf, spec_states)
+
+
+def collect(x: dict, spec_states, allpoints, stale, pred, errs_rows, refusals, nearest) -> None:
+    """Predictions, measured points with their errors, refusals and nearest layouts, per platform."""
     for plat in (x["pa"], x["pb"]):
         for s in spec_states:
             rows, e = predicted_rows(x["model"], plat, x["batches"], s, x["context"])
@@ -173,13 +186,6 @@ def render() -> None:
                 if near:
                     nearest.setdefault(plat["tag"], near)
             errs_rows += error_rows(x["model"], plat, allpoints, s, x["context"])
-    c.errors_by_cause(refusals)
-    for tag, near in nearest.items():
-        nearest_buttons(tag, near)
-    pdf, edf = pd.DataFrame(pred), pd.DataFrame(errs_rows)
-    with maybe_stale(stale, "cmp"):
-        draw(x, pdf, edf, log_y)
-        tables(x, pdf, edf, spec_states)
 
 
 def draw(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, log_y: bool) -> None:

@@ -115,7 +115,8 @@ def render() -> None:
     reason = "; ".join(errs) if errs else None
     r = None
     if x is not None:
-        r = c.predict_cached(*refs(x), record=True)
+        with st.spinner("Running the model..."):
+            r = c.predict_cached(*refs(x), record=True)
         if "error" in r:
             infeasible(x, r)
             reason = "this configuration cannot run"
@@ -191,7 +192,8 @@ def breakdown_figure(m_ref, h_ref, key, vmem, engine) -> tuple[go.Figure, pd.Dat
 def breakdown_section(x: dict, r: dict, stale: str | None) -> None:
     st.subheader("Step-time breakdown")
     with maybe_stale(stale, "wi_bd"):
-        fig, df, ro = breakdown_figure(*refs(x), x["engine"])
+        with st.spinner("Running the other engine..."):
+            fig, df, ro = breakdown_figure(*refs(x), x["engine"])
         st.plotly_chart(fig, key="wi_breakdown")
         if "error" not in ro:
             gain = ro["step_s"] - r["step_s"] if x["engine"] == "megakernel" else r["step_s"] - ro["step_s"]
