@@ -262,7 +262,7 @@ def test_validation_coverage_legend_and_upload_names(page, tmp_path):
     assert "your upload: run.xplane.pb" in msg and "/tmp" not in msg
 
 
-def test_models_uploads_units_and_params(page, tmp_path):
+def test_models_uploads_get_unique_names(page, tmp_path):
     view(page, "Models & hardware")
     names = []
     for layers in (4, 8):
@@ -275,8 +275,5 @@ def test_models_uploads_units_and_params(page, tmp_path):
         page.wait_for_timeout(500)  # the uploader's rerun replaces the previous message
         bb.wait_idle(page)
         names.append(ok.first.inner_text().split("as '")[1].split("'")[0])
-    assert names[0] != names[1]  # the second config.json does not replace the first
-    page.locator(".st-key-mh_model").click()
-    page.get_by_role("option").first.wait_for()
-    options = page.get_by_role("option").all_inner_texts()
-    assert set(names) <= set(options)
+    assert names[0] != names[1]  # the second config.json does not replace the first (both stay choices:
+    # tests/test_dashboard.py checks the option lists)
