@@ -463,7 +463,7 @@ def roofline_figure(m_ref, h_ref, key, vmem) -> tuple[go.Figure, pd.DataFrame]:
         fig.add_trace(go.Scatter(x=[tot_f / tot_b], y=[tot_f / r["step_s"] / 1e12], mode="markers", name="whole step",
                                  marker=dict(size=14, symbol="star", color="black"),
                                  hovertemplate="whole step<br>%{x:.3g} FLOP/byte<br>%{y:.3g} TFLOP/s<extra></extra>"))
-    decades = dict(type="log", dtick=1, tickformat="~g", minor=dict(showgrid=True))  # labels at 0.1, 1, 10, ... only
+    decades = dict(type="log", dtick=1, tickformat="~g")  # labels at 0.1, 1, 10, ... only
     fig.update_layout(xaxis=dict(title="arithmetic intensity (FLOP per HBM byte)", **decades),
                       yaxis=dict(title="achieved TFLOP/s per device", **decades),
                       height=440, margin=dict(t=30))
