@@ -60,14 +60,14 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def serve(log_path: Path, env: dict | None = None):
-    """`streamlit run dashboards/app.py` on a free port; yields its URL."""
+    """`streamlit run dashboards/app.py` on a free port; yields its URL. Usage statistics are left to the
+    app's own config (dashboards/.streamlit/config.toml), so the browser test checks that file."""
     port = free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
-             "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-             "--server.fileWatcherType", "none"],
+             "--server.port", str(port), "--server.address", "127.0.0.1", "--server.fileWatcherType", "none"],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         url = f"http://127.0.0.1:{port}"
         try:
