@@ -442,10 +442,10 @@ def roofline_figure(m_ref, h_ref, key, vmem) -> tuple[go.Figure, pd.DataFrame]:
     pts = df[df["intensity_flops_per_byte"].notna() & df["achieved_flops_per_s"].gt(0)]
     lo = max(1e-3, float(pts["intensity_flops_per_byte"].min()) / 4) if not pts.empty else 0.01
     hi = max(float(pts["intensity_flops_per_byte"].max()) * 4 if not pts.empty else 1e3, max(peaks.values()) / bw * 4)
-    xs = np.geomspace(lo, hi, 200)
     fig = go.Figure()
     roof_dash = ("dot", "dash", "dashdot", "longdash")
     for i, (dt, peak) in enumerate(sorted(peaks.items(), key=lambda kv: kv[1])):
+        xs = np.array(sorted({lo, min(max(peak / bw, lo), hi), hi}))  # straight in log-log: the ridge and the ends
         fig.add_trace(go.Scatter(x=xs, y=np.minimum(peak, bw * xs) / 1e12, mode="lines", name=f"roof ({dt})",
                                  line=dict(dash=roof_dash[i % 4], color="#555555", width=1.5),
                                  hovertemplate=f"{dt} peak {peak / 1e12:,.0f} TFLOP/s, HBM {bw / 1e12:.2f} TB/s"
