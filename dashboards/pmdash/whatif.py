@@ -144,15 +144,17 @@ def headline(x: dict, r: dict, stale: str | None) -> None:
         m = st.columns(6)
         m[0].metric("tokens/s (predicted)", f"{r['tokens_per_s']:,.0f}")
         if rep is not None:
-            m[1].metric(f"reported: {rep['origin']}", f"{rep['tokens_per_s']:,.0f}",
+            m[1].metric("reported tokens/s", f"{rep['tokens_per_s']:,.0f}",
                         delta=f"prediction {r['tokens_per_s'] / rep['tokens_per_s'] - 1:+.1%}", delta_color="off",
-                        help=f"source: {rep['source']}")
+                        help=f"{rep['origin']} ({rep['source']})")
         else:
-            m[1].metric("reported", "none", help="No published or host measurement for exactly this deployment.")
+            m[1].metric("reported tokens/s", "none", help="No published or host measurement for exactly this deployment.")
         m[2].metric("step time", f"{r['step_s'] * 1e3:.3f} ms")
         m[3].metric("bound", r["bound"])
         m[4].metric("HBM floor", f"{r['hbm_floor_s'] * 1e3:.3f} ms")
         m[5].metric("HBM utilisation", f"{r['hbm_utilisation']:.0%}")
+        if rep is not None:
+            st.caption(f"Reported: {rep['tokens_per_s']:,.0f} tokens/s, {rep['origin']} ({rep['source']}).")
         summary = {kk: r[kk] for kk in ("tokens_per_s", "step_s", "bound", "hbm_floor_s", "compute_floor_s",
                                         "hbm_utilisation", "bytes_per_device")}
         summary.update({f"{kk}_s": v for kk, v in r["breakdown_s"].items()})
