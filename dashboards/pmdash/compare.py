@@ -220,6 +220,7 @@ def draw(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, log_y: bool) -> None:
                              type="log" if log_y else "linear"),
                   height=500, legend=dict(orientation="h", y=-0.2), margin=dict(t=30))
     if pdf.empty:
+        layout["xaxis"]["visible"] = layout["yaxis"]["visible"] = False
         layout["annotations"] = [dict(text="No platform can run this model at these layouts: see the messages above "
                                       "(and the nearest layouts that run).", showarrow=False, xref="paper",
                                       yref="paper", x=0.5, y=0.5, font=dict(size=15))]
