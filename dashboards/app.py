@@ -1,7 +1,9 @@
 """perfmodel dashboard: `streamlit run dashboards/app.py` (bundled data only; no GPU, TPU or network).
 
 Views: Compare (predicted vs measured tokens/s), What-if (prefetch / VMEM / batch tuning),
-Validation (per-layer predicted vs measured traces), Models & hardware (presets and uploads).
+Explain (one layer term by term: a waterfall), Validation (per-layer predicted vs measured
+traces), Models & hardware (presets and uploads).
+Settings (usage statistics off) are in dashboards/.streamlit/config.toml.
 """
 import sys
 from pathlib import Path
@@ -12,19 +14,12 @@ import streamlit as st  # noqa: E402
 
 st.set_page_config(page_title="perfmodel: decode performance", layout="wide")
 
-from pmdash import common, compare, models, validation, whatif  # noqa: E402
+from pmdash import common, compare, explain, models, validation, whatif  # noqa: E402
 
-VIEWS = {"Compare": compare.render, "What-if": whatif.render, "Validation": validation.render,
-         "Models & hardware": models.render}
-from pmdash import explain as explain_view  # noqa: E402
-VIEWS["Explain"] = explain_view.render
+VIEWS = {"Compare": compare.render, "What-if": whatif.render, "Explain": explain.render,
+         "Validation": validation.render, "Models & hardware": models.render}
 
-# Streamlit forgets the state of widgets that a run does not draw: keep each view's inputs when
-# another view is shown (re-assigning a widget's value marks it as user state).
-for key in [k for k in st.session_state if isinstance(k, str) and k.startswith(common.VIEW_PREFIXES)]:
-    if key not in common.NOT_SETTABLE and not key.endswith(("_csv", "_json")):
-        st.session_state[key] = st.session_state[key]
-
+common.keep_inputs()
 st.sidebar.title("perfmodel")
 view = st.sidebar.radio("View", list(VIEWS), key="view")
 st.sidebar.caption("Decode performance model of LLMs on TPU v7, GB200 and other chips. "

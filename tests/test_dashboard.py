@@ -27,8 +27,8 @@ sys.path.insert(0, str(APP.parent))
 from pmdash import common, measured, validation  # noqa: E402
 
 TIMEOUT = 120
-TPU_V7 = "tpu-v7 megakernel (32 dev, tp 32, ep 8)"
-GB200 = "gb200 multikernel (16 dev, tp 16, ep 16)"
+TPU_V7 = "A: tpu-v7 megakernel (32 dev, tp 32, ep 8)"
+GB200 = "B: gb200 multikernel (16 dev, tp 16, ep 16)"
 
 
 def open_view(view: str = "Compare", errors_ok: bool = False) -> AppTest:
@@ -80,6 +80,12 @@ def chart(at: AppTest, key: str) -> dict:
     return found[0]
 
 
+def typed(at: AppTest, key: str, value) -> AppTest:
+    """Type a value into a text field (None: clear it) and rerun."""
+    text = "" if value is None else (f"{value:g}" if isinstance(value, float) else str(value))
+    return at.text_input(key=key).input(text).run()
+
+
 def metric(at: AppTest, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
 
@@ -126,15 +132,15 @@ def test_every_view_renders_without_error():
 
 def test_inputs_survive_switching_views():
     at = open_view("What-if")
-    at.select_slider(key="wi_batch").set_value(8).run()
-    at.number_input(key="wi_prefetch").set_value(16.0).run()
+    typed(at, "wi_batch", 8)
+    typed(at, "wi_prefetch", 16.0)
     before = whatif_state(at)
     at.sidebar.radio(key="view").set_value("Compare").run()
     at.radio(key="cmp_spec").set_value("on").run()
     at.sidebar.radio(key="view").set_value("Models & hardware").run()
     at.sidebar.radio(key="view").set_value("What-if").run()
     assert_clean(at)
-    assert at.select_slider(key="wi_batch").value == 8 and at.number_input(key="wi_prefetch").value == 16.0
+    assert at.text_input(key="wi_batch").value == "8" and at.text_input(key="wi_prefetch").value == "16"
     assert whatif_state(at) == before
     at.sidebar.radio(key="view").set_value("Compare").run()
     assert at.radio(key="cmp_spec").value == "on"
@@ -142,12 +148,13 @@ def test_inputs_survive_switching_views():
 
 # ----- Compare -----------------------------------------------------------------------------------
 
-def test_compare_default_shows_seed_points_with_errors_and_cli():
+def test_compare_default_shows_published_points_with_errors_and_cli():
     at = open_view("Compare")
     fig = chart(at, "cmp_chart")
     names = [t["name"] for t in fig["data"]]
     assert f"{TPU_V7} predicted" in names and f"{GB200} predicted" in names
-    assert any("measured" in n for n in names)
+    assert "Inferact, 16x TPU v7, published (platform A)" in names
+    assert "Inferact, 16x GB200 (vLLM), published (platform B)" in names
     pred = table(at, "cmp_pred")
     assert sorted(pred["batch"].unique()) == [1, 2, 4, 8, 16, 32, 64]
     err = table(at, "cmp_errors")
@@ -188,33 +195,102 @@ def test_compare_speculative_decoding_toggle():
 
 def test_compare_batches_and_platform_widgets():
     at = open_view("Compare")
-    at.multiselect(key="cmp_batches").set_value([1, 3, 48]).run()
+    typed(at, "cmp_batches", ", ".join(map(str, [1, 3, 48])))
     assert_clean(at)
     assert sorted(table(at, "cmp_pred")["batch"].unique()) == [1, 3, 48]
     assert "--batch 1,3,48" in " ".join(c.value for c in at.code)
     # platform B as a second TPU v7 megakernel: the GB200 measured points disappear
     at.selectbox(key="cmp_B_hw").set_value("tpu-v7").run()
     at.radio(key="cmp_B_engine").set_value("megakernel").run()
-    at.number_input(key="cmp_B_devices").set_value(32).run()
-    at.number_input(key="cmp_B_tp").set_value(32).run()
-    at.number_input(key="cmp_B_ep").set_value(8).run()
+    typed(at, "cmp_B_devices", 32)
+    typed(at, "cmp_B_tp", 32)
+    typed(at, "cmp_B_ep", 8)
     assert_clean(at)
     err = table(at, "cmp_errors")
-    assert set(err["platform"]) == {TPU_V7}
+    assert {p.split(": ", 1)[1] for p in err["platform"]} == {TPU_V7.split(": ", 1)[1]}
     # the multikernel engine on the same chips is slower at batch 1
     at.radio(key="cmp_B_engine").set_value("multikernel").run()
     pred = table(at, "cmp_pred")
     mk = pred[(pred.engine == "multikernel") & (pred.batch == 1)]["predicted_tokens_per_s"].item()
     mega = pred[(pred.engine == "megakernel") & (pred.batch == 1)]["predicted_tokens_per_s"].item()
     assert mega > mk
-    at.multiselect(key="cmp_batches").set_value([]).run()
+    typed(at, "cmp_batches", "")
+    assert_message(at, "Batch sizes: enter at least one")
+    assert any("Stale" in c.value for c in at.caption)  # the last chart stays, greyed, with the reason
+
+
+def test_compare_batch_text_is_parsed_strictly():
+    """Typing 8 gives batch 8 only (a multiselect once added 8, 18, 28, ...); bad lists keep the chart stale."""
+    at = open_view("Compare")
+    typed(at, "cmp_batches", "8")
     assert_clean(at)
-    assert at.warning and "at least one batch" in at.warning[0].value
+    assert sorted(table(at, "cmp_pred")["batch"].unique()) == [8]
+    for text, why in (("1, 2, x", "'x' is not a number"), ("4.5", "not a whole number"), ("0", "out of range"),
+                      ("1e9", "out of range")):
+        typed(at, "cmp_batches", text)
+        assert_message(at, why)
+        assert any("Stale" in c.value for c in at.caption)
+        assert sorted(table(at, "cmp_pred")["batch"].unique()) == [8]  # the last valid inputs, greyed
+
+
+@pytest.mark.parametrize("text,why", [("1e9", "out of range"), ("", "enter a number"), ("4.5", "not a whole number"),
+                                      ("abc", "not a number")])
+def test_number_fields_are_strict(text, why):
+    at = open_view("What-if")
+    before = whatif_state(at)
+    typed(at, "wi_batch", text)
+    assert_message(at, f"Batch (sequences): ")
+    assert any(why in e for e in errors(at)), errors(at)
+    assert sum("Stale" in c.value for c in at.caption) >= 3  # every output section says it is stale
+    assert whatif_state(at) == before
+    typed(at, "wi_batch", "1e0")  # 1e0 is the whole number 1
+    assert_clean(at)
+    assert not any("Stale" in c.value for c in at.caption)
+
+
+def test_compare_one_error_box_per_cause_and_nearest_layouts():
+    at = open_view("Compare")
+    at.selectbox(key="cmp_A_hw").set_value("tpu-v6e").run()  # Kimi K3 does not fit 32 v6e cores
+    assert_clean(at, errors_ok=True)
+    assert len(errors(at)) == 1 and "batch 1, 2, 4, 8, 16, 32, 64" in errors(at)[0]
+    assert any(b.label.startswith("devices 64") for b in at.button)
+    at.selectbox(key="cmp_A_hw").set_value("tpu-v7").run()
+    at.selectbox(key="cmp_model").set_value("kimi-k3-host-small").run()  # 2 KDA heads: tp 32 and 16 cannot run
+    assert_clean(at, errors_ok=True)
+    assert len(errors(at)) == 2  # one per platform, not one per batch
+    near = [b for b in at.button if b.key.startswith("cmp_near_A")]
+    assert near and near[0].label.startswith("TP ")
+    near[0].click().run()
+    assert_clean(at, errors_ok=True)
+    assert len(errors(at)) == 1 and (table(at, "cmp_pred")["platform"].str.startswith("A:")).any()
+
+
+def test_compare_sources_markers_log_axis_and_implausible_upload():
+    at = open_view("Compare")
+    csv = (b"hardware,engine,devices,batch,tokens_per_s\ntpu-v7,megakernel,32,16,1500\n"
+           b"tpu-v7,megakernel,32,32,1e30\n")
+    at.file_uploader(key="cmp_upload").set_value(("bench.csv", csv, "text/csv")).run()
+    assert_clean(at)
+    data = chart(at, "cmp_chart")["data"]
+    measured_traces = {t["name"]: t for t in data if t["mode"] == "markers"}
+    assert set(measured_traces) == {"Inferact, 16x TPU v7, published (platform A)",
+                                    "Inferact, 16x GB200 (vLLM), published (platform B)",
+                                    "your upload: bench.csv (platform A)"}
+    symbols = {t["marker"]["symbol"] for t in measured_traces.values()}
+    assert len(symbols) == 3  # each source its own marker
+    assert max(max(arr(t["y"])) for t in data) < 1e5  # the 1e30 row is not plotted
+    assert any("above 2x the chip's HBM roofline" in w.value and "1e+30" in w.value for w in at.warning)
+    err = table(at, "cmp_errors")
+    assert err[err["batch"] == 32]["check"].item().startswith("implausible")
+    page_text = " ".join(str(v) for v in err.to_numpy().ravel())
+    assert "seed" not in page_text.lower()
+    at.toggle(key="cmp_logy").set_value(True).run()
+    assert chart(at, "cmp_chart")["layout"]["yaxis"]["type"] == "log"
 
 
 def test_compare_impossible_layout_shows_message():
     at = open_view("Compare")
-    at.number_input(key="cmp_A_devices").set_value(31).run()
+    typed(at, "cmp_A_devices", 31)
     assert_clean(at, errors_ok=True)
     msgs = errors(at)
     assert len(msgs) == 1 and "must divide devices (31)" in msgs[0] and "batch 1, 2, 4" in msgs[0]
@@ -227,8 +303,8 @@ def test_compare_user_measurements_upload():
     at.file_uploader(key="cmp_upload").set_value(("mine.csv", csv, "text/csv")).run()
     assert_clean(at)
     err = table(at, "cmp_errors")
-    mine = err[err["origin"] == "uploaded mine.csv"]
-    assert len(mine) == 1 and mine["batch"].item() == 16 and mine["source"].item() == "my bench"
+    mine = err[err["source"] == "your upload: mine.csv"]
+    assert len(mine) == 1 and mine["batch"].item() == 16 and mine["reference"].item() == "my bench"
     # a foreign file and a CSV with the wrong columns: a message, no exception
     at.file_uploader(key="cmp_upload").set_value(("photo.png", b"\x89PNG\r\n\x1a\n\x00\x00", "image/png")).run()
     assert_message(at, "expected a .csv")
@@ -261,15 +337,15 @@ def test_compare_host_validation_points(monkeypatch, tmp_path):
     at.selectbox(key="cmp_A_hw").set_value(common.HOST_HW).run()
     at.radio(key="cmp_A_engine").set_value("multikernel").run()
     for k in ("devices", "tp", "ep"):
-        at.number_input(key=f"cmp_A_{k}").set_value(1).run()
-    at.number_input(key="cmp_context").set_value(4096).run()
+        typed(at, f"cmp_A_{k}", 1)
+    typed(at, "cmp_context", 4096)
     assert_clean(at, errors_ok=True)  # platform B (gb200, tp 16) cannot run this small model: a message
     assert len(table(at, "cmp_pred")) == 7
     assert not [d for d in at.dataframe if "measured_tokens_per_s" in d.value.columns]  # context 4096: none
-    at.number_input(key="cmp_context").set_value(256).run()
+    typed(at, "cmp_context", 256)
     err = table(at, "cmp_errors")
     assert sorted(err["measured_tokens_per_s"]) == pytest.approx([500.0, 1000.0])  # batch / step time
-    assert set(err["origin"]) == {"host validation"}
+    assert set(err["source"]) == {measured.HOST_ORIGIN}
     assert any(f"--hardware {hw_file}" in c.value and "--context 256" in c.value for c in at.code)
 
 
@@ -282,13 +358,13 @@ def test_measurements_normalise_rejects_bad_values():
     with pytest.raises(SpecError, match="tokens_per_s > 0"):
         measured.normalise(pd.DataFrame({"hardware": ["x"], "engine": ["megakernel"], "batch": [1],
                                          "tokens_per_s": [0.0]}), "t")
-    assert len(measured.seed_table()) == 10
+    assert len(measured.published_table()) == 10
 
 
 # ----- What-if -----------------------------------------------------------------------------------
 
 def whatif_state(at: AppTest) -> dict:
-    return {"tps": number(metric(at, "tokens/s")), "step_ms": number(metric(at, "step time")),
+    return {"tps": number(metric(at, "tokens/s (predicted)")), "step_ms": number(metric(at, "step time")),
             "bound": metric(at, "bound")}
 
 
@@ -315,28 +391,28 @@ def test_whatif_default_renders_all_charts_and_cli_reproduces():
 def test_whatif_widgets_change_outputs():
     at = open_view("What-if")
     base = whatif_state(at)
-    at.select_slider(key="wi_batch").set_value(8).run()
+    typed(at, "wi_batch", 8)
     assert_clean(at)
     b8 = whatif_state(at)
     assert b8["tps"] > base["tps"] and b8["step_ms"] > base["step_ms"]
-    at.select_slider(key="wi_batch").set_value(1).run()
+    typed(at, "wi_batch", 1)
     at.radio(key="wi_engine").set_value("multikernel").run()
     assert_clean(at)
     mk = whatif_state(at)
     assert mk["step_ms"] > base["step_ms"]
     assert any("megakernel setting" in i.value for i in at.info)  # no prefetch sweep for multikernel
     at.radio(key="wi_engine").set_value("megakernel").run()
-    at.number_input(key="wi_context").set_value(262144).run()
+    typed(at, "wi_context", 262144)
     assert_clean(at)
     assert whatif_state(at)["step_ms"] > base["step_ms"]  # more KV cache to read
-    at.number_input(key="wi_context").set_value(4096).run()
-    at.number_input(key="wi_prefetch").set_value(4.0).run()
+    typed(at, "wi_context", 4096)
+    typed(at, "wi_prefetch", 4.0)
     assert_clean(at)
     shallow = whatif_state(at)
     assert shallow["step_ms"] > base["step_ms"]  # a one-tile ring exposes the weight stream
     assert any("--prefetch-mib 4" in c.value for c in at.code)
-    at.number_input(key="wi_prefetch").set_value(None).run()
-    at.number_input(key="wi_vmem").set_value(16.0).run()
+    typed(at, "wi_prefetch", None)
+    typed(at, "wi_vmem", 16.0)
     assert_clean(at)
     small = whatif_state(at)
     assert small["step_ms"] > base["step_ms"]
@@ -345,12 +421,12 @@ def test_whatif_widgets_change_outputs():
     cmd = next(c.value for c in at.code if "perfmodel predict" in c.value and "--vmem-mib 16" in c.value)
     out = run_cli(cmd)
     assert out["results"][0]["tokens_per_s"] == pytest.approx(small["tps"], rel=2e-3)
-    at.number_input(key="wi_vmem").set_value(None).run()
-    at.number_input(key="wi_slots").set_value(2).run()
+    typed(at, "wi_vmem", None)
+    typed(at, "wi_slots", 2)
     assert_clean(at)
     assert whatif_state(at)["step_ms"] != base["step_ms"]
     assert any("--expert-slots 2" in c.value for c in at.code)
-    at.number_input(key="wi_slots").set_value(None).run()
+    typed(at, "wi_slots", None)
     assert whatif_state(at) == base
 
 
@@ -371,27 +447,97 @@ def test_whatif_speculative_decoding_and_acceptance_length():
 
 def test_whatif_impossible_configurations_show_the_excess():
     at = open_view("What-if")
-    at.number_input(key="wi_prefetch").set_value(200.0).run()
+    typed(at, "wi_prefetch", 200.0)
     assert_clean(at, errors_ok=True)
-    assert len(errors(at)) == 1 and "prefetch_bytes" in errors(at)[0] and "exceeds" in errors(at)[0]
-    at.number_input(key="wi_prefetch").set_value(None).run()
-    at.number_input(key="wi_slots").set_value(500).run()
+    assert len(errors(at)) == 1 and "prefetch=200 MiB" in errors(at)[0] and "exceeds" in errors(at)[0]
+    typed(at, "wi_prefetch", None)
+    typed(at, "wi_slots", 500)
     assert_clean(at, errors_ok=True)
     assert "expert_slots=500" in errors(at)[0]
-    at.number_input(key="wi_slots").set_value(None).run()
-    at.number_input(key="wi_tp").set_value(7).run()
+    typed(at, "wi_slots", None)
+    typed(at, "wi_tp", 7)
     assert_clean(at, errors_ok=True)
     assert "tp=7" in errors(at)[0]
-    at.number_input(key="wi_tp").set_value(32).run()
-    at.number_input(key="wi_devices").set_value(2).run()  # 2.8 T parameters on 2 devices
+    typed(at, "wi_tp", 32)
+    typed(at, "wi_devices", 2)  # 2.8 T parameters on 2 devices
     assert_clean(at, errors_ok=True)
     assert any("does not fit" in e or "must divide" in e for e in errors(at))
+
+
+def test_whatif_infeasible_keeps_the_page_and_shows_what_fits():
+    """Prefetch 64 MiB, 16 slots, VMEM 0.5 MiB: one error box in MiB, the nearest configurations that run
+    (verified), the last good outputs greyed, the sweep still there."""
+    at = open_view("What-if")
+    assert not at.warning  # nothing at the defaults says a depth does not fit
+    for k, v in (("wi_prefetch", 64), ("wi_slots", 16), ("wi_vmem", 0.5)):
+        typed(at, k, v)
+    assert_clean(at, errors_ok=True)
+    assert len(errors(at)) == 1
+    msg = errors(at)[0]
+    assert "MiB" in msg and "VMEM per core: 0.5 MiB" in msg and not re.search(r"\d{6,} B", msg)
+    assert any(m.value.startswith("**Nearest configurations that run") for m in at.markdown)
+    use = [b for b in at.button if b.key.startswith("wi_near_")]
+    assert use
+    assert all(chart(at, k)["data"] for k in ("wi_breakdown", "wi_timeline", "wi_roofline"))
+    assert sum("Stale" in c.value for c in at.caption) >= 3
+    assert any("No prefetch depth fits" in w.value for w in at.warning)  # the sweep section says what fits
+    use[0].click().run()  # apply the suggestion: it runs
+    assert_clean(at)
+    assert not any("Stale" in c.value for c in at.caption)
+
+
+def test_whatif_prefetch_sweep_explains_itself():
+    at = open_view("What-if")
+    fig = chart(at, "wi_prefetch_chart")
+    names = [t.get("name") for t in fig["data"]]
+    assert "current" in names and "expert slots" in names and "saturation" in names
+    causes = {t["name"] for t in fig["data"] if t["type"] == "bar"}
+    assert common.CAUSE_LABELS["expert_fetch"] in causes and common.CAUSE_LABELS["collective"] in causes
+    step = next(t for t in fig["data"] if t.get("name") == "step time")
+    assert "ring banks" in step["hovertemplate"] and "expert slots" in step["hovertemplate"]
+    slots = arr(next(t for t in fig["data"] if t.get("name") == "expert slots")["y"])
+    assert slots[0] > slots[-1]  # the ring takes the VMEM the expert buffers need
+    assert any("fewer expert copies" in i.value for i in at.info)  # the bend is named by its cause
+
+
+def test_whatif_more_vmem_slower_is_explained_and_consistent():
+    """VMEM 1,000,000 MiB: the default ring (half of it) is slower than 64 MiB; the page names the mechanism and
+    the headline is the sweep's 'current' point."""
+    at = open_view("What-if")
+    base = whatif_state(at)
+    typed(at, "wi_vmem", 1_000_000)
+    assert_clean(at)
+    big = whatif_state(at)
+    assert big["tps"] < base["tps"]
+    assert any("dma_sharing" in i.value and "weight streaming" in i.value for i in at.info)
+    fig = chart(at, "wi_prefetch_chart")
+    cur = next(t for t in fig["data"] if t.get("name") == "current")
+    assert arr(cur["x"])[0] == pytest.approx(500_000) and arr(cur["y"])[0] == pytest.approx(big["step_ms"], rel=1e-3)
+    assert fig["layout"]["xaxis2"]["type"] == "log"
+
+
+def test_whatif_headline_reported_value_roofline_units_and_layer_timeline():
+    at = open_view("What-if")
+    assert metric(at, "reported tokens/s") == "249"
+    assert any("Reported: 249 tokens/s, Inferact, 16x TPU v7, published" in c.value for c in at.caption)
+    roof = chart(at, "wi_roofline")["layout"]
+    assert "TFLOP/s" in roof["yaxis"]["title"]["text"]
+    colors = [t["marker"]["color"] for t in chart(at, "wi_roofline")["data"] if t.get("mode") == "markers"
+              and t["name"].endswith("layers")]
+    assert len(set(colors)) == len(colors) >= 2
+    bars = sum(len(arr(t["x"])) for t in chart(at, "wi_timeline")["data"])
+    assert bars <= 3 * 95  # one bar per layer and lane, not every event
+    assert any("layer spans" in c.value for c in at.caption)
+    typed(at, "wi_batch", 2)
+    assert metric(at, "reported tokens/s") == "392"
+    typed(at, "wi_batch", 3)
+    assert metric(at, "reported tokens/s") == "none"
 
 
 def test_whatif_timeline_layer_range():
     at = open_view("What-if")
     full = sum(len(arr(t["x"])) for t in chart(at, "wi_timeline")["data"])
-    at.select_slider(key="wi_layers").set_value((1, 4)).run()
+    at.select_slider(key="wi_layers_95").set_value((1, 4)).run()
     assert_clean(at)
     part = chart(at, "wi_timeline")["data"]
     n = sum(len(arr(t["x"])) for t in part)
@@ -403,9 +549,9 @@ def test_whatif_timeline_layer_range():
 def test_whatif_other_hardware_and_model():
     at = open_view("What-if")
     at.selectbox(key="wi_hw").set_value("gb200").run()
-    at.number_input(key="wi_devices").set_value(16).run()
-    at.number_input(key="wi_tp").set_value(16).run()
-    at.number_input(key="wi_ep").set_value(16).run()
+    typed(at, "wi_devices", 16)
+    typed(at, "wi_tp", 16)
+    typed(at, "wi_ep", 16)
     assert_clean(at)
     at.selectbox(key="wi_model").set_value("kimi-k3-mini").run()
     assert_clean(at, errors_ok=True)
@@ -432,8 +578,9 @@ def test_validation_bundled_results_mape_and_worst_layers(monkeypatch, tmp_path)
     assert mape == pytest.approx(expected, abs=0.1)
     df = table(at, "val_host_table")
     assert len(df) == 11
-    bars = chart(at, "val_host_chart")["data"][0]
-    assert arr(bars["marker"]["color"])[10] == "#d62728" and arr(bars["x"])[10] == 10
+    normal, worst = chart(at, "val_host_chart")["data"][:2]
+    assert worst["marker"]["color"] == "#d62728" and 10 in arr(worst["x"])  # one colour per trace: legend matches
+    assert normal["marker"]["color"] != "#d62728" and 10 not in arr(normal["x"])
     assert any("largest absolute error" in c.value for c in at.caption)
 
 
@@ -513,6 +660,19 @@ def test_validation_bad_inputs(monkeypatch, tmp_path):
     assert_message(at, "Cannot use this trace")
 
 
+def test_validation_says_which_platforms_have_trace_validation(monkeypatch, tmp_path):
+    at = open_view("Validation")
+    text = at.info[0].value
+    assert "gb200, tpu-v7: no trace validation yet" in text and "host CPU" in text
+
+
+def test_validation_upload_error_names_the_file_not_a_temp_path():
+    at = open_view("Validation")
+    at.file_uploader(key="val_upload").set_value(("run.xplane.pb", b"garbage", "application/octet-stream")).run()
+    assert_message(at, "your upload: run.xplane.pb")
+    assert not any("/tmp" in e for e in errors(at)), errors(at)
+
+
 def test_per_layer_table_units():
     import pandas as pd
     df = validation.per_layer_table(pd.DataFrame({"layer": [1, 2], "predicted_s": [1e-6, 2e-6],
@@ -534,6 +694,7 @@ def test_models_view_presets_and_sources():
     assert {"tpu-v7", "gb200"} <= set(hw["hardware"])
     fields = table(at, "mh_hw_fields")
     assert (fields.set_index("field").loc["hbm_bandwidth_bytes_per_s", "source"]).startswith("Inferact")
+    assert fields.set_index("field").loc["hbm_bandwidth_bytes_per_s", "value"].endswith("TB/s")
     at.selectbox(key="mh_hw_pick").set_value("gb200").run()
     assert table(at, "mh_hw_fields").set_index("field").loc["onchip_kind", "value"] != "VMEM"
     at.selectbox(key="mh_model").set_value("deepseek-v3").run()
@@ -546,16 +707,36 @@ def test_models_upload_config_json_used_in_whatif():
     at.file_uploader(key="mh_model_upload").set_value(
         ("config.json", json.dumps(HF_CONFIG).encode(), "application/json")).run()
     assert_clean(at)
-    assert "uploaded: tiny-llama" in at.success[0].value
+    assert "your upload: config.json (tiny-llama)" in at.success[0].value
     at.sidebar.radio(key="view").set_value("What-if").run()
-    at.selectbox(key="wi_model").set_value("uploaded: tiny-llama").run()
+    at.selectbox(key="wi_model").set_value("your upload: config.json (tiny-llama)").run()
     assert_clean(at, errors_ok=True)
     assert "must divide gqa heads (16)" in errors(at)[0]
-    at.number_input(key="wi_devices").set_value(4).run()
-    at.number_input(key="wi_tp").set_value(4).run()
+    typed(at, "wi_devices", 4)
+    typed(at, "wi_tp", 4)
     assert_clean(at)
-    assert number(metric(at, "tokens/s")) > 1000
+    assert number(metric(at, "tokens/s (predicted)")) > 1000
     assert any("<path to your config.json or .toml>" in c.value for c in at.code)
+
+
+def test_models_uploads_get_unique_names_units_and_real_parameter_counts():
+    at = open_view("Models & hardware")
+    other = {**HF_CONFIG, "_name_or_path": "tiny-llama", "num_hidden_layers": 8}
+    names = []
+    for cfg in (HF_CONFIG, other):
+        at.file_uploader(key="mh_model_upload").set_value(
+            ("config.json", json.dumps(cfg).encode(), "application/json")).run()
+        assert_clean(at)
+        names.append(at.success[0].value.split("as '")[1].split("'")[0])
+    assert names[0] != names[1] and set(names) <= set(at.selectbox(key="mh_model").options)
+    models = table(at, "mh_models")
+    small = models.set_index("model").loc["llama-3.2-1b"]
+    assert small["parameters"].endswith(" B") and not small["parameters"].startswith("0")
+    hw = table(at, "mh_hw").set_index("hardware").loc["tpu-v7"]
+    assert hw["HBM bandwidth"].endswith("TB/s") and hw["on-chip per core"] == "64 MiB VMEM"
+    at.selectbox(key="mh_model").set_value(names[1]).run()
+    fields = table(at, "mh_model_fields").set_index("field")["value"]
+    assert not any(v.startswith("0.000") for v in fields)
 
 
 def test_models_upload_hardware_toml_and_bad_files():
@@ -564,8 +745,8 @@ def test_models_upload_hardware_toml_and_bad_files():
         'name = "tpu-v7"', 'name = "tpu-v7-big-vmem"').replace("onchip_bytes = 67108864", "onchip_bytes = 134217728")
     at.file_uploader(key="mh_hw_upload").set_value(("big.toml", text.encode(), "text/plain")).run()
     assert_clean(at)
-    assert "uploaded: tpu-v7-big-vmem" in at.success[0].value
-    assert "uploaded: tpu-v7-big-vmem" in at.selectbox(key="mh_hw_pick").options
+    assert "your upload: big.toml (tpu-v7-big-vmem)" in at.success[0].value
+    assert "your upload: big.toml (tpu-v7-big-vmem)" in at.selectbox(key="mh_hw_pick").options
     bad = [("mh_model_upload", "config.json", b'{"hidden_size": 1}', "required key is missing"),
            ("mh_model_upload", "config.json", b"{not json", "not a readable JSON"),
            ("mh_model_upload", "config.json", b"\xff\xfe\x00\x9c", "not a text file"),

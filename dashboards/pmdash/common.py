@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import re
 import shlex
 import tempfile
 import tomllib
@@ -31,17 +32,25 @@ BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 SPEC_DRAFT_ROWS, SPEC_ACCEPTANCE = 7, 6.0
 
-# Canonical deployments (the seed table, docs/sources.md s.1).
+# Canonical deployments: the published table's platforms (Inferact, tpu-megakernels report, Sept 2026).
 CANONICAL = {
     "tpu-v7": dict(hardware="tpu-v7", engine="megakernel", devices=32, tp=32, ep=8),
     "gb200": dict(hardware="gb200", engine="multikernel", devices=16, tp=16, ep=16),
 }
 
 # Widget keys start with their view's prefix. Kept across view switches: all but uploaders and
-# buttons (they cannot be set from state) and widgets whose options depend on other inputs.
+# buttons (they cannot be set from state) and widgets whose options depend on other inputs (key prefixes).
 VIEW_PREFIXES = ("cmp_", "wi_", "val_", "mh_")
-NOT_SETTABLE = {"cmp_upload", "mh_model_upload", "mh_hw_upload", "val_upload", "wi_trace_dl", "wi_events_dl",
-                "wi_layers", "wi_acc", "val_run", "val_path_run", "val_upload_run"}
+NOT_SETTABLE = ("cmp_upload", "mh_model_upload", "mh_hw_upload", "val_upload", "wi_trace_dl", "wi_events_dl",
+                "wi_layers", "wi_acc", "val_run", "val_path_run", "val_upload_run", "wi_near_", "cmp_near_")
+
+
+def keep_inputs() -> None:
+    """Streamlit forgets the state of widgets that a run does not draw: keep each view's inputs when
+    another view is shown (re-assigning a widget's value marks it as user state)."""
+    for key in [k for k in st.session_state if isinstance(k, str) and k.startswith(VIEW_PREFIXES)]:
+        if not key.startswith(NOT_SETTABLE) and not key.endswith(("_csv", "_json")):
+            st.session_state[key] = st.session_state[key]
 
 
 def init(**defaults) -> None:
@@ -93,10 +102,15 @@ def model_ref(name: str) -> tuple:
     return (name, None, None) if up is None else (name, *up)
 
 
+@st.cache_data(show_spinner=False, max_entries=8)
+def file_text(path: str, mtime: float) -> str:
+    return Path(path).read_text()
+
+
 def hardware_ref(name: str) -> tuple:
     local = local_hardware().get(name)
     if local is not None:  # keyed on the text, so a re-measured file is picked up
-        return (name, ".toml", local.read_text())
+        return (name, ".toml", file_text(str(local), local.stat().st_mtime))
     up = uploads("hardware").get(name)
     return (name, None, None) if up is None else (name, *up)
 
@@ -154,22 +168,29 @@ def _guard(fn, field, value):
         raise SpecError(field, value, f"malformed content ({type(e).__name__}: {e})") from None
 
 
+UPLOAD_PREFIX = "your upload: "
+
+
 def register_upload(kind: str, filename: str, data: bytes) -> str:
-    """Parse an uploaded model / hardware file; on success keep it for the other views."""
+    """Parse an uploaded model / hardware file; on success keep it for the other views under a name
+    of its own ("your upload: FILE (model name)"; a different file of the same name gets " #2")."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise SpecError(f"{kind} file", filename, "not a text file (UTF-8 JSON or TOML expected)") from None
     suffix = Path(filename).suffix.lower()
     if kind == "model":
-        spec = parse_model_text(text, suffix, Path(filename).stem)
-        name = f"uploaded: {spec.name}"
+        inner = parse_model_text(text, suffix, Path(filename).stem).name
     else:
         if suffix != ".toml":
             raise SpecError("hardware file", filename, "expected a hardware .toml (see perfmodel/presets/hardware)")
-        hw = parse_hardware_text(text, filename)
-        name = f"uploaded: {hw.name}"
-    uploads(kind)[name] = (suffix, text)
+        inner = parse_hardware_text(text, filename).name
+    base = UPLOAD_PREFIX + filename + ("" if inner == Path(filename).stem else f" ({inner})")
+    store, name, n = uploads(kind), base, 1
+    while name in store and store[name] != (suffix, text):
+        n += 1
+        name = f"{base} #{n}"
+    store[name] = (suffix, text)
     return name
 
 
@@ -202,6 +223,36 @@ def make_deployment(key: tuple) -> Deployment:
                       expert_slots=k["expert_slots"], spec=spec)
 
 
+def fmt_mib(x: float) -> str:
+    return f"{x:,.0f} MiB" if x >= 1000 else f"{x:.3g} MiB"
+
+
+_FIELD_BYTES = re.compile(r"(\w+_bytes)=(\d+(?:\.\d+)?(?:e[+-]?\d+)?)")
+_BYTES = re.compile(r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?) B\b")
+
+
+def readable(msg: str) -> str:
+    """A model message with byte counts in MiB ("67108864 B" -> "64 MiB")."""
+    msg = _FIELD_BYTES.sub(lambda m: f"{m[1].removesuffix('_bytes')}={fmt_mib(float(m[2]) / MiB)}", msg)
+    return _BYTES.sub(lambda m: fmt_mib(float(m[1]) / MiB), msg)
+
+
+def cause_of(msg: str) -> str:
+    """What an error is about, without the numbers that differ from batch to batch."""
+    return re.sub(r"[\d.,]+", "#", msg)
+
+
+def errors_by_cause(items: list[tuple[str, int | None, str]]) -> None:
+    """One error box per place and cause: items are (where, batch or None, message); a box lists the
+    batches it applies to."""
+    groups: dict[tuple, list] = {}
+    for where, batch, msg in items:
+        groups.setdefault((where, cause_of(msg)), []).append((batch, msg))
+    for (where, _), group in groups.items():
+        batches = [b for b, _ in group if b is not None]
+        st.error(f"{where}: {group[0][1]}" + (f" (batch {', '.join(map(str, batches))})" if batches else ""))
+
+
 def resolve_hw(hw_ref: tuple, onchip_mib: float | None):
     hw = load_hardware_ref(hw_ref)
     if onchip_mib is not None:
@@ -219,7 +270,7 @@ def predict_cached(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | 
         model, hw = load_model_ref(m_ref), resolve_hw(hw_ref, onchip_mib)
         p = predict(model, hw, make_deployment(key), record=record)
     except SpecError as e:
-        return {"error": str(e)}
+        return {"error": readable(str(e)), "field": e.field}
     out = {"tokens_per_s": p.tokens_per_s, "step_s": p.step_s, "bound": p.bound,
            "hbm_floor_s": p.hbm_floor_s, "compute_floor_s": p.compute_floor_s,
            "hbm_utilisation": p.hbm_utilisation, "bytes_per_device": p.bytes_per_device,
@@ -268,7 +319,7 @@ def prefetch_sweep_cached(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: f
 def _cli_name(kind: str, name: str) -> str:
     if kind == "hardware" and name in local_hardware():
         return shown_path(local_hardware()[name])
-    if name.startswith("uploaded: "):
+    if name.startswith(UPLOAD_PREFIX):
         return "<path to your config.json or .toml>" if kind == "model" else "<path to your hardware .toml>"
     return name
 
@@ -318,11 +369,12 @@ def cli_sweep(model: str, hw: str, key: tuple, depths_mib, onchip_mib: float | N
 def downloads(df: pd.DataFrame, stem: str, key: str, extra_json: dict | None = None) -> None:
     """CSV and JSON download buttons for a table (JSON carries the rows plus any context)."""
     c1, c2 = st.columns(2)
-    # the files are built when clicked (callables), so a re-render does not serialise every table
+    # the files are built when clicked (callables), so a re-render does not serialise every table; a click
+    # does not rerun the page (a rerun would drop the file another button is still fetching)
     c1.download_button("Download CSV", lambda: df.to_csv(index=False), file_name=f"{stem}.csv", mime="text/csv",
-                       key=f"{key}_csv")
+                       key=f"{key}_csv", on_click="ignore")
     c2.download_button("Download JSON", lambda: table_json(df, extra_json), file_name=f"{stem}.json",
-                       mime="application/json", key=f"{key}_json")
+                       mime="application/json", key=f"{key}_json", on_click="ignore")
 
 
 def table_json(df: pd.DataFrame, extra: dict | None = None) -> str:

@@ -1,4 +1,9 @@
-"""Compare view: two platforms' predicted tokens/s across batch sizes, with measured points and errors."""
+"""Compare view: two platforms' predicted tokens/s across batch sizes, with measured points and errors.
+
+Each measured source has its own marker and a plain-language name; a point above twice the chip's
+HBM roofline is flagged as implausible and left off the chart. A layout the model refuses gives
+one error box per cause with the nearest layouts that run.
+"""
 from __future__ import annotations
 
 import pandas as pd
@@ -8,36 +13,45 @@ import streamlit as st
 from perfmodel.errors import SpecError
 
 from . import common as c
-from . import measured
+from . import fit, measured
+from .inputs import batches_field, current_or_last, maybe_stale, number_field
 
 SPEC_MODES = ("off", "on", "both")
+PLATFORM_COLORS = {"A": "#1f77b4", "B": "#d62728"}
+SOURCE_SYMBOLS = ("x", "circle-open", "square-open", "triangle-up-open", "star-open", "hexagon-open")
+IMPLAUSIBLE = 2.0  # a measured point above this many times the HBM roofline is flagged
 
 
-def platform_inputs(col, tag: str, default: dict) -> dict:
+def platform_inputs(col, tag: str, default: dict, errs: list) -> dict | None:
     hw_opts = c.hardware_options()
-    c.init(**{f"cmp_{tag}_{k}": default[v] for k, v in (("hw", "hardware"), ("engine", "engine"),
-                                                          ("devices", "devices"), ("tp", "tp"), ("ep", "ep"))})
+    c.init(**{f"cmp_{tag}_hw": default["hardware"], f"cmp_{tag}_engine": default["engine"]},
+           **{f"cmp_{tag}_{k}": str(default[k]) for k in ("devices", "tp", "ep")})
     with col:
         st.markdown(f"**Platform {tag}**")
         hw = st.selectbox("Hardware", hw_opts, key=f"cmp_{tag}_hw")
         engine = st.radio("Engine", ("megakernel", "multikernel"), horizontal=True, key=f"cmp_{tag}_engine")
         a, b, e = st.columns(3)
-        devices = a.number_input("Devices", 1, 4096, key=f"cmp_{tag}_devices")
-        tp = b.number_input("TP", 1, 4096, key=f"cmp_{tag}_tp")
-        ep = e.number_input("EP groups", 1, 4096, key=f"cmp_{tag}_ep")
-    label = f"{hw} {engine} ({devices} dev, tp {tp}, ep {ep})"
-    return dict(hw=hw, engine=engine, devices=int(devices), tp=int(tp), ep=int(ep), label=label)
+        devices = number_field(a, "Devices", f"cmp_{tag}_devices", errors=errs)
+        tp = number_field(b, "TP", f"cmp_{tag}_tp", errors=errs)
+        ep = number_field(e, "EP groups", f"cmp_{tag}_ep", errors=errs)
+    if None in (devices, tp, ep):
+        return None
+    label = f"{tag}: {hw} {engine} ({devices} dev, tp {tp}, ep {ep})"
+    return dict(tag=tag, hw=hw, engine=engine, devices=devices, tp=tp, ep=ep, label=label)
+
+
+def plat_key(plat: dict, batch: int, spec_on: bool, context: int) -> tuple:
+    return c.dep_key(plat["devices"], plat["tp"], plat["ep"], plat["engine"], batch=batch, context=context,
+                     draft_rows=c.SPEC_DRAFT_ROWS if spec_on else 0,
+                     acceptance_length=c.SPEC_ACCEPTANCE if spec_on else None)
 
 
 def predicted_rows(model: str, plat: dict, batches, spec_on: bool, context: int) -> tuple[list[dict], list]:
     rows, errors = [], []
     for b in batches:
-        key = c.dep_key(plat["devices"], plat["tp"], plat["ep"], plat["engine"], batch=b, context=context,
-                        draft_rows=c.SPEC_DRAFT_ROWS if spec_on else 0,
-                        acceptance_length=c.SPEC_ACCEPTANCE if spec_on else None)
-        r = c.predict_cached(c.model_ref(model), c.hardware_ref(plat["hw"]), key)
+        r = c.predict_cached(c.model_ref(model), c.hardware_ref(plat["hw"]), plat_key(plat, b, spec_on, context))
         if "error" in r:
-            errors.append((b, r["error"]))
+            errors.append((b, r))
             continue
         bd = r["breakdown_s"]
         rows.append({"platform": plat["label"], "hardware": plat["hw"], "engine": plat["engine"],
@@ -50,6 +64,7 @@ def predicted_rows(model: str, plat: dict, batches, spec_on: bool, context: int)
 
 
 def error_rows(model: str, plat: dict, points: pd.DataFrame, spec_on: bool, context: int) -> list[dict]:
+    """Each measured point of this platform with the prediction, its error and the HBM-roofline check."""
     rows = []
     sel = measured.matches(points, model, plat["hw"], plat["engine"], plat["devices"], context, spec_on)
     if sel is None:
@@ -63,34 +78,20 @@ def error_rows(model: str, plat: dict, points: pd.DataFrame, spec_on: bool, cont
                         context=context, draft_rows=draft, acceptance_length=acc)
         r = c.predict_cached(c.model_ref(model), c.hardware_ref(plat["hw"]), key)
         pred = r.get("tokens_per_s")
-        rows.append({"platform": plat["label"], "spec_decode": spec_on, "batch": int(m["batch"]),
-                     "measured_tokens_per_s": float(m["tokens_per_s"]),
-                     "predicted_tokens_per_s": pred,
+        # the HBM roofline: the step's tokens if the step took only its HBM bytes at peak bandwidth
+        roof = pred * r["step_s"] / r["hbm_floor_s"] if pred and r.get("hbm_floor_s") else None
+        flag = roof is not None and m["tokens_per_s"] > IMPLAUSIBLE * roof
+        rows.append({"platform": plat["label"], "tag": plat["tag"], "spec_decode": spec_on, "batch": int(m["batch"]),
+                     "measured_tokens_per_s": float(m["tokens_per_s"]), "predicted_tokens_per_s": pred,
                      "error": (pred / m["tokens_per_s"] - 1) if pred else None,
-                     "role": m["role"], "source": m["source"], "origin": m["origin"]})
+                     "hbm_roofline_tokens_per_s": roof,
+                     "check": f"implausible: above {IMPLAUSIBLE:g}x the HBM roofline" if flag else "",
+                     "role": m["role"], "source": m["origin"], "reference": m["source"]})
     return rows
 
 
-def render() -> None:
-    st.header("Compare platforms: predicted vs measured tokens/s")
-    st.caption("Kimi K3 decode by default: TPU v7 Pallas megakernel (32 devices = 16 chips, tp 32, ep 8) vs "
-               "GB200 vLLM multi-kernel (16 GPUs, tp 16, ep 16), the seed table's layouts (docs/sources.md s.1).")
-    c.init(cmp_model="kimi-k3", cmp_batches=list(c.DEFAULT_BATCHES), cmp_context=4096, cmp_spec="off")
-    model = st.selectbox("Model", c.model_options(), key="cmp_model")
-    ca, cb = st.columns(2)
-    pa = platform_inputs(ca, "A", c.CANONICAL["tpu-v7"])
-    pb = platform_inputs(cb, "B", c.CANONICAL["gb200"])
-    c1, c3, c2 = st.columns([3, 1, 2])
-    batches = c1.multiselect("Batch sizes", list(range(1, 65)), key="cmp_batches")
-    context = int(c3.number_input("Context (tokens)", 0, 4_000_000, step=1024, key="cmp_context"))
-    spec_mode = c2.radio(f"Speculative decoding ({c.SPEC_DRAFT_ROWS} draft rows, acceptance length "
-                         f"{c.SPEC_ACCEPTANCE:g})", SPEC_MODES, horizontal=True, key="cmp_spec")
-    batches = sorted(batches)
-    if not batches:
-        st.warning("Pick at least one batch size.")
-        return
-
-    points = [measured.seed_table()]
+def load_points() -> tuple[pd.DataFrame, str]:
+    points = [measured.published_table()]
     host, host_note = measured.host_points()
     if host is not None:
         points.append(host)
@@ -105,74 +106,155 @@ def render() -> None:
                 st.success(f"Loaded {len(user)} measured point(s) from {up.name}.")
             except SpecError as e:
                 st.error(f"Could not use {up.name}: {e}")
+    return pd.concat(points, ignore_index=True), host_note
+
+
+def use_layout(tag: str, key: tuple) -> None:
+    k = dict(key)
+    for f in ("devices", "tp", "ep"):
+        st.session_state[f"cmp_{tag}_{f}"] = str(k[f])
+
+
+def refused(model: str, plat: dict, errors: list, context: int, spec_on: bool) -> tuple[list, list]:
+    """(where, batch, message) per refused batch, and the nearest layouts that run for the first one."""
+    if not errors:
+        return [], []
+    b, r = errors[0]
+    near = fit.nearest_valid(c.model_ref(model), c.hardware_ref(plat["hw"]), plat_key(plat, b, spec_on, context),
+                             None, r.get("field", ""))
+    spec = " + spec decode" if spec_on else ""
+    return [(f"platform {plat['tag']}{spec}", bb, rr["error"]) for bb, rr in errors], near
+
+
+def nearest_buttons(tag: str, near: list) -> None:
+    cols = st.columns([3] + [2] * len(near))
+    cols[0].caption(f"Platform {tag}: nearest layouts that run")
+    for i, n in enumerate(near):
+        cols[i + 1].button(f"{n['change']}: {n['tokens_per_s']:,.0f} tok/s", key=f"cmp_near_{tag}_{i}",
+                           on_click=use_layout, args=(tag, n["key"]))
+
+
+def render() -> None:
+    st.header("Compare platforms: predicted vs measured tokens/s")
+    st.caption("Kimi K3 decode by default: TPU v7 Pallas megakernel (32 devices = 16 chips, tp 32, ep 8) vs "
+               "GB200 vLLM multi-kernel (16 GPUs, tp 16, ep 16), the layouts of the published table (Inferact, "
+               "tpu-megakernels report, Sept 2026).")
+    c.init(cmp_model="kimi-k3", cmp_batches=", ".join(map(str, c.DEFAULT_BATCHES)), cmp_context="4096",
+           cmp_spec="off", cmp_logy=False)
+    errs: list[str] = []
+    model = st.selectbox("Model", c.model_options(), key="cmp_model")
+    ca, cb = st.columns(2)
+    pa = platform_inputs(ca, "A", c.CANONICAL["tpu-v7"], errs)
+    pb = platform_inputs(cb, "B", c.CANONICAL["gb200"], errs)
+    c1, c3, c2, c4 = st.columns([3, 1, 2, 1])
+    batches = batches_field(c1, "Batch sizes (comma-separated)", "cmp_batches", errors=errs)
+    context = number_field(c3, "Context (tokens)", "cmp_context", lo=0, hi=10_000_000, errors=errs)
+    spec_mode = c2.radio(f"Speculative decoding ({c.SPEC_DRAFT_ROWS} draft rows, acceptance length "
+                         f"{c.SPEC_ACCEPTANCE:g})", SPEC_MODES, horizontal=True, key="cmp_spec")
+    log_y = c4.toggle("Log y axis", key="cmp_logy")
+    allpoints, host_note = load_points()
     if host_note:
         st.info(host_note)
-    allpoints = pd.concat(points, ignore_index=True)
+    current = None if errs else dict(model=model, pa=pa, pb=pb, batches=tuple(batches), context=context,
+                                     spec_mode=spec_mode)
+    x, stale = current_or_last("cmp", current, "; ".join(errs) if errs else None)
+    if x is None:
+        st.info("Fix the inputs above to draw the comparison.")
+        return
+    spec_states = {"off": [False], "on": [True], "both": [False, True]}[x["spec_mode"]]
+    pred, errs_rows, refusals, nearest = [], [], [], {}
+    with st.spinner("Running the model..."):
+        collect(x, spec_states, allpoints, stale, pred, errs_rows, refusals, nearest)
+    c.errors_by_cause(refusals)
+    for tag, near in nearest.items():
+        nearest_buttons(tag, near)
+    pdf, edf = pd.DataFrame(pred), pd.DataFrame(errs_rows)
+    with maybe_stale(stale, "cmp"):
+        draw(x, pdf, edf, log_y)
+        tables(x, pdf, edf, spec_states)
 
-    spec_states = {"off": [False], "on": [True], "both": [False, True]}[spec_mode]
-    pred, errs, perr = [], [], {}
-    for plat in (pa, pb):
+
+def collect(x: dict, spec_states, allpoints, stale, pred, errs_rows, refusals, nearest) -> None:
+    """Predictions, measured points with their errors, refusals and nearest layouts, per platform."""
+    for plat in (x["pa"], x["pb"]):
         for s in spec_states:
-            rows, e = predicted_rows(model, plat, batches, s, context)
+            rows, e = predicted_rows(x["model"], plat, x["batches"], s, x["context"])
             pred += rows
-            for b, msg in e:
-                perr.setdefault(f"{plat['label']}{' (spec decode)' if s else ''}: {msg}", []).append(b)
-            errs += error_rows(model, plat, allpoints, s, context)
-    for msg, bs in perr.items():
-        st.error(f"{msg} (batch {', '.join(map(str, bs))})")
-    pdf, edf = pd.DataFrame(pred), pd.DataFrame(errs)
+            if not stale:
+                items, near = refused(x["model"], plat, e, x["context"], s)
+                refusals += items
+                if near:
+                    nearest.setdefault(plat["tag"], near)
+            errs_rows += error_rows(x["model"], plat, allpoints, s, x["context"])
 
-    fig = go.Figure()
-    colors = {pa["label"]: "#1f77b4", pb["label"]: "#d62728"}
-    if pa["label"] == pb["label"]:
-        colors[pb["label"]] = "#1f77b4"
+
+def draw(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, log_y: bool) -> None:
+    """The chart, built as plain dicts and wrapped unvalidated (plotly's validation costs more than the rest)."""
+    colors = {p["label"]: PLATFORM_COLORS[p["tag"]] for p in (x["pa"], x["pb"])}
+    data = []
     if not pdf.empty:
         for (label, spec), g in pdf.groupby(["platform", "spec_decode"], sort=False):
             name = f"{label} predicted" + (" + spec decode" if spec else "")
-            fig.add_trace(go.Scatter(
-                x=g["batch"], y=g["predicted_tokens_per_s"], mode="lines+markers", name=name,
-                line=dict(color=colors.get(label), dash="dash" if spec else "solid"),
-                customdata=g[["step_ms", "bound", "hbm_utilisation"]].to_numpy(),
-                hovertemplate=("batch %{x}<br>predicted %{y:.0f} tokens/s<br>step %{customdata[0]:.3f} ms"
+            data.append(dict(
+                type="scatter", x=g["batch"].tolist(), y=g["predicted_tokens_per_s"].tolist(), mode="lines+markers",
+                name=name, line=dict(color=colors.get(label), dash="dash" if spec else "solid"),
+                customdata=g[["step_ms", "bound", "hbm_utilisation"]].to_numpy().tolist(),
+                hovertemplate=("batch %{x}<br>predicted %{y:,.0f} tokens/s<br>step %{customdata[0]:.3f} ms"
                                "<br>bound: %{customdata[1]}<br>HBM utilisation %{customdata[2]:.0%}"
                                f"<extra>{name}</extra>")))
-    if not edf.empty:
-        for (label, spec, origin), g in edf.groupby(["platform", "spec_decode", "origin"], sort=False):
-            name = f"{label} measured" + (" + spec decode" if spec else "") + f" ({origin.split(' (')[0]})"
-            fig.add_trace(go.Scatter(
-                x=g["batch"], y=g["measured_tokens_per_s"], mode="markers", name=name,
-                marker=dict(color=colors.get(label), size=11, symbol="diamond-open" if spec else "x",
-                            line=dict(width=2)),
-                customdata=g[["predicted_tokens_per_s", "error", "source"]].to_numpy(),
-                hovertemplate=("batch %{x}<br>measured %{y:.0f} tokens/s<br>predicted %{customdata[0]:.0f} "
+    plotted = edf[edf["check"] == ""] if not edf.empty else edf
+    if not plotted.empty:
+        sources = list(dict.fromkeys(plotted["source"]))
+        for (label, spec, source), g in plotted.groupby(["platform", "spec_decode", "source"], sort=False):
+            name = f"{source}" + (" + spec decode" if spec else "") + f" (platform {label.split(':')[0]})"
+            data.append(dict(
+                type="scatter", x=g["batch"].tolist(), y=g["measured_tokens_per_s"].tolist(), mode="markers",
+                name=name, marker=dict(color=colors.get(label), size=12, line=dict(width=2),
+                                       symbol=SOURCE_SYMBOLS[sources.index(source) % len(SOURCE_SYMBOLS)]),
+                customdata=g[["predicted_tokens_per_s", "error", "reference"]].to_numpy().tolist(),
+                hovertemplate=("batch %{x}<br>measured %{y:,.0f} tokens/s<br>predicted %{customdata[0]:,.0f} "
                                "tokens/s<br>error %{customdata[1]:+.1%}<br>%{customdata[2]}"
                                f"<extra>{name}</extra>")))
-    fig.update_layout(xaxis=dict(title="batch (sequences)", type="log", tickvals=batches),
-                      yaxis=dict(title="aggregate decode tokens/s"), height=480,
-                      legend=dict(orientation="h", y=-0.2), margin=dict(t=30))
-    st.plotly_chart(fig, key="cmp_chart")
+    layout = dict(xaxis=dict(title=dict(text="batch (sequences)"), type="log", tickvals=list(x["batches"])),
+                  yaxis=dict(title=dict(text="aggregate decode tokens/s" + (" (log)" if log_y else "")),
+                             type="log" if log_y else "linear"),
+                  height=500, legend=dict(orientation="h", y=-0.2), margin=dict(t=30))
+    if pdf.empty:
+        layout["xaxis"]["visible"] = layout["yaxis"]["visible"] = False
+        layout["annotations"] = [dict(text="No platform can run this model at these layouts: see the messages above "
+                                      "(and the nearest layouts that run).", showarrow=False, xref="paper",
+                                      yref="paper", x=0.5, y=0.5, font=dict(size=15))]
+    st.plotly_chart(go.Figure({"data": data, "layout": layout}, _validate=False), key="cmp_chart")
+    if not edf.empty and (edf["check"] != "").any():
+        bad = edf[edf["check"] != ""]
+        st.warning(f"{len(bad)} measured point(s) left off the chart: above {IMPLAUSIBLE:g}x the chip's HBM roofline "
+                   "(tokens/s if the step moved only its HBM bytes at peak bandwidth): "
+                   + "; ".join(f"{r.source}, batch {r.batch}: {r.measured_tokens_per_s:,.4g} tokens/s vs roofline "
+                               f"{r.hbm_roofline_tokens_per_s:,.0f}" for r in bad.itertuples()))
 
+
+def tables(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, spec_states: list) -> None:
     st.subheader("Measured points: per-point error")
     if edf.empty:
-        st.info("No measured points for these platforms (the seed table covers Kimi K3 on tpu-v7 megakernel "
+        st.info("No measured points for these platforms (the published table covers Kimi K3 on tpu-v7 megakernel "
                 "with 32 devices and gb200 multikernel with 16; the host results cover the kimi-k3-host-* models "
                 f"on '{c.HOST_HW}', multikernel, 1 device, at their contexts; load your own CSV above).")
     else:
-        show = edf.copy()
-        mape = show["error"].abs().mean()
+        ok = edf[edf["check"] == ""]
+        mape = ok["error"].abs().mean() if not ok.empty else float("nan")
         st.metric("Mean absolute error over the points shown", f"{mape:.1%}")
-        if (show["role"] == "fitted").any():
+        if (edf["role"] == "fitted").any():
             st.caption("role: the calibration (`perfmodel reproduce`) fits its efficiency parameters on the "
-                       "'fitted' seed points only; 'held-out' points were not used to fit anything.")
-        st.dataframe(show.style.format({"measured_tokens_per_s": "{:.0f}", "predicted_tokens_per_s": "{:.0f}",
-                                        "error": "{:+.1%}"}), key="cmp_errors", hide_index=True)
-        c.downloads(edf, "compare_errors", "cmp_err_dl", {"model": model, "mean_abs_error": mape})
+                       "'fitted' published points only; 'held-out' points were not used to fit anything.")
+        tps = st.column_config.NumberColumn(format="%.0f")
+        st.dataframe(edf.drop(columns=["tag"]), key="cmp_errors", hide_index=True, column_config={
+            "measured_tokens_per_s": tps, "predicted_tokens_per_s": tps, "hbm_roofline_tokens_per_s": tps,
+            "error": st.column_config.NumberColumn(format="percent")})
+        c.downloads(edf.drop(columns=["tag"]), "compare_errors", "cmp_err_dl",
+                    {"model": x["model"], "mean_abs_error": mape})
     st.subheader("Predicted curves")
     st.dataframe(pdf, hide_index=True, key="cmp_pred")
-    c.downloads(pdf, "compare_predicted", "cmp_pred_dl", {"model": model})
-    for plat in (pa, pb):
+    c.downloads(pdf, "compare_predicted", "cmp_pred_dl", {"model": x["model"]})
+    for plat in (x["pa"], x["pb"]):
         for s in spec_states:
-            key = c.dep_key(plat["devices"], plat["tp"], plat["ep"], plat["engine"], context=context,
-                            draft_rows=c.SPEC_DRAFT_ROWS if s else 0,
-                            acceptance_length=c.SPEC_ACCEPTANCE if s else None)
-            c.show_command(c.cli_predict(model, plat["hw"], key, batches))
+            c.show_command(c.cli_predict(x["model"], plat["hw"], plat_key(plat, 1, s, x["context"]), x["batches"]))

@@ -1,25 +1,38 @@
-"""Measured points for the Compare view: the bundled seed table, host results, user uploads."""
+"""Measured points for the Compare view: the published table, host results, user uploads.
+
+Each source carries a plain-language name (its `origin`): "Inferact, 16x TPU v7, published",
+"this machine, host validation", "your upload: FILE".
+"""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+
 import pandas as pd
+import streamlit as st
 
 from perfmodel.errors import SpecError
 from perfmodel.measurements import seed_measurements
 
-from .common import REPO, read_csv_bytes, shown_path
+from .common import HOST_HW, REPO, UPLOAD_PREFIX, read_csv_bytes, shown_path
 
 HOST_VALIDATION_CSV = REPO / "experiments" / "results" / "host_validation.csv"
 COLUMNS = ["source", "model", "hardware", "engine", "devices", "batch", "context", "draft_rows",
            "acceptance_length", "tokens_per_s", "origin", "role"]
-SEED_MODEL = "kimi-k3"  # the seed table is Kimi K3 decode (docs/sources.md s.1)
+SEED_MODEL = "kimi-k3"  # the published table is Kimi K3 decode
+PUBLISHED_SOURCE = "Inferact, tpu-megakernels report (Sept 2026)"
+PUBLISHED_NAMES = {("tpu-v7", "megakernel"): "Inferact, 16x TPU v7, published",
+                   ("gb200", "multikernel"): "Inferact, 16x GB200 (vLLM), published"}
+HOST_ORIGIN = "this machine, host validation"
 REQUIRED = ("hardware", "engine", "batch", "tokens_per_s")
 
 
-def seed_table() -> pd.DataFrame:
+@st.cache_data(show_spinner=False)
+def published_table() -> pd.DataFrame:
     ms = seed_measurements()
     df = pd.DataFrame([dataclasses.asdict(m) for m in ms])
-    df["origin"] = "seed table (perfmodel/data/seed_measurements.csv)"
+    df["origin"] = [PUBLISHED_NAMES.get((m.hardware, m.engine), f"Inferact, {m.hardware}, published") for m in ms]
+    df["source"] = PUBLISHED_SOURCE
     df["role"] = [calibration_role(m) for m in ms]
     df["model"] = SEED_MODEL
     df["context"] = None
@@ -77,13 +90,20 @@ def parse_upload(name: str, data: bytes) -> pd.DataFrame:
         df = read_csv_bytes(data)
     except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise SpecError("measurements file", name, f"not a readable CSV ({type(e).__name__})") from None
-    return normalise(df, f"uploaded {name}")
+    return normalise(df, f"{UPLOAD_PREFIX}{name}")
 
 
 HOST_STEP_COLUMNS = {"variant", "model", "mode", "batch", "context", "layer", "measured_s"}
 
 
 def host_points() -> tuple[pd.DataFrame | None, str]:
+    """The host points, re-read only when the results file changes."""
+    path = HOST_VALIDATION_CSV
+    return _host_points(str(path), path.stat().st_mtime if path.exists() else None)
+
+
+@st.cache_data(show_spinner=False, max_entries=4)
+def _host_points(path: str, mtime: float | None) -> tuple[pd.DataFrame | None, str]:
     """Step-level host results from the host validation CSV, as measured tokens/s points.
 
     experiments/validate_host.py writes one "step" row per run. The points kept are the runs
@@ -92,13 +112,11 @@ def host_points() -> tuple[pd.DataFrame | None, str]:
     tokens/s = batch / measured step time. They belong to the "host-cpu (hostbench)" hardware
     choice, multikernel, 1 device.
     """
-    from .common import HOST_HW
-
-    if not HOST_VALIDATION_CSV.exists():
+    if mtime is None:
         return None, (f"No host validation results yet ({shown_path(HOST_VALIDATION_CSV)} is missing; "
                       "run `python experiments/validate_host.py` to produce it).")
     try:
-        df = read_csv_bytes(HOST_VALIDATION_CSV.read_bytes())
+        df = read_csv_bytes(Path(path).read_bytes())
     except Exception as e:  # noqa: BLE001 -- a broken results file must not break the page
         return None, f"{HOST_VALIDATION_CSV.name} could not be read: {e}"
     if HOST_STEP_COLUMNS <= set(df.columns):
@@ -111,14 +129,14 @@ def host_points() -> tuple[pd.DataFrame | None, str]:
                             "context": step["context"], "model": step["model"],
                             "tokens_per_s": batch / meas, "draft_rows": 0})
         pts = pts[pts["tokens_per_s"].notna() & (pts["tokens_per_s"] > 0)]
-        out = normalise(pts, "host validation")
+        out = normalise(pts, HOST_ORIGIN)
         out["source"] = [f"{HOST_VALIDATION_CSV.name}: op by op, context {c}" for c in out["context"]]
         return out, ""
     if set(REQUIRED) <= set(df.columns):
         try:
-            return normalise(df, "host validation"), ""
+            return normalise(df, HOST_ORIGIN), ""
         except SpecError as e:
-            return None, f"{HOST_VALIDATION_CSV.name}: {e}"
+            return None, f"{Path(path).name}: {e}"
     return None, f"{HOST_VALIDATION_CSV.name} has no step-level rows; its per-layer results are in the Validation view."
 
 
@@ -134,3 +152,16 @@ def matches(df: pd.DataFrame, model: str, hw: str, engine: str, devices: int, co
     m &= df["context"].isna() | (df["context"] == context)
     m &= (df["draft_rows"] > 0) == spec_on
     return df[m]
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def reported(model: str, hw: str, engine: str, devices: int, context: int, batch: int,
+             draft_rows: int, acceptance_length: float | None) -> dict | None:
+    """The published or host-measured tokens/s for exactly this deployment, if one exists."""
+    host, _ = host_points()
+    points = pd.concat([published_table()] + ([host] if host is not None else []), ignore_index=True)
+    sel = matches(points, model, hw, engine, devices, context, draft_rows > 0)
+    sel = sel[sel["batch"] == batch]
+    if draft_rows:
+        sel = sel[(sel["draft_rows"] == draft_rows) & (sel["acceptance_length"] == acceptance_length)]
+    return None if sel.empty else sel.iloc[0].to_dict()

@@ -12,26 +12,64 @@ from perfmodel.errors import SpecError
 from . import common as c
 
 
+def count(n: float) -> str:
+    """A parameter count with its unit: 1.24 B, 150 M, 12 k."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f}"
+
+
+def size(nbytes: float) -> str:
+    """Bytes in GB (>= 1 GB) or MiB."""
+    v, unit = (nbytes / 1e9, "GB") if nbytes >= 1e9 else (nbytes / c.MiB, "MiB")
+    return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
+
+
+def rate(bytes_per_s: float) -> str:
+    return f"{bytes_per_s / 1e12:.3g} TB/s" if bytes_per_s >= 1e12 else f"{bytes_per_s / 1e9:.3g} GB/s"
+
+
+def seconds(s: float) -> str:
+    return f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} us"
+
+
 def model_row(name: str, m) -> dict:
     fam = m.params_by_family()
     return {"model": name, "layers": len(m.layers), "hidden": m.hidden,
             "attention": ", ".join(f"{k} x{m.count(attention=k)}" for k in ("kda", "mla", "gqa")
                                    if m.count(attention=k)),
             "experts (top-k)": f"{m.moe.experts} (top-{m.moe.top_k})" if m.moe else "-",
-            "params_B": m.total_params / 1e9, "routed_expert_params_B": fam.get("routed_expert", 0) / 1e9,
-            "weights_GB": m.weight_bytes() / 1e9, "routed_format": m.formats["routed_expert"].name,
+            "parameters": count(m.total_params), "routed-expert parameters": count(fam.get("routed_expert", 0)),
+            "weights": size(m.weight_bytes()), "routed format": m.formats["routed_expert"].name,
             "sources": "; ".join(f"{k}: {v}" for k, v in m.sources.items())}
 
 
 def hardware_row(name: str, h) -> dict:
-    return {"hardware": name, "kind": h.kind, "cores_per_chip": h.cores_per_chip,
-            "bf16_TFLOP_per_s": h.peak_flops_per_s["bf16"] / 1e12,
-            "fp8_TFLOP_per_s": h.peak_flops_per_s.get("fp8", float("nan")) / 1e12,
-            "HBM_GB": h.hbm_bytes / 1e9, "HBM_GB_per_s": h.hbm_bandwidth_bytes_per_s / 1e9,
-            "onchip_MiB_per_core": h.onchip_bytes / c.MiB, "onchip_kind": h.onchip_kind,
-            "link_GB_per_s_per_direction": h.link_bandwidth_bytes_per_s / 1e9,
-            "link_latency_us": h.link_latency_s * 1e6, "launch_overhead_us": h.launch_overhead_s * 1e6,
+    return {"hardware": name, "kind": h.kind, "cores per chip": h.cores_per_chip,
+            "bf16 per chip": f"{h.peak_flops_per_s['bf16'] / 1e12:,.0f} TFLOP/s",
+            "fp8 per chip": (f"{h.peak_flops_per_s['fp8'] / 1e12:,.0f} TFLOP/s" if "fp8" in h.peak_flops_per_s
+                             else "-"),
+            "HBM per chip": size(h.hbm_bytes), "HBM bandwidth": rate(h.hbm_bandwidth_bytes_per_s),
+            "on-chip per core": f"{size(h.onchip_bytes)} {h.onchip_kind}",
+            "link per direction": rate(h.link_bandwidth_bytes_per_s), "link latency": seconds(h.link_latency_s),
+            "launch overhead": seconds(h.launch_overhead_s),
             "efficiency": ", ".join(f"{k}={v:g}" for k, v in dataclasses.asdict(h.efficiency).items())}
+
+
+def field_value(name: str, v) -> str:
+    """A hardware field with its unit."""
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {x / 1e12:,.0f} TFLOP/s" for k, x in v.items())
+    if isinstance(v, bool) or isinstance(v, str):
+        return str(v)
+    if name.endswith("_bytes_per_s"):
+        return rate(v)
+    if name.endswith("_bytes"):
+        return size(v)
+    if name.endswith("_s"):
+        return seconds(v)
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
 @st.cache_data(show_spinner=False)
@@ -53,9 +91,7 @@ def hardware_fields(h) -> pd.DataFrame:
                 rows.append({"field": f"efficiency.{k}", "value": f"{ev:g}",
                              "source": h.sources.get(f"efficiency.{k}", h.sources.get("efficiency", ""))})
             continue
-        value = ", ".join(f"{k}={x:.4g}" for k, x in v.items()) if isinstance(v, dict) else (
-            f"{v:.6g}" if isinstance(v, float) else str(v))
-        rows.append({"field": f.name, "value": value, "source": h.sources.get(f.name, "")})
+        rows.append({"field": f.name, "value": field_value(f.name, v), "source": h.sources.get(f.name, "")})
     return pd.DataFrame(rows)
 
 
@@ -68,7 +104,7 @@ def model_fields(m) -> pd.DataFrame:
             rows += [{"field": f"{sec}.{k}", "value": str(v)} for k, v in dataclasses.asdict(obj).items()]
     rows.append({"field": "ffn.dense_width", "value": str(m.dense_width)})
     rows += [{"field": f"formats.{k}", "value": f.name} for k, f in m.formats.items()]
-    rows += [{"field": f"params.{k}", "value": f"{v / 1e9:.3f} B"} for k, v in m.params_by_family().items()]
+    rows += [{"field": f"params.{k}", "value": count(v)} for k, v in m.params_by_family().items()]
     return pd.DataFrame(rows)
 
 
@@ -76,8 +112,7 @@ def render() -> None:
     st.header("Models and hardware")
     ms, hs = preset_tables()
     st.subheader("Model presets")
-    st.dataframe(ms.style.format({"params_B": "{:.1f}", "routed_expert_params_B": "{:.1f}",
-                                  "weights_GB": "{:.1f}"}), hide_index=True, key="mh_models")
+    st.dataframe(ms, hide_index=True, key="mh_models")
     c.downloads(ms, "model_presets", "mh_models_dl")
     st.subheader("Hardware presets")
     st.dataframe(hs, hide_index=True, key="mh_hw")
@@ -126,6 +161,8 @@ def render() -> None:
             hname = st.selectbox("Hardware", c.hardware_options(), key="mh_hw_pick")
             h = c.load_hardware_ref(c.hardware_ref(hname))
             hf = hardware_fields(h)
-            st.dataframe(hf, hide_index=True, key="mh_hw_fields")
+            st.dataframe(hf, hide_index=True, key="mh_hw_fields", column_config={
+                "field": st.column_config.TextColumn(width="medium"),
+                "value": st.column_config.TextColumn(width="medium")})
             c.downloads(hf, f"hardware_{h.name}", "mh_hw_fields_dl")
 

@@ -79,16 +79,18 @@ def show_comparison(df: pd.DataFrame, title: str, key: str, command: str | None,
     worst = df.nlargest(min(WORST, len(df)), "abs_error")
     is_worst = df.index.isin(worst.index)
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=df["layer"], y=df["measured_us"], name="measured",
-                         marker_color=np.where(is_worst, "#d62728", "#9ecae1"),
-                         customdata=np.stack([df["kind"], df["error"]], axis=1),
-                         hovertemplate="layer %{x} (%{customdata[0]})<br>measured %{y:.2f} us"
-                         "<br>error %{customdata[1]:+.1%}<extra></extra>"))
+    for name, part, color in (("measured", df[~is_worst], "#9ecae1"),
+                              (f"measured, {len(worst)} worst layers", df[is_worst], "#d62728")):
+        fig.add_trace(go.Bar(x=part["layer"], y=part["measured_us"], name=name, marker_color=color,
+                             customdata=np.stack([part["kind"], part["error"]], axis=1),
+                             hovertemplate="layer %{x} (%{customdata[0]})<br>measured %{y:.2f} us"
+                             "<br>error %{customdata[1]:+.1%}<extra></extra>"))
     fig.add_trace(go.Scatter(x=df["layer"], y=df["predicted_us"], name="predicted", mode="markers",
-                             marker=dict(color="#08306b", size=7, symbol="line-ew-open", line=dict(width=3)),
+                             marker=dict(color="#08306b", size=16, symbol="line-ew-open", line=dict(width=4)),
                              hovertemplate="layer %{x}<br>predicted %{y:.2f} us<extra></extra>"))
     fig.update_layout(xaxis_title="layer (0 = embedding, last = head)", yaxis_title="time per layer (us)",
-                      height=380, margin=dict(t=30), legend=dict(orientation="h", y=1.1), bargap=0.15)
+                      height=380, margin=dict(t=30), legend=dict(orientation="h", y=1.1), bargap=0.15,
+                      barmode="overlay")
     st.plotly_chart(fig, key=f"{key}_chart")
     st.caption(f"Red bars: the {len(worst)} layers with the largest absolute error "
                f"({', '.join(f'layer {int(r.layer)} {r.error:+.0%}' for r in worst.itertuples())}).")
@@ -210,11 +212,11 @@ def trace_inputs() -> dict:
     hw = r[0].selectbox("Hardware the trace ran on", hw_opts, key="val_hw",
                         format_func=lambda s: c.shown_path(Path(s)) if s.endswith(".toml") else s,
                         help="The host CPU file comes from `perfmodel hostbench` (experiments/results/host-cpu.toml).")
-    if hw.startswith("uploaded: "):
+    if hw.startswith(c.UPLOAD_PREFIX):
         raise SpecError("hardware", hw, "trace comparison takes a preset or the hostbench file")
     models = [FROM_CAPTURE] + c.model_options()
     model = r[1].selectbox("Model", models, key="val_model")
-    if model.startswith("uploaded: "):
+    if model.startswith(c.UPLOAD_PREFIX):
         raise SpecError("model", model, "trace comparison takes a preset model (or the capture's)")
     batch = r[2].number_input("Batch", 1, 4096, value=None, placeholder=FROM_CAPTURE, key="val_batch")
     context = r[3].number_input("Context", 0, 10_000_000, value=None, placeholder=FROM_CAPTURE, key="val_context")
@@ -255,7 +257,12 @@ def uploaded() -> None:
                 dest.write_bytes(f.getvalue())
             pbs = list(Path(tmp).rglob("*.pb"))
             target = pbs[0] if len(files) == 1 else Path(tmp)
-            results = compare_trace(target, x)
+            shown = "your upload: " + ", ".join(f.name for f in files[:3]) + (" ..." if len(files) > 3 else "")
+            try:
+                results = compare_trace(target, x)
+            except SpecError as e:  # name the uploaded files, not the server's temporary copy
+                value = shown if tmp in str(e.value) or str(e.value) == target.name else e.value
+                raise SpecError(e.field, value, str(e.why).replace(str(target), shown).replace(tmp, shown)) from None
         show_results(results, "uploaded trace", "val_upload", None)
     elif path_text:
         p = Path(path_text).expanduser()
@@ -287,8 +294,23 @@ def show_results(results: list, title: str, key: str, command: str | None) -> No
     show_comparison(df, title, key, command, (comp.predicted_step_s, comp.measured_step_s))
 
 
+def trace_coverage() -> str:
+    """Which hardware has trace validation, which only the published table, which nothing."""
+    from perfmodel import hardware
+    from .measured import published_table
+    published = sorted(set(published_table()["hardware"]))
+    others = [h for h in hardware.list_presets() if h not in published]
+    return ("**Which platforms have trace validation.** Per layer, from profiler traces: only the host CPU "
+            "(this machine: traces of the pure-JAX reference step; bundled results below). "
+            f"**{', '.join(published)}: no trace validation yet**; their predictions are checked only against the "
+            "published tokens/s table (Inferact, tpu-megakernels report, Sept 2026; see Compare). "
+            f"{', '.join(others)}: no measurement at all. A TPU trace of the megakernel can be compared below "
+            "once one is recorded.")
+
+
 def render() -> None:
     st.header("Validation: per-layer predicted vs measured")
+    st.info(trace_coverage())
     bundled()
     try:
         uploaded()
