@@ -133,62 +133,6 @@ def cmd_predict(a) -> dict:
     return out
 
 
-# friendly sweep axis -> (Deployment / Hardware field, unit scale or parser)
-SWEEP_AXES = {"batch": ("batch", int), "context": ("context", int),
-              "prefetch_mib": ("prefetch_bytes", lambda v: float(v) * 2**20),
-              "expert_slots": ("expert_slots", int), "routing_skew": ("routing_skew", float),
-              "vmem_mib": ("onchip_bytes", lambda v: float(v) * 2**20),
-              "hbm_gbps": ("hbm_bandwidth_bytes_per_s", lambda v: float(v) * 1e9),
-              "link_latency_us": ("link_latency_s", lambda v: float(v) * 1e-6),
-              "engine": ("engine", str), "dma_sharing": ("dma_sharing", str)}
-
-
-def parse_vary(text: str) -> tuple[str, str, list]:
-    name, _, values = text.partition("=")
-    if name not in SWEEP_AXES or not values:
-        raise argparse.ArgumentTypeError(
-            f"expected AXIS=v1,v2,... with AXIS in {', '.join(SWEEP_AXES)}; got {text!r}")
-    field, conv = SWEEP_AXES[name]
-    try:
-        return name, field, [conv(v) for v in values.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad value in {text!r}") from None
-
-
-def cmd_sweep(a) -> dict:
-    from .sweep import saturation, sweep
-    model, hw, d = load_inputs(a)
-    axes = {field: values for _, field, values in a.vary}
-    rows = sweep(model, hw, d, axes)
-    out = {"schema_version": SCHEMA_VERSION, "command": "sweep", "inputs": inputs_json(a, model, hw, d),
-           "axes": {name: values for name, _, values in a.vary}, "rows": rows}
-    if "prefetch_bytes" in axes:
-        others = [f for f in axes if f != "prefetch_bytes"]
-        groups: dict[tuple, list] = {}
-        for r in rows:
-            groups.setdefault(tuple(r[f] for f in others), []).append(r)
-        out["saturation"] = [{**dict(zip(others, k)), "prefetch_bytes": sat["prefetch_bytes"],
-                              "step_s": sat["step_s"]}
-                             for k, rs in groups.items() if (sat := saturation(rs))]
-    if not a.json:
-        fields = list(axes)
-        print(table([n for n, _, _ in a.vary] + ["step ms", "tokens/s", "bound", "stall ms", "collective ms"],
-                    [[_show(r[f], f) for f in fields] + (
-                        [r["step_s"] * 1e3, r["tokens_per_s"], r["bound"],
-                         (r["breakdown_s"]["weight_streaming"] + r["breakdown_s"]["expert_fetch"]) * 1e3,
-                         r["breakdown_s"]["collective"] * 1e3] if "step_s" in r else [r["error"], "", "", "", ""])
-                     for r in rows]))
-        for s in out.get("saturation", []):
-            print(f"gain saturates at {s['prefetch_bytes'] / 2**20:.0f} MiB of prefetch "
-                  f"({', '.join(f'{k}={v}' for k, v in s.items() if k not in ('prefetch_bytes', 'step_s'))}): "
-                  f"{s['step_s'] * 1e3:.3f} ms, within 1 % of the best depth swept")
-    return out
-
-
-def _show(v, field):
-    return v / 2**20 if field in ("prefetch_bytes", "onchip_bytes") else v
-
-
 def cmd_trace(a) -> dict:
     from .predict import predict
     from .timeline import chrome_trace
@@ -243,7 +187,7 @@ def print_reproduce(r: dict) -> None:
 
 
 # Modules that add their own subcommands: each has add_parser(subparsers) setting `func`.
-EXTENSIONS: tuple[str, ...] = ("perfmodel.hostbench", "perfmodel.traces", "perfmodel.validate")
+EXTENSIONS: tuple[str, ...] = ("perfmodel.hostbench", "perfmodel.traces", "perfmodel.validate", "perfmodel.sweep")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -257,11 +201,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int_list, default=[1], help="comma-separated batch sizes")
     p.add_argument("--gain", action="store_true", help="also the prefetch gain over the other engine, by cause")
     p.set_defaults(func=cmd_predict)
-    p = sub.add_parser("sweep", help="what-if: vary prefetch depth, batch, slots, VMEM, ...")
-    add_deployment_args(p)
-    p.add_argument("--vary", type=parse_vary, action="append", required=True,
-                   help="AXIS=v1,v2,... (repeatable); axes: " + ", ".join(SWEEP_AXES))
-    p.set_defaults(func=cmd_sweep, batch=1)
     p = sub.add_parser("trace", help="export the simulated step as Perfetto / Chrome trace JSON")
     add_deployment_args(p)
     p.add_argument("--batch", type=int, default=1)
