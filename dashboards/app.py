@@ -16,6 +16,8 @@ from pmdash import common, compare, models, validation, whatif  # noqa: E402
 
 VIEWS = {"Compare": compare.render, "What-if": whatif.render, "Validation": validation.render,
          "Models & hardware": models.render}
+from pmdash import design  # noqa: E402
+VIEWS["Design search"] = design.render
 
 # Streamlit forgets the state of widgets that a run does not draw: keep each view's inputs when
 # another view is shown (re-assigning a widget's value marks it as user state).
