@@ -3,17 +3,20 @@ one Kimi K3 megakernel prediction (<= 2 ms warm, <= 5 ms cold), a 10,000-configu
 (mixed batch / depth / slots / context / VMEM on Kimi K3 + TPU v7, <= 10 s) and the What-if
 dashboard re-render after a widget change (<= 100 ms).
 
-Usage: python experiments/bench_model.py [--repeats 15] [--sample 500 | --full] [--no-dashboard]
+Usage: python experiments/bench_model.py [--repeats 15] [--sample 500 | --full] [--no-dashboard] [--profile]
 "warm" reuses the cached op graph (as sweeps and the dashboard do); "cold" builds everything from
 a freshly loaded model. The sweep is experiments/designs/kimi-k3-tpu-v7-10k.toml evaluated in this
 process (`perfmodel sweep --design ... --jobs 1`); by default a random sample of the same design
 is timed and its time scaled to 10,000 points, labelled "extrapolated"; --full times all 10,000.
 The What-if figure is the median re-render while the model runs (values not yet cached),
-driven as in experiments/bench_dashboard.py.
+driven as in experiments/bench_dashboard.py. --profile prints where the time goes instead (cProfile,
+by own time): 20 warm predictions at batch 1 and at batch 8, 5 cold ones, and the sweep sample.
 """
 import argparse
+import cProfile
 import dataclasses
 import platform
+import pstats
 import statistics
 import sys
 import time
@@ -69,6 +72,15 @@ def whatif_rerender() -> tuple[float | None, str]:
     return r["cold_median_s"], f"(median of {r['changes']} widget changes, model running; max {r['cold_max_s'] * 1e3:.0f} ms)"
 
 
+def profile(label: str, fn, lines: int = 14) -> None:
+    pr = cProfile.Profile()
+    pr.enable()
+    fn()
+    pr.disable()
+    print(f"\n=== {label} ===")
+    pstats.Stats(pr).strip_dirs().sort_stats("tottime").print_stats(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=15)
@@ -76,11 +88,20 @@ def main():
     size.add_argument("--sample", type=int, default=500, help="points of the design timed (default 500)")
     size.add_argument("--full", action="store_true", help="time all 10,000 points (minutes today)")
     ap.add_argument("--no-dashboard", action="store_true", help="skip the What-if re-render")
+    ap.add_argument("--profile", action="store_true", help="print cProfile tables instead of the targets")
     a = ap.parse_args()
     hw = load_hardware("tpu-v7")
     d = Deployment(devices=32, tp=32, ep=8, engine="megakernel", batch=1)
     model = load_model("kimi-k3")
     predict(model, hw, d)
+    if a.profile:
+        d8 = dataclasses.replace(d, batch=8)
+        predict(model, hw, d8)
+        profile("20 warm predictions, batch 1", lambda: [predict(model, hw, d) for _ in range(20)])
+        profile("20 warm predictions, batch 8", lambda: [predict(model, hw, d8) for _ in range(20)])
+        profile("5 cold predictions, batch 1", lambda: [predict(load_model("kimi-k3"), hw, d) for _ in range(5)])
+        profile(f"sweep sample of {a.sample} points", lambda: sweep_time(a.sample))
+        return
     print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}; "
           f"medians of {a.repeats} repeats, one process")
     med, lo, hi = timed(lambda: predict(model, hw, d), a.repeats)
