@@ -5,7 +5,7 @@ import dataclasses
 
 from .predict import Prediction
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: sweep rows are flat (docs/sweep.md)
 
 
 def table(headers: list[str], rows: list[list]) -> str:
