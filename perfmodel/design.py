@@ -158,6 +158,8 @@ def from_dict(data: dict, base: dict | None = None, source: str = "<dict>") -> D
     for k in data:
         require(k in ("base", "grid", "random"), f"{source}: {k}", "", "unknown table; known: base, grid, random")
     require(("grid" in data) != ("random" in data), source, "", "needs exactly one of [grid] or [random]")
+    for k in data:
+        require(isinstance(data[k], dict), k, data[k], "must be a table")
     merged = dict(base or {})
     for k, v in data.get("base", {}).items():
         merged[k] = check_setting(f"base.{k}", k, v)
@@ -170,7 +172,10 @@ def from_dict(data: dict, base: dict | None = None, source: str = "<dict>") -> D
         require(isinstance(samples, int) and not isinstance(samples, bool) and 0 < samples <= MAX_POINTS,
                 "random.samples", samples, f"must be an integer in 1..{MAX_POINTS}")
         require(isinstance(seed, int) and not isinstance(seed, bool), "random.seed", seed, "must be an integer")
-        table = table.pop("axes", table)
+        if "axes" in table:
+            require(len(table) == 1, "random", ", ".join(k for k in table if k != "axes"),
+                    "axes go either in [random.axes] or directly in [random], not both")
+            table = table["axes"]
     require(isinstance(table, dict) and table, kind, table, "needs at least one axis")
     axes = {name: _axis(f"{kind}.{name}", name, spec, kind) for name, spec in table.items()}
     return Design(merged, axes, kind, samples, seed, source)
@@ -224,7 +229,13 @@ def chunks(design: Design, size: int = 256) -> Iterator[Chunk]:
         idx.sort(key=lambda i: tuple((design.columns[k][i] is None, design.columns[k][i] or 0) for k in varied))
         for a in range(0, len(idx), size):
             part = idx[a:a + size]
-            yield Chunk(model, hw, part, [design.settings(i) for i in part])
+            yield Chunk(_ref(model), _ref(hw), part, [design.settings(i) for i in part])
+
+
+def _ref(name: str) -> str:
+    """A preset name as is; a file as an absolute path (a worker may run in another folder)."""
+    p = Path(name)
+    return str(p.resolve()) if p.suffix in (".toml", ".json") or p.is_dir() else name
 
 
 def grid_from_vary(vary: list[tuple[str, list]], base: dict) -> Design:

@@ -48,6 +48,17 @@ def _pool(fn, chunks, jobs: int) -> Iterator:
         yield from _windowed(lambda c: pool.submit(fn, c), lambda f: f.result(), chunks, 4 * jobs)
 
 
+def _ray_get(ray, ref):
+    """A task's result; bad input found on a worker is raised as itself (one line), not as Ray's
+    wrapper with the remote traceback."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, SpecError):
+            raise e.cause from None
+        raise
+
+
 def _ray(fn, chunks, address: str | None) -> Iterator:
     try:
         import ray
@@ -62,7 +73,7 @@ def _ray(fn, chunks, address: str | None) -> Iterator:
     try:
         remote = ray.remote(fn)
         window = 4 * max(1, int(ray.cluster_resources().get("CPU", 1)))
-        yield from _windowed(lambda c: remote.remote(c), ray.get, chunks, window)
+        yield from _windowed(lambda c: remote.remote(c), lambda ref: _ray_get(ray, ref), chunks, window)
     finally:
         if started:
             ray.shutdown()

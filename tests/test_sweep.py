@@ -57,6 +57,8 @@ def test_random_is_seeded_typed_and_in_range():
     ({"grid": {"batch": [1]}, "random": {"samples": 1, "batch": [1]}}, "exactly one"),
     ({"grid": {"draft_rows": [0, 3]}}, "needs acceptance"),
     ({"base": {"hbm_gbps": -1}, "grid": {"batch": [1]}}, "base.hbm_gbps"),
+    ({"base": ["kimi-k3"], "grid": {"batch": [1]}}, "must be a table"),
+    ({"random": {"samples": 2, "batch": [1], "axes": {"context": [1]}}}, "not both"),
 ])
 def test_bad_designs_name_the_field(data, needle):
     with pytest.raises(SpecError, match=needle):
