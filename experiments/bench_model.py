@@ -15,6 +15,7 @@ by own time): 20 warm predictions at batch 1 and at batch 8, 5 cold ones, and th
 import argparse
 import cProfile
 import dataclasses
+import logging
 import platform
 import pstats
 import statistics
@@ -64,6 +65,7 @@ def sweep_time(sample: int | None) -> tuple[float, str]:
 
 def whatif_rerender() -> tuple[float | None, str]:
     sys.path.insert(0, str(HERE))
+    logging.getLogger("streamlit").setLevel(logging.ERROR)  # AppTest's bare-mode warnings
     try:
         from bench_dashboard import WHATIF, drive
     except ImportError as e:
@@ -72,13 +74,17 @@ def whatif_rerender() -> tuple[float | None, str]:
     return r["cold_median_s"], f"(median of {r['changes']} widget changes, model running; max {r['cold_max_s'] * 1e3:.0f} ms)"
 
 
-def profile(label: str, fn, lines: int = 14) -> None:
+def profile(label: str, fn, lines: int = 12) -> None:
     pr = cProfile.Profile()
     pr.enable()
     fn()
     pr.disable()
     print(f"\n=== {label} ===")
-    pstats.Stats(pr).strip_dirs().sort_stats("tottime").print_stats(lines)
+    st = pstats.Stats(pr).strip_dirs()
+    st.sort_stats("tottime").print_stats(lines)
+    print("cumulative, the model's stages:")
+    st.sort_stats("cumulative").print_stats(r"\((predict|simulate_megakernel|completion|issue|collective_s|build|"
+                                            r"_layer_rows|validate|run_design)\)")
 
 
 def main():
