@@ -15,7 +15,6 @@ by own time): 20 warm predictions at batch 1 and at batch 8, 5 cold ones, and th
 import argparse
 import cProfile
 import dataclasses
-import logging
 import platform
 import pstats
 import statistics
@@ -65,11 +64,12 @@ def sweep_time(sample: int | None) -> tuple[float, str]:
 
 def whatif_rerender() -> tuple[float | None, str]:
     sys.path.insert(0, str(HERE))
-    logging.getLogger("streamlit").setLevel(logging.ERROR)  # AppTest's bare-mode warnings
     try:
         from bench_dashboard import WHATIF, drive
+        from streamlit import logger
     except ImportError as e:
         return None, f"not measured ({e}; needs the [dashboard] extra)"
+    logger.set_log_level("error")  # AppTest's bare-mode warnings
     r = drive("What-if", WHATIF, rounds=1)
     return r["cold_median_s"], f"(median of {r['changes']} widget changes, model running; max {r['cold_max_s'] * 1e3:.0f} ms)"
 
