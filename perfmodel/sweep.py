@@ -81,11 +81,12 @@ class Best:
     def __init__(self, k: int, objective: str):
         sign = -1 if OBJECTIVES[objective] == "max" else 1
         self.key = lambda r: (sign * r[objective], r["point"])
-        self.k, self.top, self.fronts = k, [], {}
+        self.k, self.objective, self.top, self.fronts, self.points = k, objective, [], {}, 0
         self.filtered: Counter = Counter()
         self.example: dict[str, str] = {}
 
     def add(self, rows: list[dict]) -> None:
+        self.points += len(rows)
         ok = [r for r in rows if r["status"] == "ok"]
         for r in rows:
             if r["status"] != "ok":
@@ -95,9 +96,10 @@ class Best:
         for m in sorted({r["model"] for r in ok}):
             self.fronts[m] = pareto(self.fronts.get(m, []) + [r for r in ok if r["model"] == m])
 
-    @property
-    def pareto(self) -> list[dict]:
-        return [r for m in sorted(self.fronts) for r in self.fronts[m]]
+    def summary(self) -> dict:
+        return {"points": self.points, "ok": self.points - sum(self.filtered.values()),
+                "filtered": dict(self.filtered), "filtered_reason": self.example, "objective": self.objective,
+                "top": self.top, "pareto": [r for m in sorted(self.fronts) for r in self.fronts[m]]}
 
 
 class RowFile:
@@ -170,10 +172,8 @@ def run_design(design: design_mod.Design, *, executor: str = "local", jobs: int 
             if keep_rows:
                 rows.extend(part)
             bar.update(len(part))
-    summary = {"points": n, "ok": n - sum(best.filtered.values()), "filtered": dict(best.filtered),
-               "filtered_reason": best.example, "objective": objective, "top": best.top,
-               "pareto": best.pareto, "out": str(out) if out else None, "format": sink.format if sink else None,
-               "executor": executor, "elapsed_s": time.perf_counter() - t0}
+    summary = best.summary() | {"out": str(out) if out else None, "format": sink.format if sink else None,
+                                "executor": executor, "elapsed_s": time.perf_counter() - t0}
     if keep_rows:
         summary["rows"] = rows
     return summary

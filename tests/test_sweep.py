@@ -108,7 +108,7 @@ def test_pareto_front_is_exactly_the_undominated_rows():
     best = Best(5, "tokens_per_s_per_chip")
     for a in range(0, 300, 37):
         best.add([dict(r, status="ok", model="m") for r in rows[a:a + 37]])
-    assert [r["point"] for r in best.pareto] == [r["point"] for r in front]
+    assert [r["point"] for r in best.summary()["pareto"]] == [r["point"] for r in front]
     assert [r["point"] for r in best.top] == [r["point"] for r in
                                               sorted(rows, key=lambda r: -r["tokens_per_s_per_chip"])[:5]]
 

@@ -49,3 +49,25 @@ def test_a_design_where_nothing_fits_says_so():
                    ds_expert_slots=[], ds_vmem_mib=[64], ds_context=[4096])
     assert any("No configuration" in w.value for w in at.warning)
     assert any("memory" in cap.value and "does not fit" in cap.value for cap in at.caption)
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "csv"])
+def test_a_results_file_gives_the_sweeps_front_and_top(tmp_path, suffix):
+    import sys
+    sys.path.insert(0, str(APP.parent))
+    from pmdash import design as view
+
+    from perfmodel.errors import SpecError
+    d = design.from_dict({"base": {"model": "kimi-k3-mini", "devices": 2},
+                          "grid": {"batch": [1, 4, 16, 64], "vmem_mib": [0.25, 16], "prefetch_mib": [1, 4]}})
+    path = tmp_path / f"rows.{suffix}"
+    s = run_design(d, out=str(path), top=3, objective="step_s", jobs=1, keep_rows=True, progress=False)
+    got = view.read_results(path.read_bytes(), path.name, 3, "step_s")
+    assert got["points"] == s["points"] == 16 and got["filtered"] == s["filtered"] and got["ok"] == s["ok"]
+    assert [r["point"] for r in got["top"]] == [r["point"] for r in s["top"]]
+    assert [r["point"] for r in got["pareto"]] == [r["point"] for r in s["pareto"]]
+    assert [r["step_s"] for r in got["pareto"]] == [r["step_s"] for r in s["pareto"]]
+    bad = tmp_path / "other.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(SpecError, match="not perfmodel sweep output"):
+        view.read_results(bad.read_bytes(), bad.name, 3, "step_s")

@@ -1,8 +1,9 @@
-"""Design search view: a grid or random design swept with perfmodel.sweep.run_design, its Pareto
-front of tokens/s per chip against time per token, a sortable table and the CLI command (with
-the sweep file) that reproduces it."""
+"""Design search view: a grid or random design swept with perfmodel.sweep.run_design (or the rows
+a `perfmodel sweep --out` wrote), its Pareto front of tokens/s per chip against time per token,
+a sortable table and the CLI command (with the sweep file) that reproduces it."""
 from __future__ import annotations
 
+import io
 import tomllib
 
 import pandas as pd
@@ -12,7 +13,8 @@ import streamlit as st
 from perfmodel import arch, design, hardware
 from perfmodel.batch import OBJECTIVES
 from perfmodel.deployment import ENGINES
-from perfmodel.sweep import run_design
+from perfmodel.errors import require
+from perfmodel.sweep import Best, run_design
 
 from . import common as c
 
@@ -22,7 +24,7 @@ AXES = {"batch": [1, 2, 4, 8, 16, 32, 64, 128, 256], "context": [1024, 4096, 163
 DEFAULT_AXES = {"batch": [1, 4, 16, 64], "context": [4096], "prefetch_mib": [8, 16, 32], "expert_slots": [2, 4],
                 "vmem_mib": [64]}
 SHOWN = ["point", "batch", "context", "prefetch_mib", "expert_slots", "vmem_mib", "engine", "devices", "tp", "ep",
-         "step_s", "token_latency_s", "tokens_per_s", "tokens_per_s_per_chip", "bound", "hbm_utilisation",
+         "step_ms", "token_latency_ms", "tokens_per_s", "tokens_per_s_per_chip", "bound", "hbm_utilisation",
          "constraint", "reason"]
 
 
@@ -44,11 +46,23 @@ def run_cached(text: str, top: int, objective: str) -> dict:
                       objective=objective, jobs=1, keep_rows=True, progress=False)
 
 
+@st.cache_data(show_spinner="Reading the rows ...", max_entries=4)
+def read_results(data: bytes, name: str, top: int, objective: str) -> dict:
+    """A results file's summary (top K, fronts, filtered counts) and rows."""
+    df = pd.read_parquet(io.BytesIO(data)) if name.endswith(".parquet") else pd.read_csv(io.BytesIO(data))
+    missing = [k for k in ("point", "model", "status", "constraint", "reason", "token_latency_s",
+                           "tokens_per_s_per_chip", objective) if k not in df]
+    require(not missing, "results file", name, f"is not perfmodel sweep output: no column {', '.join(missing)}")
+    rows = df.astype(object).where(df.notna(), None).to_dict("records")
+    best = Best(top, objective)
+    best.add(rows)
+    return best.summary() | {"rows": rows, "elapsed_s": None}
+
+
 def inputs() -> tuple[str, int, str]:
     c.init(ds_model="kimi-k3", ds_hw="tpu-v7", ds_devices=32, ds_tp=32, ds_ep=8, ds_engine="megakernel",
            ds_kind="grid", ds_samples=200, ds_seed=0, ds_top=10, ds_objective="tokens_per_s_per_chip",
            **{f"ds_{k}": v for k, v in DEFAULT_AXES.items()})
-    st.header("Design search: throughput per chip against latency")
     with st.form("ds_form"):
         r1 = st.columns(6)
         base = {"model": r1[0].selectbox("Model", arch.list_presets(), key="ds_model"),
@@ -74,18 +88,41 @@ def inputs() -> tuple[str, int, str]:
 
 
 def render() -> None:
-    text, top, objective = inputs()
-    s = run_cached(text, top, objective)
+    st.header("Design search: throughput per chip against latency")
+    source = st.radio("Source", ("Sweep a design", "Open a results file"), horizontal=True, key="ds_source",
+                      help="A results file is what `perfmodel sweep --out FILE` wrote (any executor, any size).")
+    if source == "Sweep a design":
+        text, top, objective = inputs()
+        show(run_cached(text, top, objective), top, objective)
+        st.caption("Sweep file (save as design.toml):")
+        st.code(text, language="toml")
+        c.show_command(f"perfmodel sweep --design design.toml --out design.parquet --top {top} --objective {objective}")
+        return
+    r = st.columns([3, 1, 1])
+    up = r[0].file_uploader("Rows written by perfmodel sweep --out", type=["parquet", "csv"], key="ds_upload")
+    objective = r[1].selectbox("Objective (top K)", list(OBJECTIVES), index=list(OBJECTIVES).index("tokens_per_s_per_chip"),
+                               key="ds_file_objective")
+    top = int(r[2].number_input("K", 1, 1000, 10, key="ds_file_top"))
+    if up is None:
+        st.info("Upload a .parquet or .csv written by `perfmodel sweep --design FILE --out ROWS`.")
+        return
+    show(read_results(up.getvalue(), up.name, top, objective), top, objective)
+    c.show_command(f"perfmodel sweep --design <the sweep file> --out {up.name} --top {top} --objective {objective}")
+
+
+def show(s: dict, top: int, objective: str) -> None:
     f = s["filtered"]
     m = st.columns(4)
     m[0].metric("configurations", f"{s['points']:,}")
     m[1].metric("evaluated", f"{s['ok']:,}")
     m[2].metric("filtered (memory / VMEM / layout)",
                 " / ".join(str(f.get(k, 0)) for k in ("memory", "vmem", "layout")))
-    m[3].metric("sweep time", f"{s['elapsed_s']:.2f} s")
+    if s["elapsed_s"] is not None:
+        m[3].metric("sweep time", f"{s['elapsed_s']:.2f} s")
     for k, reason in s["filtered_reason"].items():
         st.caption(f"{k}: {f[k]} filtered, e.g. {reason}")
     df = pd.DataFrame(s["rows"])
+    df["step_ms"], df["token_latency_ms"] = df["step_s"] * 1e3, df["token_latency_s"] * 1e3
     front = {r["point"] for r in s["pareto"]}
     ok = df[df["status"] == "ok"]
     if ok.empty:
@@ -97,10 +134,7 @@ def render() -> None:
     shown = {"Pareto front": df[df["point"].isin(front)], "all": df, "filtered": df[df["status"] != "ok"]}.get(
         which, df[df["point"].isin([r["point"] for r in s["top"]])])
     st.dataframe(shown[[k for k in SHOWN if k in shown]], hide_index=True, key="ds_table")  # click a header to sort
-    c.downloads(df, "design_search", "ds_dl", {"design": tomllib.loads(text), "objective": objective})
-    st.caption("Sweep file (save as design.toml):")
-    st.code(text, language="toml")
-    c.show_command(f"perfmodel sweep --design design.toml --out design.parquet --top {top} --objective {objective}")
+    c.downloads(df.drop(columns=["step_ms", "token_latency_ms"]), "design_search", "ds_dl", {"objective": objective})
 
 
 def pareto_figure(ok: pd.DataFrame, front: set) -> go.Figure:
