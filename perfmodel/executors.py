@@ -69,7 +69,8 @@ def _ray(fn, chunks, address: str | None) -> Iterator:
         try:
             ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         except ConnectionError as e:
-            raise SpecError("--address", address, f"no Ray cluster there ({e})") from None
+            raise SpecError("--address", address, f"no Ray cluster there, or it refused us ({e}); a cluster with "
+                            "token authentication needs RAY_AUTH_MODE=token and its token (docs/sweep.md)") from None
     try:
         remote = ray.remote(fn)
         window = 4 * max(1, int(ray.cluster_resources().get("CPU", 1)))
