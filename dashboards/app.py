@@ -14,9 +14,10 @@ import streamlit as st  # noqa: E402
 
 st.set_page_config(page_title="perfmodel: decode performance", layout="wide")
 
-from pmdash import common, compare, explain, models, validation, whatif  # noqa: E402
+from pmdash import common, compare, design, explain, models, validation, whatif  # noqa: E402
 
 VIEWS = {"Compare": compare.render, "What-if": whatif.render, "Explain": explain.render,
+         "Design search": design.render,
          "Validation": validation.render, "Models & hardware": models.render}
 
 common.keep_inputs()

@@ -1,20 +1,37 @@
-"""Benchmark the model's speed (its speed targets): median time of one Kimi K3 prediction at one
-batch (target <= 10 ms) and of a 4-batch x 8-depth prefetch sweep (target <= 250 ms).
+"""Benchmark the model's speed against its targets, single process, medians of repeats:
+one Kimi K3 megakernel prediction (<= 2 ms warm, <= 5 ms cold), a 10,000-configuration sweep
+(mixed batch / depth / slots / context / VMEM on Kimi K3 + TPU v7, <= 10 s) and the What-if
+dashboard re-render after a widget change (<= 100 ms).
 
-Usage: python experiments/bench_model.py [--repeats 15]
-Prints medians and min/max; "warm" reuses the cached op graph (as sweeps and the dashboard do),
-"cold" builds everything from a freshly loaded model.
+Usage: python experiments/bench_model.py [--repeats 15] [--sample 500 | --full] [--no-dashboard] [--profile]
+"warm" reuses the cached op graph (as sweeps and the dashboard do); "cold" builds everything from
+a freshly loaded model. The sweep is experiments/designs/kimi-k3-tpu-v7-10k.toml evaluated in this
+process (`perfmodel sweep --design ... --jobs 1`); by default a random sample of the same design
+is timed and its time scaled to 10,000 points, labelled "extrapolated"; --full times all 10,000.
+The What-if figure is the median re-render while the model runs (values not yet cached),
+driven as in experiments/bench_dashboard.py. --profile prints where the time goes instead (cProfile,
+by own time): 20 warm predictions at batch 1 and at batch 8, 5 cold ones, and the sweep sample.
 """
 import argparse
+import cProfile
+import dataclasses
 import platform
+import pstats
 import statistics
+import sys
 import time
+from pathlib import Path
 
+from perfmodel import design
 from perfmodel.arch import load_model
 from perfmodel.deployment import Deployment
 from perfmodel.hardware import load_hardware
 from perfmodel.predict import predict
-from perfmodel.sweep import sweep
+from perfmodel.sweep import run_design
+
+HERE = Path(__file__).resolve().parent
+DESIGN = HERE / "designs" / "kimi-k3-tpu-v7-10k.toml"
+TARGETS_S = {"warm": 2e-3, "cold": 5e-3, "sweep": 10.0, "whatif": 0.100}
 
 
 def timed(fn, repeats):
@@ -26,25 +43,87 @@ def timed(fn, repeats):
     return statistics.median(out), min(out), max(out)
 
 
+def report(name: str, seconds: float, target: float, detail: str = "") -> None:
+    unit, scale = ("s", 1) if target >= 1 else ("ms", 1e3)
+    verdict = "met" if seconds <= target else "MISSED"
+    print(f"{name:52s} {seconds * scale:9.2f} {unit:2s} target <= {target * scale:g} {unit}: {verdict:6s} {detail}")
+
+
+def sweep_time(sample: int | None) -> tuple[float, str]:
+    """Seconds for the 10k design in one process: measured, or a sample's time scaled to 10k."""
+    full = design.load(str(DESIGN))
+    d = full if sample is None else dataclasses.replace(full, samples=sample)
+    s = run_design(d, jobs=1, top=10, keep_rows=False, progress=False)
+    per = s["elapsed_s"] / len(d)
+    detail = (f"({s['ok']} evaluated, {sum(s['filtered'].values())} filtered; "
+              f"{per * 1e3:.2f} ms per configuration)")
+    if sample is None:
+        return s["elapsed_s"], "measured " + detail
+    return per * len(full), f"EXTRAPOLATED from a {len(d)}-point sample x {len(full) / len(d):g} " + detail
+
+
+def whatif_rerender() -> tuple[float | None, str]:
+    sys.path.insert(0, str(HERE))
+    try:
+        from bench_dashboard import WHATIF, drive
+        from streamlit import logger
+    except ImportError as e:
+        return None, f"not measured ({e}; needs the [dashboard] extra)"
+    logger.set_log_level("error")  # AppTest's bare-mode warnings
+    r = drive("What-if", WHATIF, rounds=1)
+    return r["cold_median_s"], f"(median of {r['changes']} widget changes, model running; max {r['cold_max_s'] * 1e3:.0f} ms)"
+
+
+def profile(label: str, fn, lines: int = 12) -> None:
+    pr = cProfile.Profile()
+    pr.enable()
+    fn()
+    pr.disable()
+    print(f"\n=== {label} ===")
+    st = pstats.Stats(pr).strip_dirs()
+    st.sort_stats("tottime").print_stats(lines)
+    print("cumulative, the model's stages:")
+    st.sort_stats("cumulative").print_stats(r"\((predict|simulate_megakernel|completion|issue|collective_s|build|"
+                                            r"_layer_rows|validate|run_design)\)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=15)
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--sample", type=int, default=500, help="points of the design timed (default 500)")
+    size.add_argument("--full", action="store_true", help="time all 10,000 points (minutes today)")
+    ap.add_argument("--no-dashboard", action="store_true", help="skip the What-if re-render")
+    ap.add_argument("--profile", action="store_true", help="print cProfile tables instead of the targets")
     a = ap.parse_args()
     hw = load_hardware("tpu-v7")
     d = Deployment(devices=32, tp=32, ep=8, engine="megakernel", batch=1)
     model = load_model("kimi-k3")
     predict(model, hw, d)
-    print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}")
-    rows = [("predict kimi-k3 tpu-v7 megakernel b=1 (warm)", timed(lambda: predict(model, hw, d), a.repeats), 10e-3),
-            ("predict kimi-k3 tpu-v7 megakernel b=1 (cold)",
-             timed(lambda: predict(load_model("kimi-k3"), hw, d), a.repeats), 10e-3)]
-    axes = {"batch": [1, 2, 4, 8], "prefetch_bytes": [2**20 * m for m in (4, 8, 12, 16, 24, 32, 40, 48)]}
-    rows.append(("sweep 4 batches x 8 depths (warm)",
-                 timed(lambda: sweep(model, hw, d, axes), max(3, a.repeats // 3)), 250e-3))
-    for name, (med, lo, hi), target in rows:
-        verdict = "met" if med <= target else "MISSED"
-        print(f"{name:48s} median {med * 1e3:8.2f} ms  (min {lo * 1e3:.2f}, max {hi * 1e3:.2f})  "
-              f"target <= {target * 1e3:.0f} ms: {verdict}")
+    if a.profile:
+        d8 = dataclasses.replace(d, batch=8)
+        predict(model, hw, d8)
+        profile("20 warm predictions, batch 1", lambda: [predict(model, hw, d) for _ in range(20)])
+        profile("20 warm predictions, batch 8", lambda: [predict(model, hw, d8) for _ in range(20)])
+        profile("5 cold predictions, batch 1", lambda: [predict(load_model("kimi-k3"), hw, d) for _ in range(5)])
+        profile(f"sweep sample of {a.sample} points", lambda: sweep_time(a.sample))
+        return
+    print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}; "
+          f"medians of {a.repeats} repeats, one process")
+    med, lo, hi = timed(lambda: predict(model, hw, d), a.repeats)
+    report("predict kimi-k3 tpu-v7 megakernel b=1 (warm)", med, TARGETS_S["warm"],
+           f"(min {lo * 1e3:.2f}, max {hi * 1e3:.2f} ms)")
+    med, lo, hi = timed(lambda: predict(load_model("kimi-k3"), hw, d), a.repeats)
+    report("predict kimi-k3 tpu-v7 megakernel b=1 (cold)", med, TARGETS_S["cold"],
+           f"(min {lo * 1e3:.2f}, max {hi * 1e3:.2f} ms)")
+    seconds, detail = sweep_time(None if a.full else a.sample)
+    report("sweep 10,000 configurations kimi-k3 tpu-v7", seconds, TARGETS_S["sweep"], detail)
+    if not a.no_dashboard:
+        seconds, detail = whatif_rerender()
+        if seconds is None:
+            print(f"{'What-if dashboard re-render':52s} {detail}")
+        else:
+            report("What-if dashboard re-render", seconds, TARGETS_S["whatif"], detail)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from .files import read_text
 from .hardware import Efficiency, Hardware, load_hardware
 from .measurements import Measurement, seed_measurements
 from .predict import predict
+from .report import SCHEMA_VERSION
 
 MODEL = "kimi-k3"
 FIT_BATCHES = (1, 8)
@@ -127,7 +128,7 @@ def reproduce(fit_parameters: bool = True) -> dict:
     if fit_parameters:  # the same points with nothing fitted, beside the fitted errors
         for pt, raw in zip(points, reproduce(fit_parameters=False)["points"]):
             pt["no_fit_error"] = raw["error"]
-    return {"schema_version": 1, "model": MODEL, "fitted_parameters": fitted,
+    return {"schema_version": SCHEMA_VERSION, "model": MODEL, "fitted_parameters": fitted,
             "fit_on": "seed table batches 1 and 8 of both platforms (no speculative decoding)",
             "targets": TARGETS, "points": points, "trend": trend(points)}
 

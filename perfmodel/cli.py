@@ -9,7 +9,6 @@ import argparse
 import dataclasses
 import importlib
 import json
-import math
 import sys
 import traceback
 
@@ -23,7 +22,6 @@ from .files import check_path, write_atomic
 from .report import (SCHEMA_VERSION, deployment_json, json_text, layer_summary, plain,
                      prediction_json, table)
 
-MAX_SWEEP_POINTS = 10_000
 MAX_STREAM_TILES = 2**22  # ring tiles the megakernel simulator walks per step (memory and time)
 
 
@@ -150,71 +148,6 @@ def cmd_predict(a) -> dict:
     return out
 
 
-# friendly sweep axis -> (Deployment / Hardware field, parser of one value to the field's unit)
-MIB = 2**20
-SWEEP_AXES = {"batch": ("batch", count), "context": ("context", context),
-              "prefetch_mib": ("prefetch_bytes", lambda v: mib(v) * MIB),
-              "expert_slots": ("expert_slots", count),
-              "routing_skew": ("routing_skew", skew),
-              "vmem_mib": ("onchip_bytes", lambda v: mib(v) * MIB),
-              "hbm_gbps": ("hbm_bandwidth_bytes_per_s", lambda v: number(v, 0, True, 1e9) * 1e9),
-              "link_latency_us": ("link_latency_s", lambda v: number(v, hi=1e9) * 1e-6),
-              "engine": ("engine", lambda v: choice(v, ENGINES)),
-              "dma_sharing": ("dma_sharing", lambda v: choice(v, hardware.DMA_SHARING))}
-
-
-def parse_vary(text: str) -> tuple[str, str, list]:
-    name, _, values = text.partition("=")
-    if name not in SWEEP_AXES:
-        raise argparse.ArgumentTypeError(
-            f"expected AXIS=v1,v2,... with AXIS in {', '.join(SWEEP_AXES)}; got {text!r}")
-    field, conv = SWEEP_AXES[name]
-    try:
-        return name, field, [conv(v) for v in items(values)]
-    except argparse.ArgumentTypeError as e:
-        raise argparse.ArgumentTypeError(f"{name}: {e}") from None
-
-
-def cmd_sweep(a) -> dict:
-    from .sweep import saturation, sweep
-    model, hw, d = load_inputs(a)
-    axes = {field: values for _, field, values in a.vary}
-    names = [n for n, _, _ in a.vary]
-    if len(set(names)) < len(names):
-        raise SpecError("--vary", ",".join(names), "each axis at most once")
-    points = math.prod(len(v) for v in axes.values())
-    if points > MAX_SWEEP_POINTS:
-        raise SpecError("--vary", f"{points} points", f"at most {MAX_SWEEP_POINTS} per sweep")
-    rows = sweep(model, hw, d, axes)
-    out = {"schema_version": SCHEMA_VERSION, "command": "sweep", "inputs": inputs_json(a, model, hw, d),
-           "axes": {name: values for name, _, values in a.vary}, "rows": rows}
-    if "prefetch_bytes" in axes:
-        others = [f for f in axes if f != "prefetch_bytes"]
-        groups: dict[tuple, list] = {}
-        for r in rows:
-            groups.setdefault(tuple(r[f] for f in others), []).append(r)
-        out["saturation"] = [{**dict(zip(others, k)), "prefetch_bytes": sat["prefetch_bytes"],
-                              "step_s": sat["step_s"]}
-                             for k, rs in groups.items() if (sat := saturation(rs))]
-    if not a.json:
-        fields = list(axes)
-        print(table([n for n, _, _ in a.vary] + ["step ms", "tokens/s", "bound", "stall ms", "collective ms"],
-                    [[_show(r[f], f) for f in fields] + (
-                        [r["step_s"] * 1e3, r["tokens_per_s"], r["bound"],
-                         (r["breakdown_s"]["weight_streaming"] + r["breakdown_s"]["expert_fetch"]) * 1e3,
-                         r["breakdown_s"]["collective"] * 1e3] if "step_s" in r else [r["error"], "", "", "", ""])
-                     for r in rows]))
-        for s in out.get("saturation", []):
-            print(f"gain saturates at {s['prefetch_bytes'] / 2**20:.0f} MiB of prefetch "
-                  f"({', '.join(f'{k}={v}' for k, v in s.items() if k not in ('prefetch_bytes', 'step_s'))}): "
-                  f"{s['step_s'] * 1e3:.3f} ms, within 1 % of the best depth swept")
-    return out
-
-
-def _show(v, field):
-    return v / 2**20 if field in ("prefetch_bytes", "onchip_bytes") else v
-
-
 def cmd_trace(a) -> dict:
     from .predict import predict
     from .timeline import chrome_trace
@@ -278,7 +211,8 @@ def print_reproduce(r: dict) -> None:
 
 # Modules that add their own subcommands: each has add_parser(subparsers) setting `func`.
 EXTENSIONS: tuple[str, ...] = ("perfmodel_jax.hostbench", "perfmodel_jax.capture", "perfmodel.validate",
-                               "perfmodel.dashboard", "perfmodel.microbench", "perfmodel.explain")
+                               "perfmodel.dashboard", "perfmodel.microbench", "perfmodel.explain",
+                               "perfmodel.sweep")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -293,11 +227,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int_list, default=[1], help="comma-separated batch sizes")
     p.add_argument("--gain", action="store_true", help="also the prefetch gain over the other engine, by cause")
     p.set_defaults(func=cmd_predict)
-    p = sub.add_parser("sweep", help="what-if: vary prefetch depth, batch, slots, VMEM, ...")
-    add_deployment_args(p)
-    p.add_argument("--vary", type=parse_vary, action="append", required=True,
-                   help="AXIS=v1,v2,... (repeatable); axes: " + ", ".join(SWEEP_AXES))
-    p.set_defaults(func=cmd_sweep, batch=1)
     p = sub.add_parser("trace", help="export the simulated step as Perfetto / Chrome trace JSON")
     add_deployment_args(p)
     p.add_argument("--batch", type=count, default=1)

@@ -14,6 +14,7 @@ from . import components as cm
 from . import ops as ops_mod
 from .errors import SpecError
 from .predict import predict
+from .report import SCHEMA_VERSION
 from .schedule import collective_s, op_compute_s, op_weights, stream_terms
 
 # wait cause -> the resource the op waited on
@@ -91,7 +92,7 @@ def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
                      "end_s": float(tl.end_s[j]), "waits_s": waits, "waited_on": RESOURCE[cause],
                      "terms": terms(g, hw, j, weights)})
     row = next((r for r in p.layers if r.layer == layer), None)
-    return {"schema_version": 1, "command": "explain", "model": model.name, "hardware": hw.name,
+    return {"schema_version": SCHEMA_VERSION, "command": "explain", "model": model.name, "hardware": hw.name,
             "deployment": dataclasses.asdict(d), "layer": layer, "kind": g.layer_kind.get(layer, ""),
             "layer_time_s": row.time_s if row else None, "step_s": p.step_s, "ops": rows}
 

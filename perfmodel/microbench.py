@@ -25,6 +25,7 @@ from . import components as cm
 from .errors import SpecError, require
 from .files import write_atomic
 from .hardware import Hardware, load_hardware, to_toml
+from .report import SCHEMA_VERSION
 
 DATA_DIR = Path(__file__).parent / "data" / "microbench"
 TARGET = 0.10
@@ -216,7 +217,7 @@ def run(a) -> dict:
     hw = load_hardware(platform)
     new = calibrated(data, hw, Path(a.microbench).name)
     rows = residual_table(data, new)
-    out = {"schema_version": 1, "command": "calibrate", "microbench": str(a.microbench),
+    out = {"schema_version": SCHEMA_VERSION, "command": "calibrate", "microbench": str(a.microbench),
            "hardware": new.name, "target": TARGET, "components": new.components, "residuals": rows,
            "out": a.out}
     if a.out:

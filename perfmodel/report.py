@@ -9,7 +9,7 @@ import numpy as np
 
 from .predict import Prediction
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: sweep rows are flat (docs/sweep.md)
 
 
 def table(headers: list[str], rows: list[list]) -> str:

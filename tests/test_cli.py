@@ -17,7 +17,7 @@ def run_json(capsys, *argv):
 def test_predict_json_schema(capsys):
     out = run_json(capsys, "predict", "--model", "kimi-k3", "--hardware", "tpu-v7", "--devices", "32", "--tp", "32",
                    "--ep", "8", "--engine", "megakernel", "--batch", "1,2,4,8")
-    assert out["schema_version"] == 1 and out["inputs"]["batch"] == [1, 2, 4, 8]
+    assert out["schema_version"] == 2 and out["inputs"]["batch"] == [1, 2, 4, 8]
     assert out["inputs"]["model"] == "kimi-k3" and out["inputs"]["ep"] == 8
     tps = [r["tokens_per_s"] for r in out["results"]]
     assert tps == sorted(tps)  # more sequences, more aggregate tokens/s

@@ -40,7 +40,7 @@ CANONICAL = {
 
 # Widget keys start with their view's prefix. Kept across view switches: all but uploaders and
 # buttons (they cannot be set from state) and widgets whose options depend on other inputs (key prefixes).
-VIEW_PREFIXES = ("cmp_", "wi_", "val_", "mh_")
+VIEW_PREFIXES = ("cmp_", "wi_", "val_", "mh_", "ds_")
 NOT_SETTABLE = ("cmp_upload", "mh_model_upload", "mh_hw_upload", "val_upload", "wi_trace_dl", "wi_events_dl",
                 "wi_layers", "wi_acc", "val_run", "val_path_run", "val_upload_run", "wi_near_", "cmp_near_")
 

@@ -1,0 +1,73 @@
+"""The dashboard's Design search view: Pareto plot, sortable table, reproducing command."""
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from perfmodel import design  # noqa: E402
+from perfmodel.sweep import run_design  # noqa: E402
+from test_dashboard import arr  # noqa: E402  (plotly's encoded arrays)
+
+APP = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
+
+
+def open_view(**state):
+    at = AppTest.from_file(str(APP), default_timeout=300)
+    at.session_state["view"] = "Design search"
+    for k, v in state.items():
+        at.session_state[k] = v
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_design_search_view_shows_the_front_and_the_command():
+    at = open_view(ds_model="kimi-k3-mini", ds_devices=2, ds_tp=2, ds_ep=2, ds_batch=[1, 8, 64],
+                   ds_prefetch_mib=[2, 8], ds_vmem_mib=[16, 64], ds_expert_slots=[1, 4], ds_context=[4096])
+    assert not at.error
+    text = next(c.value for c in at.code if c.language == "toml")
+    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel sweep"))
+    assert "--design design.toml" in cmd and "--objective tokens_per_s_per_chip" in cmd
+    # the file on the page gives the same front as the plot
+    s = run_design(design.from_dict(tomllib.loads(text)), jobs=1, progress=False)
+    assert s["points"] == 3 * 2 * 2 * 2
+    fig = json.loads(at.get("plotly_chart")[0].proto.spec)
+    front = next(t for t in fig["data"] if t["name"] == "Pareto front")
+    assert arr(front["y"]) == [r["tokens_per_s_per_chip"] for r in s["pareto"]] and s["pareto"]
+    table = at.dataframe[0].value
+    assert sorted(table["point"]) == sorted(r["point"] for r in s["pareto"])
+    at.radio(key="ds_rows").set_value("all").run()
+    assert len(at.dataframe[0].value) == s["points"]
+
+
+def test_a_design_where_nothing_fits_says_so():
+    at = open_view(ds_model="kimi-k3", ds_devices=8, ds_tp=8, ds_ep=8, ds_batch=[1], ds_prefetch_mib=[8],
+                   ds_expert_slots=[], ds_vmem_mib=[64], ds_context=[4096])
+    assert any("No configuration" in w.value for w in at.warning)
+    assert any("memory" in cap.value and "does not fit" in cap.value for cap in at.caption)
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "csv"])
+def test_a_results_file_gives_the_sweeps_front_and_top(tmp_path, suffix):
+    import sys
+    sys.path.insert(0, str(APP.parent))
+    from pmdash import design as view
+
+    from perfmodel.errors import SpecError
+    d = design.from_dict({"base": {"model": "kimi-k3-mini", "devices": 2},
+                          "grid": {"batch": [1, 4, 16, 64], "vmem_mib": [0.25, 16], "prefetch_mib": [1, 4]}})
+    path = tmp_path / f"rows.{suffix}"
+    s = run_design(d, out=str(path), top=3, objective="step_s", jobs=1, keep_rows=True, progress=False)
+    got = view.read_results(path.read_bytes(), path.name, 3, "step_s")
+    assert got["points"] == s["points"] == 16 and got["filtered"] == s["filtered"] and got["ok"] == s["ok"]
+    assert [r["point"] for r in got["top"]] == [r["point"] for r in s["top"]]
+    assert [r["point"] for r in got["pareto"]] == [r["point"] for r in s["pareto"]]
+    assert [r["step_s"] for r in got["pareto"]] == [r["step_s"] for r in s["pareto"]]
+    bad = tmp_path / "other.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(SpecError, match="not perfmodel sweep output"):
+        view.read_results(bad.read_bytes(), bad.name, 3, "step_s")
