@@ -118,6 +118,8 @@ def json_of(capsys, *argv) -> dict:
     ["sweep", "--ep", "8", "--vary", "prefetch_mib=8,16", "--vary", "batch=1,2"],
     ["sweep", "--ep", "8", "--vary", "prefetch_mib=8,1000"],  # a point that cannot run: its error
     ["reproduce", "--no-fit"],
+    ["explain", "--ep", "8", "--layer", "4"],
+    ["calibrate", "--microbench", str(Path(__file__).parents[1] / "perfmodel/data/microbench/tpu7x.json")],
 ])
 def test_json_matches_schema(capsys, argv):
     json_of(capsys, *argv)
