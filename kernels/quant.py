@@ -49,7 +49,7 @@ def tile_format(name: str, t: int) -> TileFormat:
         return TileFormat(name, t, np.int8, t, t, np.float32)
     if name == "fp8":
         return TileFormat(name, t, ml_dtypes.float8_e4m3fn, t, t, np.float32)
-    g = get_format(name).group
+    g = get_format(name).block[1]  # input values per scale
     scale = ml_dtypes.bfloat16 if name == "int4" else np.uint8
     return TileFormat(name, t, np.uint8, t // 2, g, scale)
 

@@ -197,7 +197,6 @@ def test_prefetch_sweep_and_vmem_mechanism(page):
         '[data-testid="stAlertContentWarning"]'))  # nothing warns at the defaults
     names = [t["name"] for t in figure(page, "wi_prefetch_chart")["traces"]]
     assert {"current", "expert slots", "saturation"} <= set(names)
-    assert page.get_by_text("fewer expert copies are in flight").count() == 1
     type_in(page, "wi_vmem", 1000000)
     page.get_by_text("500000 MiB it is").wait_for()
     assert "dma_sharing" in page.inner_text("body")

@@ -376,7 +376,8 @@ def bend_explanation(rows: list[dict], sat: dict | None, current: float, hw) -> 
                else "serves copies in the order they were issued")
     why = {"expert_fetch": (f"the ring takes the {hw.onchip_kind} the expert buffers need: {best['expert_slots']} "
                             f"expert slots at {best['prefetch_mib']:g} MiB, {w['expert_slots']} at "
-                            f"{w['prefetch_mib']:g} MiB, so fewer expert copies are in flight after routing"),
+                            f"{w['prefetch_mib']:g} MiB; the expert copies after routing share the DMA engine with the "
+                            "ring, so how many are in flight changes when they land"),
            "weight_streaming": (f"a ring of {w['banks']} tiles issues weights for layers far ahead; the DMA engine "
                                 f"{sharing} (dma_sharing = {hw.dma_sharing}), so the tile needed next, and each "
                                 "layer's expert and KV copies, wait behind tiles for later layers")}
