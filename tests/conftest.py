@@ -1,5 +1,8 @@
 """Fixtures shared by the kernel tests: the MINI spec derived from kimi-k3, and its weights."""
+import json
 import os
+import shutil
+from collections import Counter
 
 import pytest
 
@@ -25,3 +28,17 @@ def pytest_runtest_makereport(item, call):
     if rep.skipped and os.environ.get("CI") == "true" and item.get_closest_marker("browser"):
         reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else rep.longrepr
         rep.outcome, rep.longrepr = "failed", f"CI=true and the browser test skipped: {reason}"
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist)
+        shutil.rmtree(session.config.rootpath / "test-output" / "fuzz-counts", ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The fuzz suite's case counts, summed over the xdist workers."""
+    files = sorted((config.rootpath / "test-output" / "fuzz-counts").glob("*.json"))
+    if files:
+        total = sum((Counter(json.loads(f.read_text())) for f in files), Counter())
+        terminalreporter.write_line("fuzz cases run: " + ", ".join(f"{k} {v}" for k, v in total.items())
+                                    + f"; total {sum(total.values())}")
