@@ -40,7 +40,8 @@ def configure(chip: hardware.Hardware, s: dict) -> tuple[Deployment, hardware.Ha
     pf = s.get("prefetch_mib")
     d = Deployment(devices=s["devices"], tp=s["tp"], engine=s["engine"], ep=s.get("ep"), batch=s["batch"],
                    context=s["context"], prefetch_bytes=None if pf is None else pf * MiB,
-                   expert_slots=s.get("expert_slots"), spec=spec, routing_skew=s.get("routing_skew"))
+                   expert_slots=s.get("expert_slots"), spec=spec, routing_skew=s.get("routing_skew"),
+                   routing_correlation=s.get("routing_correlation"))
     changes = {}
     if s.get("vmem_mib") is not None:
         changes["onchip_bytes"] = s["vmem_mib"] * MiB

@@ -46,7 +46,7 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
                    help="override the on-chip buffer per core (VMEM / shared memory), MiB")
     p.add_argument("--routing-skew", type=skew, default=None,
                    help="Zipf exponent of expert popularity (default: the model preset's)")
-    p.add_argument("--routing", type=routing_arg, default=None,
+    p.add_argument("--routing", dest="routing_correlation", type=routing_arg, default=None,
                    help="rows of a batch: independent, identical (every row the same experts) or a "
                         "correlation in [0, 1] (default: the model preset's)")
     p.add_argument("--draft-rows", type=lambda t: integer(t, 0), default=0,
@@ -69,7 +69,7 @@ def load_inputs(a: argparse.Namespace):
             raise SpecError("--acceptance-length", None, "speculative decoding needs an acceptance")
         spec = SpecDecode(a.draft_rows, a.acceptance_prob, a.acceptance_length, a.draft_cost)
     d = Deployment(devices=a.devices, tp=a.tp or a.devices, engine=a.engine, ep=a.ep,
-                   context=a.context, spec=spec, routing_skew=a.routing_skew, routing_correlation=a.routing,
+                   context=a.context, spec=spec, routing_skew=a.routing_skew, routing_correlation=a.routing_correlation,
                    expert_slots=a.expert_slots,
                    prefetch_bytes=a.prefetch_mib * 2**20 if a.prefetch_mib is not None else None)
     tiles = model.weight_bytes() / (d.tp * hw.dma_tile_bytes)

@@ -32,6 +32,7 @@ SETTINGS = {
     "batch": (int, lambda v: v > 0, "> 0"), "context": (int, lambda v: v >= 0, ">= 0"),
     "prefetch_mib": (float, lambda v: v > 0, "> 0"), "expert_slots": (int, lambda v: v > 0, "> 0"),
     "vmem_mib": (float, lambda v: v > 0, "> 0"), "routing_skew": (float, lambda v: v >= 0, ">= 0"),
+    "routing_correlation": (float, lambda v: 0 <= v <= 1, "in [0, 1]"),
     "draft_rows": (int, lambda v: v >= 0, ">= 0"), "acceptance_length": (float, lambda v: v >= 1, ">= 1"),
     "acceptance_prob": (float, lambda v: 0 <= v < 1, "in [0, 1)"), "draft_cost": (float, lambda v: v >= 0, ">= 0"),
     "hbm_gbps": (float, lambda v: v > 0, "> 0"), "link_latency_us": (float, lambda v: v >= 0, ">= 0"),
@@ -41,7 +42,8 @@ TYPE_WORDS = {int: "an integer", float: "a number", str: "a string"}
 DEFAULTS = {"model": "kimi-k3", "hardware": "tpu-v7", "devices": 32, "engine": "megakernel", "batch": 1,
             "context": 4096, "draft_rows": 0, "draft_cost": 0.05}
 # settings the op graph depends on: a chunk is ordered by them so neighbours share one graph
-GRAPH_SETTINGS = ("devices", "tp", "ep", "batch", "context", "draft_rows", "routing_skew")
+GRAPH_SETTINGS = ("devices", "tp", "ep", "batch", "context", "draft_rows", "routing_skew",
+                  "routing_correlation")
 
 
 def check_setting(where: str, name: str, value):

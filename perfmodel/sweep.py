@@ -27,7 +27,8 @@ from .executors import run as run_chunks
 from .hardware import Hardware, load_hardware
 from .predict import predict
 
-DEPLOYMENT_AXES = ("batch", "context", "prefetch_bytes", "expert_slots", "engine", "routing_skew")
+DEPLOYMENT_AXES = ("batch", "context", "prefetch_bytes", "expert_slots", "engine", "routing_skew",
+                   "routing_correlation")
 HARDWARE_AXES = ("onchip_bytes", "hbm_bandwidth_bytes_per_s", "link_latency_s", "dma_sharing")
 AXES = DEPLOYMENT_AXES + HARDWARE_AXES
 

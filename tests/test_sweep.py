@@ -205,3 +205,12 @@ def test_ray_sweep_of_1000_matches_local():
     assert remote["top"] == local["top"] and remote["pareto"] == local["pareto"]
     assert set(local["filtered"]) == {"vmem", "layout"} and local["ok"] > 400
     assert all(math.isfinite(r["step_s"]) for r in local["rows"] if r["status"] == "ok")
+
+
+def test_routing_correlation_is_a_sweep_axis(capsys):
+    """Identical rows touch top-k experts at any batch: batch 8 then costs far less than independent rows."""
+    assert main(["sweep", "--ep", "8", "--vary", "batch=8", "--vary", "routing_correlation=0,1", "--json",
+                 "--jobs", "1", "--no-progress"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    independent, identical = sorted(rows, key=lambda r: r["routing_correlation"])
+    assert identical["step_s"] < independent["step_s"]
