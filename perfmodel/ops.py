@@ -13,6 +13,7 @@ weights known only after the router), kv (KV cache / recurrent state), act (acti
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,8 +98,14 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
     ops.compute(0, "embed", "embedding_gather", static=t * h * f["embedding"].bytes_per_value / d.tp)
     ops.collective(0, "embed", "embedding_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
     distinct = 0.0
+    done: dict[Layer, tuple[int, int]] = {}  # a layer kind's rows, built once and renumbered after
     for layer in model.layers:
-        i = layer.index
+        i, same = layer.index, dataclasses.replace(layer, index=0)
+        if same in done:
+            a, z = done[same]
+            ops.rows.extend((i,) + r[1:] for r in ops.rows[a:z])
+            continue
+        a = len(ops.rows)
         mms = model.attention_matmuls(layer.attention)
         if mms:
             ops.compute(i, "attention", "attn_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
@@ -107,15 +114,15 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
             _attention_core(ops, model, layer, d, b, t)
             matmul(i, "attention", mms[-1], d.tp)
             ops.collective(i, "attention", "attn_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
-        if layer.ffn == "none":
-            continue
-        ops.compute(i, layer.ffn, "ffn_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
+        if layer.ffn != "none":
+            ops.compute(i, layer.ffn, "ffn_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
         if layer.ffn == "dense":
             for mm in model.ffn_matmuls("dense"):
                 matmul(i, "ffn", mm, d.tp)
             ops.collective(i, "ffn", "ffn_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
-        else:
+        elif layer.ffn == "moe":
             distinct = _moe(ops, model, i, d, t)
+        done[same] = (a, len(ops.rows))
     n1 = len(model.layers) + 1
     ops.compute(n1, "head", "final_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
     lm = Matmul("lm_head", "lm_head" if not model.tie_embeddings else "embedding", h, model.vocab)

@@ -25,10 +25,7 @@ cost the fitted library time by ranks and payload. Without components the spec-s
 """
 from __future__ import annotations
 
-import bisect
-import heapq
 import math
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,81 +39,6 @@ from .hardware import Hardware
 from .ops import OpGraph
 
 CAUSES = ("compute", "weight_streaming", "expert_fetch", "collective", "launch", "fill_drain")
-
-
-class DmaEngine:
-    """HBM -> on-chip copies; a copy starts `latency` after issue and then needs bytes/bandwidth.
-
-    FIFO: copies are served one after another in issue order. Shared: every started copy gets
-    bandwidth / (number of started copies), tracked with a virtual clock V (bytes served to each
-    active copy) so that each arrival or completion costs O(log n).
-    """
-
-    def __init__(self, bandwidth: float, latency: float, shared: bool, record: bool = False,
-                 descriptor_s: float = 0.0):
-        self.bw, self.lat, self.shared, self.record = bandwidth, latency, shared, record
-        self.extra = descriptor_s * bandwidth  # a descriptor's fixed cost, as engine bytes
-        self.t = 0.0        # engine clock
-        self.v = 0.0        # shared mode: virtual service per active copy
-        self.pending: deque[tuple[float, int, float]] = deque()  # (arrival, id, bytes)
-        self.heap: list[tuple[float, int]] = []                   # (finish V, id)
-        self.done: dict[int, float] = {}
-        self.n = 0
-        self.begin: dict[int, float] = {}          # when recording: start of service
-        self.labels: list[tuple[str, int]] = []    # when recording: (name, layer) per copy
-        self.busy_bytes = 0.0
-
-    def issue(self, t: float, nbytes: float, label: tuple[str, int] | None = None,
-              remote: bool = False) -> int:
-        """A copy issued at `t`. A remote copy (VMEM to another core, a collective's) reads no
-        HBM and pays its phase's round instead of the HBM first-byte latency."""
-        cid = self.n
-        self.n += 1
-        if not remote:
-            self.busy_bytes += nbytes
-        start = t + (0.0 if remote else self.lat)
-        if nbytes > 0:
-            nbytes += self.extra
-        if nbytes <= 0:
-            self.done[cid] = t
-        elif self.shared:
-            self.pending.append((start, cid, nbytes))
-        else:  # FIFO has a closed form: start when the engine frees
-            start = max(self.t, start)
-            self.t = start + nbytes / self.bw
-            self.done[cid] = self.t
-        if self.record:
-            self.begin[cid] = start
-            self.labels.append(label)
-        return cid
-
-    def lane_events(self) -> list[tuple[str, str, int, float, float]]:
-        """Every copy as a DMA-lane event from its start of service (completing any in flight)."""
-        return [("dma", name, layer, self.begin[i], self.completion(i))
-                for i, (name, layer) in enumerate(self.labels)]
-
-    def completion(self, cid: int) -> float:
-        """Serve copies (with the arrivals known now) until copy `cid` is complete."""
-        done = self.done
-        if cid in done:
-            return done[cid]
-        heap, pending, bw, t, v = self.heap, self.pending, self.bw, self.t, self.v
-        while cid not in done:
-            n = len(heap)
-            t_next = t + (heap[0][0] - v) * n / bw if n else math.inf
-            if pending and pending[0][0] <= t_next:
-                arrival, i, b = pending.popleft()
-                if arrival > t:
-                    if n:
-                        v += (arrival - t) * bw / n
-                    t = arrival
-                heapq.heappush(heap, (v + b, i))
-            else:
-                v, i = heapq.heappop(heap)
-                t = t_next
-                done[i] = t
-        self.t, self.v = t, v
-        return done[cid]
 
 
 @dataclass
@@ -149,23 +71,50 @@ def op_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None) ->
     if cm.is_tpu_model(hw.components):
         w = op_weights(g) if weights is None else weights
         dots = np.where(g.routed_bytes > 0, 2.0 * experts, 1.0)
-        for j in np.flatnonzero((w > 0) & (g.flops > 0)):
-            t[j] = cm.matmul_time(hw.components, w[j], g.dtype[j], g.flops[j] / (2 * w[j]), dots[j])
+        memo: dict[tuple, float] = {}  # ops of the same shape in every layer: each shape once
+        flops, w_, dots = g.flops.tolist(), w.tolist(), dots.tolist()
+        for j in np.flatnonzero((w > 0) & (g.flops > 0)).tolist():
+            key = (w_[j], g.dtype[j], flops[j] / (2 * w_[j]), dots[j])
+            if key not in memo:
+                memo[key] = cm.matmul_time(hw.components, *key)
+            t[j] = memo[key]
     return t + np.where(g.routed_bytes > 0, experts * hw.efficiency.expert_overhead_s, 0.0)
 
 
+def collective_terms(g: OpGraph, hw: Hardware) -> tuple[np.ndarray, np.ndarray, list[list[tuple[float, float]]]]:
+    """Per op: collective seconds (the fitted component -- TPU in-kernel collectives, GPU
+    all-reduce library -- where the hardware file has one, else the spec-sheet model of
+    perfmodel.collectives); with TPU components also its entry cost and its phases as
+    (remote-copy bytes, seconds), which the megakernel puts on its DMA engine. Each distinct
+    (kind, payload, group) is computed once."""
+    c, scale, cores = hw.components, hw.efficiency.collective_latency_scale, hw.cores_per_chip
+    tpu = cm.is_tpu_model(c)
+    memo: dict[tuple, tuple[float, float, list]] = {}
+
+    def terms(k: str, m: float, p: int) -> tuple[float, float, list]:
+        if tpu:
+            t, alg = cm.collective_time(c, k, m, p, cores, scale=scale)
+            k_ = min(cores, p)
+            return t, scale * c["collective_call_s"], [(ph.dma_bytes, cm.phase_time(c, ph, p // k_, k_, scale))
+                                                      for ph in cm.collective_phases(k, alg, m, p, cores)]
+        if cm.is_gpu_model(c):
+            return cm.gpu_all_reduce_time(c, m, p, scale), 0.0, []
+        return collective_time_s(hw, k, m, p), 0.0, []
+
+    n = len(g)
+    secs, call, phases = np.zeros(n), np.zeros(n), [[] for _ in range(n)]
+    kinds, payloads, groups = g.coll_kind, g.coll_bytes.tolist(), g.coll_group.tolist()
+    for j in np.flatnonzero(g.is_collective).tolist():
+        key = (kinds[j], payloads[j], int(groups[j]))
+        if key not in memo:
+            memo[key] = terms(*key)
+        secs[j], call[j], phases[j] = memo[key]
+    return secs, call, phases
+
+
 def collective_s(g: OpGraph, hw: Hardware) -> np.ndarray:
-    """Per-op collective time: the fitted component (TPU in-kernel collectives, GPU all-reduce
-    library) where the hardware file has one, else the spec-sheet model (perfmodel.collectives)."""
-    c, scale = hw.components, hw.efficiency.collective_latency_scale
-    if cm.is_tpu_model(c):
-        f = lambda k, b, p: cm.collective_time(c, k, b, p, hw.cores_per_chip, scale=scale)[0]
-    elif cm.is_gpu_model(c):
-        f = lambda k, b, p: cm.gpu_all_reduce_time(c, b, p, scale)
-    else:
-        f = lambda k, b, p: collective_time_s(hw, k, b, p)
-    return np.array([f(k, b, p) if c_ else 0.0
-                     for c_, k, b, p in zip(g.is_collective, g.coll_kind, g.coll_bytes, g.coll_group)])
+    """Per-op collective seconds (collective_terms)."""
+    return collective_terms(g, hw)[0]
 
 
 def stream_terms(hw: Hardware, multikernel: bool = False) -> tuple[float, float, float]:
@@ -342,6 +291,91 @@ def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
     return Stream(tiles.tolist(), tile_end.tolist(), begin.tolist(), end.tolist(), layer_start, routed)
 
 
+
+
+@dataclass
+class MegakernelArrays:
+    """One op graph's megakernel inputs as flat arrays (megakernel_sim.run), shared by every ring
+    depth, slot count and DMA mode simulated on it."""
+    eng: np.ndarray            # [bandwidth, first-byte latency, descriptor cost as bytes, shared]
+    t0: float                  # host dispatch of the one device call
+    overhead: float
+    tile_bytes: np.ndarray
+    tile_end: np.ndarray
+    kind: np.ndarray           # megakernel_sim.PLAIN / STREAM / ROUTED / COLL / TOPK
+    layer: np.ndarray
+    op_begin: np.ndarray
+    op_end: np.ndarray
+    comp: np.ndarray
+    coll: np.ndarray
+    kv_wait: np.ndarray
+    layer_start: np.ndarray
+    rc_off: np.ndarray
+    rc_bytes: np.ndarray
+    ph_off: np.ndarray
+    ph_bytes: np.ndarray
+    ph_time: np.ndarray
+    coll_call: np.ndarray
+    remote: bool
+
+    def args(self) -> tuple:
+        """The arguments of megakernel_sim.run / run_many after the per-configuration ones."""
+        return (self.tile_bytes, self.tile_end, self.kind, self.layer, self.op_begin, self.op_end, self.comp,
+                self.coll, self.kv_wait, self.layer_start, self.rc_off, self.rc_bytes, self.ph_off, self.ph_bytes,
+                self.ph_time, self.coll_call, self.remote)
+
+
+def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray | None = None) -> MegakernelArrays:
+    """Flatten the op graph, its stream and its collectives' phases for megakernel_sim."""
+    from . import megakernel_sim as ms
+    bw, lat, desc = stream_terms(hw)
+    secs, call, phases = collective_terms(g, hw)
+    layer = g.layer.astype(np.int64)
+    n_layers = 1 + max(int(layer.max(initial=0)), *st.layer_start_bytes, *st.routed_copies, 0)
+    op_begin, op_end = np.asarray(st.op_begin, float), np.asarray(st.op_end, float)
+    kind = np.full(len(g), ms.PLAIN, np.int8)
+    has_experts = np.isin(layer, list(st.routed_copies))
+    kind[np.array([nm == "top_k" for nm in g.name], bool) & has_experts] = ms.TOPK
+    kind[g.routed_bytes > 0] = ms.ROUTED
+    kind[op_end > op_begin] = ms.STREAM
+    kind[g.is_collective] = ms.COLL
+    if np.bincount(layer[kind == ms.ROUTED], minlength=1).max() > 1:
+        raise ValueError("megakernel_sim takes at most one routed-expert op per layer")
+    layer_start = np.zeros(n_layers)
+    for l, b in st.layer_start_bytes.items():
+        layer_start[l] = b
+    counts = np.zeros(n_layers + 1, np.int64)
+    for l, copies in st.routed_copies.items():
+        counts[l + 1] = len(copies)
+    rc_bytes = np.array([b for l in sorted(st.routed_copies) for b in st.routed_copies[l]], float)
+    ph_off = np.zeros(len(g) + 1, np.int64)
+    ph_off[1:] = np.cumsum([len(p) for p in phases])
+    flat = [x for p in phases for x in p]
+    remote = cm.is_tpu_model(hw.components)
+    return MegakernelArrays(
+        np.array([bw, lat, desc * bw, float(hw.dma_sharing == "shared")]), call_s(hw), hw.efficiency.op_overhead_s,
+        np.asarray(st.tile_bytes, float), np.asarray(st.tile_end, float), kind, layer, op_begin, op_end,
+        op_compute_s(g, hw, weights), secs, g.kv_bytes > 0, layer_start, np.cumsum(counts), rc_bytes, ph_off,
+        np.array([b for b, _ in flat], float), np.array([t for _, t in flat], float), call, remote)
+
+
+def cached_arrays(g: OpGraph, hw: Hardware, plan: list[Copy] | None = None,
+                  weights: np.ndarray | None = None) -> MegakernelArrays:
+    """megakernel_arrays of the uniform stream or of `plan`, kept for the same graph, hardware
+    and plan objects and weights (sweeps over depth and slots, repeated predictions); callers
+    must not mutate them."""
+    key = (id(g), id(hw), id(plan), None if weights is None else weights.tobytes())
+    if key not in _ARRAYS:
+        if len(_ARRAYS) >= 64:
+            _ARRAYS.clear()
+        st = uniform_stream(g, float(hw.dma_tile_bytes)) if plan is None else plan_stream(g, plan)
+        _ARRAYS[key] = ((g, hw, plan), megakernel_arrays(g, hw, st, weights))  # the objects kept alive
+    return _ARRAYS[key][1]
+
+
+_ARRAYS: dict[tuple, tuple[tuple, MegakernelArrays]] = {}
+
+
 def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                         record: bool = False, plan: list[Copy] | None = None,
                         weights: np.ndarray | None = None) -> Timeline:
@@ -350,102 +384,27 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     In-layer dependencies: a MoE layer's expert copies are issued when its router's top-k is
     known (shared experts compute meanwhile), the expert matmuls wait for them, the all-reduce
     follows, and the next layer's ops follow that. With fitted TPU components, each phase of a
-    collective moves its bytes as a remote copy on this same DMA engine."""
-    bw, lat, desc = stream_terms(hw)
-    dma = DmaEngine(bw, lat, hw.dma_sharing == "shared", record, desc)
-    c = hw.components
-    remote = cm.is_tpu_model(c)
-    issue, completion, done = dma.issue, dma.completion, dma.done
+    collective moves its bytes as a remote copy on this same DMA engine. The loops run compiled
+    (perfmodel.megakernel_sim)."""
+    from . import megakernel_sim as ms
     banks = ring_banks(hw, d.prefetch_bytes)
-    st = uniform_stream(g, float(hw.dma_tile_bytes)) if plan is None else plan_stream(g, plan)
-    tile_bytes, tile_end, op_begin, op_end = st.tile_bytes, st.tile_end, st.op_begin, st.op_end
-    n_tiles = len(tile_bytes)
-    total = tile_end[-1] if n_tiles else 0.0
-    owner = np.searchsorted(op_end, np.asarray(tile_end) - 0.5, side="right").tolist()
     slots, pieces = expert_slots(g, hw, d, banks, top_k)
-    names, layers = g.name, g.layer.tolist()
-    label = lambda k: record and (names[min(owner[k], len(g) - 1)], layers[min(owner[k], len(g) - 1)])
-    comp, coll = op_compute_s(g, hw, weights).tolist(), collective_s(g, hw).tolist()
-    routed, kv_op = g.routed_bytes.tolist(), g.kv_bytes.tolist()
-    is_coll = g.is_collective.tolist()
-    t0 = call_s(hw)
-    tile_id = [issue(t0, tile_bytes[k], label(k)) for k in range(min(banks, n_tiles))]
-    next_tile = len(tile_id)
-    overhead = hw.efficiency.op_overhead_s
+    a = cached_arrays(g, hw, plan, weights)
+    start, end, stream, fetch, coll_w, now, hbm_bytes, begin, done, tags, refs = ms.run(
+        a.eng, a.t0, a.overhead, banks, slots, pieces, *a.args())
     n = len(g)
-    start, end = [0.0] * n, [0.0] * n
-    stream, fetch, coll_w = [0.0] * n, [0.0] * n, [0.0] * n
-    events = []
-    now = t0
-    kv_id = {}
-    expert_ids: dict[int, list[int]] = {}  # layer -> its expert copies issued so far
-    for j in range(n):
-        layer = layers[j]
-        if layer not in kv_id:  # layer start: prefetch its KV cache / state
-            kv_id[layer] = issue(now, st.layer_start_bytes.get(layer, 0.0), ("kv_cache/state", layer))
-        if is_coll[j]:
-            t = now + coll[j]
-            if remote:  # its phases' remote copies queue on this core's DMA engine
-                scale = hw.efficiency.collective_latency_scale
-                t = now + scale * c["collective_call_s"]
-                k, m, p = g.coll_kind[j], float(g.coll_bytes[j]), int(g.coll_group[j])
-                cores = min(hw.cores_per_chip, p)
-                alg = cm.collective_time(c, k, m, p, hw.cores_per_chip, scale=scale)[1]
-                for ph in cm.collective_phases(k, alg, m, p, hw.cores_per_chip):
-                    cid = issue(t, ph.dma_bytes, (names[j], layer), remote=True)
-                    t = max(t + cm.phase_time(c, ph, p // cores, cores, scale), completion(cid))
-            start[j], end[j] = now, t
-            coll_w[j] = t - now
-            if record:
-                events.append(("link", names[j], layer, now, end[j]))
-            now = end[j]
-            continue
-        ready = max(now, completion(kv_id[layer])) if kv_op[j] > 0 else now
-        stream[j] = ready - now
-        start[j] = ready
-        t = ready + overhead
-        if op_end[j] > op_begin[j]:  # consume this op's byte range of the stream, tile by tile
-            per_byte = comp[j] / (op_end[j] - op_begin[j])
-            lo, hi = op_begin[j], op_end[j]
-            k = bisect.bisect_right(tile_end, lo)
-            while k < n_tiles and tile_end[k] - tile_bytes[k] < hi:
-                arrive = done.get(tile_id[k]) or completion(tile_id[k])
-                if arrive > t:
-                    stream[j] += arrive - t
-                    t = arrive
-                t += per_byte * (min(hi, tile_end[k]) - max(lo, tile_end[k] - tile_bytes[k]))
-                if (hi >= tile_end[k] or hi >= total) and next_tile < n_tiles:  # consumed: refill its bank
-                    tile_id.append(issue(t, tile_bytes[next_tile], label(next_tile)))
-                    next_tile += 1
-                k += 1
-        elif routed[j] > 0:  # experts: fetched into slots once the router has picked them
-            copies = [b / pieces for b in st.routed_copies.get(layer, []) for _ in range(pieces)]
-            step = comp[j] / max(1, len(copies))
-            ids = expert_ids.get(layer) or [issue(t, b, (names[j], layer)) for b in copies[:slots]]
-            for e in range(len(copies)):
-                arrive = completion(ids[e])
-                if arrive > t:
-                    fetch[j] += arrive - t
-                    t = arrive
-                t += step
-                if e + slots < len(copies):
-                    ids.append(issue(t, copies[e + slots], (names[j], layer)))
-        else:
-            t += comp[j]
-            if names[j] == "top_k" and st.routed_copies.get(layer):  # routing known: fetch now
-                expert_ids[layer] = [issue(t, b, ("routed_experts", layer))
-                                     for b in st.routed_copies[layer][:slots]]
-        end[j] = t
-        if record:
-            events.append(("compute", names[j], layer, start[j], t))
-        now = t
-    arr = np.asarray
-    comp_a = arr(comp) * ~g.is_collective
-    waits = {"compute": comp_a, "weight_streaming": arr(stream), "expert_fetch": arr(fetch),
-             "collective": arr(coll_w), "launch": np.where(g.is_collective, 0.0, overhead) + t0 * (arr(range(n)) == 0),
+    waits = {"compute": a.comp * ~g.is_collective, "weight_streaming": stream, "expert_fetch": fetch,
+             "collective": coll_w, "launch": np.where(g.is_collective, 0.0, a.overhead) + a.t0 * (np.arange(n) == 0),
              "fill_drain": np.zeros(n)}
-    start, end = arr(start), arr(end)
-    tl = Timeline(start, end, waits, now, dma.busy_bytes, expert_tiles=pieces)
+    tl = Timeline(start, end, waits, float(now), float(hbm_bytes), expert_tiles=pieces)
     if record:
-        tl.events = events + dma.lane_events()
+        names, layers = g.name, g.layer.tolist()
+        tl.events = [("link" if a.kind[j] == ms.COLL else "compute", names[j], layers[j], start[j], end[j])
+                     for j in range(n)]
+        owner = np.minimum(np.searchsorted(a.op_end, a.tile_end - 0.5, side="right"), n - 1).tolist()
+        label = {ms.TAG_TILE: lambda r: (names[owner[r]], layers[owner[r]]),
+                 ms.TAG_KV: lambda r: ("kv_cache/state", r), ms.TAG_TOPK: lambda r: ("routed_experts", r),
+                 ms.TAG_OP: lambda r: (names[r], layers[r])}
+        tl.events += [("dma", *label[tag](ref), b, e)
+                      for tag, ref, b, e in zip(tags.tolist(), refs.tolist(), begin.tolist(), done.tolist())]
     return tl
