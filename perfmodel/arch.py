@@ -15,8 +15,10 @@ Layer patterns: `default`, then a cyclic `pattern` list, then `<label>_layers` l
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import tomllib
+from collections import Counter
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
@@ -288,13 +290,13 @@ class ModelSpec:
     @cached_property
     def _params_by_family(self) -> dict[str, int]:
         out = dict.fromkeys(WEIGHT_FAMILIES, 0)
-        for layer in self.layers:
+        for layer, n in Counter(dataclasses.replace(l, index=0) for l in self.layers).items():  # each kind once
             for mm in self.layer_matmuls(layer):
-                out[mm.family] += mm.params
+                out[mm.family] += n * mm.params
             norms = (layer.attention != "none") + (layer.ffn != "none")
-            out["attention"] += self.attention_small_params(layer.attention) + norms * self.hidden
+            out["attention"] += n * (self.attention_small_params(layer.attention) + norms * self.hidden)
             if layer.ffn == "moe":
-                out["router"] += self.moe.experts  # selection bias
+                out["router"] += n * self.moe.experts  # selection bias
         out["embedding"] = self.vocab * self.hidden
         out["lm_head"] = 0 if self.tie_embeddings else self.vocab * self.hidden
         out["attention"] += self.hidden  # final norm

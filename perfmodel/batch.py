@@ -1,8 +1,8 @@
 """Evaluate a chunk of configurations that share a model and a chip: one result row each.
 
-`evaluate` is the seam a batched simulator plugs into: it receives every configuration of a chunk
-at once (same model, same chip preset; deployment and hardware overrides differ) and today runs
-the scalar `predict` on each. A configuration that does not fit is a filtered row naming the
+`evaluate` receives every configuration of a chunk at once (same model, same chip preset;
+deployment and hardware overrides differ) and simulates the megakernel ones in batches that share
+an op graph (perfmodel.megakernel_sim.run_many). A configuration that does not fit is a filtered row naming the
 constraint: `memory` (weights + caches exceed a device's HBM), `vmem` (prefetch ring or expert
 buffers exceed the on-chip buffer) or `layout` (the parallel layout or spec-decode settings
 cannot run), with the one-line reason.
@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 
-from . import arch, hardware
-from .deployment import Deployment, SpecDecode, resident_bytes_per_device
+import numpy as np
+
+from . import arch, hardware, megakernel_sim, ops, schedule
+from .deployment import Deployment, SpecDecode, resident_bytes_per_device, validate
 from .design import SETTINGS, Chunk
 from .errors import SpecError
-from .predict import predict
+from .predict import predict, summarise
 from .schedule import CAUSES
 
 MiB = 2**20
@@ -55,29 +57,72 @@ def configure(chip: hardware.Hardware, s: dict) -> tuple[Deployment, hardware.Ha
 
 
 def evaluate(model: arch.ModelSpec, chip: hardware.Hardware, settings: list[dict]) -> list[dict]:
-    """Result columns (RESULTS) for each configuration; all share `model` and the `chip` preset."""
-    return [_one(model, chip, s) for s in settings]
+    """Result columns (RESULTS) for each configuration; all share `model` and the `chip` preset.
+
+    Megakernel configurations that share an op graph and the hardware terms of its timeline
+    (differing in ring depth, expert slots, on-chip size or DMA mode) are simulated together
+    (megakernel_sim.run_many on one set of arrays); the others one by one with `predict`."""
+    rows: list[dict | None] = [None] * len(settings)
+    groups: dict[tuple, list] = {}
+    top_k = model.moe.top_k if model.moe else 1
+    for i, s in enumerate(settings):
+        d = hw = None
+        try:
+            d, hw = configure(chip, s)
+            if d.engine != "megakernel":
+                rows[i] = _row(model, d, hw, predict(model, hw, d))
+                continue
+            validate(model, hw, d)
+            g = ops.build(model, d)
+            banks = schedule.ring_banks(hw, d.prefetch_bytes)
+            slots, pieces = schedule.expert_slots(g, hw, d, banks, top_k)
+        except SpecError as e:
+            rows[i] = _filtered(model, d, hw, e)
+            continue
+        key = (id(g), s.get("hbm_gbps"), s.get("link_latency_us"))  # what the arrays depend on
+        groups.setdefault(key, [g, hw, []])[2].append((i, d, hw, banks, slots, pieces))
+    for g, hw0, members in groups.values():
+        try:
+            a = schedule.megakernel_arrays(g, hw0, schedule.uniform_stream(g, float(hw0.dma_tile_bytes)),
+                                           schedule.op_weights(g, model.formats["routed_expert"].bytes_per_value))
+        except SpecError as e:  # e.g. a format the chip cannot compute in
+            for i, d, hw, *_ in members:
+                rows[i] = _filtered(model, d, hw, e)
+            continue
+        # one timeline per distinct (banks, slots, pieces, shared): e.g. on-chip sizes that leave
+        # the same ring and buffers give the same timeline
+        runs = {(banks, slots, pieces, hw.dma_sharing == "shared"): None
+                for _, _, hw, banks, slots, pieces in members}
+        cols = np.array(list(runs), np.int64).T
+        steps, hbm, totals = megakernel_sim.run_many(a.eng, a.t0, a.overhead, cols[0], cols[1], cols[2],
+                                                     cols[3].astype(float), *a.args())
+        for key, step, nbytes, tot in zip(runs, steps.tolist(), hbm.tolist(), totals.tolist()):
+            runs[key] = (step, nbytes, dict(zip(megakernel_sim.TOTALS, tot)))
+        for i, d, hw, banks, slots, pieces in members:
+            rows[i] = _row(model, d, hw, summarise(hw, d, *runs[banks, slots, pieces, hw.dma_sharing == "shared"]))
+    return rows
 
 
-def _one(model, chip, s: dict) -> dict:
-    d = None
-    try:
-        d, hw = configure(chip, s)
-        p = predict(model, hw, d)
-    except SpecError as e:
-        if e.field in VMEM_FIELDS:
-            constraint = "vmem"
-        elif d is not None and e.field == "devices" and resident_bytes_per_device(model, d) > hw.core_hbm_bytes:
-            constraint = "memory"
-        else:
-            constraint = "layout"
-        return dict.fromkeys(RESULTS) | {"status": "filtered", "constraint": constraint, "reason": str(e)}
+def _filtered(model, d, hw, e: SpecError) -> dict:
+    """The row of a configuration that does not fit, naming the constraint."""
+    if e.field in VMEM_FIELDS:
+        constraint = "vmem"
+    elif d is not None and e.field == "devices" and resident_bytes_per_device(model, d) > hw.core_hbm_bytes:
+        constraint = "memory"
+    else:
+        constraint = "layout"
+    return dict.fromkeys(RESULTS) | {"status": "filtered", "constraint": constraint, "reason": str(e)}
+
+
+def _row(model, d: Deployment, hw: hardware.Hardware, p) -> dict:
+    """The result columns of a Prediction or a predict.Summary."""
     chips = math.ceil(d.devices / hw.cores_per_chip)
     per_seq = d.spec.tokens_per_step if d.spec else 1.0
     return {"status": "ok", "constraint": None, "reason": None, "step_s": p.step_s,
             "token_latency_s": p.step_s / per_seq, "tokens_per_s": p.tokens_per_s,
             "tokens_per_s_per_chip": p.tokens_per_s / chips, "chips": chips, "bound": p.bound,
-            "hbm_utilisation": p.hbm_utilisation, "resident_bytes_per_device": resident_bytes_per_device(model, d),
+            "hbm_utilisation": p.hbm_floor_s / p.step_s if p.step_s else 0.0,
+            "resident_bytes_per_device": resident_bytes_per_device(model, d),
             **{f"{c}_s": p.breakdown_s.get(c, 0.0) for c in BREAKDOWN}}
 
 

@@ -147,7 +147,8 @@ _WEIGHT_BYTES: dict[int, tuple[ModelSpec, dict[str, float]]] = {}
 
 def cache_bytes_per_seq(model: ModelSpec, context: int, tp: int) -> float:
     """One sequence's caches and states on one device, over all layers (`ModelSpec.cache_bytes`)."""
-    return sum(model.cache_bytes(l.attention, context, tp) for l in model.layers)
+    return sum(n * model.cache_bytes(attention, context, tp)
+               for attention, n in Counter(l.attention for l in model.layers).items())
 
 
 def expert_tiling_cost(model: ModelSpec, hw: Hardware, d: Deployment) -> dict | None:

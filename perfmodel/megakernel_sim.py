@@ -30,7 +30,7 @@ TAG_TILE, TAG_KV, TAG_TOPK, TAG_OP = 0, 1, 2, 3
 TOTALS = ("compute", "weight_streaming", "expert_fetch", "collective", "launch")
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always", error_model="numpy")
 def _issue(t, nbytes, remote, tag, ref, eng, f, ni, done, pa, pi, pb, begin, tags, refs):
     """Issue a copy at `t`; returns its id. eng = [bandwidth, latency, descriptor bytes, shared]."""
     cid = ni[0]
@@ -54,7 +54,7 @@ def _issue(t, nbytes, remote, tag, ref, eng, f, ni, done, pa, pi, pb, begin, tag
     return cid
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always", error_model="numpy")
 def _completion(cid, bw, f, ni, done, pa, pi, pb, heap):
     """Serve copies (with the arrivals queued now) until copy `cid` is complete; its end."""
     if not np.isnan(done[cid]):
@@ -80,7 +80,7 @@ def _completion(cid, bw, f, ni, done, pa, pi, pb, heap):
     return done[cid]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, layer, op_begin, op_end,
         comp, coll, kv_wait, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call, remote):
     """One timeline. Per op (program order): kind, layer, its byte range of the weight stream,
@@ -186,13 +186,13 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
             refs[:n_copies])
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def run_many(eng, t0, overhead, banks, slots, pieces, shared, tile_bytes, tile_end, kind, layer, op_begin, op_end,
              comp, coll, kv_wait, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call, remote):
     """`run` for each (banks[i], slots[i], pieces[i], shared[i]) on the same arrays: step seconds
-    and the cause totals (TOTALS) per configuration, shape (configs,) and (configs, 5)."""
+    HBM bytes and the cause totals (TOTALS) per configuration: shapes (m,), (m,), (m, 5)."""
     m = len(banks)
-    steps, totals = np.empty(m), np.empty((m, len(TOTALS)))
+    steps, hbm, totals = np.empty(m), np.empty(m), np.empty((m, len(TOTALS)))
     comp_total, launch = 0.0, t0
     for j in range(len(kind)):
         if kind[j] != COLL:
@@ -204,10 +204,10 @@ def run_many(eng, t0, overhead, banks, slots, pieces, shared, tile_bytes, tile_e
         out = run(e, t0, overhead, banks[i], slots[i], pieces[i], tile_bytes, tile_end, kind, layer, op_begin,
                   op_end, comp, coll, kv_wait, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call,
                   remote)
-        steps[i] = out[5]
+        steps[i], hbm[i] = out[5], out[6]
         totals[i, 0] = comp_total
         totals[i, 1] = out[2].sum()
         totals[i, 2] = out[3].sum()
         totals[i, 3] = out[4].sum()
         totals[i, 4] = launch
-    return steps, totals
+    return steps, hbm, totals

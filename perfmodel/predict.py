@@ -69,19 +69,35 @@ def predict(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False,
     if plan is not None and d.engine != "megakernel":
         raise SpecError("plan", "given", "a DMA plan is the megakernel's; engine must be megakernel")
     g, tl = simulate(model, hw, d, record, plan)
+    s = summarise(hw, d, tl.step_s, tl.dma_bytes, {c: float(tl.wait_s[c].sum()) for c in CAUSES})
+    return Prediction(model.name, hw.name, d, s.step_s, s.tokens_per_s, tl.dma_bytes, s.hbm_floor_s,
+                      s.compute_floor_s, s.bound, s.breakdown_s, _layer_rows(g, tl), tl)
+
+
+@dataclass
+class Summary:
+    step_s: float
+    tokens_per_s: float
+    hbm_floor_s: float
+    compute_floor_s: float
+    bound: str
+    breakdown_s: dict[str, float]
+
+
+def summarise(hw: Hardware, d: Deployment, timeline_s: float, dma_bytes: float, totals: dict[str, float]) -> Summary:
+    """A step's figures from its simulated timeline (seconds, HBM bytes, and the total wait by
+    cause): the draft's cost added, tokens/s, the floors and what bounds the step."""
     draft = d.spec.draft_cost_fraction if d.spec else 0.0
-    step = tl.step_s * (1 + draft)
+    step = timeline_s * (1 + draft)
     accepted = d.batch * (d.spec.tokens_per_step if d.spec else 1.0)
-    bw = hw.core_hbm_bandwidth_bytes_per_s
-    hbm_floor = tl.dma_bytes / bw
-    compute_floor = float(tl.wait_s["compute"].sum()) * hw.efficiency.flops
-    latency = float(tl.wait_s["collective"].sum() + tl.wait_s["launch"].sum())
+    hbm_floor = dma_bytes / hw.core_hbm_bandwidth_bytes_per_s
+    compute_floor = totals["compute"] * hw.efficiency.flops
+    latency = totals["collective"] + totals["launch"]
     bound = max((hbm_floor, "memory"), (compute_floor, "compute"), (latency, "latency"))[1]
-    breakdown = {c: float(tl.wait_s[c].sum()) for c in CAUSES}
+    breakdown = {c: totals.get(c, 0.0) for c in CAUSES}
     if draft:
-        breakdown["draft"] = tl.step_s * draft
-    return Prediction(model.name, hw.name, d, step, accepted / step if step else 0.0, tl.dma_bytes,
-                      hbm_floor, compute_floor, bound, breakdown, _layer_rows(g, tl), tl)
+        breakdown["draft"] = timeline_s * draft
+    return Summary(step, accepted / step if step else 0.0, hbm_floor, compute_floor, bound, breakdown)
 
 
 def _layer_rows(g: ops_mod.OpGraph, tl: Timeline) -> list[LayerRow]:

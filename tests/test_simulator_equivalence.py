@@ -8,11 +8,12 @@ import random
 import numpy as np
 import pytest
 
-from perfmodel import ops
+from perfmodel import batch, ops
 from perfmodel.arch import load_model
 from perfmodel.deployment import Deployment, validate
 from perfmodel.errors import SpecError
 from perfmodel.hardware import load_hardware
+from perfmodel.predict import predict
 from perfmodel.schedule import op_weights, simulate_megakernel
 from reference_eventloop import simulate_megakernel as reference
 
@@ -89,3 +90,29 @@ def test_compiled_simulator_equals_the_event_loop(chunk):
         assert got.expert_tiles == want.expert_tiles
         assert [e[:3] for e in got.events] == [e[:3] for e in want.events], where
         assert close([e[3:] for e in got.events], [e[3:] for e in want.events]), where
+
+
+def test_batched_sweep_rows_equal_scalar_predictions():
+    """batch.evaluate simulates configurations sharing an op graph together (run_many); each row
+    equals the scalar predict of the same configuration, filtered rows included."""
+    rng = random.Random(7)
+    model, chip = load_model("kimi-k3"), load_hardware("tpu-v7")
+    settings = [{"devices": 32, "tp": 32, "ep": 8, "engine": rng.choice(["megakernel"] * 3 + ["multikernel"]),
+                 "batch": rng.choice([1, 8]), "context": rng.choice([4096, 131072]),
+                 "prefetch_mib": rng.choice([None, 4, 24, 48]), "expert_slots": rng.choice([None, 1, 3, 8]),
+                 "vmem_mib": rng.choice([None, 32, 128]), "dma_sharing": rng.choice([None, "fifo"])}
+                for _ in range(60)]
+    rows = batch.evaluate(model, chip, settings)
+    assert {r["status"] for r in rows} == {"ok", "filtered"}
+    for s, r in zip(settings, rows):
+        d, hw = batch.configure(chip, s)
+        try:
+            p = predict(model, hw, d)
+        except SpecError as e:
+            assert r["status"] == "filtered" and r["reason"] == str(e)
+            continue
+        assert r["status"] == "ok", (s, r["reason"])
+        assert close(r["step_s"], p.step_s) and close(r["tokens_per_s"], p.tokens_per_s), s
+        assert close(r["hbm_utilisation"], p.hbm_utilisation) and r["bound"] == p.bound, s
+        for cause, v in p.breakdown_s.items():
+            assert close(r[f"{cause}_s"], v), (cause, s)
