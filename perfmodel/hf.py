@@ -3,7 +3,9 @@
 Read: DeepSeek-V3 / V3.2 (MLA, DeepSeek sparse attention), Kimi K2 / K2.5, Kimi Linear (KDA +
 MLA), GLM-4.x / GLM-5, Llama 3 / 4 (interleaved MoE, chunked attention), Mixtral, Qwen3 dense and
 MoE, Qwen3-Next / Qwen3.5 (gated DeltaNet + gated attention), gpt-oss (sliding / full pattern,
-sinks, MXFP4 experts), Gemma 3 (5 local : 1 global), MiniMax-M2, Nemotron-H (Mamba-2 hybrid).
+sinks, MXFP4 experts), Gemma 3 (5 local : 1 global), Gemma 4 (global layers with their own head
+size and K = V, experts beside a dense MLP), MiMo-V2 (hybrid sliding / full pattern with its own
+sliding shape and sinks), MiniMax-M2, Nemotron-H (Mamba-2 hybrid).
 A key the importer does not understand but that changes cost (a `layer_types` value, a hybrid
 pattern character, a quantisation method, a sparse-attention model without its index keys) is a
 SpecError naming the key: the importer never silently models something else.
