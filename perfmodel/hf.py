@@ -5,7 +5,7 @@ MLA), GLM-4.x / GLM-5, Llama 3 / 4 (interleaved MoE, chunked attention), Mixtral
 MoE, Qwen3-Next / Qwen3.5 (gated DeltaNet + gated attention), gpt-oss (sliding / full pattern,
 sinks, MXFP4 experts), Gemma 3 (5 local : 1 global), Gemma 4 (global layers with their own head
 size and K = V, experts beside a dense MLP), MiMo-V2 (hybrid sliding / full pattern with its own
-sliding shape and sinks), MiniMax-M2, Nemotron-H (Mamba-2 hybrid).
+sliding shape and sinks), MiniMax-M2, Nemotron-H / Nemotron-3 (Mamba-2 hybrids, latent MoE).
 A key the importer does not understand but that changes cost (a `layer_types` value, a hybrid
 pattern character, a quantisation method, a sparse-attention model without its index keys) is a
 SpecError naming the key: the importer never silently models something else.
@@ -33,7 +33,8 @@ UNMODELLED_KEYS = {"compress_ratios": "compressed attention (DeepSeek-V4)",
                    "kv_sharing_layer_map": "KV cache shared across layers",
                    "hidden_size_per_layer_input": "per-layer input embeddings (Gemma 3n, Gemma 4 E2B / E4B)",
                    "use_double_wide_mlp": "double-width MLPs on KV-sharing layers (Gemma 4 E2B / E4B)",
-                   "altup_num_inputs": "AltUp (Gemma 3n)"}   # Nemotron-H: up and down projections only
+                   "altup_num_inputs": "AltUp (Gemma 3n)",
+                   "sparse_attention_config": "block-sparse attention (MiniMax-M3)"}   # Nemotron-H: up and down projections only
 
 
 class _Config:
@@ -310,11 +311,11 @@ def _moe(c: _Config, raw: dict, d: dict, n: int, ffn: list[str]) -> None:
         elif raw.get("enable_moe_block"):  # Gemma 4: the dense MLP runs beside the routed experts
             shared = c.int("intermediate_size", lo=1)
         d["moe"] = {"experts": experts, "top_k": top_k, "expert_width": width, "shared_width": shared,
-                    "latent_dim": c.int("routed_expert_hidden_size", 0)}  # Kimi K3 latent MoE
+                    "latent_dim": c.int(_first(raw, "routed_expert_hidden_size", "moe_latent_size"), 0)}
+        # latent MoE: Kimi K3 `routed_expert_hidden_size`, Nemotron-3 Super `moe_latent_size`
     dense_width = 0
     if "dense" in ffn:
-        key = "intermediate_size_mlp" if c.has("intermediate_size_mlp") else "intermediate_size"
-        dense_width = c.int(key, lo=1)
+        dense_width = c.int(_first(raw, "intermediate_size_mlp", "dense_intermediate_size", "intermediate_size"), lo=1)
     act = raw.get("mlp_hidden_act", raw.get("hidden_act", "silu"))
     d["ffn"] = {"default": "dense", "dense_width": dense_width, "gated": act not in UNGATED_ACTIVATIONS,
                 "moe_layers": [i + 1 for i, f in enumerate(ffn) if f == "moe"],

@@ -41,11 +41,14 @@ CARDS = {
     "nemotron-h-56b-base-8k.json": ("56B", None, {"mamba2": 54, "dense": 54, "gqa": 10}),
     "qwen3-32b-fp8-static.json": ("32.8B", None, {"gqa+dense": 64}),
     "gemma-4-26b-a4b.json": ("25.2B", "3.8B", {"gqa-swa1024+moe": 25, "gqa+moe": 5}, {"embedding"}),
+    "nemotron-3-super-120b-a12b-nvfp4.json": ("120B", "12B", {"mamba2": 40, "moe": 40, "gqa": 8}),
+    "qwen3-235b-a22b-fp8.json": ("235B", "22B", {"gqa+moe": 94}),
 }
 REFUSED = {  # real configs of mechanisms the importer does not model: the key it names
     "glm-5-fp8.json": "config.json:index_n_heads",       # abridged: sparse attention without its indexer
     "minimax-m1.json": "config.json:attn_type_list",     # lightning attention
     "deepseek-v4-flash.json": "config.json:compress_ratios",  # compressed attention
+    "minimax-m3.json": "config.json:sparse_attention_config",  # block-sparse attention
 }
 
 
@@ -262,3 +265,19 @@ def test_minimax_shared_intermediate_size_is_read(tmp_path):
     cfg = base_config(model_type="minimax_m2", num_local_experts=8, num_experts_per_tok=2,
                       shared_intermediate_size=384)
     assert load_model(write(tmp_path, cfg)).moe.shared_width == 384
+
+
+def test_nemotron3_super_latent_moe():
+    """`moe_latent_size`: the routed experts work in a 1024-wide latent space (down and up
+    projections around them); the shared expert (5376) at full width; relu2, no gate."""
+    m = load_model(str(FIXTURES / "nemotron-3-super-120b-a12b-nvfp4.json"))
+    assert (m.moe.latent_dim, m.moe.shared_width, m.moe.expert_width, m.moe.top_k) == (1024, 5376, 2688, 22)
+    assert not m.ffn_gated and m.formats["state"].name == "f32"
+    experts = {mm.name: mm for mm in m.ffn_matmuls("moe")}
+    assert experts["expert_gate_up"].d_in == 1024 and experts["latent_down"].d_out == 1024
+
+
+def test_qwen3_moe_fp8_blocks():
+    m = load_model(str(FIXTURES / "qwen3-235b-a22b-fp8.json"))
+    assert m.formats["routed_expert"].name == m.formats["attention"].name == "fp8-block128"
+    assert (m.moe.experts, m.moe.top_k, m.moe.expert_width, m.moe.shared_width) == (128, 8, 1536, 0)
