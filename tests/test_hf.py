@@ -41,6 +41,7 @@ CARDS = {
     "nemotron-h-56b-base-8k.json": ("56B", None, {"mamba2": 54, "dense": 54, "gqa": 10}),
     "qwen3-32b-fp8-static.json": ("32.8B", None, {"gqa+dense": 64}),
     "gemma-4-26b-a4b.json": ("25.2B", "3.8B", {"gqa-swa1024+moe": 25, "gqa+moe": 5}, {"embedding"}),
+    "gemma-4-31b-it-nvfp4.json": ("30.7B", "30.7B", {"gqa-swa1024+dense": 50, "gqa+dense": 10}, {"embedding"}),
     "nemotron-3-super-120b-a12b-nvfp4.json": ("120B", "12B", {"mamba2": 40, "moe": 40, "gqa": 8}),
     "qwen3-235b-a22b-fp8.json": ("235B", "22B", {"gqa+moe": 94}),
 }
@@ -255,6 +256,10 @@ def test_modelopt_without_quant_method_and_with_an_fp8_kv_cache():
 
 
 def test_modelopt_ignoring_attention_keeps_it_bf16(tmp_path):
+    """Gemma 4 31B (NVIDIA NVFP4): every layer's self_attn is in `ignore`, so attention stays bf16
+    while the MLP is NVFP4; its KV cache scheme is 8-bit float."""
+    f = load_model(str(FIXTURES / "gemma-4-31b-it-nvfp4.json")).formats
+    assert (f["attention"].name, f["dense_ffn"].name, f["kv_cache"].name) == ("bf16", "nvfp4", "fp8-kv")
     cfg = base_config(quantization_config={"quant_method": "modelopt", "quant_algo": "NVFP4",
                                            "ignore": ["lm_head", "model.layers.0.self_attn*"]})
     m = load_model(write(tmp_path, cfg))
