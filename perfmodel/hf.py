@@ -25,7 +25,7 @@ LAYER_TYPES = {"full_attention": "full", "sliding_attention": "swa", "linear_att
                "chunked_attention": "swa"}   # a chunk bounds the span as a window does
 HYBRID_CHARS = {"M": "mamba2", "*": "attention", "-": "mlp", "E": "moe"}
 QUANT_METHODS = ("fp8", "mxfp4", "compressed-tensors", "modelopt")
-UNGATED_ACTIVATIONS = ("relu2",)
+UNGATED_ACTIVATIONS = ("relu2",)  # Nemotron-H: up and down projections only
 STATE_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "fp16"}
 # keys of mechanisms that change cost and are not modelled: refused, not approximated
 UNMODELLED_KEYS = {"compress_ratios": "compressed attention (DeepSeek-V4)",
@@ -34,7 +34,7 @@ UNMODELLED_KEYS = {"compress_ratios": "compressed attention (DeepSeek-V4)",
                    "hidden_size_per_layer_input": "per-layer input embeddings (Gemma 3n, Gemma 4 E2B / E4B)",
                    "use_double_wide_mlp": "double-width MLPs on KV-sharing layers (Gemma 4 E2B / E4B)",
                    "altup_num_inputs": "AltUp (Gemma 3n)",
-                   "sparse_attention_config": "block-sparse attention (MiniMax-M3)"}   # Nemotron-H: up and down projections only
+                   "sparse_attention_config": "block-sparse attention (MiniMax-M3)"}
 
 
 class _Config:
