@@ -76,6 +76,7 @@ class GQA:
     output_gate: bool = False  # sigmoid gate on the attention output (Qwen3-Next, Qwen3.5)
     sinks: bool = False        # a learned sink logit per head (gpt-oss)
     v_head_dim: int = 0        # 0 = head_dim
+    k_eq_v: bool = False       # no v_proj: values come from the key projection (Gemma 4 global layers)
 
 
 @dataclass(frozen=True)
@@ -210,8 +211,9 @@ class ModelSpec:
             return out + [mm("o_proj", a.heads * a.v_head_dim, h)]
         if isinstance(a, GQA):
             vd = a.v_head_dim or a.head_dim
-            out = [mm("q_proj", h, a.heads * a.head_dim), mm("k_proj", h, a.kv_heads * a.head_dim),
-                   mm("v_proj", h, a.kv_heads * vd)]
+            out = [mm("q_proj", h, a.heads * a.head_dim), mm("k_proj", h, a.kv_heads * a.head_dim)]
+            if not a.k_eq_v:
+                out.append(mm("v_proj", h, a.kv_heads * vd))
             if a.output_gate:
                 out.append(mm("gate_proj", h, a.heads * vd))
             return out + [mm("o_proj", a.heads * vd, h)]

@@ -3,7 +3,9 @@
 Read: DeepSeek-V3 / V3.2 (MLA, DeepSeek sparse attention), Kimi K2 / K2.5, Kimi Linear (KDA +
 MLA), GLM-4.x / GLM-5, Llama 3 / 4 (interleaved MoE, chunked attention), Mixtral, Qwen3 dense and
 MoE, Qwen3-Next / Qwen3.5 (gated DeltaNet + gated attention), gpt-oss (sliding / full pattern,
-sinks, MXFP4 experts), Gemma 3 (5 local : 1 global), MiniMax-M2, Nemotron-H (Mamba-2 hybrid).
+sinks, MXFP4 experts), Gemma 3 (5 local : 1 global), Gemma 4 (global layers with their own head
+size and K = V, experts beside a dense MLP), MiMo-V2 (hybrid sliding / full pattern with its own
+sliding shape and sinks), MiniMax-M2, Nemotron-H / Nemotron-3 (Mamba-2 hybrids, latent MoE).
 A key the importer does not understand but that changes cost (a `layer_types` value, a hybrid
 pattern character, a quantisation method, a sparse-attention model without its index keys) is a
 SpecError naming the key: the importer never silently models something else.
@@ -23,14 +25,16 @@ LAYER_TYPES = {"full_attention": "full", "sliding_attention": "swa", "linear_att
                "chunked_attention": "swa"}   # a chunk bounds the span as a window does
 HYBRID_CHARS = {"M": "mamba2", "*": "attention", "-": "mlp", "E": "moe"}
 QUANT_METHODS = ("fp8", "mxfp4", "compressed-tensors", "modelopt")
-UNGATED_ACTIVATIONS = ("relu2",)
+UNGATED_ACTIVATIONS = ("relu2",)  # Nemotron-H: up and down projections only
 STATE_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "fp16"}
 # keys of mechanisms that change cost and are not modelled: refused, not approximated
 UNMODELLED_KEYS = {"compress_ratios": "compressed attention (DeepSeek-V4)",
                    "num_kv_shared_layers": "KV cache shared across layers",
                    "kv_sharing_layer_map": "KV cache shared across layers",
-                   "attention_k_eq_v": "attention with keys equal to values",
-                   "altup_num_inputs": "AltUp (Gemma 3n)"}   # Nemotron-H: up and down projections only
+                   "hidden_size_per_layer_input": "per-layer input embeddings (Gemma 3n, Gemma 4 E2B / E4B)",
+                   "use_double_wide_mlp": "double-width MLPs on KV-sharing layers (Gemma 4 E2B / E4B)",
+                   "altup_num_inputs": "AltUp (Gemma 3n)",
+                   "sparse_attention_config": "block-sparse attention (MiniMax-M3)"}
 
 
 class _Config:
@@ -61,7 +65,7 @@ class _Config:
 def from_hf_config(path: Path) -> ModelSpec:
     text = read_text(path, "model file")
     try:
-        top = json.loads(text, parse_constant=lambda s: _nonfinite(s))
+        top = json.loads(text, parse_constant=str)  # NaN / Infinity stay text: no key reads them as numbers
     except (ValueError, RecursionError) as e:  # JSONDecodeError, over-long integers, deep nesting
         raise SpecError("model file", str(path), f"not a readable JSON config: {e}") from None
     check_tree(top)
@@ -77,10 +81,6 @@ def from_hf_config(path: Path) -> ModelSpec:
         name = Path(path).parent.name or "hf-model"
     d = spec_dict(c, str(name), f"Hugging Face config {Path(path).name}")
     return from_dict(d)
-
-
-def _nonfinite(s: str):
-    raise SpecError("config.json", s, "NaN and Infinity are not numbers a config can hold")
 
 
 def spec_dict(raw: dict, name: str, source: str) -> dict:
@@ -144,8 +144,8 @@ def _attention(c: _Config, raw: dict, d: dict, n: int, h: int, heads: int) -> di
         return {"default": "mla"}
     types = _layer_types(c, raw, n)
     window = c.int("sliding_window", 0) if raw.get("use_sliding_window", True) else 0
-    if c.has("attention_chunk_size"):  # Llama 4: local layers attend within their chunk
-        window = c.int("attention_chunk_size", lo=1)
+    if c.has("attention_chunk_size") and "hybrid_layer_pattern" not in raw:  # Llama 4: local layers
+        window = c.int("attention_chunk_size", lo=1)                        # attend within their chunk
     if "linear" in types:  # Qwen3-Next / Qwen3.5: gated DeltaNet
         d["gdn"] = {"key_heads": c.int("linear_num_key_heads", lo=1), "value_heads": c.int("linear_num_value_heads", lo=1),
                     "key_head_dim": c.int("linear_key_head_dim", lo=1),
@@ -153,11 +153,14 @@ def _attention(c: _Config, raw: dict, d: dict, n: int, h: int, heads: int) -> di
                     "conv_width": c.int("linear_conv_kernel_dim", 4, lo=1)}
     swa = "swa" in types
     _gqa(c, raw, d, h, heads, window=0 if swa else window)
+    full = _full_shape(c, raw, heads)  # Gemma 4: the full layers' own head size, K = V
+    local = {k: d["gqa"][k] for k in full}
+    d["gqa"].update(full)
     out: dict = {"default": "gqa"}
     if swa:
         require(window > 0, "config.json:sliding_window", raw.get("sliding_window"),
                 "layer_types has sliding layers but no window is given")
-        out["swa"] = {"type": "gqa", "window": window}
+        out["swa"] = {"type": "gqa", "window": window, **local, **_swa_shape(c, raw)}
         out["swa_layers"] = [i + 1 for i, t in enumerate(types) if t == "swa"]
     if "linear" in types:
         out["gdn_layers"] = [i + 1 for i, t in enumerate(types) if t == "linear"]
@@ -179,9 +182,19 @@ def _layer_types(c: _Config, raw: dict, n: int) -> list[str]:
     if c.has("sliding_window_pattern") and c.has("sliding_window"):  # Gemma 3: every k-th global
         k = c.int("sliding_window_pattern", lo=1)
         return ["full" if (i + 1) % k == 0 else "swa" for i in range(n)]
-    if c.has("attention_chunk_size") and c.has("no_rope_layers"):  # Llama 4: NoPE layers are global
-        nope = c.list("no_rope_layers")
-        return ["swa" if nope[i] else "full" for i in range(n)] if len(nope) == n else ["full"] * n
+    if "hybrid_layer_pattern" in raw:  # MiMo-V2: 0 = full attention, 1 = sliding window
+        pat = c.list("hybrid_layer_pattern")
+        require(len(pat) == n and all(p in (0, 1) for p in pat), "config.json:hybrid_layer_pattern", pat,
+                f"must give 0 (full) or 1 (sliding window) for each of the {n} layers")
+        return ["swa" if p else "full" for p in pat]
+    if c.has("attention_chunk_size"):  # Llama 4: RoPE layers attend within a chunk, NoPE layers globally
+        rope = c.list("no_rope_layers")  # 1 = RoPE (chunked); empty: every k-th layer is NoPE
+        if not rope:
+            k = c.int("no_rope_layer_interval", 4, lo=1)
+            rope = [int((i + 1) % k != 0) for i in range(n)]
+        require(len(rope) == n and all(r in (0, 1) for r in rope), "config.json:no_rope_layers", rope,
+                f"must give 0 or 1 for each of the {n} layers")
+        return ["swa" if r else "full" for r in rope]
     if "attn_type_list" in raw:  # MiniMax: 0 = lightning (linear) attention, 1 = softmax
         types = c.list("attn_type_list")
         require(all(t == 1 for t in types), "config.json:attn_type_list", types,
@@ -193,9 +206,36 @@ def _gqa(c: _Config, raw: dict, d: dict, h: int, heads: int, window: int) -> Non
     mt = str(raw.get("model_type", ""))
     gate = raw.get("attn_output_gate", mt.startswith("qwen3_next"))
     require(isinstance(gate, bool), "config.json:attn_output_gate", gate, "must be true or false")
-    d["gqa"] = {"heads": heads, "kv_heads": c.int("num_key_value_heads", heads, lo=1),
-                "head_dim": c.int("head_dim", h // heads, lo=1), "window": window, "output_gate": gate,
-                "sinks": mt == "gpt_oss"}
+    sinks = raw.get("add_full_attention_sink_bias", mt == "gpt_oss")
+    require(isinstance(sinks, bool), "config.json:add_full_attention_sink_bias", sinks, "must be true or false")
+    head_dim = c.int(_first(raw, "head_dim", "attention_head_dim"), h // heads, lo=1)  # Nemotron-H: attention_head_dim
+    d["gqa"] = {"heads": heads, "kv_heads": c.int("num_key_value_heads", heads, lo=1), "head_dim": head_dim,
+                "v_head_dim": c.int("v_head_dim", 0), "window": window, "output_gate": gate, "sinks": sinks, "k_eq_v": False}
+
+
+def _full_shape(c: _Config, raw: dict, heads: int) -> dict:
+    """Fields in which the full-attention layers differ from the sliding ones (Gemma 4:
+    `global_head_dim`; with `attention_k_eq_v`, no value projection and their own KV head count)."""
+    k_eq_v = raw.get("attention_k_eq_v", False)
+    require(isinstance(k_eq_v, bool), "config.json:attention_k_eq_v", k_eq_v, "must be true or false")
+    out = {"head_dim": c.int("global_head_dim", lo=1)} if c.has("global_head_dim") else {}
+    if k_eq_v:
+        out.update(k_eq_v=True, kv_heads=c.int(_first(raw, "num_global_key_value_heads", "num_key_value_heads"),
+                                               heads, lo=1))
+    return out
+
+
+def _swa_shape(c: _Config, raw: dict) -> dict:
+    """Fields in which the sliding-window layers differ from the full ones (MiMo-V2: swa_* keys,
+    sink logits on the sliding layers only)."""
+    out = {field: c.int(key, lo=1) for field, key in (("heads", "swa_num_attention_heads"),
+           ("kv_heads", "swa_num_key_value_heads"), ("head_dim", "swa_head_dim"), ("v_head_dim", "swa_v_head_dim"))
+           if c.has(key)}
+    if "add_swa_attention_sink_bias" in raw:
+        sinks = raw["add_swa_attention_sink_bias"]
+        require(isinstance(sinks, bool), "config.json:add_swa_attention_sink_bias", sinks, "must be true or false")
+        out["sinks"] = sinks
+    return out
 
 
 def _mla(c: _Config, raw: dict, d: dict, heads: int) -> None:
@@ -244,6 +284,8 @@ def _first(raw: dict, *keys: str) -> str:
 
 
 def _experts(c: _Config, raw: dict) -> int:
+    if raw.get("enable_moe_block") is False:  # Gemma 4 dense sizes
+        return 0
     for key in ("n_routed_experts", "num_experts", "num_local_experts"):
         if raw.get(key):
             return c.int(key, lo=1)
@@ -255,22 +297,25 @@ def _moe(c: _Config, raw: dict, d: dict, n: int, ffn: list[str]) -> None:
     mt = str(raw.get("model_type", ""))
     if "moe" in ffn:
         width = c.int("moe_intermediate_size") if c.has("moe_intermediate_size") else c.int("intermediate_size")
-        top_k = c.int(_first(raw, "num_experts_per_tok", "num_experts_per_token", "experts_per_token"), lo=1)
+        top_k = c.int(_first(raw, "num_experts_per_tok", "num_experts_per_token", "experts_per_token",
+                             "top_k_experts"), lo=1)
         shared = 0
-        if c.has("shared_expert_intermediate_size"):
-            shared = c.int("shared_expert_intermediate_size")
+        if c.has("shared_expert_intermediate_size") or c.has("shared_intermediate_size"):  # MiniMax-M2
+            shared = c.int(_first(raw, "shared_expert_intermediate_size", "shared_intermediate_size"))
         elif c.has("n_shared_experts") or c.has("num_shared_experts"):
             count = c.int(_first(raw, "n_shared_experts", "num_shared_experts"))
             shared = count * (c.int("moe_shared_expert_intermediate_size") if
                               c.has("moe_shared_expert_intermediate_size") else width)
         elif mt.startswith("llama4"):  # one shared expert as wide as a routed one
             shared = width
+        elif raw.get("enable_moe_block"):  # Gemma 4: the dense MLP runs beside the routed experts
+            shared = c.int("intermediate_size", lo=1)
         d["moe"] = {"experts": experts, "top_k": top_k, "expert_width": width, "shared_width": shared,
-                    "latent_dim": c.int("routed_expert_hidden_size", 0)}  # Kimi K3 latent MoE
+                    "latent_dim": c.int(_first(raw, "routed_expert_hidden_size", "moe_latent_size"), 0)}
+        # latent MoE: Kimi K3 `routed_expert_hidden_size`, Nemotron-3 Super `moe_latent_size`
     dense_width = 0
     if "dense" in ffn:
-        key = "intermediate_size_mlp" if c.has("intermediate_size_mlp") else "intermediate_size"
-        dense_width = c.int(key, lo=1)
+        dense_width = c.int(_first(raw, "intermediate_size_mlp", "dense_intermediate_size", "intermediate_size"), lo=1)
     act = raw.get("mlp_hidden_act", raw.get("hidden_act", "silu"))
     d["ffn"] = {"default": "dense", "dense_width": dense_width, "gated": act not in UNGATED_ACTIVATIONS,
                 "moe_layers": [i + 1 for i, f in enumerate(ffn) if f == "moe"],
@@ -282,7 +327,8 @@ def _formats(qc) -> tuple[dict, dict]:
     if qc is None:
         return {}, {}
     require(isinstance(qc, dict), "config.json:quantization_config", qc, "must be an object")
-    method = qc.get("quant_method")
+    producer = qc.get("producer")
+    method = qc.get("quant_method") or (producer.get("name") if isinstance(producer, dict) else None)
     require(method in QUANT_METHODS, "config.json:quantization_config.quant_method", method,
             f"unknown quantisation method (changes cost); known: {', '.join(QUANT_METHODS)}")
     linear = ("attention", "dense_ffn", "shared_expert", "routed_expert")
@@ -293,11 +339,19 @@ def _formats(qc) -> tuple[dict, dict]:
         return dict.fromkeys(linear, "fp8-block128" if block else "fp8"), {}
     if method == "mxfp4":  # gpt-oss: the MoE experts only
         return {"routed_expert": "mxfp4"}, {}
-    if method == "modelopt":
+    if method == "modelopt":  # ModelOpt (quant_method, or only its producer name, says so)
         algo = qc.get("quant_algo")
         require(algo in ("NVFP4", "FP8"), "config.json:quantization_config.quant_algo", algo,
                 "known: NVFP4, FP8")
-        return dict.fromkeys(linear, "nvfp4" if algo == "NVFP4" else "fp8"), {}
+        ignore = " ".join(str(x) for x in qc.get("ignore", []))
+        out = dict.fromkeys([f for f in linear if not (f == "attention" and "self_attn" in ignore)],
+                            "nvfp4" if algo == "NVFP4" else "fp8")
+        kv = qc.get("kv_cache_scheme")
+        if kv is not None:
+            require(kv == "FP8" or (isinstance(kv, dict) and kv.get("num_bits") == 8 and kv.get("type") == "float"),
+                    "config.json:quantization_config.kv_cache_scheme", kv, "the known KV cache scheme is FP8")
+            out["kv_cache"] = "fp8-kv"
+        return out, {}
     return _compressed_tensors(qc, linear)
 
 

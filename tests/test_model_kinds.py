@@ -52,6 +52,28 @@ def test_output_gate_and_sinks_on_gqa():
     assert gated.total_params - plain.total_params == 2 * (256 * 256 + 4)  # gate + one sink per head
 
 
+def test_keys_equal_values_layer_by_hand():
+    """Gemma 4 global layers (`k_eq_v`): q, k and o, no v projection; the cache still holds K and
+    V (V is the normed, un-rotated K, a tensor of its own)."""
+    m = tiny(gqa={"heads": 4, "kv_heads": 2, "head_dim": 64, "k_eq_v": True})
+    static, kv = layer_bytes(m, 1)
+    h, q, k, w = 256, 4 * 64, 2 * 64, 512
+    assert static == 2 * (h * q + h * k + q * h + 3 * h * w)
+    assert kv == (1000 + 1) * 2 * 2 * 64 * 2
+
+
+def test_sliding_variant_with_its_own_heads_by_hand():
+    """MiMo-V2 style: the sliding layers have more KV heads and sinks; queries and keys 96 wide,
+    values 64."""
+    m = tiny(gqa={"heads": 4, "kv_heads": 2, "head_dim": 96, "v_head_dim": 64},
+             attention={"pattern": ["swa", "gqa"], "swa": {"type": "gqa", "window": 128, "kv_heads": 4, "sinks": True}})
+    (s_swa, kv_swa), (s_full, kv_full) = layer_bytes(m, 1), layer_bytes(m, 2)
+    h, w = 256, 512
+    assert s_swa == 2 * (h * 4 * 96 + h * 4 * 96 + h * 4 * 64 + 4 * 64 * h + 3 * h * w)
+    assert s_full == 2 * (h * 4 * 96 + h * 2 * 96 + h * 2 * 64 + 4 * 64 * h + 3 * h * w)
+    assert kv_swa == (128 + 1) * 4 * (96 + 64) * 2 and kv_full == (1000 + 1) * 2 * (96 + 64) * 2
+
+
 def test_gated_deltanet_layer_by_hand():
     """Qwen3-Next: separate key (16 x 128) and value (32 x 128) heads; f32 state 32 x 128 x 128."""
     m = load_model("qwen3-next-80b-a3b")
