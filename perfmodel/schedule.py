@@ -81,12 +81,13 @@ def op_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None) ->
     return t + np.where(g.routed_bytes > 0, experts * hw.efficiency.expert_overhead_s, 0.0)
 
 
-def collective_terms(g: OpGraph, hw: Hardware) -> tuple[np.ndarray, np.ndarray, list[list[tuple[float, float]]]]:
+def collective_terms(g: OpGraph, hw: Hardware) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per op: collective seconds (the fitted component -- TPU in-kernel collectives, GPU
     all-reduce library -- where the hardware file has one, else the spec-sheet model of
-    perfmodel.collectives); with TPU components also its entry cost and its phases as
-    (remote-copy bytes, seconds), which the megakernel puts on its DMA engine. Each distinct
-    (kind, payload, group) is computed once."""
+    perfmodel.collectives); with TPU components also its entry cost and its phases, which the
+    megakernel puts on its DMA engine: op j's are ph_bytes / ph_time[ph_off[j]:ph_off[j + 1]]
+    (remote-copy bytes, seconds). Returns (seconds, entry, ph_off, ph_bytes, ph_time). Each
+    distinct (kind, payload, group) is computed once."""
     c, scale, cores = hw.components, hw.efficiency.collective_latency_scale, hw.cores_per_chip
     tpu = cm.is_tpu_model(c)
     memo: dict[tuple, tuple[float, float, list]] = {}
@@ -102,14 +103,17 @@ def collective_terms(g: OpGraph, hw: Hardware) -> tuple[np.ndarray, np.ndarray, 
         return collective_time_s(hw, k, m, p), 0.0, []
 
     n = len(g)
-    secs, call, phases = np.zeros(n), np.zeros(n), [[] for _ in range(n)]
+    secs, call, count, flat = np.zeros(n), np.zeros(n), np.zeros(n + 1, np.int64), []
     kinds, payloads, groups = g.coll_kind, g.coll_bytes.tolist(), g.coll_group.tolist()
     for j in np.flatnonzero(g.is_collective).tolist():
         key = (kinds[j], payloads[j], int(groups[j]))
         if key not in memo:
             memo[key] = terms(*key)
-        secs[j], call[j], phases[j] = memo[key]
-    return secs, call, phases
+        secs[j], call[j], phases = memo[key]
+        count[j + 1] = len(phases)
+        flat += phases
+    ph = np.array(flat, float).reshape(-1, 2)
+    return secs, call, np.cumsum(count), ph[:, 0].copy(), ph[:, 1].copy()
 
 
 def collective_s(g: OpGraph, hw: Hardware) -> np.ndarray:
@@ -239,10 +243,10 @@ class Stream:
     """What the megakernel's DMA engine moves: ring tiles in stream order, the byte range of the
     stream each op consumes, bytes issued at each layer's start (KV / state, small vectors), and
     each layer's routed copies."""
-    tile_bytes: list[float]
-    tile_end: list[float]       # cumulative position of each tile's last byte
-    op_begin: list[float]
-    op_end: list[float]
+    tile_bytes: np.ndarray
+    tile_end: np.ndarray        # cumulative position of each tile's last byte
+    op_begin: np.ndarray
+    op_end: np.ndarray
     layer_start_bytes: dict[int, float]
     routed_copies: dict[int, list[float]]
 
@@ -256,8 +260,7 @@ def uniform_stream(g: OpGraph, tile_bytes: float) -> Stream:
     tiles = np.minimum(tile_bytes, total - tile_bytes * np.arange(n_tiles))
     count = max(1, math.ceil(g.distinct_experts))
     routed = np.bincount(g.layer, weights=g.routed_bytes)
-    return Stream(tiles.tolist(), np.cumsum(tiles).tolist(), (op_end - g.static_bytes).tolist(), op_end.tolist(),
-                  dict(enumerate(np.bincount(g.layer, weights=g.kv_bytes).tolist())),
+    return Stream(tiles, np.cumsum(tiles), op_end - g.static_bytes, op_end, dict(enumerate(np.bincount(g.layer, weights=g.kv_bytes).tolist())),
                   {int(l): [routed[l] / count] * count for l in np.flatnonzero(routed)})
 
 
@@ -288,7 +291,7 @@ def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
             routed.setdefault(c.layer, []).append(float(c.bytes))
         elif not c.ring:
             layer_start[c.layer] = layer_start.get(c.layer, 0.0) + c.bytes
-    return Stream(tiles.tolist(), tile_end.tolist(), begin.tolist(), end.tolist(), layer_start, routed)
+    return Stream(tiles, tile_end, begin, end, layer_start, routed)
 
 
 
@@ -329,15 +332,16 @@ def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray 
     """Flatten the op graph, its stream and its collectives' phases for megakernel_sim."""
     from . import megakernel_sim as ms
     bw, lat, desc = stream_terms(hw)
-    secs, call, phases = collective_terms(g, hw)
+    secs, call, ph_off, ph_bytes, ph_time = collective_terms(g, hw)
     layer = g.layer.astype(np.int64)
     n_layers = 1 + max(int(layer.max(initial=0)), *st.layer_start_bytes, *st.routed_copies, 0)
-    op_begin, op_end = np.asarray(st.op_begin, float), np.asarray(st.op_end, float)
     kind = np.full(len(g), ms.PLAIN, np.int8)
     has_experts = np.isin(layer, list(st.routed_copies))
-    kind[np.array([nm == "top_k" for nm in g.name], bool) & has_experts] = ms.TOPK
+    top_k = np.zeros(len(g), bool)
+    top_k[[j for j, nm in enumerate(g.name) if nm == "top_k"]] = True
+    kind[top_k & has_experts] = ms.TOPK
     kind[g.routed_bytes > 0] = ms.ROUTED
-    kind[op_end > op_begin] = ms.STREAM
+    kind[st.op_end > st.op_begin] = ms.STREAM
     kind[g.is_collective] = ms.COLL
     if np.bincount(layer[kind == ms.ROUTED], minlength=1).max() > 1:
         raise ValueError("megakernel_sim takes at most one routed-expert op per layer")
@@ -348,15 +352,11 @@ def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray 
     for l, copies in st.routed_copies.items():
         counts[l + 1] = len(copies)
     rc_bytes = np.array([b for l in sorted(st.routed_copies) for b in st.routed_copies[l]], float)
-    ph_off = np.zeros(len(g) + 1, np.int64)
-    ph_off[1:] = np.cumsum([len(p) for p in phases])
-    flat = [x for p in phases for x in p]
     remote = cm.is_tpu_model(hw.components)
     return MegakernelArrays(
         np.array([bw, lat, desc * bw, float(hw.dma_sharing == "shared")]), call_s(hw), hw.efficiency.op_overhead_s,
-        np.asarray(st.tile_bytes, float), np.asarray(st.tile_end, float), kind, layer, op_begin, op_end,
-        op_compute_s(g, hw, weights), secs, g.kv_bytes > 0, layer_start, np.cumsum(counts), rc_bytes, ph_off,
-        np.array([b for b, _ in flat], float), np.array([t for _, t in flat], float), call, remote)
+        st.tile_bytes, st.tile_end, kind, layer, st.op_begin, st.op_end, op_compute_s(g, hw, weights), secs,
+        g.kv_bytes > 0, layer_start, np.cumsum(counts), rc_bytes, ph_off, ph_bytes, ph_time, call, remote)
 
 
 def cached_arrays(g: OpGraph, hw: Hardware, plan: list[Copy] | None = None,
