@@ -415,11 +415,15 @@ def verify_inputs(batch, tokens, positions, accepted):
     require(1 <= rows <= MAX_ROWS, "rows", rows, f"must be in [1, {MAX_ROWS}]")
     require(positions.shape == (batch,), "positions.shape", tuple(positions.shape),
             f"expected ({batch},) to match the batch")
-    accepted = jnp.full((batch,), rows, jnp.int32) if accepted is None else \
-        jnp.asarray(accepted, jnp.int32)
-    acc = np.asarray(accepted)
-    require(acc.shape == (batch,) and bool(((acc >= 0) & (acc <= rows)).all()), "accepted",
-            acc.tolist(), f"expected {batch} counts in [0, rows={rows}]")
+    if accepted is None:
+        accepted = np.full((batch,), rows, np.int32)
+    require(jnp.shape(accepted) == (batch,), "accepted", jnp.shape(accepted),
+            f"expected {batch} counts")
+    if not isinstance(accepted, jax.core.Tracer):  # values are checked where they are known
+        acc = np.asarray(accepted)
+        require(bool(((acc >= 0) & (acc <= rows)).all()), "accepted", acc.tolist(),
+                f"expected counts in [0, rows={rows}]")
+    accepted = jnp.asarray(accepted, jnp.int32)
     return tokens.reshape(batch, rows).T.reshape(-1), positions, accepted, rows
 
 
