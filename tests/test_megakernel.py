@@ -212,15 +212,18 @@ def test_bad_inputs_raise_spec_error(spec, weights):
         vmem.check_vmem(spec, layout.KernelConfig(batch=1, tile=128))
 
 
-def test_kernel_lowers_to_mosaic_for_tpu7x(spec, weights):
-    """Without a TPU, export the step for TPU7x: every op of the kernel body must have a Pallas
-    TPU (Mosaic) lowering, and the named scopes become trace markers in the Mosaic module.
-    (Mosaic's own layout passes run only on a TPU host.)"""
-    cfg = layout.KernelConfig(batch=4, max_context=CONTEXT, depth=6, cache_block=8)
+@pytest.mark.parametrize("rows", [1, 4])
+def test_kernel_lowers_to_mosaic_for_tpu7x(spec, weights, rows):
+    """Without a TPU, export the step for TPU7x (one row per sequence, and verify blocks of 4):
+    every op of the kernel body must have a Pallas TPU (Mosaic) lowering, and the named scopes
+    become trace markers in the Mosaic module. (Mosaic's own layout passes run only on a TPU
+    host.)"""
+    cfg = layout.KernelConfig(batch=4, max_context=CONTEXT, depth=6, cache_block=8, rows=rows)
     packed = layout.pack_weights(weights, cfg)
     cache = reference.init_cache(spec, cfg.batch, CONTEXT)
     z = jnp.zeros(cfg.batch, jnp.int32)
-    step = jax.jit(megakernel.make_step(spec, cfg))
+    step = jax.jit(lambda p, c, t, q: megakernel.make_step(spec, cfg)(
+        p, c, jnp.broadcast_to(t[:, None], (cfg.batch, rows)) if rows > 1 else t, q))
     tpu = AbstractDevice(device_kind="TPU7x", num_cores=1, platform="tpu")
     with use_abstract_mesh(AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=tpu)):
         exported = export.export(step, platforms=["tpu"])(packed, cache, z, z)
