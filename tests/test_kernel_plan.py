@@ -155,9 +155,23 @@ def test_run_cli_interpret(capsys):
     assert all(len(r.split()) == 3 for r in rows)
 
 
+@pytest.mark.slow
+def test_run_cli_verify_rows(capsys):
+    assert run.main(["--batch", "2", "--steps", "2", "--depth", "3", "--context", "16",
+                     "--rows", "3", "--accepted", "2", "--interpret"]) == 0
+    out = capsys.readouterr().out
+    assert "batch 2 x 3 rows" in out and "DMA plan of step 1" in out
+    rows = out.split("tokens (one row per sequence):")[1].strip().splitlines()[:2]
+    assert all(len(r.split()) == 2 * 2 + 1 for r in rows)  # 2 kept rows a step + the last
+
+
 def test_run_cli_errors(capsys):
     assert run.main(["--depth", "5000", "--interpret"]) == 2
     assert "too many" in capsys.readouterr().err
+    assert run.main(["--rows", "4", "--accepted", "0", "--interpret"]) == 2
+    assert "accepted" in capsys.readouterr().err
+    assert run.main(["--rows", "9", "--interpret"]) == 2
+    assert "rows" in capsys.readouterr().err
     assert run.main(["--steps", "100", "--context", "16", "--interpret"]) == 2
     if not __import__("jax").devices()[0].platform == "tpu":
         assert run.main(["--steps", "1"]) == 2
