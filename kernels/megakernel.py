@@ -9,8 +9,10 @@ DMAs into `expert_slots` VMEM slots (expert j goes to slot j mod slots; expert j
 as soon as expert j has been applied). The KDA state / conv window and the MLA latent cache live
 in HBM, aliased in and out; they are prefetched at the start of their layer (MLA: only the
 blocks holding positions < pos) and written back in place (KDA: whole state; MLA: one row).
-Every DMA issue site also records itself (`Dma.note`) so that `kernels.plan` derives the DMA
-plan from the kernel's own code. Numerics follow `kernels.reference` (same helpers).
+A step may verify a block of `cfg.rows` tokens per sequence (causal within the block; only the
+first `accepted` rows of each sequence update the caches; see `make_step`). Every DMA issue
+site also records itself (`Dma.note`) so that `kernels.plan` derives the DMA plan from the
+kernel's own code. Numerics follow `kernels.reference` (same helpers).
 """
 from __future__ import annotations
 

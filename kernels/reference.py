@@ -2,7 +2,10 @@
 
 One step: embedding; per layer RMSNorm -> KDA or MLA attention -> residual, RMSNorm -> dense FFN
 or latent MoE (sigmoid router with selection bias, top-k, shared experts) -> residual; final norm,
-lm_head, greedy sampling. Shapes come only from a `perfmodel.arch.ModelSpec`.
+lm_head, greedy sampling. Shapes come only from a `perfmodel.arch.ModelSpec`. A step decodes one
+token per sequence or verifies a block of up to `MAX_ROWS` tokens per sequence (row r at
+position pos + r, causal within the block; only the first `accepted` rows of each sequence
+update the caches: `verify_inputs`).
 
 Numerics (the megakernel follows the same rules): weights are stored in `dtype` (bf16 by
 default); a matmul casts its activation input to the weight dtype and accumulates in f32; every
