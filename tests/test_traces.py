@@ -138,6 +138,9 @@ def test_megakernel_comparison_on_constructed_trace(tmp_path):
     assert c.measured_step_s == pytest.approx(30e-6)
     deeper = pm.compare_run(t, "kimi-k3-mini", "tpu-v7", 1, 32, 12, 2 * 128 * 128, 2)
     assert deeper.predicted_step_s <= c.predicted_step_s  # a deeper ring never slows the model
+    verify = pm.compare_run(t, "kimi-k3-mini", "tpu-v7", 1, 32, 4, 2 * 128 * 128, 2, rows=4,
+                            accepted=2)  # verify blocks of 4 rows: more work per step
+    assert verify.predicted_step_s > c.predicted_step_s
     rows = pm.rows_of(c, 4)
     assert rows[0][2] == "step" and len(rows) == 7
 
