@@ -420,7 +420,7 @@ def verify_inputs(batch, tokens, positions, accepted):
             f"expected ({batch},) to match the batch")
     if accepted is None:
         accepted = np.full((batch,), rows, np.int32)
-    require(jnp.shape(accepted) == (batch,), "accepted", jnp.shape(accepted),
+    require(np.shape(accepted) == (batch,), "accepted", np.shape(accepted),
             f"expected {batch} counts")
     if not isinstance(accepted, jax.core.Tracer):  # values are checked where they are known
         acc = np.asarray(accepted)
