@@ -33,6 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--depth", type=int, default=16)
     ap.add_argument("--slots", type=int, default=2)
+    ap.add_argument("--rows", type=int, default=1, help="verify rows per sequence (at most 8)")
     ap.add_argument("--expert-format", help="routed-expert format (default: the preset's)")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "kernel_compile.json"))
     a = ap.parse_args(argv)
@@ -51,7 +52,7 @@ def main(argv=None) -> int:
                                if a.expert_format else {}))
     dspec = shard.device_spec(full, a.tp)
     cfg = layout.KernelConfig(batch=a.batch, max_context=a.context, depth=a.depth,
-                              expert_slots=a.slots, cache_block=256)
+                              expert_slots=a.slots, cache_block=256, rows=a.rows)
     eqns = megakernel.kernel_equations(dspec, cfg)
     t1 = time.perf_counter()
     call = megakernel.build_call(dspec, cfg, vmem_limit_bytes=64 << 20)
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
     t2 = time.perf_counter()
     buffers = vmem.buffers(dspec, cfg, vmem.chip_info())  # reported, not enforced here
     largest = max(buffers, key=lambda b: b.bytes)
-    res = {"preset": a.preset, "routed_expert": full.formats["routed_expert"].name, "tp": a.tp, "batch": a.batch, "context": a.context,
+    res = {"preset": a.preset, "routed_expert": full.formats["routed_expert"].name, "tp": a.tp, "batch": a.batch, "rows": a.rows, "context": a.context,
            "layers": len(full.layers), "kernel_jaxpr_equations": eqns,
            "trace_s": round(t1 - t0, 2), "export_s": round(t2 - t1, 2),
            "total_s": round(t2 - t0, 2), "mlir_chars": len(text),

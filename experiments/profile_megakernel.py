@@ -3,6 +3,7 @@
     python experiments/profile_megakernel.py --preset kimi-k3-mini --batch 1,2,4,8 --depths 1,2,4,8,12
     python experiments/profile_megakernel.py --devices 8 --ep 4 [--hierarchical]   # on a mesh
     python experiments/profile_megakernel.py --devices 2 --interpret   # CPU: numerics only
+    python experiments/profile_megakernel.py --rows 4 --accepted 2   # verify blocks of 4 rows
 
 For each batch and ring depth: runs `kernels.megakernel.decode_step` under `jax.profiler.trace`
 (one `StepTraceAnnotation("decode_step")` per step), parses the trace with `perfmodel.traces`
@@ -22,6 +23,10 @@ With --devices N the kernel runs on N mesh devices (tensor parallel over all of 
 experts in --ep groups; `kernels.parallel`) and the prediction uses the same deployment. With
 --interpret (no TPU) it runs every configuration once in Pallas TPU interpret mode on N virtual
 CPU devices and reports tokens only: interpret-mode time says nothing about TPU speed.
+With --rows R every step is a verify block of R rows per sequence (causal within the block) of
+which --accepted K are written to the caches (a synthetic workload: the same block positions
+every step); the prediction is speculative decoding with R - 1 drafted rows and acceptance
+length K.
 Without a TPU and without --interpret the script exits with status 2 and a message; its
 parsing and comparison code (`compare_run`) is covered by tests/test_traces.py on constructed
 TPU traces.
@@ -44,7 +49,7 @@ from pathlib import Path  # noqa: E402
 
 from perfmodel.arch import load_model  # noqa: E402
 from perfmodel.cli import int_list  # noqa: E402
-from perfmodel.deployment import Deployment  # noqa: E402
+from perfmodel.deployment import Deployment, SpecDecode  # noqa: E402
 from perfmodel.hardware import load_hardware  # noqa: E402
 from perfmodel.predict import predict  # noqa: E402
 from perfmodel.traces import STEP_NAME, TraceSummary, parse_trace  # noqa: E402
@@ -55,15 +60,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def compare_run(t: TraceSummary, preset: str, hardware: str, batch: int, context: int,
                 depth: int, bank_bytes: int, slots: int, devices: int = 1,
-                ep: int | None = None) -> Comparison:
+                ep: int | None = None, rows: int = 1, accepted: int = 1) -> Comparison:
     """The megakernel simulator's prediction of one traced run, layer by layer: `devices`
     devices, all tensor parallel, `ep` expert groups, a ring of `depth` banks of `bank_bytes`
-    (the simulator's tile set to the kernel's bank)."""
+    (the simulator's tile set to the kernel's bank); rows > 1: verify blocks of `rows` rows,
+    `accepted` kept per step."""
     spec = load_model(preset)
     hw = load_hardware(hardware)
     hw = hw.replace(dma_tile_bytes=bank_bytes)
+    verify = SpecDecode(draft_rows=rows - 1, acceptance_length=accepted) if rows > 1 else None
     d = Deployment(devices=devices, tp=devices, ep=ep, engine="megakernel", batch=batch,
-                   context=context, prefetch_bytes=float(depth * bank_bytes), expert_slots=slots)
+                   context=context, prefetch_bytes=float(depth * bank_bytes), expert_slots=slots,
+                   spec=verify)
     return against(t, spec, hw, predict(spec, hw, d), f"megakernel depth {depth}")
 
 
@@ -77,7 +85,15 @@ def _config(a, batch: int, depth: int):
     from kernels import layout
     return layout.KernelConfig(batch=batch, max_context=a.context, depth=depth, tile=a.tile,
                                expert_slots=a.slots, cache_block=min(256, a.context),
-                               hierarchical=a.hierarchical)
+                               hierarchical=a.hierarchical, rows=a.rows)
+
+
+def _inputs(a, batch: int):
+    """(tokens [B] or a verify block [B, rows], positions [B], accepted [B] or None)."""
+    import jax.numpy as jnp
+    tokens = jnp.zeros((batch,) if a.rows == 1 else (batch, a.rows), jnp.int32)
+    accepted = None if a.rows == 1 else jnp.full((batch,), a.accepted, jnp.int32)
+    return tokens, jnp.full((batch,), a.context // 2, jnp.int32), accepted
 
 
 def _prepare(a, spec, weights, cfg, interpret):
@@ -102,10 +118,9 @@ def _interpret(a) -> int:
             cfg = _config(a, batch, depth)
             step, packed, cache = _prepare(a, spec, weights, cfg,
                                            pltpu.InterpretParams(detect_races=True))
-            tokens, _, _, _ = step(packed, cache, jnp.zeros((batch,), jnp.int32),
-                                   jnp.full((batch,), a.context // 2, jnp.int32))
-            print(f"batch {batch} depth {depth:2d} on {a.devices} device(s): next tokens "
-                  f"{[int(t) for t in tokens]} (interpret mode: no timing)")
+            tokens, _, _, _ = step(packed, cache, *_inputs(a, batch))
+            print(f"batch {batch} depth {depth:2d} rows {a.rows} on {a.devices} device(s): next "
+                  f"tokens {jnp.asarray(tokens).tolist()} (interpret mode: no timing)")
     return 0
 
 
@@ -119,6 +134,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tile", type=int, default=256)
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--rows", type=int, default=1,
+                    help="verify rows per sequence (a draft block, at most 8)")
+    ap.add_argument("--accepted", type=int,
+                    help="rows of each block written to the caches (default: all --rows)")
     ap.add_argument("--devices", type=int, default=1, help="mesh devices (TensorCores)")
     ap.add_argument("--tp", type=int, help="tensor-parallel degree (must equal --devices)")
     ap.add_argument("--ep", type=int, help="expert-parallel groups (default: one per device)")
@@ -134,11 +153,15 @@ def main(argv=None) -> int:
         print("profile_megakernel: --tp must equal --devices (no data parallelism)",
               file=sys.stderr)
         return 2
+    a.accepted = a.rows if a.accepted is None else a.accepted
+    if not (1 <= a.rows <= 8 and 1 <= a.accepted <= a.rows and a.context // 2 + a.rows <= a.context):
+        print(f"profile_megakernel: need 1 <= --accepted ({a.accepted}) <= --rows ({a.rows}) <= "
+              f"8 and --rows <= --context / 2", file=sys.stderr)
+        return 2
     if a.interpret and a.devices > 1:  # before JAX creates its CPU backend
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    f" --xla_force_host_platform_device_count={a.devices}")
     import jax
-    import jax.numpy as jnp
     from jax.experimental.pallas import tpu as pltpu
     if a.interpret:
         return _interpret(a)
@@ -155,21 +178,20 @@ def main(argv=None) -> int:
         for depth in a.depths:
             cfg = _config(a, batch, depth)
             step, packed, cache = _prepare(a, spec, weights, cfg, None)
-            tokens = jnp.zeros((batch,), jnp.int32)
-            positions = jnp.full((batch,), a.context // 2, jnp.int32)
+            tokens, positions, accepted = _inputs(a, batch)
             for _ in range(2):  # compile, warm up
-                tokens, _, cache, _ = step(packed, cache, tokens, positions)
+                tokens, _, cache, _ = step(packed, cache, tokens, positions, accepted)
             jax.block_until_ready(tokens)
-            run = Path(a.traces) / f"{spec.name}_n{a.devices}_b{batch}_d{depth}"
+            run = Path(a.traces) / f"{spec.name}_n{a.devices}_b{batch}_d{depth}_r{a.rows}"
             with jax.profiler.trace(str(run)):
                 for i in range(a.steps):
                     with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
-                        tokens, _, cache, _ = step(packed, cache, tokens, positions)
+                        tokens, _, cache, _ = step(packed, cache, tokens, positions, accepted)
                         jax.block_until_ready(tokens)
             t = parse_trace(run, n_layers=len(spec.layers))
             # the kernel attends over positions < pos: the model's context is that length
             c = compare_run(t, a.preset, a.hardware, batch, a.context // 2, depth, cfg.bank_bytes,
-                            a.slots, a.devices, a.ep)
+                            a.slots, a.devices, a.ep, a.rows, a.accepted)
             results.append({"depth": depth, **c.json()})
             rows += rows_of(c, depth)
             print(f"batch {batch} depth {depth:2d}: step measured {c.measured_step_s * 1e6:.1f} us,"

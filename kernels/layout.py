@@ -38,7 +38,8 @@ class KernelConfig:
     tile: edge T of a square bf16 weight tile (bank bytes = 2*T*T), a multiple of the MXU width
     (`vmem.check_vmem` checks it against the chip); expert_slots: VMEM slots for routed
     experts; cache_block: tokens per MLA cache tile (one DMA; 3 tile buffers in VMEM);
-    hierarchical: all-reduce with the sibling TensorCore first (`kernels.comm`)."""
+    hierarchical: all-reduce with the sibling TensorCore first (`kernels.comm`); rows: verify
+    rows per sequence (a draft block, causal within the block; `reference.verify_inputs`)."""
     batch: int
     max_context: int = 256
     depth: int = 4
@@ -46,17 +47,27 @@ class KernelConfig:
     expert_slots: int = 2
     cache_block: int = 256
     hierarchical: bool = False
+    rows: int = 1
 
     def __post_init__(self):
-        for name in ("batch", "max_context", "depth", "tile", "expert_slots", "cache_block"):
+        for name in ("batch", "max_context", "depth", "tile", "expert_slots", "cache_block",
+                     "rows"):
             positive_int(name, getattr(self, name))
+        require(self.rows <= reference.MAX_ROWS, "rows", self.rows,
+                f"must be <= {reference.MAX_ROWS} (a draft block)")
         require(self.tile % LANES == 0, "tile", self.tile, f"must be a multiple of {LANES} lanes")
         require(self.max_context % self.cache_block == 0, "max_context", self.max_context,
                 f"must be a multiple of cache_block ({self.cache_block})")
 
     @property
+    def token_rows(self) -> int:
+        """Rows the kernel processes: row r of sequence b at r * batch + b."""
+        return self.batch * self.rows
+
+    @property
     def padded_batch(self) -> int:
-        return -(-self.batch // SUBLANES) * SUBLANES
+        """Token rows padded to whole sublane tiles."""
+        return -(-self.token_rows // SUBLANES) * SUBLANES
 
     @property
     def bank_bytes(self) -> int:
@@ -67,9 +78,9 @@ def check_kernel_spec(spec: ModelSpec, cfg: KernelConfig) -> None:
     """Refuse specs and configs the megakernel cannot run (clear SpecError)."""
     reference.check_spec(spec)
     if spec.count(ffn="moe"):
-        require(cfg.expert_slots <= spec.moe.top_k * cfg.batch, "expert_slots", cfg.expert_slots,
-                "more slots than experts a step can pick "
-                f"(top_k*batch = {spec.moe.top_k * cfg.batch})")
+        require(cfg.expert_slots <= spec.moe.top_k * cfg.token_rows, "expert_slots",
+                cfg.expert_slots, "more slots than experts a step can pick "
+                f"(top_k*batch*rows = {spec.moe.top_k * cfg.token_rows})")
     for fam, fmt in spec.formats.items():
         want = ("f32",) if fam == "state" else ("bf16",)
         if fam == "routed_expert":

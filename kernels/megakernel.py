@@ -9,8 +9,10 @@ DMAs into `expert_slots` VMEM slots (expert j goes to slot j mod slots; expert j
 as soon as expert j has been applied). The KDA state / conv window and the MLA latent cache live
 in HBM, aliased in and out; they are prefetched at the start of their layer (MLA: only the
 blocks holding positions < pos) and written back in place (KDA: whole state; MLA: one row).
-Every DMA issue site also records itself (`Dma.note`) so that `kernels.plan` derives the DMA
-plan from the kernel's own code. Numerics follow `kernels.reference` (same helpers).
+A step may verify a block of `cfg.rows` tokens per sequence (causal within the block; only the
+first `accepted` rows of each sequence update the caches; see `make_step`). Every DMA issue
+site also records itself (`Dma.note`) so that `kernels.plan` derives the DMA plan from the
+kernel's own code. Numerics follow `kernels.reference` (same helpers).
 """
 from __future__ import annotations
 
@@ -160,7 +162,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
     n_moe, n_layers = spec.count(ffn="moe"), len(spec.layers)
     refs = list(refs)
     take = lambda k: [refs.pop(0) for _ in range(k)]
-    tok_ref, pos_ref, table, me_ref, emb_hbm, static_hbm, exp_hbm, vec_hbm = take(8)
+    tok_ref, pos_ref, acc_ref, table, me_ref, emb_hbm, static_hbm, exp_hbm, vec_hbm = take(9)
     xfmt = layout.expert_format(spec, cfg) if n_moe else None
     quantised = xfmt is not None and xfmt.name != "bf16"
     (exp_scale_hbm,) = take(1) if quantised else (None,)
@@ -182,7 +184,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         Comm(1, me_ref, None, None, None, None)
     assert not refs
 
-    b_real, bp, t = cfg.batch, cfg.padded_batch, cfg.tile
+    b_real, n_rows, n_real, bp, t = cfg.batch, cfg.rows, cfg.token_rows, cfg.padded_batch, cfg.tile
     h_dim = spec.hidden
     dma = Dma(record)
     stream = layout.static_stream(spec, cfg)
@@ -191,7 +193,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
     att_kinds = sorted({l.attention for l in spec.layers}, key=layout.ATTENTION_IDS.get)
     ffn_kinds = sorted({l.ffn for l in spec.layers}, key=layout.FFN_IDS.get)
     row = lax.broadcasted_iota(jnp.int32, (bp, 1), 0)
-    real = row < b_real
+    real = row < n_real  # token rows: row r of sequence b at r * b_real + b, then padding
 
     def matmuls_of(i, attention=None, ffn=None):
         """matmul(name, x) for layer i's attention (or FFN) part, tiles from the layer table."""
@@ -256,7 +258,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         dma.note("vectors", layer=0)
         for_vector_copies(0, lambda cp: cp.start())
         emb = [pltpu.make_async_copy(emb_hbm.at[tok_ref[b]], xrows.at[b], misc_sem.at[0])
-               for b in range(b_real)]
+               for b in range(n_real)]
         for cp in emb:
             dma.note("copy", 0, "embedding", "embedding row", h_dim // tp * 2)
             cp.start()
@@ -266,9 +268,16 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
 
     # ----- attention kinds -----
     def kda_writes(o):
-        dst = (lambda buf: buf.at[pl.ds(0, b_real)]) if b_real < bp else (lambda buf: buf)
-        return [pltpu.make_async_copy(dst(state_buf), kda_state.at[o], kda_sem.at[2]),
-                pltpu.make_async_copy(dst(conv_buf), kda_conv.at[o], kda_sem.at[3])]
+        return [pltpu.make_async_copy(state_buf, kda_state.at[o], kda_sem.at[2]),
+                pltpu.make_async_copy(conv_buf, kda_conv.at[o], kda_sem.at[3])]
+
+    def accepted():
+        """Rows kept per sequence, [b_real, 1] int32 (from SMEM)."""
+        seq = lax.broadcasted_iota(jnp.int32, (b_real, 1), 0)
+        out = jnp.zeros((b_real, 1), jnp.int32)
+        for b in range(b_real):
+            out = jnp.where(seq == b, acc_ref[b], out)
+        return out
 
     @dma.branch(("attention", "kda"))
     def kda_attention(i, h):
@@ -279,9 +288,8 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         def _():
             for cp in kda_writes(0):
                 cp.wait()
-        dst = (lambda buf: buf.at[pl.ds(0, b_real)]) if b_real < bp else (lambda buf: buf)
-        reads = [pltpu.make_async_copy(kda_state.at[o], dst(state_buf), kda_sem.at[0]),
-                 pltpu.make_async_copy(kda_conv.at[o], dst(conv_buf), kda_sem.at[1])]
+        reads = [pltpu.make_async_copy(kda_state.at[o], state_buf, kda_sem.at[0]),
+                 pltpu.make_async_copy(kda_conv.at[o], conv_buf, kda_sem.at[1])]
         sizes = [kda_state.size // kda_state.shape[0] * 4,
                  kda_conv.size // kda_conv.shape[0] * kda_conv.dtype.itemsize]
         for nm, nb, cp in zip(("kda state", "conv window"), sizes, reads):
@@ -291,10 +299,10 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         def load_state():
             for cp in reads:
                 cp.wait()
-            return (jnp.where(real[:, :, None, None], state_buf[...], 0.0),
-                    jnp.where(real[:, :, None], conv_buf[...], 0.0))
+            return state_buf[...], conv_buf[...]
 
-        out, st, win = ref.kda_block(spec, matmuls_of(i, attention="kda"), v, load_state, h)
+        out, st, win = ref.kda_block(spec, matmuls_of(i, attention="kda"), v, load_state, h,
+                                     accepted(), n_rows)
         state_buf[...] = st
         conv_buf[...] = win.astype(conv_buf.dtype)
         for nm, nb, cp in zip(("kda state", "conv window"), sizes, kda_writes(o)):
@@ -335,47 +343,58 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         c_new = c_new.astype(BF16).astype(F32)
         q_lat = jnp.einsum("bhn,rhn->bhr", q_nope, w_uk)
         scale = (m.qk_nope_dim + m.qk_rope_dim) ** -0.5
-        s_n = (jnp.einsum("bhr,br->bh", q_lat, c_new[:, :r])
-               + jnp.einsum("bhp,bp->bh", q_rope, c_new[:, r:]))[..., None] * scale
         nt = (((1,), (1,)), ((), ()))  # contract the last dims: a @ b.T
+        hr = m.heads * n_rows  # query rows of one sequence: (draft row, head)
+        # causal within the verify block: query row (rr, head) sees block rows 0..rr
+        causal = lax.broadcasted_iota(jnp.int32, (hr, n_rows), 1) <= \
+            lax.broadcasted_iota(jnp.int32, (hr, n_rows), 0) // m.heads
         ctxs = []
-        for b in range(bp):
-            acc0 = jnp.broadcast_to(c_new[b:b + 1, :r], (m.heads, r))
-            if b >= b_real:
-                ctxs.append(acc0)
-                continue
+        for b in range(b_real):
             if b:
                 start_first(b)
+            mine = [rr * b_real + b for rr in range(n_rows)]  # this sequence's token rows
+            ql = jnp.concatenate([q_lat[k] for k in mine])    # [rows * heads, r]
+            qr = jnp.concatenate([q_rope[k] for k in mine])
+            blk = jnp.concatenate([c_new[k:k + 1] for k in mine])  # [rows, r + rope]
+            s_b = (lax.dot_general(ql, blk[:, :r], nt)
+                   + lax.dot_general(qr, blk[:, r:], nt)) * scale
+            s_b = jnp.where(causal, s_b, -jnp.inf)
+            mx0 = jnp.max(s_b, axis=-1, keepdims=True)
+            p0 = jnp.exp(s_b - mx0)
 
-            def body(k, carry, b=b):
+            def body(k, carry, b=b, ql=ql, qr=qr):
                 mx, den, acc = carry
                 tile_copy(b, k).wait()
                 pl.when(k + 2 < n_tiles(b))(lambda: tile_copy(b, k + 2).start())
                 c = cache_buf[k % 3].astype(F32)
-                s = (lax.dot_general(q_lat[b], c[:, :r], nt)
-                     + lax.dot_general(q_rope[b], c[:, r:], nt)) * scale
+                s = (lax.dot_general(ql, c[:, :r], nt) + lax.dot_general(qr, c[:, r:], nt)) \
+                    * scale
                 t_pos = k * cb + lax.broadcasted_iota(jnp.int32, s.shape, 1)
                 s = jnp.where(t_pos < pos_ref[b], s, -jnp.inf)
                 new_mx = jnp.maximum(mx, jnp.max(s, axis=-1, keepdims=True))
                 alpha, p = jnp.exp(mx - new_mx), jnp.exp(s - new_mx)
                 return (new_mx, den * alpha + jnp.sum(p, axis=-1, keepdims=True),
                         acc * alpha + jnp.dot(p, c[:, :r]))
-            mx, den, acc = lax.fori_loop(0, n_tiles(b), body,
-                                         (s_n[b], jnp.ones((m.heads, 1), F32), acc0))
-            ctxs.append(acc / den)
-        ctx = jnp.stack(ctxs)
+            mx, den, acc = lax.fori_loop(
+                0, n_tiles(b), body,
+                (mx0, jnp.sum(p0, axis=-1, keepdims=True), jnp.dot(p0, blk[:, :r])))
+            ctxs.append((acc / den).reshape(n_rows, m.heads, r))
+        ctx = jnp.stack([ctxs[b][rr] for rr in range(n_rows) for b in range(b_real)]
+                        + [jnp.zeros((m.heads, r), F32)] * (bp - n_real))
         dma.note("wait", name="latent cache block")
-        # the new row is written only now: no write overlaps a tile read of the same range
+        # the new rows are written only now (no write overlaps a tile read of the same range),
+        # and only the accepted rows of each sequence
         newrow[:, 0, :] = c_new.astype(BF16)
-        writes = [pltpu.make_async_copy(newrow.at[b], mla_cache.at[o, b, pl.ds(pos_ref[b], 1)],
-                                        misc_sem.at[2]) for b in range(b_real)]
-        for cp in writes:
-            dma.note("copy", None, "kv_cache", "latent cache row (write)", row_bytes)
-            cp.start()
+        writes = [(rr < acc_ref[b], pltpu.make_async_copy(
+            newrow.at[rr * b_real + b], mla_cache.at[o, b, pl.ds(pos_ref[b] + rr, 1)],
+            misc_sem.at[2])) for b in range(b_real) for rr in range(n_rows)]
+        dma.note("cache_rows", None, "kv_cache", "latent cache row (write)", row_bytes)
+        for keep, cp in writes:
+            pl.when(keep)(cp.start)
         out = ref.mla_output(spec, matmul, jnp.einsum("bhr,rhv->bhv", ctx, w_uv), h)
         dma.note("wait", name="latent cache row (write)")
-        for cp in writes:
-            cp.wait()
+        for keep, cp in writes:
+            pl.when(keep)(cp.wait)
         return out
 
     # ----- FFN kinds -----
@@ -546,8 +565,8 @@ def _shapes(spec: ModelSpec, cfg: KernelConfig):
         scratch.append(pltpu.VMEM((cfg.expert_slots, tpe, t // xfmt.group, t),
                                   xfmt.scale_dtype))
     if "kda_state" in caches:
-        scratch += [pltpu.VMEM((bp,) + caches["kda_state"][0][2:], F32),
-                    pltpu.VMEM((bp,) + caches["kda_conv"][0][2:], caches["kda_conv"][1]),
+        scratch += [pltpu.VMEM(caches["kda_state"][0][1:], F32),
+                    pltpu.VMEM(caches["kda_conv"][0][1:], caches["kda_conv"][1]),
                     pltpu.SemaphoreType.DMA((4,)), pltpu.SMEM((1,), jnp.int32)]
     if "mla_latent" in caches:
         d = caches["mla_latent"][0][-1]
@@ -577,9 +596,10 @@ def collective_widths(spec: ModelSpec) -> tuple[list[int], list[int]]:
 
 def build_call(spec: ModelSpec, cfg: KernelConfig, interpret=None, record: list | None = None,
                vmem_limit_bytes: int | None = None):
-    """The pallas_call: (tokens[Bp], positions[Bp], layer table, embed, static, experts,
-    vectors, *caches) -> (next[Bp,128], logits[Bp,V], *caches, distinct experts per MoE
-    layer)."""
+    """The pallas_call: (token rows[Bp], positions[B], accepted rows[B], layer table, device
+    index, embed, static, experts, vectors, (expert scales,) *caches) -> (next[Bp,128],
+    logits[Bp,V], *caches, distinct experts per MoE layer); token row r of sequence b at
+    r * B + b (`reference.verify_inputs`)."""
     out_shapes, scratch = _shapes(spec, cfg)
     n_cache = len(out_shapes) - 3
     q = int(bool(spec.count(ffn="moe")) and layout.expert_format(spec, cfg).name != "bf16")
@@ -588,10 +608,10 @@ def build_call(spec: ModelSpec, cfg: KernelConfig, interpret=None, record: list 
     return pl.pallas_call(
         functools.partial(_kernel, spec, cfg, record),
         out_shape=tuple(out_shapes),
-        in_specs=[smem, smem, smem, smem] + [anyspace] * (4 + q + n_cache),
+        in_specs=[smem] * 5 + [anyspace] * (4 + q + n_cache),
         out_specs=tuple([vmem_block, vmem_block] + [anyspace] * n_cache + [smem]),
         scratch_shapes=scratch,
-        input_output_aliases={8 + q + k: 2 + k for k in range(n_cache)},
+        input_output_aliases={9 + q + k: 2 + k for k in range(n_cache)},
         compiler_params=None if interpret else pltpu.CompilerParams(
             vmem_limit_bytes=vmem_limit_bytes),
         interpret=interpret)
@@ -604,7 +624,7 @@ def call_args(spec: ModelSpec, cfg: KernelConfig) -> list[jax.ShapeDtypeStruct]:
     tpe = layout.tiles_per_expert(spec, cfg) if spec.moe else 1
     xfmt = layout.expert_format(spec, cfg) if n_moe else None
     sds = jax.ShapeDtypeStruct
-    args = [sds((bp,), jnp.int32), sds((bp,), jnp.int32),
+    args = [sds((bp,), jnp.int32), sds((cfg.batch,), jnp.int32), sds((cfg.batch,), jnp.int32),
             sds(layout.layer_table(spec, cfg).shape, jnp.int32), sds((1,), jnp.int32),
             sds((spec.vocab, 1, spec.hidden // layout.tp_of(spec)), BF16),
             sds((sum(tm.tiles for tm in layout.static_stream(spec, cfg)), t, t), BF16),
@@ -633,47 +653,61 @@ def kernel_equations(spec: ModelSpec, cfg: KernelConfig) -> int:
     return count(kernel.params["jaxpr"])
 
 
+def step_inputs(cfg: KernelConfig, tokens, positions, accepted):
+    """(token rows padded to cfg.padded_batch, positions [B], accepted [B]) for the kernel, from
+    tokens [B] (cfg.rows 1) or [B, cfg.rows] (`reference.verify_inputs`; accepted None: all)."""
+    flat, positions, accepted, rows = ref.verify_inputs(cfg.batch, tokens, positions, accepted)
+    require(rows == cfg.rows, "rows", rows, f"the kernel was built for rows={cfg.rows}")
+    return jnp.pad(flat, (0, cfg.padded_batch - cfg.token_rows)), positions, accepted
+
+
 @functools.partial(jax.jit, static_argnames=("static", "cfg", "interpret", "vmem_limit_bytes"),
                    donate_argnames=("cache",))
-def _step(packed, cache, tokens, positions, *, static, cfg, interpret, vmem_limit_bytes=None):
+def _step(packed, cache, tokens, positions, accepted, *, static, cfg, interpret,
+          vmem_limit_bytes=None):
     spec = static.spec
-    pad = cfg.padded_batch - cfg.batch
-    tokens = jnp.pad(tokens.astype(jnp.int32), (0, pad))
-    positions = jnp.pad(positions.astype(jnp.int32), (0, pad))
     names = list(ref.cache_shapes(spec, cfg.batch, cfg.max_context))
     outs = build_call(spec, cfg, interpret, vmem_limit_bytes=vmem_limit_bytes)(
-        tokens, positions, jnp.asarray(layout.layer_table(spec, cfg)), jnp.zeros(1, jnp.int32),
-        packed.embed, packed.static, packed.experts, packed.vectors,
+        tokens, positions, accepted, jnp.asarray(layout.layer_table(spec, cfg)),
+        jnp.zeros(1, jnp.int32), packed.embed, packed.static, packed.experts, packed.vectors,
         *([] if packed.expert_scales is None else [packed.expert_scales]),
         *[cache[k] for k in names])
     nxt, logits, *caches, ndist = outs
-    return (nxt[:cfg.batch, 0], logits[:cfg.batch], dict(zip(names, caches)),
-            ndist[:spec.count(ffn="moe")])
+    return nxt[:, 0], logits, dict(zip(names, caches)), ndist[:spec.count(ffn="moe")]
 
 
 def make_step(spec: ModelSpec, cfg: KernelConfig, interpret=None):
     """Validate once (spec, config, VMEM budget: SpecError if it does not fit) and return
-    step(packed, cache, tokens, positions) -> (next tokens [B], logits [B, V] f32, new cache,
-    distinct experts fetched per MoE layer [n_moe]), with no per-call host work (for timing).
-    The cache (as `reference.init_cache`) is donated and updated in place. interpret: None on a
-    TPU, or a `pltpu.InterpretParams`."""
+    step(packed, cache, tokens, positions, accepted=None) -> (next tokens, logits f32, new
+    cache, distinct experts fetched per MoE layer [n_moe]): tokens [B] -> next [B], logits
+    [B, V]; a verify block tokens [B, cfg.rows] -> next [B, rows], logits [B, rows, V], only
+    the first accepted[b] rows of each sequence written to the caches (default all). The cache
+    (as `reference.init_cache`) is donated and updated in place. interpret: None on a TPU, or a
+    `pltpu.InterpretParams`."""
     budget = vmem.check_vmem(spec, cfg)
-    return functools.partial(_step, static=ref.StaticSpec(spec), cfg=cfg, interpret=interpret,
-                             vmem_limit_bytes=None if interpret else budget.capacity_bytes)
+    run = functools.partial(_step, static=ref.StaticSpec(spec), cfg=cfg, interpret=interpret,
+                            vmem_limit_bytes=None if interpret else budget.capacity_bytes)
+    return functools.partial(verify_step, run, cfg)
+
+
+def verify_step(run, cfg, packed, cache, tokens, positions, accepted=None):
+    """The step of `make_step`: inputs to the kernel's token-row layout, run, outputs back."""
+    nxt, logits, cache, ndist = run(packed, cache, *step_inputs(cfg, tokens, positions, accepted))
+    return (*ref.verify_outputs(nxt, logits, cfg.batch, cfg.rows, jnp.ndim(tokens) == 2), cache,
+            ndist)
 
 
 def decode_step(spec: ModelSpec, cfg: KernelConfig, packed: Packed, cache, tokens, positions,
-                interpret=None):
-    """One decode step in one pallas_call (see `make_step`), checking the inputs' shapes and
-    ranges first (positions in [0, max_context), tokens in [0, vocab))."""
-    require(tuple(tokens.shape) == (cfg.batch,), "tokens.shape", tuple(tokens.shape),
-            f"expected ({cfg.batch},) = (cfg.batch,)")
-    require(tuple(positions.shape) == (cfg.batch,), "positions.shape", tuple(positions.shape),
-            f"expected ({cfg.batch},) = (cfg.batch,)")
+                accepted=None, interpret=None):
+    """One decode (or verify) step in one pallas_call (see `make_step`), checking the inputs'
+    ranges first (positions + rows - 1 in [0, max_context), tokens in [0, vocab))."""
     pos, tok = np.asarray(positions), np.asarray(tokens)
-    require(bool(((pos >= 0) & (pos < cfg.max_context)).all()), "positions", pos.tolist(),
-            f"must lie in [0, max_context={cfg.max_context}) (the cache is written in place)")
+    require(pos.shape == (cfg.batch,), "positions.shape", pos.shape,
+            f"expected ({cfg.batch},) = (cfg.batch,)")
+    require(bool(((pos >= 0) & (pos + cfg.rows <= cfg.max_context)).all()), "positions",
+            pos.tolist(), f"must lie in [0, max_context - rows = {cfg.max_context - cfg.rows}] "
+            "(the cache is written in place)")
     require(bool(((tok >= 0) & (tok < spec.vocab)).all()), "tokens", tok.tolist(),
             f"must lie in [0, vocab={spec.vocab})")
     return make_step(spec, cfg, interpret)(packed, cache, jnp.asarray(tokens),
-                                           jnp.asarray(positions))
+                                           jnp.asarray(positions), accepted)

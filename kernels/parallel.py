@@ -65,44 +65,43 @@ def unshard_cache(cache: dict, dspec: shard.DeviceSpec) -> dict:
 
 @functools.partial(jax.jit, static_argnames=("static", "cfg", "interpret", "vmem_limit_bytes"),
                    donate_argnames=("cache",))
-def _step(packed, cache, tokens, positions, *, static, cfg, interpret, vmem_limit_bytes=None):
+def _step(packed, cache, tokens, positions, accepted, *, static, cfg, interpret,
+          vmem_limit_bytes=None):
     dspec = static.spec
     tp = dspec.tp
-    pad = cfg.padded_batch - cfg.batch
-    tokens = jnp.pad(tokens.astype(jnp.int32), (0, pad))
-    positions = jnp.pad(positions.astype(jnp.int32), (0, pad))
     names = list(reference.cache_shapes(dspec, cfg.batch, cfg.max_context))
     call = megakernel.build_call(dspec, cfg, interpret, vmem_limit_bytes=vmem_limit_bytes)
     mesh = Mesh(np.asarray(jax.devices()[:tp]), (AXIS,))
 
-    def per_device(me, tok, pos, table, *arrays):  # weights and caches: this device's [0]
-        outs = call(tok, pos, table, me, *(a[0] for a in arrays))
+    def per_device(me, tok, pos, acc, table, *arrays):  # weights, caches: this device's [0]
+        outs = call(tok, pos, acc, table, me, *(a[0] for a in arrays))
         return tuple(o[None] for o in outs)
 
     weights = [packed.embed, packed.static, packed.experts, packed.vectors]
     weights += [] if packed.expert_scales is None else [packed.expert_scales]
     dev, rep = P(AXIS), P()
     outs = jax.shard_map(per_device, mesh=mesh,
-                         in_specs=(dev, rep, rep, rep) + (dev,) * (len(weights) + len(names)),
+                         in_specs=(dev, rep, rep, rep, rep) + (dev,) * (len(weights) + len(names)),
                          out_specs=dev, check_vma=False)(
-        jnp.arange(tp, dtype=jnp.int32), tokens, positions,
+        jnp.arange(tp, dtype=jnp.int32), tokens, positions, accepted,
         jnp.asarray(layout.layer_table(dspec, cfg)), *weights, *[cache[k] for k in names])
     nxt, logits, *caches, ndist = outs
     logits = jnp.concatenate(list(logits), axis=-1)  # vocabulary shards in device order
-    return (nxt[0, :cfg.batch, 0], logits[:cfg.batch], dict(zip(names, caches)),
-            ndist[:, :dspec.count(ffn="moe")])
+    return nxt[0, :, 0], logits, dict(zip(names, caches)), ndist[:, :dspec.count(ffn="moe")]
 
 
 def make_step(spec: ModelSpec, cfg: KernelConfig, tp: int, ep: int | None = None,
               interpret=None):
-    """(device spec, step(packed, cache, tokens, positions) -> (next tokens [B], logits [B, V],
-    new cache, distinct experts fetched per device and MoE layer [tp, n_moe])) on the first
-    `tp` devices; packed from `pack`, cache from `shard_cache`."""
+    """(device spec, step(packed, cache, tokens, positions, accepted=None) -> (next tokens,
+    logits, new cache, distinct experts fetched per device and MoE layer [tp, n_moe])) on the
+    first `tp` devices, with the inputs and outputs of `megakernel.make_step`; packed from
+    `pack`, cache from `shard_cache`."""
     require(len(jax.devices()) >= tp, "tp", tp,
             f"needs {tp} devices, {len(jax.devices())} present (on CPU set XLA_FLAGS="
             f"--xla_force_host_platform_device_count={tp})")
     dspec = shard.device_spec(spec, tp, ep)
     budget = vmem.check_vmem(dspec, cfg)
-    return dspec, functools.partial(
-        _step, static=reference.StaticSpec(dspec), cfg=cfg, interpret=interpret,
-        vmem_limit_bytes=None if interpret else budget.capacity_bytes)
+    run = functools.partial(_step, static=reference.StaticSpec(dspec), cfg=cfg,
+                            interpret=interpret,
+                            vmem_limit_bytes=None if interpret else budget.capacity_bytes)
+    return dspec, functools.partial(megakernel.verify_step, run, cfg)

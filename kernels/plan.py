@@ -4,9 +4,9 @@ The kernel records every DMA issue site while it is traced (`megakernel.Dma`): t
 body is traced once, so this module walks the layers in Python, replaying for each layer the
 sites of its kinds, and expands the ring (each consumed tile issues the one `depth` ahead) and
 the data-dependent sites: one routed copy per distinct expert a MoE layer picked, and per
-sequence ceil(pos / cache_block) MLA cache blocks. Copies are listed in issue order; `bytes` is
-what the DMA moves, tile padding included, and write-backs (KDA state, new MLA cache rows) are
-listed too, since they use the same DMA engine.
+sequence ceil(pos / cache_block) MLA cache blocks and one new cache row per accepted verify row.
+Copies are listed in issue order; `bytes` is what the DMA moves, tile padding included, and
+write-backs (KDA state, new MLA cache rows) are listed too, since they use the same DMA engine.
 """
 from __future__ import annotations
 
@@ -34,44 +34,57 @@ def _records(static: reference.StaticSpec, cfg: KernelConfig) -> tuple[dict, ...
 
 
 def dma_plan(spec: ModelSpec, cfg: KernelConfig, distinct_experts: list[int] | None = None,
-             positions: list[int] | None = None) -> list[Copy]:
-    """Every copy the megakernel's DMAs make in one decode step, in issue order.
+             positions: list[int] | None = None,
+             accepted: list[int] | None = None) -> list[Copy]:
+    """Every copy the megakernel's DMAs make in one decode step (cfg.rows verify rows per
+    sequence), in issue order.
 
     distinct_experts: per MoE layer (in layer order) the number of distinct experts the batch
-    picked (the kernel returns it); None = min(experts, batch * top_k), the most a step can
-    fetch. positions: per sequence the position of the token being decoded (the MLA cache
-    blocks holding 0..pos-1 are read); None = max_context - 1 for every sequence.
+    picked (the kernel returns it); None = min(experts, batch * rows * top_k), the most a step
+    can fetch. positions: per sequence the position of its first row (the MLA cache blocks
+    holding 0..pos-1 are read); None = max_context - rows for every sequence. accepted: per
+    sequence the rows written to the caches (one new MLA cache row each); None = all rows.
     """
     layout.check_kernel_spec(spec, cfg)
-    return [c for c in _expand(spec, cfg, distinct_experts, positions) if c is not None]
+    return [c for c in _expand(spec, cfg, distinct_experts, positions, accepted)
+            if c is not None]
 
 
 def dma_events(spec: ModelSpec, cfg: KernelConfig, distinct_experts: list[int] | None = None,
-               positions: list[int] | None = None) -> list[tuple[str, int, str]]:
+               positions: list[int] | None = None,
+               accepted: list[int] | None = None) -> list[tuple[str, int, str]]:
     """The plan with the kernel's recorded waits: ("start", layer, name) per copy and
     ("wait", layer, name) where the kernel waits for the copies named `name`, in program
     order (for ordering checks, e.g. no cache row written while block reads are in flight)."""
     layout.check_kernel_spec(spec, cfg)
-    return [e for e in _expand(spec, cfg, distinct_experts, positions, events=True)
+    return [e for e in _expand(spec, cfg, distinct_experts, positions, accepted, events=True)
             if e is not None]
 
 
-def _expand(spec, cfg, distinct_experts, positions, events=False):
+def _most_experts(spec: ModelSpec, cfg: KernelConfig) -> int:
+    return min(spec.moe.experts, cfg.token_rows * spec.moe.top_k)
+
+
+def _expand(spec, cfg, distinct_experts, positions, accepted, events=False):
     """Replay the recorded sites layer by layer (see the module docstring)."""
     n_moe = spec.count(ffn="moe")
     if distinct_experts is None:
-        distinct_experts = [min(spec.moe.experts, cfg.batch * spec.moe.top_k)] * n_moe
+        distinct_experts = [_most_experts(spec, cfg)] * n_moe
     require(len(distinct_experts) == n_moe, "distinct_experts", list(distinct_experts),
             f"expected one count per MoE layer ({n_moe})")
     for d in distinct_experts:
-        require(0 <= int(d) <= min(spec.moe.experts, cfg.batch * spec.moe.top_k),
-                "distinct_experts", list(distinct_experts),
-                "each count must lie in [0, min(experts, batch * top_k)]")
+        require(0 <= int(d) <= _most_experts(spec, cfg), "distinct_experts",
+                list(distinct_experts),
+                "each count must lie in [0, min(experts, batch * rows * top_k)]")
     if positions is None:
-        positions = [cfg.max_context - 1] * cfg.batch
-    require(len(positions) == cfg.batch and all(0 <= p < cfg.max_context for p in positions),
+        positions = [cfg.max_context - cfg.rows] * cfg.batch
+    last = cfg.max_context - cfg.rows
+    require(len(positions) == cfg.batch and all(0 <= p <= last for p in positions),
             "positions", list(positions),
-            f"expected {cfg.batch} positions in [0, max_context={cfg.max_context})")
+            f"expected {cfg.batch} positions in [0, max_context - rows = {last}]")
+    accepted = [cfg.rows] * cfg.batch if accepted is None else [int(a) for a in accepted]
+    require(len(accepted) == cfg.batch and all(0 <= a <= cfg.rows for a in accepted),
+            "accepted", accepted, f"expected {cfg.batch} counts in [0, rows={cfg.rows}]")
     stream = layout.static_stream(spec, cfg)
     owner = [tm for tm in stream for _ in range(tm.tiles)]
     by_name = {(tm.layer, tm.mm.name): tm for tm in stream}
@@ -121,6 +134,10 @@ def _expand(spec, cfg, distinct_experts, positions, events=False):
                     for k in range(math.ceil(p / block)):
                         yield copy(here, r["family"], f"{r['name']} seq {b} block {k}",
                                    r["bytes"])
+            elif site == "cache_rows":
+                for a in accepted:
+                    for _ in range(a):
+                        yield copy(here, r["family"], r["name"], r["bytes"])
             elif site == "wait":
                 yield ("wait", here, r["name"]) if events else None
             else:
@@ -147,7 +164,7 @@ def overhead_bytes(spec: ModelSpec, cfg: KernelConfig,
     if spec.count(ffn="moe"):
         n_moe = spec.count(ffn="moe")
         if distinct_experts is None:
-            distinct_experts = [min(spec.moe.experts, cfg.batch * spec.moe.top_k)] * n_moe
+            distinct_experts = [_most_experts(spec, cfg)] * n_moe
         per_expert = sum(mm.params // mm.experts for mm in layout.expert_matmuls(spec)) \
             * spec.formats["routed_expert"].bytes_per_value
         pad += sum(distinct_experts) * (sum(layout.expert_bytes(spec, cfg)) - per_expert)
@@ -157,16 +174,21 @@ def overhead_bytes(spec: ModelSpec, cfg: KernelConfig,
 
 
 def predicted_step(spec: ModelSpec, cfg: KernelConfig, the_plan: list[Copy], context: int,
-                   hardware: str = "tpu-v7"):
+                   hardware: str = "tpu-v7", acceptance_length: float = 1.0):
     """The schedule simulator run on exactly this plan, on one TensorCore of `hardware`: the
-    ring of cfg.depth banks of cfg.bank_bytes, cfg.expert_slots expert buffers (a prediction,
+    ring of cfg.depth banks of cfg.bank_bytes, cfg.expert_slots expert buffers, cfg.rows rows
+    per sequence (rows > 1: speculative decoding with cfg.rows - 1 drafted rows;
+    acceptance_length, tokens per step, sets the tokens/s, not the step time) (a prediction,
     perfmodel.predict.Prediction, not a measurement)."""
-    from perfmodel.deployment import Deployment
+    from perfmodel.deployment import Deployment, SpecDecode
     from perfmodel.hardware import load_hardware
     from perfmodel.predict import predict
     hw = load_hardware(hardware).replace(dma_tile_bytes=cfg.bank_bytes)
+    verify = SpecDecode(draft_rows=cfg.rows - 1, acceptance_length=acceptance_length) \
+        if cfg.rows > 1 else None
     d = Deployment(devices=1, tp=1, batch=cfg.batch, context=context,
-                   prefetch_bytes=cfg.depth * cfg.bank_bytes, expert_slots=cfg.expert_slots)
+                   prefetch_bytes=cfg.depth * cfg.bank_bytes, expert_slots=cfg.expert_slots,
+                   spec=verify)
     return predict(spec, hw, d, plan=the_plan)
 
 

@@ -1,10 +1,11 @@
 """Quantised routed-expert weights: codes and scales as the megakernel stores them, and the
 dequantisation the kernel runs on each tile (the reference uses the same dequantised values).
 
-Formats (group sizes and scale widths of the 4-bit formats from `perfmodel.formats`):
+Formats (group sizes and scale dtypes of the 4-bit formats from `perfmodel.formats`):
 - int8: one f32 scale per output channel (max |w| / 127), codes round(w / s);
 - fp8: e4m3 codes of w / s, one f32 scale per output channel (max |w| / 448);
-- int4: one bf16 scale per group of `group` input rows (max |w| / 7), codes in [-8, 7];
+- int4 (group 32, bf16 scales) and int4-g128-f32 (group 128, f32 scales; the GPTQ / AWQ
+  layout): one scale per group of `group` input rows (max |w| / 7), codes in [-8, 7];
 - mxfp4: e2m1 codes (0, 0.5, 1, 1.5, 2, 3, 4, 6 with a sign bit) and one e8m0 scale 2^(k-127)
   per group of `group` input rows (OCP Microscaling spec v1.0), k = floor(log2 max|w|) - 2.
 4-bit codes are packed two per byte inside a T x T tile: row i in the low nibble, row i + T/2
@@ -23,7 +24,9 @@ from jax import lax
 
 from perfmodel.formats import get_format
 
-QUANTISED = ("int8", "fp8", "int4", "mxfp4")
+QUANTISED = ("int8", "fp8", "int4", "int4-g128-f32", "mxfp4")
+INT4 = ("int4", "int4-g128-f32")
+SCALE_DTYPES = {"bf16": ml_dtypes.bfloat16, "f32": np.float32, "e8m0": np.uint8}
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
 
 
@@ -49,9 +52,8 @@ def tile_format(name: str, t: int) -> TileFormat:
         return TileFormat(name, t, np.int8, t, t, np.float32)
     if name == "fp8":
         return TileFormat(name, t, ml_dtypes.float8_e4m3fn, t, t, np.float32)
-    g = get_format(name).block[1]  # input values per scale
-    scale = ml_dtypes.bfloat16 if name == "int4" else np.uint8
-    return TileFormat(name, t, np.uint8, t // 2, g, scale)
+    f = get_format(name)  # 4-bit: f.block[1] input values per scale
+    return TileFormat(name, t, np.uint8, t // 2, f.block[1], SCALE_DTYPES[f.scale_dtype])
 
 
 def quantize(w: np.ndarray, name: str, t: int) -> tuple[np.ndarray, np.ndarray]:
@@ -72,8 +74,8 @@ def quantize(w: np.ndarray, name: str, t: int) -> tuple[np.ndarray, np.ndarray]:
     elif name == "fp8":
         s = np.where(amax > 0, amax / 448, 1).astype(np.float32)
         codes = (blocks / s[:, None]).astype(ml_dtypes.float8_e4m3fn)
-    elif name == "int4":
-        s = np.where(amax > 0, amax / 7, 1).astype(ml_dtypes.bfloat16)
+    elif name in INT4:
+        s = np.where(amax > 0, amax / 7, 1).astype(fmt.scale_dtype)
         codes = np.clip(np.rint(blocks / s.astype(np.float32)[:, None]), -8, 7)
         codes = (codes.astype(np.int8) & 0xF).astype(np.uint8)
     else:  # mxfp4
@@ -104,7 +106,7 @@ def _values(codes, name):
     if name in ("int8", "fp8"):
         return codes.astype(xp.float32)
     n = codes.astype(xp.int32)
-    if name == "int4":
+    if name in INT4:
         return xp.where(n >= 8, n - 16, n).astype(xp.float32)
     e, m = (n >> 1) & 3, (n & 1).astype(xp.float32)
     mag = xp.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * (1 << xp.maximum(e - 1, 0)).astype(
@@ -128,7 +130,7 @@ def tile_codes(codes: np.ndarray, name: str, t: int) -> np.ndarray:
     p = np.zeros((r * t, c * t), codes.dtype)
     p[:codes.shape[0], :codes.shape[1]] = codes
     tiles = p.reshape(r, t, c, t).transpose(2, 0, 1, 3).reshape(c * r, t, t)
-    if name in ("int4", "mxfp4"):
+    if name in INT4 + ("mxfp4",):
         tiles = tiles[:, :t // 2] | (tiles[:, t // 2:] << 4)
     return tiles
 
@@ -164,7 +166,7 @@ def dequantized_weights(weights, name: str):
 def dequantize_tile(codes, scales, name: str):
     """In-kernel: a tile's codes [code_rows, T] and scales [T/group, T] -> bf16 [T, T]."""
     t = scales.shape[-1]
-    if name in ("int4", "mxfp4"):
+    if name in INT4 + ("mxfp4",):
         n = codes.astype(jnp.int32)
         codes = jnp.concatenate([n & 0xF, n >> 4], axis=0)
     v = _values(codes, name)

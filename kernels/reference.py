@@ -2,7 +2,10 @@
 
 One step: embedding; per layer RMSNorm -> KDA or MLA attention -> residual, RMSNorm -> dense FFN
 or latent MoE (sigmoid router with selection bias, top-k, shared experts) -> residual; final norm,
-lm_head, greedy sampling. Shapes come only from a `perfmodel.arch.ModelSpec`.
+lm_head, greedy sampling. Shapes come only from a `perfmodel.arch.ModelSpec`. A step decodes one
+token per sequence or verifies a block of up to `MAX_ROWS` tokens per sequence (row r at
+position pos + r, causal within the block; only the first `accepted` rows of each sequence
+update the caches: `verify_inputs`).
 
 Numerics (the megakernel follows the same rules): weights are stored in `dtype` (bf16 by
 default); a matmul casts its activation input to the weight dtype and accumulates in f32; every
@@ -235,23 +238,39 @@ def embed(weights, tokens):
         return jnp.take(weights["embed"], tokens, axis=0).astype(jnp.float32)
 
 
-def kda_block(spec, matmul, v, load_state, h):
-    """KDA attention of the normed input h [B, H]. matmul(name, x) applies a layer weight (in
-    spec order), v maps small-vector names to values, load_state() returns (state, conv window)
-    and is called after the projections. Returns (output [B, H], new state, new window)."""
+def kda_block(spec, matmul, v, load_state, h, accepted, rows=1):
+    """KDA attention of the normed input h [n, H]: `rows` verify rows per sequence, row r of
+    sequence b at h[r * B + b] (B sequences, the batch of the state), rows past rows * B padding.
+    matmul(name, x) applies a layer weight (in spec order), v maps small-vector names to values,
+    load_state() returns (state [B, ..], conv window [B, ..]) and is called after the
+    projections. The recurrence runs row by row; the returned state and window are those after
+    the first accepted[b] rows of each sequence (accepted [B, 1] int32).
+    Returns (output [n, H], new state, new window)."""
     a = spec.kda
-    b, c = h.shape[0], a.heads * a.head_dim
+    n, c = h.shape[0], a.heads * a.head_dim
     qkv = jnp.concatenate([matmul("q_proj", h), matmul("k_proj", h), matmul("v_proj", h)], -1)
     dec = matmul("decay_b", matmul("decay_a", h))
     beta_logits, gate = matmul("beta_proj", h), matmul("gate_proj", h)
     state, window = load_state()
-    act, window = short_conv(window, qkv, v["conv"])
-    split = lambda i: act[:, i * c:(i + 1) * c].reshape(b, a.heads, a.head_dim)
-    q, k, vv = l2_normalize(split(0)) * a.head_dim ** -0.5, l2_normalize(split(1)), split(2)
+    b = state.shape[0]
     decay, beta = kda_gates(dec, v["A_log"], v["dt_bias"], beta_logits, a.heads, a.head_dim)
-    o, state = delta_rule(state, q, k, vv, decay, beta)
-    o = rms_norm(o, v["o_norm"]).reshape(b, c) * jax.nn.sigmoid(gate)
-    return matmul("o_proj", o), state, window
+    kept_state, kept_window, outs = state, window, []
+    for r in range(rows):  # the window keeps earlier rows in its storage format, as the cache
+        act, window = short_conv(window, qkv[r * b:(r + 1) * b], v["conv"])
+        window = window.astype(kept_window.dtype)
+        split = lambda i: act[:, i * c:(i + 1) * c].reshape(b, a.heads, a.head_dim)
+        q, k, vv = l2_normalize(split(0)) * a.head_dim ** -0.5, l2_normalize(split(1)), split(2)
+        o, state = delta_rule(state, q, k, vv, decay[r * b:(r + 1) * b],
+                              beta[r * b:(r + 1) * b])
+        outs.append(o)
+        ok = r < accepted
+        kept_state = jnp.where(ok[:, :, None, None], state, kept_state)
+        kept_window = jnp.where(ok[:, :, None], window, kept_window)
+    if n > rows * b:
+        outs.append(jnp.zeros((n - rows * b,) + outs[0].shape[1:], outs[0].dtype))
+    o = jnp.concatenate(outs) if len(outs) > 1 else outs[0]
+    o = rms_norm(o, v["o_norm"]).reshape(n, c) * jax.nn.sigmoid(gate)
+    return matmul("o_proj", o), kept_state, kept_window
 
 
 def mla_project(spec, matmul, v, h):
@@ -281,13 +300,26 @@ def mla_output(spec, matmul, o, h):
     return matmul("o_proj", o)
 
 
-def _mla(spec, lw, latent_cache, h, positions, form):
+def row_layout(positions, rows):
+    """(sequence, draft row, position) of every token row r * B + b of a verify block."""
+    b = positions.shape[0]
+    seq = jnp.tile(jnp.arange(b), rows)
+    r = jnp.repeat(jnp.arange(rows), b)
+    return seq, r, positions[seq] + r
+
+
+def _mla(spec, lw, latent_cache, h, positions, accepted, rows, form):
     m = spec.mla
     matmul = lambda name, x: mm(x, lw[name])
-    b, t_max = h.shape[0], latent_cache.shape[1]
+    t_max = latent_cache.shape[1]
     q_nope, q_rope, new = mla_project(spec, matmul, lw, h)
-    latent_cache = latent_cache.at[jnp.arange(b), positions].set(new.astype(latent_cache.dtype))
-    cache = latent_cache.astype(jnp.float32)
+    seq, r, pos = row_layout(positions, rows)
+    new = new.astype(latent_cache.dtype)
+    # every row of the block attends the cache and rows 0..r of its own block; only the
+    # accepted rows are written to the cache
+    block = latent_cache.at[seq, pos].set(new)
+    kept = latent_cache.at[seq, jnp.where(r < accepted[seq], pos, t_max)].set(new, mode="drop")
+    cache = block[seq].astype(jnp.float32)
     c, k_rope = cache[..., :m.kv_lora_rank], cache[..., m.kv_lora_rank:]
     w_uk, w_uv = split_kv_b(spec, lw["kv_b"])
     if form == "absorbed":
@@ -297,28 +329,31 @@ def _mla(spec, lw, latent_cache, h, positions, form):
         scores = jnp.einsum("bhn,bthn->bht", q_nope, jnp.einsum("btr,rhn->bthn", c, w_uk))
     scores = (scores + jnp.einsum("bhp,btp->bht", q_rope, k_rope)) \
         * (m.qk_nope_dim + m.qk_rope_dim) ** -0.5
-    valid = jnp.arange(t_max)[None, None, :] <= positions[:, None, None]
+    valid = jnp.arange(t_max)[None, None, :] <= pos[:, None, None]
     p = jax.nn.softmax(jnp.where(valid, scores, -jnp.inf), axis=-1)
     if form == "absorbed":
         o = jnp.einsum("bhr,rhv->bhv", jnp.einsum("bht,btr->bhr", p, c), w_uv)
     else:
         o = jnp.einsum("bht,bthv->bhv", p, jnp.einsum("btr,rhv->bthv", c, w_uv))
-    return mla_output(spec, matmul, o, h), latent_cache
+    return mla_output(spec, matmul, o, h), kept
 
 
-def attention(spec, layer, lw, cache, x, positions, mla_form="absorbed"):
-    """x + attention(rms_norm(x)); updates this layer's slot of the stacked cache."""
+def attention(spec, layer, lw, cache, x, positions, accepted, rows=1, mla_form="absorbed"):
+    """x + attention(rms_norm(x)) for `rows` verify rows per sequence (x [rows * B, H], row r
+    of sequence b at r * B + b); updates this layer's slot of the stacked cache with the first
+    accepted[b] rows of each sequence."""
     with jax.named_scope(_scope(layer, "attention")):
         h = rms_norm(x, lw["attn_norm"])
         i, cache = kind_ordinal(spec, layer), dict(cache)
         if layer.attention == "kda":
             matmul = lambda name, x: mm(x, lw[name])
             load = lambda: (cache["kda_state"][i], cache["kda_conv"][i])
-            out, st, win = kda_block(spec, matmul, lw, load, h)
+            out, st, win = kda_block(spec, matmul, lw, load, h, accepted[:, None], rows)
             cache["kda_state"] = cache["kda_state"].at[i].set(st)
             cache["kda_conv"] = cache["kda_conv"].at[i].set(win.astype(cache["kda_conv"].dtype))
         else:
-            out, lat = _mla(spec, lw, cache["mla_latent"][i], h, positions, mla_form)
+            out, lat = _mla(spec, lw, cache["mla_latent"][i], h, positions, accepted, rows,
+                            mla_form)
             cache["mla_latent"] = cache["mla_latent"].at[i].set(lat)
         return x + out, cache
 
@@ -367,57 +402,94 @@ def head(weights, x):
 
 # ----- the step -------------------------------------------------------------------------------
 
-def _check_inputs(cache, tokens, positions):
-    some = next(iter(cache.values()))
-    batch = some.shape[1]
-    require(tokens.shape == (batch,), "tokens.shape", tuple(tokens.shape),
-            f"expected ({batch},) to match the cache batch")
+MAX_ROWS = 8  # verify rows per sequence (a draft block)
+
+
+def verify_inputs(batch, tokens, positions, accepted):
+    """Check a step's inputs and put them in the engines' layout: (token rows [rows * B] with
+    row r of sequence b at r * B + b, positions [B], accepted [B], rows). tokens [B] (one row
+    per sequence) or [B, rows] (a verify block, rows <= MAX_ROWS); positions [B] the position of
+    each sequence's row 0 (row r sits at position + r); accepted [B] in [0, rows]: the rows whose
+    cache / state updates are kept (default: all)."""
+    tokens, positions = jnp.asarray(tokens, jnp.int32), jnp.asarray(positions, jnp.int32)
+    require(tokens.ndim in (1, 2) and tokens.shape[0] == batch, "tokens.shape",
+            tuple(tokens.shape), f"expected ({batch},) or ({batch}, rows) to match the batch")
+    rows = tokens.shape[1] if tokens.ndim == 2 else 1
+    require(1 <= rows <= MAX_ROWS, "rows", rows, f"must be in [1, {MAX_ROWS}]")
     require(positions.shape == (batch,), "positions.shape", tuple(positions.shape),
-            f"expected ({batch},) to match the cache batch")
+            f"expected ({batch},) to match the batch")
+    if accepted is None:
+        accepted = np.full((batch,), rows, np.int32)
+    require(np.shape(accepted) == (batch,), "accepted", np.shape(accepted),
+            f"expected {batch} counts")
+    if not isinstance(accepted, jax.core.Tracer):  # values are checked where they are known
+        acc = np.asarray(accepted)
+        require(bool(((acc >= 0) & (acc <= rows)).all()), "accepted", acc.tolist(),
+                f"expected counts in [0, rows={rows}]")
+    accepted = jnp.asarray(accepted, jnp.int32)
+    return tokens.reshape(batch, rows).T.reshape(-1), positions, accepted, rows
 
 
-@functools.partial(jax.jit, static_argnames=("mla_form",), donate_argnames=("cache",))
-def _decode_step_jit(weights, cache, tokens, positions, *, mla_form):
+def verify_outputs(nxt, logits, batch, rows, block: bool):
+    """Token rows back to [B] / [B, V] (one row per sequence) or [B, rows] / [B, rows, V]."""
+    nxt = nxt[:rows * batch].reshape(rows, batch).T
+    logits = logits[:rows * batch].reshape(rows, batch, -1).transpose(1, 0, 2)
+    return (nxt, logits) if block else (nxt[:, 0], logits[:, 0])
+
+
+@functools.partial(jax.jit, static_argnames=("rows", "mla_form"), donate_argnames=("cache",))
+def _decode_step_jit(weights, cache, tokens, positions, accepted, *, rows, mla_form):
     spec = weights.spec
     x = embed(weights, tokens)
     for layer, lw in zip(spec.layers, weights["layers"]):
-        x, cache = attention(spec, layer, lw, cache, x, positions, mla_form)
+        x, cache = attention(spec, layer, lw, cache, x, positions, accepted, rows, mla_form)
         x = ffn(spec, layer, lw, x)
     nxt, logits = head(weights, x)
     return nxt, logits, cache
 
 
-def decode_step(weights: Weights, cache, tokens, positions, mla_form: str = "absorbed"):
-    """One decode step as one XLA program: (next tokens [B], logits [B, V] f32, new cache).
+def _batch(cache):
+    return next(iter(cache.values())).shape[1]
+
+
+def decode_step(weights: Weights, cache, tokens, positions, accepted=None,
+                mla_form: str = "absorbed"):
+    """One decode (or verify) step as one XLA program: (next tokens, logits f32, new cache).
 
     tokens [B] int32 are the current tokens, positions [B] int32 their 0-based positions (the
-    MLA cache holds positions 0..pos-1 and gets entry pos). The cache argument is donated.
+    MLA cache holds positions 0..pos-1 and gets entry pos): next tokens [B], logits [B, V]. A
+    verify block: tokens [B, rows], row r at position pos + r, causal within the block (row r
+    attends the cache and rows 0..r), only the first accepted[b] rows written to the caches
+    (`verify_inputs`): next tokens [B, rows], logits [B, rows, V]. The cache is donated.
     """
     require(mla_form in ("absorbed", "plain"), "mla_form", mla_form, "absorbed or plain")
-    _check_inputs(cache, tokens, positions)
-    return _decode_step_jit(weights, cache, jnp.asarray(tokens, jnp.int32),
-                            jnp.asarray(positions, jnp.int32), mla_form=mla_form)
+    b = _batch(cache)
+    flat, positions, accepted, rows = verify_inputs(b, tokens, positions, accepted)
+    nxt, logits, cache = _decode_step_jit(weights, cache, flat, positions, accepted,
+                                          rows=rows, mla_form=mla_form)
+    return (*verify_outputs(nxt, logits, b, rows, jnp.ndim(tokens) == 2), cache)
 
 
 @functools.lru_cache(maxsize=None)
-def _phase_fns(static: StaticSpec, mla_form: str):
+def _phase_fns(static: StaticSpec, rows: int, mla_form: str):
     spec, jit = static.spec, jax.jit
-    attn = {l.index: jit(functools.partial(attention, spec, l, mla_form=mla_form),
+    attn = {l.index: jit(functools.partial(attention, spec, l, rows=rows, mla_form=mla_form),
                          donate_argnums=(1,)) for l in spec.layers}
     ffns = {l.index: jit(functools.partial(ffn, spec, l)) for l in spec.layers}
     return jit(embed), attn, ffns, jit(head)
 
 
-def decode_step_op_by_op(weights: Weights, cache, tokens, positions, mla_form: str = "absorbed"):
+def decode_step_op_by_op(weights: Weights, cache, tokens, positions, accepted=None,
+                         mla_form: str = "absorbed"):
     """Same step, dispatching embed, each layer's attention and FFN/MoE, and head as separate
     jitted calls (a multi-kernel engine)."""
     require(mla_form in ("absorbed", "plain"), "mla_form", mla_form, "absorbed or plain")
-    _check_inputs(cache, tokens, positions)
-    emb, attn, ffns, hd = _phase_fns(weights.static, mla_form)
-    positions = jnp.asarray(positions, jnp.int32)
-    x = emb(weights, jnp.asarray(tokens, jnp.int32))
+    b = _batch(cache)
+    flat, positions, accepted, rows = verify_inputs(b, tokens, positions, accepted)
+    emb, attn, ffns, hd = _phase_fns(weights.static, rows, mla_form)
+    x = emb(weights, flat)
     for layer, lw in zip(weights.spec.layers, weights["layers"]):
-        x, cache = attn[layer.index](lw, cache, x, positions)
+        x, cache = attn[layer.index](lw, cache, x, positions, accepted)
         x = ffns[layer.index](lw, x)
     nxt, logits = hd(weights, x)
-    return nxt, logits, cache
+    return (*verify_outputs(nxt, logits, b, rows, jnp.ndim(tokens) == 2), cache)

@@ -2,13 +2,17 @@
 
     python -m kernels.run --preset kimi-k3-mini --batch 4 --steps 8 --depth 6 [--interpret]
     python -m kernels.run --preset PRESET --devices 8 --tp 8 --ep 4 [--interpret]
+    python -m kernels.run --rows 4 --accepted 2 [--interpret]     # verify blocks of 4 rows
 
 Prints the VMEM budget, the DMA plan summary of the first step (bytes per layer by family, of
 device 0) and the generated tokens; on a real TPU (without --interpret) also the time per step.
 With --devices N > 1 the kernel runs once per device under shard_map (tensor parallel over all
 N devices, routed experts in --ep groups); with --interpret on CPU, N virtual devices are made
 (XLA_FLAGS). Interpret mode (Pallas TPU interpreter on CPU, race detection on) checks numerics
-only: no timing is measured.
+only: no timing is measured. With --rows R each step verifies a block of R rows per sequence:
+row 0 the last token, rows 1.. drafted (a stand-in drafter: seeded random tokens); the first
+--accepted K rows are kept (written to the caches), the next block starts with the prediction
+of row K-1, and positions advance by K.
 """
 from __future__ import annotations
 
@@ -31,32 +35,42 @@ from perfmodel.formats import get_format
 from . import layout, megakernel, parallel, plan, quant, reference, shard, vmem
 
 
-def _generate(spec, cfg, packed, cache, tokens, positions, step_fn, steps):
-    """Greedy decoding: (tokens per step incl. the first [B, steps+1], wall time per step);
-    prints the DMA plan of step 1. Positions stay < max_context (checked by the caller). spec:
-    the (device) spec the step runs."""
-    generated, times = [np.asarray(tokens)], []
+def _generate(spec, cfg, packed, cache, tokens, positions, step_fn, steps, accepted, rng):
+    """Greedy decoding: (the kept tokens of every sequence, incl. the first and the last
+    prediction, [B, steps * accepted + 1]; wall time per step); prints the DMA plan of step 1.
+    spec: the (device) spec the step runs. cfg.rows > 1: verify blocks (module docstring)."""
+    kept, times = [], []
     tp = layout.tp_of(spec)
+    acc = jnp.full((cfg.batch,), accepted, jnp.int32)
     for step in range(steps):
+        block = tokens if cfg.rows == 1 else jnp.concatenate(
+            [tokens[:, None], jnp.asarray(rng.integers(0, spec.vocab, (cfg.batch, cfg.rows - 1)),
+                                          jnp.int32)], axis=1)
         t0 = time.perf_counter()
-        tokens, _, cache, distinct = step_fn(packed, cache, tokens, positions)
-        jax.block_until_ready(tokens)
+        nxt, _, cache, distinct = step_fn(packed, cache, block, positions,
+                                          None if cfg.rows == 1 else acc)
+        jax.block_until_ready(nxt)
         times.append(time.perf_counter() - t0)
         if step == 0:
             distinct = [int(d) for d in (distinct[0] if tp > 1 else distinct)]
-            first = plan.dma_plan(spec, cfg, distinct, [int(q) for q in positions])
+            first = plan.dma_plan(spec, cfg, distinct, [int(q) for q in positions],
+                                  [accepted] * cfg.batch)
             print(f"\nDMA plan of step 1 ({len(first)} copies, distinct experts per MoE layer "
                   f"{distinct}), bytes per layer by family:")
             print(plan.summary(spec, first))
-            if tp > 1:
-                continue  # the simulator's plan input is for one device without collectives
-            pred = plan.predicted_step(spec, cfg, first, int(max(positions)))
-            print(f"\npredicted on one tpu-v7 TensorCore from this plan (perfmodel simulator, not "
-                  f"a measurement): {pred.step_s * 1e6:.1f} us/step, {pred.bytes_per_device:,.0f} B moved, "
-                  f"DMA stall {1e6 * (pred.breakdown_s['weight_streaming'] + pred.breakdown_s['expert_fetch']):.1f} us")
-        positions = positions + 1
-        generated.append(np.asarray(tokens))
-    return np.stack(generated, axis=1), times
+            if tp == 1:  # the simulator's plan input is for one device without collectives
+                pred = plan.predicted_step(spec, cfg, first, int(max(positions)),
+                                           acceptance_length=accepted)
+                print(f"\npredicted on one tpu-v7 TensorCore from this plan (perfmodel simulator, "
+                      f"not a measurement): {pred.step_s * 1e6:.1f} us/step, "
+                      f"{pred.bytes_per_device:,.0f} B moved, DMA stall "
+                      f"{1e6 * (pred.breakdown_s['weight_streaming'] + pred.breakdown_s['expert_fetch']):.1f} us")
+        block = np.asarray(block).reshape(cfg.batch, cfg.rows)
+        kept.append(block[:, :accepted])
+        tokens = jnp.asarray(np.asarray(nxt).reshape(cfg.batch, cfg.rows)[:, accepted - 1])
+        positions = positions + accepted
+    kept.append(np.asarray(tokens)[:, None])
+    return np.concatenate(kept, axis=1), times
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="weight tile edge (bank = 2*T*T bytes); default the MXU width")
     p.add_argument("--context", type=int, default=64, help="MLA cache capacity (tokens)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rows", type=int, default=1,
+                   help="verify rows per sequence and step (a draft block, at most 8)")
+    p.add_argument("--accepted", type=int,
+                   help="rows of each block kept (written to the caches); default all --rows")
     p.add_argument("--expert-format", choices=("bf16",) + quant.QUANTISED,
                    help="store the routed experts in this format (default: the preset's)")
     p.add_argument("--devices", type=int, default=1, help="mesh devices (TensorCores)")
@@ -96,9 +114,15 @@ def main(argv: list[str] | None = None) -> int:
                 "routed_expert": get_format(a.expert_format, "expert-format")})
         cfg = layout.KernelConfig(batch=a.batch, max_context=a.context, depth=a.depth,
                                   tile=a.tile, expert_slots=a.slots,
-                                  cache_block=min(256, a.context), hierarchical=a.hierarchical)
-        if a.steps > a.context:
-            raise SpecError("steps", a.steps, f"must be <= --context ({a.context})")
+                                  cache_block=min(256, a.context), hierarchical=a.hierarchical,
+                                  rows=a.rows)
+        accepted = a.rows if a.accepted is None else a.accepted
+        if not 1 <= accepted <= a.rows:
+            raise SpecError("accepted", accepted, f"must be in [1, --rows = {a.rows}] (each "
+                            "step keeps at least its first row)")
+        if a.steps * accepted + a.rows - accepted > a.context:
+            raise SpecError("steps", a.steps, f"the last block would end past --context "
+                            f"({a.context}): steps * accepted + rows - accepted must be <= it")
         tp = a.tp or a.devices
         if tp != a.devices:
             raise SpecError("tp", tp, f"must equal --devices ({a.devices}): the kernel has no "
@@ -121,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{spec.name}: {len(spec.layers)} layers on {tp} device(s), "
-          f"batch {cfg.batch} (padded {cfg.padded_batch}),"
+          f"batch {cfg.batch} x {cfg.rows} rows (padded {cfg.padded_batch}),"
           f" ring {cfg.depth} x {cfg.bank_bytes:,} B, {cfg.expert_slots} expert slots")
     print(budget.table())
 
@@ -137,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     tracing = jax.profiler.trace(a.trace_dir) if a.trace_dir else contextlib.nullcontext()
     with tracing:
         generated, times = _generate(dspec, cfg, packed, cache, tokens, positions, step_fn,
-                                     a.steps)
+                                     a.steps, accepted, rng)
     print("\ntokens (one row per sequence):")
     for row in generated:
         print("  " + " ".join(str(int(t)) for t in row))

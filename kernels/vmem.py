@@ -79,9 +79,9 @@ def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buf
              ("logits (value)", (bp, layout.lm_head_matmul(spec).d_out), jnp.float32),
              ("residual + normed input (values)", (2, bp, h), jnp.float32)]
     if "kda_state" in caches:
-        items += [("kda state", (bp,) + caches["kda_state"][0][2:], jnp.float32),
-                  ("kda state (value)", (bp,) + caches["kda_state"][0][2:], jnp.float32),
-                  ("kda conv window", (bp,) + caches["kda_conv"][0][2:], caches["kda_conv"][1])]
+        items += [("kda state", caches["kda_state"][0][1:], jnp.float32),
+                  ("kda state (value)", caches["kda_state"][0][1:], jnp.float32),
+                  ("kda conv window", caches["kda_conv"][0][1:], caches["kda_conv"][1])]
     if "mla_latent" in caches:
         m = spec.mla
         d = caches["mla_latent"][0][-1]

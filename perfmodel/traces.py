@@ -12,8 +12,11 @@ metadata, i.e. the named scopes, lives). Layout of the output directory:
 
 Parse (`parse_trace`): reads `.xplane.pb` with `jax.profiler.ProfileData` and attributes each op
 event to a scope `embed`, `layer_XX/<phase>` or `head`, from, in order:
-1. the event's own name, when it is a named-scope marker (the TPU megakernel's in-kernel trace
-   markers: `layer_03/attention` and the like);
+1. the event's own name, when it is a named-scope marker (in-kernel trace markers of a TPU
+   kernel: `layer_03/attention` and the like; the megakernel's layer loop is traced once, so its
+   markers carry no number, `layer/attention`, `layer/ffn`: in each step, in time order, the
+   k-th top-level `layer/attention` marker begins layer k and the loop markers after it belong
+   to that layer, `number_loop_layers`);
 2. a `tf_op` / `name_scope` stat carrying the op_name (TPU / GPU device planes);
 3. the `hlo_op` + `program_id` stats looked up in the dumped HLO's op_name metadata (CPU).
 Steps are the `decode_step` annotations (host), or the events of a `Steps` line (device planes).
@@ -41,7 +44,8 @@ from .files import check_path, read_text
 
 STEP_NAME = "decode_step"
 SCOPE_RE = re.compile(r"(?:^|/)(embed|head|layer_(\d+)/(attention|ffn|moe))(?=/|$)")
-MARKER_RE = re.compile(r"(embed|head|layer_\d+/(attention|ffn|moe))(/[\w.\-]+)*")
+MARKER_RE = re.compile(r"(embed|head|layer(_\d+)?/(attention|ffn|moe))(/[\w.\-]+)*")
+LOOP_RE = re.compile(r"(?:^|/)layer/(attention|ffn|moe)(?=/|$)")
 HLO_SUFFIX = ".cpu_after_optimizations.txt"
 _INSTR_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = ")
 _COMP_RE = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+) .*\{\s*$")
@@ -60,6 +64,30 @@ def scope_of(text: str) -> tuple[str, int | None, str] | None:
     if m.group(2):
         return m.group(1), int(m.group(2)), m.group(3)
     return m.group(1), None, m.group(1)
+
+
+def loop_scope(text: str) -> str | None:
+    """`layer/<phase>` of a layer-loop marker (no layer number), else None."""
+    m = LOOP_RE.search(text or "")
+    return f"layer/{m.group(1)}" if m else None
+
+
+def number_loop_layers(ops: list["OpEvent"], windows: list[tuple[int, float, float]]) -> None:
+    """Give the layer-loop markers of each step window their layer: in time order, a
+    `layer/attention` marker that starts after the previous one ended begins the next layer
+    (a nested one does not), and every loop marker belongs to the layer begun last (layer 1
+    before any). Rewrites their scopes to `layer_XX/<phase>` in place."""
+    loop = sorted((o for o in ops if o.scope and o.scope.startswith("layer/")),
+                  key=lambda o: (o.start_ns, -o.end_ns))
+    for _, t0, t1 in windows:
+        layer, attention_end = 0, float("-inf")
+        for o in loop:
+            if not t0 <= o.start_ns < t1:
+                continue
+            phase = o.scope.split("/", 1)[1]
+            if phase == "attention" and o.start_ns >= attention_end:
+                layer, attention_end = layer + 1, o.end_ns
+            o.scope = f"layer_{max(layer, 1):02d}/{phase}"
 
 
 def hlo_scopes(hlo_text: str) -> dict[str, str]:
@@ -207,10 +235,12 @@ def _events(pd, hlo: dict[int, dict[str, str]]):
                     continue
                 # a named-scope marker: exactly a scope on host planes; on device planes the
                 # runtime may prefix it (program or kernel name)
-                marker = scope_of(name) if MARKER_RE.fullmatch(name) or (
-                    on_device and "hlo_op" not in stats and SCOPE_RE.search(name)) else None
+                is_marker = MARKER_RE.fullmatch(name) or (
+                    on_device and "hlo_op" not in stats
+                    and (SCOPE_RE.search(name) or LOOP_RE.search(name)))
+                marker = is_marker and (loop_scope(name) or scope_of(name)[0])
                 if marker:
-                    ops.append(OpEvent(ev.start_ns, ev.end_ns, marker[0], plane.name))
+                    ops.append(OpEvent(ev.start_ns, ev.end_ns, marker, plane.name))
                     continue
                 tf_op = stats.get("tf_op") or stats.get("name_scope")
                 if tf_op is not None:
@@ -364,6 +394,7 @@ def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: i
         lo, hi = min(o.start_ns for o in ops), max(o.end_ns for o in ops)
         windows = [(0, lo, hi)]
         notes.append("no step markers: the whole trace is taken as one step")
+    number_loop_layers(ops, windows)
     steps = [attribute(ops, t0, t1, i) for i, t0, t1 in windows][skip_first:]
     steps = [s for s in steps if s.busy_s > 0]
     if not steps:

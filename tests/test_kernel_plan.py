@@ -155,9 +155,23 @@ def test_run_cli_interpret(capsys):
     assert all(len(r.split()) == 3 for r in rows)
 
 
+@pytest.mark.slow
+def test_run_cli_verify_rows(capsys):
+    assert run.main(["--batch", "2", "--steps", "2", "--depth", "3", "--context", "16",
+                     "--rows", "3", "--accepted", "2", "--interpret"]) == 0
+    out = capsys.readouterr().out
+    assert "batch 2 x 3 rows" in out and "DMA plan of step 1" in out
+    rows = out.split("tokens (one row per sequence):")[1].strip().splitlines()[:2]
+    assert all(len(r.split()) == 2 * 2 + 1 for r in rows)  # 2 kept rows a step + the last
+
+
 def test_run_cli_errors(capsys):
     assert run.main(["--depth", "5000", "--interpret"]) == 2
     assert "too many" in capsys.readouterr().err
+    assert run.main(["--rows", "4", "--accepted", "0", "--interpret"]) == 2
+    assert "accepted" in capsys.readouterr().err
+    assert run.main(["--rows", "9", "--interpret"]) == 2
+    assert "rows" in capsys.readouterr().err
     assert run.main(["--steps", "100", "--context", "16", "--interpret"]) == 2
     if not __import__("jax").devices()[0].platform == "tpu":
         assert run.main(["--steps", "1"]) == 2
@@ -216,3 +230,34 @@ def test_cache_row_written_after_its_tile_reads_completed(spec):
         writes = [i for i, k, n in ev if k == "start" and n == "latent cache row (write)"]
         assert reads and waited and len(writes) == 4
         assert max(reads) < waited[0] < min(writes)
+
+
+def test_verify_rows_plan(spec):
+    """rows 4: the cache blocks are read per sequence as for one row, one new cache row is
+    written per accepted row, embedding rows and the most experts a step can fetch scale with
+    the token rows, and every row write still follows the tile reads of its layer."""
+    cfg, pos, acc = cfg_(rows=4), [3, 5, 0, 17], [2, 0, 4, 1]
+    p = plan.dma_plan(spec, cfg, positions=pos, accepted=acc)
+    one = plan.dma_plan(spec, cfg_(), positions=pos)
+    d = spec.mla.kv_lora_rank + spec.mla.qk_rope_dim
+    writes = [c for c in p if c.name == "latent cache row (write)"]
+    assert len(writes) == spec.count(attention="mla") * sum(acc)
+    blocks = lambda q: [c for c in q if "cache block" in c.name]
+    assert [c.bytes for c in blocks(p)] == [c.bytes for c in blocks(one)]
+    assert sum(c.bytes for c in p if c.family == "kv_cache") == \
+        sum(c.bytes for c in blocks(p)) + spec.count(attention="mla") * sum(acc) * d * 2
+    assert sum(c.bytes for c in p if c.family == "embedding") == 4 * 4 * spec.hidden * 2
+    assert sum(c.routed for c in p) == spec.count(ffn="moe") * min(spec.moe.experts,
+                                                                   16 * spec.moe.top_k)
+    events = plan.dma_events(spec, cfg, positions=pos, accepted=acc)
+    for layer in (l.index for l in spec.layers if l.attention == "mla"):
+        ev = [(i, k, n) for i, (k, lyr, n) in enumerate(events) if lyr == layer]
+        waited = [i for i, k, n in ev if k == "wait" and n == "latent cache block"]
+        writes = [i for i, k, n in ev if k == "start" and n == "latent cache row (write)"]
+        assert len(writes) == sum(acc) and waited[0] < min(writes)
+    with pytest.raises(SpecError, match="accepted"):
+        plan.dma_plan(spec, cfg, accepted=[5, 0, 0, 0])
+    with pytest.raises(SpecError, match="positions"):
+        plan.dma_plan(spec, cfg, positions=[61, 0, 0, 0])  # rows 61..64 > max_context 64
+    with pytest.raises(SpecError, match="rows"):
+        layout.KernelConfig(batch=1, rows=9)

@@ -33,11 +33,13 @@ ATOL, RTOL, MARGIN = 5e-2, 2e-2, 0.1
 CONTEXT = 32
 
 
-def reference_distinct(spec, weights, cache, tokens, positions):
+def reference_distinct(spec, weights, cache, tokens, positions, accepted=None):
     """Distinct experts picked per MoE layer by the reference (same phases as its step)."""
-    x, out = reference.embed(weights, tokens), []
+    flat, positions, accepted, rows = reference.verify_inputs(
+        len(positions), tokens, positions, accepted)
+    x, out = reference.embed(weights, flat), []
     for layer, lw in zip(spec.layers, weights["layers"]):
-        x, cache = reference.attention(spec, layer, lw, cache, x, positions)
+        x, cache = reference.attention(spec, layer, lw, cache, x, positions, accepted, rows)
         if layer.ffn == "moe":
             h = reference.rms_norm(x, lw["ffn_norm"])
             _, ids = reference.route(reference.mm(h, lw["router"]), lw["router_bias"],
@@ -50,31 +52,43 @@ def reference_distinct(spec, weights, cache, tokens, positions):
 def run_both(spec, weights, cfg, steps, seed=1, reference_weights=None):
     """Teacher-forced decode: both engines get the reference's tokens; checks every step.
     reference_weights: what the reference runs (default `weights`; quantised experts: their
-    dequantised values)."""
+    dequantised values). cfg.rows > 1: verify blocks of seeded random tokens (a stand-in
+    drafter) with a seeded accepted count per sequence in [0, rows] (0 and rows both occur
+    over the steps); positions advance by the accepted rows."""
     packed = layout.pack_weights(weights, cfg)
     weights = weights if reference_weights is None else reference_weights
     rng = np.random.default_rng(seed)
-    tokens = jnp.asarray(rng.integers(0, spec.vocab, cfg.batch), jnp.int32)
-    positions = jnp.asarray(rng.integers(0, CONTEXT - steps - 1, cfg.batch), jnp.int32)
+    rows = cfg.rows
+    shape = (cfg.batch,) if rows == 1 else (cfg.batch, rows)
+    tokens = jnp.asarray(rng.integers(0, spec.vocab, shape), jnp.int32)
+    positions = jnp.asarray(rng.integers(0, CONTEXT - (steps + 1) * rows, cfg.batch), jnp.int32)
     r_cache = reference.init_cache(spec, cfg.batch, CONTEXT)
     k_cache = reference.init_cache(spec, cfg.batch, CONTEXT)
     interpret = pltpu.InterpretParams(detect_races=True)
-    for _ in range(steps):
-        want_distinct = reference_distinct(spec, weights, r_cache, tokens, positions)
-        r_next, r_logits, r_cache = reference.decode_step(weights, r_cache, tokens, positions)
+    for step in range(steps):
+        accepted = None if rows == 1 else \
+            jnp.asarray((np.arange(cfg.batch) + step * 3) % (rows + 1), jnp.int32)
+        want_distinct = reference_distinct(spec, weights, r_cache, tokens, positions, accepted)
+        r_next, r_logits, r_cache = reference.decode_step(weights, r_cache, tokens, positions,
+                                                          accepted)
         k_next, k_logits, k_cache, distinct = megakernel.decode_step(
-            spec, cfg, packed, k_cache, tokens, positions, interpret)
+            spec, cfg, packed, k_cache, tokens, positions, accepted, interpret=interpret)
         assert not interp_state.races.races_found
+        assert k_logits.shape == r_logits.shape and k_next.shape == r_next.shape
         np.testing.assert_allclose(k_logits, r_logits, atol=ATOL, rtol=RTOL)
-        top2 = np.sort(np.asarray(r_logits), axis=-1)[:, -2:]
-        clear = top2[:, 1] - top2[:, 0] > MARGIN
+        top2 = np.sort(np.asarray(r_logits), axis=-1)[..., -2:]
+        clear = top2[..., 1] - top2[..., 0] > MARGIN
         np.testing.assert_array_equal(np.asarray(k_next)[clear], np.asarray(r_next)[clear])
         for name in r_cache:
             np.testing.assert_allclose(np.asarray(k_cache[name], np.float32),
                                        np.asarray(r_cache[name], np.float32),
                                        atol=ATOL, rtol=RTOL, err_msg=name)
         assert [int(d) for d in distinct] == want_distinct
-        tokens, positions = r_next, positions + 1
+        if rows == 1:
+            tokens, positions = r_next, positions + 1
+        else:
+            tokens = jnp.asarray(rng.integers(0, spec.vocab, shape), jnp.int32)
+            positions = positions + accepted
     return distinct
 
 
@@ -92,6 +106,20 @@ def test_megakernel_matches_reference(spec, weights, batch, depth, slots, steps,
     cfg = layout.KernelConfig(batch=batch, max_context=CONTEXT, depth=depth,
                               expert_slots=slots, tile=tile, cache_block=8)
     run_both(spec, weights, cfg, steps)
+
+
+# (batch, rows, steps): verify blocks; accepted counts cycle through 0..rows per sequence
+ROWS = [(3, 4, 2), pytest.param(2, 8, 2, marks=pytest.mark.slow),
+        pytest.param(5, 2, 3, marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("batch,rows,steps", ROWS)
+def test_verify_rows_match_reference(spec, weights, batch, rows, steps):
+    """Verify blocks (causal within the block, caches / KDA state updated by the accepted rows
+    only) against the reference, race detection on."""
+    cfg = layout.KernelConfig(batch=batch, max_context=CONTEXT, depth=4, expert_slots=3,
+                              cache_block=8, rows=rows)
+    run_both(spec, weights, cfg, steps, seed=7)
 
 
 @pytest.mark.slow
@@ -184,15 +212,18 @@ def test_bad_inputs_raise_spec_error(spec, weights):
         vmem.check_vmem(spec, layout.KernelConfig(batch=1, tile=128))
 
 
-def test_kernel_lowers_to_mosaic_for_tpu7x(spec, weights):
-    """Without a TPU, export the step for TPU7x: every op of the kernel body must have a Pallas
-    TPU (Mosaic) lowering, and the named scopes become trace markers in the Mosaic module.
-    (Mosaic's own layout passes run only on a TPU host.)"""
-    cfg = layout.KernelConfig(batch=4, max_context=CONTEXT, depth=6, cache_block=8)
+@pytest.mark.parametrize("rows", [1, 4])
+def test_kernel_lowers_to_mosaic_for_tpu7x(spec, weights, rows):
+    """Without a TPU, export the step for TPU7x (one row per sequence, and verify blocks of 4):
+    every op of the kernel body must have a Pallas TPU (Mosaic) lowering, and the named scopes
+    become trace markers in the Mosaic module. (Mosaic's own layout passes run only on a TPU
+    host.)"""
+    cfg = layout.KernelConfig(batch=4, max_context=CONTEXT, depth=6, cache_block=8, rows=rows)
     packed = layout.pack_weights(weights, cfg)
     cache = reference.init_cache(spec, cfg.batch, CONTEXT)
     z = jnp.zeros(cfg.batch, jnp.int32)
-    step = jax.jit(megakernel.make_step(spec, cfg))
+    step = jax.jit(lambda p, c, t, q: megakernel.make_step(spec, cfg)(
+        p, c, jnp.broadcast_to(t[:, None], (cfg.batch, rows)) if rows > 1 else t, q))
     tpu = AbstractDevice(device_kind="TPU7x", num_cores=1, platform="tpu")
     with use_abstract_mesh(AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=tpu)):
         exported = export.export(step, platforms=["tpu"])(packed, cache, z, z)

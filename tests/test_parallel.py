@@ -22,7 +22,7 @@ import pytest
 ATOL, RTOL, MARGIN = 5e-2, 2e-2, 0.1
 
 
-def check(tp: int, ep: int, hierarchical: bool, steps: int) -> None:
+def check(tp: int, ep: int, hierarchical: bool, steps: int, rows: int = 1) -> None:
     import jax
     import jax.numpy as jnp
     from jax.experimental.pallas import tpu as pltpu
@@ -34,21 +34,26 @@ def check(tp: int, ep: int, hierarchical: bool, steps: int) -> None:
     spec = derive("kimi-k3-mini", kda={"heads": 8}, mla={"heads": 8})
     weights = reference.init_weights(spec, 0)
     cfg = layout.KernelConfig(batch=2, max_context=32, depth=3, expert_slots=2, cache_block=8,
-                              hierarchical=hierarchical)
+                              hierarchical=hierarchical, rows=rows)
     dspec, step = parallel.make_step(spec, cfg, tp, ep,
                                      pltpu.InterpretParams(detect_races=True, on_race="warn"))
     packed = parallel.pack(weights, cfg, dspec)
     tokens, positions = jnp.array([3, 7], jnp.int32), jnp.array([5, 9], jnp.int32)
+    accepted = None
+    if rows > 1:  # a verify block; the second sequence keeps none of its rows
+        tokens = (tokens[:, None] + 5 * jnp.arange(rows)) % spec.vocab
+        accepted = jnp.array([rows - 1, 0], jnp.int32)
     r_cache = reference.init_cache(spec, 2, 32)
     k_cache = parallel.shard_cache(reference.init_cache(spec, 2, 32), dspec)
     for _ in range(steps):
-        r_next, r_logits, r_cache = reference.decode_step(weights, r_cache, tokens, positions)
-        k_next, k_logits, k_cache, distinct = step(packed, k_cache, tokens, positions)
+        r_next, r_logits, r_cache = reference.decode_step(weights, r_cache, tokens, positions,
+                                                          accepted)
+        k_next, k_logits, k_cache, distinct = step(packed, k_cache, tokens, positions, accepted)
         jax.block_until_ready(k_logits)
         assert not interp_state.races.races_found
         np.testing.assert_allclose(k_logits, r_logits, atol=ATOL, rtol=RTOL)
-        top2 = np.sort(np.asarray(r_logits), axis=-1)[:, -2:]
-        clear = top2[:, 1] - top2[:, 0] > MARGIN
+        top2 = np.sort(np.asarray(r_logits), axis=-1)[..., -2:]
+        clear = top2[..., 1] - top2[..., 0] > MARGIN
         np.testing.assert_array_equal(np.asarray(k_next)[clear], np.asarray(r_next)[clear])
         got = parallel.unshard_cache(k_cache, dspec)
         for name in r_cache:
@@ -59,14 +64,15 @@ def check(tp: int, ep: int, hierarchical: bool, steps: int) -> None:
         d = np.asarray(distinct)
         groups = d.reshape(ep, tp // ep, -1)
         assert (groups == groups[:, :1]).all()
-        tokens, positions = r_next, positions + 1
+        tokens, positions = r_next, positions + (1 if rows == 1 else accepted)
     print("ok")
 
 
-def run_case(tp, ep, hierarchical=False, steps=1):
+def run_case(tp, ep, hierarchical=False, steps=1, rows=1):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
     out = subprocess.run([sys.executable, __file__, str(tp), str(ep), str(int(hierarchical)),
-                          str(steps)], env=env, capture_output=True, text=True, timeout=3000)
+                          str(steps), str(rows)], env=env, capture_output=True, text=True,
+                         timeout=3000)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
@@ -87,6 +93,12 @@ def test_mesh_matches_reference(tp, ep, hierarchical):
 
 
 @pytest.mark.slow
+def test_tp4_ep2_verify_rows_match_reference():
+    """Verify blocks of 3 rows (one sequence keeps 2, the other none) on TP4 x EP2."""
+    run_case(4, 2, rows=3, steps=2)
+
+
+@pytest.mark.slow
 def test_run_cli_on_virtual_devices():
     out = subprocess.run([sys.executable, "-m", "kernels.run", "--devices", "2", "--ep", "1",
                           "--batch", "2", "--steps", "1", "--context", "16", "--depth", "3",
@@ -99,4 +111,5 @@ def test_run_cli_on_virtual_devices():
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    check(int(sys.argv[1]), int(sys.argv[2]), bool(int(sys.argv[3])), int(sys.argv[4]))
+    check(int(sys.argv[1]), int(sys.argv[2]), bool(int(sys.argv[3])), int(sys.argv[4]),
+          int(sys.argv[5]))

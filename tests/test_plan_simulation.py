@@ -56,3 +56,22 @@ def test_plan_needs_the_megakernel_engine():
     _, the_plan, hw, d = setup()
     with pytest.raises(SpecError, match="megakernel"):
         predict(SPEC, hw, dataclasses.replace(d, engine="multikernel"), plan=the_plan)
+
+
+def test_verify_rows_plan_runs_in_the_simulator():
+    """A deployment with speculative decoding (3 drafted rows + 1, as cfg.rows = 4) runs on the
+    kernel's own plan for 4 rows per sequence: it moves exactly the plan's bytes, and the
+    verify step is not faster than a one-row step on the one-row plan (same weights, more rows)."""
+    from perfmodel.deployment import SpecDecode
+    cfg = layout.KernelConfig(batch=4, max_context=64, depth=6, expert_slots=2, tile=128,
+                              cache_block=16, rows=4)
+    the_plan = plan.dma_plan(SPEC, cfg, positions=[CTX] * 4, accepted=[4, 2, 0, 1])
+    hw = load_hardware("tpu-v7").replace(dma_tile_bytes=cfg.bank_bytes)
+    d = Deployment(devices=1, tp=1, batch=4, context=CTX, prefetch_bytes=6 * cfg.bank_bytes,
+                   expert_slots=2, spec=SpecDecode(draft_rows=3, acceptance_length=2.0))
+    p = predict(SPEC, hw, d, plan=the_plan)
+    assert p.bytes_per_device == sum(c.bytes for c in the_plan)
+    one = setup()
+    assert p.step_s >= predict(SPEC, one[2], one[3], plan=one[1]).step_s
+    assert plan.predicted_step(SPEC, cfg, the_plan, CTX, acceptance_length=2.0).step_s == \
+        pytest.approx(p.step_s)

@@ -6,7 +6,8 @@ dequantisation produces (same codes, code * scale in f32 rounded to bf16), so ke
 reference uses the bf16 tolerances of tests/test_megakernel.py for every format. The
 quantisation error itself (dequantised vs original weights, relative to the largest |w| of the
 group) is bounded by: int8 1/254 (half a step), fp8 e4m3 2^-4 of the value (3 mantissa bits),
-int4 1/14 (half a step; x 1.01 for the bf16-rounded scale), MXFP4 1/3 of the group maximum
+int4 1/14 (half a step; x 1.01 for the bf16-rounded scale of group 32, x 1.0001 for the f32
+scale of group 128), MXFP4 1/3 of the group maximum
 (the scale 2^k puts the maximum in [4, 8) units; values above 6 clip to 6, and the e2m1 step
 between 4 and 6 is 2).
 """
@@ -22,7 +23,8 @@ from perfmodel import ops
 from perfmodel.arch import derive
 from perfmodel.deployment import Deployment
 
-BOUND = {"int8": 1 / 254, "fp8": 1 / 16, "int4": 1.01 / 14, "mxfp4": 1 / 3}  # int4: bf16 scale
+BOUND = {"int8": 1 / 254, "fp8": 1 / 16, "int4": 1.01 / 14, "int4-g128-f32": 1.0001 / 14,
+         "mxfp4": 1 / 3}
 
 
 @pytest.mark.parametrize("name", quant.QUANTISED)
@@ -52,7 +54,8 @@ def _mini(name):
 
 @pytest.mark.parametrize("name", [
     "mxfp4", pytest.param("int8", marks=pytest.mark.slow),
-    pytest.param("fp8", marks=pytest.mark.slow), pytest.param("int4", marks=pytest.mark.slow)])
+    pytest.param("fp8", marks=pytest.mark.slow), pytest.param("int4", marks=pytest.mark.slow),
+    pytest.param("int4-g128-f32", marks=pytest.mark.slow)])
 def test_quantised_kernel_matches_reference(name):
     from test_megakernel import run_both
     spec = _mini(name)
@@ -61,11 +64,14 @@ def test_quantised_kernel_matches_reference(name):
     run_both(spec, w, cfg, steps=1, reference_weights=quant.dequantized_weights(w, name))
 
 
-def test_mxfp4_plan_bytes_equal_the_model():
-    """Codes (4 bits) + e8m0 scales (8 bits per 32) are exactly the format's 4.25 bits a value:
-    with expert widths that fill whole tiles the routed bytes equal the analytic model's."""
-    spec = derive("kimi-k3-mini", formats={"routed_expert": "mxfp4"},
+@pytest.mark.parametrize("name", ["mxfp4", "int4-g128-f32"])
+def test_4bit_plan_bytes_equal_the_model(name):
+    """Codes (4 bits) + e8m0 scales per 32 (MXFP4) or f32 scales per 128 (int4 group 128) are
+    exactly the format's 4.25 bits a value: with expert widths that fill whole tiles the routed
+    bytes equal the analytic model's."""
+    spec = derive("kimi-k3-mini", formats={"routed_expert": name},
                   moe={"expert_width": 256, "latent_dim": 256})
+    assert quant.tile_format(name, 256).group == {"mxfp4": 32, "int4-g128-f32": 128}[name]
     cfg = layout.KernelConfig(batch=4, max_context=64, depth=6, cache_block=16)
     g = ops.build(spec, Deployment(devices=1, tp=1, batch=4, context=48))
     distinct = [round(g.distinct_experts)] * spec.count(ffn="moe")
@@ -77,14 +83,15 @@ def test_mxfp4_plan_bytes_equal_the_model():
         tm.tiles * cfg.bank_bytes - 2 * tm.mm.params for tm in layout.static_stream(spec, cfg))
 
 
-def test_quantised_kernel_lowers_to_mosaic():
+@pytest.mark.parametrize("name", ["mxfp4", "int4-g128-f32"])
+def test_quantised_kernel_lowers_to_mosaic(name):
     from jax import export
     from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
-    spec = _mini("mxfp4")
+    spec = _mini(name)
     cfg = layout.KernelConfig(batch=2, max_context=32, depth=3, cache_block=8)
     tpu = AbstractDevice(device_kind="TPU7x", num_cores=1, platform="tpu")
     with use_abstract_mesh(AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=tpu)):
         exported = export.export(jax.jit(megakernel.build_call(spec, cfg)), platforms=["tpu"])(
             *megakernel.call_args(spec, cfg))
     assert exported.mlir_module().count("tpu_custom_call") == 1
-    assert math.prod(megakernel.call_args(spec, cfg)[6].shape[-2:]) == 128 * 256  # packed codes
+    assert math.prod(megakernel.call_args(spec, cfg)[7].shape[-2:]) == 128 * 256  # packed codes

@@ -125,12 +125,13 @@ def test_router_picks_top_k_with_bias(seed):
 
 def test_every_op_is_in_one_named_scope(spec, weights):
     cache, tok, pos = _inputs(spec, 2)
-    hlo = reference._decode_step_jit.lower(weights, cache, tok, pos,
+    acc = jnp.ones_like(pos)
+    hlo = reference._decode_step_jit.lower(weights, cache, tok, pos, acc, rows=1,
                                            mla_form="absorbed").compile().as_text()
     prefix = "jit(_decode_step_jit)/"
     names = [n for n in re.findall(r'op_name="([^"]*)"', hlo) if n.startswith(prefix)]
     scope = re.compile(r"^(embed|head|layer_\d\d/(attention|ffn|moe))(/|$)")
-    args = ("weights", "cache", "tokens", "positions")
+    args = ("weights", "cache", "tokens", "positions", "accepted")
     bad = [n for n in names if not scope.match(n[len(prefix):])
            and not n[len(prefix):].startswith(args)]
     assert not bad, collections.Counter(bad).most_common(5)
@@ -148,6 +149,10 @@ def test_bad_inputs(spec, weights):
         reference.decode_step(weights, cache, tok[:1], pos)
     with pytest.raises(SpecError, match="mla_form"):
         reference.decode_step(weights, cache, tok, pos, mla_form="rope")
+    with pytest.raises(SpecError, match="rows"):
+        reference.decode_step(weights, cache, jnp.zeros((2, 9), jnp.int32), pos)
+    with pytest.raises(SpecError, match="accepted"):
+        reference.decode_step(weights, cache, jnp.zeros((2, 3), jnp.int32), pos, [1, 4])
     with pytest.raises(SpecError, match="batch"):
         reference.init_cache(spec, 0, 16)
 
@@ -173,3 +178,37 @@ def test_derived_spec_overrides_and_errors():
         derive("no-such-preset")
     with pytest.raises(SpecError, match="gqa"):
         reference.init_weights(derive("llama-3.2-1b"), 0)
+
+
+def test_verify_block_equals_sequential_steps(spec, weights):
+    """A verify block of 4 rows (causal within the block) gives each row the logits of decoding
+    the rows one step at a time, and leaves the caches of the first `accepted` steps (rows past
+    it change nothing). Same engine both ways; only XLA's summation order per shape differs, so
+    the bf16 tolerances of the kernel tests apply."""
+    batch, rows, accepted = 3, 4, np.array([2, 0, 4])
+    cache, _, pos = _inputs(spec, batch, seed=4)
+    block = jnp.asarray(np.random.default_rng(4).integers(0, spec.vocab, (batch, rows)),
+                        jnp.int32)
+    nxt, logits, after = reference.decode_step(weights, jax.tree.map(jnp.copy, cache), block,
+                                               pos, accepted)
+    assert nxt.shape == (batch, rows) and logits.shape == (batch, rows, spec.vocab)
+    seq, kept = jax.tree.map(jnp.copy, cache), {}
+    for r in range(rows):
+        _, l1, seq = reference.decode_step(weights, seq, block[:, r], pos + r)
+        np.testing.assert_allclose(logits[:, r], l1, atol=5e-2, rtol=2e-2)
+        for b in np.flatnonzero(accepted == r + 1):
+            kept[b] = jax.tree.map(lambda c: np.asarray(c[:, b], np.float32), seq)
+    for b in range(batch):
+        want = kept.get(b, jax.tree.map(lambda c: np.asarray(c[:, b], np.float32), cache))
+        for name, c in after.items():
+            np.testing.assert_allclose(np.asarray(c[:, b], np.float32), want[name],
+                                       atol=5e-2, rtol=2e-2, err_msg=f"{name} seq {b}")
+    # rows past `accepted` leave the MLA cache bit-identical to its old contents
+    lat = np.asarray(after["mla_latent"], np.float32)
+    for b in range(batch):
+        np.testing.assert_array_equal(lat[:, b, int(pos[b]) + accepted[b]:],
+                                      np.asarray(cache["mla_latent"][:, b, int(pos[b]) +
+                                                                     accepted[b]:], np.float32))
+    one = reference.decode_step_op_by_op(weights, jax.tree.map(jnp.copy, cache), block, pos,
+                                         accepted)
+    np.testing.assert_allclose(one[1], logits, atol=1e-4, rtol=1e-4)

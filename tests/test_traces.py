@@ -89,6 +89,31 @@ def test_constructed_tpu_trace_layers_and_steps(tmp_path):
     assert t.layer_s[2].min == t.layer_s[2].max  # identical steps: no spread
 
 
+# the same step as the layer-loop kernel marks it: the loop body is traced once, so its markers
+# carry no layer number (the n-th `layer/attention` of a step is layer n); nested markers (the
+# router inside the FFN, a nested scope inside attention) do not start a layer
+LOOP_STEP = [(n if n in ("embed", "head") else
+              "layer/" + n.split("/", 1)[1].replace("moe", "ffn"), a, d)
+             for n, a, d in MINI_STEP] + [("layer/attention/nested", 14.0, 1.0)]
+
+
+def test_constructed_loop_kernel_trace_numbers_layers_in_order(tmp_path):
+    f = write_xspace(tmp_path / "loop.xplane.pb", xspace_text([LOOP_STEP] * 3, step_us=30.0))
+    t = traces.parse_trace(f, n_layers=4)
+    loop = traces.parse_trace(write_xspace(tmp_path / "l.xplane.pb",
+                                           xspace_text([MINI_STEP] * 3, step_us=30.0)), n_layers=4)
+    assert len(t.steps) == 3
+    for layer, us in {0: 1.0, 1: 5.0, 2: 7.0, 3: 7.0, 4: 9.0, 5: 0.5}.items():
+        assert t.layer_s[layer].median == pytest.approx(us * 1e-6, rel=1e-6), layer
+        assert t.layer_s[layer] == loop.layer_s[layer]
+    assert set(t.phase_s) == {"embed", "head"} | {f"layer_{i:02d}/{p}" for i in range(1, 5)
+                                                  for p in ("attention", "ffn")}
+    # runtime-prefixed loop markers on the device plane are read the same way
+    text = xspace_text([LOOP_STEP] * 2, step_us=30.0, prefix="megakernel/")
+    p = traces.parse_trace(write_xspace(tmp_path / "p.xplane.pb", text), n_layers=4)
+    assert p.layer_s[4].median == pytest.approx(9e-6) and p.layer_s[2].median == pytest.approx(7e-6)
+
+
 def test_constructed_tpu_trace_prefixed_markers_and_unscoped_time(tmp_path):
     """Markers prefixed by the runtime are still read; kernel time outside any marker is
     reported as unattributed, not hidden."""
@@ -113,6 +138,9 @@ def test_megakernel_comparison_on_constructed_trace(tmp_path):
     assert c.measured_step_s == pytest.approx(30e-6)
     deeper = pm.compare_run(t, "kimi-k3-mini", "tpu-v7", 1, 32, 12, 2 * 128 * 128, 2)
     assert deeper.predicted_step_s <= c.predicted_step_s  # a deeper ring never slows the model
+    verify = pm.compare_run(t, "kimi-k3-mini", "tpu-v7", 1, 32, 4, 2 * 128 * 128, 2, rows=4,
+                            accepted=2)  # verify blocks of 4 rows: more work per step
+    assert verify.predicted_step_s > c.predicted_step_s
     rows = pm.rows_of(c, 4)
     assert rows[0][2] == "step" and len(rows) == 7
 
