@@ -108,10 +108,11 @@ def collective_phases(kind: str, algorithm: str, payload: float, devices: int, c
     if kind == "all_reduce":  # sibling reduce-scatter, chips RS + AG on 1/k each, sibling gather
         sib = Phase(k - 1, (k - 1) * payload / k, 0.0)
         cross = Phase(chips - 1, 0.0, (chips - 1) * payload / k / chips)
-    else:  # all-gather: sibling gather, then the chip's block to the same core on other chips
-        sib = Phase(k - 1, (k - 1) * payload / devices, 0.0)
-        cross = Phase(chips - 1, 0.0, (chips - 1) * k * payload / devices)
-    phases = [sib, cross, cross, sib] if kind == "all_reduce" else [sib, cross]
+        phases = [sib, cross, cross, sib]
+    else:  # all-gather: own shard to the same core of every other chip (1/k of direct's
+        # cross-chip bytes per core), then the chips' shards so gathered to the siblings
+        shard = payload / devices
+        phases = [Phase(chips - 1, 0.0, (chips - 1) * shard), Phase(k - 1, (k - 1) * chips * shard, 0.0)]
     return [ph for ph in phases if ph.copies]
 
 
