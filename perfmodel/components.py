@@ -14,7 +14,8 @@ TPU (one TensorCore = one device; a chip has `cores_per_chip` of them):
 - `device_call_time`: host dispatch of one device call (a jitted program).
 GPU: `kernel_launch_time` (CUDA-graph node), `kernel_stream_time` (achieved bandwidth of a decode
 GEMV / grouped GEMM kernel), `gpu_all_reduce_time` (by ranks and payload).
-Host CPU: `host_dot_time` (XLA:CPU decode-shaped dots by rows), fitted to hostbench's figures.
+Host CPU: `host_dot_time` (XLA:CPU decode-shaped dots by rows) and `host_expert_time` (the
+reference's loop over the distinct experts), fitted to hostbench's figures.
 """
 from __future__ import annotations
 
@@ -186,6 +187,17 @@ def host_dot_time(c: dict, nbytes: float, rows: float) -> float:
     if rows <= 1:
         return nbytes / param(c, "dot_gemv_bandwidth_bytes_per_s")
     return nbytes * (1 / param(c, "dot_gemm_bandwidth_bytes_per_s") + rows * param(c, "dot_gemm_row_s_per_byte"))
+
+
+def host_expert_time(c: dict, nbytes: float, rows: float, experts: float) -> float:
+    """The routed experts of one MoE layer as the XLA:CPU reference runs them: a loop over the
+    `experts` distinct experts (`nbytes` of weights in all), every iteration slicing its expert's
+    weights out of the stacked array (a copy) and applying them to all `rows` of the batch: a
+    fixed cost per expert (loop step, dynamic index, combine) + the loop's own streaming rate
+    and cost per row and byte (its slabs are small and copied first, so the large-dot rates of
+    `host_dot_time` do not carry over). Micro-benchmarks: host-expert-loop-f32-r* (hostbench)."""
+    return experts * param(c, "host_expert_fixed_s") + nbytes * (
+        1 / param(c, "host_expert_bandwidth_bytes_per_s") + rows * param(c, "host_expert_row_s_per_byte"))
 
 
 def is_host_model(c: dict) -> bool:

@@ -104,3 +104,11 @@ def test_host_presets_do_not_inherit_the_fitted_skew():
     assert all(load_model(m).moe.routing_skew == 0 for m in ("kimi-k3-host-small", "kimi-k3-host-large"))
 
 
+
+
+def test_host_expert_loop_by_hand():
+    c = {"host_expert_fixed_s": 2e-6, "host_expert_bandwidth_bytes_per_s": 1e10,
+         "host_expert_row_s_per_byte": 1e-12}
+    # 4 experts, 40 MB, 8 rows: 4 x 2 us + 40e6 x (1e-10 + 8e-12) s = 8 us + 4.32 ms
+    assert cm.host_expert_time(c, 40e6, 8, 4) == pytest.approx(8e-6 + 4.32e-3)
+    assert cm.host_expert_time(c, 40e6, 8, 4) > cm.host_expert_time(c, 40e6, 1, 4)
