@@ -18,7 +18,8 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
   (`efficiency.op_overhead_s`: what each op pays inside one XLA program);
 - the expert loop: a `fori_loop` over EXPERT_DISTINCT of EXPERT_SLABS stacked f32 experts
   (gate_up + SwiGLU + down, each expert indexed dynamically, as `kernels/reference.py` runs its
-  routed experts), by batch rows; written as micro-benchmarks of `components.host_expert_time`.
+  routed experts), for two expert sizes (EXPERT_SHAPES) by batch rows; written as
+  micro-benchmarks of `components.host_expert_time`.
 Not measured (stated as such in the file's sources): memory latency (`dma_latency_s`), the fill
 granule (`dma_tile_bytes`) and the link fields, which do not apply to one CPU device.
 
@@ -53,9 +54,9 @@ DISPATCH_ARGS = (1, 16, 64, 256)  # dispatch cost against the number of array ar
 MATVEC_MIB = 256          # decode-shaped matmuls: a weight of this size, far beyond the LLC,
 MATVEC_K = 1024           # with MATVEC_K input features (a hidden size), times MATVEC_ROWS rows
 MATVEC_ROWS = (1, 2, 4, 8, 16, 32)
-EXPERT_K, EXPERT_W = 1024, 512  # expert input width and FFN width: gate_up [K, 2W], down [W, K]
-EXPERT_SLABS, EXPERT_DISTINCT = 48, 16  # 48 x 6 MiB stacked (far beyond the LLC), 16 visited
-EXPERT_ROWS = MATVEC_ROWS
+EXPERT_SHAPES = ((1024, 512), (256, 128))  # (input width K, FFN width W): gate_up [K, 2W], down [W, K]
+EXPERT_SLABS, EXPERT_DISTINCT = 48, 16  # stacked experts (48 x 6 MiB: far beyond the LLC), 16 visited
+EXPERT_ROWS = (1, 8, 32)
 DMA_LATENCY_ASSUMED_S = 1.0e-7
 DMA_TILE_ASSUMED_BYTES = 65536
 
@@ -96,8 +97,7 @@ class HostBench:
     devices: int
     load_average: float = float("nan")  # 1-minute load average when the run ended
     dispatch_by_args: dict[int, Stat] = field(default_factory=dict)  # one call with n arrays
-    expert_loop: dict[int, Stat] = field(default_factory=dict)  # seconds per expert, by rows
-    expert_shape: tuple[int, int, int, int] = (EXPERT_K, EXPERT_W, EXPERT_SLABS, EXPERT_DISTINCT)
+    expert_loop: dict[tuple[int, int, int], Stat] = field(default_factory=dict)  # s per expert by (K, W, rows)
 
     def dispatch_s_for(self, n_args: int) -> float:
         """Dispatch time of a call with `n_args` arrays: the least-squares line through the
@@ -130,8 +130,7 @@ class HostBench:
                                                  for k, v in self.matvec_bandwidth.items()},
                 "dispatch_s": self.dispatch_s.json(), "op_overhead_s": self.op_overhead_s.json(),
                 "dispatch_s_by_args": {str(k): v.json() for k, v in self.dispatch_by_args.items()},
-                "expert_loop_s_per_expert": {str(k): v.json() for k, v in self.expert_loop.items()},
-                "expert_loop_shape": dict(zip(("k", "width", "slabs", "distinct"), self.expert_shape)),
+                "expert_loop_s_per_expert": {f"{k}x{w}/{r}": v.json() for (k, w, r), v in self.expert_loop.items()},
                 "flops_efficiency": self.flops_efficiency,
                 "load_average_1min": self.load_average}
 
@@ -255,21 +254,21 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
     t_one = statistics.median(_time(lambda: one_jit(mats, x0).block_until_ready(), repeats))
     op_overhead = Stat.of([max(0.0, (t - t_one) / (CHAIN_OPS - 1)) for t in t_chain])
     bar.update(2)
-    shape = (256, 128, 8, 4) if quick else (EXPERT_K, EXPERT_W, EXPERT_SLABS, EXPERT_DISTINCT)
-    experts = _expert_loop(shape, repeats)
+    experts = {}
+    for k, w in ((128, 64),) if quick else EXPERT_SHAPES:
+        experts |= _expert_loop(k, w, 8 if quick else EXPERT_SLABS, 4 if quick else EXPERT_DISTINCT, repeats)
     bar.update()
     bar.close()
     return HostBench(cpu_model(), datetime.date.today().isoformat(), repeats, read, copy, matmul,
                      decode, matvec, dispatch_s, op_overhead, llc_bytes(), ram_bytes(), jax.device_count(),
-                     os.getloadavg()[0], by_args, experts, shape)
+                     os.getloadavg()[0], by_args, experts)
 
 
-def _expert_loop(shape: tuple[int, int, int, int], repeats: int) -> dict[int, Stat]:
+def _expert_loop(k: int, w: int, slabs: int, distinct: int, repeats: int) -> dict[tuple[int, int, int], Stat]:
     """Seconds per expert of a loop over `distinct` of `slabs` stacked experts (gate_up [k, 2w],
-    SwiGLU, down [w, k], f32), each applied to all rows, by rows (EXPERT_ROWS)."""
+    SwiGLU, down [w, k], f32), each applied to all rows, by (k, w, rows) for EXPERT_ROWS."""
     import jax
     import jax.numpy as jnp
-    k, w, slabs, distinct = shape
     gate_up = jnp.full((slabs, k, 2 * w), 1e-3, jnp.float32)
     down = jnp.full((slabs, w, k), 1e-3, jnp.float32)
     ids = jnp.arange(distinct, dtype=jnp.int32) * (slabs // distinct)  # spread over the stack
@@ -285,7 +284,7 @@ def _expert_loop(shape: tuple[int, int, int, int], repeats: int) -> dict[int, St
     out = {}
     for rows in EXPERT_ROWS:
         x = jnp.ones((rows, k), jnp.float32)
-        out[rows] = Stat.of([t / distinct for t in
+        out[(k, w, rows)] = Stat.of([t / distinct for t in
                              _time(lambda: loop(x, gate_up, down, ids).block_until_ready(), repeats)])
     return out
 
@@ -361,13 +360,12 @@ def microbench(b: HostBench, name: str = "host-cpu") -> dict:
                 "value": MATVEC_MIB * MIB / s.median / 1e-3, "unit": "ms_per_dot",
                 "scope": f"jitted f32 dot, {rows} rows x {MATVEC_K} x {MATVEC_MIB} MiB weight", "source": src}
                for (dt, rows), s in b.matvec_bandwidth.items() if dt == "f32"]
-    k, w, slabs, distinct = b.expert_shape
-    entries += [{"id": f"host-expert-loop-f32-r{rows}", "platform": name, "mechanism": "host_expert_loop",
-                 "inputs": {"bytes": distinct * 3 * k * w * 4, "rows": rows, "experts": distinct},
+    entries += [{"id": f"host-expert-loop-f32-{k}x{w}-r{rows}", "platform": name, "mechanism": "host_expert_loop",
+                 "inputs": {"bytes": 3 * k * w * 4, "rows": rows, "experts": 1},
                  "value": s.median / 1e-6, "unit": "us_per_expert",
-                 "scope": f"fori_loop over {distinct} of {slabs} stacked f32 experts (gate_up [{k}, {2 * w}], "
-                          f"down [{w}, {k}]), {rows} rows", "source": src}
-                for rows, s in b.expert_loop.items()]
+                 "scope": f"fori_loop over the stacked f32 experts (gate_up [{k}, {2 * w}], down [{w}, {k}]), "
+                          f"{rows} rows, per expert", "source": src}
+                for (k, w, rows), s in b.expert_loop.items()]
     return {"what": "host component micro-benchmarks measured by perfmodel hostbench", "platform": name,
             "entries": entries}
 
@@ -425,8 +423,8 @@ def cmd_hostbench(a) -> dict:
         for n_args, s in b.dispatch_by_args.items():
             print(f"  dispatch with {n_args:3d} array arguments: " + _stat_text(s, 1e-6, "us"))
         print("  in-program per-op overhead: " + _stat_text(b.op_overhead_s, 1e-6, "us"))
-        for rows, s in b.expert_loop.items():
-            print(f"  expert loop, {rows:2d} rows: " + _stat_text(s, 1e-6, "us per expert"))
+        for (k, w, rows), s in b.expert_loop.items():
+            print(f"  expert loop, {k}x{w} experts, {rows:2d} rows: " + _stat_text(s, 1e-6, "us per expert"))
         print(f"wrote {path} (+ {path.with_suffix('.json').name})")
     return {"hardware_file": str(path), **b.json()}
 

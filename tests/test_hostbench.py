@@ -21,7 +21,8 @@ def bench() -> HostBench:
                      {"bf16": s(300e9), "f32": s(150e9)},
                      {(dt, r): s(20e9 / r) for dt in ("f32", "bf16") for r in hostbench.MATVEC_ROWS},
                      s(5e-6), s(1e-6), 32 * 2**20, 24 * 2**30, 1,
-                     expert_loop={r: s(200e-6 + 10e-6 * r) for r in hostbench.EXPERT_ROWS})
+                     expert_loop={(k, w, r): s(2e-6 + 3 * k * w * 4 * (5e-11 + 1e-12 * r))
+                                  for k, w in hostbench.EXPERT_SHAPES for r in hostbench.EXPERT_ROWS})
 
 
 def test_stat_rate_swaps_min_and_max():
@@ -78,11 +79,11 @@ def test_dispatch_cost_against_argument_count_is_a_line_through_the_medians():
 
 def test_expert_loop_is_a_component_fitted_to_its_own_figures(tmp_path):
     """hostbench writes the expert-loop figures as micro-benchmarks and fits
-    components.host_expert_time to them alone (synthetic figures linear in the rows: exact)."""
+    components.host_expert_time to them alone (synthetic figures of its form: exact)."""
     path = hostbench.write(bench(), tmp_path / "host.toml")
     data = json.loads(path.with_suffix(".microbench.json").read_text())
     loops = [e for e in data["entries"] if e["mechanism"] == "host_expert_loop"]
-    assert [e["inputs"]["rows"] for e in loops] == list(hostbench.EXPERT_ROWS)
+    assert len(loops) == len(hostbench.EXPERT_SHAPES) * len(hostbench.EXPERT_ROWS)
     hw = load_hardware(str(path))
     assert "fitted by perfmodel calibrate" in hw.sources["components.host_expert_fixed_s"]
     from perfmodel.microbench import residual_table
