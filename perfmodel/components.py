@@ -14,8 +14,9 @@ TPU (one TensorCore = one device; a chip has `cores_per_chip` of them):
 - `device_call_time`: host dispatch of one device call (a jitted program).
 GPU: `kernel_launch_time` (CUDA-graph node), `kernel_stream_time` (achieved bandwidth of a decode
 GEMV / grouped GEMM kernel), `gpu_all_reduce_time` (by ranks and payload).
-Host CPU: `host_dot_time` (XLA:CPU decode-shaped dots by rows) and `host_expert_time` (the
-reference's loop over the distinct experts), fitted to hostbench's figures.
+Host CPU: `host_dot_time` (XLA:CPU decode-shaped dots by rows), `host_expert_time` (the
+reference's loop over the distinct experts) and `host_convert_time` (bf16 -> f32 widening of a
+cache), fitted to hostbench's figures.
 """
 from __future__ import annotations
 
@@ -198,6 +199,13 @@ def host_expert_time(c: dict, nbytes: float, rows: float, experts: float) -> flo
     `host_dot_time` do not carry over). Micro-benchmarks: host-expert-loop-f32-r* (hostbench)."""
     return experts * param(c, "host_expert_fixed_s") + nbytes * (
         1 / param(c, "host_expert_bandwidth_bytes_per_s") + rows * param(c, "host_expert_row_s_per_byte"))
+
+
+def host_convert_time(c: dict, values: float) -> float:
+    """Widening `values` cached bf16 values to f32 as XLA:CPU runs it (the reference converts the
+    whole MLA latent cache every step before attending): an elementwise fusion far slower than
+    the memory system. Micro-benchmarks: host-convert-bf16-f32-* (hostbench)."""
+    return values / param(c, "host_convert_values_per_s")
 
 
 def is_host_model(c: dict) -> bool:

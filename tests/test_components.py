@@ -112,3 +112,7 @@ def test_host_expert_loop_by_hand():
     # 4 experts, 40 MB, 8 rows: 4 x 2 us + 40e6 x (1e-10 + 8e-12) s = 8 us + 4.32 ms
     assert cm.host_expert_time(c, 40e6, 8, 4) == pytest.approx(8e-6 + 4.32e-3)
     assert cm.host_expert_time(c, 40e6, 8, 4) > cm.host_expert_time(c, 40e6, 1, 4)
+
+
+def test_host_cache_widening_by_hand():
+    assert cm.host_convert_time({"host_convert_values_per_s": 5e8}, 1e8) == pytest.approx(0.2)

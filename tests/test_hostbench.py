@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 
 import pytest
@@ -22,7 +23,8 @@ def bench() -> HostBench:
                      {(dt, r): s(20e9 / r) for dt in ("f32", "bf16") for r in hostbench.MATVEC_ROWS},
                      s(5e-6), s(1e-6), 32 * 2**20, 24 * 2**30, 1,
                      expert_loop={(k, w, r): s(2e-6 + 3 * k * w * 4 * (5e-11 + 1e-12 * r))
-                                  for k, w in hostbench.EXPERT_SHAPES for r in hostbench.EXPERT_ROWS})
+                                  for k, w in hostbench.EXPERT_SHAPES for r in hostbench.EXPERT_ROWS},
+                     convert_s={sh: s(math.prod(sh) / 1e9) for sh in hostbench.CONVERT_SHAPES})
 
 
 def test_stat_rate_swaps_min_and_max():
@@ -89,3 +91,10 @@ def test_expert_loop_is_a_component_fitted_to_its_own_figures(tmp_path):
     from perfmodel.microbench import residual_table
     rows = [r for r in residual_table(data, hw) if r["mechanism"] == "host_expert_loop"]
     assert all(abs(r["error"]) < 0.02 for r in rows)
+
+
+def test_cache_widening_is_a_component_fitted_to_its_own_figures(tmp_path):
+    path = hostbench.write(bench(), tmp_path / "host.toml")
+    hw = load_hardware(str(path))
+    assert hw.components["host_convert_values_per_s"] == pytest.approx(1e9, rel=1e-3)
+    assert "fitted by perfmodel calibrate" in hw.sources["components.host_convert_values_per_s"]
