@@ -116,3 +116,14 @@ def test_host_expert_loop_by_hand():
 
 def test_host_cache_widening_by_hand():
     assert cm.host_convert_time({"host_convert_values_per_s": 5e8}, 1e8) == pytest.approx(0.2)
+
+
+def test_all_gather_benchmarks_carry_the_gathered_result():
+    """The report's all-gather shapes are each rank's [R, w] bf16 shard; the collective model
+    takes the gathered [R, 8w] result, as the simulator passes it."""
+    import re
+    gathers = [e for e in load("tpu7x.json")["entries"] if e["inputs"].get("kind") == "all_gather"]
+    assert len(gathers) == 6
+    for e in gathers:
+        rows, width = map(int, re.search(r"\[(\d+), (\d+)\] bf16 per rank", e["inputs"]["shard"]).groups())
+        assert e["inputs"]["payload_bytes"] == e["inputs"]["devices"] * rows * width * 2
