@@ -14,7 +14,9 @@ TPU (one TensorCore = one device; a chip has `cores_per_chip` of them):
 - `device_call_time`: host dispatch of one device call (a jitted program).
 GPU: `kernel_launch_time` (CUDA-graph node), `kernel_stream_time` (achieved bandwidth of a decode
 GEMV / grouped GEMM kernel), `gpu_all_reduce_time` (by ranks and payload).
-Host CPU: `host_dot_time` (XLA:CPU decode-shaped dots by rows), fitted to hostbench's figures.
+Host CPU: `host_dot_time` (XLA:CPU decode-shaped dots by rows), `host_expert_time` (the
+reference's loop over the distinct experts) and `host_convert_time` (bf16 -> f32 widening of a
+cache), fitted to hostbench's figures.
 """
 from __future__ import annotations
 
@@ -108,10 +110,11 @@ def collective_phases(kind: str, algorithm: str, payload: float, devices: int, c
     if kind == "all_reduce":  # sibling reduce-scatter, chips RS + AG on 1/k each, sibling gather
         sib = Phase(k - 1, (k - 1) * payload / k, 0.0)
         cross = Phase(chips - 1, 0.0, (chips - 1) * payload / k / chips)
-    else:  # all-gather: sibling gather, then the chip's block to the same core on other chips
-        sib = Phase(k - 1, (k - 1) * payload / devices, 0.0)
-        cross = Phase(chips - 1, 0.0, (chips - 1) * k * payload / devices)
-    phases = [sib, cross, cross, sib] if kind == "all_reduce" else [sib, cross]
+        phases = [sib, cross, cross, sib]
+    else:  # all-gather: own shard to the same core of every other chip (1/k of direct's
+        # cross-chip bytes per core), then the chips' shards so gathered to the siblings
+        shard = payload / devices
+        phases = [Phase(chips - 1, 0.0, (chips - 1) * shard), Phase(k - 1, (k - 1) * chips * shard, 0.0)]
     return [ph for ph in phases if ph.copies]
 
 
@@ -185,6 +188,24 @@ def host_dot_time(c: dict, nbytes: float, rows: float) -> float:
     if rows <= 1:
         return nbytes / param(c, "dot_gemv_bandwidth_bytes_per_s")
     return nbytes * (1 / param(c, "dot_gemm_bandwidth_bytes_per_s") + rows * param(c, "dot_gemm_row_s_per_byte"))
+
+
+def host_expert_time(c: dict, nbytes: float, rows: float, experts: float) -> float:
+    """The routed experts of one MoE layer as the XLA:CPU reference runs them: a loop over the
+    `experts` distinct experts (`nbytes` of weights in all), every iteration slicing its expert's
+    weights out of the stacked array (a copy) and applying them to all `rows` of the batch: a
+    fixed cost per expert (loop step, dynamic index, combine) + the loop's own streaming rate
+    and cost per row and byte (its slabs are small and copied first, so the large-dot rates of
+    `host_dot_time` do not carry over). Micro-benchmarks: host-expert-loop-f32-r* (hostbench)."""
+    return experts * param(c, "host_expert_fixed_s") + nbytes * (
+        1 / param(c, "host_expert_bandwidth_bytes_per_s") + rows * param(c, "host_expert_row_s_per_byte"))
+
+
+def host_convert_time(c: dict, values: float) -> float:
+    """Widening `values` cached bf16 values to f32 as XLA:CPU runs it (the reference converts the
+    whole MLA latent cache every step before attending): an elementwise fusion far slower than
+    the memory system. Micro-benchmarks: host-convert-bf16-f32-* (hostbench)."""
+    return values / param(c, "host_convert_values_per_s")
 
 
 def is_host_model(c: dict) -> bool:

@@ -49,6 +49,9 @@ GROUPS = {
     "gpu_kernel": (("kernel_bandwidth_efficiency",), ("engine_bandwidth_fraction",)),
     "host_dot": (("dot_gemv_bandwidth_bytes_per_s", "dot_gemm_bandwidth_bytes_per_s", "dot_gemm_row_s_per_byte"),
                  ("host_dot",)),
+    "host_expert": (("host_expert_fixed_s", "host_expert_bandwidth_bytes_per_s", "host_expert_row_s_per_byte"),
+                    ("host_expert_loop",)),
+    "host_convert": (("host_convert_values_per_s",), ("host_convert",)),
 }
 
 
@@ -117,6 +120,10 @@ def predict_entry(e: dict, hw: Hardware) -> float:
         t = cm.gpu_all_reduce_time(c, i["bytes"], i["ranks"])
     elif m == "host_dot":
         t = cm.host_dot_time(c, i["bytes"], i["rows"])
+    elif m == "host_convert":
+        t = cm.host_convert_time(c, i["values"])
+    elif m == "host_expert_loop":
+        t = cm.host_expert_time(c, i["bytes"], i["rows"], i["experts"]) / i["experts"]
     elif m == "engine_bandwidth_fraction":
         return engine_bandwidth_fraction(hw, i)
     else:

@@ -15,7 +15,13 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
 - dispatch against argument count: the same tiny op taking 1..256 arrays (reported; a decode
   phase passes its layer's weights, so its dispatch costs more than a one-array call);
 - in-program per-op overhead: a chain of tiny dependent matmuls in one compiled program, per op
-  (`efficiency.op_overhead_s`: what each op pays inside one XLA program).
+  (`efficiency.op_overhead_s`: what each op pays inside one XLA program);
+- the expert loop: a `fori_loop` over EXPERT_DISTINCT of EXPERT_SLABS stacked f32 experts
+  (gate_up + SwiGLU + down, each expert indexed dynamically, as `kernels/reference.py` runs its
+  routed experts), for two expert sizes (EXPERT_SHAPES) by batch rows; written as
+  micro-benchmarks of `components.host_expert_time`;
+- bf16 -> f32 widening: a jitted `astype(float32)` of bf16 arrays shaped like a latent cache
+  (CONVERT_SHAPES), values per second (`components.host_convert_time`).
 Not measured (stated as such in the file's sources): memory latency (`dma_latency_s`), the fill
 granule (`dma_tile_bytes`) and the link fields, which do not apply to one CPU device.
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import math
 import os
 import platform
 import statistics
@@ -50,6 +57,10 @@ DISPATCH_ARGS = (1, 16, 64, 256)  # dispatch cost against the number of array ar
 MATVEC_MIB = 256          # decode-shaped matmuls: a weight of this size, far beyond the LLC,
 MATVEC_K = 1024           # with MATVEC_K input features (a hidden size), times MATVEC_ROWS rows
 MATVEC_ROWS = (1, 2, 4, 8, 16, 32)
+EXPERT_SHAPES = ((1024, 512), (256, 128))  # (input width K, FFN width W): gate_up [K, 2W], down [W, K]
+EXPERT_SLABS, EXPERT_DISTINCT = 48, 16  # stacked experts (48 x 6 MiB: far beyond the LLC), 16 visited
+EXPERT_ROWS = (1, 8, 32)
+CONVERT_SHAPES = ((16, 4096, 192), (32, 4096, 192))  # bf16 latent-cache-like arrays beyond the LLC
 DMA_LATENCY_ASSUMED_S = 1.0e-7
 DMA_TILE_ASSUMED_BYTES = 65536
 
@@ -90,6 +101,8 @@ class HostBench:
     devices: int
     load_average: float = float("nan")  # 1-minute load average when the run ended
     dispatch_by_args: dict[int, Stat] = field(default_factory=dict)  # one call with n arrays
+    expert_loop: dict[tuple[int, int, int], Stat] = field(default_factory=dict)  # s per expert by (K, W, rows)
+    convert_s: dict[tuple[int, ...], Stat] = field(default_factory=dict)  # bf16 -> f32 widening, by shape
 
     def dispatch_s_for(self, n_args: int) -> float:
         """Dispatch time of a call with `n_args` arrays: the least-squares line through the
@@ -122,6 +135,8 @@ class HostBench:
                                                  for k, v in self.matvec_bandwidth.items()},
                 "dispatch_s": self.dispatch_s.json(), "op_overhead_s": self.op_overhead_s.json(),
                 "dispatch_s_by_args": {str(k): v.json() for k, v in self.dispatch_by_args.items()},
+                "expert_loop_s_per_expert": {f"{k}x{w}/{r}": v.json() for (k, w, r), v in self.expert_loop.items()},
+                "convert_bf16_f32_s": {"x".join(map(str, k)): v.json() for k, v in self.convert_s.items()},
                 "flops_efficiency": self.flops_efficiency,
                 "load_average_1min": self.load_average}
 
@@ -173,7 +188,7 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
     positive_int("repeats", repeats)
     sizes = QUICK_BANDWIDTH_SIZES_MIB if quick else BANDWIDTH_SIZES_MIB
     n = QUICK_MATMUL_N if quick else MATMUL_N
-    steps = len(sizes) + 7
+    steps = len(sizes) + 9
     bar = tqdm(total=steps, desc="hostbench", disable=not progress)
 
     total = jax.jit(jnp.sum)
@@ -245,10 +260,46 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
     t_one = statistics.median(_time(lambda: one_jit(mats, x0).block_until_ready(), repeats))
     op_overhead = Stat.of([max(0.0, (t - t_one) / (CHAIN_OPS - 1)) for t in t_chain])
     bar.update(2)
+    experts = {}
+    for k, w in ((128, 64),) if quick else EXPERT_SHAPES:
+        experts |= _expert_loop(k, w, 8 if quick else EXPERT_SLABS, 4 if quick else EXPERT_DISTINCT, repeats)
+    bar.update()
+    widen = jax.jit(lambda x: x.astype(jnp.float32))
+    convert = {}
+    for shape in ((2, 256, 192),) if quick else CONVERT_SHAPES:
+        x = jnp.ones(shape, jnp.bfloat16)
+        convert[shape] = Stat.of(_time(lambda: widen(x).block_until_ready(), repeats))
+        del x
+    bar.update()
     bar.close()
     return HostBench(cpu_model(), datetime.date.today().isoformat(), repeats, read, copy, matmul,
                      decode, matvec, dispatch_s, op_overhead, llc_bytes(), ram_bytes(), jax.device_count(),
-                     os.getloadavg()[0], by_args)
+                     os.getloadavg()[0], by_args, experts, convert)
+
+
+def _expert_loop(k: int, w: int, slabs: int, distinct: int, repeats: int) -> dict[tuple[int, int, int], Stat]:
+    """Seconds per expert of a loop over `distinct` of `slabs` stacked experts (gate_up [k, 2w],
+    SwiGLU, down [w, k], f32), each applied to all rows, by (k, w, rows) for EXPERT_ROWS."""
+    import jax
+    import jax.numpy as jnp
+    gate_up = jnp.full((slabs, k, 2 * w), 1e-3, jnp.float32)
+    down = jnp.full((slabs, w, k), 1e-3, jnp.float32)
+    ids = jnp.arange(distinct, dtype=jnp.int32) * (slabs // distinct)  # spread over the stack
+
+    @jax.jit
+    def loop(x, gate_up, down, ids):
+        def body(j, acc):
+            h = jnp.dot(x, gate_up[ids[j]], preferred_element_type=jnp.float32)
+            h = h[:, :w] * jax.nn.sigmoid(h[:, :w]) * h[:, w:]
+            return acc + jnp.dot(h, down[ids[j]], preferred_element_type=jnp.float32)
+        return jax.lax.fori_loop(0, ids.shape[0], body, jnp.zeros_like(x))
+
+    out = {}
+    for rows in EXPERT_ROWS:
+        x = jnp.ones((rows, k), jnp.float32)
+        out[(k, w, rows)] = Stat.of([t / distinct for t in
+                             _time(lambda: loop(x, gate_up, down, ids).block_until_ready(), repeats)])
+    return out
 
 
 def _stat_text(s: Stat, unit: float, name: str) -> str:
@@ -314,14 +365,25 @@ def hardware_toml(b: HostBench, name: str = "host-cpu") -> str:
 
 
 def microbench(b: HostBench, name: str = "host-cpu") -> dict:
-    """The decode-shaped dot figures as component micro-benchmarks (perfmodel.microbench format);
-    f32 only: the host models' weights are f32."""
+    """The decode-shaped dot and expert-loop figures as component micro-benchmarks
+    (perfmodel.microbench format); f32 only: the host models' weights are f32."""
     src = f"perfmodel hostbench on {b.cpu}, {b.date}, {b.repeats} repeats (median)"
     entries = [{"id": f"host-dot-f32-r{rows}", "platform": name, "mechanism": "host_dot",
                 "inputs": {"bytes": MATVEC_MIB * MIB, "rows": rows},
                 "value": MATVEC_MIB * MIB / s.median / 1e-3, "unit": "ms_per_dot",
                 "scope": f"jitted f32 dot, {rows} rows x {MATVEC_K} x {MATVEC_MIB} MiB weight", "source": src}
                for (dt, rows), s in b.matvec_bandwidth.items() if dt == "f32"]
+    entries += [{"id": f"host-expert-loop-f32-{k}x{w}-r{rows}", "platform": name, "mechanism": "host_expert_loop",
+                 "inputs": {"bytes": 3 * k * w * 4, "rows": rows, "experts": 1},
+                 "value": s.median / 1e-6, "unit": "us_per_expert",
+                 "scope": f"fori_loop over the stacked f32 experts (gate_up [{k}, {2 * w}], down [{w}, {k}]), "
+                          f"{rows} rows, per expert", "source": src}
+                for (k, w, rows), s in b.expert_loop.items()]
+    entries += [{"id": f"host-convert-bf16-f32-{'x'.join(map(str, shape))}", "platform": name,
+                 "mechanism": "host_convert", "inputs": {"values": math.prod(shape)},
+                 "value": s.median / 1e-6, "unit": "us_per_call",
+                 "scope": f"jitted astype(float32) of a bf16 {list(shape)} array", "source": src}
+                for shape, s in b.convert_s.items()]
     return {"what": "host component micro-benchmarks measured by perfmodel hostbench", "platform": name,
             "entries": entries}
 
@@ -342,6 +404,11 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
     hw = from_dict(tomllib.loads(hardware_toml(b, name)))
     start = {"dot_gemv_bandwidth_bytes_per_s": 2e10, "dot_gemm_bandwidth_bytes_per_s": 2e10,
              "dot_gemm_row_s_per_byte": 1e-12}
+    if b.convert_s:
+        start |= {"host_convert_values_per_s": 1e9}
+    if b.expert_loop:
+        start |= {"host_expert_fixed_s": 1e-6, "host_expert_bandwidth_bytes_per_s": 2e10,
+                  "host_expert_row_s_per_byte": 1e-12}
     hw = dataclasses.replace(hw, components=start, sources={**hw.sources, **{
         f"components.{k}": "starting value" for k in start}})
     mb = out.with_suffix(".microbench.json")
@@ -376,6 +443,10 @@ def cmd_hostbench(a) -> dict:
         for n_args, s in b.dispatch_by_args.items():
             print(f"  dispatch with {n_args:3d} array arguments: " + _stat_text(s, 1e-6, "us"))
         print("  in-program per-op overhead: " + _stat_text(b.op_overhead_s, 1e-6, "us"))
+        for shape, s in b.convert_s.items():
+            print(f"  bf16 -> f32 widening of {list(shape)}: " + _stat_text(s, 1e-6, "us"))
+        for (k, w, rows), s in b.expert_loop.items():
+            print(f"  expert loop, {k}x{w} experts, {rows:2d} rows: " + _stat_text(s, 1e-6, "us per expert"))
         print(f"wrote {path} (+ {path.with_suffix('.json').name})")
     return {"hardware_file": str(path), **b.json()}
 

@@ -1,7 +1,9 @@
 """hostbench: the hardware file it writes (from synthetic figures) and one quick real run."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import tomllib
 
 import pytest
@@ -19,7 +21,10 @@ def bench() -> HostBench:
                      {128: s(50e9), 1024: s(60e9)}, {"bf16": s(400e9), "f32": s(200e9)},
                      {"bf16": s(300e9), "f32": s(150e9)},
                      {(dt, r): s(20e9 / r) for dt in ("f32", "bf16") for r in hostbench.MATVEC_ROWS},
-                     s(5e-6), s(1e-6), 32 * 2**20, 24 * 2**30, 1)
+                     s(5e-6), s(1e-6), 32 * 2**20, 24 * 2**30, 1,
+                     expert_loop={(k, w, r): s(2e-6 + 3 * k * w * 4 * (5e-11 + 1e-12 * r))
+                                  for k, w in hostbench.EXPERT_SHAPES for r in hostbench.EXPERT_ROWS},
+                     convert_s={sh: s(math.prod(sh) / 1e9) for sh in hostbench.CONVERT_SHAPES})
 
 
 def test_stat_rate_swaps_min_and_max():
@@ -70,6 +75,26 @@ def test_dispatch_cost_against_argument_count_is_a_line_through_the_medians():
     b = bench()
     assert b.dispatch_s_for(10) == b.dispatch_s.median  # not measured: the one-array figure
     s = lambda x: Stat(x, x, x)
-    b = HostBench(*[getattr(b, f) for f in HostBench.__dataclass_fields__][:-1],
-                  dispatch_by_args={1: s(5e-6), 65: s(37e-6)})
+    b = dataclasses.replace(b, dispatch_by_args={1: s(5e-6), 65: s(37e-6)})
     assert b.dispatch_s_for(33) == pytest.approx(21e-6)
+
+
+def test_expert_loop_is_a_component_fitted_to_its_own_figures(tmp_path):
+    """hostbench writes the expert-loop figures as micro-benchmarks and fits
+    components.host_expert_time to them alone (synthetic figures of its form: exact)."""
+    path = hostbench.write(bench(), tmp_path / "host.toml")
+    data = json.loads(path.with_suffix(".microbench.json").read_text())
+    loops = [e for e in data["entries"] if e["mechanism"] == "host_expert_loop"]
+    assert len(loops) == len(hostbench.EXPERT_SHAPES) * len(hostbench.EXPERT_ROWS)
+    hw = load_hardware(str(path))
+    assert "fitted by perfmodel calibrate" in hw.sources["components.host_expert_fixed_s"]
+    from perfmodel.microbench import residual_table
+    rows = [r for r in residual_table(data, hw) if r["mechanism"] == "host_expert_loop"]
+    assert all(abs(r["error"]) < 0.02 for r in rows)
+
+
+def test_cache_widening_is_a_component_fitted_to_its_own_figures(tmp_path):
+    path = hostbench.write(bench(), tmp_path / "host.toml")
+    hw = load_hardware(str(path))
+    assert hw.components["host_convert_values_per_s"] == pytest.approx(1e9, rel=1e-3)
+    assert "fitted by perfmodel calibrate" in hw.sources["components.host_convert_values_per_s"]
