@@ -352,24 +352,9 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-# Values `perfmodel reproduce --write` fits (section.field): a derived preset gets the physical
-# default unless it opts in by name, e.g. `inherit_fitted = ["moe.routing_skew"]`.
-FITTED = ("moe.routing_skew",)
-
-
 def _derived(base: dict, over: dict) -> dict:
     """`over` merged into `base`; a nested table replaces only the keys it names, except
-    `attention`, replaced whole (its layer lists depend on the layer count). Fitted values
-    (FITTED) and their sources stay behind unless `over["inherit_fitted"]` names them."""
-    keep = check_tree(over.get("inherit_fitted", []), [(STR,)], "inherit_fitted")
-    for name in keep:
-        require(name in FITTED, "inherit_fitted", name, f"fitted values are {', '.join(FITTED)}")
-    base = {**base, "sources": dict(base.get("sources", {}))}
-    for name in set(FITTED) - set(keep):
-        section, key = name.split(".")
-        if isinstance(base.get(section), dict):
-            base[section] = {k: v for k, v in base[section].items() if k != key}
-        base["sources"].pop(key, None)
+    `attention`, replaced whole (its layer lists depend on the layer count)."""
     if "attention" in over:
         base = {k: v for k, v in base.items() if k != "attention"}
     return _merge(base, over)

@@ -35,7 +35,7 @@ TARGETS = {"fitted": 0.08, "held-out": 0.10}
 class Param:
     """A fitted parameter: where it lives, fit bounds, and the range called physically plausible."""
     name: str
-    scope: str        # "model" (shared by all platforms) or a platform name
+    scope: str        # the platform (hardware preset) whose [efficiency] holds it
     bounds: tuple[float, float]
     plausible: tuple[float, float]
     why: str
@@ -46,37 +46,35 @@ class Param:
 
 
 def fit_params(platforms: list[str]) -> list[Param]:
-    """The router's skew is a property of the model, shared by both platforms; besides it, one
-    parameter per platform for what no micro-benchmark covers at the seed's scale (2 per platform):
-    GPU: the collectives (micro-benchmarks at 8 GPUs, the seed runs 16, layout not published);
-    TPU: the per-expert fixed cost of the expert loop (no micro-benchmark isolates it)."""
-    out = [Param("routing_skew", "model", (0.0, 3.0), (0.0, 1.0),
-                 "Zipf exponent of expert popularity; uniform routing (0) is the baseline")]
-    for p in platforms:
-        out.append(Param("expert_overhead_s", p, (0.0, 5e-6), (0.0, 2e-6),
-                         "fixed cost per distinct expert of a layer (bookkeeping, semaphore waits, "
-                         "instruction fetch of the expert loop)") if p == "tpu-v7" else
-                   Param("collective_latency_scale", p, (0.0, 10.0), (0.5, 2.0),
-                         "multiplies the fitted collective latency terms (8-GPU micro-benchmarks) "
-                         "at the seed's 16 GPUs"))
-    return out
+    """One whole-step parameter per platform, for what no micro-benchmark covers at the seed's
+    scale: GPU: the collectives (micro-benchmarks at 8 GPUs, the seed runs 16, layout not
+    published); TPU: the per-expert fixed cost of the expert loop (no micro-benchmark isolates
+    it). The router's skew stays at its physical default (uniform routing): nothing measures
+    Kimi K3's expert popularity, and a skew fitted to whole steps traded against both."""
+    return [Param("expert_overhead_s", p, (0.0, 5e-6), (0.0, 2e-6),
+                  "fixed cost per distinct expert of a layer (bookkeeping, semaphore waits, "
+                  "instruction fetch of the expert loop)") if p == "tpu-v7" else
+            Param("collective_latency_scale", p, (0.0, 10.0), (0.5, 2.0),
+                  "multiplies the fitted collective latency terms (8-GPU micro-benchmarks) "
+                  "at the seed's 16 GPUs")
+            for p in platforms]
 
 
-def deployment_for(m: Measurement, skew: float | None = None) -> Deployment:
+def deployment_for(m: Measurement) -> Deployment:
+    """The measurement's layout, with uniform routing (the physical default skew, not fitted)."""
     spec = SpecDecode(m.draft_rows, acceptance_length=m.acceptance_length) if m.spec_decode else None
     return Deployment(devices=m.devices, tp=m.tp, ep=m.ep, engine=m.engine, batch=m.batch, spec=spec,
-                      routing_skew=skew)
+                      routing_skew=0.0)
 
 
 def role(m: Measurement) -> str:
     return "fitted" if not m.spec_decode and m.batch in FIT_BATCHES else "held-out"
 
 
-def _apply(values: dict[str, float], hw: dict[str, Hardware], platform: str) -> tuple[Hardware, float]:
-    """Hardware with physical-default efficiency except the fitted values, and the skew."""
+def _apply(values: dict[str, float], hw: dict[str, Hardware], platform: str) -> Hardware:
+    """Hardware with physical-default efficiency except the fitted values."""
     eff = {p.split(".", 1)[1]: v for p, v in values.items() if p.startswith(platform + ".")}
-    return (dataclasses.replace(hw[platform], efficiency=dataclasses.replace(Efficiency(), **eff)),
-            values.get("model.routing_skew", 0.0))
+    return dataclasses.replace(hw[platform], efficiency=dataclasses.replace(Efficiency(), **eff))
 
 
 def fit(measurements: list[Measurement], hw: dict[str, Hardware]) -> dict[str, float]:
@@ -86,15 +84,14 @@ def fit(measurements: list[Measurement], hw: dict[str, Hardware]) -> dict[str, f
     train = [m for m in measurements if role(m) == "fitted"]
     unit = np.array([1e-6 if p.name.endswith("_s") else 1.0 for p in params])  # fit times in us
     lo, hi = np.array([p.bounds[0] for p in params]) / unit, np.array([p.bounds[1] for p in params]) / unit
-    x0 = np.clip([0.0 if p.name == "routing_skew" else getattr(Efficiency(), p.name) for p in params] / unit,
-                 lo, hi)
+    x0 = np.clip([getattr(Efficiency(), p.name) for p in params] / unit, lo, hi)
 
     def residuals(x):
         values = dict(zip((p.key for p in params), x * unit))
         out = []
         for m in train:
-            h, skew = _apply(values, hw, m.platform)
-            out.append(np.log(predict(model, h, deployment_for(m, skew)).tokens_per_s / m.tokens_per_s))
+            out.append(np.log(predict(model, _apply(values, hw, m.platform), deployment_for(m)).tokens_per_s
+                              / m.tokens_per_s))
         return out
 
     res = least_squares(residuals, x0, bounds=(lo, hi), diff_step=1e-3)
@@ -104,7 +101,7 @@ def fit(measurements: list[Measurement], hw: dict[str, Hardware]) -> dict[str, f
 def reproduce(fit_parameters: bool = True) -> dict:
     """The seed table predicted next to the reported values (schema in docs/json-schema.md).
 
-    With fit_parameters=False every parameter stays at its physical default (skew 0)."""
+    With fit_parameters=False every parameter stays at its physical default."""
     model = load_model(MODEL)
     ms = seed_measurements()
     hw = {m.platform: load_hardware(m.hardware) for m in ms}
@@ -115,8 +112,7 @@ def reproduce(fit_parameters: bool = True) -> dict:
               for p in fit_params(sorted(hw)) if p.key in values}
     points = []
     for m in ms:
-        h, skew = _apply(values, hw, m.platform)
-        p = predict(model, h, deployment_for(m, skew))
+        p = predict(model, _apply(values, hw, m.platform), deployment_for(m))
         err = p.tokens_per_s / m.tokens_per_s - 1
         r = role(m) if fit_parameters else "held-out"
         points.append({"platform": m.platform, "batch": m.batch,
@@ -152,15 +148,14 @@ def write_presets(report: dict, target) -> dict[Path, tuple[str, list[str]]]:
     out: dict[Path, tuple[str, list[str]]] = {}
     for key, info in report["fitted_parameters"].items():
         scope, name = key.split(".", 1)
-        rel = Path("models", f"{MODEL}.toml") if scope == "model" else Path("hardware", f"{scope}.toml")
+        rel = Path("hardware", f"{scope}.toml")
         path = Path(target) / rel
         text, changes = out.get(path) or (read_text(path if path.exists() else MODEL_DIR.parent / rel,
                                                     "--write"), [])
         old = re.findall(rf"(?m)^{name} = (?!\")([^\n]*)$", text)
         require(len(old) == 1, "--write", str(path), f"expected exactly one '{name} = ' line")
         text = re.sub(rf"(?m)^{name} = (?!\")[^\n]*$", f"{name} = {info['value']:.6g}", text)
-        src_key = name if scope == "model" else "efficiency"
-        text, n = re.subn(rf'(?m)^{src_key} = ".*"$', f'{src_key} = "{stamp}; the rest physical defaults"', text)
-        require(n == 1, "--write", str(path), f"expected exactly one '{src_key} = \"...\"' source line")
+        text, n = re.subn(rf'(?m)^efficiency = ".*"$', f'efficiency = "{stamp}; the rest physical defaults"', text)
+        require(n == 1, "--write", str(path), "expected exactly one 'efficiency = \"...\"' source line")
         out[path] = (text, changes + [f"{name} {old[0].strip()} -> {info['value']:.6g}"])
     return out

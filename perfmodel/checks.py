@@ -38,8 +38,7 @@ MODEL_FILE = {"name": (STR,), "base": (STR,), "hidden": (INT,), "vocab": (INT,),
               "attention": {"default": (STR,), "*": [(INT,)]},
               "ffn": {"dense_layers": [(INT,)], "dense_width": (INT,)},
               "formats": {"*": (STR,)}, "sources": {"*": (STR,)},
-              "kda": _SECTION, "mla": _SECTION, "gqa": _SECTION, "moe": _SECTION,
-              "inherit_fitted": [(STR,)]}
+              "kda": _SECTION, "mla": _SECTION, "gqa": _SECTION, "moe": _SECTION}
 HARDWARE_FILE = {"peak_flops_per_s": {"*": (NUMBER,)}, "efficiency": {"*": (NUMBER,)},
                  "components": {"*": (NUMBER,)},
                  "sources": {"*": (STR,)}, "*": (NUMBER, STR)}

@@ -159,12 +159,18 @@ def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
     comp, coll = op_compute_s(g, hw, weights), collective_s(g, hw)
     nbytes = g.bytes
     t_mem = nbytes / bw + np.where(nbytes > 0, desc * np.ceil(nbytes / hw.dma_tile_bytes), 0.0)
-    if cm.is_host_model(hw.components):  # XLA:CPU dots: achieved bandwidth by rows (hostbench)
-        w = op_weights(g) if weights is None else weights
+    if cm.is_host_model(hw.components):  # XLA:CPU as the reference runs (hostbench components)
+        c, w = hw.components, op_weights(g) if weights is None else weights
+        experts = max(1.0, math.ceil(g.distinct_experts))
         for j in np.flatnonzero((w > 0) & (g.flops > 0)):
-            rows = g.flops[j] / (2 * w[j])
-            t_mem[j] = (cm.host_dot_time(hw.components, g.static_bytes[j] + g.routed_bytes[j], rows)
-                        + (g.kv_bytes[j] + g.act_bytes[j]) / bw)
+            if g.routed_bytes[j] > 0 and "host_expert_fixed_s" in c:  # its loop over the experts
+                t_mem[j] = cm.host_expert_time(c, g.routed_bytes[j], g.tokens, experts)
+            else:  # dots: achieved bandwidth by rows
+                t_mem[j] = cm.host_dot_time(c, g.static_bytes[j] + g.routed_bytes[j], g.flops[j] / (2 * w[j]))
+            t_mem[j] += (g.kv_bytes[j] + g.act_bytes[j]) / bw
+        if "host_convert_values_per_s" in c:  # it widens the whole bf16 latent cache to f32 each step
+            for j in (j for j, name in enumerate(g.name) if name == "mla_attention" and g.kv_bytes[j] > 0):
+                t_mem[j] += cm.host_convert_time(c, g.kv_bytes[j] / 2) + g.kv_bytes[j] / bw
     tile = np.minimum(nbytes, hw.dma_tile_bytes)
     first = tile / bw
     last = np.where(nbytes > 0, comp * tile / np.maximum(nbytes, 1.0), comp)

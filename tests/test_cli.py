@@ -140,11 +140,11 @@ def test_reproduce_json_and_write_into_a_target(capsys, tmp_path):
     import perfmodel
     bundled = {p: p.read_bytes() for p in Path(perfmodel.__file__).parent.glob("presets/*/*.toml")}
     out = json_of(capsys, "reproduce", "--write", str(tmp_path))
-    assert {Path(w["path"]).name for w in out["written"]} == {"kimi-k3.toml", "tpu-v7.toml", "gb200.toml"}
-    skew = out["fitted_parameters"]["model.routing_skew"]["value"]
-    text = (tmp_path / "models" / "kimi-k3.toml").read_text()
-    assert f"routing_skew = {skew:.6g}" in text and any("routing_skew" in c for w in out["written"]
-                                                         for c in w["changes"])
+    assert {Path(w["path"]).name for w in out["written"]} == {"tpu-v7.toml", "gb200.toml"}
+    scale = out["fitted_parameters"]["gb200.collective_latency_scale"]["value"]
+    text = (tmp_path / "hardware" / "gb200.toml").read_text()
+    assert f"collective_latency_scale = {scale:.6g}" in text and any(
+        "collective_latency_scale" in c for w in out["written"] for c in w["changes"])
     assert {p: p.read_bytes() for p in bundled} == bundled  # the installed presets are untouched
     assert main(["reproduce", "--write", str(tmp_path / "nope")]) == 2
 

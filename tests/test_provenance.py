@@ -33,17 +33,3 @@ def test_sources_doc_cites_the_published_report():
     assert "Inferact report (Sept 2026)" in text and "Inferact/tpu-megakernels" in text
     csv = (ROOT / "perfmodel" / "data" / "seed_measurements.csv").read_text()
     assert "Inferact" in csv and "docs/sources.md" in csv
-
-
-def test_fitted_values_inherit_only_by_name():
-    """kimi-k3's fitted routing skew does not flow into presets derived from it."""
-    from perfmodel import arch
-    from perfmodel.errors import SpecError
-    fitted = arch.load_model("kimi-k3").moe.routing_skew
-    assert fitted > 0
-    for name in ("kimi-k3-mini", "kimi-k3-host-small", "kimi-k3-host-large"):
-        assert arch.load_model(name).moe.routing_skew == 0.0
-    assert arch.derive("kimi-k3").moe.routing_skew == 0.0
-    assert arch.derive("kimi-k3", inherit_fitted=["moe.routing_skew"]).moe.routing_skew == fitted
-    with pytest.raises(SpecError, match="inherit_fitted"):
-        arch.derive("kimi-k3", inherit_fitted=["moe.experts"])
