@@ -167,9 +167,10 @@ def headline(x: dict, r: dict, stale: str | None) -> None:
 
 @st.cache_resource(show_spinner=False, max_entries=64)
 def breakdown_figure(m_ref, h_ref, key, vmem, engine) -> tuple[go.Figure, pd.DataFrame, dict]:
-    r = c.predict_cached(m_ref, h_ref, key, vmem)
+    r = c.predict_cached(m_ref, h_ref, key, vmem, record=True)  # the headline's prediction, not another run
     other = "multikernel" if engine == "megakernel" else "megakernel"
-    ro = c.predict_cached(m_ref, h_ref, c.with_key(key, engine=other), vmem)
+    # recorded like the selected engine's: switching the engine then runs nothing
+    ro = c.predict_cached(m_ref, h_ref, c.with_key(key, engine=other), vmem, record=True)
     bars = {engine + " (selected)": r}
     if "error" not in ro:
         bars[other] = ro
@@ -305,7 +306,7 @@ def sweep_rows(m_ref, h_ref, key, vmem) -> tuple[list[dict], dict | None, float]
     """The sweep, each depth with its ring banks and expert slots; the saturation point; the current depth."""
     hw = c.resolve_hw(h_ref, vmem)
     current = dict(key)["prefetch_mib"] or hw.onchip_bytes / 2 / c.MiB
-    rows, sat = c.prefetch_sweep_cached(m_ref, h_ref, key, vmem, depths_for(hw, current))
+    rows, sat = c.prefetch_sweep(m_ref, h_ref, key, vmem, depths_for(hw, current))
     for row in rows:
         b = fit.onchip_budget(m_ref, h_ref, c.with_key(key, prefetch_mib=row["prefetch_mib"]), vmem)
         row.update(banks=b["banks"], expert_slots=b["slots"])
@@ -435,7 +436,7 @@ def prefetch_section(x: dict, stale: str | None) -> None:
 
 @st.cache_resource(show_spinner=False, max_entries=32)
 def roofline_figure(m_ref, h_ref, key, vmem) -> tuple[go.Figure, pd.DataFrame]:
-    r = c.predict_cached(m_ref, h_ref, key, vmem)
+    r = c.predict_cached(m_ref, h_ref, key, vmem, record=True)
     hw = c.resolve_hw(h_ref, vmem)
     df = pd.DataFrame(r["layers"])
     df["bytes"] = df[["static_bytes", "routed_bytes", "kv_bytes", "act_bytes"]].sum(axis=1)
