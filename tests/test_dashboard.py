@@ -86,11 +86,6 @@ def typed(at: AppTest, key: str, value) -> AppTest:
     return at.text_input(key=key).input(text).run()
 
 
-def commands(at: AppTest) -> list[str]:
-    """The CLI commands the page shows (inline code under "Reproduce with the CLI:")."""
-    return [m[1] for cap in at.caption for m in re.finditer(r"^Reproduce with the CLI:\n\n`([^`]+)`$", cap.value)]
-
-
 def metric(at: AppTest, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
 
@@ -170,7 +165,7 @@ def test_compare_default_shows_published_points_with_errors_and_cli():
     assert set(err[err["role"] == "held-out"]["batch"]) == {2, 4}
     assert metric(at, "Mean absolute error over the points shown").endswith("%")
     # the CLI command shown reproduces the predicted curve
-    cmd = next(c for c in commands(at) if "--hardware tpu-v7" in c and "predict" in c)
+    cmd = next(c.value for c in at.code if "--hardware tpu-v7" in c.value and "predict" in c.value)
     out = run_cli(cmd)
     cli_tps = {r["batch"]: r["tokens_per_s"] for r in out["results"]}
     page = pred[pred["platform"] == TPU_V7].set_index("batch")["predicted_tokens_per_s"]
@@ -191,7 +186,7 @@ def test_compare_speculative_decoding_toggle():
         b1_off = off[(off.platform == plat) & (off.batch == 1)]["predicted_tokens_per_s"].item()
         b1_on = on[(on.platform == plat) & (on.batch == 1)]["predicted_tokens_per_s"].item()
         assert b1_on > 2 * b1_off  # 6 accepted tokens per step for a slightly longer step
-    assert any("--draft-rows 7 --acceptance-length 6" in c for c in commands(at))
+    assert any("--draft-rows 7 --acceptance-length 6" in c.value for c in at.code)
     at.radio(key="cmp_spec").set_value("both").run()
     names = [t["name"] for t in chart(at, "cmp_chart")["data"]]
     assert f"{TPU_V7} predicted" in names and f"{TPU_V7} predicted + spec decode" in names
@@ -203,7 +198,7 @@ def test_compare_batches_and_platform_widgets():
     typed(at, "cmp_batches", ", ".join(map(str, [1, 3, 48])))
     assert_clean(at)
     assert sorted(table(at, "cmp_pred")["batch"].unique()) == [1, 3, 48]
-    assert "--batch 1,3,48" in " ".join(c for c in commands(at))
+    assert "--batch 1,3,48" in " ".join(c.value for c in at.code)
     # platform B as a second TPU v7 megakernel: the GB200 measured points disappear
     at.selectbox(key="cmp_B_hw").set_value("tpu-v7").run()
     at.radio(key="cmp_B_engine").set_value("megakernel").run()
@@ -351,7 +346,7 @@ def test_compare_host_validation_points(monkeypatch, tmp_path):
     err = table(at, "cmp_errors")
     assert sorted(err["measured_tokens_per_s"]) == pytest.approx([500.0, 1000.0])  # batch / step time
     assert set(err["source"]) == {measured.HOST_ORIGIN}
-    assert any(f"--hardware {hw_file}" in c and "--context 256" in c for c in commands(at))
+    assert any(f"--hardware {hw_file}" in c.value and "--context 256" in c.value for c in at.code)
 
 
 def test_measurements_normalise_rejects_bad_values():
@@ -384,12 +379,12 @@ def test_whatif_default_renders_all_charts_and_cli_reproduces():
                                                 common.CAUSE_LABELS["collective"]}
     assert any("saturates at" in c.value for c in at.caption)
     s = whatif_state(at)
-    cmd = next(c for c in commands(at) if c.startswith("perfmodel predict"))
+    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel predict"))
     out = run_cli(cmd)
     assert out["results"][0]["tokens_per_s"] == pytest.approx(s["tps"], abs=0.5)  # the page shows it rounded
-    sweep_cmd = next(c for c in commands(at) if c.startswith("perfmodel sweep"))
+    sweep_cmd = next(c.value for c in at.code if c.value.startswith("perfmodel sweep"))
     assert "--vary prefetch_mib=" in sweep_cmd
-    assert any(c.startswith("perfmodel trace") for c in commands(at))
+    assert any(c.value.startswith("perfmodel trace") for c in at.code)
     assert len(at.get("download_button")) >= 8
 
 
@@ -415,7 +410,7 @@ def test_whatif_widgets_change_outputs():
     assert_clean(at)
     shallow = whatif_state(at)
     assert shallow["step_ms"] > base["step_ms"]  # a one-tile ring exposes the weight stream
-    assert any("--prefetch-mib 4" in c for c in commands(at))
+    assert any("--prefetch-mib 4" in c.value for c in at.code)
     typed(at, "wi_prefetch", None)
     typed(at, "wi_vmem", 16.0)
     assert_clean(at)
@@ -423,14 +418,14 @@ def test_whatif_widgets_change_outputs():
     assert small["step_ms"] > base["step_ms"]
     sweep = chart(at, "wi_prefetch_chart")["data"][0]
     assert max(arr(sweep["x"])) <= 16
-    cmd = next(c for c in commands(at) if "perfmodel predict" in c and "--vmem-mib 16" in c)
+    cmd = next(c.value for c in at.code if "perfmodel predict" in c.value and "--vmem-mib 16" in c.value)
     out = run_cli(cmd)
     assert out["results"][0]["tokens_per_s"] == pytest.approx(small["tps"], abs=0.5)  # the page shows it rounded
     typed(at, "wi_vmem", None)
     typed(at, "wi_slots", 2)
     assert_clean(at)
     assert whatif_state(at)["step_ms"] != base["step_ms"]
-    assert any("--expert-slots 2" in c for c in commands(at))
+    assert any("--expert-slots 2" in c.value for c in at.code)
     typed(at, "wi_slots", None)
     assert whatif_state(at) == base
 
@@ -445,7 +440,7 @@ def test_whatif_speculative_decoding_and_acceptance_length():
     at.slider(key="wi_acc").set_value(3.0).run()
     tau3 = whatif_state(at)
     assert tau3["tps"] == pytest.approx(tau6["tps"] / 2, abs=0.5)  # same step, half the tokens (shown rounded)
-    assert any("--draft-rows 7 --acceptance-length 3" in c for c in commands(at))
+    assert any("--draft-rows 7 --acceptance-length 3" in c.value for c in at.code)
     assert "draft" in {t["name"].split(" ")[0] for t in chart(at, "wi_breakdown")["data"]} or any(
         "drafter" == t["name"] for t in chart(at, "wi_breakdown")["data"])
 
@@ -640,7 +635,7 @@ def test_validation_real_trace_path_and_directory_upload(captured_traces):
     assert_clean(at)
     assert number(metric(at, "layers")) >= 3
     assert metric(at, "MAPE over layers").endswith("%")
-    cmd = next(c for c in commands(at) if c.startswith("perfmodel validate"))
+    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel validate"))
     assert f"--trace {run}" in cmd and "--hardware tpu-v7" in cmd
     page_layers = table(at, "val_host_table")
     # the same directory uploaded file by file (relative names, as a directory upload sends them)
@@ -731,7 +726,7 @@ def test_models_upload_config_json_used_in_whatif():
     typed(at, "wi_tp", 4)
     assert_clean(at)
     assert number(metric(at, "tokens/s (predicted)")) > 1000
-    assert any("<path to your config.json or .toml>" in c for c in commands(at))
+    assert any("<path to your config.json or .toml>" in c.value for c in at.code)
 
 
 def test_models_uploads_get_unique_names_units_and_real_parameter_counts():

@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from perfmodel import design  # noqa: E402
 from perfmodel.sweep import run_design  # noqa: E402
-from test_dashboard import arr, commands  # noqa: E402  (plotly's encoded arrays; the commands shown)
+from test_dashboard import arr  # noqa: E402  (plotly's encoded arrays)
 
 APP = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
 
@@ -30,7 +30,7 @@ def test_design_search_view_shows_the_front_and_the_command():
                    ds_prefetch_mib=[2, 8], ds_vmem_mib=[16, 64], ds_expert_slots=[1, 4], ds_context=[4096])
     assert not at.error
     text = next(c.value for c in at.code if c.language == "toml")
-    cmd = next(c for c in commands(at) if c.startswith("perfmodel sweep"))
+    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel sweep"))
     assert "--design design.toml" in cmd and "--objective tokens_per_s_per_chip" in cmd
     # the file on the page gives the same front as the plot
     s = run_design(design.from_dict(tomllib.loads(text)), jobs=1, progress=False)

@@ -394,10 +394,8 @@ def table_json(df: pd.DataFrame, extra: dict | None = None) -> str:
 
 
 def show_command(cmd: str) -> None:
-    """The command as inline code in its own paragraph (a triple click selects it whole). Not st.code: its
-    syntax highlighter is a 1.5 MB script that the browser would load and compile beside the first chart."""
-    st.caption(f"Reproduce with the CLI:\n\n`{cmd}`")
-
+    st.caption("Reproduce with the CLI:")
+    st.code(cmd, language="bash")
 
 
 def shown_path(path: Path) -> str:
