@@ -6,7 +6,8 @@ Opens the What-if and Compare views for Kimi K3 and changes one widget at a time
 prefetch depth, expert slots, VMEM size, context, speculative decoding, acceptance length, layer
 range; batch sizes, spec decode, platform layout). Round 1 meets each value for the first time
 (cold: the model runs); later rounds revisit values already computed (warm: cached). Prints the
-median re-render time per view and over all changes; the target is <= 300 ms.
+median re-render time per view and over all changes (the target is <= 300 ms), and the model runs
+(perfmodel.predict.predict calls) each change costs, which does not depend on the machine or its load.
 AppTest runs the script in-process, as the server does, minus the websocket and the browser: this is
 the server's share only. The time a user sees is measured by experiments/bench_dashboard_browser.py.
 """
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import perfmodel.predict
 from streamlit.testing.v1 import AppTest
 
 APP = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
@@ -40,6 +43,19 @@ COMPARE = [("radio", "cmp_spec", "on"), ("radio", "cmp_spec", "off"),
            ("radio", "cmp_B_engine", "megakernel"), ("radio", "cmp_B_engine", "multikernel")]
 
 
+MODEL_RUNS = [0]
+_predict = perfmodel.predict.predict
+
+
+def _counted(*args, **kwargs):
+    MODEL_RUNS[0] += 1
+    return _predict(*args, **kwargs)
+
+
+# before the app's modules are imported (AppTest imports them on the first run), so theirs is this one
+perfmodel.predict.predict = _counted
+
+
 def drive(view: str, changes: list, rounds: int) -> dict:
     at = AppTest.from_file(str(APP), default_timeout=600)
     at.session_state["view"] = view
@@ -47,13 +63,15 @@ def drive(view: str, changes: list, rounds: int) -> dict:
     at.run()
     first = time.perf_counter() - t
     times: dict[int, list[float]] = {r: [] for r in range(rounds)}
+    runs: dict[int, list[int]] = {r: [] for r in range(rounds)}
     for r in range(rounds):
         for kind, key, value in changes:
             widget = getattr(at, kind)(key=key)
             widget = widget.input(value) if kind == "text_input" else widget.set_value(value)
-            t = time.perf_counter()
+            n0, t = MODEL_RUNS[0], time.perf_counter()
             widget.run()
             times[r].append(time.perf_counter() - t)
+            runs[r].append(MODEL_RUNS[0] - n0)
             if at.exception:
                 raise SystemExit(f"{view}: {key}={value!r} raised {[e.value for e in at.exception]}")
     warm = [x for r in range(1, rounds) for x in times[r]]
@@ -61,6 +79,8 @@ def drive(view: str, changes: list, rounds: int) -> dict:
             "cold_median_s": statistics.median(times[0]), "cold_max_s": max(times[0]),
             "warm_median_s": statistics.median(warm) if warm else None,
             "warm_max_s": max(warm) if warm else None,
+            "model_runs_first_round": dict(zip((f"{k}={v!r}" for _, k, v in changes), runs[0])),
+            "model_runs_later_rounds": sum(sum(runs[r]) for r in range(1, rounds)),
             "all": [x for r in range(rounds) for x in times[r]]}
 
 
@@ -69,20 +89,29 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="passes over the widget changes (>= 2)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    load = os.getloadavg()
     results = [drive("What-if", WHATIF, a.rounds), drive("Compare", COMPARE, a.rounds)]
     allt = [x for r in results for x in r["all"]]
     out = {"command": "python experiments/bench_dashboard.py" + (f" --rounds {a.rounds}" if a.rounds != 3 else ""),
            "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
-           "target_s": TARGET_S, "median_s": statistics.median(allt),
+           "load_average_before": [round(x, 2) for x in load],
+           "load_average_after": [round(x, 2) for x in os.getloadavg()],
+           "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "target_s": TARGET_S, "median_s": statistics.median(allt),
            "views": [{k: v for k, v in r.items() if k != "all"} for r in results]}
     if a.json:
         json.dump(out, sys.stdout, indent=1)
         print()
     else:
+        print(f"{out['when']}, {out['machine']}, load average {out['load_average_before']} before, "
+              f"{out['load_average_after']} after")
         for r in out["views"]:
             print(f"{r['view']:8s}: first load {r['first_load_s'] * 1e3:7.0f} ms; {r['changes']} widget changes: "
                   f"cold median {r['cold_median_s'] * 1e3:6.0f} ms (max {r['cold_max_s'] * 1e3:.0f}), "
                   f"warm median {r['warm_median_s'] * 1e3:6.0f} ms (max {r['warm_max_s'] * 1e3:.0f})")
+            n = list(r["model_runs_first_round"].values())
+            print(f"          model runs per change, first round: median {statistics.median(n):g}, max {max(n)}, "
+                  f"total {sum(n)} over {len(n)} changes; later rounds: {r['model_runs_later_rounds']} in all")
+            print("          " + ", ".join(f"{k}: {v}" for k, v in r["model_runs_first_round"].items()))
         print(f"median re-render after a widget change (all views, all rounds): {out['median_s'] * 1e3:.0f} ms "
               f"(target <= {TARGET_S * 1e3:.0f} ms: {'met' if out['median_s'] <= TARGET_S else 'MISSED'})")
     return 0

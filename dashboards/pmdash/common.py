@@ -24,7 +24,6 @@ from perfmodel import arch, hardware
 from perfmodel.deployment import Deployment, SpecDecode
 from perfmodel.errors import SpecError
 from perfmodel.predict import predict
-from perfmodel.sweep import saturation, sweep
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 2**20
@@ -262,10 +261,24 @@ def resolve_hw(hw_ref: tuple, onchip_mib: float | None):
     return hw
 
 
-@st.cache_data(show_spinner=False, max_entries=4096)
 def predict_cached(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None = None,
                    record: bool = False) -> dict:
-    """One prediction as a plain dict, or {"error": message} for an input the model refuses."""
+    """One prediction as a plain dict, or {"error": message} for an input the model refuses; with
+    `record`, also the simulated step's events (a smaller cache: they are about 0.5 MB a step)."""
+    return (_recorded if record else _summary)(m_ref, hw_ref, key, onchip_mib)
+
+
+@st.cache_data(show_spinner=False, max_entries=4096)
+def _summary(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None) -> dict:
+    return _prediction(m_ref, hw_ref, key, onchip_mib, record=False)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _recorded(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None) -> dict:
+    return _prediction(m_ref, hw_ref, key, onchip_mib, record=True)
+
+
+def _prediction(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None, record: bool) -> dict:
     try:
         model, hw = load_model_ref(m_ref), resolve_hw(hw_ref, onchip_mib)
         p = predict(model, hw, make_deployment(key), record=record)
@@ -294,24 +307,23 @@ def chrome_trace_json(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float
     return json.dumps(chrome_trace(predict(model, hw, make_deployment(key), record=True)))
 
 
-@st.cache_data(show_spinner=False, max_entries=256)
-def prefetch_sweep_cached(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None,
-                          depths_mib: tuple[float, ...]) -> tuple[list[dict], dict | None]:
-    """Step time per prefetch depth (perfmodel.sweep) and the saturation point."""
-    model, hw = load_model_ref(m_ref), resolve_hw(hw_ref, onchip_mib)
-    rows = sweep(model, hw, make_deployment(key), {"prefetch_bytes": [x * MiB for x in depths_mib]})
-    sat = saturation(rows)
-    clean = []
-    for r in rows:
-        row = {"prefetch_mib": r["prefetch_bytes"] / MiB}
-        if "step_s" in r:
-            row.update(step_s=r["step_s"], tokens_per_s=r["tokens_per_s"], bound=r.get("bound", ""),
-                       **{f"{c}_s": v for c, v in r.get("breakdown_s", {}).items()})
-        else:
-            row["error"] = r.get("error", "")
-        clean.append(row)
-    sat_row = None if sat is None else {"prefetch_mib": sat["prefetch_bytes"] / MiB, "step_s": sat["step_s"]}
-    return clean, sat_row
+def prefetch_sweep(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None,
+                   depths_mib: tuple[float, ...]) -> tuple[list[dict], dict | None]:
+    """Step time per prefetch depth and the saturation point (perfmodel.sweep.saturation).
+
+    Each depth is one cached prediction (the points `perfmodel sweep --vary prefetch_mib=...` gives), so
+    asking for another depth runs the model once, not once per depth."""
+    from perfmodel.sweep import saturation
+    rows = []
+    for depth in depths_mib:
+        r = predict_cached(m_ref, hw_ref, with_key(key, prefetch_mib=depth), onchip_mib)
+        if "error" in r:
+            rows.append({"prefetch_mib": depth, "error": r["error"]})
+            continue
+        rows.append({"prefetch_mib": depth, "step_s": r["step_s"], "tokens_per_s": r["tokens_per_s"],
+                     "bound": r["bound"], **{f"{c}_s": v for c, v in r["breakdown_s"].items()}})
+    sat = saturation(rows, axis="prefetch_mib")
+    return rows, None if sat is None else {"prefetch_mib": sat["prefetch_mib"], "step_s": sat["step_s"]}
 
 
 # ----- CLI commands shown next to the numbers ---------------------------------------------------

@@ -33,6 +33,15 @@ FIELD_KEYS = {"devices": "wi_devices", "tp": "wi_tp", "ep": "wi_ep", "batch": "w
               "prefetch_mib": "wi_prefetch", "expert_slots": "wi_slots"}
 
 
+def fixed_margins(fig: go.Figure, left: int, right: int, bottom: int, top: int = 30) -> go.Figure:
+    """Margins sized here for the axis labels, not measured by plotly.js on every redraw (its axis automargin
+    costs the browser about 20 ms per chart and change); a legend still takes the room it needs."""
+    fig.update_layout(margin=dict(l=left, r=right, b=bottom, t=top))
+    fig.update_xaxes(automargin=False)
+    fig.update_yaxes(automargin=False)
+    return fig
+
+
 # ----- inputs -------------------------------------------------------------------------------------
 
 def inputs() -> tuple[dict | None, list[str]]:
@@ -167,9 +176,10 @@ def headline(x: dict, r: dict, stale: str | None) -> None:
 
 @st.cache_resource(show_spinner=False, max_entries=64)
 def breakdown_figure(m_ref, h_ref, key, vmem, engine) -> tuple[go.Figure, pd.DataFrame, dict]:
-    r = c.predict_cached(m_ref, h_ref, key, vmem)
+    r = c.predict_cached(m_ref, h_ref, key, vmem, record=True)  # the headline's prediction, not another run
     other = "multikernel" if engine == "megakernel" else "megakernel"
-    ro = c.predict_cached(m_ref, h_ref, c.with_key(key, engine=other), vmem)
+    # recorded like the selected engine's: switching the engine then runs nothing
+    ro = c.predict_cached(m_ref, h_ref, c.with_key(key, engine=other), vmem, record=True)
     bars = {engine + " (selected)": r}
     if "error" not in ro:
         bars[other] = ro
@@ -187,8 +197,8 @@ def breakdown_figure(m_ref, h_ref, key, vmem, engine) -> tuple[go.Figure, pd.Dat
                              hovertemplate="%{x}<br>" + c.CAUSE_LABELS[cause] +
                              ": %{y:.4f} ms (%{customdata:.1%} of the step)<extra></extra>"))
     fig.update_layout(barmode="stack", yaxis_title="time per decode step (ms)", height=380,
-                      margin=dict(t=30), legend=dict(orientation="h", y=-0.15))
-    return fig, df, ro
+                      legend=dict(orientation="h", y=-0.15))
+    return fixed_margins(fig, left=80, right=20, bottom=40), df, ro
 
 
 def breakdown_section(x: dict, r: dict, stale: str | None) -> None:
@@ -255,9 +265,9 @@ def timeline_figure(m_ref, h_ref, key, vmem, lo: int, hi: int, events: bool) -> 
                                  marker_line_color="white", hovertext=d["text"],
                                  hovertemplate="%{hovertext}<br>start %{base:.2f} us<br>length %{x:.3f} us"
                                  "<extra>" + lane + "</extra>"))
-    fig.update_layout(barmode="overlay", xaxis_title="time in step (us)", height=260, margin=dict(t=20),
+    fig.update_layout(barmode="overlay", xaxis_title="time in step (us)", height=260,
                       yaxis=dict(categoryorder="array", categoryarray=list(reversed(LANES))), showlegend=False)
-    return fig, n
+    return fixed_margins(fig, left=75, right=20, bottom=60, top=20), n
 
 
 @st.fragment
@@ -305,7 +315,7 @@ def sweep_rows(m_ref, h_ref, key, vmem) -> tuple[list[dict], dict | None, float]
     """The sweep, each depth with its ring banks and expert slots; the saturation point; the current depth."""
     hw = c.resolve_hw(h_ref, vmem)
     current = dict(key)["prefetch_mib"] or hw.onchip_bytes / 2 / c.MiB
-    rows, sat = c.prefetch_sweep_cached(m_ref, h_ref, key, vmem, depths_for(hw, current))
+    rows, sat = c.prefetch_sweep(m_ref, h_ref, key, vmem, depths_for(hw, current))
     for row in rows:
         b = fit.onchip_budget(m_ref, h_ref, c.with_key(key, prefetch_mib=row["prefetch_mib"]), vmem)
         row.update(banks=b["banks"], expert_slots=b["slots"])
@@ -350,14 +360,14 @@ def sweep_figure(m_ref, h_ref, key, vmem, log_x: bool) -> go.Figure:
                           row=2, col=1)
     xaxis = dict(type="log", title="prefetch depth (MiB of weight ring per core, log)") if log_x else dict(
         title="prefetch depth (MiB of weight ring per core)")
-    fig.update_layout(barmode="stack", height=560, margin=dict(t=30), legend=dict(orientation="h", y=-0.14))
+    fig.update_layout(barmode="stack", height=560, legend=dict(orientation="h", y=-0.14))
     fig.update_xaxes(**xaxis, row=2, col=1)
     fig.update_yaxes(title_text="step time (ms)", row=1, col=1)
     top = int(ok["expert_slots"].max())
     fig.update_yaxes(title_text="expert slots", secondary_y=True, row=1, col=1, showgrid=False,
                      range=[0, top * 1.15 + 0.5], tick0=0, dtick=max(1, math.ceil(top / 5)))
     fig.update_yaxes(title_text="time by cause (ms)", row=2, col=1)
-    return fig
+    return fixed_margins(fig, left=80, right=80, bottom=60)
 
 
 def bend_explanation(rows: list[dict], sat: dict | None, current: float, hw) -> str | None:
@@ -435,7 +445,7 @@ def prefetch_section(x: dict, stale: str | None) -> None:
 
 @st.cache_resource(show_spinner=False, max_entries=32)
 def roofline_figure(m_ref, h_ref, key, vmem) -> tuple[go.Figure, pd.DataFrame]:
-    r = c.predict_cached(m_ref, h_ref, key, vmem)
+    r = c.predict_cached(m_ref, h_ref, key, vmem, record=True)
     hw = c.resolve_hw(h_ref, vmem)
     df = pd.DataFrame(r["layers"])
     df["bytes"] = df[["static_bytes", "routed_bytes", "kv_bytes", "act_bytes"]].sum(axis=1)
@@ -469,8 +479,8 @@ def roofline_figure(m_ref, h_ref, key, vmem) -> tuple[go.Figure, pd.DataFrame]:
     decades = dict(type="log", dtick=1, tickformat="~g")  # labels at 0.1, 1, 10, ... only
     fig.update_layout(xaxis=dict(title="arithmetic intensity (FLOP per HBM byte)", **decades),
                       yaxis=dict(title="achieved TFLOP/s per device", **decades),
-                      height=440, margin=dict(t=30))
-    return fig, df
+                      height=440)
+    return fixed_margins(fig, left=90, right=20, bottom=60), df
 
 
 @st.fragment
