@@ -319,7 +319,7 @@ def _mla(spec, lw, latent_cache, h, positions, accepted, rows, form):
     # accepted rows are written to the cache
     block = latent_cache.at[seq, pos].set(new)
     kept = latent_cache.at[seq, jnp.where(r < accepted[seq], pos, t_max)].set(new, mode="drop")
-    cache = block[seq].astype(jnp.float32)
+    cache = (block if rows == 1 else block[seq]).astype(jnp.float32)  # one row: seq is arange(B)
     c, k_rope = cache[..., :m.kv_lora_rank], cache[..., m.kv_lora_rank:]
     w_uk, w_uv = split_kv_b(spec, lw["kv_b"])
     if form == "absorbed":
@@ -432,6 +432,8 @@ def verify_inputs(batch, tokens, positions, accepted):
 
 def verify_outputs(nxt, logits, batch, rows, block: bool):
     """Token rows back to [B] / [B, V] (one row per sequence) or [B, rows] / [B, rows, V]."""
+    if not block and nxt.shape[0] == batch:  # one unpadded row per sequence: already in place (no
+        return nxt, logits                   # copy of the logits outside the traced step)
     nxt = nxt[:rows * batch].reshape(rows, batch).T
     logits = logits[:rows * batch].reshape(rows, batch, -1).transpose(1, 0, 2)
     return (nxt, logits) if block else (nxt[:, 0], logits[:, 0])
