@@ -426,8 +426,9 @@ def verify_inputs(batch, tokens, positions, accepted):
         acc = np.asarray(accepted)
         require(bool(((acc >= 0) & (acc <= rows)).all()), "accepted", acc.tolist(),
                 f"expected counts in [0, rows={rows}]")
-    accepted = jnp.asarray(accepted, jnp.int32)
-    return tokens.reshape(batch, rows).T.reshape(-1), positions, accepted, rows
+        accepted = acc.astype(np.int32)  # host data: the jitted step takes it with its call
+    flat = tokens if tokens.ndim == 1 else tokens.reshape(batch, rows).T.reshape(-1)
+    return flat, positions, accepted, rows
 
 
 def verify_outputs(nxt, logits, batch, rows, block: bool):

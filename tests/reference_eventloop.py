@@ -11,6 +11,10 @@ from collections import deque
 import numpy as np
 
 from perfmodel import components as cm
+from perfmodel.deployment import Deployment
+from perfmodel.dmaplan import Copy
+from perfmodel.hardware import Hardware
+from perfmodel.ops import OpGraph
 from perfmodel.schedule import (Timeline, call_s, collective_s, expert_slots, op_compute_s, plan_stream,
                                 ring_banks, stream_terms, uniform_stream)
 
@@ -90,16 +94,10 @@ class DmaEngine:
         return done[cid]
 
 
-
 def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                         record: bool = False, plan: list[Copy] | None = None,
                         weights: np.ndarray | None = None) -> Timeline:
-    """The megakernel timeline; on the model's own uniform stream or on a kernel's DMA plan.
-
-    In-layer dependencies: a MoE layer's expert copies are issued when its router's top-k is
-    known (shared experts compute meanwhile), the expert matmuls wait for them, the all-reduce
-    follows, and the next layer's ops follow that. With fitted TPU components, each phase of a
-    collective moves its bytes as a remote copy on this same DMA engine."""
+    """perfmodel.schedule.simulate_megakernel, walked op by op in Python."""
     bw, lat, desc = stream_terms(hw)
     dma = DmaEngine(bw, lat, hw.dma_sharing == "shared", record, desc)
     c = hw.components
