@@ -2,10 +2,10 @@
 
 `evaluate` receives every configuration of a chunk at once (same model, same chip preset;
 deployment and hardware overrides differ) and simulates the megakernel ones in batches that share
-an op graph (perfmodel.megakernel_sim.run_many). A configuration that does not fit is a filtered row naming the
-constraint: `memory` (weights + caches exceed a device's HBM), `vmem` (prefetch ring or expert
-buffers exceed the on-chip buffer) or `layout` (the parallel layout or spec-decode settings
-cannot run), with the one-line reason.
+an op graph (perfmodel.megakernel_sim.run_many). A configuration that does not fit is a filtered
+row naming the constraint: `memory` (weights + caches exceed a device's HBM), `vmem` (prefetch
+ring or expert buffers exceed the on-chip buffer) or `layout` (the parallel layout or
+spec-decode settings cannot run), with the one-line reason.
 """
 from __future__ import annotations
 
