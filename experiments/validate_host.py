@@ -17,14 +17,12 @@ machine, date and command in its header) and host_validation.json (summaries, ta
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
-import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
+import validation_report
 from perfmodel import validate
 from perfmodel_jax import hostbench
 from perfmodel.arch import load_model
@@ -71,6 +69,7 @@ def main() -> int:
     command = "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     load_before = os.getloadavg()[0]
+    hw_file.parent.mkdir(parents=True, exist_ok=True)
 
     bench = hostbench.measure(a.repeats, quick=a.quick)
     hostbench.write(bench, hw_file)
@@ -95,24 +94,13 @@ def main() -> int:
                                                  matched_efficiency=matched)
                    if c.model in {load_model(m).name for m in models} and c.batch in batches
                    and c.context in contexts]
-        s = validate.summary(results)
-        s["per_model"] = {m: validate.summary([c for c in results if c.model == m])
-                          for m in models}
+        s = validation_report.summary_of(results, models, TARGETS)
         for g in s["gaps"]:
             g["per_dispatch_gap_s"] = dispatch_gap_s(g["model"], bench)
             g["per_dispatch_gap_error"] = validate.rel_error(g["per_dispatch_gap_s"],
                                                              g["measured_gap_s"])
-        s["targets"] = {k: {"target": v, "value": s[k], "met": s[k] <= v} for k, v in TARGETS.items()}
         summaries[variant] = s
-        for c in results:
-            base = [variant, c.model, c.mode, c.batch, c.context]
-            rows.append(base + ["step", "step", c.predicted_step_s, c.measured_step_s, "", "",
-                                c.step_error, sum(r.predicted_ops for r in c.layers),
-                                sum(r.measured_ops for r in c.layers), c.hbm_efficiency,
-                                c.unattributed_share])
-            rows += [base + [r.layer, r.kind, r.predicted_s, r.measured_s, r.measured_min_s,
-                             r.measured_max_s, r.rel_error, r.predicted_ops, r.measured_ops,
-                             c.hbm_efficiency, ""] for r in c.layers]
+        rows += validation_report.rows_of(variant, results)
 
     meta = {"machine": bench.cpu, "jax_devices": bench.devices, "date": started,
             "command": command, "hardware_file": str(hw_file.relative_to(ROOT)
@@ -121,32 +109,10 @@ def main() -> int:
             "models": list(models), "batches": list(batches), "contexts": list(contexts),
             "steps": a.steps, "weights_dtype": "f32",
             "note": "the model is not fitted on these runs: only hostbench feeds it"}
-    out_csv.parent.mkdir(parents=True, exist_ok=True)
-    with out_csv.open("w", newline="") as f:
-        for k in ("machine", "date", "command", "hardware_file", "load_average_1min", "note"):
-            f.write(f"# {k}: {meta[k]}\n")
-        w = csv.writer(f)
-        w.writerow(["variant", "model", "mode", "batch", "context", "layer", "kind", "predicted_s",
-                    "measured_s", "measured_min_s", "measured_max_s", "rel_error", "model_ops",
-                    "traced_ops", "hbm_efficiency", "unattributed_share"])
-        w.writerows(rows)
-    out_json.write_text(json.dumps({"meta": meta, "hostbench": bench.json(),
-                                    "hostbench_after": after.json(), "summary": summaries},
-                                   indent=1) + "\n")
-    for variant, s in summaries.items():
-        print(f"\n[{variant}] {s['runs']} runs")
-        for m, ms in s["per_model"].items():
-            print(f"  {m}: median |step error| {ms['median_abs_step_error']:.1%}, median |layer "
-                  f"error| {ms['median_abs_layer_error']:.1%}, median |gap error| "
-                  f"{ms['median_abs_gap_error']:.1%}")
-        for k, t in s["targets"].items():
-            print(f"  {k}: {t['value']:.1%} (target <= {t['target']:.0%}) "
-                  f"{'met' if t['met'] else 'MISSED'}")
-        per_dispatch = [abs(g["per_dispatch_gap_error"]) for g in s["gaps"]]
-        if per_dispatch:
-            print(f"  diagnostic: gap at one dispatch per phase, cost by argument count: median |error| "
-                  f"{statistics.median(per_dispatch):.1%}")
-        print(f"  max unattributed share of traced op time: {s['max_unattributed_share']:.2%}")
+    validation_report.write(out_csv, out_json, meta, rows, {"hostbench": bench.json(),
+                                                            "hostbench_after": after.json(),
+                                                            "summary": summaries})
+    validation_report.print_summaries(summaries)
     print(f"\nwrote {out_csv} and {out_json}")
     return 0
 

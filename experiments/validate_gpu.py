@@ -1,0 +1,104 @@
+"""GPU validation: trace the reference decode step on a GPU and compare it with the model.
+
+    python experiments/validate_gpu.py [--hardware h200] [--quick] [--steps 5] [--budget-s 420]
+
+One prepared run for a machine with one NVIDIA GPU and jax[cuda] (about 7 minutes on an H200
+with the defaults; nothing else is needed from the machine):
+1. Profiler traces of the pure-JAX reference step (`kernels/reference.py`, f32 weights) of
+   kimi-k3-host-small and kimi-k3-host-large at batch 1, 4 and 16 and contexts 256 and 4096, as one
+   compiled program and op by op (`perfmodel_jax.capture`); every op is attributed to its layer
+   and phase through the named scopes in the GPU's op names (`perfmodel.traces`).
+2. Predictions of the same runs with the multi-kernel engine on one device of `--hardware` (a
+   preset: its GPU components come from public figures, docs/sources.md; nothing is fitted on
+   these runs).
+3. experiments/results/gpu_validation.csv (one row per layer and per step) and .json (summaries).
+Captures stop when `--budget-s` is spent; the runs already captured are compared.
+Without a GPU it stops with exit status 2; `--allow-cpu` runs the same pipeline on the CPU as a
+smoke test (a CPU trace against a GPU prediction: its numbers mean nothing, and it writes under
+--traces, not experiments/results).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+from pathlib import Path
+
+import validation_report
+from perfmodel import validate
+from perfmodel.arch import load_model
+from perfmodel.errors import SpecError
+from perfmodel_jax.capture import capture_reference
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "experiments" / "results"
+MODELS = ("kimi-k3-host-small", "kimi-k3-host-large")
+BATCHES = (1, 4, 16)
+CONTEXTS = (256, 4096)
+TARGETS = {"median_abs_step_error": 0.15, "median_abs_layer_error": 0.25}
+
+
+def device(allow_cpu: bool) -> tuple[str, bool]:
+    """(the device's name, whether it is a GPU)."""
+    import jax
+    dev = jax.devices()[0]
+    if dev.platform != "gpu" and not allow_cpu:
+        raise SpecError("device", dev.platform, "this script needs a GPU (pip install 'jax[cuda12]'); "
+                        "--allow-cpu runs the pipeline on the CPU as a smoke test")
+    return dev.device_kind, dev.platform == "gpu"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hardware", default="h200", help="the GPU's hardware preset or file")
+    ap.add_argument("--quick", action="store_true", help="one model, batch 1, context 256")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--budget-s", type=float, default=420.0, help="stop capturing after this long")
+    ap.add_argument("--traces", default=str(ROOT / "out" / "gpu_traces"))
+    ap.add_argument("--allow-cpu", action="store_true", help="smoke test without a GPU")
+    a = ap.parse_args(argv)
+    try:
+        machine, on_gpu = device(a.allow_cpu)
+    except SpecError as e:
+        print(f"validate_gpu: {e}", file=sys.stderr)
+        return 2
+    models, batches, contexts = (MODELS[:1], (1,), (256,)) if a.quick else (MODELS, BATCHES, CONTEXTS)
+    traces = Path(a.traces)
+    smoke = not on_gpu
+    out = traces if smoke or a.quick else RESULTS
+    out_csv, out_json = out / "gpu_validation.csv", out / "gpu_validation.json"
+    command = "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    load_before = os.getloadavg()[0]
+
+    t0, captured = time.monotonic(), []
+    for m in models:
+        for b in batches:
+            left = a.budget_s - (time.monotonic() - t0)
+            if left <= 0:
+                print(f"budget spent: {m} from batch {b} on not captured")
+                break
+            capture_reference(m, traces, (b,), contexts, steps=a.steps, timeout_s=left)
+            captured.append((load_model(m).name, b))
+
+    results = [c for c in validate.validate(traces, hardware=a.hardware)
+               if (c.model, c.batch) in captured and c.context in contexts]
+    summaries = {"preset": validation_report.summary_of(results, [load_model(m).name for m in models],
+                                                        TARGETS)}
+    meta = {"machine": machine, "date": started, "command": command, "hardware_file": a.hardware,
+            "load_average_1min": {"start": load_before, "end": os.getloadavg()[0]},
+            "models": list(models), "batches": list(batches), "contexts": list(contexts), "steps": a.steps,
+            "weights_dtype": "f32", "captured": [list(x) for x in captured],
+            "note": ("smoke test on the CPU: not a GPU measurement" if smoke else
+                     "the model is not fitted on these runs: the preset's public GPU figures only")}
+    validation_report.write(out_csv, out_json, meta, validation_report.rows_of("preset", results),
+                            {"summary": summaries})
+    validation_report.print_summaries(summaries)
+    print(f"\nwrote {out_csv} and {out_json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
