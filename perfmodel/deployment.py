@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .arch import ModelSpec
+from .checks import MAX_SKEW
 from .errors import SpecError, positive_int, require
 from .hardware import Hardware
 
@@ -99,7 +100,7 @@ def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
     if d.prefetch_bytes is not None:
         require(d.prefetch_bytes > 0, "prefetch_bytes", d.prefetch_bytes, "must be > 0")
     if d.routing_skew is not None:
-        require(d.routing_skew >= 0, "routing_skew", d.routing_skew, "must be >= 0")
+        require(0 <= d.routing_skew <= MAX_SKEW, "routing_skew", d.routing_skew, f"must be in [0, {MAX_SKEW:g}]")
     if d.routing_correlation is not None:
         require(0 <= d.routing_correlation <= 1, "routing_correlation", d.routing_correlation,
                 "must be in [0, 1] (0 = independent rows, 1 = identical)")

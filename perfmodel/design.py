@@ -16,6 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
+from .checks import MAX_SKEW
 from .deployment import ENGINES
 from .errors import SpecError, require
 from .hardware import DMA_SHARING
@@ -31,7 +32,8 @@ SETTINGS = {
     "ep": (int, lambda v: v > 0, "> 0"), "engine": (str, lambda v: v in ENGINES, f"one of {ENGINES}"),
     "batch": (int, lambda v: v > 0, "> 0"), "context": (int, lambda v: v >= 0, ">= 0"),
     "prefetch_mib": (float, lambda v: v > 0, "> 0"), "expert_slots": (int, lambda v: v > 0, "> 0"),
-    "vmem_mib": (float, lambda v: v > 0, "> 0"), "routing_skew": (float, lambda v: v >= 0, ">= 0"),
+    "vmem_mib": (float, lambda v: v > 0, "> 0"),
+    "routing_skew": (float, lambda v: 0 <= v <= MAX_SKEW, f"in [0, {MAX_SKEW:g}]"),
     "routing_correlation": (float, lambda v: 0 <= v <= 1, "in [0, 1]"),
     "draft_rows": (int, lambda v: v >= 0, ">= 0"), "acceptance_length": (float, lambda v: v >= 1, ">= 1"),
     "acceptance_prob": (float, lambda v: 0 <= v < 1, "in [0, 1)"), "draft_cost": (float, lambda v: v >= 0, ">= 0"),

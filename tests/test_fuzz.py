@@ -378,6 +378,7 @@ REGRESSIONS = {
     "reproduce --write ''": cli("reproduce", "--write", ""),
     "--prefetch-mib 1e308": cli("predict", "--prefetch-mib", "1e308"),
     "--routing-skew 1e300": cli("predict", "--routing-skew", "1e300"),
+    "swept skew beyond the Zipf range": cli("sweep", "--vary", "routing_skew=269"),
     "400-digit context": cli("predict", "--context", "9" * 400),
     "unknown command": cli("nope"),
     "no command": cli(),
