@@ -439,11 +439,12 @@ def _labels(table, n: int, default: str, known: set[str], what: str) -> list[str
     """Per-layer labels: `default`, then the cyclic `pattern`, then `<label>_layers` lists."""
     require(isinstance(table, dict), what, table, "must be a table")
     default = table.get("default", default)
-    require(default in known, f"{what}.default", default, f"must be one of {sorted(known)}")
+    require(isinstance(default, str) and default in known, f"{what}.default", default,
+            f"must be one of {sorted(known)}")
     out = [default] * n
     pattern = table.get("pattern")
     if pattern is not None:
-        require(isinstance(pattern, list) and 1 <= len(pattern) <= n and all(p in known for p in pattern),
+        require(isinstance(pattern, list) and 1 <= len(pattern) <= n and all(isinstance(p, str) and p in known for p in pattern),
                 f"{what}.pattern", pattern, f"must be a list of 1..{n} labels from {sorted(known)}")
         out = [pattern[i % len(pattern)] for i in range(n)]
     for key, idx in table.items():

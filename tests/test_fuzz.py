@@ -379,6 +379,7 @@ REGRESSIONS = {
     "--prefetch-mib 1e308": cli("predict", "--prefetch-mib", "1e308"),
     "--routing-skew 1e300": cli("predict", "--routing-skew", "1e300"),
     "swept skew beyond the Zipf range": cli("sweep", "--vary", "routing_skew=269"),
+    "attention default a list": model('base = "kimi-k3"\nname = "x"\nlayers = 4\n[attention]\ndefault = []\n'),
     "400-digit context": cli("predict", "--context", "9" * 400),
     "unknown command": cli("nope"),
     "no command": cli(),
