@@ -9,7 +9,8 @@ Engines (DESIGN.md "Engines"):
   program order, a tile being issued when the tile `banks` earlier has been consumed, so loads
   run ahead through collectives, routing and layer boundaries. KV cache / state copies are issued
   at layer start. Routed experts are issued only after that layer's router, into `slots` expert
-  buffers. Activations stay on chip.
+  buffers. Activations stay on chip. Its loops run compiled (perfmodel.megakernel_sim) on arrays
+  built here once per op graph and chip (`megakernel_arrays`).
 The DMA engine serves outstanding copies first-in-first-out or shares its bandwidth equally
 among all outstanding copies (round-robin), as the chip preset says (`dma_sharing`).
 
