@@ -39,7 +39,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     import jax
-    import jax.numpy as jnp
     from jax import export
     from jax.sharding import AbstractDevice, AbstractMesh, AxisType, PartitionSpec as P
     from jax.sharding import use_abstract_mesh

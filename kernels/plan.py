@@ -14,7 +14,6 @@ import functools
 import math
 
 import jax
-import jax.numpy as jnp
 
 from perfmodel.arch import ModelSpec
 from perfmodel.dmaplan import Copy, bytes_by_layer_family

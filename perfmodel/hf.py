@@ -13,7 +13,6 @@ SpecError naming the key: the importer never silently models something else.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from .arch import MAX_LAYERS, ModelSpec, from_dict

@@ -1,5 +1,4 @@
 """Layer kinds by hand: bytes per layer for one layer of each kind, formats, routing, patterns."""
-import dataclasses
 import tomllib
 
 import pytest
