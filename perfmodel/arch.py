@@ -321,15 +321,26 @@ class ModelSpec:
         return self.formats[mm.family].tensor_bytes(mm.d_in, mm.d_out, mm.experts)
 
     def weight_bytes(self) -> int:
-        mats = [mm for layer in self.layers for mm in self.layer_matmuls(layer)]
-        mats.append(Matmul("embedding", "embedding", self.hidden, self.vocab))
-        if not self.tie_embeddings:
-            mats.append(Matmul("lm_head", "lm_head", self.hidden, self.vocab))
-        small = self.params_by_family()  # what no matrix holds: norms, conv taps, biases
-        for mm in mats:
-            small[mm.family] -= mm.params
-        return int(sum(self.matmul_bytes(mm) for mm in mats)
-                   + sum(n * self.formats[f].bytes_per_value for f, n in small.items()))
+        return int(sum(self._weight_bytes_by_family.values()))
+
+    def weight_bytes_by_family(self) -> dict[str, float]:
+        """Stored weight bytes per format family, block scales included."""
+        return dict(self._weight_bytes_by_family)
+
+    @cached_property
+    def _weight_bytes_by_family(self) -> dict[str, float]:
+        out = dict.fromkeys(self.formats, 0.0)
+        small = self.params_by_family()  # less what the matrices hold: norms, conv taps, biases
+        for layer, n in Counter(dataclasses.replace(l, index=0) for l in self.layers).items():  # each kind once
+            for mm in self.layer_matmuls(layer):
+                out[mm.family] += n * self.matmul_bytes(mm)
+                small[mm.family] -= n * mm.params
+        for f in ("embedding", "lm_head"):  # a tied lm_head holds no parameters of its own
+            out[f] += self.formats[f].tensor_bytes(self.hidden, self.vocab) if small[f] else 0.0
+            small[f] = 0
+        for f, n in small.items():
+            out[f] += n * self.formats[f].bytes_per_value
+        return out
 
     def count(self, attention: str | None = None, ffn: str | None = None) -> int:
         """Layers with this attention label (or kind) and / or FFN kind."""

@@ -114,36 +114,12 @@ def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
 
 def resident_bytes_per_device(model: ModelSpec, d: Deployment) -> float:
     """HBM a device holds: its weight shards plus its sequences' caches and states."""
-    by_family = weight_bytes_by_family(model)
+    by_family = model.weight_bytes_by_family()
     sharded = sum(by_family[k] for k in ("attention", "dense_ffn", "shared_expert", "embedding", "lm_head")) / d.tp
     routed = by_family["routed_expert"] / d.devices
     router = by_family["router"] * (model.moe.router_copies if model.moe else 1)  # replicated
     seqs = -(-d.batch // d.dp)
     return sharded + routed + router + seqs * cache_bytes_per_seq(model, d.context + d.rows_per_seq, d.tp)
-
-
-def weight_bytes_by_family(model: ModelSpec) -> dict[str, float]:
-    """The whole model's weight bytes per format family; computed once per model object."""
-    if id(model) in _WEIGHT_BYTES:
-        return _WEIGHT_BYTES[id(model)][1]
-    by_family = dict.fromkeys(model.formats, 0.0)
-    fam = model.params_by_family()
-    for layer, n in Counter(dataclasses.replace(l, index=0) for l in model.layers).items():  # each kind once
-        for mm in model.layer_matmuls(layer):
-            by_family[mm.family] += n * model.matmul_bytes(mm)
-            fam[mm.family] -= n * mm.params
-    for f in ("embedding", "lm_head"):
-        by_family[f] += model.formats[f].tensor_bytes(model.hidden, model.vocab) if fam[f] else 0.0
-        fam[f] = 0
-    for f, n in fam.items():  # norms, conv taps, biases
-        by_family[f] += n * model.formats[f].bytes_per_value
-    if len(_WEIGHT_BYTES) >= 64:
-        _WEIGHT_BYTES.clear()
-    _WEIGHT_BYTES[id(model)] = (model, by_family)  # the model is kept alive with its entry
-    return by_family
-
-
-_WEIGHT_BYTES: dict[int, tuple[ModelSpec, dict[str, float]]] = {}
 
 
 def cache_bytes_per_seq(model: ModelSpec, context: int, tp: int) -> float:
