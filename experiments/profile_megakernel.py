@@ -47,7 +47,9 @@ import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from kernels.run import add_block_and_mesh_arguments, block_and_mesh  # noqa: E402
 from perfmodel.arch import load_model  # noqa: E402
+from perfmodel.errors import SpecError  # noqa: E402
 from perfmodel.cli import int_list  # noqa: E402
 from perfmodel.deployment import Deployment, SpecDecode  # noqa: E402
 from perfmodel.hardware import load_hardware  # noqa: E402
@@ -134,29 +136,17 @@ def main(argv=None) -> int:
     ap.add_argument("--tile", type=int, default=256)
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--rows", type=int, default=1,
-                    help="verify rows per sequence (a draft block, at most 8)")
-    ap.add_argument("--accepted", type=int,
-                    help="rows of each block written to the caches (default: all --rows)")
-    ap.add_argument("--devices", type=int, default=1, help="mesh devices (TensorCores)")
-    ap.add_argument("--tp", type=int, help="tensor-parallel degree (must equal --devices)")
-    ap.add_argument("--ep", type=int, help="expert-parallel groups (default: one per device)")
-    ap.add_argument("--hierarchical", action="store_true",
-                    help="all-reduce with the sibling TensorCore first")
-    ap.add_argument("--interpret", action="store_true",
-                    help="Pallas TPU interpret mode on virtual CPU devices (numerics only)")
+    add_block_and_mesh_arguments(ap)
     ap.add_argument("--traces", default=str(ROOT / "out" / "megakernel_traces"))
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "megakernel_profile.csv"))
     a = ap.parse_args(argv)
 
-    if (a.tp or a.devices) != a.devices:
-        print("profile_megakernel: --tp must equal --devices (no data parallelism)",
-              file=sys.stderr)
-        return 2
-    a.accepted = a.rows if a.accepted is None else a.accepted
-    if not (1 <= a.rows <= 8 and 1 <= a.accepted <= a.rows and a.context // 2 + a.rows <= a.context):
-        print(f"profile_megakernel: need 1 <= --accepted ({a.accepted}) <= --rows ({a.rows}) <= "
-              f"8 and --rows <= --context / 2", file=sys.stderr)
+    try:
+        _, a.accepted = block_and_mesh(a)
+        if not (a.rows <= 8 and a.context // 2 + a.rows <= a.context):
+            raise SpecError("rows", a.rows, "must be <= 8 and <= --context / 2")
+    except SpecError as e:
+        print(f"profile_megakernel: {e}", file=sys.stderr)
         return 2
     if a.interpret and a.devices > 1:  # before JAX creates its CPU backend
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +

@@ -73,6 +73,35 @@ def _generate(spec, cfg, packed, cache, tokens, positions, step_fn, steps, accep
     return np.concatenate(kept, axis=1), times
 
 
+def add_block_and_mesh_arguments(p: argparse.ArgumentParser) -> None:
+    """The verify-block and mesh options both kernel CLIs take (this one and
+    experiments/profile_megakernel.py)."""
+    p.add_argument("--rows", type=int, default=1,
+                   help="verify rows per sequence and step (a draft block, at most 8)")
+    p.add_argument("--accepted", type=int,
+                   help="rows of each block kept (written to the caches); default all --rows")
+    p.add_argument("--devices", type=int, default=1, help="mesh devices (TensorCores)")
+    p.add_argument("--tp", type=int, help="tensor-parallel degree (default and only: --devices)")
+    p.add_argument("--ep", type=int, help="expert-parallel groups (default: one per device)")
+    p.add_argument("--hierarchical", action="store_true",
+                   help="all-reduce with the sibling TensorCore first")
+    p.add_argument("--interpret", action="store_true",
+                   help="Pallas TPU interpret mode on virtual CPU devices (numerics only, no timing)")
+
+
+def block_and_mesh(a) -> tuple[int, int]:
+    """(tensor-parallel degree, accepted rows) of those options, or a SpecError naming the one
+    that cannot run."""
+    accepted = a.rows if a.accepted is None else a.accepted
+    if not 1 <= accepted <= a.rows:
+        raise SpecError("accepted", accepted, f"must be in [1, --rows = {a.rows}] (each step keeps at "
+                        "least its first row)")
+    tp = a.tp or a.devices
+    if tp != a.devices:
+        raise SpecError("tp", tp, f"must equal --devices ({a.devices}): the kernel has no data parallelism")
+    return tp, accepted
+
+
 def main(argv: list[str] | None = None) -> int:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--devices", type=int, default=1)
@@ -92,20 +121,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="weight tile edge (bank = 2*T*T bytes); default the MXU width")
     p.add_argument("--context", type=int, default=64, help="MLA cache capacity (tokens)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rows", type=int, default=1,
-                   help="verify rows per sequence and step (a draft block, at most 8)")
-    p.add_argument("--accepted", type=int,
-                   help="rows of each block kept (written to the caches); default all --rows")
     p.add_argument("--expert-format", choices=("bf16",) + quant.QUANTISED,
                    help="store the routed experts in this format (default: the preset's)")
-    p.add_argument("--devices", type=int, default=1, help="mesh devices (TensorCores)")
-    p.add_argument("--tp", type=int, help="tensor-parallel degree (default and only: --devices)")
-    p.add_argument("--ep", type=int, help="expert-parallel groups (default: one per device)")
-    p.add_argument("--hierarchical", action="store_true",
-                   help="all-reduce with the sibling TensorCore first")
     p.add_argument("--trace-dir", help="write a jax.profiler trace of the steps here")
-    p.add_argument("--interpret", action="store_true",
-                   help="Pallas TPU interpret mode on CPU (numerics only, no timing)")
+    add_block_and_mesh_arguments(p)
     a = p.parse_args(argv)
     try:
         spec = load_model(a.preset)
@@ -116,17 +135,10 @@ def main(argv: list[str] | None = None) -> int:
                                   tile=a.tile, expert_slots=a.slots,
                                   cache_block=min(256, a.context), hierarchical=a.hierarchical,
                                   rows=a.rows)
-        accepted = a.rows if a.accepted is None else a.accepted
-        if not 1 <= accepted <= a.rows:
-            raise SpecError("accepted", accepted, f"must be in [1, --rows = {a.rows}] (each "
-                            "step keeps at least its first row)")
+        tp, accepted = block_and_mesh(a)
         if a.steps * accepted + a.rows - accepted > a.context:
             raise SpecError("steps", a.steps, f"the last block would end past --context "
                             f"({a.context}): steps * accepted + rows - accepted must be <= it")
-        tp = a.tp or a.devices
-        if tp != a.devices:
-            raise SpecError("tp", tp, f"must equal --devices ({a.devices}): the kernel has no "
-                            "data parallelism")
         dspec = shard.device_spec(spec, tp, a.ep) if tp > 1 else spec
         budget = vmem.check_vmem(dspec, cfg)
     except SpecError as e:
