@@ -10,7 +10,8 @@ TPU (one TensorCore = one device; a chip has `cores_per_chip` of them):
 - `matmul_time`: the MXU's weight push (flat for few rows) and the per-dot issue cost;
 - `remote_copy_time`: a remote VMEM copy to the sibling core or to a core on another chip;
 - `collective_time`: one collective as phases of remote copies and a semaphore round, per
-  algorithm (`rs_ag`, `hierarchical`, `direct`), the fastest picked per payload as a kernel would;
+  algorithm (`rs_ag`, `hierarchical`, `one_shot`, `direct`), the fastest picked per payload as a
+  kernel would;
 - `device_call_time`: host dispatch of one device call (a jitted program).
 GPU: `kernel_launch_time` (CUDA-graph node), `kernel_stream_time` (achieved bandwidth of a decode
 GEMV / grouped GEMM kernel), `gpu_all_reduce_time` (by ranks and payload).
@@ -27,12 +28,12 @@ from .errors import SpecError
 TILE_WEIGHTS = 256 * 256          # one MXU weight tile (TPU v7: 256 x 256)
 PUSH_DTYPE = {"bf16": "bf16", "f32": "bf16", "int8": "bf16", "fp8": "fp8", "int4": "fp8",
               "mxfp4": "fp8", "nvfp4": "fp8", "fp4": "fp8"}  # MXU rate each operand dtype runs at
-ALGORITHMS = {"all_reduce": ("rs_ag", "hierarchical"), "all_gather": ("direct", "hierarchical")}
+ALGORITHMS = {"all_reduce": ("rs_ag", "hierarchical", "one_shot"), "all_gather": ("direct", "hierarchical")}
 TPU_PARAMS = ("dma_bandwidth_bytes_per_s", "dma_latency_s", "dma_descriptor_s",
               "mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_row_s", "mxu_dot_issue_s",
               "sibling_latency_s", "sibling_bandwidth_bytes_per_s", "cross_chip_latency_s",
               "link_bandwidth_bytes_per_s", "links_per_chip", "collective_call_s", "collective_phase_s", "chip_bandwidth_bytes_per_s",
-              "collective_copy_issue_s", "host_dispatch_s")
+              "collective_copy_issue_s", "host_dispatch_s", "chips_per_host")
 GPU_PARAMS = ("kernel_launch_s", "kernel_bandwidth_efficiency", "allreduce_base_s",
               "allreduce_per_peer_s", "allreduce_bytes_per_s")
 
@@ -96,15 +97,25 @@ class Phase:
         return self.sibling_bytes + self.cross_bytes
 
 
-def collective_phases(kind: str, algorithm: str, payload: float, devices: int, cores: int) -> list[Phase]:
+def collective_phases(kind: str, algorithm: str, payload: float, devices: int, cores: int,
+                      host_devices: int = 0) -> list[Phase]:
     """The phases of `algorithm` for a collective whose full per-device result is `payload` bytes,
-    among `devices` devices on chips of `cores` cores (devices 2r, 2r+1 share chip r)."""
+    among `devices` devices on chips of `cores` cores (devices 2r, 2r+1 share chip r), hosts of
+    `host_devices` devices each (0: one host holds them all)."""
     k = min(cores, devices)
     chips = devices // k
     if algorithm in ("rs_ag", "direct"):  # every device writes one shard to every peer
         shard = payload / devices
         one = Phase(devices - 1, (k - 1) * shard, (devices - k) * shard)
         return [one, one] if kind == "all_reduce" else [one]
+    if algorithm == "one_shot" and kind == "all_reduce":
+        # every device writes its whole partial sum to each peer of its host and adds up what it
+        # receives; across hosts the host sums go the same way, to the same core of every host
+        group = min(devices, host_devices or devices)
+        hosts = devices // group
+        phases = [Phase(group - 1, (k - 1) * payload, (group - k) * payload),
+                  Phase(hosts - 1, 0.0, (hosts - 1) * payload)]
+        return [ph for ph in phases if ph.copies]
     if algorithm != "hierarchical":
         raise SpecError("algorithm", algorithm, f"one of {ALGORITHMS[kind]}")
     if kind == "all_reduce":  # sibling reduce-scatter, chips RS + AG on 1/k each, sibling gather
@@ -132,20 +143,25 @@ def phase_time(c: dict, ph: Phase, chips: int, cores: int, scale: float = 1.0) -
 
 
 def collective_time(c: dict, kind: str, payload: float, devices: int, cores: int,
-                    algorithm: str | None = None, scale: float = 1.0) -> tuple[float, str]:
+                    algorithm: str | None = None, scale: float = 1.0) -> tuple[float, str, list[Phase]]:
     """One in-kernel collective (`all_reduce` or `all_gather`): an entry/exit handshake (the peers'
     buffers are free, the result is complete) and its phases of remote copies and semaphore
     rounds; with no `algorithm`, the fastest one for this payload (as the kernel picks from its
-    own measurements). Returns (seconds, algorithm).
+    own measurements). Hosts hold `chips_per_host` chips (a topology count; absent: one host).
+    Returns (seconds, algorithm, phases).
     Micro-benchmarks: the 14 ms-ar-* / ms-ag-* collectives (8 devices on 4 chips)."""
     if devices <= 1:
-        return 0.0, "none"
+        return 0.0, "none", []
     k = min(cores, devices)
     chips = max(1, devices // k)
-    options = [algorithm] if algorithm else ALGORITHMS[kind]
-    return min((scale * param(c, "collective_call_s") + sum(phase_time(c, ph, chips, k, scale) for ph in
-                                                     collective_phases(kind, a, payload, devices, cores)), a)
-               for a in options)
+    host = k * int(c.get("chips_per_host", 0))
+    best = None
+    for a in [algorithm] if algorithm else ALGORITHMS[kind]:
+        phases = collective_phases(kind, a, payload, devices, cores, host)
+        t = scale * param(c, "collective_call_s") + sum(phase_time(c, ph, chips, k, scale) for ph in phases)
+        if best is None or t < best[0]:
+            best = (t, a, phases)
+    return best
 
 
 def device_call_time(c: dict) -> float:

@@ -37,8 +37,7 @@ def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray) -> list[dict]:
         t = float(collective_s(g, hw)[j])
         k, m, p = g.coll_kind[j], float(g.coll_bytes[j]), int(g.coll_group[j])
         if cm.is_tpu_model(c):
-            alg = cm.collective_time(c, k, m, p, hw.cores_per_chip)[1]
-            phases = cm.collective_phases(k, alg, m, p, hw.cores_per_chip)
+            _, alg, phases = cm.collective_time(c, k, m, p, hw.cores_per_chip)
             out.append({"term": f"{k} ({alg}, {len(phases)} phases of remote copies)", "seconds": t,
                         "mechanism": "components.collective_time", "source": _source(
                             hw, "collective_call_s", "collective_phase_s", "chip_bandwidth_bytes_per_s")})

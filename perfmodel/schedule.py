@@ -95,10 +95,10 @@ def collective_terms(g: OpGraph, hw: Hardware) -> tuple[np.ndarray, np.ndarray, 
 
     def terms(k: str, m: float, p: int) -> tuple[float, float, list]:
         if tpu:
-            t, alg = cm.collective_time(c, k, m, p, cores, scale=scale)
+            t, _, phases = cm.collective_time(c, k, m, p, cores, scale=scale)
             k_ = min(cores, p)
             return t, scale * c["collective_call_s"], [(ph.dma_bytes, cm.phase_time(c, ph, p // k_, k_, scale))
-                                                      for ph in cm.collective_phases(k, alg, m, p, cores)]
+                                                      for ph in phases]
         if cm.is_gpu_model(c):
             return cm.gpu_all_reduce_time(c, m, p, scale), 0.0, []
         return collective_time_s(hw, k, m, p), 0.0, []

@@ -137,8 +137,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                 t = now + scale * c["collective_call_s"]
                 k, m, p = g.coll_kind[j], float(g.coll_bytes[j]), int(g.coll_group[j])
                 cores = min(hw.cores_per_chip, p)
-                alg = cm.collective_time(c, k, m, p, hw.cores_per_chip, scale=scale)[1]
-                for ph in cm.collective_phases(k, alg, m, p, hw.cores_per_chip):
+                for ph in cm.collective_time(c, k, m, p, hw.cores_per_chip, scale=scale)[2]:
                     cid = issue(t, ph.dma_bytes, (names[j], layer), remote=True)
                     t = max(t + cm.phase_time(c, ph, p // cores, cores, scale), completion(cid))
             start[j], end[j] = now, t

@@ -52,6 +52,27 @@ def test_hierarchical_all_gather_crosses_the_links_once_per_core():
     assert (sib.copies, sib.sibling_bytes, sib.cross_bytes) == (1, 4 * 1024, 0)
 
 
+def test_one_shot_all_reduce_sums_within_each_host_then_across_hosts():
+    """Hand-worked, payload P: on one host of 8 devices every core sends P to its sibling and to
+    the 6 cores of the other chips (one phase); 32 devices on 4 hosts add a second phase, P to
+    the same core of each of the 3 other hosts."""
+    p = 14336.0
+    (one,) = cm.collective_phases("all_reduce", "one_shot", p, 8, 2)
+    assert (one.copies, one.sibling_bytes, one.cross_bytes) == (7, p, 6 * p)
+    host, hosts = cm.collective_phases("all_reduce", "one_shot", p, 32, 2, host_devices=8)
+    assert (host.copies, host.sibling_bytes, host.cross_bytes) == (7, p, 6 * p)
+    assert (hosts.copies, hosts.sibling_bytes, hosts.cross_bytes) == (3, 0, 3 * p)
+
+
+def test_one_shot_wins_only_for_small_payloads(tpu):
+    """Fewer semaphore rounds against whole payloads on the wire: one-shot for a batch-1 hidden
+    state (14 KB), a shard-based algorithm once the payload is a few tens of KB."""
+    c = tpu[1].components
+    pick = lambda payload, devices: cm.collective_time(c, "all_reduce", payload, devices, 2)[1]
+    assert pick(14336, 8) == pick(14336, 32) == "one_shot"
+    assert pick(8 * 14336, 8) == "rs_ag" and pick(16 * 16384, 32) == "hierarchical"
+
+
 def test_sibling_core_is_about_10x_a_cross_chip_link(tpu):
     c = tpu[1].components
     big = 16 * 2**20

@@ -21,7 +21,8 @@ def test_explain_routed_experts_names_mechanisms_and_the_resource(capsys):
 def test_explain_collective_shows_its_algorithm(capsys):
     assert main(["explain", "--ep", "8", "--layer", "4", "--op", "attn_all_reduce", "--json"]) == 0
     (term,) = json.loads(capsys.readouterr().out)["ops"][0]["terms"]
-    assert term["mechanism"] == "components.collective_time" and "rs_ag" in term["term"]
+    # 32 devices on 4 hosts, 14 KB: one-shot within each host, then across hosts
+    assert term["mechanism"] == "components.collective_time" and "one_shot, 2 phases" in term["term"]
 
 
 def test_explain_unknown_op_is_one_line(capsys):
