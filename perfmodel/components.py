@@ -111,7 +111,7 @@ def collective_phases(kind: str, algorithm: str, payload: float, devices: int, c
     if algorithm == "one_shot" and kind == "all_reduce":
         # every device writes its whole partial sum to each peer of its host and adds up what it
         # receives; across hosts the host sums go the same way, to the same core of every host
-        group = min(devices, host_devices or devices)
+        group = host_devices if 0 < host_devices < devices and devices % host_devices == 0 else devices
         hosts = devices // group
         phases = [Phase(group - 1, (k - 1) * payload, (group - k) * payload),
                   Phase(hosts - 1, 0.0, (hosts - 1) * payload)]
