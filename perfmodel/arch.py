@@ -134,12 +134,10 @@ class CSA:
 
 
 ATTENTION_CLASSES = {c.kind: c for c in (KDA, MLA, GQA, GDN, Mamba2, CSA)}
-# matrices the DeepSeek-V4 reference inference code stores in a fixed dtype, whatever the
-# checkpoint's attention format: grouped output down-projection and indexer head weights in
-# bf16, compressor projections in f32 (docs/sources.md)
 HC_BYTES = 4  # hyper-connection weights are f32 in the DeepSeek-V4 reference code
-CSA_FIXED_FORMATS = {"o_a": "bf16", "index_weights": "bf16", "compress_kv": "f32", "compress_gate": "f32",
-                     "index_compress_kv": "f32", "index_compress_gate": "f32"}
+# DeepSeek-V4's compressor projections are f32 whatever the checkpoint's attention format (the
+# reference inference code; docs/sources.md)
+CSA_FIXED_FORMATS = dict.fromkeys(("compress_kv", "compress_gate", "index_compress_kv", "index_compress_gate"), "f32")
 
 
 @dataclass(frozen=True)

@@ -239,13 +239,13 @@ def test_moe_layer_with_custom_formats_by_hand():
 
 def test_deepseek_v4_layers_by_hand():
     """DeepSeek-V4-Flash, one layer of each attention kind, attention phase only (1000 tokens, one
-    sequence). Matrices: fp8 128x128 blocks with an f32 scale each, except the grouped o_a and the
-    indexer's head weights (bf16) and the compressor projections (f32); the hyper-connection map
+    sequence). Matrices: fp8 128x128 blocks with an f32 scale each (the grouped o_a: one per group),
+    except the compressor projections (f32); the hyper-connection map
     before the sublayer reads 24 x 16384 f32 weights. Cache: bf16, the compressor state f32."""
     m = load_model("tests/fixtures/hf/deepseek-v4-flash.json")
     fp8 = lambda i, o: i * o + 4 * -(-i // 128) * -(-o // 128)
     h, ql, d, ih = 4096, 1024, 512, 128
-    base = fp8(h, ql) + fp8(ql, 64 * d) + fp8(h, d) + 2 * 8 * (64 * d // 8) * 1024 + fp8(8 * 1024, h) \
+    base = fp8(h, ql) + fp8(ql, 64 * d) + fp8(h, d) + 8 * fp8(64 * d // 8, 1024) + fp8(8 * 1024, h) \
         + 24 * 4 * h * 4
     g = build(m, ONE)
 
@@ -257,7 +257,7 @@ def test_deepseek_v4_layers_by_hand():
     static, kv = attention(1)  # window only: 128 tokens read, the new one written
     assert static == base and kv == (128 + 1) * d * 2
     static, kv = attention(3)  # CSA: 250 entries, all within the top 512, and 250 index keys
-    assert static == base + 4 * 2 * h * 2 * d + fp8(ql, 64 * ih) + 2 * h * 64 + 4 * 2 * h * 2 * ih
+    assert static == base + 4 * 2 * h * 2 * d + fp8(ql, 64 * ih) + fp8(h, 64) + 4 * 2 * h * 2 * ih
     state = 2 * 8 * 2 * d + 2 * 8 * 2 * ih  # two overlapping blocks of 4, values and scores
     compressor = 2 * 2 * (d + ih) * 4 + (state * 4 + (d + ih) * 2) / 4  # row written; block read / 4
     assert kv == pytest.approx((128 + 250 + 1) * d * 2 + 250 * ih * 2 + compressor)
