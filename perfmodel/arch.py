@@ -68,6 +68,7 @@ class MLA:
 
 @dataclass(frozen=True)
 class GQA:
+    """Grouped-query attention; `window` for sliding-window layers, `index_*` for block-sparse."""
     kind: ClassVar[str] = "gqa"
     heads: int
     kv_heads: int
@@ -77,6 +78,9 @@ class GQA:
     sinks: bool = False        # a learned sink logit per head (gpt-oss)
     v_head_dim: int = 0        # 0 = head_dim
     k_eq_v: bool = False       # no v_proj: values come from the key projection (Gemma 4 global layers)
+    index_heads: int = 0       # block-sparse attention (MiniMax-M3): index query heads, one per KV head,
+    index_head_dim: int = 0    # against one shared index key per token; each KV head's group then
+    index_topk: int = 0        # reads the `index_topk` tokens (whole blocks) its index head picked
 
 
 @dataclass(frozen=True)
@@ -217,6 +221,8 @@ class ModelSpec:
                 name += f"-swa{a.window}"
             if isinstance(a, MLA) and a.index_topk:
                 name += f"-dsa{a.index_topk}"
+            if isinstance(a, GQA) and a.index_topk:
+                name += f"-msa{a.index_topk}"
             parts.append(name)
         if layer.ffn != "none":
             parts.append(layer.ffn)
@@ -259,6 +265,8 @@ class ModelSpec:
                 out.append(mm("v_proj", h, a.kv_heads * vd))
             if a.output_gate:
                 out.append(mm("gate_proj", h, a.heads * vd))
+            if a.index_topk:
+                out += [mm("index_q", h, a.index_heads * a.index_head_dim), mm("index_k", h, a.index_head_dim)]
             return out + [mm("o_proj", a.heads * vd, h)]
         if isinstance(a, GDN):
             k, v = a.key_heads * a.key_head_dim, a.value_heads * a.value_head_dim
@@ -286,8 +294,8 @@ class ModelSpec:
             return 3 * a.heads * a.head_dim * a.conv_width + 2 * a.heads + a.head_dim
         if isinstance(a, MLA):
             return a.q_lora_rank + a.kv_lora_rank + (2 * a.index_head_dim if a.index_topk else 0)
-        if isinstance(a, GQA):
-            return a.heads if a.sinks else 0
+        if isinstance(a, GQA):  # sinks; the index query and key norms
+            return (a.heads if a.sinks else 0) + (2 * a.index_head_dim if a.index_topk else 0)
         if isinstance(a, GDN):
             conv = 2 * a.key_heads * a.key_head_dim + a.value_heads * a.value_head_dim
             return conv * a.conv_width + 2 * a.value_heads + a.value_head_dim
@@ -321,9 +329,10 @@ class ModelSpec:
         """One sequence's cache of one layer on one device: KV / latents for `context` tokens
         (a sliding window keeps only its window) or the fixed recurrent and conv state."""
         a, kv, st = self.attn(label), self.formats["kv_cache"].bytes_per_value, self.formats["state"].bytes_per_value
-        if isinstance(a, GQA):
+        if isinstance(a, GQA):  # the index keys (one head) replicated across TP ranks
             span = min(context, a.window) if a.window else context
-            return span * -(-a.kv_heads // tp) * (a.head_dim + (a.v_head_dim or a.head_dim)) * kv
+            index = context * a.index_head_dim * kv if a.index_topk else 0
+            return span * -(-a.kv_heads // tp) * (a.head_dim + (a.v_head_dim or a.head_dim)) * kv + index
         if isinstance(a, MLA):  # latents replicated across TP ranks; the indexer keeps its own keys
             return context * (a.kv_lora_rank + a.qk_rope_dim + (a.index_head_dim if a.index_topk else 0)) * kv
         if isinstance(a, KDA):
@@ -640,7 +649,7 @@ def _validate(s: ModelSpec) -> None:
                     f"must divide {where}.value_heads ({a.value_heads})")
         if isinstance(a, Mamba2):
             require(a.heads % a.groups == 0, f"{where}.groups", a.groups, f"must divide {where}.heads ({a.heads})")
-        if isinstance(a, (MLA, CSA)) and a.index_topk:
+        if isinstance(a, (MLA, CSA, GQA)) and a.index_topk:
             positive_int(f"{where}.index_heads", a.index_heads), positive_int(f"{where}.index_head_dim", a.index_head_dim)
         if isinstance(a, CSA):
             for f in ("rope_dim", "q_lora_rank", "o_groups", "o_lora_rank", "window"):

@@ -6,7 +6,7 @@ MLA), GLM-4.x / GLM-5, Llama 3 / 4 (interleaved MoE, chunked attention), Mixtral
 MoE, Qwen3-Next / Qwen3.5 (gated DeltaNet + gated attention), gpt-oss (sliding / full pattern,
 sinks, MXFP4 experts), Gemma 3 (5 local : 1 global), Gemma 4 (global layers with their own head
 size and K = V, experts beside a dense MLP), MiMo-V2 (hybrid sliding / full pattern with its own
-sliding shape and sinks), MiniMax-M2, Nemotron-H / Nemotron-3 (Mamba-2 hybrids, latent MoE).
+sliding shape and sinks), MiniMax-M2 / M3 (block-sparse attention), Nemotron-H / Nemotron-3 (Mamba-2 hybrids, latent MoE).
 A key the importer does not understand but that changes cost (a `layer_types` value, a hybrid
 pattern character, a quantisation method, a sparse-attention model without its index keys) is a
 SpecError naming the key: the importer never silently models something else.
@@ -34,8 +34,7 @@ UNMODELLED_KEYS = {"num_kv_shared_layers": "KV cache shared across layers",
                    "kv_sharing_layer_map": "KV cache shared across layers",
                    "hidden_size_per_layer_input": "per-layer input embeddings (Gemma 3n, Gemma 4 E2B / E4B)",
                    "use_double_wide_mlp": "double-width MLPs on KV-sharing layers (Gemma 4 E2B / E4B)",
-                   "altup_num_inputs": "AltUp (Gemma 3n)",
-                   "sparse_attention_config": "block-sparse attention (MiniMax-M3)"}
+                   "altup_num_inputs": "AltUp (Gemma 3n)"}
 
 
 class _Config:
@@ -172,7 +171,42 @@ def _attention(c: _Config, raw: dict, d: dict, n: int, h: int, heads: int) -> di
         out["swa_layers"] = [i + 1 for i, t in enumerate(types) if t == "swa"]
     if "linear" in types:
         out["gdn_layers"] = [i + 1 for i, t in enumerate(types) if t == "linear"]
+    if raw.get("sparse_attention_config") is not None:
+        sparse = _msa(raw["sparse_attention_config"], n)
+        if sparse:
+            out["msa"], out["msa_layers"] = sparse
+            require(not set(out["msa_layers"]) & set(out.get("swa_layers", [])) and "linear" not in types,
+                    "config.json:sparse_attention_config", raw["sparse_attention_config"],
+                    "block-sparse attention on sliding-window or linear-attention layers is not modelled")
     return out
+
+
+def _msa(sc, n: int) -> tuple[dict, list[int]] | None:
+    """MiniMax-M3 block-sparse attention: on the layers `sparse_attention_freq` marks, index heads
+    (one per KV head) score every token against one shared index key, keep each block's maximum
+    and read their top `sparse_topk_blocks` blocks of `sparse_block_size` tokens (the forced local
+    and initial blocks counted among them). Only the score-only indexer is known."""
+    require(isinstance(sc, dict), "config.json:sparse_attention_config", sc, "must be an object")
+    use = sc.get("use_sparse_attention", False)
+    require(isinstance(use, bool), "config.json:sparse_attention_config.use_sparse_attention", use,
+            "must be true or false")
+    if not use:
+        return None
+    s = _Config(sc)
+    key = "config.json:sparse_attention_config."
+    freq = s.list("sparse_attention_freq")
+    require(len(freq) == n and all(f in (0, 1) for f in freq), key + "sparse_attention_freq", freq,
+            f"must give 0 or 1 for each of the {n} layers")
+    layers = [i + 1 for i, f in enumerate(freq) if f]
+    no_value = s.list("sparse_disable_index_value")
+    require(len(no_value) == n and all(no_value[i - 1] == 1 for i in layers), key + "sparse_disable_index_value",
+            no_value, "index value / output projections (0 on a sparse layer) are not modelled")
+    require(sc.get("sparse_score_type", "max") == "max", key + "sparse_score_type", sc.get("sparse_score_type"),
+            "the known block score is max")
+    block = s.int("sparse_block_size", lo=1)
+    return {"type": "gqa", "index_heads": s.int("sparse_num_index_heads", lo=1),
+            "index_head_dim": s.int("sparse_index_dim", lo=1),
+            "index_topk": s.int("sparse_topk_blocks", lo=1) * block}, layers
 
 
 def _csa(c: _Config, raw: dict, d: dict, n: int, heads: int) -> dict:

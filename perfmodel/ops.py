@@ -216,6 +216,12 @@ def _attention_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment
     elif isinstance(a, GQA):
         hl, kvl, vd = a.heads // d.tp, -(-a.kv_heads // d.tp), a.v_head_dim or a.head_dim
         span = min(L, a.window) if a.window else L
+        if a.index_topk:  # each index head scores every cached index key (then a max per block);
+            il = max(1, a.index_heads // d.tp)  # its KV head's group reads the top-k tokens
+            ops.compute(i, "attention", "msa_indexer", 2.0 * t * il * a.index_head_dim * (L + rows) + t * il * L,
+                        "bf16", kv=b * (L + rows) * a.index_head_dim * kvb,
+                        act=ACT_BYTES * t * il * a.index_head_dim + 4.0 * t * il * L)
+            span = min(L, a.index_topk)
         ops.compute(i, "attention", "gqa_attention", 2.0 * t * hl * (a.head_dim + vd) * span, "bf16",
                     kv=b * (span + rows) * kvl * (a.head_dim + vd) * kvb,
                     act=ACT_BYTES * t * hl * (a.head_dim + vd))

@@ -46,11 +46,11 @@ CARDS = {
     "qwen3-235b-a22b-fp8.json": ("235B", "22B", {"gqa+moe": 94}),
     "deepseek-v4-flash.json": ("284B", "13B", {"swa128+moe": 2, "csa4+moe": 21, "hca128+moe": 20}),
     "deepseek-v4-pro.json": ("1.6T", "49B", {"csa4+moe": 30, "hca128+moe": 31}),
+    "minimax-m3.json": ("428B", None, {"gqa+dense": 3, "gqa-msa2048+moe": 57}),
 }
 REFUSED = {  # real configs of mechanisms the importer does not model: the key it names
     "glm-5-fp8.json": "config.json:index_n_heads",       # abridged: sparse attention without its indexer
     "minimax-m1.json": "config.json:attn_type_list",     # lightning attention
-    "minimax-m3.json": "config.json:sparse_attention_config",  # block-sparse attention
 }
 
 
@@ -146,6 +146,10 @@ def base_config(**extra):
     ({"attn_type_list": [0, 1, 1, 1]}, "config.json:attn_type_list"),
     ({"compress_ratios": [0, 4, 128]}, "config.json:compress_ratios"),  # one ratio short
     ({"expert_dtype": "fp2"}, "config.json:expert_dtype"),
+    ({"sparse_attention_config": {"use_sparse_attention": True, "sparse_attention_freq": [0, 1, 1, 1],
+                                  "sparse_disable_index_value": [0, 1, 0, 1], "sparse_block_size": 16,
+                                  "sparse_num_index_heads": 2, "sparse_index_dim": 32, "sparse_topk_blocks": 4}},
+     "config.json:sparse_attention_config.sparse_disable_index_value"),  # an index value branch
     ({"num_kv_shared_layers": 2}, "config.json:num_kv_shared_layers"),
     ({"mamba_ssm_dtype": "float8"}, "config.json:mamba_ssm_dtype"),
     ({"num_hidden_layers": 20000}, "config.json:num_hidden_layers"),
@@ -305,3 +309,14 @@ def test_deepseek_v4_compressed_attention_layers():
     # of 128, and the f32 compressor blocks (2 x 8 x 1024 values and 2 x 8 x 256 for the indexer)
     assert m.cache_bytes(m.layers[2].attention, 1000, 1) == (128 + 250) * 512 * 2 + 250 * 128 * 2 \
         + (2 * 8 * 1024 + 2 * 8 * 256) * 4
+
+
+def test_minimax_m3_block_sparse_layers():
+    """MiniMax-M3: dense attention on the first 3 layers, then index heads (one per KV head) over one
+    shared 128-wide index key per token, each KV group reading its top 16 blocks of 128 tokens."""
+    m = load_model(str(FIXTURES / "minimax-m3.json"))
+    a = m.attn(m.layers[3].attention)
+    assert (a.index_heads, a.index_head_dim, a.index_topk, a.kv_heads) == (4, 128, 2048, 4)
+    assert m.layers[2].attention == "gqa" and m.layers[3].attention == "msa"
+    # per token, bf16: K and V of 4 heads x 128, and the 128-wide index key
+    assert m.cache_bytes("msa", 1, 1) == (4 * 2 * 128 + 128) * 2

@@ -110,6 +110,20 @@ def test_mla_and_sparse_attention_by_hand():
     assert s1 - s0 == 2 * (64 * 2 * 16 + 256 * 16 + 256 * 2)  # index_q, index_k, index_weights
 
 
+def test_block_sparse_gqa_by_hand():
+    """Block-sparse GQA (MiniMax-M3 style): the indexer reads every cached index key, the KV heads
+    only the top-k tokens; index_q (2 heads x 16) and index_k (16) add to the projections."""
+    sparse = tiny(attention={"default": "gqa"},
+                  gqa={"heads": 4, "kv_heads": 2, "head_dim": 64, "index_heads": 2, "index_head_dim": 16,
+                       "index_topk": 100})
+    dense = tiny()
+    assert sparse.layer_kind(sparse.layers[0]) == "gqa-msa100+dense"
+    (s0, kv0), (s1, kv1) = layer_bytes(dense, 1), layer_bytes(sparse, 1)
+    assert kv0 == (1000 + 1) * 2 * 2 * 64 * 2
+    assert kv1 == (100 + 1) * 2 * 2 * 64 * 2 + (1000 + 1) * 16 * 2
+    assert s1 - s0 == 2 * (256 * 2 * 16 + 256 * 16)
+
+
 def test_router_hi_lo_pair_doubles_router_bytes_not_params():
     one = derive("kimi-k3-mini")
     two = derive("kimi-k3-mini", moe={"router_copies": 2})
