@@ -25,6 +25,9 @@ LAYER_TYPES = {"full_attention": "full", "sliding_attention": "swa", "linear_att
                "chunked_attention": "swa"}   # a chunk bounds the span as a window does
 HYBRID_CHARS = {"M": "mamba2", "*": "attention", "-": "mlp", "E": "moe"}
 QUANT_METHODS = ("fp8", "mxfp4", "compressed-tensors", "modelopt")
+# Hugging Face `Gemma3TextConfig` defaults for the keys Gemma 3's published configs leave out
+# (google/gemma-3-27b-it states neither its vocabulary nor its layer pattern nor tied embeddings)
+GEMMA3_DEFAULTS = {"vocab_size": 262208, "sliding_window_pattern": 6, "tie_word_embeddings": True}
 # DeepSeek-V4 `expert_dtype`: FP4 (e2m1, one e8m0 scale per 32) is MXFP4; FP8 as the rest
 EXPERT_DTYPES = {"fp4": "mxfp4", "fp8": "fp8-block128"}
 UNGATED_ACTIVATIONS = ("relu2",)  # Nemotron-H: up and down projections only
@@ -85,6 +88,8 @@ def from_hf_config(path: Path) -> ModelSpec:
 
 def spec_dict(raw: dict, name: str, source: str) -> dict:
     """The preset-schema dict (perfmodel.arch.from_dict) of one config.json."""
+    if raw.get("model_type") in ("gemma3", "gemma3_text"):
+        raw = {**GEMMA3_DEFAULTS, **raw}
     c = _Config(raw)
     for key, what in UNMODELLED_KEYS.items():
         require(raw.get(key) in (None, False, 0, []), f"config.json:{key}", raw.get(key),
@@ -243,8 +248,9 @@ def _layer_types(c: _Config, raw: dict, n: int) -> list[str]:
     if c.has("linear_num_value_heads"):  # Qwen3-Next before layer_types: full every k-th
         k = c.int("full_attention_interval", lo=1)
         return ["full" if (i + 1) % k == 0 else "linear" for i in range(n)]
-    if c.has("sliding_window_pattern") and c.has("sliding_window"):  # Gemma 3: every k-th global
-        k = c.int("sliding_window_pattern", lo=1)
+    pattern = _first(raw, "sliding_window_pattern", "_sliding_window_pattern")
+    if c.has(pattern) and c.has("sliding_window"):  # Gemma 3: every k-th global
+        k = c.int(pattern, lo=1)
         return ["full" if (i + 1) % k == 0 else "swa" for i in range(n)]
     if "hybrid_layer_pattern" in raw:  # MiMo-V2: 0 = full attention, 1 = sliding window
         pat = c.list("hybrid_layer_pattern")

@@ -320,3 +320,17 @@ def test_minimax_m3_block_sparse_layers():
     assert m.layers[2].attention == "gqa" and m.layers[3].attention == "msa"
     # per token, bf16: K and V of 4 heads x 128, and the 128-wide index key
     assert m.cache_bytes("msa", 1, 1) == (4 * 2 * 128 + 128) * 2
+
+
+def test_gemma3_published_shape_takes_the_hf_defaults(tmp_path):
+    """google/gemma-3-27b-it's text_config states head_dim 128 and the 1024 window but not the
+    vocabulary, the 5 local : 1 global pattern or tied embeddings: the Gemma3TextConfig defaults
+    (262208, 6, tied) apply, so 2 of 12 layers are global, not all 12 windowed."""
+    text = {"model_type": "gemma3_text", "hidden_size": 64, "head_dim": 128, "intermediate_size": 256,
+            "num_attention_heads": 4, "num_hidden_layers": 12, "num_key_value_heads": 2,
+            "query_pre_attn_scalar": 168, "sliding_window": 1024}
+    m = load_model(write(tmp_path, {"model_type": "gemma3", "text_config": text,
+                                    "vision_config": {"hidden_size": 1152, "num_hidden_layers": 27}}))
+    kinds = [m.layer_kind(l) for l in m.layers]
+    assert kinds == (["gqa-swa1024+dense"] * 5 + ["gqa+dense"]) * 2
+    assert m.vocab == 262208 and m.tie_embeddings and m.gqa.head_dim == 128
