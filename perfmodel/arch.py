@@ -7,8 +7,8 @@ how the MINI kernel configuration derives from kimi-k3). Hugging Face `config.js
 through `perfmodel.hf`.
 
 Each layer has an attention label and an FFN kind. The labels `kda`, `mla`, `gqa`, `gdn`
-(gated DeltaNet), `mamba2`, `csa` (DeepSeek-V4 compressed attention) take their shapes from the top-level table of that name; a model
-may add more labels under `[attention.<label>]` with `type = "<kind>"`, fields not given being
+(gated DeltaNet), `mamba2`, `csa` (DeepSeek-V4 compressed attention) take their shapes from the
+top-level table of that name; a model may add more labels under `[attention.<label>]` with `type = "<kind>"`, fields not given being
 taken from the table of that kind (e.g. a sliding-window GQA beside the full one), and `none`
 is a layer without attention (a Nemotron-H MLP block). FFN kinds are `dense`, `moe`, `none`.
 Layer patterns: `default`, then a cyclic `pattern` list, then `<label>_layers` lists (1-based).
@@ -141,7 +141,8 @@ ATTENTION_CLASSES = {c.kind: c for c in (KDA, MLA, GQA, GDN, Mamba2, CSA)}
 HC_BYTES = 4  # hyper-connection weights are f32 in the DeepSeek-V4 reference code
 # DeepSeek-V4's compressor projections are f32 whatever the checkpoint's attention format (the
 # reference inference code; docs/sources.md)
-CSA_FIXED_FORMATS = dict.fromkeys(("compress_kv", "compress_gate", "index_compress_kv", "index_compress_gate"), "f32")
+CSA_FIXED_FORMATS = dict.fromkeys(("compress_kv", "compress_gate", "index_compress_kv", "index_compress_gate"),
+                                  "f32")
 
 
 @dataclass(frozen=True)
@@ -273,7 +274,8 @@ class ModelSpec:
             return [mm("q_proj", h, k), mm("k_proj", h, k), mm("v_proj", h, v), mm("gate_proj", h, v),
                     mm("beta_alpha_proj", h, 2 * a.value_heads), mm("o_proj", v, h)]
         if isinstance(a, CSA):
-            g = lambda name, d_in, d_out, n=1: Matmul(name, "attention", d_in, d_out, n, CSA_FIXED_FORMATS.get(name, ""))
+            g = lambda name, d_in, d_out, n=1: Matmul(name, "attention", d_in, d_out, n,
+                                                      CSA_FIXED_FORMATS.get(name, ""))
             out = [g("q_a", h, a.q_lora_rank), g("q_b", a.q_lora_rank, a.heads * a.head_dim), g("kv", h, a.head_dim)]
             if a.compress_ratio:
                 out += [g("compress_kv", h, a.coff * a.head_dim), g("compress_gate", h, a.coff * a.head_dim)]

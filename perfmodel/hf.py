@@ -6,7 +6,8 @@ MLA), GLM-4.x / GLM-5, Llama 3 / 4 (interleaved MoE, chunked attention), Mixtral
 MoE, Qwen3-Next / Qwen3.5 (gated DeltaNet + gated attention), gpt-oss (sliding / full pattern,
 sinks, MXFP4 experts), Gemma 3 (5 local : 1 global), Gemma 4 (global layers with their own head
 size and K = V, experts beside a dense MLP), MiMo-V2 (hybrid sliding / full pattern with its own
-sliding shape and sinks), MiniMax-M2 / M3 (block-sparse attention), Nemotron-H / Nemotron-3 (Mamba-2 hybrids, latent MoE).
+sliding shape and sinks), MiniMax-M2 / M3 (block-sparse attention), Nemotron-H / Nemotron-3
+(Mamba-2 hybrids, latent MoE).
 A key the importer does not understand but that changes cost (a `layer_types` value, a hybrid
 pattern character, a quantisation method, a sparse-attention model without its index keys) is a
 SpecError naming the key: the importer never silently models something else.
