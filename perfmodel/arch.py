@@ -8,9 +8,10 @@ through `perfmodel.hf`.
 
 Each layer has an attention label and an FFN kind. The labels `kda`, `mla`, `gqa`, `gdn`
 (gated DeltaNet), `mamba2`, `csa` (DeepSeek-V4 compressed attention) take their shapes from the
-top-level table of that name; a model may add more labels under `[attention.<label>]` with `type = "<kind>"`, fields not given being
-taken from the table of that kind (e.g. a sliding-window GQA beside the full one), and `none`
-is a layer without attention (a Nemotron-H MLP block). FFN kinds are `dense`, `moe`, `none`.
+top-level table of that name; a model may add more labels under `[attention.<label>]` with
+`type = "<kind>"`, fields not given being taken from the table of that kind (e.g. a
+sliding-window GQA beside the full one), and `none` is a layer without attention (a Nemotron-H
+MLP block). FFN kinds are `dense`, `moe`, `none`.
 Layer patterns: `default`, then a cyclic `pattern` list, then `<label>_layers` lists (1-based).
 """
 from __future__ import annotations
