@@ -7,10 +7,11 @@ how the MINI kernel configuration derives from kimi-k3). Hugging Face `config.js
 through `perfmodel.hf`.
 
 Each layer has an attention label and an FFN kind. The labels `kda`, `mla`, `gqa`, `gdn`
-(gated DeltaNet), `mamba2` take their shapes from the top-level table of that name; a model
-may add more labels under `[attention.<label>]` with `type = "<kind>"`, fields not given being
-taken from the table of that kind (e.g. a sliding-window GQA beside the full one), and `none`
-is a layer without attention (a Nemotron-H MLP block). FFN kinds are `dense`, `moe`, `none`.
+(gated DeltaNet), `mamba2`, `csa` (DeepSeek-V4 compressed attention) take their shapes from the
+top-level table of that name; a model may add more labels under `[attention.<label>]` with
+`type = "<kind>"`, fields not given being taken from the table of that kind (e.g. a
+sliding-window GQA beside the full one), and `none` is a layer without attention (a Nemotron-H
+MLP block). FFN kinds are `dense`, `moe`, `none`.
 Layer patterns: `default`, then a cyclic `pattern` list, then `<label>_layers` lists (1-based).
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .files import check_path, read_text
 from .formats import FORMATS, Format, format_from_dict, get_format
 
 PRESET_DIR = Path(__file__).parent / "presets" / "models"
-ATTENTION_KINDS = ("kda", "mla", "gqa", "gdn", "mamba2")
+ATTENTION_KINDS = ("kda", "mla", "gqa", "gdn", "mamba2", "csa")
 FFN_KINDS = ("dense", "moe", "none")
 WEIGHT_FAMILIES = ("attention", "dense_ffn", "shared_expert", "routed_expert", "router",
                    "embedding", "lm_head")
@@ -68,6 +69,7 @@ class MLA:
 
 @dataclass(frozen=True)
 class GQA:
+    """Grouped-query attention; `window` for sliding-window layers, `index_*` for block-sparse."""
     kind: ClassVar[str] = "gqa"
     heads: int
     kv_heads: int
@@ -77,6 +79,9 @@ class GQA:
     sinks: bool = False        # a learned sink logit per head (gpt-oss)
     v_head_dim: int = 0        # 0 = head_dim
     k_eq_v: bool = False       # no v_proj: values come from the key projection (Gemma 4 global layers)
+    index_heads: int = 0       # block-sparse attention (MiniMax-M3): index query heads, one per KV head,
+    index_head_dim: int = 0    # against one shared index key per token; each KV head's group then
+    index_topk: int = 0        # reads the `index_topk` tokens (whole blocks) its index head picked
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,44 @@ class Mamba2:
     conv_width: int = 4
 
 
-ATTENTION_CLASSES = {c.kind: c for c in (KDA, MLA, GQA, GDN, Mamba2)}
+@dataclass(frozen=True)
+class CSA:
+    """DeepSeek-V4 attention: query heads (low-rank queries) over one shared key = value head
+    of `head_dim`, a grouped low-rank output projection and a per-head sink. Every layer keeps
+    its last `window` tokens raw; with `compress_ratio` > 0 it also caches one entry per
+    `compress_ratio` tokens, made by a learned compressor (with `overlap`, blocks overlap and
+    the compressor has two projections each). With `index_topk` > 0 (CSA), an indexer of its
+    own compressed keys picks that many entries; without (HCA) the query reads all of them."""
+    kind: ClassVar[str] = "csa"
+    heads: int
+    head_dim: int
+    rope_dim: int
+    q_lora_rank: int
+    o_groups: int
+    o_lora_rank: int
+    window: int
+    compress_ratio: int = 0
+    overlap: bool = False
+    index_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
+
+    @property
+    def coff(self) -> int:
+        """Compressor projections per entry: 2 with overlapping blocks."""
+        return 2 if self.overlap else 1
+
+    def entries(self, context: int) -> tuple[int, int]:
+        """(raw window tokens, compressed entries) cached for `context` tokens."""
+        return min(context, self.window), context // self.compress_ratio if self.compress_ratio else 0
+
+
+ATTENTION_CLASSES = {c.kind: c for c in (KDA, MLA, GQA, GDN, Mamba2, CSA)}
+HC_BYTES = 4  # hyper-connection weights are f32 in the DeepSeek-V4 reference code
+# DeepSeek-V4's compressor projections are f32 whatever the checkpoint's attention format (the
+# reference inference code; docs/sources.md)
+CSA_FIXED_FORMATS = dict.fromkeys(("compress_kv", "compress_gate", "index_compress_kv", "index_compress_gate"),
+                                  "f32")
 
 
 @dataclass(frozen=True)
@@ -123,7 +165,8 @@ class Matmul:
     family: str
     d_in: int
     d_out: int
-    experts: int = 1
+    experts: int = 1    # stacked experts, or the blocks of a grouped (block-diagonal) projection
+    fmt: str = ""       # a format the matrix keeps whatever its family's ("" = the family's)
 
     @property
     def params(self) -> int:
@@ -149,11 +192,13 @@ class ModelSpec:
     gqa: GQA | None = None
     gdn: GDN | None = None
     mamba2: Mamba2 | None = None
+    csa: CSA | None = None
     variants: dict[str, object] = field(default_factory=dict)  # extra attention labels
     dense_width: int = 0
     ffn_gated: bool = True   # SwiGLU-style gate and up projections; False: up only (relu2 MLPs)
     moe: MoE | None = None
     tie_embeddings: bool = False
+    residual_streams: int = 1  # hyper-connections: the residual is this many copies of hidden
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     # ----- attention labels ----------------------------------------------------------------
@@ -165,15 +210,21 @@ class ModelSpec:
 
     def layer_kind(self, layer: Layer) -> str:
         """What a layer is, window included: `gqa-swa128+moe`, `gdn+moe`, `mla-dsa2048+dense`,
-        `mamba2` (no FFN), `dense` (no attention)."""
+        `csa4+moe` / `hca128+moe` / `swa128+moe` (DeepSeek-V4: compressed with an indexer,
+        compressed, window only), `mamba2` (no FFN), `dense` (no attention)."""
         a = self.attn(layer.attention)
         parts = []
-        if a is not None:
+        if isinstance(a, CSA):
+            parts.append(f"{'csa' if a.index_topk else 'hca'}{a.compress_ratio}" if a.compress_ratio
+                         else f"swa{a.window}")
+        elif a is not None:
             name = a.kind
             if isinstance(a, GQA) and a.window:
                 name += f"-swa{a.window}"
             if isinstance(a, MLA) and a.index_topk:
                 name += f"-dsa{a.index_topk}"
+            if isinstance(a, GQA) and a.index_topk:
+                name += f"-msa{a.index_topk}"
             parts.append(name)
         if layer.ffn != "none":
             parts.append(layer.ffn)
@@ -216,11 +267,26 @@ class ModelSpec:
                 out.append(mm("v_proj", h, a.kv_heads * vd))
             if a.output_gate:
                 out.append(mm("gate_proj", h, a.heads * vd))
+            if a.index_topk:
+                out += [mm("index_q", h, a.index_heads * a.index_head_dim), mm("index_k", h, a.index_head_dim)]
             return out + [mm("o_proj", a.heads * vd, h)]
         if isinstance(a, GDN):
             k, v = a.key_heads * a.key_head_dim, a.value_heads * a.value_head_dim
             return [mm("q_proj", h, k), mm("k_proj", h, k), mm("v_proj", h, v), mm("gate_proj", h, v),
                     mm("beta_alpha_proj", h, 2 * a.value_heads), mm("o_proj", v, h)]
+        if isinstance(a, CSA):
+            g = lambda name, d_in, d_out, n=1: Matmul(name, "attention", d_in, d_out, n,
+                                                      CSA_FIXED_FORMATS.get(name, ""))
+            out = [g("q_a", h, a.q_lora_rank), g("q_b", a.q_lora_rank, a.heads * a.head_dim), g("kv", h, a.head_dim)]
+            if a.compress_ratio:
+                out += [g("compress_kv", h, a.coff * a.head_dim), g("compress_gate", h, a.coff * a.head_dim)]
+            if a.index_topk:
+                out += [g("index_q", a.q_lora_rank, a.index_heads * a.index_head_dim),
+                        g("index_weights", h, a.index_heads),
+                        g("index_compress_kv", h, a.coff * a.index_head_dim),
+                        g("index_compress_gate", h, a.coff * a.index_head_dim)]
+            return out + [g("o_a", a.heads * a.head_dim // a.o_groups, a.o_lora_rank, a.o_groups),
+                          g("o_proj", a.o_groups * a.o_lora_rank, h)]
         inner = a.heads * a.head_dim  # Mamba2: in_proj = z, x, B, C, dt
         return [mm("in_proj", h, 2 * inner + 2 * a.groups * a.state_dim + a.heads), mm("out_proj", inner, h)]
 
@@ -231,8 +297,8 @@ class ModelSpec:
             return 3 * a.heads * a.head_dim * a.conv_width + 2 * a.heads + a.head_dim
         if isinstance(a, MLA):
             return a.q_lora_rank + a.kv_lora_rank + (2 * a.index_head_dim if a.index_topk else 0)
-        if isinstance(a, GQA):
-            return a.heads if a.sinks else 0
+        if isinstance(a, GQA):  # sinks; the index query and key norms
+            return (a.heads if a.sinks else 0) + (2 * a.index_head_dim if a.index_topk else 0)
         if isinstance(a, GDN):
             conv = 2 * a.key_heads * a.key_head_dim + a.value_heads * a.value_head_dim
             return conv * a.conv_width + 2 * a.value_heads + a.value_head_dim
@@ -240,15 +306,36 @@ class ModelSpec:
             inner = a.heads * a.head_dim
             conv = inner + 2 * a.groups * a.state_dim
             return conv * (a.conv_width + 1) + 3 * a.heads + inner
+        if isinstance(a, CSA):  # sinks, q / kv norms; per compressor: position biases and a norm
+            comp = lambda d: a.compress_ratio * a.coff * d + d
+            return (a.heads + a.q_lora_rank + a.head_dim + (comp(a.head_dim) if a.compress_ratio else 0)
+                    + (comp(a.index_head_dim) if a.index_topk else 0))
         return 0
+
+    def csa_state_values(self, a: CSA) -> int:
+        """A compressor's running state per sequence: the projected values and gate scores of
+        the block it is filling (overlap: two blocks), for the main and the indexer's compressor."""
+        if not a.compress_ratio:
+            return 0
+        block = lambda d: 2 * a.coff * a.compress_ratio * a.coff * d
+        return block(a.head_dim) + (block(a.index_head_dim) if a.index_topk else 0)
+
+    def hc_params(self, sublayers: int, head: bool = False) -> int:
+        """Hyper-connection weights (f32): per sublayer a map of the n x hidden residual to
+        (2 + n) n mixing weights, their biases and 3 scales; the head's map to n weights."""
+        n, nh = self.residual_streams, self.residual_streams * self.hidden
+        if n == 1:
+            return 0
+        return sublayers * ((2 + n) * n * (nh + 1) + 3) + (n * (nh + 1) + 1 if head else 0)
 
     def cache_bytes(self, label: str, context: int, tp: int) -> float:
         """One sequence's cache of one layer on one device: KV / latents for `context` tokens
         (a sliding window keeps only its window) or the fixed recurrent and conv state."""
         a, kv, st = self.attn(label), self.formats["kv_cache"].bytes_per_value, self.formats["state"].bytes_per_value
-        if isinstance(a, GQA):
+        if isinstance(a, GQA):  # the index keys (one head) replicated across TP ranks
             span = min(context, a.window) if a.window else context
-            return span * -(-a.kv_heads // tp) * (a.head_dim + (a.v_head_dim or a.head_dim)) * kv
+            index = context * a.index_head_dim * kv if a.index_topk else 0
+            return span * -(-a.kv_heads // tp) * (a.head_dim + (a.v_head_dim or a.head_dim)) * kv + index
         if isinstance(a, MLA):  # latents replicated across TP ranks; the indexer keeps its own keys
             return context * (a.kv_lora_rank + a.qk_rope_dim + (a.index_head_dim if a.index_topk else 0)) * kv
         if isinstance(a, KDA):
@@ -260,6 +347,10 @@ class ModelSpec:
             inner = a.heads * a.head_dim
             conv = inner + 2 * a.groups * a.state_dim
             return (inner * a.state_dim * st + conv * (a.conv_width - 1) * kv) / tp
+        if isinstance(a, CSA):  # one shared K = V head: replicated across TP ranks, as MLA's latent
+            raw, comp = a.entries(context)
+            index = comp * a.index_head_dim if a.index_topk else 0
+            return (raw + comp) * a.head_dim * kv + index * kv + self.csa_state_values(a) * st
         return 0.0
 
     def ffn_matmuls(self, ffn: str) -> list[Matmul]:
@@ -296,12 +387,13 @@ class ModelSpec:
             for mm in self.layer_matmuls(layer):
                 out[mm.family] += n * mm.params
             norms = (layer.attention != "none") + (layer.ffn != "none")
-            out["attention"] += n * (self.attention_small_params(layer.attention) + norms * self.hidden)
+            out["attention"] += n * (self.attention_small_params(layer.attention) + norms * self.hidden
+                                     + self.hc_params(norms))
             if layer.ffn == "moe":
                 out["router"] += n * self.moe.experts  # selection bias
         out["embedding"] = self.vocab * self.hidden
         out["lm_head"] = 0 if self.tie_embeddings else self.vocab * self.hidden
-        out["attention"] += self.hidden  # final norm
+        out["attention"] += self.hidden + self.hc_params(0, head=True)  # final norm, head mixing
         return out
 
     @property
@@ -318,7 +410,10 @@ class ModelSpec:
 
     def matmul_bytes(self, mm: Matmul) -> float:
         """Stored bytes of one weight matrix (all its experts), block scales included."""
-        return self.formats[mm.family].tensor_bytes(mm.d_in, mm.d_out, mm.experts)
+        return self.matmul_format(mm).tensor_bytes(mm.d_in, mm.d_out, mm.experts)
+
+    def matmul_format(self, mm: Matmul) -> Format:
+        return get_format(mm.fmt) if mm.fmt else self.formats[mm.family]
 
     def weight_bytes(self) -> int:
         return int(sum(self._weight_bytes_by_family.values()))
@@ -335,6 +430,10 @@ class ModelSpec:
             for mm in self.layer_matmuls(layer):
                 out[mm.family] += n * self.matmul_bytes(mm)
                 small[mm.family] -= n * mm.params
+        hc = sum(self.hc_params((l.attention != "none") + (l.ffn != "none")) for l in self.layers) \
+            + self.hc_params(0, head=True)
+        out["attention"] += hc * HC_BYTES
+        small["attention"] -= hc
         for f in ("embedding", "lm_head"):  # a tied lm_head holds no parameters of its own
             out[f] += self.formats[f].tensor_bytes(self.hidden, self.vocab) if small[f] else 0.0
             small[f] = 0
@@ -524,9 +623,11 @@ def from_dict(data: dict) -> ModelSpec:
     require(isinstance(name, str) and 0 < len(name) <= 200, "name", name, "must be a string of 1..200 chars")
     tie = data.get("tie_embeddings", False)
     require(isinstance(tie, bool), "tie_embeddings", tie, "must be true or false")
+    streams = positive_int("residual_streams", data.get("residual_streams", 1))
+    require(streams <= 64, "residual_streams", streams, "must be <= 64")
     spec = ModelSpec(name=name, hidden=data["hidden"], vocab=data["vocab"], layers=layers, formats=formats,
                      variants=variants, dense_width=dense_width, ffn_gated=gated, moe=_section(data, "moe", MoE, "moe"),
-                     tie_embeddings=tie, sources=dict(sources), **sections)
+                     tie_embeddings=tie, residual_streams=streams, sources=dict(sources), **sections)
     _validate(spec)
     return spec
 
@@ -551,8 +652,15 @@ def _validate(s: ModelSpec) -> None:
                     f"must divide {where}.value_heads ({a.value_heads})")
         if isinstance(a, Mamba2):
             require(a.heads % a.groups == 0, f"{where}.groups", a.groups, f"must divide {where}.heads ({a.heads})")
-        if isinstance(a, MLA) and a.index_topk:
+        if isinstance(a, (MLA, CSA, GQA)) and a.index_topk:
             positive_int(f"{where}.index_heads", a.index_heads), positive_int(f"{where}.index_head_dim", a.index_head_dim)
+        if isinstance(a, CSA):
+            for f in ("rope_dim", "q_lora_rank", "o_groups", "o_lora_rank", "window"):
+                positive_int(f"{where}.{f}", getattr(a, f))
+            require(a.heads * a.head_dim % a.o_groups == 0, f"{where}.o_groups", a.o_groups,
+                    f"must divide heads x head_dim ({a.heads * a.head_dim})")
+            require(a.compress_ratio or not (a.index_topk or a.overlap), f"{where}.compress_ratio", 0,
+                    "an indexer or overlapping blocks need compressed entries (compress_ratio > 0)")
     if s.count(ffn="dense"):
         positive_int("ffn.dense_width", s.dense_width)
     if s.count(ffn="moe"):
@@ -573,6 +681,8 @@ def to_dict(s: ModelSpec) -> dict:
     out: dict = {"name": s.name, "hidden": s.hidden, "vocab": s.vocab, "layers": len(s.layers)}
     if s.tie_embeddings:
         out["tie_embeddings"] = True
+    if s.residual_streams > 1:
+        out["residual_streams"] = s.residual_streams
     attn: dict = {"default": "gqa"}
     for label in sorted({l.attention for l in s.layers}):
         idx = [l.index for l in s.layers if l.attention == label]

@@ -1,11 +1,13 @@
 """Hugging Face `config.json` -> ModelSpec, for the families people serve.
 
-Read: DeepSeek-V3 / V3.2 (MLA, DeepSeek sparse attention), Kimi K2 / K2.5, Kimi Linear (KDA +
+Read: DeepSeek-V3 / V3.2 (MLA, DeepSeek sparse attention), DeepSeek-V4 (compressed sparse and
+heavily compressed attention over a sliding window, hyper-connections, FP4 experts), Kimi K2 / K2.5, Kimi Linear (KDA +
 MLA), GLM-4.x / GLM-5, Llama 3 / 4 (interleaved MoE, chunked attention), Mixtral, Qwen3 dense and
 MoE, Qwen3-Next / Qwen3.5 (gated DeltaNet + gated attention), gpt-oss (sliding / full pattern,
 sinks, MXFP4 experts), Gemma 3 (5 local : 1 global), Gemma 4 (global layers with their own head
 size and K = V, experts beside a dense MLP), MiMo-V2 (hybrid sliding / full pattern with its own
-sliding shape and sinks), MiniMax-M2, Nemotron-H / Nemotron-3 (Mamba-2 hybrids, latent MoE).
+sliding shape and sinks), MiniMax-M2 / M3 (block-sparse attention), Nemotron-H / Nemotron-3
+(Mamba-2 hybrids, latent MoE).
 A key the importer does not understand but that changes cost (a `layer_types` value, a hybrid
 pattern character, a quantisation method, a sparse-attention model without its index keys) is a
 SpecError naming the key: the importer never silently models something else.
@@ -24,16 +26,19 @@ LAYER_TYPES = {"full_attention": "full", "sliding_attention": "swa", "linear_att
                "chunked_attention": "swa"}   # a chunk bounds the span as a window does
 HYBRID_CHARS = {"M": "mamba2", "*": "attention", "-": "mlp", "E": "moe"}
 QUANT_METHODS = ("fp8", "mxfp4", "compressed-tensors", "modelopt")
+# Hugging Face `Gemma3TextConfig` defaults for the keys Gemma 3's published configs leave out
+# (google/gemma-3-27b-it states neither its vocabulary nor its layer pattern nor tied embeddings)
+GEMMA3_DEFAULTS = {"vocab_size": 262208, "sliding_window_pattern": 6, "tie_word_embeddings": True}
+# DeepSeek-V4 `expert_dtype`: FP4 (e2m1, one e8m0 scale per 32) is MXFP4; FP8 as the rest
+EXPERT_DTYPES = {"fp4": "mxfp4", "fp8": "fp8-block128"}
 UNGATED_ACTIVATIONS = ("relu2",)  # Nemotron-H: up and down projections only
 STATE_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "fp16"}
 # keys of mechanisms that change cost and are not modelled: refused, not approximated
-UNMODELLED_KEYS = {"compress_ratios": "compressed attention (DeepSeek-V4)",
-                   "num_kv_shared_layers": "KV cache shared across layers",
+UNMODELLED_KEYS = {"num_kv_shared_layers": "KV cache shared across layers",
                    "kv_sharing_layer_map": "KV cache shared across layers",
                    "hidden_size_per_layer_input": "per-layer input embeddings (Gemma 3n, Gemma 4 E2B / E4B)",
                    "use_double_wide_mlp": "double-width MLPs on KV-sharing layers (Gemma 4 E2B / E4B)",
-                   "altup_num_inputs": "AltUp (Gemma 3n)",
-                   "sparse_attention_config": "block-sparse attention (MiniMax-M3)"}
+                   "altup_num_inputs": "AltUp (Gemma 3n)"}
 
 
 class _Config:
@@ -84,6 +89,8 @@ def from_hf_config(path: Path) -> ModelSpec:
 
 def spec_dict(raw: dict, name: str, source: str) -> dict:
     """The preset-schema dict (perfmodel.arch.from_dict) of one config.json."""
+    if raw.get("model_type") in ("gemma3", "gemma3_text"):
+        raw = {**GEMMA3_DEFAULTS, **raw}
     c = _Config(raw)
     for key, what in UNMODELLED_KEYS.items():
         require(raw.get(key) in (None, False, 0, []), f"config.json:{key}", raw.get(key),
@@ -93,7 +100,8 @@ def spec_dict(raw: dict, name: str, source: str) -> dict:
     tie = raw.get("tie_word_embeddings", False)
     require(isinstance(tie, bool), "config.json:tie_word_embeddings", tie, "must be true or false")
     d: dict = {"name": name, "hidden": h, "vocab": c.int("vocab_size", lo=1), "layers": n,
-               "tie_embeddings": tie, "sources": {"all": source}}
+               "tie_embeddings": tie, "residual_streams": c.int("hc_mult", 1, lo=1, hi=64),
+               "sources": {"all": source}}
     attn, ffn = _attention(c, raw, d, n, h, heads), _ffn_kinds(c, raw, n)
     _moe(c, raw, d, n, ffn)
     d["attention"] = attn
@@ -103,6 +111,10 @@ def spec_dict(raw: dict, name: str, source: str) -> dict:
         require(raw[state_key] in STATE_DTYPES, f"config.json:{state_key}", raw[state_key],
                 f"known: {', '.join(STATE_DTYPES)}")
         d["formats"]["state"] = STATE_DTYPES[raw[state_key]]
+    if raw.get("expert_dtype") is not None:  # DeepSeek-V4: routed experts stored apart
+        require(raw["expert_dtype"] in EXPERT_DTYPES, "config.json:expert_dtype", raw["expert_dtype"],
+                f"known: {', '.join(EXPERT_DTYPES)}")
+        d["formats"]["routed_expert"] = EXPERT_DTYPES[raw["expert_dtype"]]
     if custom:
         d["custom_formats"] = custom
     return d
@@ -122,6 +134,8 @@ def _attention(c: _Config, raw: dict, d: dict, n: int, h: int, heads: int) -> di
         kinds = {"M": "mamba2", "*": "gqa"}
         return {"default": "none", **{f"{k}_layers": [i + 1 for i, ch in enumerate(pat) if kinds.get(ch) == k]
                                       for k in ("mamba2", "gqa")}}
+    if raw.get("compress_ratios") is not None:  # DeepSeek-V4
+        return _csa(c, raw, d, n, heads)
     lin = raw.get("linear_attn_config")
     if lin is not None:  # Kimi Linear / K3: KDA with MLA on the listed layers
         require(isinstance(lin, dict), "config.json:linear_attn_config", lin, "must be an object")
@@ -163,6 +177,63 @@ def _attention(c: _Config, raw: dict, d: dict, n: int, h: int, heads: int) -> di
         out["swa_layers"] = [i + 1 for i, t in enumerate(types) if t == "swa"]
     if "linear" in types:
         out["gdn_layers"] = [i + 1 for i, t in enumerate(types) if t == "linear"]
+    if raw.get("sparse_attention_config") is not None:
+        sparse = _msa(raw["sparse_attention_config"], n)
+        if sparse:
+            out["msa"], out["msa_layers"] = sparse
+            require(not set(out["msa_layers"]) & set(out.get("swa_layers", [])) and "linear" not in types,
+                    "config.json:sparse_attention_config", raw["sparse_attention_config"],
+                    "block-sparse attention on sliding-window or linear-attention layers is not modelled")
+    return out
+
+
+def _msa(sc, n: int) -> tuple[dict, list[int]] | None:
+    """MiniMax-M3 block-sparse attention: on the layers `sparse_attention_freq` marks, index heads
+    (one per KV head) score every token against one shared index key, keep each block's maximum
+    and read their top `sparse_topk_blocks` blocks of `sparse_block_size` tokens (the forced local
+    and initial blocks counted among them). Only the score-only indexer is known."""
+    require(isinstance(sc, dict), "config.json:sparse_attention_config", sc, "must be an object")
+    use = sc.get("use_sparse_attention", False)
+    require(isinstance(use, bool), "config.json:sparse_attention_config.use_sparse_attention", use,
+            "must be true or false")
+    if not use:
+        return None
+    s = _Config(sc)
+    key = "config.json:sparse_attention_config."
+    freq = s.list("sparse_attention_freq")
+    require(len(freq) == n and all(f in (0, 1) for f in freq), key + "sparse_attention_freq", freq,
+            f"must give 0 or 1 for each of the {n} layers")
+    layers = [i + 1 for i, f in enumerate(freq) if f]
+    no_value = s.list("sparse_disable_index_value")
+    require(len(no_value) == n and all(no_value[i - 1] == 1 for i in layers), key + "sparse_disable_index_value",
+            no_value, "index value / output projections (0 on a sparse layer) are not modelled")
+    require(sc.get("sparse_score_type", "max") == "max", key + "sparse_score_type", sc.get("sparse_score_type"),
+            "the known block score is max")
+    block = s.int("sparse_block_size", lo=1)
+    return {"type": "gqa", "index_heads": s.int("sparse_num_index_heads", lo=1),
+            "index_head_dim": s.int("sparse_index_dim", lo=1),
+            "index_topk": s.int("sparse_topk_blocks", lo=1) * block}, layers
+
+
+def _csa(c: _Config, raw: dict, d: dict, n: int, heads: int) -> dict:
+    """DeepSeek-V4: `compress_ratios` per layer; 0 = the sliding window only, 4 = compressed
+    sparse attention (overlapping blocks and an indexer, as the reference code builds for ratio
+    4), any other ratio = heavily compressed attention (every entry read). One variant a ratio."""
+    ratios, mtp = c.list("compress_ratios"), c.int("num_nextn_predict_layers", 0, hi=MAX_LAYERS)
+    require(len(ratios) in (n, n + mtp) and all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= 1 << 20
+                                                for r in ratios), "config.json:compress_ratios", ratios,
+            f"must give a ratio (integer >= 0) for each of the {n} layers (and each MTP layer)")
+    ratios = ratios[:n]  # the MTP layers' entries follow; MTP is not modelled
+    d["csa"] = {"heads": heads, "head_dim": c.int("head_dim", lo=1), "rope_dim": c.int("qk_rope_head_dim", lo=1),
+                "q_lora_rank": c.int("q_lora_rank", lo=1), "o_groups": c.int("o_groups", lo=1),
+                "o_lora_rank": c.int("o_lora_rank", lo=1), "window": c.int("sliding_window", lo=1)}
+    index = {"index_heads": c.int("index_n_heads", lo=1), "index_head_dim": c.int("index_head_dim", lo=1),
+             "index_topk": c.int("index_topk", lo=1)}
+    out: dict = {"default": "csa"}
+    for r in sorted(set(ratios) - {0}):
+        label = f"csa{r}" if r == 4 else f"hca{r}"
+        out[label] = {"type": "csa", "compress_ratio": r, **({"overlap": True, **index} if r == 4 else {})}
+        out[f"{label}_layers"] = [i + 1 for i, x in enumerate(ratios) if x == r]
     return out
 
 
@@ -178,8 +249,9 @@ def _layer_types(c: _Config, raw: dict, n: int) -> list[str]:
     if c.has("linear_num_value_heads"):  # Qwen3-Next before layer_types: full every k-th
         k = c.int("full_attention_interval", lo=1)
         return ["full" if (i + 1) % k == 0 else "linear" for i in range(n)]
-    if c.has("sliding_window_pattern") and c.has("sliding_window"):  # Gemma 3: every k-th global
-        k = c.int("sliding_window_pattern", lo=1)
+    pattern = _first(raw, "sliding_window_pattern", "_sliding_window_pattern")
+    if c.has(pattern) and c.has("sliding_window"):  # Gemma 3: every k-th global
+        k = c.int(pattern, lo=1)
         return ["full" if (i + 1) % k == 0 else "swa" for i in range(n)]
     if "hybrid_layer_pattern" in raw:  # MiMo-V2: 0 = full attention, 1 = sliding window
         pat = c.list("hybrid_layer_pattern")

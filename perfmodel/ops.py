@@ -6,7 +6,9 @@ Parallel layout (documented choices, see README "Model terms"):
 - routed experts belong to `ep` groups in contiguous blocks, each expert split over the
   devices / ep devices of its group; tokens are replicated, so no dispatch is needed and the
   partial expert outputs are summed by an all-reduce over all devices;
-- MLA's latent cache is replicated across TP ranks (each rank reads all of it for its heads).
+- MLA's latent cache is replicated across TP ranks (each rank reads all of it for its heads), as
+  is DeepSeek-V4's shared key = value head and its compressed entries; a grouped output
+  projection (DeepSeek-V4 `o_a`) is split by groups over `tp`.
 The small vectors (norm weights, router bias, conv taps; < 0.01 % of the bytes) are left out.
 Byte classes: static (weights known ahead, prefetchable across layers), routed (expert
 weights known only after the router), kv (KV cache / recurrent state), act (activations).
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arch import GDN, GQA, KDA, MLA, Layer, Mamba2, Matmul, ModelSpec
+from .arch import CSA, GDN, GQA, HC_BYTES, KDA, MLA, Layer, Mamba2, Matmul, ModelSpec
 from .deployment import Deployment
 from .moe import expected_busiest_group
 
@@ -90,10 +92,28 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
     ops = _Builder()
 
     def matmul(layer: int, phase: str, mm: Matmul, shards: int):
-        fmt = f[mm.family]
+        fmt = model.matmul_format(mm)
+        d_in = mm.d_in if mm.experts == 1 else mm.d_in * mm.experts / shards  # grouped: inputs split too
         ops.compute(layer, phase, mm.name, 2.0 * t * mm.params / shards, fmt.compute_dtype,
                     static=model.matmul_bytes(mm) / shards,
-                    act=ACT_BYTES * t * (mm.d_in + mm.d_out / shards))
+                    act=ACT_BYTES * t * (d_in + mm.d_out * mm.experts / shards))
+
+    n_hc = model.residual_streams
+
+    def hc_pre(layer: int, phase: str):
+        """Hyper-connections before a sublayer: (2 + n) n mixing weights from the normalised n x h
+        residual, then its weighted sum to one stream (the n x n Sinkhorn steps, under 0.1 %, are
+        left out)."""
+        if n_hc > 1:
+            mix = (2 + n_hc) * n_hc
+            ops.compute(layer, phase, "hc_pre", t * (2.0 * n_hc * h * mix + 5.0 * n_hc * h), "f32",
+                        static=mix * n_hc * h * HC_BYTES, act=ACT_BYTES * t * (n_hc * h + h))
+
+    def hc_post(layer: int, phase: str):
+        """The sublayer output spread over the n streams plus the n x n mix of the residual."""
+        if n_hc > 1:
+            ops.compute(layer, phase, "hc_post", t * (2.0 * n_hc * h + 2.0 * n_hc * n_hc * h),
+                        act=ACT_BYTES * t * (h + 2 * n_hc * h))
 
     ops.compute(0, "embed", "embedding_gather", static=t * h * f["embedding"].bytes_per_value / d.tp)
     ops.collective(0, "embed", "embedding_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
@@ -108,13 +128,16 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
         a = len(ops.rows)
         mms = model.attention_matmuls(layer.attention)
         if mms:
+            hc_pre(i, "attention")
             ops.compute(i, "attention", "attn_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
             for mm in mms[:-1]:
                 matmul(i, "attention", mm, d.tp)
             _attention_core(ops, model, layer, d, b, t)
             matmul(i, "attention", mms[-1], d.tp)
             ops.collective(i, "attention", "attn_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
+            hc_post(i, "attention")
         if layer.ffn != "none":
+            hc_pre(i, layer.ffn)
             ops.compute(i, layer.ffn, "ffn_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
         if layer.ffn == "dense":
             for mm in model.ffn_matmuls("dense"):
@@ -122,8 +145,13 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
             ops.collective(i, "ffn", "ffn_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
         elif layer.ffn == "moe":
             distinct = _moe(ops, model, i, d, t)
+        if layer.ffn != "none":
+            hc_post(i, layer.ffn)
         done[same] = (a, len(ops.rows))
     n1 = len(model.layers) + 1
+    if n_hc > 1:  # the head's own weighted sum of the streams
+        ops.compute(n1, "head", "hc_head", t * (2.0 * n_hc * h * n_hc + 5.0 * n_hc * h), "f32",
+                    static=n_hc * n_hc * h * HC_BYTES, act=ACT_BYTES * t * (n_hc * h + h))
     ops.compute(n1, "head", "final_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
     lm = Matmul("lm_head", "lm_head" if not model.tie_embeddings else "embedding", h, model.vocab)
     matmul(n1, "head", lm, d.tp)
@@ -183,12 +211,47 @@ def _attention_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment
         ops.compute(i, "attention", "mla_attention", flops, "bf16",
                     kv=b * (span + rows) * width * kvb,
                     act=ACT_BYTES * t * hl * (2 * width + a.kv_lora_rank))
+    elif isinstance(a, CSA):
+        _csa_core(ops, model, a, i, d, b, t)
     elif isinstance(a, GQA):
         hl, kvl, vd = a.heads // d.tp, -(-a.kv_heads // d.tp), a.v_head_dim or a.head_dim
         span = min(L, a.window) if a.window else L
+        if a.index_topk:  # each index head scores every cached index key (then a max per block);
+            il = max(1, a.index_heads // d.tp)  # its KV head's group reads the top-k tokens
+            ops.compute(i, "attention", "msa_indexer", 2.0 * t * il * a.index_head_dim * (L + rows) + t * il * L,
+                        "bf16", kv=b * (L + rows) * a.index_head_dim * kvb,
+                        act=ACT_BYTES * t * il * a.index_head_dim + 4.0 * t * il * L)
+            span = min(L, a.index_topk)
         ops.compute(i, "attention", "gqa_attention", 2.0 * t * hl * (a.head_dim + vd) * span, "bf16",
                     kv=b * (span + rows) * kvl * (a.head_dim + vd) * kvb,
                     act=ACT_BYTES * t * hl * (a.head_dim + vd))
+
+
+def _csa_core(ops: _Builder, model: ModelSpec, a: CSA, i: int, d: Deployment, b: int, t: int):
+    """DeepSeek-V4: the compressor writes each new token's projected values and gate scores into
+    its running block (the state) and, once every `compress_ratio` tokens, reads the block back
+    and writes one entry (softmax-gated sum: about 4 FLOPs a state value); CSA's indexer scores
+    every compressed index key; the heads then read the raw window and the selected (CSA) or all
+    (HCA) entries, the shared key serving as value (2 x 2 x head_dim FLOPs an entry)."""
+    L, rows = d.context, d.rows_per_seq
+    kvb, stb = model.formats["kv_cache"].bytes_per_value, model.formats["state"].bytes_per_value
+    raw, comp = a.entries(L)
+    if a.compress_ratio:
+        dims = a.head_dim + (a.index_head_dim if a.index_topk else 0)
+        state, r = model.csa_state_values(a), a.compress_ratio
+        ops.compute(i, "attention", "compressor", 4.0 * t * state / r, "f32",
+                    kv=b * rows * (2 * a.coff * dims * stb + (state * stb + dims * kvb) / r),
+                    act=ACT_BYTES * t * 2 * a.coff * dims)
+    span = raw + comp
+    if a.index_topk:
+        il = max(1, a.index_heads // d.tp)
+        ops.compute(i, "attention", "csa_indexer", 2.0 * t * il * a.index_head_dim * comp + 2.0 * t * il * comp,
+                    "fp8", kv=b * comp * a.index_head_dim * kvb,
+                    act=ACT_BYTES * t * il * a.index_head_dim + 4.0 * t * comp)
+        span = raw + min(comp, a.index_topk)
+    hl = a.heads // d.tp
+    ops.compute(i, "attention", "csa_attention", 4.0 * t * hl * span * a.head_dim, "bf16",
+                kv=b * (span + rows) * a.head_dim * kvb, act=ACT_BYTES * t * hl * 2 * a.head_dim)
 
 
 def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int) -> float:

@@ -44,12 +44,13 @@ CARDS = {
     "gemma-4-31b-it-nvfp4.json": ("30.7B", "30.7B", {"gqa-swa1024+dense": 50, "gqa+dense": 10}, {"embedding"}),
     "nemotron-3-super-120b-a12b-nvfp4.json": ("120B", "12B", {"mamba2": 40, "moe": 40, "gqa": 8}),
     "qwen3-235b-a22b-fp8.json": ("235B", "22B", {"gqa+moe": 94}),
+    "deepseek-v4-flash.json": ("284B", "13B", {"swa128+moe": 2, "csa4+moe": 21, "hca128+moe": 20}),
+    "deepseek-v4-pro.json": ("1.6T", "49B", {"csa4+moe": 30, "hca128+moe": 31}),
+    "minimax-m3.json": ("428B", None, {"gqa+dense": 3, "gqa-msa2048+moe": 57}),
 }
 REFUSED = {  # real configs of mechanisms the importer does not model: the key it names
     "glm-5-fp8.json": "config.json:index_n_heads",       # abridged: sparse attention without its indexer
     "minimax-m1.json": "config.json:attn_type_list",     # lightning attention
-    "deepseek-v4-flash.json": "config.json:compress_ratios",  # compressed attention
-    "minimax-m3.json": "config.json:sparse_attention_config",  # block-sparse attention
 }
 
 
@@ -143,7 +144,12 @@ def base_config(**extra):
     ({"model_type": "deepseek_v32", "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
       "v_head_dim": 32}, "config.json:index_n_heads"),
     ({"attn_type_list": [0, 1, 1, 1]}, "config.json:attn_type_list"),
-    ({"compress_ratios": [0, 4, 128, 0]}, "config.json:compress_ratios"),
+    ({"compress_ratios": [0, 4, 128]}, "config.json:compress_ratios"),  # one ratio short
+    ({"expert_dtype": "fp2"}, "config.json:expert_dtype"),
+    ({"sparse_attention_config": {"use_sparse_attention": True, "sparse_attention_freq": [0, 1, 1, 1],
+                                  "sparse_disable_index_value": [0, 1, 0, 1], "sparse_block_size": 16,
+                                  "sparse_num_index_heads": 2, "sparse_index_dim": 32, "sparse_topk_blocks": 4}},
+     "config.json:sparse_attention_config.sparse_disable_index_value"),  # an index value branch
     ({"num_kv_shared_layers": 2}, "config.json:num_kv_shared_layers"),
     ({"mamba_ssm_dtype": "float8"}, "config.json:mamba_ssm_dtype"),
     ({"num_hidden_layers": 20000}, "config.json:num_hidden_layers"),
@@ -286,3 +292,45 @@ def test_qwen3_moe_fp8_blocks():
     m = load_model(str(FIXTURES / "qwen3-235b-a22b-fp8.json"))
     assert m.formats["routed_expert"].name == m.formats["attention"].name == "fp8-block128"
     assert (m.moe.experts, m.moe.top_k, m.moe.expert_width, m.moe.shared_width) == (128, 8, 1536, 0)
+
+
+def test_deepseek_v4_compressed_attention_layers():
+    """DeepSeek-V4-Flash: ratio 0 = window only, 4 = CSA (overlapping blocks, indexer), 128 = HCA;
+    the last ratio listed belongs to the MTP layer; FP4 experts are MXFP4; four residual streams."""
+    m = load_model(str(FIXTURES / "deepseek-v4-flash.json"))
+    kinds = [m.layer_kind(l) for l in m.layers]
+    assert kinds[:4] == ["swa128+moe", "swa128+moe", "csa4+moe", "hca128+moe"] and kinds[-1] == "csa4+moe"
+    csa, hca = m.attn(m.layers[2].attention), m.attn(m.layers[3].attention)
+    assert (csa.compress_ratio, csa.overlap, csa.index_topk) == (4, True, 512)
+    assert (hca.compress_ratio, hca.overlap, hca.index_topk) == (128, False, 0)
+    assert m.formats["routed_expert"].name == "mxfp4" and m.formats["attention"].name == "fp8-block128"
+    assert m.residual_streams == 4
+    # one sequence, 1000 tokens, bf16 cache: window 128 raw + 250 entries of 512 + 250 index keys
+    # of 128, and the f32 compressor blocks (2 x 8 x 1024 values and 2 x 8 x 256 for the indexer)
+    assert m.cache_bytes(m.layers[2].attention, 1000, 1) == (128 + 250) * 512 * 2 + 250 * 128 * 2 \
+        + (2 * 8 * 1024 + 2 * 8 * 256) * 4
+
+
+def test_minimax_m3_block_sparse_layers():
+    """MiniMax-M3: dense attention on the first 3 layers, then index heads (one per KV head) over one
+    shared 128-wide index key per token, each KV group reading its top 16 blocks of 128 tokens."""
+    m = load_model(str(FIXTURES / "minimax-m3.json"))
+    a = m.attn(m.layers[3].attention)
+    assert (a.index_heads, a.index_head_dim, a.index_topk, a.kv_heads) == (4, 128, 2048, 4)
+    assert m.layers[2].attention == "gqa" and m.layers[3].attention == "msa"
+    # per token, bf16: K and V of 4 heads x 128, and the 128-wide index key
+    assert m.cache_bytes("msa", 1, 1) == (4 * 2 * 128 + 128) * 2
+
+
+def test_gemma3_published_shape_takes_the_hf_defaults(tmp_path):
+    """google/gemma-3-27b-it's text_config states head_dim 128 and the 1024 window but not the
+    vocabulary, the 5 local : 1 global pattern or tied embeddings: the Gemma3TextConfig defaults
+    (262208, 6, tied) apply, so 2 of 12 layers are global, not all 12 windowed."""
+    text = {"model_type": "gemma3_text", "hidden_size": 64, "head_dim": 128, "intermediate_size": 256,
+            "num_attention_heads": 4, "num_hidden_layers": 12, "num_key_value_heads": 2,
+            "query_pre_attn_scalar": 168, "sliding_window": 1024}
+    m = load_model(write(tmp_path, {"model_type": "gemma3", "text_config": text,
+                                    "vision_config": {"hidden_size": 1152, "num_hidden_layers": 27}}))
+    kinds = [m.layer_kind(l) for l in m.layers]
+    assert kinds == (["gqa-swa1024+dense"] * 5 + ["gqa+dense"]) * 2
+    assert m.vocab == 262208 and m.tie_embeddings and m.gqa.head_dim == 128

@@ -1,6 +1,7 @@
 """Layer kinds by hand: bytes per layer for one layer of each kind, formats, routing, patterns."""
 import tomllib
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -107,6 +108,20 @@ def test_mla_and_sparse_attention_by_hand():
     assert kv0 == (1000 + 1) * (32 + 8) * 2
     assert kv1 == (100 + 1) * (32 + 8) * 2 + (1000 + 1) * 16 * 2
     assert s1 - s0 == 2 * (64 * 2 * 16 + 256 * 16 + 256 * 2)  # index_q, index_k, index_weights
+
+
+def test_block_sparse_gqa_by_hand():
+    """Block-sparse GQA (MiniMax-M3 style): the indexer reads every cached index key, the KV heads
+    only the top-k tokens; index_q (2 heads x 16) and index_k (16) add to the projections."""
+    sparse = tiny(attention={"default": "gqa"},
+                  gqa={"heads": 4, "kv_heads": 2, "head_dim": 64, "index_heads": 2, "index_head_dim": 16,
+                       "index_topk": 100})
+    dense = tiny()
+    assert sparse.layer_kind(sparse.layers[0]) == "gqa-msa100+dense"
+    (s0, kv0), (s1, kv1) = layer_bytes(dense, 1), layer_bytes(sparse, 1)
+    assert kv0 == (1000 + 1) * 2 * 2 * 64 * 2
+    assert kv1 == (100 + 1) * 2 * 2 * 64 * 2 + (1000 + 1) * 16 * 2
+    assert s1 - s0 == 2 * (256 * 2 * 16 + 256 * 16)
 
 
 def test_router_hi_lo_pair_doubles_router_bytes_not_params():
@@ -234,3 +249,33 @@ def test_moe_layer_with_custom_formats_by_hand():
     nvfp4 = lambda d_in, d_out: (d_in * d_out * 4 + d_out * (d_in // 16) * 8 + 32) / 8
     assert g.static_bytes[ops["shared_gate_up"]] == nvfp4(h, 2 * w)
     assert g.static_bytes[ops["router"]] == 2 * 2 * h * 256
+
+
+def test_deepseek_v4_layers_by_hand():
+    """DeepSeek-V4-Flash, one layer of each attention kind, attention phase only (1000 tokens, one
+    sequence). Matrices: fp8 128x128 blocks with an f32 scale each (the grouped o_a: one per group),
+    except the compressor projections (f32); the hyper-connection map
+    before the sublayer reads 24 x 16384 f32 weights. Cache: bf16, the compressor state f32."""
+    m = load_model("tests/fixtures/hf/deepseek-v4-flash.json")
+    fp8 = lambda i, o: i * o + 4 * -(-i // 128) * -(-o // 128)
+    h, ql, d, ih = 4096, 1024, 512, 128
+    base = fp8(h, ql) + fp8(ql, 64 * d) + fp8(h, d) + 8 * fp8(64 * d // 8, 1024) + fp8(8 * 1024, h) \
+        + 24 * 4 * h * 4
+    g = build(m, ONE)
+
+    def attention(layer):
+        sel = (g.layer == layer) & np.array([p == "attention" for p in g.phase])
+        return g.static_bytes[sel].sum(), g.kv_bytes[sel].sum()
+
+    assert [m.layer_kind(m.layers[i - 1]) for i in (1, 3, 4)] == ["swa128+moe", "csa4+moe", "hca128+moe"]
+    static, kv = attention(1)  # window only: 128 tokens read, the new one written
+    assert static == base and kv == (128 + 1) * d * 2
+    static, kv = attention(3)  # CSA: 250 entries, all within the top 512, and 250 index keys
+    assert static == base + 4 * 2 * h * 2 * d + fp8(ql, 64 * ih) + fp8(h, 64) + 4 * 2 * h * 2 * ih
+    state = 2 * 8 * 2 * d + 2 * 8 * 2 * ih  # two overlapping blocks of 4, values and scores
+    compressor = 2 * 2 * (d + ih) * 4 + (state * 4 + (d + ih) * 2) / 4  # row written; block read / 4
+    assert kv == pytest.approx((128 + 250 + 1) * d * 2 + 250 * ih * 2 + compressor)
+    static, kv = attention(4)  # HCA: every one of the 7 entries
+    assert static == base + 4 * 2 * h * d
+    compressor = 2 * d * 4 + (2 * 128 * d * 4 + d * 2) / 128
+    assert kv == pytest.approx((128 + 7 + 1) * d * 2 + compressor)
