@@ -91,6 +91,8 @@ def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
         a = model.attn(label)
         heads = getattr(a, "heads", None) or a.value_heads
         require(heads % d.tp == 0, "tp", d.tp, f"must divide {label} heads ({heads})")
+        groups = getattr(a, "o_groups", 0)  # a grouped output projection splits by whole groups
+        require(not groups or groups % d.tp == 0, "tp", d.tp, f"must divide {label} output groups ({groups})")
     if model.moe and model.count(ffn="moe"):
         g = positive_int("ep", d.expert_groups)
         require(d.devices % g == 0, "ep", g, f"must divide devices ({d.devices})")

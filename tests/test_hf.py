@@ -311,6 +311,16 @@ def test_deepseek_v4_compressed_attention_layers():
         + (2 * 8 * 1024 + 2 * 8 * 256) * 4
 
 
+def test_deepseek_v4_tp_splits_whole_output_groups():
+    """The grouped output projection (8 groups on V4-Flash) splits over TP by whole groups."""
+    from perfmodel.deployment import Deployment, validate
+    from perfmodel.hardware import load_hardware
+    m, hw = load_model(str(FIXTURES / "deepseek-v4-flash.json")), load_hardware("b200")
+    validate(m, hw, Deployment(devices=8, tp=8, engine="multikernel"))
+    with pytest.raises(SpecError, match="output groups"):
+        validate(m, hw, Deployment(devices=16, tp=16, engine="multikernel"))
+
+
 def test_minimax_m3_block_sparse_layers():
     """MiniMax-M3: dense attention on the first 3 layers, then index heads (one per KV head) over one
     shared 128-wide index key per token, each KV group reading its top 16 blocks of 128 tokens."""
