@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from .checks import MAX_SKEW
+from .checks import MAX_MIB, MAX_SKEW
 
 MAX_COUNT = 2**20       # batch sizes, devices, slots, steps: far beyond any real deployment
 MAX_CONTEXT = 2**30     # tokens in one sequence's cache
@@ -74,8 +74,8 @@ def positive(text: str) -> float:
 
 
 def mib(text: str) -> float:
-    """A size in MiB: > 0 and at most 1 PiB."""
-    return number(text, 0, True, 2**30)
+    """A size in MiB: > 0 and at most MAX_MIB (1 PiB)."""
+    return number(text, 0, True, MAX_MIB)
 
 
 def skew(text: str) -> float:

@@ -18,6 +18,7 @@ MAX_DEPTH = 8              # nesting of tables / lists in a spec file
 MAX_ITEMS = 100_000        # entries of one list or table
 
 MAX_SKEW = 10.0            # Zipf exponent of expert popularity (1 is already very skewed)
+MAX_MIB = 2**30            # an on-chip buffer or ring depth in MiB (1 PiB)
 
 NUMBER, INT, STR, BOOL, TABLE, LIST = "a number", "an integer", "a string", "a boolean", "a table", "a list"
 COUNT = "a positive integer"

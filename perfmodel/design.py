@@ -16,7 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .checks import MAX_SKEW
+from .checks import MAX_MIB, MAX_SKEW
 from .deployment import ENGINES
 from .errors import SpecError, require
 from .hardware import DMA_SHARING
@@ -31,8 +31,9 @@ SETTINGS = {
     "devices": (int, lambda v: v > 0, "> 0"), "tp": (int, lambda v: v > 0, "> 0"),
     "ep": (int, lambda v: v > 0, "> 0"), "engine": (str, lambda v: v in ENGINES, f"one of {ENGINES}"),
     "batch": (int, lambda v: v > 0, "> 0"), "context": (int, lambda v: v >= 0, ">= 0"),
-    "prefetch_mib": (float, lambda v: v > 0, "> 0"), "expert_slots": (int, lambda v: v > 0, "> 0"),
-    "vmem_mib": (float, lambda v: v > 0, "> 0"),
+    "prefetch_mib": (float, lambda v: 0 < v <= MAX_MIB, f"in (0, {MAX_MIB}]"),
+    "expert_slots": (int, lambda v: v > 0, "> 0"),
+    "vmem_mib": (float, lambda v: 0 < v <= MAX_MIB, f"in (0, {MAX_MIB}]"),
     "routing_skew": (float, lambda v: 0 <= v <= MAX_SKEW, f"in [0, {MAX_SKEW:g}]"),
     "routing_correlation": (float, lambda v: 0 <= v <= 1, "in [0, 1]"),
     "draft_rows": (int, lambda v: v >= 0, ">= 0"), "acceptance_length": (float, lambda v: v >= 1, ">= 1"),
@@ -57,6 +58,7 @@ def check_setting(where: str, name: str, value):
     fits = isinstance(value, (int, float) if kind is float else kind) and not isinstance(value, bool)
     require(fits, where, value, f"{name} must be {TYPE_WORDS[kind]}")
     v = kind(value)
+    require(kind is not float or math.isfinite(v), where, value, f"{name} must be a finite number")
     require(ok is None or ok(v), where, value, f"{name} must be {domain}")
     return v
 

@@ -379,6 +379,8 @@ REGRESSIONS = {
     "--prefetch-mib 1e308": cli("predict", "--prefetch-mib", "1e308"),
     "--routing-skew 1e300": cli("predict", "--routing-skew", "1e300"),
     "swept skew beyond the Zipf range": cli("sweep", "--vary", "routing_skew=269"),
+    "swept ring depth inf": cli("sweep", "--vary", "prefetch_mib=inf"),
+    "swept ring depth 1e308": cli("sweep", "--vary", "prefetch_mib=1e308"),
     "attention default a list": model('base = "kimi-k3"\nname = "x"\nlayers = 4\n[attention]\ndefault = []\n'),
     "400-digit context": cli("predict", "--context", "9" * 400),
     "unknown command": cli("nope"),
