@@ -15,8 +15,9 @@ TPU (one TensorCore = one device; a chip has `cores_per_chip` of them):
 GPU: `kernel_launch_time` (CUDA-graph node), `kernel_stream_time` (achieved bandwidth of a decode
 GEMV / grouped GEMM kernel), `gpu_all_reduce_time` (by ranks and payload).
 Host CPU: `host_dot_time` (XLA:CPU decode-shaped dots by rows), `host_expert_time` (the
-reference's loop over the distinct experts) and `host_convert_time` (bf16 -> f32 widening of a
-cache), fitted to hostbench's figures.
+reference's loop over the distinct experts), `host_convert_time` (bf16 -> f32 widening of a
+cache), `host_program_time` (a compiled program's call and fixed cost per thunk) and
+`host_argmax_time` (the greedy sampler's value-and-index reduce), fitted to hostbench's figures.
 """
 from __future__ import annotations
 
@@ -206,6 +207,21 @@ def host_convert_time(c: dict, values: float) -> float:
     whole MLA latent cache every step before attending): an elementwise fusion far slower than
     the memory system. Micro-benchmarks: host-convert-bf16-f32-* (hostbench)."""
     return values / param(c, "host_convert_values_per_s")
+
+
+def host_program_time(c: dict, thunks, calls=1):
+    """One XLA:CPU program (or its share, `calls` = 0): a fixed cost per call (dispatch, argument
+    handling) and per thunk (each kernel the executable runs: fusion, copy, dot, loop), whatever
+    the kernel computes. `thunks` is counted in the compiled HLO (a structure, never a timing);
+    works on numpy arrays. Micro-benchmarks: host-thunk-chain-t* (hostbench)."""
+    return calls * param(c, "host_call_s") + thunks * param(c, "host_thunk_s")
+
+
+def host_argmax_time(c: dict, values):
+    """Greedy sampling's argmax over `values` f32 logits as XLA:CPU runs it: a variadic (value,
+    index) reduce, scalar code far below the memory system. Works on numpy arrays.
+    Micro-benchmarks: host-argmax-f32-* (hostbench)."""
+    return values / param(c, "host_argmax_values_per_s")
 
 
 def is_host_model(c: dict) -> bool:

@@ -52,6 +52,8 @@ GROUPS = {
     "host_expert": (("host_expert_fixed_s", "host_expert_bandwidth_bytes_per_s", "host_expert_row_s_per_byte"),
                     ("host_expert_loop",)),
     "host_convert": (("host_convert_values_per_s",), ("host_convert",)),
+    "host_program": (("host_call_s", "host_thunk_s"), ("host_program",)),
+    "host_argmax": (("host_argmax_values_per_s",), ("host_argmax",)),
 }
 
 
@@ -122,6 +124,10 @@ def predict_entry(e: dict, hw: Hardware) -> float:
         t = cm.host_dot_time(c, i["bytes"], i["rows"])
     elif m == "host_convert":
         t = cm.host_convert_time(c, i["values"])
+    elif m == "host_program":
+        t = cm.host_program_time(c, i["thunks"])
+    elif m == "host_argmax":
+        t = cm.host_argmax_time(c, i["values"])
     elif m == "host_expert_loop":
         t = cm.host_expert_time(c, i["bytes"], i["rows"], i["experts"]) / i["experts"]
     elif m == "engine_bandwidth_fraction":
