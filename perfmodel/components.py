@@ -204,9 +204,13 @@ def host_expert_time(c: dict, nbytes: float, rows: float, experts: float) -> flo
 
 def host_convert_time(c: dict, values: float) -> float:
     """Widening `values` cached bf16 values to f32 as XLA:CPU runs it (the reference converts the
-    whole MLA latent cache every step before attending): an elementwise fusion far slower than
-    the memory system. Micro-benchmarks: host-convert-bf16-f32-* (hostbench)."""
-    return values / param(c, "host_convert_values_per_s")
+    whole MLA latent cache every step before attending), an elementwise fusion into a fresh f32
+    buffer. Above the allocator's mmap threshold (`host_mmap_threshold_bytes`) that buffer is new
+    pages every call, faulted in as they are first written (`host_convert_values_per_s`); below
+    it the allocator reuses warm memory (`host_convert_reused_values_per_s`).
+    Micro-benchmarks: host-convert-bf16-f32-* (hostbench)."""
+    fresh = 4 * values > param(c, "host_mmap_threshold_bytes")
+    return values / param(c, "host_convert_values_per_s" if fresh else "host_convert_reused_values_per_s")
 
 
 def host_program_time(c: dict, thunks, calls=1):

@@ -51,7 +51,7 @@ GROUPS = {
                  ("host_dot",)),
     "host_expert": (("host_expert_fixed_s", "host_expert_bandwidth_bytes_per_s", "host_expert_row_s_per_byte"),
                     ("host_expert_loop",)),
-    "host_convert": (("host_convert_values_per_s",), ("host_convert",)),
+    "host_convert": (("host_convert_values_per_s", "host_convert_reused_values_per_s"), ("host_convert",)),
     "host_program": (("host_call_s", "host_thunk_s"), ("host_program",)),
     "host_argmax": (("host_argmax_values_per_s",), ("host_argmax",)),
 }

@@ -29,7 +29,8 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
   routed experts), for two expert sizes (EXPERT_SHAPES) by batch rows; written as
   micro-benchmarks of `components.host_expert_time`;
 - bf16 -> f32 widening: a jitted `astype(float32)` of bf16 arrays shaped like a latent cache
-  (CONVERT_SHAPES), values per second (`components.host_convert_time`).
+  (CONVERT_SHAPES: f32 results below and above the allocator's 32 MiB mmap threshold), values per
+  second (`components.host_convert_time`).
 Not measured (stated as such in the file's sources): memory latency (`dma_latency_s`), the fill
 granule (`dma_tile_bytes`) and the link fields, which do not apply to one CPU device.
 
@@ -71,7 +72,8 @@ MATVEC_ROWS = (1, 2, 4, 8, 16, 32)
 EXPERT_SHAPES = ((1024, 512), (256, 128), (64, 32))  # (input width K, FFN width W): gate_up [K, 2W], down [W, K]
 EXPERT_SLABS, EXPERT_DISTINCT = 48, 16  # stacked experts (48 x 6 MiB: far beyond the LLC), 16 visited
 EXPERT_ROWS = (1, 8, 32)
-CONVERT_SHAPES = ((16, 4096, 192), (32, 4096, 192))  # bf16 latent-cache-like arrays beyond the LLC
+CONVERT_SHAPES = ((2, 4096, 192), (8, 4096, 192), (16, 4096, 192), (32, 4096, 192))  # bf16 latent-cache-like
+MMAP_THRESHOLD_BYTES = 32 * MIB  # glibc malloc: allocations above it are always fresh mmap'd pages
 DMA_LATENCY_ASSUMED_S = 1.0e-7
 DMA_TILE_ASSUMED_BYTES = 65536
 
@@ -507,7 +509,8 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
     start = {"dot_gemv_bandwidth_bytes_per_s": 2e10, "dot_gemm_bandwidth_bytes_per_s": 2e10,
              "dot_gemm_row_s_per_byte": 1e-12}
     if b.convert_s:
-        start |= {"host_convert_values_per_s": 1e9}
+        start |= {"host_convert_values_per_s": 1e9, "host_convert_reused_values_per_s": 5e9,
+                  "host_mmap_threshold_bytes": MMAP_THRESHOLD_BYTES}
     if b.thunk_chain:
         start |= {"host_call_s": 5e-6, "host_thunk_s": 1e-6}
     if b.argmax_s:
@@ -516,7 +519,10 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
         start |= {"host_expert_fixed_s": 1e-6, "host_expert_bandwidth_bytes_per_s": 2e10,
                   "host_expert_row_s_per_byte": 1e-12}
     hw = dataclasses.replace(hw, components=start, sources={**hw.sources, **{
-        f"components.{k}": "starting value" for k in start}})
+        f"components.{k}": "starting value" for k in start}, "components.host_mmap_threshold_bytes":
+        "glibc malloc's largest dynamic mmap threshold on 64-bit, 4 * 1024 * 1024 * sizeof(long) = "
+        "32 MiB: larger blocks are always mmap'd afresh (mallopt(3), M_MMAP_THRESHOLD; "
+        "https://man7.org/linux/man-pages/man3/mallopt.3.html); not fitted"})
     mb = out.with_suffix(".microbench.json")
     hw = calibrated(data, hw, mb.name)
     counted = f"counted by hostbench in the compiled HLO of the {PROBE_MODEL} reference decode step " \

@@ -24,7 +24,8 @@ def bench() -> HostBench:
                      s(5e-6), {t: s(4e-6 + t * 3e-7) for t in (32, 128, 512)}, 32 * 2**20, 24 * 2**30, 1,
                      expert_loop={(k, w, r): s(2e-6 + 3 * k * w * 4 * (5e-11 + 1e-12 * r))
                                   for k, w in hostbench.EXPERT_SHAPES for r in hostbench.EXPERT_ROWS},
-                     convert_s={sh: s(math.prod(sh) / 1e9) for sh in hostbench.CONVERT_SHAPES},
+                     convert_s={sh: s(math.prod(sh) / (1e9 if 4 * math.prod(sh) > 32 * 2**20 else 6e9))
+                                for sh in hostbench.CONVERT_SHAPES},
                      argmax_s={sh: s(math.prod(sh) / 2.5e8) for sh in hostbench.ARGMAX_SHAPES},
                      reference_thunks={"attention_kda": 44.5, "ffn": 8.0, "moe": 36.0, "head": 7.0})
 
@@ -100,6 +101,8 @@ def test_cache_widening_is_a_component_fitted_to_its_own_figures(tmp_path):
     path = hostbench.write(bench(), tmp_path / "host.toml")
     hw = load_hardware(str(path))
     assert hw.components["host_convert_values_per_s"] == pytest.approx(1e9, rel=1e-3)
+    assert hw.components["host_convert_reused_values_per_s"] == pytest.approx(6e9, rel=1e-3)
+    assert "mallopt" in hw.sources["components.host_mmap_threshold_bytes"]
     assert "fitted by perfmodel calibrate" in hw.sources["components.host_convert_values_per_s"]
 
 
