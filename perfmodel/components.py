@@ -202,14 +202,15 @@ def host_expert_time(c: dict, nbytes: float, rows: float, experts: float) -> flo
         1 / param(c, "host_expert_bandwidth_bytes_per_s") + rows * param(c, "host_expert_row_s_per_byte"))
 
 
-def host_convert_time(c: dict, values: float) -> float:
+def host_convert_time(c: dict, values: float, allocated_bytes: float) -> float:
     """Widening `values` cached bf16 values to f32 as XLA:CPU runs it (the reference converts the
     whole MLA latent cache every step before attending), an elementwise fusion into a fresh f32
-    buffer. Above the allocator's mmap threshold (`host_mmap_threshold_bytes`) that buffer is new
-    pages every call, faulted in as they are first written (`host_convert_values_per_s`); below
-    it the allocator reuses warm memory (`host_convert_reused_values_per_s`).
-    Micro-benchmarks: host-convert-bf16-f32-* (hostbench)."""
-    fresh = 4 * values > param(c, "host_mmap_threshold_bytes")
+    buffer. When the program allocates more than the allocator's mmap threshold
+    (`host_mmap_threshold_bytes`) per call, its buffers are new pages every call, faulted in as
+    they are first written (`host_convert_values_per_s`); below it the allocator reuses warm
+    memory (`host_convert_reused_values_per_s`). Micro-benchmarks: host-convert-bf16-f32-*
+    (hostbench)."""
+    fresh = allocated_bytes > param(c, "host_mmap_threshold_bytes")
     return values / param(c, "host_convert_values_per_s" if fresh else "host_convert_reused_values_per_s")
 
 

@@ -123,7 +123,7 @@ def predict_entry(e: dict, hw: Hardware) -> float:
     elif m == "host_dot":
         t = cm.host_dot_time(c, i["bytes"], i["rows"])
     elif m == "host_convert":
-        t = cm.host_convert_time(c, i["values"])
+        t = cm.host_convert_time(c, i["values"], i["allocated_bytes"])
     elif m == "host_program":
         t = cm.host_program_time(c, i["thunks"])
     elif m == "host_argmax":

@@ -171,8 +171,9 @@ def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
                 t_mem[j] = cm.host_dot_time(c, g.static_bytes[j] + g.routed_bytes[j], g.flops[j] / (2 * w[j]))
             t_mem[j] += (g.kv_bytes[j] + g.act_bytes[j]) / bw
         if "host_convert_values_per_s" in c:  # it widens the whole bf16 latent cache to f32 each step
+            # into a fresh buffer, beside a fresh bf16 copy of the cache block: 6 B per value
             for j in (j for j, name in enumerate(g.name) if name == "mla_attention" and g.kv_bytes[j] > 0):
-                t_mem[j] += cm.host_convert_time(c, g.kv_bytes[j] / 2) + g.kv_bytes[j] / bw
+                t_mem[j] += cm.host_convert_time(c, g.kv_bytes[j] / 2, 3 * g.kv_bytes[j]) + g.kv_bytes[j] / bw
         if "host_argmax_values_per_s" in c:  # greedy sampling: a scalar reduce over f32 logits
             argmax = np.array([name == "argmax" for name in g.name])
             t_mem = np.where(argmax, cm.host_argmax_time(c, g.act_bytes / 4), t_mem)

@@ -474,7 +474,8 @@ def microbench(b: HostBench, name: str = "host-cpu") -> dict:
                           f"{rows} rows, per expert", "source": src}
                 for (k, w, rows), s in b.expert_loop.items()]
     entries += [{"id": f"host-convert-bf16-f32-{'x'.join(map(str, shape))}", "platform": name,
-                 "mechanism": "host_convert", "inputs": {"values": math.prod(shape)},
+                 "mechanism": "host_convert",
+                 "inputs": {"values": math.prod(shape), "allocated_bytes": 4 * math.prod(shape)},
                  "value": s.median / 1e-6, "unit": "us_per_call",
                  "scope": f"jitted astype(float32) of a bf16 {list(shape)} array", "source": src}
                 for shape, s in b.convert_s.items()]

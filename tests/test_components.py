@@ -120,8 +120,9 @@ def test_host_expert_loop_by_hand():
 def test_host_cache_widening_by_hand():
     c = {"host_convert_values_per_s": 5e8, "host_convert_reused_values_per_s": 4e9,
          "host_mmap_threshold_bytes": 32 * 2**20}
-    assert cm.host_convert_time(c, 1e8) == pytest.approx(0.2)  # 400 MB of f32: fresh pages
-    assert cm.host_convert_time(c, 4e6) == pytest.approx(1e-3)  # 16 MB: reused memory
+    assert cm.host_convert_time(c, 1e8, 4e8) == pytest.approx(0.2)  # 400 MB allocated: fresh pages
+    assert cm.host_convert_time(c, 4e6, 16e6) == pytest.approx(1e-3)  # 16 MB: reused memory
+    assert cm.host_convert_time(c, 4e6, 40e6) == pytest.approx(8e-3)  # same values, 40 MB allocated
 
 
 def test_host_program_by_hand():
