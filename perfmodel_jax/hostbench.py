@@ -14,8 +14,8 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
   what each kernel of an op-by-op engine pays);
 - dispatch against argument count: the same tiny op taking 1..256 arrays (reported; a decode
   phase passes its layer's weights, so its dispatch costs more than a one-array call);
-- the thunk chain: programs of THUNK_CHAIN_STEPS dependent tiny steps (an 8 x 8 matmul and a
-  tanh), each timed per call; their thunks (the kernels XLA:CPU's executable runs) are counted
+- the thunk chain: programs of THUNK_LANES independent lanes of THUNK_CHAIN_STEPS dependent tiny
+  steps (an 8 x THUNK_WIDTH matmul and a tanh), each timed per call; their thunks (the kernels XLA:CPU's executable runs) are counted
   in the compiled HLO (`count_thunks`, a structure, not a timing); written as micro-benchmarks of
   `components.host_program_time` (a cost per call and per thunk);
 - thunks of the reference step: the compiled HLO of `kernels/reference.py`'s decode step for
@@ -61,7 +61,10 @@ MATMUL_N = 2048
 QUICK_MATMUL_N = 768
 DECODE_ROWS = 32          # decode-shaped matmul: rows = batch
 DECODE_WIDTH = 1024       # weight DECODE_WIDTH x DECODE_WIDTH (bf16: 2 MiB, stays in cache)
-THUNK_CHAIN_STEPS = (16, 64, 256)  # programs of this many dependent tiny steps
+THUNK_CHAIN_STEPS = (16, 64, 256)  # programs of this many dependent tiny steps, in each of
+THUNK_LANES, THUNK_WIDTH = 2, 32  # 2 independent lanes of 8 x 32 f32 (1 KiB): XLA:CPU's executor
+# then runs the program concurrently, as it runs a decode step (it runs a program inline when its
+# thunks form a chain, all buffers are <= 512 B or there are <= 8 thunks: thunk_executor.h)
 PROBE_MODEL = "kimi-k3-host-small"  # its compiled reference step gives the thunks per phase kind
 NOT_THUNKS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"}  # no kernel
 ARGMAX_SHAPES = ((1, 32768), (8, 32768), (32, 32768))  # f32 logits [rows, vocab]
@@ -72,7 +75,7 @@ MATVEC_ROWS = (1, 2, 4, 8, 16, 32)
 EXPERT_SHAPES = ((1024, 512), (256, 128), (64, 32))  # (input width K, FFN width W): gate_up [K, 2W], down [W, K]
 EXPERT_SLABS, EXPERT_DISTINCT = 48, 16  # stacked experts (48 x 6 MiB: far beyond the LLC), 16 visited
 EXPERT_ROWS = (1, 8, 32)
-CONVERT_SHAPES = ((2, 4096, 192), (8, 4096, 192), (16, 4096, 192), (32, 4096, 192))  # bf16 latent-cache-like
+CONVERT_SHAPES = ((1, 4096, 192), (2, 4096, 192), (16, 4096, 192), (32, 4096, 192))  # bf16 latent-cache-like
 MMAP_THRESHOLD_BYTES = 32 * MIB  # glibc malloc: allocations above it are always fresh mmap'd pages
 DMA_LATENCY_ASSUMED_S = 1.0e-7
 DMA_TILE_ASSUMED_BYTES = 65536
@@ -322,24 +325,26 @@ def count_thunks(hlo_text: str) -> dict[str | None, int]:
 
 
 def _thunk_chain(repeats: int) -> dict[int, Stat]:
-    """Seconds per call of programs of THUNK_CHAIN_STEPS dependent tiny steps (x = tanh(x @ w),
-    8 x 8 f32), by the program's thunk count (`count_thunks` of its compiled HLO)."""
+    """Seconds per call of programs of THUNK_LANES independent lanes of THUNK_CHAIN_STEPS
+    dependent tiny steps (x = tanh(x @ w), 8 x THUNK_WIDTH f32), by the program's thunk count
+    (`count_thunks` of its compiled HLO)."""
     import jax
     import jax.numpy as jnp
-    w = jnp.asarray(jax.random.normal(jax.random.key(0), (8, 8)), jnp.float32) * 0.3
-    x0 = jnp.ones((8, 8), jnp.float32)
+    w = jnp.asarray(jax.random.normal(jax.random.key(0), (THUNK_WIDTH, THUNK_WIDTH)), jnp.float32) * 0.2
+    x0 = jnp.ones((8, THUNK_WIDTH), jnp.float32)
     out, calls = {}, 20
     for steps in THUNK_CHAIN_STEPS:
         def chain(w, x, steps=steps):
+            xs = [x + lane for lane in range(THUNK_LANES)]
             for _ in range(steps):  # unrolled: dependent dots XLA cannot fuse into one kernel
-                x = jnp.tanh(x @ w)
-            return x
+                xs = [jnp.tanh(v @ w) for v in xs]
+            return xs
         compiled = jax.jit(chain).lower(w, x0).compile()
         thunks = sum(count_thunks(compiled.as_text()).values())
         def run():
             for _ in range(calls):
                 y = compiled(w, x0)
-            y.block_until_ready()
+            jax.block_until_ready(y)
         out[thunks] = Stat.of([t / calls for t in _time(run, repeats)])
     return out
 
@@ -481,8 +486,9 @@ def microbench(b: HostBench, name: str = "host-cpu") -> dict:
                 for shape, s in b.convert_s.items()]
     entries += [{"id": f"host-thunk-chain-t{thunks}", "platform": name, "mechanism": "host_program",
                  "inputs": {"thunks": thunks}, "value": s.median / 1e-6, "unit": "us_per_call",
-                 "scope": f"one call of a jitted chain of tiny dependent steps (8 x 8 f32 matmul + tanh), "
-                          f"{thunks} thunks counted in its compiled HLO", "source": src}
+                 "scope": f"one call of a jitted program of {THUNK_LANES} lanes of tiny dependent steps "
+                          f"(8 x {THUNK_WIDTH} f32 matmul + tanh), {thunks} thunks counted in its compiled HLO",
+                 "source": src}
                 for thunks, s in b.thunk_chain.items()]
     entries += [{"id": f"host-argmax-f32-{'x'.join(map(str, shape))}", "platform": name,
                  "mechanism": "host_argmax", "inputs": {"values": math.prod(shape)},
@@ -562,7 +568,7 @@ def cmd_hostbench(a) -> dict:
         for n_args, s in b.dispatch_by_args.items():
             print(f"  dispatch with {n_args:3d} array arguments: " + _stat_text(s, 1e-6, "us"))
         for thunks, s in b.thunk_chain.items():
-            print(f"  program of {thunks:4d} thunks (chain of tiny steps): " + _stat_text(s, 1e-6, "us per call"))
+            print(f"  program of {thunks:4d} thunks (lanes of tiny steps): " + _stat_text(s, 1e-6, "us per call"))
         for shape, s in b.argmax_s.items():
             print(f"  argmax of f32 {list(shape)}: " + _stat_text(s, 1e-6, "us"))
         print(f"  thunks per phase of the {PROBE_MODEL} reference step (compiled HLO, batch 1): "
