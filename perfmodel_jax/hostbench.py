@@ -15,7 +15,7 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
 - dispatch against argument count: the same tiny op taking 1..256 arrays (reported; a decode
   phase passes its layer's weights, so its dispatch costs more than a one-array call);
 - the thunk chain: programs of THUNK_LANES independent lanes of THUNK_CHAIN_STEPS dependent tiny
-  steps (an 8 x THUNK_WIDTH matmul and a tanh), each timed per call; their thunks (the kernels XLA:CPU's executable runs) are counted
+  steps (an 8 x THUNK_WIDTH matmul and a tanh), each call timed until its result is ready; their thunks (the kernels XLA:CPU's executable runs) are counted
   in the compiled HLO (`count_thunks`, a structure, not a timing); written as micro-benchmarks of
   `components.host_program_time` (a cost per call and per thunk);
 - thunks of the reference step: the compiled HLO of `kernels/reference.py`'s decode step for
@@ -341,10 +341,9 @@ def _thunk_chain(repeats: int) -> dict[int, Stat]:
             return xs
         compiled = jax.jit(chain).lower(w, x0).compile()
         thunks = sum(count_thunks(compiled.as_text()).values())
-        def run():
+        def run():  # each call waited on, as a decode step waits for its tokens
             for _ in range(calls):
-                y = compiled(w, x0)
-            jax.block_until_ready(y)
+                jax.block_until_ready(compiled(w, x0))
         out[thunks] = Stat.of([t / calls for t in _time(run, repeats)])
     return out
 
