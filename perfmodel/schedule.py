@@ -174,6 +174,9 @@ def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
             # into a fresh buffer, beside a fresh bf16 copy of the cache block: 6 B per value
             for j in (j for j, name in enumerate(g.name) if name == "mla_attention" and g.kv_bytes[j] > 0):
                 t_mem[j] += cm.host_convert_time(c, g.kv_bytes[j] / 2, 3 * g.kv_bytes[j]) + g.kv_bytes[j] / bw
+        if "host_absorb_bytes_per_s" in c:  # the absorbed MLA re-lays out kv_b before its einsums
+            kv_b = np.array([name == "kv_b" for name in g.name]) & (g.static_bytes > 0)
+            t_mem = np.where(kv_b, cm.host_absorbed_kv_b_time(c, g.static_bytes) + g.act_bytes / bw, t_mem)
         if "host_argmax_values_per_s" in c:  # greedy sampling: a scalar reduce over f32 logits
             argmax = np.array([name == "argmax" for name in g.name])
             t_mem = np.where(argmax, cm.host_argmax_time(c, g.act_bytes / 4), t_mem)

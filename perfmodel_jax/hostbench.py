@@ -10,6 +10,13 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
 - decode-shaped matmul bandwidth: weight bytes / time of a (rows x K) @ (K x N) dot over a
   MATVEC_MIB weight, for each batch size in MATVEC_ROWS and each dtype (reported; the
   validation uses it to show how far XLA:CPU's dot falls below the streaming rate);
+- the fixed cost of a dot inside a program: one program chaining DOT_CHAIN_LEN dependent dots
+  over distinct 4 MiB f32 weights, per dot, by rows (`host-dot-chain-f32-r*`, fitted with the
+  256 MiB dots: the large dot sets the rates, the small one the fixed cost);
+- the absorbed MLA's use of kv_b: the reference splits kv_b into W_uk and W_uv and XLA:CPU lays
+  each out again (a transposing copy) before its einsum; one program over ABSORB_COPIES distinct
+  f32 kv_b weights of each of ABSORB_SHAPES (the host models' shapes), at one row, per weight
+  (`components.host_absorbed_kv_b_time`);
 - dispatch overhead: one jitted call of a tiny op, called and waited on (`launch_overhead_s`:
   what each kernel of an op-by-op engine pays);
 - dispatch against argument count: the same tiny op taking 1..256 arrays (reported; a decode
@@ -72,6 +79,10 @@ DISPATCH_ARGS = (1, 16, 64, 256)  # dispatch cost against the number of array ar
 MATVEC_MIB = 256          # decode-shaped matmuls: a weight of this size, far beyond the LLC,
 MATVEC_K = 1024           # with MATVEC_K input features (a hidden size), times MATVEC_ROWS rows
 MATVEC_ROWS = (1, 2, 4, 8, 16, 32)
+ABSORB_SHAPES = ((128, 2, 128, 128), (256, 8, 128, 128))  # MLA kv_b (kv_lora, heads, nope, v), f32
+ABSORB_COPIES = 32  # distinct kv_b weights per program (cold, as a decode step reads them)
+DOT_CHAIN_K, DOT_CHAIN_LEN = 1024, 32  # one program of 32 dependent dots over distinct 4 MiB f32
+# weights (128 MiB in all, beyond the LLC): the fixed cost of a dot inside a program
 EXPERT_SHAPES = ((1024, 512), (256, 128), (64, 32))  # (input width K, FFN width W): gate_up [K, 2W], down [W, K]
 EXPERT_SLABS, EXPERT_DISTINCT = 48, 16  # stacked experts (48 x 6 MiB: far beyond the LLC), 16 visited
 EXPERT_ROWS = (1, 8, 32)
@@ -121,6 +132,8 @@ class HostBench:
     convert_s: dict[tuple[int, ...], Stat] = field(default_factory=dict)  # bf16 -> f32 widening, by shape
     argmax_s: dict[tuple[int, int], Stat] = field(default_factory=dict)  # argmax of f32 [rows, vocab]
     reference_thunks: dict[str, float] = field(default_factory=dict)  # per phase kind (count_thunks)
+    dot_chain: dict[int, Stat] = field(default_factory=dict)  # s per 4 MiB f32 dot in a chain, by rows
+    absorb_s: dict[tuple[int, ...], Stat] = field(default_factory=dict)  # s per kv_b, absorbed MLA
 
     def dispatch_s_for(self, n_args: int) -> float:
         """Dispatch time of a call with `n_args` arrays: the least-squares line through the
@@ -158,6 +171,8 @@ class HostBench:
                 "convert_bf16_f32_s": {"x".join(map(str, k)): v.json() for k, v in self.convert_s.items()},
                 "argmax_f32_s": {"x".join(map(str, k)): v.json() for k, v in self.argmax_s.items()},
                 "reference_thunks": {"model": PROBE_MODEL, "batch": 1, **self.reference_thunks},
+                "dot_chain_s_per_dot": {str(k): v.json() for k, v in self.dot_chain.items()},
+                "absorbed_kv_b_s": {"x".join(map(str, k)): v.json() for k, v in self.absorb_s.items()},
                 "flops_efficiency": self.flops_efficiency,
                 "load_average_1min": self.load_average}
 
@@ -278,6 +293,8 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
         top = jax.jit(lambda z: jnp.argmax(z, axis=-1))
         argmax[shape] = Stat.of(_time(lambda: top(logits).block_until_ready(), repeats))
     thunks = reference_thunks()
+    dots = _dot_chain(4 if quick else DOT_CHAIN_LEN, repeats)
+    absorb = {shape: _absorbed_kv_b(shape, 4 if quick else ABSORB_COPIES, repeats) for shape in ABSORB_SHAPES}
     bar.update()
     experts = {}
     for k, w in ((128, 64),) if quick else EXPERT_SHAPES:
@@ -293,7 +310,50 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
     bar.close()
     return HostBench(cpu_model(), datetime.date.today().isoformat(), repeats, read, copy, matmul,
                      decode, matvec, dispatch_s, chain, llc_bytes(), ram_bytes(), jax.device_count(),
-                     os.getloadavg()[0], by_args, experts, convert, argmax, thunks)
+                     os.getloadavg()[0], by_args, experts, convert, argmax, thunks, dots, absorb)
+
+
+def _absorbed_kv_b(shape: tuple[int, int, int, int], copies: int, repeats: int) -> Stat:
+    """Seconds per kv_b weight of the absorbed MLA as kernels/reference.py runs it at one row:
+    kv_b [r, heads * (nope + v)] split into W_uk [r, heads, nope] and W_uv [r, heads, v] (XLA:CPU
+    lays each out again for its einsum), q_nope -> latent -> values; `copies` distinct weights in
+    one program."""
+    import jax
+    import jax.numpy as jnp
+    r, h, n, v = shape
+    ws = [jnp.full((r, h * (n + v)), 1e-3, jnp.float32) for _ in range(copies)]
+    q = jnp.ones((1, h, n), jnp.float32)
+
+    @jax.jit
+    def absorbed(q, ws):
+        out = jnp.zeros((1, h, v), jnp.float32)
+        for kv_b in ws:
+            w = kv_b.reshape(r, h, n + v)
+            lat = jnp.einsum("bhn,rhn->bhr", q, w[..., :n])
+            out = out + jnp.einsum("bhr,rhv->bhv", lat, w[..., n:])
+        return out
+
+    return Stat.of([t / copies for t in _time(lambda: absorbed(q, ws).block_until_ready(), repeats)])
+
+
+def _dot_chain(length: int, repeats: int) -> dict[int, Stat]:
+    """Seconds per dot of one program chaining `length` dependent (rows x K) @ (K x K) f32 dots
+    over distinct weights (K = DOT_CHAIN_K: 4 MiB each), by rows (MATVEC_ROWS)."""
+    import jax
+    import jax.numpy as jnp
+    ws = [jnp.full((DOT_CHAIN_K, DOT_CHAIN_K), 1.0 / DOT_CHAIN_K, jnp.float32) for _ in range(length)]
+
+    @jax.jit
+    def chain(x, ws):
+        for w in ws:
+            x = jnp.dot(x, w, preferred_element_type=jnp.float32)
+        return x
+
+    out = {}
+    for rows in MATVEC_ROWS:
+        x = jnp.ones((rows, DOT_CHAIN_K), jnp.float32)
+        out[rows] = Stat.of([t / length for t in _time(lambda: chain(x, ws).block_until_ready(), repeats)])
+    return out
 
 
 def count_thunks(hlo_text: str) -> dict[str | None, int]:
@@ -471,6 +531,18 @@ def microbench(b: HostBench, name: str = "host-cpu") -> dict:
                 "value": MATVEC_MIB * MIB / s.median / 1e-3, "unit": "ms_per_dot",
                 "scope": f"jitted f32 dot, {rows} rows x {MATVEC_K} x {MATVEC_MIB} MiB weight", "source": src}
                for (dt, rows), s in b.matvec_bandwidth.items() if dt == "f32"]
+    entries += [{"id": f"host-dot-chain-f32-r{rows}", "platform": name, "mechanism": "host_dot",
+                 "inputs": {"bytes": DOT_CHAIN_K**2 * 4, "rows": rows},
+                 "value": s.median / 1e-6, "unit": "us_per_dot",
+                 "scope": f"one of {DOT_CHAIN_LEN} dependent f32 dots in one program, {rows} rows x "
+                          f"{DOT_CHAIN_K} x {DOT_CHAIN_K} distinct weights (4 MiB each)", "source": src}
+                for rows, s in b.dot_chain.items()]
+    entries += [{"id": f"host-absorbed-kv-b-{'x'.join(map(str, shape))}", "platform": name,
+                 "mechanism": "host_absorbed_kv_b", "inputs": {"bytes": shape[0] * shape[1] * (shape[2] + shape[3]) * 4},
+                 "value": s.median / 1e-6, "unit": "us_per_call",
+                 "scope": f"absorbed MLA at one row over one of {ABSORB_COPIES} distinct f32 kv_b weights "
+                          f"(kv_lora, heads, nope, v) = {shape}: split, re-layout, two einsums", "source": src}
+                for shape, s in b.absorb_s.items()]
     entries += [{"id": f"host-expert-loop-f32-{k}x{w}-r{rows}", "platform": name, "mechanism": "host_expert_loop",
                  "inputs": {"bytes": 3 * k * w * 4, "rows": rows, "experts": 1},
                  "value": s.median / 1e-6, "unit": "us_per_expert",
@@ -513,12 +585,14 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
     data = microbench(b, name)
     hw = from_dict(tomllib.loads(hardware_toml(b, name)))
     start = {"dot_gemv_bandwidth_bytes_per_s": 2e10, "dot_gemm_bandwidth_bytes_per_s": 2e10,
-             "dot_gemm_row_s_per_byte": 1e-12}
+             "dot_gemm_row_s_per_byte": 1e-12, "dot_fixed_s": 1e-5}
     if b.convert_s:
         start |= {"host_convert_values_per_s": 1e9, "host_convert_reused_values_per_s": 5e9,
                   "host_mmap_threshold_bytes": MMAP_THRESHOLD_BYTES}
     if b.thunk_chain:
         start |= {"host_call_s": 5e-6, "host_thunk_s": 1e-6}
+    if b.absorb_s:
+        start |= {"host_absorb_fixed_s": 1e-5, "host_absorb_bytes_per_s": 1e10}
     if b.argmax_s:
         start |= {"host_argmax_values_per_s": 1e8}
     if b.expert_loop:

@@ -125,6 +125,19 @@ def test_host_cache_widening_by_hand():
     assert cm.host_convert_time(c, 4e6, 40e6) == pytest.approx(8e-3)  # same values, 40 MB allocated
 
 
+def test_host_dot_by_hand():
+    c = {"dot_gemv_bandwidth_bytes_per_s": 4e10, "dot_gemm_bandwidth_bytes_per_s": 2e10,
+         "dot_gemm_row_s_per_byte": 1e-12, "dot_fixed_s": 8e-6}
+    # 4 MB at one row: 8 us + 100 us; at 8 rows: 8 us + 4e6 x (5e-11 + 8e-12) s = 8 us + 232 us
+    assert cm.host_dot_time(c, 4e6, 1) == pytest.approx(108e-6)
+    assert cm.host_dot_time(c, 4e6, 8) == pytest.approx(240e-6)
+
+
+def test_host_absorbed_kv_b_by_hand():
+    c = {"host_absorb_fixed_s": 1e-5, "host_absorb_bytes_per_s": 2e9}
+    assert cm.host_absorbed_kv_b_time(c, 2e6) == pytest.approx(1.01e-3)  # 10 us + 2 MB at 2 GB/s
+
+
 def test_host_program_by_hand():
     c = {"host_call_s": 4e-6, "host_thunk_s": 3e-7}
     # one call of 100 thunks: 4 us + 100 x 0.3 us = 34 us; a share of a program: thunks only
@@ -148,7 +161,7 @@ def test_host_engine_charges_each_phase_its_counted_thunks_and_one_call():
     from perfmodel.schedule import simulate_multikernel
     from perfmodel.validate import host_hardware
     base = {"dot_gemv_bandwidth_bytes_per_s": 3e10, "dot_gemm_bandwidth_bytes_per_s": 3e10,
-            "dot_gemm_row_s_per_byte": 1e-12}
+            "dot_gemm_row_s_per_byte": 1e-12, "dot_fixed_s": 1e-5}
     counts = {"host_thunks_attention_kda": 40.0, "host_thunks_attention_mla": 50.0,
               "host_thunks_ffn": 8.0, "host_thunks_moe": 30.0, "host_thunks_head": 7.0}
     hw = host_hardware(load_hardware("h200"), "compiled")

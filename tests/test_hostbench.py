@@ -27,7 +27,10 @@ def bench() -> HostBench:
                      convert_s={sh: s(math.prod(sh) / (1e9 if 4 * math.prod(sh) > 32 * 2**20 else 6e9))
                                 for sh in hostbench.CONVERT_SHAPES},
                      argmax_s={sh: s(math.prod(sh) / 2.5e8) for sh in hostbench.ARGMAX_SHAPES},
-                     reference_thunks={"attention_kda": 44.5, "ffn": 8.0, "moe": 36.0, "head": 7.0})
+                     reference_thunks={"attention_kda": 44.5, "ffn": 8.0, "moe": 36.0, "head": 7.0},
+                     dot_chain={r: s(8e-6 + hostbench.DOT_CHAIN_K**2 * 4 * r / 20e9) for r in hostbench.MATVEC_ROWS},
+                     absorb_s={sh: s(2e-5 + sh[0] * sh[1] * (sh[2] + sh[3]) * 4 / 2.5e9)
+                               for sh in hostbench.ABSORB_SHAPES})
 
 
 def test_stat_rate_swaps_min_and_max():
@@ -106,14 +109,16 @@ def test_cache_widening_is_a_component_fitted_to_its_own_figures(tmp_path):
     assert "fitted by perfmodel calibrate" in hw.sources["components.host_convert_values_per_s"]
 
 
-def test_thunk_chain_and_argmax_are_components_fitted_to_their_own_figures(tmp_path):
+def test_thunk_chain_argmax_and_absorbed_kv_b_are_components_fitted_to_their_own_figures(tmp_path):
     """Synthetic figures of the components' form (4 us per call + 0.3 us per thunk; 2.5e8
-    values/s): the fit recovers them; the structural thunk counts are written, with a source."""
+    values/s; 20 us + 2.5 GB/s): the fit recovers them; the structural thunk counts are written, with a source."""
     path = hostbench.write(bench(), tmp_path / "host.toml")
     hw = load_hardware(str(path))
     assert hw.components["host_call_s"] == pytest.approx(4e-6, rel=1e-3)
     assert hw.components["host_thunk_s"] == pytest.approx(3e-7, rel=1e-3)
     assert hw.components["host_argmax_values_per_s"] == pytest.approx(2.5e8, rel=1e-3)
+    assert hw.components["host_absorb_fixed_s"] == pytest.approx(2e-5, rel=1e-3)
+    assert hw.components["host_absorb_bytes_per_s"] == pytest.approx(2.5e9, rel=1e-3)
     assert "host-thunk-chain-t512" in hw.sources["components.host_thunk_s"]
     assert hw.components["host_thunks_attention_kda"] == 44.5
     assert "compiled HLO" in hw.sources["components.host_thunks_moe"]
@@ -143,3 +148,12 @@ ENTRY %main (a: f32[4], b: f32[4]) -> (f32[4], f32[4]) {
 }
 """
     assert hostbench.count_thunks(hlo) == {"layer_01/attention": 1, "layer_01/moe": 2, "head": 1}
+
+
+def test_dot_fixed_cost_is_fitted_with_the_large_dots(tmp_path):
+    """The 4 MiB chain's dots (synthetic: 8 us + the 256 MiB dots' rate) carry the fixed cost per
+    dot; the fit puts it in dot_fixed_s."""
+    path = hostbench.write(bench(), tmp_path / "host.toml")
+    hw = load_hardware(str(path))
+    assert hw.components["dot_fixed_s"] == pytest.approx(8e-6, rel=0.1)
+    assert "host-dot-chain-f32-r1" in hw.sources["components.dot_fixed_s"]
