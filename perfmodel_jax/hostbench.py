@@ -14,8 +14,8 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
   over distinct 4 MiB f32 weights, per dot, by rows (`host-dot-chain-f32-r*`, fitted with the
   256 MiB dots: the large dot sets the rates, the small one the fixed cost);
 - the absorbed MLA's use of kv_b: the reference splits kv_b into W_uk and W_uv and XLA:CPU lays
-  each out again (a transposing copy) before its einsum; one program over ABSORB_COPIES distinct
-  f32 kv_b weights of each of ABSORB_SHAPES (the host models' shapes), at one row, per weight
+  each out again (a transposing copy) before its einsum; one program over ABSORB_RING_MIB of
+  distinct f32 kv_b weights of each of ABSORB_SHAPES (the host models' shapes), at one row, per weight
   (`components.host_absorbed_kv_b_time`);
 - dispatch overhead: one jitted call of a tiny op, called and waited on (`launch_overhead_s`:
   what each kernel of an op-by-op engine pays);
@@ -80,7 +80,8 @@ MATVEC_MIB = 256          # decode-shaped matmuls: a weight of this size, far be
 MATVEC_K = 1024           # with MATVEC_K input features (a hidden size), times MATVEC_ROWS rows
 MATVEC_ROWS = (1, 2, 4, 8, 16, 32)
 ABSORB_SHAPES = ((128, 2, 128, 128), (256, 8, 128, 128))  # MLA kv_b (kv_lora, heads, nope, v), f32
-ABSORB_COPIES = 32  # distinct kv_b weights per program (cold, as a decode step reads them)
+ABSORB_RING_MIB = 64  # distinct kv_b weights per program, this much in all (beyond the LLC: cold, as a
+# decode step of a model larger than the LLC reads them)
 DOT_CHAIN_K, DOT_CHAIN_LEN = 1024, 32  # one program of 32 dependent dots over distinct 4 MiB f32
 # weights (128 MiB in all, beyond the LLC): the fixed cost of a dot inside a program
 EXPERT_SHAPES = ((1024, 512), (256, 128), (64, 32))  # (input width K, FFN width W): gate_up [K, 2W], down [W, K]
@@ -294,7 +295,9 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
         argmax[shape] = Stat.of(_time(lambda: top(logits).block_until_ready(), repeats))
     thunks = reference_thunks()
     dots = _dot_chain(4 if quick else DOT_CHAIN_LEN, repeats)
-    absorb = {shape: _absorbed_kv_b(shape, 4 if quick else ABSORB_COPIES, repeats) for shape in ABSORB_SHAPES}
+    absorb = {shape: _absorbed_kv_b(shape, 4 if quick else ABSORB_RING_MIB * MIB // (4 * shape[0] * shape[1]
+                                                                                 * (shape[2] + shape[3])), repeats)
+              for shape in ABSORB_SHAPES}
     bar.update()
     experts = {}
     for k, w in ((128, 64),) if quick else EXPERT_SHAPES:
@@ -540,7 +543,7 @@ def microbench(b: HostBench, name: str = "host-cpu") -> dict:
     entries += [{"id": f"host-absorbed-kv-b-{'x'.join(map(str, shape))}", "platform": name,
                  "mechanism": "host_absorbed_kv_b", "inputs": {"bytes": shape[0] * shape[1] * (shape[2] + shape[3]) * 4},
                  "value": s.median / 1e-6, "unit": "us_per_call",
-                 "scope": f"absorbed MLA at one row over one of {ABSORB_COPIES} distinct f32 kv_b weights "
+                 "scope": f"absorbed MLA at one row over one of {ABSORB_RING_MIB} MiB of distinct f32 kv_b weights "
                           f"(kv_lora, heads, nope, v) = {shape}: split, re-layout, two einsums", "source": src}
                 for shape, s in b.absorb_s.items()]
     entries += [{"id": f"host-expert-loop-f32-{k}x{w}-r{rows}", "platform": name, "mechanism": "host_expert_loop",
