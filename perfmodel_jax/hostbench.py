@@ -148,6 +148,15 @@ class HostBench:
         return my + slope * (n_args - mx)
 
     @property
+    def op_overhead_s(self) -> Stat:
+        """Per thunk (an XLA op) inside one compiled program: the difference between the largest
+        and the smallest thunk-chain program over their thunk difference (of their minima,
+        medians and maxima); `host_thunk_s` is the fit through all of them."""
+        lo, hi = min(self.thunk_chain), max(self.thunk_chain)
+        a, b = self.thunk_chain[lo], self.thunk_chain[hi]
+        return Stat.of([(y - x) / (hi - lo) for x, y in ((a.min, b.min), (a.median, b.median), (a.max, b.max))])
+
+    @property
     def stream_bandwidth(self) -> Stat:
         return self.read_bandwidth[max(self.read_bandwidth)]
 
@@ -165,7 +174,7 @@ class HostBench:
                 "decode_matmul_flops_per_s": {k: v.json() for k, v in self.decode_matmul_flops.items()},
                 "matvec_bandwidth_bytes_per_s": {f"{k[0]}/{k[1]}": v.json()
                                                  for k, v in self.matvec_bandwidth.items()},
-                "dispatch_s": self.dispatch_s.json(),
+                "dispatch_s": self.dispatch_s.json(), "op_overhead_s": self.op_overhead_s.json(),
                 "thunk_chain_s": {str(k): v.json() for k, v in self.thunk_chain.items()},
                 "dispatch_s_by_args": {str(k): v.json() for k, v in self.dispatch_by_args.items()},
                 "expert_loop_s_per_expert": {f"{k}x{w}/{r}": v.json() for (k, w, r), v in self.expert_loop.items()},

@@ -116,6 +116,7 @@ def test_thunk_chain_argmax_and_absorbed_kv_b_are_components_fitted_to_their_own
     hw = load_hardware(str(path))
     assert hw.components["host_call_s"] == pytest.approx(4e-6, rel=1e-3)
     assert hw.components["host_thunk_s"] == pytest.approx(3e-7, rel=1e-3)
+    assert bench().op_overhead_s.median == pytest.approx(3e-7)  # the JSON's per-op (per-thunk) figure
     assert hw.components["host_argmax_values_per_s"] == pytest.approx(2.5e8, rel=1e-3)
     assert hw.components["host_absorb_fixed_s"] == pytest.approx(2e-5, rel=1e-3)
     assert hw.components["host_absorb_bytes_per_s"] == pytest.approx(2.5e9, rel=1e-3)
