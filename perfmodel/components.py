@@ -16,8 +16,10 @@ TPU (one TensorCore = one device; a chip has `cores_per_chip` of them):
 GPU: `kernel_launch_time` (CUDA-graph node), `kernel_stream_time` (achieved bandwidth of a decode
 GEMV / grouped GEMM kernel), `gpu_all_reduce_time` (by ranks and payload).
 Host CPU: `host_dot_time` (XLA:CPU decode-shaped dots by rows), `host_expert_time` (the
-reference's loop over the distinct experts) and `host_convert_time` (bf16 -> f32 widening of a
-cache), fitted to hostbench's figures.
+reference's loop over the distinct experts), `host_convert_time` (bf16 -> f32 widening of a
+cache), `host_program_time` (a compiled program's call and fixed cost per thunk),
+`host_argmax_time` (the greedy sampler's value-and-index reduce) and `host_absorbed_kv_b_time`
+(the absorbed MLA's re-laid-out kv_b), fitted to hostbench's figures.
 """
 from __future__ import annotations
 
@@ -198,12 +200,15 @@ def gpu_all_reduce_time(c: dict, nbytes: float, ranks: int, scale: float = 1.0) 
 # ---- host CPU (XLA:CPU through JAX) --------------------------------------------------------
 
 def host_dot_time(c: dict, nbytes: float, rows: float) -> float:
-    """A decode-shaped dot over `nbytes` of weights far beyond the LLC: one row runs XLA:CPU's
-    matrix-vector path at its own bandwidth; two or more rows run the matrix-matrix path, a
-    streaming term plus a cost per row and byte. Micro-benchmarks: host-dot-f32-r* (hostbench)."""
+    """A decode-shaped dot over `nbytes` of weights beyond the LLC: a fixed cost per dot (splitting
+    it over the thread pool and joining) and, for one row, XLA:CPU's matrix-vector path at its own
+    bandwidth; two or more rows run the matrix-matrix path, a streaming term plus a cost per row
+    and byte. Micro-benchmarks: host-dot-f32-r* (256 MiB weights), host-dot-chain-f32-r* (4 MiB
+    weights in one program) (hostbench)."""
     if rows <= 1:
-        return nbytes / param(c, "dot_gemv_bandwidth_bytes_per_s")
-    return nbytes * (1 / param(c, "dot_gemm_bandwidth_bytes_per_s") + rows * param(c, "dot_gemm_row_s_per_byte"))
+        return param(c, "dot_fixed_s") + nbytes / param(c, "dot_gemv_bandwidth_bytes_per_s")
+    return param(c, "dot_fixed_s") + nbytes * (1 / param(c, "dot_gemm_bandwidth_bytes_per_s")
+                                               + rows * param(c, "dot_gemm_row_s_per_byte"))
 
 
 def host_expert_time(c: dict, nbytes: float, rows: float, experts: float) -> float:
@@ -217,11 +222,39 @@ def host_expert_time(c: dict, nbytes: float, rows: float, experts: float) -> flo
         1 / param(c, "host_expert_bandwidth_bytes_per_s") + rows * param(c, "host_expert_row_s_per_byte"))
 
 
-def host_convert_time(c: dict, values: float) -> float:
+def host_convert_time(c: dict, values: float, allocated_bytes: float) -> float:
     """Widening `values` cached bf16 values to f32 as XLA:CPU runs it (the reference converts the
-    whole MLA latent cache every step before attending): an elementwise fusion far slower than
-    the memory system. Micro-benchmarks: host-convert-bf16-f32-* (hostbench)."""
-    return values / param(c, "host_convert_values_per_s")
+    whole MLA latent cache every step before attending), an elementwise fusion into a fresh f32
+    buffer. When the program allocates more than the allocator's mmap threshold
+    (`host_mmap_threshold_bytes`) per call, its buffers are new pages every call, faulted in as
+    they are first written (`host_convert_values_per_s`); below it the allocator reuses warm
+    memory (`host_convert_reused_values_per_s`). Micro-benchmarks: host-convert-bf16-f32-*
+    (hostbench)."""
+    fresh = allocated_bytes > param(c, "host_mmap_threshold_bytes")
+    return values / param(c, "host_convert_values_per_s" if fresh else "host_convert_reused_values_per_s")
+
+
+def host_program_time(c: dict, thunks, calls=1):
+    """One XLA:CPU program (or its share, `calls` = 0): a fixed cost per call (dispatch, argument
+    handling) and per thunk (each kernel the executable runs: fusion, copy, dot, loop), whatever
+    the kernel computes. `thunks` is counted in the compiled HLO (a structure, never a timing);
+    works on numpy arrays. Micro-benchmarks: host-thunk-chain-t* (hostbench)."""
+    return calls * param(c, "host_call_s") + thunks * param(c, "host_thunk_s")
+
+
+def host_argmax_time(c: dict, values):
+    """Greedy sampling's argmax over `values` f32 logits as XLA:CPU runs it: a variadic (value,
+    index) reduce, scalar code far below the memory system. Works on numpy arrays.
+    Micro-benchmarks: host-argmax-f32-* (hostbench)."""
+    return values / param(c, "host_argmax_values_per_s")
+
+
+def host_absorbed_kv_b_time(c: dict, nbytes: float) -> float:
+    """The absorbed MLA's use of its `nbytes` kv_b weight as the XLA:CPU reference runs it: split
+    into W_uk and W_uv, each laid out again (a transposing copy, strided reads) and applied by
+    an einsum: a fixed cost + bytes at the re-layout's rate. Micro-benchmarks:
+    host-absorbed-kv-b-* (hostbench)."""
+    return param(c, "host_absorb_fixed_s") + nbytes / param(c, "host_absorb_bytes_per_s")
 
 
 def is_host_model(c: dict) -> bool:

@@ -47,11 +47,15 @@ GROUPS = {
     "gpu_all_reduce": (("allreduce_base_s", "allreduce_per_peer_s", "allreduce_bytes_per_s"),
                        ("gpu_all_reduce",)),
     "gpu_kernel": (("kernel_bandwidth_efficiency",), ("engine_bandwidth_fraction",)),
-    "host_dot": (("dot_gemv_bandwidth_bytes_per_s", "dot_gemm_bandwidth_bytes_per_s", "dot_gemm_row_s_per_byte"),
+    "host_dot": (("dot_gemv_bandwidth_bytes_per_s", "dot_gemm_bandwidth_bytes_per_s", "dot_gemm_row_s_per_byte",
+                  "dot_fixed_s"),
                  ("host_dot",)),
     "host_expert": (("host_expert_fixed_s", "host_expert_bandwidth_bytes_per_s", "host_expert_row_s_per_byte"),
                     ("host_expert_loop",)),
-    "host_convert": (("host_convert_values_per_s",), ("host_convert",)),
+    "host_convert": (("host_convert_values_per_s", "host_convert_reused_values_per_s"), ("host_convert",)),
+    "host_program": (("host_call_s", "host_thunk_s"), ("host_program",)),
+    "host_argmax": (("host_argmax_values_per_s",), ("host_argmax",)),
+    "host_absorb": (("host_absorb_fixed_s", "host_absorb_bytes_per_s"), ("host_absorbed_kv_b",)),
 }
 
 
@@ -121,7 +125,13 @@ def predict_entry(e: dict, hw: Hardware) -> float:
     elif m == "host_dot":
         t = cm.host_dot_time(c, i["bytes"], i["rows"])
     elif m == "host_convert":
-        t = cm.host_convert_time(c, i["values"])
+        t = cm.host_convert_time(c, i["values"], i["allocated_bytes"])
+    elif m == "host_program":
+        t = cm.host_program_time(c, i["thunks"])
+    elif m == "host_absorbed_kv_b":
+        t = cm.host_absorbed_kv_b_time(c, i["bytes"])
+    elif m == "host_argmax":
+        t = cm.host_argmax_time(c, i["values"])
     elif m == "host_expert_loop":
         t = cm.host_expert_time(c, i["bytes"], i["rows"], i["experts"]) / i["experts"]
     elif m == "engine_bandwidth_fraction":

@@ -160,6 +160,7 @@ def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
     comp, coll = op_compute_s(g, hw, weights), collective_s(g, hw)
     nbytes = g.bytes
     t_mem = nbytes / bw + np.where(nbytes > 0, desc * np.ceil(nbytes / hw.dma_tile_bytes), 0.0)
+    host_launch = 0.0
     if cm.is_host_model(hw.components):  # XLA:CPU as the reference runs (hostbench components)
         c, w = hw.components, op_weights(g) if weights is None else weights
         experts = max(1.0, math.ceil(g.distinct_experts))
@@ -170,8 +171,26 @@ def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
                 t_mem[j] = cm.host_dot_time(c, g.static_bytes[j] + g.routed_bytes[j], g.flops[j] / (2 * w[j]))
             t_mem[j] += (g.kv_bytes[j] + g.act_bytes[j]) / bw
         if "host_convert_values_per_s" in c:  # it widens the whole bf16 latent cache to f32 each step
+            # into a fresh buffer, beside a fresh bf16 copy of the cache block: 6 B per value
             for j in (j for j, name in enumerate(g.name) if name == "mla_attention" and g.kv_bytes[j] > 0):
-                t_mem[j] += cm.host_convert_time(c, g.kv_bytes[j] / 2) + g.kv_bytes[j] / bw
+                t_mem[j] += cm.host_convert_time(c, g.kv_bytes[j] / 2, 3 * g.kv_bytes[j]) + g.kv_bytes[j] / bw
+        if "host_absorb_bytes_per_s" in c:  # the absorbed MLA re-lays out kv_b before its einsums
+            kv_b = np.array([name == "kv_b" for name in g.name]) & (g.static_bytes > 0)
+            t_mem = np.where(kv_b, cm.host_absorbed_kv_b_time(c, g.static_bytes) + g.act_bytes / bw, t_mem)
+        if "host_argmax_values_per_s" in c:  # greedy sampling: a scalar reduce over f32 logits
+            argmax = np.array([name == "argmax" for name in g.name])
+            t_mem = np.where(argmax, cm.host_argmax_time(c, g.act_bytes / 4), t_mem)
+        if "host_thunk_s" in c:  # one program call per step; each layer phase's XLA:CPU thunks
+            # (components.host_thunks_<phase>[_<attention kind>], counted in the reference's compiled
+            # HLO by hostbench) shared evenly by its ops; one per op where the file has no count
+            phase = ["ffn" if p == "dense" else p for p in g.phase]  # the dense FFN's norm
+            keys = [f"host_thunks_{p}_{g.layer_kind[l].split('+')[0]}" if p == "attention" else f"host_thunks_{p}"
+                    for l, p in zip(g.layer.tolist(), phase)]
+            _, group, size = np.unique([f"{l}/{p}" for l, p in zip(g.layer.tolist(), phase)],
+                                       return_inverse=True, return_counts=True)
+            ops = size[group]
+            thunks = np.array([c.get(k, n) for k, n in zip(keys, ops.tolist())], float) / ops
+            host_launch = cm.host_program_time(c, thunks, calls=np.arange(len(g)) == 0)
     tile = np.minimum(nbytes, hw.dma_tile_bytes)
     first = tile / bw
     last = np.where(nbytes > 0, comp * tile / np.maximum(nbytes, 1.0), comp)
@@ -180,6 +199,7 @@ def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
     launch = np.full(len(g), launch_s(hw))
     if len(g):
         launch[0] += call_s(hw)
+    launch = launch + host_launch
     coll_mask = g.is_collective
     dur = np.where(coll_mask, launch + coll, launch + lat + core)
     fused = fused_norms(g, hw)  # inside the all-reduce kernel before them: no kernel of their own

@@ -10,18 +10,34 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
 - decode-shaped matmul bandwidth: weight bytes / time of a (rows x K) @ (K x N) dot over a
   MATVEC_MIB weight, for each batch size in MATVEC_ROWS and each dtype (reported; the
   validation uses it to show how far XLA:CPU's dot falls below the streaming rate);
+- the fixed cost of a dot inside a program: one program chaining DOT_CHAIN_LEN dependent dots
+  over distinct 4 MiB f32 weights, per dot, by rows (`host-dot-chain-f32-r*`, fitted with the
+  256 MiB dots: the large dot sets the rates, the small one the fixed cost);
+- the absorbed MLA's use of kv_b: the reference splits kv_b into W_uk and W_uv and XLA:CPU lays
+  each out again (a transposing copy) before its einsum; one program over ABSORB_RING_MIB of
+  distinct f32 kv_b weights of each of ABSORB_SHAPES (the host models' shapes), at one row, per weight
+  (`components.host_absorbed_kv_b_time`);
 - dispatch overhead: one jitted call of a tiny op, called and waited on (`launch_overhead_s`:
   what each kernel of an op-by-op engine pays);
 - dispatch against argument count: the same tiny op taking 1..256 arrays (reported; a decode
   phase passes its layer's weights, so its dispatch costs more than a one-array call);
-- in-program per-op overhead: a chain of tiny dependent matmuls in one compiled program, per op
-  (`efficiency.op_overhead_s`: what each op pays inside one XLA program);
+- the thunk chain: programs of THUNK_LANES independent lanes of THUNK_CHAIN_STEPS dependent tiny
+  steps (an 8 x THUNK_WIDTH matmul and a tanh), each call timed until its result is ready; their thunks (the kernels XLA:CPU's executable runs) are counted
+  in the compiled HLO (`count_thunks`, a structure, not a timing); written as micro-benchmarks of
+  `components.host_program_time` (a cost per call and per thunk);
+- thunks of the reference step: the compiled HLO of `kernels/reference.py`'s decode step for
+  PROBE_MODEL (batch 1), counted per phase kind (embed, attention by kind, dense FFN, MoE,
+  head; a MoE layer's expert loop counts as one thunk, its iterations are `host_expert_time`),
+  written as `components.host_thunks_*` (structure, never fitted);
+- argmax: a jitted argmax over f32 logits (ARGMAX_SHAPES), values per second
+  (`components.host_argmax_time`);
 - the expert loop: a `fori_loop` over EXPERT_DISTINCT of EXPERT_SLABS stacked f32 experts
   (gate_up + SwiGLU + down, each expert indexed dynamically, as `kernels/reference.py` runs its
   routed experts), for two expert sizes (EXPERT_SHAPES) by batch rows; written as
   micro-benchmarks of `components.host_expert_time`;
 - bf16 -> f32 widening: a jitted `astype(float32)` of bf16 arrays shaped like a latent cache
-  (CONVERT_SHAPES), values per second (`components.host_convert_time`).
+  (CONVERT_SHAPES: f32 results below and above the allocator's 32 MiB mmap threshold), values per
+  second (`components.host_convert_time`).
 Not measured (stated as such in the file's sources): memory latency (`dma_latency_s`), the fill
 granule (`dma_tile_bytes`) and the link fields, which do not apply to one CPU device.
 
@@ -52,15 +68,27 @@ MATMUL_N = 2048
 QUICK_MATMUL_N = 768
 DECODE_ROWS = 32          # decode-shaped matmul: rows = batch
 DECODE_WIDTH = 1024       # weight DECODE_WIDTH x DECODE_WIDTH (bf16: 2 MiB, stays in cache)
-CHAIN_OPS = 256
+THUNK_CHAIN_STEPS = (16, 64, 256)  # programs of this many dependent tiny steps, in each of
+THUNK_LANES, THUNK_WIDTH = 2, 32  # 2 independent lanes of 8 x 32 f32 (1 KiB): XLA:CPU's executor
+# then runs the program concurrently, as it runs a decode step (it runs a program inline when its
+# thunks form a chain, all buffers are <= 512 B or there are <= 8 thunks: thunk_executor.h)
+PROBE_MODEL = "kimi-k3-host-small"  # its compiled reference step gives the thunks per phase kind
+NOT_THUNKS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"}  # no kernel
+ARGMAX_SHAPES = ((1, 32768), (8, 32768), (32, 32768))  # f32 logits [rows, vocab]
 DISPATCH_ARGS = (1, 16, 64, 256)  # dispatch cost against the number of array arguments
 MATVEC_MIB = 256          # decode-shaped matmuls: a weight of this size, far beyond the LLC,
 MATVEC_K = 1024           # with MATVEC_K input features (a hidden size), times MATVEC_ROWS rows
 MATVEC_ROWS = (1, 2, 4, 8, 16, 32)
-EXPERT_SHAPES = ((1024, 512), (256, 128))  # (input width K, FFN width W): gate_up [K, 2W], down [W, K]
+ABSORB_SHAPES = ((128, 2, 128, 128), (256, 8, 128, 128))  # MLA kv_b (kv_lora, heads, nope, v), f32
+ABSORB_RING_MIB = 64  # distinct kv_b weights per program, this much in all (beyond the LLC: cold, as a
+# decode step of a model larger than the LLC reads them)
+DOT_CHAIN_K, DOT_CHAIN_LEN = 1024, 32  # one program of 32 dependent dots over distinct 4 MiB f32
+# weights (128 MiB in all, beyond the LLC): the fixed cost of a dot inside a program
+EXPERT_SHAPES = ((1024, 512), (256, 128), (64, 32))  # (input width K, FFN width W): gate_up [K, 2W], down [W, K]
 EXPERT_SLABS, EXPERT_DISTINCT = 48, 16  # stacked experts (48 x 6 MiB: far beyond the LLC), 16 visited
 EXPERT_ROWS = (1, 8, 32)
-CONVERT_SHAPES = ((16, 4096, 192), (32, 4096, 192))  # bf16 latent-cache-like arrays beyond the LLC
+CONVERT_SHAPES = ((1, 4096, 192), (2, 4096, 192), (16, 4096, 192), (32, 4096, 192))  # bf16 latent-cache-like
+MMAP_THRESHOLD_BYTES = 32 * MIB  # glibc malloc: allocations above it are always fresh mmap'd pages
 DMA_LATENCY_ASSUMED_S = 1.0e-7
 DMA_TILE_ASSUMED_BYTES = 65536
 
@@ -95,7 +123,7 @@ class HostBench:
     decode_matmul_flops: dict[str, Stat]  # FLOP/s by dtype, DECODE_ROWS x DECODE_WIDTH^2
     matvec_bandwidth: dict[tuple[str, int], Stat]  # weight bytes/s of a (rows x K) @ (K x N) dot
     dispatch_s: Stat                     # one jitted call, dispatched and waited on
-    op_overhead_s: Stat                  # per op inside one compiled program
+    thunk_chain: dict[int, Stat]         # one call of a program, by its thunk count (HLO)
     llc_bytes: int
     ram_bytes: int
     devices: int
@@ -103,6 +131,10 @@ class HostBench:
     dispatch_by_args: dict[int, Stat] = field(default_factory=dict)  # one call with n arrays
     expert_loop: dict[tuple[int, int, int], Stat] = field(default_factory=dict)  # s per expert by (K, W, rows)
     convert_s: dict[tuple[int, ...], Stat] = field(default_factory=dict)  # bf16 -> f32 widening, by shape
+    argmax_s: dict[tuple[int, int], Stat] = field(default_factory=dict)  # argmax of f32 [rows, vocab]
+    reference_thunks: dict[str, float] = field(default_factory=dict)  # per phase kind (count_thunks)
+    dot_chain: dict[int, Stat] = field(default_factory=dict)  # s per 4 MiB f32 dot in a chain, by rows
+    absorb_s: dict[tuple[int, ...], Stat] = field(default_factory=dict)  # s per kv_b, absorbed MLA
 
     def dispatch_s_for(self, n_args: int) -> float:
         """Dispatch time of a call with `n_args` arrays: the least-squares line through the
@@ -114,6 +146,15 @@ class HostBench:
         mx, my = statistics.fmean(xs), statistics.fmean(ys)
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
         return my + slope * (n_args - mx)
+
+    @property
+    def op_overhead_s(self) -> Stat:
+        """Per thunk (an XLA op) inside one compiled program: the difference between the largest
+        and the smallest thunk-chain program over their thunk difference (of their minima,
+        medians and maxima); `host_thunk_s` is the fit through all of them."""
+        lo, hi = min(self.thunk_chain), max(self.thunk_chain)
+        a, b = self.thunk_chain[lo], self.thunk_chain[hi]
+        return Stat.of([(y - x) / (hi - lo) for x, y in ((a.min, b.min), (a.median, b.median), (a.max, b.max))])
 
     @property
     def stream_bandwidth(self) -> Stat:
@@ -134,9 +175,14 @@ class HostBench:
                 "matvec_bandwidth_bytes_per_s": {f"{k[0]}/{k[1]}": v.json()
                                                  for k, v in self.matvec_bandwidth.items()},
                 "dispatch_s": self.dispatch_s.json(), "op_overhead_s": self.op_overhead_s.json(),
+                "thunk_chain_s": {str(k): v.json() for k, v in self.thunk_chain.items()},
                 "dispatch_s_by_args": {str(k): v.json() for k, v in self.dispatch_by_args.items()},
                 "expert_loop_s_per_expert": {f"{k}x{w}/{r}": v.json() for (k, w, r), v in self.expert_loop.items()},
                 "convert_bf16_f32_s": {"x".join(map(str, k)): v.json() for k, v in self.convert_s.items()},
+                "argmax_f32_s": {"x".join(map(str, k)): v.json() for k, v in self.argmax_s.items()},
+                "reference_thunks": {"model": PROBE_MODEL, "batch": 1, **self.reference_thunks},
+                "dot_chain_s_per_dot": {str(k): v.json() for k, v in self.dot_chain.items()},
+                "absorbed_kv_b_s": {"x".join(map(str, k)): v.json() for k, v in self.absorb_s.items()},
                 "flops_efficiency": self.flops_efficiency,
                 "load_average_1min": self.load_average}
 
@@ -249,17 +295,19 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
         by_args[n_args] = Stat.of([t / k for t in _time(call_many, repeats)])
     bar.update()
 
-    mats = jnp.asarray(jax.random.normal(jax.random.key(0), (CHAIN_OPS, 8, 8)), jnp.float32) * 0.3
-    def chain(m, x):
-        for i in range(CHAIN_OPS):  # unrolled: CHAIN_OPS dependent dots XLA cannot fuse away
-            x = jnp.tanh(x @ m[i])
-        return x
-    chain_jit, one_jit = jax.jit(chain), jax.jit(lambda m, x: jnp.tanh(x @ m[0]))
-    x0 = jnp.ones((8, 8), jnp.float32)
-    t_chain = _time(lambda: chain_jit(mats, x0).block_until_ready(), repeats)
-    t_one = statistics.median(_time(lambda: one_jit(mats, x0).block_until_ready(), repeats))
-    op_overhead = Stat.of([max(0.0, (t - t_one) / (CHAIN_OPS - 1)) for t in t_chain])
-    bar.update(2)
+    chain = _thunk_chain(repeats)
+    bar.update()
+    argmax = {}
+    for shape in ((1, 4096),) if quick else ARGMAX_SHAPES:
+        logits = jax.random.normal(jax.random.key(1), shape, jnp.float32)
+        top = jax.jit(lambda z: jnp.argmax(z, axis=-1))
+        argmax[shape] = Stat.of(_time(lambda: top(logits).block_until_ready(), repeats))
+    thunks = reference_thunks()
+    dots = _dot_chain(4 if quick else DOT_CHAIN_LEN, repeats)
+    absorb = {shape: _absorbed_kv_b(shape, 4 if quick else ABSORB_RING_MIB * MIB // (4 * shape[0] * shape[1]
+                                                                                 * (shape[2] + shape[3])), repeats)
+              for shape in ABSORB_SHAPES}
+    bar.update()
     experts = {}
     for k, w in ((128, 64),) if quick else EXPERT_SHAPES:
         experts |= _expert_loop(k, w, 8 if quick else EXPERT_SLABS, 4 if quick else EXPERT_DISTINCT, repeats)
@@ -273,8 +321,130 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
     bar.update()
     bar.close()
     return HostBench(cpu_model(), datetime.date.today().isoformat(), repeats, read, copy, matmul,
-                     decode, matvec, dispatch_s, op_overhead, llc_bytes(), ram_bytes(), jax.device_count(),
-                     os.getloadavg()[0], by_args, experts, convert)
+                     decode, matvec, dispatch_s, chain, llc_bytes(), ram_bytes(), jax.device_count(),
+                     os.getloadavg()[0], by_args, experts, convert, argmax, thunks, dots, absorb)
+
+
+def _absorbed_kv_b(shape: tuple[int, int, int, int], copies: int, repeats: int) -> Stat:
+    """Seconds per kv_b weight of the absorbed MLA as kernels/reference.py runs it at one row:
+    kv_b [r, heads * (nope + v)] split into W_uk [r, heads, nope] and W_uv [r, heads, v] (XLA:CPU
+    lays each out again for its einsum), q_nope -> latent -> values; `copies` distinct weights in
+    one program."""
+    import jax
+    import jax.numpy as jnp
+    r, h, n, v = shape
+    ws = [jnp.full((r, h * (n + v)), 1e-3, jnp.float32) for _ in range(copies)]
+    q = jnp.ones((1, h, n), jnp.float32)
+
+    @jax.jit
+    def absorbed(q, ws):
+        out = jnp.zeros((1, h, v), jnp.float32)
+        for kv_b in ws:
+            w = kv_b.reshape(r, h, n + v)
+            lat = jnp.einsum("bhn,rhn->bhr", q, w[..., :n])
+            out = out + jnp.einsum("bhr,rhv->bhv", lat, w[..., n:])
+        return out
+
+    return Stat.of([t / copies for t in _time(lambda: absorbed(q, ws).block_until_ready(), repeats)])
+
+
+def _dot_chain(length: int, repeats: int) -> dict[int, Stat]:
+    """Seconds per dot of one program chaining `length` dependent (rows x K) @ (K x K) f32 dots
+    over distinct weights (K = DOT_CHAIN_K: 4 MiB each), by rows (MATVEC_ROWS)."""
+    import jax
+    import jax.numpy as jnp
+    ws = [jnp.full((DOT_CHAIN_K, DOT_CHAIN_K), 1.0 / DOT_CHAIN_K, jnp.float32) for _ in range(length)]
+
+    @jax.jit
+    def chain(x, ws):
+        for w in ws:
+            x = jnp.dot(x, w, preferred_element_type=jnp.float32)
+        return x
+
+    out = {}
+    for rows in MATVEC_ROWS:
+        x = jnp.ones((rows, DOT_CHAIN_K), jnp.float32)
+        out[rows] = Stat.of([t / length for t in _time(lambda: chain(x, ws).block_until_ready(), repeats)])
+    return out
+
+
+def count_thunks(hlo_text: str) -> dict[str | None, int]:
+    """Thunks of a compiled XLA:CPU program by named scope (perfmodel.traces.hlo_scopes; None:
+    no scope): the instructions of its entry computation that run a kernel (all but
+    NOT_THUNKS). A loop, call or conditional counts once (its body is not expanded)."""
+    from collections import Counter
+    from perfmodel.traces import hlo_scopes
+    scopes, out, entry = hlo_scopes(hlo_text), Counter(), False
+    for line in hlo_text.splitlines():
+        if line.startswith("ENTRY"):
+            entry = True
+        elif entry and line.startswith("}"):
+            break
+        elif entry and " = " in line:
+            name, rhs = line.split(" = ", 1)
+            name = name.replace("ROOT", "").strip().lstrip("%")
+            if rhs.startswith("("):  # a tuple shape: skip to its closing parenthesis
+                depth = 0
+                for i, ch in enumerate(rhs):
+                    depth += {"(": 1, ")": -1}.get(ch, 0)
+                    if depth == 0:
+                        rhs = rhs[i + 1:]
+                        break
+            opcode = rhs.split("(", 1)[0].split()[-1]
+            if opcode not in NOT_THUNKS:
+                out[scopes.get(name)] += 1
+    return dict(out)
+
+
+def _thunk_chain(repeats: int) -> dict[int, Stat]:
+    """Seconds per call of programs of THUNK_LANES independent lanes of THUNK_CHAIN_STEPS
+    dependent tiny steps (x = tanh(x @ w), 8 x THUNK_WIDTH f32), by the program's thunk count
+    (`count_thunks` of its compiled HLO)."""
+    import jax
+    import jax.numpy as jnp
+    w = jnp.asarray(jax.random.normal(jax.random.key(0), (THUNK_WIDTH, THUNK_WIDTH)), jnp.float32) * 0.2
+    x0 = jnp.ones((8, THUNK_WIDTH), jnp.float32)
+    out, calls = {}, 20
+    for steps in THUNK_CHAIN_STEPS:
+        def chain(w, x, steps=steps):
+            xs = [x + lane for lane in range(THUNK_LANES)]
+            for _ in range(steps):  # unrolled: dependent dots XLA cannot fuse into one kernel
+                xs = [jnp.tanh(v @ w) for v in xs]
+            return xs
+        compiled = jax.jit(chain).lower(w, x0).compile()
+        thunks = sum(count_thunks(compiled.as_text()).values())
+        def run():  # each call waited on, as a decode step waits for its tokens
+            for _ in range(calls):
+                jax.block_until_ready(compiled(w, x0))
+        out[thunks] = Stat.of([t / calls for t in _time(run, repeats)])
+    return out
+
+
+def reference_thunks(model: str = PROBE_MODEL) -> dict[str, float]:
+    """Thunks per phase kind of the compiled reference decode step of `model` at batch 1 (mean
+    over its layers of each kind): keys `embed`, `attention_<kind>`, `ffn`, `moe`, `head`, the
+    op graph's phases. Compiled, never run: a count of the program's structure."""
+    import jax.numpy as jnp
+    from kernels import reference as R
+    from perfmodel.arch import load_model
+    from perfmodel.traces import scope_of
+    spec = load_model(model)
+    weights = R.init_weights(spec, 0, dtype=jnp.float32)
+    cache = R.init_cache(spec, 1, 64)
+    flat, positions, accepted, rows = R.verify_inputs(1, jnp.zeros((1,), jnp.int32),
+                                                      jnp.full((1,), 32, jnp.int32), None)
+    text = R._decode_step_jit.lower(weights, cache, flat, positions, accepted, rows=rows,
+                                    mla_form="absorbed").compile().as_text()
+    kinds = {l.index: l.attention for l in spec.layers}
+    per: dict[str, list[int]] = {}
+    for scope, n in count_thunks(text).items():
+        s = scope_of(scope) if scope else None
+        if s is None:
+            continue
+        _, layer, phase = s
+        key = f"attention_{kinds[layer]}" if phase == "attention" else phase
+        per.setdefault(key, []).append(n)
+    return {k: statistics.fmean(v) for k, v in sorted(per.items())}
 
 
 def _expert_loop(k: int, w: int, slabs: int, distinct: int, repeats: int) -> dict[tuple[int, int, int], Stat]:
@@ -338,8 +508,8 @@ def hardware_toml(b: HostBench, name: str = "host-cpu") -> str:
                             f"{dec.median / 1e9:.4g} GFLOP/s / square-matmul median",
         "efficiency.collective_latency_scale": "not applicable (one device)",
         "efficiency.expert_overhead_s": "0: a whole-step parameter, never fitted for the host",
-        "efficiency.op_overhead_s": f"{by}: chain of {CHAIN_OPS} tiny dependent matmuls in one "
-                                    f"program, per op, " + _stat_text(b.op_overhead_s, 1e-6, "us"),
+        "efficiency.op_overhead_s": "0: inside a program each op pays its thunks "
+                                    "(components.host_program_time, the thunk-chain micro-benchmarks)",
     }
     fields = [
         ("name", f'"{name}"'), ("kind", '"cpu"'), ("cores_per_chip", "1"),
@@ -355,10 +525,10 @@ def hardware_toml(b: HostBench, name: str = "host-cpu") -> str:
     ]
     lines = [f"# Host CPU measured by `perfmodel hostbench` ({b.cpu}, {b.date}).",
              "# launch_overhead_s is the op-by-op dispatch cost; a single compiled program has no",
-             "# launches (use launch_overhead_s = 0) and pays efficiency.op_overhead_s per op."]
+             "# launches (use launch_overhead_s = 0); its ops pay their thunks (components)."]
     lines += [f"{k} = {v}" for k, v in fields]
     lines += ["", "[efficiency]", "hbm = 1.0", f"flops = {b.flops_efficiency:.6g}",
-              "collective_latency_scale = 1.0", f"op_overhead_s = {b.op_overhead_s.median:.6g}",
+              "collective_latency_scale = 1.0", "op_overhead_s = 0.0",
               "", "[sources]"]
     lines += [f'{k if "." not in k else chr(34) + k + chr(34)} = "{v}"' for k, v in src.items()]
     return "\n".join(lines) + "\n"
@@ -373,6 +543,18 @@ def microbench(b: HostBench, name: str = "host-cpu") -> dict:
                 "value": MATVEC_MIB * MIB / s.median / 1e-3, "unit": "ms_per_dot",
                 "scope": f"jitted f32 dot, {rows} rows x {MATVEC_K} x {MATVEC_MIB} MiB weight", "source": src}
                for (dt, rows), s in b.matvec_bandwidth.items() if dt == "f32"]
+    entries += [{"id": f"host-dot-chain-f32-r{rows}", "platform": name, "mechanism": "host_dot",
+                 "inputs": {"bytes": DOT_CHAIN_K**2 * 4, "rows": rows},
+                 "value": s.median / 1e-6, "unit": "us_per_dot",
+                 "scope": f"one of {DOT_CHAIN_LEN} dependent f32 dots in one program, {rows} rows x "
+                          f"{DOT_CHAIN_K} x {DOT_CHAIN_K} distinct weights (4 MiB each)", "source": src}
+                for rows, s in b.dot_chain.items()]
+    entries += [{"id": f"host-absorbed-kv-b-{'x'.join(map(str, shape))}", "platform": name,
+                 "mechanism": "host_absorbed_kv_b", "inputs": {"bytes": shape[0] * shape[1] * (shape[2] + shape[3]) * 4},
+                 "value": s.median / 1e-6, "unit": "us_per_call",
+                 "scope": f"absorbed MLA at one row over one of {ABSORB_RING_MIB} MiB of distinct f32 kv_b weights "
+                          f"(kv_lora, heads, nope, v) = {shape}: split, re-layout, two einsums", "source": src}
+                for shape, s in b.absorb_s.items()]
     entries += [{"id": f"host-expert-loop-f32-{k}x{w}-r{rows}", "platform": name, "mechanism": "host_expert_loop",
                  "inputs": {"bytes": 3 * k * w * 4, "rows": rows, "experts": 1},
                  "value": s.median / 1e-6, "unit": "us_per_expert",
@@ -380,10 +562,22 @@ def microbench(b: HostBench, name: str = "host-cpu") -> dict:
                           f"{rows} rows, per expert", "source": src}
                 for (k, w, rows), s in b.expert_loop.items()]
     entries += [{"id": f"host-convert-bf16-f32-{'x'.join(map(str, shape))}", "platform": name,
-                 "mechanism": "host_convert", "inputs": {"values": math.prod(shape)},
+                 "mechanism": "host_convert",
+                 "inputs": {"values": math.prod(shape), "allocated_bytes": 4 * math.prod(shape)},
                  "value": s.median / 1e-6, "unit": "us_per_call",
                  "scope": f"jitted astype(float32) of a bf16 {list(shape)} array", "source": src}
                 for shape, s in b.convert_s.items()]
+    entries += [{"id": f"host-thunk-chain-t{thunks}", "platform": name, "mechanism": "host_program",
+                 "inputs": {"thunks": thunks}, "value": s.median / 1e-6, "unit": "us_per_call",
+                 "scope": f"one call of a jitted program of {THUNK_LANES} lanes of tiny dependent steps "
+                          f"(8 x {THUNK_WIDTH} f32 matmul + tanh), {thunks} thunks counted in its compiled HLO",
+                 "source": src}
+                for thunks, s in b.thunk_chain.items()]
+    entries += [{"id": f"host-argmax-f32-{'x'.join(map(str, shape))}", "platform": name,
+                 "mechanism": "host_argmax", "inputs": {"values": math.prod(shape)},
+                 "value": s.median / 1e-6, "unit": "us_per_call",
+                 "scope": f"jitted argmax(axis=-1) of an f32 {list(shape)} array", "source": src}
+                for shape, s in b.argmax_s.items()]
     return {"what": "host component micro-benchmarks measured by perfmodel hostbench", "platform": name,
             "entries": entries}
 
@@ -403,20 +597,36 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
     data = microbench(b, name)
     hw = from_dict(tomllib.loads(hardware_toml(b, name)))
     start = {"dot_gemv_bandwidth_bytes_per_s": 2e10, "dot_gemm_bandwidth_bytes_per_s": 2e10,
-             "dot_gemm_row_s_per_byte": 1e-12}
+             "dot_gemm_row_s_per_byte": 1e-12, "dot_fixed_s": 1e-5}
     if b.convert_s:
-        start |= {"host_convert_values_per_s": 1e9}
+        start |= {"host_convert_values_per_s": 1e9, "host_convert_reused_values_per_s": 5e9,
+                  "host_mmap_threshold_bytes": MMAP_THRESHOLD_BYTES}
+    if b.thunk_chain:
+        start |= {"host_call_s": 5e-6, "host_thunk_s": 1e-6}
+    if b.absorb_s:
+        start |= {"host_absorb_fixed_s": 1e-5, "host_absorb_bytes_per_s": 1e10}
+    if b.argmax_s:
+        start |= {"host_argmax_values_per_s": 1e8}
     if b.expert_loop:
         start |= {"host_expert_fixed_s": 1e-6, "host_expert_bandwidth_bytes_per_s": 2e10,
                   "host_expert_row_s_per_byte": 1e-12}
     hw = dataclasses.replace(hw, components=start, sources={**hw.sources, **{
-        f"components.{k}": "starting value" for k in start}})
+        f"components.{k}": "starting value" for k in start}, "components.host_mmap_threshold_bytes":
+        "glibc malloc's largest dynamic mmap threshold on 64-bit, 4 * 1024 * 1024 * sizeof(long) = "
+        "32 MiB: larger blocks are always mmap'd afresh (mallopt(3), M_MMAP_THRESHOLD; "
+        "https://man7.org/linux/man-pages/man3/mallopt.3.html); not fitted"})
     mb = out.with_suffix(".microbench.json")
     hw = calibrated(data, hw, mb.name)
+    counted = f"counted by hostbench in the compiled HLO of the {PROBE_MODEL} reference decode step " \
+              f"(kernels/reference.py, batch 1; XLA:CPU on {b.cpu}, {b.date}): a structure, not a timing"
+    hw = dataclasses.replace(
+        hw, components={**hw.components, **{f"host_thunks_{k}": v for k, v in b.reference_thunks.items()}},
+        sources={**hw.sources, **{f"components.host_thunks_{k}": f"{counted}; mean over its {k} layers"
+                                  for k in b.reference_thunks}})
     write_atomic(mb, json.dumps(data, indent=1) + "\n")
     write_atomic(out, to_toml(hw, f"Host CPU measured by `perfmodel hostbench` ({b.cpu}, {b.date}).\n"
                                   "launch_overhead_s is the op-by-op dispatch cost; a compiled program "
-                                  "has no launches\nand pays efficiency.op_overhead_s per op."))
+                                  "has no launches\nand its ops pay their thunks (components.host_program_time)."))
     write_atomic(out.with_suffix(".json"), json.dumps(plain(b.json()), indent=1, allow_nan=False) + "\n")
     return out
 
@@ -442,7 +652,12 @@ def cmd_hostbench(a) -> dict:
         print("  dispatch: " + _stat_text(b.dispatch_s, 1e-6, "us"))
         for n_args, s in b.dispatch_by_args.items():
             print(f"  dispatch with {n_args:3d} array arguments: " + _stat_text(s, 1e-6, "us"))
-        print("  in-program per-op overhead: " + _stat_text(b.op_overhead_s, 1e-6, "us"))
+        for thunks, s in b.thunk_chain.items():
+            print(f"  program of {thunks:4d} thunks (lanes of tiny steps): " + _stat_text(s, 1e-6, "us per call"))
+        for shape, s in b.argmax_s.items():
+            print(f"  argmax of f32 {list(shape)}: " + _stat_text(s, 1e-6, "us"))
+        print(f"  thunks per phase of the {PROBE_MODEL} reference step (compiled HLO, batch 1): "
+              + ", ".join(f"{k} {v:.3g}" for k, v in b.reference_thunks.items()))
         for shape, s in b.convert_s.items():
             print(f"  bf16 -> f32 widening of {list(shape)}: " + _stat_text(s, 1e-6, "us"))
         for (k, w, rows), s in b.expert_loop.items():

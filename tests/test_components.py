@@ -139,7 +139,58 @@ def test_host_expert_loop_by_hand():
 
 
 def test_host_cache_widening_by_hand():
-    assert cm.host_convert_time({"host_convert_values_per_s": 5e8}, 1e8) == pytest.approx(0.2)
+    c = {"host_convert_values_per_s": 5e8, "host_convert_reused_values_per_s": 4e9,
+         "host_mmap_threshold_bytes": 32 * 2**20}
+    assert cm.host_convert_time(c, 1e8, 4e8) == pytest.approx(0.2)  # 400 MB allocated: fresh pages
+    assert cm.host_convert_time(c, 4e6, 16e6) == pytest.approx(1e-3)  # 16 MB: reused memory
+    assert cm.host_convert_time(c, 4e6, 40e6) == pytest.approx(8e-3)  # same values, 40 MB allocated
+
+
+def test_host_dot_by_hand():
+    c = {"dot_gemv_bandwidth_bytes_per_s": 4e10, "dot_gemm_bandwidth_bytes_per_s": 2e10,
+         "dot_gemm_row_s_per_byte": 1e-12, "dot_fixed_s": 8e-6}
+    # 4 MB at one row: 8 us + 100 us; at 8 rows: 8 us + 4e6 x (5e-11 + 8e-12) s = 8 us + 232 us
+    assert cm.host_dot_time(c, 4e6, 1) == pytest.approx(108e-6)
+    assert cm.host_dot_time(c, 4e6, 8) == pytest.approx(240e-6)
+
+
+def test_host_absorbed_kv_b_by_hand():
+    c = {"host_absorb_fixed_s": 1e-5, "host_absorb_bytes_per_s": 2e9}
+    assert cm.host_absorbed_kv_b_time(c, 2e6) == pytest.approx(1.01e-3)  # 10 us + 2 MB at 2 GB/s
+
+
+def test_host_program_by_hand():
+    c = {"host_call_s": 4e-6, "host_thunk_s": 3e-7}
+    # one call of 100 thunks: 4 us + 100 x 0.3 us = 34 us; a share of a program: thunks only
+    assert cm.host_program_time(c, 100) == pytest.approx(34e-6)
+    assert cm.host_program_time(c, 10, calls=0) == pytest.approx(3e-6)
+
+
+def test_host_argmax_by_hand():
+    # 8 rows x 32768 logits at 2.5e8 values/s: 1.048576 ms
+    assert cm.host_argmax_time({"host_argmax_values_per_s": 2.5e8}, 8 * 32768) == pytest.approx(1.048576e-3)
+
+
+def test_host_engine_charges_each_phase_its_counted_thunks_and_one_call():
+    """kimi-k3-host-small (layer 1 KDA + dense FFN, 2-3 KDA + MoE, 4 MLA + MoE): with the thunk
+    counts per phase kind, the step gains one call + (3 kda + 1 mla attention + 1 ffn + 3 moe +
+    head) thunks + 1 for the embedding (no count: one per op) at host_thunk_s each."""
+    import dataclasses
+    from perfmodel.arch import load_model
+    from perfmodel.deployment import Deployment
+    from perfmodel.ops import build
+    from perfmodel.schedule import simulate_multikernel
+    from perfmodel.validate import host_hardware
+    base = {"dot_gemv_bandwidth_bytes_per_s": 3e10, "dot_gemm_bandwidth_bytes_per_s": 3e10,
+            "dot_gemm_row_s_per_byte": 1e-12, "dot_fixed_s": 1e-5}
+    counts = {"host_thunks_attention_kda": 40.0, "host_thunks_attention_mla": 50.0,
+              "host_thunks_ffn": 8.0, "host_thunks_moe": 30.0, "host_thunks_head": 7.0}
+    hw = host_hardware(load_hardware("h200"), "compiled")
+    g = build(load_model("kimi-k3-host-small"), Deployment(devices=1, tp=1, engine="multikernel", batch=4))
+    step = lambda comp: simulate_multikernel(g, dataclasses.replace(hw, components=comp)).step_s
+    with_thunks = step(base | counts | {"host_call_s": 5e-6, "host_thunk_s": 1e-6})
+    thunks = 3 * 40 + 50 + 8 + 3 * 30 + 7 + 1
+    assert with_thunks - step(base) == pytest.approx(5e-6 + thunks * 1e-6)
 
 
 def test_all_gather_benchmarks_carry_the_gathered_result():
