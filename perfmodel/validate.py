@@ -2,8 +2,9 @@
 
 A host run of the pure-JAX reference is predicted with the multi-kernel engine on one CPU
 device (DESIGN.md "Checked against real runs"):
-- one compiled XLA program: no kernel launches (`launch_overhead_s = 0`); every op pays the
-  measured in-program overhead (`efficiency.op_overhead_s`);
+- one compiled XLA program: no kernel launches (`launch_overhead_s = 0`); the program pays its
+  call and its XLA:CPU thunks (`components.host_program_time`, thunks per layer phase counted in
+  the reference's compiled HLO by hostbench);
 - op by op: every op also pays the measured JAX dispatch overhead (`launch_overhead_s`).
 Errors are (predicted - measured) / measured. The step's measured time is the untraced wall
 time of the capture (`host_step_s`) when the capture recorded it, else the traced step window;
