@@ -40,7 +40,8 @@ def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray) -> list[dict]:
             _, alg, phases = cm.collective_time(c, k, m, p, hw.cores_per_chip)
             out.append({"term": f"{k} ({alg}, {len(phases)} phases of remote copies)", "seconds": t,
                         "mechanism": "components.collective_time", "source": _source(
-                            hw, "collective_call_s", "collective_phase_s", "chip_bandwidth_bytes_per_s")})
+                            hw, *(("chips_per_host",) if alg == "one_shot" else ()), "collective_call_s",
+                            "collective_phase_s", "chip_bandwidth_bytes_per_s")})
         elif cm.is_gpu_model(c):
             out.append({"term": f"{k} library call over {p} ranks", "seconds": t,
                         "mechanism": "components.gpu_all_reduce_time",
