@@ -189,7 +189,7 @@ def gpu_all_reduce_time(c: dict, nbytes: float, ranks: int, scale: float = 1.0) 
     """An NVLink all-reduce library call: base + per-peer cost + the bus traffic of each rank,
     2 (ranks - 1) / ranks x bytes, over the achieved bus bandwidth. The GB200 figures are of the
     all-reduce fused with the following RMSNorm, so the engine gives that norm no kernel.
-    `scale` multiplies the latency terms. Micro-benchmarks: h100-custom-ar-*, gb200-mnnvl-ar-*,
+    `scale` multiplies the latency terms. Micro-benchmarks: h100/h200-vllm-graph-ar-*, gb200-mnnvl-ar-*,
     b200-nccl-ar-*."""
     if ranks <= 1:
         return 0.0
