@@ -32,6 +32,8 @@ def entries(wheel: zipfile.ZipFile, version: str) -> list[dict]:
     out = []
     for platform, system in SYSTEMS.items():
         path = TABLE.format(system)
+        if path not in wheel.namelist():
+            raise SystemExit(f"wheel: {wheel.filename} has no {path} (an aiconfigurator-core wheel with vLLM 0.24.0 tables)")
         d = pd.read_parquet(io.BytesIO(wheel.read(path)))
         d = d[(d.backend == "vllm_graph") & (d.allreduce_dtype == "bfloat16")]
         for (ranks, values), row in d.set_index(["num_gpus", "message_size"]).sort_index().iterrows():
@@ -50,7 +52,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("wheel", help="the downloaded aiconfigurator_core wheel")
     a = ap.parse_args()
-    version = Path(a.wheel).name.split("-")[1]
+    if not zipfile.is_zipfile(a.wheel):
+        raise SystemExit(f"wheel: {a.wheel!r} is not a wheel (zip) file")
+    version = Path(a.wheel).name.split("-")[1] if "-" in Path(a.wheel).name else "unknown"
     with zipfile.ZipFile(a.wheel) as wheel:
         new = entries(wheel, version)
     data = json.loads(GPU_JSON.read_text())
