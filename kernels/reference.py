@@ -473,6 +473,16 @@ def decode_step(weights: Weights, cache, tokens, positions, accepted=None,
     return (*verify_outputs(nxt, logits, b, rows, jnp.ndim(tokens) == 2), cache)
 
 
+def decode_step_hlo(weights: Weights, cache, tokens, positions, accepted=None,
+                    mla_form: str = "absorbed") -> str:
+    """The compiled XLA program of `decode_step` for these arguments, as HLO text (compiled,
+    never run: a structure to count, e.g. by perfmodel_jax.hostbench)."""
+    require(mla_form in ("absorbed", "plain"), "mla_form", mla_form, "absorbed or plain")
+    flat, positions, accepted, rows = verify_inputs(_batch(cache), tokens, positions, accepted)
+    return _decode_step_jit.lower(weights, cache, flat, positions, accepted, rows=rows,
+                                  mla_form=mla_form).compile().as_text()
+
+
 @functools.lru_cache(maxsize=None)
 def _phase_fns(static: StaticSpec, rows: int, mla_form: str):
     spec, jit = static.spec, jax.jit

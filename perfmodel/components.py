@@ -31,13 +31,6 @@ TILE_WEIGHTS = 256 * 256          # one MXU weight tile (TPU v7: 256 x 256)
 PUSH_DTYPE = {"bf16": "bf16", "f32": "bf16", "int8": "bf16", "fp8": "fp8", "int4": "fp8",
               "mxfp4": "fp8", "nvfp4": "fp8", "fp4": "fp8"}  # MXU rate each operand dtype runs at
 ALGORITHMS = {"all_reduce": ("rs_ag", "hierarchical", "one_shot"), "all_gather": ("direct", "hierarchical")}
-TPU_PARAMS = ("dma_bandwidth_bytes_per_s", "dma_latency_s", "dma_descriptor_s",
-              "mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_row_s", "mxu_dot_issue_s",
-              "sibling_latency_s", "sibling_bandwidth_bytes_per_s", "cross_chip_latency_s",
-              "link_bandwidth_bytes_per_s", "links_per_chip", "collective_call_s", "collective_phase_s", "chip_bandwidth_bytes_per_s",
-              "collective_copy_issue_s", "host_dispatch_s", "chips_per_host")
-GPU_PARAMS = ("kernel_launch_s", "kernel_bandwidth_efficiency", "allreduce_base_s",
-              "allreduce_per_peer_s", "allreduce_bytes_per_s")
 
 
 def param(c: dict, name: str) -> float:

@@ -23,7 +23,7 @@ import heapq
 import numpy as np
 from numba import njit
 
-# op kinds (schedule.op_kinds) and copy tags (what a copy is, for the DMA lane's labels)
+# op kinds (set by schedule.megakernel_arrays) and copy tags (what a copy is, for the DMA lane's labels)
 PLAIN, STREAM, ROUTED, COLL, TOPK = 0, 1, 2, 3, 4
 TAG_TILE, TAG_KV, TAG_TOPK, TAG_OP = 0, 1, 2, 3
 # cause totals returned by run_many, in this order

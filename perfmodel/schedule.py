@@ -287,7 +287,8 @@ def uniform_stream(g: OpGraph, tile_bytes: float) -> Stream:
     tiles = np.minimum(tile_bytes, total - tile_bytes * np.arange(n_tiles))
     count = max(1, math.ceil(g.distinct_experts))
     routed = np.bincount(g.layer, weights=g.routed_bytes)
-    return Stream(tiles, np.cumsum(tiles), op_end - g.static_bytes, op_end, dict(enumerate(np.bincount(g.layer, weights=g.kv_bytes).tolist())),
+    return Stream(tiles, np.cumsum(tiles), op_end - g.static_bytes, op_end,
+                  dict(enumerate(np.bincount(g.layer, weights=g.kv_bytes).tolist())),
                   {int(l): [routed[l] / count] * count for l in np.flatnonzero(routed)})
 
 
@@ -319,8 +320,6 @@ def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
         elif not c.ring:
             layer_start[c.layer] = layer_start.get(c.layer, 0.0) + c.bytes
     return Stream(tiles, tile_end, begin, end, layer_start, routed)
-
-
 
 
 @dataclass

@@ -431,10 +431,7 @@ def reference_thunks(model: str = PROBE_MODEL) -> dict[str, float]:
     spec = load_model(model)
     weights = R.init_weights(spec, 0, dtype=jnp.float32)
     cache = R.init_cache(spec, 1, 64)
-    flat, positions, accepted, rows = R.verify_inputs(1, jnp.zeros((1,), jnp.int32),
-                                                      jnp.full((1,), 32, jnp.int32), None)
-    text = R._decode_step_jit.lower(weights, cache, flat, positions, accepted, rows=rows,
-                                    mla_form="absorbed").compile().as_text()
+    text = R.decode_step_hlo(weights, cache, jnp.zeros((1,), jnp.int32), jnp.full((1,), 32, jnp.int32))
     kinds = {l.index: l.attention for l in spec.layers}
     per: dict[str, list[int]] = {}
     for scope, n in count_thunks(text).items():
