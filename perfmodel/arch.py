@@ -377,13 +377,19 @@ class ModelSpec:
     def layer_matmuls(self, layer: Layer) -> list[Matmul]:
         return self.attention_matmuls(layer.attention) + self.ffn_matmuls(layer.ffn)
 
+    @cached_property
+    def layer_kinds(self) -> dict[Layer, int]:
+        """Each distinct layer (index 0) and how many layers are that kind: per-layer sums
+        computed once a kind."""
+        return dict(Counter(dataclasses.replace(l, index=0) for l in self.layers))
+
     def params_by_family(self) -> dict[str, int]:
         return dict(self._params_by_family)
 
     @cached_property
     def _params_by_family(self) -> dict[str, int]:
         out = dict.fromkeys(WEIGHT_FAMILIES, 0)
-        for layer, n in Counter(dataclasses.replace(l, index=0) for l in self.layers).items():  # each kind once
+        for layer, n in self.layer_kinds.items():
             for mm in self.layer_matmuls(layer):
                 out[mm.family] += n * mm.params
             norms = (layer.attention != "none") + (layer.ffn != "none")
@@ -426,12 +432,12 @@ class ModelSpec:
     def _weight_bytes_by_family(self) -> dict[str, float]:
         out = dict.fromkeys(self.formats, 0.0)
         small = self.params_by_family()  # less what the matrices hold: norms, conv taps, biases
-        for layer, n in Counter(dataclasses.replace(l, index=0) for l in self.layers).items():  # each kind once
+        for layer, n in self.layer_kinds.items():
             for mm in self.layer_matmuls(layer):
                 out[mm.family] += n * self.matmul_bytes(mm)
                 small[mm.family] -= n * mm.params
-        hc = sum(self.hc_params((l.attention != "none") + (l.ffn != "none")) for l in self.layers) \
-            + self.hc_params(0, head=True)
+        hc = self.hc_params(0, head=True) + sum(n * self.hc_params((l.attention != "none") + (l.ffn != "none"))
+                                                for l, n in self.layer_kinds.items())
         out["attention"] += hc * HC_BYTES
         small["attention"] -= hc
         for f in ("embedding", "lm_head"):  # a tied lm_head holds no parameters of its own
