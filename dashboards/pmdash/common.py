@@ -7,7 +7,6 @@ lists) so that a cache hit costs an unpickle of a few kB, not a model rebuild.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import json
 import re
@@ -404,10 +403,6 @@ def shown_path(path: Path) -> str:
         return str(Path(path).resolve().relative_to(REPO))
     except ValueError:
         return str(path)
-
-
-def digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:12]
 
 
 def read_csv_bytes(data: bytes) -> pd.DataFrame:
