@@ -41,7 +41,6 @@ TRACE_FLAGS = os.environ.get("PERFMODEL_TPU_TRACE_FLAGS",
 os.environ["LIBTPU_INIT_ARGS"] = (os.environ.get("LIBTPU_INIT_ARGS", "") + " " + TRACE_FLAGS).strip()
 
 import argparse  # noqa: E402  (the flags above must precede any jax import)
-import csv  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
@@ -50,6 +49,7 @@ from pathlib import Path  # noqa: E402
 from kernels.run import add_block_and_mesh_arguments, block_and_mesh  # noqa: E402
 from perfmodel.arch import load_model  # noqa: E402
 from perfmodel.errors import SpecError  # noqa: E402
+from perfmodel.files import write_atomic, write_csv  # noqa: E402
 from perfmodel.cli import int_list  # noqa: E402
 from perfmodel.deployment import Deployment, SpecDecode  # noqa: E402
 from perfmodel.hardware import load_hardware  # noqa: E402
@@ -188,15 +188,11 @@ def main(argv=None) -> int:
                   f" predicted {c.predicted_step_s * 1e6:.1f} us ({c.step_error:+.1%}), layer MAPE "
                   f"{c.layer_mape:.1%}, unattributed {c.unattributed_share:.1%}")
     out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
-        f.write(f"# machine: {jax.devices()[0].device_kind}\n# date: "
-                f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}\n"
-                f"# command: python {' '.join(sys.argv)}\n# trace flags: {TRACE_FLAGS}\n")
-        w = csv.writer(f)
-        w.writerow(["batch", "depth", "layer", "predicted_s", "measured_s", "rel_error"])
-        w.writerows(rows)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    write_csv(out, [f"machine: {jax.devices()[0].device_kind}",
+                    f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
+                    f"command: python {' '.join(sys.argv)}", f"trace flags: {TRACE_FLAGS}"],
+              ["batch", "depth", "layer", "predicted_s", "measured_s", "rel_error"], rows)
+    write_atomic(out.with_suffix(".json"), json.dumps(results, indent=1) + "\n")
     print(f"wrote {out}")
     return 0
 

@@ -6,7 +6,6 @@ Usage: python experiments/reproduce_seed.py [--no-fit]
 Same numbers as `perfmodel reproduce`; this script also records the command and machine.
 """
 import argparse
-import csv
 import json
 import platform
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from perfmodel.calibrate import reproduce
 from perfmodel.cli import print_reproduce
+from perfmodel.files import write_atomic, write_csv
 
 OUT = Path(__file__).parent / "results"
 
@@ -27,19 +27,16 @@ def main():
     r["provenance"] = {"command": " ".join(["python", *sys.argv]), "machine": platform.platform(),
                        "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     print_reproduce(r)
-    OUT.mkdir(exist_ok=True)
     stem = OUT / ("seed_reproduction_unfitted" if a.no_fit else "seed_reproduction")
-    stem.with_suffix(".json").write_text(json.dumps(r, indent=1, default=float))
-    with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        f.write(f"# {r['provenance']['command']} on {r['provenance']['machine']}, {r['provenance']['date']}\n")
-        w = csv.writer(f)
-        w.writerow(["platform", "batch", "spec_decode", "predicted_tokens_per_s", "reported_tokens_per_s",
-                    "error", "no_fit_error", "role", "within_target", "predicted_step_ms"])
-        for p in r["points"]:
-            w.writerow([p["platform"], p["batch"], "7 rows, tau 6" if p["spec_decode"] else "",
-                        f"{p['predicted_tokens_per_s']:.1f}", p["reported_tokens_per_s"], f"{p['error']:.4f}",
-                        f"{p['no_fit_error']:.4f}" if "no_fit_error" in p else "",
-                        p["role"], p["within_target"], f"{p['predicted_step_ms']:.3f}"])
+    write_atomic(stem.with_suffix(".json"), json.dumps(r, indent=1, default=float), parents=True)
+    prov = r["provenance"]
+    write_csv(stem.with_suffix(".csv"), [f"{prov['command']} on {prov['machine']}, {prov['date']}"],
+              ["platform", "batch", "spec_decode", "predicted_tokens_per_s", "reported_tokens_per_s",
+               "error", "no_fit_error", "role", "within_target", "predicted_step_ms"],
+              [[p["platform"], p["batch"], "7 rows, tau 6" if p["spec_decode"] else "",
+                f"{p['predicted_tokens_per_s']:.1f}", p["reported_tokens_per_s"], f"{p['error']:.4f}",
+                f"{p['no_fit_error']:.4f}" if "no_fit_error" in p else "",
+                p["role"], p["within_target"], f"{p['predicted_step_ms']:.3f}"] for p in r["points"]])
     print(f"\nwrote {stem}.json and {stem}.csv")
 
 

@@ -7,7 +7,6 @@ extra expert slots and extra ring banks make the copies needed first land later;
 budget makes slots and banks compete too. Writes experiments/results/slot_depth_sweep.csv.
 """
 import argparse
-import csv
 import dataclasses
 import platform
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 from perfmodel.arch import load_model
 from perfmodel.deployment import Deployment
 from perfmodel.errors import SpecError
+from perfmodel.files import write_csv
 from perfmodel.hardware import load_hardware
 from perfmodel.predict import predict
 
@@ -47,13 +47,10 @@ def main():
     interior = SLOTS[0] < best[0] < SLOTS[-1] and DEPTHS_MIB[0] < best[1] < DEPTHS_MIB[-1]
     print(f"optimum: {best[0]} slots, {best[1]} MiB ring: {grid[best] * 1e3:.4f} ms "
           f"({'interior' if interior else 'on the edge'} of the grid)")
-    OUT.parent.mkdir(exist_ok=True)
-    with OUT.open("w", newline="") as f:
-        f.write(f"# python {' '.join(sys.argv)} on {platform.platform()}, "
-                f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}\n")
-        w = csv.writer(f)
-        w.writerow(["expert_slots", "ring_mib", "step_ms"])
-        w.writerows([s, m, f"{v * 1e3:.4f}" if v else "exceeds VMEM"] for (s, m), v in grid.items())
+    write_csv(OUT, [f"python {' '.join(sys.argv)} on {platform.platform()}, "
+                    f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}"],
+              ["expert_slots", "ring_mib", "step_ms"],
+              [[s, m, f"{v * 1e3:.4f}" if v else "exceeds VMEM"] for (s, m), v in grid.items()])
     print(f"wrote {OUT}")
 
 

@@ -2,14 +2,12 @@
 step and per layer of every compared run, a JSON of summaries, and the summary lines."""
 from __future__ import annotations
 
-import csv
-import io
 import json
 import statistics
 from pathlib import Path
 
 from perfmodel import validate
-from perfmodel.files import write_atomic
+from perfmodel.files import write_atomic, write_csv
 
 COLUMNS = ["variant", "model", "mode", "batch", "context", "layer", "kind", "predicted_s", "measured_s",
            "measured_min_s", "measured_max_s", "rel_error", "model_ops", "traced_ops", "hbm_efficiency",
@@ -40,13 +38,8 @@ def rows_of(variant: str, results) -> list[list]:
 def write(out_csv: Path, out_json: Path, meta: dict, rows: list[list], document: dict) -> None:
     """The CSV (with the run's metadata as comment lines) and the JSON ({"meta": ..., **document}),
     each written whole or not at all."""
-    f = io.StringIO(newline="")
-    for k in ("machine", "date", "command", "hardware_file", "load_average_1min", "note"):
-        f.write(f"# {k}: {meta[k]}\n")
-    w = csv.writer(f)
-    w.writerow(COLUMNS)
-    w.writerows(rows)
-    write_atomic(out_csv, f.getvalue(), parents=True)
+    write_csv(out_csv, [f"{k}: {meta[k]}" for k in ("machine", "date", "command", "hardware_file",
+                                                     "load_average_1min", "note")], COLUMNS, rows)
     write_atomic(out_json, json.dumps({"meta": meta, **document}, indent=1) + "\n", parents=True)
 
 

@@ -2,6 +2,8 @@
 user's data directory (the default home of files perfmodel writes, never the package)."""
 from __future__ import annotations
 
+import csv
+import io
 import os
 import tempfile
 from pathlib import Path
@@ -67,6 +69,17 @@ def write_atomic(path, text: str, field: str = "--out", parents: bool = False) -
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
     return p
+
+
+def write_csv(path, comments: list[str], header: list[str], rows, field: str = "--out") -> Path:
+    """A CSV with its provenance as leading `# ` comment lines, written atomically (missing
+    directories created)."""
+    f = io.StringIO(newline="")
+    f.writelines(f"# {c}\n" for c in comments)
+    w = csv.writer(f)
+    w.writerow(header)
+    w.writerows(rows)
+    return write_atomic(path, f.getvalue(), field, parents=True)
 
 
 def _umask() -> int:

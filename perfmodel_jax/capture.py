@@ -17,6 +17,7 @@ from pathlib import Path
 from perfmodel.args import context_list, count, int_list, str_list
 from perfmodel.arch import load_model
 from perfmodel.errors import SpecError, positive_int
+from perfmodel.files import write_atomic
 from perfmodel.traces import HLO_SUFFIX, STEP_NAME, parse_trace
 
 MODES = ("compiled", "op_by_op")
@@ -69,7 +70,7 @@ def _capture_worker(model: str, batches: list[int], contexts: list[int], modes: 
                     "hlo_dir": f"../{hlo}", "machine": cpu_model(), "jax": jax.__version__,
                     "command": command, "load_average_1min": os.getloadavg()[0],
                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-            (run_dir / "capture.json").write_text(json.dumps(meta, indent=1) + "\n")
+            write_atomic(run_dir / "capture.json", json.dumps(meta, indent=1) + "\n")
         del cache
     for f in (out / hlo).iterdir():  # keep only the optimised HLO text the parser reads
         if f.is_dir():
