@@ -97,7 +97,7 @@ def collective_terms(g: OpGraph, hw: Hardware) -> tuple[np.ndarray, np.ndarray, 
         if tpu:
             t, _, phases = cm.collective_time(c, k, m, p, cores, scale=scale)
             k_ = min(cores, p)
-            return t, scale * c["collective_call_s"], [(ph.dma_bytes, cm.phase_time(c, ph, p // k_, k_, scale))
+            return t, scale * cm.param(c, "collective_call_s"), [(ph.dma_bytes, cm.phase_time(c, ph, p // k_, k_, scale))
                                                       for ph in phases]
         if cm.is_gpu_model(c):
             return cm.gpu_all_reduce_time(c, m, p, scale), 0.0, []
@@ -128,16 +128,16 @@ def stream_terms(hw: Hardware, multikernel: bool = False) -> tuple[float, float,
     engine on a GPU, else the spec sheet x `efficiency.hbm`."""
     c, peak = hw.components, hw.core_hbm_bandwidth_bytes_per_s
     if cm.is_tpu_model(c):
-        return c["dma_bandwidth_bytes_per_s"], c["dma_latency_s"], c["dma_descriptor_s"]
+        return tuple(cm.param(c, k) for k in ("dma_bandwidth_bytes_per_s", "dma_latency_s", "dma_descriptor_s"))
     if cm.is_gpu_model(c) and multikernel:
-        return peak * c["kernel_bandwidth_efficiency"], hw.dma_latency_s, 0.0
+        return peak * cm.param(c, "kernel_bandwidth_efficiency"), hw.dma_latency_s, 0.0
     return peak * hw.efficiency.hbm, hw.dma_latency_s, 0.0
 
 
 def launch_s(hw: Hardware) -> float:
     """Per-kernel cost of a multi-kernel engine: the CUDA-graph launch component on a GPU."""
     c = hw.components
-    return (c["kernel_launch_s"] if cm.is_gpu_model(c) else hw.launch_overhead_s) + hw.efficiency.op_overhead_s
+    return (cm.kernel_launch_time(c) if cm.is_gpu_model(c) else hw.launch_overhead_s) + hw.efficiency.op_overhead_s
 
 
 def call_s(hw: Hardware) -> float:

@@ -336,6 +336,9 @@ def cli(*argv: str):
 REGRESSIONS = {
     "undecodable model file": model(b'name = "\xff\xfe"\n'),
     "undecodable hardware file": hw(b"\xff\xfe\x00"),
+    "TPU components without the DMA descriptor cost": lambda tmp: hw("\n".join(
+        l for l in (Path(__file__).resolve().parents[1] / "perfmodel/presets/hardware/tpu-v7.toml")
+        .read_text().splitlines() if "dma_descriptor_s" not in l))(tmp),
     "undecodable config.json": model(b'{"hidden_size": "\xff"}', "config.json"),
     "attention not a table": model(TINY + "attention = 5\n"),
     "moe not a table": model(TINY + "moe = 5\n"),
