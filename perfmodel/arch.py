@@ -199,6 +199,10 @@ class ModelSpec:
     moe: MoE | None = None
     tie_embeddings: bool = False
     residual_streams: int = 1  # hyper-connections: the residual is this many copies of hidden
+    # [megakernel] shard_collective_rows: the rows per step at which the model's own megakernel
+    # has shard-based collectives; at any other row count its all-reduces are one-shot. None: the
+    # fastest algorithm per payload at every row count (components.collective_time)
+    shard_collective_rows: tuple[int, ...] | None = None
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     # ----- attention labels ----------------------------------------------------------------
@@ -631,11 +635,29 @@ def from_dict(data: dict) -> ModelSpec:
     require(isinstance(tie, bool), "tie_embeddings", tie, "must be true or false")
     streams = positive_int("residual_streams", data.get("residual_streams", 1))
     require(streams <= 64, "residual_streams", streams, "must be <= 64")
+    shard_rows = _shard_collective_rows(data.get("megakernel", {}))
     spec = ModelSpec(name=name, hidden=data["hidden"], vocab=data["vocab"], layers=layers, formats=formats,
                      variants=variants, dense_width=dense_width, ffn_gated=gated, moe=_section(data, "moe", MoE, "moe"),
-                     tie_embeddings=tie, residual_streams=streams, sources=dict(sources), **sections)
+                     tie_embeddings=tie, residual_streams=streams, shard_collective_rows=shard_rows,
+                     sources=dict(sources), **sections)
     _validate(spec)
     return spec
+
+
+def _shard_collective_rows(table) -> tuple[int, ...] | None:
+    """The `[megakernel]` table: `shard_collective_rows`, a list of row counts (1..4096)."""
+    require(isinstance(table, dict), "megakernel", table, "must be a table")
+    unknown = set(table) - {"shard_collective_rows"}
+    require(not unknown, "megakernel", sorted(unknown), "unknown field; known: shard_collective_rows")
+    rows = table.get("shard_collective_rows")
+    if rows is None:
+        return None
+    require(isinstance(rows, list) and len(rows) <= 4096, "megakernel.shard_collective_rows", rows,
+            "must be a list of row counts")
+    for r in rows:
+        positive_int("megakernel.shard_collective_rows", r)
+        require(r <= 4096, "megakernel.shard_collective_rows", r, "must be <= 4096")
+    return tuple(sorted(set(rows)))
 
 
 def _validate(s: ModelSpec) -> None:
@@ -711,6 +733,8 @@ def to_dict(s: ModelSpec) -> dict:
                                      "block": list(f.block), "global_scale_dtype": f.global_scale_dtype,
                                      "compute_dtype": f.compute_dtype} for n, f in custom.items()}
     out["formats"] = {fam: f.name for fam, f in s.formats.items()}
+    if s.shard_collective_rows is not None:
+        out["megakernel"] = {"shard_collective_rows": list(s.shard_collective_rows)}
     if s.sources:
         out["sources"] = dict(s.sources)
     return out

@@ -15,7 +15,7 @@ from . import ops as ops_mod
 from .errors import SpecError
 from .predict import predict
 from .report import SCHEMA_VERSION
-from .schedule import collective_s, op_compute_s, op_weights, stream_terms
+from .schedule import collective_terms, op_compute_s, op_weights, stream_terms
 
 # wait cause -> the resource the op waited on
 RESOURCE = {"compute": "compute unit (MXU / VPU / SMs)", "weight_streaming": "DMA engine (HBM -> on-chip)",
@@ -30,15 +30,17 @@ def _source(hw, *names: str) -> str:
     return "; ".join(found) or "assumption (no source entry)"
 
 
-def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray) -> list[dict]:
+def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, megakernel: bool) -> list[dict]:
     """The latency terms of op `j` in isolation, each with its mechanism and source."""
     c, out = hw.components, []
     if g.is_collective[j]:
-        t = float(collective_s(g, hw)[j])
+        t = float(collective_terms(g, hw, megakernel)[0][j])
         k, m, p = g.coll_kind[j], float(g.coll_bytes[j]), int(g.coll_group[j])
         if cm.is_tpu_model(c):
-            _, alg, phases = cm.collective_time(c, k, m, p, hw.cores_per_chip)
-            out.append({"term": f"{k} ({alg}, {len(phases)} phases of remote copies)", "seconds": t,
+            fixed = g.kernel_all_reduce if megakernel and k == "all_reduce" else ""
+            _, alg, phases = cm.collective_time(c, k, m, p, hw.cores_per_chip, fixed or None)
+            how = "the model's kernel at these rows" if fixed else "the fastest for the payload"
+            out.append({"term": f"{k} ({alg}: {how}; {len(phases)} phases of remote copies)", "seconds": t,
                         "mechanism": "components.collective_time", "source": _source(
                             hw, *(("chips_per_host",) if alg == "one_shot" else ()), "collective_call_s",
                             "collective_phase_s", "chip_bandwidth_bytes_per_s")})
@@ -90,7 +92,7 @@ def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
                      "routed_bytes": float(g.routed_bytes[j]), "kv_bytes": float(g.kv_bytes[j]),
                      "act_bytes": float(g.act_bytes[j]), "start_s": float(tl.start_s[j]),
                      "end_s": float(tl.end_s[j]), "waits_s": waits, "waited_on": RESOURCE[cause],
-                     "terms": terms(g, hw, j, weights)})
+                     "terms": terms(g, hw, j, weights, d.engine == "megakernel")})
     row = next((r for r in p.layers if r.layer == layer), None)
     return {"schema_version": SCHEMA_VERSION, "command": "explain", "model": model.name, "hardware": hw.name,
             "deployment": dataclasses.asdict(d), "layer": layer, "kind": g.layer_kind.get(layer, ""),

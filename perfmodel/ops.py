@@ -46,6 +46,9 @@ class OpGraph:
     layer_kind: dict[int, str]
     tokens: int           # rows processed per replica this step
     distinct_experts: float  # per MoE layer on the busiest expert group
+    # the all-reduce algorithm the model's own megakernel runs at these rows ("": it has none
+    # fixed, the fastest per payload); from the model's [megakernel] shard_collective_rows
+    kernel_all_reduce: str = ""
 
     @property
     def bytes(self) -> np.ndarray:
@@ -164,7 +167,15 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
     kinds.update({0: "embed", n1: "head"})
     return OpGraph(arr(0, int), list(cols[1]), list(cols[2]), arr(3, bool), arr(4), list(cols[5]),
                    arr(6), arr(7), arr(8), arr(9), list(cols[10]), arr(11), arr(12, int), kinds, t,
-                   distinct)
+                   distinct, kernel_all_reduce(model, t))
+
+
+def kernel_all_reduce(model: ModelSpec, rows: int) -> str:
+    """One-shot where the model's megakernel has no shard-based collectives at `rows` rows (the
+    public Kimi K3 kernel: reduce-scatter and token scatter only at 8 rows); "" where it does or
+    the model does not say (the fastest algorithm per payload)."""
+    shard = model.shard_collective_rows
+    return "one_shot" if shard is not None and rows not in shard else ""
 
 
 def _attention_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment, b: int, t: int):

@@ -82,20 +82,23 @@ def op_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None) ->
     return t + np.where(g.routed_bytes > 0, experts * hw.efficiency.expert_overhead_s, 0.0)
 
 
-def collective_terms(g: OpGraph, hw: Hardware) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def collective_terms(g: OpGraph, hw: Hardware, megakernel: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per op: collective seconds (the fitted component -- TPU in-kernel collectives, GPU
     all-reduce library -- where the hardware file has one, else the spec-sheet model of
     perfmodel.collectives); with TPU components also its entry cost and its phases, which the
     megakernel puts on its DMA engine: op j's are ph_bytes / ph_time[ph_off[j]:ph_off[j + 1]]
     (remote-copy bytes, seconds). Returns (seconds, entry, ph_off, ph_bytes, ph_time). Each
-    distinct (kind, payload, group) is computed once."""
+    distinct (kind, payload, group) is computed once. In the `megakernel`, a TPU all-reduce runs
+    the algorithm of the model's own kernel where it fixes one (g.kernel_all_reduce)."""
     c, scale, cores = hw.components, hw.efficiency.collective_latency_scale, hw.cores_per_chip
-    tpu = cm.is_tpu_model(c)
+    tpu, fixed = cm.is_tpu_model(c), g.kernel_all_reduce if megakernel else ""
     memo: dict[tuple, tuple[float, float, list]] = {}
 
     def terms(k: str, m: float, p: int) -> tuple[float, float, list]:
         if tpu:
-            t, _, phases = cm.collective_time(c, k, m, p, cores, scale=scale)
+            alg = fixed if k == "all_reduce" and fixed else None
+            t, _, phases = cm.collective_time(c, k, m, p, cores, alg, scale)
             k_ = min(cores, p)
             return t, scale * cm.param(c, "collective_call_s"), [(ph.dma_bytes, cm.phase_time(c, ph, p // k_, k_, scale))
                                                       for ph in phases]
@@ -358,7 +361,7 @@ def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray 
     """Flatten the op graph, its stream and its collectives' phases for megakernel_sim."""
     from . import megakernel_sim as ms
     bw, lat, desc = stream_terms(hw)
-    secs, call, ph_off, ph_bytes, ph_time = collective_terms(g, hw)
+    secs, call, ph_off, ph_bytes, ph_time = collective_terms(g, hw, megakernel=True)
     layer = g.layer.astype(np.int64)
     n_layers = 1 + max(int(layer.max(initial=0)), *st.layer_start_bytes, *st.routed_copies, 0)
     kind = np.full(len(g), ms.PLAIN, np.int8)

@@ -15,7 +15,7 @@ from perfmodel.deployment import Deployment
 from perfmodel.dmaplan import Copy
 from perfmodel.hardware import Hardware
 from perfmodel.ops import OpGraph
-from perfmodel.schedule import (Timeline, call_s, collective_s, expert_slots, op_compute_s, plan_stream,
+from perfmodel.schedule import (Timeline, call_s, collective_terms, expert_slots, op_compute_s, plan_stream,
                                 ring_banks, stream_terms, uniform_stream)
 
 
@@ -112,7 +112,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     slots, pieces = expert_slots(g, hw, d, banks, top_k)
     names, layers = g.name, g.layer.tolist()
     label = lambda k: record and (names[min(owner[k], len(g) - 1)], layers[min(owner[k], len(g) - 1)])
-    comp, coll = op_compute_s(g, hw, weights).tolist(), collective_s(g, hw).tolist()
+    comp, coll = op_compute_s(g, hw, weights).tolist(), collective_terms(g, hw, megakernel=True)[0].tolist()
     routed, kv_op = g.routed_bytes.tolist(), g.kv_bytes.tolist()
     is_coll = g.is_collective.tolist()
     t0 = call_s(hw)
@@ -137,7 +137,8 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                 t = now + scale * c["collective_call_s"]
                 k, m, p = g.coll_kind[j], float(g.coll_bytes[j]), int(g.coll_group[j])
                 cores = min(hw.cores_per_chip, p)
-                for ph in cm.collective_time(c, k, m, p, hw.cores_per_chip, scale=scale)[2]:
+                alg = g.kernel_all_reduce if k == "all_reduce" and g.kernel_all_reduce else None
+                for ph in cm.collective_time(c, k, m, p, hw.cores_per_chip, alg, scale)[2]:
                     cid = issue(t, ph.dma_bytes, (names[j], layer), remote=True)
                     t = max(t + cm.phase_time(c, ph, p // cores, cores, scale), completion(cid))
             start[j], end[j] = now, t

@@ -105,6 +105,9 @@ def test_malformed_hf_config_names_the_problem(tmp_path, text, field):
     ({"attention": {"default": "gqa", "mla_layers": [99]}}, "attention.mla_layers"),
     ({"gqa": {"heads": 6, "kv_heads": 4, "head_dim": 8}}, "gqa.kv_heads"),
     ({"formats": {"attention": "fp3"}}, "formats.attention"),
+    ({"megakernel": {"shard_collective_rows": [8, 0]}}, "megakernel.shard_collective_rows"),
+    ({"megakernel": {"shard_collective_rows": 8}}, "megakernel.shard_collective_rows"),
+    ({"megakernel": {"shard_rows": [8]}}, "megakernel"),
 ])
 def test_invalid_specs_name_field_and_value(patch, field):
     base = {"name": "t", "hidden": 64, "vocab": 100, "layers": 2, "gqa": {"heads": 4, "kv_heads": 2, "head_dim": 16},
@@ -117,3 +120,10 @@ def test_invalid_specs_name_field_and_value(patch, field):
 def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(SpecError, match="kimi-k3"):
         load_model("gpt-17")
+
+
+def test_megakernel_collective_rows_round_trip():
+    from perfmodel.arch import to_dict
+    k3 = load_model("kimi-k3")
+    assert k3.shard_collective_rows == (8,) and load_model("qwen3-235b-a22b").shard_collective_rows is None
+    assert from_dict(to_dict(k3)).shard_collective_rows == (8,)

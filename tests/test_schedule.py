@@ -225,3 +225,22 @@ def test_spec_decode_verifies_rows_of_one_sequence():
     g8, gs = build(K3, dataclasses.replace(TPU, batch=8)), build(K3, dataclasses.replace(TPU, spec=spec))
     assert gs.routed_bytes.sum() == pytest.approx(g8.routed_bytes.sum())
     assert gs.kv_bytes.sum() < g8.kv_bytes.sum()
+
+
+def test_kernel_all_reduce_is_one_shot_in_the_megakernel_only():
+    """Kimi K3 at batch 4 (4 rows, not among its shard-collective rows): in the megakernel each
+    all-reduce costs the one-shot algorithm's time, in a multi-kernel engine the fastest's; the
+    all-gathers are the same in both. A model that fixes nothing gets the fastest at any rows."""
+    from perfmodel import components as cm
+    from perfmodel.schedule import collective_terms
+    hw = load_hardware("tpu-v7")
+    g = build(load_model("kimi-k3"), Deployment(devices=32, tp=32, ep=8, batch=4))
+    assert g.kernel_all_reduce == "one_shot"
+    kernel, fastest = collective_terms(g, hw, megakernel=True)[0], collective_terms(g, hw)[0]
+    for j in np.flatnonzero(g.is_collective):
+        k, m, p = g.coll_kind[j], g.coll_bytes[j], int(g.coll_group[j])
+        want = cm.collective_time(hw.components, k, m, p, 2, "one_shot" if k == "all_reduce" else None)[0]
+        assert kernel[j] == pytest.approx(want) and fastest[j] <= kernel[j] + 1e-15
+    assert (kernel > fastest + 1e-7).any()  # the 57 KB hidden-state all-reduces
+    assert build(load_model("kimi-k3"), Deployment(devices=32, tp=32, ep=8, batch=8)).kernel_all_reduce == ""
+    assert build(load_model("qwen3-235b-a22b"), Deployment(devices=8, tp=8, batch=4)).kernel_all_reduce == ""
