@@ -214,6 +214,11 @@ def test_measured_sources_log_axis_and_implausible_upload(page, tmp_path):
     page.locator(".st-key-cmp_upload input[type=file]").set_input_files(str(csv))
     page.get_by_text("Loaded 2 measured point(s) from bench.csv").wait_for()
     bb.wait_idle(page)
+    # plotly draws the new trace after the rerun ends: wait for it, not for a fixed time
+    page.wait_for_function("""() => {
+      const gd = document.querySelector('.st-key-cmp_chart .js-plotly-plot');
+      return gd && gd._fullData && gd._fullData.some(t => (t.name || '').startsWith('your upload'));
+    }""", timeout=60_000, polling=50)
     fig = figure(page, "cmp_chart")
     measured = {t["name"]: t for t in fig["traces"] if t["type"] == "scatter" and not t["name"].endswith("predicted")}
     assert "your upload: bench.csv (platform A)" in measured
