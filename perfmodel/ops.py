@@ -46,6 +46,8 @@ class OpGraph:
     layer_kind: dict[int, str]
     tokens: int           # rows processed per replica this step
     distinct_experts: float  # per MoE layer on the busiest expert group
+    cache_bytes: dict[int, float] = dataclasses.field(default_factory=dict)  # per layer: the caches
+    # (KV / latents / recurrent and conv state) this replica holds for its sequences, bytes
 
     @property
     def bytes(self) -> np.ndarray:
@@ -164,7 +166,7 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
     kinds.update({0: "embed", n1: "head"})
     return OpGraph(arr(0, int), list(cols[1]), list(cols[2]), arr(3, bool), arr(4), list(cols[5]),
                    arr(6), arr(7), arr(8), arr(9), list(cols[10]), arr(11), arr(12, int), kinds, t,
-                   distinct)
+                   distinct, {l.index: b * model.cache_bytes(l.attention, d.context, d.tp) for l in model.layers})
 
 
 def _attention_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment, b: int, t: int):

@@ -37,7 +37,13 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
   micro-benchmarks of `components.host_expert_time`;
 - bf16 -> f32 widening: a jitted `astype(float32)` of bf16 arrays shaped like a latent cache
   (CONVERT_SHAPES: f32 results below and above the allocator's 32 MiB mmap threshold), values per
-  second (`components.host_convert_time`).
+  second (`components.host_convert_time`);
+- fresh pages of a program's temporary buffer: one program filling a TEMP_PAGES_MIB f32 temporary
+  (kept by an optimisation barrier, a small result), below and above the mmap threshold, per
+  call (`components.host_fresh_pages_time`: a cost per page of the OS page size);
+- temporaries per cache byte (structure, not timing): the compiled reference step of PROBE_MODEL
+  at TEMP_PROBE (batch, context): its temporary allocation (`memory_analysis`) over the caches it
+  updates (`perfmodel.ops` cache bytes), `components.host_temp_per_cache_byte`.
 Not measured (stated as such in the file's sources): memory latency (`dma_latency_s`), the fill
 granule (`dma_tile_bytes`) and the link fields, which do not apply to one CPU device.
 
@@ -87,6 +93,8 @@ DOT_CHAIN_K, DOT_CHAIN_LEN = 1024, 32  # one program of 32 dependent dots over d
 EXPERT_SHAPES = ((1024, 512), (256, 128), (64, 32))  # (input width K, FFN width W): gate_up [K, 2W], down [W, K]
 EXPERT_SLABS, EXPERT_DISTINCT = 48, 16  # stacked experts (48 x 6 MiB: far beyond the LLC), 16 visited
 EXPERT_ROWS = (1, 8, 32)
+TEMP_PAGES_MIB = (8, 16, 24, 48, 96, 192)  # f32 temporaries below and above the 32 MiB mmap threshold
+TEMP_PROBE = (8, 4096)  # (batch, context) of the reference step whose temporaries are counted
 CONVERT_SHAPES = ((1, 4096, 192), (2, 4096, 192), (16, 4096, 192), (32, 4096, 192))  # bf16 latent-cache-like
 MMAP_THRESHOLD_BYTES = 32 * MIB  # glibc malloc: allocations above it are always fresh mmap'd pages
 DMA_LATENCY_ASSUMED_S = 1.0e-7
@@ -135,6 +143,9 @@ class HostBench:
     reference_thunks: dict[str, float] = field(default_factory=dict)  # per phase kind (count_thunks)
     dot_chain: dict[int, Stat] = field(default_factory=dict)  # s per 4 MiB f32 dot in a chain, by rows
     absorb_s: dict[tuple[int, ...], Stat] = field(default_factory=dict)  # s per kv_b, absorbed MLA
+    temp_pages_s: dict[int, Stat] = field(default_factory=dict)  # s per call, by temporary MiB
+    temp_per_cache_byte: float = float("nan")  # reference step's temporaries / its cache bytes
+    page_bytes: int = 4096  # the OS page size (os.sysconf)
 
     def dispatch_s_for(self, n_args: int) -> float:
         """Dispatch time of a call with `n_args` arrays: the least-squares line through the
@@ -183,6 +194,10 @@ class HostBench:
                 "reference_thunks": {"model": PROBE_MODEL, "batch": 1, **self.reference_thunks},
                 "dot_chain_s_per_dot": {str(k): v.json() for k, v in self.dot_chain.items()},
                 "absorbed_kv_b_s": {"x".join(map(str, k)): v.json() for k, v in self.absorb_s.items()},
+                "temp_pages_s": {str(k): v.json() for k, v in self.temp_pages_s.items()},
+                "temp_per_cache_byte": {"model": PROBE_MODEL, "batch": TEMP_PROBE[0], "context": TEMP_PROBE[1],
+                                        "ratio": self.temp_per_cache_byte},
+                "page_bytes": self.page_bytes,
                 "flops_efficiency": self.flops_efficiency,
                 "load_average_1min": self.load_average}
 
@@ -318,11 +333,54 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
         x = jnp.ones(shape, jnp.bfloat16)
         convert[shape] = Stat.of(_time(lambda: widen(x).block_until_ready(), repeats))
         del x
+    temp = _temp_pages((8, 48) if quick else TEMP_PAGES_MIB, repeats)
+    per_cache = temp_per_cache_byte(*((1, 256) if quick else TEMP_PROBE))
     bar.update()
     bar.close()
     return HostBench(cpu_model(), datetime.date.today().isoformat(), repeats, read, copy, matmul,
                      decode, matvec, dispatch_s, chain, llc_bytes(), ram_bytes(), jax.device_count(),
-                     os.getloadavg()[0], by_args, experts, convert, argmax, thunks, dots, absorb)
+                     os.getloadavg()[0], by_args, experts, convert, argmax, thunks, dots, absorb, temp,
+                     per_cache, os.sysconf("SC_PAGE_SIZE"))
+
+
+def _temp_pages(sizes_mib, repeats: int) -> dict[int, Stat]:
+    """Seconds per call of one program filling an f32 temporary of each size in MiB from an input
+    of the same size (an optimisation barrier keeps the temporary; the result is 64 B): above the
+    allocator's mmap threshold the temporary is new pages every call."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def fill(x):
+        t = jax.lax.optimization_barrier(x * 1.5 + 1.0)
+        return t[:8] + t[-8:]
+
+    out = {}
+    for mib in sizes_mib:
+        x = jnp.ones((mib * MIB // 4,), jnp.float32)
+        out[mib] = Stat.of(_time(lambda: fill(x).block_until_ready(), repeats))
+        del x
+    return out
+
+
+def temp_per_cache_byte(batch: int, context: int, model: str = PROBE_MODEL) -> float:
+    """The temporary allocation of the compiled reference decode step of `model` at (batch,
+    context) (XLA's `memory_analysis`) over the bytes of the caches it updates (the op graph's
+    `cache_bytes`): compiled, never run, a count of the program's structure."""
+    import jax.numpy as jnp
+    from kernels import reference as R
+    from perfmodel.arch import load_model
+    from perfmodel.deployment import Deployment
+    from perfmodel.ops import build
+    spec = load_model(model)
+    weights = R.init_weights(spec, 0, dtype=jnp.float32)
+    cache = R.init_cache(spec, batch, context + 1)
+    flat, pos, acc, rows = R.verify_inputs(batch, jnp.zeros((batch,), jnp.int32),
+                                           jnp.full((batch,), context, jnp.int32), None)
+    temp = R._decode_step_jit.lower(weights, cache, flat, pos, acc, rows=rows, mla_form="absorbed") \
+        .compile().memory_analysis().temp_size_in_bytes
+    g = build(spec, Deployment(devices=1, tp=1, engine="multikernel", batch=batch, context=context))
+    return temp / sum(g.cache_bytes.values())
 
 
 def _absorbed_kv_b(shape: tuple[int, int, int, int], copies: int, repeats: int) -> Stat:
@@ -564,6 +622,11 @@ def microbench(b: HostBench, name: str = "host-cpu") -> dict:
                  "value": s.median / 1e-6, "unit": "us_per_call",
                  "scope": f"jitted astype(float32) of a bf16 {list(shape)} array", "source": src}
                 for shape, s in b.convert_s.items()]
+    entries += [{"id": f"host-temp-pages-f32-{mib}mib", "platform": name, "mechanism": "host_temp_pages",
+                 "inputs": {"bytes": mib * MIB}, "value": s.median / 1e-6, "unit": "us_per_call",
+                 "scope": f"one call of a jitted program filling a {mib} MiB f32 temporary (optimisation barrier) "
+                          f"from an input of the same size", "source": src}
+                for mib, s in b.temp_pages_s.items()]
     entries += [{"id": f"host-thunk-chain-t{thunks}", "platform": name, "mechanism": "host_program",
                  "inputs": {"thunks": thunks}, "value": s.median / 1e-6, "unit": "us_per_call",
                  "scope": f"one call of a jitted program of {THUNK_LANES} lanes of tiny dependent steps "
@@ -595,9 +658,12 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
     hw = from_dict(tomllib.loads(hardware_toml(b, name)))
     start = {"dot_gemv_bandwidth_bytes_per_s": 2e10, "dot_gemm_bandwidth_bytes_per_s": 2e10,
              "dot_gemm_row_s_per_byte": 1e-12, "dot_fixed_s": 1e-5}
+    if b.convert_s or b.temp_pages_s:
+        start |= {"host_mmap_threshold_bytes": MMAP_THRESHOLD_BYTES}
     if b.convert_s:
-        start |= {"host_convert_values_per_s": 1e9, "host_convert_reused_values_per_s": 5e9,
-                  "host_mmap_threshold_bytes": MMAP_THRESHOLD_BYTES}
+        start |= {"host_convert_values_per_s": 1e9, "host_convert_reused_values_per_s": 5e9}
+    if b.temp_pages_s:
+        start |= {"host_fill_bytes_per_s": 1e10, "host_page_fault_s": 1e-6, "host_page_bytes": b.page_bytes}
     if b.thunk_chain:
         start |= {"host_call_s": 5e-6, "host_thunk_s": 1e-6}
     if b.absorb_s:
@@ -611,15 +677,22 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
         f"components.{k}": "starting value" for k in start}, "components.host_mmap_threshold_bytes":
         "glibc malloc's largest dynamic mmap threshold on 64-bit, 4 * 1024 * 1024 * sizeof(long) = "
         "32 MiB: larger blocks are always mmap'd afresh (mallopt(3), M_MMAP_THRESHOLD; "
-        "https://man7.org/linux/man-pages/man3/mallopt.3.html); not fitted"})
+        "https://man7.org/linux/man-pages/man3/mallopt.3.html); not fitted",
+        "components.host_page_bytes": f"the OS page size, os.sysconf('SC_PAGE_SIZE') on {b.cpu}, {b.date}; "
+                                      "not fitted"})
     mb = out.with_suffix(".microbench.json")
     hw = calibrated(data, hw, mb.name)
     counted = f"counted by hostbench in the compiled HLO of the {PROBE_MODEL} reference decode step " \
               f"(kernels/reference.py, batch 1; XLA:CPU on {b.cpu}, {b.date}): a structure, not a timing"
-    hw = dataclasses.replace(
-        hw, components={**hw.components, **{f"host_thunks_{k}": v for k, v in b.reference_thunks.items()}},
-        sources={**hw.sources, **{f"components.host_thunks_{k}": f"{counted}; mean over its {k} layers"
-                                  for k in b.reference_thunks}})
+    structure = {f"host_thunks_{k}": v for k, v in b.reference_thunks.items()}
+    sources = {f"components.host_thunks_{k}": f"{counted}; mean over its {k} layers" for k in b.reference_thunks}
+    if math.isfinite(b.temp_per_cache_byte):
+        structure["host_temp_per_cache_byte"] = b.temp_per_cache_byte
+        sources["components.host_temp_per_cache_byte"] = (
+            f"counted by hostbench in the compiled reference decode step of {PROBE_MODEL} at batch {TEMP_PROBE[0]}, "
+            f"context {TEMP_PROBE[1]} (kernels/reference.py; XLA:CPU on {b.cpu}, {b.date}): its temporary "
+            "allocation (memory_analysis) over the bytes of its caches (perfmodel.ops): a structure, not a timing")
+    hw = dataclasses.replace(hw, components={**hw.components, **structure}, sources={**hw.sources, **sources})
     write_atomic(mb, json.dumps(data, indent=1) + "\n")
     write_atomic(out, to_toml(hw, f"Host CPU measured by `perfmodel hostbench` ({b.cpu}, {b.date}).\n"
                                   "launch_overhead_s is the op-by-op dispatch cost; a compiled program "
@@ -659,6 +732,10 @@ def cmd_hostbench(a) -> dict:
             print(f"  bf16 -> f32 widening of {list(shape)}: " + _stat_text(s, 1e-6, "us"))
         for (k, w, rows), s in b.expert_loop.items():
             print(f"  expert loop, {k}x{w} experts, {rows:2d} rows: " + _stat_text(s, 1e-6, "us per expert"))
+        for mib, s in b.temp_pages_s.items():
+            print(f"  program filling a {mib:3d} MiB temporary: " + _stat_text(s, 1e-6, "us per call"))
+        print(f"  temporaries of the {PROBE_MODEL} reference step at batch {TEMP_PROBE[0]}, context "
+              f"{TEMP_PROBE[1]}: {b.temp_per_cache_byte:.3g} B per cache byte; page {b.page_bytes} B")
         print(f"wrote {path} (+ {path.with_suffix('.json').name})")
     return {"hardware_file": str(path), **b.json()}
 
