@@ -43,7 +43,9 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
   call (`components.host_fresh_pages_time`: a cost per page of the OS page size);
 - temporaries per cache byte (structure, not timing): the compiled reference step of PROBE_MODEL
   at TEMP_PROBE (batch, context): its temporary allocation (`memory_analysis`) over the caches it
-  updates (`perfmodel.ops` cache bytes), `components.host_temp_per_cache_byte`.
+  updates (`perfmodel.ops` cache bytes), `components.host_temp_per_cache_byte`; and each
+  attention phase as the op-by-op step compiles it, over its own layer's cache, per attention
+  kind (`host_temp_per_cache_byte_attention_<kind>`).
 Not measured (stated as such in the file's sources): memory latency (`dma_latency_s`), the fill
 granule (`dma_tile_bytes`) and the link fields, which do not apply to one CPU device.
 
@@ -94,7 +96,7 @@ EXPERT_SHAPES = ((1024, 512), (256, 128), (64, 32))  # (input width K, FFN width
 EXPERT_SLABS, EXPERT_DISTINCT = 48, 16  # stacked experts (48 x 6 MiB: far beyond the LLC), 16 visited
 EXPERT_ROWS = (1, 8, 32)
 TEMP_PAGES_MIB = (8, 16, 24, 48, 96, 192)  # f32 temporaries below and above the 32 MiB mmap threshold
-TEMP_PROBE = (8, 4096)  # (batch, context) of the reference step whose temporaries are counted
+TEMP_PROBE = (32, 4096)  # (batch, context) of the reference step whose temporaries are counted
 CONVERT_SHAPES = ((1, 4096, 192), (2, 4096, 192), (16, 4096, 192), (32, 4096, 192))  # bf16 latent-cache-like
 MMAP_THRESHOLD_BYTES = 32 * MIB  # glibc malloc: allocations above it are always fresh mmap'd pages
 DMA_LATENCY_ASSUMED_S = 1.0e-7
@@ -144,7 +146,8 @@ class HostBench:
     dot_chain: dict[int, Stat] = field(default_factory=dict)  # s per 4 MiB f32 dot in a chain, by rows
     absorb_s: dict[tuple[int, ...], Stat] = field(default_factory=dict)  # s per kv_b, absorbed MLA
     temp_pages_s: dict[int, Stat] = field(default_factory=dict)  # s per call, by temporary MiB
-    temp_per_cache_byte: float = float("nan")  # reference step's temporaries / its cache bytes
+    temp_per_cache_byte: dict[str, float] = field(default_factory=dict)  # temporaries / cache bytes:
+    # "step" (the compiled step) and "attention_<kind>" (an op-by-op attention phase, its own layer's cache)
     page_bytes: int = 4096  # the OS page size (os.sysconf)
 
     def dispatch_s_for(self, n_args: int) -> float:
@@ -196,7 +199,7 @@ class HostBench:
                 "absorbed_kv_b_s": {"x".join(map(str, k)): v.json() for k, v in self.absorb_s.items()},
                 "temp_pages_s": {str(k): v.json() for k, v in self.temp_pages_s.items()},
                 "temp_per_cache_byte": {"model": PROBE_MODEL, "batch": TEMP_PROBE[0], "context": TEMP_PROBE[1],
-                                        "ratio": self.temp_per_cache_byte},
+                                        **self.temp_per_cache_byte},
                 "page_bytes": self.page_bytes,
                 "flops_efficiency": self.flops_efficiency,
                 "load_average_1min": self.load_average}
@@ -363,10 +366,11 @@ def _temp_pages(sizes_mib, repeats: int) -> dict[int, Stat]:
     return out
 
 
-def temp_per_cache_byte(batch: int, context: int, model: str = PROBE_MODEL) -> float:
-    """The temporary allocation of the compiled reference decode step of `model` at (batch,
-    context) (XLA's `memory_analysis`) over the bytes of the caches it updates (the op graph's
-    `cache_bytes`): compiled, never run, a count of the program's structure."""
+def temp_per_cache_byte(batch: int, context: int, model: str = PROBE_MODEL) -> dict[str, float]:
+    """The temporary allocation (XLA's `memory_analysis`) of the compiled reference decode step of
+    `model` at (batch, context) over the bytes of all its caches (the op graph's `cache_bytes`):
+    "step"; of each attention phase as the op-by-op step compiles it over its own layer's cache,
+    mean per attention kind: "attention_<kind>". Compiled, never run: the programs' structure."""
     import jax.numpy as jnp
     from kernels import reference as R
     from perfmodel.arch import load_model
@@ -377,10 +381,17 @@ def temp_per_cache_byte(batch: int, context: int, model: str = PROBE_MODEL) -> f
     cache = R.init_cache(spec, batch, context + 1)
     flat, pos, acc, rows = R.verify_inputs(batch, jnp.zeros((batch,), jnp.int32),
                                            jnp.full((batch,), context, jnp.int32), None)
-    temp = R._decode_step_jit.lower(weights, cache, flat, pos, acc, rows=rows, mla_form="absorbed") \
-        .compile().memory_analysis().temp_size_in_bytes
+    temp = lambda lowered: lowered.compile().memory_analysis().temp_size_in_bytes
     g = build(spec, Deployment(devices=1, tp=1, engine="multikernel", batch=batch, context=context))
-    return temp / sum(g.cache_bytes.values())
+    out = {"step": temp(R._decode_step_jit.lower(weights, cache, flat, pos, acc, rows=rows, mla_form="absorbed"))
+           / sum(g.cache_bytes.values())}
+    _, attn, _, _ = R._phase_fns(weights.static, rows, "absorbed")
+    x = jnp.zeros((batch, spec.hidden), jnp.float32)
+    per: dict[str, list[float]] = {}
+    for layer, lw in zip(spec.layers, weights["layers"]):
+        per.setdefault(f"attention_{layer.attention}", []).append(
+            temp(attn[layer.index].lower(lw, cache, x, pos, acc)) / g.cache_bytes[layer.index])
+    return out | {k: statistics.fmean(v) for k, v in sorted(per.items())}
 
 
 def _absorbed_kv_b(shape: tuple[int, int, int, int], copies: int, repeats: int) -> Stat:
@@ -686,12 +697,15 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
               f"(kernels/reference.py, batch 1; XLA:CPU on {b.cpu}, {b.date}): a structure, not a timing"
     structure = {f"host_thunks_{k}": v for k, v in b.reference_thunks.items()}
     sources = {f"components.host_thunks_{k}": f"{counted}; mean over its {k} layers" for k in b.reference_thunks}
-    if math.isfinite(b.temp_per_cache_byte):
-        structure["host_temp_per_cache_byte"] = b.temp_per_cache_byte
-        sources["components.host_temp_per_cache_byte"] = (
+    for k, v in b.temp_per_cache_byte.items():
+        name = "host_temp_per_cache_byte" + ("" if k == "step" else f"_{k}")
+        structure[name] = v
+        sources[f"components.{name}"] = (
             f"counted by hostbench in the compiled reference decode step of {PROBE_MODEL} at batch {TEMP_PROBE[0]}, "
-            f"context {TEMP_PROBE[1]} (kernels/reference.py; XLA:CPU on {b.cpu}, {b.date}): its temporary "
-            "allocation (memory_analysis) over the bytes of its caches (perfmodel.ops): a structure, not a timing")
+            f"context {TEMP_PROBE[1]} (kernels/reference.py; XLA:CPU on {b.cpu}, {b.date}): the temporary "
+            "allocation (memory_analysis) of " + ("the one-program step over all its caches" if k == "step" else
+                                                  f"its op-by-op {k} phases over their layer's cache (mean)")
+            + " (cache bytes: perfmodel.ops): a structure, not a timing")
     hw = dataclasses.replace(hw, components={**hw.components, **structure}, sources={**hw.sources, **sources})
     write_atomic(mb, json.dumps(data, indent=1) + "\n")
     write_atomic(out, to_toml(hw, f"Host CPU measured by `perfmodel hostbench` ({b.cpu}, {b.date}).\n"
@@ -734,8 +748,9 @@ def cmd_hostbench(a) -> dict:
             print(f"  expert loop, {k}x{w} experts, {rows:2d} rows: " + _stat_text(s, 1e-6, "us per expert"))
         for mib, s in b.temp_pages_s.items():
             print(f"  program filling a {mib:3d} MiB temporary: " + _stat_text(s, 1e-6, "us per call"))
-        print(f"  temporaries of the {PROBE_MODEL} reference step at batch {TEMP_PROBE[0]}, context "
-              f"{TEMP_PROBE[1]}: {b.temp_per_cache_byte:.3g} B per cache byte; page {b.page_bytes} B")
+        print(f"  temporaries per cache byte of the {PROBE_MODEL} reference step at batch {TEMP_PROBE[0]}, "
+              f"context {TEMP_PROBE[1]}: " + ", ".join(f"{k} {v:.3g}" for k, v in b.temp_per_cache_byte.items())
+              + f"; page {b.page_bytes} B")
         print(f"wrote {path} (+ {path.with_suffix('.json').name})")
     return {"hardware_file": str(path), **b.json()}
 

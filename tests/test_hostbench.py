@@ -33,7 +33,8 @@ def bench() -> HostBench:
                                for sh in hostbench.ABSORB_SHAPES},
                      temp_pages_s={m: s(4e-6 + m * 2**20 / 1e10 + (m * 2**20 // 4096 * 8e-7 if m > 32 else 0))
                                    for m in hostbench.TEMP_PAGES_MIB},
-                     temp_per_cache_byte=2.4, page_bytes=4096)
+                     temp_per_cache_byte={"step": 2.4, "attention_kda": 2.9, "attention_mla": 3.0},
+                     page_bytes=4096)
 
 
 def test_stat_rate_swaps_min_and_max():
@@ -78,7 +79,8 @@ def test_quick_measurement_runs(tmp_path):
     assert b.dispatch_s.median > 0 and len(b.thunk_chain) == len(hostbench.THUNK_CHAIN_STEPS)
     assert min(b.thunk_chain) >= min(hostbench.THUNK_CHAIN_STEPS)  # at least one thunk per step
     assert {"attention_kda", "attention_mla", "ffn", "moe", "head"} <= set(b.reference_thunks)
-    assert b.temp_per_cache_byte > 1 and set(b.temp_pages_s) == {8, 48}  # temporaries hold the cache, and more
+    assert b.temp_per_cache_byte["step"] > 1 and set(b.temp_pages_s) == {8, 48}  # the caches, and more
+    assert set(b.temp_per_cache_byte) == {"step", "attention_kda", "attention_mla"}
     load_hardware(str(hostbench.write(b, tmp_path / "quick.toml")))
 
 
@@ -138,8 +140,10 @@ def test_temp_pages_are_a_component_fitted_to_their_own_figures(tmp_path):
     assert hw.components["host_page_fault_s"] == pytest.approx(8e-7, rel=1e-3)
     assert hw.components["host_fill_bytes_per_s"] == pytest.approx(1e10, rel=1e-3)
     assert hw.components["host_page_bytes"] == 4096 and hw.components["host_temp_per_cache_byte"] == 2.4
+    assert hw.components["host_temp_per_cache_byte_attention_mla"] == 3.0
     assert "host-temp-pages-f32-192mib" in hw.sources["components.host_page_fault_s"]
     assert "memory_analysis" in hw.sources["components.host_temp_per_cache_byte"]
+    assert "op-by-op attention_kda" in hw.sources["components.host_temp_per_cache_byte_attention_kda"]
     assert "SC_PAGE_SIZE" in hw.sources["components.host_page_bytes"]
 
 
