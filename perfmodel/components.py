@@ -245,6 +245,13 @@ def host_temp_fill_time(c: dict, nbytes: float) -> float:
     return param(c, "host_call_s") + nbytes / param(c, "host_fill_bytes_per_s") + host_fresh_pages_time(c, nbytes)
 
 
+def host_stack_copy_time(c: dict, nbytes: float) -> float:
+    """Whole copies of stacked caches (`nbytes` copied) that XLA inserts around their per-layer
+    updates, at the fill rate of hostbench's temp-buffer program (read one buffer, write another
+    of its size, warm pages). Micro-benchmarks: host-temp-pages-* (hostbench)."""
+    return nbytes / param(c, "host_fill_bytes_per_s")
+
+
 def host_program_time(c: dict, thunks, calls=1):
     """One XLA:CPU program (or its share, `calls` = 0): a fixed cost per call (dispatch, argument
     handling) and per thunk (each kernel the executable runs: fusion, copy, dot, loop), whatever

@@ -45,7 +45,12 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
   at TEMP_PROBE (batch, context): its temporary allocation (`memory_analysis`) over the caches it
   updates (`perfmodel.ops` cache bytes), `components.host_temp_per_cache_byte`; and each
   attention phase as the op-by-op step compiles it, over its own layer's cache, per attention
-  kind (`host_temp_per_cache_byte_attention_<kind>`).
+  kind (`host_temp_per_cache_byte_attention_<kind>`);
+- copies of the stacked caches (structure, not timing): in the same compiled programs, the `copy`
+  instructions whose result has a cache parameter's shape (XLA copies whole stacks around their
+  per-layer updates): per layer of each kind in units of that kind's stacks
+  (`host_stack_copies_<kind>`), and per op-by-op attention phase in units of all caches
+  (`host_stack_copies_attention_<kind>`); timed at the temp-buffer program's fill rate.
 Not measured (stated as such in the file's sources): memory latency (`dma_latency_s`), the fill
 granule (`dma_tile_bytes`) and the link fields, which do not apply to one CPU device.
 
@@ -148,6 +153,7 @@ class HostBench:
     temp_pages_s: dict[int, Stat] = field(default_factory=dict)  # s per call, by temporary MiB
     temp_per_cache_byte: dict[str, float] = field(default_factory=dict)  # temporaries / cache bytes:
     # "step" (the compiled step) and "attention_<kind>" (an op-by-op attention phase, its own layer's cache)
+    stack_copies: dict[str, float] = field(default_factory=dict)  # copies of the stacked caches (stack_copies)
     page_bytes: int = 4096  # the OS page size (os.sysconf)
 
     def dispatch_s_for(self, n_args: int) -> float:
@@ -200,6 +206,8 @@ class HostBench:
                 "temp_pages_s": {str(k): v.json() for k, v in self.temp_pages_s.items()},
                 "temp_per_cache_byte": {"model": PROBE_MODEL, "batch": TEMP_PROBE[0], "context": TEMP_PROBE[1],
                                         **self.temp_per_cache_byte},
+                "stack_copies": {"model": PROBE_MODEL, "batch": TEMP_PROBE[0], "context": TEMP_PROBE[1],
+                                 **self.stack_copies},
                 "page_bytes": self.page_bytes,
                 "flops_efficiency": self.flops_efficiency,
                 "load_average_1min": self.load_average}
@@ -337,13 +345,13 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
         convert[shape] = Stat.of(_time(lambda: widen(x).block_until_ready(), repeats))
         del x
     temp = _temp_pages((8, 48) if quick else TEMP_PAGES_MIB, repeats)
-    per_cache = temp_per_cache_byte(*((1, 256) if quick else TEMP_PROBE))
+    per_cache, copies = reference_memory(*((1, 256) if quick else TEMP_PROBE))
     bar.update()
     bar.close()
     return HostBench(cpu_model(), datetime.date.today().isoformat(), repeats, read, copy, matmul,
                      decode, matvec, dispatch_s, chain, llc_bytes(), ram_bytes(), jax.device_count(),
                      os.getloadavg()[0], by_args, experts, convert, argmax, thunks, dots, absorb, temp,
-                     per_cache, os.sysconf("SC_PAGE_SIZE"))
+                     per_cache, copies, os.sysconf("SC_PAGE_SIZE"))
 
 
 def _temp_pages(sizes_mib, repeats: int) -> dict[int, Stat]:
@@ -366,11 +374,38 @@ def _temp_pages(sizes_mib, repeats: int) -> dict[int, Stat]:
     return out
 
 
-def temp_per_cache_byte(batch: int, context: int, model: str = PROBE_MODEL) -> dict[str, float]:
-    """The temporary allocation (XLA's `memory_analysis`) of the compiled reference decode step of
-    `model` at (batch, context) over the bytes of all its caches (the op graph's `cache_bytes`):
-    "step"; of each attention phase as the op-by-op step compiles it over its own layer's cache,
-    mean per attention kind: "attention_<kind>". Compiled, never run: the programs' structure."""
+def stack_copies(hlo_text: str) -> tuple[dict[str, int], dict[str, int]]:
+    """(copies, bytes) by cache name: the `copy` instructions of a compiled program's entry
+    computation whose result has the shape of a cache parameter (one named `cache['<name>']`),
+    and that cache's bytes."""
+    import re
+    line_re = re.compile(r"^\s*(?:ROOT )?%?(\S+) = (\w+)\[([\d,]*)\]\{[^}]*\} ([\w-]+)\(")
+    size = {"f32": 4, "bf16": 2, "s32": 4, "f16": 2, "s8": 1, "u8": 1, "pred": 1}
+    shapes, copies, entry = {}, {}, False
+    for line in hlo_text.splitlines():
+        entry = entry or line.startswith("ENTRY")
+        m = line_re.match(line) if entry else None
+        if m is None:
+            continue
+        name, dtype, dims, opcode = m.groups()
+        shape = (dtype, dims)
+        if opcode == "parameter" and name.startswith("cache__"):
+            shapes[shape] = name.split("__")[1]
+        elif opcode == "copy" and shape in shapes:
+            copies[shapes[shape]] = copies.get(shapes[shape], 0) + 1
+    nbytes = {k: size.get(d, 4) * math.prod(int(x) for x in dims.split(",") if x) for (d, dims), k in shapes.items()}
+    return {k: copies.get(k, 0) for k in nbytes}, nbytes
+
+
+def reference_memory(batch: int, context: int, model: str = PROBE_MODEL) -> tuple[dict[str, float], dict[str, float]]:
+    """The compiled reference decode step of `model` at (batch, context) and its op-by-op
+    attention phases, compiled, never run (the programs' structure):
+    temporaries per cache byte: the step's temporary allocation (XLA's `memory_analysis`) over the
+    bytes of all its caches (the op graph's `cache_bytes`), "step", and each attention phase's
+    over its own layer's cache, mean per attention kind, "attention_<kind>";
+    stack copies (`stack_copies`): in the step, per layer of each kind in units of that kind's
+    stacked caches, "<kind>"; in an attention phase, in units of all caches, mean per kind,
+    "attention_<kind>" (a cache named `<kind>_...` belongs to that attention kind)."""
     import jax.numpy as jnp
     from kernels import reference as R
     from perfmodel.arch import load_model
@@ -381,17 +416,25 @@ def temp_per_cache_byte(batch: int, context: int, model: str = PROBE_MODEL) -> d
     cache = R.init_cache(spec, batch, context + 1)
     flat, pos, acc, rows = R.verify_inputs(batch, jnp.zeros((batch,), jnp.int32),
                                            jnp.full((batch,), context, jnp.int32), None)
-    temp = lambda lowered: lowered.compile().memory_analysis().temp_size_in_bytes
     g = build(spec, Deployment(devices=1, tp=1, engine="multikernel", batch=batch, context=context))
-    out = {"step": temp(R._decode_step_jit.lower(weights, cache, flat, pos, acc, rows=rows, mla_form="absorbed"))
-           / sum(g.cache_bytes.values())}
+    step = R._decode_step_jit.lower(weights, cache, flat, pos, acc, rows=rows, mla_form="absorbed").compile()
+    temps = {"step": step.memory_analysis().temp_size_in_bytes / sum(g.cache_bytes.values())}
+    n, nbytes = stack_copies(step.as_text())
+    layers = {k: spec.count(attention=k) for k in {c.split("_")[0] for c in nbytes}}
+    copies = {k: sum(n[c] * nbytes[c] for c in nbytes if c.startswith(k + "_"))
+              / (layers[k] * sum(nbytes[c] for c in nbytes if c.startswith(k + "_"))) for k in sorted(layers)}
     _, attn, _, _ = R._phase_fns(weights.static, rows, "absorbed")
     x = jnp.zeros((batch, spec.hidden), jnp.float32)
-    per: dict[str, list[float]] = {}
+    per: dict[str, list[tuple[float, float]]] = {}
     for layer, lw in zip(spec.layers, weights["layers"]):
+        phase = attn[layer.index].lower(lw, cache, x, pos, acc).compile()
+        n, nbytes = stack_copies(phase.as_text())
         per.setdefault(f"attention_{layer.attention}", []).append(
-            temp(attn[layer.index].lower(lw, cache, x, pos, acc)) / g.cache_bytes[layer.index])
-    return out | {k: statistics.fmean(v) for k, v in sorted(per.items())}
+            (phase.memory_analysis().temp_size_in_bytes / g.cache_bytes[layer.index],
+             sum(n[c] * nbytes[c] for c in nbytes) / sum(nbytes.values())))
+    temps |= {k: statistics.fmean(t for t, _ in v) for k, v in sorted(per.items())}
+    copies |= {k: statistics.fmean(c for _, c in v) for k, v in sorted(per.items())}
+    return temps, copies
 
 
 def _absorbed_kv_b(shape: tuple[int, int, int, int], copies: int, repeats: int) -> Stat:
@@ -697,6 +740,14 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
               f"(kernels/reference.py, batch 1; XLA:CPU on {b.cpu}, {b.date}): a structure, not a timing"
     structure = {f"host_thunks_{k}": v for k, v in b.reference_thunks.items()}
     sources = {f"components.host_thunks_{k}": f"{counted}; mean over its {k} layers" for k in b.reference_thunks}
+    for k, v in b.stack_copies.items():
+        structure[f"host_stack_copies_{k}"] = v
+        sources[f"components.host_stack_copies_{k}"] = (
+            f"counted by hostbench in the compiled reference decode step of {PROBE_MODEL} at batch {TEMP_PROBE[0]}, "
+            f"context {TEMP_PROBE[1]} (kernels/reference.py; XLA:CPU on {b.cpu}, {b.date}): copies of whole cache "
+            "stacks (copy instructions of a cache parameter's shape) " + (
+                f"per {k} layer, in units of its stacks" if not k.startswith("attention") else
+                f"in its op-by-op {k} phases, in units of all caches (mean)") + ": a structure, not a timing")
     for k, v in b.temp_per_cache_byte.items():
         name = "host_temp_per_cache_byte" + ("" if k == "step" else f"_{k}")
         structure[name] = v
@@ -750,7 +801,7 @@ def cmd_hostbench(a) -> dict:
             print(f"  program filling a {mib:3d} MiB temporary: " + _stat_text(s, 1e-6, "us per call"))
         print(f"  temporaries per cache byte of the {PROBE_MODEL} reference step at batch {TEMP_PROBE[0]}, "
               f"context {TEMP_PROBE[1]}: " + ", ".join(f"{k} {v:.3g}" for k, v in b.temp_per_cache_byte.items())
-              + f"; page {b.page_bytes} B")
+              + f"; page {b.page_bytes} B; stack copies " + ", ".join(f"{k} {v:.3g}" for k, v in b.stack_copies.items()))
         print(f"wrote {path} (+ {path.with_suffix('.json').name})")
     return {"hardware_file": str(path), **b.json()}
 

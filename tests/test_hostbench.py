@@ -34,6 +34,7 @@ def bench() -> HostBench:
                      temp_pages_s={m: s(4e-6 + m * 2**20 / 1e10 + (m * 2**20 // 4096 * 8e-7 if m > 32 else 0))
                                    for m in hostbench.TEMP_PAGES_MIB},
                      temp_per_cache_byte={"step": 2.4, "attention_kda": 2.9, "attention_mla": 3.0},
+                     stack_copies={"kda": 1.0, "mla": 1.0, "attention_kda": 0.014, "attention_mla": 0.79},
                      page_bytes=4096)
 
 
@@ -81,6 +82,7 @@ def test_quick_measurement_runs(tmp_path):
     assert {"attention_kda", "attention_mla", "ffn", "moe", "head"} <= set(b.reference_thunks)
     assert b.temp_per_cache_byte["step"] > 1 and set(b.temp_pages_s) == {8, 48}  # the caches, and more
     assert set(b.temp_per_cache_byte) == {"step", "attention_kda", "attention_mla"}
+    assert set(b.stack_copies) == {"kda", "mla", "attention_kda", "attention_mla"}
     load_hardware(str(hostbench.write(b, tmp_path / "quick.toml")))
 
 
@@ -145,6 +147,8 @@ def test_temp_pages_are_a_component_fitted_to_their_own_figures(tmp_path):
     assert "memory_analysis" in hw.sources["components.host_temp_per_cache_byte"]
     assert "op-by-op attention_kda" in hw.sources["components.host_temp_per_cache_byte_attention_kda"]
     assert "SC_PAGE_SIZE" in hw.sources["components.host_page_bytes"]
+    assert hw.components["host_stack_copies_kda"] == 1.0 and hw.components["host_stack_copies_attention_mla"] == 0.79
+    assert "per kda layer" in hw.sources["components.host_stack_copies_kda"]
 
 
 def test_count_thunks_reads_the_entry_computation_by_scope():
