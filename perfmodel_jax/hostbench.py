@@ -155,6 +155,7 @@ class HostBench:
     # "step" (the compiled step) and "attention_<kind>" (an op-by-op attention phase, its own layer's cache)
     stack_copies: dict[str, float] = field(default_factory=dict)  # copies of the stacked caches (stack_copies)
     page_bytes: int = 4096  # the OS page size (os.sysconf)
+    memory_probe: tuple[int, int] = TEMP_PROBE  # (batch, context) of reference_memory's programs
 
     def dispatch_s_for(self, n_args: int) -> float:
         """Dispatch time of a call with `n_args` arrays: the least-squares line through the
@@ -204,10 +205,10 @@ class HostBench:
                 "dot_chain_s_per_dot": {str(k): v.json() for k, v in self.dot_chain.items()},
                 "absorbed_kv_b_s": {"x".join(map(str, k)): v.json() for k, v in self.absorb_s.items()},
                 "temp_pages_s": {str(k): v.json() for k, v in self.temp_pages_s.items()},
-                "temp_per_cache_byte": {"model": PROBE_MODEL, "batch": TEMP_PROBE[0], "context": TEMP_PROBE[1],
-                                        **self.temp_per_cache_byte},
-                "stack_copies": {"model": PROBE_MODEL, "batch": TEMP_PROBE[0], "context": TEMP_PROBE[1],
-                                 **self.stack_copies},
+                "temp_per_cache_byte": {"model": PROBE_MODEL, "batch": self.memory_probe[0],
+                                        "context": self.memory_probe[1], **self.temp_per_cache_byte},
+                "stack_copies": {"model": PROBE_MODEL, "batch": self.memory_probe[0],
+                                 "context": self.memory_probe[1], **self.stack_copies},
                 "page_bytes": self.page_bytes,
                 "flops_efficiency": self.flops_efficiency,
                 "load_average_1min": self.load_average}
@@ -345,13 +346,14 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
         convert[shape] = Stat.of(_time(lambda: widen(x).block_until_ready(), repeats))
         del x
     temp = _temp_pages((8, 48) if quick else TEMP_PAGES_MIB, repeats)
-    per_cache, copies = reference_memory(*((1, 256) if quick else TEMP_PROBE))
+    probe = (1, 256) if quick else TEMP_PROBE
+    per_cache, copies = reference_memory(*probe)
     bar.update()
     bar.close()
     return HostBench(cpu_model(), datetime.date.today().isoformat(), repeats, read, copy, matmul,
                      decode, matvec, dispatch_s, chain, llc_bytes(), ram_bytes(), jax.device_count(),
                      os.getloadavg()[0], by_args, experts, convert, argmax, thunks, dots, absorb, temp,
-                     per_cache, copies, os.sysconf("SC_PAGE_SIZE"))
+                     per_cache, copies, os.sysconf("SC_PAGE_SIZE"), probe)
 
 
 def _temp_pages(sizes_mib, repeats: int) -> dict[int, Stat]:
@@ -743,8 +745,8 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
     for k, v in b.stack_copies.items():
         structure[f"host_stack_copies_{k}"] = v
         sources[f"components.host_stack_copies_{k}"] = (
-            f"counted by hostbench in the compiled reference decode step of {PROBE_MODEL} at batch {TEMP_PROBE[0]}, "
-            f"context {TEMP_PROBE[1]} (kernels/reference.py; XLA:CPU on {b.cpu}, {b.date}): copies of whole cache "
+            f"counted by hostbench in the compiled reference decode step of {PROBE_MODEL} at batch {b.memory_probe[0]}, "
+            f"context {b.memory_probe[1]} (kernels/reference.py; XLA:CPU on {b.cpu}, {b.date}): copies of whole cache "
             "stacks (copy instructions of a cache parameter's shape) " + (
                 f"per {k} layer, in units of its stacks" if not k.startswith("attention") else
                 f"in its op-by-op {k} phases, in units of all caches (mean)") + ": a structure, not a timing")
@@ -752,8 +754,8 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
         name = "host_temp_per_cache_byte" + ("" if k == "step" else f"_{k}")
         structure[name] = v
         sources[f"components.{name}"] = (
-            f"counted by hostbench in the compiled reference decode step of {PROBE_MODEL} at batch {TEMP_PROBE[0]}, "
-            f"context {TEMP_PROBE[1]} (kernels/reference.py; XLA:CPU on {b.cpu}, {b.date}): the temporary "
+            f"counted by hostbench in the compiled reference decode step of {PROBE_MODEL} at batch {b.memory_probe[0]}, "
+            f"context {b.memory_probe[1]} (kernels/reference.py; XLA:CPU on {b.cpu}, {b.date}): the temporary "
             "allocation (memory_analysis) of " + ("the one-program step over all its caches" if k == "step" else
                                                   f"its op-by-op {k} phases over their layer's cache (mean)")
             + " (cache bytes: perfmodel.ops): a structure, not a timing")
@@ -799,8 +801,8 @@ def cmd_hostbench(a) -> dict:
             print(f"  expert loop, {k}x{w} experts, {rows:2d} rows: " + _stat_text(s, 1e-6, "us per expert"))
         for mib, s in b.temp_pages_s.items():
             print(f"  program filling a {mib:3d} MiB temporary: " + _stat_text(s, 1e-6, "us per call"))
-        print(f"  temporaries per cache byte of the {PROBE_MODEL} reference step at batch {TEMP_PROBE[0]}, "
-              f"context {TEMP_PROBE[1]}: " + ", ".join(f"{k} {v:.3g}" for k, v in b.temp_per_cache_byte.items())
+        print(f"  temporaries per cache byte of the {PROBE_MODEL} reference step at batch {b.memory_probe[0]}, "
+              f"context {b.memory_probe[1]}: " + ", ".join(f"{k} {v:.3g}" for k, v in b.temp_per_cache_byte.items())
               + f"; page {b.page_bytes} B; stack copies " + ", ".join(f"{k} {v:.3g}" for k, v in b.stack_copies.items()))
         print(f"wrote {path} (+ {path.with_suffix('.json').name})")
     return {"hardware_file": str(path), **b.json()}
