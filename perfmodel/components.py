@@ -227,6 +227,31 @@ def host_convert_time(c: dict, values: float, allocated_bytes: float) -> float:
     return values / param(c, "host_convert_values_per_s" if fresh else "host_convert_reused_values_per_s")
 
 
+def host_fresh_pages_time(c: dict, allocated_bytes: float) -> float:
+    """First-touch page faults of one program call's temporary buffer of `allocated_bytes`:
+    above the allocator's mmap threshold (`host_mmap_threshold_bytes`) it is new pages every
+    call, each faulted in (zeroed) as it is first written, `host_page_fault_s` per page of
+    `host_page_bytes`; below it the allocator reuses warm memory (no faults).
+    Micro-benchmarks: host-temp-pages-* (hostbench)."""
+    if allocated_bytes <= param(c, "host_mmap_threshold_bytes"):
+        return 0.0
+    return -(-allocated_bytes // param(c, "host_page_bytes")) * param(c, "host_page_fault_s")
+
+
+def host_temp_fill_time(c: dict, nbytes: float) -> float:
+    """hostbench's temp-buffer program: one call (`host_call_s`) filling a temporary of `nbytes`
+    from an input of the same size (`host_fill_bytes_per_s`, warm pages) plus that buffer's
+    fresh pages (`host_fresh_pages_time`). Micro-benchmarks: host-temp-pages-* (hostbench)."""
+    return param(c, "host_call_s") + nbytes / param(c, "host_fill_bytes_per_s") + host_fresh_pages_time(c, nbytes)
+
+
+def host_stack_copy_time(c: dict, nbytes: float) -> float:
+    """Whole copies of stacked caches (`nbytes` copied) that XLA inserts around their per-layer
+    updates, at the fill rate of hostbench's temp-buffer program (read one buffer, write another
+    of its size, warm pages). Micro-benchmarks: host-temp-pages-* (hostbench)."""
+    return nbytes / param(c, "host_fill_bytes_per_s")
+
+
 def host_program_time(c: dict, thunks, calls=1):
     """One XLA:CPU program (or its share, `calls` = 0): a fixed cost per call (dispatch, argument
     handling) and per thunk (each kernel the executable runs: fusion, copy, dot, loop), whatever

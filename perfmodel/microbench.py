@@ -54,6 +54,7 @@ GROUPS = {
                     ("host_expert_loop",)),
     "host_convert": (("host_convert_values_per_s", "host_convert_reused_values_per_s"), ("host_convert",)),
     "host_program": (("host_call_s", "host_thunk_s"), ("host_program",)),
+    "host_pages": (("host_fill_bytes_per_s", "host_page_fault_s"), ("host_temp_pages",)),
     "host_argmax": (("host_argmax_values_per_s",), ("host_argmax",)),
     "host_absorb": (("host_absorb_fixed_s", "host_absorb_bytes_per_s"), ("host_absorbed_kv_b",)),
 }
@@ -128,6 +129,8 @@ def predict_entry(e: dict, hw: Hardware) -> float:
         t = cm.host_convert_time(c, i["values"], i["allocated_bytes"])
     elif m == "host_program":
         t = cm.host_program_time(c, i["thunks"])
+    elif m == "host_temp_pages":
+        t = cm.host_temp_fill_time(c, i["bytes"])
     elif m == "host_absorbed_kv_b":
         t = cm.host_absorbed_kv_b_time(c, i["bytes"])
     elif m == "host_argmax":

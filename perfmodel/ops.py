@@ -46,6 +46,8 @@ class OpGraph:
     layer_kind: dict[int, str]
     tokens: int           # rows processed per replica this step
     distinct_experts: float  # per MoE layer on the busiest expert group
+    cache_bytes: dict[int, float] = dataclasses.field(default_factory=dict)  # per layer: the caches
+    # (KV / latents / recurrent and conv state) this replica holds for its sequences, bytes
     # the all-reduce algorithm the model's own megakernel runs at these rows ("": it has none
     # fixed, the fastest per payload); from the model's [megakernel] shard_collective_rows
     kernel_all_reduce: str = ""
@@ -167,7 +169,8 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
     kinds.update({0: "embed", n1: "head"})
     return OpGraph(arr(0, int), list(cols[1]), list(cols[2]), arr(3, bool), arr(4), list(cols[5]),
                    arr(6), arr(7), arr(8), arr(9), list(cols[10]), arr(11), arr(12, int), kinds, t,
-                   distinct, kernel_all_reduce(model, t))
+                   distinct, {l.index: b * model.cache_bytes(l.attention, d.context, d.tp) for l in model.layers},
+                   kernel_all_reduce(model, t))
 
 
 def kernel_all_reduce(model: ModelSpec, rows: int) -> str:

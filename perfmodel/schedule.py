@@ -173,10 +173,37 @@ def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
             else:  # dots: achieved bandwidth by rows
                 t_mem[j] = cm.host_dot_time(c, g.static_bytes[j] + g.routed_bytes[j], g.flops[j] / (2 * w[j]))
             t_mem[j] += (g.kv_bytes[j] + g.act_bytes[j]) / bw
-        if "host_convert_values_per_s" in c:  # it widens the whole bf16 latent cache to f32 each step
-            # into a fresh buffer, beside a fresh bf16 copy of the cache block: 6 B per value
+        if "host_convert_values_per_s" in c:  # it widens the whole bf16 latent cache to f32 each step,
+            # into the program's temporary buffer (whose fresh pages are charged below, once)
             for j in (j for j, name in enumerate(g.name) if name == "mla_attention" and g.kv_bytes[j] > 0):
-                t_mem[j] += cm.host_convert_time(c, g.kv_bytes[j] / 2, 3 * g.kv_bytes[j]) + g.kv_bytes[j] / bw
+                t_mem[j] += cm.host_convert_time(c, g.kv_bytes[j] / 2, 0.0) + g.kv_bytes[j] / bw
+        first = {}  # each layer's first attention op
+        for j, (l, p) in enumerate(zip(g.layer.tolist(), g.phase)):
+            if p == "attention":
+                first.setdefault(l, j)
+        kind = {l: g.layer_kind[l].split("+")[0] for l in first}
+        op_by_op = hw.launch_overhead_s > 0  # else one program per step (launch_overhead_s = 0)
+        if "host_page_fault_s" in c:  # a program's temporaries, host_temp_per_cache_byte[_<phase>] x
+            # its caches (counted in the reference's compiled programs by hostbench), are new pages every
+            # call above the mmap threshold, faulted in as first written: at its first layer's attention;
+            # op by op each attention phase is a program of its own
+            step = cm.param(c, "host_temp_per_cache_byte")
+            temps = ({l: c.get(f"host_temp_per_cache_byte_attention_{kind[l]}", step) * g.cache_bytes.get(l, 0.0)
+                      for l in first} if op_by_op
+                     else {min(first): step * sum(g.cache_bytes.values())} if first else {})
+            for l, temp in temps.items():
+                t_mem[first[l]] += cm.host_fresh_pages_time(c, temp)
+        if any(k.startswith("host_stack_copies_") for k in c):  # XLA copies whole cache stacks around
+            # their per-layer updates (counted in the compiled programs by hostbench): in one program,
+            # host_stack_copies_<kind> x its kind's caches per layer of that kind; op by op, each
+            # attention phase host_stack_copies_attention_<kind> x all caches
+            stack: dict[str, float] = {}
+            for l in first:
+                stack[kind[l]] = stack.get(kind[l], 0.0) + g.cache_bytes.get(l, 0.0)
+            for l, j in first.items():
+                copied = (c.get(f"host_stack_copies_attention_{kind[l]}", 0.0) * sum(stack.values()) if op_by_op
+                          else c.get(f"host_stack_copies_{kind[l]}", 0.0) * stack[kind[l]])
+                t_mem[j] += cm.host_stack_copy_time(c, copied)
         if "host_absorb_bytes_per_s" in c:  # the absorbed MLA re-lays out kv_b before its einsums
             kv_b = np.array([name == "kv_b" for name in g.name]) & (g.static_bytes > 0)
             t_mem = np.where(kv_b, cm.host_absorbed_kv_b_time(c, g.static_bytes) + g.act_bytes / bw, t_mem)

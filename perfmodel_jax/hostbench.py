@@ -37,7 +37,20 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
   micro-benchmarks of `components.host_expert_time`;
 - bf16 -> f32 widening: a jitted `astype(float32)` of bf16 arrays shaped like a latent cache
   (CONVERT_SHAPES: f32 results below and above the allocator's 32 MiB mmap threshold), values per
-  second (`components.host_convert_time`).
+  second (`components.host_convert_time`);
+- fresh pages of a program's temporary buffer: one program filling a TEMP_PAGES_MIB f32 temporary
+  (kept by an optimisation barrier, a small result), below and above the mmap threshold, per
+  call (`components.host_fresh_pages_time`: a cost per page of the OS page size);
+- temporaries per cache byte (structure, not timing): the compiled reference step of PROBE_MODEL
+  at TEMP_PROBE (batch, context): its temporary allocation (`memory_analysis`) over the caches it
+  updates (`perfmodel.ops` cache bytes), `components.host_temp_per_cache_byte`; and each
+  attention phase as the op-by-op step compiles it, over its own layer's cache, per attention
+  kind (`host_temp_per_cache_byte_attention_<kind>`);
+- copies of the stacked caches (structure, not timing): in the same compiled programs, the `copy`
+  instructions whose result has a cache parameter's shape (XLA copies whole stacks around their
+  per-layer updates): per layer of each kind in units of that kind's stacks
+  (`host_stack_copies_<kind>`), and per op-by-op attention phase in units of all caches
+  (`host_stack_copies_attention_<kind>`); timed at the temp-buffer program's fill rate.
 Not measured (stated as such in the file's sources): memory latency (`dma_latency_s`), the fill
 granule (`dma_tile_bytes`) and the link fields, which do not apply to one CPU device.
 
@@ -87,6 +100,8 @@ DOT_CHAIN_K, DOT_CHAIN_LEN = 1024, 32  # one program of 32 dependent dots over d
 EXPERT_SHAPES = ((1024, 512), (256, 128), (64, 32))  # (input width K, FFN width W): gate_up [K, 2W], down [W, K]
 EXPERT_SLABS, EXPERT_DISTINCT = 48, 16  # stacked experts (48 x 6 MiB: far beyond the LLC), 16 visited
 EXPERT_ROWS = (1, 8, 32)
+TEMP_PAGES_MIB = (8, 16, 24, 48, 96, 192)  # f32 temporaries below and above the 32 MiB mmap threshold
+TEMP_PROBE = (32, 4096)  # (batch, context) of the reference step whose temporaries are counted
 CONVERT_SHAPES = ((1, 4096, 192), (2, 4096, 192), (16, 4096, 192), (32, 4096, 192))  # bf16 latent-cache-like
 MMAP_THRESHOLD_BYTES = 32 * MIB  # glibc malloc: allocations above it are always fresh mmap'd pages
 DMA_LATENCY_ASSUMED_S = 1.0e-7
@@ -135,6 +150,12 @@ class HostBench:
     reference_thunks: dict[str, float] = field(default_factory=dict)  # per phase kind (count_thunks)
     dot_chain: dict[int, Stat] = field(default_factory=dict)  # s per 4 MiB f32 dot in a chain, by rows
     absorb_s: dict[tuple[int, ...], Stat] = field(default_factory=dict)  # s per kv_b, absorbed MLA
+    temp_pages_s: dict[int, Stat] = field(default_factory=dict)  # s per call, by temporary MiB
+    temp_per_cache_byte: dict[str, float] = field(default_factory=dict)  # temporaries / cache bytes:
+    # "step" (the compiled step) and "attention_<kind>" (an op-by-op attention phase, its own layer's cache)
+    stack_copies: dict[str, float] = field(default_factory=dict)  # copies of the stacked caches (stack_copies)
+    page_bytes: int = 4096  # the OS page size (os.sysconf)
+    memory_probe: tuple[int, int] = TEMP_PROBE  # (batch, context) of reference_memory's programs
 
     def dispatch_s_for(self, n_args: int) -> float:
         """Dispatch time of a call with `n_args` arrays: the least-squares line through the
@@ -183,6 +204,12 @@ class HostBench:
                 "reference_thunks": {"model": PROBE_MODEL, "batch": 1, **self.reference_thunks},
                 "dot_chain_s_per_dot": {str(k): v.json() for k, v in self.dot_chain.items()},
                 "absorbed_kv_b_s": {"x".join(map(str, k)): v.json() for k, v in self.absorb_s.items()},
+                "temp_pages_s": {str(k): v.json() for k, v in self.temp_pages_s.items()},
+                "temp_per_cache_byte": {"model": PROBE_MODEL, "batch": self.memory_probe[0],
+                                        "context": self.memory_probe[1], **self.temp_per_cache_byte},
+                "stack_copies": {"model": PROBE_MODEL, "batch": self.memory_probe[0],
+                                 "context": self.memory_probe[1], **self.stack_copies},
+                "page_bytes": self.page_bytes,
                 "flops_efficiency": self.flops_efficiency,
                 "load_average_1min": self.load_average}
 
@@ -318,11 +345,98 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
         x = jnp.ones(shape, jnp.bfloat16)
         convert[shape] = Stat.of(_time(lambda: widen(x).block_until_ready(), repeats))
         del x
+    temp = _temp_pages((8, 48) if quick else TEMP_PAGES_MIB, repeats)
+    probe = (1, 256) if quick else TEMP_PROBE
+    per_cache, copies = reference_memory(*probe)
     bar.update()
     bar.close()
     return HostBench(cpu_model(), datetime.date.today().isoformat(), repeats, read, copy, matmul,
                      decode, matvec, dispatch_s, chain, llc_bytes(), ram_bytes(), jax.device_count(),
-                     os.getloadavg()[0], by_args, experts, convert, argmax, thunks, dots, absorb)
+                     os.getloadavg()[0], by_args, experts, convert, argmax, thunks, dots, absorb, temp,
+                     per_cache, copies, os.sysconf("SC_PAGE_SIZE"), probe)
+
+
+def _temp_pages(sizes_mib, repeats: int) -> dict[int, Stat]:
+    """Seconds per call of one program filling an f32 temporary of each size in MiB from an input
+    of the same size (an optimisation barrier keeps the temporary; the result is 64 B): above the
+    allocator's mmap threshold the temporary is new pages every call."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def fill(x):
+        t = jax.lax.optimization_barrier(x * 1.5 + 1.0)
+        return t[:8] + t[-8:]
+
+    out = {}
+    for mib in sizes_mib:
+        x = jnp.ones((mib * MIB // 4,), jnp.float32)
+        out[mib] = Stat.of(_time(lambda: fill(x).block_until_ready(), repeats))
+        del x
+    return out
+
+
+def stack_copies(hlo_text: str) -> tuple[dict[str, int], dict[str, int]]:
+    """(copies, bytes) by cache name: the `copy` instructions of a compiled program's entry
+    computation whose result has the shape of a cache parameter (one named `cache['<name>']`),
+    and that cache's bytes."""
+    import re
+    line_re = re.compile(r"^\s*(?:ROOT )?%?(\S+) = (\w+)\[([\d,]*)\]\{[^}]*\} ([\w-]+)\(")
+    size = {"f32": 4, "bf16": 2, "s32": 4, "f16": 2, "s8": 1, "u8": 1, "pred": 1}
+    shapes, copies, entry = {}, {}, False
+    for line in hlo_text.splitlines():
+        entry = entry or line.startswith("ENTRY")
+        m = line_re.match(line) if entry else None
+        if m is None:
+            continue
+        name, dtype, dims, opcode = m.groups()
+        shape = (dtype, dims)
+        if opcode == "parameter" and name.startswith("cache__"):
+            shapes[shape] = name.split("__")[1]
+        elif opcode == "copy" and shape in shapes:
+            copies[shapes[shape]] = copies.get(shapes[shape], 0) + 1
+    nbytes = {k: size.get(d, 4) * math.prod(int(x) for x in dims.split(",") if x) for (d, dims), k in shapes.items()}
+    return {k: copies.get(k, 0) for k in nbytes}, nbytes
+
+
+def reference_memory(batch: int, context: int, model: str = PROBE_MODEL) -> tuple[dict[str, float], dict[str, float]]:
+    """The compiled reference decode step of `model` at (batch, context) and its op-by-op
+    attention phases, compiled, never run (the programs' structure):
+    temporaries per cache byte: the step's temporary allocation (XLA's `memory_analysis`) over the
+    bytes of all its caches (the op graph's `cache_bytes`), "step", and each attention phase's
+    over its own layer's cache, mean per attention kind, "attention_<kind>";
+    stack copies (`stack_copies`): in the step, per layer of each kind in units of that kind's
+    stacked caches, "<kind>"; in an attention phase, in units of all caches, mean per kind,
+    "attention_<kind>" (a cache named `<kind>_...` belongs to that attention kind)."""
+    import jax.numpy as jnp
+    from kernels import reference as R
+    from perfmodel.arch import load_model
+    from perfmodel.deployment import Deployment
+    from perfmodel.ops import build
+    spec = load_model(model)
+    weights = R.init_weights(spec, 0, dtype=jnp.float32)
+    cache = R.init_cache(spec, batch, context + 1)
+    flat, pos, acc, rows = R.verify_inputs(batch, jnp.zeros((batch,), jnp.int32),
+                                           jnp.full((batch,), context, jnp.int32), None)
+    g = build(spec, Deployment(devices=1, tp=1, engine="multikernel", batch=batch, context=context))
+    step = R._decode_step_jit.lower(weights, cache, flat, pos, acc, rows=rows, mla_form="absorbed").compile()
+    temps = {"step": step.memory_analysis().temp_size_in_bytes / sum(g.cache_bytes.values())}
+    n, nbytes = stack_copies(step.as_text())
+    layers = {k: spec.count(attention=k) for k in {c.split("_")[0] for c in nbytes}}
+    copies = {k: sum(n[c] * nbytes[c] for c in nbytes if c.startswith(k + "_"))
+              / (layers[k] * sum(nbytes[c] for c in nbytes if c.startswith(k + "_"))) for k in sorted(layers)}
+    _, attn, _, _ = R._phase_fns(weights.static, rows, "absorbed")
+    x = jnp.zeros((batch, spec.hidden), jnp.float32)
+    per: dict[str, list[tuple[float, float]]] = {}
+    for layer, lw in zip(spec.layers, weights["layers"]):
+        phase = attn[layer.index].lower(lw, cache, x, pos, acc).compile()
+        n, nbytes = stack_copies(phase.as_text())
+        per.setdefault(f"attention_{layer.attention}", []).append(
+            (phase.memory_analysis().temp_size_in_bytes / g.cache_bytes[layer.index],
+             sum(n[c] * nbytes[c] for c in nbytes) / sum(nbytes.values())))
+    temps |= {k: statistics.fmean(t for t, _ in v) for k, v in sorted(per.items())}
+    copies |= {k: statistics.fmean(c for _, c in v) for k, v in sorted(per.items())}
+    return temps, copies
 
 
 def _absorbed_kv_b(shape: tuple[int, int, int, int], copies: int, repeats: int) -> Stat:
@@ -564,6 +678,11 @@ def microbench(b: HostBench, name: str = "host-cpu") -> dict:
                  "value": s.median / 1e-6, "unit": "us_per_call",
                  "scope": f"jitted astype(float32) of a bf16 {list(shape)} array", "source": src}
                 for shape, s in b.convert_s.items()]
+    entries += [{"id": f"host-temp-pages-f32-{mib}mib", "platform": name, "mechanism": "host_temp_pages",
+                 "inputs": {"bytes": mib * MIB}, "value": s.median / 1e-6, "unit": "us_per_call",
+                 "scope": f"one call of a jitted program filling a {mib} MiB f32 temporary (optimisation barrier) "
+                          f"from an input of the same size", "source": src}
+                for mib, s in b.temp_pages_s.items()]
     entries += [{"id": f"host-thunk-chain-t{thunks}", "platform": name, "mechanism": "host_program",
                  "inputs": {"thunks": thunks}, "value": s.median / 1e-6, "unit": "us_per_call",
                  "scope": f"one call of a jitted program of {THUNK_LANES} lanes of tiny dependent steps "
@@ -595,9 +714,12 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
     hw = from_dict(tomllib.loads(hardware_toml(b, name)))
     start = {"dot_gemv_bandwidth_bytes_per_s": 2e10, "dot_gemm_bandwidth_bytes_per_s": 2e10,
              "dot_gemm_row_s_per_byte": 1e-12, "dot_fixed_s": 1e-5}
+    if b.convert_s or b.temp_pages_s:
+        start |= {"host_mmap_threshold_bytes": MMAP_THRESHOLD_BYTES}
     if b.convert_s:
-        start |= {"host_convert_values_per_s": 1e9, "host_convert_reused_values_per_s": 5e9,
-                  "host_mmap_threshold_bytes": MMAP_THRESHOLD_BYTES}
+        start |= {"host_convert_values_per_s": 1e9, "host_convert_reused_values_per_s": 5e9}
+    if b.temp_pages_s:
+        start |= {"host_fill_bytes_per_s": 1e10, "host_page_fault_s": 1e-6, "host_page_bytes": b.page_bytes}
     if b.thunk_chain:
         start |= {"host_call_s": 5e-6, "host_thunk_s": 1e-6}
     if b.absorb_s:
@@ -611,15 +733,33 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
         f"components.{k}": "starting value" for k in start}, "components.host_mmap_threshold_bytes":
         "glibc malloc's largest dynamic mmap threshold on 64-bit, 4 * 1024 * 1024 * sizeof(long) = "
         "32 MiB: larger blocks are always mmap'd afresh (mallopt(3), M_MMAP_THRESHOLD; "
-        "https://man7.org/linux/man-pages/man3/mallopt.3.html); not fitted"})
+        "https://man7.org/linux/man-pages/man3/mallopt.3.html); not fitted",
+        "components.host_page_bytes": f"the OS page size, os.sysconf('SC_PAGE_SIZE') on {b.cpu}, {b.date}; "
+                                      "not fitted"})
     mb = out.with_suffix(".microbench.json")
     hw = calibrated(data, hw, mb.name)
     counted = f"counted by hostbench in the compiled HLO of the {PROBE_MODEL} reference decode step " \
               f"(kernels/reference.py, batch 1; XLA:CPU on {b.cpu}, {b.date}): a structure, not a timing"
-    hw = dataclasses.replace(
-        hw, components={**hw.components, **{f"host_thunks_{k}": v for k, v in b.reference_thunks.items()}},
-        sources={**hw.sources, **{f"components.host_thunks_{k}": f"{counted}; mean over its {k} layers"
-                                  for k in b.reference_thunks}})
+    structure = {f"host_thunks_{k}": v for k, v in b.reference_thunks.items()}
+    sources = {f"components.host_thunks_{k}": f"{counted}; mean over its {k} layers" for k in b.reference_thunks}
+    for k, v in b.stack_copies.items():
+        structure[f"host_stack_copies_{k}"] = v
+        sources[f"components.host_stack_copies_{k}"] = (
+            f"counted by hostbench in the compiled reference decode step of {PROBE_MODEL} at batch {b.memory_probe[0]}, "
+            f"context {b.memory_probe[1]} (kernels/reference.py; XLA:CPU on {b.cpu}, {b.date}): copies of whole cache "
+            "stacks (copy instructions of a cache parameter's shape) " + (
+                f"per {k} layer, in units of its stacks" if not k.startswith("attention") else
+                f"in its op-by-op {k} phases, in units of all caches (mean)") + ": a structure, not a timing")
+    for k, v in b.temp_per_cache_byte.items():
+        name = "host_temp_per_cache_byte" + ("" if k == "step" else f"_{k}")
+        structure[name] = v
+        sources[f"components.{name}"] = (
+            f"counted by hostbench in the compiled reference decode step of {PROBE_MODEL} at batch {b.memory_probe[0]}, "
+            f"context {b.memory_probe[1]} (kernels/reference.py; XLA:CPU on {b.cpu}, {b.date}): the temporary "
+            "allocation (memory_analysis) of " + ("the one-program step over all its caches" if k == "step" else
+                                                  f"its op-by-op {k} phases over their layer's cache (mean)")
+            + " (cache bytes: perfmodel.ops): a structure, not a timing")
+    hw = dataclasses.replace(hw, components={**hw.components, **structure}, sources={**hw.sources, **sources})
     write_atomic(mb, json.dumps(data, indent=1) + "\n")
     write_atomic(out, to_toml(hw, f"Host CPU measured by `perfmodel hostbench` ({b.cpu}, {b.date}).\n"
                                   "launch_overhead_s is the op-by-op dispatch cost; a compiled program "
@@ -659,6 +799,11 @@ def cmd_hostbench(a) -> dict:
             print(f"  bf16 -> f32 widening of {list(shape)}: " + _stat_text(s, 1e-6, "us"))
         for (k, w, rows), s in b.expert_loop.items():
             print(f"  expert loop, {k}x{w} experts, {rows:2d} rows: " + _stat_text(s, 1e-6, "us per expert"))
+        for mib, s in b.temp_pages_s.items():
+            print(f"  program filling a {mib:3d} MiB temporary: " + _stat_text(s, 1e-6, "us per call"))
+        print(f"  temporaries per cache byte of the {PROBE_MODEL} reference step at batch {b.memory_probe[0]}, "
+              f"context {b.memory_probe[1]}: " + ", ".join(f"{k} {v:.3g}" for k, v in b.temp_per_cache_byte.items())
+              + f"; page {b.page_bytes} B; stack copies " + ", ".join(f"{k} {v:.3g}" for k, v in b.stack_copies.items()))
         print(f"wrote {path} (+ {path.with_suffix('.json').name})")
     return {"hardware_file": str(path), **b.json()}
 

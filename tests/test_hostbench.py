@@ -30,7 +30,12 @@ def bench() -> HostBench:
                      reference_thunks={"attention_kda": 44.5, "ffn": 8.0, "moe": 36.0, "head": 7.0},
                      dot_chain={r: s(8e-6 + hostbench.DOT_CHAIN_K**2 * 4 * r / 20e9) for r in hostbench.MATVEC_ROWS},
                      absorb_s={sh: s(2e-5 + sh[0] * sh[1] * (sh[2] + sh[3]) * 4 / 2.5e9)
-                               for sh in hostbench.ABSORB_SHAPES})
+                               for sh in hostbench.ABSORB_SHAPES},
+                     temp_pages_s={m: s(4e-6 + m * 2**20 / 1e10 + (m * 2**20 // 4096 * 8e-7 if m > 32 else 0))
+                                   for m in hostbench.TEMP_PAGES_MIB},
+                     temp_per_cache_byte={"step": 2.4, "attention_kda": 2.9, "attention_mla": 3.0},
+                     stack_copies={"kda": 1.0, "mla": 1.0, "attention_kda": 0.014, "attention_mla": 0.79},
+                     page_bytes=4096)
 
 
 def test_stat_rate_swaps_min_and_max():
@@ -75,6 +80,9 @@ def test_quick_measurement_runs(tmp_path):
     assert b.dispatch_s.median > 0 and len(b.thunk_chain) == len(hostbench.THUNK_CHAIN_STEPS)
     assert min(b.thunk_chain) >= min(hostbench.THUNK_CHAIN_STEPS)  # at least one thunk per step
     assert {"attention_kda", "attention_mla", "ffn", "moe", "head"} <= set(b.reference_thunks)
+    assert b.temp_per_cache_byte["step"] > 1 and set(b.temp_pages_s) == {8, 48}  # the caches, and more
+    assert set(b.temp_per_cache_byte) == {"step", "attention_kda", "attention_mla"}
+    assert set(b.stack_copies) == {"kda", "mla", "attention_kda", "attention_mla"}
     load_hardware(str(hostbench.write(b, tmp_path / "quick.toml")))
 
 
@@ -123,6 +131,24 @@ def test_thunk_chain_argmax_and_absorbed_kv_b_are_components_fitted_to_their_own
     assert "host-thunk-chain-t512" in hw.sources["components.host_thunk_s"]
     assert hw.components["host_thunks_attention_kda"] == 44.5
     assert "compiled HLO" in hw.sources["components.host_thunks_moe"]
+
+
+def test_temp_pages_are_a_component_fitted_to_their_own_figures(tmp_path):
+    """Synthetic figures of the component's form (a 4 us call, 10 GB/s fill, 0.8 us per fresh
+    4 KiB page above 32 MiB): the fit recovers the page cost; the structural ratio and the page
+    size are written with their sources."""
+    path = hostbench.write(bench(), tmp_path / "host.toml")
+    hw = load_hardware(str(path))
+    assert hw.components["host_page_fault_s"] == pytest.approx(8e-7, rel=1e-3)
+    assert hw.components["host_fill_bytes_per_s"] == pytest.approx(1e10, rel=1e-3)
+    assert hw.components["host_page_bytes"] == 4096 and hw.components["host_temp_per_cache_byte"] == 2.4
+    assert hw.components["host_temp_per_cache_byte_attention_mla"] == 3.0
+    assert "host-temp-pages-f32-192mib" in hw.sources["components.host_page_fault_s"]
+    assert "memory_analysis" in hw.sources["components.host_temp_per_cache_byte"]
+    assert "op-by-op attention_kda" in hw.sources["components.host_temp_per_cache_byte_attention_kda"]
+    assert "SC_PAGE_SIZE" in hw.sources["components.host_page_bytes"]
+    assert hw.components["host_stack_copies_kda"] == 1.0 and hw.components["host_stack_copies_attention_mla"] == 0.79
+    assert "per kda layer" in hw.sources["components.host_stack_copies_kda"]
 
 
 def test_count_thunks_reads_the_entry_computation_by_scope():
