@@ -43,7 +43,7 @@ def configure(chip: hardware.Hardware, s: dict) -> tuple[Deployment, hardware.Ha
     d = Deployment(devices=s["devices"], tp=s["tp"], engine=s["engine"], ep=s.get("ep"), batch=s["batch"],
                    context=s["context"], prefetch_bytes=None if pf is None else pf * MiB,
                    expert_slots=s.get("expert_slots"), spec=spec, routing_skew=s.get("routing_skew"),
-                   routing_correlation=s.get("routing_correlation"))
+                   routing_correlation=s.get("routing_correlation"), steps_per_call=s.get("steps_per_call") or 1)
     changes = {}
     if s.get("vmem_mib") is not None:
         changes["onchip_bytes"] = s["vmem_mib"] * MiB
@@ -79,7 +79,7 @@ def evaluate(model: arch.ModelSpec, chip: hardware.Hardware, settings: list[dict
         except SpecError as e:
             rows[i] = _filtered(model, d, hw, e)
             continue
-        key = (id(g), s.get("hbm_gbps"), s.get("link_latency_us"))  # what the arrays depend on
+        key = (id(g), s.get("hbm_gbps"), s.get("link_latency_us"), d.steps_per_call)  # the arrays' inputs
         groups.setdefault(key, [g, hw, []])[2].append((i, d, hw, banks, slots, pieces))
     for g, hw0, members in groups.values():
         try:
@@ -94,7 +94,8 @@ def evaluate(model: arch.ModelSpec, chip: hardware.Hardware, settings: list[dict
         runs = {(banks, slots, pieces, hw.dma_sharing == "shared"): None
                 for _, _, hw, banks, slots, pieces in members}
         cols = np.array(list(runs), np.int64).T
-        steps, hbm, totals = megakernel_sim.run_many(a.eng, a.t0, a.overhead, cols[0], cols[1], cols[2],
+        t0 = a.t0 / members[0][1].steps_per_call  # the group shares its steps per call (key)
+        steps, hbm, totals = megakernel_sim.run_many(a.eng, t0, a.overhead, cols[0], cols[1], cols[2],
                                                      cols[3].astype(float), *a.args())
         for key, step, nbytes, tot in zip(runs, steps.tolist(), hbm.tolist(), totals.tolist()):
             runs[key] = (step, nbytes, dict(zip(megakernel_sim.TOTALS, tot)))

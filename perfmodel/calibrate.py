@@ -64,7 +64,7 @@ def deployment_for(m: Measurement) -> Deployment:
     """The measurement's layout, with uniform routing (the physical default skew, not fitted)."""
     spec = SpecDecode(m.draft_rows, acceptance_length=m.acceptance_length) if m.spec_decode else None
     return Deployment(devices=m.devices, tp=m.tp, ep=m.ep, engine=m.engine, batch=m.batch, spec=spec,
-                      routing_skew=0.0)
+                      routing_skew=0.0, steps_per_call=m.steps_per_call)
 
 
 def role(m: Measurement) -> str:

@@ -49,6 +49,8 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routing", dest="routing_correlation", type=routing_arg, default=None,
                    help="rows of a batch: independent, identical (every row the same experts) or a "
                         "correlation in [0, 1] (default: the model preset's)")
+    p.add_argument("--steps-per-call", type=count, default=1,
+                   help="decode steps one device call runs (its host dispatch is shared by them)")
     p.add_argument("--draft-rows", type=lambda t: integer(t, 0), default=0,
                    help="speculative decoding: drafted rows per step")
     acc = p.add_mutually_exclusive_group()
@@ -70,7 +72,7 @@ def load_inputs(a: argparse.Namespace):
         spec = SpecDecode(a.draft_rows, a.acceptance_prob, a.acceptance_length, a.draft_cost)
     d = Deployment(devices=a.devices, tp=a.tp or a.devices, engine=a.engine, ep=a.ep,
                    context=a.context, spec=spec, routing_skew=a.routing_skew, routing_correlation=a.routing_correlation,
-                   expert_slots=a.expert_slots,
+                   expert_slots=a.expert_slots, steps_per_call=a.steps_per_call,
                    prefetch_bytes=a.prefetch_mib * 2**20 if a.prefetch_mib is not None else None)
     tiles = model.weight_bytes() / (d.tp * hw.dma_tile_bytes)
     if d.engine == "megakernel" and tiles > MAX_STREAM_TILES:

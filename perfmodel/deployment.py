@@ -66,6 +66,7 @@ class Deployment:
     spec: SpecDecode | None = None
     routing_skew: float | None = None    # None: the model preset's [moe] routing_skew
     routing_correlation: float | None = None  # 0 independent rows .. 1 identical; None: the preset's
+    steps_per_call: int = 1       # decode steps one device call runs (its per-call costs are shared)
 
     @property
     def expert_groups(self) -> int:
@@ -84,6 +85,7 @@ class Deployment:
 def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
     """Refuse layouts that cannot run, naming the field and value."""
     positive_int("devices", d.devices), positive_int("tp", d.tp), positive_int("batch", d.batch)
+    positive_int("steps_per_call", d.steps_per_call)
     require(isinstance(d.context, int) and d.context >= 0, "context", d.context, "must be an integer >= 0")
     require(d.engine in ENGINES, "engine", d.engine, f"must be one of {ENGINES}")
     require(d.devices % d.tp == 0, "tp", d.tp, f"must divide devices ({d.devices})")

@@ -40,6 +40,7 @@ SETTINGS = {
     "acceptance_prob": (float, lambda v: 0 <= v < 1, "in [0, 1)"), "draft_cost": (float, lambda v: v >= 0, ">= 0"),
     "hbm_gbps": (float, lambda v: v > 0, "> 0"), "link_latency_us": (float, lambda v: v >= 0, ">= 0"),
     "dma_sharing": (str, lambda v: v in DMA_SHARING, f"one of {DMA_SHARING}"),
+    "steps_per_call": (int, lambda v: v > 0, "> 0"),
 }
 TYPE_WORDS = {int: "an integer", float: "a number", str: "a string"}
 DEFAULTS = {"model": "kimi-k3", "hardware": "tpu-v7", "devices": 32, "engine": "megakernel", "batch": 1,

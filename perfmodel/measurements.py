@@ -21,6 +21,7 @@ class Measurement:
     acceptance_length: float | None
     tokens_per_s: float
     source: str
+    steps_per_call: int = 1  # decode steps per device call in the measured run
 
     @property
     def spec_decode(self) -> bool:
@@ -34,5 +35,5 @@ def seed_measurements() -> list[Measurement]:
         out.append(Measurement(r["platform"], r["hardware"], r["engine"], int(r["devices"]), int(r["tp"]),
                                int(r["ep"]), int(r["batch"]), int(r["draft_rows"]),
                                float(r["acceptance_length"]) if r["acceptance_length"] else None,
-                               float(r["tokens_per_s"]), r["source"]))
+                               float(r["tokens_per_s"]), r["source"], int(r.get("steps_per_call") or 1)))
     return out

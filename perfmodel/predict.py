@@ -57,7 +57,7 @@ def simulate(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False
     if d.engine == "megakernel":
         tl = simulate_megakernel(g, hw, d, model.moe.top_k if model.moe else 1, record, plan, w)
     else:
-        tl = simulate_multikernel(g, hw, record, w)
+        tl = simulate_multikernel(g, hw, record, w, d.steps_per_call)
     return g, tl
 
 

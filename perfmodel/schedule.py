@@ -144,7 +144,8 @@ def launch_s(hw: Hardware) -> float:
 
 
 def call_s(hw: Hardware) -> float:
-    """Per device call (one per step): host dispatch where the hardware file has it."""
+    """Per device call: host dispatch where the hardware file has it. A call runs
+    `Deployment.steps_per_call` decode steps, so each step pays this over that many."""
     return cm.device_call_time(hw.components) if "host_dispatch_s" in hw.components else 0.0
 
 
@@ -158,7 +159,7 @@ def fused_norms(g: OpGraph, hw: Hardware) -> np.ndarray:
 
 
 def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
-                         weights: np.ndarray | None = None) -> Timeline:
+                         weights: np.ndarray | None = None, steps_per_call: int = 1) -> Timeline:
     bw, dma_lat, desc = stream_terms(hw, multikernel=True)
     comp, coll = op_compute_s(g, hw, weights), collective_s(g, hw)
     nbytes = g.bytes
@@ -228,7 +229,7 @@ def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
     lat = np.where(nbytes > 0, dma_lat, 0.0)
     launch = np.full(len(g), launch_s(hw))
     if len(g):
-        launch[0] += call_s(hw)
+        launch[0] += call_s(hw) / steps_per_call
     launch = launch + host_launch
     coll_mask = g.is_collective
     dur = np.where(coll_mask, launch + coll, launch + lat + core)
@@ -357,7 +358,7 @@ class MegakernelArrays:
     """One op graph's megakernel inputs as flat arrays (megakernel_sim.run), shared by every ring
     depth, slot count and DMA mode simulated on it."""
     eng: np.ndarray            # [bandwidth, first-byte latency, descriptor cost as bytes, shared]
-    t0: float                  # host dispatch of the one device call
+    t0: float                  # host dispatch of one device call (shared by its steps)
     overhead: float
     tile_bytes: np.ndarray
     tile_end: np.ndarray
@@ -446,11 +447,12 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     banks = ring_banks(hw, d.prefetch_bytes)
     slots, pieces = expert_slots(g, hw, d, banks, top_k)
     a = cached_arrays(g, hw, plan, weights)
+    t0 = a.t0 / d.steps_per_call
     start, end, stream, fetch, coll_w, now, hbm_bytes, begin, done, tags, refs = ms.run(
-        a.eng, a.t0, a.overhead, banks, slots, pieces, *a.args())
+        a.eng, t0, a.overhead, banks, slots, pieces, *a.args())
     n = len(g)
     waits = {"compute": a.comp * ~g.is_collective, "weight_streaming": stream, "expert_fetch": fetch,
-             "collective": coll_w, "launch": np.where(g.is_collective, 0.0, a.overhead) + a.t0 * (np.arange(n) == 0),
+             "collective": coll_w, "launch": np.where(g.is_collective, 0.0, a.overhead) + t0 * (np.arange(n) == 0),
              "fill_drain": np.zeros(n)}
     tl = Timeline(start, end, waits, float(now), float(hbm_bytes), expert_tiles=pieces)
     if record:

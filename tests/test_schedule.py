@@ -244,3 +244,17 @@ def test_kernel_all_reduce_is_one_shot_in_the_megakernel_only():
     assert (kernel > fastest + 1e-7).any()  # the 57 KB hidden-state all-reduces
     assert build(load_model("kimi-k3"), Deployment(devices=32, tp=32, ep=8, batch=8)).kernel_all_reduce == ""
     assert build(load_model("qwen3-235b-a22b"), Deployment(devices=8, tp=8, batch=4)).kernel_all_reduce == ""
+
+
+@pytest.mark.parametrize("engine", ["megakernel", "multikernel"])
+def test_steps_per_call_share_the_host_dispatch(engine):
+    """A device call that runs 64 decode steps pays its host dispatch once: each step is the
+    dispatch x 63/64 shorter, nothing else moves (the whole timeline starts that much earlier)."""
+    hw = load_hardware("tpu-v7")
+    one = dataclasses.replace(TPU, engine=engine)
+    many = dataclasses.replace(one, steps_per_call=64)
+    dispatch = hw.components["host_dispatch_s"]
+    assert predict(K3, hw, one).step_s - predict(K3, hw, many).step_s == pytest.approx(dispatch * 63 / 64, rel=1e-6)
+    with pytest.raises(SpecError) as e:
+        predict(K3, hw, dataclasses.replace(one, steps_per_call=0))
+    assert e.value.field == "steps_per_call"

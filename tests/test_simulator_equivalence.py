@@ -100,7 +100,8 @@ def test_batched_sweep_rows_equal_scalar_predictions():
     settings = [{"devices": 32, "tp": 32, "ep": 8, "engine": rng.choice(["megakernel"] * 3 + ["multikernel"]),
                  "batch": rng.choice([1, 8]), "context": rng.choice([4096, 131072]),
                  "prefetch_mib": rng.choice([None, 4, 24, 48]), "expert_slots": rng.choice([None, 1, 3, 8]),
-                 "vmem_mib": rng.choice([None, 32, 128]), "dma_sharing": rng.choice([None, "fifo"])}
+                 "vmem_mib": rng.choice([None, 32, 128]), "dma_sharing": rng.choice([None, "fifo"]),
+                 "steps_per_call": rng.choice([None, 1, 64])}
                 for _ in range(60)]
     rows = batch.evaluate(model, chip, settings)
     assert {r["status"] for r in rows} == {"ok", "filtered"}
