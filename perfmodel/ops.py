@@ -48,9 +48,8 @@ class OpGraph:
     distinct_experts: float  # per MoE layer on the busiest expert group
     cache_bytes: dict[int, float] = dataclasses.field(default_factory=dict)  # per layer: the caches
     # (KV / latents / recurrent and conv state) this replica holds for its sequences, bytes
-    # the all-reduce algorithm the model's own megakernel runs at these rows ("": it has none
-    # fixed, the fastest per payload); from the model's [megakernel] shard_collective_rows
-    kernel_all_reduce: str = ""
+    kernel_all_reduce: str = ""  # the all-reduce algorithm the model's own megakernel runs at these
+    # rows ("": none fixed, the fastest per payload); from the model's [megakernel] shard_collective_rows
 
     @property
     def bytes(self) -> np.ndarray:
