@@ -6,6 +6,8 @@ device (DESIGN.md "Checked against real runs"):
   call and its XLA:CPU thunks (`components.host_program_time`, thunks per layer phase counted in
   the reference's compiled HLO by hostbench);
 - op by op: every op also pays the measured JAX dispatch overhead (`launch_overhead_s`).
+The structure hostbench counted in a model's own compiled programs (components suffixed
+`__<model>`) replaces the probe model's for that model (`own_structure`).
 Errors are (predicted - measured) / measured. The step's measured time is the untraced wall
 time of the capture (`host_step_s`) when the capture recorded it, else the traced step window;
 per-layer times come from the trace (`perfmodel.traces`). MAPE is over the layers.
