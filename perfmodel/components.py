@@ -246,8 +246,8 @@ def host_temp_fill_time(c: dict, nbytes: float) -> float:
 
 
 def host_stack_copy_time(c: dict, nbytes: float) -> float:
-    """Whole copies of stacked caches (`nbytes` copied) that XLA inserts around their per-layer
-    updates: a copy into reused (warm) pages at `host_stack_copy_bytes_per_s`; where the
+    """Copies of stacked caches and of their layer slots (`nbytes` copied) that XLA inserts around
+    their per-layer updates: a copy into reused (warm) pages at `host_stack_copy_bytes_per_s`; where the
     destination is a program's fresh temporary its page faults are `host_fresh_pages_time`'s,
     charged once per program. Micro-benchmarks: host-stack-copy-* (hostbench)."""
     return nbytes / param(c, "host_stack_copy_bytes_per_s")
