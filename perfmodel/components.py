@@ -246,10 +246,11 @@ def host_temp_fill_time(c: dict, nbytes: float) -> float:
 
 
 def host_stack_copy_time(c: dict, nbytes: float) -> float:
-    """Whole copies of stacked caches (`nbytes` copied) that XLA inserts around their per-layer
-    updates, at the fill rate of hostbench's temp-buffer program (read one buffer, write another
-    of its size, warm pages). Micro-benchmarks: host-temp-pages-* (hostbench)."""
-    return nbytes / param(c, "host_fill_bytes_per_s")
+    """Copies of stacked caches and of their layer slots (`nbytes` copied) that XLA inserts around
+    their per-layer updates: a copy into reused (warm) pages at `host_stack_copy_bytes_per_s`; where the
+    destination is a program's fresh temporary its page faults are `host_fresh_pages_time`'s,
+    charged once per program. Micro-benchmarks: host-stack-copy-* (hostbench)."""
+    return nbytes / param(c, "host_stack_copy_bytes_per_s")
 
 
 def host_program_time(c: dict, thunks, calls=1):

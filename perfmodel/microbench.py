@@ -55,6 +55,7 @@ GROUPS = {
     "host_convert": (("host_convert_values_per_s", "host_convert_reused_values_per_s"), ("host_convert",)),
     "host_program": (("host_call_s", "host_thunk_s"), ("host_program",)),
     "host_pages": (("host_fill_bytes_per_s", "host_page_fault_s"), ("host_temp_pages",)),
+    "host_stack_copy": (("host_stack_copy_bytes_per_s",), ("host_stack_copy",)),
     "host_argmax": (("host_argmax_values_per_s",), ("host_argmax",)),
     "host_absorb": (("host_absorb_fixed_s", "host_absorb_bytes_per_s"), ("host_absorbed_kv_b",)),
 }
@@ -131,6 +132,8 @@ def predict_entry(e: dict, hw: Hardware) -> float:
         t = cm.host_program_time(c, i["thunks"])
     elif m == "host_temp_pages":
         t = cm.host_temp_fill_time(c, i["bytes"])
+    elif m == "host_stack_copy":
+        t = cm.param(c, "host_call_s") + cm.host_stack_copy_time(c, i["bytes"])
     elif m == "host_absorbed_kv_b":
         t = cm.host_absorbed_kv_b_time(c, i["bytes"])
     elif m == "host_argmax":

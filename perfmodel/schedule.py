@@ -194,8 +194,8 @@ def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
                      else {min(first): step * sum(g.cache_bytes.values())} if first else {})
             for l, temp in temps.items():
                 t_mem[first[l]] += cm.host_fresh_pages_time(c, temp)
-        if any(k.startswith("host_stack_copies_") for k in c):  # XLA copies whole cache stacks around
-            # their per-layer updates (counted in the compiled programs by hostbench): in one program,
+        if "host_stack_copy_bytes_per_s" in c:  # XLA copies whole cache stacks and layer slots around
+            # their per-layer updates (bytes counted in the compiled programs by hostbench): in one program,
             # host_stack_copies_<kind> x its kind's caches per layer of that kind; op by op, each
             # attention phase host_stack_copies_attention_<kind> x all caches
             stack: dict[str, float] = {}

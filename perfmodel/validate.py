@@ -6,6 +6,8 @@ device (DESIGN.md "Checked against real runs"):
   call and its XLA:CPU thunks (`components.host_program_time`, thunks per layer phase counted in
   the reference's compiled HLO by hostbench);
 - op by op: every op also pays the measured JAX dispatch overhead (`launch_overhead_s`).
+The structure hostbench counted in a model's own compiled programs (components suffixed
+`__<model>`) replaces the probe model's for that model (`own_structure`).
 Errors are (predicted - measured) / measured. The step's measured time is the untraced wall
 time of the capture (`host_step_s`) when the capture recorded it, else the traced step window;
 per-layer times come from the trace (`perfmodel.traces`). MAPE is over the layers.
@@ -96,6 +98,17 @@ def host_hardware(hw, mode: str):
     raise SpecError("mode", mode, "compiled or op_by_op")
 
 
+def own_structure(hw, model: str):
+    """The hardware with the structure counted in `model`'s own compiled programs: hostbench
+    writes the components it counted in another model's programs with the suffix `__<model>`
+    (perfmodel_jax.hostbench.model_suffix); they replace the unsuffixed ones (the probe model's)
+    for that model, and every suffixed one is dropped."""
+    suffix = "__" + model.replace("-", "_")
+    c = {k: v for k, v in hw.components.items() if "__" not in k}
+    c |= {k[:-len(suffix)]: v for k, v in hw.components.items() if k.endswith(suffix)}
+    return dataclasses.replace(hw, components=c)
+
+
 def matched_hbm_efficiency(hw_path: str, dtype: str, batch: int) -> float:
     """Decode-matmul bandwidth at `batch` rows / streaming bandwidth, from hostbench's JSON."""
     jpath = Path(hw_path).with_suffix(".json")
@@ -137,7 +150,7 @@ def compare(t: TraceSummary, model=None, hardware: str = DEFAULT_HOST_HARDWARE,
     if hardware == DEFAULT_HOST_HARDWARE and not Path(hardware).exists():
         raise SpecError("--hardware", hardware, "no hostbench file here yet: run `perfmodel hostbench` "
                         "or give --hardware")
-    hw = load_hardware(hardware)
+    hw = own_structure(load_hardware(hardware), spec.name)
     if matched_efficiency:
         hw = hw.with_efficiency(hbm=matched_hbm_efficiency(hardware, meta.get("weights_dtype", "f32"),
                                                            batch))

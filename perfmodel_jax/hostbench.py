@@ -47,10 +47,16 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
   attention phase as the op-by-op step compiles it, over its own layer's cache, per attention
   kind (`host_temp_per_cache_byte_attention_<kind>`);
 - copies of the stacked caches (structure, not timing): in the same compiled programs, the `copy`
-  instructions whose result has a cache parameter's shape (XLA copies whole stacks around their
-  per-layer updates): per layer of each kind in units of that kind's stacks
+  instructions whose result has a cache parameter's shape or one layer's slot of it (XLA copies
+  whole stacks, and slots, around their per-layer updates), in bytes: per layer of each kind in units of that kind's stacks
   (`host_stack_copies_<kind>`), and per op-by-op attention phase in units of all caches
-  (`host_stack_copies_attention_<kind>`); timed at the temp-buffer program's fill rate.
+  (`host_stack_copies_attention_<kind>`); both counts also for each other model in MEMORY_MODELS
+  (the host models the validation runs), from its own compiled programs, written with the suffix
+  `__<model>` (`perfmodel.validate.own_structure` applies a model's own);
+- a copy of a cache stack into a reused buffer: one program copying a KDA-state-shaped f32 stack
+  (STACK_COPY_SHAPES, below and above the mmap threshold) into a donated buffer of its shape (warm
+  pages: the faults of a fresh buffer are `host_fresh_pages_time`'s), per call
+  (`components.host_stack_copy_time`).
 Not measured (stated as such in the file's sources): memory latency (`dma_latency_s`), the fill
 granule (`dma_tile_bytes`) and the link fields, which do not apply to one CPU device.
 
@@ -102,6 +108,9 @@ EXPERT_SLABS, EXPERT_DISTINCT = 48, 16  # stacked experts (48 x 6 MiB: far beyon
 EXPERT_ROWS = (1, 8, 32)
 TEMP_PAGES_MIB = (8, 16, 24, 48, 96, 192)  # f32 temporaries below and above the 32 MiB mmap threshold
 TEMP_PROBE = (32, 4096)  # (batch, context) of the reference step whose temporaries are counted
+MEMORY_MODELS = ("kimi-k3-host-large",)  # counted too, each in its own programs (the validated host models)
+STACK_COPY_SHAPES = ((6, 1, 8, 128, 128), (6, 4, 8, 128, 128), (6, 8, 8, 128, 128), (6, 16, 8, 128, 128))
+# f32 [layers, batch, heads, dk, dk]: kimi-k3-host-large's KDA state stack at batch 1, 4, 8, 16 (3..48 MiB)
 CONVERT_SHAPES = ((1, 4096, 192), (2, 4096, 192), (16, 4096, 192), (32, 4096, 192))  # bf16 latent-cache-like
 MMAP_THRESHOLD_BYTES = 32 * MIB  # glibc malloc: allocations above it are always fresh mmap'd pages
 DMA_LATENCY_ASSUMED_S = 1.0e-7
@@ -155,6 +164,9 @@ class HostBench:
     # "step" (the compiled step) and "attention_<kind>" (an op-by-op attention phase, its own layer's cache)
     stack_copies: dict[str, float] = field(default_factory=dict)  # copies of the stacked caches (stack_copies)
     page_bytes: int = 4096  # the OS page size (os.sysconf)
+    model_memory: dict[str, tuple[dict[str, float], dict[str, float]]] = field(default_factory=dict)
+    # (temp_per_cache_byte, stack_copies) of each of MEMORY_MODELS, its own compiled programs
+    stack_copy_s: dict[tuple[int, ...], Stat] = field(default_factory=dict)  # s per call, by stack shape
     memory_probe: tuple[int, int] = TEMP_PROBE  # (batch, context) of reference_memory's programs
 
     def dispatch_s_for(self, n_args: int) -> float:
@@ -209,6 +221,9 @@ class HostBench:
                                         "context": self.memory_probe[1], **self.temp_per_cache_byte},
                 "stack_copies": {"model": PROBE_MODEL, "batch": self.memory_probe[0],
                                  "context": self.memory_probe[1], **self.stack_copies},
+                "model_memory": {m: {"temp_per_cache_byte": t, "stack_copies": c}
+                                 for m, (t, c) in self.model_memory.items()},
+                "stack_copy_s": {"x".join(map(str, k)): v.json() for k, v in self.stack_copy_s.items()},
                 "page_bytes": self.page_bytes,
                 "flops_efficiency": self.flops_efficiency,
                 "load_average_1min": self.load_average}
@@ -348,12 +363,15 @@ def measure(repeats: int = 7, quick: bool = False, progress: bool = True) -> Hos
     temp = _temp_pages((8, 48) if quick else TEMP_PAGES_MIB, repeats)
     probe = (1, 256) if quick else TEMP_PROBE
     per_cache, copies = reference_memory(*probe)
+    own = {m: reference_memory(*probe, m) for m in (() if quick else MEMORY_MODELS)}
+    stack = _stack_copy(((6, 1, 8, 128, 128),) if quick else STACK_COPY_SHAPES, repeats)
     bar.update()
     bar.close()
     return HostBench(cpu_model(), datetime.date.today().isoformat(), repeats, read, copy, matmul,
                      decode, matvec, dispatch_s, chain, llc_bytes(), ram_bytes(), jax.device_count(),
                      os.getloadavg()[0], by_args, experts, convert, argmax, thunks, dots, absorb, temp,
-                     per_cache, copies, os.sysconf("SC_PAGE_SIZE"), probe)
+                     per_cache, copies, os.sysconf("SC_PAGE_SIZE"), memory_probe=probe, model_memory=own,
+                     stack_copy_s=stack)
 
 
 def _temp_pages(sizes_mib, repeats: int) -> dict[int, Stat]:
@@ -376,10 +394,29 @@ def _temp_pages(sizes_mib, repeats: int) -> dict[int, Stat]:
     return out
 
 
-def stack_copies(hlo_text: str) -> tuple[dict[str, int], dict[str, int]]:
+def _stack_copy(shapes, repeats: int) -> dict[tuple[int, ...], Stat]:
+    """Seconds per call of one program copying an f32 stack of each shape into a donated buffer
+    of that shape (its result: one `copy` thunk writing warm, reused pages)."""
+    import jax
+    import jax.numpy as jnp
+    copy = jax.jit(lambda dst, src: src, donate_argnums=0, keep_unused=True)
+    out = {}
+    for shape in shapes:
+        src, dst = jnp.ones(shape, jnp.float32), [jnp.zeros(shape, jnp.float32)]
+
+        def call():
+            dst[0] = copy(dst[0], src)
+            dst[0].block_until_ready()
+        out[shape] = Stat.of(_time(call, repeats))
+        del src, dst
+    return out
+
+
+def stack_copies(hlo_text: str) -> tuple[dict[str, float], dict[str, int]]:
     """(copies, bytes) by cache name: the `copy` instructions of a compiled program's entry
-    computation whose result has the shape of a cache parameter (one named `cache['<name>']`),
-    and that cache's bytes."""
+    computation whose result has the shape of a cache parameter (one named `cache['<name>']`, a
+    stack over its layers: one copy) or of one layer's slot of it (the shape without the leading
+    layer dimension: 1 / layers of a copy), and that cache's bytes."""
     import re
     line_re = re.compile(r"^\s*(?:ROOT )?%?(\S+) = (\w+)\[([\d,]*)\]\{[^}]*\} ([\w-]+)\(")
     size = {"f32": 4, "bf16": 2, "s32": 4, "f16": 2, "s8": 1, "u8": 1, "pred": 1}
@@ -392,11 +429,15 @@ def stack_copies(hlo_text: str) -> tuple[dict[str, int], dict[str, int]]:
         name, dtype, dims, opcode = m.groups()
         shape = (dtype, dims)
         if opcode == "parameter" and name.startswith("cache__"):
-            shapes[shape] = name.split("__")[1]
+            stack = [int(x) for x in dims.split(",") if x]
+            shapes[shape] = (name.split("__")[1], 1.0)
+            shapes.setdefault((dtype, ",".join(map(str, stack[1:]))), (name.split("__")[1], 1.0 / stack[0]))
         elif opcode == "copy" and shape in shapes:
-            copies[shapes[shape]] = copies.get(shapes[shape], 0) + 1
-    nbytes = {k: size.get(d, 4) * math.prod(int(x) for x in dims.split(",") if x) for (d, dims), k in shapes.items()}
-    return {k: copies.get(k, 0) for k in nbytes}, nbytes
+            k, share = shapes[shape]
+            copies[k] = copies.get(k, 0.0) + share
+    nbytes = {k: size.get(d, 4) * math.prod(int(x) for x in dims.split(",") if x)
+              for (d, dims), (k, share) in shapes.items() if share == 1.0}
+    return {k: copies.get(k, 0.0) for k in nbytes}, nbytes
 
 
 def reference_memory(batch: int, context: int, model: str = PROBE_MODEL) -> tuple[dict[str, float], dict[str, float]]:
@@ -683,6 +724,12 @@ def microbench(b: HostBench, name: str = "host-cpu") -> dict:
                  "scope": f"one call of a jitted program filling a {mib} MiB f32 temporary (optimisation barrier) "
                           f"from an input of the same size", "source": src}
                 for mib, s in b.temp_pages_s.items()]
+    entries += [{"id": f"host-stack-copy-f32-{'x'.join(map(str, shape))}", "platform": name,
+                 "mechanism": "host_stack_copy", "inputs": {"bytes": 4 * math.prod(shape)},
+                 "value": s.median / 1e-6, "unit": "us_per_call",
+                 "scope": f"one call of a jitted program copying an f32 {list(shape)} stack into a donated "
+                          "buffer of its shape (reused pages)", "source": src}
+                for shape, s in b.stack_copy_s.items()]
     entries += [{"id": f"host-thunk-chain-t{thunks}", "platform": name, "mechanism": "host_program",
                  "inputs": {"thunks": thunks}, "value": s.median / 1e-6, "unit": "us_per_call",
                  "scope": f"one call of a jitted program of {THUNK_LANES} lanes of tiny dependent steps "
@@ -696,6 +743,11 @@ def microbench(b: HostBench, name: str = "host-cpu") -> dict:
                 for shape, s in b.argmax_s.items()]
     return {"what": "host component micro-benchmarks measured by perfmodel hostbench", "platform": name,
             "entries": entries}
+
+
+def model_suffix(model: str) -> str:
+    """The suffix of the components counted in `model`'s own programs (`perfmodel.validate.own_structure`)."""
+    return "__" + model.replace("-", "_")
 
 
 def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
@@ -722,6 +774,8 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
         start |= {"host_fill_bytes_per_s": 1e10, "host_page_fault_s": 1e-6, "host_page_bytes": b.page_bytes}
     if b.thunk_chain:
         start |= {"host_call_s": 5e-6, "host_thunk_s": 1e-6}
+    if b.stack_copy_s:
+        start |= {"host_stack_copy_bytes_per_s": 2e10}
     if b.absorb_s:
         start |= {"host_absorb_fixed_s": 1e-5, "host_absorb_bytes_per_s": 1e10}
     if b.argmax_s:
@@ -742,23 +796,24 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
               f"(kernels/reference.py, batch 1; XLA:CPU on {b.cpu}, {b.date}): a structure, not a timing"
     structure = {f"host_thunks_{k}": v for k, v in b.reference_thunks.items()}
     sources = {f"components.host_thunks_{k}": f"{counted}; mean over its {k} layers" for k in b.reference_thunks}
-    for k, v in b.stack_copies.items():
-        structure[f"host_stack_copies_{k}"] = v
-        sources[f"components.host_stack_copies_{k}"] = (
-            f"counted by hostbench in the compiled reference decode step of {PROBE_MODEL} at batch {b.memory_probe[0]}, "
-            f"context {b.memory_probe[1]} (kernels/reference.py; XLA:CPU on {b.cpu}, {b.date}): copies of whole cache "
-            "stacks (copy instructions of a cache parameter's shape) " + (
-                f"per {k} layer, in units of its stacks" if not k.startswith("attention") else
-                f"in its op-by-op {k} phases, in units of all caches (mean)") + ": a structure, not a timing")
-    for k, v in b.temp_per_cache_byte.items():
-        name = "host_temp_per_cache_byte" + ("" if k == "step" else f"_{k}")
-        structure[name] = v
-        sources[f"components.{name}"] = (
-            f"counted by hostbench in the compiled reference decode step of {PROBE_MODEL} at batch {b.memory_probe[0]}, "
-            f"context {b.memory_probe[1]} (kernels/reference.py; XLA:CPU on {b.cpu}, {b.date}): the temporary "
-            "allocation (memory_analysis) of " + ("the one-program step over all its caches" if k == "step" else
-                                                  f"its op-by-op {k} phases over their layer's cache (mean)")
-            + " (cache bytes: perfmodel.ops): a structure, not a timing")
+    for model, (temps, copies) in [(PROBE_MODEL, (b.temp_per_cache_byte, b.stack_copies)), *b.model_memory.items()]:
+        suffix = "" if model == PROBE_MODEL else model_suffix(model)
+        where = (f"counted by hostbench in the compiled reference decode step of {model} at batch {b.memory_probe[0]}, "
+                 f"context {b.memory_probe[1]} (kernels/reference.py; XLA:CPU on {b.cpu}, {b.date})")
+        for k, v in copies.items():
+            structure[f"host_stack_copies_{k}{suffix}"] = v
+            sources[f"components.host_stack_copies_{k}{suffix}"] = (
+                f"{where}: copies of whole cache stacks (copy instructions of a cache parameter's shape) " + (
+                    f"per {k} layer, in units of its stacks" if not k.startswith("attention") else
+                    f"in its op-by-op {k} phases, in units of all caches (mean)") + ": a structure, not a timing")
+        for k, v in temps.items():
+            name = "host_temp_per_cache_byte" + ("" if k == "step" else f"_{k}") + suffix
+            structure[name] = v
+            sources[f"components.{name}"] = (
+                f"{where}: the temporary allocation (memory_analysis) of " + (
+                    "the one-program step over all its caches" if k == "step" else
+                    f"its op-by-op {k} phases over their layer's cache (mean)")
+                + " (cache bytes: perfmodel.ops): a structure, not a timing")
     hw = dataclasses.replace(hw, components={**hw.components, **structure}, sources={**hw.sources, **sources})
     write_atomic(mb, json.dumps(data, indent=1) + "\n")
     write_atomic(out, to_toml(hw, f"Host CPU measured by `perfmodel hostbench` ({b.cpu}, {b.date}).\n"
@@ -804,6 +859,11 @@ def cmd_hostbench(a) -> dict:
         print(f"  temporaries per cache byte of the {PROBE_MODEL} reference step at batch {b.memory_probe[0]}, "
               f"context {b.memory_probe[1]}: " + ", ".join(f"{k} {v:.3g}" for k, v in b.temp_per_cache_byte.items())
               + f"; page {b.page_bytes} B; stack copies " + ", ".join(f"{k} {v:.3g}" for k, v in b.stack_copies.items()))
+        for model, (temps, copies) in b.model_memory.items():
+            print(f"  the same of {model}: " + ", ".join(f"{k} {v:.3g}" for k, v in temps.items())
+                  + "; stack copies " + ", ".join(f"{k} {v:.3g}" for k, v in copies.items()))
+        for shape, s in b.stack_copy_s.items():
+            print(f"  copy of an f32 {list(shape)} stack into a reused buffer: " + _stat_text(s, 1e-6, "us per call"))
         print(f"wrote {path} (+ {path.with_suffix('.json').name})")
     return {"hardware_file": str(path), **b.json()}
 

@@ -83,6 +83,7 @@ def test_quick_measurement_runs(tmp_path):
     assert b.temp_per_cache_byte["step"] > 1 and set(b.temp_pages_s) == {8, 48}  # the caches, and more
     assert set(b.temp_per_cache_byte) == {"step", "attention_kda", "attention_mla"}
     assert set(b.stack_copies) == {"kda", "mla", "attention_kda", "attention_mla"}
+    assert b.stack_copy_s and all(s.median > 0 for s in b.stack_copy_s.values())
     load_hardware(str(hostbench.write(b, tmp_path / "quick.toml")))
 
 
