@@ -165,9 +165,11 @@ def sandbox(tmp_path, monkeypatch):
     """Run in a temporary directory; files the CLI writes elsewhere are not written, and a fit
     that slips through `_slow_run` returns the physical defaults at once."""
     from perfmodel import calibrate, cli
+    from perfmodel.files import check_path
     real_write = cli.write_atomic
 
     def write_inside(path, *args, **kw):
+        check_path(kw.get("field", "--out"), path)  # as the real one does, before resolving it
         if not Path(path).resolve().is_relative_to(tmp_path.resolve()):
             return Path(path)
         return real_write(path, *args, **kw)
@@ -177,6 +179,12 @@ def sandbox(tmp_path, monkeypatch):
     monkeypatch.setattr(calibrate, "fit", lambda ms, hw: {
         p.key: 0.0 if p.name == "routing_skew" else 1.0 for p in calibrate.fit_params(sorted(hw))})
     return tmp_path
+
+
+def test_nul_output_path_in_the_sandbox(sandbox):
+    """Found by `make fuzz`: the sandbox's own write guard resolved the path before the CLI's
+    check and raised ValueError on a NUL; the CLI refuses it with exit 2."""
+    assert check_contract(["trace", "--out", "\x00"]) == 2
 
 
 @fuzz("argv")
