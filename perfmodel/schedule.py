@@ -1,6 +1,6 @@
 """One decode step simulated as a timeline on the DMA engine, the compute unit and the link.
 
-Engines (DESIGN.md "Engines"):
+Engines (README "Model terms"):
 - multikernel: every op is its own kernel, run in order on one stream; a kernel pays its launch,
   starts its weight loads when it starts (DMA latency + first tile = pipeline fill) and computes
   the last tile after the loads end (drain); collectives are kernels of their own; activations

@@ -1,7 +1,7 @@
 """Predicted vs measured, per layer and per step, from profiler traces (`perfmodel validate`).
 
 A host run of the pure-JAX reference is predicted with the multi-kernel engine on one CPU
-device (DESIGN.md "Checked against real runs"):
+device (docs/validation.md):
 - one compiled XLA program: no kernel launches (`launch_overhead_s = 0`); the program pays its
   call and its XLA:CPU thunks (`components.host_program_time`, thunks per layer phase counted in
   the reference's compiled HLO by hostbench);
