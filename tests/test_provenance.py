@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FORBIDDEN = re.compile(r"\.\./shared|seed 0[0-9]|issue [0-9]+|FACTS\.md|/work/")
+FORBIDDEN = re.compile(r"\.\./shared|seed 0[0-9]|issue [0-9]+|(FACTS|DESIGN|STYLE)\.md|/work/")
 
 
 def tracked_files() -> list[Path]:
