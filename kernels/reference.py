@@ -473,14 +473,25 @@ def decode_step(weights: Weights, cache, tokens, positions, accepted=None,
     return (*verify_outputs(nxt, logits, b, rows, jnp.ndim(tokens) == 2), cache)
 
 
-def decode_step_hlo(weights: Weights, cache, tokens, positions, accepted=None,
-                    mla_form: str = "absorbed") -> str:
-    """The compiled XLA program of `decode_step` for these arguments, as HLO text (compiled,
-    never run: a structure to count, e.g. by perfmodel_jax.hostbench)."""
+def compiled_step(weights: Weights, cache, tokens, positions, accepted=None, mla_form: str = "absorbed"):
+    """The compiled XLA program of `decode_step` for these arguments; compiled, never run: a
+    structure to count (HLO text, `memory_analysis`), e.g. by perfmodel_jax.hostbench."""
     require(mla_form in ("absorbed", "plain"), "mla_form", mla_form, "absorbed or plain")
     flat, positions, accepted, rows = verify_inputs(_batch(cache), tokens, positions, accepted)
     return _decode_step_jit.lower(weights, cache, flat, positions, accepted, rows=rows,
-                                  mla_form=mla_form).compile().as_text()
+                                  mla_form=mla_form).compile()
+
+
+def compiled_attention_phases(weights: Weights, cache, tokens, positions, accepted=None,
+                              mla_form: str = "absorbed") -> dict:
+    """`decode_step_op_by_op`'s attention programs (layer index -> compiled program) for these
+    arguments; compiled, never run, as `compiled_step`."""
+    require(mla_form in ("absorbed", "plain"), "mla_form", mla_form, "absorbed or plain")
+    flat, positions, accepted, rows = verify_inputs(_batch(cache), tokens, positions, accepted)
+    _, attn, _, _ = _phase_fns(weights.static, rows, mla_form)
+    x = jnp.zeros((flat.shape[0], weights.spec.hidden), jnp.float32)
+    return {l.index: attn[l.index].lower(lw, cache, x, positions, accepted).compile()
+            for l, lw in zip(weights.spec.layers, weights["layers"])}
 
 
 @functools.lru_cache(maxsize=None)

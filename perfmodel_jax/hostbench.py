@@ -457,20 +457,18 @@ def reference_memory(batch: int, context: int, model: str = PROBE_MODEL) -> tupl
     spec = load_model(model)
     weights = R.init_weights(spec, 0, dtype=jnp.float32)
     cache = R.init_cache(spec, batch, context + 1)
-    flat, pos, acc, rows = R.verify_inputs(batch, jnp.zeros((batch,), jnp.int32),
-                                           jnp.full((batch,), context, jnp.int32), None)
+    args = (weights, cache, jnp.zeros((batch,), jnp.int32), jnp.full((batch,), context, jnp.int32))
     g = build(spec, Deployment(devices=1, tp=1, engine="multikernel", batch=batch, context=context))
-    step = R._decode_step_jit.lower(weights, cache, flat, pos, acc, rows=rows, mla_form="absorbed").compile()
+    step = R.compiled_step(*args)
     temps = {"step": step.memory_analysis().temp_size_in_bytes / sum(g.cache_bytes.values())}
     n, nbytes = stack_copies(step.as_text())
     layers = {k: spec.count(attention=k) for k in {c.split("_")[0] for c in nbytes}}
     copies = {k: sum(n[c] * nbytes[c] for c in nbytes if c.startswith(k + "_"))
               / (layers[k] * sum(nbytes[c] for c in nbytes if c.startswith(k + "_"))) for k in sorted(layers)}
-    _, attn, _, _ = R._phase_fns(weights.static, rows, "absorbed")
-    x = jnp.zeros((batch, spec.hidden), jnp.float32)
+    phases = R.compiled_attention_phases(*args)
     per: dict[str, list[tuple[float, float]]] = {}
-    for layer, lw in zip(spec.layers, weights["layers"]):
-        phase = attn[layer.index].lower(lw, cache, x, pos, acc).compile()
+    for layer in spec.layers:
+        phase = phases[layer.index]
         n, nbytes = stack_copies(phase.as_text())
         per.setdefault(f"attention_{layer.attention}", []).append(
             (phase.memory_analysis().temp_size_in_bytes / g.cache_bytes[layer.index],
@@ -586,7 +584,7 @@ def reference_thunks(model: str = PROBE_MODEL) -> dict[str, float]:
     spec = load_model(model)
     weights = R.init_weights(spec, 0, dtype=jnp.float32)
     cache = R.init_cache(spec, 1, 64)
-    text = R.decode_step_hlo(weights, cache, jnp.zeros((1,), jnp.int32), jnp.full((1,), 32, jnp.int32))
+    text = R.compiled_step(weights, cache, jnp.zeros((1,), jnp.int32), jnp.full((1,), 32, jnp.int32)).as_text()
     kinds = {l.index: l.attention for l in spec.layers}
     per: dict[str, list[int]] = {}
     for scope, n in count_thunks(text).items():
