@@ -30,11 +30,12 @@ def _source(hw, *names: str) -> str:
     return "; ".join(found) or "assumption (no source entry)"
 
 
-def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, megakernel: bool) -> list[dict]:
-    """The latency terms of op `j` in isolation, each with its mechanism and source."""
+def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarray, megakernel: bool) -> list[dict]:
+    """The latency terms of op `j` in isolation (`coll_s`: the graph's collective seconds), each
+    with its mechanism and source."""
     c, out = hw.components, []
     if g.is_collective[j]:
-        t = float(collective_terms(g, hw, megakernel)[0][j])
+        t = float(coll_s[j])
         k, m, p = g.coll_kind[j], float(g.coll_bytes[j]), int(g.coll_group[j])
         if cm.is_tpu_model(c):
             fixed = g.kernel_all_reduce if megakernel and k == "all_reduce" else ""
@@ -84,6 +85,8 @@ def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
                         f"not in the model; ops of layer {layer}: {', '.join(known)}" if known
                         else f"layers are 0..{int(g.layer.max())}")
     tl = p.timeline
+    megakernel = d.engine == "megakernel"
+    coll_s = collective_terms(g, hw, megakernel)[0]
     rows = []
     for j in idx:
         waits = {k: float(v[j]) for k, v in tl.wait_s.items() if k != "compute" and v[j] > 0}
@@ -92,7 +95,7 @@ def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
                      "routed_bytes": float(g.routed_bytes[j]), "kv_bytes": float(g.kv_bytes[j]),
                      "act_bytes": float(g.act_bytes[j]), "start_s": float(tl.start_s[j]),
                      "end_s": float(tl.end_s[j]), "waits_s": waits, "waited_on": RESOURCE[cause],
-                     "terms": terms(g, hw, j, weights, d.engine == "megakernel")})
+                     "terms": terms(g, hw, j, weights, coll_s, megakernel)})
     row = next((r for r in p.layers if r.layer == layer), None)
     return {"schema_version": SCHEMA_VERSION, "command": "explain", "model": model.name, "hardware": hw.name,
             "deployment": dataclasses.asdict(d), "layer": layer, "kind": g.layer_kind.get(layer, ""),
