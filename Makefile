@@ -56,4 +56,4 @@ wheel-check: $(STAMP)
 	cd /tmp && $(CURDIR)/$(WHEEL_VENV)/bin/perfmodel list
 	cd /tmp && $(CURDIR)/$(WHEEL_VENV)/bin/perfmodel predict --model kimi-k3-mini --devices 1
 	cd /tmp && $(CURDIR)/$(WHEEL_VENV)/bin/perfmodel dashboard --help
-	cd /tmp && $(CURDIR)/$(WHEEL_VENV)/bin/python -c "from perfmodel.dashboard import app_path; print(app_path())"
+	cd /tmp && $(CURDIR)/$(WHEEL_VENV)/bin/python -c "from perfmodel.cli.dashboard import app_path; print(app_path())"

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     from jax.sharding import use_abstract_mesh
 
     from kernels import comm, layout, megakernel, shard, vmem
-    from perfmodel.arch import derive
+    from perfmodel.spec.arch import derive
 
     t0 = time.perf_counter()
     full = derive(a.preset, **({"formats": {"routed_expert": a.expert_format}}

@@ -23,12 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-from perfmodel import design
-from perfmodel.arch import load_model
-from perfmodel.deployment import Deployment
-from perfmodel.hardware import load_hardware
 from perfmodel.predict import predict
-from perfmodel.sweep import run_design
+from perfmodel.search import design
+from perfmodel.search.sweep import run_design
+from perfmodel.spec.arch import load_model
+from perfmodel.spec.deployment import Deployment
+from perfmodel.spec.hardware import load_hardware
 
 HERE = Path(__file__).resolve().parent
 DESIGN = HERE / "designs" / "kimi-k3-tpu-v7-10k.toml"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from perfmodel.files import write_atomic
+from perfmodel.util.files import write_atomic
 
 GPU_JSON = Path(__file__).resolve().parent.parent / "perfmodel" / "data" / "microbench" / "gpu.json"
 SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm"}

@@ -6,7 +6,7 @@
     python experiments/profile_megakernel.py --rows 4 --accepted 2   # verify blocks of 4 rows
 
 For each batch and ring depth: runs `kernels.megakernel.decode_step` under `jax.profiler.trace`
-(one `StepTraceAnnotation("decode_step")` per step), parses the trace with `perfmodel.traces`
+(one `StepTraceAnnotation("decode_step")` per step), parses the trace with `perfmodel.validate.traces`
 (the kernel's `jax.named_scope` per layer and phase appear as in-kernel trace markers), predicts
 the same configuration with the megakernel simulator (ring of `depth` banks of the kernel's tile
 bytes, its expert slots) and writes per-layer and per-step predicted vs measured to
@@ -47,15 +47,15 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from kernels.run import add_block_and_mesh_arguments, block_and_mesh  # noqa: E402
-from perfmodel.arch import load_model  # noqa: E402
-from perfmodel.errors import SpecError  # noqa: E402
-from perfmodel.files import write_atomic, write_csv  # noqa: E402
-from perfmodel.cli import int_list  # noqa: E402
-from perfmodel.deployment import Deployment, SpecDecode  # noqa: E402
-from perfmodel.hardware import load_hardware  # noqa: E402
+from perfmodel.cli.main import int_list  # noqa: E402
 from perfmodel.predict import predict  # noqa: E402
-from perfmodel.traces import STEP_NAME, TraceSummary, parse_trace  # noqa: E402
-from perfmodel.validate import Comparison, against  # noqa: E402
+from perfmodel.spec.arch import load_model  # noqa: E402
+from perfmodel.spec.deployment import Deployment, SpecDecode  # noqa: E402
+from perfmodel.spec.hardware import load_hardware  # noqa: E402
+from perfmodel.util.errors import SpecError  # noqa: E402
+from perfmodel.util.files import write_atomic, write_csv  # noqa: E402
+from perfmodel.validate.host import Comparison, against  # noqa: E402
+from perfmodel.validate.traces import STEP_NAME, TraceSummary, parse_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

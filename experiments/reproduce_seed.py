@@ -12,9 +12,9 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from perfmodel.calibrate import reproduce
-from perfmodel.cli import print_reproduce
-from perfmodel.files import write_atomic, write_csv
+from perfmodel.cli.main import print_reproduce
+from perfmodel.fit.seed import reproduce
+from perfmodel.util.files import write_atomic, write_csv
 
 OUT = Path(__file__).parent / "results"
 

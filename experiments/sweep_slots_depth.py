@@ -13,12 +13,12 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from perfmodel.arch import load_model
-from perfmodel.deployment import Deployment
-from perfmodel.errors import SpecError
-from perfmodel.files import write_csv
-from perfmodel.hardware import load_hardware
 from perfmodel.predict import predict
+from perfmodel.spec.arch import load_model
+from perfmodel.spec.deployment import Deployment
+from perfmodel.spec.hardware import load_hardware
+from perfmodel.util.errors import SpecError
+from perfmodel.util.files import write_csv
 
 OUT = Path(__file__).parent / "results" / "slot_depth_sweep.csv"
 SLOTS = (1, 2, 3, 4, 6, 8)

@@ -7,7 +7,7 @@ with the defaults; nothing else is needed from the machine):
 1. Profiler traces of the pure-JAX reference step (`kernels/reference.py`, f32 weights) of
    kimi-k3-host-small and kimi-k3-host-large at batch 1, 4 and 16 and contexts 256 and 4096, as one
    compiled program and op by op (`perfmodel_jax.capture`); every op is attributed to its layer
-   and phase through the named scopes in the GPU's op names (`perfmodel.traces`).
+   and phase through the named scopes in the GPU's op names (`perfmodel.validate.traces`).
 2. Predictions of the same runs with the multi-kernel engine on one device of `--hardware` (a
    preset: its GPU components come from public figures, docs/sources.md; nothing is fitted on
    these runs).
@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 import validation_report
-from perfmodel import validate
-from perfmodel.arch import load_model
-from perfmodel.errors import SpecError
+from perfmodel.spec.arch import load_model
+from perfmodel.util.errors import SpecError
+from perfmodel.validate import host as validate
 from perfmodel_jax.capture import capture_reference
 
 ROOT = Path(__file__).resolve().parent.parent

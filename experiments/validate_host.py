@@ -7,8 +7,8 @@
    the runs (`hostbench_after` in the JSON) to show how far the machine drifted meanwhile.
 2. For kimi-k3-host-large (f32 weights about 1.8 GB, far beyond the LLC) and kimi-k3-host-small
    (about 27 MiB, within a 32 MiB LLC), batch 1, 2, 4, 8, 16, 32 and contexts 256 and 4096:
-   traces of the reference step as one compiled program and op by op (`perfmodel.traces`).
-3. Predictions with the multi-kernel engine on one CPU device (`perfmodel.validate`), twice:
+   traces of the reference step as one compiled program and op by op (`perfmodel.validate.traces`).
+3. Predictions with the multi-kernel engine on one CPU device (`perfmodel.validate.host`), twice:
    `file` = the hardware file as written; `matched` = efficiency.hbm from hostbench's
    decode-matmul microbenchmark at the run's batch (still microbenchmarks only).
 Writes experiments/results/host_validation.csv (one row per layer and per step, with the
@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 
 import validation_report
-from perfmodel import validate
+from perfmodel.spec.arch import load_model
+from perfmodel.validate import host as validate
 from perfmodel_jax import hostbench
-from perfmodel.arch import load_model
 from perfmodel_jax.capture import capture_reference
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,8 +6,8 @@ import json
 import statistics
 from pathlib import Path
 
-from perfmodel import validate
-from perfmodel.files import write_atomic, write_csv
+from perfmodel.util.files import write_atomic, write_csv
+from perfmodel.validate import host as validate
 
 COLUMNS = ["variant", "model", "mode", "batch", "context", "layer", "kind", "predicted_s", "measured_s",
            "measured_min_s", "measured_max_s", "rel_error", "model_ops", "traced_ops", "hbm_efficiency",
@@ -15,7 +15,7 @@ COLUMNS = ["variant", "model", "mode", "batch", "context", "layer", "kind", "pre
 
 
 def summary_of(results, models: list[str], targets: dict[str, float]) -> dict:
-    """perfmodel.validate.summary of all runs, per model, and each target met or not."""
+    """perfmodel.validate.host.summary of all runs, per model, and each target met or not."""
     s = validate.summary(results)
     s["per_model"] = {m: validate.summary([c for c in results if c.model == m]) for m in models}
     s["targets"] = {k: {"target": v, "value": s[k], "met": s[k] <= v} for k, v in targets.items()}
@@ -23,7 +23,7 @@ def summary_of(results, models: list[str], targets: dict[str, float]) -> dict:
 
 
 def rows_of(variant: str, results) -> list[list]:
-    """CSV rows of perfmodel.validate Comparisons: the step, then each layer."""
+    """CSV rows of perfmodel.validate.host Comparisons: the step, then each layer."""
     rows = []
     for c in results:
         base = [variant, c.model, c.mode, c.batch, c.context]

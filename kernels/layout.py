@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from perfmodel.arch import Layer, Matmul, ModelSpec
-from perfmodel.errors import positive_int, require
+from perfmodel.spec.arch import Layer, Matmul, ModelSpec
+from perfmodel.util.errors import positive_int, require
 
 from . import quant, reference
 

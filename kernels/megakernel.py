@@ -27,8 +27,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from perfmodel.arch import Layer, ModelSpec
-from perfmodel.errors import require
+from perfmodel.spec.arch import Layer, ModelSpec
+from perfmodel.util.errors import require
 
 from . import comm, layout, quant, reference as ref, shard, vmem
 from .comm import Comm

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from perfmodel.arch import ModelSpec
-from perfmodel.errors import require
+from perfmodel.spec.arch import ModelSpec
+from perfmodel.util.errors import require
 
 from . import layout, megakernel, reference, shard, vmem
 from .comm import AXIS

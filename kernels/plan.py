@@ -1,4 +1,4 @@
-"""The megakernel's DMA plan as data (`perfmodel.dmaplan.Copy`), derived from the kernel itself.
+"""The megakernel's DMA plan as data (`perfmodel.graph.dmaplan.Copy`), derived from the kernel itself.
 
 The kernel records every DMA issue site while it is traced (`megakernel.Dma`): the layer loop's
 body is traced once, so this module walks the layers in Python, replaying for each layer the
@@ -15,9 +15,9 @@ import math
 
 import jax
 
-from perfmodel.arch import ModelSpec
-from perfmodel.dmaplan import Copy, bytes_by_layer_family
-from perfmodel.errors import require
+from perfmodel.graph.dmaplan import Copy, bytes_by_layer_family
+from perfmodel.spec.arch import ModelSpec
+from perfmodel.util.errors import require
 
 from . import layout, megakernel, reference
 from .layout import KernelConfig
@@ -153,7 +153,7 @@ def _expand(spec, cfg, distinct_experts, positions, accepted, events=False):
 def overhead_bytes(spec: ModelSpec, cfg: KernelConfig,
                    distinct_experts: list[int] | None = None) -> dict[str, int]:
     """What the plan moves beyond the weight / cache bytes an analytic model counts
-    (`perfmodel.ops`): "tile_padding", the zeros that pad static matmuls and the routed experts
+    (`perfmodel.graph.ops`): "tile_padding", the zeros that pad static matmuls and the routed experts
     fetched this step to whole T x T tiles (quantised experts: plus the per-channel scales of
     int8 / fp8, which the model's formats do not count); "vectors", the small per-layer
     vectors (norms, conv taps, decay constants, router bias, final norm) in 16 x 128 row
@@ -179,9 +179,9 @@ def predicted_step(spec: ModelSpec, cfg: KernelConfig, the_plan: list[Copy], con
     per sequence (rows > 1: speculative decoding with cfg.rows - 1 drafted rows;
     acceptance_length, tokens per step, sets the tokens/s, not the step time) (a prediction,
     perfmodel.predict.Prediction, not a measurement)."""
-    from perfmodel.deployment import Deployment, SpecDecode
-    from perfmodel.hardware import load_hardware
     from perfmodel.predict import predict
+    from perfmodel.spec.deployment import Deployment, SpecDecode
+    from perfmodel.spec.hardware import load_hardware
     hw = load_hardware(hardware).replace(dma_tile_bytes=cfg.bank_bytes)
     verify = SpecDecode(draft_rows=cfg.rows - 1, acceptance_length=acceptance_length) \
         if cfg.rows > 1 else None

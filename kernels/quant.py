@@ -1,7 +1,7 @@
 """Quantised routed-expert weights: codes and scales as the megakernel stores them, and the
 dequantisation the kernel runs on each tile (the reference uses the same dequantised values).
 
-Formats (group sizes and scale dtypes of the 4-bit formats from `perfmodel.formats`):
+Formats (group sizes and scale dtypes of the 4-bit formats from `perfmodel.spec.formats`):
 - int8: one f32 scale per output channel (max |w| / 127), codes round(w / s);
 - fp8: e4m3 codes of w / s, one f32 scale per output channel (max |w| / 448);
 - int4 (group 32, bf16 scales) and int4-g128-f32 (group 128, f32 scales; the GPTQ / AWQ
@@ -22,7 +22,7 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-from perfmodel.formats import get_format
+from perfmodel.spec.formats import get_format
 
 QUANTISED = ("int8", "fp8", "int4", "int4-g128-f32", "mxfp4")
 INT4 = ("int4", "int4-g128-f32")

@@ -2,7 +2,7 @@
 
 One step: embedding; per layer RMSNorm -> KDA or MLA attention -> residual, RMSNorm -> dense FFN
 or latent MoE (sigmoid router with selection bias, top-k, shared experts) -> residual; final norm,
-lm_head, greedy sampling. Shapes come only from a `perfmodel.arch.ModelSpec`. A step decodes one
+lm_head, greedy sampling. Shapes come only from a `perfmodel.spec.arch.ModelSpec`. A step decodes one
 token per sequence or verifies a block of up to `MAX_ROWS` tokens per sequence (row r at
 position pos + r, causal within the block; only the first `accepted` rows of each sequence
 update the caches: `verify_inputs`).
@@ -10,7 +10,7 @@ update the caches: `verify_inputs`).
 Numerics (the megakernel follows the same rules): weights are stored in `dtype` (bf16 by
 default); a matmul casts its activation input to the weight dtype and accumulates in f32; every
 other op (norms, gates, recurrences, softmax) runs in f32. The MLA latent cache and the KDA
-short-conv window are stored in the `kv_cache` format (bf16, as `perfmodel.ops` counts them),
+short-conv window are stored in the `kv_cache` format (bf16, as `perfmodel.graph.ops` counts them),
 the KDA recurrent state in the `state` format (f32).
 
 Model details fixed here (the preset does not state them): RMSNorm eps 1e-6; KDA q/k are
@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from perfmodel.arch import Layer, ModelSpec
-from perfmodel.errors import positive_int, require
+from perfmodel.spec.arch import Layer, ModelSpec
+from perfmodel.util.errors import positive_int, require
 
 EPS = 1e-6
 DECAY_LOWER_BOUND = -5.0

@@ -28,9 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
-from perfmodel.arch import load_model
-from perfmodel.errors import SpecError
-from perfmodel.formats import get_format
+from perfmodel.spec.arch import load_model
+from perfmodel.spec.formats import get_format
+from perfmodel.util.errors import SpecError
 
 from . import layout, megakernel, parallel, plan, quant, reference, shard, vmem
 

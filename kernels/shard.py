@@ -21,8 +21,8 @@ import dataclasses
 
 import numpy as np
 
-from perfmodel.arch import ModelSpec
-from perfmodel.errors import positive_int, require
+from perfmodel.spec.arch import ModelSpec
+from perfmodel.util.errors import positive_int, require
 
 from . import reference
 

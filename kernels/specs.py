@@ -1,5 +1,5 @@
 """Architecture overrides for reference runs and kernel tests at other sizes; apply them with
-`perfmodel.arch.derive("kimi-k3", **ODD_SIZED)`."""
+`perfmodel.spec.arch.derive("kimi-k3", **ODD_SIZED)`."""
 
 # A kimi-k3 derivative whose widths are not multiples of the 128-wide tile (head dims 64,
 # expert width 96, q_lora 192), with 6 layers and 32 experts top-6: exercises tile padding.

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
-from perfmodel.arch import ModelSpec
-from perfmodel.errors import SpecError, require
+from perfmodel.spec.arch import ModelSpec
+from perfmodel.util.errors import SpecError, require
 
 from . import layout, reference
 from .layout import KernelConfig

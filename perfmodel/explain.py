@@ -1,5 +1,5 @@
 """`perfmodel explain`: one layer (or one op) term by term: bytes, FLOPs, each latency term with
-its mechanism (a perfmodel.components function) and source, and the resource the op waited on.
+its mechanism (a perfmodel.cost.components function) and source, and the resource the op waited on.
 
     perfmodel explain --ep 8 --batch 1 --layer 4 [--op routed_experts] [--json]
 """
@@ -10,12 +10,12 @@ import math
 
 import numpy as np
 
-from . import components as cm
-from . import ops as ops_mod
-from .errors import SpecError
-from .predict import predict
-from .report import SCHEMA_VERSION
-from .schedule import collective_terms, op_compute_s, op_weights, stream_terms
+from perfmodel.cost import components as cm
+from perfmodel.engine.schedule import collective_terms, op_compute_s, op_weights, stream_terms
+from perfmodel.graph import ops as ops_mod
+from perfmodel.predict import predict
+from perfmodel.report import SCHEMA_VERSION
+from perfmodel.util.errors import SpecError
 
 # wait cause -> the resource the op waited on
 RESOURCE = {"compute": "compute unit (MXU / VPU / SMs)", "weight_streaming": "DMA engine (HBM -> on-chip)",
@@ -103,8 +103,8 @@ def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
 
 
 def run(a) -> dict:
-    from .cli import load_inputs
-    from .report import table
+    from perfmodel.cli.main import load_inputs
+    from perfmodel.report import table
     model, hw, d = load_inputs(a)
     out = explain(model, hw, dataclasses.replace(d, batch=a.batch), a.layer, a.op)
     if not a.json:
@@ -125,7 +125,7 @@ def run(a) -> dict:
 
 
 def add_parser(sub) -> None:
-    from .cli import add_deployment_args
+    from perfmodel.cli.main import add_deployment_args
     p = sub.add_parser("explain", help="one layer or op term by term: bytes, FLOPs, mechanisms, sources")
     add_deployment_args(p)
     p.add_argument("--batch", type=int, default=1)

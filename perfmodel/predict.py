@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import ops as ops_mod
-from .arch import ModelSpec
-from .deployment import Deployment, validate
-from .dmaplan import Copy
-from .errors import SpecError
-from .hardware import Hardware
-from .schedule import CAUSES, Timeline, op_weights, simulate_megakernel, simulate_multikernel
+from perfmodel.engine.schedule import CAUSES, Timeline, op_weights, simulate_megakernel, simulate_multikernel
+from perfmodel.graph import ops as ops_mod
+from perfmodel.graph.dmaplan import Copy
+from perfmodel.spec.arch import ModelSpec
+from perfmodel.spec.deployment import Deployment, validate
+from perfmodel.spec.hardware import Hardware
+from perfmodel.util.errors import SpecError
 
 
 @dataclass

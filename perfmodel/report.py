@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from .predict import Prediction
+from perfmodel.predict import Prediction
 
 SCHEMA_VERSION = 2  # 2: sweep rows are flat (docs/sweep.md)
 

@@ -1,6 +1,6 @@
 """Record profiler traces of the pure-JAX reference decode step (`perfmodel capture`).
 
-The layout of what it writes, and how `perfmodel.traces` parses it, is in that module's
+The layout of what it writes, and how `perfmodel.validate.traces` parses it, is in that module's
 docstring. Needs the [jax] extra; imports JAX only inside the functions that run it.
 """
 from __future__ import annotations
@@ -14,11 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-from perfmodel.args import context_list, count, int_list, str_list
-from perfmodel.arch import load_model
-from perfmodel.errors import SpecError, positive_int
-from perfmodel.files import write_atomic
-from perfmodel.traces import HLO_SUFFIX, STEP_NAME, parse_trace
+from perfmodel.cli.args import context_list, count, int_list, str_list
+from perfmodel.spec.arch import load_model
+from perfmodel.util.errors import SpecError, positive_int
+from perfmodel.util.files import write_atomic
+from perfmodel.validate.traces import HLO_SUFFIX, STEP_NAME, parse_trace
 
 MODES = ("compiled", "op_by_op")
 UNTRACED_STEPS_PER_STEP = 2  # untraced wall-time steps per traced step, modes interleaved

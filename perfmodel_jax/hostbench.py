@@ -1,5 +1,5 @@
 """Host microbenchmarks: this machine's memory bandwidth, matmul FLOP/s and JAX overheads, written
-as a hardware file (`kind = "cpu"`) that `perfmodel.hardware.load_hardware` reads.
+as a hardware file (`kind = "cpu"`) that `perfmodel.spec.hardware.load_hardware` reads.
 
 Measured (min / median / max over repeats, all through JAX on the default CPU device):
 - streaming read bandwidth: a jitted sum over f32 arrays of several sizes beyond the last-level
@@ -43,7 +43,7 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
   call (`components.host_fresh_pages_time`: a cost per page of the OS page size);
 - temporaries per cache byte (structure, not timing): the compiled reference step of PROBE_MODEL
   at TEMP_PROBE (batch, context): its temporary allocation (`memory_analysis`) over the caches it
-  updates (`perfmodel.ops` cache bytes), `components.host_temp_per_cache_byte`; and each
+  updates (`perfmodel.graph.ops` cache bytes), `components.host_temp_per_cache_byte`; and each
   attention phase as the op-by-op step compiles it, over its own layer's cache, per attention
   kind (`host_temp_per_cache_byte_attention_<kind>`);
 - copies of the stacked caches (structure, not timing): in the same compiled programs, the `copy`
@@ -52,7 +52,7 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
   (`host_stack_copies_<kind>`), and per op-by-op attention phase in units of all caches
   (`host_stack_copies_attention_<kind>`); both counts also for each other model in MEMORY_MODELS
   (the host models the validation runs), from its own compiled programs, written with the suffix
-  `__<model>` (`perfmodel.validate.own_structure` applies a model's own);
+  `__<model>` (`perfmodel.validate.host.own_structure` applies a model's own);
 - a copy of a cache stack into a reused buffer: one program copying a KDA-state-shaped f32 stack
   (STACK_COPY_SHAPES, below and above the mmap threshold) into a donated buffer of its shape (warm
   pages: the faults of a fresh buffer are `host_fresh_pages_time`'s), per call
@@ -61,7 +61,7 @@ Not measured (stated as such in the file's sources): memory latency (`dma_latenc
 granule (`dma_tile_bytes`) and the link fields, which do not apply to one CPU device.
 
 CLI: `perfmodel hostbench [--out FILE] [--quick] [--repeats N]`; the default output is in the
-user's data directory (perfmodel.files.host_hardware_file), never a committed file.
+user's data directory (perfmodel.util.files.host_hardware_file), never a committed file.
 """
 from __future__ import annotations
 
@@ -75,10 +75,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfmodel.args import count
-from perfmodel.errors import SpecError, positive_int
-from perfmodel.files import host_hardware_file, write_atomic
+from perfmodel.cli.args import count
 from perfmodel.report import plain
+from perfmodel.util.errors import SpecError, positive_int
+from perfmodel.util.files import host_hardware_file, write_atomic
 
 MIB = 2**20
 BANDWIDTH_SIZES_MIB = (128, 512, 1024)
@@ -451,9 +451,9 @@ def reference_memory(batch: int, context: int, model: str = PROBE_MODEL) -> tupl
     "attention_<kind>" (a cache named `<kind>_...` belongs to that attention kind)."""
     import jax.numpy as jnp
     from kernels import reference as R
-    from perfmodel.arch import load_model
-    from perfmodel.deployment import Deployment
-    from perfmodel.ops import build
+    from perfmodel.graph.ops import build
+    from perfmodel.spec.arch import load_model
+    from perfmodel.spec.deployment import Deployment
     spec = load_model(model)
     weights = R.init_weights(spec, 0, dtype=jnp.float32)
     cache = R.init_cache(spec, batch, context + 1)
@@ -522,11 +522,11 @@ def _dot_chain(length: int, repeats: int) -> dict[int, Stat]:
 
 
 def count_thunks(hlo_text: str) -> dict[str | None, int]:
-    """Thunks of a compiled XLA:CPU program by named scope (perfmodel.traces.hlo_scopes; None:
+    """Thunks of a compiled XLA:CPU program by named scope (perfmodel.validate.traces.hlo_scopes; None:
     no scope): the instructions of its entry computation that run a kernel (all but
     NOT_THUNKS). A loop, call or conditional counts once (its body is not expanded)."""
     from collections import Counter
-    from perfmodel.traces import hlo_scopes
+    from perfmodel.validate.traces import hlo_scopes
     scopes, out, entry = hlo_scopes(hlo_text), Counter(), False
     for line in hlo_text.splitlines():
         if line.startswith("ENTRY"):
@@ -579,8 +579,8 @@ def reference_thunks(model: str = PROBE_MODEL) -> dict[str, float]:
     op graph's phases. Compiled, never run: a count of the program's structure."""
     import jax.numpy as jnp
     from kernels import reference as R
-    from perfmodel.arch import load_model
-    from perfmodel.traces import scope_of
+    from perfmodel.spec.arch import load_model
+    from perfmodel.validate.traces import scope_of
     spec = load_model(model)
     weights = R.init_weights(spec, 0, dtype=jnp.float32)
     cache = R.init_cache(spec, 1, 64)
@@ -686,7 +686,7 @@ def hardware_toml(b: HostBench, name: str = "host-cpu") -> str:
 
 def microbench(b: HostBench, name: str = "host-cpu") -> dict:
     """The decode-shaped dot and expert-loop figures as component micro-benchmarks
-    (perfmodel.microbench format); f32 only: the host models' weights are f32."""
+    (perfmodel.fit.microbench format); f32 only: the host models' weights are f32."""
     src = f"perfmodel hostbench on {b.cpu}, {b.date}, {b.repeats} repeats (median)"
     entries = [{"id": f"host-dot-f32-r{rows}", "platform": name, "mechanism": "host_dot",
                 "inputs": {"bytes": MATVEC_MIB * MIB, "rows": rows},
@@ -744,7 +744,7 @@ def microbench(b: HostBench, name: str = "host-cpu") -> dict:
 
 
 def model_suffix(model: str) -> str:
-    """The suffix of the components counted in `model`'s own programs (`perfmodel.validate.own_structure`)."""
+    """The suffix of the components counted in `model`'s own programs (`perfmodel.validate.host.own_structure`)."""
     return "__" + model.replace("-", "_")
 
 
@@ -754,8 +754,8 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
     the raw figures as JSON beside it."""
     import dataclasses
     import json
-    from perfmodel.hardware import from_dict, to_toml
-    from perfmodel.microbench import calibrated
+    from perfmodel.fit.microbench import calibrated
+    from perfmodel.spec.hardware import from_dict, to_toml
     import tomllib
     out = Path(out)
     if out.suffix != ".toml":
@@ -811,7 +811,7 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
                 f"{where}: the temporary allocation (memory_analysis) of " + (
                     "the one-program step over all its caches" if k == "step" else
                     f"its op-by-op {k} phases over their layer's cache (mean)")
-                + " (cache bytes: perfmodel.ops): a structure, not a timing")
+                + " (cache bytes: perfmodel.graph.ops): a structure, not a timing")
     hw = dataclasses.replace(hw, components={**hw.components, **structure}, sources={**hw.sources, **sources})
     write_atomic(mb, json.dumps(data, indent=1) + "\n")
     write_atomic(out, to_toml(hw, f"Host CPU measured by `perfmodel hostbench` ({b.cpu}, {b.date}).\n"

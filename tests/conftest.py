@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from perfmodel.arch import load_model
+from perfmodel.spec.arch import load_model
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """The megakernel event loop as it was written first: a Python DMA engine object and one loop over
-the ops. It is the reference the compiled simulator (perfmodel.schedule) must agree with to 1e-9
+the ops. It is the reference the compiled simulator (perfmodel.engine.schedule) must agree with to 1e-9
 relative (tests/test_simulator_equivalence.py); it is not used by the package."""
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from collections import deque
 
 import numpy as np
 
-from perfmodel import components as cm
-from perfmodel.deployment import Deployment
-from perfmodel.dmaplan import Copy
-from perfmodel.hardware import Hardware
-from perfmodel.ops import OpGraph
-from perfmodel.schedule import (Timeline, call_s, collective_terms, expert_slots, op_compute_s, plan_stream,
-                                ring_banks, stream_terms, uniform_stream)
+from perfmodel.cost import components as cm
+from perfmodel.engine.schedule import (Timeline, call_s, collective_terms, expert_slots, op_compute_s, plan_stream,
+                                       ring_banks, stream_terms, uniform_stream)
+from perfmodel.graph.dmaplan import Copy
+from perfmodel.graph.ops import OpGraph
+from perfmodel.spec.deployment import Deployment
+from perfmodel.spec.hardware import Hardware
 
 
 class DmaEngine:
@@ -97,7 +97,7 @@ class DmaEngine:
 def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                         record: bool = False, plan: list[Copy] | None = None,
                         weights: np.ndarray | None = None) -> Timeline:
-    """perfmodel.schedule.simulate_megakernel, walked op by op in Python."""
+    """perfmodel.engine.schedule.simulate_megakernel, walked op by op in Python."""
     bw, lat, desc = stream_terms(hw)
     dma = DmaEngine(bw, lat, hw.dma_sharing == "shared", record, desc)
     c = hw.components

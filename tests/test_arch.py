@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from perfmodel.arch import from_dict, list_presets, load_model
-from perfmodel.errors import SpecError
-from perfmodel.formats import FORMATS
+from perfmodel.spec.arch import from_dict, list_presets, load_model
+from perfmodel.spec.formats import FORMATS
+from perfmodel.util.errors import SpecError
 
 # published totals (docs/sources.md s.3; model cards) -> must match within 3 %
 PUBLISHED = {"kimi-k3": 2.8e12, "kimi-k2": 1.0e12, "deepseek-v3": 671e9, "llama-3.1-8b": 8.03e9,
@@ -123,7 +123,7 @@ def test_unknown_preset_lists_the_known_ones():
 
 
 def test_megakernel_collective_rows_round_trip():
-    from perfmodel.arch import to_dict
+    from perfmodel.spec.arch import to_dict
     k3 = load_model("kimi-k3")
     assert k3.shard_collective_rows == (8,) and load_model("qwen3-235b-a22b").shard_collective_rows is None
     assert from_dict(to_dict(k3)).shard_collective_rows == (8,)

@@ -1,11 +1,11 @@
 """Seed-table reproduction: fit rules, targets, trend, and presets holding the fitted values."""
 import pytest
 
-from perfmodel.arch import load_model
-from perfmodel.calibrate import deployment_for, reproduce
-from perfmodel.hardware import load_hardware
-from perfmodel.measurements import seed_measurements
+from perfmodel.fit.measurements import seed_measurements
+from perfmodel.fit.seed import deployment_for, reproduce
 from perfmodel.predict import predict
+from perfmodel.spec.arch import load_model
+from perfmodel.spec.hardware import load_hardware
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Collective latency + bandwidth terms over sibling cores and chips, by hand."""
 import pytest
 
-from perfmodel.collectives import collective_time_s, steps
-from perfmodel.hardware import load_hardware
+from perfmodel.cost.collectives import collective_time_s, steps
+from perfmodel.spec.hardware import load_hardware
 
 
 def test_steps_per_algorithm():

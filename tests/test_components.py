@@ -3,10 +3,10 @@ import json
 
 import pytest
 
-from perfmodel import components as cm
-from perfmodel.cli import main
-from perfmodel.hardware import load_hardware
-from perfmodel.microbench import calibrated, load, residual_table
+from perfmodel.cli.main import main
+from perfmodel.cost import components as cm
+from perfmodel.fit.microbench import calibrated, load, residual_table
+from perfmodel.spec.hardware import load_hardware
 
 @pytest.fixture(scope="module")
 def tpu():
@@ -135,8 +135,8 @@ def test_graph_mode_all_reduce_presets_fit_the_decode_payloads(gpu):
 def test_no_fitted_value_reaches_the_host_presets():
     """The seed-table fit touches only the tpu-v7 and gb200 [efficiency] tables; the host presets
     keep uniform routing and physical-default efficiency."""
-    from perfmodel.arch import load_model
-    from perfmodel.calibrate import fit_params
+    from perfmodel.fit.seed import fit_params
+    from perfmodel.spec.arch import load_model
     assert {p.scope for p in fit_params(["gb200", "tpu-v7"])} == {"gb200", "tpu-v7"}
     assert all(load_model(m).moe.routing_skew == 0 for m in ("kimi-k3-host-small", "kimi-k3-host-large"))
 
@@ -189,11 +189,11 @@ def test_host_engine_charges_each_phase_its_counted_thunks_and_one_call():
     counts per phase kind, the step gains one call + (3 kda + 1 mla attention + 1 ffn + 3 moe +
     head) thunks + 1 for the embedding (no count: one per op) at host_thunk_s each."""
     import dataclasses
-    from perfmodel.arch import load_model
-    from perfmodel.deployment import Deployment
-    from perfmodel.ops import build
-    from perfmodel.schedule import simulate_multikernel
-    from perfmodel.validate import host_hardware
+    from perfmodel.engine.schedule import simulate_multikernel
+    from perfmodel.graph.ops import build
+    from perfmodel.spec.arch import load_model
+    from perfmodel.spec.deployment import Deployment
+    from perfmodel.validate.host import host_hardware
     base = {"dot_gemv_bandwidth_bytes_per_s": 3e10, "dot_gemm_bandwidth_bytes_per_s": 3e10,
             "dot_gemm_row_s_per_byte": 1e-12, "dot_fixed_s": 1e-5}
     counts = {"host_thunks_attention_kda": 40.0, "host_thunks_attention_mla": 50.0,

@@ -111,7 +111,7 @@ def table(at: AppTest, key: str):
 
 
 def run_cli(cmd: str) -> dict:
-    from perfmodel import cli
+    from perfmodel.cli import main as cli
     args = shlex.split(cmd.splitlines()[0])
     assert args[0] == "perfmodel"
     buf = io.StringIO()
@@ -351,7 +351,7 @@ def test_compare_host_validation_points(monkeypatch, tmp_path):
 
 def test_measurements_normalise_rejects_bad_values():
     import pandas as pd
-    from perfmodel.errors import SpecError
+    from perfmodel.util.errors import SpecError
     with pytest.raises(SpecError, match="engine"):
         measured.normalise(pd.DataFrame({"hardware": ["x"], "engine": ["vllm"], "batch": [1],
                                          "tokens_per_s": [3.0]}), "t")
@@ -501,7 +501,7 @@ def test_whatif_prefetch_sweep_explains_itself():
 
 def test_prefetch_bend_is_named_by_its_cause():
     from pmdash import whatif
-    from perfmodel.hardware import load_hardware
+    from perfmodel.spec.hardware import load_hardware
     row = lambda mib, step, fetch, slots: {"prefetch_mib": mib, "step_s": step, "expert_slots": slots, "banks": mib // 4,
                                           "expert_fetch_s": fetch, "weight_streaming_s": 0.0}
     rows = [row(16, 4e-3, 1e-3, 8), row(32, 3e-3, 0.5e-3, 6), row(56, 3.5e-3, 1e-3, 2)]

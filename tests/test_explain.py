@@ -5,7 +5,7 @@ import pytest
 
 from streamlit.testing.v1 import AppTest
 
-from perfmodel.cli import main
+from perfmodel.cli.main import main
 
 
 def test_explain_routed_experts_names_mechanisms_and_the_resource(capsys):

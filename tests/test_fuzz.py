@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from perfmodel import arch
-from perfmodel.cli import main
+from perfmodel.cli.main import main
+from perfmodel.spec import arch
 
-PRESETS = Path(arch.__file__).parent / "presets"
+PRESETS = arch.PRESET_DIR.parent
 PROFILE = os.environ.get("PERFMODEL_FUZZ_PROFILE", "ci")
 SCALE = {"ci": 1, "fuzz": 10}[PROFILE]
 CASES = {"argv": 600, "files": 450, "traces": 150}  # x SCALE: 1,200 / 12,000 in all
@@ -164,8 +164,9 @@ def _slow_run(argv: list[str]) -> bool:
 def sandbox(tmp_path, monkeypatch):
     """Run in a temporary directory; files the CLI writes elsewhere are not written, and a fit
     that slips through `_slow_run` returns the physical defaults at once."""
-    from perfmodel import calibrate, cli
-    from perfmodel.files import check_path
+    from perfmodel.cli import main as cli
+    from perfmodel.fit import seed as calibrate
+    from perfmodel.util.files import check_path
     real_write = cli.write_atomic
 
     def write_inside(path, *args, **kw):
@@ -415,7 +416,7 @@ def test_base_cycle(tmp_path, monkeypatch):
 
 
 def test_internal_error_is_one_line_and_debug_shows_traceback(monkeypatch, capsys):
-    from perfmodel import cli
+    from perfmodel.cli import main as cli
     monkeypatch.setattr(cli, "cmd_list", lambda a: 1 / 0)
     rc, _, err = run(["list"])
     assert rc == 1 and "please report" in err and len(err.strip().splitlines()) == 1

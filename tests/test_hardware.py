@@ -4,8 +4,8 @@ import tomllib
 
 import pytest
 
-from perfmodel.errors import SpecError
-from perfmodel.hardware import PRESET_DIR, from_dict, jax_chip_figures, list_presets, load_hardware
+from perfmodel.spec.hardware import PRESET_DIR, from_dict, jax_chip_figures, list_presets, load_hardware
+from perfmodel.util.errors import SpecError
 
 
 def test_required_presets_exist():

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from perfmodel.arch import load_model
-from perfmodel.errors import SpecError
+from perfmodel.spec.arch import load_model
+from perfmodel.util.errors import SpecError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 
@@ -313,8 +313,8 @@ def test_deepseek_v4_compressed_attention_layers():
 
 def test_deepseek_v4_tp_splits_whole_output_groups():
     """The grouped output projection (8 groups on V4-Flash) splits over TP by whole groups."""
-    from perfmodel.deployment import Deployment, validate
-    from perfmodel.hardware import load_hardware
+    from perfmodel.spec.deployment import Deployment, validate
+    from perfmodel.spec.hardware import load_hardware
     m, hw = load_model(str(FIXTURES / "deepseek-v4-flash.json")), load_hardware("b200")
     validate(m, hw, Deployment(devices=8, tp=8, engine="multikernel"))
     with pytest.raises(SpecError, match="output groups"):

@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from perfmodel.hardware import load_hardware
-from perfmodel.microbench import residual_table
-from perfmodel.validate import own_structure
+from perfmodel.fit.microbench import residual_table
+from perfmodel.spec.hardware import load_hardware
+from perfmodel.validate.host import own_structure
 from perfmodel_jax import hostbench
 from test_hostbench import bench
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from perfmodel import components as cm
-from perfmodel.arch import load_model
-from perfmodel.deployment import Deployment
-from perfmodel.hardware import load_hardware
-from perfmodel.ops import build
+from perfmodel.cost import components as cm
+from perfmodel.graph.ops import build
 from perfmodel.predict import predict
+from perfmodel.spec.arch import load_model
+from perfmodel.spec.deployment import Deployment
+from perfmodel.spec.hardware import load_hardware
 from perfmodel_jax.hostbench import stack_copies
 
 HOST = Path(__file__).resolve().parent.parent / "experiments" / "results" / "host-cpu.toml"

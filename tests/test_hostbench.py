@@ -8,9 +8,9 @@ import tomllib
 
 import pytest
 
+from perfmodel.cli.main import main
+from perfmodel.spec.hardware import load_hardware
 from perfmodel_jax import hostbench
-from perfmodel.cli import main
-from perfmodel.hardware import load_hardware
 from perfmodel_jax.hostbench import HostBench, Stat
 
 
@@ -104,7 +104,7 @@ def test_expert_loop_is_a_component_fitted_to_its_own_figures(tmp_path):
     assert len(loops) == len(hostbench.EXPERT_SHAPES) * len(hostbench.EXPERT_ROWS)
     hw = load_hardware(str(path))
     assert "fitted by perfmodel calibrate" in hw.sources["components.host_expert_fixed_s"]
-    from perfmodel.microbench import residual_table
+    from perfmodel.fit.microbench import residual_table
     rows = [r for r in residual_table(data, hw) if r["mechanism"] == "host_expert_loop"]
     assert all(abs(r["error"]) < 0.02 for r in rows)
 

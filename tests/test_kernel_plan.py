@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kernels import layout, plan, reference, run
-from perfmodel import ops
-from perfmodel.arch import WEIGHT_FAMILIES
-from perfmodel.deployment import Deployment
-from perfmodel.dmaplan import bytes_by_layer_family
-from perfmodel.errors import SpecError
+from perfmodel.graph import ops
+from perfmodel.graph.dmaplan import bytes_by_layer_family
+from perfmodel.spec.arch import WEIGHT_FAMILIES
+from perfmodel.spec.deployment import Deployment
+from perfmodel.util.errors import SpecError
 
 STATIC = ("attention", "dense_ffn", "shared_expert", "router", "lm_head")
 
@@ -212,7 +212,7 @@ def test_full_scale_plan_matches_the_analytic_model(fmt):
     device's plan bytes = the op graph's per-device static + routed + kv bytes + the plan's
     overhead."""
     from kernels import shard
-    from perfmodel.arch import derive
+    from perfmodel.spec.arch import derive
     full = derive("kimi-k3", formats={"routed_expert": fmt})
     cfg = cfg_(max_context=256, depth=16, cache_block=64)
     p, _, want = plan_and_model(full, shard.device_spec(full, 32), cfg, 192, 32)

@@ -26,8 +26,8 @@ from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interp_sta
 
 from kernels import layout, megakernel, plan, reference, vmem
 from kernels.specs import ODD_SIZED
-from perfmodel.arch import derive
-from perfmodel.errors import SpecError
+from perfmodel.spec.arch import derive
+from perfmodel.util.errors import SpecError
 
 ATOL, RTOL, MARGIN = 5e-2, 2e-2, 0.1
 CONTEXT = 32

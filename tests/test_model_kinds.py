@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from perfmodel.arch import derive, from_dict, load_model, to_toml
-from perfmodel.deployment import Deployment
-from perfmodel.errors import SpecError
-from perfmodel.formats import FORMATS
-from perfmodel.moe import expected_busiest_group, expected_distinct
-from perfmodel.ops import build
+from perfmodel.graph.moe import expected_busiest_group, expected_distinct
+from perfmodel.graph.ops import build
+from perfmodel.spec.arch import derive, from_dict, load_model, to_toml
+from perfmodel.spec.deployment import Deployment
+from perfmodel.spec.formats import FORMATS
+from perfmodel.util.errors import SpecError
 
 ONE = Deployment(devices=1, tp=1, batch=1, context=1000)
 
@@ -167,7 +167,7 @@ def test_bad_fields_name_themselves(over, field):
 
 
 def test_base_cycle_is_an_error(tmp_path, monkeypatch):
-    import perfmodel.arch as arch
+    import perfmodel.spec.arch as arch
     (tmp_path / "a.toml").write_text('base = "b"\nname = "a"\n')
     (tmp_path / "b.toml").write_text('base = "a"\nname = "b"\n')
     monkeypatch.setattr(arch, "PRESET_DIR", tmp_path)
@@ -215,9 +215,9 @@ def test_identical_routing_streams_top_k_experts_at_every_batch():
 
 
 def test_megakernel_predicts_deepseek_v3_ep8_with_tiled_experts():
-    from perfmodel.deployment import expert_tiling_cost
-    from perfmodel.hardware import load_hardware
     from perfmodel.predict import predict
+    from perfmodel.spec.deployment import expert_tiling_cost
+    from perfmodel.spec.hardware import load_hardware
     m = load_model("deepseek-v3")
     for hw in ("gb200", "tpu-v7"):
         d = Deployment(devices=8, tp=8, ep=8, batch=1)

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from perfmodel.errors import SpecError
-from perfmodel.moe import expected_busiest_group, expected_distinct, selection_probabilities
+from perfmodel.graph.moe import expected_busiest_group, expected_distinct, selection_probabilities
+from perfmodel.util.errors import SpecError
 
 
 def test_occupancy_formula_hand_values():

@@ -3,11 +3,11 @@ import dataclasses
 
 import pytest
 
-from perfmodel.arch import load_model
-from perfmodel.deployment import Deployment, validate
-from perfmodel.errors import SpecError
-from perfmodel.hardware import load_hardware
-from perfmodel.ops import build
+from perfmodel.graph.ops import build
+from perfmodel.spec.arch import load_model
+from perfmodel.spec.deployment import Deployment, validate
+from perfmodel.spec.hardware import load_hardware
+from perfmodel.util.errors import SpecError
 
 
 def test_one_device_streams_every_weight_once():

@@ -29,7 +29,7 @@ def check(tp: int, ep: int, hierarchical: bool, steps: int, rows: int = 1) -> No
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interp_state
 
     from kernels import layout, parallel, reference
-    from perfmodel.arch import derive
+    from perfmodel.spec.arch import derive
 
     spec = derive("kimi-k3-mini", kda={"heads": 8}, mla={"heads": 8})
     weights = reference.init_weights(spec, 0)

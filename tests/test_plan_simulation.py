@@ -4,12 +4,12 @@ import dataclasses
 import pytest
 
 from kernels import layout, plan
-from perfmodel.arch import load_model
-from perfmodel.deployment import Deployment
-from perfmodel.errors import SpecError
-from perfmodel.hardware import load_hardware
-from perfmodel.ops import build
+from perfmodel.graph.ops import build
 from perfmodel.predict import predict
+from perfmodel.spec.arch import load_model
+from perfmodel.spec.deployment import Deployment
+from perfmodel.spec.hardware import load_hardware
+from perfmodel.util.errors import SpecError
 
 SPEC = load_model("kimi-k3-mini")
 CTX = 48
@@ -62,7 +62,7 @@ def test_verify_rows_plan_runs_in_the_simulator():
     """A deployment with speculative decoding (3 drafted rows + 1, as cfg.rows = 4) runs on the
     kernel's own plan for 4 rows per sequence: it moves exactly the plan's bytes, and the
     verify step is not faster than a one-row step on the one-row plan (same weights, more rows)."""
-    from perfmodel.deployment import SpecDecode
+    from perfmodel.spec.deployment import SpecDecode
     cfg = layout.KernelConfig(batch=4, max_context=64, depth=6, expert_slots=2, tile=128,
                               cache_block=16, rows=4)
     the_plan = plan.dma_plan(SPEC, cfg, positions=[CTX] * 4, accepted=[4, 2, 0, 1])

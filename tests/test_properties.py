@@ -2,12 +2,12 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from perfmodel.arch import from_dict
-from perfmodel.deployment import Deployment
-from perfmodel.hardware import load_hardware
-from perfmodel.ops import build
-from perfmodel.moe import expected_busiest_group, expected_distinct
+from perfmodel.graph.moe import expected_busiest_group, expected_distinct
+from perfmodel.graph.ops import build
 from perfmodel.predict import predict
+from perfmodel.spec.arch import from_dict
+from perfmodel.spec.deployment import Deployment
+from perfmodel.spec.hardware import load_hardware
 
 SETTINGS = settings(max_examples=25, deadline=None)
 

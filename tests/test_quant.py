@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from kernels import layout, megakernel, plan, quant, reference
-from perfmodel import ops
-from perfmodel.arch import derive
-from perfmodel.deployment import Deployment
+from perfmodel.graph import ops
+from perfmodel.spec.arch import derive
+from perfmodel.spec.deployment import Deployment
 
 BOUND = {"int8": 1 / 254, "fp8": 1 / 16, "int4": 1.01 / 14, "int4-g128-f32": 1.0001 / 14,
          "mxfp4": 1 / 3}

@@ -11,8 +11,8 @@ from hypothesis import given, settings, strategies as st
 
 from kernels import reference
 from kernels.specs import ODD_SIZED
-from perfmodel.arch import derive
-from perfmodel.errors import SpecError
+from perfmodel.spec.arch import derive
+from perfmodel.util.errors import SpecError
 
 
 def _inputs(spec, batch, context=16, seed=0):

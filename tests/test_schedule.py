@@ -5,13 +5,13 @@ import tomllib
 import numpy as np
 import pytest
 
-from perfmodel.arch import load_model
-from perfmodel.deployment import Deployment, SpecDecode
-from perfmodel.errors import SpecError
-from perfmodel.hardware import PRESET_DIR, from_dict, load_hardware
-from perfmodel.ops import OpGraph, build
+from perfmodel.engine.schedule import collective_s, op_compute_s, simulate_megakernel, simulate_multikernel
+from perfmodel.graph.ops import OpGraph, build
 from perfmodel.predict import predict
-from perfmodel.schedule import collective_s, op_compute_s, simulate_megakernel, simulate_multikernel
+from perfmodel.spec.arch import load_model
+from perfmodel.spec.deployment import Deployment, SpecDecode
+from perfmodel.spec.hardware import PRESET_DIR, from_dict, load_hardware
+from perfmodel.util.errors import SpecError
 
 K3 = load_model("kimi-k3")
 TPU = Deployment(devices=32, tp=32, ep=8, engine="megakernel")
@@ -231,8 +231,8 @@ def test_kernel_all_reduce_is_one_shot_in_the_megakernel_only():
     """Kimi K3 at batch 4 (4 rows, not among its shard-collective rows): in the megakernel each
     all-reduce costs the one-shot algorithm's time, in a multi-kernel engine the fastest's; the
     all-gathers are the same in both. A model that fixes nothing gets the fastest at any rows."""
-    from perfmodel import components as cm
-    from perfmodel.schedule import collective_terms
+    from perfmodel.cost import components as cm
+    from perfmodel.engine.schedule import collective_terms
     hw = load_hardware("tpu-v7")
     g = build(load_model("kimi-k3"), Deployment(devices=32, tp=32, ep=8, batch=4))
     assert g.kernel_all_reduce == "one_shot"

@@ -1,4 +1,4 @@
-"""The compiled megakernel simulator (perfmodel.megakernel_sim) against the Python event loop it
+"""The compiled megakernel simulator (perfmodel.engine.megakernel_sim) against the Python event loop it
 replaced (reference_eventloop.py): the same timeline, to 1e-9 relative, on a fixed corpus of 200
 random configurations (models, chips, DMA modes, layouts, batch, context, ring depth, slots,
 on-chip size, expert tiles), and the batched sweep path against the scalar one."""
@@ -8,13 +8,14 @@ import random
 import numpy as np
 import pytest
 
-from perfmodel import batch, ops
-from perfmodel.arch import load_model
-from perfmodel.deployment import Deployment, validate
-from perfmodel.errors import SpecError
-from perfmodel.hardware import load_hardware
+from perfmodel.engine.schedule import op_weights, simulate_megakernel
+from perfmodel.graph import ops
 from perfmodel.predict import predict
-from perfmodel.schedule import op_weights, simulate_megakernel
+from perfmodel.search import batch
+from perfmodel.spec.arch import load_model
+from perfmodel.spec.deployment import Deployment, validate
+from perfmodel.spec.hardware import load_hardware
+from perfmodel.util.errors import SpecError
 from reference_eventloop import simulate_megakernel as reference
 
 REL = 1e-9

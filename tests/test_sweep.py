@@ -4,11 +4,11 @@ import math
 
 import pytest
 
-from perfmodel import design, sweep
-from perfmodel.batch import COLUMNS, run_chunk
-from perfmodel.cli import main
-from perfmodel.errors import SpecError
-from perfmodel.sweep import Best, pareto, run_design
+from perfmodel.cli.main import main
+from perfmodel.search import design, sweep
+from perfmodel.search.batch import COLUMNS, run_chunk
+from perfmodel.search.sweep import Best, pareto, run_design
+from perfmodel.util.errors import SpecError
 
 # a cheap MoE model (well under 1 ms a prediction) on two chips, both engines, layouts that do
 # and do not divide its 2 heads, VMEM sizes that do and do not hold its ring and expert buffers
@@ -82,10 +82,10 @@ def test_rows_have_every_column_and_match_predict():
     rows = run_chunk(next(design.chunks(mixed(40), 40)))
     assert all(list(r) == list(COLUMNS) for r in rows)
     assert {r["status"] for r in rows} == {"ok", "filtered"}
-    from perfmodel.arch import load_model
-    from perfmodel.batch import configure
-    from perfmodel.hardware import load_hardware
     from perfmodel.predict import predict
+    from perfmodel.search.batch import configure
+    from perfmodel.spec.arch import load_model
+    from perfmodel.spec.hardware import load_hardware
     r = next(r for r in rows if r["status"] == "ok")
     d, hw = configure(load_hardware(r["hardware"]), r)
     p = predict(load_model("kimi-k3-mini"), hw, d)

@@ -8,8 +8,8 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from perfmodel import design  # noqa: E402
-from perfmodel.sweep import run_design  # noqa: E402
+from perfmodel.search import design  # noqa: E402
+from perfmodel.search.sweep import run_design  # noqa: E402
 from test_dashboard import arr  # noqa: E402  (plotly's encoded arrays)
 
 APP = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
@@ -57,7 +57,7 @@ def test_a_results_file_gives_the_sweeps_front_and_top(tmp_path, suffix):
     sys.path.insert(0, str(APP.parent))
     from pmdash import design as view
 
-    from perfmodel.errors import SpecError
+    from perfmodel.util.errors import SpecError
     d = design.from_dict({"base": {"model": "kimi-k3-mini", "devices": 2},
                           "grid": {"batch": [1, 4, 16, 64], "vmem_mib": [0.25, 16], "prefetch_mib": [1, 4]}})
     path = tmp_path / f"rows.{suffix}"

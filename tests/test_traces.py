@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from perfmodel import traces
-from perfmodel.cli import main
-from perfmodel.errors import SpecError
+from perfmodel.cli.main import main
+from perfmodel.util.errors import SpecError
+from perfmodel.validate import traces
 from perfmodel_jax import capture
 from test_hostbench import bench  # a synthetic HostBench
 

@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from perfmodel import arch, hardware
-from perfmodel.deployment import Deployment, SpecDecode
-from perfmodel.errors import SpecError
 from perfmodel.predict import predict
+from perfmodel.spec import arch, hardware
+from perfmodel.spec.deployment import Deployment, SpecDecode
+from perfmodel.util.errors import SpecError
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 2**20
@@ -308,11 +308,11 @@ def chrome_trace_json(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float
 
 def prefetch_sweep(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None,
                    depths_mib: tuple[float, ...]) -> tuple[list[dict], dict | None]:
-    """Step time per prefetch depth and the saturation point (perfmodel.sweep.saturation).
+    """Step time per prefetch depth and the saturation point (perfmodel.search.sweep.saturation).
 
     Each depth is one cached prediction (the points `perfmodel sweep --vary prefetch_mib=...` gives), so
     asking for another depth runs the model once, not once per depth."""
-    from perfmodel.sweep import saturation
+    from perfmodel.search.sweep import saturation
     rows = []
     for depth in depths_mib:
         r = predict_cached(m_ref, hw_ref, with_key(key, prefetch_mib=depth), onchip_mib)

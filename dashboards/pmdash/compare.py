@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from perfmodel.errors import SpecError
+from perfmodel.util.errors import SpecError
 
 from . import common as c
 from . import fit, measured

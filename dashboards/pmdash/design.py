@@ -1,4 +1,4 @@
-"""Design search view: a grid or random design swept with perfmodel.sweep.run_design (or the rows
+"""Design search view: a grid or random design swept with perfmodel.search.sweep.run_design (or the rows
 a `perfmodel sweep --out` wrote), its Pareto front of tokens/s per chip against time per token,
 a sortable table and the CLI command (with the sweep file) that reproduces it."""
 from __future__ import annotations
@@ -10,11 +10,12 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from perfmodel import arch, design, hardware
-from perfmodel.batch import OBJECTIVES
-from perfmodel.deployment import ENGINES
-from perfmodel.errors import require
-from perfmodel.sweep import Best, run_design
+from perfmodel.search import design
+from perfmodel.search.batch import OBJECTIVES
+from perfmodel.search.sweep import Best, run_design
+from perfmodel.spec import arch, hardware
+from perfmodel.spec.deployment import ENGINES
+from perfmodel.util.errors import require
 
 from . import common as c
 

@@ -2,16 +2,16 @@
 
 The on-chip budget per core is the megakernel's: a weight ring of `banks` DMA tiles (prefetch
 depth, by default half the buffer) beside `slots` expert buffers of one routed expert's bytes
-each (perfmodel.schedule.ring_banks / expert_slots). Every suggestion is checked by running the
+each (perfmodel.engine.schedule.ring_banks / expert_slots). Every suggestion is checked by running the
 model on it; only configurations that run are offered.
 """
 from __future__ import annotations
 
 import math
 
-from perfmodel import ops
-from perfmodel.deployment import validate
-from perfmodel.errors import SpecError
+from perfmodel.graph import ops
+from perfmodel.spec.deployment import validate
+from perfmodel.util.errors import SpecError
 
 from . import common as c
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from perfmodel.errors import SpecError
-from perfmodel.measurements import seed_measurements
+from perfmodel.fit.measurements import seed_measurements
+from perfmodel.util.errors import SpecError
 
 from .common import HOST_HW, REPO, UPLOAD_PREFIX, read_csv_bytes, shown_path
 
@@ -41,7 +41,7 @@ def published_table() -> pd.DataFrame:
 
 def calibration_role(m) -> str:
     """fitted (the calibration's training points) or held-out, as `perfmodel reproduce` names them."""
-    from perfmodel.calibrate import role
+    from perfmodel.fit.seed import role
     return role(m)
 
 

@@ -6,8 +6,8 @@ import dataclasses
 import pandas as pd
 import streamlit as st
 
-from perfmodel import arch, hardware
-from perfmodel.errors import SpecError
+from perfmodel.spec import arch, hardware
+from perfmodel.util.errors import SpecError
 
 from . import common as c
 

@@ -2,8 +2,8 @@
 
 The bundled results are experiments/results/host_validation.csv, written by
 experiments/validate_host.py: one row per layer and one "step" row per run (variant, model,
-mode, batch, context). A trace the user gives is parsed and compared by `perfmodel.validate`
-(`perfmodel.traces` underneath), exactly as `perfmodel validate --trace ...` does.
+mode, batch, context). A trace the user gives is parsed and compared by `perfmodel.validate.host`
+(`perfmodel.validate.traces` underneath), exactly as `perfmodel validate --trace ...` does.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from perfmodel.errors import SpecError
+from perfmodel.util.errors import SpecError
 
 from . import common as c
 from .measured import HOST_VALIDATION_CSV
@@ -180,7 +180,7 @@ def comparisons_table(results) -> pd.DataFrame:
 
 def compare_trace(path: Path, x: dict) -> list:
     """Parse a trace (run dir, directory of runs or .xplane.pb) and compare it with the model."""
-    from perfmodel import validate
+    from perfmodel.validate import host as validate
     try:
         return validate.validate(path, model=x["model"], hardware=x["hardware"], batch=x["batch"],
                                  context=x["context"], mode=x["mode"])
@@ -296,7 +296,7 @@ def show_results(results: list, title: str, key: str, command: str | None) -> No
 
 def trace_coverage() -> str:
     """Which hardware has trace validation, which only the published table, which nothing."""
-    from perfmodel import hardware
+    from perfmodel.spec import hardware
     from .measured import published_table
     published = sorted(set(published_table()["hardware"]))
     others = [h for h in hardware.list_presets() if h not in published]

@@ -1,0 +1,288 @@
+"""The component layer: every time term is a named mechanism with its own parameters.
+
+Each function below is one mechanism. Its parameters live in the hardware file's
+`[components]` table (with a `[sources]` entry each) and are fitted only to that mechanism's
+own micro-benchmarks by `perfmodel calibrate --microbench FILE` (perfmodel/fit/microbench.py); the
+docstring names those micro-benchmarks (ids in perfmodel/data/microbench/*.json).
+
+TPU (one TensorCore = one device; a chip has `cores_per_chip` of them):
+- `dma_stream_time`: HBM -> VMEM copies on the core's DMA engine;
+- `matmul_time`: the MXU's weight push (flat for few rows) and the per-dot issue cost;
+- `remote_copy_time`: a remote VMEM copy to the sibling core or to a core on another chip;
+- `collective_time`: one collective as phases of remote copies and a semaphore round, per
+  algorithm (`rs_ag`, `hierarchical`, `one_shot`, `direct`), the fastest picked per payload as a
+  kernel would;
+- `device_call_time`: host dispatch of one device call (a jitted program).
+GPU: `kernel_launch_time` (CUDA-graph node), `kernel_stream_time` (achieved bandwidth of a decode
+GEMV / grouped GEMM kernel), `gpu_all_reduce_time` (by ranks and payload).
+Host CPU: `host_dot_time` (XLA:CPU decode-shaped dots by rows), `host_expert_time` (the
+reference's loop over the distinct experts), `host_convert_time` (bf16 -> f32 widening of a
+cache), `host_program_time` (a compiled program's call and fixed cost per thunk),
+`host_argmax_time` (the greedy sampler's value-and-index reduce) and `host_absorbed_kv_b_time`
+(the absorbed MLA's re-laid-out kv_b), fitted to hostbench's figures.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from perfmodel.util.errors import SpecError
+
+TILE_WEIGHTS = 256 * 256          # one MXU weight tile (TPU v7: 256 x 256)
+PUSH_DTYPE = {"bf16": "bf16", "f32": "bf16", "int8": "bf16", "fp8": "fp8", "int4": "fp8",
+              "mxfp4": "fp8", "nvfp4": "fp8", "fp4": "fp8"}  # MXU rate each operand dtype runs at
+ALGORITHMS = {"all_reduce": ("rs_ag", "hierarchical", "one_shot"), "all_gather": ("direct", "hierarchical")}
+
+
+def param(c: dict, name: str) -> float:
+    if name not in c:
+        raise SpecError(f"components.{name}", None, "missing in the hardware file: run perfmodel "
+                        "calibrate --microbench FILE --hardware NAME --out FILE")
+    return c[name]
+
+
+# ---- TPU ---------------------------------------------------------------------------------
+
+def dma_stream_time(c: dict, nbytes: float, descriptors: int = 1, cold: bool = True) -> float:
+    """HBM -> VMEM stream of `nbytes` in `descriptors` copies served back to back by one DMA
+    engine: first-byte latency (when the engine starts cold) + a fixed cost per descriptor +
+    bytes at the achieved bandwidth. Several outstanding copies share that bandwidth
+    (round-robin) or queue (FIFO): perfmodel.engine.schedule.DmaEngine.
+    Micro-benchmarks: ms-stream-bf16, ms-stream-int8-dma-only, ms-stream-lmhead-*,
+    ms-expert-int4-per-expert (warm: a per-expert slope)."""
+    return ((param(c, "dma_latency_s") if cold else 0.0) + descriptors * param(c, "dma_descriptor_s")
+            + nbytes / param(c, "dma_bandwidth_bytes_per_s"))
+
+
+def mxu_push_s(c: dict, dtype: str) -> float:
+    """Time to push one 256 x 256 weight tile of `dtype` into the MXU (int8 at the bf16 rate,
+    fp8 and 4-bit formats at the fp8 rate). Micro-benchmarks: ms-mxu-push-bf16, ms-mxu-push-fp8."""
+    return param(c, f"mxu_push_{PUSH_DTYPE.get(dtype, 'bf16')}_s")
+
+
+def matmul_time(c: dict, weights: float, dtype: str, lhs_rows: int, dots: int = 1) -> float:
+    """Weight-stationary matmul of `weights` weights (in 256 x 256 tiles) against `lhs_rows` rows:
+    per tile max(weight push, rows x row time) -- flat in the rows until the LHS stream is the
+    longer -- plus a fixed issue cost per dot. Micro-benchmarks: ms-nvfp4-gateup-slice-v2-b*,
+    ms-stream-int8(-narrowdots) (composed with the DMA stream); the dequant-path dots are
+    reported, not fitted (their VPU dequantisation is not modelled)."""
+    per_tile = max(mxu_push_s(c, dtype), lhs_rows * param(c, "mxu_row_s"))
+    return weights / TILE_WEIGHTS * per_tile + dots * param(c, "mxu_dot_issue_s")
+
+
+def remote_copy_time(c: dict, nbytes: float, path: str, links: int = 1) -> float:
+    """One remote VMEM copy (issue to semaphore) to the sibling core of the chip or to a core on
+    another chip over `links` links in parallel: latency + bytes / bandwidth.
+    Micro-benchmarks: ms-copy-sibling-*, ms-copy-crosschip-*, ms-bw-crosschip-3links."""
+    if path == "sibling":
+        return param(c, "sibling_latency_s") + nbytes / param(c, "sibling_bandwidth_bytes_per_s")
+    return param(c, "cross_chip_latency_s") + nbytes / (links * param(c, "link_bandwidth_bytes_per_s"))
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One round of a collective: every core issues `copies` remote copies at once, `sibling_bytes`
+    to its sibling core and `cross_bytes` to cores on other chips, then a semaphore round."""
+    copies: int
+    sibling_bytes: float
+    cross_bytes: float
+
+    @property
+    def dma_bytes(self) -> float:
+        """Bytes this core's DMA engine moves in the phase."""
+        return self.sibling_bytes + self.cross_bytes
+
+
+def collective_phases(kind: str, algorithm: str, payload: float, devices: int, cores: int,
+                      host_devices: int = 0) -> list[Phase]:
+    """The phases of `algorithm` for a collective whose full per-device result is `payload` bytes,
+    among `devices` devices on chips of `cores` cores (devices 2r, 2r+1 share chip r), hosts of
+    `host_devices` devices each (0: one host holds them all)."""
+    k = min(cores, devices)
+    chips = devices // k
+    if algorithm in ("rs_ag", "direct"):  # every device writes one shard to every peer
+        shard = payload / devices
+        one = Phase(devices - 1, (k - 1) * shard, (devices - k) * shard)
+        return [one, one] if kind == "all_reduce" else [one]
+    if algorithm == "one_shot" and kind == "all_reduce":
+        # every device writes its whole partial sum to each peer of its host and adds up what it
+        # receives; across hosts the host sums go the same way, to the same core of every host
+        group = host_devices if 0 < host_devices < devices and devices % host_devices == 0 else devices
+        hosts = devices // group
+        phases = [Phase(group - 1, (k - 1) * payload, (group - k) * payload),
+                  Phase(hosts - 1, 0.0, (hosts - 1) * payload)]
+        return [ph for ph in phases if ph.copies]
+    if algorithm != "hierarchical":
+        raise SpecError("algorithm", algorithm, f"one of {ALGORITHMS[kind]}")
+    if kind == "all_reduce":  # sibling reduce-scatter, chips RS + AG on 1/k each, sibling gather
+        sib = Phase(k - 1, (k - 1) * payload / k, 0.0)
+        cross = Phase(chips - 1, 0.0, (chips - 1) * payload / k / chips)
+        phases = [sib, cross, cross, sib]
+    else:  # all-gather: own shard to the same core of every other chip (1/k of direct's
+        # cross-chip bytes per core), then the chips' shards so gathered to the siblings
+        shard = payload / devices
+        phases = [Phase(chips - 1, 0.0, (chips - 1) * shard), Phase(k - 1, (k - 1) * chips * shard, 0.0)]
+    return [ph for ph in phases if ph.copies]
+
+
+def phase_time(c: dict, ph: Phase, chips: int, cores: int, scale: float = 1.0) -> float:
+    """One phase: a semaphore round + issuing its copies + the slowest of the sibling copy, this
+    core's cross-chip bytes over its links (bandwidths of `remote_copy_time`) and the chip's
+    (all `cores` sending at once) over `chip_bandwidth_bytes_per_s`. A phase's copies are in
+    flight together, so the round, not each copy's latency, is paid. `scale` multiplies the
+    latency terms (a whole-step parameter, 1 by default)."""
+    links = max(1, min(int(param(c, "links_per_chip")), chips - 1))
+    move = max(ph.sibling_bytes / param(c, "sibling_bandwidth_bytes_per_s"),
+               ph.cross_bytes / (links * param(c, "link_bandwidth_bytes_per_s")),
+               cores * ph.cross_bytes / param(c, "chip_bandwidth_bytes_per_s"))
+    return scale * (param(c, "collective_phase_s") + ph.copies * param(c, "collective_copy_issue_s")) + move
+
+
+def collective_time(c: dict, kind: str, payload: float, devices: int, cores: int,
+                    algorithm: str | None = None, scale: float = 1.0) -> tuple[float, str, list[Phase]]:
+    """One in-kernel collective (`all_reduce` or `all_gather`): an entry/exit handshake (the peers'
+    buffers are free, the result is complete) and its phases of remote copies and semaphore
+    rounds; with no `algorithm`, the fastest one for this payload (as the kernel picks from its
+    own measurements). Hosts hold `chips_per_host` chips (a topology count; absent: one host).
+    Returns (seconds, algorithm, phases).
+    Micro-benchmarks: the 14 ms-ar-* / ms-ag-* collectives (8 devices on 4 chips)."""
+    if devices <= 1:
+        return 0.0, "none", []
+    k = min(cores, devices)
+    chips = max(1, devices // k)
+    host = k * int(c.get("chips_per_host", 0))
+    best = None
+    for a in [algorithm] if algorithm else ALGORITHMS[kind]:
+        phases = collective_phases(kind, a, payload, devices, cores, host)
+        t = scale * param(c, "collective_call_s") + sum(phase_time(c, ph, chips, k, scale) for ph in phases)
+        if best is None or t < best[0]:
+            best = (t, a, phases)
+    return best
+
+
+def device_call_time(c: dict) -> float:
+    """Host dispatch of one device call (a jitted program or pallas_call), paid once per call.
+    Micro-benchmark: ms-host-dispatch."""
+    return param(c, "host_dispatch_s")
+
+
+# ---- GPU ---------------------------------------------------------------------------------
+
+def kernel_launch_time(c: dict) -> float:
+    """Launch of one kernel node of a CUDA graph. Micro-benchmark: h100-cuda-graph-launch."""
+    return param(c, "kernel_launch_s")
+
+
+def kernel_stream_time(c: dict, nbytes: float, hbm_bandwidth: float) -> float:
+    """Bytes of one decode GEMV / grouped-GEMM kernel at its achieved share of HBM bandwidth.
+    Micro-benchmark: h100-vllm-sglang-llama1b-bw (through the multi-kernel engine)."""
+    return nbytes / (hbm_bandwidth * param(c, "kernel_bandwidth_efficiency"))
+
+
+def gpu_all_reduce_time(c: dict, nbytes: float, ranks: int, scale: float = 1.0) -> float:
+    """An NVLink all-reduce library call: base + per-peer cost + the bus traffic of each rank,
+    2 (ranks - 1) / ranks x bytes, over the achieved bus bandwidth. The GB200 figures are of the
+    all-reduce fused with the following RMSNorm, so the engine gives that norm no kernel.
+    `scale` multiplies the latency terms. Micro-benchmarks: h100/h200-vllm-graph-ar-*, gb200-mnnvl-ar-*,
+    b200-nccl-ar-*."""
+    if ranks <= 1:
+        return 0.0
+    return (scale * (param(c, "allreduce_base_s") + (ranks - 1) * param(c, "allreduce_per_peer_s"))
+            + 2 * (ranks - 1) / ranks * nbytes / param(c, "allreduce_bytes_per_s"))
+
+
+# ---- host CPU (XLA:CPU through JAX) --------------------------------------------------------
+
+def host_dot_time(c: dict, nbytes: float, rows: float) -> float:
+    """A decode-shaped dot over `nbytes` of weights beyond the LLC: a fixed cost per dot (splitting
+    it over the thread pool and joining) and, for one row, XLA:CPU's matrix-vector path at its own
+    bandwidth; two or more rows run the matrix-matrix path, a streaming term plus a cost per row
+    and byte. Micro-benchmarks: host-dot-f32-r* (256 MiB weights), host-dot-chain-f32-r* (4 MiB
+    weights in one program) (hostbench)."""
+    if rows <= 1:
+        return param(c, "dot_fixed_s") + nbytes / param(c, "dot_gemv_bandwidth_bytes_per_s")
+    return param(c, "dot_fixed_s") + nbytes * (1 / param(c, "dot_gemm_bandwidth_bytes_per_s")
+                                               + rows * param(c, "dot_gemm_row_s_per_byte"))
+
+
+def host_expert_time(c: dict, nbytes: float, rows: float, experts: float) -> float:
+    """The routed experts of one MoE layer as the XLA:CPU reference runs them: a loop over the
+    `experts` distinct experts (`nbytes` of weights in all), every iteration slicing its expert's
+    weights out of the stacked array (a copy) and applying them to all `rows` of the batch: a
+    fixed cost per expert (loop step, dynamic index, combine) + the loop's own streaming rate
+    and cost per row and byte (its slabs are small and copied first, so the large-dot rates of
+    `host_dot_time` do not carry over). Micro-benchmarks: host-expert-loop-f32-r* (hostbench)."""
+    return experts * param(c, "host_expert_fixed_s") + nbytes * (
+        1 / param(c, "host_expert_bandwidth_bytes_per_s") + rows * param(c, "host_expert_row_s_per_byte"))
+
+
+def host_convert_time(c: dict, values: float, allocated_bytes: float) -> float:
+    """Widening `values` cached bf16 values to f32 as XLA:CPU runs it (the reference converts the
+    whole MLA latent cache every step before attending), an elementwise fusion into a fresh f32
+    buffer. When the program allocates more than the allocator's mmap threshold
+    (`host_mmap_threshold_bytes`) per call, its buffers are new pages every call, faulted in as
+    they are first written (`host_convert_values_per_s`); below it the allocator reuses warm
+    memory (`host_convert_reused_values_per_s`). Micro-benchmarks: host-convert-bf16-f32-*
+    (hostbench)."""
+    fresh = allocated_bytes > param(c, "host_mmap_threshold_bytes")
+    return values / param(c, "host_convert_values_per_s" if fresh else "host_convert_reused_values_per_s")
+
+
+def host_fresh_pages_time(c: dict, allocated_bytes: float) -> float:
+    """First-touch page faults of one program call's temporary buffer of `allocated_bytes`:
+    above the allocator's mmap threshold (`host_mmap_threshold_bytes`) it is new pages every
+    call, each faulted in (zeroed) as it is first written, `host_page_fault_s` per page of
+    `host_page_bytes`; below it the allocator reuses warm memory (no faults).
+    Micro-benchmarks: host-temp-pages-* (hostbench)."""
+    if allocated_bytes <= param(c, "host_mmap_threshold_bytes"):
+        return 0.0
+    return -(-allocated_bytes // param(c, "host_page_bytes")) * param(c, "host_page_fault_s")
+
+
+def host_temp_fill_time(c: dict, nbytes: float) -> float:
+    """hostbench's temp-buffer program: one call (`host_call_s`) filling a temporary of `nbytes`
+    from an input of the same size (`host_fill_bytes_per_s`, warm pages) plus that buffer's
+    fresh pages (`host_fresh_pages_time`). Micro-benchmarks: host-temp-pages-* (hostbench)."""
+    return param(c, "host_call_s") + nbytes / param(c, "host_fill_bytes_per_s") + host_fresh_pages_time(c, nbytes)
+
+
+def host_stack_copy_time(c: dict, nbytes: float) -> float:
+    """Copies of stacked caches and of their layer slots (`nbytes` copied) that XLA inserts around
+    their per-layer updates: a copy into reused (warm) pages at `host_stack_copy_bytes_per_s`; where the
+    destination is a program's fresh temporary its page faults are `host_fresh_pages_time`'s,
+    charged once per program. Micro-benchmarks: host-stack-copy-* (hostbench)."""
+    return nbytes / param(c, "host_stack_copy_bytes_per_s")
+
+
+def host_program_time(c: dict, thunks, calls=1):
+    """One XLA:CPU program (or its share, `calls` = 0): a fixed cost per call (dispatch, argument
+    handling) and per thunk (each kernel the executable runs: fusion, copy, dot, loop), whatever
+    the kernel computes. `thunks` is counted in the compiled HLO (a structure, never a timing);
+    works on numpy arrays. Micro-benchmarks: host-thunk-chain-t* (hostbench)."""
+    return calls * param(c, "host_call_s") + thunks * param(c, "host_thunk_s")
+
+
+def host_argmax_time(c: dict, values):
+    """Greedy sampling's argmax over `values` f32 logits as XLA:CPU runs it: a variadic (value,
+    index) reduce, scalar code far below the memory system. Works on numpy arrays.
+    Micro-benchmarks: host-argmax-f32-* (hostbench)."""
+    return values / param(c, "host_argmax_values_per_s")
+
+
+def host_absorbed_kv_b_time(c: dict, nbytes: float) -> float:
+    """The absorbed MLA's use of its `nbytes` kv_b weight as the XLA:CPU reference runs it: split
+    into W_uk and W_uv, each laid out again (a transposing copy, strided reads) and applied by
+    an einsum: a fixed cost + bytes at the re-layout's rate. Micro-benchmarks:
+    host-absorbed-kv-b-* (hostbench)."""
+    return param(c, "host_absorb_fixed_s") + nbytes / param(c, "host_absorb_bytes_per_s")
+
+
+def is_host_model(c: dict) -> bool:
+    return "dot_gemv_bandwidth_bytes_per_s" in c
+
+
+def is_tpu_model(c: dict) -> bool:
+    return "dma_bandwidth_bytes_per_s" in c
+
+
+def is_gpu_model(c: dict) -> bool:
+    return "kernel_launch_s" in c

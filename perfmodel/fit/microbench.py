@@ -1,0 +1,275 @@
+"""Fit each component's parameters to its own micro-benchmarks (`perfmodel calibrate`).
+
+A micro-benchmark file (perfmodel/data/microbench/*.json) lists entries, each one mechanism
+with the inputs needed to predict it, the measured value and its public source. Parameters are
+grouped by mechanism (GROUPS; an entry's `fits` field overrides, for a composed stream whose
+time the MXU sets); a group is fitted (least squares on log error) only on the
+entries of its own mechanisms, the other groups held at their current values, in the order
+below, twice (the stream benchmarks compose the DMA and MXU groups). Entries marked
+`not_modelled` are printed with the reason and never fitted.
+
+CLI: `perfmodel calibrate --microbench FILE [--hardware NAME] [--out FILE] [--json]`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from perfmodel.cost import components as cm
+from perfmodel.report import SCHEMA_VERSION
+from perfmodel.spec.hardware import Hardware, load_hardware, to_toml
+from perfmodel.util.errors import SpecError, require
+from perfmodel.util.files import write_atomic
+
+DATA_DIR = Path(__file__).parents[1] / "data" / "microbench"
+TARGET = 0.10
+UNITS = {"us_per_layer": 1e-6, "us_per_step": 1e-6, "us_per_expert": 1e-6, "us_per_copy": 1e-6,
+         "us_per_collective": 1e-6, "us_per_dot": 1e-6, "us_per_tile": 1e-6, "us_per_call": 1e-6,
+         "us_per_kernel": 1e-6, "ms_per_dot": 1e-3, "GB_per_s": 1e9, "fraction_of_hbm_bandwidth": 1.0, "s": 1.0}
+# group -> (its parameters, the mechanisms whose micro-benchmarks fit them)
+GROUPS = {
+    "dma": (("dma_bandwidth_bytes_per_s", "dma_latency_s", "dma_descriptor_s"),
+            ("weight_stream", "expert_stream")),
+    "mxu": (("mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_row_s", "mxu_dot_issue_s"),
+            ("mxu_push", "matmul")),
+    "remote_copy": (("sibling_latency_s", "sibling_bandwidth_bytes_per_s", "cross_chip_latency_s",
+                     "link_bandwidth_bytes_per_s"), ("remote_copy", "link_bandwidth")),
+    "collective": (("collective_call_s", "collective_phase_s", "collective_copy_issue_s",
+                    "chip_bandwidth_bytes_per_s"), ("collective",)),
+    "host": (("host_dispatch_s",), ("host_dispatch",)),
+    "gpu_launch": (("kernel_launch_s",), ("kernel_launch",)),
+    "gpu_all_reduce": (("allreduce_base_s", "allreduce_per_peer_s", "allreduce_bytes_per_s"),
+                       ("gpu_all_reduce",)),
+    "gpu_kernel": (("kernel_bandwidth_efficiency",), ("engine_bandwidth_fraction",)),
+    "host_dot": (("dot_gemv_bandwidth_bytes_per_s", "dot_gemm_bandwidth_bytes_per_s", "dot_gemm_row_s_per_byte",
+                  "dot_fixed_s"),
+                 ("host_dot",)),
+    "host_expert": (("host_expert_fixed_s", "host_expert_bandwidth_bytes_per_s", "host_expert_row_s_per_byte"),
+                    ("host_expert_loop",)),
+    "host_convert": (("host_convert_values_per_s", "host_convert_reused_values_per_s"), ("host_convert",)),
+    "host_program": (("host_call_s", "host_thunk_s"), ("host_program",)),
+    "host_pages": (("host_fill_bytes_per_s", "host_page_fault_s"), ("host_temp_pages",)),
+    "host_stack_copy": (("host_stack_copy_bytes_per_s",), ("host_stack_copy",)),
+    "host_argmax": (("host_argmax_values_per_s",), ("host_argmax",)),
+    "host_absorb": (("host_absorb_fixed_s", "host_absorb_bytes_per_s"), ("host_absorbed_kv_b",)),
+}
+
+
+def load(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.exists() and (DATA_DIR / p).exists():
+        p = DATA_DIR / p
+    require(p.exists(), "--microbench", str(path), "file not found")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise SpecError("--microbench", str(path), f"not valid JSON: {e}") from None
+    require(isinstance(data.get("entries"), list), "--microbench", str(path), "needs a list 'entries'")
+    for e in data["entries"]:
+        for k in ("id", "mechanism", "inputs", "value", "unit", "source"):
+            require(k in e, f"entry {e.get('id', '?')}.{k}", None, "missing")
+        require(e["unit"] in UNITS, f"entry {e['id']}.unit", e["unit"], f"one of {sorted(UNITS)}")
+    return data
+
+
+def group_of(e: dict) -> str | None:
+    """The group an entry calibrates: its `fits` field (a composed stream that is MXU-bound), or
+    the group of its mechanism."""
+    return e.get("fits") or next((g for g, (_, mechs) in GROUPS.items() if e["mechanism"] in mechs), None)
+
+
+def weight_stream_time(c: dict, i: dict) -> float:
+    """A ring of banks streamed by the DMA engine (FIFO, deep enough to stay DMA-bound), each
+    bank consumed by matmuls of `rows` rows as soon as it lands and the previous one is done."""
+    banks = math.ceil(i["bytes"] / i["bank_bytes"])
+    per_bank = cm.dma_stream_time(c, i["bank_bytes"], 1, cold=False)
+    dots = i.get("dots_per_layer", i.get("dots_per_bank", 0) * banks) / banks
+    weights = i["bank_bytes"] / (1 if i["dtype"] == "int8" else 2)
+    work = cm.matmul_time(c, weights, i["dtype"], i["rows"], dots) if dots else 0.0
+    t = cm.param(c, "dma_latency_s")
+    done = 0.0
+    for b in range(banks):
+        done = max(t + (b + 1) * per_bank, done) + work
+    return done
+
+
+def predict_entry(e: dict, hw: Hardware) -> float:
+    """The component model's value for one entry, in the entry's unit."""
+    c, i, m = hw.components, e["inputs"], e["mechanism"]
+    if m == "weight_stream":
+        t = weight_stream_time(c, i)
+    elif m == "expert_stream":
+        t = cm.dma_stream_time(c, i["bytes"], i["descriptors"], cold=False)
+    elif m == "mxu_push":
+        t = cm.mxu_push_s(c, i["dtype"])
+    elif m == "matmul":
+        chunks = i["k"] // i["k_chunk"]
+        t = cm.matmul_time(c, i["k"] * i["n"], i["dtype"], i["lhs_rows_per_chunk"], chunks)
+    elif m == "remote_copy":
+        t = cm.remote_copy_time(c, i["bytes"], i["path"])
+    elif m == "link_bandwidth":
+        return i["links"] * cm.param(c, "link_bandwidth_bytes_per_s") / UNITS[e["unit"]]
+    elif m == "collective":
+        t = cm.collective_time(c, i["kind"], i["payload_bytes"], i["devices"], i["cores_per_chip"],
+                               i["algorithm"])[0]
+    elif m == "host_dispatch":
+        t = cm.device_call_time(c)
+    elif m == "kernel_launch":
+        t = cm.kernel_launch_time(c)
+    elif m == "gpu_all_reduce":
+        t = cm.gpu_all_reduce_time(c, i["bytes"], i["ranks"])
+    elif m == "host_dot":
+        t = cm.host_dot_time(c, i["bytes"], i["rows"])
+    elif m == "host_convert":
+        t = cm.host_convert_time(c, i["values"], i["allocated_bytes"])
+    elif m == "host_program":
+        t = cm.host_program_time(c, i["thunks"])
+    elif m == "host_temp_pages":
+        t = cm.host_temp_fill_time(c, i["bytes"])
+    elif m == "host_stack_copy":
+        t = cm.param(c, "host_call_s") + cm.host_stack_copy_time(c, i["bytes"])
+    elif m == "host_absorbed_kv_b":
+        t = cm.host_absorbed_kv_b_time(c, i["bytes"])
+    elif m == "host_argmax":
+        t = cm.host_argmax_time(c, i["values"])
+    elif m == "host_expert_loop":
+        t = cm.host_expert_time(c, i["bytes"], i["rows"], i["experts"]) / i["experts"]
+    elif m == "engine_bandwidth_fraction":
+        return engine_bandwidth_fraction(hw, i)
+    else:
+        raise SpecError(f"entry {e['id']}.mechanism", m, "no component models it")
+    return t / UNITS[e["unit"]]
+
+
+def engine_bandwidth_fraction(hw: Hardware, i: dict) -> float:
+    """HBM floor / step of the multi-kernel engine on `i['model']` (one sequence, one device)."""
+    from perfmodel.predict import predict
+    from perfmodel.spec.arch import load_model
+    from perfmodel.spec.deployment import Deployment
+    p = predict(load_model(i["model"]), hw, Deployment(devices=i["devices"], tp=i["devices"],
+                                                       engine="multikernel", batch=i["batch"]))
+    return p.hbm_utilisation
+
+
+def modelled(data: dict, platform: str) -> list[dict]:
+    return [e for e in data["entries"] if not e.get("not_modelled")
+            and e.get("platform", data.get("platform")) == platform]
+
+
+def upper_bound(hw: Hardware, name: str) -> float:
+    """Physical ceilings: a core's DMA cannot outrun its share of HBM; an efficiency is <= 1."""
+    if name == "dma_bandwidth_bytes_per_s":
+        return hw.core_hbm_bandwidth_bytes_per_s
+    return 1.0 if name == "kernel_bandwidth_efficiency" else np.inf
+
+
+def fit(data: dict, hw: Hardware) -> Hardware:
+    """Each group's parameters on its own entries for this platform (log least squares, >= 0)."""
+    entries = modelled(data, hw.name)
+    fit_override = data.get("fit", {}).get(hw.name, {})
+    for _ in range(2):
+        for g, (names, _) in GROUPS.items():
+            own = [e for e in entries if group_of(e) == g]
+            names = [n for n in fit_override.get(g, names)]
+            if not own:
+                continue
+            missing = [n for n in names if n not in hw.components]
+            require(not missing, f"components.{missing[0] if missing else ''}", None,
+                    f"needs a starting value in the {hw.name} hardware file")
+            x0 = np.log([hw.components[n] for n in names])
+            hi = np.log([upper_bound(hw, n) for n in names])
+            x0 = np.minimum(x0, hi - 1e-6)
+
+            def residuals(x, own=own, names=names):
+                h = dataclasses.replace(hw, components={**hw.components, **dict(zip(names, np.exp(x)))})
+                return [math.log(max(predict_entry(e, h), 1e-30) / e["value"]) for e in own]
+
+            res = least_squares(residuals, x0, bounds=(-np.inf, hi), diff_step=1e-4)
+            hw = dataclasses.replace(hw, components={**hw.components,
+                                                     **{n: float(v) for n, v in zip(names, np.exp(res.x))}})
+    return hw
+
+
+def residual_table(data: dict, hw: Hardware) -> list[dict]:
+    rows = []
+    for e in data["entries"]:
+        if e.get("platform", data.get("platform")) != hw.name:
+            continue
+        r = {"id": e["id"], "mechanism": e["mechanism"], "group": group_of(e), "measured": e["value"],
+             "unit": e["unit"], "source": e["source"]}
+        try:
+            p = predict_entry(e, hw)
+        except SpecError:
+            p = None
+        err = None if p is None else p / e["value"] - 1
+        r.update(predicted=p, error=err, within_target=None if e.get("not_modelled") else abs(err) <= TARGET)
+        if e.get("not_modelled"):
+            r["not_modelled"] = e["not_modelled"]
+        rows.append(r)
+    return rows
+
+
+def calibrated(data: dict, hw: Hardware, source_name: str) -> Hardware:
+    """`hw` with every fitted group's parameters replaced, and their provenance."""
+    new = fit(data, hw)
+    sources = dict(hw.sources)
+    rows = residual_table(data, new)
+    for g, (names, _) in GROUPS.items():
+        ids = [r["id"] for r in rows if r["group"] == g and r["within_target"] is not None]
+        if not ids:
+            continue
+        worst = max(abs(r["error"]) for r in rows if r["id"] in ids)
+        for n in data.get("fit", {}).get(hw.name, {}).get(g, names):
+            sources[f"components.{n}"] = (f"fitted by perfmodel calibrate --microbench {source_name} on "
+                                          f"{date.today()} to {', '.join(ids)} (max |residual| "
+                                          f"{100 * worst:.1f} %)")
+    return dataclasses.replace(new, sources=sources)
+
+
+def run(a) -> dict:
+    from perfmodel.report import table
+    data = load(a.microbench)
+    platform = a.hardware or data.get("platform")
+    require(platform is not None, "--hardware", None, "the file names no platform: give --hardware")
+    hw = load_hardware(platform)
+    new = calibrated(data, hw, Path(a.microbench).name)
+    rows = residual_table(data, new)
+    out = {"schema_version": SCHEMA_VERSION, "command": "calibrate", "microbench": str(a.microbench),
+           "hardware": new.name, "target": TARGET, "components": new.components, "residuals": rows,
+           "out": a.out}
+    if a.out:
+        write_atomic(a.out, to_toml(new, f"{new.name}: components fitted by perfmodel calibrate "
+                                                f"--microbench {Path(a.microbench).name}"), parents=True)
+    if not a.json:
+        print(f"{new.name}: component parameters fitted to their own micro-benchmarks "
+              f"({a.microbench})\n")
+        print(table(["parameter", "value"], [[k, f"{v:.4g}"] for k, v in new.components.items()]))
+        print()
+        print(table(["micro-benchmark", "group", "measured", "predicted", "unit", "error %", "target"],
+                    [[r["id"], r["group"] or "-", r["measured"],
+                      "-" if r["predicted"] is None else f"{r['predicted']:.4g}", r["unit"],
+                      "-" if r["error"] is None else f"{100 * r['error']:+.1f}",
+                      "not fitted, no target" if r["within_target"] is None
+                      else ("met" if r["within_target"] else "MISSED") + f" (<= {100 * TARGET:.0f} %)"]
+                     for r in rows]))
+        for r in rows:
+            if r["within_target"] is None:
+                print(f"not modelled: {r['id']}: {r['not_modelled']}")
+        if a.out:
+            print(f"\nwrote {a.out}")
+    return out
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit component parameters to their own micro-benchmarks")
+    p.add_argument("--microbench", required=True, help="micro-benchmark JSON (e.g. tpu7x.json)")
+    p.add_argument("--hardware", default=None, help="preset or .toml to start from (default: the file's platform)")
+    p.add_argument("--out", default=None, help="write the calibrated hardware file here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)

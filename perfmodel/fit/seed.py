@@ -1,0 +1,161 @@
+"""Whole-step fit on the seed table and its reproduction (`perfmodel reproduce`).
+
+Every term comes from the component layer (perfmodel.cost.components, fitted to micro-benchmarks by
+`perfmodel calibrate`). On top of it at most 2 whole-step parameters per platform, fitted only on
+batches 1 and 8 of the seed table; batches 2 and 4 and the speculative-decoding pair are held
+out. The fit starts from the `Efficiency` dataclass defaults every time, so it does not depend on
+what a previous `--write` stored in the presets; `--no-fit` shows the errors with none of them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from perfmodel.fit.measurements import Measurement, seed_measurements
+from perfmodel.predict import predict
+from perfmodel.report import SCHEMA_VERSION
+from perfmodel.spec.arch import PRESET_DIR as MODEL_DIR, load_model
+from perfmodel.spec.deployment import Deployment, SpecDecode
+from perfmodel.spec.hardware import Efficiency, Hardware, load_hardware
+from perfmodel.util.errors import require
+from perfmodel.util.files import read_text
+
+MODEL = "kimi-k3"
+FIT_BATCHES = (1, 8)
+TARGETS = {"fitted": 0.08, "held-out": 0.10}
+
+
+@dataclass(frozen=True)
+class Param:
+    """A fitted parameter: where it lives, fit bounds, and the range called physically plausible."""
+    name: str
+    scope: str        # the platform (hardware preset) whose [efficiency] holds it
+    bounds: tuple[float, float]
+    plausible: tuple[float, float]
+    why: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.scope}.{self.name}"
+
+
+def fit_params(platforms: list[str]) -> list[Param]:
+    """One whole-step parameter per platform, for what no micro-benchmark covers at the seed's
+    scale: GPU: the collectives (micro-benchmarks at 8 GPUs, the seed runs 16, layout not
+    published); TPU: the per-expert fixed cost of the expert loop (no micro-benchmark isolates
+    it). The router's skew stays at its physical default (uniform routing): nothing measures
+    Kimi K3's expert popularity, and a skew fitted to whole steps traded against both."""
+    return [Param("expert_overhead_s", p, (0.0, 5e-6), (0.0, 2e-6),
+                  "fixed cost per distinct expert of a layer (bookkeeping, semaphore waits, "
+                  "instruction fetch of the expert loop)") if p == "tpu-v7" else
+            Param("collective_latency_scale", p, (0.0, 10.0), (0.5, 2.0),
+                  "multiplies the fitted collective latency terms (8-GPU micro-benchmarks) "
+                  "at the seed's 16 GPUs")
+            for p in platforms]
+
+
+def deployment_for(m: Measurement) -> Deployment:
+    """The measurement's layout, with uniform routing (the physical default skew, not fitted)."""
+    spec = SpecDecode(m.draft_rows, acceptance_length=m.acceptance_length) if m.spec_decode else None
+    return Deployment(devices=m.devices, tp=m.tp, ep=m.ep, engine=m.engine, batch=m.batch, spec=spec,
+                      routing_skew=0.0, steps_per_call=m.steps_per_call)
+
+
+def role(m: Measurement) -> str:
+    return "fitted" if not m.spec_decode and m.batch in FIT_BATCHES else "held-out"
+
+
+def _apply(values: dict[str, float], hw: dict[str, Hardware], platform: str) -> Hardware:
+    """Hardware with physical-default efficiency except the fitted values."""
+    eff = {p.split(".", 1)[1]: v for p, v in values.items() if p.startswith(platform + ".")}
+    return dataclasses.replace(hw[platform], efficiency=dataclasses.replace(Efficiency(), **eff))
+
+
+def fit(measurements: list[Measurement], hw: dict[str, Hardware]) -> dict[str, float]:
+    """Least squares on log(predicted / reported) over the training points, from physical defaults."""
+    model = load_model(MODEL)
+    params = fit_params(sorted(hw))
+    train = [m for m in measurements if role(m) == "fitted"]
+    unit = np.array([1e-6 if p.name.endswith("_s") else 1.0 for p in params])  # fit times in us
+    lo, hi = np.array([p.bounds[0] for p in params]) / unit, np.array([p.bounds[1] for p in params]) / unit
+    x0 = np.clip([getattr(Efficiency(), p.name) for p in params] / unit, lo, hi)
+
+    def residuals(x):
+        values = dict(zip((p.key for p in params), x * unit))
+        out = []
+        for m in train:
+            out.append(np.log(predict(model, _apply(values, hw, m.platform), deployment_for(m)).tokens_per_s
+                              / m.tokens_per_s))
+        return out
+
+    res = least_squares(residuals, x0, bounds=(lo, hi), diff_step=1e-3)
+    return dict(zip((p.key for p in params), map(float, res.x * unit)))
+
+
+def reproduce(fit_parameters: bool = True) -> dict:
+    """The seed table predicted next to the reported values (schema in docs/json-schema.md).
+
+    With fit_parameters=False every parameter stays at its physical default."""
+    model = load_model(MODEL)
+    ms = seed_measurements()
+    hw = {m.platform: load_hardware(m.hardware) for m in ms}
+    values = fit(ms, hw) if fit_parameters else {}
+    fitted = {p.key: {"value": values[p.key], "scope": p.scope, "why": p.why,
+                      "plausible_range": list(p.plausible),
+                      "plausible": p.plausible[0] <= values[p.key] <= p.plausible[1]}
+              for p in fit_params(sorted(hw)) if p.key in values}
+    points = []
+    for m in ms:
+        p = predict(model, _apply(values, hw, m.platform), deployment_for(m))
+        err = p.tokens_per_s / m.tokens_per_s - 1
+        r = role(m) if fit_parameters else "held-out"
+        points.append({"platform": m.platform, "batch": m.batch,
+                       "spec_decode": {"draft_rows": m.draft_rows, "acceptance_length": m.acceptance_length}
+                       if m.spec_decode else None,
+                       "predicted_tokens_per_s": p.tokens_per_s, "reported_tokens_per_s": m.tokens_per_s,
+                       "error": err, "role": r, "within_target": abs(err) <= TARGETS[r],
+                       "predicted_step_ms": p.step_s * 1e3, "source": m.source})
+    if fit_parameters:  # the same points with nothing fitted, beside the fitted errors
+        for pt, raw in zip(points, reproduce(fit_parameters=False)["points"]):
+            pt["no_fit_error"] = raw["error"]
+    return {"schema_version": SCHEMA_VERSION, "model": MODEL, "fitted_parameters": fitted,
+            "fit_on": "seed table batches 1 and 8 of both platforms (no speculative decoding)",
+            "targets": TARGETS, "points": points, "trend": trend(points)}
+
+
+def trend(points: list[dict]) -> list[dict]:
+    """TPU / GB200 tokens/s ratio per batch, predicted and reported."""
+    get = lambda plat, b, key: next(p[key] for p in points
+                                    if p["platform"] == plat and p["batch"] == b and not p["spec_decode"])
+    batches = sorted({p["batch"] for p in points if not p["spec_decode"]})
+    return [{"batch": b,
+             "predicted_ratio": get("tpu-v7", b, "predicted_tokens_per_s") / get("gb200", b, "predicted_tokens_per_s"),
+             "reported_ratio": get("tpu-v7", b, "reported_tokens_per_s") / get("gb200", b, "reported_tokens_per_s")}
+            for b in batches]
+
+
+def write_presets(report: dict, target) -> dict[Path, tuple[str, list[str]]]:
+    """The fitted values as preset defaults, with provenance: {file under `target`: (new text,
+    changes)}, `target` laid out as perfmodel/presets (models/, hardware/). A file `target` lacks
+    starts from the bundled preset. Nothing is written here (the caller writes atomically)."""
+    stamp = f"fitted by perfmodel reproduce --write on {date.today()} on seed batches 1 and 8"
+    out: dict[Path, tuple[str, list[str]]] = {}
+    for key, info in report["fitted_parameters"].items():
+        scope, name = key.split(".", 1)
+        rel = Path("hardware", f"{scope}.toml")
+        path = Path(target) / rel
+        text, changes = out.get(path) or (read_text(path if path.exists() else MODEL_DIR.parent / rel,
+                                                    "--write"), [])
+        old = re.findall(rf"(?m)^{name} = (?!\")([^\n]*)$", text)
+        require(len(old) == 1, "--write", str(path), f"expected exactly one '{name} = ' line")
+        text = re.sub(rf"(?m)^{name} = (?!\")[^\n]*$", f"{name} = {info['value']:.6g}", text)
+        text, n = re.subn(rf'(?m)^efficiency = ".*"$', f'efficiency = "{stamp}; the rest physical defaults"', text)
+        require(n == 1, "--write", str(path), "expected exactly one 'efficiency = \"...\"' source line")
+        out[path] = (text, changes + [f"{name} {old[0].strip()} -> {info['value']:.6g}"])
+    return out

@@ -1,0 +1,304 @@
+"""The per-device op graph of one decode step: FLOPs, bytes by class and collectives per op.
+
+Parallel layout (documented choices, see README "Model terms"):
+- attention, dense FFN, shared experts, latent projections, embedding and lm_head are sharded
+  over `tp` devices; the MoE router is replicated (as vLLM's ReplicatedLinear gate);
+- routed experts belong to `ep` groups in contiguous blocks, each expert split over the
+  devices / ep devices of its group; tokens are replicated, so no dispatch is needed and the
+  partial expert outputs are summed by an all-reduce over all devices;
+- MLA's latent cache is replicated across TP ranks (each rank reads all of it for its heads), as
+  is DeepSeek-V4's shared key = value head and its compressed entries; a grouped output
+  projection (DeepSeek-V4 `o_a`) is split by groups over `tp`.
+The small vectors (norm weights, router bias, conv taps; < 0.01 % of the bytes) are left out.
+Byte classes: static (weights known ahead, prefetchable across layers), routed (expert
+weights known only after the router), kv (KV cache / recurrent state), act (activations).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodel.graph.moe import expected_busiest_group
+from perfmodel.spec.arch import CSA, GDN, GQA, HC_BYTES, KDA, MLA, Layer, Mamba2, Matmul, ModelSpec
+from perfmodel.spec.deployment import Deployment
+
+ACT_BYTES = 2  # bf16 activations
+
+
+@dataclass
+class OpGraph:
+    """Parallel arrays, one entry per op, in program order."""
+    layer: np.ndarray      # 0 embedding, 1..n layers, n+1 head
+    phase: list[str]       # embed, attention, ffn, moe, head
+    name: list[str]
+    is_collective: np.ndarray
+    flops: np.ndarray
+    dtype: list[str]
+    static_bytes: np.ndarray
+    routed_bytes: np.ndarray
+    kv_bytes: np.ndarray
+    act_bytes: np.ndarray
+    coll_kind: list[str]
+    coll_bytes: np.ndarray
+    coll_group: np.ndarray
+    layer_kind: dict[int, str]
+    tokens: int           # rows processed per replica this step
+    distinct_experts: float  # per MoE layer on the busiest expert group
+    cache_bytes: dict[int, float] = dataclasses.field(default_factory=dict)  # per layer: the caches
+    # (KV / latents / recurrent and conv state) this replica holds for its sequences, bytes
+    kernel_all_reduce: str = ""  # the all-reduce algorithm the model's own megakernel runs at these
+    # rows ("": none fixed, the fastest per payload); from the model's [megakernel] shard_collective_rows
+
+    @property
+    def bytes(self) -> np.ndarray:
+        return self.static_bytes + self.routed_bytes + self.kv_bytes + self.act_bytes
+
+    def __len__(self) -> int:
+        return len(self.name)
+
+
+class _Builder:
+    def __init__(self):
+        self.rows: list[tuple] = []
+
+    def compute(self, layer, phase, name, flops=0.0, dtype="bf16", static=0.0, routed=0.0, kv=0.0, act=0.0):
+        self.rows.append((layer, phase, name, False, flops, dtype, static, routed, kv, act, "", 0.0, 1))
+
+    def collective(self, layer, phase, name, kind, nbytes, group):
+        if group > 1:
+            self.rows.append((layer, phase, name, True, 0.0, "", 0.0, 0.0, 0.0, 0.0, kind, nbytes, group))
+
+
+def build(model: ModelSpec, d: Deployment) -> OpGraph:
+    """The op graph; cached per model object and the deployment fields it depends on (sweeps over
+    prefetch depth, slots, engine or hardware reuse it). Callers must not mutate it."""
+    key = (d.devices, d.tp, d.expert_groups, d.batch, d.context, d.rows_per_seq, d.routing_skew,
+           d.routing_correlation)
+    if id(model) not in _CACHE and len(_CACHE) >= 16:
+        _CACHE.clear()
+    cache = _CACHE.setdefault(id(model), (model, {}))[1]
+    if key not in cache:
+        if len(cache) > 256:
+            cache.clear()
+        cache[key] = _build(model, d)
+    return cache[key]
+
+
+_CACHE: dict[int, tuple[ModelSpec, dict]] = {}  # id(model) -> (model kept alive, graphs)
+
+
+def _build(model: ModelSpec, d: Deployment) -> OpGraph:
+    b = -(-d.batch // d.dp)              # sequences per attention replica
+    t = b * d.rows_per_seq               # rows (tokens) processed per replica
+    h, f = model.hidden, model.formats
+    ops = _Builder()
+
+    def matmul(layer: int, phase: str, mm: Matmul, shards: int):
+        fmt = model.matmul_format(mm)
+        d_in = mm.d_in if mm.experts == 1 else mm.d_in * mm.experts / shards  # grouped: inputs split too
+        ops.compute(layer, phase, mm.name, 2.0 * t * mm.params / shards, fmt.compute_dtype,
+                    static=model.matmul_bytes(mm) / shards,
+                    act=ACT_BYTES * t * (d_in + mm.d_out * mm.experts / shards))
+
+    n_hc = model.residual_streams
+
+    def hc_pre(layer: int, phase: str):
+        """Hyper-connections before a sublayer: (2 + n) n mixing weights from the normalised n x h
+        residual, then its weighted sum to one stream (the n x n Sinkhorn steps, under 0.1 %, are
+        left out)."""
+        if n_hc > 1:
+            mix = (2 + n_hc) * n_hc
+            ops.compute(layer, phase, "hc_pre", t * (2.0 * n_hc * h * mix + 5.0 * n_hc * h), "f32",
+                        static=mix * n_hc * h * HC_BYTES, act=ACT_BYTES * t * (n_hc * h + h))
+
+    def hc_post(layer: int, phase: str):
+        """The sublayer output spread over the n streams plus the n x n mix of the residual."""
+        if n_hc > 1:
+            ops.compute(layer, phase, "hc_post", t * (2.0 * n_hc * h + 2.0 * n_hc * n_hc * h),
+                        act=ACT_BYTES * t * (h + 2 * n_hc * h))
+
+    ops.compute(0, "embed", "embedding_gather", static=t * h * f["embedding"].bytes_per_value / d.tp)
+    ops.collective(0, "embed", "embedding_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
+    distinct = 0.0
+    done: dict[Layer, tuple[int, int]] = {}  # a layer kind's rows, built once and renumbered after
+    for layer in model.layers:
+        i, same = layer.index, dataclasses.replace(layer, index=0)
+        if same in done:
+            a, z = done[same]
+            ops.rows.extend((i,) + r[1:] for r in ops.rows[a:z])
+            continue
+        a = len(ops.rows)
+        mms = model.attention_matmuls(layer.attention)
+        if mms:
+            hc_pre(i, "attention")
+            ops.compute(i, "attention", "attn_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
+            for mm in mms[:-1]:
+                matmul(i, "attention", mm, d.tp)
+            _attention_core(ops, model, layer, d, b, t)
+            matmul(i, "attention", mms[-1], d.tp)
+            ops.collective(i, "attention", "attn_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
+            hc_post(i, "attention")
+        if layer.ffn != "none":
+            hc_pre(i, layer.ffn)
+            ops.compute(i, layer.ffn, "ffn_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
+        if layer.ffn == "dense":
+            for mm in model.ffn_matmuls("dense"):
+                matmul(i, "ffn", mm, d.tp)
+            ops.collective(i, "ffn", "ffn_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
+        elif layer.ffn == "moe":
+            distinct = _moe(ops, model, i, d, t)
+        if layer.ffn != "none":
+            hc_post(i, layer.ffn)
+        done[same] = (a, len(ops.rows))
+    n1 = len(model.layers) + 1
+    if n_hc > 1:  # the head's own weighted sum of the streams
+        ops.compute(n1, "head", "hc_head", t * (2.0 * n_hc * h * n_hc + 5.0 * n_hc * h), "f32",
+                    static=n_hc * n_hc * h * HC_BYTES, act=ACT_BYTES * t * (n_hc * h + h))
+    ops.compute(n1, "head", "final_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
+    lm = Matmul("lm_head", "lm_head" if not model.tie_embeddings else "embedding", h, model.vocab)
+    matmul(n1, "head", lm, d.tp)
+    ops.compute(n1, "head", "argmax", 2.0 * t * model.vocab / d.tp, act=4.0 * t * model.vocab / d.tp)
+    ops.collective(n1, "head", "argmax_all_gather", "all_gather", 8.0 * t, d.tp)
+
+    cols = list(zip(*ops.rows))
+    arr = lambda k, dt=float: np.asarray(cols[k], dtype=dt)
+    kinds = {l.index: model.layer_kind(l) for l in model.layers}
+    kinds.update({0: "embed", n1: "head"})
+    return OpGraph(arr(0, int), list(cols[1]), list(cols[2]), arr(3, bool), arr(4), list(cols[5]),
+                   arr(6), arr(7), arr(8), arr(9), list(cols[10]), arr(11), arr(12, int), kinds, t,
+                   distinct, {l.index: b * model.cache_bytes(l.attention, d.context, d.tp) for l in model.layers},
+                   kernel_all_reduce(model, t))
+
+
+def kernel_all_reduce(model: ModelSpec, rows: int) -> str:
+    """One-shot where the model's megakernel has no shard-based collectives at `rows` rows (the
+    public Kimi K3 kernel: reduce-scatter and token scatter only at 8 rows); "" where it does or
+    the model does not say (the fastest algorithm per payload)."""
+    shard = model.shard_collective_rows
+    return "one_shot" if shard is not None and rows not in shard else ""
+
+
+def _attention_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment, b: int, t: int):
+    """The attention itself (scores, state update), between its projections. Caches are read
+    per sequence (`b` on this replica); a recurrent state is read and written back."""
+    i, L, rows = layer.index, d.context, d.rows_per_seq
+    kvb, stb = model.formats["kv_cache"].bytes_per_value, model.formats["state"].bytes_per_value
+    a = model.attn(layer.attention)
+    if isinstance(a, KDA):
+        hl = a.heads // d.tp
+        conv_ch = 3 * hl * a.head_dim
+        # per head and token: decay, k^T S, rank-1 delta update, S^T q = 7 dk dv FLOPs
+        flops = t * (7.0 * hl * a.head_dim * a.head_dim + 2.0 * conv_ch * a.conv_width)
+        ops.compute(i, "attention", "kda_recurrence", flops, "f32",
+                    kv=2 * b * model.cache_bytes(layer.attention, L, d.tp),
+                    act=ACT_BYTES * t * 4 * hl * a.head_dim)
+    elif isinstance(a, GDN):
+        vl, kl = a.value_heads // d.tp, max(1, a.key_heads // d.tp)
+        conv_ch = 2 * kl * a.key_head_dim + vl * a.value_head_dim
+        # per value head and token, as KDA: gate, k^T S, rank-1 delta update, S^T q = 7 dk dv
+        flops = t * (7.0 * vl * a.key_head_dim * a.value_head_dim + 2.0 * conv_ch * a.conv_width)
+        ops.compute(i, "attention", "gdn_recurrence", flops, "f32",
+                    kv=2 * b * model.cache_bytes(layer.attention, L, d.tp),
+                    act=ACT_BYTES * t * (conv_ch + 2 * vl * a.value_head_dim))
+    elif isinstance(a, Mamba2):
+        hl = a.heads // d.tp
+        inner, conv_ch = hl * a.head_dim, hl * a.head_dim + 2 * a.groups * a.state_dim
+        # per state element and token: h = exp(dt A) h + dt B x (3 FLOPs), y = C h (2 FLOPs)
+        flops = t * (5.0 * inner * a.state_dim + 2.0 * conv_ch * a.conv_width)
+        ops.compute(i, "attention", "mamba2_scan", flops, "f32",
+                    kv=2 * b * model.cache_bytes(layer.attention, L, d.tp),
+                    act=ACT_BYTES * t * (conv_ch + 2 * inner))
+    elif isinstance(a, MLA):
+        hl = a.heads // d.tp
+        width = a.kv_lora_rank + a.qk_rope_dim
+        span = L
+        if a.index_topk:  # the indexer scores every cached token, MLA then reads the top-k
+            il = max(1, a.index_heads // d.tp)
+            ops.compute(i, "attention", "dsa_indexer", 2.0 * t * il * a.index_head_dim * (L + rows) + 2.0 * t * il * L,
+                        "fp8", kv=b * (L + rows) * a.index_head_dim * kvb,
+                        act=ACT_BYTES * t * il * a.index_head_dim + 4.0 * t * L)
+            span = min(L, a.index_topk)
+        flops = t * hl * span * (4.0 * a.kv_lora_rank + 2.0 * a.qk_rope_dim)
+        ops.compute(i, "attention", "mla_attention", flops, "bf16",
+                    kv=b * (span + rows) * width * kvb,
+                    act=ACT_BYTES * t * hl * (2 * width + a.kv_lora_rank))
+    elif isinstance(a, CSA):
+        _csa_core(ops, model, a, i, d, b, t)
+    elif isinstance(a, GQA):
+        hl, kvl, vd = a.heads // d.tp, -(-a.kv_heads // d.tp), a.v_head_dim or a.head_dim
+        span = min(L, a.window) if a.window else L
+        if a.index_topk:  # each index head scores every cached index key (then a max per block);
+            il = max(1, a.index_heads // d.tp)  # its KV head's group reads the top-k tokens
+            ops.compute(i, "attention", "msa_indexer", 2.0 * t * il * a.index_head_dim * (L + rows) + t * il * L,
+                        "bf16", kv=b * (L + rows) * a.index_head_dim * kvb,
+                        act=ACT_BYTES * t * il * a.index_head_dim + 4.0 * t * il * L)
+            span = min(L, a.index_topk)
+        ops.compute(i, "attention", "gqa_attention", 2.0 * t * hl * (a.head_dim + vd) * span, "bf16",
+                    kv=b * (span + rows) * kvl * (a.head_dim + vd) * kvb,
+                    act=ACT_BYTES * t * hl * (a.head_dim + vd))
+
+
+def _csa_core(ops: _Builder, model: ModelSpec, a: CSA, i: int, d: Deployment, b: int, t: int):
+    """DeepSeek-V4: the compressor writes each new token's projected values and gate scores into
+    its running block (the state) and, once every `compress_ratio` tokens, reads the block back
+    and writes one entry (softmax-gated sum: about 4 FLOPs a state value); CSA's indexer scores
+    every compressed index key; the heads then read the raw window and the selected (CSA) or all
+    (HCA) entries, the shared key serving as value (2 x 2 x head_dim FLOPs an entry)."""
+    L, rows = d.context, d.rows_per_seq
+    kvb, stb = model.formats["kv_cache"].bytes_per_value, model.formats["state"].bytes_per_value
+    raw, comp = a.entries(L)
+    if a.compress_ratio:
+        dims = a.head_dim + (a.index_head_dim if a.index_topk else 0)
+        state, r = model.csa_state_values(a), a.compress_ratio
+        ops.compute(i, "attention", "compressor", 4.0 * t * state / r, "f32",
+                    kv=b * rows * (2 * a.coff * dims * stb + (state * stb + dims * kvb) / r),
+                    act=ACT_BYTES * t * 2 * a.coff * dims)
+    span = raw + comp
+    if a.index_topk:
+        il = max(1, a.index_heads // d.tp)
+        ops.compute(i, "attention", "csa_indexer", 2.0 * t * il * a.index_head_dim * comp + 2.0 * t * il * comp,
+                    "fp8", kv=b * comp * a.index_head_dim * kvb,
+                    act=ACT_BYTES * t * il * a.index_head_dim + 4.0 * t * comp)
+        span = raw + min(comp, a.index_topk)
+    hl = a.heads // d.tp
+    ops.compute(i, "attention", "csa_attention", 4.0 * t * hl * span * a.head_dim, "bf16",
+                kv=b * (span + rows) * a.head_dim * kvb, act=ACT_BYTES * t * hl * 2 * a.head_dim)
+
+
+def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int) -> float:
+    m, f, h = model.moe, model.formats, model.hidden
+    mms = {mm.name: mm for mm in model.ffn_matmuls("moe")}
+
+    def matmul(mm: Matmul, shards: int, copies: int = 1):
+        fmt = f[mm.family]
+        ops.compute(i, "moe", mm.name, 2.0 * t * mm.params / shards * copies, fmt.compute_dtype,
+                    static=model.matmul_bytes(mm) / shards * copies,
+                    act=ACT_BYTES * t * (mm.d_in + mm.d_out / shards))
+
+    matmul(mms["router"], 1, m.router_copies)  # replicated; a hi/lo pair is applied twice
+    ops.compute(i, "moe", "top_k", 4.0 * t * m.experts, act=4.0 * t * m.experts)
+    d_exp = m.latent_dim or h
+    if m.latent_dim:
+        matmul(mms["latent_down"], d.tp)
+        ops.collective(i, "moe", "latent_all_gather", "all_gather", ACT_BYTES * t * d_exp, d.tp)
+    if m.shared_width:
+        matmul(mms["shared_gate_up"], d.tp)
+        matmul(mms["shared_down"], d.tp)
+    groups = d.expert_groups
+    expert_tp = d.devices // groups
+    skew = m.routing_skew if d.routing_skew is None else d.routing_skew
+    corr = m.routing_correlation if d.routing_correlation is None else d.routing_correlation
+    distinct, pairs = expected_busiest_group(m.experts, m.top_k, t * d.dp, groups, skew, corr)
+    fmt = f["routed_expert"]
+    per_expert = mms["expert_gate_up"].params // m.experts + mms["expert_down"].params // m.experts
+    expert_bytes = sum(model.matmul_bytes(mms[k]) for k in ("expert_gate_up", "expert_down")) / m.experts
+    ops.compute(i, "moe", "routed_experts", 2.0 * pairs * per_expert / expert_tp, fmt.compute_dtype,
+                routed=distinct * expert_bytes / expert_tp,
+                act=ACT_BYTES * pairs * (2 * d_exp + (2 + model.ffn_gated) * m.expert_width / expert_tp))
+    ops.collective(i, "moe", "expert_all_reduce", "all_reduce", ACT_BYTES * t * d_exp, d.devices)
+    if m.latent_dim:
+        matmul(mms["latent_up"], d.tp)
+    ops.collective(i, "moe", "moe_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
+    return distinct

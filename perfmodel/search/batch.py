@@ -1,0 +1,147 @@
+"""Evaluate a chunk of configurations that share a model and a chip: one result row each.
+
+`evaluate` receives every configuration of a chunk at once (same model, same chip preset;
+deployment and hardware overrides differ) and simulates the megakernel ones in batches that share
+an op graph (perfmodel.engine.megakernel_sim.run_many). A configuration that does not fit is a filtered
+row naming the constraint: `memory` (weights + caches exceed a device's HBM), `vmem` (prefetch
+ring or expert buffers exceed the on-chip buffer) or `layout` (the parallel layout or
+spec-decode settings cannot run), with the one-line reason.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from perfmodel.engine import megakernel_sim, schedule
+from perfmodel.engine.schedule import CAUSES
+from perfmodel.graph import ops
+from perfmodel.predict import predict, summarise
+from perfmodel.search.design import SETTINGS, Chunk
+from perfmodel.spec import arch, hardware
+from perfmodel.spec.deployment import Deployment, SpecDecode, resident_bytes_per_device, validate
+from perfmodel.util.errors import SpecError
+
+MiB = 2**20
+VMEM_FIELDS = ("prefetch_bytes", "expert_slots")  # the simulator's on-chip budget errors
+BREAKDOWN = CAUSES + ("draft",)
+# result columns and their types
+RESULTS = {"status": str, "constraint": str, "reason": str, "step_s": float, "token_latency_s": float,
+           "tokens_per_s": float, "tokens_per_s_per_chip": float, "chips": int, "bound": str,
+           "hbm_utilisation": float, "resident_bytes_per_device": float,
+           **{f"{c}_s": float for c in BREAKDOWN}}
+COLUMNS = {"point": int, **{k: kind for k, (kind, _, _) in SETTINGS.items()}, **RESULTS}  # a row, in order
+OBJECTIVES = {"tokens_per_s": "max", "tokens_per_s_per_chip": "max", "step_s": "min", "token_latency_s": "min"}
+
+
+def configure(chip: hardware.Hardware, s: dict) -> tuple[Deployment, hardware.Hardware]:
+    """The Deployment and the chip (with any hardware overrides) of one configuration's settings."""
+    spec = None
+    if s.get("draft_rows"):
+        if s.get("acceptance_length") is None and s.get("acceptance_prob") is None:
+            raise SpecError("acceptance_length", None, "speculative decoding needs an acceptance")
+        spec = SpecDecode(s["draft_rows"], s.get("acceptance_prob"), s.get("acceptance_length"), s["draft_cost"])
+    pf = s.get("prefetch_mib")
+    d = Deployment(devices=s["devices"], tp=s["tp"], engine=s["engine"], ep=s.get("ep"), batch=s["batch"],
+                   context=s["context"], prefetch_bytes=None if pf is None else pf * MiB,
+                   expert_slots=s.get("expert_slots"), spec=spec, routing_skew=s.get("routing_skew"),
+                   routing_correlation=s.get("routing_correlation"), steps_per_call=s.get("steps_per_call") or 1)
+    changes = {}
+    if s.get("vmem_mib") is not None:
+        changes["onchip_bytes"] = s["vmem_mib"] * MiB
+    if s.get("hbm_gbps") is not None:
+        changes["hbm_bandwidth_bytes_per_s"] = s["hbm_gbps"] * 1e9
+    if s.get("link_latency_us") is not None:
+        changes["link_latency_s"] = s["link_latency_us"] * 1e-6
+    if s.get("dma_sharing") is not None:
+        changes["dma_sharing"] = s["dma_sharing"]
+    return d, chip.replace(**changes) if changes else chip
+
+
+def evaluate(model: arch.ModelSpec, chip: hardware.Hardware, settings: list[dict]) -> list[dict]:
+    """Result columns (RESULTS) for each configuration; all share `model` and the `chip` preset.
+
+    Megakernel configurations that share an op graph and the hardware terms of its timeline
+    (differing in ring depth, expert slots, on-chip size or DMA mode) are simulated together
+    (megakernel_sim.run_many on one set of arrays); the others one by one with `predict`."""
+    rows: list[dict | None] = [None] * len(settings)
+    groups: dict[tuple, list] = {}
+    top_k = model.moe.top_k if model.moe else 1
+    for i, s in enumerate(settings):
+        d = hw = None
+        try:
+            d, hw = configure(chip, s)
+            if d.engine != "megakernel":
+                rows[i] = _row(model, d, hw, predict(model, hw, d))
+                continue
+            validate(model, hw, d)
+            g = ops.build(model, d)
+            banks = schedule.ring_banks(hw, d.prefetch_bytes)
+            slots, pieces = schedule.expert_slots(g, hw, d, banks, top_k)
+        except SpecError as e:
+            rows[i] = _filtered(model, d, hw, e)
+            continue
+        key = (id(g), s.get("hbm_gbps"), s.get("link_latency_us"), d.steps_per_call)  # the arrays' inputs
+        groups.setdefault(key, [g, hw, []])[2].append((i, d, hw, banks, slots, pieces))
+    for g, hw0, members in groups.values():
+        try:
+            a = schedule.megakernel_arrays(g, hw0, schedule.uniform_stream(g, float(hw0.dma_tile_bytes)),
+                                           schedule.op_weights(g, model.formats["routed_expert"].bytes_per_value))
+        except SpecError as e:  # e.g. a format the chip cannot compute in
+            for i, d, hw, *_ in members:
+                rows[i] = _filtered(model, d, hw, e)
+            continue
+        # one timeline per distinct (banks, slots, pieces, shared): e.g. on-chip sizes that leave
+        # the same ring and buffers give the same timeline
+        runs = {(banks, slots, pieces, hw.dma_sharing == "shared"): None
+                for _, _, hw, banks, slots, pieces in members}
+        cols = np.array(list(runs), np.int64).T
+        t0 = a.t0 / members[0][1].steps_per_call  # the group shares its steps per call (key)
+        steps, hbm, totals = megakernel_sim.run_many(a.eng, t0, a.overhead, cols[0], cols[1], cols[2],
+                                                     cols[3].astype(float), *a.args())
+        for key, step, nbytes, tot in zip(runs, steps.tolist(), hbm.tolist(), totals.tolist()):
+            runs[key] = (step, nbytes, dict(zip(megakernel_sim.TOTALS, tot)))
+        for i, d, hw, banks, slots, pieces in members:
+            rows[i] = _row(model, d, hw, summarise(hw, d, *runs[banks, slots, pieces, hw.dma_sharing == "shared"]))
+    return rows
+
+
+def _filtered(model, d, hw, e: SpecError) -> dict:
+    """The row of a configuration that does not fit, naming the constraint."""
+    if e.field in VMEM_FIELDS:
+        constraint = "vmem"
+    elif d is not None and e.field == "devices" and resident_bytes_per_device(model, d) > hw.core_hbm_bytes:
+        constraint = "memory"
+    else:
+        constraint = "layout"
+    return dict.fromkeys(RESULTS) | {"status": "filtered", "constraint": constraint, "reason": str(e)}
+
+
+def _row(model, d: Deployment, hw: hardware.Hardware, p) -> dict:
+    """The result columns of a Prediction or a predict.Summary."""
+    chips = math.ceil(d.devices / hw.cores_per_chip)
+    per_seq = d.spec.tokens_per_step if d.spec else 1.0
+    return {"status": "ok", "constraint": None, "reason": None, "step_s": p.step_s,
+            "token_latency_s": p.step_s / per_seq, "tokens_per_s": p.tokens_per_s,
+            "tokens_per_s_per_chip": p.tokens_per_s / chips, "chips": chips, "bound": p.bound,
+            "hbm_utilisation": p.hbm_floor_s / p.step_s if p.step_s else 0.0,
+            "resident_bytes_per_device": resident_bytes_per_device(model, d),
+            **{f"{c}_s": p.breakdown_s.get(c, 0.0) for c in BREAKDOWN}}
+
+
+_LOADED: dict[tuple[str, str], object] = {}  # per process: presets and files loaded once
+
+
+def _load(kind: str, ref: str):
+    if (kind, ref) not in _LOADED:
+        _LOADED[kind, ref] = arch.load_model(ref) if kind == "model" else hardware.load_hardware(ref)
+    return _LOADED[kind, ref]
+
+
+def run_chunk(chunk: Chunk) -> list[dict]:
+    """A chunk's rows: point number, every setting (None: the default) and the results. Runs in
+    any process (the executors send it chunks); model and chip are loaded once per process."""
+    model, chip = _load("model", chunk.model), _load("hardware", chunk.hardware)
+    results = evaluate(model, chip, chunk.settings)
+    return [{"point": i, **{k: s.get(k) for k in SETTINGS}, **r}
+            for i, s, r in zip(chunk.points, chunk.settings, results)]

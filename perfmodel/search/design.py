@@ -1,0 +1,258 @@
+"""Design spaces for `perfmodel sweep`: the settings a configuration has, grid and random designs
+(from a TOML / YAML sweep file or from `--vary`), and their split into chunks that share a model
+and a chip (the unit an evaluator and an executor work on).
+
+A setting uses the CLI flag's name (`prefetch_mib`, `vmem_mib`, ...); docs/sweep.md has the
+sweep file format.
+"""
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from perfmodel.spec.deployment import ENGINES
+from perfmodel.spec.hardware import DMA_SHARING
+from perfmodel.util.checks import MAX_MIB, MAX_SKEW
+from perfmodel.util.errors import SpecError, require
+
+MAX_POINTS = 10_000_000   # a sweep file's design (streamed in chunks; written to --out)
+MAX_VARY_POINTS = 10_000  # a grid typed on the command line (its rows are printed and held)
+
+
+# setting -> (type, domain check or None, what the domain is); a value None means "the default"
+SETTINGS = {
+    "model": (str, None, ""), "hardware": (str, None, ""),
+    "devices": (int, lambda v: v > 0, "> 0"), "tp": (int, lambda v: v > 0, "> 0"),
+    "ep": (int, lambda v: v > 0, "> 0"), "engine": (str, lambda v: v in ENGINES, f"one of {ENGINES}"),
+    "batch": (int, lambda v: v > 0, "> 0"), "context": (int, lambda v: v >= 0, ">= 0"),
+    "prefetch_mib": (float, lambda v: 0 < v <= MAX_MIB, f"in (0, {MAX_MIB}]"),
+    "expert_slots": (int, lambda v: v > 0, "> 0"),
+    "vmem_mib": (float, lambda v: 0 < v <= MAX_MIB, f"in (0, {MAX_MIB}]"),
+    "routing_skew": (float, lambda v: 0 <= v <= MAX_SKEW, f"in [0, {MAX_SKEW:g}]"),
+    "routing_correlation": (float, lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "draft_rows": (int, lambda v: v >= 0, ">= 0"), "acceptance_length": (float, lambda v: v >= 1, ">= 1"),
+    "acceptance_prob": (float, lambda v: 0 <= v < 1, "in [0, 1)"), "draft_cost": (float, lambda v: v >= 0, ">= 0"),
+    "hbm_gbps": (float, lambda v: v > 0, "> 0"), "link_latency_us": (float, lambda v: v >= 0, ">= 0"),
+    "dma_sharing": (str, lambda v: v in DMA_SHARING, f"one of {DMA_SHARING}"),
+    "steps_per_call": (int, lambda v: v > 0, "> 0"),
+}
+TYPE_WORDS = {int: "an integer", float: "a number", str: "a string"}
+DEFAULTS = {"model": "kimi-k3", "hardware": "tpu-v7", "devices": 32, "engine": "megakernel", "batch": 1,
+            "context": 4096, "draft_rows": 0, "draft_cost": 0.05}
+# settings the op graph depends on: a chunk is ordered by them so neighbours share one graph
+GRAPH_SETTINGS = ("devices", "tp", "ep", "batch", "context", "draft_rows", "routing_skew",
+                  "routing_correlation")
+
+
+def check_setting(where: str, name: str, value):
+    """`value` converted to the setting's type; a SpecError naming `where` otherwise."""
+    require(name in SETTINGS, where, name, f"unknown setting; known: {', '.join(SETTINGS)}")
+    if value is None:
+        return None
+    kind, ok, domain = SETTINGS[name]
+    fits = isinstance(value, (int, float) if kind is float else kind) and not isinstance(value, bool)
+    require(fits, where, value, f"{name} must be {TYPE_WORDS[kind]}")
+    v = kind(value)
+    require(kind is not float or math.isfinite(v), where, value, f"{name} must be a finite number")
+    require(ok is None or ok(v), where, value, f"{name} must be {domain}")
+    return v
+
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric axis given by its bounds: `steps` values on a grid, or drawn uniformly at random
+    (in log space when `log`)."""
+    min: float
+    max: float
+    steps: int | None = None
+    log: bool = False
+
+    def grid(self, name: str) -> list:
+        xs = (np.geomspace if self.log else np.linspace)(self.min, self.max, self.steps)
+        return [_typed(name, x) for x in xs]
+
+
+def _typed(name: str, x):
+    return int(round(float(x))) if SETTINGS[name][0] is int else float(f"{x:.12g}")
+
+
+@dataclass(frozen=True)
+class Design:
+    """`base` settings, and axes: a grid (every combination) or `samples` random draws."""
+    base: dict
+    axes: dict[str, list | Range]
+    kind: str = "grid"            # grid or random
+    samples: int = 0
+    seed: int = 0
+    source: str = "--vary"
+
+    def __post_init__(self):
+        given = lambda k: k in self.axes or self.base.get(k) is not None
+        drafts = self.axes.get("draft_rows", [self.base.get("draft_rows") or 0])
+        if (drafts.max if isinstance(drafts, Range) else max(drafts)) > 0:
+            require(given("acceptance_length") or given("acceptance_prob"), "acceptance_length", None,
+                    "speculative decoding (draft_rows > 0) needs acceptance_length or acceptance_prob")
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+    @cached_property
+    def columns(self) -> dict[str, list]:
+        """The axis values of every point, one list per axis (the points themselves are never
+        built as dicts: a design may hold millions)."""
+        names = list(self.axes)
+        if self.kind == "grid":
+            values = [a.grid(n) if isinstance(a, Range) else a for n, a in self.axes.items()]
+            n = math.prod(len(v) for v in values)
+            require(n <= MAX_POINTS, "sweep design", n, f"has more than {MAX_POINTS} points")
+            idx = np.indices([len(v) for v in values]).reshape(len(values), -1)
+            return {name: [v[i] for i in ix.tolist()] for name, v, ix in zip(names, values, idx)}
+        rng = np.random.default_rng(self.seed)
+        cols = {}
+        for name, a in self.axes.items():
+            if isinstance(a, Range):
+                lo, hi = (math.log(a.min), math.log(a.max)) if a.log else (a.min, a.max)
+                x = rng.uniform(lo, hi, self.samples)
+                cols[name] = [_typed(name, v) for v in (np.exp(x) if a.log else x).tolist()]
+            else:
+                cols[name] = [a[i] for i in rng.integers(0, len(a), self.samples).tolist()]
+        return cols
+
+    def settings(self, i: int) -> dict:
+        """Point `i`'s full settings: the defaults, then the base, then its axis values."""
+        s = DEFAULTS | self.base | {k: v[i] for k, v in self.columns.items()}
+        if s.get("tp") is None:
+            s["tp"] = s["devices"]
+        return s
+
+    def describe(self) -> dict:
+        axes = {k: (vars(a) if isinstance(a, Range) else a) for k, a in self.axes.items()}
+        out = {"source": self.source, "kind": self.kind, "base": self.base, "axes": axes}
+        return out | ({"samples": self.samples, "seed": self.seed} if self.kind == "random" else {})
+
+
+def _axis(where: str, name: str, spec, kind: str) -> list | Range:
+    if isinstance(spec, list):
+        require(len(spec) > 0, where, spec, "needs at least one value")
+        return [check_setting(where, name, v) for v in spec]
+    require(isinstance(spec, dict), where, spec, "must be a list of values or a table {min, max, ...}")
+    require(SETTINGS.get(name, (None,))[0] in (int, float), where, name, "only numeric settings take a range")
+    known = {"min", "max", "steps", "log"} if kind == "grid" else {"min", "max", "log"}
+    for k in spec:
+        require(k in known, f"{where}.{k}", spec[k], f"unknown key; known: {', '.join(sorted(known))}")
+    require("min" in spec and "max" in spec, where, spec, "a range needs min and max")
+    lo, hi = check_setting(f"{where}.min", name, spec["min"]), check_setting(f"{where}.max", name, spec["max"])
+    require(lo <= hi, f"{where}.max", hi, f"must be >= min ({lo})")
+    log = spec.get("log", False)
+    require(isinstance(log, bool), f"{where}.log", log, "must be true or false")
+    require(not log or lo > 0, f"{where}.min", lo, "a log range needs min > 0")
+    steps = None
+    if kind == "grid":
+        steps = spec.get("steps")
+        require(isinstance(steps, int) and not isinstance(steps, bool) and steps > 0, f"{where}.steps", steps,
+                "a grid range needs steps, a positive integer")
+    return Range(float(lo), float(hi), steps, log)
+
+
+def from_dict(data: dict, base: dict | None = None, source: str = "<dict>") -> Design:
+    """A design from a sweep file's content; `base` (e.g. the CLI's flags) is overridden by the
+    file's [base] table."""
+    for k in data:
+        require(k in ("base", "grid", "random"), f"{source}: {k}", "", "unknown table; known: base, grid, random")
+    require(("grid" in data) != ("random" in data), source, "", "needs exactly one of [grid] or [random]")
+    for k in data:
+        require(isinstance(data[k], dict), k, data[k], "must be a table")
+    merged = dict(base or {})
+    for k, v in data.get("base", {}).items():
+        merged[k] = check_setting(f"base.{k}", k, v)
+    if "grid" in data:
+        kind, table = "grid", data["grid"]
+        samples, seed = 0, 0
+    else:
+        kind, table = "random", dict(data["random"])
+        samples, seed = table.pop("samples", None), table.pop("seed", 0)
+        require(isinstance(samples, int) and not isinstance(samples, bool) and 0 < samples <= MAX_POINTS,
+                "random.samples", samples, f"must be an integer in 1..{MAX_POINTS}")
+        require(isinstance(seed, int) and not isinstance(seed, bool), "random.seed", seed, "must be an integer")
+        if "axes" in table:
+            require(len(table) == 1, "random", ", ".join(k for k in table if k != "axes"),
+                    "axes go either in [random.axes] or directly in [random], not both")
+            table = table["axes"]
+    require(isinstance(table, dict) and table, kind, table, "needs at least one axis")
+    axes = {name: _axis(f"{kind}.{name}", name, spec, kind) for name, spec in table.items()}
+    return Design(merged, axes, kind, samples, seed, source)
+
+
+def load(path: str, base: dict | None = None) -> Design:
+    """A sweep file: .toml, or .yaml / .yml when PyYAML is installed."""
+    p = Path(path)
+    require(p.is_file(), "--design", path, "file not found")
+    if p.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise SpecError("--design", path, "YAML needs PyYAML (pip install pyyaml); or write the file as TOML") from None
+        try:
+            data = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise SpecError("--design", path, f"not valid YAML: {str(e).splitlines()[0]}") from None
+    elif p.suffix == ".toml":
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise SpecError("--design", path, f"not valid TOML: {e}") from None
+    else:
+        raise SpecError("--design", path, "must be a .toml, .yaml or .yml file")
+    require(isinstance(data, dict), "--design", path, "must hold tables base and grid or random")
+    return from_dict(data, base, source=p.name)
+
+
+@dataclass
+class Chunk:
+    """Configurations that share a model and a chip: point numbers and their full settings."""
+    model: str
+    hardware: str
+    points: list[int]
+    settings: list[dict]
+
+
+def chunks(design: Design, size: int = 256) -> Iterator[Chunk]:
+    """The design split by (model, hardware), each group ordered by the op-graph settings (so a
+    chunk's neighbours share an op graph) and cut into chunks of at most `size` points; settings
+    are built one chunk at a time."""
+    require(isinstance(size, int) and size > 0, "--chunk", size, "must be a positive integer")
+    fixed = DEFAULTS | design.base
+    value = lambda name, i: design.columns[name][i] if name in design.columns else fixed[name]
+    groups: dict[tuple, list[int]] = {}
+    for i in range(len(design)):
+        groups.setdefault((value("model", i), value("hardware", i)), []).append(i)
+    varied = [k for k in GRAPH_SETTINGS if k in design.columns]
+    for (model, hw), idx in groups.items():
+        idx.sort(key=lambda i: tuple((design.columns[k][i] is None, design.columns[k][i] or 0) for k in varied))
+        for a in range(0, len(idx), size):
+            part = idx[a:a + size]
+            yield Chunk(_ref(model), _ref(hw), part, [design.settings(i) for i in part])
+
+
+def _ref(name: str) -> str:
+    """A preset name as is; a file as an absolute path (a worker may run in another folder)."""
+    p = Path(name)
+    return str(p.resolve()) if p.suffix in (".toml", ".json") or p.is_dir() else name
+
+
+def grid_from_vary(vary: list[tuple[str, list]], base: dict) -> Design:
+    """`--vary AXIS=v1,v2 ...` as a grid design."""
+    axes = {}
+    for name, values in vary:
+        require(name not in axes, "--vary", name, "given twice")
+        axes[name] = [check_setting(f"--vary {name}", name, v) for v in values]
+    n = math.prod(len(v) for v in axes.values())
+    require(n <= MAX_VARY_POINTS, "--vary", f"{n} points",
+            f"at most {MAX_VARY_POINTS} on the command line; larger designs go in a sweep file (--design)")
+    return Design(dict(base), axes)

@@ -1,0 +1,80 @@
+"""Where a sweep's chunks run: in this process, in a pool of local processes (the default; the
+standard library only), or on a Ray cluster (`pip install 'perfmodel[ray]'`). Every executor
+returns the chunks' results in chunk order, so the same design gives the same output anywhere.
+"""
+from __future__ import annotations
+
+import os
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from typing import Callable, Iterable, Iterator
+
+from perfmodel.util.errors import SpecError, require
+
+EXECUTORS = ("local", "ray")
+
+
+def run(fn: Callable, chunks: Iterable, executor: str = "local", jobs: int | None = None,
+        address: str | None = None) -> Iterator:
+    """`fn(chunk)` for every chunk, yielded in order. local: `jobs` processes (1: this process;
+    default: one per CPU); ray: the cluster at `address` (default: RAY_ADDRESS or a new local one)."""
+    require(executor in EXECUTORS, "--executor", executor, f"must be one of {EXECUTORS}")
+    require(jobs is None or (isinstance(jobs, int) and jobs > 0), "--jobs", jobs, "must be a positive integer")
+    require(address is None or executor == "ray", "--address", address, "needs --executor ray")
+    if executor == "ray":
+        return _ray(fn, chunks, address)
+    jobs = jobs or os.cpu_count() or 1
+    if jobs == 1:
+        return map(fn, chunks)
+    return _pool(fn, chunks, jobs)
+
+
+def _windowed(submit: Callable, get: Callable, chunks: Iterable, window: int) -> Iterator:
+    """Keep at most `window` chunks in flight (a design may have millions of points) and yield
+    their results in order."""
+    flight: deque = deque()
+    for c in chunks:
+        flight.append(submit(c))
+        if len(flight) >= window:
+            yield get(flight.popleft())
+    while flight:
+        yield get(flight.popleft())
+
+
+def _pool(fn, chunks, jobs: int) -> Iterator:
+    # spawn: workers start clean (no copy of the parent's threads, e.g. the progress bar's)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        yield from _windowed(lambda c: pool.submit(fn, c), lambda f: f.result(), chunks, 4 * jobs)
+
+
+def _ray_get(ray, ref):
+    """A task's result; bad input found on a worker is raised as itself (one line), not as Ray's
+    wrapper with the remote traceback."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, SpecError):
+            raise e.cause from None
+        raise
+
+
+def _ray(fn, chunks, address: str | None) -> Iterator:
+    try:
+        import ray
+    except ImportError:
+        raise SpecError("--executor", "ray", "Ray is not installed: pip install 'perfmodel[ray]'") from None
+    started = not ray.is_initialized()
+    if started:
+        try:
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        except ConnectionError as e:
+            raise SpecError("--address", address, f"no Ray cluster there, or it refused us ({e}); a cluster with "
+                            "token authentication needs RAY_AUTH_MODE=token and its token (docs/sweep.md)") from None
+    try:
+        remote = ray.remote(fn)
+        window = 4 * max(1, int(ray.cluster_resources().get("CPU", 1)))
+        yield from _windowed(lambda c: remote.remote(c), lambda ref: _ray_get(ray, ref), chunks, window)
+    finally:
+        if started:
+            ray.shutdown()

@@ -1,0 +1,155 @@
+"""How a model is served: devices, parallel layout, engine, batch, context, speculative decoding."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from perfmodel.spec.arch import ModelSpec
+from perfmodel.spec.hardware import Hardware
+from perfmodel.util.checks import MAX_SKEW
+from perfmodel.util.errors import SpecError, positive_int, require
+
+ENGINES = ("megakernel", "multikernel")
+
+
+@dataclass(frozen=True)
+class SpecDecode:
+    """Speculative decoding: `draft_rows` drafted tokens verified per step with one anchor row.
+
+    Give the acceptance either as a per-token probability (`acceptance_prob`) or directly as the
+    acceptance length tau (`acceptance_length`: tokens per step, bonus token included).
+    `draft_cost_fraction` is the drafter's time as a fraction of the verification step.
+    """
+    draft_rows: int
+    acceptance_prob: float | None = None
+    acceptance_length: float | None = None
+    draft_cost_fraction: float = 0.05
+
+    def __post_init__(self):
+        positive_int("spec.draft_rows", self.draft_rows)
+        require((self.acceptance_prob is None) != (self.acceptance_length is None), "spec.acceptance",
+                (self.acceptance_prob, self.acceptance_length), "give exactly one of prob or length")
+        if self.acceptance_prob is not None:
+            require(0 <= self.acceptance_prob < 1, "spec.acceptance_prob", self.acceptance_prob,
+                    "must be in [0, 1)")
+        if self.acceptance_length is not None:
+            require(1 <= self.acceptance_length <= self.draft_rows + 1, "spec.acceptance_length",
+                    self.acceptance_length, f"must be in [1, draft_rows + 1 = {self.draft_rows + 1}]")
+        require(self.draft_cost_fraction >= 0, "spec.draft_cost_fraction", self.draft_cost_fraction,
+                "must be >= 0")
+
+    @property
+    def rows(self) -> int:
+        return self.draft_rows + 1
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Expected accepted tokens per verification step: (1 - a^(g+1)) / (1 - a), or tau."""
+        if self.acceptance_length is not None:
+            return self.acceptance_length
+        a, g = self.acceptance_prob, self.draft_rows
+        return (1 - a ** (g + 1)) / (1 - a)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    devices: int                  # JAX devices (TPU v7: 2 per chip) or GPUs
+    tp: int                       # tensor parallel degree of attention / dense / shared weights
+    engine: str = "megakernel"
+    ep: int | None = None         # expert-parallel groups (None: one group per device)
+    batch: int = 1                # sequences decoded together
+    context: int = 4096           # tokens already in each sequence's cache
+    prefetch_bytes: float | None = None  # megakernel ring depth in bytes (None: as VMEM allows)
+    expert_slots: int | None = None      # megakernel expert buffers (None: top_k)
+    spec: SpecDecode | None = None
+    routing_skew: float | None = None    # None: the model preset's [moe] routing_skew
+    routing_correlation: float | None = None  # 0 independent rows .. 1 identical; None: the preset's
+    steps_per_call: int = 1       # decode steps one device call runs (its per-call costs are shared)
+
+    @property
+    def expert_groups(self) -> int:
+        return self.ep or self.devices
+
+    @property
+    def dp(self) -> int:
+        """Attention data-parallel replicas; each decodes ceil(batch / dp) sequences."""
+        return self.devices // self.tp
+
+    @property
+    def rows_per_seq(self) -> int:
+        return self.spec.rows if self.spec else 1
+
+
+def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
+    """Refuse layouts that cannot run, naming the field and value."""
+    positive_int("devices", d.devices), positive_int("tp", d.tp), positive_int("batch", d.batch)
+    positive_int("steps_per_call", d.steps_per_call)
+    require(isinstance(d.context, int) and d.context >= 0, "context", d.context, "must be an integer >= 0")
+    require(d.engine in ENGINES, "engine", d.engine, f"must be one of {ENGINES}")
+    require(d.devices % d.tp == 0, "tp", d.tp, f"must divide devices ({d.devices})")
+    for label in sorted({l.attention for l in model.layers} - {"none"}):
+        a = model.attn(label)
+        heads = getattr(a, "heads", None) or a.value_heads
+        require(heads % d.tp == 0, "tp", d.tp, f"must divide {label} heads ({heads})")
+        groups = getattr(a, "o_groups", 0)  # a grouped output projection splits by whole groups
+        require(not groups or groups % d.tp == 0, "tp", d.tp, f"must divide {label} output groups ({groups})")
+    if model.moe and model.count(ffn="moe"):
+        g = positive_int("ep", d.expert_groups)
+        require(d.devices % g == 0, "ep", g, f"must divide devices ({d.devices})")
+        require(model.moe.experts % g == 0, "ep", g, f"must divide experts ({model.moe.experts})")
+        if d.expert_slots is not None:
+            positive_int("expert_slots", d.expert_slots)
+    if d.prefetch_bytes is not None:
+        require(d.prefetch_bytes > 0, "prefetch_bytes", d.prefetch_bytes, "must be > 0")
+    if d.routing_skew is not None:
+        require(0 <= d.routing_skew <= MAX_SKEW, "routing_skew", d.routing_skew, f"must be in [0, {MAX_SKEW:g}]")
+    if d.routing_correlation is not None:
+        require(0 <= d.routing_correlation <= 1, "routing_correlation", d.routing_correlation,
+                "must be in [0, 1] (0 = independent rows, 1 = identical)")
+    need = resident_bytes_per_device(model, d)
+    have = hw.core_hbm_bytes
+    if need > have:
+        raise SpecError("devices", d.devices,
+                        f"model does not fit: needs {need / 1e9:.1f} GB per device (weights + cache), "
+                        f"{hw.name} has {have / 1e9:.1f} GB per device")
+
+
+def resident_bytes_per_device(model: ModelSpec, d: Deployment) -> float:
+    """HBM a device holds: its weight shards plus its sequences' caches and states."""
+    by_family = model.weight_bytes_by_family()
+    sharded = sum(by_family[k] for k in ("attention", "dense_ffn", "shared_expert", "embedding", "lm_head")) / d.tp
+    routed = by_family["routed_expert"] / d.devices
+    router = by_family["router"] * (model.moe.router_copies if model.moe else 1)  # replicated
+    seqs = -(-d.batch // d.dp)
+    return sharded + routed + router + seqs * cache_bytes_per_seq(model, d.context + d.rows_per_seq, d.tp)
+
+
+def cache_bytes_per_seq(model: ModelSpec, context: int, tp: int) -> float:
+    """One sequence's caches and states on one device, over all layers (`ModelSpec.cache_bytes`)."""
+    return sum(n * model.cache_bytes(attention, context, tp)
+               for attention, n in Counter(l.attention for l in model.layers).items())
+
+
+def expert_tiling_cost(model: ModelSpec, hw: Hardware, d: Deployment) -> dict | None:
+    """What streaming experts in tiles costs (megakernel, an expert larger than the on-chip room
+    beside the ring): tiles per expert, and the step against the same chip given just enough
+    room for whole-expert buffers beside the same ring. None when experts are copied whole."""
+    from perfmodel.engine.schedule import expert_slots, ring_banks
+    from perfmodel.graph.ops import build
+    from perfmodel.predict import predict
+    if d.engine != "megakernel" or not model.moe:
+        return None
+    banks = ring_banks(hw, d.prefetch_bytes)
+    g = build(model, d)
+    slots, tiles = expert_slots(g, hw, d, banks, model.moe.top_k)
+    if tiles == 1:
+        return None
+    ring = banks * hw.dma_tile_bytes
+    per_expert = float(g.routed_bytes.max(initial=0)) / max(1, math.ceil(g.distinct_experts))
+    whole = dataclasses.replace(d, prefetch_bytes=float(ring), expert_slots=slots)
+    tiled = predict(model, hw, d).step_s
+    untiled = predict(model, hw.replace(onchip_bytes=ring + slots * per_expert), whole).step_s
+    return {"expert_slots": slots, "tiles_per_expert": tiles, "expert_bytes": per_expert,
+            "step_s": float(tiled), "whole_expert_step_s": float(untiled), "cost_s": float(tiled - untiled)}

@@ -1,0 +1,86 @@
+"""Storage formats of weights and caches as data, with their true size including scales.
+
+A format is bits per value plus block scales: a scale of `scale_dtype` shared by a block of
+[outputs, inputs] of a weight matrix (0 = the whole dimension), and optionally one more scale
+per tensor. The built-in formats and their sources are in `presets/formats.toml`; a model file
+defines new ones under `[custom_formats.<name>]` with the same fields, no code needed.
+"""
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perfmodel.util.errors import SpecError, require
+
+SCALE_BITS = {"": 0, "e8m0": 8, "e4m3": 8, "bf16": 16, "fp16": 16, "f32": 32}
+COMPUTE_DTYPES = ("f32", "bf16", "fp8", "int8", "fp4")
+FORMAT_FIELDS = ("value_bits", "scale_dtype", "block", "global_scale_dtype", "compute_dtype", "source")
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    value_bits: int
+    scale_dtype: str = ""
+    block: tuple[int, int] = (1, 1)     # [outputs, inputs] sharing one scale; 0 = whole dimension
+    global_scale_dtype: str = ""
+    compute_dtype: str = "bf16"
+    source: str = field(default="", compare=False)
+
+    @property
+    def bits_per_value(self) -> float:
+        """Bits per value for large tensors (a whole-dimension block's scale counts as 0)."""
+        bo, bi = self.block
+        per_scale = bo * bi
+        return self.value_bits + (SCALE_BITS[self.scale_dtype] / per_scale if per_scale else 0.0)
+
+    @property
+    def bytes_per_value(self) -> float:
+        return self.bits_per_value / 8
+
+    def tensor_bytes(self, d_in: int, d_out: int, count: int = 1) -> float:
+        """Exact bytes of `count` [d_out, d_in] matrices: values, block scales and global scales."""
+        bits = d_in * d_out * self.value_bits + SCALE_BITS[self.global_scale_dtype]
+        if self.scale_dtype:
+            bo, bi = self.block
+            bits += (math.ceil(d_out / bo) if bo else 1) * (math.ceil(d_in / bi) if bi else 1) \
+                * SCALE_BITS[self.scale_dtype]
+        return count * bits / 8
+
+
+def format_from_dict(name: str, d: dict, where: str) -> Format:
+    """A Format from its data-file fields, every field type- and range-checked."""
+    require(isinstance(d, dict), where, d, "a format is a table of fields")
+    for k in d:
+        require(k in FORMAT_FIELDS, f"{where}.{k}", d[k], f"unknown field; known: {', '.join(FORMAT_FIELDS)}")
+    bits = d.get("value_bits")
+    require(isinstance(bits, int) and not isinstance(bits, bool) and 1 <= bits <= 64,
+            f"{where}.value_bits", bits, "must be an integer in 1..64")
+    for k in ("scale_dtype", "global_scale_dtype"):
+        require(d.get(k, "") in SCALE_BITS, f"{where}.{k}", d.get(k), f"must be one of {sorted(SCALE_BITS)}")
+    block = d.get("block", [1, 1])
+    require(isinstance(block, list) and len(block) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 1 << 20 for b in block),
+            f"{where}.block", block, "must be [outputs, inputs], integers in 0..1048576 (0 = whole dimension)")
+    compute = d.get("compute_dtype", "bf16")
+    require(compute in COMPUTE_DTYPES, f"{where}.compute_dtype", compute, f"must be one of {COMPUTE_DTYPES}")
+    require(isinstance(d.get("source", ""), str), f"{where}.source", d.get("source"), "must be a string")
+    return Format(name, bits, d.get("scale_dtype", ""), tuple(block), d.get("global_scale_dtype", ""),
+                  compute, d.get("source", ""))
+
+
+def _builtin() -> dict[str, Format]:
+    data = tomllib.loads((Path(__file__).parents[1] / "presets" / "formats.toml").read_text())
+    return {name: format_from_dict(name, d, f"formats.toml:{name}") for name, d in data.items()}
+
+
+FORMATS = _builtin()
+
+
+def get_format(name: str, field: str = "format", custom: dict[str, Format] | None = None) -> Format:
+    table = {**FORMATS, **(custom or {})}
+    if not isinstance(name, str) or name not in table:
+        raise SpecError(field, name, f"unknown storage format; known: {', '.join(table)}")
+    return table[name]

@@ -1,0 +1,275 @@
+"""Predicted vs measured, per layer and per step, from profiler traces (`perfmodel validate`).
+
+A host run of the pure-JAX reference is predicted with the multi-kernel engine on one CPU
+device (docs/validation.md):
+- one compiled XLA program: no kernel launches (`launch_overhead_s = 0`); the program pays its
+  call and its XLA:CPU thunks (`components.host_program_time`, thunks per layer phase counted in
+  the reference's compiled HLO by hostbench);
+- op by op: every op also pays the measured JAX dispatch overhead (`launch_overhead_s`).
+The structure hostbench counted in a model's own compiled programs (components suffixed
+`__<model>`) replaces the probe model's for that model (`own_structure`).
+Errors are (predicted - measured) / measured. The step's measured time is the untraced wall
+time of the capture (`host_step_s`) when the capture recorded it, else the traced step window;
+per-layer times come from the trace (`perfmodel.validate.traces`). MAPE is over the layers.
+
+`matched_efficiency`: optionally replaces `efficiency.hbm` by the hostbench microbenchmark of a
+decode-shaped matmul at the run's batch (weight dtype of the capture) over the streaming rate:
+still only microbenchmarks, never the decode runs, feed the model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from perfmodel.cli.args import context, count
+from perfmodel.util.checks import check_tree
+from perfmodel.util.errors import SpecError, require
+from perfmodel.util.files import host_hardware_file, read_text
+from perfmodel.validate.traces import TraceSummary, parse_trace
+
+DEFAULT_HOST_HARDWARE = str(host_hardware_file())  # where `perfmodel hostbench` writes by default
+
+
+@dataclass
+class LayerCompare:
+    layer: int
+    kind: str
+    predicted_s: float
+    measured_s: float
+    measured_min_s: float
+    measured_max_s: float
+    predicted_ops: int       # ops of the model's op graph in this layer
+    measured_ops: float      # traced op events per step (XLA thunks / kernels)
+
+    @property
+    def rel_error(self) -> float:
+        return rel_error(self.predicted_s, self.measured_s)
+
+
+@dataclass
+class Comparison:
+    run: str
+    model: str
+    hardware: str
+    mode: str
+    batch: int
+    context: int
+    predicted_step_s: float
+    measured_step_s: float
+    traced_step_s: float
+    unattributed_share: float
+    layers: list[LayerCompare]
+    hbm_efficiency: float
+
+    @property
+    def step_error(self) -> float:
+        return rel_error(self.predicted_step_s, self.measured_step_s)
+
+    @property
+    def layer_mape(self) -> float:
+        errs = [abs(r.rel_error) for r in self.layers if r.measured_s > 0]
+        return statistics.fmean(errs) if errs else float("nan")
+
+    def json(self) -> dict:
+        d = {k: getattr(self, k) for k in ("run", "model", "hardware", "mode", "batch", "context",
+                                           "predicted_step_s", "measured_step_s", "traced_step_s",
+                                           "step_error", "layer_mape", "unattributed_share",
+                                           "hbm_efficiency")}
+        d["layers"] = [{**dataclasses.asdict(r), "rel_error": r.rel_error} for r in self.layers]
+        return d
+
+
+def rel_error(predicted: float, measured: float) -> float:
+    """(predicted - measured) / |measured| (a gap may be negative)."""
+    return (predicted - measured) / abs(measured) if measured else float("nan")
+
+
+def host_hardware(hw, mode: str):
+    """The hardware as one compiled program sees it (no launches) or op by op (as measured)."""
+    if mode == "compiled":
+        return hw.replace(launch_overhead_s=0.0)
+    if mode == "op_by_op":
+        return hw
+    raise SpecError("mode", mode, "compiled or op_by_op")
+
+
+def own_structure(hw, model: str):
+    """The hardware with the structure counted in `model`'s own compiled programs: hostbench
+    writes the components it counted in another model's programs with the suffix `__<model>`
+    (perfmodel_jax.hostbench.model_suffix); they replace the unsuffixed ones (the probe model's)
+    for that model, and every suffixed one is dropped."""
+    suffix = "__" + model.replace("-", "_")
+    c = {k: v for k, v in hw.components.items() if "__" not in k}
+    c |= {k[:-len(suffix)]: v for k, v in hw.components.items() if k.endswith(suffix)}
+    return dataclasses.replace(hw, components=c)
+
+
+def matched_hbm_efficiency(hw_path: str, dtype: str, batch: int) -> float:
+    """Decode-matmul bandwidth at `batch` rows / streaming bandwidth, from hostbench's JSON."""
+    jpath = Path(hw_path).with_suffix(".json")
+    if not jpath.exists():
+        raise SpecError("--matched-efficiency", str(jpath), "needs the hostbench JSON beside the "
+                        "hardware file (run `perfmodel hostbench`)")
+    try:
+        data = check_tree(json.loads(read_text(jpath, "--matched-efficiency")))
+        curve = {int(k.split("/")[1]): v["median"] for k, v in data["matvec_bandwidth_bytes_per_s"].items()
+                 if k.split("/")[0] == {"bfloat16": "bf16"}.get(dtype, dtype)}
+        stream = data["read_bandwidth_bytes_per_s"][str(max(map(int, data["read_bandwidth_bytes_per_s"])))]
+        rows = min(curve, key=lambda r: (abs(r - batch), r))  # nearest measured batch
+        eff = curve[rows] / stream["median"]
+    except (ValueError, RecursionError, KeyError, TypeError, IndexError, ZeroDivisionError) as e:
+        raise SpecError("--matched-efficiency", str(jpath), f"not a hostbench JSON ({type(e).__name__}: "
+                        f"{e})") from None
+    require(eff > 0, "--matched-efficiency", str(jpath), "the decode-matmul bandwidth must be > 0")
+    return min(1.0, eff)
+
+
+def compare(t: TraceSummary, model=None, hardware: str = DEFAULT_HOST_HARDWARE,
+            batch: int | None = None, context: int | None = None, mode: str | None = None,
+            matched_efficiency: bool = False) -> Comparison:
+    """Predict a traced run (its capture.json supplies what the arguments leave out): a host
+    run (compiled / op_by_op, multi-kernel engine) or a megakernel run (one device)."""
+    from perfmodel.predict import predict
+    from perfmodel.spec.arch import load_model
+    from perfmodel.spec.deployment import Deployment
+    from perfmodel.spec.hardware import load_hardware
+    meta = t.meta
+    model = model or meta.get("model")
+    batch = batch or meta.get("batch")
+    context = context if context is not None else meta.get("context")
+    mode = mode or meta.get("mode")
+    for name, v in (("--model", model), ("--batch", batch), ("--context", context), ("--mode", mode)):
+        if v is None:
+            raise SpecError(name, None, f"{t.path} has no capture.json: give {name}")
+    spec = load_model(model)
+    if hardware == DEFAULT_HOST_HARDWARE and not Path(hardware).exists():
+        raise SpecError("--hardware", hardware, "no hostbench file here yet: run `perfmodel hostbench` "
+                        "or give --hardware")
+    hw = own_structure(load_hardware(hardware), spec.name)
+    if matched_efficiency:
+        hw = hw.with_efficiency(hbm=matched_hbm_efficiency(hardware, meta.get("weights_dtype", "f32"),
+                                                           batch))
+    if mode == "megakernel":  # a TPU trace of the megakernel on one device, default ring
+        d = Deployment(devices=1, tp=1, engine="megakernel", batch=batch, context=context)
+    else:
+        hw = host_hardware(hw, mode)
+        d = Deployment(devices=1, tp=1, engine="multikernel", batch=batch, context=context)
+    p = predict(spec, hw, d)
+    return against(t, spec, hw, p, mode)
+
+
+def against(t: TraceSummary, spec, hw, p, mode: str) -> Comparison:
+    """Per-layer and step comparison of one trace with one prediction of it."""
+    from perfmodel.graph.ops import build
+    n = len(spec.layers)
+    if t.n_layers not in (n, 0):
+        raise SpecError("--model", spec.name, f"has {n} layers, the trace {t.n_layers}")
+    graph_ops = np.bincount(build(spec, p.deployment).layer, minlength=n + 2)
+    rows = []
+    for r in p.layers:
+        m = t.layer_s.get(r.layer)
+        rows.append(LayerCompare(r.layer, r.kind, r.time_s, m.median if m else 0.0,
+                                 m.min if m else 0.0, m.max if m else 0.0,
+                                 int(graph_ops[r.layer]), t.layer_ops.get(r.layer, 0)))
+    measured = t.host_step_s.median if t.host_step_s else t.step_s.median
+    d = p.deployment
+    return Comparison(Path(t.run_dir).name, spec.name, hw.name, mode, d.batch, d.context,
+                      p.step_s, measured, t.step_s.median, t.unattributed_share, rows,
+                      hw.efficiency.hbm)
+
+
+def run_dirs(trace: str | Path) -> list[Path]:
+    """Every captured run under `trace` (directories holding capture.json), or `trace` itself."""
+    p = Path(trace)
+    runs = sorted(f.parent for f in p.rglob("capture.json")) if p.is_dir() else []
+    return runs or [p]
+
+
+def gaps(results: list[Comparison]) -> list[dict]:
+    """Op-by-op minus one-program step time, measured and predicted, per (model, batch, context)."""
+    by = {(c.model, c.batch, c.context, c.mode): c for c in results}
+    out = []
+    for (m, b, ctx, mode), c in sorted(by.items()):
+        o = by.get((m, b, ctx, "op_by_op"))
+        if mode != "compiled" or o is None:
+            continue
+        measured = o.measured_step_s - c.measured_step_s
+        predicted = o.predicted_step_s - c.predicted_step_s
+        out.append({"model": m, "batch": b, "context": ctx, "measured_gap_s": measured,
+                    "predicted_gap_s": predicted, "gap_error": rel_error(predicted, measured)})
+    return out
+
+
+def summary(results: list[Comparison]) -> dict:
+    """Median absolute step error, median absolute per-layer error, gap error, coverage."""
+    def med(xs):
+        xs = [x for x in xs if x == x]
+        return statistics.median(xs) if xs else float("nan")
+    layer_errs = [abs(r.rel_error) for c in results for r in c.layers if r.measured_s > 0]
+    g = gaps(results)
+    return {"runs": len(results),
+            "median_abs_step_error": med([abs(c.step_error) for c in results]),
+            "median_abs_layer_error": med(layer_errs),
+            "mean_layer_mape": med([c.layer_mape for c in results]),
+            "median_abs_gap_error": med([abs(x["gap_error"]) for x in g]),
+            "max_unattributed_share": max((c.unattributed_share for c in results), default=0.0),
+            "gaps": g}
+
+
+def validate(trace: str | Path, model=None, hardware: str = DEFAULT_HOST_HARDWARE, batch=None,
+             context=None, mode=None, matched_efficiency: bool = False,
+             skip_first: int = 0) -> list[Comparison]:
+    return [compare(parse_trace(r, skip_first=skip_first), model, hardware, batch, context, mode,
+                    matched_efficiency) for r in run_dirs(trace)]
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.1%}" if x == x else "n/a"
+
+
+def cmd_validate(a) -> dict:
+    from perfmodel.report import table
+    results = validate(a.trace, a.model, a.hardware, a.batch, a.context, a.mode,
+                       a.matched_efficiency)
+    s = summary(results)
+    if not a.json:
+        for c in results:
+            print(f"{c.run}: {c.model} on {c.hardware}, {c.mode}, batch {c.batch}, context "
+                  f"{c.context}, efficiency.hbm {c.hbm_efficiency:.3g}")
+            print(table(["layer", "kind", "predicted ms", "measured ms", "min..max ms", "error",
+                         "model ops", "traced ops"],
+                        [[r.layer, r.kind, r.predicted_s * 1e3, r.measured_s * 1e3,
+                          f"{r.measured_min_s * 1e3:.3f}..{r.measured_max_s * 1e3:.3f}",
+                          _pct(r.rel_error), r.predicted_ops, r.measured_ops] for r in c.layers]))
+            print(f"step: predicted {c.predicted_step_s * 1e3:.3f} ms, measured "
+                  f"{c.measured_step_s * 1e3:.3f} ms (traced {c.traced_step_s * 1e3:.3f} ms), "
+                  f"error {_pct(c.step_error)}; layer MAPE {c.layer_mape:.1%}; unattributed "
+                  f"{c.unattributed_share:.2%} of traced op time\n")
+        for g in s["gaps"]:
+            print(f"op-by-op gap {g['model']} b{g['batch']} c{g['context']}: measured "
+                  f"{g['measured_gap_s'] * 1e3:.3f} ms, predicted {g['predicted_gap_s'] * 1e3:.3f} ms, "
+                  f"error {_pct(g['gap_error'])}")
+        print(f"{s['runs']} runs: median |step error| {s['median_abs_step_error']:.1%}, median "
+              f"|layer error| {s['median_abs_layer_error']:.1%}, median |gap error| "
+              f"{s['median_abs_gap_error']:.1%}")
+    return {"command": "validate", "summary": s, "results": [c.json() for c in results]}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("validate", help="per-layer predicted vs measured from profiler traces")
+    p.add_argument("--trace", required=True, help="a captured run, a directory of runs, or a .xplane.pb")
+    p.add_argument("--model", default=None, help="default: the capture's model")
+    p.add_argument("--hardware", default=DEFAULT_HOST_HARDWARE, help="preset or .toml (hostbench output)")
+    p.add_argument("--batch", type=count, default=None, help="default: the capture's")
+    p.add_argument("--context", type=context, default=None, help="default: the capture's")
+    p.add_argument("--mode", choices=("compiled", "op_by_op", "megakernel"), default=None,
+                   help="default: the capture's; megakernel: a TPU trace, one device")
+    p.add_argument("--matched-efficiency", action="store_true",
+                   help="efficiency.hbm from hostbench's decode-matmul curve at the run's batch")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_validate)

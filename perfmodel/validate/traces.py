@@ -1,0 +1,434 @@
+"""Profiler traces of decode steps: parse any XSpace (capture lives in `perfmodel_jax.capture`).
+
+Capture (`perfmodel_jax.capture.capture_reference`, CLI `perfmodel capture`): runs `kernels.reference.decode_step` (one
+compiled XLA program) and `decode_step_op_by_op` (one jitted call per phase) under
+`jax.profiler.trace`, each step inside a `StepTraceAnnotation("decode_step")`, in a subprocess
+whose XLA_FLAGS dump the optimised HLO of every compiled module (that is where the `op_name`
+metadata, i.e. the named scopes, lives). Layout of the output directory:
+    OUT/hlo_<model>_<time>/module_NNNN.<name>.cpu_after_optimizations.txt
+        (NNNN = the trace's program_id; one directory per capture process, as ids restart)
+    OUT/<model>_b<B>_c<C>_<mode>/capture.json                (what ran, host wall times)
+    OUT/<model>_b<B>_c<C>_<mode>/plugins/profile/*/*.xplane.pb
+
+Parse (`parse_trace`): reads `.xplane.pb` with `jax.profiler.ProfileData` and attributes each op
+event to a scope `embed`, `layer_XX/<phase>` or `head`, from, in order:
+1. the event's own name, when it is a named-scope marker (in-kernel trace markers of a TPU
+   kernel: `layer_03/attention` and the like; the megakernel's layer loop is traced once, so its
+   markers carry no number, `layer/attention`, `layer/ffn`: in each step, in time order, the
+   k-th top-level `layer/attention` marker begins layer k and the loop markers after it belong
+   to that layer, `number_loop_layers`);
+2. a `tf_op` / `name_scope` stat carrying the op_name (TPU / GPU device planes);
+3. the `hlo_op` + `program_id` stats looked up in the dumped HLO's op_name metadata (CPU).
+Steps are the `decode_step` annotations (host), or the events of a `Steps` line (device planes).
+Time inside a step is split by a sweep over the op intervals: each instant goes in equal shares
+to the scopes of the ops running then; idle gaps (dispatch, launch) go to the scope of the next
+op. So the per-layer times of a step sum to the step's window. Layers are numbered as in
+`perfmodel.predict`: 0 embedding, 1..n, n + 1 head.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import statistics
+import sys
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perfmodel.util.checks import COUNT, INT, NUMBER, STR, check_tree
+from perfmodel.util.errors import SpecError
+from perfmodel.util.files import check_path, read_text
+
+STEP_NAME = "decode_step"
+SCOPE_RE = re.compile(r"(?:^|/)(embed|head|layer_(\d+)/(attention|ffn|moe))(?=/|$)")
+MARKER_RE = re.compile(r"(embed|head|layer(_\d+)?/(attention|ffn|moe))(/[\w.\-]+)*")
+LOOP_RE = re.compile(r"(?:^|/)layer/(attention|ffn|moe)(?=/|$)")
+HLO_SUFFIX = ".cpu_after_optimizations.txt"
+_INSTR_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = ")
+_COMP_RE = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+) .*\{\s*$")
+_CALLS_RE = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
+_OPERAND_RE = re.compile(r"%([\w.\-]+)")
+_OPNAME_RE = re.compile(r'op_name="([^"]*)"')
+
+
+# ----- scopes ---------------------------------------------------------------------------------
+
+def scope_of(text: str) -> tuple[str, int | None, str] | None:
+    """(scope, layer or None for embed/head, phase) of the first named scope in `text`."""
+    m = SCOPE_RE.search(text or "")
+    if not m:
+        return None
+    if m.group(2):
+        return m.group(1), int(m.group(2)), m.group(3)
+    return m.group(1), None, m.group(1)
+
+
+def loop_scope(text: str) -> str | None:
+    """`layer/<phase>` of a layer-loop marker (no layer number), else None."""
+    m = LOOP_RE.search(text or "")
+    return f"layer/{m.group(1)}" if m else None
+
+
+def number_loop_layers(ops: list["OpEvent"], windows: list[tuple[int, float, float]]) -> None:
+    """Give the layer-loop markers of each step window their layer: in time order, a
+    `layer/attention` marker that starts after the previous one ended begins the next layer
+    (a nested one does not), and every loop marker belongs to the layer begun last (layer 1
+    before any). Rewrites their scopes to `layer_XX/<phase>` in place."""
+    loop = sorted((o for o in ops if o.scope and o.scope.startswith("layer/")),
+                  key=lambda o: (o.start_ns, -o.end_ns))
+    for _, t0, t1 in windows:
+        layer, attention_end = 0, float("-inf")
+        for o in loop:
+            if not t0 <= o.start_ns < t1:
+                continue
+            phase = o.scope.split("/", 1)[1]
+            if phase == "attention" and o.start_ns >= attention_end:
+                layer, attention_end = layer + 1, o.end_ns
+            o.scope = f"layer_{max(layer, 1):02d}/{phase}"
+
+
+def hlo_scopes(hlo_text: str) -> dict[str, str]:
+    """Instruction name -> named scope, from one module's HLO text.
+
+    An instruction without a scope in its own op_name (XLA drops the metadata of some rewritten
+    dots and of fusions) takes, in order, the most common scope of the computations it calls,
+    of its operands, or of its users."""
+    own: dict[str, str | None] = {}
+    calls: dict[str, list[str]] = {}
+    operands: dict[str, list[str]] = {}
+    users: dict[str, list[str]] = defaultdict(list)
+    comp_members: dict[str, list[str]] = defaultdict(list)
+    comp = ""
+    for line in hlo_text.splitlines():
+        m = _INSTR_RE.match(line)
+        if not m:
+            c = _COMP_RE.match(line)
+            if c:
+                comp = c.group(1)
+            continue
+        name = m.group(1)
+        op = _OPNAME_RE.search(line)
+        s = scope_of(op.group(1)) if op else None
+        own[name] = s[0] if s else None
+        calls[name] = _CALLS_RE.findall(line)
+        body = line.split("=", 1)[1].split("metadata=")[0]
+        operands[name] = [o for o in _OPERAND_RE.findall(body) if o != name]
+        for o in operands[name]:
+            users[o].append(name)
+        comp_members[comp].append(name)
+
+    def vote(scopes) -> str | None:
+        votes: dict[str, int] = defaultdict(int)
+        for x in scopes:
+            if x:
+                votes[x] += 1
+        return max(votes, key=votes.get) if votes else None
+
+    comp_memo: dict[str, str | None] = {}
+
+    def of_comp(c: str) -> str | None:
+        if c not in comp_memo:
+            comp_memo[c] = None  # cycle guard
+            comp_memo[c] = vote(own.get(n) or vote(of_comp(k) for k in calls.get(n, []))
+                                for n in comp_members.get(c, []))
+        return comp_memo[c]
+
+    out = {n: own[n] or vote(of_comp(c) for c in calls[n]) for n in own}
+    for links in (operands, users):  # propagate along the dataflow, a few hops
+        for _ in range(4):
+            missing = [n for n in out if not out[n]]
+            if not missing:
+                break
+            for n in missing:
+                out[n] = vote(out.get(o) for o in links.get(n, []))
+    return {n: s for n, s in out.items() if s}
+
+
+def load_hlo_dir(hlo_dir: Path) -> dict[int, dict[str, str]]:
+    """program_id -> (instruction -> scope) for every dumped module in `hlo_dir`."""
+    out = {}
+    for f in Path(hlo_dir).glob(f"module_*{HLO_SUFFIX}"):
+        pid = f.name.split(".")[0].split("_")[1]
+        if pid.isdigit():
+            out[int(pid)] = hlo_scopes(read_text(f, "HLO dump"))
+    return out
+
+
+# ----- reading an XSpace ----------------------------------------------------------------------
+
+def find_xplane(path: str | Path) -> Path:
+    """The `.xplane.pb` file at `path` (a file, or the newest one under a directory)."""
+    p = check_path("--trace", path)
+    if p.is_file():
+        return p
+    if not p.exists():
+        raise SpecError("--trace", str(p), "no such file or directory")
+    found = sorted(p.rglob("*.xplane.pb"), key=lambda f: f.stat().st_mtime)
+    if not found:
+        raise SpecError("--trace", str(p), "no .xplane.pb file under this directory")
+    return found[-1]
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """Send file descriptor 2 to /dev/null: the protobuf parser logs each malformed string of a
+    corrupt trace there, and the CLI reports one line instead."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def load_xspace(path: Path):
+    """`jax.profiler.ProfileData` of one `.xplane.pb`, with a clear error for bad files."""
+    from jax.profiler import ProfileData
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise SpecError("trace", str(path), e.strerror or type(e).__name__) from None
+    if not data:
+        raise SpecError("trace", str(path), "empty file (no XSpace protobuf)")
+    try:
+        with _native_stderr_silenced():
+            pd = ProfileData.from_serialized_xspace(data)
+    except Exception as e:  # the binding raises its own status error types
+        raise SpecError("trace", str(path), f"not a readable XSpace protobuf (corrupt or "
+                        f"truncated): {str(e).splitlines()[0][:200]}") from None
+    if not list(pd.planes):
+        raise SpecError("trace", str(path), "XSpace holds no planes (foreign or truncated file)")
+    return pd
+
+
+@dataclass
+class OpEvent:
+    start_ns: float
+    end_ns: float
+    scope: str | None      # None: unattributed
+    plane: str
+
+
+def _events(pd, hlo: dict[int, dict[str, str]]):
+    """(op events, step windows [(step, start_ns, end_ns)]) of every plane."""
+    ops, steps = [], []
+    for plane in pd.planes:
+        if plane.name.startswith("/host:metadata"):
+            continue
+        on_device = plane.name.startswith("/device:")
+        for line in plane.lines:
+            is_steps_line = line.name == "Steps"
+            for ev in line.events:
+                name = ev.name
+                stats = {k: v for k, v in ev.stats}
+                if is_steps_line or name == STEP_NAME:
+                    steps.append((int(stats.get("step_num", name if name.isdigit() else len(steps))),
+                                  ev.start_ns, ev.end_ns))
+                    continue
+                if name.startswith("end: "):
+                    continue
+                # a named-scope marker: exactly a scope on host planes; on device planes the
+                # runtime may prefix it (program or kernel name)
+                is_marker = MARKER_RE.fullmatch(name) or (
+                    on_device and "hlo_op" not in stats
+                    and (SCOPE_RE.search(name) or LOOP_RE.search(name)))
+                marker = is_marker and (loop_scope(name) or scope_of(name)[0])
+                if marker:
+                    ops.append(OpEvent(ev.start_ns, ev.end_ns, marker, plane.name))
+                    continue
+                tf_op = stats.get("tf_op") or stats.get("name_scope")
+                if tf_op is not None:
+                    s = scope_of(str(tf_op))
+                    ops.append(OpEvent(ev.start_ns, ev.end_ns, s[0] if s else None, plane.name))
+                    continue
+                if "hlo_op" in stats and "program_id" in stats:
+                    table = hlo.get(int(stats["program_id"]), {})
+                    ops.append(OpEvent(ev.start_ns, ev.end_ns, table.get(str(stats["hlo_op"])),
+                                       plane.name))
+    return ops, sorted(steps)
+
+
+# ----- per-step attribution ---------------------------------------------------------------------
+
+@dataclass
+class Step:
+    index: int
+    window_s: float                 # the step annotation's duration
+    busy_s: float                   # time with at least one op running
+    unattributed_s: float           # busy time of ops without a scope
+    scope_s: dict[str, float]       # per scope, gaps included (sums with unattributed to window)
+    scope_ops: dict[str, int] = field(default_factory=dict)  # op events per scope
+
+
+def attribute(ops: list[OpEvent], t0: float, t1: float, index: int) -> Step:
+    """Split the window [t0, t1] (ns) over the scopes of the ops that ran in it (module doc)."""
+    inside = [o for o in ops if t0 <= o.start_ns < t1]
+    edges = []
+    for o in inside:
+        edges.append((o.start_ns, 1, o.scope))
+        edges.append((min(o.end_ns, t1), -1, o.scope))
+    edges.sort(key=lambda e: (e[0], -e[1]))
+    active: dict[str | None, int] = defaultdict(int)
+    share: dict[str | None, float] = defaultdict(float)
+    pending_gap, busy, last = 0.0, 0.0, t0
+    for t, kind, scope in edges:
+        dt = t - last
+        if dt > 0:
+            live = [s for s, c in active.items() if c > 0]
+            if len(live) > 1 and None in live:  # an enclosing or concurrent unscoped event
+                live.remove(None)
+            if live:
+                busy += dt
+                for s in live:
+                    share[s] += dt / len(live)
+            else:
+                pending_gap += dt
+        if kind > 0 and pending_gap and not any(c > 0 for c in active.values()):
+            share[scope] += pending_gap  # idle before an op: that op's dispatch / launch
+            pending_gap = 0.0
+        active[scope] += kind
+        last = t
+    tail = pending_gap + max(0.0, t1 - last)
+    if inside and tail:
+        share[max(inside, key=lambda o: o.end_ns).scope] += tail
+    unattr = share.pop(None, 0.0)
+    counts: dict[str, int] = defaultdict(int)
+    for o in inside:
+        counts[o.scope] += 1
+    return Step(index, (t1 - t0) * 1e-9, busy * 1e-9, unattr * 1e-9,
+                {k: v * 1e-9 for k, v in share.items()}, dict(counts))
+
+
+# ----- a whole trace --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, xs: list[float]) -> "Spread":
+        return cls(statistics.median(xs), min(xs), max(xs)) if xs else cls(0.0, 0.0, 0.0)
+
+    def json(self) -> dict:
+        return {"median": self.median, "min": self.min, "max": self.max}
+
+
+@dataclass
+class TraceSummary:
+    path: str                        # the .xplane.pb
+    run_dir: str                     # the run (its capture.json), else the trace's directory
+    meta: dict                       # capture.json of the run, if any
+    n_layers: int
+    steps: list[Step]
+    step_s: Spread                   # step window
+    layer_s: dict[int, Spread]       # 0 embed, 1..n, n+1 head (gaps included)
+    layer_ops: dict[int, float]      # median op events per step, per layer
+    phase_s: dict[str, Spread]       # per scope string
+    unattributed_share: float        # of busy time, all steps
+    host_step_s: Spread | None = None  # untraced wall time per step (capture.json)
+    notes: list[str] = field(default_factory=list)
+
+    def json(self) -> dict:
+        return {"path": self.path, "run_dir": self.run_dir, "meta": self.meta, "n_layers": self.n_layers,
+                "steps": len(self.steps), "step_s": self.step_s.json(),
+                "host_step_s": self.host_step_s.json() if self.host_step_s else None,
+                "unattributed_share": self.unattributed_share,
+                "layers": {str(k): v.json() for k, v in sorted(self.layer_s.items())},
+                "layer_ops": {str(k): v for k, v in sorted(self.layer_ops.items())},
+                "phases": {k: v.json() for k, v in sorted(self.phase_s.items())},
+                "notes": self.notes}
+
+
+CAPTURE_FILE = {"model": (STR,), "batch": (COUNT,), "context": (INT,), "mode": (STR,), "steps": (COUNT,),
+                "host_step_s": [(NUMBER,)], "hlo_dir": (STR,), "weights_dtype": (STR,)}
+
+
+def capture_meta(path: Path) -> dict:
+    """A run's capture.json (what ran, host wall times), checked."""
+    text = read_text(path, "capture.json")
+    try:
+        meta = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise SpecError("capture.json", str(path), f"not valid JSON: {e}") from None
+    return check_tree(meta, CAPTURE_FILE, "capture.json")
+
+
+def layer_index(scope: str, n_layers: int) -> int:
+    s = scope_of(scope)
+    return 0 if s[0] == "embed" else n_layers + 1 if s[0] == "head" else s[1]
+
+
+def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: int | None = None,
+                skip_first: int = 0) -> TraceSummary:
+    """Per-step, per-layer and per-scope times of one trace (a run directory or `.xplane.pb`).
+
+    `hlo_dir` defaults to the capture's (capture.json) or `hlo/` beside or above the trace;
+    `n_layers` to the capture's model's, else the largest layer index seen; `skip_first` drops warm-up steps."""
+    xp = find_xplane(path)
+    run_dir = Path(path) if Path(path).is_dir() else xp.parent
+    meta_file = next((d / "capture.json" for d in [run_dir, *run_dir.parents][:5]
+                      if (d / "capture.json").exists()), None)
+    meta = capture_meta(meta_file) if meta_file else {}
+    if hlo_dir is None:
+        cands = ([meta_file.parent / check_path("hlo_dir", meta["hlo_dir"])] if meta.get("hlo_dir") else []) + \
+            [d / "hlo" for d in [run_dir, *run_dir.parents][:5]]
+        hlo_dir = next((c for c in cands if c.is_dir()), None)
+    hlo = load_hlo_dir(Path(hlo_dir)) if hlo_dir else {}
+    pd = load_xspace(xp)
+    with warnings.catch_warnings():  # the binding's stat types warn on iteration
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ops, windows = _events(pd, hlo)
+    if not ops:
+        raise SpecError("trace", str(xp), "no XLA op or named-scope events: a foreign trace, "
+                        "or one recorded without a decode step")
+    notes = []
+    if not windows:
+        lo, hi = min(o.start_ns for o in ops), max(o.end_ns for o in ops)
+        windows = [(0, lo, hi)]
+        notes.append("no step markers: the whole trace is taken as one step")
+    number_loop_layers(ops, windows)
+    steps = [attribute(ops, t0, t1, i) for i, t0, t1 in windows][skip_first:]
+    steps = [s for s in steps if s.busy_s > 0]
+    if not steps:
+        raise SpecError("trace", str(xp), "no op events inside any step marker")
+    n = n_layers
+    if n is None and meta.get("model"):
+        from perfmodel.spec.arch import load_model
+        n = len(load_model(meta["model"]).layers)
+    if n is None:
+        n = max((scope_of(k)[1] or 0 for s in steps for k in s.scope_s), default=0)
+    if not hlo and any(o.scope is None and o.plane.startswith("/host") for o in ops):
+        notes.append("no HLO dump found: CPU op events cannot be attributed")
+    per_layer: dict[int, list[float]] = defaultdict(list)
+    per_scope: dict[str, list[float]] = defaultdict(list)
+    ops_count: dict[int, list[int]] = defaultdict(list)
+    for s in steps:
+        layer_sum: dict[int, float] = defaultdict(float)
+        layer_n: dict[int, int] = defaultdict(int)
+        for k, v in s.scope_s.items():
+            layer_sum[layer_index(k, n)] += v
+        for k, c in s.scope_ops.items():
+            if k is not None:
+                layer_n[layer_index(k, n)] += c
+        for k in set(layer_sum) | set(per_layer):
+            per_layer[k].append(layer_sum.get(k, 0.0))
+            ops_count[k].append(layer_n.get(k, 0))
+        for k, v in s.scope_s.items():
+            per_scope[k].append(v)
+    busy = sum(s.busy_s for s in steps)
+    host = meta.get("host_step_s")
+    return TraceSummary(str(xp), str(meta_file.parent if meta_file else run_dir), meta, n, steps,
+                        Spread.of([s.window_s for s in steps]),
+                        {k: Spread.of(v) for k, v in per_layer.items()},
+                        {k: statistics.median(v) for k, v in ops_count.items()},
+                        {k: Spread.of(v) for k, v in per_scope.items()},
+                        sum(s.unattributed_s for s in steps) / busy if busy else 1.0,
+                        Spread.of(host) if host else None, notes)
