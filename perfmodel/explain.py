@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from perfmodel.cost import components as cm
-from perfmodel.engine.schedule import collective_terms, op_compute_s, op_weights, stream_terms
+from perfmodel.engine.terms import collective_terms, op_compute_s, op_weights, stream_terms
 from perfmodel.graph import ops as ops_mod
 from perfmodel.predict import predict
 from perfmodel.report import SCHEMA_VERSION
@@ -61,7 +61,7 @@ def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarra
                     "mechanism": "efficiency.expert_overhead_s", "source": _source(hw, "efficiency")})
     mxu = cm.is_tpu_model(c) and weights[j] > 0 and g.flops[j] > 0
     out.append({"term": "matmul weight push" if mxu else "compute (peak x efficiency.flops)", "seconds": comp,
-                "mechanism": "components.matmul_time" if mxu else "schedule.op_compute_s",
+                "mechanism": "components.matmul_time" if mxu else "engine.terms.op_compute_s",
                 "source": _source(hw, "mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_dot_issue_s") if mxu
                 else _source(hw, "peak_flops_per_s", "flops")})
     moved = float(g.static_bytes[j] + g.routed_bytes[j] + g.kv_bytes[j])

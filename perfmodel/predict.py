@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfmodel.engine.schedule import CAUSES, Timeline, op_weights, simulate_megakernel, simulate_multikernel
+from perfmodel.engine.megakernel import simulate_megakernel
+from perfmodel.engine.multikernel import simulate_multikernel
+from perfmodel.engine.terms import CAUSES, Timeline, op_weights
 from perfmodel.graph import ops as ops_mod
 from perfmodel.graph.dmaplan import Copy
 from perfmodel.spec.arch import ModelSpec
@@ -121,3 +123,17 @@ def prefetch_gain(model: ModelSpec, hw: Hardware, d: Deployment) -> dict:
     return {"megakernel_step_s": mega.step_s, "multikernel_step_s": multi.step_s,
             "gain_s": multi.step_s - mega.step_s, "speedup": multi.step_s / mega.step_s,
             "by_cause_s": {c: multi.breakdown_s.get(c, 0.0) - mega.breakdown_s.get(c, 0.0) for c in causes}}
+
+
+def expert_tiling_cost(model: ModelSpec, hw: Hardware, p: Prediction) -> dict | None:
+    """What streaming experts in tiles cost prediction `p` (megakernel, an expert larger than the
+    on-chip room beside the ring): tiles per expert, and the step against the same chip given
+    just enough room for whole-expert buffers beside the same ring. None when experts are
+    copied whole."""
+    s = p.timeline.sizing
+    if s is None or s.tiles_per_expert == 1:
+        return None
+    whole = dataclasses.replace(p.deployment, prefetch_bytes=float(s.ring_bytes), expert_slots=s.slots)
+    untiled = predict(model, hw.replace(onchip_bytes=s.ring_bytes + s.slots * s.expert_bytes), whole).step_s
+    return {"expert_slots": s.slots, "tiles_per_expert": s.tiles_per_expert, "expert_bytes": s.expert_bytes,
+            "step_s": float(p.step_s), "whole_expert_step_s": float(untiled), "cost_s": float(p.step_s - untiled)}

@@ -1,5 +1,5 @@
 """The megakernel event loop as it was written first: a Python DMA engine object and one loop over
-the ops. It is the reference the compiled simulator (perfmodel.engine.schedule) must agree with to 1e-9
+the ops. It is the reference the compiled simulator (perfmodel.engine.megakernel) must agree with to 1e-9
 relative (tests/test_simulator_equivalence.py); it is not used by the package."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from collections import deque
 import numpy as np
 
 from perfmodel.cost import components as cm
-from perfmodel.engine.schedule import (Timeline, call_s, collective_terms, expert_slots, op_compute_s, plan_stream,
-                                       ring_banks, stream_terms, uniform_stream)
+from perfmodel.engine.megakernel import plan_stream, sizing, uniform_stream
+from perfmodel.engine.terms import Timeline, call_s, collective_terms, op_compute_s, stream_terms
 from perfmodel.graph.dmaplan import Copy
 from perfmodel.graph.ops import OpGraph
 from perfmodel.spec.deployment import Deployment
@@ -97,19 +97,20 @@ class DmaEngine:
 def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                         record: bool = False, plan: list[Copy] | None = None,
                         weights: np.ndarray | None = None) -> Timeline:
-    """perfmodel.engine.schedule.simulate_megakernel, walked op by op in Python."""
+    """perfmodel.engine.megakernel.simulate_megakernel, walked op by op in Python."""
     bw, lat, desc = stream_terms(hw)
     dma = DmaEngine(bw, lat, hw.dma_sharing == "shared", record, desc)
     c = hw.components
     remote = cm.is_tpu_model(c)
     issue, completion, done = dma.issue, dma.completion, dma.done
-    banks = ring_banks(hw, d.prefetch_bytes)
+    s = sizing(g, hw, d, top_k)
+    banks = s.banks
     st = uniform_stream(g, float(hw.dma_tile_bytes)) if plan is None else plan_stream(g, plan)
     tile_bytes, tile_end, op_begin, op_end = st.tile_bytes, st.tile_end, st.op_begin, st.op_end
     n_tiles = len(tile_bytes)
     total = tile_end[-1] if n_tiles else 0.0
     owner = np.searchsorted(op_end, np.asarray(tile_end) - 0.5, side="right").tolist()
-    slots, pieces = expert_slots(g, hw, d, banks, top_k)
+    slots, pieces = s.slots, s.tiles_per_expert
     names, layers = g.name, g.layer.tolist()
     label = lambda k: record and (names[min(owner[k], len(g) - 1)], layers[min(owner[k], len(g) - 1)])
     comp, coll = op_compute_s(g, hw, weights).tolist(), collective_terms(g, hw, megakernel=True)[0].tolist()
@@ -192,7 +193,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
              "collective": arr(coll_w), "launch": np.where(g.is_collective, 0.0, overhead) + t0 * (arr(range(n)) == 0),
              "fill_drain": np.zeros(n)}
     start, end = arr(start), arr(end)
-    tl = Timeline(start, end, waits, now, dma.busy_bytes, expert_tiles=pieces)
+    tl = Timeline(start, end, waits, now, dma.busy_bytes, sizing=s)
     if record:
         tl.events = events + dma.lane_events()
     return tl

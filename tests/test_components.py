@@ -189,7 +189,7 @@ def test_host_engine_charges_each_phase_its_counted_thunks_and_one_call():
     counts per phase kind, the step gains one call + (3 kda + 1 mla attention + 1 ffn + 3 moe +
     head) thunks + 1 for the embedding (no count: one per op) at host_thunk_s each."""
     import dataclasses
-    from perfmodel.engine.schedule import simulate_multikernel
+    from perfmodel.engine.multikernel import simulate_multikernel
     from perfmodel.graph.ops import build
     from perfmodel.spec.arch import load_model
     from perfmodel.spec.deployment import Deployment

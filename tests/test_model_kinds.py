@@ -215,16 +215,15 @@ def test_identical_routing_streams_top_k_experts_at_every_batch():
 
 
 def test_megakernel_predicts_deepseek_v3_ep8_with_tiled_experts():
-    from perfmodel.predict import predict
-    from perfmodel.spec.deployment import expert_tiling_cost
+    from perfmodel.predict import expert_tiling_cost, predict
     from perfmodel.spec.hardware import load_hardware
     m = load_model("deepseek-v3")
     for hw in ("gb200", "tpu-v7"):
         d = Deployment(devices=8, tp=8, ep=8, batch=1)
         p = predict(m, load_hardware(hw), d)
-        assert p.timeline.expert_tiles > 1 and p.tokens_per_s > 0
-        cost = expert_tiling_cost(m, load_hardware(hw), d)
-        assert cost["tiles_per_expert"] == p.timeline.expert_tiles
+        assert p.timeline.sizing.tiles_per_expert > 1 and p.tokens_per_s > 0
+        cost = expert_tiling_cost(m, load_hardware(hw), p)
+        assert cost["tiles_per_expert"] == p.timeline.sizing.tiles_per_expert
 
 
 def test_kda_layer_by_hand():

@@ -5,7 +5,9 @@ import tomllib
 import numpy as np
 import pytest
 
-from perfmodel.engine.schedule import collective_s, op_compute_s, simulate_megakernel, simulate_multikernel
+from perfmodel.engine.megakernel import simulate_megakernel
+from perfmodel.engine.multikernel import simulate_multikernel
+from perfmodel.engine.terms import collective_s, op_compute_s
 from perfmodel.graph.ops import OpGraph, build
 from perfmodel.predict import predict
 from perfmodel.spec.arch import load_model
@@ -232,7 +234,7 @@ def test_kernel_all_reduce_is_one_shot_in_the_megakernel_only():
     all-reduce costs the one-shot algorithm's time, in a multi-kernel engine the fastest's; the
     all-gathers are the same in both. A model that fixes nothing gets the fastest at any rows."""
     from perfmodel.cost import components as cm
-    from perfmodel.engine.schedule import collective_terms
+    from perfmodel.engine.terms import collective_terms
     hw = load_hardware("tpu-v7")
     g = build(load_model("kimi-k3"), Deployment(devices=32, tp=32, ep=8, batch=4))
     assert g.kernel_all_reduce == "one_shot"

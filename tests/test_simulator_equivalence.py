@@ -8,7 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from perfmodel.engine.schedule import op_weights, simulate_megakernel
+from perfmodel.engine.megakernel import simulate_megakernel
+from perfmodel.engine.terms import op_weights
 from perfmodel.graph import ops
 from perfmodel.predict import predict
 from perfmodel.search import batch
@@ -73,7 +74,7 @@ def test_corpus_covers_the_mechanisms():
     hws = [hw for _, hw, *_ in cases]
     assert {hw.dma_sharing for hw in hws} == {"fifo", "shared"}
     assert {hw.name for hw in hws} >= {"tpu-v7", "gb200"}  # remote-copy collectives and library ones
-    assert any(want.expert_tiles > 1 for *_, want in cases)  # experts streamed through slots in tiles
+    assert any(want.sizing.tiles_per_expert > 1 for *_, want in cases)  # experts streamed through slots in tiles
     assert sum(g.routed_bytes.sum() > 0 for g, *_ in cases) >= CORPUS // 3
 
 
@@ -88,7 +89,7 @@ def test_compiled_simulator_equals_the_event_loop(chunk):
         assert close(got.start_s, want.start_s) and close(got.end_s, want.end_s), where
         for cause, v in want.wait_s.items():
             assert close(got.wait_s[cause], v), (cause, where)
-        assert got.expert_tiles == want.expert_tiles
+        assert got.sizing.tiles_per_expert == want.sizing.tiles_per_expert
         assert [e[:3] for e in got.events] == [e[:3] for e in want.events], where
         assert close([e[3:] for e in got.events], [e[3:] for e in want.events]), where
 

@@ -2,13 +2,14 @@
 
 The on-chip budget per core is the megakernel's: a weight ring of `banks` DMA tiles (prefetch
 depth, by default half the buffer) beside `slots` expert buffers of one routed expert's bytes
-each (perfmodel.engine.schedule.ring_banks / expert_slots). Every suggestion is checked by running the
+each (perfmodel.engine.megakernel.onchip_request). Every suggestion is checked by running the
 model on it; only configurations that run are offered.
 """
 from __future__ import annotations
 
 import math
 
+from perfmodel.engine.megakernel import onchip_request
 from perfmodel.graph import ops
 from perfmodel.spec.deployment import validate
 from perfmodel.util.errors import SpecError
@@ -27,18 +28,10 @@ def onchip_budget(m_ref: tuple, h_ref: tuple, key: tuple, vmem_mib: float | None
         validate(model, hw, d)  # a layout that cannot run has no on-chip budget to show
     except SpecError:
         return None
-    g = ops.build(model, d)
-    tile = hw.dma_tile_bytes
-    depth = k["prefetch_mib"] * c.MiB if k["prefetch_mib"] is not None else hw.onchip_bytes / 2
-    banks = max(1, int(depth // tile))
-    per_expert = float(g.routed_bytes.max(initial=0)) / max(1, math.ceil(g.distinct_experts))
-    top_k = model.moe.top_k if model.moe else 1
-    ring = max(depth, banks * tile)
-    fit = int((hw.onchip_bytes - banks * tile) // per_expert) if per_expert else top_k
-    slots = k["expert_slots"] or max(1, min(top_k, fit))
-    return {"onchip_mib": hw.onchip_bytes / c.MiB, "onchip_kind": hw.onchip_kind, "tile_mib": tile / c.MiB,
-            "banks": banks, "ring_mib": ring / c.MiB, "expert_mib": per_expert / c.MiB, "slots": slots,
-            "top_k": top_k, "need_mib": (ring + slots * per_expert) / c.MiB}
+    s = onchip_request(ops.build(model, d), hw, d, model.moe.top_k if model.moe else 1)
+    return {"onchip_mib": hw.onchip_bytes / c.MiB, "onchip_kind": hw.onchip_kind, "tile_mib": s.tile_bytes / c.MiB,
+            "banks": s.banks, "ring_mib": s.depth_bytes / c.MiB, "expert_mib": s.expert_bytes / c.MiB,
+            "slots": s.slots, "top_k": model.moe.top_k if model.moe else 1, "need_mib": s.need_bytes / c.MiB}
 
 
 def budget_text(b: dict) -> str:

@@ -17,7 +17,7 @@ from perfmodel.cli.args import (Parser, UsageError, choice, context, count, int_
 from perfmodel.report import (SCHEMA_VERSION, deployment_json, json_text, layer_summary, plain,
                               prediction_json, table)
 from perfmodel.spec import arch, hardware
-from perfmodel.spec.deployment import ENGINES, Deployment, SpecDecode, expert_tiling_cost
+from perfmodel.spec.deployment import ENGINES, Deployment, SpecDecode
 from perfmodel.util.checks import one_line
 from perfmodel.util.errors import SpecError, require
 from perfmodel.util.files import check_path, write_atomic
@@ -110,18 +110,18 @@ def cmd_list(a) -> dict:
 
 
 def cmd_predict(a) -> dict:
-    from perfmodel.predict import predict
+    from perfmodel.predict import expert_tiling_cost, predict
     model, hw, d = load_inputs(a)
     preds = [predict(model, hw, dataclasses.replace(d, batch=b)) for b in a.batch]
     out = {"schema_version": SCHEMA_VERSION, "command": "predict",
            "inputs": inputs_json(a, model, hw, d, batch=a.batch),
-           "method": f"{d.engine} timeline simulation (perfmodel.engine.schedule)",
+           "method": f"{d.engine} timeline simulation (perfmodel.engine.{d.engine})",
            "results": [prediction_json(p, layers=True) for p in preds]}
     if a.gain:
         from perfmodel.predict import prefetch_gain
         for r, p in zip(out["results"], preds):
             r["prefetch_gain"] = prefetch_gain(model, hw, p.deployment)
-    tiling = expert_tiling_cost(model, hw, preds[0].deployment)
+    tiling = expert_tiling_cost(model, hw, preds[0])
     if tiling:
         out["expert_tiling"] = {**tiling, "batch": preds[0].deployment.batch}
     if not a.json:

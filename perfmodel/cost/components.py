@@ -46,7 +46,7 @@ def dma_stream_time(c: dict, nbytes: float, descriptors: int = 1, cold: bool = T
     """HBM -> VMEM stream of `nbytes` in `descriptors` copies served back to back by one DMA
     engine: first-byte latency (when the engine starts cold) + a fixed cost per descriptor +
     bytes at the achieved bandwidth. Several outstanding copies share that bandwidth
-    (round-robin) or queue (FIFO): perfmodel.engine.schedule.DmaEngine.
+    (round-robin) or queue (FIFO): perfmodel.engine.megakernel.
     Micro-benchmarks: ms-stream-bf16, ms-stream-int8-dma-only, ms-stream-lmhead-*,
     ms-expert-int4-per-expert (warm: a per-expert slope)."""
     return ((param(c, "dma_latency_s") if cold else 0.0) + descriptors * param(c, "dma_descriptor_s")

@@ -1,6 +1,6 @@
 """The megakernel timeline as compiled loops (numba): the DMA engine and the walk over the ops.
 
-perfmodel.engine.schedule.simulate_megakernel flattens an op graph, its weight stream and its collective
+perfmodel.engine.megakernel.simulate_megakernel flattens an op graph, its weight stream and its collective
 phases into the arrays `run` takes; `run_many` evaluates many ring depths / expert-slot counts /
 DMA modes of the same arrays at once and returns only step times and cause totals (sweeps).
 
@@ -23,7 +23,7 @@ import heapq
 import numpy as np
 from numba import njit
 
-# op kinds (set by schedule.megakernel_arrays) and copy tags (what a copy is, for the DMA lane's labels)
+# op kinds (set by megakernel.megakernel_arrays) and copy tags (what a copy is, for the DMA lane's labels)
 PLAIN, STREAM, ROUTED, COLL, TOPK = 0, 1, 2, 3, 4
 TAG_TILE, TAG_KV, TAG_TOPK, TAG_OP = 0, 1, 2, 3
 # cause totals returned by run_many, in this order

@@ -1,7 +1,7 @@
 """A decode step's DMA plan as data: every HBM -> on-chip copy, in issue order.
 
 The Pallas megakernel (`kernels.plan`) emits its real plan in this form, and the schedule
-simulator (`perfmodel.engine.schedule`) runs on it, so the model and the kernel agree copy by copy.
+simulator (`perfmodel.engine.megakernel`) runs on it, so the model and the kernel agree copy by copy.
 """
 from dataclasses import dataclass
 

@@ -13,8 +13,8 @@ import math
 
 import numpy as np
 
-from perfmodel.engine import megakernel_sim, schedule
-from perfmodel.engine.schedule import CAUSES
+from perfmodel.engine import megakernel, megakernel_sim
+from perfmodel.engine.terms import CAUSES, op_weights
 from perfmodel.graph import ops
 from perfmodel.predict import predict, summarise
 from perfmodel.search.design import SETTINGS, Chunk
@@ -76,8 +76,8 @@ def evaluate(model: arch.ModelSpec, chip: hardware.Hardware, settings: list[dict
                 continue
             validate(model, hw, d)
             g = ops.build(model, d)
-            banks = schedule.ring_banks(hw, d.prefetch_bytes)
-            slots, pieces = schedule.expert_slots(g, hw, d, banks, top_k)
+            size = megakernel.sizing(g, hw, d, top_k)
+            banks, slots, pieces = size.banks, size.slots, size.tiles_per_expert
         except SpecError as e:
             rows[i] = _filtered(model, d, hw, e)
             continue
@@ -85,8 +85,8 @@ def evaluate(model: arch.ModelSpec, chip: hardware.Hardware, settings: list[dict
         groups.setdefault(key, [g, hw, []])[2].append((i, d, hw, banks, slots, pieces))
     for g, hw0, members in groups.values():
         try:
-            a = schedule.megakernel_arrays(g, hw0, schedule.uniform_stream(g, float(hw0.dma_tile_bytes)),
-                                           schedule.op_weights(g, model.formats["routed_expert"].bytes_per_value))
+            a = megakernel.megakernel_arrays(g, hw0, megakernel.uniform_stream(g, float(hw0.dma_tile_bytes)),
+                                             op_weights(g, model.formats["routed_expert"].bytes_per_value))
         except SpecError as e:  # e.g. a format the chip cannot compute in
             for i, d, hw, *_ in members:
                 rows[i] = _filtered(model, d, hw, e)

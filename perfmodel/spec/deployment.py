@@ -1,8 +1,6 @@
 """How a model is served: devices, parallel layout, engine, batch, context, speculative decoding."""
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -131,25 +129,3 @@ def cache_bytes_per_seq(model: ModelSpec, context: int, tp: int) -> float:
     return sum(n * model.cache_bytes(attention, context, tp)
                for attention, n in Counter(l.attention for l in model.layers).items())
 
-
-def expert_tiling_cost(model: ModelSpec, hw: Hardware, d: Deployment) -> dict | None:
-    """What streaming experts in tiles costs (megakernel, an expert larger than the on-chip room
-    beside the ring): tiles per expert, and the step against the same chip given just enough
-    room for whole-expert buffers beside the same ring. None when experts are copied whole."""
-    from perfmodel.engine.schedule import expert_slots, ring_banks
-    from perfmodel.graph.ops import build
-    from perfmodel.predict import predict
-    if d.engine != "megakernel" or not model.moe:
-        return None
-    banks = ring_banks(hw, d.prefetch_bytes)
-    g = build(model, d)
-    slots, tiles = expert_slots(g, hw, d, banks, model.moe.top_k)
-    if tiles == 1:
-        return None
-    ring = banks * hw.dma_tile_bytes
-    per_expert = float(g.routed_bytes.max(initial=0)) / max(1, math.ceil(g.distinct_experts))
-    whole = dataclasses.replace(d, prefetch_bytes=float(ring), expert_slots=slots)
-    tiled = predict(model, hw, d).step_s
-    untiled = predict(model, hw.replace(onchip_bytes=ring + slots * per_expert), whole).step_s
-    return {"expert_slots": slots, "tiles_per_expert": tiles, "expert_bytes": per_expert,
-            "step_s": float(tiled), "whole_expert_step_s": float(untiled), "cost_s": float(tiled - untiled)}

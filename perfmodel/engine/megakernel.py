@@ -1,0 +1,241 @@
+"""The megakernel engine: one program for the whole step, simulated on the DMA engine, the
+compute unit and the links.
+
+Static weights stream through a ring of `banks` on-chip tiles in program order, a tile being
+issued when the tile `banks` earlier has been consumed, so loads run ahead through collectives,
+routing and layer boundaries. KV cache / state copies are issued at layer start. Routed experts
+are issued only after that layer's router, into `slots` expert buffers. Activations stay on
+chip. With fitted TPU components each phase of a collective moves its bytes as a remote copy on
+the same DMA engine as the weight stream and the experts (they queue and share bandwidth). The
+DMA engine serves outstanding copies first-in-first-out or shares its bandwidth equally among
+them (round-robin), as the chip preset says (`dma_sharing`). The loops run compiled
+(perfmodel.engine.megakernel_sim) on arrays built here once per op graph and chip.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfmodel.cost import components as cm
+from perfmodel.engine.terms import Sizing, Timeline, call_s, collective_terms, op_compute_s, stream_terms
+from perfmodel.graph.dmaplan import Copy
+from perfmodel.graph.ops import OpGraph
+from perfmodel.spec.deployment import Deployment
+from perfmodel.spec.hardware import Hardware
+from perfmodel.util.errors import SpecError
+
+
+def onchip_request(g: OpGraph, hw: Hardware, d: Deployment, top_k: int) -> Sizing:
+    """What a deployment asks of the on-chip buffer, unchecked: the ring depth (by default half
+    the buffer; the rest holds experts, KV and activations) in whole tiles, and the expert
+    buffers (by default as many whole experts as fit beside the ring, at most top_k; two tiled
+    buffers when not even one fits)."""
+    tile = hw.dma_tile_bytes
+    depth = d.prefetch_bytes if d.prefetch_bytes is not None else hw.onchip_bytes / 2
+    banks = max(1, int(depth // tile))
+    per_expert = float(g.routed_bytes.max(initial=0)) / max(1, math.ceil(g.distinct_experts))
+    free = hw.onchip_bytes - banks * tile
+    if per_expert == 0:
+        return Sizing(hw.onchip_bytes, tile, banks, max(depth, banks * tile), 0.0, d.expert_slots or top_k, 1, top_k)
+    fit = max(0, int(free // per_expert))
+    if fit < 1:
+        slots = d.expert_slots or 2
+        tiles = math.ceil(slots * per_expert / free) if free > 0 else 1
+    else:
+        slots, tiles = d.expert_slots or min(top_k, fit), 1
+    return Sizing(hw.onchip_bytes, tile, banks, max(depth, banks * tile), per_expert, slots, tiles, fit)
+
+
+def sizing(g: OpGraph, hw: Hardware, d: Deployment, top_k: int) -> Sizing:
+    """The deployment's on-chip budget (onchip_request), or SpecError naming the field that does
+    not fit: the ring (`prefetch_bytes`) or the expert buffers (`expert_slots`)."""
+    s = onchip_request(g, hw, d, top_k)
+    kind, cap = hw.onchip_kind, hw.onchip_bytes
+    if s.depth_bytes > cap:
+        raise SpecError("prefetch_bytes", d.prefetch_bytes if d.prefetch_bytes is not None else cap / 2,
+                        f"a ring of {s.banks} x {s.tile_bytes} B tiles exceeds the {kind} of {hw.name} "
+                        f"({cap:.0f} B per core) by {s.depth_bytes - cap:.0f} B; at most "
+                        f"{cap // s.tile_bytes * s.tile_bytes / 2**20:.4g} MiB fits")
+    if s.expert_bytes and s.fit < 1 and cap - s.ring_bytes <= 0:
+        raise SpecError("prefetch_bytes", s.ring_bytes, f"the ring ({s.banks} x {s.tile_bytes} B) leaves no room "
+                        f"in the {kind} of {hw.name} ({cap:.0f} B per core) for expert buffers")
+    if s.expert_bytes and s.fit >= 1 and s.slots > s.fit:
+        raise SpecError("expert_slots", s.slots,
+                        f"{s.slots} x {s.expert_bytes:.0f} B expert buffers plus the ring ({s.banks} x "
+                        f"{s.tile_bytes} B) exceed the {kind} of {hw.name} ({cap:.0f} B per core) by "
+                        f"{s.slots * s.expert_bytes + s.ring_bytes - cap:.0f} B; at most {s.fit} fit")
+    return s
+
+
+@dataclass
+class Stream:
+    """What the megakernel's DMA engine moves: ring tiles in stream order, the byte range of the
+    stream each op consumes, bytes issued at each layer's start (KV / state, small vectors), and
+    each layer's routed copies."""
+    tile_bytes: np.ndarray
+    tile_end: np.ndarray        # cumulative position of each tile's last byte
+    op_begin: np.ndarray
+    op_end: np.ndarray
+    layer_start_bytes: dict[int, float]
+    routed_copies: dict[int, list[float]]
+
+
+def uniform_stream(g: OpGraph, tile_bytes: float) -> Stream:
+    """The model's own stream: static weights packed back to back in consumption order and cut
+    into uniform tiles (banks); each MoE layer fetches ceil(E[distinct]) equal expert copies."""
+    op_end = np.cumsum(g.static_bytes)
+    total = float(op_end[-1]) if len(g) else 0.0
+    n_tiles = math.ceil(total / tile_bytes)
+    tiles = np.minimum(tile_bytes, total - tile_bytes * np.arange(n_tiles))
+    count = max(1, math.ceil(g.distinct_experts))
+    routed = np.bincount(g.layer, weights=g.routed_bytes)
+    return Stream(tiles, np.cumsum(tiles), op_end - g.static_bytes, op_end,
+                  dict(enumerate(np.bincount(g.layer, weights=g.kv_bytes).tolist())),
+                  {int(l): [routed[l] / count] * count for l in np.flatnonzero(routed)})
+
+
+def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
+    """A kernel's real DMA plan (perfmodel.graph.dmaplan): its ring tiles in order, each layer's ops
+    consuming that layer's tiles in proportion to the bytes the model gives them; the plan's
+    other copies (KV / state reads and write-backs, vectors, embedding rows) at layer start."""
+    ring = [c for c in plan if c.ring]
+    tiles = np.array([c.bytes for c in ring], float)
+    tile_end = np.cumsum(tiles)
+    model_static = np.bincount(g.layer, weights=g.static_bytes, minlength=int(g.layer.max()) + 1)
+    begin, end = np.zeros(len(g)), np.zeros(len(g))
+    for layer in sorted({c.layer for c in ring}):
+        idx = np.flatnonzero([c.layer == layer for c in ring])
+        if np.any(np.diff(idx) != 1) or layer >= len(model_static) or model_static[layer] == 0:
+            raise SpecError("plan", f"layer {layer}", "ring tiles must be contiguous in the stream and "
+                            "belong to a layer whose ops the model streams weights for")
+        a, size = tile_end[idx[0]] - tiles[idx[0]], tiles[idx].sum()
+        m = g.layer == layer
+        within = np.cumsum(g.static_bytes[m]) / model_static[layer]
+        within[-1] = 1.0  # the layer's last op consumes its last tile exactly
+        end[m] = a + size * within
+        begin[m] = end[m] - size * g.static_bytes[m] / model_static[layer]
+    layer_start: dict[int, float] = {}
+    routed: dict[int, list[float]] = {}
+    for c in plan:
+        if c.routed:
+            routed.setdefault(c.layer, []).append(float(c.bytes))
+        elif not c.ring:
+            layer_start[c.layer] = layer_start.get(c.layer, 0.0) + c.bytes
+    return Stream(tiles, tile_end, begin, end, layer_start, routed)
+
+
+@dataclass
+class MegakernelArrays:
+    """One op graph's megakernel inputs as flat arrays (megakernel_sim.run), shared by every ring
+    depth, slot count and DMA mode simulated on it."""
+    eng: np.ndarray            # [bandwidth, first-byte latency, descriptor cost as bytes, shared]
+    t0: float                  # host dispatch of one device call (shared by its steps)
+    overhead: float
+    tile_bytes: np.ndarray
+    tile_end: np.ndarray
+    kind: np.ndarray           # megakernel_sim.PLAIN / STREAM / ROUTED / COLL / TOPK
+    layer: np.ndarray
+    op_begin: np.ndarray
+    op_end: np.ndarray
+    comp: np.ndarray
+    coll: np.ndarray
+    kv_wait: np.ndarray
+    layer_start: np.ndarray
+    rc_off: np.ndarray
+    rc_bytes: np.ndarray
+    ph_off: np.ndarray
+    ph_bytes: np.ndarray
+    ph_time: np.ndarray
+    coll_call: np.ndarray
+    remote: bool
+
+    def args(self) -> tuple:
+        """The arguments of megakernel_sim.run / run_many after the per-configuration ones."""
+        return (self.tile_bytes, self.tile_end, self.kind, self.layer, self.op_begin, self.op_end, self.comp,
+                self.coll, self.kv_wait, self.layer_start, self.rc_off, self.rc_bytes, self.ph_off, self.ph_bytes,
+                self.ph_time, self.coll_call, self.remote)
+
+
+def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray | None = None) -> MegakernelArrays:
+    """Flatten the op graph, its stream and its collectives' phases for megakernel_sim."""
+    from perfmodel.engine import megakernel_sim as ms
+    bw, lat, desc = stream_terms(hw)
+    secs, call, ph_off, ph_bytes, ph_time = collective_terms(g, hw, megakernel=True)
+    layer = g.layer.astype(np.int64)
+    n_layers = 1 + max(int(layer.max(initial=0)), *st.layer_start_bytes, *st.routed_copies, 0)
+    kind = np.full(len(g), ms.PLAIN, np.int8)
+    has_experts = np.isin(layer, list(st.routed_copies))
+    top_k = np.zeros(len(g), bool)
+    top_k[[j for j, nm in enumerate(g.name) if nm == "top_k"]] = True
+    kind[top_k & has_experts] = ms.TOPK
+    kind[g.routed_bytes > 0] = ms.ROUTED
+    kind[st.op_end > st.op_begin] = ms.STREAM
+    kind[g.is_collective] = ms.COLL
+    if np.bincount(layer[kind == ms.ROUTED], minlength=1).max() > 1:
+        raise ValueError("megakernel_sim takes at most one routed-expert op per layer")
+    layer_start = np.zeros(n_layers)
+    for l, b in st.layer_start_bytes.items():
+        layer_start[l] = b
+    counts = np.zeros(n_layers + 1, np.int64)
+    for l, copies in st.routed_copies.items():
+        counts[l + 1] = len(copies)
+    rc_bytes = np.array([b for l in sorted(st.routed_copies) for b in st.routed_copies[l]], float)
+    remote = cm.is_tpu_model(hw.components)
+    return MegakernelArrays(
+        np.array([bw, lat, desc * bw, float(hw.dma_sharing == "shared")]), call_s(hw), hw.efficiency.op_overhead_s,
+        st.tile_bytes, st.tile_end, kind, layer, st.op_begin, st.op_end, op_compute_s(g, hw, weights), secs,
+        g.kv_bytes > 0, layer_start, np.cumsum(counts), rc_bytes, ph_off, ph_bytes, ph_time, call, remote)
+
+
+def cached_arrays(g: OpGraph, hw: Hardware, plan: list[Copy] | None = None,
+                  weights: np.ndarray | None = None) -> MegakernelArrays:
+    """megakernel_arrays of the uniform stream or of `plan`, kept for the same graph, hardware
+    and plan objects and weights (sweeps over depth and slots, repeated predictions); callers
+    must not mutate them."""
+    key = (id(g), id(hw), id(plan), None if weights is None else weights.tobytes())
+    if key not in _ARRAYS:
+        if len(_ARRAYS) >= 64:
+            _ARRAYS.clear()
+        st = uniform_stream(g, float(hw.dma_tile_bytes)) if plan is None else plan_stream(g, plan)
+        _ARRAYS[key] = ((g, hw, plan), megakernel_arrays(g, hw, st, weights))  # the objects kept alive
+    return _ARRAYS[key][1]
+
+
+_ARRAYS: dict[tuple, tuple[tuple, MegakernelArrays]] = {}
+
+
+def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
+                        record: bool = False, plan: list[Copy] | None = None,
+                        weights: np.ndarray | None = None) -> Timeline:
+    """The megakernel timeline; on the model's own uniform stream or on a kernel's DMA plan.
+
+    In-layer dependencies: a MoE layer's expert copies are issued when its router's top-k is
+    known (shared experts compute meanwhile), the expert matmuls wait for them, the all-reduce
+    follows, and the next layer's ops follow that. With fitted TPU components, each phase of a
+    collective moves its bytes as a remote copy on this same DMA engine. The loops run compiled
+    (perfmodel.engine.megakernel_sim)."""
+    from perfmodel.engine import megakernel_sim as ms
+    s = sizing(g, hw, d, top_k)
+    banks, slots, pieces = s.banks, s.slots, s.tiles_per_expert
+    a = cached_arrays(g, hw, plan, weights)
+    t0 = a.t0 / d.steps_per_call
+    start, end, stream, fetch, coll_w, now, hbm_bytes, begin, done, tags, refs = ms.run(
+        a.eng, t0, a.overhead, banks, slots, pieces, *a.args())
+    n = len(g)
+    waits = {"compute": a.comp * ~g.is_collective, "weight_streaming": stream, "expert_fetch": fetch,
+             "collective": coll_w, "launch": np.where(g.is_collective, 0.0, a.overhead) + t0 * (np.arange(n) == 0),
+             "fill_drain": np.zeros(n)}
+    tl = Timeline(start, end, waits, float(now), float(hbm_bytes), sizing=s)
+    if record:
+        names, layers = g.name, g.layer.tolist()
+        tl.events = [("link" if a.kind[j] == ms.COLL else "compute", names[j], layers[j], start[j], end[j])
+                     for j in range(n)]
+        owner = np.minimum(np.searchsorted(a.op_end, a.tile_end - 0.5, side="right"), n - 1).tolist()
+        label = {ms.TAG_TILE: lambda r: (names[owner[r]], layers[owner[r]]),
+                 ms.TAG_KV: lambda r: ("kv_cache/state", r), ms.TAG_TOPK: lambda r: ("routed_experts", r),
+                 ms.TAG_OP: lambda r: (names[r], layers[r])}
+        tl.events += [("dma", *label[tag](ref), b, e)
+                      for tag, ref, b, e in zip(tags.tolist(), refs.tolist(), begin.tolist(), done.tolist())]
+    return tl

@@ -1,0 +1,155 @@
+"""The per-op cost terms both engines compose: compute, collectives, the DMA stream, launches.
+
+Where the hardware file has fitted components (perfmodel.cost.components), the terms come from
+them. TPU: the DMA engine runs at the fitted stream bandwidth with a fixed cost per descriptor
+and the fitted first-byte latency; matmuls cost the MXU's weight push (flat for few rows) plus a
+per-dot issue; a collective is its phases of remote copies; the host dispatch is paid once per
+device call. GPU: each kernel pays the CUDA-graph launch and streams at the achieved
+decode-kernel bandwidth; all-reduces cost the fitted library time by ranks and payload. Without
+components the spec-sheet terms (perfmodel.cost.collectives, `efficiency`) are used.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfmodel.cost import components as cm
+from perfmodel.cost.collectives import collective_time_s
+from perfmodel.graph.ops import OpGraph
+from perfmodel.spec.hardware import Hardware
+
+
+CAUSES = ("compute", "weight_streaming", "expert_fetch", "collective", "launch", "fill_drain")
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The megakernel's on-chip budget per core: a weight ring of `banks` DMA tiles beside `slots`
+    expert buffers. An expert larger than the room beside the ring streams through the buffers
+    in `tiles_per_expert` copies (1: copied whole)."""
+    onchip_bytes: float
+    tile_bytes: float
+    banks: int
+    depth_bytes: float        # the ring asked for (at least the whole tiles it holds)
+    expert_bytes: float       # one routed expert's bytes on this device (0: no routed experts)
+    slots: int
+    tiles_per_expert: int
+    fit: int                  # whole-expert buffers that fit beside the ring
+
+    @property
+    def ring_bytes(self) -> float:
+        return self.banks * self.tile_bytes
+
+    @property
+    def need_bytes(self) -> float:
+        """The ring and the expert buffers as asked (whole experts)."""
+        return self.depth_bytes + self.slots * self.expert_bytes
+
+
+@dataclass
+class Timeline:
+    """Per-op start/end on the compute unit, the wait before each op by cause, and lanes."""
+    start_s: np.ndarray
+    end_s: np.ndarray
+    wait_s: dict[str, np.ndarray]         # per op, by cause (sums with compute to the step)
+    step_s: float
+    dma_bytes: float
+    events: list[tuple[str, str, int, float, float]] = field(default_factory=list)  # lane, name, layer, t0, t1
+    sizing: Sizing | None = None  # megakernel: its on-chip budget (ring, expert buffers)
+
+
+def op_weights(g: OpGraph, routed_bytes_per_value: float = 0.5) -> np.ndarray:
+    """Weights each matmul op pushes: static ops flops / (2 rows); routed ops their bytes / the
+    routed format's bytes per value. Zero for ops without weights (norms, attention core)."""
+    static = np.where(g.static_bytes > 0, g.flops / (2.0 * max(g.tokens, 1)), 0.0)
+    return np.where(g.routed_bytes > 0, g.routed_bytes / routed_bytes_per_value, static)
+
+
+def op_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None) -> np.ndarray:
+    """Per-op compute: the roofline of the peak rate x `efficiency.flops`; on a TPU with fitted
+    components, matmuls instead cost the MXU weight push (components.matmul_time: flat for few
+    rows; a routed op issues two dots per distinct expert)."""
+    eff, table = hw.efficiency.flops, {dt: hw.flops_rate(dt) for dt in set(g.dtype) if dt}
+    rates = np.array([table[dt] if dt else 1.0 for dt in g.dtype])
+    t = np.where(g.is_collective, 0.0, g.flops / (rates * eff))
+    experts = max(1.0, math.ceil(g.distinct_experts))
+    if cm.is_tpu_model(hw.components):
+        w = op_weights(g) if weights is None else weights
+        dots = np.where(g.routed_bytes > 0, 2.0 * experts, 1.0)
+        memo: dict[tuple, float] = {}  # ops of the same shape in every layer: each shape once
+        flops, w_, dots = g.flops.tolist(), w.tolist(), dots.tolist()
+        for j in np.flatnonzero((w > 0) & (g.flops > 0)).tolist():
+            key = (w_[j], g.dtype[j], flops[j] / (2 * w_[j]), dots[j])
+            if key not in memo:
+                memo[key] = cm.matmul_time(hw.components, *key)
+            t[j] = memo[key]
+    return t + np.where(g.routed_bytes > 0, experts * hw.efficiency.expert_overhead_s, 0.0)
+
+
+def collective_terms(g: OpGraph, hw: Hardware, megakernel: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per op: collective seconds (the fitted component -- TPU in-kernel collectives, GPU
+    all-reduce library -- where the hardware file has one, else the spec-sheet model of
+    perfmodel.cost.collectives); with TPU components also its entry cost and its phases, which the
+    megakernel puts on its DMA engine: op j's are ph_bytes / ph_time[ph_off[j]:ph_off[j + 1]]
+    (remote-copy bytes, seconds). Returns (seconds, entry, ph_off, ph_bytes, ph_time). Each
+    distinct (kind, payload, group) is computed once. In the `megakernel`, a TPU all-reduce runs
+    the algorithm of the model's own kernel where it fixes one (g.kernel_all_reduce)."""
+    c, scale, cores = hw.components, hw.efficiency.collective_latency_scale, hw.cores_per_chip
+    tpu, fixed = cm.is_tpu_model(c), g.kernel_all_reduce if megakernel else ""
+    memo: dict[tuple, tuple[float, float, list]] = {}
+
+    def terms(k: str, m: float, p: int) -> tuple[float, float, list]:
+        if tpu:
+            alg = fixed if k == "all_reduce" and fixed else None
+            t, _, phases = cm.collective_time(c, k, m, p, cores, alg, scale)
+            k_ = min(cores, p)
+            return t, scale * cm.param(c, "collective_call_s"), [(ph.dma_bytes, cm.phase_time(c, ph, p // k_, k_, scale))
+                                                      for ph in phases]
+        if cm.is_gpu_model(c):
+            return cm.gpu_all_reduce_time(c, m, p, scale), 0.0, []
+        return collective_time_s(hw, k, m, p), 0.0, []
+
+    n = len(g)
+    secs, call, count, flat = np.zeros(n), np.zeros(n), np.zeros(n + 1, np.int64), []
+    kinds, payloads, groups = g.coll_kind, g.coll_bytes.tolist(), g.coll_group.tolist()
+    for j in np.flatnonzero(g.is_collective).tolist():
+        key = (kinds[j], payloads[j], int(groups[j]))
+        if key not in memo:
+            memo[key] = terms(*key)
+        secs[j], call[j], phases = memo[key]
+        count[j + 1] = len(phases)
+        flat += phases
+    ph = np.array(flat, float).reshape(-1, 2)
+    return secs, call, np.cumsum(count), ph[:, 0].copy(), ph[:, 1].copy()
+
+
+def collective_s(g: OpGraph, hw: Hardware) -> np.ndarray:
+    """Per-op collective seconds (collective_terms)."""
+    return collective_terms(g, hw)[0]
+
+
+def stream_terms(hw: Hardware, multikernel: bool = False) -> tuple[float, float, float]:
+    """(bandwidth, first-byte latency, per-descriptor cost) of one core's HBM -> on-chip copies:
+    the fitted DMA component on a TPU, the achieved decode-kernel bandwidth of a multi-kernel
+    engine on a GPU, else the spec sheet x `efficiency.hbm`."""
+    c, peak = hw.components, hw.core_hbm_bandwidth_bytes_per_s
+    if cm.is_tpu_model(c):
+        return tuple(cm.param(c, k) for k in ("dma_bandwidth_bytes_per_s", "dma_latency_s", "dma_descriptor_s"))
+    if cm.is_gpu_model(c) and multikernel:
+        return peak * cm.param(c, "kernel_bandwidth_efficiency"), hw.dma_latency_s, 0.0
+    return peak * hw.efficiency.hbm, hw.dma_latency_s, 0.0
+
+
+def launch_s(hw: Hardware) -> float:
+    """Per-kernel cost of a multi-kernel engine: the CUDA-graph launch component on a GPU."""
+    c = hw.components
+    return (cm.kernel_launch_time(c) if cm.is_gpu_model(c) else hw.launch_overhead_s) + hw.efficiency.op_overhead_s
+
+
+def call_s(hw: Hardware) -> float:
+    """Per device call: host dispatch where the hardware file has it. A call runs
+    `Deployment.steps_per_call` decode steps, so each step pays this over that many."""
+    return cm.device_call_time(hw.components) if "host_dispatch_s" in hw.components else 0.0
