@@ -128,8 +128,7 @@ def cmd_capture(a) -> dict:
     return out
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("capture", help="record profiler traces of the pure-JAX reference step")
+def configure_capture(p) -> None:
     p.add_argument("--model", default="kimi-k3-host-small")
     p.add_argument("--out", default="traces", help="output directory")
     p.add_argument("--batch", type=int_list, default=[1])

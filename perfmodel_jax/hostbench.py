@@ -866,8 +866,7 @@ def cmd_hostbench(a) -> dict:
     return {"hardware_file": str(path), **b.json()}
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("hostbench", help="measure this machine and write a CPU hardware file")
+def configure_hostbench(p) -> None:
     p.add_argument("--out", default=str(host_hardware_file()),
                    help="hardware file to write (default: %(default)s)")
     p.add_argument("--name", default="host-cpu", help="the hardware name in the file")

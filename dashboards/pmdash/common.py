@@ -19,10 +19,13 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from perfmodel.engine import megakernel_sim
 from perfmodel.predict import predict
 from perfmodel.spec import arch, hardware
 from perfmodel.spec.deployment import Deployment, SpecDecode
 from perfmodel.util.errors import SpecError
+
+megakernel_sim.compile_loops()  # an interactive app predicts often: compiled loops (cached by numba)
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 2**20

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
+from perfmodel.engine import megakernel_sim
 from perfmodel.fit.measurements import Measurement, seed_measurements
 from perfmodel.predict import predict
 from perfmodel.report import SCHEMA_VERSION
@@ -102,6 +103,7 @@ def reproduce(fit_parameters: bool = True) -> dict:
     """The seed table predicted next to the reported values (schema in docs/json-schema.md).
 
     With fit_parameters=False every parameter stays at its physical default."""
+    megakernel_sim.compile_loops()  # the fit simulates hundreds of steps
     model = load_model(MODEL)
     ms = seed_measurements()
     hw = {m.platform: load_hardware(m.hardware) for m in ms}

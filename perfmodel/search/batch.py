@@ -64,6 +64,7 @@ def evaluate(model: arch.ModelSpec, chip: hardware.Hardware, settings: list[dict
     Megakernel configurations that share an op graph and the hardware terms of its timeline
     (differing in ring depth, expert slots, on-chip size or DMA mode) are simulated together
     (megakernel_sim.run_many on one set of arrays); the others one by one with `predict`."""
+    megakernel_sim.compile_loops()  # many timelines: worth the compiler's 0.3 s start
     rows: list[dict | None] = [None] * len(settings)
     groups: dict[tuple, list] = {}
     top_k = model.moe.top_k if model.moe else 1
