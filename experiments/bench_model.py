@@ -26,7 +26,7 @@ from pathlib import Path
 from perfmodel.predict import predict
 from perfmodel.search import design
 from perfmodel.search.sweep import run_design
-from perfmodel.spec.arch import load_model
+from perfmodel.spec.loaders import load_model
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import load_hardware
 

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from perfmodel.predict import predict
-from perfmodel.spec.arch import load_model
+from perfmodel.spec.loaders import load_model
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import load_hardware
 from perfmodel.util.errors import SpecError

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from perfmodel.cli.args import context_list, count, int_list, str_list
-from perfmodel.spec.arch import load_model
+from perfmodel.spec.loaders import load_model
 from perfmodel.util.errors import SpecError, positive_int
 from perfmodel.util.files import write_atomic
 from perfmodel.validate.traces import HLO_SUFFIX, STEP_NAME, parse_trace

@@ -452,7 +452,7 @@ def reference_memory(batch: int, context: int, model: str = PROBE_MODEL) -> tupl
     import jax.numpy as jnp
     from kernels import reference as R
     from perfmodel.graph.ops import build
-    from perfmodel.spec.arch import load_model
+    from perfmodel.spec.loaders import load_model
     from perfmodel.spec.deployment import Deployment
     spec = load_model(model)
     weights = R.init_weights(spec, 0, dtype=jnp.float32)
@@ -579,7 +579,7 @@ def reference_thunks(model: str = PROBE_MODEL) -> dict[str, float]:
     op graph's phases. Compiled, never run: a count of the program's structure."""
     import jax.numpy as jnp
     from kernels import reference as R
-    from perfmodel.spec.arch import load_model
+    from perfmodel.spec.loaders import load_model
     from perfmodel.validate.traces import scope_of
     spec = load_model(model)
     weights = R.init_weights(spec, 0, dtype=jnp.float32)

@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from perfmodel.spec.arch import from_dict, list_presets, load_model
+from perfmodel.spec.arch import from_dict, list_presets
+from perfmodel.spec.loaders import load_model
 from perfmodel.spec.formats import FORMATS
 from perfmodel.util.errors import SpecError
 

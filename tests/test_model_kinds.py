@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from perfmodel.graph.moe import expected_busiest_group, expected_distinct
 from perfmodel.graph.ops import build
-from perfmodel.spec.arch import derive, from_dict, load_model, to_toml
+from perfmodel.spec.arch import derive, from_dict, to_toml
+from perfmodel.spec.loaders import load_model
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.formats import FORMATS
 from perfmodel.util.errors import SpecError
@@ -172,7 +173,7 @@ def test_base_cycle_is_an_error(tmp_path, monkeypatch):
     (tmp_path / "b.toml").write_text('base = "a"\nname = "b"\n')
     monkeypatch.setattr(arch, "PRESET_DIR", tmp_path)
     with pytest.raises(SpecError, match="cycle") as e:
-        arch.load_model("a")
+        load_model("a")
     assert e.value.field == "base"
 
 

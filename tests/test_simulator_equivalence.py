@@ -13,7 +13,7 @@ from perfmodel.engine.terms import op_weights
 from perfmodel.graph import ops
 from perfmodel.predict import predict
 from perfmodel.search import batch
-from perfmodel.spec.arch import load_model
+from perfmodel.spec.loaders import load_model
 from perfmodel.spec.deployment import Deployment, validate
 from perfmodel.spec.hardware import load_hardware
 from perfmodel.util.errors import SpecError

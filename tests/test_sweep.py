@@ -84,7 +84,7 @@ def test_rows_have_every_column_and_match_predict():
     assert {r["status"] for r in rows} == {"ok", "filtered"}
     from perfmodel.predict import predict
     from perfmodel.search.batch import configure
-    from perfmodel.spec.arch import load_model
+    from perfmodel.spec.loaders import load_model
     from perfmodel.spec.hardware import load_hardware
     r = next(r for r in rows if r["status"] == "ok")
     d, hw = configure(load_hardware(r["hardware"]), r)

@@ -21,7 +21,7 @@ import streamlit as st
 
 from perfmodel.engine import megakernel_sim
 from perfmodel.predict import predict
-from perfmodel.spec import arch, hardware
+from perfmodel.spec import arch, hardware, hf, loaders
 from perfmodel.spec.deployment import Deployment, SpecDecode
 from perfmodel.util.errors import SpecError
 
@@ -120,7 +120,7 @@ def hardware_ref(name: str) -> tuple:
 def load_model_ref(ref: tuple):
     name, suffix, text = ref
     if text is None:
-        return arch.load_model(name)
+        return loaders.load_model(name)
     return parse_model_text(text, suffix, name)
 
 
@@ -145,7 +145,7 @@ def parse_model_text(text: str, suffix: str, name: str | None = None):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.json"
         path.write_text(text)
-        spec = _guard(lambda: arch.from_hf_config(path), "model file", name)
+        spec = _guard(lambda: hf.from_hf_config(path), "model file", name)
     if name and spec.name in ("", Path(tmp).name):
         spec = dataclasses.replace(spec, name=name)
     return spec

@@ -6,7 +6,7 @@ import argparse
 
 from perfmodel.cli.args import context, count, integer, mib, nonnegative, number, positive, skew
 from perfmodel.report import deployment_json
-from perfmodel.spec import arch, hardware
+from perfmodel.spec import hardware, loaders
 from perfmodel.spec.deployment import ENGINES, Deployment, SpecDecode
 from perfmodel.util.errors import SpecError
 
@@ -51,7 +51,7 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
 
 def load_inputs(a: argparse.Namespace):
     """The model, hardware and deployment the deployment arguments name."""
-    model, hw = arch.load_model(a.model), hardware.load_hardware(a.hardware)
+    model, hw = loaders.load_model(a.model), hardware.load_hardware(a.hardware)
     if a.vmem_mib is not None:
         hw = hw.replace(onchip_bytes=a.vmem_mib * 2**20)
     spec = None

@@ -7,14 +7,14 @@ import json
 from perfmodel.cli.args import count, int_list
 from perfmodel.cli.inputs import add_deployment_args, inputs_json, load_inputs
 from perfmodel.report import SCHEMA_VERSION, json_text, layer_summary, plain, prediction_json, table
-from perfmodel.spec import arch, hardware
+from perfmodel.spec import arch, hardware, loaders
 from perfmodel.util.files import write_atomic
 
 
 def cmd_list(a) -> dict:
     out = {"schema_version": SCHEMA_VERSION, "models": [], "hardware": []}
     for name in arch.list_presets():
-        m = arch.load_model(name)
+        m = loaders.load_model(name)
         out["models"].append({"name": name, "layers": len(m.layers), "params": m.total_params,
                               "weight_bytes": m.weight_bytes()})
     for name in hardware.list_presets():

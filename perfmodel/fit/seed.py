@@ -21,7 +21,8 @@ from perfmodel.engine import megakernel_sim
 from perfmodel.fit.measurements import Measurement, seed_measurements
 from perfmodel.predict import predict
 from perfmodel.report import SCHEMA_VERSION
-from perfmodel.spec.arch import PRESET_DIR as MODEL_DIR, load_model
+from perfmodel.spec.arch import PRESET_DIR as MODEL_DIR
+from perfmodel.spec.loaders import load_model
 from perfmodel.spec.deployment import Deployment, SpecDecode
 from perfmodel.spec.hardware import Efficiency, Hardware, load_hardware
 from perfmodel.util.errors import require

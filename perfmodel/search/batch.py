@@ -18,7 +18,7 @@ from perfmodel.engine.terms import CAUSES, op_weights
 from perfmodel.graph import ops
 from perfmodel.predict import predict, summarise
 from perfmodel.search.design import SETTINGS, Chunk
-from perfmodel.spec import arch, hardware
+from perfmodel.spec import arch, hardware, loaders
 from perfmodel.spec.deployment import Deployment, SpecDecode, resident_bytes_per_device, validate
 from perfmodel.util.errors import SpecError
 
@@ -135,7 +135,7 @@ _LOADED: dict[tuple[str, str], object] = {}  # per process: presets and files lo
 
 def _load(kind: str, ref: str):
     if (kind, ref) not in _LOADED:
-        _LOADED[kind, ref] = arch.load_model(ref) if kind == "model" else hardware.load_hardware(ref)
+        _LOADED[kind, ref] = loaders.load_model(ref) if kind == "model" else hardware.load_hardware(ref)
     return _LOADED[kind, ref]
 
 

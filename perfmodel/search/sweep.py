@@ -20,7 +20,8 @@ from perfmodel.predict import predict
 from perfmodel.search import design as design_mod
 from perfmodel.search.batch import COLUMNS, OBJECTIVES, run_chunk
 from perfmodel.search.executors import run as run_chunks
-from perfmodel.spec.arch import ModelSpec, load_model
+from perfmodel.spec.arch import ModelSpec
+from perfmodel.spec.loaders import load_model
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import Hardware, load_hardware
 from perfmodel.util.errors import SpecError, require

@@ -401,7 +401,7 @@ def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: i
         raise SpecError("trace", str(xp), "no op events inside any step marker")
     n = n_layers
     if n is None and meta.get("model"):
-        from perfmodel.spec.arch import load_model
+        from perfmodel.spec.loaders import load_model
         n = len(load_model(meta["model"]).layers)
     if n is None:
         n = max((scope_of(k)[1] or 0 for s in steps for k in s.scope_s), default=0)
