@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from perfmodel.predict import predict
+from perfmodel.step.predict import predict
 from perfmodel.search import design
 from perfmodel.search.sweep import run_design
 from perfmodel.spec.loaders import load_model

@@ -13,7 +13,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from perfmodel.predict import predict
+from perfmodel.step.predict import predict
 from perfmodel.spec.loaders import load_model
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import load_hardware

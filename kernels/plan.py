@@ -178,8 +178,8 @@ def predicted_step(spec: ModelSpec, cfg: KernelConfig, the_plan: list[Copy], con
     ring of cfg.depth banks of cfg.bank_bytes, cfg.expert_slots expert buffers, cfg.rows rows
     per sequence (rows > 1: speculative decoding with cfg.rows - 1 drafted rows;
     acceptance_length, tokens per step, sets the tokens/s, not the step time) (a prediction,
-    perfmodel.predict.Prediction, not a measurement)."""
-    from perfmodel.predict import predict
+    perfmodel.step.predict.Prediction, not a measurement)."""
+    from perfmodel.step.predict import predict
     from perfmodel.spec.deployment import Deployment, SpecDecode
     from perfmodel.spec.hardware import load_hardware
     hw = load_hardware(hardware).replace(dma_tile_bytes=cfg.bank_bytes)

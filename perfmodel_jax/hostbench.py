@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.cli.args import count
-from perfmodel.report import plain
+from perfmodel.step.report import plain
 from perfmodel.util.errors import SpecError, positive_int
 from perfmodel.util.files import host_hardware_file, write_atomic
 

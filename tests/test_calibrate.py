@@ -3,7 +3,7 @@ import pytest
 
 from perfmodel.fit.measurements import seed_measurements
 from perfmodel.fit.seed import deployment_for, reproduce
-from perfmodel.predict import predict
+from perfmodel.step.predict import predict
 from perfmodel.spec.loaders import load_model
 from perfmodel.spec.hardware import load_hardware
 

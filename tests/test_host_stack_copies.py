@@ -9,7 +9,7 @@ import pytest
 
 from perfmodel.cost import components as cm
 from perfmodel.graph.ops import build
-from perfmodel.predict import predict
+from perfmodel.step.predict import predict
 from perfmodel.spec.loaders import load_model
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import load_hardware

@@ -216,7 +216,7 @@ def test_identical_routing_streams_top_k_experts_at_every_batch():
 
 
 def test_megakernel_predicts_deepseek_v3_ep8_with_tiled_experts():
-    from perfmodel.predict import expert_tiling_cost, predict
+    from perfmodel.step.predict import expert_tiling_cost, predict
     from perfmodel.spec.hardware import load_hardware
     m = load_model("deepseek-v3")
     for hw in ("gb200", "tpu-v7"):

@@ -4,7 +4,7 @@ from hypothesis import given, settings, strategies as st
 
 from perfmodel.graph.moe import expected_busiest_group, expected_distinct
 from perfmodel.graph.ops import build
-from perfmodel.predict import predict
+from perfmodel.step.predict import predict
 from perfmodel.spec.arch import from_dict
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import load_hardware

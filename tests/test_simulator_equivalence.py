@@ -11,7 +11,7 @@ import pytest
 from perfmodel.engine.megakernel import simulate_megakernel
 from perfmodel.engine.terms import op_weights
 from perfmodel.graph import ops
-from perfmodel.predict import predict
+from perfmodel.step.predict import predict
 from perfmodel.search import batch
 from perfmodel.spec.loaders import load_model
 from perfmodel.spec.deployment import Deployment, validate

@@ -20,7 +20,7 @@ import pandas as pd
 import streamlit as st
 
 from perfmodel.engine import megakernel_sim
-from perfmodel.predict import predict
+from perfmodel.step.predict import predict
 from perfmodel.spec import arch, hardware, hf, loaders
 from perfmodel.spec.deployment import Deployment, SpecDecode
 from perfmodel.util.errors import SpecError
@@ -304,7 +304,7 @@ def _prediction(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | Non
 @st.cache_resource(show_spinner=False, max_entries=8)
 def chrome_trace_json(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None) -> str:
     """The simulated step as Perfetto / Chrome trace JSON (built only when downloaded)."""
-    from perfmodel.timeline import chrome_trace
+    from perfmodel.step.timeline import chrome_trace
     model, hw = load_model_ref(m_ref), resolve_hw(hw_ref, onchip_mib)
     return json.dumps(chrome_trace(predict(model, hw, make_deployment(key), record=True)))
 

@@ -6,8 +6,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from perfmodel.explain import explain
-from perfmodel.predict import predict
+from perfmodel.step.explain import explain
+from perfmodel.step.predict import predict
 from perfmodel.spec.deployment import Deployment
 
 from . import common as c

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perfmodel.report import json_text, table
+from perfmodel.step.report import json_text, table
 from perfmodel.util.errors import require
 from perfmodel.util.files import check_path, write_atomic
 
@@ -55,7 +55,7 @@ def print_reproduce(r: dict) -> None:
 
 def cmd_calibrate(a) -> dict:
     from perfmodel.fit.microbench import TARGET, calibrated, load, residual_table
-    from perfmodel.report import SCHEMA_VERSION
+    from perfmodel.step.report import SCHEMA_VERSION
     from perfmodel.spec.hardware import load_hardware, to_toml
     data = load(a.microbench)
     platform = a.hardware or data.get("platform")

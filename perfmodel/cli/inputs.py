@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from perfmodel.cli.args import context, count, integer, mib, nonnegative, number, positive, skew
-from perfmodel.report import deployment_json
+from perfmodel.step.report import deployment_json
 from perfmodel.spec import hardware, loaders
 from perfmodel.spec.deployment import ENGINES, Deployment, SpecDecode
 from perfmodel.util.errors import SpecError

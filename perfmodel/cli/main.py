@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         command = f"perfmodel {a.command}"
         out = a.func(a)
         if getattr(a, "json", False):
-            from perfmodel.report import SCHEMA_VERSION, json_text
+            from perfmodel.step.report import SCHEMA_VERSION, json_text
             sys.stdout.write(json_text({"schema_version": SCHEMA_VERSION, "command": a.command, **out}))
         sys.stdout.flush()
     except SystemExit as e:  # --help, --version

@@ -6,7 +6,7 @@ import json
 
 from perfmodel.cli.args import count, int_list
 from perfmodel.cli.inputs import add_deployment_args, inputs_json, load_inputs
-from perfmodel.report import SCHEMA_VERSION, json_text, layer_summary, plain, prediction_json, table
+from perfmodel.step.report import SCHEMA_VERSION, json_text, layer_summary, plain, prediction_json, table
 from perfmodel.spec import arch, hardware, loaders
 from perfmodel.util.files import write_atomic
 
@@ -34,7 +34,7 @@ def cmd_list(a) -> dict:
 
 
 def cmd_predict(a) -> dict:
-    from perfmodel.predict import expert_tiling_cost, predict
+    from perfmodel.step.predict import expert_tiling_cost, predict
     model, hw, d = load_inputs(a)
     preds = [predict(model, hw, dataclasses.replace(d, batch=b)) for b in a.batch]
     out = {"schema_version": SCHEMA_VERSION, "command": "predict",
@@ -42,7 +42,7 @@ def cmd_predict(a) -> dict:
            "method": f"{d.engine} timeline simulation (perfmodel.engine.{d.engine})",
            "results": [prediction_json(p, layers=True) for p in preds]}
     if a.gain:
-        from perfmodel.predict import prefetch_gain
+        from perfmodel.step.predict import prefetch_gain
         for r, p in zip(out["results"], preds):
             r["prefetch_gain"] = prefetch_gain(model, hw, p.deployment)
     tiling = expert_tiling_cost(model, hw, preds[0])
@@ -75,8 +75,8 @@ def cmd_predict(a) -> dict:
 
 
 def cmd_trace(a) -> dict:
-    from perfmodel.predict import predict
-    from perfmodel.timeline import chrome_trace
+    from perfmodel.step.predict import predict
+    from perfmodel.step.timeline import chrome_trace
     model, hw, d = load_inputs(a)
     p = predict(model, hw, dataclasses.replace(d, batch=a.batch), record=True)
     trace = chrome_trace(p)
@@ -91,8 +91,8 @@ def cmd_trace(a) -> dict:
 
 
 def cmd_explain(a) -> dict:
-    from perfmodel.explain import explain
-    from perfmodel.report import table
+    from perfmodel.step.explain import explain
+    from perfmodel.step.report import table
     model, hw, d = load_inputs(a)
     out = explain(model, hw, dataclasses.replace(d, batch=a.batch), a.layer, a.op)
     if not a.json:

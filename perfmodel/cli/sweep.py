@@ -41,7 +41,7 @@ def configure_sweep(p) -> None:
 
 
 def cmd_sweep(a: argparse.Namespace) -> dict:
-    from perfmodel.report import SCHEMA_VERSION
+    from perfmodel.step.report import SCHEMA_VERSION
     from perfmodel.search.sweep import run_design, saturation_by_group
     base = {k: design_mod.check_setting(f"--{k.replace('_', '-')}", k, v)
             for k, v in vars(a).items() if k in design_mod.SETTINGS and v is not None}
@@ -59,7 +59,7 @@ def cmd_sweep(a: argparse.Namespace) -> dict:
 
 
 def print_summary(out: dict, axes: list[str]) -> None:
-    from perfmodel.report import table
+    from perfmodel.step.report import table
     head = axes + ["step ms", "tokens/s", "tok/s/chip", "bound", "filtered"]
     line = lambda r: [r[k] for k in axes] + (
         [r["step_s"] * 1e3, r["tokens_per_s"], r["tokens_per_s_per_chip"], r["bound"], ""]

@@ -10,7 +10,7 @@ def _pct(x: float) -> str:
 
 
 def cmd_validate(a) -> dict:
-    from perfmodel.report import table
+    from perfmodel.step.report import table
     from perfmodel.validate.host import summary, validate
     results = validate(a.trace, a.model, a.hardware, a.batch, a.context, a.mode,
                        a.matched_efficiency)

@@ -147,7 +147,7 @@ def predict_entry(e: dict, hw: Hardware) -> float:
 
 def engine_bandwidth_fraction(hw: Hardware, i: dict) -> float:
     """HBM floor / step of the multi-kernel engine on `i['model']` (one sequence, one device)."""
-    from perfmodel.predict import predict
+    from perfmodel.step.predict import predict
     from perfmodel.spec.loaders import load_model
     from perfmodel.spec.deployment import Deployment
     p = predict(load_model(i["model"]), hw, Deployment(devices=i["devices"], tp=i["devices"],

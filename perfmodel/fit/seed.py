@@ -19,8 +19,8 @@ from scipy.optimize import least_squares
 
 from perfmodel.engine import megakernel_sim
 from perfmodel.fit.measurements import Measurement, seed_measurements
-from perfmodel.predict import predict
-from perfmodel.report import SCHEMA_VERSION
+from perfmodel.step.predict import predict
+from perfmodel.step.report import SCHEMA_VERSION
 from perfmodel.spec.arch import PRESET_DIR as MODEL_DIR
 from perfmodel.spec.loaders import load_model
 from perfmodel.spec.deployment import Deployment, SpecDecode

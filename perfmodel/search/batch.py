@@ -16,7 +16,7 @@ import numpy as np
 from perfmodel.engine import megakernel, megakernel_sim
 from perfmodel.engine.terms import CAUSES, op_weights
 from perfmodel.graph import ops
-from perfmodel.predict import predict, summarise
+from perfmodel.step.predict import predict, summarise
 from perfmodel.search.design import SETTINGS, Chunk
 from perfmodel.spec import arch, hardware, loaders
 from perfmodel.spec.deployment import Deployment, SpecDecode, resident_bytes_per_device, validate

@@ -16,7 +16,7 @@ from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 
-from perfmodel.predict import predict
+from perfmodel.step.predict import predict
 from perfmodel.search import design as design_mod
 from perfmodel.search.batch import COLUMNS, OBJECTIVES, run_chunk
 from perfmodel.search.executors import run as run_chunks

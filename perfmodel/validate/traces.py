@@ -23,7 +23,7 @@ Steps are the `decode_step` annotations (host), or the events of a `Steps` line 
 Time inside a step is split by a sweep over the op intervals: each instant goes in equal shares
 to the scopes of the ops running then; idle gaps (dispatch, launch) go to the scope of the next
 op. So the per-layer times of a step sum to the step's window. Layers are numbered as in
-`perfmodel.predict`: 0 embedding, 1..n, n + 1 head.
+`perfmodel.step.predict`: 0 embedding, 1..n, n + 1 head.
 """
 from __future__ import annotations
 

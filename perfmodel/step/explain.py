@@ -13,8 +13,8 @@ import numpy as np
 from perfmodel.cost import components as cm
 from perfmodel.engine.terms import collective_terms, op_compute_s, op_weights, stream_terms
 from perfmodel.graph import ops as ops_mod
-from perfmodel.predict import predict
-from perfmodel.report import SCHEMA_VERSION
+from perfmodel.step.predict import predict
+from perfmodel.step.report import SCHEMA_VERSION
 from perfmodel.util.errors import SpecError
 
 # wait cause -> the resource the op waited on
