@@ -136,7 +136,7 @@ def run_cli(cmd: str) -> dict:
 
 def test_every_view_renders_without_error():
     at = open_view("Compare")
-    for view in ("What-if", "Validation", "Models & hardware", "Compare"):
+    for view in ("What-if", "Explain", "Design search", "Validation", "Models & hardware", "Compare"):
         at.sidebar.radio(key="view").set_value(view).run()
         assert_clean(at)
         assert at.header[0].value
@@ -665,6 +665,41 @@ def test_whatif_other_hardware_and_model():
     at.selectbox(key="wi_model").set_value("kimi-k3-mini").run()
     assert_clean(at, errors_ok=True)
     assert at.metric or at.error  # either a prediction or a message naming the bad layout
+
+
+# ----- Explain -----------------------------------------------------------------------------------
+
+def test_explain_layers_gantt_terms_and_command():
+    at = open_view("Explain")
+    bars = chart(at, "ex_layers_pick")
+    parts = {t["name"] for t in bars["data"] if t["type"] == "bar"}
+    assert {"compute", "DMA stall", "collectives"} <= parts
+    layer_us = number(metric(at, "layer 1 (kda+dense)"))
+    total = sum(arr(t["y"])[1] for t in bars["data"] if t["type"] == "bar")  # layer 1's parts add up to it
+    assert total == pytest.approx(layer_us, abs=0.01)
+    lanes = {t["name"] for t in chart(at, "ex_gantt")["data"]}
+    assert lanes <= {"DMA engine", "compute unit", "links"} and "compute unit" in lanes
+    names = {n for t in chart(at, "ex_gantt")["data"] for n in arr(t["text"])}
+    assert "q_proj" in names
+    terms = [d.value for d in at.dataframe if "mechanism" in d.value.columns][0]
+    assert len(terms) and (terms["us (alone)"] > 0).any() and terms["mechanism"].str.len().gt(0).all()
+    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel explain"))
+    assert "--layer 1" in cmd
+    out = run_cli(cmd)
+    assert out["layer_time_s"] * 1e6 == pytest.approx(layer_us, abs=0.01)
+    assert len(out["ops"]) == len(table_with(at, "waited on"))
+    typed(at, "ex_layer", 4)
+    assert_clean(at)
+    assert metric(at, "layer 4 (mla+moe)")
+    assert "routed_experts" in {n for t in chart(at, "ex_gantt")["data"] for n in arr(t["text"])}
+    typed(at, "ex_layer", 999)
+    assert_message(at, "out of range")
+    typed(at, "ex_tp", 7)
+    assert_message(at, "cannot run")
+
+
+def table_with(at: AppTest, column: str):
+    return next(d.value for d in at.dataframe if column in d.value.columns)
 
 
 # ----- Validation -------------------------------------------------------------------------------
