@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml requirements.lock
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.lock
 	$(VENV)/bin/pip install -q --no-deps -e .
+	$(VENV)/bin/python dashboards/pmdash/warm.py
 	touch $@
 
 run: $(STAMP)

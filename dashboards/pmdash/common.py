@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from perfmodel.cli.dashboard import TRACE_ROOT_ENV  # set by `perfmodel dashboard --trace-root DIR`
 from perfmodel.engine import megakernel_sim
 from perfmodel.fit.measurements import seed_measurements
 from perfmodel.step.predict import predict
@@ -37,7 +38,6 @@ LOOPS.start()
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO / "experiments" / "results"
-TRACE_ROOT_ENV = "PERFMODEL_TRACE_ROOT"  # set by `perfmodel dashboard --trace-root DIR`
 MiB = 2**20
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
