@@ -60,23 +60,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The server process with an audit hook (sys.addaudithook) that writes every socket address it
+# connects, sends to, binds or looks up, one JSON line each, to $PERFMODEL_AUDIT_LOG: what the
+# socket test reads. Then `streamlit run` as the command line gives it.
+AUDITED = r"""
+import json, os, sys
+log = open(os.environ["PERFMODEL_AUDIT_LOG"], "a", buffering=1)
+EVENTS = {"socket.connect": 1, "socket.sendto": 1, "socket.bind": 1, "socket.getaddrinfo": 0}
+def hook(event, args):
+    if event in EVENTS:
+        log.write(json.dumps({"event": event, "address": repr(args[EVENTS[event]])}) + "\n")
+sys.addaudithook(hook)
+sys.argv = ["streamlit", *sys.argv[1:]]
+from streamlit.web.cli import main
+sys.exit(main())
+"""
+
+
 @contextlib.contextmanager
-def serve(log_path: Path, env: dict | None = None, info: dict | None = None):
-    """`streamlit run dashboards/app.py` on a free port; yields its URL (and puts the server's pid into
-    `info`). Usage statistics are left to the app's own config (dashboards/.streamlit/config.toml), so
-    the browser test checks that file."""
+def serve(log_path: Path, env: dict | None = None, info: dict | None = None, audit_log: Path | None = None):
+    """`streamlit run dashboards/app.py` on a free port, with the app's own settings (its config file:
+    localhost only, no usage statistics), so the tests see what a user gets; yields its URL (and puts
+    the server's pid into `info`). With `audit_log`, the server records its sockets there (AUDITED)."""
     port = free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    run = ["run", str(APP), "--server.port", str(port), "--server.fileWatcherType", "none"]
+    cmd = [sys.executable, "-c", AUDITED, *run] if audit_log else [sys.executable, "-m", "streamlit", *run]
+    extra = {"PERFMODEL_AUDIT_LOG": str(audit_log)} if audit_log else {}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
-             "--server.port", str(port), "--server.address", "127.0.0.1", "--server.fileWatcherType", "none"],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **extra, **(env or {})})
         if info is not None:
             info["pid"] = proc.pid
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://localhost:{port}"
         try:
-            deadline = time.monotonic() + 90
+            deadline = time.monotonic() + 120
             while True:
                 try:
                     with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:

@@ -429,7 +429,7 @@ def table_json(df: pd.DataFrame, extra: dict | None = None) -> str:
 
 def show_command(cmd: str) -> None:
     st.caption("Reproduce with the CLI:")
-    st.code(cmd, language="bash")
+    st.code(cmd, language="bash", wrap_lines=True)
 
 
 def shown_path(path: Path) -> str:

@@ -131,8 +131,11 @@ def load_points() -> tuple[pd.DataFrame, str]:
     if host is not None:
         points.append(host)
     with st.expander("Load your own measurements (CSV)"):
-        st.caption("Columns: hardware, engine, batch, tokens_per_s; optional model, devices, context, draft_rows, "
-                   "acceptance_length, source. Lines starting with # are ignored.")
+        st.caption("Columns: hardware, engine, batch, tokens_per_s; optional model, devices, tp, ep, context, "
+                   "draft_rows, acceptance_length, steps_per_call, prefetch_mib, expert_slots, vmem_mib, source. A "
+                   "setting left out is perfmodel's default (tp = ep = devices, context 4096, one step per call, "
+                   "the default ring, slots and on-chip buffer); a point is drawn for a platform only when every "
+                   "setting matches. Lines starting with # are ignored.")
         up = st.file_uploader("Measurements CSV", type=None, key="cmp_upload")
         if up is not None:
             try:
@@ -177,16 +180,17 @@ def render() -> None:
     c.init(cmp_model="kimi-k3", cmp_batches=", ".join(map(str, c.DEFAULT_BATCHES)), cmp_context="4096",
            cmp_spec="off", cmp_logy=False)
     errs: list[str] = []
-    model = st.selectbox("Model", c.model_options(), key="cmp_model")
-    ca, cb = st.columns(2)
-    pa = platform_inputs(ca, "A", c.CANONICAL["tpu-v7"], errs)
-    pb = platform_inputs(cb, "B", c.CANONICAL["gb200"], errs)
-    c1, c3, c2, c4 = st.columns([3, 1, 2, 1])
+    c0, c1, c3, c2, c4 = st.columns([2, 2, 1, 2, 1])
+    model = c0.selectbox("Model", c.model_options(), key="cmp_model")
     batches = batches_field(c1, "Batch sizes (comma-separated)", "cmp_batches", errors=errs)
     context = number_field(c3, "Context (tokens)", "cmp_context", lo=0, hi=10_000_000, errors=errs)
     spec_mode = c2.radio(f"Speculative decoding ({c.SPEC_DRAFT_ROWS} draft rows, acceptance length "
                          f"{c.SPEC_ACCEPTANCE:g})", SPEC_MODES, horizontal=True, key="cmp_spec")
     log_y = c4.toggle("Log y axis", key="cmp_logy")
+    ca, cb = st.columns(2)
+    pa = platform_inputs(ca, "A", c.CANONICAL["tpu-v7"], errs)
+    pb = platform_inputs(cb, "B", c.CANONICAL["gb200"], errs)
+    chart_slot = st.container()  # the chart goes here, above the upload that feeds it
     allpoints, host_note = load_points()
     if host_note:
         st.info(host_note)
@@ -194,7 +198,7 @@ def render() -> None:
                                      spec_mode=spec_mode)
     x, stale = current_or_last("cmp", current, "; ".join(errs) if errs else None)
     if x is None:
-        st.info("Fix the inputs above to draw the comparison.")
+        chart_slot.info("Fix the inputs above to draw the comparison.")
         return
     spec_states = {"off": [False], "on": [True], "both": [False, True]}[x["spec_mode"]]
     pred, errs_rows, refusals, nearest, others = [], [], [], {}, []
@@ -204,9 +208,10 @@ def render() -> None:
     for tag, near in nearest.items():
         nearest_buttons(tag, near)
     pdf, edf = pd.DataFrame(pred), pd.DataFrame(errs_rows)
-    with maybe_stale(stale, "cmp"):
+    with chart_slot, maybe_stale(stale, "cmp"):
         draw(x, pdf, edf, log_y)
         not_compared_note(others)
+    with maybe_stale(stale, "cmp_tables"):
         tables(x, pdf, edf, spec_states)
 
 

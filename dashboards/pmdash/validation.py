@@ -123,8 +123,9 @@ def scatter_figure(df: pd.DataFrame, is_worst) -> go.Figure:
                              textposition="top center", customdata=np.stack([w["layer"], w["error"]], axis=1),
                              hovertemplate="layer %{customdata[0]}<br>measured %{x:.2f} us<br>predicted %{y:.2f} us"
                              "<br>error %{customdata[1]:+.1%}<extra>worst</extra>"))
-    fig.update_layout(xaxis=dict(title="measured time per layer (us, log)", type="log", range=np.log10(xs).tolist()),
-                      yaxis=dict(title="predicted time per layer (us, log)", type="log", range=np.log10(xs).tolist()),
+    decades = dict(type="log", range=np.log10(xs).tolist(), dtick=1, tickformat="~g")  # labels at 1, 10, 100 ...
+    fig.update_layout(xaxis=dict(title="measured time per layer (us, log)", **decades),
+                      yaxis=dict(title="predicted time per layer (us, log)", **decades),
                       height=440, margin=dict(t=30), legend=dict(orientation="h", y=-0.2))
     return fig
 
@@ -165,8 +166,7 @@ def bundled() -> None:
         return
     try:
         raw = read_host_csv(str(HOST_VALIDATION_CSV), HOST_VALIDATION_CSV.stat().st_mtime)
-        for line in csv_header(HOST_VALIDATION_CSV):
-            st.caption(line)
+        st.caption(" · ".join(csv_header(HOST_VALIDATION_CSV)))
         runs = [k for k in RUN_KEYS if k in raw.columns]
         step_pair = None
         if runs:

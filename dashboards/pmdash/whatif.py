@@ -72,12 +72,15 @@ def inputs() -> tuple[dict | None, list[str]]:
                         help="On-chip buffer per core (Hardware.onchip_bytes). Empty: the preset's.")
     with r3[3]:
         spec = st.toggle("Speculative decoding", key="wi_spec")
-        draft = number_field(st, "Draft rows", "wi_draft", lo=1, hi=64, disabled=not spec, errors=errs if spec else None)
-        top = float(draft or c.SPEC_DRAFT_ROWS) + 1
-        if "wi_acc" in st.session_state and st.session_state["wi_acc"] > top:
-            st.session_state["wi_acc"] = top
-        acc = st.slider("Acceptance length (tokens / step)", 1.0, top, min(c.SPEC_ACCEPTANCE, top), step=0.5,
-                        key="wi_acc", disabled=not spec)
+        draft = acc = None
+        if spec:  # its settings only when it is on (the page stays short)
+            a, b = st.columns(2)
+            draft = number_field(a, "Draft rows", "wi_draft", lo=1, hi=64, errors=errs)
+            top = float(draft or c.SPEC_DRAFT_ROWS) + 1
+            if "wi_acc" in st.session_state and st.session_state["wi_acc"] > top:
+                st.session_state["wi_acc"] = top
+            acc = b.slider("Acceptance length", 1.0, top, min(c.SPEC_ACCEPTANCE, top), step=0.5, key="wi_acc",
+                           help="Tokens accepted per verification step (tau).")
     if errs:
         return None, errs
     key = c.dep_key(devices, tp, ep, engine, batch=batch, context=context, prefetch_mib=prefetch,
@@ -151,7 +154,8 @@ def render() -> None:
     if good is None:
         st.info("No valid configuration yet: fix the inputs above.")
         return
-    headline(good, c.predict_cached(*refs(good)), stale)
+    rg = c.predict_cached(*refs(good))
+    rep = headline(good, rg, stale)
     # the ring x slots map and the prefetch sweep stay live for an on-chip budget error: they show what fits
     live = x if x is not None and r.get("field") in VMEM_FIELDS else good
     sections = {TABS[0]: lambda: breakdown_section(good, stale), TABS[1]: lambda: heat_section(live, stale if live is good else None),
@@ -161,6 +165,7 @@ def render() -> None:
         if tab.open:
             with tab:
                 sections[name]()
+    headline_files(good, rg, rep, stale)
 
 
 def deployment_settings(x: dict) -> tuple[dict, dict | None]:
@@ -180,8 +185,9 @@ def deployment_settings(x: dict) -> tuple[dict, dict | None]:
     return mine | resolved(b), resolved(b0)
 
 
-def headline(x: dict, r: dict, stale: str | None) -> None:
-    k = dict(x["key"])
+def headline(x: dict, r: dict, stale: str | None) -> dict | None:
+    """The predicted numbers, and the measurement beside them when one matches every setting (else the
+    nearest one and what differs); returns that measurement."""
     mine, defaults = deployment_settings(x)
     exact, near, diffs = measured.reference(measured.all_points(), mine, defaults)
     rep = exact[0] if exact else None
@@ -208,11 +214,19 @@ def headline(x: dict, r: dict, stale: str | None) -> None:
                       f"{near['origin']} ({near['source']}); yours differs in {measured.differs_text(diffs)}. "
                       "Not a reference for these settings.")
             b.button("Use its settings", key="wi_meas_btn", on_click=apply_measured, args=(near,))
-        summary = {kk: r[kk] for kk in ("tokens_per_s", "step_s", "bound", "hbm_floor_s", "compute_floor_s",
-                                        "hbm_utilisation", "bytes_per_device")}
-        summary.update({f"{kk}_s": v for kk, v in r["breakdown_s"].items()})
-        if rep is not None:
-            summary.update(measured_tokens_per_s=rep["tokens_per_s"], measured_source=rep["origin"])
+    return rep
+
+
+def headline_files(x: dict, r: dict, rep: dict | None, stale: str | None) -> None:
+    """The headline's numbers as files and the command that prints them (under the tabs: the picture first)."""
+    k = dict(x["key"])
+    summary = {kk: r[kk] for kk in ("tokens_per_s", "step_s", "bound", "hbm_floor_s", "compute_floor_s",
+                                    "hbm_utilisation", "bytes_per_device")}
+    summary.update({f"{kk}_s": v for kk, v in r["breakdown_s"].items()})
+    if rep is not None:
+        summary.update(measured_tokens_per_s=rep["tokens_per_s"], measured_source=rep["origin"])
+    with maybe_stale(stale, "wi_files"):
+        st.markdown("**The headline numbers**")
         c.downloads(pd.DataFrame([summary]), "whatif_prediction", "wi_pred_dl",
                     {"model": x["model"], "hardware": x["hw"], "vmem_mib": x["vmem"], "inputs": k})
         c.show_command(c.cli_predict(x["model"], x["hw"], x["key"], [k["batch"]], x["vmem"]))
