@@ -7,6 +7,7 @@ lists) so that a cache hit costs an unpickle of a few kB, not a model rebuild.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import os
@@ -484,8 +485,21 @@ def confined_path(text: str, field: str = "trace path") -> Path:
     return real
 
 
+def callback(fn):
+    """A widget callback that never shows a traceback: what it raises is shown as one line on the page."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 -- the page must never show a traceback
+            st.session_state["_callback_error"] = f"{type(e).__name__}: {e}"
+    return run
+
+
 def guarded(render) -> None:
     """Run a view; bad input shows its message, anything unexpected a one-line error, never a traceback."""
+    if msg := st.session_state.pop("_callback_error", None):
+        st.error(f"Unexpected error in the last action ({msg}). Please report it with the inputs below.")
     try:
         render()
     except SpecError as e:

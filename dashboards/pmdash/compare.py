@@ -147,6 +147,7 @@ def load_points() -> tuple[pd.DataFrame, str]:
     return pd.concat(points, ignore_index=True), host_note
 
 
+@c.callback
 def use_layout(tag: str, key: tuple) -> None:
     k = dict(key)
     for f in ("devices", "tp", "ep"):

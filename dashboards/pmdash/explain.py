@@ -65,6 +65,7 @@ def layers_figure(m_ref, h_ref, key, layer: int) -> go.Figure:
     return charts.fixed_margins(fig, left=70, right=20, bottom=60)
 
 
+@c.callback
 def pick_layer() -> None:
     """Chart selection callback: the clicked layer is the one explained."""
     pts = st.session_state["ex_layers_pick"].selection.points

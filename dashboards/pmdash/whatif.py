@@ -93,6 +93,7 @@ def refs(x: dict) -> tuple:
     return c.model_ref(x["model"]), c.hardware_ref(x["hw"]), x["key"], x["vmem"]
 
 
+@c.callback
 def apply(key: tuple, vmem: float | None) -> None:
     """Button callback: put a suggested configuration into the fields."""
     for k, v in dict(key).items():
@@ -101,6 +102,7 @@ def apply(key: tuple, vmem: float | None) -> None:
     st.session_state["wi_vmem"] = "" if vmem is None else f"{vmem:g}"
 
 
+@c.callback
 def apply_measured(row: dict) -> None:
     """Button callback: the settings of a measurement (those it leaves out: the defaults)."""
     val = lambda k, d: d if measured._value(row, k) is None else measured._value(row, k)
@@ -343,9 +345,7 @@ def heat_figure(m_ref, h_ref, key, vmem, metric: str) -> go.Figure:
     col, fmt, scale = HEAT_METRICS[metric]
     z = g["step_s"] * 1e3 if col == "step_ms" else g["tokens_per_s"]
     xs, ys = [f"{d:g}" for d in g["depths"]], [str(s) for s in g["slots"]]
-    fig = go.Figure(go.Heatmap(z=z, x=xs, y=ys, colorscale=scale, colorbar=dict(title=metric), hoverongaps=False,
-                               hovertemplate="ring %{x} MiB, %{y} expert slots<br>" + metric + ": %{z:.4g}"
-                               "<extra></extra>"))
+    fig = go.Figure(go.Heatmap(z=z, x=xs, y=ys, colorscale=scale, colorbar=dict(title=metric), hoverinfo="skip"))
     # the on-chip boundary: right of the line the ring and the expert buffers do not fit
     path = []
     for i in range(len(ys)):
@@ -366,9 +366,9 @@ def heat_figure(m_ref, h_ref, key, vmem, metric: str) -> go.Figure:
     # clickable cells: an invisible marker on each cell that fits (a click puts its ring and slots in the fields)
     ii, jj = np.nonzero(np.isfinite(g["step_s"]))
     fig.add_trace(go.Scatter(x=[xs[j] for j in jj], y=[ys[i] for i in ii], mode="markers", name="cells",
-                             marker=dict(size=24, symbol="square", opacity=0), showlegend=False,
-                             customdata=np.column_stack([[g["depths"][j] for j in jj], [g["slots"][i] for i in ii]]),
-                             hovertemplate="click: ring %{customdata[0]:g} MiB, %{customdata[1]} slots<extra></extra>"))
+                             marker=dict(size=24, symbol="square", opacity=0), showlegend=False, customdata=z[ii, jj],
+                             hovertemplate="ring %{x} MiB, %{y} expert slots<br>" + metric +
+                             ": %{customdata:.4g}<br>click to use them<extra></extra>"))
     n = len(xs)
     fig.update_layout(height=420, legend=dict(orientation="h", y=-0.2),
                       xaxis=dict(title="prefetch depth (MiB of weight ring per core)", type="category"),
@@ -378,13 +378,13 @@ def heat_figure(m_ref, h_ref, key, vmem, metric: str) -> go.Figure:
     return fixed_margins(fig, left=70, right=20, bottom=90)
 
 
+@c.callback
 def pick_cell() -> None:
-    """Chart selection callback: the clicked cell's ring depth and slots go into the fields."""
-    pts = st.session_state["wi_heat_pick"].selection.points
-    cells = [p for p in pts if p.get("customdata")]
-    if cells:
-        depth, slots = cells[0]["customdata"]
-        st.session_state["wi_prefetch"], st.session_state["wi_slots"] = f"{depth:g}", f"{int(slots)}"
+    """Chart selection callback: the clicked cell's ring depth and slots (its x and y categories) go into
+    the fields."""
+    pts = [p for p in st.session_state["wi_heat_pick"].selection.points if "x" in p and "y" in p]
+    if pts:
+        st.session_state["wi_prefetch"], st.session_state["wi_slots"] = f"{float(pts[0]['x']):g}", str(int(pts[0]["y"]))
 
 
 def heat_section(x: dict, stale: str | None) -> None:
