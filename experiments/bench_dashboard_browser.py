@@ -38,14 +38,18 @@ CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", 
 TARGETS = {"median_s": 0.300, "max_s": 1.0, "first_chart_s": 2.5}
 TIMED_VIEWS = ("What-if", "Compare")
 
-# A chart's fingerprint: its traces' data and its axis types (a log-y switch changes no data).
+# A chart's fingerprint: its traces' data (x, y, bar bases, heatmap z) and its axis types (a log-y switch
+# changes no data).
 FINGERPRINT = """key => {
   const gd = document.querySelector(`.st-key-${key} .js-plotly-plot`);
   if (!gd || !gd.data || !gd._fullLayout) return null;
   let h = 0, n = 0;
   const add = v => { if (typeof v === 'number' && isFinite(v)) { h += v * (1 + (n % 7)); n += 1; } };
   for (const t of gd._fullData) {
-    for (const f of ['x', 'y', 'base']) { const a = t[f]; if (a && a.length !== undefined) for (const v of a) add(v); }
+    for (const f of ['x', 'y', 'base', 'z']) {
+      const a = t[f];
+      if (a && a.length !== undefined) for (const v of a) { if (v && v.length !== undefined) for (const w of v) add(w); else add(v); }
+    }
     h += (t.name || '').length * 1e-3;
   }
   const ax = Object.keys(gd._fullLayout).filter(k => /^[xy]axis/.test(k)).map(k => gd._fullLayout[k].type).join();
@@ -113,6 +117,49 @@ def serve(log_path: Path, env: dict | None = None, info: dict | None = None, aud
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+
+
+def listening(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of each TCP socket process `pid` listens on (Linux: /proc/PID/fd, /proc/net/tcp{,6})."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            link = os.readlink(fd)
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    out = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] != "0A" or f[9] not in inodes:  # 0A: LISTEN
+                continue
+            addr, port = f[1].split(":")
+            raw = bytes.fromhex(addr)
+            # the kernel prints each 32-bit word in host (little-endian) order
+            ip = socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6,
+                                  b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+            out.append((ip, int(port, 16)))
+    return out
+
+
+def local_address(event: str, address: str) -> bool:
+    """Whether an audited socket address (its repr) stays on this machine: loopback, a Unix socket, or a
+    name lookup of localhost."""
+    import ast
+    import ipaddress
+    try:
+        a = ast.literal_eval(address)
+    except (ValueError, SyntaxError):
+        return False
+    host = a[0] if isinstance(a, tuple) else a
+    if event != "socket.getaddrinfo" and isinstance(a, (str, bytes)):
+        return True  # a Unix socket path
+    if host in (None, "", b"", "localhost", b"localhost"):
+        return host is not None or event == "socket.getaddrinfo"
+    try:
+        return ipaddress.ip_address(host.decode() if isinstance(host, bytes) else host).is_loopback
+    except ValueError:
+        return False
 
 
 @contextlib.contextmanager
