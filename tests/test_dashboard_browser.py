@@ -112,6 +112,7 @@ def type_in(page, key: str, value) -> None:
 def pick(page, key: str, option: str) -> None:
     """A selectbox's option."""
     page.locator(f".st-key-{key}").click()
+    page.keyboard.type(option)  # the list shows a window of its options: filter it to the one
     page.get_by_role("option", name=option, exact=True).click()
     settle(page)
 
@@ -450,9 +451,9 @@ def test_validation_every_control_uploads_path_and_downloads(page, tmp_path):
     assert page.get_by_text("no trace validation yet").count() == 1
     names = {t["name"] for t in figure(page, "val_host_chart")["traces"]}
     assert {"y = x (exact)", "+-25% (per-layer target)"} <= names
-    options = page.locator(".st-key-val_run")
-    options.click()
-    page.get_by_role("option").nth(1).click()
+    page.locator(".st-key-val_run").click()
+    page.keyboard.press("ArrowDown")  # the next run
+    page.keyboard.press("Enter")
     settle(page)
     expand(page, "val_host_bars_exp")
     bb.wait_chart(page, "val_host_layers")
@@ -474,12 +475,12 @@ def test_validation_every_control_uploads_path_and_downloads(page, tmp_path):
     page.locator(ERRORS).first.wait_for()
     msg = " ".join(errors(page))
     assert "your upload: run.xplane.pb" in msg and "/tmp" not in msg  # the file's name, not the server's copy
-    page.locator(".st-key-val_upload [data-testid='stFileUploaderDeleteBtn'] button").first.click()
+    page.locator(".st-key-val_upload [data-testid='stFileChipDeleteBtn']").first.click()
     settle(page)
     type_in(page, "val_path", "/etc")
     page.locator(ERRORS).first.wait_for()
     msg = " ".join(errors(page))
-    assert "trace path=/etc" in msg and "outside the directories this dashboard was opened on" in msg
+    assert "trace path='/etc'" in msg and "outside the directories this dashboard was opened on" in msg
 
 
 def test_models_every_control_uploads_and_downloads(page, tmp_path):
@@ -510,7 +511,10 @@ def test_models_every_control_uploads_and_downloads(page, tmp_path):
     assert {"model_presets.csv", "hardware_presets.csv", "hardware_gb200.csv", "model_kimi-k3-mini.json"} <= set(data)
     assert "kimi-k3" in set(data["model_presets.csv"]["model"])
     view(page, "What-if", "wi_breakdown")  # the uploads are choices there
+    for key, v in (("wi_tp", 4), ("wi_ep", 4), ("wi_devices", 4)):  # a layout of the small upload
+        type_in(page, key, v)
     changes(page, "wi_breakdown", lambda: pick(page, "wi_model", names[1]))
+    assert "<path to your config.json or .toml>" in page.inner_text("body")  # the command names the file to give
 
 
 # ----- defects a browser session found -----------------------------------------------------------
