@@ -23,7 +23,7 @@ VIEWS = {"Compare": compare.render, "What-if": whatif.render, "Explain": explain
 
 common.keep_inputs()
 st.sidebar.title("perfmodel")
-view = st.sidebar.radio("View", list(VIEWS), key="view")
+view = st.sidebar.radio("View", list(VIEWS), key="view", bind="query-params")  # ?view=What-if opens it
 st.sidebar.caption("Decode performance model of LLMs on TPU v7, GB200 and other chips. "
                    "Every number can be downloaded and reproduced with the `perfmodel` CLI.")
 common.wait_for_loops()
