@@ -33,9 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "dashboards" / "app.py"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# No GPU here: software compositing (no charts use WebGL; emulating GL in SwiftShader cost the GPU process
+# 2.5-3.3 CPU-s per page load, which a user's browser with a GPU does not spend)
 CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-               "--use-angle=swiftshader", "--enable-unsafe-swiftshader"]
+               "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TARGETS = {"median_s": 0.300, "max_s": 1.0, "first_chart_s": 2.5, "page_cpu_s": 3.0}
 TIMED_VIEWS = ("What-if", "Compare")
 
@@ -271,11 +272,9 @@ class Work:
 # Installed in every page: per chart (by its st-key), when its data last changed (performance.now()), and
 # when the last input started (Enter, a click). A change is timed to the LAST chart it redraws.
 WATCH = """(() => {
-  const pm = window.__pm = {t0: 0, changed: {}, fp: {}};
-  addEventListener('keydown', e => { if (e.key === 'Enter') pm.t0 = performance.now(); }, true);
-  addEventListener('pointerdown', () => { pm.t0 = performance.now(); }, true);
+  const pm = window.__pm = {t0: 0, changed: {}, fp: {}, on: false};
   const fpOf = FP;
-  const loop = () => {
+  const scan = () => {
     for (const el of document.querySelectorAll('.js-plotly-plot')) {
       const holder = el.closest('[class*="st-key-"]');
       const m = holder && holder.className.match(/st-key-(\\S+)/);
@@ -283,9 +282,12 @@ WATCH = """(() => {
       const f = fpOf(m[1]);
       if (f !== null && f !== pm.fp[m[1]]) { pm.fp[m[1]] = f; pm.changed[m[1]] = performance.now(); }
     }
-    requestAnimationFrame(loop);
   };
-  requestAnimationFrame(loop);
+  const loop = () => { if (pm.on) { scan(); requestAnimationFrame(loop); } };
+  pm.start = () => { scan(); pm.changed = {}; pm.on = true; requestAnimationFrame(loop); };  // between changes: off
+  pm.stop = () => { pm.on = false; };
+  addEventListener('keydown', e => { if (e.key === 'Enter') pm.t0 = performance.now(); }, true);
+  addEventListener('pointerdown', () => { pm.t0 = performance.now(); }, true);
 })()""".replace("FP", FINGERPRINT)
 
 
@@ -293,7 +295,7 @@ def timed_change(page, kind: str, key: str, value, settle_s: float = 0.4) -> tup
     """(input to the last chart the change redrew, input to run finished, the charts it redrew), seconds.
 
     After the run ends, waits until no chart has changed for `settle_s` (plotly draws after the run)."""
-    page.evaluate("() => { window.__pm.changed = {}; }")
+    page.evaluate("() => window.__pm.start()")
     if kind == "text":  # typing is not timed: the change starts with Enter
         f = field(page, key)
         f.fill(str(value))
@@ -308,7 +310,7 @@ def timed_change(page, kind: str, key: str, value, settle_s: float = 0.4) -> tup
         if page.evaluate("() => performance.now()") - last > settle_s * 1e3:
             break
         time.sleep(0.05)
-    pm = page.evaluate("() => window.__pm")
+    pm = page.evaluate("() => { window.__pm.stop(); return {t0: window.__pm.t0, changed: window.__pm.changed}; }")
     changed = sorted(k for k, t in pm["changed"].items() if t >= pm["t0"])
     t_last = (max(pm["changed"][k] for k in changed) - pm["t0"]) / 1e3 if changed else None
     return t_last, idle, changed
