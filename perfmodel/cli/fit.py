@@ -55,8 +55,8 @@ def print_reproduce(r: dict) -> None:
 
 def cmd_calibrate(a) -> dict:
     from perfmodel.fit.microbench import TARGET, calibrated, load, residual_table
-    from perfmodel.step.report import SCHEMA_VERSION
     from perfmodel.spec.hardware import load_hardware, to_toml
+    from perfmodel.step.report import SCHEMA_VERSION
     data = load(a.microbench)
     platform = a.hardware or data.get("platform")
     require(platform is not None, "--hardware", None, "the file names no platform: give --hardware")

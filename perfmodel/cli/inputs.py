@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from perfmodel.cli.args import context, count, integer, mib, nonnegative, number, positive, skew
-from perfmodel.step.report import deployment_json
 from perfmodel.spec import hardware, loaders
 from perfmodel.spec.deployment import ENGINES, Deployment, SpecDecode
+from perfmodel.step.report import deployment_json
 from perfmodel.util.errors import SpecError
 
 MAX_STREAM_TILES = 2**22  # ring tiles the megakernel simulator walks per step (memory and time)

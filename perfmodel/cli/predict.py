@@ -6,8 +6,8 @@ import json
 
 from perfmodel.cli.args import count, int_list
 from perfmodel.cli.inputs import add_deployment_args, inputs_json, load_inputs
-from perfmodel.step.report import SCHEMA_VERSION, json_text, layer_summary, plain, prediction_json, table
 from perfmodel.spec import arch, hardware, loaders
+from perfmodel.step.report import SCHEMA_VERSION, json_text, layer_summary, plain, prediction_json, table
 from perfmodel.util.files import write_atomic
 
 
