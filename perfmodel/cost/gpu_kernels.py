@@ -237,7 +237,7 @@ def fit_group(t: Table) -> str:
     """The fit a table's cells belong to: class and (weight) dtype."""
     k = t.key
     kind = k.get('dtype') or k.get('kv_dtype') or k.get('kernel') or k.get('op_name') or k.get('phase') or ''
-    return f"{t.cls}/{kind}" + (f"/{k['kernel_source']}" if t.cls == "moe" else "")
+    return f"{t.cls}/{kind}" + (f"/{k['kernel_source']}" if t.cls == "moe" and "kernel_source" in k else "")
 
 
 @lru_cache(maxsize=None)
