@@ -1,7 +1,6 @@
 """How a model is served: devices, parallel layout, engine, batch, context, speculative decoding."""
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from perfmodel.spec.arch import ModelSpec
@@ -141,6 +140,5 @@ def resident_bytes_per_device(model: ModelSpec, d: Deployment) -> float:
 
 def cache_bytes_per_seq(model: ModelSpec, context: int, tp: int) -> float:
     """One sequence's caches and states on one device, over all layers (`ModelSpec.cache_bytes`)."""
-    return sum(n * model.cache_bytes(attention, context, tp)
-               for attention, n in Counter(l.attention for l in model.layers).items())
+    return sum(n * model.cache_bytes(attention, context, tp) for attention, n in model.attention_counts.items())
 
