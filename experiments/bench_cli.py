@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from perfmodel.util.files import write_atomic
+
 HERE = Path(__file__).resolve().parent
 DESIGN = HERE / "designs" / "kimi-k3-tpu-v7-10k.toml"
 PERFMODEL = [sys.executable, "-m", "perfmodel.cli"]
@@ -68,7 +70,7 @@ def main() -> None:
             unit = "x import numpy" if key.endswith("numpy") else "s"
             line += f"  {v:.2f} {unit}, target <= {t:g}: {'met' if v <= t else 'MISSED'}"
         print(line)
-    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_atomic(a.out, json.dumps(out, indent=1) + "\n")
     print(f"wrote {a.out}")
 
 
