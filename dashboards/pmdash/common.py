@@ -25,9 +25,9 @@ import streamlit as st
 from perfmodel.cli.dashboard import TRACE_ROOT_ENV  # set by `perfmodel dashboard --trace-root DIR`
 from perfmodel.engine import megakernel_sim
 from perfmodel.fit.measurements import seed_measurements
-from perfmodel.step.predict import predict
 from perfmodel.spec import arch, hardware, hf, loaders
 from perfmodel.spec.deployment import Deployment, SpecDecode
+from perfmodel.step.predict import predict
 from perfmodel.util.errors import SpecError
 
 from . import warm
