@@ -46,8 +46,8 @@ def platform_inputs(col, tag: str, default: dict, errs: list) -> dict | None:
     if None in (devices, tp, ep, steps, spec_steps):
         return None
     label = f"{tag}: {hw} {engine} ({devices} dev, tp {tp}, ep {ep})"
-    return dict(tag=tag, hw=hw, engine=engine, devices=devices, tp=tp, ep=ep, label=label, steps=steps,
-                spec_steps=spec_steps)
+    return dict(tag=tag, hw=hw, h_ref=c.hardware_ref(hw), engine=engine, devices=devices, tp=tp, ep=ep, label=label,
+                steps=steps, spec_steps=spec_steps)  # h_ref: the hardware's cache key, looked up once a run
 
 
 def plat_key(plat: dict, batch: int, spec_on: bool, context: int) -> tuple:
@@ -64,7 +64,7 @@ def plat_settings(model: str, plat: dict, spec_on: bool, context: int) -> tuple[
     k = dict(key)
     mine = {"model": model, "hardware": plat["hw"], **{f: k[f] for f in (
         "engine", "devices", "tp", "ep", "context", "draft_rows", "acceptance_length", "steps_per_call")}}
-    b = fit.onchip_budget(c.model_ref(model), c.hardware_ref(plat["hw"]), key, None) \
+    b = fit.onchip_budget(c.model_ref(model), plat["h_ref"], key, None) \
         if plat["engine"] == "megakernel" else None
     if b is None:
         return mine, None
@@ -75,7 +75,7 @@ def plat_settings(model: str, plat: dict, spec_on: bool, context: int) -> tuple[
 def predicted_rows(model: str, plat: dict, batches, spec_on: bool, context: int) -> tuple[list[dict], list]:
     rows, errors = [], []
     for b in batches:
-        r = c.predict_cached(c.model_ref(model), c.hardware_ref(plat["hw"]), plat_key(plat, b, spec_on, context))
+        r = c.predict_cached(c.model_ref(model), plat["h_ref"], plat_key(plat, b, spec_on, context))
         if "error" in r:
             errors.append((b, r))
             continue
@@ -97,7 +97,7 @@ def error_rows(model: str, plat: dict, points: pd.DataFrame, spec_on: bool, cont
     exact, _, _ = measured.reference(points, mine, onchip, ignore=("batch",))
     for m in exact:
         key = plat_key(plat, int(m["batch"]), spec_on, context)
-        r = c.predict_cached(c.model_ref(model), c.hardware_ref(plat["hw"]), key)
+        r = c.predict_cached(c.model_ref(model), plat["h_ref"], key)
         pred = r.get("tokens_per_s")
         # the HBM roofline: the step's tokens if the step took only its HBM bytes at peak bandwidth
         roof = pred * r["step_s"] / r["hbm_floor_s"] if pred and r.get("hbm_floor_s") else None
@@ -115,11 +115,12 @@ def not_compared(model: str, plat: dict, points: pd.DataFrame, spec_states: list
     """(platform tag, row, differences) for the measurements of this platform's model and hardware that
     differ from its deployment in some setting (speculative-decoding points only when asked for)."""
     out = []
+    settings = {s: plat_settings(model, plat, s, context) for s in spec_states}
     for r in points.to_dict("records"):
         spec = bool(r["draft_rows"])
         if r["hardware"] != plat["hw"] or measured._value(r, "model") not in (None, model) or spec not in spec_states:
             continue
-        mine, onchip = plat_settings(model, plat, spec, context)
+        mine, onchip = settings[spec]
         if d := measured.differences(r, mine, onchip):
             out.append((plat["tag"], r, d))
     return out
@@ -159,7 +160,7 @@ def refused(model: str, plat: dict, errors: list, context: int, spec_on: bool) -
     if not errors:
         return [], []
     b, r = errors[0]
-    near = fit.nearest_valid(c.model_ref(model), c.hardware_ref(plat["hw"]), plat_key(plat, b, spec_on, context),
+    near = fit.nearest_valid(c.model_ref(model), plat["h_ref"], plat_key(plat, b, spec_on, context),
                              None, r.get("field", ""))
     spec = " + spec decode" if spec_on else ""
     return [(f"platform {plat['tag']}{spec}", bb, rr["error"]) for bb, rr in errors], near
@@ -210,7 +211,7 @@ def render() -> None:
         nearest_buttons(tag, near)
     pdf, edf = pd.DataFrame(pred), pd.DataFrame(errs_rows)
     with chart_slot, maybe_stale(stale, "cmp"):
-        draw(x, pdf, edf, log_y)
+        draw(x, pred, errs_rows, log_y)
         not_compared_note(others)
     with maybe_stale(stale, "cmp_tables"):
         tables(x, pdf, edf, spec_states)
@@ -243,41 +244,49 @@ def not_compared_note(others: list[tuple]) -> None:
                    f"platform {tag} differs in {why}.")
 
 
-def draw(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, log_y: bool) -> None:
+def groups(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
+    """Rows grouped by the values of `keys`, in order of appearance (plain Python: a pandas groupby of a
+    few dozen rows costs more than the chart)."""
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return out
+
+
+def draw(x: dict, pred: list[dict], measured_rows: list[dict], log_y: bool) -> None:
     """Tokens/s per batch (curves predicted, markers measured) over predicted / measured per point with the
     +-BAND band; built as plain dicts and wrapped unvalidated (plotly's validation costs more than the rest)."""
     colors = {p["label"]: PLATFORM_COLORS[p["tag"]] for p in (x["pa"], x["pb"])}
+    col = lambda g, k: [r[k] for r in g]  # noqa: E731
     data = []
-    if not pdf.empty:
-        for (label, spec), g in pdf.groupby(["platform", "spec_decode"], sort=False):
-            name = f"{label} predicted" + (" + spec decode" if spec else "")
-            data.append(dict(
-                type="scatter", x=g["batch"].tolist(), y=g["predicted_tokens_per_s"].tolist(), mode="lines+markers",
-                name=name, line=dict(color=colors.get(label), dash="dash" if spec else "solid"),
-                customdata=g[["step_ms", "bound", "hbm_utilisation"]].to_numpy().tolist(),
-                hovertemplate=("batch %{x}<br>predicted %{y:,.0f} tokens/s<br>step %{customdata[0]:.3f} ms"
-                               "<br>bound: %{customdata[1]}<br>HBM utilisation %{customdata[2]:.0%}"
-                               f"<extra>{name}</extra>")))
-    plotted = edf[(edf["check"] == "") & edf["predicted_tokens_per_s"].notna()] if not edf.empty else edf
-    if not plotted.empty:
-        sources = list(dict.fromkeys(plotted["source"]))
-        for (label, spec, source), g in plotted.groupby(["platform", "spec_decode", "source"], sort=False):
-            name = f"{source}" + (" + spec decode" if spec else "") + f" (platform {label.split(':')[0]})"
-            marker = dict(color=colors.get(label), size=12, line=dict(width=2),
-                          symbol=SOURCE_SYMBOLS[sources.index(source) % len(SOURCE_SYMBOLS)])
-            custom = g[["predicted_tokens_per_s", "error", "reference", "measured_tokens_per_s"]].to_numpy().tolist()
-            data.append(dict(
-                type="scatter", x=g["batch"].tolist(), y=g["measured_tokens_per_s"].tolist(), mode="markers",
-                name=name, marker=marker, legendgroup=name, customdata=custom,
-                hovertemplate=("batch %{x}<br>measured %{y:,.0f} tokens/s<br>predicted %{customdata[0]:,.0f} "
-                               "tokens/s<br>error %{customdata[1]:+.1%}<br>%{customdata[2]}"
-                               f"<extra>{name}</extra>")))
-            data.append(dict(
-                type="scatter", x=g["batch"].tolist(), y=(g["predicted_tokens_per_s"] / g["measured_tokens_per_s"]).tolist(),
-                mode="markers", name=name, marker=marker, legendgroup=name, showlegend=False, xaxis="x2", yaxis="y2",
-                customdata=custom, hovertemplate=("batch %{x}<br>predicted / measured %{y:.3f}<br>predicted "
-                                                  "%{customdata[0]:,.0f}, measured %{customdata[3]:,.0f} tokens/s"
-                                                  f"<extra>{name}</extra>")))
+    for (label, spec), g in groups(pred, "platform", "spec_decode").items():
+        name = f"{label} predicted" + (" + spec decode" if spec else "")
+        data.append(dict(
+            type="scatter", x=col(g, "batch"), y=col(g, "predicted_tokens_per_s"), mode="lines+markers",
+            name=name, line=dict(color=colors.get(label), dash="dash" if spec else "solid"),
+            customdata=[[r["step_ms"], r["bound"], r["hbm_utilisation"]] for r in g],
+            hovertemplate=("batch %{x}<br>predicted %{y:,.0f} tokens/s<br>step %{customdata[0]:.3f} ms"
+                           "<br>bound: %{customdata[1]}<br>HBM utilisation %{customdata[2]:.0%}"
+                           f"<extra>{name}</extra>")))
+    plotted = [r for r in measured_rows if r["check"] == "" and r["predicted_tokens_per_s"]]
+    sources = list(dict.fromkeys(r["source"] for r in plotted))
+    for (label, spec, source), g in groups(plotted, "platform", "spec_decode", "source").items():
+        name = f"{source}" + (" + spec decode" if spec else "") + f" (platform {label.split(':')[0]})"
+        marker = dict(color=colors.get(label), size=12, line=dict(width=2),
+                      symbol=SOURCE_SYMBOLS[sources.index(source) % len(SOURCE_SYMBOLS)])
+        custom = [[r["predicted_tokens_per_s"], r["error"], r["reference"], r["measured_tokens_per_s"]] for r in g]
+        data.append(dict(
+            type="scatter", x=col(g, "batch"), y=col(g, "measured_tokens_per_s"), mode="markers",
+            name=name, marker=marker, legendgroup=name, customdata=custom,
+            hovertemplate=("batch %{x}<br>measured %{y:,.0f} tokens/s<br>predicted %{customdata[0]:,.0f} "
+                           "tokens/s<br>error %{customdata[1]:+.1%}<br>%{customdata[2]}"
+                           f"<extra>{name}</extra>")))
+        data.append(dict(
+            type="scatter", x=col(g, "batch"), y=[r["predicted_tokens_per_s"] / r["measured_tokens_per_s"] for r in g],
+            mode="markers", name=name, marker=marker, legendgroup=name, showlegend=False, xaxis="x2", yaxis="y2",
+            customdata=custom, hovertemplate=("batch %{x}<br>predicted / measured %{y:.3f}<br>predicted "
+                                              "%{customdata[0]:,.0f}, measured %{customdata[3]:,.0f} tokens/s"
+                                              f"<extra>{name}</extra>")))
     ticks = list(x["batches"])
     layout = dict(xaxis=dict(type="log", tickvals=ticks, showticklabels=False, anchor="y"),
                   yaxis=dict(title=dict(text="aggregate decode tokens/s" + (" (log)" if log_y else "")),
@@ -292,22 +301,22 @@ def draw(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, log_y: bool) -> None:
                   annotations=[dict(text=f"+-{BAND:.0%} band", xref="x2 domain", yref="y2", x=1, y=1 + BAND,
                                     xanchor="right", yanchor="bottom", showarrow=False, font=dict(size=11))],
                   height=620, legend=dict(orientation="h", y=-0.12), margin=dict(t=30, l=80, r=20, b=60))
-    if plotted.empty:
+    if not plotted:
         layout["annotations"].append(dict(text="no measurement matches every setting of either platform",
                                           xref="x2 domain", yref="y2 domain", x=0.5, y=0.5, showarrow=False))
         layout["yaxis2"]["range"] = [0.8, 1.2]
-    if pdf.empty:
+    if not pred:
         layout["xaxis"]["visible"] = layout["yaxis"]["visible"] = False
         layout["annotations"].append(dict(text="No platform can run this model at these layouts: see the messages "
                                           "above (and the nearest layouts that run).", showarrow=False, xref="paper",
                                           yref="paper", x=0.5, y=0.7, font=dict(size=15)))
     st.plotly_chart(go.Figure({"data": data, "layout": layout}, _validate=False), key="cmp_chart")
-    if not edf.empty and (edf["check"] != "").any():
-        bad = edf[edf["check"] != ""]
+    bad = [r for r in measured_rows if r["check"]]
+    if bad:
         st.warning(f"{len(bad)} measured point(s) left off the chart: above {IMPLAUSIBLE:g}x the chip's HBM roofline "
                    "(tokens/s if the step moved only its HBM bytes at peak bandwidth): "
-                   + "; ".join(f"{r.source}, batch {r.batch}: {r.measured_tokens_per_s:,.4g} tokens/s vs roofline "
-                               f"{r.hbm_roofline_tokens_per_s:,.0f}" for r in bad.itertuples()))
+                   + "; ".join(f"{r['source']}, batch {r['batch']}: {r['measured_tokens_per_s']:,.4g} tokens/s vs "
+                               f"roofline {r['hbm_roofline_tokens_per_s']:,.0f}" for r in bad))
 
 
 def tables(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, spec_states: list) -> None:
