@@ -142,6 +142,24 @@ def test_every_view_renders_without_error():
         assert at.header[0].value
 
 
+def test_a_page_waits_for_the_compiled_loops_with_a_message(monkeypatch):
+    """A fresh server warms the compiled loops in a thread; a page that comes first says so and waits."""
+    import threading
+    told = threading.Event()
+    slow = threading.Thread(target=told.wait, args=(60,))  # still building until the page has said so
+    monkeypatch.setattr(common, "LOOPS", slow)
+    shown, info = [], common.st.info
+    monkeypatch.setattr(common.st, "info", lambda text, **kw: (shown.append(text), told.set(), info(text, **kw))[2])
+    slow.start()
+    at = open_view("Models & hardware")
+    assert not slow.is_alive()  # the page waited for it
+    assert any("Preparing the simulator's compiled loops" in t for t in shown)
+    assert at.header[0].value == "Models and hardware"
+    shown.clear()
+    at.run()  # ready: no message
+    assert not any("compiled loops" in t for t in shown)
+
+
 def test_inputs_survive_switching_views():
     at = open_view("What-if")
     typed(at, "wi_batch", 8)

@@ -159,6 +159,21 @@ def upload(page, key: str, *files: Path) -> None:
     settle(page)
 
 
+def upload_measurements(page, tmp_path: Path, text: str, rows: int) -> None:
+    """Compare's measurements CSV uploaded as bench.csv, and the chart redrawn with it."""
+    csv = tmp_path / "bench.csv"
+    csv.write_text(text)
+    page.get_by_text("Load your own measurements (CSV)").click()
+    upload(page, "cmp_upload", csv)
+    page.get_by_text(f"Loaded {rows} measured point(s) from bench.csv").wait_for()
+    bb.wait_idle(page)
+    # plotly draws the new trace after the rerun ends: wait for it, not for a fixed time
+    page.wait_for_function("""() => {
+      const gd = document.querySelector('.st-key-cmp_chart .js-plotly-plot');
+      return gd && gd._fullData && gd._fullData.some(t => (t.name || '').startsWith('your upload'));
+    }""", timeout=60_000, polling=50)
+
+
 def table_shown(page, expander: str) -> bool:
     """The expander's table is drawn (it opens on demand)."""
     t = page.locator(f'.st-key-{expander} [data-testid="stDataFrame"]')
@@ -286,17 +301,8 @@ def test_compare_every_control_upload_and_downloads(page, tmp_path):
     changes(page, "cmp_chart", lambda: pick(page, "cmp_B_hw", "h100"))
     changes(page, "cmp_chart", lambda: pick(page, "cmp_A_hw", "tpu-v6e"))
     changes(page, "cmp_chart", lambda: pick(page, "cmp_model", "deepseek-v3"))
-    csv = tmp_path / "bench.csv"
-    csv.write_text("model,hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s\n"
-                   "deepseek-v3,tpu-v6e,multikernel,64,16,16,2,1,100\n")
-    page.get_by_text("Load your own measurements (CSV)").click()
-    upload(page, "cmp_upload", csv)
-    page.get_by_text("Loaded 1 measured point(s) from bench.csv").wait_for()
-    bb.wait_idle(page)
-    page.wait_for_function("""() => {
-      const gd = document.querySelector('.st-key-cmp_chart .js-plotly-plot');
-      return gd && gd._fullData && gd._fullData.some(t => (t.name || '').startsWith('your upload'));
-    }""", timeout=60_000, polling=50)
+    upload_measurements(page, tmp_path, "model,hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s\n"
+                        "deepseek-v3,tpu-v6e,multikernel,64,16,16,2,1,100\n", 1)
     expand(page, "cmp_errors_exp")
     expand(page, "cmp_pred_exp")
     assert table_shown(page, "cmp_errors_exp") and table_shown(page, "cmp_pred_exp")
@@ -566,18 +572,8 @@ def test_prefetch_sweep_and_vmem_mechanism(page):
 
 
 def test_measured_sources_log_axis_and_implausible_upload(page, tmp_path):
-    csv = tmp_path / "bench.csv"
-    csv.write_text("hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s\n"
-                   "tpu-v7,megakernel,32,32,8,64,16,1500\ntpu-v7,megakernel,32,32,8,64,32,1e30\n")
-    page.get_by_text("Load your own measurements (CSV)").click()
-    upload(page, "cmp_upload", csv)
-    page.get_by_text("Loaded 2 measured point(s) from bench.csv").wait_for()
-    bb.wait_idle(page)
-    # plotly draws the new trace after the rerun ends: wait for it, not for a fixed time
-    page.wait_for_function("""() => {
-      const gd = document.querySelector('.st-key-cmp_chart .js-plotly-plot');
-      return gd && gd._fullData && gd._fullData.some(t => (t.name || '').startsWith('your upload'));
-    }""", timeout=60_000, polling=50)
+    upload_measurements(page, tmp_path, "hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s\n"
+                        "tpu-v7,megakernel,32,32,8,64,16,1500\ntpu-v7,megakernel,32,32,8,64,32,1e30\n", 2)
     fig = figure(page, "cmp_chart")
     measured = {t["name"]: t for t in fig["traces"] if t["type"] == "scatter" and t["yaxis"] == "y"
                 and not t["name"].endswith("predicted")}

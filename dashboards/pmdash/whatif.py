@@ -33,7 +33,7 @@ VMEM_FIELDS = ("prefetch_bytes", "expert_slots", "onchip_bytes")
 FIELD_KEYS = {"devices": "wi_devices", "tp": "wi_tp", "ep": "wi_ep", "batch": "wi_batch", "context": "wi_context",
               "prefetch_mib": "wi_prefetch", "expert_slots": "wi_slots", "steps_per_call": "wi_steps"}
 TABS = ("Step breakdown", "Ring x expert slots", "Prefetch depth", "Timeline", "Roofline")
-HEAT_METRICS = {"tokens/s": ("tokens_per_s", "{:,.0f}", "Viridis"), "step time (ms)": ("step_ms", "{:.3f}", "Viridis_r")}
+HEAT_METRICS = {"tokens/s": ("tokens_per_s", "Viridis"), "step time (ms)": ("step_ms", "Viridis_r")}  # column, colours
 
 
 # ----- inputs -------------------------------------------------------------------------------------
@@ -342,7 +342,7 @@ def heat_grid(m_ref, h_ref, key, vmem) -> dict:
 @st.cache_resource(show_spinner=False, max_entries=32)
 def heat_figure(m_ref, h_ref, key, vmem, metric: str) -> go.Figure:
     g = heat_grid(m_ref, h_ref, key, vmem)
-    col, fmt, scale = HEAT_METRICS[metric]
+    col, scale = HEAT_METRICS[metric]
     z = g["step_s"] * 1e3 if col == "step_ms" else g["tokens_per_s"]
     xs, ys = [f"{d:g}" for d in g["depths"]], [str(s) for s in g["slots"]]
     fig = go.Figure(go.Heatmap(z=z, x=xs, y=ys, colorscale=scale, colorbar=dict(title=metric), hoverinfo="skip"))
