@@ -49,6 +49,16 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def add_prefill_args(p: argparse.ArgumentParser, prompt: bool = True) -> None:
+    """Prefill: the prompt (predict's TTFT) and the largest chunk of a prompt one step takes."""
+    if prompt:
+        p.add_argument("--prompt", type=count, default=None,
+                       help="prompt tokens: also predict the time to first token (TTFT) of the batch's prompts")
+    p.add_argument("--prefill-chunk", type=count, default=None,
+                   help="chunked prefill: at most this many prompt tokens of a sequence per step "
+                        "(default: " + ("the whole prompt)" if prompt else "the step's token budget)"))
+
+
 def load_inputs(a: argparse.Namespace):
     """The model, hardware and deployment the deployment arguments name."""
     model, hw = loaders.load_model(a.model), hardware.load_hardware(a.hardware)
