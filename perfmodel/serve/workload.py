@@ -43,9 +43,9 @@ class Lengths:
     @classmethod
     def parse(cls, text: str, field: str) -> "Lengths":
         """`N` (fixed) or `LO:HI` (uniform)."""
-        lo, _, hi = str(text).partition(":")
+        lo, sep, hi = str(text).partition(":")
         try:
-            a, b = int(lo), int(hi or lo)
+            a, b = int(lo), int(hi if sep else lo)
         except ValueError:
             raise SpecError(field, text, "expected N or LO:HI (integers)") from None
         try:
