@@ -70,3 +70,18 @@ class StepCosts:
             b, ctx, ct, cc = (v for v, _ in pick)
             total += math.prod(w for _, w in pick) * self.corner((b, ctx, chunks, ct, cc, finishing))
         return total
+
+
+_SHARED: dict[tuple, StepCosts] = {}
+
+
+def shared(model: ModelSpec, hw: Hardware, d: Deployment) -> StepCosts:
+    """The StepCosts of (model, chip, deployment) in this process: simulations of the same pool
+    at other loads (a sweep's points, a load curve) reuse the shapes already costed. The
+    objects are kept alive with it, so their ids stay theirs."""
+    key = (id(model), id(hw), d)
+    if key not in _SHARED:
+        if len(_SHARED) >= 64:
+            _SHARED.clear()
+        _SHARED[key] = StepCosts(model, hw, d)
+    return _SHARED[key]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfmodel.serve.costs import StepCosts
+from perfmodel.serve.costs import shared
 from perfmodel.serve.kv import kv_cache
 from perfmodel.serve.scheduler import Pool, Requests, Scheduler
 from perfmodel.serve.workload import Workload
@@ -57,7 +57,7 @@ def _pool(name: str, model, hw, d: Deployment, sched: Scheduler, reqs: Requests,
     if need > kv.capacity_bytes / d.dp:
         raise SpecError("requests", f"{longest} tokens", f"one request's cache ({need / 1e9:.2f} GB per device) exceeds "
                         f"the {name} pool's KV capacity ({kv.capacity_bytes / d.dp / 1e9:.2f} GB per device)")
-    return Pool(name, StepCosts(model, hw, d), kv, sched, reqs, longest, role)
+    return Pool(name, shared(model, hw, d), kv, sched, reqs, longest, role)
 
 
 @dataclass
