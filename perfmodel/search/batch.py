@@ -166,7 +166,7 @@ def _row(model, d: Deployment, hw: hardware.Hardware, p) -> dict:
     """The result columns of a Prediction or a predict.Summary."""
     chips = math.ceil(d.devices / hw.cores_per_chip)
     per_seq = d.spec.tokens_per_step if d.spec else 1.0
-    return {"status": "ok", "constraint": None, "reason": None, "step_s": p.step_s,
+    return dict.fromkeys(RESULTS) | {"status": "ok", "constraint": None, "reason": None, "step_s": p.step_s,
             "token_latency_s": p.step_s / per_seq, "tokens_per_s": p.tokens_per_s,
             "tokens_per_s_per_chip": p.tokens_per_s / chips, "chips": chips, "bound": p.bound,
             "hbm_utilisation": p.hbm_floor_s / p.step_s if p.step_s else 0.0,
