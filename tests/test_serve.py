@@ -173,3 +173,15 @@ def test_cli_serve_bad_input(capsys, argv, needle):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_serving_curves_for_a_layout():
+    import perfmodel
+    c = perfmodel.serving_curves(M, HW, D, loads=[2, 40, 400], input_len=512, output_len=64, requests=300)
+    pts = c["points"]
+    assert [p["load"] for p in pts] == [2, 40, 400] and c["chips"] == 1
+    assert pts[0]["ttft_s"]["p90"] < pts[-1]["ttft_s"]["p90"]  # queueing grows with the load
+    assert pts[0]["throughput_tokens_per_s"] < pts[1]["throughput_tokens_per_s"]
+    assert not pts[0]["saturated"] and pts[-1]["saturated"]  # 400 requests/s is more than one H100 serves
+    closed = perfmodel.serving_curves(M, HW, D, loads=[1, 8], arrivals="concurrency", requests=100)
+    assert closed["points"][1]["tokens_per_s_per_chip"] > closed["points"][0]["tokens_per_s_per_chip"]

@@ -98,6 +98,15 @@ class ServeResult:
         return float(self.output_len.sum()) / self.duration_s
 
     @property
+    def offered_requests_per_s(self) -> float | None:
+        """Arrivals per second over the arrivals' span (None for a closed loop, whose arrivals
+        follow the completions, or a single request)."""
+        span = float(self.arrival_s.max() - self.arrival_s.min())
+        if self.workload.concurrency or not span:
+            return None
+        return (len(self.arrival_s) - 1) / span
+
+    @property
     def in_system_mean(self) -> float:
         """Time-average requests in the system, from the pools' queues (Little's L)."""
         return sum(p.area for p in self.pools) / self.duration_s
@@ -109,7 +118,7 @@ class ServeResult:
                "throughput_tokens_per_s": self.throughput_tokens_per_s,
                "tokens_per_s_per_chip": self.throughput_tokens_per_s / self.chips,
                "input_tokens_per_s": float(self.input_len.sum()) / self.duration_s,
-               "requests_per_s": n / self.duration_s,
+               "requests_per_s": n / self.duration_s, "offered_requests_per_s": self.offered_requests_per_s,
                "preemptions": int(self.preemptions.sum()),
                "littles_law": {"in_system_mean": self.in_system_mean,
                                "throughput_x_mean_e2e": n / self.duration_s * float(self.e2e_s.mean())},
