@@ -185,3 +185,12 @@ def test_serving_curves_for_a_layout():
     assert not pts[0]["saturated"] and pts[-1]["saturated"]  # 400 requests/s is more than one H100 serves
     closed = perfmodel.serving_curves(M, HW, D, loads=[1, 8], arrivals="concurrency", requests=100)
     assert closed["points"][1]["tokens_per_s_per_chip"] > closed["points"][0]["tokens_per_s_per_chip"]
+
+
+@pytest.mark.parametrize("traffic", [["--concurrency", "4"], ["--rate", "5"]])
+def test_cli_serve_text(capsys, traffic):
+    argv = ["serve", "--model", "llama-3.2-1b", "--hardware", "h100", "--devices", "1", "--engine", "multikernel",
+            "--requests", "50", "--no-progress", *traffic]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "TTFT s" in out and "TPOT ms" in out and "Little's law" in out

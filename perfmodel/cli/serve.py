@@ -102,8 +102,8 @@ def cmd_serve(a: argparse.Namespace) -> dict:
 def print_serve(out: dict, model: str, hw: str, d, prefill) -> None:
     from perfmodel.step.report import table
     w = out["inputs"]["workload"]
-    arrivals = {"poisson": f"Poisson {w['rate']:g}/s", "concurrency": f"{w['concurrency']} concurrent clients",
-                "trace": "the trace's arrival times"}[w["arrivals"]]
+    arrivals = (f"Poisson {w['rate']:g}/s" if w["arrivals"] == "poisson" else
+                f"{w['concurrency']} concurrent clients" if w["arrivals"] == "concurrency" else "the trace's arrival times")
     where = (f"prefill {prefill.devices} devices (tp={prefill.tp} ep={prefill.expert_groups}, {prefill.engine}) + "
              f"decode {d.devices} (tp={d.tp} ep={d.expert_groups}, {d.engine})" if prefill
              else f"{d.devices} devices, tp={d.tp} ep={d.expert_groups}, {d.engine}")
