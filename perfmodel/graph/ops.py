@@ -326,6 +326,19 @@ def attended(context: int, rows: int, window: int = 0) -> float:
     return (k * context + k * (k + 1) / 2 + (rows - k) * window) / rows
 
 
+def mla_prefill_flops(a: MLA, heads: int, rows: int, context: int, span: float | None = None) -> dict[str, float]:
+    """FLOPs of one sequence's prompt chunk of `rows` tokens after `context` cached, over `heads`
+    heads, each row attending `span` tokens (default: the causal mean), in either form:
+    "absorbed" (queries into the latent space: 2 (kv_lora + rope) + 2 kv_lora per token pair)
+    or "plain" (the cached latents up-projected to per-head keys and values by kv_b, then
+    2 (qk_nope + qk_rope) + 2 v_head per pair; the chunk's own rows go through kv_b as its op).
+    A prefill runs the cheaper (`min`; kernels.prefill runs the same choice)."""
+    span = attended(context, rows) if span is None else span
+    return {"absorbed": rows * heads * span * (4.0 * a.kv_lora_rank + 2.0 * a.qk_rope_dim),
+            "plain": (2.0 * rows * heads * span * (a.qk_nope_dim + a.qk_rope_dim + a.v_head_dim)
+                      + 2.0 * context * a.kv_lora_rank * heads * (a.qk_nope_dim + a.v_head_dim))}
+
+
 def _causal_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment, g: Rows):
     """The attention core of prompt chunks (prefill): every row attends the cache and the rows
     before it (`attended`: on average context + (rows + 1) / 2 tokens, at most the window). KV
@@ -354,10 +367,8 @@ def _causal_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment, g
                         "fp8", kv=b * (L + rows) * a.index_head_dim * kvb,
                         act=ACT_BYTES * t * il * a.index_head_dim + 4.0 * t * seen)
             span = min(seen, a.index_topk)
-        absorbed = t * hl * span * (4.0 * a.kv_lora_rank + 2.0 * a.qk_rope_dim)
-        expanded = (2.0 * t * hl * span * (a.qk_nope_dim + a.qk_rope_dim + a.v_head_dim)
-                    + 2.0 * b * L * a.kv_lora_rank * hl * (a.qk_nope_dim + a.v_head_dim))
-        ops.compute(i, "attention", "mla_attention", min(absorbed, expanded), "bf16",
+        ops.compute(i, "attention", "mla_attention", min(mla_prefill_flops(a, hl, rows, L, span).values()) * b,
+                    "bf16",
                     kv=b * (L + rows) * width * kvb,
                     act=ACT_BYTES * t * hl * (2 * width + a.kv_lora_rank))
     elif isinstance(a, GQA):

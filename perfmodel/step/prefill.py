@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 from perfmodel.engine.megakernel import simulate_megakernel
 from perfmodel.engine.multikernel import simulate_multikernel
-from perfmodel.engine.terms import op_weights
+from perfmodel.engine.terms import CAUSES, op_weights
 from perfmodel.graph.prefill import StepShape, prompt_chunks, step_graph
 from perfmodel.spec.arch import ModelSpec
 from perfmodel.spec.deployment import Deployment, validate
 from perfmodel.spec.hardware import Hardware
-from perfmodel.step.predict import Prediction
+from perfmodel.step.predict import Prediction, _layer_rows
 from perfmodel.util.errors import SpecError, positive_int
 
 
@@ -94,3 +94,23 @@ def prefill(model: ModelSpec, hw: Hardware, d: Deployment, prompt: int, chunk: i
 def with_ttft(model: ModelSpec, hw: Hardware, p: Prediction, prompt: int, chunk: int | None = None) -> Prediction:
     """Prediction `p` with `ttft_s`: its batch's prompts of `prompt` tokens prefilled together."""
     return dataclasses.replace(p, ttft_s=prefill(model, hw, p.deployment, prompt, chunk, p.deployment.batch).ttft_s)
+
+
+def prefill_prediction(model: ModelSpec, hw: Hardware, d: Deployment, prompt: int, seqs: int = 1) -> Prediction:
+    """One step prefilling `seqs` prompts of `prompt` tokens whole, as a Prediction: its seconds
+    (`step_s`, = `ttft_s`), per-layer rows, causes and timeline, on the multi-kernel engine (a
+    megakernel deployment prefills in XLA too); `tokens_per_s` counts the prompt tokens."""
+    positive_int("seqs", seqs)
+    prompt_chunks(prompt)
+    validate(model, hw, dataclasses.replace(d, batch=seqs, context=prompt, spec=None))
+    per = -(-seqs // d.dp)
+    g = step_graph(model, d, StepShape(chunks=per, chunk_tokens=prompt, chunk_context=0, finishing=per))
+    tl = simulate_multikernel(g, hw, False, op_weights(g, model.formats["routed_expert"].bytes_per_value))
+    peak = hw.core_hbm_bandwidth_bytes_per_s
+    totals = {c: float(tl.wait_s[c].sum()) for c in CAUSES}
+    compute_floor = totals["compute"] * hw.efficiency.flops
+    bound = max((tl.dma_bytes / peak, "memory"), (compute_floor, "compute"),
+                (totals["collective"] + totals["launch"], "latency"))[1]
+    return Prediction(model.name, hw.name, dataclasses.replace(d, batch=seqs), tl.step_s, seqs * prompt / tl.step_s,
+                      tl.dma_bytes, tl.dma_bytes / peak, compute_floor, bound, totals, _layer_rows(g, tl), tl,
+                      ttft_s=tl.step_s)
