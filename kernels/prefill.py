@@ -30,8 +30,6 @@ from kernels import reference as R
 from perfmodel.graph.ops import mla_prefill_flops
 from perfmodel.util.errors import positive_int, require
 
-STEP_NAME = "prefill_step"  # the profiler annotation of one traced prefill (perfmodel.validate.traces)
-
 
 def mla_form(spec, prompt: int) -> str:
     """The form a prompt chunk of `prompt` tokens from position 0 runs MLA in (module doc)."""
