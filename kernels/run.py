@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
-from perfmodel.spec.loaders import load_model
 from perfmodel.spec.formats import get_format
+from perfmodel.spec.loaders import load_model
 from perfmodel.util.errors import SpecError
 
 from . import layout, megakernel, parallel, plan, quant, reference, shard, vmem

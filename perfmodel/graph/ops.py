@@ -101,7 +101,7 @@ def build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = Non
     are one op per kind, the rest of the graph runs over all their rows. `sampled`: rows the
     lm_head computes (default: every row; 0: no head)."""
     key = (d.devices, d.tp, d.expert_groups, d.batch, d.context, d.rows_per_seq, d.routing_skew,
-           d.routing_correlation, groups, sampled)
+           d.routing_correlation, d.pp, groups, sampled)
     if id(model) not in _CACHE and len(_CACHE) >= 16:
         _CACHE.clear()
     cache = _CACHE.setdefault(id(model), (model, {}))[1]
@@ -117,8 +117,8 @@ _CACHE: dict[int, tuple[ModelSpec, dict]] = {}  # id(model) -> (model kept alive
 
 def _build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = None,
            sampled: int | None = None) -> OpGraph:
-    if groups is None:  # the decode step: its sequences per attention replica
-        groups = (Rows(-(-d.batch // d.dp), d.rows_per_seq, d.context),)
+    if groups is None:  # the decode step: its sequences per attention replica (per micro-batch)
+        groups = (Rows(-(-d.batch // (d.dp * d.pp)), d.rows_per_seq, d.context),)
     t = sum(g.tokens for g in groups)    # rows (tokens) processed per replica
     sampled = t if sampled is None else sampled
     h, f = model.hidden, model.formats

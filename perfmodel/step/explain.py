@@ -96,6 +96,11 @@ def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
                      "act_bytes": float(g.act_bytes[j]), "start_s": float(tl.start_s[j]),
                      "end_s": float(tl.end_s[j]), "waits_s": waits, "waited_on": RESOURCE[cause],
                      "terms": terms(g, hw, j, weights, coll_s, megakernel)})
+    if d.serving_engine:  # each op's kernels: time, measured table or physical extrapolation
+        from perfmodel.step.serving_report import kernel_rows
+        krows = kernel_rows(model, hw, d)[0]
+        for j, r in zip(idx, rows):
+            r["kernels"] = [k for k in krows if k["op_index"] == j]
     row = next((r for r in p.layers if r.layer == layer), None)
     return {"schema_version": SCHEMA_VERSION, "command": "explain", "model": model.name, "hardware": hw.name,
             "deployment": dataclasses.asdict(d), "layer": layer, "kind": g.layer_kind.get(layer, ""),

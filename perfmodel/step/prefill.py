@@ -3,7 +3,9 @@ the time to first token (TTFT).
 
 A multi-kernel engine (vLLM, SGLang, an XLA program) runs a mixed step as one op graph of all
 its rows (`perfmodel.graph.prefill.step_graph`): decode rows and prompt chunks share every
-weight read. A megakernel decodes only: a step's prompt chunks run first as a separate XLA
+weight read. With a GPU serving engine's kernel inventory (`Deployment.serving_engine`, decode
+kernels only: perfmodel.engine.serving) a decode-only step is its kernels, as `predict` costs it,
+and a step with prompt chunks the multi-kernel engine's graph. A megakernel decodes only: a step's prompt chunks run first as a separate XLA
 program (the multi-kernel engine on the same chips; the published TPU megakernel prefills in
 XLA), then its decode rows in the megakernel.
 """
@@ -41,6 +43,9 @@ def step_cost(model: ModelSpec, hw: Hardware, d: Deployment, shape: StepShape) -
     if d.spec is not None:
         raise SpecError("spec", "draft rows", "steps with prompt chunks are costed without speculative decoding")
     d = dataclasses.replace(d, steps_per_call=1)
+    if d.engine == "multikernel" and d.serving_engine and not shape.chunks:  # a GPU serving engine's decode
+        from perfmodel.engine.serving import simulate_serving  # kernels (perfmodel.engine.serving)
+        return StepCost(0.0, simulate_serving(model, hw, d, step_graph(model, d, shape))[0].step_s)
     if d.engine == "multikernel":
         return StepCost(0.0, _multikernel(model, hw, d, shape))
     pre = _multikernel(model, hw, d, shape.prefill) if shape.chunks else 0.0
