@@ -112,7 +112,75 @@ def fig_cli_speed() -> str:
             + f"\n{b['machine']}, {b['date']}, medians of {r['predict']['runs']} runs.\n")
 
 
-FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed}
+def fig_ttft_published() -> str:
+    """experiments/validate_prefill_published.py, recomputed: held-out single-request TTFT."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("vpp", ROOT / "experiments" / "validate_prefill_published.py")
+    vpp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vpp)
+    from perfmodel.spec.deployment import Deployment
+    from perfmodel.spec.hardware import load_hardware
+    from perfmodel.step.prefill import prefill
+    rows, errs = [], {"dense": [], "moe": []}
+    for r in vpp.rows():
+        model = vpp.model_of(r)
+        d = Deployment(devices=int(r["devices"]), tp=int(r["tp"]), ep=int(r["ep"]) if r["ep"] else None,
+                       engine=r["engine"])
+        p = prefill(model, load_hardware(r["hardware"]), d, int(r["prompt_tokens"])).ttft_s
+        m = float(r["measured_ttft_s"])
+        errs["moe" if model.moe else "dense"].append(abs(p / m - 1))
+        rows.append([r["software"], r["prompt_tokens"], f"{m * 1e3:.1f}", f"{p * 1e3:.1f}", f"{p / m - 1:+.1%}"])
+    import statistics
+    med = {k: statistics.median(v) for k, v in errs.items()}
+    return (md_table(["measured on", "prompt", "measured ms", "predicted ms", "error"], rows, "lrrrr")
+            + f"\nMedian |error|: dense {med['dense']:.1%}, MoE {med['moe']:.1%}.\n")
+
+
+def fig_ttft_host() -> str:
+    """experiments/validate_prefill_host.py's last run."""
+    b = result("prefill_host_validation.json")
+    s = b["summary"]
+    rows = [[c["run"], f"{c['predicted_step_s'] * 1e3:.2f}", f"{c['measured_step_s'] * 1e3:.2f}",
+             f"{c['step_error']:+.1%}", f"{c['layer_mape']:.1%}"] for c in b["results"]]
+    kinds = ", ".join(f"{k} {v:+.1%}" for k, v in s["median_signed_layer_error_by_kind"].items())
+    return (md_table(["run", "predicted ms", "measured ms", "step error", "layer MAPE"], rows, "lrrrr")
+            + f"\nMedian |step error| {s['median_abs_step_error']:.1%} (signed {s['median_signed_step_error']:+.1%}), "
+            f"median |layer error| {s['median_abs_layer_error']:.1%}; signed per layer kind: {kinds}. "
+            f"{b['machine']}, {b['date']}, load average {b['load_average_1min']['start']:.1f} at the start, "
+            f"{b['load_average_1min']['end']:.1f} at the end.\n")
+
+
+def fig_serve_sweep() -> str:
+    """experiments/serve_sweeps.py's last run: the best layout per chip under the targets."""
+    rows, note = [], []
+    for chip in ("tpu-v7", "gb200"):
+        b = result(f"serve_sweep_{chip}.json")
+        r = b["top"][0]
+        rows.append([chip, f"{r['chips']} ({r['devices']} devices)", r["tp"], r["ep"], r["engine"], r["concurrency"],
+                     f"{r['ttft_p90_s']:.3f}", f"{r['tpot_p90_s'] * 1e3:.2f}", f"{r['tokens_per_s']:.0f}",
+                     f"**{r['tokens_per_s_per_chip']:.1f}**"])
+        note.append(f"{chip}: `{b['command']}`, {b['points']} points, {b['ok']} within the targets "
+                    f"({', '.join(f'{n} {k}' for k, n in b['filtered'].items())} filtered), {b['elapsed_s']:.0f} s "
+                    f"at load {b['load_average_1min']['start']:.1f}")
+    return (md_table(["chip", "chips", "tp", "ep", "engine", "clients", "TTFT p90 s", "TPOT p90 ms", "tokens/s",
+                      "tokens/s per chip"], rows, "lrrrlrrrrr") + "\n" + "; ".join(note) + ".\n")
+
+
+def fig_serve_speed() -> str:
+    """experiments/bench_serve.py's last run."""
+    b = result("bench_serve.json")
+    r = b["results"]
+    rows = [[f"`{r[k]['command']}`" if k == "serve_megakernel" else "the same, `--engine multikernel`",
+             f"{r[k]['median_s']:.2f} s", f"{r[k]['steps']}", f"{r[k]['step_shapes_costed']}", "10 s"]
+            for k in ("serve_megakernel", "serve_multikernel")]
+    load = b["load_average"]
+    return (md_table(["fresh process", "median of 3", "steps", "step shapes costed", "target"], rows, "lrrrr")
+            + f"\n{b['machine']}, {b['cpus']} CPUs, {b['date']}, load average {load['start'][0]:.1f} at the start, "
+            f"{load['end'][0]:.1f} at the end.\n")
+
+
+FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed, "ttft-published": fig_ttft_published,
+           "ttft-host": fig_ttft_host, "serve-sweep": fig_serve_sweep, "serve-speed": fig_serve_speed}
 
 
 # ---- the pages --------------------------------------------------------------------------------

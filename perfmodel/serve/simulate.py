@@ -51,6 +51,7 @@ def kv_transfer_s(model: ModelSpec, hw: Hardware, prefill: Deployment, decode: D
 
 def _pool(name: str, model, hw, d: Deployment, sched: Scheduler, reqs: Requests, role: str, longest: int) -> Pool:
     d = dataclasses.replace(d, batch=1, context=0, spec=None, steps_per_call=1)
+    require(d.pp == 1, "pp", d.pp, "the serving simulator does not pipeline steps over stages (pp must be 1)")
     validate(model, hw, d)
     kv = kv_cache(model, hw, d, sched.block_tokens, sched.memory_utilization)
     need = kv.bytes_for(longest)
