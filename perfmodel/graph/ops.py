@@ -277,17 +277,8 @@ def _attention_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment
     elif isinstance(a, CSA):
         _csa_core(ops, model, a, i, d, g)
     elif isinstance(a, GQA):
-        hl, kvl, vd = a.heads // d.tp, -(-a.kv_heads // d.tp), a.v_head_dim or a.head_dim
         span = min(L, a.window) if a.window else L
-        if a.index_topk:  # each index head scores every cached index key (then a max per block);
-            il = max(1, a.index_heads // d.tp)  # its KV head's group reads the top-k tokens
-            ops.compute(i, "attention", "msa_indexer", 2.0 * t * il * a.index_head_dim * (L + rows) + t * il * L,
-                        "bf16", kv=b * (L + rows) * a.index_head_dim * kvb,
-                        act=ACT_BYTES * t * il * a.index_head_dim + 4.0 * t * il * L)
-            span = min(L, a.index_topk)
-        ops.compute(i, "attention", "gqa_attention", 2.0 * t * hl * (a.head_dim + vd) * span, "bf16",
-                    kv=b * (span + rows) * kvl * (a.head_dim + vd) * kvb,
-                    act=ACT_BYTES * t * hl * (a.head_dim + vd))
+        _gqa_core(ops, model, a, i, d, g, (L + rows, L), span, span)
 
 
 def _csa_core(ops: _Builder, model: ModelSpec, a: CSA, i: int, d: Deployment, g: Rows):
@@ -372,18 +363,28 @@ def _causal_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment, g
                     kv=b * (L + rows) * width * kvb,
                     act=ACT_BYTES * t * hl * (2 * width + a.kv_lora_rank))
     elif isinstance(a, GQA):
-        hl, kvl, vd = a.heads // d.tp, -(-a.kv_heads // d.tp), a.v_head_dim or a.head_dim
-        cached = min(L, a.window) if a.window else L
-        span = attended(L, rows, a.window)
-        if a.index_topk:
-            il = max(1, a.index_heads // d.tp)
-            ops.compute(i, "attention", "msa_indexer", 2.0 * t * il * a.index_head_dim * seen + t * il * seen,
-                        "bf16", kv=b * (L + rows) * a.index_head_dim * kvb,
-                        act=ACT_BYTES * t * il * a.index_head_dim + 4.0 * t * il * seen)
-            span = min(seen, a.index_topk)
-        ops.compute(i, "attention", "gqa_attention", 2.0 * t * hl * (a.head_dim + vd) * span, "bf16",
-                    kv=b * (cached + rows) * kvl * (a.head_dim + vd) * kvb,
-                    act=ACT_BYTES * t * hl * (a.head_dim + vd))
+        _gqa_core(ops, model, a, i, d, g, (seen, seen), attended(L, rows, a.window),
+                  min(L, a.window) if a.window else L)
+
+
+def _gqa_core(ops: _Builder, model: ModelSpec, a: GQA, i: int, d: Deployment, g: Rows,
+              scored: tuple[float, float], span: float, cached: float):
+    """GQA's scores and values: each row attends `span` tokens (at most the window) and the
+    group reads `cached` cached entries (and writes its rows'). Block-sparse (`index_topk`): each
+    index head scores `scored[0]` index keys and takes a max per block over `scored[1]`, then its
+    KV head's group attends and reads the top-k tokens."""
+    b, t, rows = g.seqs, g.tokens, g.rows
+    kvb = model.formats["kv_cache"].bytes_per_value
+    hl, kvl, vd = a.heads // d.tp, -(-a.kv_heads // d.tp), a.v_head_dim or a.head_dim
+    if a.index_topk:
+        il = max(1, a.index_heads // d.tp)
+        ops.compute(i, "attention", "msa_indexer", 2.0 * t * il * a.index_head_dim * scored[0] + t * il * scored[1],
+                    "bf16", kv=b * (g.context + rows) * a.index_head_dim * kvb,
+                    act=ACT_BYTES * t * il * a.index_head_dim + 4.0 * t * il * scored[1])
+        span, cached = min(scored[1], a.index_topk), min(cached, a.index_topk)
+    ops.compute(i, "attention", "gqa_attention", 2.0 * t * hl * (a.head_dim + vd) * span, "bf16",
+                kv=b * (cached + rows) * kvl * (a.head_dim + vd) * kvb,
+                act=ACT_BYTES * t * hl * (a.head_dim + vd))
 
 
 def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int) -> float:
