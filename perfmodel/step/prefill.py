@@ -116,6 +116,6 @@ def prefill_prediction(model: ModelSpec, hw: Hardware, d: Deployment, prompt: in
     compute_floor = totals["compute"] * hw.efficiency.flops
     bound = max((tl.dma_bytes / peak, "memory"), (compute_floor, "compute"),
                 (totals["collective"] + totals["launch"], "latency"))[1]
-    return Prediction(model.name, hw.name, dataclasses.replace(d, batch=seqs), tl.step_s, seqs * prompt / tl.step_s,
+    return Prediction(model.name, hw.name, dataclasses.replace(d, batch=seqs, context=prompt), tl.step_s, seqs * prompt / tl.step_s,
                       tl.dma_bytes, tl.dma_bytes / peak, compute_floor, bound, totals, _layer_rows(g, tl), tl,
                       ttft_s=tl.step_s)
