@@ -64,6 +64,13 @@ class StepCosts:
         return self._interpolated(dec, pre, chunks, finishing)
 
     def _interpolated(self, dec: tuple[int, int], pre: tuple[int, int], chunks: int, finishing: int) -> float:
+        if not chunks:  # a decode step: bilinear in its rows and their context
+            (b0, b1, wb), (c0, c1, wc) = bracket(dec[0]), bracket(dec[1])
+            f = lambda b, c: self.corner((b, c, 0, 0, 0, finishing))
+            lo = f(b0, c0) if not wc else (1 - wc) * f(b0, c0) + wc * f(b0, c1)
+            if not wb:
+                return lo
+            return (1 - wb) * lo + wb * (f(b1, c0) if not wc else (1 - wc) * f(b1, c0) + wc * f(b1, c1))
         total = 0.0
         dims = [bracket(v) for v in dec + pre]
         for pick in itertools.product(*(((lo, 1 - w), (hi, w)) if w else ((lo, 1.0),) for lo, hi, w in dims)):

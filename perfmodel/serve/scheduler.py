@@ -145,9 +145,11 @@ class Pool:
         q.tokens[done] += 1
         g = q.generated[done] = q.generated[done] + 1
         q.first_token_s[done[g == 1]] = end
-        left = done if self.role == "prefill" else done[g >= q.output_len[done]]
+        prefill = self.role == "prefill"
+        left = done if prefill else done[g >= q.output_len[done]]
         if len(left):
-            self.running = self.running[~np.isin(self.running, left)]
+            run = self.running
+            self.running = run[q.generated[run] < (1 if prefill else q.output_len[run])]
             self.kv.used_bytes -= float(q.held[left].sum())
             q.held[left] = 0.0
             q.entered_s[left] = end
