@@ -100,7 +100,7 @@ def test_megakernel_never_slower_than_multikernel_under_fifo(batch, model, hw_na
 def zero_latency(name):
     return hw_with(name, dma_latency_s=0.0, launch_overhead_s=0.0, link_latency_s=0.0,
                    collective_base_latency_s=0.0, intra_chip_latency_s=0.0, dma_tile_bytes=1,
-                   dma_sharing="fifo", efficiency={"op_overhead_s": 0.0, "expert_overhead_s": 0.0})
+                   dma_sharing="fifo", efficiency={"op_overhead_s": 0.0})
 
 
 def test_zero_latency_reduces_multikernel_to_the_roofline():
@@ -167,7 +167,7 @@ def slot_curve(sharing):
     """One MoE layer: four 1000-byte experts (1 us each at 1 GB/s, 0.5 us first-byte latency),
     1 us of matmul per expert, fetched into 1..4 slots."""
     hw = hw_with(**{**HAND, "dma_sharing": sharing, "dma_latency_s": 0.5e-6, "onchip_bytes": 10000,
-                    "efficiency": {**HAND["efficiency"], "expert_overhead_s": 0.0}})
+                    "efficiency": HAND["efficiency"]})
     g = graph([(1, "routed_experts", 4e6, 0, 4000, None)], distinct=4)
     return [simulate_megakernel(g, hw, Deployment(devices=1, tp=1, prefetch_bytes=1000, expert_slots=s),
                                 4).step_s for s in (1, 2, 3, 4)]

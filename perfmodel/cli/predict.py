@@ -91,8 +91,17 @@ def cmd_trace(a) -> dict:
 
 
 def cmd_explain(a) -> dict:
-    from perfmodel.step.explain import explain
+    from perfmodel.step.explain import explain, explain_profile
+    from perfmodel.step.phases import load_profile
     from perfmodel.step.report import table
+    if a.profile is not None:
+        out = explain_profile(load_profile(a.profile), hardware.load_hardware(a.hardware))
+        if not a.json:
+            print_profile(out["phase_profile"])
+        return out
+    if a.layer is None:
+        from perfmodel.util.errors import SpecError
+        raise SpecError("--layer", None, "give a layer to explain (0 = embedding, n + 1 = head) or --profile NAME")
     model, hw, d = load_inputs(a)
     out = explain(model, hw, dataclasses.replace(d, batch=a.batch), a.layer, a.op)
     if not a.json:
@@ -110,6 +119,21 @@ def cmd_explain(a) -> dict:
                 print(f"  {r['op']}: {t['term']} = {1e6 * t['seconds']:.3f} us  [{t['mechanism']}]  "
                       f"source: {src}")
     return out
+
+
+def print_profile(pp: dict) -> None:
+    """The phase comparison of explain_profile as text, one table per kernel."""
+    from perfmodel.step.report import table
+    dep = pp["harness"].get("deployment", {})
+    print(f"phase profile ({pp['source']}); deployment {dep}")
+    print("a phase's time is what skipping it saves (per decoder layer; lm_head and fixed per step)\n")
+    for name, k in pp["kernels"].items():
+        settings = ", ".join(f"{key} = {v}" for key, v in k["megakernel"].items()) or "the preset's kernel"
+        print(f"{name} kernel ({k['model']}: {settings}), predicted step {k['step_us']:.1f} us")
+        print(table(["phase", "per", "measured us", "predicted us", "error %", "within"],
+                    [[r["phase"], r["per"], r["measured_us"], r["predicted_us"], 100 * r["error"],
+                      f"{'yes' if r['within'] else 'no'} ({100 * r['tolerance']:.0f} %)"] for r in k["phases"]]))
+        print()
 
 
 def configure_list(p) -> None:
@@ -134,6 +158,9 @@ def configure_trace(p) -> None:
 def configure_explain(p) -> None:
     add_deployment_args(p)
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--layer", type=int, required=True, help="0 = embedding, n + 1 = head")
+    p.add_argument("--layer", type=int, default=None, help="0 = embedding, n + 1 = head")
+    p.add_argument("--profile", default=None,
+                   help="a published phase profile (bundled name, e.g. musespark, or a .json): its kernels "
+                        "phase by phase, predicted beside measured, on --hardware")
     p.add_argument("--op", default=None, help="one op of the layer (e.g. routed_experts)")
     p.set_defaults(func=cmd_explain)
