@@ -179,9 +179,9 @@ def predicted_step(spec: ModelSpec, cfg: KernelConfig, the_plan: list[Copy], con
     per sequence (rows > 1: speculative decoding with cfg.rows - 1 drafted rows;
     acceptance_length, tokens per step, sets the tokens/s, not the step time) (a prediction,
     perfmodel.step.predict.Prediction, not a measurement)."""
-    from perfmodel.step.predict import predict
     from perfmodel.spec.deployment import Deployment, SpecDecode
     from perfmodel.spec.hardware import load_hardware
+    from perfmodel.step.predict import predict
     hw = load_hardware(hardware).replace(dma_tile_bytes=cfg.bank_bytes)
     verify = SpecDecode(draft_rows=cfg.rows - 1, acceptance_length=acceptance_length) \
         if cfg.rows > 1 else None

@@ -452,8 +452,8 @@ def reference_memory(batch: int, context: int, model: str = PROBE_MODEL) -> tupl
     import jax.numpy as jnp
     from kernels import reference as R
     from perfmodel.graph.ops import build
-    from perfmodel.spec.loaders import load_model
     from perfmodel.spec.deployment import Deployment
+    from perfmodel.spec.loaders import load_model
     spec = load_model(model)
     weights = R.init_weights(spec, 0, dtype=jnp.float32)
     cache = R.init_cache(spec, batch, context + 1)

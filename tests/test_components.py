@@ -191,8 +191,8 @@ def test_host_engine_charges_each_phase_its_counted_thunks_and_one_call():
     import dataclasses
     from perfmodel.engine.multikernel import simulate_multikernel
     from perfmodel.graph.ops import build
-    from perfmodel.spec.loaders import load_model
     from perfmodel.spec.deployment import Deployment
+    from perfmodel.spec.loaders import load_model
     from perfmodel.validate.host import host_hardware
     base = {"dot_gemv_bandwidth_bytes_per_s": 3e10, "dot_gemm_bandwidth_bytes_per_s": 3e10,
             "dot_gemm_row_s_per_byte": 1e-12, "dot_fixed_s": 1e-5}

@@ -20,9 +20,9 @@ import pandas as pd
 import streamlit as st
 
 from perfmodel.engine import megakernel_sim
-from perfmodel.step.predict import predict
 from perfmodel.spec import arch, hardware, hf, loaders
 from perfmodel.spec.deployment import Deployment, SpecDecode
+from perfmodel.step.predict import predict
 from perfmodel.util.errors import SpecError
 
 megakernel_sim.compile_loops()  # an interactive app predicts often: compiled loops (cached by numba)

@@ -54,9 +54,12 @@ def print_reproduce(r: dict) -> None:
 
 
 def cmd_calibrate(a) -> dict:
+    if a.kernels:
+        return calibrate_kernels_cmd(a)
+    require(a.microbench is not None, "--microbench", None, "give --microbench FILE (or --kernels)")
     from perfmodel.fit.microbench import TARGET, calibrated, load, residual_table
-    from perfmodel.step.report import SCHEMA_VERSION
     from perfmodel.spec.hardware import load_hardware, to_toml
+    from perfmodel.step.report import SCHEMA_VERSION
     data = load(a.microbench)
     platform = a.hardware or data.get("platform")
     require(platform is not None, "--hardware", None, "the file names no platform: give --hardware")
@@ -89,6 +92,32 @@ def cmd_calibrate(a) -> dict:
     return out
 
 
+def calibrate_kernels_cmd(a) -> dict:
+    """`perfmodel calibrate --kernels [--hardware GPU] [--write]`: the physical kernel components
+    fitted to the imported kernel tables, and their residuals per engine and GPU."""
+    from perfmodel.cost.gpu_kernels import gpus_with_tables
+    from perfmodel.fit.kernels import TARGET, calibrate_kernels
+    from perfmodel.step.report import SCHEMA_VERSION
+    gpus = gpus_with_tables()
+    require(a.hardware is None or a.hardware in gpus, "--hardware", a.hardware,
+            f"no kernel tables for it; tables: {', '.join(gpus)}")
+    fits = calibrate_kernels([a.hardware] if a.hardware else None, write=a.write)
+    rows = [{"gpu": g, "engine": e, **v} for g, doc in fits.items() for e, v in doc["summary"].items()]
+    out = {"schema_version": SCHEMA_VERSION, "command": "calibrate", "kernels": True, "target": TARGET,
+           "residuals": rows, "fits": fits, "written": bool(a.write)}
+    if not a.json:
+        print("physical kernel components fitted to the measured kernel tables (aiconfigurator-core), "
+              "residual = fitted / measured - 1 over every table cell\n")
+        print(table(["gpu", "engine", "cells", "median |residual| %", "worst %", "within 10 %", "median target"],
+                    [[r["gpu"], r["engine"], r["cells"], 100 * r["median_abs_residual"], 100 * r["worst_residual"],
+                      f"{100 * r['within_10_percent']:.0f} %",
+                      ("met" if r["median_abs_residual"] <= TARGET else "MISSED") + f" (<= {100 * TARGET:.0f} %)"]
+                     for r in rows]))
+        if a.write:
+            print("\nwrote perfmodel/data/kernels/<gpu>/fit.json")
+    return out
+
+
 def configure_reproduce(p) -> None:
     p.add_argument("--no-fit", action="store_true", help="physical defaults only, nothing fitted")
     p.add_argument("--write", metavar="PRESETS_DIR", default=None,
@@ -100,7 +129,10 @@ def configure_reproduce(p) -> None:
 
 
 def configure_calibrate(p) -> None:
-    p.add_argument("--microbench", required=True, help="micro-benchmark JSON (e.g. tpu7x.json)")
+    p.add_argument("--microbench", default=None, help="micro-benchmark JSON (e.g. tpu7x.json)")
+    p.add_argument("--kernels", action="store_true",
+                   help="instead: fit the GPU kernel components to the imported kernel tables (docs/gpu.md)")
+    p.add_argument("--write", action="store_true", help="with --kernels: write perfmodel/data/kernels/<gpu>/fit.json")
     p.add_argument("--hardware", default=None, help="preset or .toml to start from (default: the file's platform)")
     p.add_argument("--out", default=None, help="write the calibrated hardware file here")
     p.add_argument("--json", action="store_true")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from perfmodel.cli.args import context, count, integer, mib, nonnegative, number, positive, skew
-from perfmodel.step.report import deployment_json
 from perfmodel.spec import hardware, loaders
 from perfmodel.spec.deployment import ENGINES, Deployment, SpecDecode
+from perfmodel.step.report import deployment_json
 from perfmodel.util.errors import SpecError
 
 MAX_STREAM_TILES = 2**22  # ring tiles the megakernel simulator walks per step (memory and time)
@@ -46,6 +46,13 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
     acc.add_argument("--acceptance-prob", type=nonnegative, default=None, help="per-token acceptance a")
     p.add_argument("--draft-cost", type=lambda v: number(v, hi=100), default=0.05,
                    help="drafter time / verification time")
+    p.add_argument("--serving-engine", choices=("vllm", "sglang", "trtllm"), default=None,
+                   help="GPU multi-kernel engine whose measured kernels to replay (docs/gpu.md)")
+    p.add_argument("--attention-dp", type=count, default=None,
+                   help="attention data-parallel replicas (tp = devices / (attention-dp x pp) unless given)")
+    p.add_argument("--pp", type=count, default=1, help="pipeline-parallel stages")
+    p.add_argument("--ep-comm", dest="moe_comm", choices=("all_reduce", "all_to_all"), default="all_reduce",
+                   help="how tokens reach the experts: all-reduce (replicated / gathered) or all-to-all (DeepEP)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -59,7 +66,12 @@ def load_inputs(a: argparse.Namespace):
         if a.acceptance_length is None and a.acceptance_prob is None:
             raise SpecError("--acceptance-length", None, "speculative decoding needs an acceptance")
         spec = SpecDecode(a.draft_rows, a.acceptance_prob, a.acceptance_length, a.draft_cost)
-    d = Deployment(devices=a.devices, tp=a.tp or a.devices, engine=a.engine, ep=a.ep,
+    tp = a.tp or a.devices // ((a.attention_dp or 1) * a.pp) or 1
+    if a.attention_dp is not None and tp * a.attention_dp * a.pp != a.devices:
+        raise SpecError("--attention-dp", a.attention_dp,
+                        f"tp x attention-dp x pp ({tp} x {a.attention_dp} x {a.pp}) must equal devices ({a.devices})")
+    d = Deployment(devices=a.devices, tp=tp, engine=a.engine, ep=a.ep,
+                   serving_engine=a.serving_engine, pp=a.pp, moe_comm=a.moe_comm,
                    context=a.context, spec=spec, routing_skew=a.routing_skew, routing_correlation=a.routing_correlation,
                    expert_slots=a.expert_slots, steps_per_call=a.steps_per_call,
                    prefetch_bytes=a.prefetch_mib * 2**20 if a.prefetch_mib is not None else None)

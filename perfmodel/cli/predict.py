@@ -6,8 +6,8 @@ import json
 
 from perfmodel.cli.args import count, int_list
 from perfmodel.cli.inputs import add_deployment_args, inputs_json, load_inputs
-from perfmodel.step.report import SCHEMA_VERSION, json_text, layer_summary, plain, prediction_json, table
 from perfmodel.spec import arch, hardware, loaders
+from perfmodel.step.report import SCHEMA_VERSION, json_text, layer_summary, plain, prediction_json, table
 from perfmodel.util.files import write_atomic
 
 
@@ -22,25 +22,37 @@ def cmd_list(a) -> dict:
         out["hardware"].append({"name": name, "kind": h.kind, "cores_per_chip": h.cores_per_chip,
                                 "bf16_flops_per_s": h.peak_flops_per_s["bf16"],
                                 "hbm_bandwidth_bytes_per_s": h.hbm_bandwidth_bytes_per_s,
-                                "onchip_bytes": h.onchip_bytes})
+                                "onchip_bytes": h.onchip_bytes, "domain_devices": h.domain_devices,
+                                "assumed": h.assumed})
     if not a.json:
         print(table(["model", "layers", "params (B)", "weights (GB)"],
                     [[m["name"], m["layers"], m["params"] / 1e9, m["weight_bytes"] / 1e9] for m in out["models"]]))
         print()
-        print(table(["hardware", "kind", "cores/chip", "bf16 TFLOP/s", "HBM GB/s", "on-chip MiB"],
+        print(table(["hardware", "kind", "cores/chip", "bf16 TFLOP/s", "HBM GB/s", "on-chip MiB", "domain",
+                     "assumed components"],
                     [[h["name"], h["kind"], h["cores_per_chip"], h["bf16_flops_per_s"] / 1e12,
-                      h["hbm_bandwidth_bytes_per_s"] / 1e9, h["onchip_bytes"] / 2**20] for h in out["hardware"]]))
+                      h["hbm_bandwidth_bytes_per_s"] / 1e9, h["onchip_bytes"] / 2**20, h["domain_devices"] or "-",
+                      ", ".join(k.removeprefix("components.") for k in h["assumed"] if k.startswith("components."))
+                      or "-"] for h in out["hardware"]]))
     return out
 
 
 def cmd_predict(a) -> dict:
     from perfmodel.step.predict import expert_tiling_cost, predict
+    if a.kernel_plan:
+        return kernel_plans(a)
     model, hw, d = load_inputs(a)
     preds = [predict(model, hw, dataclasses.replace(d, batch=b)) for b in a.batch]
+    method = (f"{d.serving_engine} kernels replayed back to back (perfmodel.engine.serving)" if d.serving_engine
+              else f"{d.engine} timeline simulation (perfmodel.engine.{d.engine})")
     out = {"schema_version": SCHEMA_VERSION, "command": "predict",
-           "inputs": inputs_json(a, model, hw, d, batch=a.batch),
-           "method": f"{d.engine} timeline simulation (perfmodel.engine.{d.engine})",
-           "results": [prediction_json(p, layers=True) for p in preds]}
+           "inputs": inputs_json(a, model, hw, d, batch=a.batch), "method": method,
+           "results": [prediction_json(p, layers=True) for p in preds],
+           "assumed": [k for k in hw.assumed if k.startswith("components.") or k in ("fabric_bandwidth_bytes_per_s",)]}
+    if d.serving_engine:
+        from perfmodel.step.serving_report import kernel_summary
+        for r, p in zip(out["results"], preds):
+            r["kernels"] = kernel_summary(model, hw, p.deployment)
     if a.gain:
         from perfmodel.step.predict import prefetch_gain
         for r, p in zip(out["results"], preds):
@@ -51,7 +63,14 @@ def cmd_predict(a) -> dict:
     if not a.json:
         print(f"{model.name} on {a.devices} x {hw.name} devices, tp={d.tp} ep={d.expert_groups}, "
               f"{d.engine}, context {d.context}" + (f", spec decode {d.spec}" if d.spec else ""))
-        print(f"method: {out['method']}\n")
+        print(f"method: {out['method']}")
+        if out["assumed"]:
+            print("rests on assumed components (no measurement): " + ", ".join(out["assumed"]))
+        if d.serving_engine:
+            k = out["results"][0]["kernels"]
+            print(f"kernels per step: {k['count']}, {100 * k['measured_share']:.0f} % of the time from measured "
+                  f"tables, the rest physical (perfmodel explain --layer N lists each)")
+        print()
         print(f"per layer kind at batch {preds[0].deployment.batch}:")
         print(layer_summary(preds[0]))
         print()
@@ -72,6 +91,39 @@ def cmd_predict(a) -> dict:
                           g["gain_s"] * 1e3, g["speedup"]] + [g["by_cause_s"][c] * 1e3 for c in causes]
                          for r in out["results"] for g in [r["prefetch_gain"]]]))
     return out
+
+
+def kernel_plans(a) -> dict:
+    """--kernel-plan FILE ...: per plan file, the model's own megakernel and the plan's kernel on
+    the plan's deployment, side by side, and what makes them differ."""
+    from perfmodel.graph.dmaplan import load_plan
+    from perfmodel.step.explain import kernel_plan_comparison
+    hw = hardware.load_hardware(a.hardware)
+    out = {"schema_version": SCHEMA_VERSION, "command": "predict", "kernel_plans": []}
+    for path in a.kernel_plan:
+        plan = load_plan(path)
+        model = loaders.load_model(plan.model)
+        c = kernel_plan_comparison(model, hw, plan, a.steps_per_call)
+        out["kernel_plans"].append({"plan": path, **{k: v for k, v in c.items() if k not in ("schema_version", "command")}})
+    if not a.json:
+        print_kernel_plans(out["kernel_plans"])
+    return out
+
+
+def print_kernel_plans(plans: list[dict]) -> None:
+    print(table(["plan", "model", "devices", "batch", "context", "recipe step ms", "recipe tok/s",
+                 "kernel step ms", "kernel tok/s", "kernel / recipe"],
+                [[p["plan"], p["model"], p["deployment"]["devices"], p["deployment"]["batch"], p["deployment"]["context"],
+                  p["recipe_step_s"] * 1e3, p["recipe_tokens_per_s"], p["kernel_step_s"] * 1e3,
+                  p["kernel_tokens_per_s"], p["kernel_step_s"] / p["recipe_step_s"]] for p in plans]))
+    print("\nrecipe: the model's own megakernel ([megakernel] of its model file) on its uniform stream; kernel: "
+          "the plan's copies and settings replayed (perfmodel.graph.dmaplan)")
+    for p in plans:
+        print(f"\n{p['plan']}: what differs")
+        print(table(["", "recipe", "kernel"], [[r["what"], r["recipe"], r["kernel"]] for r in p["differences"]]))
+        print(table(["cause", "recipe ms", "kernel ms", "kernel - recipe ms"],
+                    [[c, v["recipe"] * 1e3, v["kernel"] * 1e3, (v["kernel"] - v["recipe"]) * 1e3]
+                     for c, v in p["by_cause_s"].items()]))
 
 
 def cmd_trace(a) -> dict:
@@ -112,6 +164,13 @@ def cmd_explain(a) -> dict:
                     [[r["op"], r["flops"] / 1e6, r["static_bytes"] / 1e3, r["routed_bytes"] / 1e3,
                       r["kv_bytes"] / 1e3, r["start_s"] * 1e6, r["end_s"] * 1e6, r["waited_on"]]
                      for r in out["ops"]]))
+        if d.serving_engine:
+            print(f"\n{d.serving_engine} kernels (table = measured, interpolated in the table's axes; physical = "
+                  "extrapolated by the fitted or generic components):")
+            print(table(["op", "kernel", "class", "us", "from", "source"],
+                        [[r["op"], k["kernel"], k["class"], k["seconds"] * 1e6, "table" if k["measured"] else "physical",
+                          k["source"] if len(k["source"]) <= 90 else k["source"][:87] + "..."]
+                         for r in out["ops"] for k in r.get("kernels", [])]))
         print("\nterms (each op in isolation; full sources with --json):")
         for r in out["ops"]:
             for t in r["terms"]:
@@ -145,6 +204,9 @@ def configure_predict(p) -> None:
     add_deployment_args(p)
     p.add_argument("--batch", type=int_list, default=[1], help="comma-separated batch sizes")
     p.add_argument("--gain", action="store_true", help="also the prefetch gain over the other engine, by cause")
+    p.add_argument("--kernel-plan", action="append", default=[], metavar="PLAN.json",
+                   help="a kernel's DMA plan file (python -m kernels.run ... --plan-out): its deployment predicted "
+                        "as the model's own megakernel and as that kernel, side by side (repeatable)")
     p.set_defaults(func=cmd_predict)
 
 

@@ -41,8 +41,8 @@ def configure_sweep(p) -> None:
 
 
 def cmd_sweep(a: argparse.Namespace) -> dict:
-    from perfmodel.step.report import SCHEMA_VERSION
     from perfmodel.search.sweep import run_design, saturation_by_group
+    from perfmodel.step.report import SCHEMA_VERSION
     base = {k: design_mod.check_setting(f"--{k.replace('_', '-')}", k, v)
             for k, v in vars(a).items() if k in design_mod.SETTINGS and v is not None}
     d = design_mod.load(a.design, base) if a.design else design_mod.grid_from_vary(a.vary, base)

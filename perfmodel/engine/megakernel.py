@@ -111,9 +111,11 @@ def uniform_stream(g: OpGraph, tile_bytes: float) -> Stream:
 
 
 def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
-    """A kernel's real DMA plan (perfmodel.graph.dmaplan): its ring tiles in order, each layer's ops
-    consuming that layer's tiles in proportion to the bytes the model gives them; the plan's
-    other copies (KV / state reads and write-backs, vectors, embedding rows) at layer start."""
+    """A kernel's real DMA plan (perfmodel.graph.dmaplan; its HBM copies): its ring tiles in
+    order, each layer's ops consuming that layer's tiles in proportion to the bytes the model
+    gives them; each routed expert one copy of its descriptors (consecutive copies of one expert:
+    its matrices and scales); the plan's other copies (KV / state reads and write-backs, vectors,
+    embedding rows) at layer start."""
     ring = [c for c in plan if c.ring]
     tiles = np.array([c.bytes for c in ring], float)
     tile_end = np.cumsum(tiles)
@@ -132,12 +134,22 @@ def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
         begin[m] = end[m] - size * g.static_bytes[m] / model_static[layer]
     layer_start: dict[int, float] = {}
     routed: dict[int, list[float]] = {}
+    descriptors: list[int] = []  # per routed expert copy
+    last = None
     for c in plan:
-        if c.routed:
-            routed.setdefault(c.layer, []).append(float(c.bytes))
+        if c.routed:  # one expert's descriptors (its matrices, its scales) follow each other
+            expert = (c.layer, c.name.split(" (")[0])
+            if expert == last:
+                routed[c.layer][-1] += c.bytes
+                descriptors[-1] += 1
+            else:
+                routed.setdefault(c.layer, []).append(float(c.bytes))
+                descriptors.append(1)
+            last = expert
         elif not c.ring:
             layer_start[c.layer] = layer_start.get(c.layer, 0.0) + c.bytes
-    return Stream(tiles, tile_end, begin, end, layer_start, routed, np.zeros(len(g)))
+    per = max(1, round(float(np.mean(descriptors)))) if descriptors else 1
+    return Stream(tiles, tile_end, begin, end, layer_start, routed, np.zeros(len(g)), per)
 
 
 @dataclass

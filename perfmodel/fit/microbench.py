@@ -155,9 +155,9 @@ def predict_entry(e: dict, hw: Hardware) -> float:
 
 def engine_bandwidth_fraction(hw: Hardware, i: dict) -> float:
     """HBM floor / step of the multi-kernel engine on `i['model']` (one sequence, one device)."""
-    from perfmodel.step.predict import predict
-    from perfmodel.spec.loaders import load_model
     from perfmodel.spec.deployment import Deployment
+    from perfmodel.spec.loaders import load_model
+    from perfmodel.step.predict import predict
     p = predict(load_model(i["model"]), hw, Deployment(devices=i["devices"], tp=i["devices"],
                                                        engine="multikernel", batch=i["batch"]))
     return p.hbm_utilisation

@@ -19,12 +19,12 @@ from scipy.optimize import least_squares
 
 from perfmodel.engine import megakernel_sim
 from perfmodel.fit.measurements import Measurement, seed_measurements
-from perfmodel.step.predict import predict
-from perfmodel.step.report import SCHEMA_VERSION
 from perfmodel.spec.arch import PRESET_DIR as MODEL_DIR
-from perfmodel.spec.loaders import load_model
 from perfmodel.spec.deployment import Deployment, SpecDecode
 from perfmodel.spec.hardware import Efficiency, Hardware, load_hardware
+from perfmodel.spec.loaders import load_model
+from perfmodel.step.predict import predict
+from perfmodel.step.report import SCHEMA_VERSION
 from perfmodel.util.errors import require
 from perfmodel.util.files import read_text
 

@@ -87,7 +87,7 @@ def build(model: ModelSpec, d: Deployment) -> OpGraph:
     """The op graph; cached per model object and the deployment fields it depends on (sweeps over
     prefetch depth, slots, engine or hardware reuse it). Callers must not mutate it."""
     key = (d.devices, d.tp, d.expert_groups, d.batch, d.context, d.rows_per_seq, d.routing_skew,
-           d.routing_correlation, d.engine)
+           d.routing_correlation, d.pp, d.engine)
     if id(model) not in _CACHE and len(_CACHE) >= 16:
         _CACHE.clear()
     cache = _CACHE.setdefault(id(model), (model, {}))[1]
@@ -102,7 +102,7 @@ _CACHE: dict[int, tuple[ModelSpec, dict]] = {}  # id(model) -> (model kept alive
 
 
 def _build(model: ModelSpec, d: Deployment) -> OpGraph:
-    b = -(-d.batch // d.dp)              # sequences per attention replica
+    b = -(-d.batch // (d.dp * d.pp))     # sequences per attention replica (per micro-batch)
     t = b * d.rows_per_seq               # rows (tokens) processed per replica
     h, f = model.hidden, model.formats
     ops = _Builder()
@@ -199,11 +199,14 @@ def expert_descriptors(model: ModelSpec) -> int:
 
 
 def kernel_all_reduce(model: ModelSpec, rows: int) -> str:
-    """One-shot where the model's megakernel has no shard-based collectives at `rows` rows (the
-    public Kimi K3 kernel: reduce-scatter and token scatter only at 8 rows); "" where it does or
-    the model does not say (the fastest algorithm per payload)."""
-    shard = model.megakernel.shard_collective_rows
-    return "one_shot" if shard is not None and rows not in shard else ""
+    """The all-reduce algorithm the model's megakernel runs at `rows` rows: its fixed one
+    ([megakernel] all_reduce); else one-shot where it has no shard-based collectives at these rows
+    (the public Kimi K3 kernel: reduce-scatter and token scatter only at 8 rows); "" where it does
+    or the model does not say (the fastest algorithm per payload)."""
+    mk = model.megakernel
+    if mk.all_reduce:
+        return mk.all_reduce
+    return "one_shot" if mk.shard_collective_rows is not None and rows not in mk.shard_collective_rows else ""
 
 
 def _attention_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment, b: int, t: int):

@@ -16,10 +16,10 @@ import numpy as np
 from perfmodel.engine import megakernel, megakernel_sim
 from perfmodel.engine.terms import CAUSES, op_weights
 from perfmodel.graph import ops
-from perfmodel.step.predict import predict, summarise
 from perfmodel.search.design import SETTINGS, Chunk
 from perfmodel.spec import arch, hardware, loaders
 from perfmodel.spec.deployment import Deployment, SpecDecode, resident_bytes_per_device, validate
+from perfmodel.step.predict import predict, summarise
 from perfmodel.util.errors import SpecError
 
 MiB = 2**20

@@ -16,14 +16,14 @@ from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 
-from perfmodel.step.predict import predict
 from perfmodel.search import design as design_mod
 from perfmodel.search.batch import COLUMNS, OBJECTIVES, run_chunk
 from perfmodel.search.executors import run as run_chunks
 from perfmodel.spec.arch import ModelSpec
-from perfmodel.spec.loaders import load_model
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import Hardware, load_hardware
+from perfmodel.spec.loaders import load_model
+from perfmodel.step.predict import predict
 from perfmodel.util.errors import SpecError, require
 
 DEPLOYMENT_AXES = ("batch", "context", "prefetch_bytes", "expert_slots", "engine", "routing_skew",

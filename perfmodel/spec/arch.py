@@ -385,6 +385,11 @@ class ModelSpec:
         computed once a kind."""
         return dict(Counter(dataclasses.replace(l, index=0) for l in self.layers))
 
+    @cached_property
+    def attention_counts(self) -> dict[str, int]:
+        """Layers per attention label."""
+        return dict(Counter(l.attention for l in self.layers))
+
     def params_by_family(self) -> dict[str, int]:
         return dict(self._params_by_family)
 

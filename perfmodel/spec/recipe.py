@@ -17,6 +17,7 @@ POST_EXPERT_PROJECTIONS = ("row_sharded", "output_sharded")
 WIRES = {"bf16": 2, "f32": 4}
 TOP_K = ("rank", "iterative_argmax")
 EMBEDDINGS = ("kernel", "xla")
+ALL_REDUCE = ("rs_ag", "hierarchical", "one_shot")  # perfmodel.cost.components.ALGORITHMS["all_reduce"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,9 @@ class Megakernel:
     # rows per step at which the kernel has shard-based collectives; at any other row count its
     # all-reduces are one-shot. None: the fastest algorithm per payload at every row count
     shard_collective_rows: tuple[int, ...] | None = None
+    # the kernel's all-reduce algorithm at every row count (rs_ag, hierarchical, one_shot); "": as
+    # shard_collective_rows says, else the fastest per payload
+    all_reduce: str = ""
     # a collective's payload holds at least this many rows (activations kept as whole sublane
     # tiles: 8 rows), so a batch of 1 sends 8 rows
     collective_rows: int = 1
@@ -61,7 +65,7 @@ def from_table(table) -> Megakernel:
             positive_int("megakernel.shard_collective_rows", r)
             require(r <= MAX_ROWS, "megakernel.shard_collective_rows", r, f"must be <= {MAX_ROWS}")
         out["shard_collective_rows"] = tuple(sorted(set(rows)))
-    for k, choices in (("expert_reduce_rows", EXPERT_REDUCE_ROWS), ("post_expert_projection", POST_EXPERT_PROJECTIONS),
+    for k, choices in (("all_reduce", ALL_REDUCE), ("expert_reduce_rows", EXPERT_REDUCE_ROWS), ("post_expert_projection", POST_EXPERT_PROJECTIONS),
                        ("collective_wire", tuple(WIRES)), ("top_k", TOP_K), ("embedding", EMBEDDINGS)):
         if k in table:
             require(table[k] in choices, f"megakernel.{k}", table[k], f"must be one of {', '.join(choices)}")

@@ -122,6 +122,11 @@ def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
                      "act_bytes": float(g.act_bytes[j]), "start_s": float(tl.start_s[j]),
                      "end_s": float(tl.end_s[j]), "waits_s": waits, "waited_on": RESOURCE[cause],
                      "terms": terms(g, hw, j, weights, coll_s, megakernel, extra, feeds)})
+    if d.serving_engine:  # each op's kernels: time, measured table or physical extrapolation
+        from perfmodel.step.serving_report import kernel_rows
+        krows = kernel_rows(model, hw, d)[0]
+        for j, r in zip(idx, rows):
+            r["kernels"] = [k for k in krows if k["op_index"] == j]
     row = next((r for r in p.layers if r.layer == layer), None)
     return {"schema_version": SCHEMA_VERSION, "command": "explain", "model": model.name, "hardware": hw.name,
             "deployment": dataclasses.asdict(d), "layer": layer, "kind": g.layer_kind.get(layer, ""),
@@ -134,3 +139,45 @@ def explain_profile(profile: dict, hw) -> dict:
     return {"schema_version": SCHEMA_VERSION, "command": "explain", "hardware": hw.name,
             "phase_profile": {"source": profile.get("source", ""), "harness": profile.get("harness", {}),
                               "skipped": SKIPPED, "kernels": compare(profile, hw)}}
+
+
+def kernel_plan_comparison(model, hw, plan, steps_per_call: int = 1) -> dict:
+    """The two megakernels of one deployment side by side: the model's own ([megakernel], the
+    Inferact recipe where the model file names it) on the model's uniform stream, and the kernel
+    whose plan file `plan` is (perfmodel.graph.dmaplan.KernelPlan), replayed copy by copy with its
+    settings; what makes them differ, term by term, and the step by cause."""
+    from perfmodel.engine.megakernel import bank_bytes, sizing
+    from perfmodel.step.predict import plan_deployment, plan_model
+    d = dataclasses.replace(plan_deployment(plan), steps_per_call=steps_per_call)
+    recipe = predict(model, hw, d)
+    kernel = predict(model, hw, d, plan=plan)
+    kmodel = plan_model(model, plan)
+    g, gk = ops_mod.build(model, d), ops_mod.build(kmodel, d)
+    top_k = model.moe.top_k if model.moe else 1
+    s, sk = sizing(g, hw, d, top_k), sizing(gk, hw, d, top_k)
+    hbm = plan.hbm_copies
+    experts = max(1, math.ceil(g.distinct_experts)) * int(model.count(ffn="moe")) if model.moe else 0
+    ring_tiles = math.ceil(float(g.static_bytes.sum()) / bank_bytes(g, hw))
+    feed = lambda graph: next((f"{graph.fmt[j].name} as {op_feeds(graph, hw)[0][j]}"
+                               for j in range(len(graph)) if graph.routed_bytes[j] > 0), "-")
+    all_reduce = lambda graph: graph.kernel_all_reduce or "fastest per payload"
+    rows = [
+        ("ring", f"{s.banks} x {s.tile_bytes / 2**20:.3g} MiB banks", f"{sk.banks} x {sk.tile_bytes / 2**20:.3g} MiB banks"),
+        ("HBM descriptors per step", ring_tiles + experts * g.expert_descriptors + len(model.layers) + 2, len(hbm)),
+        ("HBM bytes per device", recipe.bytes_per_device, kernel.bytes_per_device),
+        ("of which padding", 0, sum(c.padding for c in hbm) or kernel.bytes_per_device - recipe.bytes_per_device),
+        ("expert slots", s.slots, sk.slots),
+        ("routed experts fed", feed(g), feed(gk)),
+        ("all-reduce", all_reduce(g), all_reduce(gk)),
+        ("collective wire, rows", f"{model.megakernel.collective_wire}, >= {model.megakernel.collective_rows}",
+         f"{kmodel.megakernel.collective_wire}, >= {kmodel.megakernel.collective_rows}"),
+        ("remote copies in the plan", "-", len(plan.remote_copies)),
+    ]
+    causes = sorted(set(recipe.breakdown_s) | set(kernel.breakdown_s))
+    return {"schema_version": SCHEMA_VERSION, "command": "explain", "model": model.name, "hardware": hw.name,
+            "deployment": dataclasses.asdict(d), "plan_source": plan.source,
+            "recipe_step_s": recipe.step_s, "kernel_step_s": kernel.step_s,
+            "recipe_tokens_per_s": recipe.tokens_per_s, "kernel_tokens_per_s": kernel.tokens_per_s,
+            "differences": [{"what": w, "recipe": a, "kernel": b} for w, a, b in rows],
+            "by_cause_s": {c: {"recipe": recipe.breakdown_s.get(c, 0.0), "kernel": kernel.breakdown_s.get(c, 0.0)}
+                           for c in causes}}

@@ -133,10 +133,10 @@ def compare(t: TraceSummary, model=None, hardware: str = DEFAULT_HOST_HARDWARE,
             matched_efficiency: bool = False) -> Comparison:
     """Predict a traced run (its capture.json supplies what the arguments leave out): a host
     run (compiled / op_by_op, multi-kernel engine) or a megakernel run (one device)."""
-    from perfmodel.step.predict import predict
-    from perfmodel.spec.loaders import load_model
     from perfmodel.spec.deployment import Deployment
     from perfmodel.spec.hardware import load_hardware
+    from perfmodel.spec.loaders import load_model
+    from perfmodel.step.predict import predict
     meta = t.meta
     model = model or meta.get("model")
     batch = batch or meta.get("batch")
