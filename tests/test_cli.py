@@ -119,6 +119,7 @@ def json_of(capsys, *argv) -> dict:
     ["sweep", "--ep", "8", "--vary", "prefetch_mib=8,1000"],  # a point that cannot run: its error
     ["reproduce", "--no-fit"],
     ["explain", "--ep", "8", "--layer", "4"],
+    ["explain", "--profile", "musespark"],
     ["calibrate", "--microbench", str(Path(__file__).parents[1] / "perfmodel/data/microbench/tpu7x.json")],
 ])
 def test_json_matches_schema(capsys, argv):

@@ -107,6 +107,14 @@ def test_cli_prints_both_predictions(tmp_path, capsys):
     assert main(["predict", "--kernel-plan", str(path), "--json"]) == 0
     (out,) = json.loads(capsys.readouterr().out)["kernel_plans"]
     assert out["kernel_step_s"] > 0 and out["recipe_step_s"] > 0 and out["plan_source"] == "test"
+    assert main(["explain", "--kernel-plan", str(path), "--json"]) == 0
+    explained = json.loads(capsys.readouterr().out)
+    assert explained["kernel_step_s"] == out["kernel_step_s"] and explained["differences"] == out["differences"]
+    import jsonschema
+    from pathlib import Path
+    schema = json.loads((Path(__file__).parents[1] / "docs" / "json-schema.json").read_text())
+    for got in ({"schema_version": 2, "command": "predict", "kernel_plans": [out]}, explained):
+        jsonschema.validate(got, {**schema, "$ref": f"#/$defs/{got['command']}"})
     path.write_text("{")
     assert main(["predict", "--kernel-plan", str(path)]) == 2
     err = capsys.readouterr().err

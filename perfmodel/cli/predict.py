@@ -151,9 +151,19 @@ def cmd_explain(a) -> dict:
         if not a.json:
             print_profile(out["phase_profile"])
         return out
+    if a.kernel_plan is not None:
+        from perfmodel.graph.dmaplan import load_plan
+        from perfmodel.step.explain import kernel_plan_comparison
+        plan = load_plan(a.kernel_plan)
+        out = {**kernel_plan_comparison(loaders.load_model(plan.model), hardware.load_hardware(a.hardware), plan,
+                                        a.steps_per_call), "plan": a.kernel_plan}
+        if not a.json:
+            print_kernel_plans([out])
+        return out
     if a.layer is None:
         from perfmodel.util.errors import SpecError
-        raise SpecError("--layer", None, "give a layer to explain (0 = embedding, n + 1 = head) or --profile NAME")
+        raise SpecError("--layer", None, "give a layer to explain (0 = embedding, n + 1 = head), --profile NAME "
+                        "or --kernel-plan FILE")
     model, hw, d = load_inputs(a)
     out = explain(model, hw, dataclasses.replace(d, batch=a.batch), a.layer, a.op)
     if not a.json:
@@ -221,6 +231,8 @@ def configure_explain(p) -> None:
     add_deployment_args(p)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--layer", type=int, default=None, help="0 = embedding, n + 1 = head")
+    p.add_argument("--kernel-plan", default=None, metavar="PLAN.json",
+                   help="a kernel's DMA plan file: what makes it differ from the model's own megakernel")
     p.add_argument("--profile", default=None,
                    help="a published phase profile (bundled name, e.g. musespark, or a .json): its kernels "
                         "phase by phase, predicted beside measured, on --hardware")

@@ -229,15 +229,17 @@ def kernel_terms(g: OpGraph, hw: Hardware) -> dict[str, np.ndarray]:
     components.attention_core_time), `top_k` (routing's pick, components.topk_time, by the
     kernel's algorithm) and `xla_embedding` (the lookup and psum in XLA glue around the kernel,
     components.xla_embedding_time). Zero without TPU components."""
-    n, out = len(g), {}
-    if not cm.is_tpu_model(hw.components):
+    out: dict[str, np.ndarray] = {}
+    if not cm.is_tpu_model(hw.components) or not len(g):
         return out
-    c, names = hw.components, g.name
-    mask = lambda which: np.array([nm in which for nm in names], bool) if n else np.zeros(0, bool)
-    k = g.top_k or 1
-    out["attention_core"] = np.where(mask(ATTENTION_CORES) & (g.flops > 0), g.sequences * cm.attention_core_time(c), 0.0)
-    out["top_k"] = np.where(mask(("top_k",)) & (g.flops > 0), cm.topk_time(c, g.recipe.top_k, k), 0.0)
-    out["xla_embedding"] = np.where(mask(("xla_embedding",)), cm.xla_embedding_time(c), 0.0)
+    c, k = hw.components, g.top_k or 1
+    per_op = {"top_k": cm.topk_time(c, g.recipe.top_k, k), "xla_embedding": cm.xla_embedding_time(c),
+              **dict.fromkeys(ATTENTION_CORES, g.sequences * cm.attention_core_time(c))}
+    cost = np.array([per_op.get(nm, 0.0) for nm in g.name]) * ((g.flops > 0) | np.isin(g.name, ["xla_embedding"]))
+    core = np.isin(g.name, ATTENTION_CORES)
+    out["attention_core"] = np.where(core, cost, 0.0)
+    out["top_k"] = np.where(np.array(g.name) == "top_k", cost, 0.0)
+    out["xla_embedding"] = np.where(np.array(g.name) == "xla_embedding", cost, 0.0)
     return out
 
 
