@@ -19,40 +19,54 @@ NEW_PRESETS = ("a100", "h20", "b300", "gb300", "mi300x", "mi325x", "mi355x")
 
 
 def test_tables_carry_source_version_and_licence():
+    found = 0
     for gpu in gk.gpus_with_tables():
         for engine in ("vllm", "sglang", "trtllm", "nccl"):
-            path = gk.KERNEL_DIR / gpu / f"{engine}.json"
-            if not path.exists():
+            doc = gk.provenance(gpu, engine)
+            if not doc:
                 continue
-            doc = json.loads(path.read_text())
+            found += 1
             assert "aiconfigurator-core" in doc["source"] and doc["licence"].startswith("Apache-2.0")
-            assert all("version" in m for m in doc["files"].values())
+            assert doc["files"] and all("version" in m for m in doc["files"].values())
+    assert found >= 7 * 3
 
 
 def test_interpolation_is_exact_on_grid_points_and_refuses_outside():
     tabs = gk.tables("gb200", "vllm")
-    t = next(t for t in tabs.by_class["gemm"] if t.key["dtype"] == "bf16")
+    t = next(t for t in tabs.of_class("gemm") if t.key["dtype"] == "bf16")
     point, secs = next(t.points())
     assert gk.interpolate(t, point) == pytest.approx(secs, rel=1e-9)
     assert gk.interpolate(t, {**point, "n": 10 * max(t.raw_axes["n"])}) is None
 
 
 def test_interpolation_lies_between_neighbours():
-    t = next(t for t in gk.tables("h100", "vllm").by_class["gemm"] if t.key["dtype"] == "bf16")
+    t = next(t for t in gk.tables("h100", "vllm").of_class("gemm") if t.key["dtype"] == "bf16")
     lo, hi = gk.interpolate(t, {"m": 1, "n": 4096, "k": 4096}), gk.interpolate(t, {"m": 1, "n": 5120, "k": 4096})
     mid = gk.interpolate(t, {"m": 1, "n": 4600, "k": 4096})
     assert min(lo, hi) <= mid <= max(lo, hi)
 
 
-@pytest.mark.parametrize("gpu", ["h100", "h200", "b200", "gb200", "b300", "gb300"])
+KNOWN_MISSES = {("a100", "sglang"): 0.11, ("a100", "trtllm"): 0.12}  # median |residual| above 10 % (docs/gpu.md)
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100", "h200", "b200", "gb200", "b300", "gb300"])
 def test_kernel_fit_residuals(gpu):
-    """The stored fits (perfmodel calibrate --kernels --write) reproduce their own summary, and
-    vLLM's kernels (the seed's engine) are fitted within 10 % (median) on every GPU."""
+    """The stored fits (perfmodel calibrate --kernels --write): every engine's median within 10 %
+    on every GPU with tables, but for the two A100 misses, pinned at their values."""
     doc = json.loads((gk.KERNEL_DIR / gpu / "fit.json").read_text())
-    assert doc["summary"]["vllm"]["median_abs_residual"] <= 0.10
-    assert doc["summary"]["nccl"]["median_abs_residual"] <= 0.10
+    assert set(doc["summary"]) == {e for e in ("vllm", "sglang", "trtllm", "nccl") if gk.tables(gpu, e)}
     for engine, s in doc["summary"].items():
-        assert s["median_abs_residual"] <= 0.13, (engine, s)  # SGLang / TRT-LLM on Hopper: 10-12 %
+        assert s["median_abs_residual"] <= KNOWN_MISSES.get((gpu, engine), 0.10), (engine, s)
+
+
+def test_stored_fits_reproduce_their_residuals():
+    """Recomputed from the stored parameters and the tables, each fit group's median residual is
+    the one fit.json states (GB200 vLLM: every group)."""
+    from perfmodel.fit.kernels import _cells
+    groups = gk.fits("gb200")["vllm"]
+    for g, (cls, s, t) in _cells(gk.tables("gb200", "vllm")).items():
+        res = gk.physical_time(groups[g], cls, s) / t - 1
+        assert np.median(np.abs(res)) == pytest.approx(groups[g]["median_abs_residual"], rel=1e-3, abs=1e-4), g
 
 
 def test_physical_time_is_a_roofline_with_fixed_cost():
