@@ -67,19 +67,23 @@ def result(name: str) -> dict:
 # ---- the figures -----------------------------------------------------------------------------
 
 def fig_predict() -> str:
-    """`make predict` (TPU v7 megakernel) beside the GB200 multi-kernel line, with the reported values."""
+    """`make predict` (TPU v7 megakernel) beside the GB200 lines (the recipe's layout: the generic
+    multi-kernel engine with its fitted collective scale, and vLLM's kernels with nothing fitted),
+    with the reported values."""
     from perfmodel.fit.measurements import seed_measurements
     tpu = cli_json("predict", "--model", "kimi-k3", "--hardware", "tpu-v7", "--devices", "32", "--tp", "32",
                    "--ep", "8", "--engine", "megakernel", "--batch", "1,2,4,8")
     gpu = cli_json("predict", "--model", "kimi-k3", "--hardware", "gb200", "--devices", "16", "--tp", "16",
-                   "--ep", "16", "--engine", "multikernel", "--batch", "1,2,4,8")
+                   "--ep", "1", "--kv-cache", "fp8-kv", "--engine", "multikernel", "--batch", "1,2,4,8")
+    vllm = cli_json("predict", *GB200_VLLM, "--batch", "1,2,4,8")
     reported = {(m.platform, m.batch): m.tokens_per_s for m in seed_measurements() if not m.spec_decode}
     tpu_key, gpu_key = (next(p for p, _ in reported if p.startswith(k)) for k in ("tpu", "gb200"))
     rows = [[t["batch"], f"{t['step_s'] * 1e3:.2f}", f"{t['tokens_per_s']:.1f}", f"{reported[tpu_key, t['batch']]:g}",
-             f"{g['step_s'] * 1e3:.2f}", f"{g['tokens_per_s']:.1f}", f"{reported[gpu_key, g['batch']]:g}"]
-            for t, g in zip(tpu["results"], gpu["results"])]
+             f"{g['step_s'] * 1e3:.2f}", f"{g['tokens_per_s']:.1f}", f"{v['tokens_per_s']:.1f}",
+             f"{reported[gpu_key, g['batch']]:g}"]
+            for t, g, v in zip(tpu["results"], gpu["results"], vllm["results"])]
     return md_table(["batch", "TPU v7 megakernel step ms", "tok/s", "reported", "GB200 multi-kernel step ms",
-                     "tok/s", "reported"], rows, "rrrrrrr")
+                     "tok/s", "GB200 vLLM kernels tok/s", "reported"], rows, "rrrrrrrr")
 
 
 def fig_gain() -> str:
@@ -112,7 +116,77 @@ def fig_cli_speed() -> str:
             + f"\n{b['machine']}, {b['date']}, medians of {r['predict']['runs']} runs.\n")
 
 
-FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed}
+GB200_VLLM = ("--model", "kimi-k3", "--hardware", "gb200", "--devices", "16", "--tp", "16", "--ep", "1",
+              "--engine", "multikernel", "--serving-engine", "vllm", "--kv-cache", "fp8-kv", "--routing-skew", "0")
+
+
+def fig_gb200_kernels() -> str:
+    """Kimi K3 on 16 GB200 as vLLM's kernels (the Dynamo recipe's layout), nothing fitted."""
+    from perfmodel.fit.measurements import seed_measurements
+    out = cli_json("predict", *GB200_VLLM, "--batch", "1,2,4,8")
+    reported = {m.batch: m.tokens_per_s for m in seed_measurements() if m.platform == "gb200" and not m.spec_decode}
+    rows = [[r["batch"], f"{r['step_s'] * 1e3:.2f}", f"{r['tokens_per_s']:.1f}", f"{reported[r['batch']]:g}",
+             f"{100 * (r['tokens_per_s'] / reported[r['batch']] - 1):+.1f} %", f"{100 * r['kernels']['measured_share']:.0f} %"]
+            for r in out["results"]]
+    return md_table(["batch", "step ms", "tok/s", "reported", "error", "time from measured tables"], rows, "rrrrrr")
+
+
+def fig_gb200_layers() -> str:
+    """`perfmodel explain ... --layer 2` and `--layer 4` at batch 1 and 8: every kernel's time."""
+    cols, names = {}, []
+    for layer in (2, 4):
+        for b in (1, 8):
+            ex = cli_json("explain", *GB200_VLLM, "--batch", str(b), "--layer", str(layer))
+            for r in ex["ops"]:
+                for k in r.get("kernels", []):
+                    key = (layer, r["op"], k["kernel"])
+                    if key not in cols:
+                        names.append(key)
+                        cols[key] = {"from": "table" if k["measured"] else "physical"}
+                    cols[key][b] = cols[key].get(b, 0.0) + k["seconds"]
+            cols[(layer, "", "total")] = {**cols.get((layer, "", "total"), {"from": ""}), b: ex["layer_time_s"]}
+        names.append((layer, "", "total"))
+    rows = [[("KDA + MoE" if layer == 2 else "MLA + MoE") if i == 0 or names[i - 1][0] != layer else "",
+             f"**{kernel}**" if kernel == "total" else kernel, op, f"{cols[layer, op, kernel][1] * 1e6:.1f}",
+             f"{cols[layer, op, kernel][8] * 1e6:.1f}", cols[layer, op, kernel]["from"]]
+            for i, (layer, op, kernel) in enumerate(names)]
+    return md_table(["layer", "kernel", "op", "batch 1 us", "batch 8 us", "from"], rows, "lllrrl")
+
+
+def fig_seed() -> str:
+    """`perfmodel reproduce`: the fitted parameters and the seed table, with the no-fit errors and,
+    for GB200, vLLM's kernels (nothing fitted)."""
+    out = cli_json("reproduce")
+    us = lambda k, v: f"{v * 1e6:.3g} us" if k.endswith("_s") else f"{v:.3g}"
+    pars = [[f"`{k}`: {v['why']}", us(k, v["value"]), f"{us(k, v['plausible_range'][0])} .. {us(k, v['plausible_range'][1])}"]
+            for k, v in out["fitted_parameters"].items()]
+    name = {"tpu-v7": "TPU v7 megakernel", "gb200": "GB200 vLLM (generic engine)"}
+    pct = lambda e: f"{100 * e:+.1f} %"
+    rows = [[name.get(p["platform"], p["platform"]) + (", spec. decoding" if p["spec_decode"] else ""), p["batch"],
+             f"{p['predicted_tokens_per_s']:.1f}", f"{p['reported_tokens_per_s']:g}", pct(p["error"]),
+             pct(p["no_fit_error"]), p["role"].replace("-", " "),
+             f"{p['kernels']['predicted_tokens_per_s']:.1f} ({pct(p['kernels']['error'])})" if "kernels" in p else ""]
+            for p in out["points"]]
+    return (md_table(["fitted parameter", "value", "plausible range"], pars, "lrl") + "\n"
+            + md_table(["platform", "batch", "predicted", "reported", "error", "no fit", "role",
+                        "vLLM kernels, nothing fitted"], rows, "lrrrrrll"))
+
+
+def fig_kernel_fit() -> str:
+    """The stored kernel fits' residuals (perfmodel/data/kernels/<gpu>/fit.json, written by
+    `perfmodel calibrate --kernels --write`)."""
+    from perfmodel.cost.gpu_kernels import KERNEL_DIR, gpus_with_tables
+    engines = ("vllm", "sglang", "trtllm", "nccl")
+    rows = []
+    for gpu in gpus_with_tables():
+        s = json.loads((KERNEL_DIR / gpu / "fit.json").read_text())["summary"]
+        rows.append([gpu] + [f"{100 * s[e]['median_abs_residual']:.1f} % ({s[e]['cells']})" if e in s else "-"
+                             for e in engines])
+    return md_table(["GPU", "vLLM", "SGLang", "TensorRT-LLM", "NCCL"], rows, "lrrrr")
+
+
+FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed, "gb200-kernels": fig_gb200_kernels,
+           "gb200-layers": fig_gb200_layers, "kernel-fit": fig_kernel_fit, "seed": fig_seed}
 
 
 # ---- the pages --------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ here; `perfmodel calibrate --kernels` fits the physical kernel components to the
 
 Left out, as not kernel times: vLLM's MLA module table (one Python call of the whole module: its
 floor, 65 us at one head and two cached tokens on GB200, is host launch time, not what a CUDA-graph
-replay runs; vLLM's MLA is priced kernel by kernel) and vLLM's DeepGEMM fp8 block-scaled GEMM table
-(82-832 us at m = 1 whatever the shape, where SGLang's and TensorRT-LLM's tables of the same
-DeepGEMM kernel give 3-50 us).
+replay runs; vLLM's MLA is priced kernel by kernel) and vLLM's fp8 block-scaled GEMM tables
+(DeepGEMM / FlashInfer kernels: 58-832 us at m = 1 whatever the shape, where SGLang's and
+TensorRT-LLM's tables of the same DeepGEMM kernel give 3-50 us).
 
     pip download --no-deps aiconfigurator-core==0.12.0 -d /tmp/aic
     python experiments/import_kernel_tables.py /tmp/aic/aiconfigurator_core-0.12.0-*.whl
@@ -117,7 +117,7 @@ def engine_tables(w: Wheel, system: str, engine: str) -> list[dict]:
     if d is not None:
         d = d[d.m.isin(GEMM_M) & d.n.isin(GEMM_NK) & d.k.isin(GEMM_NK) & d.gemm_dtype.isin(DTYPES)]
         if engine == "vllm":  # host time, not the kernel (module docstring)
-            d = d[~d.kernel_source.str.startswith("DeepGemm")]
+            d = d[d.gemm_dtype != "fp8_block"]
         d = dominant(d.assign(dtype=d.gemm_dtype.map(DTYPES)), ["dtype"])
         for dt, part in d.groupby("dtype"):
             out += grids(part, "gemm", ["dtype", "kernel_source"], ["m", "n", "k"], m)
@@ -217,23 +217,41 @@ def provenance(version: str, system: str) -> dict:
 
 
 def write_npz(path: Path, head: dict, tables: list[dict]) -> None:
-    """One GPU and engine: `index` (JSON: the provenance, and per table its class, file, key, axes
-    and offset into its class's array) and one float32 array of log latencies per class."""
-    values: dict[str, list[float]] = {}
-    index = []
-    for t in tables:
-        v = values.setdefault(t["class"], [])
-        index.append({"class": t["class"], "file": t["file"], "key": t["key"], "axes": t["axes"], "offset": len(v)})
-        v += [math.nan if x is None else math.log(x * 1e-6) for x in t["latency_us"]]
-    compute = [v for c, vs in values.items() if c not in COMM for v in vs if v == v]
+    """One GPU and engine: `index` (JSON: the provenance and the classes), per class `index.<class>`
+    (JSON, columnar: its source files, key fields and axis names, each distinct axis grid once, and
+    per table its file, key values, grids and offset) and `log_s.<class>` (float32 log latencies,
+    NaN where not measured)."""
+    arrays, classes, compute = {}, sorted({t["class"] for t in tables}), []
+    for cls in classes:
+        ts = [t for t in tables if t["class"] == cls]
+        fields, axes = list(ts[0]["key"]), list(ts[0]["axes"])
+        assert all(list(t["key"]) == fields and list(t["axes"]) == axes for t in ts), cls
+        files = sorted({t["file"] for t in ts})
+        grids: list[list[int]] = []
+        rows, values = [], []
+        for t in ts:
+            ids = []
+            for a in axes:
+                if t["axes"][a] not in grids:
+                    grids.append(t["axes"][a])
+                ids.append(grids.index(t["axes"][a]))
+            rows.append([files.index(t["file"]), [t["key"][f] for f in fields], ids, len(values)])
+            values += [math.nan if x is None else math.log(x * 1e-6) for x in t["latency_us"]]
+        if cls not in COMM:
+            compute += [v for v in values if v == v]
+        arrays[f"index.{cls}"] = _json_bytes({"files": files, "fields": fields, "axes": axes, "grids": grids,
+                                              "tables": rows})
+        arrays[f"log_s.{cls}"] = np.asarray(values, np.float32)
     fastest = float(f"{math.exp(min(compute)):.4g}") if compute else None  # nccl: collectives only
-    head = {**head, "fastest_kernel_s": fastest, "tables": index}
-    arrays = {"index": np.frombuffer(json.dumps(head, separators=(",", ":")).encode(), np.uint8),
-              **{f"log_s.{c}": np.asarray(v, np.float32) for c, v in values.items()}}
+    arrays["index"] = _json_bytes({**head, "classes": classes, "fastest_kernel_s": fastest})
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".", suffix=".tmp", delete=False) as f:
         np.savez_compressed(f, **arrays)
     os.chmod(f.name, 0o644)
     Path(f.name).replace(path)
+
+
+def _json_bytes(doc) -> np.ndarray:
+    return np.frombuffer(json.dumps(doc, separators=(",", ":")).encode(), np.uint8)
 
 
 def main() -> int:

@@ -59,38 +59,52 @@ class Table:
 
 @dataclass
 class Tables:
-    """One GPU and engine's tables, each kernel class read from the file when first asked for."""
+    """One GPU and engine's tables; a class's index is read from the file when first asked for,
+    and a table's grid only once a lookup's key matches it."""
     gpu: str
     engine: str
     version: dict[str, str]        # file -> framework version
     source: str
     fastest_kernel_s: float        # the fastest compute kernel of these tables (a small kernel's floor)
-    index: list[dict]
+    classes: list[str]
     npz: object
-    loaded: dict[str, list[Table]] = field(default_factory=dict)
+    index: dict[str, dict] = field(default_factory=dict)      # class -> its index, once read
+    values: dict[str, np.ndarray] = field(default_factory=dict)  # class -> its log latencies, once read
+    built: dict[tuple[str, int], Table] = field(default_factory=dict)
 
-    @property
-    def classes(self) -> list[str]:
-        return sorted({t["class"] for t in self.index})
+    def _index(self, cls: str) -> dict:
+        if cls not in self.index:
+            self.index[cls] = json.loads(self.npz[f"index.{cls}"].tobytes()) if cls in self.classes else \
+                {"files": [], "fields": [], "axes": [], "grids": [], "tables": []}
+            ix = self.index[cls]
+            ix["cols"] = {f: np.array([r[1][j] for r in ix["tables"]]) for j, f in enumerate(ix["fields"])}
+        return self.index[cls]
+
+    def _table(self, cls: str, i: int) -> Table:
+        if (cls, i) not in self.built:
+            ix = self._index(cls)
+            if cls not in self.values:
+                self.values[cls] = self.npz[f"log_s.{cls}"].astype(float)
+            file, _, grids, offset = ix["tables"][i]
+            raw = {a: ix["grids"][g] for a, g in zip(ix["axes"], grids)}
+            shape = [len(raw[a]) for a in ix["axes"]]
+            flat = self.values[cls][offset:offset + math.prod(shape)]
+            self.built[cls, i] = Table(cls, ix["files"][file], dict(zip(ix["fields"], ix["tables"][i][1])), list(ix["axes"]),
+                                       [np.log(np.array(raw[a], float)) for a in ix["axes"]], flat.reshape(shape), raw)
+        return self.built[cls, i]
 
     def of_class(self, cls: str) -> list[Table]:
-        if cls not in self.loaded:
-            entries = [t for t in self.index if t["class"] == cls]
-            flat = self.npz[f"log_s.{cls}"].astype(float) if entries else np.zeros(0)
-            out = []
-            for t in entries:
-                axes = list(t["axes"])
-                shape = [len(t["axes"][a]) for a in axes]
-                n = math.prod(shape)
-                out.append(Table(cls, t["file"], t["key"], axes, [np.log(np.array(t["axes"][a], float)) for a in axes],
-                                 flat[t["offset"]:t["offset"] + n].reshape(shape), t["axes"]))
-            self.loaded[cls] = out
-        return self.loaded[cls]
+        return [self._table(cls, i) for i in range(len(self._index(cls)["tables"]))]
 
     def find(self, cls: str, key: dict, kernel: str = "") -> list[Table]:
         """The tables of `cls` whose key matches `key` (and whose kernel source contains `kernel`)."""
-        return [t for t in self.of_class(cls) if all(t.key.get(k) == v for k, v in key.items())
-                and kernel.lower() in t.key.get("kernel_source", "").lower()]
+        ix = self._index(cls)
+        hit = np.ones(len(ix["tables"]), bool)
+        for f, v in key.items():
+            hit &= ix["cols"][f] == v if f in ix["cols"] else False
+        src = ix["cols"].get("kernel_source")
+        return [self._table(cls, i) for i in np.flatnonzero(hit)
+                if not kernel or kernel.lower() in str(src[i]).lower()]
 
 
 @lru_cache(maxsize=None)
@@ -102,16 +116,16 @@ def tables(gpu: str, engine: str) -> Tables | None:
     npz = np.load(path)
     doc = json.loads(npz["index"].tobytes())
     return Tables(gpu, engine, {f: m["version"] for f, m in doc["files"].items()}, doc["source"],
-                  doc["fastest_kernel_s"], doc["tables"], npz)
+                  doc["fastest_kernel_s"], doc["classes"], npz)
 
 
 def provenance(gpu: str, engine: str) -> dict:
     """A table file's header: source, licence, importer, units and files with their versions."""
     t = tables(gpu, engine)
-    doc = json.loads(t.npz["index"].tobytes()) if t else {}
-    return {k: v for k, v in doc.items() if k != "tables"}
+    return json.loads(t.npz["index"].tobytes()) if t else {}
 
 
+@lru_cache(maxsize=None)
 def gpus_with_tables() -> list[str]:
     return sorted(p.name for p in KERNEL_DIR.iterdir() if p.is_dir()) if KERNEL_DIR.exists() else []
 

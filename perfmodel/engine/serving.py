@@ -387,6 +387,8 @@ def _cost(k: Kernel, hw: Hardware, tabs, inv) -> Kernel:
         k.cause = "weight_streaming" if k.point["bytes"] else "compute"
     if k.cls == "moe":
         k.cause = "expert_fetch"
+    if k.cls in ("gemm", "mla_bmm"):  # a decode GEMM streams its weights
+        k.cause = "weight_streaming"
     if k.cls in gk.COMM:
         k.cause = "collective"
     gpu = _gpu(hw)

@@ -42,6 +42,7 @@ def kept_whole() -> set[str]:
 
 
 FFN_FAMILIES = ("dense_ffn", "shared_expert", "routed_expert")  # split by every engine
+PADDED = ("mxfp4", "nvfp4")  # MoE methods pad the experts' width per GPU (vLLM Mxfp4MoEMethod, FlashInfer FP4 MoE)
 
 
 def check_block_splits(model, d, replicated: set[str] | None = None, engine: str = "") -> None:
@@ -59,7 +60,7 @@ def check_block_splits(model, d, replicated: set[str] | None = None, engine: str
             fmt = model.matmul_format(mm)
             bo, bi = fmt.block
             if mm.family == "router" or mm.name in replicated or max(bo, bi) <= 1 or \
-                    (families and mm.family not in families):
+                    (families and mm.family not in families) or (mm.family == "routed_expert" and fmt.name in PADDED):
                 continue
             shards, field = (etp, "ep") if mm.family == "routed_expert" else (d.tp, "tp")
             if shards == 1:
