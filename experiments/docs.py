@@ -108,6 +108,9 @@ def fig_cli_speed() -> str:
     rows = [["`python -c \"import numpy\"` (the baseline)", f"{r['import_numpy']['median_s']:.3f} s", "", load("import_numpy")],
             ["one `perfmodel predict` (Kimi K3, TPU v7, batch 1)", f"{r['predict']['median_s']:.3f} s "
              f"({t['predict_vs_numpy']['value']:.2f}x)", "2x", load("predict")],
+            *([["one `perfmodel predict --serving-engine vllm` (Kimi K3, 16 GB200, batch 1)",
+                f"{r['predict_serving']['median_s']:.3f} s ({t['predict_serving_vs_numpy']['value']:.2f}x)", "2x",
+                load("predict_serving")]] if "predict_serving" in r else []),
             ["`perfmodel --help`", f"{r['help']['median_s']:.3f} s ({t['help_vs_numpy']['value']:.2f}x)", "1.5x",
              load("help")],
             ["10,000-configuration `perfmodel sweep --design ... --out rows.parquet`",
