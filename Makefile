@@ -7,6 +7,8 @@
 #                  the barrier test, the TPU script's CPU smoke test; CI runs it as its own step)
 #   make fuzz      the CLI contract fuzzed with 12,000 generated cases (tests/test_fuzz.py)
 #   make wheel-check  build the wheel, install it into a fresh venv, run the installed CLI
+#   make docs      rewrite the README / docs figures from the commands that produce them
+#   make docs-check  fail when a committed figure differs from what the code prints now (CI)
 # Both create .venv with Python >= 3.12 and install the pinned requirements.lock first.
 
 VENV := .venv
@@ -15,7 +17,8 @@ STAMP := $(VENV)/.installed
 PYTHON ?= $(shell for p in python3.13 python3.12 $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python3 /usr/bin/python3.12 python3; do \
 	  $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: run test test-all test-kernels-slow fuzz wheel-check predict setup browser
+.PHONY: run test test-all test-kernels-slow fuzz wheel-check predict setup browser docs \
+	docs-check
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml requirements.lock
@@ -53,6 +56,12 @@ test-kernels-slow: $(STAMP)
 
 fuzz: $(STAMP)
 	PERFMODEL_FUZZ_PROFILE=fuzz $(VENV)/bin/python -m pytest -q -s tests/test_fuzz.py
+
+docs: $(STAMP)
+	$(VENV)/bin/python experiments/docs.py
+
+docs-check: $(STAMP)
+	$(VENV)/bin/python experiments/docs.py --check
 
 WHEEL_VENV := build/wheel-venv
 wheel-check: $(STAMP)

@@ -7,7 +7,7 @@ prefetch depth, expert slots, VMEM size, context, speculative decoding, acceptan
 range; batch sizes, spec decode, platform layout). Round 1 meets each value for the first time
 (cold: the model runs); later rounds revisit values already computed (warm: cached). Prints the
 median re-render time per view and over all changes (the target is <= 300 ms), and the model runs
-(perfmodel.predict.predict calls) each change costs, which does not depend on the machine or its load.
+(perfmodel.step.predict.predict calls) each change costs, which does not depend on the machine or its load.
 AppTest runs the script in-process, as the server does, minus the websocket and the browser: this is
 the server's share only. The time a user sees is measured by experiments/bench_dashboard_browser.py.
 """
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-import perfmodel.predict
+import perfmodel.step.predict
 from streamlit.testing.v1 import AppTest
 
 APP = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
@@ -44,7 +44,7 @@ COMPARE = [("radio", "cmp_spec", "on"), ("radio", "cmp_spec", "off"),
 
 
 MODEL_RUNS = [0]
-_predict = perfmodel.predict.predict
+_predict = perfmodel.step.predict.predict
 
 
 def _counted(*args, **kwargs):
@@ -53,7 +53,7 @@ def _counted(*args, **kwargs):
 
 
 # before the app's modules are imported (AppTest imports them on the first run), so theirs is this one
-perfmodel.predict.predict = _counted
+perfmodel.step.predict.predict = _counted
 
 
 def drive(view: str, changes: list, rounds: int) -> dict:

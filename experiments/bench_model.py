@@ -3,12 +3,12 @@ one Kimi K3 megakernel prediction (<= 2 ms warm, <= 5 ms cold), a 10,000-configu
 (mixed batch / depth / slots / context / VMEM on Kimi K3 + TPU v7, <= 10 s) and the What-if
 dashboard re-render after a widget change (<= 100 ms).
 
-Usage: python experiments/bench_model.py [--repeats 15] [--sample 500 | --full] [--no-dashboard] [--profile]
+Usage: python experiments/bench_model.py [--repeats 15] [--no-dashboard] [--profile [--sample 500]]
 "warm" reuses the cached op graph (as sweeps and the dashboard do); "cold" builds everything from
-a freshly loaded model. The sweep is experiments/designs/kimi-k3-tpu-v7-10k.toml evaluated in this
-process (`perfmodel sweep --design ... --jobs 1`); --full times all 10,000, otherwise a random
-sample of the same design is timed and its time scaled to 10,000 points, labelled "extrapolated".
-The simulator's compiled loops are built (or loaded from numba's cache) before any timing.
+a freshly loaded model. The sweep is all 10,000 points of experiments/designs/kimi-k3-tpu-v7-10k.toml
+evaluated in this process (`perfmodel sweep --design ... --jobs 1`); experiments/bench_cli.py times
+the same sweep as a user runs it (a fresh process, default flags). The simulator's compiled loops
+are built (or loaded from numba's cache) before any timing.
 The What-if figure is the median re-render while the model runs (values not yet cached),
 driven as in experiments/bench_dashboard.py. --profile prints where the time goes instead (cProfile,
 by own time): 20 warm predictions at batch 1 and at batch 8, 5 cold ones, and the sweep sample.
@@ -16,6 +16,8 @@ by own time): 20 warm predictions at batch 1 and at batch 8, 5 cold ones, and th
 import argparse
 import cProfile
 import dataclasses
+import json
+import os
 import platform
 import pstats
 import statistics
@@ -23,12 +25,14 @@ import sys
 import time
 from pathlib import Path
 
-from perfmodel.predict import predict
+from perfmodel.engine import megakernel_sim
 from perfmodel.search import design
 from perfmodel.search.sweep import run_design
-from perfmodel.spec.arch import load_model
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import load_hardware
+from perfmodel.spec.loaders import load_model
+from perfmodel.step.predict import predict
+from perfmodel.util.files import write_atomic
 
 HERE = Path(__file__).resolve().parent
 DESIGN = HERE / "designs" / "kimi-k3-tpu-v7-10k.toml"
@@ -44,23 +48,24 @@ def timed(fn, repeats):
     return statistics.median(out), min(out), max(out)
 
 
-def report(name: str, seconds: float, target: float, detail: str = "") -> None:
-    unit, scale = ("s", 1) if target >= 1 else ("ms", 1e3)
-    verdict = "met" if seconds <= target else "MISSED"
-    print(f"{name:52s} {seconds * scale:9.2f} {unit:2s} target <= {target * scale:g} {unit}: {verdict:6s} {detail}")
+RESULTS: dict[str, dict] = {}  # written to --out
 
 
-def sweep_time(sample: int | None) -> tuple[float, str]:
-    """Seconds for the 10k design in one process: measured, or a sample's time scaled to 10k."""
+def report(key: str, name: str, seconds: float, target: float | None, detail: str = "") -> None:
+    unit, scale = ("s", 1) if (target or seconds) >= 1 else ("ms", 1e3)
+    verdict = "" if target is None else f"target <= {target * scale:g} {unit}: " + (
+        "met" if seconds <= target else "MISSED")
+    print(f"{name:52s} {seconds * scale:9.2f} {unit:2s} {verdict:22s} {detail}")
+    RESULTS[key] = {"what": name, "seconds": seconds, "target_s": target, "detail": detail}
+
+
+def sweep_time(sample: int | None = None) -> tuple[float, str]:
+    """Seconds for the 10k design (or, when profiling, a sample of it) in one process."""
     full = design.load(str(DESIGN))
     d = full if sample is None else dataclasses.replace(full, samples=sample)
     s = run_design(d, jobs=1, top=10, keep_rows=False, progress=False)
-    per = s["elapsed_s"] / len(d)
-    detail = (f"({s['ok']} evaluated, {sum(s['filtered'].values())} filtered; "
-              f"{per * 1e3:.2f} ms per configuration)")
-    if sample is None:
-        return s["elapsed_s"], "measured " + detail
-    return per * len(full), f"EXTRAPOLATED from a {len(d)}-point sample x {len(full) / len(d):g} " + detail
+    return s["elapsed_s"], (f"({s['ok']} evaluated, {sum(s['filtered'].values())} filtered; "
+                            f"{s['elapsed_s'] / len(d) * 1e3:.2f} ms per configuration)")
 
 
 def whatif_rerender() -> tuple[float | None, str]:
@@ -91,16 +96,18 @@ def profile(label: str, fn, lines: int = 12) -> None:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=15)
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--sample", type=int, default=500, help="points of the design timed (default 500)")
-    size.add_argument("--full", action="store_true", help="time all 10,000 points")
+    ap.add_argument("--sample", type=int, default=500, help="with --profile: points of the design profiled")
     ap.add_argument("--no-dashboard", action="store_true", help="skip the What-if re-render")
     ap.add_argument("--profile", action="store_true", help="print cProfile tables instead of the targets")
+    ap.add_argument("--out", default=str(HERE / "results" / "bench_model.json"), help="results file")
     a = ap.parse_args()
     hw = load_hardware("tpu-v7")
     d = Deployment(devices=32, tp=32, ep=8, engine="megakernel", batch=1)
     model = load_model("kimi-k3")
-    predict(model, hw, d)  # builds or loads the compiled loops, as a first call in any process does
+    predict(model, hw, d)
+    python_mode = timed(lambda: predict(model, hw, d), 5)[0]  # before compiling: plain-Python loops
+    megakernel_sim.compile_loops()
+    predict(model, hw, d)  # builds or loads the compiled loops
     run_design(dataclasses.replace(design.load(str(DESIGN)), samples=20), jobs=1, keep_rows=False, progress=False)
     if a.profile:
         d8 = dataclasses.replace(d, batch=8)
@@ -110,22 +117,29 @@ def main():
         profile("5 cold predictions, batch 1", lambda: [predict(load_model("kimi-k3"), hw, d) for _ in range(5)])
         profile(f"sweep sample of {a.sample} points", lambda: sweep_time(a.sample))
         return
-    print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}; "
-          f"medians of {a.repeats} repeats, one process")
+    machine = f"{platform.processor() or platform.machine()}, python {platform.python_version()}"
+    load0 = os.getloadavg()[0]
+    print(f"machine: {machine}; medians of {a.repeats} repeats, one process; load {load0:.1f}")
+    report("python_mode", "predict kimi-k3 tpu-v7 megakernel b=1 (plain Python)", python_mode, None,
+           "(median of 5; the CLI's one-off predictions)")
     med, lo, hi = timed(lambda: predict(model, hw, d), a.repeats)
-    report("predict kimi-k3 tpu-v7 megakernel b=1 (warm)", med, TARGETS_S["warm"],
+    report("warm", "predict kimi-k3 tpu-v7 megakernel b=1 (warm)", med, TARGETS_S["warm"],
            f"(min {lo * 1e3:.2f}, max {hi * 1e3:.2f} ms)")
     med, lo, hi = timed(lambda: predict(load_model("kimi-k3"), hw, d), a.repeats)
-    report("predict kimi-k3 tpu-v7 megakernel b=1 (cold)", med, TARGETS_S["cold"],
+    report("cold", "predict kimi-k3 tpu-v7 megakernel b=1 (cold)", med, TARGETS_S["cold"],
            f"(min {lo * 1e3:.2f}, max {hi * 1e3:.2f} ms)")
-    seconds, detail = sweep_time(None if a.full else a.sample)
-    report("sweep 10,000 configurations kimi-k3 tpu-v7", seconds, TARGETS_S["sweep"], detail)
+    seconds, detail = sweep_time()
+    report("sweep", "sweep 10,000 configurations kimi-k3 tpu-v7", seconds, TARGETS_S["sweep"], detail)
     if not a.no_dashboard:
         seconds, detail = whatif_rerender()
         if seconds is None:
             print(f"{'What-if dashboard re-render':52s} {detail}")
         else:
-            report("What-if dashboard re-render", seconds, TARGETS_S["whatif"], detail)
+            report("whatif", "What-if dashboard re-render", seconds, TARGETS_S["whatif"], detail)
+    write_atomic(a.out, json.dumps({"machine": machine, "date": time.strftime("%Y-%m-%d %H:%M"), "repeats": a.repeats,
+                                    "load_before": load0, "load_after": os.getloadavg()[0],
+                                    "results": RESULTS}, indent=1) + "\n")
+    print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

@@ -47,11 +47,11 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from kernels.run import add_block_and_mesh_arguments, block_and_mesh  # noqa: E402
-from perfmodel.cli.main import int_list  # noqa: E402
-from perfmodel.predict import predict  # noqa: E402
-from perfmodel.spec.arch import load_model  # noqa: E402
+from perfmodel.cli.args import int_list  # noqa: E402
 from perfmodel.spec.deployment import Deployment, SpecDecode  # noqa: E402
 from perfmodel.spec.hardware import load_hardware  # noqa: E402
+from perfmodel.spec.loaders import load_model  # noqa: E402
+from perfmodel.step.predict import predict  # noqa: E402
 from perfmodel.util.errors import SpecError  # noqa: E402
 from perfmodel.util.files import write_atomic, write_csv  # noqa: E402
 from perfmodel.validate.host import Comparison, against  # noqa: E402

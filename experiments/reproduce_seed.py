@@ -12,7 +12,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from perfmodel.cli.main import print_reproduce
+from perfmodel.cli.fit import print_reproduce
 from perfmodel.fit.seed import reproduce
 from perfmodel.util.files import write_atomic, write_csv
 

@@ -13,10 +13,10 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from perfmodel.predict import predict
-from perfmodel.spec.arch import load_model
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import load_hardware
+from perfmodel.spec.loaders import load_model
+from perfmodel.step.predict import predict
 from perfmodel.util.errors import SpecError
 from perfmodel.util.files import write_csv
 

@@ -154,7 +154,7 @@ def report(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from perfmodel.cli.main import int_list
+    from perfmodel.cli.args import int_list
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--allow-cpu", action="store_true",
                     help="without a TPU: run the pipeline in interpret mode (timings mean nothing)")

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import validation_report
-from perfmodel.spec.arch import load_model
+from perfmodel.spec.loaders import load_model
 from perfmodel.util.errors import SpecError
 from perfmodel.validate import host as validate
 from perfmodel_jax.capture import capture_reference

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import validation_report
-from perfmodel.spec.arch import load_model
+from perfmodel.spec.loaders import load_model
 from perfmodel.validate import host as validate
 from perfmodel_jax import hostbench
 from perfmodel_jax.capture import capture_reference

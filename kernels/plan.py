@@ -199,10 +199,10 @@ def predicted_step(spec: ModelSpec, cfg: KernelConfig, the_plan: list[Copy], con
     sets the tokens/s, not the step time), on tp devices of `hardware` when `spec` is a device
     spec (`full` the model it shards; the collectives are then the model's own: the engine
     does not yet replay the plan's remote copies). A prediction
-    (perfmodel.predict.Prediction), not a measurement."""
-    from perfmodel.predict import predict
+    (perfmodel.step.predict.Prediction), not a measurement."""
     from perfmodel.spec.deployment import Deployment, SpecDecode
     from perfmodel.spec.hardware import load_hardware
+    from perfmodel.step.predict import predict
     hw = load_hardware(hardware).replace(dma_tile_bytes=cfg.bank_bytes)
     verify = SpecDecode(draft_rows=cfg.rows - 1, acceptance_length=acceptance_length) \
         if cfg.rows > 1 else None
@@ -250,7 +250,7 @@ def report(full: ModelSpec, cfg: KernelConfig, devices: int, ep: int | None, con
     alone (no weights): its descriptors, padding, remote copies, and the model's predictions
     of this plan (`predicted_step_s`) and of its own default megakernel for the same
     deployment (`model_step_s`)."""
-    from perfmodel.predict import predict
+    from perfmodel.step.predict import predict
     from perfmodel.spec.deployment import Deployment
     from perfmodel.spec.hardware import load_hardware
     from . import shard, vmem

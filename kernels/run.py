@@ -35,8 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
-from perfmodel.spec.arch import load_model
 from perfmodel.spec.formats import get_format
+from perfmodel.spec.loaders import load_model
 from perfmodel.util.errors import SpecError
 
 from . import comm, layout, megakernel, parallel, plan, quant, reference, shard, tuned, vmem

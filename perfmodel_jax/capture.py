@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from perfmodel.cli.args import context_list, count, int_list, str_list
-from perfmodel.spec.arch import load_model
+from perfmodel.spec.loaders import load_model
 from perfmodel.util.errors import SpecError, positive_int
 from perfmodel.util.files import write_atomic
 from perfmodel.validate.traces import HLO_SUFFIX, STEP_NAME, parse_trace
@@ -128,8 +128,7 @@ def cmd_capture(a) -> dict:
     return out
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("capture", help="record profiler traces of the pure-JAX reference step")
+def configure_capture(p) -> None:
     p.add_argument("--model", default="kimi-k3-host-small")
     p.add_argument("--out", default="traces", help="output directory")
     p.add_argument("--batch", type=int_list, default=[1])

@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.cli.args import count
-from perfmodel.report import plain
+from perfmodel.step.report import plain
 from perfmodel.util.errors import SpecError, positive_int
 from perfmodel.util.files import host_hardware_file, write_atomic
 
@@ -452,8 +452,8 @@ def reference_memory(batch: int, context: int, model: str = PROBE_MODEL) -> tupl
     import jax.numpy as jnp
     from kernels import reference as R
     from perfmodel.graph.ops import build
-    from perfmodel.spec.arch import load_model
     from perfmodel.spec.deployment import Deployment
+    from perfmodel.spec.loaders import load_model
     spec = load_model(model)
     weights = R.init_weights(spec, 0, dtype=jnp.float32)
     cache = R.init_cache(spec, batch, context + 1)
@@ -579,7 +579,7 @@ def reference_thunks(model: str = PROBE_MODEL) -> dict[str, float]:
     op graph's phases. Compiled, never run: a count of the program's structure."""
     import jax.numpy as jnp
     from kernels import reference as R
-    from perfmodel.spec.arch import load_model
+    from perfmodel.spec.loaders import load_model
     from perfmodel.validate.traces import scope_of
     spec = load_model(model)
     weights = R.init_weights(spec, 0, dtype=jnp.float32)
@@ -866,8 +866,7 @@ def cmd_hostbench(a) -> dict:
     return {"hardware_file": str(path), **b.json()}
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("hostbench", help="measure this machine and write a CPU hardware file")
+def configure_hostbench(p) -> None:
     p.add_argument("--out", default=str(host_hardware_file()),
                    help="hardware file to write (default: %(default)s)")
     p.add_argument("--name", default="host-cpu", help="the hardware name in the file")

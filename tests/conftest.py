@@ -6,7 +6,11 @@ from collections import Counter
 
 import pytest
 
-from perfmodel.spec.arch import load_model
+from perfmodel.engine import megakernel_sim
+from perfmodel.spec.loaders import load_model
+
+# the suite predicts thousands of steps: compiled loops (the plain-Python mode has its own test)
+megakernel_sim.compile_loops()
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,9 @@ import json
 
 import pytest
 
-from perfmodel.spec.arch import from_dict, list_presets, load_model
+from perfmodel.spec.arch import from_dict, list_presets
 from perfmodel.spec.formats import FORMATS
+from perfmodel.spec.loaders import load_model
 from perfmodel.util.errors import SpecError
 
 # published totals (docs/sources.md s.3; model cards) -> must match within 3 %

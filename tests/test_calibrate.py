@@ -3,9 +3,9 @@ import pytest
 
 from perfmodel.fit.measurements import seed_measurements
 from perfmodel.fit.seed import deployment_for, reproduce
-from perfmodel.predict import predict
-from perfmodel.spec.arch import load_model
 from perfmodel.spec.hardware import load_hardware
+from perfmodel.spec.loaders import load_model
+from perfmodel.step.predict import predict
 
 
 @pytest.fixture(scope="module")

@@ -136,7 +136,7 @@ def test_no_fitted_value_reaches_the_host_presets():
     """The seed-table fit touches only the tpu-v7 and gb200 [efficiency] tables; the host presets
     keep uniform routing and physical-default efficiency."""
     from perfmodel.fit.seed import fit_params
-    from perfmodel.spec.arch import load_model
+    from perfmodel.spec.loaders import load_model
     assert {p.scope for p in fit_params(["gb200", "tpu-v7"])} == {"gb200", "tpu-v7"}
     assert all(load_model(m).moe.routing_skew == 0 for m in ("kimi-k3-host-small", "kimi-k3-host-large"))
 
@@ -191,8 +191,8 @@ def test_host_engine_charges_each_phase_its_counted_thunks_and_one_call():
     import dataclasses
     from perfmodel.engine.multikernel import simulate_multikernel
     from perfmodel.graph.ops import build
-    from perfmodel.spec.arch import load_model
     from perfmodel.spec.deployment import Deployment
+    from perfmodel.spec.loaders import load_model
     from perfmodel.validate.host import host_hardware
     base = {"dot_gemv_bandwidth_bytes_per_s": 3e10, "dot_gemm_bandwidth_bytes_per_s": 3e10,
             "dot_gemm_row_s_per_byte": 1e-12, "dot_fixed_s": 1e-5}

@@ -164,10 +164,9 @@ def _slow_run(argv: list[str]) -> bool:
 def sandbox(tmp_path, monkeypatch):
     """Run in a temporary directory; files the CLI writes elsewhere are not written, and a fit
     that slips through `_slow_run` returns the physical defaults at once."""
-    from perfmodel.cli import main as cli
+    from perfmodel.cli import fit as cli_fit, predict as cli_predict
     from perfmodel.fit import seed as calibrate
-    from perfmodel.util.files import check_path
-    real_write = cli.write_atomic
+    from perfmodel.util.files import check_path, write_atomic as real_write
 
     def write_inside(path, *args, **kw):
         check_path(kw.get("field", "--out"), path)  # as the real one does, before resolving it
@@ -176,7 +175,8 @@ def sandbox(tmp_path, monkeypatch):
         return real_write(path, *args, **kw)
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "write_atomic", write_inside)
+    for cli in (cli_predict, cli_fit):  # the commands that write files
+        monkeypatch.setattr(cli, "write_atomic", write_inside)
     monkeypatch.setattr(calibrate, "fit", lambda ms, hw: {
         p.key: 0.0 if p.name == "routing_skew" else 1.0 for p in calibrate.fit_params(sorted(hw))})
     return tmp_path
@@ -416,7 +416,7 @@ def test_base_cycle(tmp_path, monkeypatch):
 
 
 def test_internal_error_is_one_line_and_debug_shows_traceback(monkeypatch, capsys):
-    from perfmodel.cli import main as cli
+    from perfmodel.cli import predict as cli
     monkeypatch.setattr(cli, "cmd_list", lambda a: 1 / 0)
     rc, _, err = run(["list"])
     assert rc == 1 and "please report" in err and len(err.strip().splitlines()) == 1

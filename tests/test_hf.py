@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from perfmodel.spec.arch import load_model
+from perfmodel.spec.loaders import load_model
 from perfmodel.util.errors import SpecError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"

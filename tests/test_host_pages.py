@@ -9,10 +9,10 @@ import pytest
 
 from perfmodel.cost import components as cm
 from perfmodel.graph.ops import build
-from perfmodel.predict import predict
-from perfmodel.spec.arch import load_model
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import load_hardware
+from perfmodel.spec.loaders import load_model
+from perfmodel.step.predict import predict
 
 MIB = 2**20
 PAGES = {"host_mmap_threshold_bytes": 32 * MIB, "host_page_bytes": 4096, "host_page_fault_s": 1e-6}

@@ -9,10 +9,10 @@ import pytest
 
 from perfmodel.cost import components as cm
 from perfmodel.graph.ops import build
-from perfmodel.predict import predict
-from perfmodel.spec.arch import load_model
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import load_hardware
+from perfmodel.spec.loaders import load_model
+from perfmodel.step.predict import predict
 from perfmodel_jax.hostbench import stack_copies
 
 HOST = Path(__file__).resolve().parent.parent / "experiments" / "results" / "host-cpu.toml"

@@ -13,8 +13,9 @@ from hypothesis import given, settings, strategies as st
 from kernels import layout, plan, reference, run, shard, stream, tuned
 from perfmodel.graph import ops
 from perfmodel.graph.dmaplan import bytes_by_layer_family
-from perfmodel.spec.arch import WEIGHT_FAMILIES, derive, load_model
+from perfmodel.spec.arch import WEIGHT_FAMILIES, derive
 from perfmodel.spec.deployment import Deployment
+from perfmodel.spec.loaders import load_model
 from perfmodel.util.errors import SpecError
 
 STATIC = ("attention", "dense_ffn", "shared_expert", "router", "lm_head")

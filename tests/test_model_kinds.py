@@ -7,9 +7,10 @@ from hypothesis import given, settings, strategies as st
 
 from perfmodel.graph.moe import expected_busiest_group, expected_distinct
 from perfmodel.graph.ops import build
-from perfmodel.spec.arch import derive, from_dict, load_model, to_toml
+from perfmodel.spec.arch import derive, from_dict, to_toml
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.formats import FORMATS
+from perfmodel.spec.loaders import load_model
 from perfmodel.util.errors import SpecError
 
 ONE = Deployment(devices=1, tp=1, batch=1, context=1000)
@@ -172,7 +173,7 @@ def test_base_cycle_is_an_error(tmp_path, monkeypatch):
     (tmp_path / "b.toml").write_text('base = "a"\nname = "b"\n')
     monkeypatch.setattr(arch, "PRESET_DIR", tmp_path)
     with pytest.raises(SpecError, match="cycle") as e:
-        arch.load_model("a")
+        load_model("a")
     assert e.value.field == "base"
 
 
@@ -215,8 +216,8 @@ def test_identical_routing_streams_top_k_experts_at_every_batch():
 
 
 def test_megakernel_predicts_deepseek_v3_ep8_with_tiled_experts():
-    from perfmodel.predict import expert_tiling_cost, predict
     from perfmodel.spec.hardware import load_hardware
+    from perfmodel.step.predict import expert_tiling_cost, predict
     m = load_model("deepseek-v3")
     for hw in ("gb200", "tpu-v7"):
         d = Deployment(devices=8, tp=8, ep=8, batch=1)

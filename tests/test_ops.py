@@ -4,9 +4,9 @@ import dataclasses
 import pytest
 
 from perfmodel.graph.ops import build
-from perfmodel.spec.arch import load_model
 from perfmodel.spec.deployment import Deployment, validate
 from perfmodel.spec.hardware import load_hardware
+from perfmodel.spec.loaders import load_model
 from perfmodel.util.errors import SpecError
 
 

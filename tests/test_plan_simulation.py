@@ -5,10 +5,10 @@ import pytest
 
 from kernels import layout, plan
 from perfmodel.graph.ops import build
-from perfmodel.predict import predict
-from perfmodel.spec.arch import load_model
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import load_hardware
+from perfmodel.spec.loaders import load_model
+from perfmodel.step.predict import predict
 from perfmodel.util.errors import SpecError
 
 SPEC = load_model("kimi-k3-mini")

@@ -4,10 +4,10 @@ from hypothesis import given, settings, strategies as st
 
 from perfmodel.graph.moe import expected_busiest_group, expected_distinct
 from perfmodel.graph.ops import build
-from perfmodel.predict import predict
 from perfmodel.spec.arch import from_dict
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import load_hardware
+from perfmodel.step.predict import predict
 
 SETTINGS = settings(max_examples=25, deadline=None)
 

@@ -9,10 +9,10 @@ from perfmodel.engine.megakernel import simulate_megakernel
 from perfmodel.engine.multikernel import simulate_multikernel
 from perfmodel.engine.terms import collective_s, op_compute_s
 from perfmodel.graph.ops import OpGraph, build
-from perfmodel.predict import predict
-from perfmodel.spec.arch import load_model
 from perfmodel.spec.deployment import Deployment, SpecDecode
 from perfmodel.spec.hardware import PRESET_DIR, from_dict, load_hardware
+from perfmodel.spec.loaders import load_model
+from perfmodel.step.predict import predict
 from perfmodel.util.errors import SpecError
 
 K3 = load_model("kimi-k3")

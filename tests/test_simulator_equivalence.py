@@ -11,11 +11,11 @@ import pytest
 from perfmodel.engine.megakernel import simulate_megakernel
 from perfmodel.engine.terms import op_weights
 from perfmodel.graph import ops
-from perfmodel.predict import predict
 from perfmodel.search import batch
-from perfmodel.spec.arch import load_model
 from perfmodel.spec.deployment import Deployment, validate
 from perfmodel.spec.hardware import load_hardware
+from perfmodel.spec.loaders import load_model
+from perfmodel.step.predict import predict
 from perfmodel.util.errors import SpecError
 from reference_eventloop import simulate_megakernel as reference
 

@@ -82,10 +82,10 @@ def test_rows_have_every_column_and_match_predict():
     rows = run_chunk(next(design.chunks(mixed(40), 40)))
     assert all(list(r) == list(COLUMNS) for r in rows)
     assert {r["status"] for r in rows} == {"ok", "filtered"}
-    from perfmodel.predict import predict
     from perfmodel.search.batch import configure
-    from perfmodel.spec.arch import load_model
     from perfmodel.spec.hardware import load_hardware
+    from perfmodel.spec.loaders import load_model
+    from perfmodel.step.predict import predict
     r = next(r for r in rows if r["status"] == "ok")
     d, hw = configure(load_hardware(r["hardware"]), r)
     p = predict(load_model("kimi-k3-mini"), hw, d)

@@ -19,10 +19,13 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from perfmodel.predict import predict
-from perfmodel.spec import arch, hardware
+from perfmodel.engine import megakernel_sim
+from perfmodel.spec import arch, hardware, hf, loaders
 from perfmodel.spec.deployment import Deployment, SpecDecode
+from perfmodel.step.predict import predict
 from perfmodel.util.errors import SpecError
+
+megakernel_sim.compile_loops()  # an interactive app predicts often: compiled loops (cached by numba)
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 2**20
@@ -117,7 +120,7 @@ def hardware_ref(name: str) -> tuple:
 def load_model_ref(ref: tuple):
     name, suffix, text = ref
     if text is None:
-        return arch.load_model(name)
+        return loaders.load_model(name)
     return parse_model_text(text, suffix, name)
 
 
@@ -142,7 +145,7 @@ def parse_model_text(text: str, suffix: str, name: str | None = None):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.json"
         path.write_text(text)
-        spec = _guard(lambda: arch.from_hf_config(path), "model file", name)
+        spec = _guard(lambda: hf.from_hf_config(path), "model file", name)
     if name and spec.name in ("", Path(tmp).name):
         spec = dataclasses.replace(spec, name=name)
     return spec
@@ -301,7 +304,7 @@ def _prediction(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | Non
 @st.cache_resource(show_spinner=False, max_entries=8)
 def chrome_trace_json(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None) -> str:
     """The simulated step as Perfetto / Chrome trace JSON (built only when downloaded)."""
-    from perfmodel.timeline import chrome_trace
+    from perfmodel.step.timeline import chrome_trace
     model, hw = load_model_ref(m_ref), resolve_hw(hw_ref, onchip_mib)
     return json.dumps(chrome_trace(predict(model, hw, make_deployment(key), record=True)))
 

@@ -6,9 +6,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from perfmodel.explain import explain
-from perfmodel.predict import predict
 from perfmodel.spec.deployment import Deployment
+from perfmodel.step.explain import explain
+from perfmodel.step.predict import predict
 
 from . import common as c
 

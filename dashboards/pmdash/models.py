@@ -6,7 +6,7 @@ import dataclasses
 import pandas as pd
 import streamlit as st
 
-from perfmodel.spec import arch, hardware
+from perfmodel.spec import arch, hardware, loaders
 from perfmodel.util.errors import SpecError
 
 from . import common as c
@@ -75,7 +75,7 @@ def field_value(name: str, v) -> str:
 @st.cache_data(show_spinner=False)
 def preset_tables() -> tuple[pd.DataFrame, pd.DataFrame]:
     """Static: the bundled presets (cached for the process)."""
-    ms = pd.DataFrame([model_row(n, arch.load_model(n)) for n in arch.list_presets()])
+    ms = pd.DataFrame([model_row(n, loaders.load_model(n)) for n in arch.list_presets()])
     hs = pd.DataFrame([hardware_row(n, hardware.load_hardware(n)) for n in hardware.list_presets()])
     return ms, hs
 

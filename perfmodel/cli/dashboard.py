@@ -27,7 +27,6 @@ def cmd_dashboard(a) -> dict:
     return {"app": str(app), "exit_status": rc}
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("dashboard", help="start the Streamlit dashboard (needs perfmodel[dashboard])")
+def configure_dashboard(p) -> None:
     p.add_argument("--port", type=lambda t: integer(t, 1, 65535), default=8501)
     p.set_defaults(func=cmd_dashboard)

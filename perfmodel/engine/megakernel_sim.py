@@ -1,8 +1,14 @@
-"""The megakernel timeline as compiled loops (numba): the DMA engine and the walk over the ops.
+"""The megakernel timeline as loops over plain arrays: the DMA engine and the walk over the ops.
 
-perfmodel.engine.megakernel.simulate_megakernel flattens an op graph, its weight stream and its collective
-phases into the arrays `run` takes; `run_many` evaluates many ring depths / expert-slot counts /
-DMA modes of the same arrays at once and returns only step times and cause totals (sweeps).
+perfmodel.engine.megakernel.simulate_megakernel flattens an op graph, its weight stream and its
+collective phases into the arrays `run` takes; `run_many` evaluates many ring depths / expert-slot
+counts / DMA modes of the same arrays at once and returns only step times and cause totals (sweeps).
+
+The same code runs two ways. By default as plain Python (one Kimi K3 step in about 40 ms, with no
+compiler to load: a one-off prediction answers at once). `compile_loops()` compiles it with numba
+(about 1 ms a step once loaded; loading numba and its cached machine code costs about 0.3 s per
+process), after which `run` and `run_many` are the compiled versions; sweeps, fits and the
+dashboard call it. tests/test_simulator_equivalence.py holds both to the same timelines.
 
 The DMA engine: a copy issued at t starts at t + latency (a remote copy, a collective's, at t)
 and then needs its bytes (+ a descriptor's fixed cost, as engine bytes) / bandwidth. FIFO serves
@@ -21,7 +27,6 @@ from __future__ import annotations
 import heapq
 
 import numpy as np
-from numba import njit
 
 # op kinds (set by megakernel.megakernel_arrays) and copy tags (what a copy is, for the DMA lane's labels)
 PLAIN, STREAM, ROUTED, COLL, TOPK = 0, 1, 2, 3, 4
@@ -30,7 +35,6 @@ TAG_TILE, TAG_KV, TAG_TOPK, TAG_OP = 0, 1, 2, 3
 TOTALS = ("compute", "weight_streaming", "expert_fetch", "collective", "launch")
 
 
-@njit(cache=True, inline="always", error_model="numpy")
 def _issue(t, nbytes, remote, tag, ref, eng, f, ni, done, pa, pi, pb, begin, tags, refs):
     """Issue a copy at `t`; returns its id. eng = [bandwidth, latency, descriptor bytes, shared]."""
     cid = ni[0]
@@ -54,7 +58,6 @@ def _issue(t, nbytes, remote, tag, ref, eng, f, ni, done, pa, pi, pb, begin, tag
     return cid
 
 
-@njit(cache=True, inline="always", error_model="numpy")
 def _completion(cid, bw, f, ni, done, pa, pi, pb, heap):
     """Serve copies (with the arrivals queued now) until copy `cid` is complete; its end."""
     if not np.isnan(done[cid]):
@@ -80,7 +83,6 @@ def _completion(cid, bw, f, ni, done, pa, pi, pb, heap):
     return done[cid]
 
 
-@njit(cache=True, error_model="numpy")
 def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, layer, op_begin, op_end,
         comp, coll, kv_wait, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call, remote):
     """One timeline. Per op (program order): kind, layer, its byte range of the weight stream,
@@ -186,7 +188,6 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
             refs[:n_copies])
 
 
-@njit(cache=True, error_model="numpy")
 def run_many(eng, t0, overhead, banks, slots, pieces, shared, tile_bytes, tile_end, kind, layer, op_begin, op_end,
              comp, coll, kv_wait, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call, remote):
     """`run` for each (banks[i], slots[i], pieces[i], shared[i]) on the same arrays: step seconds
@@ -211,3 +212,22 @@ def run_many(eng, t0, overhead, banks, slots, pieces, shared, tile_bytes, tile_e
         totals[i, 3] = out[4].sum()
         totals[i, 4] = launch
     return steps, hbm, totals
+
+
+_JIT = {"_issue": {"inline": "always"}, "_completion": {"inline": "always"}, "run": {}, "run_many": {}}
+
+
+def compile_loops() -> None:
+    """Replace this module's loops by their numba-compiled versions (machine code cached on disk
+    beside the module, so later processes load it rather than compile). Idempotent; callees are
+    compiled before their callers, which numba resolves through the module's globals."""
+    g = globals()
+    if is_compiled():
+        return
+    from numba import njit
+    for name, options in _JIT.items():
+        g[name] = njit(cache=True, error_model="numpy", **options)(g[name])
+
+
+def is_compiled() -> bool:
+    return hasattr(run, "py_func")

@@ -22,10 +22,8 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from perfmodel.cost import components as cm
-from perfmodel.report import SCHEMA_VERSION
-from perfmodel.spec.hardware import Hardware, load_hardware, to_toml
+from perfmodel.spec.hardware import Hardware
 from perfmodel.util.errors import SpecError, require
-from perfmodel.util.files import write_atomic
 
 DATA_DIR = Path(__file__).parents[1] / "data" / "microbench"
 TARGET = 0.10
@@ -149,9 +147,9 @@ def predict_entry(e: dict, hw: Hardware) -> float:
 
 def engine_bandwidth_fraction(hw: Hardware, i: dict) -> float:
     """HBM floor / step of the multi-kernel engine on `i['model']` (one sequence, one device)."""
-    from perfmodel.predict import predict
-    from perfmodel.spec.arch import load_model
     from perfmodel.spec.deployment import Deployment
+    from perfmodel.spec.loaders import load_model
+    from perfmodel.step.predict import predict
     p = predict(load_model(i["model"]), hw, Deployment(devices=i["devices"], tp=i["devices"],
                                                        engine="multikernel", batch=i["batch"]))
     return p.hbm_utilisation
@@ -230,46 +228,3 @@ def calibrated(data: dict, hw: Hardware, source_name: str) -> Hardware:
                                           f"{date.today()} to {', '.join(ids)} (max |residual| "
                                           f"{100 * worst:.1f} %)")
     return dataclasses.replace(new, sources=sources)
-
-
-def run(a) -> dict:
-    from perfmodel.report import table
-    data = load(a.microbench)
-    platform = a.hardware or data.get("platform")
-    require(platform is not None, "--hardware", None, "the file names no platform: give --hardware")
-    hw = load_hardware(platform)
-    new = calibrated(data, hw, Path(a.microbench).name)
-    rows = residual_table(data, new)
-    out = {"schema_version": SCHEMA_VERSION, "command": "calibrate", "microbench": str(a.microbench),
-           "hardware": new.name, "target": TARGET, "components": new.components, "residuals": rows,
-           "out": a.out}
-    if a.out:
-        write_atomic(a.out, to_toml(new, f"{new.name}: components fitted by perfmodel calibrate "
-                                                f"--microbench {Path(a.microbench).name}"), parents=True)
-    if not a.json:
-        print(f"{new.name}: component parameters fitted to their own micro-benchmarks "
-              f"({a.microbench})\n")
-        print(table(["parameter", "value"], [[k, f"{v:.4g}"] for k, v in new.components.items()]))
-        print()
-        print(table(["micro-benchmark", "group", "measured", "predicted", "unit", "error %", "target"],
-                    [[r["id"], r["group"] or "-", r["measured"],
-                      "-" if r["predicted"] is None else f"{r['predicted']:.4g}", r["unit"],
-                      "-" if r["error"] is None else f"{100 * r['error']:+.1f}",
-                      "not fitted, no target" if r["within_target"] is None
-                      else ("met" if r["within_target"] else "MISSED") + f" (<= {100 * TARGET:.0f} %)"]
-                     for r in rows]))
-        for r in rows:
-            if r["within_target"] is None:
-                print(f"not modelled: {r['id']}: {r['not_modelled']}")
-        if a.out:
-            print(f"\nwrote {a.out}")
-    return out
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("calibrate", help="fit component parameters to their own micro-benchmarks")
-    p.add_argument("--microbench", required=True, help="micro-benchmark JSON (e.g. tpu7x.json)")
-    p.add_argument("--hardware", default=None, help="preset or .toml to start from (default: the file's platform)")
-    p.add_argument("--out", default=None, help="write the calibrated hardware file here")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=run)

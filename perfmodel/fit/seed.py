@@ -17,12 +17,14 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
+from perfmodel.engine import megakernel_sim
 from perfmodel.fit.measurements import Measurement, seed_measurements
-from perfmodel.predict import predict
-from perfmodel.report import SCHEMA_VERSION
-from perfmodel.spec.arch import PRESET_DIR as MODEL_DIR, load_model
+from perfmodel.spec.arch import PRESET_DIR as MODEL_DIR
 from perfmodel.spec.deployment import Deployment, SpecDecode
 from perfmodel.spec.hardware import Efficiency, Hardware, load_hardware
+from perfmodel.spec.loaders import load_model
+from perfmodel.step.predict import predict
+from perfmodel.step.report import SCHEMA_VERSION
 from perfmodel.util.errors import require
 from perfmodel.util.files import read_text
 
@@ -102,6 +104,7 @@ def reproduce(fit_parameters: bool = True) -> dict:
     """The seed table predicted next to the reported values (schema in docs/json-schema.md).
 
     With fit_parameters=False every parameter stays at its physical default."""
+    megakernel_sim.compile_loops()  # the fit simulates hundreds of steps
     model = load_model(MODEL)
     ms = seed_measurements()
     hw = {m.platform: load_hardware(m.hardware) for m in ms}

@@ -75,7 +75,7 @@ def build(model: ModelSpec, d: Deployment) -> OpGraph:
     """The op graph; cached per model object and the deployment fields it depends on (sweeps over
     prefetch depth, slots, engine or hardware reuse it). Callers must not mutate it."""
     key = (d.devices, d.tp, d.expert_groups, d.batch, d.context, d.rows_per_seq, d.routing_skew,
-           d.routing_correlation)
+           d.routing_correlation, d.pp)
     if id(model) not in _CACHE and len(_CACHE) >= 16:
         _CACHE.clear()
     cache = _CACHE.setdefault(id(model), (model, {}))[1]
@@ -90,7 +90,7 @@ _CACHE: dict[int, tuple[ModelSpec, dict]] = {}  # id(model) -> (model kept alive
 
 
 def _build(model: ModelSpec, d: Deployment) -> OpGraph:
-    b = -(-d.batch // d.dp)              # sequences per attention replica
+    b = -(-d.batch // (d.dp * d.pp))     # sequences per attention replica (per micro-batch)
     t = b * d.rows_per_seq               # rows (tokens) processed per replica
     h, f = model.hidden, model.formats
     ops = _Builder()

@@ -16,10 +16,10 @@ import numpy as np
 from perfmodel.engine import megakernel, megakernel_sim
 from perfmodel.engine.terms import CAUSES, op_weights
 from perfmodel.graph import ops
-from perfmodel.predict import predict, summarise
 from perfmodel.search.design import SETTINGS, Chunk
-from perfmodel.spec import arch, hardware
+from perfmodel.spec import arch, hardware, loaders
 from perfmodel.spec.deployment import Deployment, SpecDecode, resident_bytes_per_device, validate
+from perfmodel.step.predict import predict, summarise
 from perfmodel.util.errors import SpecError
 
 MiB = 2**20
@@ -64,6 +64,7 @@ def evaluate(model: arch.ModelSpec, chip: hardware.Hardware, settings: list[dict
     Megakernel configurations that share an op graph and the hardware terms of its timeline
     (differing in ring depth, expert slots, on-chip size or DMA mode) are simulated together
     (megakernel_sim.run_many on one set of arrays); the others one by one with `predict`."""
+    megakernel_sim.compile_loops()  # many timelines: worth the compiler's 0.3 s start
     rows: list[dict | None] = [None] * len(settings)
     groups: dict[tuple, list] = {}
     top_k = model.moe.top_k if model.moe else 1
@@ -134,7 +135,7 @@ _LOADED: dict[tuple[str, str], object] = {}  # per process: presets and files lo
 
 def _load(kind: str, ref: str):
     if (kind, ref) not in _LOADED:
-        _LOADED[kind, ref] = arch.load_model(ref) if kind == "model" else hardware.load_hardware(ref)
+        _LOADED[kind, ref] = loaders.load_model(ref) if kind == "model" else hardware.load_hardware(ref)
     return _LOADED[kind, ref]
 
 

@@ -28,7 +28,7 @@ from typing import ClassVar
 from perfmodel.spec.formats import FORMATS, Format, format_from_dict, get_format
 from perfmodel.util.checks import MAX_EXPERTS, MAX_LAYERS, MAX_SKEW, STR, check_range, check_tree, check_type
 from perfmodel.util.errors import SpecError, positive_int, require
-from perfmodel.util.files import check_path, read_text
+from perfmodel.util.files import read_text
 
 PRESET_DIR = Path(__file__).parents[1] / "presets" / "models"
 ATTENTION_KINDS = ("kda", "mla", "gqa", "gdn", "mamba2", "csa")
@@ -387,6 +387,11 @@ class ModelSpec:
         computed once a kind."""
         return dict(Counter(dataclasses.replace(l, index=0) for l in self.layers))
 
+    @cached_property
+    def attention_counts(self) -> dict[str, int]:
+        """Layers per attention label."""
+        return dict(Counter(l.attention for l in self.layers))
+
     def params_by_family(self) -> dict[str, int]:
         return dict(self._params_by_family)
 
@@ -480,7 +485,7 @@ def _derived(base: dict, over: dict) -> dict:
     return _merge(base, over)
 
 
-def _read_toml(path: Path, seen: tuple[str, ...] = ()) -> dict:
+def read_toml(path: Path, seen: tuple[str, ...] = ()) -> dict:
     text = read_text(path, "model file")
     try:
         data = tomllib.loads(text)
@@ -490,38 +495,21 @@ def _read_toml(path: Path, seen: tuple[str, ...] = ()) -> dict:
     if "base" in data:
         base = check_type("base", data.pop("base"), STR)
         require(base not in seen, "base", base, f"cycle of base presets: {' -> '.join(seen + (base,))}")
-        data = _derived(_preset_data(base, seen + (base,)), data)
+        data = _derived(preset_data(base, seen + (base,)), data)
     return data
 
 
-def _preset_data(name: str, seen: tuple[str, ...] = ()) -> dict:
+def preset_data(name: str, seen: tuple[str, ...] = ()) -> dict:
     preset = PRESET_DIR / f"{name}.toml"
     require(name in list_presets(), "model", name,
             f"unknown preset; known: {', '.join(list_presets())} (or give a .toml/.json path)")
-    return _read_toml(preset, seen or (name,))
+    return read_toml(preset, seen or (name,))
 
 
 def derive(base: str, **overrides) -> ModelSpec:
     """The preset `base` with `overrides` (nested tables as dicts), validated like a preset file:
     `derive("kimi-k3", hidden=1024, moe={"experts": 64})`."""
-    return from_dict(_derived(_preset_data(base), overrides))
-
-
-def from_hf_config(path: Path) -> ModelSpec:
-    """A Hugging Face config.json (the importer lives in perfmodel.spec.hf)."""
-    from perfmodel.spec import hf
-    return hf.from_hf_config(Path(path))
-
-
-def load_model(name_or_path: str) -> ModelSpec:
-    """A preset name (`perfmodel list`), a preset-format .toml file or an HF config.json."""
-    p = check_path("--model", name_or_path)
-    if p.suffix == ".json" or (p.is_dir() and (p / "config.json").exists()):
-        return from_hf_config(p / "config.json" if p.is_dir() else p)
-    if p.suffix == ".toml":
-        require(p.exists(), "model", name_or_path, "file not found")
-        return from_dict(_read_toml(p, (p.stem,)))
-    return from_dict(_preset_data(name_or_path))
+    return from_dict(_derived(preset_data(base), overrides))
 
 
 def _check_value(name: str, v, default):

@@ -1,7 +1,6 @@
 """How a model is served: devices, parallel layout, engine, batch, context, speculative decoding."""
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from perfmodel.spec.arch import ModelSpec
@@ -10,6 +9,7 @@ from perfmodel.util.checks import MAX_SKEW
 from perfmodel.util.errors import SpecError, positive_int, require
 
 ENGINES = ("megakernel", "multikernel")
+MOE_COMM = ("all_reduce", "all_to_all")
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,9 @@ class Deployment:
     routing_skew: float | None = None    # None: the model preset's [moe] routing_skew
     routing_correlation: float | None = None  # 0 independent rows .. 1 identical; None: the preset's
     steps_per_call: int = 1       # decode steps one device call runs (its per-call costs are shared)
+    serving_engine: str | None = None    # GPU multi-kernel engine: vllm, sglang or trtllm (None: generic)
+    pp: int = 1                   # pipeline stages (layers split evenly; micro-batches of batch / pp)
+    moe_comm: str = "all_reduce"  # experts' tokens: all_reduce (replicated / gathered) or all_to_all
 
     @property
     def expert_groups(self) -> int:
@@ -72,8 +75,9 @@ class Deployment:
 
     @property
     def dp(self) -> int:
-        """Attention data-parallel replicas; each decodes ceil(batch / dp) sequences."""
-        return self.devices // self.tp
+        """Attention data-parallel replicas (per pipeline stage); each decodes ceil(batch / dp)
+        sequences (ceil(batch / (dp x pp)) per micro-batch with pipeline stages)."""
+        return self.devices // (self.tp * self.pp)
 
     @property
     def rows_per_seq(self) -> int:
@@ -86,7 +90,17 @@ def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
     positive_int("steps_per_call", d.steps_per_call)
     require(isinstance(d.context, int) and d.context >= 0, "context", d.context, "must be an integer >= 0")
     require(d.engine in ENGINES, "engine", d.engine, f"must be one of {ENGINES}")
-    require(d.devices % d.tp == 0, "tp", d.tp, f"must divide devices ({d.devices})")
+    positive_int("pp", d.pp)
+    require(d.devices % (d.tp * d.pp) == 0, "tp", d.tp, f"tp x pp ({d.tp} x {d.pp}) must divide devices ({d.devices})")
+    require(d.pp <= len(model.layers), "pp", d.pp, f"at most one stage per layer ({len(model.layers)})")
+    require(d.moe_comm in MOE_COMM, "moe_comm", d.moe_comm, f"one of {MOE_COMM}")
+    if d.serving_engine is not None or d.pp > 1 or d.moe_comm != "all_reduce":
+        require(hw.kind == "gpu" and d.engine == "multikernel", "serving_engine", d.serving_engine,
+                "serving engines, pipeline stages and all-to-all EP model GPU multi-kernel engines: "
+                "use a GPU hardware preset and --engine multikernel")
+    if d.serving_engine is not None:
+        from perfmodel.spec.engines import check_serving_layout
+        check_serving_layout(model, hw, d)
     for label in sorted({l.attention for l in model.layers} - {"none"}):
         a = model.attn(label)
         heads = getattr(a, "heads", None) or a.value_heads
@@ -121,11 +135,10 @@ def resident_bytes_per_device(model: ModelSpec, d: Deployment) -> float:
     routed = by_family["routed_expert"] / d.devices
     router = by_family["router"] * (model.moe.router_copies if model.moe else 1)  # replicated
     seqs = -(-d.batch // d.dp)
-    return sharded + routed + router + seqs * cache_bytes_per_seq(model, d.context + d.rows_per_seq, d.tp)
+    return (sharded + router) / d.pp + routed + seqs * cache_bytes_per_seq(model, d.context + d.rows_per_seq, d.tp) / d.pp
 
 
 def cache_bytes_per_seq(model: ModelSpec, context: int, tp: int) -> float:
     """One sequence's caches and states on one device, over all layers (`ModelSpec.cache_bytes`)."""
-    return sum(n * model.cache_bytes(attention, context, tp)
-               for attention, n in Counter(l.attention for l in model.layers).items())
+    return sum(n * model.cache_bytes(attention, context, tp) for attention, n in model.attention_counts.items())
 

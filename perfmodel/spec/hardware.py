@@ -18,6 +18,7 @@ from perfmodel.util.files import check_path, read_text
 
 PRESET_DIR = Path(__file__).parents[1] / "presets" / "hardware"
 DMA_SHARING = ("fifo", "shared")
+OPTIONAL = ("jax_chip", "domain_devices", "node_devices", "fabric_bandwidth_bytes_per_s", "fabric_latency_s")
 COLLECTIVE_ALGORITHMS = ("ring", "tree", "one_shot")
 
 
@@ -53,6 +54,10 @@ class Hardware:
     dma_tile_bytes: int                 # granule a kernel streams weights in (fill / drain)
     efficiency: Efficiency = Efficiency()
     jax_chip: str = ""                  # pltpu.ChipVersion member name, for TPUs
+    domain_devices: int = 0             # GPUs per NVLink domain (8 HGX, 72 GB200 NVL72); 0: one domain
+    node_devices: int = 0               # GPUs per host (a custom all-reduce stays inside one); 0: the domain
+    fabric_bandwidth_bytes_per_s: float = 0.0  # inter-node fabric per GPU per direction (0: none given)
+    fabric_latency_s: float = 0.0       # one inter-node step of a small collective
     components: dict[str, float] = field(default_factory=dict)  # perfmodel.cost.components parameters
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -78,6 +83,11 @@ class Hardware:
 
     def replace(self, **changes) -> "Hardware":
         return dataclasses.replace(self, **changes)
+
+    @property
+    def assumed(self) -> list[str]:
+        """Fields and components whose source says they are assumed (no measurement)."""
+        return sorted(k for k, v in self.sources.items() if str(v).lower().startswith(("assumed", "assumption")))
 
 
 def list_presets() -> list[str]:
@@ -116,7 +126,7 @@ def from_dict(data: dict) -> Hardware:
     names = {f.name for f in dataclasses.fields(Hardware)} - {"efficiency", "sources", "components"}
     for k in data:
         require(k in names, k, data[k], "unknown hardware field")
-    missing = sorted(names - set(data) - {"jax_chip"})
+    missing = sorted(names - set(data) - set(OPTIONAL))
     require(not missing, missing[0] if missing else "", None, "required hardware field is missing")
     for k in eff:
         require(k in Efficiency.__dataclass_fields__, f"efficiency.{k}", eff[k],
@@ -164,6 +174,11 @@ def validate(hw: Hardware) -> None:
     for name in ("intra_chip_latency_s", "link_latency_s", "collective_base_latency_s",
                  "launch_overhead_s", "dma_latency_s"):
         require(getattr(hw, name) >= 0, name, getattr(hw, name), "must be >= 0")
+    for name in ("domain_devices", "node_devices"):
+        require(isinstance(getattr(hw, name), int) and getattr(hw, name) >= 0, name, getattr(hw, name),
+                "must be an integer >= 0")
+    for name in ("fabric_bandwidth_bytes_per_s", "fabric_latency_s"):
+        require(getattr(hw, name) >= 0, name, getattr(hw, name), "must be >= 0")
     require(hw.dma_sharing in DMA_SHARING, "dma_sharing", hw.dma_sharing, f"one of {DMA_SHARING}")
     require(hw.collective_algorithm in COLLECTIVE_ALGORITHMS, "collective_algorithm",
             hw.collective_algorithm, f"one of {COLLECTIVE_ALGORITHMS}")
@@ -188,7 +203,7 @@ def to_toml(hw: Hardware, header: str = "") -> str:
     lines = [f"# {l}" for l in header.splitlines()]
     for f in dataclasses.fields(Hardware):
         v = getattr(hw, f.name)
-        if f.name not in ("efficiency", "components", "sources") and not (f.name == "jax_chip" and not v):
+        if f.name not in ("efficiency", "components", "sources") and not (f.name in OPTIONAL and not v):
             lines.append(f"{f.name} = {val(v)}")
     tables = {"efficiency": dataclasses.asdict(hw.efficiency), "components": hw.components,
               "sources": hw.sources}

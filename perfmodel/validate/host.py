@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 
-from perfmodel.cli.args import context, count
 from perfmodel.util.checks import check_tree
 from perfmodel.util.errors import SpecError, require
 from perfmodel.util.files import host_hardware_file, read_text
@@ -134,10 +133,10 @@ def compare(t: TraceSummary, model=None, hardware: str = DEFAULT_HOST_HARDWARE,
             matched_efficiency: bool = False) -> Comparison:
     """Predict a traced run (its capture.json supplies what the arguments leave out): a host
     run (compiled / op_by_op, multi-kernel engine) or a megakernel run (one device)."""
-    from perfmodel.predict import predict
-    from perfmodel.spec.arch import load_model
     from perfmodel.spec.deployment import Deployment
     from perfmodel.spec.hardware import load_hardware
+    from perfmodel.spec.loaders import load_model
+    from perfmodel.step.predict import predict
     meta = t.meta
     model = model or meta.get("model")
     batch = batch or meta.get("batch")
@@ -230,46 +229,3 @@ def validate(trace: str | Path, model=None, hardware: str = DEFAULT_HOST_HARDWAR
 
 def _pct(x: float) -> str:
     return f"{x:+.1%}" if x == x else "n/a"
-
-
-def cmd_validate(a) -> dict:
-    from perfmodel.report import table
-    results = validate(a.trace, a.model, a.hardware, a.batch, a.context, a.mode,
-                       a.matched_efficiency)
-    s = summary(results)
-    if not a.json:
-        for c in results:
-            print(f"{c.run}: {c.model} on {c.hardware}, {c.mode}, batch {c.batch}, context "
-                  f"{c.context}, efficiency.hbm {c.hbm_efficiency:.3g}")
-            print(table(["layer", "kind", "predicted ms", "measured ms", "min..max ms", "error",
-                         "model ops", "traced ops"],
-                        [[r.layer, r.kind, r.predicted_s * 1e3, r.measured_s * 1e3,
-                          f"{r.measured_min_s * 1e3:.3f}..{r.measured_max_s * 1e3:.3f}",
-                          _pct(r.rel_error), r.predicted_ops, r.measured_ops] for r in c.layers]))
-            print(f"step: predicted {c.predicted_step_s * 1e3:.3f} ms, measured "
-                  f"{c.measured_step_s * 1e3:.3f} ms (traced {c.traced_step_s * 1e3:.3f} ms), "
-                  f"error {_pct(c.step_error)}; layer MAPE {c.layer_mape:.1%}; unattributed "
-                  f"{c.unattributed_share:.2%} of traced op time\n")
-        for g in s["gaps"]:
-            print(f"op-by-op gap {g['model']} b{g['batch']} c{g['context']}: measured "
-                  f"{g['measured_gap_s'] * 1e3:.3f} ms, predicted {g['predicted_gap_s'] * 1e3:.3f} ms, "
-                  f"error {_pct(g['gap_error'])}")
-        print(f"{s['runs']} runs: median |step error| {s['median_abs_step_error']:.1%}, median "
-              f"|layer error| {s['median_abs_layer_error']:.1%}, median |gap error| "
-              f"{s['median_abs_gap_error']:.1%}")
-    return {"command": "validate", "summary": s, "results": [c.json() for c in results]}
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("validate", help="per-layer predicted vs measured from profiler traces")
-    p.add_argument("--trace", required=True, help="a captured run, a directory of runs, or a .xplane.pb")
-    p.add_argument("--model", default=None, help="default: the capture's model")
-    p.add_argument("--hardware", default=DEFAULT_HOST_HARDWARE, help="preset or .toml (hostbench output)")
-    p.add_argument("--batch", type=count, default=None, help="default: the capture's")
-    p.add_argument("--context", type=context, default=None, help="default: the capture's")
-    p.add_argument("--mode", choices=("compiled", "op_by_op", "megakernel"), default=None,
-                   help="default: the capture's; megakernel: a TPU trace, one device")
-    p.add_argument("--matched-efficiency", action="store_true",
-                   help="efficiency.hbm from hostbench's decode-matmul curve at the run's batch")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_validate)

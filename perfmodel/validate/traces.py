@@ -23,7 +23,7 @@ Steps are the `decode_step` annotations (host), or the events of a `Steps` line 
 Time inside a step is split by a sweep over the op intervals: each instant goes in equal shares
 to the scopes of the ops running then; idle gaps (dispatch, launch) go to the scope of the next
 op. So the per-layer times of a step sum to the step's window. Layers are numbered as in
-`perfmodel.predict`: 0 embedding, 1..n, n + 1 head.
+`perfmodel.step.predict`: 0 embedding, 1..n, n + 1 head.
 """
 from __future__ import annotations
 
@@ -401,7 +401,7 @@ def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: i
         raise SpecError("trace", str(xp), "no op events inside any step marker")
     n = n_layers
     if n is None and meta.get("model"):
-        from perfmodel.spec.arch import load_model
+        from perfmodel.spec.loaders import load_model
         n = len(load_model(meta["model"]).layers)
     if n is None:
         n = max((scope_of(k)[1] or 0 for s in steps for k in s.scope_s), default=0)

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from perfmodel.predict import Prediction
+from perfmodel.step.predict import Prediction
 
 SCHEMA_VERSION = 2  # 2: sweep rows are flat (docs/sweep.md)
 

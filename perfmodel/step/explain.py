@@ -13,8 +13,8 @@ import numpy as np
 from perfmodel.cost import components as cm
 from perfmodel.engine.terms import collective_terms, op_compute_s, op_weights, stream_terms
 from perfmodel.graph import ops as ops_mod
-from perfmodel.predict import predict
-from perfmodel.report import SCHEMA_VERSION
+from perfmodel.step.predict import predict
+from perfmodel.step.report import SCHEMA_VERSION
 from perfmodel.util.errors import SpecError
 
 # wait cause -> the resource the op waited on
@@ -96,39 +96,12 @@ def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
                      "act_bytes": float(g.act_bytes[j]), "start_s": float(tl.start_s[j]),
                      "end_s": float(tl.end_s[j]), "waits_s": waits, "waited_on": RESOURCE[cause],
                      "terms": terms(g, hw, j, weights, coll_s, megakernel)})
+    if d.serving_engine:  # each op's kernels: time, measured table or physical extrapolation
+        from perfmodel.step.serving_report import kernel_rows
+        krows = kernel_rows(model, hw, d)[0]
+        for j, r in zip(idx, rows):
+            r["kernels"] = [k for k in krows if k["op_index"] == j]
     row = next((r for r in p.layers if r.layer == layer), None)
     return {"schema_version": SCHEMA_VERSION, "command": "explain", "model": model.name, "hardware": hw.name,
             "deployment": dataclasses.asdict(d), "layer": layer, "kind": g.layer_kind.get(layer, ""),
             "layer_time_s": row.time_s if row else None, "step_s": p.step_s, "ops": rows}
-
-
-def run(a) -> dict:
-    from perfmodel.cli.main import load_inputs
-    from perfmodel.report import table
-    model, hw, d = load_inputs(a)
-    out = explain(model, hw, dataclasses.replace(d, batch=a.batch), a.layer, a.op)
-    if not a.json:
-        print(f"{out['model']} on {out['hardware']}, {d.engine}, batch {a.batch}: layer {a.layer} "
-              f"({out['kind']}), {1e6 * (out['layer_time_s'] or 0):.2f} us of a "
-              f"{1e3 * out['step_s']:.3f} ms step\n")
-        print(table(["op", "MFLOP", "static KB", "routed KB", "kv KB", "start us", "end us", "waited on"],
-                    [[r["op"], r["flops"] / 1e6, r["static_bytes"] / 1e3, r["routed_bytes"] / 1e3,
-                      r["kv_bytes"] / 1e3, r["start_s"] * 1e6, r["end_s"] * 1e6, r["waited_on"]]
-                     for r in out["ops"]]))
-        print("\nterms (each op in isolation; full sources with --json):")
-        for r in out["ops"]:
-            for t in r["terms"]:
-                src = t["source"] if len(t["source"]) <= 110 else t["source"][:107] + "..."
-                print(f"  {r['op']}: {t['term']} = {1e6 * t['seconds']:.3f} us  [{t['mechanism']}]  "
-                      f"source: {src}")
-    return out
-
-
-def add_parser(sub) -> None:
-    from perfmodel.cli.main import add_deployment_args
-    p = sub.add_parser("explain", help="one layer or op term by term: bytes, FLOPs, mechanisms, sources")
-    add_deployment_args(p)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--layer", type=int, required=True, help="0 = embedding, n + 1 = head")
-    p.add_argument("--op", default=None, help="one op of the layer (e.g. routed_experts)")
-    p.set_defaults(func=run)

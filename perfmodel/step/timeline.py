@@ -1,7 +1,7 @@
 """Export a simulated step as Chrome / Perfetto trace JSON (opens in ui.perfetto.dev)."""
 from __future__ import annotations
 
-from perfmodel.predict import Prediction
+from perfmodel.step.predict import Prediction
 
 LANES = {"compute": 1, "dma": 2, "link": 3}
 

@@ -58,6 +58,9 @@ def simulate(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False
     w = op_weights(g, model.formats["routed_expert"].bytes_per_value)
     if d.engine == "megakernel":
         tl = simulate_megakernel(g, hw, d, model.moe.top_k if model.moe else 1, record, plan, w)
+    elif d.serving_engine is not None:  # a GPU serving engine: its kernels (perfmodel.engine.serving)
+        from perfmodel.engine.serving import simulate_serving
+        tl = simulate_serving(model, hw, d, g, record)[0]
     else:
         tl = simulate_multikernel(g, hw, record, w, d.steps_per_call)
     return g, tl

@@ -1,0 +1,78 @@
+"""The command line as a user runs it: whole fresh processes, medians of repeats, against a bare
+`python -c "import numpy"` measured in the same run (the machine's own start-up cost).
+
+    python experiments/bench_cli.py [--repeats 5] [--out experiments/results/bench_cli.json]
+
+Targets: one `perfmodel predict` (Kimi K3, TPU v7, one batch) within 2x `import numpy`;
+`perfmodel --help` within 1.5x; the 10,000-configuration design sweep with default flags
+(`perfmodel sweep --design experiments/designs/kimi-k3-tpu-v7-10k.toml --out rows.parquet`)
+under 3 s. The load average is printed with every figure (the machine may be shared).
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from perfmodel.util.files import write_atomic
+
+HERE = Path(__file__).resolve().parent
+DESIGN = HERE / "designs" / "kimi-k3-tpu-v7-10k.toml"
+PERFMODEL = [sys.executable, "-m", "perfmodel.cli"]
+
+
+def timed(argv: list[str], repeats: int) -> dict:
+    """Wall seconds of `argv` run `repeats` times (after one untimed run that fills the OS and
+    numba caches), with the load average before and after."""
+    subprocess.run(argv, check=True, capture_output=True)
+    load0, times = os.getloadavg()[0], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        subprocess.run(argv, check=True, capture_output=True)
+        times.append(time.perf_counter() - t)
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "runs": repeats,
+            "load_before": load0, "load_after": os.getloadavg()[0]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=str(HERE / "results" / "bench_cli.json"))
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = Path(tmp) / "rows.parquet"
+        runs = {
+            "import_numpy": [sys.executable, "-c", "import numpy"],
+            "predict": PERFMODEL + ["predict", "--model", "kimi-k3", "--hardware", "tpu-v7", "--devices", "32",
+                                    "--tp", "32", "--ep", "8", "--batch", "1"],
+            "help": PERFMODEL + ["--help"],
+            "sweep_10k": PERFMODEL + ["sweep", "--design", str(DESIGN), "--out", str(rows), "--no-progress"],
+        }
+        res = {name: timed(argv, a.repeats) for name, argv in runs.items()}
+    base = res["import_numpy"]["median_s"]
+    checks = {"predict": ("predict_vs_numpy", res["predict"]["median_s"] / base, 2.0),
+              "help": ("help_vs_numpy", res["help"]["median_s"] / base, 1.5),
+              "sweep_10k": ("sweep_10k_s", res["sweep_10k"]["median_s"], 3.0)}
+    out = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+                      f"python {platform.python_version()}", "date": time.strftime("%Y-%m-%d %H:%M"),
+           "commands": {k: " ".join(Path(x).name if x == sys.executable else x for x in v) for k, v in runs.items()},
+           "results": res,
+           "targets": {key: {"value": v, "target": t, "met": v <= t} for key, v, t in checks.values()}}
+    for name, r in res.items():
+        line = f"{name:14s} median {r['median_s']:.3f} s (min {r['min_s']:.3f}, max {r['max_s']:.3f}; load {r['load_before']:.1f} -> {r['load_after']:.1f})"
+        if name in checks:
+            key, v, t = checks[name]
+            unit = "x import numpy" if key.endswith("numpy") else "s"
+            line += f"  {v:.2f} {unit}, target <= {t:g}: {'met' if v <= t else 'MISSED'}"
+        print(line)
+    write_atomic(a.out, json.dumps(out, indent=1) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

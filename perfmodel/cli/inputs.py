@@ -1,0 +1,88 @@
+"""The arguments every deployment-taking command shares (model, hardware, layout, engine, ring,
+slots, routing, speculative decoding) and the model, hardware and Deployment they name."""
+from __future__ import annotations
+
+import argparse
+
+from perfmodel.cli.args import context, count, integer, mib, nonnegative, number, positive, skew
+from perfmodel.spec import hardware, loaders
+from perfmodel.spec.deployment import ENGINES, Deployment, SpecDecode
+from perfmodel.step.report import deployment_json
+from perfmodel.util.errors import SpecError
+
+MAX_STREAM_TILES = 2**22  # ring tiles the megakernel simulator walks per step (memory and time)
+
+
+def routing_arg(text: str) -> float:
+    named = {"independent": 0.0, "identical": 1.0}
+    return named[text] if text in named else number(text, hi=1.0)
+
+
+def add_deployment_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="kimi-k3", help="preset name or .toml / config.json path")
+    p.add_argument("--hardware", default="tpu-v7", help="preset name or .toml path")
+    p.add_argument("--devices", type=count, default=32, help="JAX devices (TPU v7: 2 per chip) or GPUs")
+    p.add_argument("--tp", type=count, default=None, help="tensor parallel degree (default: devices)")
+    p.add_argument("--ep", type=count, default=None, help="expert-parallel groups (default: devices)")
+    p.add_argument("--engine", choices=ENGINES, default="megakernel")
+    p.add_argument("--context", type=context, default=4096, help="tokens already in each sequence's cache")
+    p.add_argument("--prefetch-mib", type=mib, default=None,
+                   help="megakernel ring depth in MiB (default: half the on-chip buffer)")
+    p.add_argument("--expert-slots", type=count, default=None,
+                   help="megakernel expert buffers (default: as many as fit, at most top-k)")
+    p.add_argument("--vmem-mib", type=mib, default=None,
+                   help="override the on-chip buffer per core (VMEM / shared memory), MiB")
+    p.add_argument("--routing-skew", type=skew, default=None,
+                   help="Zipf exponent of expert popularity (default: the model preset's)")
+    p.add_argument("--routing", dest="routing_correlation", type=routing_arg, default=None,
+                   help="rows of a batch: independent, identical (every row the same experts) or a "
+                        "correlation in [0, 1] (default: the model preset's)")
+    p.add_argument("--steps-per-call", type=count, default=1,
+                   help="decode steps one device call runs (its host dispatch is shared by them)")
+    p.add_argument("--draft-rows", type=lambda t: integer(t, 0), default=0,
+                   help="speculative decoding: drafted rows per step")
+    acc = p.add_mutually_exclusive_group()
+    acc.add_argument("--acceptance-length", type=positive, default=None, help="tokens per step (tau)")
+    acc.add_argument("--acceptance-prob", type=nonnegative, default=None, help="per-token acceptance a")
+    p.add_argument("--draft-cost", type=lambda v: number(v, hi=100), default=0.05,
+                   help="drafter time / verification time")
+    p.add_argument("--serving-engine", choices=("vllm", "sglang", "trtllm"), default=None,
+                   help="GPU multi-kernel engine whose measured kernels to replay (docs/gpu.md)")
+    p.add_argument("--attention-dp", type=count, default=None,
+                   help="attention data-parallel replicas (tp = devices / (attention-dp x pp) unless given)")
+    p.add_argument("--pp", type=count, default=1, help="pipeline-parallel stages")
+    p.add_argument("--ep-comm", dest="moe_comm", choices=("all_reduce", "all_to_all"), default="all_reduce",
+                   help="how tokens reach the experts: all-reduce (replicated / gathered) or all-to-all (DeepEP)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def load_inputs(a: argparse.Namespace):
+    """The model, hardware and deployment the deployment arguments name."""
+    model, hw = loaders.load_model(a.model), hardware.load_hardware(a.hardware)
+    if a.vmem_mib is not None:
+        hw = hw.replace(onchip_bytes=a.vmem_mib * 2**20)
+    spec = None
+    if a.draft_rows:
+        if a.acceptance_length is None and a.acceptance_prob is None:
+            raise SpecError("--acceptance-length", None, "speculative decoding needs an acceptance")
+        spec = SpecDecode(a.draft_rows, a.acceptance_prob, a.acceptance_length, a.draft_cost)
+    tp = a.tp or a.devices // ((a.attention_dp or 1) * a.pp) or 1
+    if a.attention_dp is not None and tp * a.attention_dp * a.pp != a.devices:
+        raise SpecError("--attention-dp", a.attention_dp,
+                        f"tp x attention-dp x pp ({tp} x {a.attention_dp} x {a.pp}) must equal devices ({a.devices})")
+    d = Deployment(devices=a.devices, tp=tp, engine=a.engine, ep=a.ep,
+                   serving_engine=a.serving_engine, pp=a.pp, moe_comm=a.moe_comm,
+                   context=a.context, spec=spec, routing_skew=a.routing_skew, routing_correlation=a.routing_correlation,
+                   expert_slots=a.expert_slots, steps_per_call=a.steps_per_call,
+                   prefetch_bytes=a.prefetch_mib * 2**20 if a.prefetch_mib is not None else None)
+    tiles = model.weight_bytes() / (d.tp * hw.dma_tile_bytes)
+    if d.engine == "megakernel" and tiles > MAX_STREAM_TILES:
+        raise SpecError("dma_tile_bytes", hw.dma_tile_bytes,
+                        f"streams {model.name} in {tiles:.3g} tiles per step; the simulator takes at most "
+                        f"{MAX_STREAM_TILES}: use tiles of at least "
+                        f"{model.weight_bytes() / (d.tp * MAX_STREAM_TILES):.0f} B")
+    return model, hw, d
+
+
+def inputs_json(a, model, hw, d, **extra) -> dict:
+    return {"model": model.name, "hardware": hw.name, **deployment_json(d), **extra}

@@ -1,0 +1,163 @@
+"""`perfmodel list`, `predict`, `trace` and `explain`: presets, one prediction, its timeline, one layer."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from perfmodel.cli.args import count, int_list
+from perfmodel.cli.inputs import add_deployment_args, inputs_json, load_inputs
+from perfmodel.spec import arch, hardware, loaders
+from perfmodel.step.report import SCHEMA_VERSION, json_text, layer_summary, plain, prediction_json, table
+from perfmodel.util.files import write_atomic
+
+
+def cmd_list(a) -> dict:
+    out = {"schema_version": SCHEMA_VERSION, "models": [], "hardware": []}
+    for name in arch.list_presets():
+        m = loaders.load_model(name)
+        out["models"].append({"name": name, "layers": len(m.layers), "params": m.total_params,
+                              "weight_bytes": m.weight_bytes()})
+    for name in hardware.list_presets():
+        h = hardware.load_hardware(name)
+        out["hardware"].append({"name": name, "kind": h.kind, "cores_per_chip": h.cores_per_chip,
+                                "bf16_flops_per_s": h.peak_flops_per_s["bf16"],
+                                "hbm_bandwidth_bytes_per_s": h.hbm_bandwidth_bytes_per_s,
+                                "onchip_bytes": h.onchip_bytes, "domain_devices": h.domain_devices,
+                                "assumed": h.assumed})
+    if not a.json:
+        print(table(["model", "layers", "params (B)", "weights (GB)"],
+                    [[m["name"], m["layers"], m["params"] / 1e9, m["weight_bytes"] / 1e9] for m in out["models"]]))
+        print()
+        print(table(["hardware", "kind", "cores/chip", "bf16 TFLOP/s", "HBM GB/s", "on-chip MiB", "domain",
+                     "assumed components"],
+                    [[h["name"], h["kind"], h["cores_per_chip"], h["bf16_flops_per_s"] / 1e12,
+                      h["hbm_bandwidth_bytes_per_s"] / 1e9, h["onchip_bytes"] / 2**20, h["domain_devices"] or "-",
+                      ", ".join(k.removeprefix("components.") for k in h["assumed"] if k.startswith("components."))
+                      or "-"] for h in out["hardware"]]))
+    return out
+
+
+def cmd_predict(a) -> dict:
+    from perfmodel.step.predict import expert_tiling_cost, predict
+    model, hw, d = load_inputs(a)
+    preds = [predict(model, hw, dataclasses.replace(d, batch=b)) for b in a.batch]
+    method = (f"{d.serving_engine} kernels replayed back to back (perfmodel.engine.serving)" if d.serving_engine
+              else f"{d.engine} timeline simulation (perfmodel.engine.{d.engine})")
+    out = {"schema_version": SCHEMA_VERSION, "command": "predict",
+           "inputs": inputs_json(a, model, hw, d, batch=a.batch), "method": method,
+           "results": [prediction_json(p, layers=True) for p in preds],
+           "assumed": [k for k in hw.assumed if k.startswith("components.") or k in ("fabric_bandwidth_bytes_per_s",)]}
+    if d.serving_engine:
+        from perfmodel.step.serving_report import kernel_summary
+        for r, p in zip(out["results"], preds):
+            r["kernels"] = kernel_summary(model, hw, p.deployment)
+    if a.gain:
+        from perfmodel.step.predict import prefetch_gain
+        for r, p in zip(out["results"], preds):
+            r["prefetch_gain"] = prefetch_gain(model, hw, p.deployment)
+    tiling = expert_tiling_cost(model, hw, preds[0])
+    if tiling:
+        out["expert_tiling"] = {**tiling, "batch": preds[0].deployment.batch}
+    if not a.json:
+        print(f"{model.name} on {a.devices} x {hw.name} devices, tp={d.tp} ep={d.expert_groups}, "
+              f"{d.engine}, context {d.context}" + (f", spec decode {d.spec}" if d.spec else ""))
+        print(f"method: {out['method']}")
+        if out["assumed"]:
+            print("rests on assumed components (no measurement): " + ", ".join(out["assumed"]))
+        if d.serving_engine:
+            k = out["results"][0]["kernels"]
+            print(f"kernels per step: {k['count']}, {100 * k['measured_share']:.0f} % of the time from measured "
+                  f"tables, the rest physical (perfmodel explain --layer N lists each)")
+        print()
+        print(f"per layer kind at batch {preds[0].deployment.batch}:")
+        print(layer_summary(preds[0]))
+        print()
+        print(table(["batch", "step ms", "tokens/s", "GB/device", "HBM floor ms", "HBM util",
+                     "bound"], [[p.deployment.batch, p.step_s * 1e3, p.tokens_per_s,
+                                 p.bytes_per_device / 1e9, p.hbm_floor_s * 1e3, p.hbm_utilisation,
+                                 p.bound] for p in preds]))
+        if tiling:
+            print(f"\nrouted experts ({tiling['expert_bytes'] / 2**20:.1f} MiB each) stream through "
+                  f"{tiling['expert_slots']} buffers in {tiling['tiles_per_expert']} tiles; against whole-expert "
+                  f"buffers this costs {tiling['cost_s'] * 1e6:+.1f} us per step at batch {preds[0].deployment.batch}")
+        if a.gain:
+            g0 = out["results"][0]["prefetch_gain"]
+            causes = list(g0["by_cause_s"])
+            print("\nprefetch gain (multikernel - megakernel, same chips and layout), ms:")
+            print(table(["batch", "multikernel", "megakernel", "gain", "speedup"] + causes,
+                        [[r["batch"], g["multikernel_step_s"] * 1e3, g["megakernel_step_s"] * 1e3,
+                          g["gain_s"] * 1e3, g["speedup"]] + [g["by_cause_s"][c] * 1e3 for c in causes]
+                         for r in out["results"] for g in [r["prefetch_gain"]]]))
+    return out
+
+
+def cmd_trace(a) -> dict:
+    from perfmodel.step.predict import predict
+    from perfmodel.step.timeline import chrome_trace
+    model, hw, d = load_inputs(a)
+    p = predict(model, hw, dataclasses.replace(d, batch=a.batch), record=True)
+    trace = chrome_trace(p)
+    out = {"schema_version": SCHEMA_VERSION, "command": "trace", "out": a.out,
+           "events": len(trace["traceEvents"]), "step_s": p.step_s}
+    json_text(out)  # the output is complete before anything is written
+    write_atomic(a.out, json.dumps(plain(trace), allow_nan=False))
+    if not a.json:
+        print(f"wrote {a.out}: {out['events']} events, step {p.step_s * 1e3:.3f} ms "
+              f"(open in ui.perfetto.dev or chrome://tracing)")
+    return out
+
+
+def cmd_explain(a) -> dict:
+    from perfmodel.step.explain import explain
+    from perfmodel.step.report import table
+    model, hw, d = load_inputs(a)
+    out = explain(model, hw, dataclasses.replace(d, batch=a.batch), a.layer, a.op)
+    if not a.json:
+        print(f"{out['model']} on {out['hardware']}, {d.engine}, batch {a.batch}: layer {a.layer} "
+              f"({out['kind']}), {1e6 * (out['layer_time_s'] or 0):.2f} us of a "
+              f"{1e3 * out['step_s']:.3f} ms step\n")
+        print(table(["op", "MFLOP", "static KB", "routed KB", "kv KB", "start us", "end us", "waited on"],
+                    [[r["op"], r["flops"] / 1e6, r["static_bytes"] / 1e3, r["routed_bytes"] / 1e3,
+                      r["kv_bytes"] / 1e3, r["start_s"] * 1e6, r["end_s"] * 1e6, r["waited_on"]]
+                     for r in out["ops"]]))
+        if d.serving_engine:
+            print(f"\n{d.serving_engine} kernels (table = measured, interpolated in the table's axes; physical = "
+                  "extrapolated by the fitted or generic components):")
+            print(table(["op", "kernel", "class", "us", "from", "source"],
+                        [[r["op"], k["kernel"], k["class"], k["seconds"] * 1e6, "table" if k["measured"] else "physical",
+                          k["source"] if len(k["source"]) <= 90 else k["source"][:87] + "..."]
+                         for r in out["ops"] for k in r.get("kernels", [])]))
+        print("\nterms (each op in isolation; full sources with --json):")
+        for r in out["ops"]:
+            for t in r["terms"]:
+                src = t["source"] if len(t["source"]) <= 110 else t["source"][:107] + "..."
+                print(f"  {r['op']}: {t['term']} = {1e6 * t['seconds']:.3f} us  [{t['mechanism']}]  "
+                      f"source: {src}")
+    return out
+
+
+def configure_list(p) -> None:
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+
+
+def configure_predict(p) -> None:
+    add_deployment_args(p)
+    p.add_argument("--batch", type=int_list, default=[1], help="comma-separated batch sizes")
+    p.add_argument("--gain", action="store_true", help="also the prefetch gain over the other engine, by cause")
+    p.set_defaults(func=cmd_predict)
+
+
+def configure_trace(p) -> None:
+    add_deployment_args(p)
+    p.add_argument("--batch", type=count, default=1)
+    p.add_argument("--out", default="predicted_trace.json", help="trace file to write")
+    p.set_defaults(func=cmd_trace)
+
+
+def configure_explain(p) -> None:
+    add_deployment_args(p)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--layer", type=int, required=True, help="0 = embedding, n + 1 = head")
+    p.add_argument("--op", default=None, help="one op of the layer (e.g. routed_experts)")
+    p.set_defaults(func=cmd_explain)

@@ -1,0 +1,97 @@
+"""Fit the physical GPU kernel components to the imported kernel tables (`perfmodel calibrate --kernels`).
+
+Training data are kernel-level only: every cell of perfmodel/data/kernels/<gpu>/<engine>.json is
+one kernel at one shape, timed alone (NVIDIA aiconfigurator-core). For each GPU, engine and fit
+group (class and dtype, `gpu_kernels.fit_group`) the three parameters of
+`gpu_kernels.physical_time` are fitted by least squares on log(predicted / measured) over every
+cell of the group; the residuals of every cell are kept, and their median and worst per engine
+and GPU are what `perfmodel calibrate --kernels` prints. No serving (end-to-end) figure enters.
+"""
+from __future__ import annotations
+
+import json
+from datetime import date
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from perfmodel.cost import gpu_kernels as gk
+from perfmodel.spec.hardware import load_hardware
+from perfmodel.util.files import write_atomic
+
+TARGET = 0.10  # median |residual| per engine and GPU
+ENGINES = ("vllm", "sglang", "trtllm", "nccl")
+HARDWARE = {"h100": "h100", "h200": "h200", "b200": "b200", "gb200": "gb200", "b300": "b300",
+            "gb300": "gb300", "a100": "a100"}
+
+
+def _cells(tabs: gk.Tables) -> dict[str, tuple[str, dict, np.ndarray]]:
+    """Per fit group: (class, shape arrays, seconds) of every measured cell."""
+    out: dict[str, tuple[str, list, list]] = {}
+    for cls, ts in tabs.by_class.items():
+        for t in ts:
+            _, shapes, secs = out.setdefault(gk.fit_group(t), (cls, [], []))
+            for point, v in t.points():
+                shapes.append(gk.shape(cls, t.key, point))
+                secs.append(v)
+    return {g: (cls, {k: np.array([s[k] for s in shapes], float) for k in shapes[0]}, np.array(secs))
+            for g, (cls, shapes, secs) in out.items() if secs}
+
+
+def start(cls: str, t: np.ndarray, peak_bw: float, peak_flops: float) -> list[float]:
+    """Physical starting values: fixed cost below the fastest cell, half the peaks."""
+    first = {"fixed_s": max(0.8 * t.min(), 1e-7), "bytes_per_s": 0.5 * peak_bw, "flops_per_s": 0.5 * peak_flops,
+             "per_peer_s": 1e-7, "min_n": 256.0, "min_k": 256.0, "per_expert_s": 1e-7, "min_units": 16.0, "per_unit_s": 1e-8}
+    if cls in gk.COMM:
+        first["bytes_per_s"] = 1e11
+    return [first[n] for n in gk.param_names(cls)]
+
+
+def fit_group(cls: str, s: dict, t: np.ndarray, peak_bw: float, peak_flops: float) -> tuple[dict, np.ndarray]:
+    """(params, residuals) of one group: least squares on log(predicted / measured) (a soft-l1
+    loss, so a few cells the kernel's own heuristics make slow do not set the fit)."""
+    names = gk.param_names(cls)
+    model = lambda x: gk.physical_time(dict(zip(names, np.exp(x))), cls, s)
+    res = least_squares(lambda x: np.log(model(x) / t), np.log(start(cls, t, peak_bw, peak_flops)),
+                        method="trf", loss="soft_l1", f_scale=0.1)
+    resid = model(res.x) / t - 1
+    params = {n: float(f"{v:.6g}") for n, v in zip(names, np.exp(res.x))}
+    return params | {"cells": int(len(t)), "median_abs_residual": float(np.median(np.abs(resid))),
+                     "worst_residual": float(resid[np.argmax(np.abs(resid))])}, resid
+
+
+def fit_gpu(gpu: str) -> dict:
+    """Every engine's fit groups on one GPU: {engine: {group: params + residual summary}} and the
+    per-engine summary."""
+    hw = load_hardware(HARDWARE[gpu])
+    peak_bw, peak = hw.hbm_bandwidth_bytes_per_s, max(hw.peak_flops_per_s.values())
+    engines, summary = {}, {}
+    for engine in ENGINES:
+        tabs = gk.tables(gpu, engine)
+        if tabs is None:
+            continue
+        groups, all_res = {}, []
+        for g, (cls, s, t) in sorted(_cells(tabs).items()):
+            params, resid = fit_group(cls, s, t, peak_bw, peak)
+            groups[g] = params
+            all_res.append(resid)
+        res = np.concatenate(all_res)
+        engines[engine] = groups
+        summary[engine] = {"cells": int(len(res)), "median_abs_residual": float(np.median(np.abs(res))),
+                           "worst_residual": float(res[np.argmax(np.abs(res))]),
+                           "within_10_percent": float(np.mean(np.abs(res) <= 0.10))}
+    return {"gpu": gpu, "fitted_by": f"perfmodel calibrate --kernels on {date.today()}",
+            "model": "perfmodel.cost.gpu_kernels.physical_time",
+            "training_data": "the kernel tables beside this file (kernel-level only)",
+            "summary": summary, "engines": engines}
+
+
+def calibrate_kernels(gpus: list[str] | None = None, write: bool = False) -> dict:
+    out = {}
+    for gpu in gpus or gk.gpus_with_tables():
+        doc = fit_gpu(gpu)
+        out[gpu] = doc
+        if write:
+            write_atomic(gk.KERNEL_DIR / gpu / "fit.json", json.dumps(doc, indent=1) + "\n")
+    gk.fits.cache_clear()
+    return out

@@ -1,0 +1,55 @@
+"""GPU serving engines the multi-kernel model knows (perfmodel/data/serving_engines/*.toml) and the
+layouts they refuse, checked before anything is predicted."""
+from __future__ import annotations
+
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+
+from perfmodel.util.errors import SpecError, require
+
+ENGINE_DIR = Path(__file__).parents[1] / "data" / "serving_engines"
+ROW_PARALLEL = ("o_proj", "down", "shared_down", "out_proj")   # split along the input over tp
+
+
+def serving_engines() -> list[str]:
+    return sorted(p.stem for p in ENGINE_DIR.glob("*.toml"))
+
+
+@lru_cache(maxsize=None)
+def inventory(name: str) -> dict:
+    """One engine's kernel inventory (the TOML file as a dict)."""
+    if name not in serving_engines():
+        raise SpecError("serving_engine", name, f"one of {', '.join(serving_engines())}")
+    return tomllib.loads((ENGINE_DIR / f"{name}.toml").read_text())
+
+
+def check_serving_layout(model, hw, d) -> None:
+    """Refuse what the engine refuses: an unknown engine; a tensor-parallel split of a
+    block-quantised matrix that cuts a quantisation block (vLLM: "not divisible by weight
+    quantization block_n"), for the attention / dense / shared weights over `tp` and the routed
+    experts over devices / ep; all-to-all EP that is not over every device."""
+    inv = inventory(d.serving_engine)
+    replicated = set(inv.get("replicated", {}).get("matmuls", []))
+    etp = d.devices // d.expert_groups
+    for layer in {l.attention: l for l in model.layers}.values():
+        for mm in model.layer_matmuls(layer):
+            fmt = model.matmul_format(mm)
+            bo, bi = fmt.block
+            if mm.family == "router" or mm.name in replicated or max(bo, bi) <= 1:
+                continue
+            shards, field = (etp, "ep") if mm.family == "routed_expert" else (d.tp, "tp")
+            if shards == 1:
+                continue
+            dim, block = (mm.d_in, bi) if mm.name in ROW_PARALLEL or mm.name == "expert_down" else (mm.d_out, bo)
+            if mm.name == "expert_gate_up":
+                dim = dim // (1 + model.ffn_gated)
+            if block > 1 and (dim % shards or (dim // shards) % block):
+                value = d.tp if field == "tp" else d.expert_groups
+                raise SpecError(field, value, f"{d.serving_engine} refuses it: {mm.name} ({dim} wide, {fmt.name} in "
+                                f"{block}-wide blocks) split {shards} ways is {dim / shards:g} per GPU, not a "
+                                f"multiple of the block")
+    if d.moe_comm == "all_to_all":
+        require(model.moe is not None, "moe_comm", d.moe_comm, "all-to-all dispatch needs a MoE model")
+        require(d.expert_groups == d.devices, "ep", d.expert_groups,
+                f"all-to-all EP (DeepEP) puts whole experts on every device: ep must equal devices ({d.devices})")

@@ -1,0 +1,32 @@
+"""The kernel lists of a serving-engine prediction, for `predict` and `explain` (JSON fields
+`kernels` and per op `kernels`: name, class, seconds, measured or physical, source)."""
+from __future__ import annotations
+
+from perfmodel.engine.serving import kernels
+from perfmodel.graph import ops as ops_mod
+
+
+def kernel_rows(model, hw, d) -> tuple[list[dict], object]:
+    g = ops_mod.build(model, d)
+    rows = [{"op_index": k.op, "op": g.name[k.op], "layer": int(g.layer[k.op]), "kernel": k.name, "class": k.cls,
+             "seconds": k.seconds, "measured": k.measured, "source": k.source, "shape": k.point,
+             **({"levels": [{"scope": s, "seconds": t} for s, t in k.levels]} if k.levels else {})}
+            for k in kernels(model, hw, d, g)]
+    return rows, g
+
+
+def kernel_summary(model, hw, d) -> dict:
+    """Per step: kernel count, the share of the time from measured tables, and each distinct
+    kernel's count and total time."""
+    rows, _ = kernel_rows(model, hw, d)
+    total = sum(r["seconds"] for r in rows) or 1.0
+    by: dict[str, dict] = {}
+    for r in rows:
+        e = by.setdefault(r["kernel"], {"kernel": r["kernel"], "class": r["class"], "count": 0, "seconds": 0.0,
+                                        "measured": r["measured"], "source": r["source"]})
+        e["count"] += 1
+        e["seconds"] += r["seconds"]
+        e["measured"] = e["measured"] and r["measured"]
+    return {"count": len(rows), "seconds": total,
+            "measured_share": sum(r["seconds"] for r in rows if r["measured"]) / total,
+            "by_kernel": sorted(by.values(), key=lambda e: -e["seconds"])}
