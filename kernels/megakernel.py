@@ -5,7 +5,7 @@ VMEM banks, one DMA a bank (`kernels.ring`, layout `kernels.stream`), across lay
 boundaries, so the ring keeps prefetching through routing, attention and the collectives.
 After each MoE router, the top-k picks are reduced to a mask of used experts, moved VMEM ->
 SMEM, compacted into ascending expert ids in SMEM by scalar code, and the experts are fetched
-by data-dependent DMAs (`ExpertFetch`: one or two per expert) into `expert_slots` VMEM slots
+by data-dependent DMAs (`expert_fetch`: one or two per expert) into `expert_slots` VMEM slots
 (expert j goes to slot j mod slots; expert j+slots is fetched as soon as expert j has been
 applied); 4-bit experts are fed to the MXU as fp8 (`kernels.quant`). The KDA state / conv window
 and the MLA latent cache live in HBM, aliased in and out; they are prefetched at the start of
@@ -56,22 +56,14 @@ def _switch(pred_is_first, kinds, fns, *args):
     return lax.cond(pred_is_first, fns[kinds[0]], fns[kinds[1]], *args)
 
 
-class ExpertFetch:
+def expert_fetch(refs, mo, e, s) -> Copies:
     """Expert `e` (of MoE layer `mo`) into slot s: its codes (with 8-bit scales) and, for 16-
     and 32-bit scales, its scales: one or two DMAs."""
-
-    def __init__(self, refs, mo, e, s):
-        hbm, slots, scales_hbm, scale_slots, sems = refs
-        pairs = [(hbm.at[mo, e], slots.at[s], sems.at[s])]
-        if scales_hbm is not None:
-            pairs.append((scales_hbm.at[mo, e], scale_slots.at[s], sems.at[s]))
-        self.copies = Copies("expert", *pairs)
-
-    def start(self):
-        self.copies.start()
-
-    def wait(self):
-        self.copies.wait()
+    hbm, slots, scales_hbm, scale_slots, sems = refs
+    pairs = [(hbm.at[mo, e], slots.at[s], sems.at[s])]
+    if scales_hbm is not None:
+        pairs.append((scales_hbm.at[mo, e], scale_slots.at[s], sems.at[s]))
+    return Copies("expert", *pairs)
 
 
 def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
@@ -444,7 +436,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
         with jax.named_scope("experts"):
             s_n = cfg.expert_slots
             fetch_refs = (exp_hbm, slot_buf, exp_scale_hbm, scale_buf, slot_sem)
-            fetch = lambda j: ExpertFetch(fetch_refs, mo, ids_s[j] - own_first, j % s_n)
+            fetch = lambda j: expert_fetch(fetch_refs, mo, ids_s[j] - own_first, j % s_n)
             pads = expert_padding_bytes(spec, cfg)
             dma.note("experts", None, "routed_expert", "expert", routed=True,
                      sizes=[b for b in lay.bytes() if b],
