@@ -52,7 +52,7 @@ test-all: $(STAMP) browser
 KERNEL_TESTS := tests/test_megakernel.py tests/test_kernel_plan.py tests/test_parallel.py \
 	tests/test_quant.py tests/test_plan_simulation.py
 test-kernels-slow: $(STAMP)
-	$(VENV)/bin/python -m pytest -n 2 -q -m slow $(KERNEL_TESTS)
+	$(VENV)/bin/python -m pytest -n 2 -q -m slow --durations=8 $(KERNEL_TESTS)
 
 fuzz: $(STAMP)
 	PERFMODEL_FUZZ_PROFILE=fuzz $(VENV)/bin/python -m pytest -q -s tests/test_fuzz.py

@@ -159,12 +159,12 @@ def main(argv=None) -> int:
     ap.add_argument("--allow-cpu", action="store_true",
                     help="without a TPU: run the pipeline in interpret mode (timings mean nothing)")
     ap.add_argument("--batch", type=int_list, help="batches (default 1,8; CPU: 2)")
-    ap.add_argument("--depths", type=int_list, help="ring depths in banks (default 4,8,12; CPU: 2,3)")
+    ap.add_argument("--depths", type=int_list, help="ring depths in banks (default 4,8,12; CPU: 3)")
     ap.add_argument("--slots", type=int_list, help="expert slots (default 2,4; CPU: 1,2)")
     ap.add_argument("--bank-rows", type=int, help="rows of a ring bank (default: kernels.tuned)")
     ap.add_argument("--context", type=int, help="MLA cache capacity (default 1024; CPU 32)")
     ap.add_argument("--steps", type=int, default=5, help="traced steps a run (CPU: 1)")
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=2, help="untraced steps first (CPU: 0)")
     ap.add_argument("--tp8-experts", type=int, default=32)
     ap.add_argument("--only", choices=("one core", "tp8"), help="run one slice only")
     ap.add_argument("--traces", default=str(ROOT / "out" / "tpu_megakernel_traces"))
@@ -180,17 +180,18 @@ def main(argv=None) -> int:
 
     on_tpu = pltpu.is_tpu_device()
     if not on_tpu and not a.allow_cpu:
-        print(f"tpu_megakernel: no TPU attached (JAX backend: {jax.default_backend()}); run it on a "
-              "TPU VM, or pass --allow-cpu for the interpret-mode smoke test", file=sys.stderr)
+        print(f"tpu_megakernel: no TPU attached (JAX backend: {jax.default_backend()}); run it "
+              "on a TPU VM, or pass --allow-cpu for the interpret-mode smoke test",
+              file=sys.stderr)
         return 2
     cpu = not on_tpu
     interpret = pltpu.InterpretParams(detect_races=True) if cpu else None
     a.batch = a.batch or ([2] if cpu else [1, 8])
-    a.depths = a.depths or ([2, 3] if cpu else [4, 8, 12])
+    a.depths = a.depths or ([3] if cpu else [4, 8, 12])
     a.slots = a.slots or ([1, 2] if cpu else [2, 4])
     a.context = a.context or (32 if cpu else 1024)
     a.steps = 1 if cpu else a.steps
-    a.warmup = 1 if cpu else a.warmup
+    a.warmup = 0 if cpu else a.warmup
     runs = []
     try:
         for name, full, devices, ep in slices(cpu, a.tp8_experts):
@@ -214,7 +215,8 @@ def main(argv=None) -> int:
     except SpecError as e:
         print(f"tpu_megakernel: {e}", file=sys.stderr)
         return 2
-    machine = jax.devices()[0].device_kind if on_tpu else f"CPU ({platform.processor() or platform.machine()})"
+    machine = jax.devices()[0].device_kind if on_tpu else \
+        f"CPU ({platform.processor() or platform.machine()})"
     res = {"machine": machine, "interpret": cpu, "jax": jax.__version__,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": "python " + " ".join(sys.argv), "trace_flags": profile_megakernel.TRACE_FLAGS,

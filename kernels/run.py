@@ -69,10 +69,11 @@ def _generate(spec, cfg, packed, cache, tokens, positions, step_fn, steps, accep
             print(plan.summary(spec, first))
             pred = plan.predicted_step(spec, cfg, first, int(max(positions)),
                                        acceptance_length=accepted, full=full)
+            stall = pred.breakdown_s["weight_streaming"] + pred.breakdown_s["expert_fetch"]
             print(f"\npredicted on {tp} tpu-v7 TensorCore(s) from this plan (perfmodel "
                   f"simulator, not a measurement): {pred.step_s * 1e6:.1f} us/step, "
                   f"{pred.bytes_per_device:,.0f} B moved per device, DMA stall "
-                  f"{1e6 * (pred.breakdown_s['weight_streaming'] + pred.breakdown_s['expert_fetch']):.1f} us")
+                  f"{1e6 * stall:.1f} us")
         block = np.asarray(block).reshape(cfg.batch, cfg.rows)
         kept.append(block[:, :accepted])
         tokens = jnp.asarray(np.asarray(nxt).reshape(cfg.batch, cfg.rows)[:, accepted - 1])
