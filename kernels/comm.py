@@ -74,6 +74,11 @@ class Wire:
         return max(1, self.sub // p)
 
     @property
+    def padded_rows(self) -> int:
+        """Token rows a message carries (the real ones and padding): the next power of two."""
+        return self.sub // self.fold if self.fold > 1 else self.rows
+
+    @property
     def rows(self) -> int:
         return max(self.sub, -(-self.n // self.sub) * self.sub) if self.fold == 1 else self.sub
 
@@ -138,12 +143,13 @@ def group(kind: int, tp: int, me, host: int):
 
 
 def algorithm(spec, cfg) -> str:
-    """The all-reduce algorithm of this spec and configuration: one_shot where the model file's
-    `[megakernel] shard_collective_rows` excludes the step's token rows, else rs_ag (or
-    hierarchical when cfg.hierarchical)."""
-    if kernel_all_reduce(spec, cfg.token_rows) == "one_shot":
-        return "one_shot"
-    return "hierarchical" if cfg.hierarchical and getattr(spec, "tp", 1) % 2 == 0 else "rs_ag"
+    """The all-reduce algorithm of this spec and configuration, as the model file's
+    `[megakernel]` table says (`perfmodel.graph.ops.kernel_all_reduce`: its `all_reduce`, else
+    one_shot where `shard_collective_rows` excludes the step's token rows); where it says
+    nothing, rs_ag (hierarchical with cfg.hierarchical). Hierarchical needs an even tp."""
+    alg = kernel_all_reduce(spec, cfg.token_rows) or \
+        ("hierarchical" if cfg.hierarchical else "rs_ag")
+    return "rs_ag" if alg == "hierarchical" and getattr(spec, "tp", 1) % 2 else alg
 
 
 def host_size(cfg, tp: int) -> int:

@@ -358,9 +358,12 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
         return out
 
     # ----- FFN kinds -----
+    ffn_families = {kind: [f for _, f in stream_mod.layer_parts(spec, perfmodel_layer("kda", kind))
+                           if f != "attention"] for kind in ffn_kinds}
+
     @dma.branch(("ffn", "dense"))
     def dense_ffn(i, h):
-        matmul = matmuls_of(i, "dense", "dense_ffn")
+        matmul = matmuls_of(i, "dense", *ffn_families["dense"])
         out = matmul("down", ref.swiglu(matmul("gate_up", h)))
         matmul.finish()
         return out
@@ -405,7 +408,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
     def moe(i, h):
         me, e_n = spec.moe, spec.moe.experts
         mo = table[i, layout.MOE_ORD]
-        matmul = matmuls_of(i, "moe", "router", "shared_expert")
+        matmul = matmuls_of(i, "moe", *ffn_families["moe"])   # router first
         lane = lax.broadcasted_iota(jnp.int32, (bp, e_n), 1)
         with jax.named_scope("router"):
             logits = matmul("router", h)

@@ -12,16 +12,17 @@ too, since they use the same DMA engine. The plan is that of one device (`device
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
 import jax
 
-from perfmodel.graph.dmaplan import Copy, bytes_by_layer_family
+from perfmodel.graph.dmaplan import Copy, KernelPlan, bytes_by_layer_family
 from perfmodel.spec.arch import ModelSpec
 from perfmodel.util.errors import require
 
-from . import comm, layout, megakernel, reference
+from . import comm, layout, megakernel, quant, reference
 from .layout import KernelConfig
 
 
@@ -169,12 +170,6 @@ def _expand(spec, cfg, distinct_experts, positions, accepted, device, events=Fal
     yield from sites(scoped["post"], None, head)
 
 
-def hbm_copies(plan: list[Copy]) -> list[Copy]:
-    """The plan's HBM <-> VMEM copies (remote copies left out), renumbered in order."""
-    return [Copy(k, c.layer, c.family, c.name, c.bytes, c.routed, c.ring, c.padding)
-            for k, c in enumerate(c for c in plan if c.peer < 0)]
-
-
 def weight_copies(plan: list[Copy]) -> list[Copy]:
     """The copies of weights (static banks, vectors, embedding rows, routed experts)."""
     return [c for c in plan if c.peer < 0 and c.family not in ("kv_cache", "state")]
@@ -190,27 +185,63 @@ def overhead_bytes(plan: list[Copy]) -> dict[str, int]:
             "vectors": sum(c.bytes for c in w if c.name == "vectors")}
 
 
+def settings(dspec: ModelSpec, cfg: KernelConfig) -> dict:
+    """The kernel's settings an engine replays beside its copies
+    (`perfmodel.graph.dmaplan.KERNEL_FIELDS`): ring, slots, the all-reduce algorithm, wire dtype
+    and the rows a message carries, and how the routed experts reach the MXU."""
+    out = {"bank_bytes": cfg.bank_bytes, "depth": cfg.depth, "expert_slots": cfg.expert_slots}
+    if layout.tp_of(dspec) > 1:
+        out |= {"wire": cfg.wire, "all_reduce": comm.algorithm(dspec, cfg),
+                "collective_rows": comm.Wire(cfg.token_rows, 1, comm.WIRE[cfg.wire]).padded_rows}
+    if dspec.moe and dspec.count(ffn="moe"):
+        f = layout.expert_layout(dspec, cfg).fmt
+        out["expert_feed"] = {"bf16": "bf16", "int8": "int8"}.get(f.name, "fp8")
+        out["expert_scale_rows"] = max(1, f.scale_rows) if f.name in quant.FOUR_BIT else 1
+    return out
+
+
+def as_kernel_plan(full: ModelSpec, dspec: ModelSpec, cfg: KernelConfig, copies: list[Copy],
+                   context: int, source: str = "") -> KernelPlan:
+    """A plan of device 0 with the kernel's settings and deployment (a perfmodel plan file)."""
+    tp = layout.tp_of(dspec)
+    dep = {"devices": tp, "tp": tp, "batch": cfg.batch, "context": context,
+           "draft_rows": cfg.rows - 1}
+    if tp > 1:
+        dep["ep"] = dspec.groups
+    return KernelPlan(full.name, dep, settings(dspec, cfg), tuple(copies), source)
+
+
+def kernel_plan(full: ModelSpec, cfg: KernelConfig, devices: int, ep: int | None, context: int,
+                source: str = "") -> KernelPlan:
+    """Device 0's plan at `context` cached tokens per sequence, for the distinct experts the
+    analytic model expects of the busiest expert group (`distinct_per_layer`)."""
+    from . import shard
+    dspec = shard.device_spec(full, devices, ep) if devices > 1 else full
+    distinct = distinct_per_layer(full, dspec, cfg, context, devices, ep)
+    copies = dma_plan(dspec, cfg, distinct, [context] * cfg.batch)
+    return as_kernel_plan(full, dspec, cfg, copies, context, source)
+
+
 def predicted_step(spec: ModelSpec, cfg: KernelConfig, the_plan: list[Copy], context: int,
                    hardware: str = "tpu-v7", acceptance_length: float = 1.0,
                    full: ModelSpec | None = None):
-    """The schedule simulator run on this plan's HBM copies: the ring of cfg.depth banks of
-    cfg.bank_bytes, cfg.expert_slots expert buffers, cfg.rows rows per sequence (rows > 1:
-    speculative decoding with cfg.rows - 1 drafted rows; acceptance_length, tokens per step,
-    sets the tokens/s, not the step time), on tp devices of `hardware` when `spec` is a device
-    spec (`full` the model it shards; the collectives are then the model's own: the engine
-    does not yet replay the plan's remote copies). A prediction
-    (perfmodel.step.predict.Prediction), not a measurement."""
-    from perfmodel.spec.deployment import Deployment, SpecDecode
+    """The schedule simulator run on this plan with the kernel's settings (`settings`): the
+    ring of cfg.depth banks of cfg.bank_bytes, cfg.expert_slots expert buffers, its all-reduce
+    and wire, its experts' MXU feed, cfg.rows rows per sequence (rows > 1: speculative decoding
+    with cfg.rows - 1 drafted rows; acceptance_length, tokens per step, sets the tokens/s, not
+    the step time), on tp devices of `hardware` when `spec` is a device spec (`full` the model it
+    shards). The engine replays the plan's HBM copies; its collectives are the model's own terms
+    with the kernel's algorithm and wire (the plan's remote copies are not replayed one by one).
+    A prediction (perfmodel.step.predict.Prediction), not a measurement."""
+    from perfmodel.spec.deployment import SpecDecode
     from perfmodel.spec.hardware import load_hardware
-    from perfmodel.step.predict import predict
-    hw = load_hardware(hardware).replace(dma_tile_bytes=cfg.bank_bytes)
-    verify = SpecDecode(draft_rows=cfg.rows - 1, acceptance_length=acceptance_length) \
-        if cfg.rows > 1 else None
-    tp = layout.tp_of(spec)
-    d = Deployment(devices=tp, tp=tp, ep=getattr(spec, "groups", None) if tp > 1 else None,
-                   batch=cfg.batch, context=context, prefetch_bytes=cfg.depth * cfg.bank_bytes,
-                   expert_slots=cfg.expert_slots, spec=verify)
-    return predict(full or spec, hw, d, plan=hbm_copies(the_plan))
+    from perfmodel.step.predict import plan_deployment, predict
+    kp = as_kernel_plan(full or spec, spec, cfg, the_plan, context)
+    d = plan_deployment(kp)
+    if cfg.rows > 1:
+        d = dataclasses.replace(d, spec=SpecDecode(cfg.rows - 1,
+                                                   acceptance_length=acceptance_length))
+    return predict(full or spec, load_hardware(hardware), d, plan=kp)
 
 
 def summary(spec: ModelSpec, plan: list[Copy]) -> str:
@@ -250,20 +281,18 @@ def report(full: ModelSpec, cfg: KernelConfig, devices: int, ep: int | None, con
     alone (no weights): its descriptors, padding, remote copies, and the model's predictions
     of this plan (`predicted_step_s`) and of its own default megakernel for the same
     deployment (`model_step_s`)."""
-    from perfmodel.step.predict import predict
-    from perfmodel.spec.deployment import Deployment
+    from perfmodel.spec.deployment import Deployment, SpecDecode
     from perfmodel.spec.hardware import load_hardware
+    from perfmodel.step.predict import predict
     from . import shard, vmem
     dspec = shard.device_spec(full, devices, ep) if devices > 1 else full
+    kp = kernel_plan(full, cfg, devices, ep, context)
+    p = list(kp.copies)
     distinct = distinct_per_layer(full, dspec, cfg, context, devices, ep)
-    p = dma_plan(dspec, cfg, distinct, [context] * cfg.batch)
-    w, remote = weight_copies(p), [c for c in p if c.peer >= 0]
+    w, remote = weight_copies(p), kp.remote_copies
     weight_bytes, pad = sum(c.bytes for c in w), sum(c.padding for c in w)
     pred = predicted_step(dspec, cfg, p, context, hardware, full=full if devices > 1 else None)
-    verify = None
-    if cfg.rows > 1:
-        from perfmodel.spec.deployment import SpecDecode
-        verify = SpecDecode(draft_rows=cfg.rows - 1, acceptance_length=1.0)
+    verify = SpecDecode(draft_rows=cfg.rows - 1, acceptance_length=1.0) if cfg.rows > 1 else None
     model = predict(full, load_hardware(hardware),
                     Deployment(devices=devices, tp=devices, ep=ep if devices > 1 else None,
                                batch=cfg.batch, context=context, spec=verify))
@@ -272,7 +301,6 @@ def report(full: ModelSpec, cfg: KernelConfig, devices: int, ep: int | None, con
         "preset": full.name, "devices": devices, "tp": devices, "ep": ep, "batch": cfg.batch,
         "rows": cfg.rows, "context": context, "hardware": hardware,
         "bank_bytes": cfg.bank_bytes, "depth": cfg.depth, "expert_slots": cfg.expert_slots,
-        "wire": cfg.wire, "all_reduce": comm.algorithm(dspec, cfg),
         "distinct_experts_per_layer": sum(distinct) / len(distinct) if distinct else 0.0,
         "weight_descriptors_per_device": len(w),
         "weight_descriptors_by_kind": {
@@ -285,9 +313,12 @@ def report(full: ModelSpec, cfg: KernelConfig, devices: int, ep: int | None, con
         "padding_fraction": pad / weight_bytes if weight_bytes else 0.0,
         "remote_bytes_per_device": sum(c.bytes for c in remote),
         "vmem_bytes": budget.total_bytes, "vmem_limit_bytes": budget.limit_bytes,
+        "kernel": kp.kernel,
         "predicted_step_s": pred.step_s,
-        "predicted_note": "perfmodel.predict on this plan's HBM copies; collectives are the "
-                          "model's own (the engine does not replay the plan's remote copies)",
+        "predicted_note": "perfmodel.step.predict on this plan's HBM copies with the kernel's "
+                          "settings; its collectives are the model's terms with the kernel's "
+                          "algorithm and wire (the remote copies are listed, not replayed)",
         "model_step_s": model.step_s,
-        "model_note": "perfmodel.predict of its default megakernel for the same deployment",
+        "model_note": "perfmodel.step.predict of the model's own megakernel for the same "
+                      "deployment",
     }

@@ -4,11 +4,13 @@
     python -m kernels.run --preset PRESET --devices 8 --tp 8 --ep 4 [--interpret]
     python -m kernels.run --rows 4 --accepted 2 [--interpret]     # verify blocks of 4 rows
     python -m kernels.run --preset kimi-k3 --devices 32 --tp 32 --ep 8 --batch 1 --plan-only --json
+    python -m kernels.run --preset kimi-k3 --devices 32 --tp 32 --ep 8 --batch 1 --plan-out k3.plan.json
 
 --plan-only traces the kernel for one device's shapes (no weights, no TPU) and prints its DMA
 plan at --context cached tokens per sequence (default 4096): weight descriptors per device,
 padding, remote copies, VMEM, and the model's prediction of this plan next to its prediction
-of its own default megakernel (`kernels.plan.report`; --json: that dict).
+of its own default megakernel (`kernels.plan.report`; --json: that dict). --plan-out writes the
+same plan with the kernel's settings as a perfmodel plan file (`perfmodel predict --kernel-plan`).
 
 Prints the VMEM budget, the DMA plan summary of the first step (bytes per layer by family, of
 device 0) and the generated tokens; on a real TPU (without --interpret) also the time per step.
@@ -145,18 +147,34 @@ def hardware_host_devices(name: str) -> int:
     return int(hw.components.get("chips_per_host", 0)) * hw.cores_per_chip
 
 
+def plan_context(a, spec) -> tuple[int, layout.KernelConfig]:
+    """(cached tokens per sequence, KernelConfig) of --plan-only / --plan-out: --context tokens
+    (default 4096), the MLA cache capacity the next multiple of 256 that holds the rows."""
+    context = 4096 if a.context is None else a.context
+    cap = -(-(context + a.rows) // 256) * 256
+    return context, kernel_config(a, spec, a.batch, cap)
+
+
 def plan_only(a, spec) -> int:
     """--plan-only: the DMA plan's figures (`kernels.plan.report`)."""
-    context = 4096 if a.context is None else a.context
-    block = 256
-    cap = -(-(context + a.rows) // block) * block
-    cfg = kernel_config(a, spec, a.batch, cap)
+    context, cfg = plan_context(a, spec)
     res = plan.report(spec, cfg, a.devices, a.ep if a.devices > 1 else None, context)
     if a.json:
         print(json.dumps(res, indent=1))
         return 0
     for k, v in res.items():
         print(f"{k:>32}: {v}")
+    return 0
+
+
+def plan_out(a, spec) -> int:
+    """--plan-out: device 0's plan at --context cached tokens as a perfmodel plan file."""
+    from perfmodel.graph.dmaplan import save_plan
+    context, cfg = plan_context(a, spec)
+    tp = a.devices
+    save_plan(a.plan_out, plan.kernel_plan(spec, cfg, tp, a.ep if tp > 1 else None, context,
+                                           "python -m kernels.run " + " ".join(sys.argv[1:])))
+    print(f"wrote {a.plan_out}")
     return 0
 
 
@@ -182,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plan-only", action="store_true",
                    help="print the DMA plan's figures (no weights, no TPU needed)")
     p.add_argument("--json", action="store_true", help="with --plan-only: one JSON object")
+    p.add_argument("--plan-out", help="write that plan with the kernel's settings as a perfmodel "
+                   "plan file (`perfmodel predict --kernel-plan`; no weights, no TPU)")
     config_arguments(p)
     add_block_and_mesh_arguments(p)
     a = p.parse_args(argv)
@@ -193,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         tp, accepted = block_and_mesh(a)
         if a.plan_only:
             return plan_only(a, spec)
+        if a.plan_out:
+            return plan_out(a, spec)
         context = 64 if a.context is None else a.context
         on_tpu = pltpu.is_tpu_device() and not a.interpret
         cfg = kernel_config(a, spec, a.batch, context, on_tpu)

@@ -3,9 +3,9 @@ the order the kernel consumes it into one HBM array [rows, T] bf16 (T = `KernelC
 lanes), which the kernel streams through a ring of VMEM banks of `bank_rows` rows, one DMA per
 bank.
 
-A layer is cut into parts, one per weight family (attention; dense_ffn; router, then
-shared_expert; lm_head for the head); a part starts on a bank boundary and its last bank holds
-only what is left (a shorter copy). Layers of one kind share a part layout, so the layer loop
+A layer is cut into parts, one per weight family in the order of its matmuls (attention;
+dense_ffn; or router, latent_projection, shared_expert; lm_head for the head); a part starts on
+a bank boundary and its last bank holds only what is left (a shorter copy). Layers of one kind share a part layout, so the layer loop
 finds a part's first bank in the layer table and everything inside it at static offsets.
 
 Inside a part, the matmuls that read the same input (`FUSED`) form one group whose columns are
@@ -38,7 +38,6 @@ SPLIT = 128          # a block's input range may be split only at multiples of t
 FUSED = {
     "kda": (("q_proj", "k_proj", "v_proj", "gate_proj", "decay_a", "beta_proj"),),
     "mla": (("q_a", "kv_a", "gate_proj"),),
-    "moe": (("latent_down", "shared_gate_up"),),
 }
 
 

@@ -18,7 +18,7 @@ from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.loaders import load_model
 from perfmodel.util.errors import SpecError
 
-STATIC = ("attention", "dense_ffn", "shared_expert", "router", "lm_head")
+STATIC = ("attention", "dense_ffn", "shared_expert", "latent_projection", "router", "lm_head")
 
 
 def cfg_(**kw):
@@ -216,7 +216,8 @@ def test_kimi_k3_plan_is_few_large_copies():
     assert r["weight_descriptors_per_device"] <= 2000
     assert r["padding_fraction"] < 0.01
     assert abs(r["predicted_step_s"] / r["model_step_s"] - 1) < 0.10
-    assert r["vmem_bytes"] <= r["vmem_limit_bytes"] and r["all_reduce"] == "one_shot"
+    assert r["vmem_bytes"] <= r["vmem_limit_bytes"] and r["kernel"]["all_reduce"] == "one_shot"
+    assert r["kernel"]["expert_feed"] == "fp8" and r["kernel"]["expert_scale_rows"] == 256 // 32
     kinds = r["weight_descriptors_by_kind"]
     assert kinds["ring banks"] + kinds["routed experts"] + kinds["vectors"] + 1 == \
         r["weight_descriptors_per_device"]
@@ -230,7 +231,7 @@ def test_kimi_k3_plan_predicted_like_the_model(batch):
     r = plan.report(load_model("kimi-k3"), k3_config(batch), 32, 8, 4096)
     assert abs(r["predicted_step_s"] / r["model_step_s"] - 1) < 0.10
     assert r["padding_fraction"] < 0.01 and r["vmem_bytes"] <= r["vmem_limit_bytes"]
-    assert r["all_reduce"] == ("rs_ag" if batch == 8 else "one_shot")
+    assert r["kernel"]["all_reduce"] == ("rs_ag" if batch == 8 else "one_shot")
 
 
 @pytest.mark.slow
@@ -242,7 +243,7 @@ def test_full_scale_plan_matches_the_analytic_model(fmt):
     full = derive("kimi-k3", formats={"routed_expert": fmt})
     cfg = dataclasses.replace(k3_config(4), max_context=256, cache_block=64)
     p, _, model = plan_and_model(full, shard.device_spec(full, 32, 8), cfg, 192, 32, 8)
-    hbm = plan.hbm_copies(p)
+    hbm = [c for c in p if c.peer < 0]
     over = plan.overhead_bytes(p)
     assert sum(c.bytes for c in hbm) == model + over["padding"] + over["vectors"]
 
@@ -305,7 +306,7 @@ def test_mesh_plan_lists_the_collectives_remote_copies():
     emb = [c for c in remote if c.name.startswith("embedding")]
     assert sorted(c.peer for c in emb) == [0, 1, 2, 4, 5, 6, 7]
     assert {c.collective for c in remote} == {"all_gather", "all_reduce one_shot"}
-    assert len(plan.hbm_copies(p)) == len(p) - len(remote)
+    assert len([c for c in p if c.peer < 0]) == len(p) - len(remote)
 
 
 # ----- the CLI ------------------------------------------------------------------------------------
