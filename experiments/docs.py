@@ -23,7 +23,9 @@ import csv
 import difflib
 import io
 import json
+import os
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -57,11 +59,15 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3 + 0.0:.2f}".replace("-0.00", "0.00")
 
 
-def result(name: str) -> dict:
+def results_file(name: str) -> Path:
     path = RESULTS / name
     if not path.exists():
         raise SystemExit(f"{path.relative_to(ROOT)} is missing: run the benchmark that writes it")
-    return json.loads(path.read_text())
+    return path
+
+
+def result(name: str) -> dict:
+    return json.loads(results_file(name).read_text())
 
 
 # ---- the figures -----------------------------------------------------------------------------
@@ -156,25 +162,6 @@ def fig_gb200_layers() -> str:
     return md_table(["layer", "kernel", "op", "batch 1 us", "batch 8 us", "from"], rows, "lllrrl")
 
 
-def fig_seed() -> str:
-    """`perfmodel reproduce`: the fitted parameters and the seed table, with the no-fit errors and,
-    for GB200, vLLM's kernels (nothing fitted)."""
-    out = cli_json("reproduce")
-    us = lambda k, v: f"{v * 1e6:.3g} us" if k.endswith("_s") else f"{v:.3g}"
-    pars = [[f"`{k}`: {v['why']}", us(k, v["value"]), f"{us(k, v['plausible_range'][0])} .. {us(k, v['plausible_range'][1])}"]
-            for k, v in out["fitted_parameters"].items()]
-    name = {"tpu-v7": "TPU v7 megakernel", "gb200": "GB200 vLLM (generic engine)"}
-    pct = lambda e: f"{100 * e:+.1f} %"
-    rows = [[name.get(p["platform"], p["platform"]) + (", spec. decoding" if p["spec_decode"] else ""), p["batch"],
-             f"{p['predicted_tokens_per_s']:.1f}", f"{p['reported_tokens_per_s']:g}", pct(p["error"]),
-             pct(p["no_fit_error"]), p["role"].replace("-", " "),
-             f"{p['kernels']['predicted_tokens_per_s']:.1f} ({pct(p['kernels']['error'])})" if "kernels" in p else ""]
-            for p in out["points"]]
-    return (md_table(["fitted parameter", "value", "plausible range"], pars, "lrl") + "\n"
-            + md_table(["platform", "batch", "predicted", "reported", "error", "no fit", "role",
-                        "vLLM kernels, nothing fitted"], rows, "lrrrrrll"))
-
-
 def fig_kernel_fit() -> str:
     """The stored kernel fits' residuals (perfmodel/data/kernels/<gpu>/fit.json, written by
     `perfmodel calibrate --kernels --write`)."""
@@ -188,8 +175,288 @@ def fig_kernel_fit() -> str:
     return md_table(["GPU", "vLLM", "SGLang", "TensorRT-LLM", "NCCL"], rows, "lrrrr")
 
 
+def fig_phase_profile() -> str:
+    """`perfmodel explain --profile musespark`: each kernel's phases, predicted beside measured."""
+    out = cli_json("explain", "--profile", "musespark")["phase_profile"]["kernels"]
+    text = ""
+    for name, k in out.items():
+        settings = ", ".join(f"`{key} = {str(v).lower()}`" for key, v in k["megakernel"].items()) or "the preset"
+        text += f"\n{name} kernel ({settings}; predicted step {k['step_us'] / 1e3:.2f} ms):\n\n"
+        text += md_table(["phase", "per", "measured us", "predicted us", "error", "within"],
+                         [[r["phase"].replace("_", " "), r["per"], f"{r['measured_us']:g}", f"{r['predicted_us']:.1f}",
+                           f"{100 * r['error']:+.1f} %", f"{'yes' if r['within'] else 'no'} ({100 * r['tolerance']:.0f} %)"]
+                          for r in k["phases"]], "llrrrl")
+    return text.lstrip("\n")
+
+
+def fig_reproduce() -> str:
+    """`perfmodel reproduce`: the fitted parameters and the seed table, fitted and held out, with the
+    errors of no fit and, for GB200, vLLM's own kernels (nothing fitted)."""
+    out = cli_json("reproduce")
+    us = lambda k, v: f"{v * 1e6:.3g} us" if k.endswith("_s") else f"{v:.3g}"
+    params = md_table(["fitted parameter", "value", "plausible range"],
+                      [[f"`{k}`: {v['why']}" if v.get("why") else f"`{k}`", us(k, v["value"]),
+                        f"{us(k, v['plausible_range'][0])} .. {us(k, v['plausible_range'][1])}"]
+                       for k, v in out["fitted_parameters"].items()], "lrl")
+    name = {"tpu-v7": "TPU v7 megakernel", "gb200": "GB200 vLLM (generic engine)"}
+    signed = lambda e: f"{100 * e:+.1f} %"
+    rows = []
+    for p in out["points"]:
+        spec = p["spec_decode"]
+        what = name[p["platform"]] + (f", spec. decoding ({spec['draft_rows']} draft rows, tau {spec['acceptance_length']:g})"
+                                      if spec else "")
+        k = p.get("kernels")
+        rows.append([what, p["batch"], f"{p['predicted_tokens_per_s']:.1f}", f"{p['reported_tokens_per_s']:g}",
+                     signed(p["error"]), signed(p["no_fit_error"]), p["role"],
+                     f"{k['predicted_tokens_per_s']:.1f} ({signed(k['error'])})" if k else ""])
+    return params + "\n" + md_table(["platform", "batch", "predicted", "reported", "error", "no fit", "role",
+                                     "vLLM kernels, nothing fitted"], rows, "lrrrrrll")
+
+
+def fig_slot_depth() -> str:
+    """`python experiments/sweep_slots_depth.py`: Muse Spark's profiled deployment, step ms."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from sweep_slots_depth import BANKS, SLOTS, sweep
+    grid, bank = sweep("muse-spark", 1)
+    best = min((v, k) for k, v in grid.items() if v)[1]
+    cell = lambda s, b: "VMEM" if grid[s, b] is None else (f"**{grid[s, b] * 1e3:.3f}**" if (s, b) == best
+                                                           else f"{grid[s, b] * 1e3:.3f}")
+    banks = BANKS["muse-spark"]
+    return md_table(["slots \\ ring banks (MiB)"] + [f"{b} ({b * bank // 2**20})" for b in banks],
+                    [[s] + [cell(s, b) for b in banks] for s in SLOTS], "r" * (1 + len(banks)))
+
+
+def fig_kernel_plan() -> str:
+    """experiments/kernel_plan_predict.py's last run: Kimi K3 TP32 from this project's kernel's own plan."""
+    out = result("kernel_plan_kimi-k3.json")
+    rows = [[p["deployment"]["batch"], ms(p["recipe_step_s"]), f"{p['recipe_tokens_per_s']:.1f}",
+             ms(p["kernel_step_s"]), f"{p['kernel_tokens_per_s']:.1f}", f"{p['kernel_step_s'] / p['recipe_step_s']:.2f}x"]
+            for p in out["kernel_plans"]]
+    first = {r["what"]: r for r in out["kernel_plans"][0]["differences"]}
+    fmt = lambda v: f"{v:,.0f}" if isinstance(v, (int, float)) else str(v)
+    diff = md_table(["batch 1", "the model's own megakernel", "this project's kernel (its plan)"],
+                    [[w, fmt(r["recipe"]), fmt(r["kernel"])] for w, r in first.items()], "lll")
+    causes = out["kernel_plans"][0]["by_cause_s"]
+    cause = md_table(["batch 1, cause", "own megakernel ms", "project kernel ms"],
+                     [[c.replace("_", " "), ms(v["recipe"]), ms(v["kernel"])] for c, v in causes.items() if v["recipe"] or v["kernel"]],
+                     "lrr")
+    return (md_table(["batch", "own megakernel step ms", "tok/s", "project kernel step ms", "tok/s", "ratio"], rows,
+                     "rrrrrr") + "\n" + diff + "\n" + cause + f"\n{out['machine']}.\n")
+
+
+# ---- host validation (experiments/validate_host.py and the hostbench files it wrote) --------------
+
+def pct(x: float, signed: bool = False) -> str:
+    """A fraction as a percentage to one decimal (signed: with its sign), never "-0.0 %" or "+0.0 %"."""
+    text = f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}"
+    return ("0.0" if text.lstrip("+-") == "0.0" else text) + " %"
+
+
+def result_csv(name: str) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """A results CSV: its `# key: value` header lines and its rows."""
+    lines = results_file(name).read_text().splitlines()
+    header = dict(line[2:].split(": ", 1) for line in lines if line.startswith("# "))
+    return header, list(csv.DictReader(line for line in lines if not line.startswith("#")))
+
+
+def host_run() -> tuple[dict, list[dict[str, str]]]:
+    """host_validation.json and the CSV rows of the same run (an error if they are of two runs)."""
+    v = result("host_validation.json")
+    header, rows = result_csv("host_validation.csv")
+    if header.get("date") != v["meta"]["date"]:
+        raise SystemExit(f"experiments/results/host_validation.csv ({header.get('date')}) and .json "
+                         f"({v['meta']['date']}) are of two runs: rerun experiments/validate_host.py")
+    return v, rows
+
+
+def run_line(meta: dict) -> str:
+    load = meta["load_average_1min"]
+    return (f"Run of {meta['date'][:16].replace('T', ' ')} UTC on {meta['machine']} (`{meta['command']}`, "
+            f"{meta['weights_dtype']} weights, {meta['steps']} traced steps per point), 1-minute load average "
+            f"{load['start']:.2f} at the start and {load['end']:.2f} at the end.\n")
+
+
+def host_predictions_note(rows: list[dict[str, str]]) -> str:
+    """Whether the run's recorded step predictions (hardware file as measured) are what the current
+    code predicts from the committed hardware file: the errors shown are the run's."""
+    from perfmodel.spec.deployment import Deployment
+    from perfmodel.spec.hardware import load_hardware
+    from perfmodel.spec.loaders import load_model
+    from perfmodel.step.predict import predict
+    from perfmodel.validate.host import host_hardware, own_structure
+    hw = load_hardware(str(results_file("host-cpu.toml")))
+    steps = [r for r in rows if r["variant"] == "file" and r["layer"] == "step"]
+    off = []
+    for r in steps:
+        spec = load_model(r["model"])
+        now = predict(spec, host_hardware(own_structure(hw, spec.name), r["mode"]),
+                      Deployment(devices=1, tp=1, engine="multikernel", batch=int(r["batch"]),
+                                 context=int(r["context"]))).step_s
+        if abs(now / float(r["predicted_s"]) - 1) > 1e-9:
+            off.append(abs(now / float(r["predicted_s"]) - 1))
+    if not off:
+        return (f"The run's {len(steps)} step predictions (hardware file as measured) are what the current "
+                f"code predicts from the committed hardware file.\n")
+    return (f"**Stale:** {len(off)} of the run's {len(steps)} step predictions differ from what the current code "
+            f"predicts from the committed hardware file (by up to {pct(max(off))}): the model changed since "
+            f"the run; rerun `python experiments/validate_host.py` to measure it.\n")
+
+
+def fig_host_validation() -> str:
+    """Median |step error|, |layer error| and |gap error| per model and variant of the last host
+    validation run, the signed median step error and how many runs the model predicts too fast."""
+    v, rows = host_run()
+    label = {"file": "hardware file as measured", "matched": "`--matched-efficiency`"}
+    table = []
+    for variant, s in v["summary"].items():
+        steps = [float(r["rel_error"]) for r in rows if r["variant"] == variant and r["layer"] == "step"]
+        if len(steps) != s["runs"]:
+            raise SystemExit(f"host_validation.csv has {len(steps)} {variant} steps, the JSON {s['runs']}")
+        by_model = {m: [float(r["rel_error"]) for r in rows
+                        if r["variant"] == variant and r["layer"] == "step" and r["model"] == m]
+                    for m in s["per_model"]}
+        for name, sm, errs in [(f"all, {s['runs']}", s, steps),
+                               *((f"{m}, {s['per_model'][m]['runs']}", s["per_model"][m], by_model[m])
+                                 for m in s["per_model"])]:
+            table.append([label.get(variant, variant), name, pct(sm["median_abs_step_error"]),
+                          pct(statistics.median(errs), signed=True), f"{sum(e < 0 for e in errs)} of {len(errs)}",
+                          pct(sm["median_abs_layer_error"]), pct(sm["median_abs_gap_error"])])
+    t = v["summary"]["file"]["targets"]
+    met = lambda k: f"<= {t[k]['target']:.0%} ({'met' if t[k]['met'] else 'missed'})".replace("%", " %")
+    table.append(["target (hardware file, all runs)", "", met("median_abs_step_error"), "", "",
+                  met("median_abs_layer_error"), met("median_abs_gap_error")])
+    share = max(s["max_unattributed_share"] for s in v["summary"].values())
+    gaps = v["summary"]["file"]["gaps"]
+    negative = sum(g["measured_gap_s"] < 0 for g in gaps)
+    return (md_table(["variant", "runs", "median abs. step error", "signed median", "too fast",
+                      "median abs. layer error", "median abs. gap error"], table, "llrrrrr")
+            + "\n" + run_line(v["meta"])
+            + f"Traced op time not attributed to a layer: at most {100 * share:.2f} % of a run. The measured "
+              f"op-by-op gap (op by op less one program) is negative at {negative} of {len(gaps)} points. "
+            + host_predictions_note(rows))
+
+
+def fig_host_steps() -> str:
+    """Signed step error of every run (hardware file as measured), by model, context and mode
+    against batch."""
+    _, rows = host_run()
+    steps = [r for r in rows if r["variant"] == "file" and r["layer"] == "step"]
+    batches = sorted({int(r["batch"]) for r in steps})
+    error = {(r["model"], int(r["context"]), r["mode"], int(r["batch"])): float(r["rel_error"]) for r in steps}
+    table = [[m.removeprefix("kimi-k3-host-"), c, mode.replace("_", " ")]
+             + [pct(error[m, c, mode, b], signed=True) if (m, c, mode, b) in error else "" for b in batches]
+             for m, c, mode in sorted({k[:3] for k in error})]
+    return md_table(["model", "context", "mode"] + [f"batch {b}" for b in batches], table,
+                    "lrl" + "r" * len(batches))
+
+
+def fig_host_layer_kinds() -> str:
+    """Median signed error per layer kind, model and mode (hardware file as measured)."""
+    _, rows = host_run()
+    rows = [r for r in rows if r["variant"] == "file" and r["rel_error"] != ""]
+    cols = sorted({(r["model"], r["mode"]) for r in rows})
+    kinds = list(dict.fromkeys(r["kind"] for r in rows if r["kind"] != "step")) + ["step"]
+    table = []
+    for k in kinds:
+        line = [k]
+        for m, mode in cols:
+            errs = [float(r["rel_error"]) for r in rows if (r["model"], r["mode"], r["kind"]) == (m, mode, k)]
+            line.append(f"{pct(statistics.median(errs), signed=True)} ({len(errs)})" if errs else "")
+        table.append(line)
+    return md_table(["layer kind"] + [f"{m.removeprefix('kimi-k3-host-')}, {mode.replace('_', ' ')}"
+                                      for m, mode in cols], table, "l" + "r" * len(cols))
+
+
+def fig_host_bench() -> str:
+    """hostbench's headline figures before and after the last host validation run."""
+    v, _ = host_run()
+    b, a = v["hostbench"], v["hostbench_after"]
+    big = lambda d: str(max(map(int, d)))
+    gb, us = (1e-9, ".1f", "GB/s"), (1e6, ".2f", "us")
+    figures = [("streaming read, f32 sum over {} MiB", "read_bandwidth_bytes_per_s", big, gb),
+               ("copy (read + write), {} MiB", "copy_bandwidth_bytes_per_s", big, gb),
+               *((f"f32 dot over a 256 MiB weight, {r} row{'s' if r > 1 else ''}", "matvec_bandwidth_bytes_per_s",
+                  lambda d, r=r: f"f32/{r}", gb) for r in (1, 8, 32)),
+               ("bf16 dot over a 256 MiB weight, 1 row", "matvec_bandwidth_bytes_per_s", lambda d: "bf16/1", gb),
+               ("2048^3 matmul, f32", "matmul_flops_per_s", lambda d: "f32", (1e-9, ".0f", "GFLOP/s")),
+               ("one jitted tiny op, dispatched and waited on", "dispatch_s", None, us),
+               ("program of {} thunks, per call", "thunk_chain_s", big, (1e6, ".0f", "us"))]
+    table = []
+    for name, key, sub, (scale, spec, unit) in figures:
+        k = sub(b[key]) if sub else None
+        table.append([name.format(k)] + [f"{(x[key][k] if k else x[key])['median'] * scale:{spec}} {unit}"
+                                         for x in (b, a)])
+    table.append(["1-minute load average", f"{b['load_average_1min']:.2f}", f"{a['load_average_1min']:.2f}"])
+    return md_table(["hostbench (median)", "before the runs", "after"], table, "lrr")
+
+
+HOST_TERMS = {"host_dot": "host_dot_time", "host_expert": "host_expert_time", "host_convert": "host_convert_time",
+              "host_program": "host_program_time", "host_pages": "host_fresh_pages_time",
+              "host_stack_copy": "host_stack_copy_time", "host_argmax": "host_argmax_time",
+              "host_absorb": "host_absorbed_kv_b_time"}  # calibrate's group -> the component function
+
+
+def param_value(name: str, value: float) -> str:
+    """A component parameter in the unit its name ends with."""
+    for suffix, scale, unit in (("_bytes_per_s", 1e-9, "GB/s"), ("_values_per_s", 1e-9, "G values/s"),
+                                ("_s_per_byte", 1e12, "ps/B"), ("_s", 1e6, "us")):
+        if name.endswith(suffix):
+            x = value * scale
+            return f"{x:#.3g} {unit}" if x >= 5e-4 else f"0 {unit} (fitted {value:.1e})"
+    return f"{value:g}"
+
+
+def ids_pattern(ids: list[str]) -> str:
+    """Micro-benchmark ids as their common prefix up to a dash and a count: host-dot-* (12)."""
+    prefix = os.path.commonprefix(ids)
+    return f"{prefix[:prefix.rfind('-') + 1]}* ({len(ids)})" if len(ids) > 1 else ids[0]
+
+
+def fig_host_components() -> str:
+    """`perfmodel calibrate` on the committed host micro-benchmarks: each host component's fitted
+    parameters and its residuals."""
+    from perfmodel.fit.microbench import GROUPS
+    out = cli_json("calibrate", "--microbench", str(RESULTS / "host-cpu.microbench.json"),
+                   "--hardware", str(RESULTS / "host-cpu.toml"))
+    table = []
+    for group, function in HOST_TERMS.items():
+        res = [r for r in out["residuals"] if r["group"] == group and r["within_target"] is not None]
+        if not res:
+            continue
+        errs = [r["error"] for r in res]
+        params = ", ".join(f"`{n}` {param_value(n, out['components'][n])}" for n in GROUPS[group][0])
+        table.append([f"`{function}`", params, ids_pattern([r["id"] for r in res]),
+                      f"{pct(min(errs), signed=True)} .. {pct(max(errs), signed=True)}",
+                      f"{sum(r['within_target'] for r in res)} of {len(res)}"])
+    return md_table(["component", "fitted parameters", "micro-benchmarks", "residuals",
+                     f"within {out['target']:.0%}".replace("%", " %")], table, "lllrr")
+
+
+def fig_host_structure() -> str:
+    """The counts hostbench took from the compiled reference programs (structure, not timings),
+    the probe model's and each other model's own, from the committed host hardware file."""
+    import tomllib
+    c = tomllib.loads(results_file("host-cpu.toml").read_text())["components"]
+    bench = result("host-cpu.json")
+    thunks, memory = bench["reference_thunks"], bench["stack_copies"]
+    keys = [k for k in c if k.startswith(("host_thunks_", "host_stack_copies_", "host_temp_per_cache_byte"))]
+    others = sorted({k.split("__", 1)[1] for k in keys if "__" in k})
+    table = [[f"`{k}`", f"{c[k]:.3g}"] + [f"{c[f'{k}__{m}']:.3g}" if f"{k}__{m}" in c else "the probe's"
+                                           for m in others] for k in keys if "__" not in k]
+    return (md_table(["count", f"{memory['model']} (probe)"] + [m.replace("_", "-") for m in others], table,
+                     "l" + "r" * (1 + len(others)))
+            + f"\nCounted by hostbench on {bench['cpu']}, {bench['date']} (`experiments/results/host-cpu.toml`): "
+              f"thunks at batch {thunks['batch']}, copies and temporaries at batch {memory['batch']}, "
+              f"context {memory['context']}.\n")
+
+
 FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed, "gb200-kernels": fig_gb200_kernels,
-           "gb200-layers": fig_gb200_layers, "kernel-fit": fig_kernel_fit, "seed": fig_seed}
+           "gb200-layers": fig_gb200_layers, "kernel-fit": fig_kernel_fit,
+           "host-validation": fig_host_validation, "host-steps": fig_host_steps,
+           "host-layer-kinds": fig_host_layer_kinds, "host-bench": fig_host_bench,
+           "host-components": fig_host_components, "host-structure": fig_host_structure,
+           "phase-profile": fig_phase_profile, "reproduce": fig_reproduce, "slot-depth": fig_slot_depth,
+           "kernel-plan": fig_kernel_plan}
 
 
 # ---- the pages --------------------------------------------------------------------------------
