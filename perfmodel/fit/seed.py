@@ -1,8 +1,8 @@
 """Whole-step fit on the seed table and its reproduction (`perfmodel reproduce`).
 
 Every term comes from the component layer (perfmodel.cost.components, fitted to micro-benchmarks by
-`perfmodel calibrate`). On top of it at most 2 whole-step parameters per platform, fitted only on
-batches 1 and 8 of the seed table; batches 2 and 4 and the speculative-decoding pair are held
+`perfmodel calibrate`). On top of it at most one whole-step parameter per platform (none for the
+TPU), fitted only on batches 1 and 8 of the seed table; batches 2 and 4 and the speculative-decoding pair are held
 out. The fit starts from the `Efficiency` dataclass defaults every time, so it does not depend on
 what a previous `--write` stored in the presets; `--no-fit` shows the errors with none of them.
 """
@@ -12,6 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from datetime import date
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from scipy.optimize import least_squares
 from perfmodel.engine import megakernel_sim
 from perfmodel.fit.measurements import Measurement, seed_measurements
 from perfmodel.spec.arch import PRESET_DIR as MODEL_DIR
+from perfmodel.spec.arch import ModelSpec, derive
 from perfmodel.spec.deployment import Deployment, SpecDecode
 from perfmodel.spec.hardware import Efficiency, Hardware, load_hardware
 from perfmodel.spec.loaders import load_model
@@ -48,25 +50,36 @@ class Param:
 
 
 def fit_params(platforms: list[str]) -> list[Param]:
-    """One whole-step parameter per platform, for what no micro-benchmark covers at the seed's
-    scale: GPU: the collectives (micro-benchmarks at 8 GPUs, the seed runs 16, layout not
-    published); TPU: the per-expert fixed cost of the expert loop (no micro-benchmark isolates
-    it). The router's skew stays at its physical default (uniform routing): nothing measures
-    Kimi K3's expert popularity, and a skew fitted to whole steps traded against both."""
-    return [Param("expert_overhead_s", p, (0.0, 5e-6), (0.0, 2e-6),
-                  "fixed cost per distinct expert of a layer (bookkeeping, semaphore waits, "
-                  "instruction fetch of the expert loop)") if p == "tpu-v7" else
-            Param("collective_latency_scale", p, (0.0, 10.0), (0.5, 2.0),
+    """At most one whole-step parameter per platform, for what no micro-benchmark covers at the
+    seed's scale: GPU: the collectives (micro-benchmarks at 8 GPUs, the seed runs 16, layout not
+    published). TPU: none; every term of its megakernel step comes from a component and the
+    composition follows the real kernel's phase profile (perfmodel.step.phases). The router's skew
+    stays at its physical default (uniform routing): nothing measures Kimi K3's expert
+    popularity, and a skew fitted to whole steps traded against the other parameters."""
+    return [Param("collective_latency_scale", p, (0.0, 10.0), (0.5, 2.0),
                   "multiplies the fitted collective latency terms (8-GPU micro-benchmarks) "
                   "at the seed's 16 GPUs")
-            for p in platforms]
+            for p in platforms if p != "tpu-v7"]
 
 
-def deployment_for(m: Measurement) -> Deployment:
-    """The measurement's layout, with uniform routing (the physical default skew, not fitted)."""
+def deployment_for(m: Measurement, kernels: bool = False) -> Deployment:
+    """The measurement's layout, with uniform routing (the physical default skew, not fitted);
+    `kernels`: replayed as the kernels of the run's serving engine (no whole-step parameter acts
+    on them), else the generic engine the whole-step fit calibrates."""
     spec = SpecDecode(m.draft_rows, acceptance_length=m.acceptance_length) if m.spec_decode else None
     return Deployment(devices=m.devices, tp=m.tp, ep=m.ep, engine=m.engine, batch=m.batch, spec=spec,
-                      routing_skew=0.0, steps_per_call=m.steps_per_call)
+                      routing_skew=0.0, steps_per_call=m.steps_per_call,
+                      serving_engine=(m.serving_engine or None) if kernels else None)
+
+
+def model_for(m: Measurement) -> ModelSpec:
+    """The model as the measured run stored it (its KV cache format where the run names one)."""
+    return _model(m.kv_cache)
+
+
+@lru_cache(maxsize=None)
+def _model(kv_cache: str) -> ModelSpec:
+    return derive(MODEL, formats={"kv_cache": kv_cache}) if kv_cache else load_model(MODEL)
 
 
 def role(m: Measurement) -> str:
@@ -81,9 +94,8 @@ def _apply(values: dict[str, float], hw: dict[str, Hardware], platform: str) -> 
 
 def fit(measurements: list[Measurement], hw: dict[str, Hardware]) -> dict[str, float]:
     """Least squares on log(predicted / reported) over the training points, from physical defaults."""
-    model = load_model(MODEL)
     params = fit_params(sorted(hw))
-    train = [m for m in measurements if role(m) == "fitted"]
+    train = [m for m in measurements if role(m) == "fitted" and m.platform in {p.scope for p in params}]
     unit = np.array([1e-6 if p.name.endswith("_s") else 1.0 for p in params])  # fit times in us
     lo, hi = np.array([p.bounds[0] for p in params]) / unit, np.array([p.bounds[1] for p in params]) / unit
     x0 = np.clip([getattr(Efficiency(), p.name) for p in params] / unit, lo, hi)
@@ -92,7 +104,7 @@ def fit(measurements: list[Measurement], hw: dict[str, Hardware]) -> dict[str, f
         values = dict(zip((p.key for p in params), x * unit))
         out = []
         for m in train:
-            out.append(np.log(predict(model, _apply(values, hw, m.platform), deployment_for(m)).tokens_per_s
+            out.append(np.log(predict(model_for(m), _apply(values, hw, m.platform), deployment_for(m)).tokens_per_s
                               / m.tokens_per_s))
         return out
 
@@ -103,9 +115,10 @@ def fit(measurements: list[Measurement], hw: dict[str, Hardware]) -> dict[str, f
 def reproduce(fit_parameters: bool = True) -> dict:
     """The seed table predicted next to the reported values (schema in docs/json-schema.md).
 
-    With fit_parameters=False every parameter stays at its physical default."""
+    With fit_parameters=False every parameter stays at its physical default. A point whose run
+    names its serving engine also carries `kernels`: that engine's kernel list, costed from
+    measured kernel tables (perfmodel.engine.serving), with no whole-step parameter."""
     megakernel_sim.compile_loops()  # the fit simulates hundreds of steps
-    model = load_model(MODEL)
     ms = seed_measurements()
     hw = {m.platform: load_hardware(m.hardware) for m in ms}
     values = fit(ms, hw) if fit_parameters else {}
@@ -115,7 +128,7 @@ def reproduce(fit_parameters: bool = True) -> dict:
               for p in fit_params(sorted(hw)) if p.key in values}
     points = []
     for m in ms:
-        p = predict(model, _apply(values, hw, m.platform), deployment_for(m))
+        p = predict(model_for(m), _apply(values, hw, m.platform), deployment_for(m))
         err = p.tokens_per_s / m.tokens_per_s - 1
         r = role(m) if fit_parameters else "held-out"
         points.append({"platform": m.platform, "batch": m.batch,
@@ -124,6 +137,10 @@ def reproduce(fit_parameters: bool = True) -> dict:
                        "predicted_tokens_per_s": p.tokens_per_s, "reported_tokens_per_s": m.tokens_per_s,
                        "error": err, "role": r, "within_target": abs(err) <= TARGETS[r],
                        "predicted_step_ms": p.step_s * 1e3, "source": m.source})
+        if m.serving_engine:  # the run's engine, kernel by kernel from measured tables: nothing fitted
+            k = predict(model_for(m), hw[m.platform], deployment_for(m, kernels=True))
+            points[-1]["kernels"] = {"serving_engine": m.serving_engine, "predicted_tokens_per_s": k.tokens_per_s,
+                                     "error": k.tokens_per_s / m.tokens_per_s - 1, "predicted_step_ms": k.step_s * 1e3}
     if fit_parameters:  # the same points with nothing fitted, beside the fitted errors
         for pt, raw in zip(points, reproduce(fit_parameters=False)["points"]):
             pt["no_fit_error"] = raw["error"]

@@ -18,7 +18,8 @@ from perfmodel.util.files import check_path, read_text
 
 PRESET_DIR = Path(__file__).parents[1] / "presets" / "hardware"
 DMA_SHARING = ("fifo", "shared")
-OPTIONAL = ("jax_chip", "domain_devices", "node_devices", "fabric_bandwidth_bytes_per_s", "fabric_latency_s")
+OPTIONAL = ("jax_chip", "domain_devices", "node_devices", "fabric_bandwidth_bytes_per_s", "fabric_latency_s",
+            "collective_tables")
 COLLECTIVE_ALGORITHMS = ("ring", "tree", "one_shot")
 
 
@@ -29,7 +30,6 @@ class Efficiency:
     flops: float = 0.6                   # sustained / peak matmul rate on decode-shaped matmuls
     collective_latency_scale: float = 1.0  # multiplies every link latency term
     op_overhead_s: float = 0.0           # fixed cost per op (launch, sync) beyond the roofline
-    expert_overhead_s: float = 0.0       # fixed cost per distinct expert a layer computes
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,8 @@ class Hardware:
     node_devices: int = 0               # GPUs per host (a custom all-reduce stays inside one); 0: the domain
     fabric_bandwidth_bytes_per_s: float = 0.0  # inter-node fabric per GPU per direction (0: none given)
     fabric_latency_s: float = 0.0       # one inter-node step of a small collective
+    collective_tables: str = ""         # a GPU whose kernel tables time collectives over the same NVLink
+                                        # fabric, where this one's have none ("": none)
     components: dict[str, float] = field(default_factory=dict)  # perfmodel.cost.components parameters
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -189,7 +191,6 @@ def validate(hw: Hardware) -> None:
     require(e.collective_latency_scale >= 0, "efficiency.collective_latency_scale",
             e.collective_latency_scale, "must be >= 0")
     require(e.op_overhead_s >= 0, "efficiency.op_overhead_s", e.op_overhead_s, "must be >= 0")
-    require(e.expert_overhead_s >= 0, "efficiency.expert_overhead_s", e.expert_overhead_s, "must be >= 0")
 
 
 def to_toml(hw: Hardware, header: str = "") -> str:

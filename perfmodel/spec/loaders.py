@@ -16,5 +16,5 @@ def load_model(name_or_path: str) -> ModelSpec:
         return hf.from_hf_config(p / "config.json" if p.is_dir() else p)
     if p.suffix == ".toml":
         require(p.exists(), "model", name_or_path, "file not found")
-        return from_dict(read_toml(p, (p.stem,)))
+        return from_dict(read_toml(p, (str(p.resolve()),)))
     return from_dict(preset_data(name_or_path))
