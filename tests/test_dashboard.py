@@ -27,9 +27,20 @@ sys.path.insert(0, str(APP.parent))
 
 from pmdash import common, measured, validation  # noqa: E402
 
+from perfmodel.fit.measurements import seed_measurements  # noqa: E402
+
 TIMEOUT = 120
-TPU_V7 = "A: tpu-v7 megakernel (32 dev, tp 32, ep 8)"
-GB200 = "B: gb200 multikernel (16 dev, tp 16, ep 16)"
+
+
+def published_label(tag: str, hardware: str) -> str:
+    """Compare's label of a platform at the published table's deployment (the table's first row of that chip)."""
+    m = next(m for m in seed_measurements() if m.hardware == hardware)
+    engine = f"{m.serving_engine} kernels" if m.serving_engine else m.engine
+    return (f"{tag}: {hardware} {engine} ({m.devices} dev, tp {m.tp}, ep {m.ep}"
+            + (f", KV {m.kv_cache}" if m.kv_cache else "") + ")")
+
+
+TPU_V7, GB200 = published_label("A", "tpu-v7"), published_label("B", "gb200")
 
 
 # the expanders that draw their tables only when opened (lazy): the tests open them
@@ -191,16 +202,39 @@ def test_compare_default_shows_published_points_with_errors_and_cli():
     assert len(err) == 8  # the seed table's 4 batches x 2 platforms, no spec decode
     assert set(err["measured_tokens_per_s"]) >= {249, 392, 515, 865, 127, 227, 373, 636}
     assert (err["error"].abs() < 1.0).all()
-    assert set(err[err["role"] == "fitted"]["batch"]) == {1, 8}  # the calibration's training points
-    assert set(err[err["role"] == "held-out"]["batch"]) == {2, 4}
+    tpu = err[err["platform"] == TPU_V7]
+    assert set(tpu[tpu["role"] == "fitted"]["batch"]) == {1, 8}  # the calibration's training points
+    assert set(tpu[tpu["role"] == "held-out"]["batch"]) == {2, 4}
+    assert set(err[err["platform"] == GB200]["role"]) == {"nothing fitted"}  # the serving engine's own kernels
     assert metric(at, "Mean absolute error over the points shown").endswith("%")
-    # the CLI command shown reproduces the predicted curve
-    cmd = next(c.value for c in at.code if "--hardware tpu-v7" in c.value and "predict" in c.value)
-    out = run_cli(cmd)
-    cli_tps = {r["batch"]: r["tokens_per_s"] for r in out["results"]}
-    page = pred[pred["platform"] == TPU_V7].set_index("batch")["predicted_tokens_per_s"]
-    for b, v in cli_tps.items():
-        assert page[b] == pytest.approx(v, rel=1e-9)
+    # the captions name the published deployments as the table holds them
+    gb = next(m for m in seed_measurements() if m.hardware == "gb200")
+    head = at.caption[0].value
+    assert f"gb200 {gb.serving_engine} kernels, {gb.devices} devices, tp {gb.tp}, ep {gb.ep}" in head
+    assert f"KV cache {gb.kv_cache}" in head
+    # the CLI commands shown reproduce the predicted curves
+    for hw, plat in (("tpu-v7", TPU_V7), ("gb200", GB200)):
+        cmd = next(c.value for c in at.code if f"--hardware {hw}" in c.value and "predict" in c.value)
+        out = run_cli(cmd)
+        cli_tps = {r["batch"]: r["tokens_per_s"] for r in out["results"]}
+        page = pred[pred["platform"] == plat].set_index("batch")["predicted_tokens_per_s"]
+        for b, v in cli_tps.items():
+            assert page[b] == pytest.approx(v, rel=1e-9)
+    assert f"--serving-engine {gb.serving_engine} --kv-cache {gb.kv_cache}" in " ".join(c.value for c in at.code)
+
+
+@pytest.mark.parametrize("key,value,why", [("cmp_B_serving", "generic", "serving engine (yours generic, measured vllm)"),
+                                           ("cmp_B_kv", "model's", "KV cache (yours bf16, measured fp8-kv)")])
+def test_compare_a_setting_the_published_runs_differ_in_drops_their_points(key, value, why):
+    """The published GB200 rows carry their serving engine and KV cache format: a platform that differs in
+    either is not compared with them, and the page says in what."""
+    at = open_view("Compare")
+    at.selectbox(key=key).set_value(value).run()
+    assert_clean(at)
+    err = table(at, "cmp_errors")
+    assert set(err["platform"]) == {TPU_V7}
+    assert any("Not a reference for platform B" in c.value and why in c.value for c in at.caption)
+    assert not any(b.startswith("Inferact, 16x GB200") for b in (t["name"] for t in chart(at, "cmp_chart")["data"]))
 
 
 def test_compare_speculative_decoding_toggle():
@@ -786,8 +820,9 @@ def captured_traces(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_validation_real_trace_path_and_directory_upload(captured_traces):
+def test_validation_real_trace_path_and_directory_upload(captured_traces, monkeypatch):
     out, run = captured_traces
+    monkeypatch.setenv(common.TRACE_ROOT_ENV, str(out))  # as `perfmodel dashboard --trace-root OUT`
     at = open_view("Validation")
     at.selectbox(key="val_hw").set_value("tpu-v7").run()  # any preset: the plumbing is under test
     at.text_input(key="val_path").input(str(run)).run()

@@ -283,7 +283,8 @@ def test_compare_every_control_upload_and_downloads(page, tmp_path):
     screenshot(page, "compare")
     fig = figure(page, "cmp_chart")
     ratios = [t for t in fig["traces"] if t["yaxis"] == "y2"]
-    assert ratios and all(0.8 < v < 1.25 for t in ratios for v in t["y"])  # predicted / measured, near the band
+    assert {t["name"].rsplit("(", 1)[1] for t in ratios} == {"platform A)", "platform B)"}  # both published sets
+    assert all(0.5 < v < 1.5 for t in ratios for v in t["y"])  # predicted / measured
     assert any("band" in a for a in fig["annotations"])
     changes(page, "cmp_chart", lambda: type_in(page, "cmp_batches", "1, 2, 4, 8"))
     changes(page, "cmp_chart", lambda: type_in(page, "cmp_context", 8192))
@@ -292,6 +293,12 @@ def test_compare_every_control_upload_and_downloads(page, tmp_path):
     changes(page, "cmp_chart", lambda: radio(page, "cmp_spec", "both"))
     changes(page, "cmp_chart", lambda: toggle(page, "cmp_logy"))
     assert figure(page, "cmp_chart")["yaxis"] == "log"
+    # the published GB200 runs name their serving engine and KV cache format: another one is no reference
+    changes(page, "cmp_chart", lambda: pick(page, "cmp_B_serving", "generic"))
+    assert "differs in serving engine (yours generic, measured vllm)" in page.inner_text("body")
+    changes(page, "cmp_chart", lambda: pick(page, "cmp_B_kv", "model's"))
+    changes(page, "cmp_chart", lambda: pick(page, "cmp_A_kv", "fp8-kv"))
+    assert "Not a reference for platform A" in page.inner_text("body")
     for tag, layout in (("A", {"devices": 64, "ep": 16, "tp": 16}), ("B", {"devices": 32, "ep": 32, "tp": 32})):
         changes(page, "cmp_chart", lambda: type_in(page, f"cmp_{tag}_steps_per_call", 2))
         changes(page, "cmp_chart", lambda: type_in(page, f"cmp_{tag}_spec_steps_per_call", 2))

@@ -27,6 +27,8 @@ from perfmodel.engine import megakernel_sim
 from perfmodel.fit.measurements import seed_measurements
 from perfmodel.spec import arch, hardware, hf, loaders
 from perfmodel.spec.deployment import Deployment, SpecDecode
+from perfmodel.spec.engines import serving_engines
+from perfmodel.spec.formats import FORMATS, get_format
 from perfmodel.step.predict import predict
 from perfmodel.util.errors import SpecError
 
@@ -46,13 +48,20 @@ SPEC_DRAFT_ROWS, SPEC_ACCEPTANCE = 7, 6.0
 
 
 
+GENERIC = "generic"  # the multi-kernel engine without a serving engine's kernel inventory
+MODEL_KV = "model's"  # the KV cache format of the model's preset
+
+
 def canonical() -> dict[str, dict]:
     """The published table's deployments per platform (Inferact, tpu-megakernels report, Sept 2026):
-    layout, engine and the decode steps per device call of the runs without and with spec decode."""
+    layout, engine, serving engine, KV cache format and the decode steps per device call of the runs
+    without and with spec decode."""
     out: dict[str, dict] = {}
     for m in seed_measurements():
         d = out.setdefault(m.hardware, dict(hardware=m.hardware, engine=m.engine, devices=m.devices, tp=m.tp,
-                                            ep=m.ep, steps_per_call=1, spec_steps_per_call=1))
+                                            ep=m.ep, serving_engine=m.serving_engine or GENERIC,
+                                            kv_cache=m.kv_cache or MODEL_KV, steps_per_call=1,
+                                            spec_steps_per_call=1))
         d["spec_steps_per_call" if m.spec_decode else "steps_per_call"] = m.steps_per_call
     return out
 
@@ -224,17 +233,35 @@ def register_upload(kind: str, filename: str, data: bytes) -> str:
 
 # ----- deployments and cached predictions -----------------------------------------------------
 
+def kernel_choices(col_engine, col_kv, hw: str, engine: str, prefix: str) -> tuple[str | None, str | None]:
+    """The serving engine and KV cache format selects (keys PREFIX_serving, PREFIX_kv): (serving engine or
+    None for the generic engine, KV format or None for the model's). A serving engine is a GPU
+    multi-kernel engine: on other hardware or engines the select is off, at generic."""
+    gpu_mk = engine == "multikernel" and load_hardware_ref(hardware_ref(hw)).kind == "gpu"
+    if not gpu_mk:
+        st.session_state[f"{prefix}_serving"] = GENERIC
+    serving = col_engine.selectbox("Serving engine", (GENERIC, *serving_engines()), key=f"{prefix}_serving",
+                                   disabled=not gpu_mk, help="GPU multi-kernel only: replay this engine's measured "
+                                   "kernels (`--serving-engine`); generic: perfmodel's multi-kernel engine.")
+    kv = col_kv.selectbox("KV cache", (MODEL_KV, *FORMATS), key=f"{prefix}_kv",
+                          help="The KV cache's storage format (`--kv-cache`, e.g. fp8-kv as vLLM's "
+                               "--kv-cache-dtype fp8); model's: the model preset's.")
+    return None if serving == GENERIC else serving, None if kv == MODEL_KV else kv
+
+
 def dep_key(devices: int, tp: int, ep: int | None, engine: str, batch: int = 1, context: int = 4096,
             prefetch_mib: float | None = None, expert_slots: int | None = None,
-            draft_rows: int = 0, acceptance_length: float | None = None, steps_per_call: int = 1) -> tuple:
-    """Deployment inputs as a hashable tuple (the cache key)."""
+            draft_rows: int = 0, acceptance_length: float | None = None, steps_per_call: int = 1,
+            serving_engine: str | None = None, kv_cache: str | None = None) -> tuple:
+    """Deployment inputs as a hashable tuple (the cache key); serving_engine None: the generic
+    multi-kernel engine; kv_cache None: the model's KV cache format."""
     return (("devices", int(devices)), ("tp", int(tp)), ("ep", None if ep is None else int(ep)),
             ("engine", engine), ("batch", int(batch)), ("context", int(context)),
             ("prefetch_mib", None if prefetch_mib is None else float(prefetch_mib)),
             ("expert_slots", None if expert_slots is None else int(expert_slots)),
             ("draft_rows", int(draft_rows)),
             ("acceptance_length", None if acceptance_length is None else float(acceptance_length)),
-            ("steps_per_call", int(steps_per_call)))
+            ("steps_per_call", int(steps_per_call)), ("serving_engine", serving_engine), ("kv_cache", kv_cache))
 
 
 def with_key(key: tuple, **changes) -> tuple:
@@ -249,7 +276,21 @@ def make_deployment(key: tuple) -> Deployment:
     pf = k["prefetch_mib"]
     return Deployment(devices=k["devices"], tp=k["tp"], engine=k["engine"], ep=k["ep"], batch=k["batch"],
                       context=k["context"], prefetch_bytes=None if pf is None else pf * MiB,
-                      expert_slots=k["expert_slots"], spec=spec, steps_per_call=k["steps_per_call"])
+                      expert_slots=k["expert_slots"], spec=spec, steps_per_call=k["steps_per_call"],
+                      serving_engine=k["serving_engine"])
+
+
+def model_for(m_ref: tuple, key: tuple):
+    """The model with the deployment's KV cache format (as `--kv-cache`)."""
+    return _with_kv(m_ref, dict(key)["kv_cache"])
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def _with_kv(m_ref: tuple, kv_cache: str | None):
+    model = load_model_ref(m_ref)
+    if kv_cache is None:
+        return model
+    return dataclasses.replace(model, formats={**model.formats, "kv_cache": get_format(kv_cache, "KV cache")})
 
 
 def fmt_mib(x: float) -> str:
@@ -310,7 +351,7 @@ def _recorded(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None)
 
 def _prediction(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None, record: bool) -> dict:
     try:
-        model, hw = load_model_ref(m_ref), resolve_hw(hw_ref, onchip_mib)
+        model, hw = model_for(m_ref, key), resolve_hw(hw_ref, onchip_mib)
         p = predict(model, hw, make_deployment(key), record=record)
     except SpecError as e:
         return {"error": readable(str(e)), "field": e.field}
@@ -333,7 +374,7 @@ def _prediction(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | Non
 def chrome_trace_json(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None) -> str:
     """The simulated step as Perfetto / Chrome trace JSON (built only when downloaded)."""
     from perfmodel.step.timeline import chrome_trace
-    model, hw = load_model_ref(m_ref), resolve_hw(hw_ref, onchip_mib)
+    model, hw = model_for(m_ref, key), resolve_hw(hw_ref, onchip_mib)
     return json.dumps(chrome_trace(predict(model, hw, make_deployment(key), record=True)))
 
 
@@ -374,6 +415,10 @@ def cli_args(model: str, hw: str, key: tuple, onchip_mib: float | None = None) -
     if k["ep"] is not None:
         args += ["--ep", str(k["ep"])]
     args += ["--engine", k["engine"]]
+    if k["serving_engine"] is not None:
+        args += ["--serving-engine", k["serving_engine"]]
+    if k["kv_cache"] is not None:
+        args += ["--kv-cache", k["kv_cache"]]
     if k["context"] != 4096:
         args += ["--context", str(k["context"])]
     if k["prefetch_mib"] is not None:

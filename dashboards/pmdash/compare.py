@@ -24,17 +24,30 @@ PLATFORM_COLORS = {"A": "#1f77b4", "B": "#d62728"}
 SOURCE_SYMBOLS = ("x", "circle-open", "square-open", "triangle-up-open", "star-open", "hexagon-open")
 IMPLAUSIBLE = 2.0  # a measured point above this many times the HBM roofline is flagged
 BAND = 0.10        # the ratio panel's band: predicted within +-10 % of measured
+NOTHING_FITTED = "nothing fitted"  # the role of a point predicted from a serving engine's measured kernels
+
+
+def published_layout(d: dict) -> str:
+    """One platform of the published table in words (pmdash.common.CANONICAL)."""
+    engine = d["engine"] if d["serving_engine"] == c.GENERIC else f"{d['serving_engine']} kernels"
+    spec = f" ({d['spec_steps_per_call']} with spec decode)" if d["spec_steps_per_call"] != d["steps_per_call"] else ""
+    kv = "" if d["kv_cache"] == c.MODEL_KV else f", KV cache {d['kv_cache']}"
+    return (f"{d['hardware']} {engine}, {d['devices']} devices, tp {d['tp']}, ep {d['ep']}, "
+            f"{d['steps_per_call']} step{'' if d['steps_per_call'] == 1 else 's'} per call{spec}{kv}")
 
 
 def platform_inputs(col, tag: str, default: dict, errs: list) -> dict | None:
     hw_opts = c.hardware_options()
-    c.init(**{f"cmp_{tag}_hw": default["hardware"], f"cmp_{tag}_engine": default["engine"]},
+    c.init(**{f"cmp_{tag}_hw": default["hardware"], f"cmp_{tag}_engine": default["engine"],
+              f"cmp_{tag}_serving": default["serving_engine"], f"cmp_{tag}_kv": default["kv_cache"]},
            **{f"cmp_{tag}_{k}": str(default[k]) for k in ("devices", "tp", "ep", "steps_per_call",
                                                             "spec_steps_per_call")})
     with col:
         st.markdown(f"**Platform {tag}**")
-        hw = st.selectbox("Hardware", hw_opts, key=f"cmp_{tag}_hw")
-        engine = st.radio("Engine", ("megakernel", "multikernel"), horizontal=True, key=f"cmp_{tag}_engine")
+        h, e, s, k = st.columns([3, 3, 2, 2])
+        hw = h.selectbox("Hardware", hw_opts, key=f"cmp_{tag}_hw")
+        engine = e.radio("Engine", ("megakernel", "multikernel"), horizontal=True, key=f"cmp_{tag}_engine")
+        serving, kv = c.kernel_choices(s, k, hw, engine, f"cmp_{tag}")
         a, b, e, f, g = st.columns(5)
         devices = number_field(a, "Devices", f"cmp_{tag}_devices", errors=errs)
         tp = number_field(b, "TP", f"cmp_{tag}_tp", errors=errs)
@@ -45,31 +58,32 @@ def platform_inputs(col, tag: str, default: dict, errs: list) -> dict | None:
                                   help="Steps per device call of the speculative-decoding curve.")
     if None in (devices, tp, ep, steps, spec_steps):
         return None
-    label = f"{tag}: {hw} {engine} ({devices} dev, tp {tp}, ep {ep})"
+    label = (f"{tag}: {hw} {engine if serving is None else serving + ' kernels'} ({devices} dev, tp {tp}, ep {ep}"
+             + ("" if kv is None else f", KV {kv}") + ")")
     return dict(tag=tag, hw=hw, h_ref=c.hardware_ref(hw), engine=engine, devices=devices, tp=tp, ep=ep, label=label,
-                steps=steps, spec_steps=spec_steps)  # h_ref: the hardware's cache key, looked up once a run
+                steps=steps, spec_steps=spec_steps, serving=serving, kv=kv)  # h_ref: the hardware's cache key
 
 
 def plat_key(plat: dict, batch: int, spec_on: bool, context: int) -> tuple:
     return c.dep_key(plat["devices"], plat["tp"], plat["ep"], plat["engine"], batch=batch, context=context,
                      draft_rows=c.SPEC_DRAFT_ROWS if spec_on else 0,
                      acceptance_length=c.SPEC_ACCEPTANCE if spec_on else None,
-                     steps_per_call=plat["spec_steps"] if spec_on else plat["steps"])
+                     steps_per_call=plat["spec_steps"] if spec_on else plat["steps"],
+                     serving_engine=plat["serving"], kv_cache=plat["kv"])
 
 
 def plat_settings(model: str, plat: dict, spec_on: bool, context: int) -> tuple[dict, dict | None]:
-    """The platform's deployment as measurements state it (pmdash.measured.SETTINGS, batch aside) and,
-    for the megakernel, the ring, slots and on-chip buffer it resolves to (the defaults)."""
-    key = plat_key(plat, 1, spec_on, context)
-    k = dict(key)
-    mine = {"model": model, "hardware": plat["hw"], **{f: k[f] for f in (
-        "engine", "devices", "tp", "ep", "context", "draft_rows", "acceptance_length", "steps_per_call")}}
-    b = fit.onchip_budget(c.model_ref(model), plat["h_ref"], key, None) \
-        if plat["engine"] == "megakernel" else None
+    """The platform's deployment as measurements state it (pmdash.measured.SETTINGS, batch aside) and the
+    defaults a row's missing settings resolve to: the model's KV cache format and, for the megakernel,
+    the ring, slots and on-chip buffer."""
+    key, m_ref = plat_key(plat, 1, spec_on, context), c.model_ref(model)
+    mine, defaults = measured.settings(model, plat["hw"], key, c.load_model_ref(m_ref).formats["kv_cache"].name)
+    del mine["batch"]
+    b = fit.onchip_budget(m_ref, plat["h_ref"], key, None) if plat["engine"] == "megakernel" else None
     if b is None:
-        return mine, None
+        return mine, defaults
     onchip = {"prefetch_mib": b["ring_mib"], "expert_slots": b["slots"], "vmem_mib": b["onchip_mib"]}
-    return mine | onchip, onchip
+    return mine | onchip, defaults | onchip
 
 
 def predicted_rows(model: str, plat: dict, batches, spec_on: bool, context: int) -> tuple[list[dict], list]:
@@ -107,7 +121,8 @@ def error_rows(model: str, plat: dict, points: pd.DataFrame, spec_on: bool, cont
                      "error": (pred / m["tokens_per_s"] - 1) if pred else None,
                      "hbm_roofline_tokens_per_s": roof,
                      "check": f"implausible: above {IMPLAUSIBLE:g}x the HBM roofline" if flag else "",
-                     "role": m["role"], "source": m["origin"], "reference": m["source"]})
+                     "role": m["role"] if plat["serving"] is None else NOTHING_FITTED, "source": m["origin"],
+                     "reference": m["source"]})
     return rows
 
 
@@ -133,10 +148,11 @@ def load_points() -> tuple[pd.DataFrame, str]:
         points.append(host)
     with st.expander("Load your own measurements (CSV)"):
         st.caption("Columns: hardware, engine, batch, tokens_per_s; optional model, devices, tp, ep, context, "
-                   "draft_rows, acceptance_length, steps_per_call, prefetch_mib, expert_slots, vmem_mib, source. A "
-                   "setting left out is perfmodel's default (tp = ep = devices, context 4096, one step per call, "
-                   "the default ring, slots and on-chip buffer); a point is drawn for a platform only when every "
-                   "setting matches. Lines starting with # are ignored.")
+                   "draft_rows, acceptance_length, steps_per_call, serving_engine, kv_cache, prefetch_mib, "
+                   "expert_slots, vmem_mib, source. A setting left out is perfmodel's default (tp = ep = devices, "
+                   "context 4096, one step per call, the generic engine, the model's KV cache format, the default "
+                   "ring, slots and on-chip buffer); a point is drawn for a platform only when every setting "
+                   "matches. Lines starting with # are ignored.")
         up = st.file_uploader("Measurements CSV", type=None, key="cmp_upload")
         if up is not None:
             try:
@@ -176,9 +192,8 @@ def nearest_buttons(tag: str, near: list) -> None:
 
 def render() -> None:
     st.header("Compare platforms: predicted vs measured tokens/s")
-    st.caption("Kimi K3 decode by default: TPU v7 Pallas megakernel (32 devices = 16 chips, tp 32, ep 8) vs "
-               "GB200 vLLM multi-kernel (16 GPUs, tp 16, ep 16), the layouts of the published table (Inferact, "
-               "tpu-megakernels report, Sept 2026).")
+    st.caption("Kimi K3 decode by default, the deployments of the published table (Inferact, tpu-megakernels "
+               "report, Sept 2026): " + " vs ".join(published_layout(d) for d in c.CANONICAL.values()) + ".")
     c.init(cmp_model="kimi-k3", cmp_batches=", ".join(map(str, c.DEFAULT_BATCHES)), cmp_context="4096",
            cmp_spec="off", cmp_logy=False)
     errs: list[str] = []
@@ -321,10 +336,10 @@ def draw(x: dict, pred: list[dict], measured_rows: list[dict], log_y: bool) -> N
 
 def tables(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, spec_states: list) -> None:
     if edf.empty:
-        st.info("No measured point matches these platforms (the published table: Kimi K3 on tpu-v7 megakernel, "
-                "32 devices, tp 32, ep 8, 64 steps per call (24 with spec decode), and gb200 multikernel, 16 GPUs, "
-                "tp 16, ep 16, one step per call, at the default context 4096; the host results: the kimi-k3-host-* "
-                f"models on '{c.HOST_HW}', multikernel, 1 device, at their contexts; or load your own CSV above).")
+        st.info("No measured point matches these platforms in every setting (the published table: Kimi K3 on "
+                + "; ".join(published_layout(d) for d in c.CANONICAL.values()) + ", at the default context 4096; "
+                f"the host results: the kimi-k3-host-* models on '{c.HOST_HW}', multikernel, 1 device, at their "
+                "contexts; or load your own CSV above).")
     else:
         ok = edf[edf["check"] == ""]
         mape = ok["error"].abs().mean() if not ok.empty else float("nan")
@@ -336,9 +351,11 @@ def tables(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, spec_states: list) -> 
         errors = st.expander(f"Per-point errors ({len(edf)} points)", key="cmp_errors_exp", on_change="rerun")
         if errors.open:  # drawn only when opened
             with errors:
-                if (edf["role"] == "fitted").any():
+                if (edf["role"] == "fitted").any() or (edf["role"] == NOTHING_FITTED).any():
                     st.caption("role: the calibration (`perfmodel reproduce`) fits its efficiency parameters on "
-                               "the 'fitted' published points only; 'held-out' points were not used to fit anything.")
+                               "the 'fitted' published points only; 'held-out' points were not used to fit anything; "
+                               f"'{NOTHING_FITTED}': a serving engine's kernels, each from a measured kernel table, "
+                               "with no parameter fitted to a decode step.")
                 tps = st.column_config.NumberColumn(format="%.0f")
                 st.dataframe(edf.drop(columns=["tag"]), key="cmp_errors", hide_index=True, column_config={
                     "measured_tokens_per_s": tps, "predicted_tokens_per_s": tps, "hbm_roofline_tokens_per_s": tps,

@@ -39,7 +39,7 @@ def label(part: str) -> str:
 @st.cache_data(show_spinner=False, max_entries=64)
 def explained(m_ref: tuple, h_ref: tuple, key: tuple, layer: int) -> dict:
     """`perfmodel explain` of one layer, as its JSON."""
-    return explain(c.load_model_ref(m_ref), c.load_hardware_ref(h_ref), c.make_deployment(key), layer)
+    return explain(c.model_for(m_ref, key), c.load_hardware_ref(h_ref), c.make_deployment(key), layer)
 
 
 @st.cache_resource(show_spinner=False, max_entries=32)

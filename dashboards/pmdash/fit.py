@@ -25,7 +25,7 @@ def onchip_budget(m_ref: tuple, h_ref: tuple, key: tuple, vmem_mib: float | None
     k = dict(key)
     if k["engine"] != "megakernel":
         return None
-    model, hw = c.load_model_ref(m_ref), c.resolve_hw(h_ref, vmem_mib)
+    model, hw = c.model_for(m_ref, key), c.resolve_hw(h_ref, vmem_mib)
     d = c.make_deployment(key)
     try:
         validate(model, hw, d)  # a layout that cannot run has no on-chip budget to show

@@ -5,8 +5,8 @@ Each source carries a plain-language name (its `origin`): "Inferact, 16x TPU v7,
 "this machine, host validation", "your upload: FILE". A measurement is the reference for a
 deployment only when every setting matches (`differences` is empty); a setting a row leaves out
 takes perfmodel's default (tp and ep = devices, context 4096, no speculative decoding, one step per
-device call, the default ring, expert slots and on-chip buffer), except the model and the device
-count, which a row may leave open.
+device call, the generic multi-kernel engine, the model's KV cache format, the default ring, expert
+slots and on-chip buffer), except the model and the device count, which a row may leave open.
 """
 from __future__ import annotations
 
@@ -19,15 +19,16 @@ import streamlit as st
 from perfmodel.fit.measurements import seed_measurements
 from perfmodel.util.errors import SpecError
 
-from .common import HOST_HW, REPO, UPLOAD_PREFIX, read_csv_bytes, shown_path
+from .common import GENERIC, HOST_HW, REPO, UPLOAD_PREFIX, read_csv_bytes, shown_path
 
 HOST_VALIDATION_CSV = REPO / "experiments" / "results" / "host_validation.csv"
 COLUMNS = ["source", "model", "hardware", "engine", "devices", "tp", "ep", "batch", "context", "draft_rows",
-           "acceptance_length", "steps_per_call", "prefetch_mib", "expert_slots", "vmem_mib", "tokens_per_s",
-           "origin", "role"]
+           "acceptance_length", "steps_per_call", "serving_engine", "kv_cache", "prefetch_mib", "expert_slots",
+           "vmem_mib", "tokens_per_s", "origin", "role"]
 # optional columns of a measurements file, with their types
 OPTIONAL = {"devices": int, "tp": int, "ep": int, "context": int, "draft_rows": int, "acceptance_length": float,
             "steps_per_call": int, "prefetch_mib": float, "expert_slots": int, "vmem_mib": float}
+TEXT_OPTIONAL = ("serving_engine", "kv_cache")  # optional text columns (empty: the default)
 SEED_MODEL = "kimi-k3"  # the published table is Kimi K3 decode
 PUBLISHED_SOURCE = "Inferact, tpu-megakernels report (Sept 2026)"
 PUBLISHED_NAMES = {("tpu-v7", "megakernel"): "Inferact, 16x TPU v7, published",
@@ -44,6 +45,8 @@ def published_table() -> pd.DataFrame:
     df["source"] = PUBLISHED_SOURCE
     df["role"] = [calibration_role(m) for m in ms]
     df["model"] = SEED_MODEL
+    for col in TEXT_OPTIONAL:  # "" in the table: the default
+        df[col] = df[col].replace("", None)
     for col in ("context", "prefetch_mib", "expert_slots", "vmem_mib"):  # not published: the defaults
         df[col] = None
     return df[COLUMNS]
@@ -62,7 +65,7 @@ def normalise(df: pd.DataFrame, origin: str) -> pd.DataFrame:
     if missing:
         raise SpecError("measurements file", origin,
                         f"missing column(s) {', '.join(missing)}; need {', '.join(REQUIRED)} "
-                        f"(optional: model, {', '.join(OPTIONAL)}, source)")
+                        f"(optional: model, {', '.join(OPTIONAL)}, {', '.join(TEXT_OPTIONAL)}, source)")
     if df.empty:
         raise SpecError("measurements file", origin, "has no rows")
     out = pd.DataFrame({"hardware": df["hardware"].astype(str).str.strip(),
@@ -84,6 +87,9 @@ def normalise(df: pd.DataFrame, origin: str) -> pd.DataFrame:
         raise SpecError("measurements file column engine", out["engine"][bad_engine].iloc[0],
                         "must be megakernel or multikernel")
     out["model"] = df["model"].astype(str).str.strip() if "model" in df.columns else None
+    for col in TEXT_OPTIONAL:
+        text = df[col].astype(str).str.strip() if col in df.columns else None
+        out[col] = None if text is None else text.where(df[col].notna() & (text != ""), None)
     out["source"] = df["source"].astype(str) if "source" in df.columns else origin
     out["origin"] = origin
     out["role"] = ""
@@ -152,9 +158,20 @@ def _host_points(path: str, mtime: float | None) -> tuple[pd.DataFrame | None, s
 SETTINGS = {"model": "model", "hardware": "hardware", "engine": "engine", "devices": "devices", "tp": "TP",
             "ep": "EP", "batch": "batch", "context": "context", "draft_rows": "draft rows",
             "acceptance_length": "acceptance length", "steps_per_call": "steps per call",
-            "prefetch_mib": "prefetch depth", "expert_slots": "expert slots", "vmem_mib": "VMEM"}
+            "serving_engine": "serving engine", "kv_cache": "KV cache", "prefetch_mib": "prefetch depth", "expert_slots": "expert slots", "vmem_mib": "VMEM"}
 OPEN = ("model", "devices")  # a row that leaves these out matches any value
-DEFAULTS = {"context": 4096, "draft_rows": 0, "acceptance_length": None, "steps_per_call": 1}
+DEFAULTS = {"context": 4096, "draft_rows": 0, "acceptance_length": None, "steps_per_call": 1,
+            "serving_engine": GENERIC}
+
+
+def settings(model: str, hardware: str, key: tuple, model_kv: str) -> tuple[dict, dict]:
+    """A deployment (a pmdash.common.dep_key) as measurements state it (SETTINGS keys but the on-chip
+    ones), and the defaults a row's missing KV cache format resolves to (`model_kv`, the model's)."""
+    k = dict(key)
+    mine = {"model": model, "hardware": hardware, **{f: k[f] for f in (
+        "engine", "devices", "tp", "ep", "batch", "context", "draft_rows", "acceptance_length", "steps_per_call")},
+        "serving_engine": k["serving_engine"] or GENERIC, "kv_cache": k["kv_cache"] or model_kv}
+    return mine, {"kv_cache": model_kv}
 
 
 def _value(row: dict, key: str):
@@ -168,12 +185,13 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def differences(row: dict, mine: dict, onchip_defaults: dict | None = None) -> list[tuple[str, object, object]]:
+def differences(row: dict, mine: dict, defaults: dict | None = None) -> list[tuple[str, object, object]]:
     """(setting, yours, the measurement's) for each setting of `mine` the measured row differs in.
 
-    `mine` holds the deployment's settings (SETTINGS keys; prefetch_mib / expert_slots / vmem_mib as
-    resolved, megakernel only); `onchip_defaults` the values those resolve to by default, which a
-    row that leaves them out was measured at."""
+    `mine` holds the deployment's settings (SETTINGS keys; the KV cache format by name; prefetch_mib /
+    expert_slots / vmem_mib as resolved, megakernel only); `defaults` the values the deployment's
+    model and chip resolve the rest to by default (kv_cache, the on-chip settings), which a row that
+    leaves them out was measured at."""
     out = []
     for key, label in SETTINGS.items():
         if key not in mine:
@@ -187,7 +205,7 @@ def differences(row: dict, mine: dict, onchip_defaults: dict | None = None) -> l
             elif key in DEFAULTS:
                 theirs = DEFAULTS[key]
             else:
-                theirs = (onchip_defaults or {}).get(key)
+                theirs = (defaults or {}).get(key)
         if not _same(mine[key], theirs):
             out.append((label, mine[key], theirs))
     return out
@@ -207,7 +225,7 @@ def all_points() -> pd.DataFrame:
     return pd.concat([published_table()] + ([host] if host is not None else []), ignore_index=True)
 
 
-def reference(points: pd.DataFrame, mine: dict, onchip_defaults: dict | None = None,
+def reference(points: pd.DataFrame, mine: dict, defaults: dict | None = None,
               ignore: tuple[str, ...] = ()) -> tuple[list[dict], dict | None, list]:
     """The measured rows that match `mine` in every setting but those in `ignore`, and when none
     does, the nearest row of the same model and hardware with its differences (fewest differing
@@ -216,14 +234,14 @@ def reference(points: pd.DataFrame, mine: dict, onchip_defaults: dict | None = N
         return [], None, []
     mine_cmp = {k: v for k, v in mine.items() if k not in ignore}
     rows = points.to_dict("records")
-    exact = [r for r in rows if not differences(r, mine_cmp, onchip_defaults)]
+    exact = [r for r in rows if not differences(r, mine_cmp, defaults)]
     if exact:
         return exact, None, []
     near = [r for r in rows if r["hardware"] == mine.get("hardware")
             and (_value(r, "model") is None or r["model"] == mine.get("model"))]
     if not near:
         return [], None, []
-    scored = [(len(d := differences(r, mine_cmp, onchip_defaults)),
+    scored = [(len(d := differences(r, mine_cmp, defaults)),
                abs(float(r["batch"]) - float(mine.get("batch", r["batch"]))), i, r, d) for i, r in enumerate(near)]
     _, _, _, best, diffs = min(scored, key=lambda t: t[:3])
     return [], best, diffs

@@ -172,19 +172,17 @@ def render() -> None:
 
 def deployment_settings(x: dict) -> tuple[dict, dict | None]:
     """The deployment's settings as measurements state them (ring, slots, VMEM as resolved; megakernel
-    only) and the values the on-chip settings resolve to by default."""
-    k = dict(x["key"])
-    mine = {"model": x["model"], "hardware": x["hw"], **{f: k[f] for f in (
-        "engine", "devices", "tp", "ep", "batch", "context", "draft_rows", "acceptance_length", "steps_per_call")}}
-    if k["engine"] != "megakernel":
-        return mine, None
+    only) and the values the model's KV cache and the on-chip settings resolve to by default."""
     m_ref, h_ref, key, vmem = refs(x)
+    mine, defaults = measured.settings(x["model"], x["hw"], key, c.load_model_ref(m_ref).formats["kv_cache"].name)
+    if dict(key)["engine"] != "megakernel":
+        return mine, defaults
     b = fit.onchip_budget(m_ref, h_ref, key, vmem)
     b0 = fit.onchip_budget(m_ref, h_ref, c.with_key(key, prefetch_mib=None, expert_slots=None), None)
     if not (b and b0):
-        return mine, None
+        return mine, defaults
     resolved = lambda bb: {"prefetch_mib": bb["ring_mib"], "expert_slots": bb["slots"], "vmem_mib": bb["onchip_mib"]}
-    return mine | resolved(b), resolved(b0)
+    return mine | resolved(b), defaults | resolved(b0)
 
 
 def headline(x: dict, r: dict, stale: str | None) -> dict | None:
@@ -318,7 +316,7 @@ def settings_of(key: tuple, vmem: float | None) -> dict:
 def heat_grid(m_ref, h_ref, key, vmem) -> dict:
     """Step time and tokens/s for every ring depth x expert slot count (one batched simulation per op
     graph: perfmodel.search.batch.evaluate), with the current, default and best cells."""
-    model, chip, hw = c.load_model_ref(m_ref), c.load_hardware_ref(h_ref), c.resolve_hw(h_ref, vmem)
+    model, chip, hw = c.model_for(m_ref, key), c.load_hardware_ref(h_ref), c.resolve_hw(h_ref, vmem)
     k = dict(key)
     top_k = model.moe.top_k if model.moe else 1
     cur = fit.onchip_budget(m_ref, h_ref, key, vmem)
