@@ -2,8 +2,8 @@
 
 Views: Compare (predicted vs measured tokens/s), What-if (prefetch / expert slots / VMEM / batch
 tuning), Explain (the step layer by layer and one layer op by op), Design search (a swept design's
-Pareto front), Validation (per-layer predicted vs measured traces), Models & hardware (presets and
-uploads). Settings (localhost only, no usage statistics, no Deploy button) are in
+Pareto front), Serving (TTFT / TPOT against load, with targets), Validation (per-layer predicted vs
+measured traces), Models & hardware (presets and uploads). Settings (localhost only, no usage statistics, no Deploy button) are in
 dashboards/.streamlit/config.toml.
 """
 import sys
@@ -15,10 +15,10 @@ import streamlit as st  # noqa: E402
 
 st.set_page_config(page_title="perfmodel: decode performance", layout="wide")
 
-from pmdash import common, compare, design, explain, models, validation, whatif  # noqa: E402
+from pmdash import common, compare, design, explain, models, serving, validation, whatif  # noqa: E402
 
 VIEWS = {"Compare": compare.render, "What-if": whatif.render, "Explain": explain.render,
-         "Design search": design.render,
+         "Design search": design.render, "Serving": serving.render,
          "Validation": validation.render, "Models & hardware": models.render}
 
 common.keep_inputs()

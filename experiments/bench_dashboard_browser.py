@@ -330,7 +330,7 @@ COMPARE = ("cmp_chart", [("radio", "cmp_spec", "on"), ("radio", "cmp_spec", "off
                          ("toggle", "cmp_logy", None), ("text", "cmp_context", 8192), ("text", "cmp_context", 4096)])
 # each view's first chart (a page opened on the view: ?view=NAME)
 VIEW_CHARTS = {"Compare": "cmp_chart", "What-if": "wi_breakdown", "Explain": "ex_gantt", "Design search": "ds_pareto",
-               "Validation": "val_host_chart", "Models & hardware": None}
+               "Serving": "sv_chart", "Validation": "val_host_chart", "Models & hardware": None}
 
 
 def load_view(b, url: str, view: str) -> tuple[float, float]:

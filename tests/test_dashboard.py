@@ -147,7 +147,7 @@ def run_cli(cmd: str) -> dict:
 
 def test_every_view_renders_without_error():
     at = open_view("Compare")
-    for view in ("What-if", "Explain", "Design search", "Validation", "Models & hardware", "Compare"):
+    for view in ("What-if", "Explain", "Design search", "Serving", "Validation", "Models & hardware", "Compare"):
         at.sidebar.radio(key="view").set_value(view).run()
         assert_clean(at)
         assert at.header[0].value
@@ -752,6 +752,104 @@ def test_explain_layers_gantt_terms_and_command():
 
 def table_with(at: AppTest, column: str):
     return next(d.value for d in at.dataframe if column in d.value.columns)
+
+
+# ----- Serving -----------------------------------------------------------------------------------
+
+def serving_rows(at: AppTest):
+    import pandas as pd
+    return pd.DataFrame(next(d.value for d in at.dataframe if list(d.value.columns)[:3] == ["load", "ttft_p50_s",
+                                                                                           "ttft_p90_s"]))
+
+
+def marked_load(fig: dict) -> list[float]:
+    """The x of the vertical lines that mark the highest load meeting both targets."""
+    return sorted({sh["x0"] for sh in fig["layout"]["shapes"] if sh["xref"] in ("x", "x2")})
+
+
+def test_serving_default_curve_targets_highest_load_and_cli():
+    at = open_view("Serving", sv_table_exp=True)
+    fig = chart(at, "sv_chart")
+    assert {t["name"] for t in fig["data"]} == {"TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90"}
+    rows = serving_rows(at)
+    assert list(rows["load"]) == [0.5, 1, 2, 4, 8]
+    assert (rows["ttft_p90_s"] >= rows["ttft_p50_s"]).all() and (rows["tpot_p90_s"] >= rows["tpot_p50_s"]).all()
+    assert rows["tpot_p90_s"].iloc[-1] > rows["tpot_p90_s"].iloc[0]  # more load, longer steps
+    # the target lines, at the inputs (TTFT 1 s, TPOT 30 ms)
+    targets = sorted(sh["y0"] for sh in fig["layout"]["shapes"] if sh["yref"] in ("y", "y2"))
+    assert targets == [1.0, 30.0]
+    ok = rows[(rows["ttft_p90_s"] <= 1.0) & (rows["tpot_p90_s"] <= 0.030)]
+    assert list(rows["meets_targets"]) == [r in set(ok["load"]) for r in rows["load"]]
+    top = ok["load"].max()
+    assert marked_load(fig) == [top] and metric(at, "highest load meeting both targets") == f"{top:g} requests/s"
+    # the published GB200 deployment by default, and the command reproduces the marked load
+    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel serve"))
+    gb = next(m for m in seed_measurements() if m.hardware == "gb200")
+    assert f"--devices {gb.devices} --tp {gb.tp} --ep {gb.ep}" in cmd and f"--kv-cache {gb.kv_cache}" in cmd
+    assert f"--rate {top:g} " in cmd and "for load in 0.5 1 2 4 8; do perfmodel serve" in cmd
+    out = run_cli(cmd)
+    row = rows[rows["load"] == top].iloc[0]
+    for k in ("ttft", "tpot", "e2e"):
+        for q in ("p50", "p90", "p99"):
+            assert out[f"{k}_s"][q] == pytest.approx(row[f"{k}_{q}_s"], rel=1e-9)
+    assert out["throughput_tokens_per_s"] == pytest.approx(row["throughput_tokens_per_s"], rel=1e-9)
+
+
+def test_serving_targets_redraw_without_simulating_again(monkeypatch):
+    from pmdash import serving
+    at = open_view("Serving", sv_table_exp=True)
+    rows = serving_rows(at)
+    calls = []
+    real = serving.load_curves
+    monkeypatch.setattr(serving, "load_curves", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    typed(at, "sv_ttft", 0.1)
+    at.radio(key="sv_pct").set_value("p50").run()
+    assert_clean(at)
+    assert not calls  # the targets and the percentile only redraw: the curve is cached
+    ok = rows[(rows["ttft_p50_s"] <= 0.1) & (rows["tpot_p50_s"] <= 0.030)]
+    fig = chart(at, "sv_chart")
+    assert marked_load(fig) == ([ok["load"].max()] if len(ok) else [])
+    typed(at, "sv_tpot", 0.001)  # nobody streams tokens that fast
+    assert metric(at, "highest load meeting both targets") == "none" and marked_load(chart(at, "sv_chart")) == []
+    typed(at, "sv_requests", 50)  # another workload: simulated
+    assert calls and len(serving_rows(at)) == 5
+
+
+def test_serving_concurrency_other_layout_and_bad_inputs():
+    at = open_view("Serving")
+    at.radio(key="sv_arrivals").set_value("concurrency (clients)").run()
+    assert_clean(at)
+    assert at.text_input(key="sv_loads").value == "1, 2, 4, 8, 16, 32"  # a client count, not a rate
+    assert "concurrent clients" in chart(at, "sv_chart")["layout"]["xaxis2"]["title"]["text"]
+    assert any("--concurrency" in c.value for c in at.code)
+    typed(at, "sv_loads", "1, 2.5")
+    assert_message(at, "Loads: '2.5' is not a whole number")
+    assert any("Stale" in c.value for c in at.caption)
+    typed(at, "sv_loads", "1, 4")
+    for key, value in (("sv_input", 512), ("sv_output", 64), ("sv_seed", 3)):
+        typed(at, key, value)
+        assert_clean(at)
+        assert f"--{key[3:].replace('input', 'input-len').replace('output', 'output-len')} {value}" in at.code[0].value
+    at.selectbox(key="sv_serving").set_value("generic").run()
+    at.selectbox(key="sv_kv").set_value("model's").run()
+    assert_clean(at)
+    assert "--serving-engine" not in at.code[0].value and "--kv-cache" not in at.code[0].value
+    typed(at, "sv_ep", 3)  # 3 groups cannot split 16 GPUs
+    assert_message(at, "cannot serve")
+    typed(at, "sv_ep", 16)
+    at.selectbox(key="sv_hw").set_value("tpu-v7").run()
+    at.radio(key="sv_engine").set_value("megakernel").run()
+    typed(at, "sv_devices", 32)
+    typed(at, "sv_tp", 32)
+    typed(at, "sv_ep", 8)
+    assert_clean(at)
+    assert at.selectbox(key="sv_serving").value == "generic"  # a serving engine is a GPU multi-kernel engine
+    assert "--hardware tpu-v7 --devices 32 --tp 32 --ep 8 --engine megakernel" in at.code[0].value
+    at.selectbox(key="sv_model").set_value("kimi-k3-mini").run()  # 2 KDA heads: tp 32 cannot run
+    assert_message(at, "must divide kda heads (2)")
+    typed(at, "sv_tp", 2)
+    assert_clean(at)
+    assert "--model kimi-k3-mini" in at.code[0].value
 
 
 # ----- Validation -------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Starts `streamlit run dashboards/app.py` with the app's own settings (localhost only, no usage
 statistics; the helpers of experiments/bench_dashboard_browser.py) under an audit hook that records
-every socket the server opens, and checks, as a user sees them: each of the six views with every
+every socket the server opens, and checks, as a user sees them: each of the seven views with every
 control used once, an upload in every uploader, every download button clicked in quick succession
 and each file read back; the chart clicks (a ring x slots cell, a layer bar); and the defects a
 browser session once found (downloads lost under rapid clicking, the batch field adding 8, 18, 28,
@@ -275,7 +275,7 @@ def number(text: str) -> float:
     return float(re.sub(r"[^0-9.eE+-]", "", text.split()[0].replace(",", "")))
 
 
-# ----- the six views, every control --------------------------------------------------------------
+# ----- the seven views, every control --------------------------------------------------------------
 
 def test_compare_every_control_upload_and_downloads(page, tmp_path):
     assert_no_errors(page)
@@ -299,9 +299,13 @@ def test_compare_every_control_upload_and_downloads(page, tmp_path):
     changes(page, "cmp_chart", lambda: pick(page, "cmp_B_kv", "model's"))
     changes(page, "cmp_chart", lambda: pick(page, "cmp_A_kv", "fp8-kv"))
     assert "Not a reference for platform A" in page.inner_text("body")
-    for tag, layout in (("A", {"devices": 64, "ep": 16, "tp": 16}), ("B", {"devices": 32, "ep": 32, "tp": 32})):
-        changes(page, "cmp_chart", lambda: type_in(page, f"cmp_{tag}_steps_per_call", 2))
-        changes(page, "cmp_chart", lambda: type_in(page, f"cmp_{tag}_spec_steps_per_call", 2))
+    changes(page, "cmp_chart", lambda: pick(page, "cmp_A_kv", "model's"))
+    for tag, layout in (("A", {"devices": 64, "ep": 16, "tp": 16}), ("B", {"devices": 32, "ep": 32, "tp": 8})):
+        # GB200's per-call cost is nil (a CUDA graph per step): there steps per call change only the command
+        redraw = (lambda act: changes(page, "cmp_chart", act)) if tag == "A" else (lambda act: act())
+        redraw(lambda: type_in(page, f"cmp_{tag}_steps_per_call", 2))
+        redraw(lambda: type_in(page, f"cmp_{tag}_spec_steps_per_call", 2))
+        assert page.inner_text("body").count("--steps-per-call 2") >= (1 if tag == "A" else 2)
         for field, v in layout.items():  # layouts that run: every change redraws the curves
             changes(page, "cmp_chart", lambda: type_in(page, f"cmp_{tag}_{field}", v))
         changes(page, "cmp_chart", lambda: radio(page, f"cmp_{tag}_engine", "multikernel" if tag == "A" else "megakernel"))
@@ -455,6 +459,54 @@ def test_design_search_every_control_upload_and_downloads(page, tmp_path):
     view(page, "Compare", "cmp_chart")
     view(page, "Design search")
     assert_no_errors(page)
+
+
+def annotated(page, text: str) -> None:
+    """Wait until the Serving chart carries an annotation containing `text` (a target line's label)."""
+    page.wait_for_function("""t => { const gd = document.querySelector('.st-key-sv_chart .js-plotly-plot');
+      return gd && gd._fullLayout && (gd._fullLayout.annotations || []).some(a => a.text.includes(t)); }""",
+                           arg=text, timeout=60_000, polling=100)
+
+
+def test_serving_every_control_and_downloads(page):
+    view(page, "Serving", "sv_chart")
+    assert_no_errors(page)
+    screenshot(page, "serving")
+    fig = figure(page, "sv_chart")
+    assert {t["name"] for t in fig["traces"]} == {"TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90"}
+    assert any(a.startswith("highest load meeting both") for a in fig["annotations"])
+    assert "--serving-engine vllm --kv-cache fp8-kv" in page.inner_text("body")  # the published GB200 deployment
+    # the targets and their percentile: the lines move, nothing is simulated again
+    type_in(page, "sv_ttft", 0.12)
+    annotated(page, "TTFT target 0.12 s (p90)")
+    type_in(page, "sv_tpot", 15)
+    annotated(page, "TPOT target 15 ms (p90)")
+    radio(page, "sv_pct", "p50")
+    annotated(page, "TPOT target 15 ms (p50)")
+    for key, v in (("sv_requests", 60), ("sv_input", 512), ("sv_output", 128), ("sv_seed", 1),
+                   ("sv_loads", "0.5, 2, 8")):
+        changes(page, "sv_chart", lambda: type_in(page, key, v))
+    assert [t["x"] for t in figure(page, "sv_chart")["traces"]][0] == [0.5, 2, 8]
+    changes(page, "sv_chart", lambda: pick(page, "sv_kv", "model's"))
+    changes(page, "sv_chart", lambda: pick(page, "sv_serving", "generic"))
+    for key, v in (("sv_ep", 16), ("sv_tp", 8), ("sv_devices", 32)):  # layouts that run
+        changes(page, "sv_chart", lambda: type_in(page, key, v))
+    changes(page, "sv_chart", lambda: radio(page, "sv_arrivals", "concurrency (clients)"))
+    assert value(page, "sv_loads") == "1, 2, 4, 8, 16, 32"
+    changes(page, "sv_chart", lambda: pick(page, "sv_hw", "tpu-v7"))
+    changes(page, "sv_chart", lambda: radio(page, "sv_engine", "megakernel"))
+    pick(page, "sv_model", "kimi-k3-mini")  # 2 KDA heads: tp 8 cannot run, a message
+    page.get_by_text("This deployment cannot serve").wait_for()
+    changes(page, "sv_chart", lambda: type_in(page, "sv_tp", 2))
+    expand(page, "sv_table_exp")
+    assert table_shown(page, "sv_table_exp")
+    assert_no_errors(page)
+    files = read_back(downloads(page))
+    curve = files["serving_curve.csv"]
+    assert list(curve["load"]) == [1, 2, 4, 8, 16, 32] and (curve["ttft_p90_s"] >= curve["ttft_p50_s"]).all()
+    meta = files["serving_curve.json"]
+    assert meta["arrivals"] == "concurrency" and meta["targets"] == {"ttft_s": 0.12, "tpot_s": 0.015, "percentile": "p50"}
+    assert [r["load"] for r in meta["rows"]] == [1, 2, 4, 8, 16, 32]
 
 
 def test_validation_every_control_uploads_path_and_downloads(page, tmp_path):

@@ -44,10 +44,10 @@ def platform_inputs(col, tag: str, default: dict, errs: list) -> dict | None:
                                                             "spec_steps_per_call")})
     with col:
         st.markdown(f"**Platform {tag}**")
-        h, e, s, k = st.columns([3, 3, 2, 2])
+        h, e = st.columns(2)
         hw = h.selectbox("Hardware", hw_opts, key=f"cmp_{tag}_hw")
         engine = e.radio("Engine", ("megakernel", "multikernel"), horizontal=True, key=f"cmp_{tag}_engine")
-        serving, kv = c.kernel_choices(s, k, hw, engine, f"cmp_{tag}")
+        serving, kv = c.kernel_choices(*st.columns(2), hw, engine, f"cmp_{tag}")
         a, b, e, f, g = st.columns(5)
         devices = number_field(a, "Devices", f"cmp_{tag}_devices", errors=errs)
         tp = number_field(b, "TP", f"cmp_{tag}_tp", errors=errs)

@@ -37,20 +37,26 @@ def parse_number(text: str | None, label: str, *, integer: bool, lo: float, hi: 
     return x, None
 
 
-def parse_batches(text: str | None, lo: int = 1, hi: int = 4096, most: int = 32) -> tuple[list[int], str | None]:
-    """A comma- or space-separated list of batch sizes, sorted, without repeats."""
+def parse_values(text: str | None, label: str = "Batch sizes", *, integer: bool = True, lo: float = 1,
+                 hi: float = 4096, most: int = 32, example: str = "1, 2, 4, 8") -> tuple[list, str | None]:
+    """A comma- or space-separated list of numbers, sorted, without repeats."""
     parts = [p for p in (text or "").replace(",", " ").split() if p]
     if not parts:
-        return [], "Batch sizes: enter at least one, e.g. 1, 2, 4, 8"
+        return [], f"{label}: enter at least one, e.g. {example}"
     out = set()
     for p in parts:
-        v, err = parse_number(p, "Batch sizes", integer=True, lo=lo, hi=hi)
+        v, err = parse_number(p, label, integer=integer, lo=lo, hi=hi)
         if err:
             return [], err
         out.add(v)
     if len(out) > most:
-        return [], f"Batch sizes: at most {most} values"
+        return [], f"{label}: at most {most} values"
     return sorted(out), None
+
+
+def parse_batches(text: str | None, lo: int = 1, hi: int = 4096, most: int = 32) -> tuple[list[int], str | None]:
+    """A comma- or space-separated list of batch sizes, sorted, without repeats."""
+    return parse_values(text, lo=lo, hi=hi, most=most)
 
 
 def number_field(col, label: str, key: str, *, integer: bool = True, lo: float = 1, hi: float = 4096,
@@ -65,8 +71,9 @@ def number_field(col, label: str, key: str, *, integer: bool = True, lo: float =
     return value
 
 
-def batches_field(col, label: str, key: str, errors: list | None = None, **kw) -> list[int]:
-    values, err = parse_batches(col.text_input(label, key=key, **kw))
+def batches_field(col, label: str, key: str, errors: list | None = None, parse=parse_batches, **kw) -> list:
+    """A list of numbers typed as text (`parse`: text -> (values, message)); its message under it."""
+    values, err = parse(col.text_input(label, key=key, **kw))
     if err:
         col.error(err, icon=":material/error:")
         if errors is not None:

@@ -1,0 +1,215 @@
+"""Serving view: TTFT and TPOT (p50, p90) of one deployment against offered load, with the targets.
+
+Each load is a `perfmodel serve` simulation (perfmodel.serving_curves: continuous batching over
+paged KV blocks on the engines' step costs, docs/serving.md) of a few requests, cached on its
+inputs, so a change of the targets redraws without simulating again. The highest load whose TTFT
+and TPOT at the chosen percentile are both within their targets is marked; the commands beside
+the chart reproduce it and the whole curve.
+"""
+from __future__ import annotations
+
+import math
+import shlex
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from perfmodel.serve.curves import load_curves
+from perfmodel.util.errors import SpecError
+
+from . import common as c
+from .inputs import batches_field, current_or_last, maybe_stale, number_field, parse_values
+
+ARRIVALS = {"Poisson rate (requests/s)": "rate", "concurrency (clients)": "concurrency"}
+DEFAULT_LOADS = {"rate": "0.5, 1, 2, 4, 8", "concurrency": "1, 2, 4, 8, 16, 32"}
+PERCENTILES = ("p50", "p90")
+METRICS = (("ttft_s", "TTFT", "s", 1.0), ("tpot_s", "TPOT", "ms", 1e3))  # key, name, unit, scale
+COLORS = {"p50": "#1f77b4", "p90": "#ff7f0e"}
+TICKS = [m * 10.0**e for e in range(-6, 7) for m in (1, 2, 5)]  # 1-2-5 ticks on the log axes
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def curves(m_ref: tuple, h_ref: tuple, key: tuple, arrivals: str, loads: tuple, requests: int, input_len: int,
+           output_len: int, seed: int) -> dict:
+    """perfmodel.serving_curves for one deployment, or {"error": message} for one the model refuses."""
+    try:
+        return load_curves(c.model_for(m_ref, key), c.load_hardware_ref(h_ref), c.make_deployment(key), list(loads),
+                           arrivals=arrivals, input_len=input_len, output_len=output_len, requests=requests, seed=seed)
+    except SpecError as e:
+        return {"error": c.readable(str(e))}
+
+
+def rows(points: list[dict], targets: dict) -> list[dict]:
+    """One row per load: the percentiles, throughput and whether both targets are met."""
+    out = []
+    for p in points:
+        r = {"load": p["load"]}
+        for k in ("ttft_s", "tpot_s", "e2e_s"):
+            r.update({f"{k[:-2]}_{q}_s": p[k][q] for q in ("p50", "p90", "p99", "mean")})
+        r.update({k: p[k] for k in ("throughput_tokens_per_s", "tokens_per_s_per_chip", "requests_per_s",
+                                    "kv_occupancy_mean", "preemptions", "saturated")})
+        q = targets["percentile"]
+        ttft, tpot = r[f"ttft_{q}_s"], r[f"tpot_{q}_s"]
+        r["meets_targets"] = (ttft is not None and tpot is not None and ttft <= targets["ttft_s"]
+                              and tpot <= targets["tpot_s"])
+        out.append(r)
+    return out
+
+
+def best(table: list[dict]) -> dict | None:
+    """The highest load meeting both targets (None when none does)."""
+    ok = [r for r in table if r["meets_targets"]]
+    return max(ok, key=lambda r: r["load"]) if ok else None
+
+
+def inputs(errs: list) -> dict | None:
+    gb = c.CANONICAL["gb200"]  # by default the published GB200 deployment (perfmodel/data/seed_measurements.csv)
+    c.init(sv_model="kimi-k3", sv_hw=gb["hardware"], sv_engine=gb["engine"], sv_serving=gb["serving_engine"],
+           sv_kv=gb["kv_cache"], sv_devices=str(gb["devices"]), sv_tp=str(gb["tp"]), sv_ep=str(gb["ep"]),
+           sv_arrivals=list(ARRIVALS)[0], sv_loads=DEFAULT_LOADS["rate"], sv_requests="100", sv_input="1024",
+           sv_output="256", sv_seed="0", sv_ttft="1", sv_tpot="30", sv_pct="p90")
+    r1 = st.columns([2, 2, 2, 1, 1])
+    model = r1[0].selectbox("Model", c.model_options(), key="sv_model")
+    hw = r1[1].selectbox("Hardware", c.hardware_options(), key="sv_hw")
+    engine = r1[2].radio("Engine", ("megakernel", "multikernel"), horizontal=True, key="sv_engine")
+    serving, kv = c.kernel_choices(r1[3], r1[4], hw, engine, "sv")
+    r2 = st.columns(6)
+    devices = number_field(r2[0], "Devices", "sv_devices", errors=errs)
+    tp = number_field(r2[1], "TP", "sv_tp", errors=errs)
+    ep = number_field(r2[2], "EP groups", "sv_ep", errors=errs)
+    requests = number_field(r2[3], "Requests per load", "sv_requests", lo=2, hi=100_000, errors=errs,
+                            help="Requests simulated at each load (more: smoother percentiles, slower).")
+    input_len = number_field(r2[4], "Prompt tokens", "sv_input", hi=1_000_000, errors=errs)
+    output_len = number_field(r2[5], "Output tokens", "sv_output", lo=2, hi=1_000_000, errors=errs)
+    r3 = st.columns([2, 3, 1, 1, 1, 1])
+    label = r3[0].radio("Offered load", list(ARRIVALS), key="sv_arrivals", on_change=reset_loads)
+    arrivals = ARRIVALS[label]
+    integer = arrivals == "concurrency"
+    loads = batches_field(r3[1], "Loads (comma-separated)", "sv_loads", errors=errs,
+                          parse=lambda t: parse_values(t, "Loads", integer=integer, lo=1 if integer else 1e-3,
+                                                       hi=4096 if integer else 1e5, most=12,
+                                                       example=DEFAULT_LOADS[arrivals]))
+    seed = number_field(r3[2], "Seed", "sv_seed", lo=0, hi=2**32 - 1, errors=errs)
+    ttft = number_field(r3[3], "TTFT target (s)", "sv_ttft", integer=False, lo=1e-6, hi=1e6, errors=errs)
+    tpot = number_field(r3[4], "TPOT target (ms)", "sv_tpot", integer=False, lo=1e-6, hi=1e9, errors=errs)
+    pct = r3[5].radio("Targets at", PERCENTILES, horizontal=True, key="sv_pct")
+    if errs:
+        return None
+    return dict(model=model, hw=hw, key=c.dep_key(devices, tp, ep, engine, serving_engine=serving, kv_cache=kv),
+                arrivals=arrivals, loads=tuple(loads), requests=requests, input_len=input_len, output_len=output_len,
+                seed=seed, targets={"ttft_s": ttft, "tpot_s": tpot / 1e3, "percentile": pct})
+
+
+def reset_loads() -> None:
+    """Another kind of load: its default loads (a rate of 32/s and 32 clients are different traffic)."""
+    st.session_state["sv_loads"] = DEFAULT_LOADS[ARRIVALS[st.session_state["sv_arrivals"]]]
+
+
+def render() -> None:
+    st.header("Serving: TTFT and TPOT against load")
+    st.caption("Requests arrive (Poisson at a rate, or a closed loop of clients) and are served by continuous "
+               "batching over a paged KV cache on the model's step costs (`perfmodel serve`, docs/serving.md). "
+               "By default the published GB200 deployment of Kimi K3.")
+    errs: list[str] = []
+    x = inputs(errs)
+    good, stale = current_or_last("sv", x, "; ".join(errs) if errs else None)
+    if good is None:
+        st.info("Fix the inputs above to simulate.")
+        return
+    n = len(good["loads"])
+    with st.spinner(f"Simulating {good['requests']} requests at each of {n} load{'s' if n > 1 else ''} "
+                    "(seconds; cached afterwards)..."):
+        res = curves(c.model_ref(good["model"]), c.hardware_ref(good["hw"]), good["key"], good["arrivals"],
+                     good["loads"], good["requests"], good["input_len"], good["output_len"], good["seed"])
+    if "error" in res:
+        st.error(f"This deployment cannot serve: {res['error']}")
+        return
+    table = rows(res["points"], good["targets"])
+    top = best(table)
+    with maybe_stale(stale, "sv"):
+        headline(good, table, top, res["chips"])
+        draw(good, table, top)
+        if any(r["saturated"] for r in table):
+            st.caption("Hollow markers: saturated loads (requests served at under 95 % of the rate they arrived "
+                       "at; the queue grows, so their latencies grow with the requests simulated).")
+        files(good, table, top, res["chips"])
+
+
+def headline(x: dict, table: list[dict], top: dict | None, chips: int) -> None:
+    q, t = x["targets"]["percentile"], x["targets"]
+    m = st.columns(4)
+    if top is None:
+        m[0].metric("highest load meeting both targets", "none",
+                    help=f"No load has TTFT {q} <= {t['ttft_s']:g} s and TPOT {q} <= {t['tpot_s'] * 1e3:g} ms.")
+        return
+    unit = "requests/s" if x["arrivals"] == "rate" else "client" if top["load"] == 1 else "clients"
+    m[0].metric("highest load meeting both targets", f"{top['load']:g} {unit}")
+    m[1].metric(f"TTFT {q} there", f"{top[f'ttft_{q}_s']:.3g} s")
+    m[2].metric(f"TPOT {q} there", f"{top[f'tpot_{q}_s'] * 1e3:.3g} ms")
+    m[3].metric("throughput there", f"{top['throughput_tokens_per_s']:,.0f} tokens/s",
+                help=f"{top['tokens_per_s_per_chip']:,.1f} tokens/s per chip ({chips} chips)")
+
+
+def draw(x: dict, table: list[dict], top: dict | None) -> None:
+    """TTFT over TPOT against load, p50 and p90, the target lines and the highest load meeting both
+    (plain dicts, unvalidated: as in Compare)."""
+    loads = [r["load"] for r in table]
+    hollow = ["circle-open" if r["saturated"] else "circle" for r in table]
+    data, shapes, notes = [], [], []
+    for i, (k, name, unit, scale) in enumerate(METRICS):
+        ax = "" if i == 0 else "2"
+        for q in PERCENTILES:
+            ys = [None if r[f"{k[:-2]}_{q}_s"] is None else r[f"{k[:-2]}_{q}_s"] * scale for r in table]
+            data.append(dict(type="scatter", x=loads, y=ys, mode="lines+markers", name=f"{name} {q}",
+                             xaxis=f"x{ax}", yaxis=f"y{ax}", marker=dict(symbol=hollow, size=8, color=COLORS[q]),
+                             line=dict(color=COLORS[q], dash="solid" if q == "p50" else "dash"),
+                             hovertemplate=f"load %{{x:g}}<br>{name} {q} %{{y:.4g}} {unit}<extra></extra>"))
+        target = x["targets"][k] * scale
+        shapes.append(dict(type="line", xref=f"x{ax} domain", yref=f"y{ax}", x0=0, x1=1, y0=target, y1=target,
+                           line=dict(color="#d62728", width=1.5, dash="dot")))
+        # an annotation on a log axis is placed in log10 units (a shape in data units)
+        notes.append(dict(text=f"{name} target {target:g} {unit} ({x['targets']['percentile']})", xref=f"x{ax} domain",
+                          yref=f"y{ax}", x=0, y=math.log10(target), xanchor="left", yanchor="bottom", showarrow=False,
+                          font=dict(size=11, color="#d62728")))
+    if top is not None:
+        for ax in ("", "2"):
+            shapes.append(dict(type="line", xref=f"x{ax}", yref=f"y{ax} domain", x0=top["load"], x1=top["load"],
+                               y0=0, y1=1, line=dict(color="#2ca02c", width=2)))
+        notes.append(dict(text=f"highest load meeting both: {top['load']:g}", xref="x", yref="y domain",
+                          x=math.log10(top["load"]), y=1, xanchor="left", yanchor="top", showarrow=False,
+                          font=dict(size=12, color="#2ca02c")))
+    xlabel = "offered load: " + ("Poisson arrivals, requests/s" if x["arrivals"] == "rate" else "concurrent clients")
+    layout = dict(xaxis=dict(type="log", tickvals=loads, showticklabels=False, anchor="y"),
+                  yaxis=dict(title=dict(text="TTFT (s)"), type="log", domain=[0.55, 1.0], tickvals=TICKS),
+                  xaxis2=dict(title=dict(text=xlabel), type="log", tickvals=loads, matches="x", anchor="y2"),
+                  yaxis2=dict(title=dict(text="TPOT (ms)"), type="log", domain=[0.0, 0.45], anchor="x2", tickvals=TICKS),
+                  shapes=shapes, annotations=notes, height=600, legend=dict(orientation="h", y=-0.15),
+                  margin=dict(t=30, l=80, r=20, b=60))
+    st.plotly_chart(go.Figure({"data": data, "layout": layout}, _validate=False), key="sv_chart")
+
+
+def files(x: dict, table: list[dict], top: dict | None, chips: int) -> None:
+    df = pd.DataFrame(table)
+    ex = st.expander(f"Per-load results ({len(df)} loads)", key="sv_table_exp", on_change="rerun")
+    if ex.open:  # drawn only when opened
+        with ex:
+            st.dataframe(df, hide_index=True, key="sv_table")
+    c.downloads(df, "serving_curve", "sv_dl", {"model": x["model"], "hardware": x["hw"], "chips": chips,
+                                               "arrivals": x["arrivals"], "targets": x["targets"],
+                                               "highest_load_meeting_targets": None if top is None else top["load"]})
+    one, loop = cli_serve(x, top["load"] if top else x["loads"][0])
+    st.caption("Reproduce " + ("the marked load" if top else "the first load") + " with the CLI, then the whole curve:")
+    st.code(one + "\n" + loop, language="bash", wrap_lines=True)
+
+
+def cli_serve(x: dict, load) -> tuple[str, str]:
+    """`perfmodel serve` at one load, and a shell loop over the curve's loads."""
+    flag = "--rate" if x["arrivals"] == "rate" else "--concurrency"
+    args = ["perfmodel", "serve"] + c.cli_args(x["model"], x["hw"], x["key"])
+    traffic = ["--requests", str(x["requests"]), "--input-len", str(x["input_len"]), "--output-len",
+               str(x["output_len"]), "--seed", str(x["seed"]), "--json"]
+    one = shlex.join(args + [flag, f"{load:g}"] + traffic)
+    loop = (f"for load in {' '.join(f'{v:g}' for v in x['loads'])}; do "
+            + shlex.join(args) + f' {flag} "$load" ' + shlex.join(traffic) + "; done")
+    return one, loop
