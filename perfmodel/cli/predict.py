@@ -8,7 +8,7 @@ from perfmodel.cli.args import count, int_list
 from perfmodel.cli.inputs import add_deployment_args, inputs_json, load_inputs
 from perfmodel.spec import arch, hardware, loaders
 from perfmodel.step.report import SCHEMA_VERSION, json_text, layer_summary, plain, prediction_json, table
-from perfmodel.util.files import write_atomic
+from perfmodel.util.files import check_output, write_atomic
 
 
 def cmd_list(a) -> dict:
@@ -94,6 +94,7 @@ def cmd_predict(a) -> dict:
 def cmd_trace(a) -> dict:
     from perfmodel.step.predict import predict
     from perfmodel.step.timeline import chrome_trace
+    check_output(a.out)
     model, hw, d = load_inputs(a)
     p = predict(model, hw, dataclasses.replace(d, batch=a.batch), record=True)
     trace = chrome_trace(p)
