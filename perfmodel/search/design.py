@@ -23,6 +23,7 @@ from perfmodel.util.errors import SpecError, require
 
 MAX_POINTS = 10_000_000   # a sweep file's design (streamed in chunks; written to --out)
 MAX_VARY_POINTS = 10_000  # a grid typed on the command line (its rows are printed and held)
+MAX_CELLS = 2**25         # axis values a design holds (about 40 B each: 1.3 GB), checked before any is built
 
 
 # setting -> (type, domain check or None, what the domain is); a value None means "the default"
@@ -108,11 +109,15 @@ class Design:
         built as dicts: a design may hold millions)."""
         names = list(self.axes)
         if self.kind == "grid":
-            values = [a.grid(n) if isinstance(a, Range) else a for n, a in self.axes.items()]
-            n = math.prod(len(v) for v in values)
+            n = math.prod(a.steps if isinstance(a, Range) else len(a) for a in self.axes.values())
             require(n <= MAX_POINTS, "sweep design", n, f"has more than {MAX_POINTS} points")
+            require(n * len(names) <= MAX_CELLS, "sweep design", f"{n} points x {len(names)} axes",
+                    f"more than {MAX_CELLS} values to hold; fewer axes or points")
+            values = [a.grid(n) if isinstance(a, Range) else a for n, a in self.axes.items()]
             idx = np.indices([len(v) for v in values]).reshape(len(values), -1)
             return {name: [v[i] for i in ix.tolist()] for name, v, ix in zip(names, values, idx)}
+        require(self.samples * len(names) <= MAX_CELLS, "sweep design", f"{self.samples} samples x {len(names)} axes",
+                f"more than {MAX_CELLS} values to hold; fewer axes or samples")
         rng = np.random.default_rng(self.seed)
         cols = {}
         for name, a in self.axes.items():
