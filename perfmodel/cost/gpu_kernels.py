@@ -16,7 +16,6 @@ kernel_bandwidth_efficiency, kernel_flops_efficiency, allreduce_*), labelled by 
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -24,7 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
+from perfmodel.util import schema
 from perfmodel.util.errors import SpecError
+from perfmodel.util.files import read_text
 
 KERNEL_DIR = Path(__file__).parents[1] / "data" / "kernels"
 COMM = ("all_reduce", "nccl", "a2a")
@@ -75,7 +76,7 @@ def tables(gpu: str, engine: str) -> Tables | None:
     path = KERNEL_DIR / gpu / f"{engine}.json"
     if not path.exists():
         return None
-    doc = json.loads(path.read_text())
+    doc = _read(path)
     out = Tables(gpu, engine, {f: m["version"] for f, m in doc["files"].items()}, source=doc["source"])
     for t in doc["tables"]:
         axes = list(t["axes"])
@@ -244,7 +245,13 @@ def fit_group(t: Table) -> str:
 def fits(gpu: str) -> dict:
     """perfmodel/data/kernels/<gpu>/fit.json: {engine: {group: params}} ({} when none)."""
     path = KERNEL_DIR / gpu / "fit.json"
-    return json.loads(path.read_text())["engines"] if path.exists() else {}
+    return _read(path)["engines"] if path.exists() else {}
+
+
+def _read(path: Path) -> dict:
+    """A shipped kernel-table or fit file: read bounded and parsed through the schema layer (its
+    content is checked by tests/test_schema.py, not on every load: 0.4 s a file)."""
+    return schema.parse(read_text(path, "kernel table"), "json", "kernel table", path)
 
 
 def fitted_params(gpu: str, engine: str, group: str) -> tuple[dict, str] | None:

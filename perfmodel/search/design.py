@@ -8,7 +8,6 @@ sweep file format.
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -19,7 +18,8 @@ import numpy as np
 from perfmodel.spec.deployment import ENGINES
 from perfmodel.spec.hardware import DMA_SHARING
 from perfmodel.util.checks import MAX_MIB, MAX_SKEW
-from perfmodel.util.errors import SpecError, require
+from perfmodel.util import schema
+from perfmodel.util.errors import in_file, require
 
 MAX_POINTS = 10_000_000   # a sweep file's design (streamed in chunks; written to --out)
 MAX_VARY_POINTS = 10_000  # a grid typed on the command line (its rows are printed and held)
@@ -169,7 +169,7 @@ def from_dict(data: dict, base: dict | None = None, source: str = "<dict>") -> D
     """A design from a sweep file's content; `base` (e.g. the CLI's flags) is overridden by the
     file's [base] table."""
     for k in data:
-        require(k in ("base", "grid", "random"), f"{source}: {k}", "", "unknown table; known: base, grid, random")
+        require(k in ("base", "grid", "random"), k, "", "unknown table; known: base, grid, random")
     require(("grid" in data) != ("random" in data), source, "", "needs exactly one of [grid] or [random]")
     for k in data:
         require(isinstance(data[k], dict), k, data[k], "must be a table")
@@ -198,24 +198,10 @@ def load(path: str, base: dict | None = None) -> Design:
     """A sweep file: .toml, or .yaml / .yml when PyYAML is installed."""
     p = Path(path)
     require(p.is_file(), "--design", path, "file not found")
-    if p.suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise SpecError("--design", path, "YAML needs PyYAML (pip install pyyaml); or write the file as TOML") from None
-        try:
-            data = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise SpecError("--design", path, f"not valid YAML: {str(e).splitlines()[0]}") from None
-    elif p.suffix == ".toml":
-        try:
-            data = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise SpecError("--design", path, f"not valid TOML: {e}") from None
-    else:
-        raise SpecError("--design", path, "must be a .toml, .yaml or .yml file")
-    require(isinstance(data, dict), "--design", path, "must hold tables base and grid or random")
-    return from_dict(data, base, source=p.name)
+    require(p.suffix in (".toml", ".yaml", ".yml"), "--design", path, "must be a .toml, .yaml or .yml file")
+    data = schema.load(p, {"base": {"*": None}, "grid": {"*": None}, "random": {"*": None}}, "--design")
+    with in_file(p):
+        return from_dict(data, base, source=p.name)
 
 
 @dataclass

@@ -14,13 +14,11 @@ SpecError naming the key: the importer never silently models something else.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from perfmodel.spec.arch import MAX_LAYERS, ModelSpec, from_dict
-from perfmodel.util.checks import check_tree
-from perfmodel.util.errors import SpecError, require
-from perfmodel.util.files import read_text
+from perfmodel.util import schema
+from perfmodel.util.errors import SpecError, in_file, require
 
 LAYER_TYPES = {"full_attention": "full", "sliding_attention": "swa", "linear_attention": "linear",
                "chunked_attention": "swa"}   # a chunk bounds the span as a window does
@@ -67,13 +65,9 @@ class _Config:
 
 
 def from_hf_config(path: Path) -> ModelSpec:
-    text = read_text(path, "model file")
-    try:
-        top = json.loads(text, parse_constant=str)  # NaN / Infinity stay text: no key reads them as numbers
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, over-long integers, deep nesting
-        raise SpecError("model file", str(path), f"not a readable JSON config: {e}") from None
-    check_tree(top)
-    require(isinstance(top, dict), "model file", str(path), "expected a JSON object")
+    # NaN / Infinity stay text: no key reads them as numbers; unread keys are not checked (a
+    # config.json holds many that do not change cost; those that do are refused, UNMODELLED_KEYS)
+    top = schema.load(path, {"*": None}, "model file", fmt="json", json_constant=str)
     text = top.get("text_config")
     require(text is None or isinstance(text, dict), "config.json:text_config", text, "must be an object")
     c = dict(text or top)
@@ -83,8 +77,8 @@ def from_hf_config(path: Path) -> ModelSpec:
     name = c.get("_name_or_path") or Path(path).stem
     if name == "config":
         name = Path(path).parent.name or "hf-model"
-    d = spec_dict(c, str(name), f"Hugging Face config {Path(path).name}")
-    return from_dict(d)
+    with in_file(path):
+        return from_dict(spec_dict(c, str(name), f"Hugging Face config {Path(path).name}"))
 
 
 def spec_dict(raw: dict, name: str, source: str) -> dict:

@@ -38,13 +38,13 @@ def too_deep(text: str, fmt: str, bound: int) -> bool:
     return bool(_PAIR.search(s) or re.search(r"[\[{]{%d}" % (bound + 1), s))
 
 
-def parse(text: str, fmt: str, field: str, path) -> object:
+def parse(text: str, fmt: str, field: str, path, json_constant=None) -> object:
     """`text` parsed as `fmt`, nesting bounded first; a SpecError naming the file otherwise."""
     require(fmt in FORMATS, field, str(path), f"must be a {', '.join('.' + f for f in FORMATS)} file")
     require(not too_deep(text, fmt, MAX_DEPTH + 1), field, str(path), f"nested more than {MAX_DEPTH} deep")
     try:
         if fmt == "json":
-            return json.loads(text)
+            return json.loads(text, parse_constant=json_constant)
         if fmt == "toml":
             import tomllib
             return tomllib.loads(text)
@@ -66,11 +66,13 @@ def format_of(path) -> str:
     return {"yml": "yaml"}.get(suffix, suffix)
 
 
-def load(path, rule=None, field: str = "file", fmt: str | None = None, limit: int = MAX_FILE_BYTES):
+def load(path, rule=None, field: str = "file", fmt: str | None = None, limit: int = MAX_FILE_BYTES,
+         json_constant=None):
     """The checked content of one input file: `fmt` (default: from the suffix) parsed and
-    checked against `rule` (a table unless the rule says otherwise)."""
+    checked against `rule` (a table unless the rule says otherwise). `json_constant`: what
+    JSON's NaN / Infinity become (default: floats, refused by the check as not finite)."""
     fmt = fmt or format_of(path)
-    data = parse(read_text(path, field, limit), fmt, field, path)
+    data = parse(read_text(path, field, limit), fmt, field, path, json_constant)
     with in_file(path):
         return check_tree(data, {"*": None} if rule is None else rule, "file")
 
