@@ -73,8 +73,11 @@ def load(path, rule=None, field: str = "file", fmt: str | None = None, limit: in
     JSON's NaN / Infinity become (default: floats, refused by the check as not finite)."""
     fmt = fmt or format_of(path)
     data = parse(read_text(path, field, limit), fmt, field, path, json_constant)
+    rule = {"*": None} if rule is None else rule
+    require(not isinstance(rule, dict) or isinstance(data, dict), field, str(path),
+            f"must hold {'an object' if fmt == 'json' else 'a table'} at the top, not {type(data).__name__}")
     with in_file(path):
-        return check_tree(data, {"*": None} if rule is None else rule, "file")
+        return check_tree(data, rule, "file")
 
 
 def checked(path, data, rule):
