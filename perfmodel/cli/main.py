@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str], debug: bool) -> int:
-    command = "perfmodel"
+    chosen = next((x for x in argv if not x.startswith("-")), None)
+    command = f"perfmodel {chosen}" if chosen in COMMANDS else "perfmodel"
     try:
         a = build_parser(argv).parse_args(argv)
         command = f"perfmodel {a.command}"

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
+import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -47,7 +49,8 @@ def _windowed(submit: Callable, get: Callable, chunks: Iterable, window: int) ->
 def _pool(fn, chunks, jobs: int) -> Iterator:
     # spawn: workers start clean (no copy of the parent's threads, e.g. the progress bar's); they
     # ignore Ctrl-C (the terminal sends it to every process) and the parent ends them on any exit
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_worker_init)
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_worker_init,
+                               initargs=(os.getpid(),))
     try:
         yield from _windowed(lambda c: pool.submit(fn, c), lambda f: f.result(), chunks, 4 * jobs)
     except BaseException:
@@ -61,8 +64,17 @@ def _pool(fn, chunks, jobs: int) -> Iterator:
     pool.shutdown()
 
 
-def _worker_init() -> None:
+def _worker_init(parent: int) -> None:
+    """A worker ignores Ctrl-C and ends itself when its parent is gone (even SIGKILLed: the
+    pool's pipes stay open in the workers, so they would wait for work forever)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
 def _ray_get(ray, ref):
