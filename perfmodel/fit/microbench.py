@@ -107,13 +107,14 @@ def load(path: str | Path) -> dict:
             where = f"entries[{i}]"
             require(e["id"] not in seen, f"{where}.id", e["id"], "used by an earlier entry")
             seen.add(e["id"])
+            if e["mechanism"] in INPUTS:  # predicted for the residual table even when not fitted
+                check_tree(e["inputs"], INPUTS[e["mechanism"]], f"{where}.inputs", 1)
             if e.get("not_modelled") is not None:
                 continue
             require(e["mechanism"] in INPUTS, f"{where}.mechanism", e["mechanism"],
                     f"no component models it; one of {', '.join(INPUTS)}, or mark the entry not_modelled")
             require(group_of(e) is not None, f"{where}.mechanism", e["mechanism"],
                     "no group fits it: give `fits` or mark the entry not_modelled")
-            check_tree(e["inputs"], INPUTS[e["mechanism"]], f"{where}.inputs", 1)
         for platform, groups in data.get("fit", {}).items():
             for g, names in groups.items():
                 require(g in GROUPS, f"fit.{platform}.{g}", g, f"unknown group; known: {', '.join(GROUPS)}")
