@@ -118,6 +118,69 @@ def fig_cli_speed() -> str:
             + f"\n{b['machine']}, {b['date']}, medians of {r['predict']['runs']} runs.\n")
 
 
+def fig_phase_profile() -> str:
+    """`perfmodel explain --profile musespark`: each kernel's phases, predicted beside measured."""
+    out = cli_json("explain", "--profile", "musespark")["phase_profile"]["kernels"]
+    text = ""
+    for name, k in out.items():
+        settings = ", ".join(f"`{key} = {str(v).lower()}`" for key, v in k["megakernel"].items()) or "the preset"
+        text += f"\n{name} kernel ({settings}; predicted step {k['step_us'] / 1e3:.2f} ms):\n\n"
+        text += md_table(["phase", "per", "measured us", "predicted us", "error", "within"],
+                         [[r["phase"].replace("_", " "), r["per"], f"{r['measured_us']:g}", f"{r['predicted_us']:.1f}",
+                           f"{100 * r['error']:+.1f} %", f"{'yes' if r['within'] else 'no'} ({100 * r['tolerance']:.0f} %)"]
+                          for r in k["phases"]], "llrrrl")
+    return text.lstrip("\n")
+
+
+def fig_reproduce() -> str:
+    """`perfmodel reproduce`: the seed table, fitted and held out, with the errors of no fit."""
+    out = cli_json("reproduce")
+    params = md_table(["fitted parameter", "value", "plausible range"],
+                      [[f"`{k}`", f"{v['value']:.3g}", f"{v['plausible_range'][0]:g} .. {v['plausible_range'][1]:g}"]
+                       for k, v in out["fitted_parameters"].items()], "lrl")
+    name = {"tpu-v7": "TPU v7 megakernel", "gb200": "GB200 vLLM"}
+    rows = []
+    for p in out["points"]:
+        spec = p["spec_decode"]
+        what = name[p["platform"]] + (f", spec. decoding ({spec['draft_rows']} draft rows, tau {spec['acceptance_length']:g})"
+                                      if spec else "")
+        rows.append([what, p["batch"], f"{p['predicted_tokens_per_s']:.1f}", f"{p['reported_tokens_per_s']:g}",
+                     f"{100 * p['error']:+.1f} %", f"{100 * p['no_fit_error']:+.1f} %", p["role"]])
+    return params + "\n" + md_table(["platform", "batch", "predicted", "reported", "error", "no fit", "role"], rows,
+                                    "lrrrrrl")
+
+
+def fig_slot_depth() -> str:
+    """`python experiments/sweep_slots_depth.py`: Muse Spark's profiled deployment, step ms."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from sweep_slots_depth import BANKS, SLOTS, sweep
+    grid, bank = sweep("muse-spark", 1)
+    best = min((v, k) for k, v in grid.items() if v)[1]
+    cell = lambda s, b: "VMEM" if grid[s, b] is None else (f"**{grid[s, b] * 1e3:.3f}**" if (s, b) == best
+                                                           else f"{grid[s, b] * 1e3:.3f}")
+    banks = BANKS["muse-spark"]
+    return md_table(["slots \\ ring banks (MiB)"] + [f"{b} ({b * bank // 2**20})" for b in banks],
+                    [[s] + [cell(s, b) for b in banks] for s in SLOTS], "r" * (1 + len(banks)))
+
+
+def fig_kernel_plan() -> str:
+    """experiments/kernel_plan_predict.py's last run: Kimi K3 TP32 from this project's kernel's own plan."""
+    out = result("kernel_plan_kimi-k3.json")
+    rows = [[p["deployment"]["batch"], ms(p["recipe_step_s"]), f"{p['recipe_tokens_per_s']:.1f}",
+             ms(p["kernel_step_s"]), f"{p['kernel_tokens_per_s']:.1f}", f"{p['kernel_step_s'] / p['recipe_step_s']:.2f}x"]
+            for p in out["kernel_plans"]]
+    first = {r["what"]: r for r in out["kernel_plans"][0]["differences"]}
+    fmt = lambda v: f"{v:,.0f}" if isinstance(v, (int, float)) else str(v)
+    diff = md_table(["batch 1", "the model's own megakernel", "this project's kernel (its plan)"],
+                    [[w, fmt(r["recipe"]), fmt(r["kernel"])] for w, r in first.items()], "lll")
+    causes = out["kernel_plans"][0]["by_cause_s"]
+    cause = md_table(["batch 1, cause", "own megakernel ms", "project kernel ms"],
+                     [[c.replace("_", " "), ms(v["recipe"]), ms(v["kernel"])] for c, v in causes.items() if v["recipe"] or v["kernel"]],
+                     "lrr")
+    return (md_table(["batch", "own megakernel step ms", "tok/s", "project kernel step ms", "tok/s", "ratio"], rows,
+                     "rrrrrr") + "\n" + diff + "\n" + cause + f"\n{out['machine']}.\n")
+
+
 # ---- host validation (experiments/validate_host.py and the hostbench files it wrote) --------------
 
 def pct(x: float, signed: bool = False) -> str:
@@ -327,7 +390,9 @@ def fig_host_structure() -> str:
 FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed,
            "host-validation": fig_host_validation, "host-steps": fig_host_steps,
            "host-layer-kinds": fig_host_layer_kinds, "host-bench": fig_host_bench,
-           "host-components": fig_host_components, "host-structure": fig_host_structure}
+           "host-components": fig_host_components, "host-structure": fig_host_structure,
+           "phase-profile": fig_phase_profile, "reproduce": fig_reproduce, "slot-depth": fig_slot_depth,
+           "kernel-plan": fig_kernel_plan}
 
 
 # ---- the pages --------------------------------------------------------------------------------

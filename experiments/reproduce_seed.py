@@ -1,6 +1,6 @@
-"""Reproduce the seed table: at most 2 whole-step parameters per platform fitted on batch 1 and 8,
-predict batches 2 and 4 and the speculative-decoding pair (the no-fit errors beside), and write
-experiments/results/seed_reproduction.{json,csv}.
+"""Reproduce the seed table: at most one whole-step parameter per platform (none for the TPU),
+fitted on batches 1 and 8, predict batches 2 and 4 and the speculative-decoding pair (the no-fit
+errors beside), and write experiments/results/seed_reproduction.{json,csv}.
 
 Usage: python experiments/reproduce_seed.py [--no-fit]
 Same numbers as `perfmodel reproduce`; this script also records the command and machine.

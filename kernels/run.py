@@ -3,6 +3,8 @@
     python -m kernels.run --preset kimi-k3-mini --batch 4 --steps 8 --depth 6 [--interpret]
     python -m kernels.run --preset PRESET --devices 8 --tp 8 --ep 4 [--interpret]
     python -m kernels.run --rows 4 --accepted 2 [--interpret]     # verify blocks of 4 rows
+    python -m kernels.run --preset kimi-k3 --devices 32 --tp 32 --ep 8 --batch 1 --context 4352 \
+        --plan-out k3.plan.json                                    # its DMA plan, for perfmodel
 
 Prints the VMEM budget, the DMA plan summary of the first step (bytes per layer by family, of
 device 0) and the generated tokens; on a real TPU (without --interpret) also the time per step.
@@ -102,6 +104,33 @@ def block_and_mesh(a) -> tuple[int, int]:
     return tp, accepted
 
 
+def write_plan(a, spec, dspec, cfg, tp) -> None:
+    """--plan-out: device 0's DMA plan of one step at --context - rows cached tokens per sequence
+    and the analytic model's distinct experts per layer, with the settings the engine replays
+    (perfmodel.graph.dmaplan.KERNEL_FIELDS: this kernel reduces in f32 by reduce-scatter +
+    all-gather, pads rows to sublane tiles and dequantises routed experts to bf16)."""
+    from perfmodel.graph.dmaplan import KernelPlan, save_plan
+    from perfmodel.graph.ops import build
+    from perfmodel.spec.deployment import Deployment, SpecDecode
+    context = a.context - cfg.rows
+    verify = SpecDecode(cfg.rows - 1, acceptance_length=1.0) if cfg.rows > 1 else None
+    g = build(spec, Deployment(devices=tp, tp=tp, ep=a.ep if tp > 1 else None, batch=cfg.batch,
+                               context=context, spec=verify))
+    n = spec.count(ffn="moe")
+    most = plan._most_experts(dspec, cfg) if n else 0
+    d = min(g.distinct_experts, most)
+    distinct = [round((i + 1) * d) - round(i * d) for i in range(n)]
+    copies = plan.dma_plan(dspec, cfg, distinct, [context] * cfg.batch)
+    kernel = {"bank_bytes": cfg.bank_bytes, "depth": cfg.depth, "expert_slots": cfg.expert_slots,
+              "wire": "f32", "all_reduce": "hierarchical" if cfg.hierarchical else "rs_ag",
+              "collective_rows": cfg.padded_batch, "expert_feed": "bf16"}
+    dep = {"devices": tp, "tp": tp, "batch": cfg.batch, "context": context, "draft_rows": cfg.rows - 1}
+    if tp > 1:
+        dep["ep"] = dspec.groups
+    save_plan(a.plan_out, KernelPlan(a.preset, dep, kernel, tuple(copies),
+                                     "python -m kernels.run " + " ".join(sys.argv[1:])))
+
+
 def main(argv: list[str] | None = None) -> int:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--devices", type=int, default=1)
@@ -124,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--expert-format", choices=("bf16",) + quant.QUANTISED,
                    help="store the routed experts in this format (default: the preset's)")
     p.add_argument("--trace-dir", help="write a jax.profiler trace of the steps here")
+    p.add_argument("--plan-out", help="write one step's DMA plan (device 0, --context - rows cached tokens) as a "
+                   "perfmodel plan file for `perfmodel predict --kernel-plan` and exit (no weights, no TPU)")
     add_block_and_mesh_arguments(p)
     a = p.parse_args(argv)
     try:
@@ -141,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
                             f"({a.context}): steps * accepted + rows - accepted must be <= it")
         dspec = shard.device_spec(spec, tp, a.ep) if tp > 1 else spec
         budget = vmem.check_vmem(dspec, cfg)
+        if a.plan_out:
+            write_plan(a, spec, dspec, cfg, tp)
+            print(f"wrote {a.plan_out}")
+            return 0
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

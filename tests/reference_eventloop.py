@@ -11,8 +11,8 @@ from collections import deque
 import numpy as np
 
 from perfmodel.cost import components as cm
-from perfmodel.engine.megakernel import plan_stream, sizing, uniform_stream
-from perfmodel.engine.terms import Timeline, call_s, collective_terms, op_compute_s, stream_terms
+from perfmodel.engine.megakernel import bank_bytes, megakernel_compute_s, plan_stream, sizing, uniform_stream
+from perfmodel.engine.terms import Timeline, call_s, collective_terms, stream_terms
 from perfmodel.graph.dmaplan import Copy
 from perfmodel.graph.ops import OpGraph
 from perfmodel.spec.deployment import Deployment
@@ -42,16 +42,16 @@ class DmaEngine:
         self.busy_bytes = 0.0
 
     def issue(self, t: float, nbytes: float, label: tuple[str, int] | None = None,
-              remote: bool = False) -> int:
-        """A copy issued at `t`. A remote copy (VMEM to another core, a collective's) reads no
-        HBM and pays its phase's round instead of the HBM first-byte latency."""
+              remote: bool = False, descriptors: float = 1.0) -> int:
+        """A copy of `descriptors` descriptors issued at `t`. A remote copy (VMEM to another core, a
+        collective's) reads no HBM and pays its phase's round instead of the HBM first-byte latency."""
         cid = self.n
         self.n += 1
         if not remote:
             self.busy_bytes += nbytes
         start = t + (0.0 if remote else self.lat)
         if nbytes > 0:
-            nbytes += self.extra
+            nbytes += self.extra * descriptors
         if nbytes <= 0:
             self.done[cid] = t
         elif self.shared:
@@ -105,7 +105,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     issue, completion, done = dma.issue, dma.completion, dma.done
     s = sizing(g, hw, d, top_k)
     banks = s.banks
-    st = uniform_stream(g, float(hw.dma_tile_bytes)) if plan is None else plan_stream(g, plan)
+    st = uniform_stream(g, float(bank_bytes(g, hw))) if plan is None else plan_stream(g, plan)
     tile_bytes, tile_end, op_begin, op_end = st.tile_bytes, st.tile_end, st.op_begin, st.op_end
     n_tiles = len(tile_bytes)
     total = tile_end[-1] if n_tiles else 0.0
@@ -113,10 +113,11 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     slots, pieces = s.slots, s.tiles_per_expert
     names, layers = g.name, g.layer.tolist()
     label = lambda k: record and (names[min(owner[k], len(g) - 1)], layers[min(owner[k], len(g) - 1)])
-    comp, coll = op_compute_s(g, hw, weights).tolist(), collective_terms(g, hw, megakernel=True)[0].tolist()
-    routed, kv_op = g.routed_bytes.tolist(), g.kv_bytes.tolist()
+    comp, coll = megakernel_compute_s(g, hw, weights).tolist(), collective_terms(g, hw, megakernel=True)[0].tolist()
+    routed, kv_op, own = g.routed_bytes.tolist(), g.kv_bytes.tolist(), st.op_fetch.tolist()
     is_coll = g.is_collective.tolist()
-    t0 = call_s(hw)
+    t0 = call_s(hw) / d.steps_per_call
+    per_copy = max(1.0, st.expert_descriptors / pieces)  # descriptors of one routed copy
     tile_id = [issue(t0, tile_bytes[k], label(k)) for k in range(min(banks, n_tiles))]
     next_tile = len(tile_id)
     overhead = hw.efficiency.op_overhead_s
@@ -148,7 +149,9 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                 events.append(("link", names[j], layer, now, end[j]))
             now = end[j]
             continue
-        ready = max(now, completion(kv_id[layer])) if kv_op[j] > 0 else now
+        ready = max(now, completion(kv_id[layer])) if kv_op[j] > 0 and own[j] == 0 else now
+        if own[j] > 0:  # the op's own KV / state copy, issued now
+            ready = max(ready, completion(issue(now, own[j], ("kv_cache/state", layer))))
         stream[j] = ready - now
         start[j] = ready
         t = ready + overhead
@@ -169,7 +172,8 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
         elif routed[j] > 0:  # experts: fetched into slots once the router has picked them
             copies = [b / pieces for b in st.routed_copies.get(layer, []) for _ in range(pieces)]
             step = comp[j] / max(1, len(copies))
-            ids = expert_ids.get(layer) or [issue(t, b, (names[j], layer)) for b in copies[:slots]]
+            ids = expert_ids.get(layer) or [issue(t, b, (names[j], layer), descriptors=per_copy)
+                                            for b in copies[:slots]]
             for e in range(len(copies)):
                 arrive = completion(ids[e])
                 if arrive > t:
@@ -177,12 +181,13 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                     t = arrive
                 t += step
                 if e + slots < len(copies):
-                    ids.append(issue(t, copies[e + slots], (names[j], layer)))
+                    ids.append(issue(t, copies[e + slots], (names[j], layer), descriptors=per_copy))
         else:
             t += comp[j]
             if names[j] == "top_k" and st.routed_copies.get(layer):  # routing known: fetch now
                 pieced = [b / pieces for b in st.routed_copies[layer] for _ in range(pieces)]
-                expert_ids[layer] = [issue(t, b, ("routed_experts", layer)) for b in pieced[:slots]]
+                expert_ids[layer] = [issue(t, b, ("routed_experts", layer), descriptors=per_copy)
+                                     for b in pieced[:slots]]
         end[j] = t
         if record:
             events.append(("compute", names[j], layer, start[j], t))

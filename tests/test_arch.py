@@ -108,7 +108,10 @@ def test_malformed_hf_config_names_the_problem(tmp_path, text, field):
     ({"formats": {"attention": "fp3"}}, "formats.attention"),
     ({"megakernel": {"shard_collective_rows": [8, 0]}}, "megakernel.shard_collective_rows"),
     ({"megakernel": {"shard_collective_rows": 8}}, "megakernel.shard_collective_rows"),
-    ({"megakernel": {"shard_rows": [8]}}, "megakernel"),
+    ({"megakernel": {"shard_rows": [8]}}, "megakernel.shard_rows"),
+    ({"megakernel": {"collective_wire": "fp8"}}, "megakernel.collective_wire"),
+    ({"megakernel": {"kv_prefetch": 1}}, "megakernel.kv_prefetch"),
+    ({"megakernel": {"collective_rows": 0}}, "megakernel.collective_rows"),
 ])
 def test_invalid_specs_name_field_and_value(patch, field):
     base = {"name": "t", "hidden": 64, "vocab": 100, "layers": 2, "gqa": {"heads": 4, "kv_heads": 2, "head_dim": 16},
@@ -126,5 +129,8 @@ def test_unknown_preset_lists_the_known_ones():
 def test_megakernel_collective_rows_round_trip():
     from perfmodel.spec.arch import to_dict
     k3 = load_model("kimi-k3")
-    assert k3.shard_collective_rows == (8,) and load_model("qwen3-235b-a22b").shard_collective_rows is None
-    assert from_dict(to_dict(k3)).shard_collective_rows == (8,)
+    assert k3.megakernel.shard_collective_rows == (8,)
+    assert load_model("qwen3-235b-a22b").megakernel.shard_collective_rows is None
+    assert from_dict(to_dict(k3)).megakernel.shard_collective_rows == (8,)
+    ms = load_model("muse-spark")
+    assert from_dict(to_dict(ms)).megakernel == ms.megakernel

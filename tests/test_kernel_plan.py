@@ -13,7 +13,7 @@ from perfmodel.spec.arch import WEIGHT_FAMILIES
 from perfmodel.spec.deployment import Deployment
 from perfmodel.util.errors import SpecError
 
-STATIC = ("attention", "dense_ffn", "shared_expert", "router", "lm_head")
+STATIC = ("attention", "dense_ffn", "shared_expert", "latent_projection", "router", "lm_head")
 
 
 def cfg_(**kw):

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from perfmodel.util import schema
-from perfmodel.util.checks import INT, MAX_DEPTH, NUMBER, STR, ListOf, Num, OneOf, Req, check_tree
+from perfmodel.util.checks import MAX_DEPTH, NUMBER, STR, ListOf, Num, OneOf, Req, check_tree
 from perfmodel.util.csvsafe import csv_text, neutral
 from perfmodel.util.errors import SpecError, in_file
 from perfmodel.util.files import AtomicFile, write_all, write_atomic

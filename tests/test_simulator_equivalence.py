@@ -21,7 +21,7 @@ from reference_eventloop import simulate_megakernel as reference
 
 REL = 1e-9
 MODELS = ("kimi-k3-mini", "kimi-k3", "deepseek-v3", "qwen3-next-80b-a3b", "llama-3.2-1b", "gpt-oss-120b",
-          "kimi-linear-48b", "nemotron-3-nano-30b-a3b")
+          "kimi-linear-48b", "nemotron-3-nano-30b-a3b", "muse-spark", "docs/examples/muse-spark-first-kernel.toml")
 CHIPS = ("tpu-v7", "tpu-v6e", "gb200", "h100")
 CORPUS = 200
 

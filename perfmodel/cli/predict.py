@@ -39,6 +39,8 @@ def cmd_list(a) -> dict:
 
 def cmd_predict(a) -> dict:
     from perfmodel.step.predict import expert_tiling_cost, predict
+    if a.kernel_plan:
+        return kernel_plans(a)
     model, hw, d = load_inputs(a)
     preds = [predict(model, hw, dataclasses.replace(d, batch=b)) for b in a.batch]
     method = (f"{d.serving_engine} kernels replayed back to back (perfmodel.engine.serving)" if d.serving_engine
@@ -91,6 +93,39 @@ def cmd_predict(a) -> dict:
     return out
 
 
+def kernel_plans(a) -> dict:
+    """--kernel-plan FILE ...: per plan file, the model's own megakernel and the plan's kernel on
+    the plan's deployment, side by side, and what makes them differ."""
+    from perfmodel.graph.dmaplan import load_plan
+    from perfmodel.step.explain import kernel_plan_comparison
+    hw = hardware.load_hardware(a.hardware)
+    out = {"schema_version": SCHEMA_VERSION, "command": "predict", "kernel_plans": []}
+    for path in a.kernel_plan:
+        plan = load_plan(path)
+        model = loaders.load_model(plan.model)
+        c = kernel_plan_comparison(model, hw, plan, a.steps_per_call)
+        out["kernel_plans"].append({"plan": path, **{k: v for k, v in c.items() if k not in ("schema_version", "command")}})
+    if not a.json:
+        print_kernel_plans(out["kernel_plans"])
+    return out
+
+
+def print_kernel_plans(plans: list[dict]) -> None:
+    print(table(["plan", "model", "devices", "batch", "context", "recipe step ms", "recipe tok/s",
+                 "kernel step ms", "kernel tok/s", "kernel / recipe"],
+                [[p["plan"], p["model"], p["deployment"]["devices"], p["deployment"]["batch"], p["deployment"]["context"],
+                  p["recipe_step_s"] * 1e3, p["recipe_tokens_per_s"], p["kernel_step_s"] * 1e3,
+                  p["kernel_tokens_per_s"], p["kernel_step_s"] / p["recipe_step_s"]] for p in plans]))
+    print("\nrecipe: the model's own megakernel ([megakernel] of its model file) on its uniform stream; kernel: "
+          "the plan's copies and settings replayed (perfmodel.graph.dmaplan)")
+    for p in plans:
+        print(f"\n{p['plan']}: what differs")
+        print(table(["", "recipe", "kernel"], [[r["what"], r["recipe"], r["kernel"]] for r in p["differences"]]))
+        print(table(["cause", "recipe ms", "kernel ms", "kernel - recipe ms"],
+                    [[c, v["recipe"] * 1e3, v["kernel"] * 1e3, (v["kernel"] - v["recipe"]) * 1e3]
+                     for c, v in p["by_cause_s"].items()]))
+
+
 def cmd_trace(a) -> dict:
     from perfmodel.step.predict import predict
     from perfmodel.step.timeline import chrome_trace
@@ -109,8 +144,27 @@ def cmd_trace(a) -> dict:
 
 
 def cmd_explain(a) -> dict:
-    from perfmodel.step.explain import explain
+    from perfmodel.step.explain import explain, explain_profile
+    from perfmodel.step.phases import load_profile
     from perfmodel.step.report import table
+    if a.profile is not None:
+        out = explain_profile(load_profile(a.profile), hardware.load_hardware(a.hardware))
+        if not a.json:
+            print_profile(out["phase_profile"])
+        return out
+    if a.kernel_plan is not None:
+        from perfmodel.graph.dmaplan import load_plan
+        from perfmodel.step.explain import kernel_plan_comparison
+        plan = load_plan(a.kernel_plan)
+        out = {**kernel_plan_comparison(loaders.load_model(plan.model), hardware.load_hardware(a.hardware), plan,
+                                        a.steps_per_call), "plan": a.kernel_plan}
+        if not a.json:
+            print_kernel_plans([out])
+        return out
+    if a.layer is None:
+        from perfmodel.util.errors import SpecError
+        raise SpecError("--layer", None, "give a layer to explain (0 = embedding, n + 1 = head), --profile NAME "
+                        "or --kernel-plan FILE")
     model, hw, d = load_inputs(a)
     out = explain(model, hw, dataclasses.replace(d, batch=a.batch), a.layer, a.op)
     if not a.json:
@@ -137,6 +191,21 @@ def cmd_explain(a) -> dict:
     return out
 
 
+def print_profile(pp: dict) -> None:
+    """The phase comparison of explain_profile as text, one table per kernel."""
+    from perfmodel.step.report import table
+    dep = pp["harness"].get("deployment", {})
+    print(f"phase profile ({pp['source']}); deployment {dep}")
+    print("a phase's time is what skipping it saves (per decoder layer; lm_head and fixed per step)\n")
+    for name, k in pp["kernels"].items():
+        settings = ", ".join(f"{key} = {v}" for key, v in k["megakernel"].items()) or "the preset's kernel"
+        print(f"{name} kernel ({k['model']}: {settings}), predicted step {k['step_us']:.1f} us")
+        print(table(["phase", "per", "measured us", "predicted us", "error %", "within"],
+                    [[r["phase"], r["per"], r["measured_us"], r["predicted_us"], 100 * r["error"],
+                      f"{'yes' if r['within'] else 'no'} ({100 * r['tolerance']:.0f} %)"] for r in k["phases"]]))
+        print()
+
+
 def configure_list(p) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_list)
@@ -146,6 +215,9 @@ def configure_predict(p) -> None:
     add_deployment_args(p)
     p.add_argument("--batch", type=int_list, default=[1], help="comma-separated batch sizes")
     p.add_argument("--gain", action="store_true", help="also the prefetch gain over the other engine, by cause")
+    p.add_argument("--kernel-plan", action="append", default=[], metavar="PLAN.json",
+                   help="a kernel's DMA plan file (python -m kernels.run ... --plan-out): its deployment predicted "
+                        "as the model's own megakernel and as that kernel, side by side (repeatable)")
     p.set_defaults(func=cmd_predict)
 
 
@@ -159,6 +231,11 @@ def configure_trace(p) -> None:
 def configure_explain(p) -> None:
     add_deployment_args(p)
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--layer", type=int, required=True, help="0 = embedding, n + 1 = head")
+    p.add_argument("--layer", type=int, default=None, help="0 = embedding, n + 1 = head")
+    p.add_argument("--kernel-plan", default=None, metavar="PLAN.json",
+                   help="a kernel's DMA plan file: what makes it differ from the model's own megakernel")
+    p.add_argument("--profile", default=None,
+                   help="a published phase profile (bundled name, e.g. musespark, or a .json): its kernels "
+                        "phase by phase, predicted beside measured, on --hardware")
     p.add_argument("--op", default=None, help="one op of the layer (e.g. routed_experts)")
     p.set_defaults(func=cmd_explain)

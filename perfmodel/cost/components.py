@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from perfmodel.util.errors import SpecError
 
 TILE_WEIGHTS = 256 * 256          # one MXU weight tile (TPU v7: 256 x 256)
-PUSH_DTYPE = {"bf16": "bf16", "f32": "bf16", "int8": "bf16", "fp8": "fp8", "int4": "fp8",
-              "mxfp4": "fp8", "nvfp4": "fp8", "fp4": "fp8"}  # MXU rate each operand dtype runs at
-ALGORITHMS = {"all_reduce": ("rs_ag", "hierarchical", "one_shot"), "all_gather": ("direct", "hierarchical")}
+# the operands a TPU MXU takes and the push rate each runs at: int8 weights are pushed at the bf16
+# rate, fp8 and int4 at the fp8 rate; no fp4 (musespark README s.5, s.12; jax tpu_info.py)
+PUSH_DTYPE = {"bf16": "bf16", "f32": "bf16", "int8": "bf16", "fp8": "fp8", "int4": "fp8"}
+ALGORITHMS = {"all_reduce": ("rs_ag", "hierarchical", "one_shot"), "all_gather": ("direct", "hierarchical"),
+              "barrier": ("barrier",)}
 
 
 def param(c: dict, name: str) -> float:
@@ -56,7 +58,9 @@ def dma_stream_time(c: dict, nbytes: float, descriptors: int = 1, cold: bool = T
 def mxu_push_s(c: dict, dtype: str) -> float:
     """Time to push one 256 x 256 weight tile of `dtype` into the MXU (int8 at the bf16 rate,
     fp8 and 4-bit formats at the fp8 rate). Micro-benchmarks: ms-mxu-push-bf16, ms-mxu-push-fp8."""
-    return param(c, f"mxu_push_{PUSH_DTYPE.get(dtype, 'bf16')}_s")
+    if dtype not in PUSH_DTYPE:
+        raise SpecError("dtype", dtype, f"the MXU takes {', '.join(PUSH_DTYPE)} (Format.feed picks one)")
+    return param(c, f"mxu_push_{PUSH_DTYPE[dtype]}_s")
 
 
 def matmul_time(c: dict, weights: float, dtype: str, lhs_rows: int, dots: int = 1) -> float:
@@ -99,6 +103,8 @@ def collective_phases(kind: str, algorithm: str, payload: float, devices: int, c
     `host_devices` devices each (0: one host holds them all)."""
     k = min(cores, devices)
     chips = devices // k
+    if kind == "barrier":  # a signal to every peer, no data
+        return [Phase(devices - 1, 0.0, 0.0)]
     if algorithm in ("rs_ag", "direct"):  # every device writes one shard to every peer
         shard = payload / devices
         one = Phase(devices - 1, (k - 1) * shard, (devices - k) * shard)
@@ -157,6 +163,30 @@ def collective_time(c: dict, kind: str, payload: float, devices: int, cores: int
         if best is None or t < best[0]:
             best = (t, a, phases)
     return best
+
+
+def topk_time(c: dict, algorithm: str, k: int) -> float:
+    """Routing's pick of the top-k expert ids, which the scalar unit must read before it can issue
+    their copies: rounds of a dependent cross-lane reduction whose result the scalar unit reads,
+    one per pick for an iterative argmax, two for a rank-based top-k (every score's rank in one
+    pass, then the k winners read out). Micro-benchmarks: ms-phase-routing-argmax,
+    ms-phase-routing-rank."""
+    return (k if algorithm == "iterative_argmax" else 2) * param(c, "topk_round_s")
+
+
+def attention_core_time(c: dict) -> float:
+    """The fixed latency of one sequence's decode attention core in a megakernel (its chain of
+    small dependent steps: norms, scores, softmax, output gate), beside its bytes and FLOPs.
+    Micro-benchmark: ms-phase-attention (Muse Spark's GQA, KV prefetched); assumed the same for
+    other attention kinds."""
+    return param(c, "attention_core_s")
+
+
+def xla_embedding_time(c: dict) -> float:
+    """The XLA ops around a megakernel that leaves the embedding out: the lookup in a
+    vocabulary-sharded table and the psum of its rows, once per step. Micro-benchmark:
+    ms-xla-embedding-psum."""
+    return param(c, "xla_embedding_s")
 
 
 def device_call_time(c: dict) -> float:
@@ -274,6 +304,17 @@ def host_absorbed_kv_b_time(c: dict, nbytes: float) -> float:
     an einsum: a fixed cost + bytes at the re-layout's rate. Micro-benchmarks:
     host-absorbed-kv-b-* (hostbench)."""
     return param(c, "host_absorb_fixed_s") + nbytes / param(c, "host_absorb_bytes_per_s")
+
+
+def matrix_dtypes(hw) -> frozenset[str]:
+    """The operand dtypes `hw`'s matrix unit takes (perfmodel.spec.formats.Format.feed): a TPU with
+    fitted components those of its push table; otherwise its peak-rate table's and bf16 / f32; a
+    host CPU every dtype (XLA:CPU widens them; its dots are costed by bytes)."""
+    if hw.kind == "cpu":
+        return frozenset(("f32", "bf16", "fp8", "int8", "int4", "fp4"))
+    if is_tpu_model(hw.components):
+        return frozenset(PUSH_DTYPE)
+    return frozenset(hw.peak_flops_per_s) | {"bf16", "f32"}
 
 
 def is_host_model(c: dict) -> bool:

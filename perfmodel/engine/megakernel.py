@@ -27,24 +27,31 @@ from perfmodel.spec.hardware import Hardware
 from perfmodel.util.errors import SpecError
 
 
+def bank_bytes(g: OpGraph, hw: Hardware) -> int:
+    """The ring's bank (DMA tile): the model's kernel's own ([megakernel] bank_bytes), else the chip's."""
+    return g.recipe.bank_bytes or hw.dma_tile_bytes
+
+
 def onchip_request(g: OpGraph, hw: Hardware, d: Deployment, top_k: int) -> Sizing:
-    """What a deployment asks of the on-chip buffer, unchecked: the ring depth (by default half
-    the buffer; the rest holds experts, KV and activations) in whole tiles, and the expert
-    buffers (by default as many whole experts as fit beside the ring, at most top_k; two tiled
-    buffers when not even one fits)."""
-    tile = hw.dma_tile_bytes
-    depth = d.prefetch_bytes if d.prefetch_bytes is not None else hw.onchip_bytes / 2
+    """What a deployment asks of the on-chip buffer, unchecked: the ring depth (by default the
+    model's kernel's ring, else half the buffer; the rest holds experts, KV and activations) in
+    whole tiles, and the expert buffers (by default the kernel's, else as many whole experts as fit
+    beside the ring, at most top_k; two tiled buffers when not even one fits)."""
+    tile, rc = bank_bytes(g, hw), g.recipe
+    depth = d.prefetch_bytes if d.prefetch_bytes is not None else \
+        rc.ring_banks * tile if rc.ring_banks else hw.onchip_bytes / 2
+    d_slots = d.expert_slots or rc.expert_slots or None
     banks = max(1, int(depth // tile))
     per_expert = float(g.routed_bytes.max(initial=0)) / max(1, math.ceil(g.distinct_experts))
     free = hw.onchip_bytes - banks * tile
     if per_expert == 0:
-        return Sizing(hw.onchip_bytes, tile, banks, max(depth, banks * tile), 0.0, d.expert_slots or top_k, 1, top_k)
+        return Sizing(hw.onchip_bytes, tile, banks, max(depth, banks * tile), 0.0, d_slots or top_k, 1, top_k)
     fit = max(0, int(free // per_expert))
     if fit < 1:
-        slots = d.expert_slots or 2
+        slots = d_slots or 2
         tiles = math.ceil(slots * per_expert / free) if free > 0 else 1
     else:
-        slots, tiles = d.expert_slots or min(top_k, fit), 1
+        slots, tiles = d_slots or min(top_k, fit), 1
     return Sizing(hw.onchip_bytes, tile, banks, max(depth, banks * tile), per_expert, slots, tiles, fit)
 
 
@@ -54,7 +61,7 @@ def sizing(g: OpGraph, hw: Hardware, d: Deployment, top_k: int) -> Sizing:
     s = onchip_request(g, hw, d, top_k)
     kind, cap = hw.onchip_kind, hw.onchip_bytes
     if s.depth_bytes > cap:
-        raise SpecError("prefetch_bytes", d.prefetch_bytes if d.prefetch_bytes is not None else cap / 2,
+        raise SpecError("prefetch_bytes", d.prefetch_bytes if d.prefetch_bytes is not None else s.depth_bytes,
                         f"a ring of {s.banks} x {s.tile_bytes} B tiles exceeds the {kind} of {hw.name} "
                         f"({cap:.0f} B per core) by {s.depth_bytes - cap:.0f} B; at most "
                         f"{cap // s.tile_bytes * s.tile_bytes / 2**20:.4g} MiB fits")
@@ -72,34 +79,43 @@ def sizing(g: OpGraph, hw: Hardware, d: Deployment, top_k: int) -> Sizing:
 @dataclass
 class Stream:
     """What the megakernel's DMA engine moves: ring tiles in stream order, the byte range of the
-    stream each op consumes, bytes issued at each layer's start (KV / state, small vectors), and
-    each layer's routed copies."""
+    stream each op consumes, bytes issued at each layer's start (KV / state, small vectors), each
+    layer's routed copies, and the bytes an op copies itself when it starts (KV / state without
+    prefetch)."""
     tile_bytes: np.ndarray
     tile_end: np.ndarray        # cumulative position of each tile's last byte
     op_begin: np.ndarray
     op_end: np.ndarray
     layer_start_bytes: dict[int, float]
     routed_copies: dict[int, list[float]]
+    op_fetch: np.ndarray
+    expert_descriptors: int = 1  # descriptors of one routed copy (the model's stream: one per matrix and scale)
 
 
 def uniform_stream(g: OpGraph, tile_bytes: float) -> Stream:
     """The model's own stream: static weights packed back to back in consumption order and cut
-    into uniform tiles (banks); each MoE layer fetches ceil(E[distinct]) equal expert copies."""
+    into uniform tiles (banks); each MoE layer fetches ceil(E[distinct]) equal expert copies; KV /
+    state copies issued at layer start, or by the op that reads them where the model's kernel does
+    not prefetch them ([megakernel] kv_prefetch = false)."""
     op_end = np.cumsum(g.static_bytes)
     total = float(op_end[-1]) if len(g) else 0.0
     n_tiles = math.ceil(total / tile_bytes)
     tiles = np.minimum(tile_bytes, total - tile_bytes * np.arange(n_tiles))
     count = max(1, math.ceil(g.distinct_experts))
     routed = np.bincount(g.layer, weights=g.routed_bytes)
-    return Stream(tiles, np.cumsum(tiles), op_end - g.static_bytes, op_end,
-                  dict(enumerate(np.bincount(g.layer, weights=g.kv_bytes).tolist())),
-                  {int(l): [routed[l] / count] * count for l in np.flatnonzero(routed)})
+    prefetch = g.recipe.kv_prefetch
+    kv = np.bincount(g.layer, weights=g.kv_bytes if prefetch else np.zeros(len(g))).tolist()
+    return Stream(tiles, np.cumsum(tiles), op_end - g.static_bytes, op_end, dict(enumerate(kv)),
+                  {int(l): [routed[l] / count] * count for l in np.flatnonzero(routed)},
+                  np.zeros(len(g)) if prefetch else g.kv_bytes.astype(float), g.expert_descriptors)
 
 
 def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
-    """A kernel's real DMA plan (perfmodel.graph.dmaplan): its ring tiles in order, each layer's ops
-    consuming that layer's tiles in proportion to the bytes the model gives them; the plan's
-    other copies (KV / state reads and write-backs, vectors, embedding rows) at layer start."""
+    """A kernel's real DMA plan (perfmodel.graph.dmaplan; its HBM copies): its ring tiles in
+    order, each layer's ops consuming that layer's tiles in proportion to the bytes the model
+    gives them; each routed expert one copy of its descriptors (consecutive copies of one expert:
+    its matrices and scales); the plan's other copies (KV / state reads and write-backs, vectors,
+    embedding rows) at layer start."""
     ring = [c for c in plan if c.ring]
     tiles = np.array([c.bytes for c in ring], float)
     tile_end = np.cumsum(tiles)
@@ -118,19 +134,30 @@ def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
         begin[m] = end[m] - size * g.static_bytes[m] / model_static[layer]
     layer_start: dict[int, float] = {}
     routed: dict[int, list[float]] = {}
+    descriptors: list[int] = []  # per routed expert copy
+    last = None
     for c in plan:
-        if c.routed:
-            routed.setdefault(c.layer, []).append(float(c.bytes))
+        if c.routed:  # one expert's descriptors (its matrices, its scales) follow each other
+            expert = (c.layer, c.name.split(" (")[0])
+            if expert == last:
+                routed[c.layer][-1] += c.bytes
+                descriptors[-1] += 1
+            else:
+                routed.setdefault(c.layer, []).append(float(c.bytes))
+                descriptors.append(1)
+            last = expert
         elif not c.ring:
             layer_start[c.layer] = layer_start.get(c.layer, 0.0) + c.bytes
-    return Stream(tiles, tile_end, begin, end, layer_start, routed)
+    per = max(1, round(float(np.mean(descriptors)))) if descriptors else 1
+    return Stream(tiles, tile_end, begin, end, layer_start, routed, np.zeros(len(g)), per)
 
 
 @dataclass
 class MegakernelArrays:
     """One op graph's megakernel inputs as flat arrays (megakernel_sim.run), shared by every ring
     depth, slot count and DMA mode simulated on it."""
-    eng: np.ndarray            # [bandwidth, first-byte latency, descriptor cost as bytes, shared]
+    eng: np.ndarray            # [bandwidth, first-byte latency, descriptor cost as bytes, shared, descriptors
+    #                            of one routed copy]
     t0: float                  # host dispatch of one device call (shared by its steps)
     overhead: float
     tile_bytes: np.ndarray
@@ -142,6 +169,7 @@ class MegakernelArrays:
     comp: np.ndarray
     coll: np.ndarray
     kv_wait: np.ndarray
+    op_fetch: np.ndarray
     layer_start: np.ndarray
     rc_off: np.ndarray
     rc_bytes: np.ndarray
@@ -154,8 +182,8 @@ class MegakernelArrays:
     def args(self) -> tuple:
         """The arguments of megakernel_sim.run / run_many after the per-configuration ones."""
         return (self.tile_bytes, self.tile_end, self.kind, self.layer, self.op_begin, self.op_end, self.comp,
-                self.coll, self.kv_wait, self.layer_start, self.rc_off, self.rc_bytes, self.ph_off, self.ph_bytes,
-                self.ph_time, self.coll_call, self.remote)
+                self.coll, self.kv_wait, self.op_fetch, self.layer_start, self.rc_off, self.rc_bytes, self.ph_off,
+                self.ph_bytes, self.ph_time, self.coll_call, self.remote)
 
 
 def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray | None = None) -> MegakernelArrays:
@@ -184,9 +212,40 @@ def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray 
     rc_bytes = np.array([b for l in sorted(st.routed_copies) for b in st.routed_copies[l]], float)
     remote = cm.is_tpu_model(hw.components)
     return MegakernelArrays(
-        np.array([bw, lat, desc * bw, float(hw.dma_sharing == "shared")]), call_s(hw), hw.efficiency.op_overhead_s,
-        st.tile_bytes, st.tile_end, kind, layer, st.op_begin, st.op_end, op_compute_s(g, hw, weights), secs,
-        g.kv_bytes > 0, layer_start, np.cumsum(counts), rc_bytes, ph_off, ph_bytes, ph_time, call, remote)
+        np.array([bw, lat, desc * bw, float(hw.dma_sharing == "shared"), st.expert_descriptors]), call_s(hw),
+        hw.efficiency.op_overhead_s,
+        st.tile_bytes, st.tile_end, kind, layer, st.op_begin, st.op_end, megakernel_compute_s(g, hw, weights),
+        secs, (g.kv_bytes > 0) & (st.op_fetch == 0), st.op_fetch, layer_start, np.cumsum(counts), rc_bytes, ph_off,
+        ph_bytes, ph_time, call, remote)
+
+
+ATTENTION_CORES = ("gqa_attention", "mla_attention", "kda_recurrence", "gdn_recurrence", "mamba2_scan",
+                   "csa_attention")
+
+
+def kernel_terms(g: OpGraph, hw: Hardware) -> dict[str, np.ndarray]:
+    """Per op, the in-kernel costs a TPU megakernel pays beside its FLOPs and bytes, by mechanism:
+    `attention_core` (the fixed latency of each sequence's decode attention core,
+    components.attention_core_time), `top_k` (routing's pick, components.topk_time, by the
+    kernel's algorithm) and `xla_embedding` (the lookup and psum in XLA glue around the kernel,
+    components.xla_embedding_time). Zero without TPU components."""
+    out: dict[str, np.ndarray] = {}
+    if not cm.is_tpu_model(hw.components) or not len(g):
+        return out
+    c, k = hw.components, g.top_k or 1
+    per_op = {"top_k": cm.topk_time(c, g.recipe.top_k, k), "xla_embedding": cm.xla_embedding_time(c),
+              **dict.fromkeys(ATTENTION_CORES, g.sequences * cm.attention_core_time(c))}
+    cost = np.array([per_op.get(nm, 0.0) for nm in g.name]) * ((g.flops > 0) | np.isin(g.name, ["xla_embedding"]))
+    core = np.isin(g.name, ATTENTION_CORES)
+    out["attention_core"] = np.where(core, cost, 0.0)
+    out["top_k"] = np.where(np.array(g.name) == "top_k", cost, 0.0)
+    out["xla_embedding"] = np.where(np.array(g.name) == "xla_embedding", cost, 0.0)
+    return out
+
+
+def megakernel_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None) -> np.ndarray:
+    """Per-op compute in the megakernel: engine.terms.op_compute_s plus kernel_terms."""
+    return op_compute_s(g, hw, weights) + sum(kernel_terms(g, hw).values(), np.zeros(len(g)))
 
 
 def cached_arrays(g: OpGraph, hw: Hardware, plan: list[Copy] | None = None,
@@ -198,7 +257,7 @@ def cached_arrays(g: OpGraph, hw: Hardware, plan: list[Copy] | None = None,
     if key not in _ARRAYS:
         if len(_ARRAYS) >= 64:
             _ARRAYS.clear()
-        st = uniform_stream(g, float(hw.dma_tile_bytes)) if plan is None else plan_stream(g, plan)
+        st = uniform_stream(g, float(bank_bytes(g, hw))) if plan is None else plan_stream(g, plan)
         _ARRAYS[key] = ((g, hw, plan), megakernel_arrays(g, hw, st, weights))  # the objects kept alive
     return _ARRAYS[key][1]
 

@@ -35,15 +35,16 @@ TAG_TILE, TAG_KV, TAG_TOPK, TAG_OP = 0, 1, 2, 3
 TOTALS = ("compute", "weight_streaming", "expert_fetch", "collective", "launch")
 
 
-def _issue(t, nbytes, remote, tag, ref, eng, f, ni, done, pa, pi, pb, begin, tags, refs):
-    """Issue a copy at `t`; returns its id. eng = [bandwidth, latency, descriptor bytes, shared]."""
+def _issue(t, nbytes, remote, tag, ref, eng, f, ni, done, pa, pi, pb, begin, tags, refs, descriptors):
+    """Issue a copy of `descriptors` DMA descriptors at `t`; returns its id. eng = [bandwidth,
+    latency, one descriptor's cost as bytes, shared, descriptors of a routed copy]."""
     cid = ni[0]
     ni[0] += 1
     if not remote:
         f[2] += nbytes
     start = t if remote else t + eng[1]
     if nbytes > 0:
-        nbytes += eng[2]
+        nbytes += eng[2] * descriptors
     if nbytes <= 0:
         done[cid] = t
     elif eng[3] > 0:
@@ -84,9 +85,10 @@ def _completion(cid, bw, f, ni, done, pa, pi, pb, heap):
 
 
 def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, layer, op_begin, op_end,
-        comp, coll, kv_wait, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call, remote):
+        comp, coll, kv_wait, op_fetch, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call, remote):
     """One timeline. Per op (program order): kind, layer, its byte range of the weight stream,
-    compute and collective seconds, whether it waits for its layer's KV / state copy. Per layer:
+    compute and collective seconds, whether it waits for its layer's KV / state copy, the bytes it
+    copies itself when it starts and waits for (a KV cache read without prefetch). Per layer:
     bytes issued at its start, its routed expert copies rc_bytes[rc_off[l]:rc_off[l+1]] (each
     streamed in `pieces` equal copies through `slots` buffers). Per collective op: the entry cost
     and its phases (remote-copy bytes and phase seconds) ph_*[ph_off[j]:ph_off[j+1]], used when
@@ -96,7 +98,7 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
     n, n_tiles, n_layers = len(kind), len(tile_bytes), len(layer_start)
     bw = eng[0]
     total = tile_end[n_tiles - 1] if n_tiles else 0.0
-    max_copies = n_tiles + n_layers + len(ph_bytes) + rc_off[n_layers] * pieces
+    max_copies = n_tiles + n_layers + len(ph_bytes) + rc_off[n_layers] * pieces + n
     f = np.zeros(3)
     ni = np.zeros(3, np.int64)
     done = np.full(max_copies, np.nan)
@@ -115,20 +117,20 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
     issued = np.zeros(n_layers, np.int64)  # expert copies issued per layer
     first = min(banks, n_tiles)
     for k in range(first):
-        tile_id[k] = _issue(t0, tile_bytes[k], False, TAG_TILE, k, eng, f, ni, done, pa, pi, pb, begin, tags, refs)
+        tile_id[k] = _issue(t0, tile_bytes[k], False, TAG_TILE, k, eng, f, ni, done, pa, pi, pb, begin, tags, refs, 1.0)
     next_tile = first
     now = t0
     for j in range(n):
         lj = layer[j]
         if kv_id[lj] < 0:  # layer start: prefetch its KV cache / state
             kv_id[lj] = _issue(now, layer_start[lj], False, TAG_KV, lj, eng, f, ni, done, pa, pi, pb, begin,
-                               tags, refs)
+                               tags, refs, 1.0)
         if kind[j] == COLL:
             t = now + coll[j]
             if remote:  # its phases' remote copies queue on this core's DMA engine
                 t = now + coll_call[j]
                 for p in range(ph_off[j], ph_off[j + 1]):
-                    cid = _issue(t, ph_bytes[p], True, TAG_OP, j, eng, f, ni, done, pa, pi, pb, begin, tags, refs)
+                    cid = _issue(t, ph_bytes[p], True, TAG_OP, j, eng, f, ni, done, pa, pi, pb, begin, tags, refs, 1.0)
                     t = max(t + ph_time[p], _completion(cid, bw, f, ni, done, pa, pi, pb, heap))
             start[j], end[j], coll_w[j] = now, t, t - now
             now = t
@@ -136,6 +138,9 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
         ready = now
         if kv_wait[j]:
             ready = max(now, _completion(kv_id[lj], bw, f, ni, done, pa, pi, pb, heap))
+        if op_fetch[j] > 0:  # issued here, waited for at once
+            cid = _issue(now, op_fetch[j], False, TAG_KV, lj, eng, f, ni, done, pa, pi, pb, begin, tags, refs, 1.0)
+            ready = max(ready, _completion(cid, bw, f, ni, done, pa, pi, pb, heap))
         stream[j] = ready - now
         start[j] = ready
         t = ready + overhead
@@ -152,7 +157,7 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
                 t += per_byte * (min(hi, tile_end[k]) - max(lo, tile_end[k] - tile_bytes[k]))
                 if (hi >= tile_end[k] or hi >= total) and next_tile < n_tiles:  # consumed: refill its bank
                     tile_id[next_tile] = _issue(t, tile_bytes[next_tile], False, TAG_TILE, next_tile, eng, f, ni,
-                                                done, pa, pi, pb, begin, tags, refs)
+                                                done, pa, pi, pb, begin, tags, refs, 1.0)
                     next_tile += 1
                 k += 1
         elif kind[j] == ROUTED:  # experts: fetched into slots once the router has picked them
@@ -160,7 +165,7 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
             if issued[lj] == 0:
                 for e in range(min(slots, count)):
                     expert_id[base + e] = _issue(t, rc_bytes[rc_off[lj] + e // pieces] / pieces, False, TAG_OP, j,
-                                                 eng, f, ni, done, pa, pi, pb, begin, tags, refs)
+                                                 eng, f, ni, done, pa, pi, pb, begin, tags, refs, max(1.0, eng[4] / pieces))
                 issued[lj] = min(slots, count)
             for e in range(count):
                 arrive = _completion(expert_id[base + e], bw, f, ni, done, pa, pi, pb, heap)
@@ -171,13 +176,13 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
                 if e + slots < count:
                     expert_id[base + e + slots] = _issue(t, rc_bytes[rc_off[lj] + (e + slots) // pieces] / pieces,
                                                          False, TAG_OP, j, eng, f, ni, done, pa, pi, pb, begin,
-                                                         tags, refs)
+                                                         tags, refs, max(1.0, eng[4] / pieces))
         else:
             t += comp[j]
             if kind[j] == TOPK:  # routing known: fetch the first experts now
                 for e in range(min(slots, count)):
                     expert_id[base + e] = _issue(t, rc_bytes[rc_off[lj] + e // pieces] / pieces, False, TAG_TOPK,
-                                                 lj, eng, f, ni, done, pa, pi, pb, begin, tags, refs)
+                                                 lj, eng, f, ni, done, pa, pi, pb, begin, tags, refs, max(1.0, eng[4] / pieces))
                 issued[lj] = min(slots, count)
         end[j] = t
         now = t
@@ -189,7 +194,8 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
 
 
 def run_many(eng, t0, overhead, banks, slots, pieces, shared, tile_bytes, tile_end, kind, layer, op_begin, op_end,
-             comp, coll, kv_wait, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call, remote):
+             comp, coll, kv_wait, op_fetch, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call,
+             remote):
     """`run` for each (banks[i], slots[i], pieces[i], shared[i]) on the same arrays: step seconds
     HBM bytes and the cause totals (TOTALS) per configuration: shapes (m,), (m,), (m, 5)."""
     m = len(banks)
@@ -203,8 +209,8 @@ def run_many(eng, t0, overhead, banks, slots, pieces, shared, tile_bytes, tile_e
         e = eng.copy()
         e[3] = shared[i]
         out = run(e, t0, overhead, banks[i], slots[i], pieces[i], tile_bytes, tile_end, kind, layer, op_begin,
-                  op_end, comp, coll, kv_wait, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call,
-                  remote)
+                  op_end, comp, coll, kv_wait, op_fetch, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time,
+                  coll_call, remote)
         steps[i], hbm[i] = out[5], out[6]
         totals[i, 0] = comp_total
         totals[i, 1] = out[2].sum()

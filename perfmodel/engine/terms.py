@@ -67,12 +67,24 @@ def op_weights(g: OpGraph, routed_bytes_per_value: float = 0.5) -> np.ndarray:
     return np.where(g.routed_bytes > 0, g.routed_bytes / routed_bytes_per_value, static)
 
 
+def op_feeds(g: OpGraph, hw: Hardware) -> tuple[list[str], list[int]]:
+    """Per op: the operand dtype the matrix unit is fed and the LHS rows per batch row
+    (Format.feed on the chip's matrix dtypes; ops without weights: their own dtype, 1)."""
+    native, memo = cm.matrix_dtypes(hw), {}
+    for f in set(g.fmt) - {None}:
+        memo[f] = f.feed(native, hw.name)
+    feeds = [memo[f] if f is not None else (dt, 1) for f, dt in zip(g.fmt or [None] * len(g), g.dtype)]
+    return [d for d, _ in feeds], [r for _, r in feeds]
+
+
 def op_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None) -> np.ndarray:
-    """Per-op compute: the roofline of the peak rate x `efficiency.flops`; on a TPU with fitted
-    components, matmuls instead cost the MXU weight push (components.matmul_time: flat for few
-    rows; a routed op issues two dots per distinct expert)."""
-    eff, table = hw.efficiency.flops, {dt: hw.flops_rate(dt) for dt in set(g.dtype) if dt}
-    rates = np.array([table[dt] if dt else 1.0 for dt in g.dtype])
+    """Per-op compute: the roofline of the peak rate (of the dtype the matrix unit is fed, op_feeds)
+    x `efficiency.flops`; on a TPU with fitted components, matmuls instead cost the MXU weight
+    push (components.matmul_time: flat for few rows, the rows times a block-diagonal feed's rows
+    per batch row; a routed op issues two dots per distinct expert)."""
+    dtype, scale_rows = op_feeds(g, hw)
+    eff, table = hw.efficiency.flops, {dt: hw.flops_rate(dt) for dt in set(dtype) if dt}
+    rates = np.array([table[dt] if dt else 1.0 for dt in dtype])
     t = np.where(g.is_collective, 0.0, g.flops / (rates * eff))
     experts = max(1.0, math.ceil(g.distinct_experts))
     if cm.is_tpu_model(hw.components):
@@ -81,11 +93,11 @@ def op_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None) ->
         memo: dict[tuple, float] = {}  # ops of the same shape in every layer: each shape once
         flops, w_, dots = g.flops.tolist(), w.tolist(), dots.tolist()
         for j in np.flatnonzero((w > 0) & (g.flops > 0)).tolist():
-            key = (w_[j], g.dtype[j], flops[j] / (2 * w_[j]), dots[j])
+            key = (w_[j], dtype[j], flops[j] / (2 * w_[j]) * scale_rows[j], dots[j])
             if key not in memo:
                 memo[key] = cm.matmul_time(hw.components, *key)
             t[j] = memo[key]
-    return t + np.where(g.routed_bytes > 0, experts * hw.efficiency.expert_overhead_s, 0.0)
+    return t
 
 
 def collective_terms(g: OpGraph, hw: Hardware, megakernel: bool = False

@@ -42,6 +42,8 @@ GROUPS = {
                      "link_bandwidth_bytes_per_s"), ("remote_copy", "link_bandwidth")),
     "collective": (("collective_call_s", "collective_phase_s", "collective_copy_issue_s",
                     "chip_bandwidth_bytes_per_s"), ("collective",)),
+    "vpu": (("topk_round_s", "attention_core_s"), ("topk", "attention_core")),
+    "xla_glue": (("xla_embedding_s",), ("xla_glue",)),
     "host": (("host_dispatch_s",), ("host_dispatch",)),
     "gpu_launch": (("kernel_launch_s",), ("kernel_launch",)),
     "gpu_all_reduce": (("allreduce_base_s", "allreduce_per_peer_s", "allreduce_bytes_per_s"),
@@ -164,6 +166,12 @@ def predict_entry(e: dict, hw: Hardware) -> float:
     elif m == "collective":
         t = cm.collective_time(c, i["kind"], i["payload_bytes"], i["devices"], i["cores_per_chip"],
                                i["algorithm"])[0]
+    elif m == "topk":
+        t = cm.topk_time(c, i["algorithm"], i["k"])
+    elif m == "attention_core":
+        t = i["sequences"] * cm.attention_core_time(c)
+    elif m == "xla_glue":
+        t = cm.xla_embedding_time(c)
     elif m == "host_dispatch":
         t = cm.device_call_time(c)
     elif m == "kernel_launch":

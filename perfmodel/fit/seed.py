@@ -1,8 +1,8 @@
 """Whole-step fit on the seed table and its reproduction (`perfmodel reproduce`).
 
 Every term comes from the component layer (perfmodel.cost.components, fitted to micro-benchmarks by
-`perfmodel calibrate`). On top of it at most 2 whole-step parameters per platform, fitted only on
-batches 1 and 8 of the seed table; batches 2 and 4 and the speculative-decoding pair are held
+`perfmodel calibrate`). On top of it at most one whole-step parameter per platform (none for the
+TPU), fitted only on batches 1 and 8 of the seed table; batches 2 and 4 and the speculative-decoding pair are held
 out. The fit starts from the `Efficiency` dataclass defaults every time, so it does not depend on
 what a previous `--write` stored in the presets; `--no-fit` shows the errors with none of them.
 """
@@ -48,18 +48,16 @@ class Param:
 
 
 def fit_params(platforms: list[str]) -> list[Param]:
-    """One whole-step parameter per platform, for what no micro-benchmark covers at the seed's
-    scale: GPU: the collectives (micro-benchmarks at 8 GPUs, the seed runs 16, layout not
-    published); TPU: the per-expert fixed cost of the expert loop (no micro-benchmark isolates
-    it). The router's skew stays at its physical default (uniform routing): nothing measures
-    Kimi K3's expert popularity, and a skew fitted to whole steps traded against both."""
-    return [Param("expert_overhead_s", p, (0.0, 5e-6), (0.0, 2e-6),
-                  "fixed cost per distinct expert of a layer (bookkeeping, semaphore waits, "
-                  "instruction fetch of the expert loop)") if p == "tpu-v7" else
-            Param("collective_latency_scale", p, (0.0, 10.0), (0.5, 2.0),
+    """At most one whole-step parameter per platform, for what no micro-benchmark covers at the
+    seed's scale: GPU: the collectives (micro-benchmarks at 8 GPUs, the seed runs 16, layout not
+    published). TPU: none; every term of its megakernel step comes from a component and the
+    composition follows the real kernel's phase profile (perfmodel.step.phases). The router's skew
+    stays at its physical default (uniform routing): nothing measures Kimi K3's expert
+    popularity, and a skew fitted to whole steps traded against the other parameters."""
+    return [Param("collective_latency_scale", p, (0.0, 10.0), (0.5, 2.0),
                   "multiplies the fitted collective latency terms (8-GPU micro-benchmarks) "
                   "at the seed's 16 GPUs")
-            for p in platforms]
+            for p in platforms if p != "tpu-v7"]
 
 
 def deployment_for(m: Measurement) -> Deployment:
@@ -83,7 +81,7 @@ def fit(measurements: list[Measurement], hw: dict[str, Hardware]) -> dict[str, f
     """Least squares on log(predicted / reported) over the training points, from physical defaults."""
     model = load_model(MODEL)
     params = fit_params(sorted(hw))
-    train = [m for m in measurements if role(m) == "fitted"]
+    train = [m for m in measurements if role(m) == "fitted" and m.platform in {p.scope for p in params}]
     unit = np.array([1e-6 if p.name.endswith("_s") else 1.0 for p in params])  # fit times in us
     lo, hi = np.array([p.bounds[0] for p in params]) / unit, np.array([p.bounds[1] for p in params]) / unit
     x0 = np.clip([getattr(Efficiency(), p.name) for p in params] / unit, lo, hi)

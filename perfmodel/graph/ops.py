@@ -9,6 +9,10 @@ Parallel layout (documented choices, see README "Model terms"):
 - MLA's latent cache is replicated across TP ranks (each rank reads all of it for its heads), as
   is DeepSeek-V4's shared key = value head and its compressed entries; a grouped output
   projection (DeepSeek-V4 `o_a`) is split by groups over `tp`.
+On the megakernel engine the model's own kernel (its `[megakernel]` table, perfmodel.spec.recipe)
+sets the collectives' payload (rows padded to whole tiles, one row per (token, expert) pair for
+the routed experts' reduction, the wire dtype), the post-expert projection's layout and whether
+the embedding lookup runs in XLA glue around the kernel.
 The small vectors (norm weights, router bias, conv taps; < 0.01 % of the bytes) are left out.
 Byte classes: static (weights known ahead, prefetchable across layers), routed (expert
 weights known only after the router), kv (KV cache / recurrent state), act (activations).
@@ -23,6 +27,8 @@ import numpy as np
 from perfmodel.graph.moe import expected_busiest_group
 from perfmodel.spec.arch import CSA, GDN, GQA, HC_BYTES, KDA, MLA, Layer, Mamba2, Matmul, ModelSpec
 from perfmodel.spec.deployment import Deployment
+from perfmodel.spec.formats import Format
+from perfmodel.spec.recipe import Megakernel
 
 ACT_BYTES = 2  # bf16 activations
 
@@ -50,6 +56,11 @@ class OpGraph:
     # (KV / latents / recurrent and conv state) this replica holds for its sequences, bytes
     kernel_all_reduce: str = ""  # the all-reduce algorithm the model's own megakernel runs at these
     # rows ("": none fixed, the fastest per payload); from the model's [megakernel] shard_collective_rows
+    fmt: list[Format | None] = dataclasses.field(default_factory=list)  # per op: its weights' format
+    recipe: Megakernel = Megakernel()  # the kernel this graph is the program of (megakernel engine)
+    sequences: int = 1    # sequences per replica this step
+    top_k: int = 0        # experts each row picks (0: no MoE)
+    expert_descriptors: int = 1  # DMA descriptors one routed expert's copy takes (each matrix, each scale array)
 
     @property
     def bytes(self) -> np.ndarray:
@@ -63,19 +74,20 @@ class _Builder:
     def __init__(self):
         self.rows: list[tuple] = []
 
-    def compute(self, layer, phase, name, flops=0.0, dtype="bf16", static=0.0, routed=0.0, kv=0.0, act=0.0):
-        self.rows.append((layer, phase, name, False, flops, dtype, static, routed, kv, act, "", 0.0, 1))
+    def compute(self, layer, phase, name, flops=0.0, dtype="bf16", static=0.0, routed=0.0, kv=0.0, act=0.0,
+                fmt=None):
+        self.rows.append((layer, phase, name, False, flops, dtype, static, routed, kv, act, "", 0.0, 1, fmt))
 
     def collective(self, layer, phase, name, kind, nbytes, group):
         if group > 1:
-            self.rows.append((layer, phase, name, True, 0.0, "", 0.0, 0.0, 0.0, 0.0, kind, nbytes, group))
+            self.rows.append((layer, phase, name, True, 0.0, "", 0.0, 0.0, 0.0, 0.0, kind, nbytes, group, None))
 
 
 def build(model: ModelSpec, d: Deployment) -> OpGraph:
     """The op graph; cached per model object and the deployment fields it depends on (sweeps over
     prefetch depth, slots, engine or hardware reuse it). Callers must not mutate it."""
     key = (d.devices, d.tp, d.expert_groups, d.batch, d.context, d.rows_per_seq, d.routing_skew,
-           d.routing_correlation, d.pp)
+           d.routing_correlation, d.pp, d.engine)
     if id(model) not in _CACHE and len(_CACHE) >= 16:
         _CACHE.clear()
     cache = _CACHE.setdefault(id(model), (model, {}))[1]
@@ -94,13 +106,15 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
     t = b * d.rows_per_seq               # rows (tokens) processed per replica
     h, f = model.hidden, model.formats
     ops = _Builder()
+    rc = model.megakernel if d.engine == "megakernel" else Megakernel()
+    wire = lambda rows, width: rc.wire_bytes * max(rows, rc.collective_rows) * width  # a collective's payload
 
     def matmul(layer: int, phase: str, mm: Matmul, shards: int):
         fmt = model.matmul_format(mm)
         d_in = mm.d_in if mm.experts == 1 else mm.d_in * mm.experts / shards  # grouped: inputs split too
         ops.compute(layer, phase, mm.name, 2.0 * t * mm.params / shards, fmt.compute_dtype,
                     static=model.matmul_bytes(mm) / shards,
-                    act=ACT_BYTES * t * (d_in + mm.d_out * mm.experts / shards))
+                    act=ACT_BYTES * t * (d_in + mm.d_out * mm.experts / shards), fmt=fmt)
 
     n_hc = model.residual_streams
 
@@ -119,8 +133,12 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
             ops.compute(layer, phase, "hc_post", t * (2.0 * n_hc * h + 2.0 * n_hc * n_hc * h),
                         act=ACT_BYTES * t * (h + 2 * n_hc * h))
 
-    ops.compute(0, "embed", "embedding_gather", static=t * h * f["embedding"].bytes_per_value / d.tp)
-    ops.collective(0, "embed", "embedding_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
+    if rc.embedding == "xla":  # looked up and summed by XLA ops around the kernel (engine: their cost)
+        ops.compute(0, "embed", "xla_embedding", act=t * h * f["embedding"].bytes_per_value / d.tp)
+    else:
+        ops.compute(0, "embed", "embedding_gather", static=t * h * f["embedding"].bytes_per_value / d.tp)
+        ops.collective(0, "embed", "embedding_all_reduce", "all_reduce", wire(t, h), d.tp)
+    ops.collective(0, "embed", "entry_barrier", "barrier", 0.0, d.devices if d.engine == "megakernel" else 1)
     distinct = 0.0
     done: dict[Layer, tuple[int, int]] = {}  # a layer kind's rows, built once and renumbered after
     for layer in model.layers:
@@ -138,7 +156,7 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
                 matmul(i, "attention", mm, d.tp)
             _attention_core(ops, model, layer, d, b, t)
             matmul(i, "attention", mms[-1], d.tp)
-            ops.collective(i, "attention", "attn_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
+            ops.collective(i, "attention", "attn_all_reduce", "all_reduce", wire(t, h), d.tp)
             hc_post(i, "attention")
         if layer.ffn != "none":
             hc_pre(i, layer.ffn)
@@ -146,9 +164,9 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
         if layer.ffn == "dense":
             for mm in model.ffn_matmuls("dense"):
                 matmul(i, "ffn", mm, d.tp)
-            ops.collective(i, "ffn", "ffn_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
+            ops.collective(i, "ffn", "ffn_all_reduce", "all_reduce", wire(t, h), d.tp)
         elif layer.ffn == "moe":
-            distinct = _moe(ops, model, i, d, t)
+            distinct = _moe(ops, model, i, d, t, rc, wire)
         if layer.ffn != "none":
             hc_post(i, layer.ffn)
         done[same] = (a, len(ops.rows))
@@ -160,7 +178,7 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
     lm = Matmul("lm_head", "lm_head" if not model.tie_embeddings else "embedding", h, model.vocab)
     matmul(n1, "head", lm, d.tp)
     ops.compute(n1, "head", "argmax", 2.0 * t * model.vocab / d.tp, act=4.0 * t * model.vocab / d.tp)
-    ops.collective(n1, "head", "argmax_all_gather", "all_gather", 8.0 * t, d.tp)
+    ops.collective(n1, "head", "argmax_all_gather", "all_gather", 8.0 * max(t, rc.collective_rows), d.tp)
 
     cols = list(zip(*ops.rows))
     arr = lambda k, dt=float: np.asarray(cols[k], dtype=dt)
@@ -169,15 +187,26 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
     return OpGraph(arr(0, int), list(cols[1]), list(cols[2]), arr(3, bool), arr(4), list(cols[5]),
                    arr(6), arr(7), arr(8), arr(9), list(cols[10]), arr(11), arr(12, int), kinds, t,
                    distinct, {l.index: b * model.cache_bytes(l.attention, d.context, d.tp) for l in model.layers},
-                   kernel_all_reduce(model, t))
+                   kernel_all_reduce(model, t), list(cols[13]), rc, b, model.moe.top_k if model.moe else 0,
+                   expert_descriptors(model))
+
+
+def expert_descriptors(model: ModelSpec) -> int:
+    """A routed expert's copy as the kernel issues it: one descriptor per matrix (gate_up, down)
+    and one per scale array beside it (int4 / MXFP4: 4)."""
+    fmt = model.formats["routed_expert"]
+    return 2 * (1 + bool(fmt.scale_dtype)) if model.moe else 1
 
 
 def kernel_all_reduce(model: ModelSpec, rows: int) -> str:
-    """One-shot where the model's megakernel has no shard-based collectives at `rows` rows (the
-    public Kimi K3 kernel: reduce-scatter and token scatter only at 8 rows); "" where it does or
-    the model does not say (the fastest algorithm per payload)."""
-    shard = model.shard_collective_rows
-    return "one_shot" if shard is not None and rows not in shard else ""
+    """The all-reduce algorithm the model's megakernel runs at `rows` rows: its fixed one
+    ([megakernel] all_reduce); else one-shot where it has no shard-based collectives at these rows
+    (the public Kimi K3 kernel: reduce-scatter and token scatter only at 8 rows); "" where it does
+    or the model does not say (the fastest algorithm per payload)."""
+    mk = model.megakernel
+    if mk.all_reduce:
+        return mk.all_reduce
+    return "one_shot" if mk.shard_collective_rows is not None and rows not in mk.shard_collective_rows else ""
 
 
 def _attention_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment, b: int, t: int):
@@ -267,7 +296,7 @@ def _csa_core(ops: _Builder, model: ModelSpec, a: CSA, i: int, d: Deployment, b:
                 kv=b * (span + rows) * a.head_dim * kvb, act=ACT_BYTES * t * hl * 2 * a.head_dim)
 
 
-def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int) -> float:
+def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int, rc: Megakernel, wire) -> float:
     m, f, h = model.moe, model.formats, model.hidden
     mms = {mm.name: mm for mm in model.ffn_matmuls("moe")}
 
@@ -275,14 +304,14 @@ def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int) -> floa
         fmt = f[mm.family]
         ops.compute(i, "moe", mm.name, 2.0 * t * mm.params / shards * copies, fmt.compute_dtype,
                     static=model.matmul_bytes(mm) / shards * copies,
-                    act=ACT_BYTES * t * (mm.d_in + mm.d_out / shards))
+                    act=ACT_BYTES * t * (mm.d_in + mm.d_out / shards), fmt=fmt)
 
     matmul(mms["router"], 1, m.router_copies)  # replicated; a hi/lo pair is applied twice
     ops.compute(i, "moe", "top_k", 4.0 * t * m.experts, act=4.0 * t * m.experts)
     d_exp = m.latent_dim or h
     if m.latent_dim:
         matmul(mms["latent_down"], d.tp)
-        ops.collective(i, "moe", "latent_all_gather", "all_gather", ACT_BYTES * t * d_exp, d.tp)
+        ops.collective(i, "moe", "latent_all_gather", "all_gather", wire(t, d_exp), d.tp)
     if m.shared_width:
         matmul(mms["shared_gate_up"], d.tp)
         matmul(mms["shared_down"], d.tp)
@@ -296,9 +325,13 @@ def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int) -> floa
     expert_bytes = sum(model.matmul_bytes(mms[k]) for k in ("expert_gate_up", "expert_down")) / m.experts
     ops.compute(i, "moe", "routed_experts", 2.0 * pairs * per_expert / expert_tp, fmt.compute_dtype,
                 routed=distinct * expert_bytes / expert_tp,
-                act=ACT_BYTES * pairs * (2 * d_exp + (2 + model.ffn_gated) * m.expert_width / expert_tp))
-    ops.collective(i, "moe", "expert_all_reduce", "all_reduce", ACT_BYTES * t * d_exp, d.devices)
+                act=ACT_BYTES * pairs * (2 * d_exp + (2 + model.ffn_gated) * m.expert_width / expert_tp), fmt=fmt)
+    reduce_rows = t * m.top_k if rc.expert_reduce_rows == "pairs" else t
+    ops.collective(i, "moe", "expert_all_reduce", "all_reduce", wire(reduce_rows, d_exp), d.devices)
     if m.latent_dim:
         matmul(mms["latent_up"], d.tp)
-    ops.collective(i, "moe", "moe_all_reduce", "all_reduce", ACT_BYTES * t * h, d.tp)
+    if m.latent_dim and rc.post_expert_projection == "output_sharded":  # each device a slice of h
+        ops.collective(i, "moe", "moe_all_gather", "all_gather", wire(t, h), d.tp)
+    else:
+        ops.collective(i, "moe", "moe_all_reduce", "all_reduce", wire(t, h), d.tp)
     return distinct

@@ -86,7 +86,7 @@ def evaluate(model: arch.ModelSpec, chip: hardware.Hardware, settings: list[dict
         groups.setdefault(key, [g, hw, []])[2].append((i, d, hw, banks, slots, pieces))
     for g, hw0, members in groups.values():
         try:
-            a = megakernel.megakernel_arrays(g, hw0, megakernel.uniform_stream(g, float(hw0.dma_tile_bytes)),
+            a = megakernel.megakernel_arrays(g, hw0, megakernel.uniform_stream(g, float(megakernel.bank_bytes(g, hw0))),
                                              op_weights(g, model.formats["routed_expert"].bytes_per_value))
         except SpecError as e:  # e.g. a format the chip cannot compute in
             for i, d, hw, *_ in members:

@@ -49,8 +49,12 @@ def _windowed(submit: Callable, get: Callable, chunks: Iterable, window: int) ->
 def _pool(fn, chunks, jobs: int) -> Iterator:
     # spawn: workers start clean (no copy of the parent's threads, e.g. the progress bar's); they
     # ignore Ctrl-C (the terminal sends it to every process) and the parent ends them on any exit
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_worker_init,
-                               initargs=(os.getpid(),))
+    try:
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_worker_init,
+                                   initargs=(os.getpid(),))
+    except OSError as e:  # e.g. no room for its semaphores (/dev/shm full, a file-size limit)
+        raise SpecError("--jobs", jobs, f"cannot start worker processes ({e.strerror or e}); "
+                                        "--jobs 1 runs in this process") from None
     try:
         yield from _windowed(lambda c: pool.submit(fn, c), lambda f: f.result(), chunks, 4 * jobs)
     except BaseException:

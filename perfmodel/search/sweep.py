@@ -14,7 +14,6 @@ import sys
 import time
 from collections import Counter
 from contextlib import nullcontext
-from pathlib import Path
 
 from perfmodel.search import design as design_mod
 from perfmodel.search.batch import COLUMNS, OBJECTIVES, run_chunk

@@ -25,14 +25,16 @@ from pathlib import Path
 from typing import ClassVar
 
 from perfmodel.spec.formats import FORMATS, Format, format_from_dict, get_format
+from perfmodel.spec.recipe import Megakernel, from_table as megakernel_from_table, to_table as megakernel_table
 from perfmodel.util import schema
 from perfmodel.util.checks import MAX_EXPERTS, MAX_LAYERS, MAX_SKEW, STR, check_range, check_type
-from perfmodel.util.errors import SpecError, in_file, positive_int, require
+from perfmodel.util.errors import in_file, positive_int, require
+from perfmodel.util.files import check_path
 
 PRESET_DIR = Path(__file__).parents[1] / "presets" / "models"
 ATTENTION_KINDS = ("kda", "mla", "gqa", "gdn", "mamba2", "csa")
 FFN_KINDS = ("dense", "moe", "none")
-WEIGHT_FAMILIES = ("attention", "dense_ffn", "shared_expert", "routed_expert", "router",
+WEIGHT_FAMILIES = ("attention", "dense_ffn", "shared_expert", "latent_projection", "routed_expert", "router",
                    "embedding", "lm_head")
 CACHE_FAMILIES = ("kv_cache", "state", "activation")
 MAX_DIM = 1 << 24          # no width, head count or vocab beyond 16 M
@@ -198,10 +200,7 @@ class ModelSpec:
     moe: MoE | None = None
     tie_embeddings: bool = False
     residual_streams: int = 1  # hyper-connections: the residual is this many copies of hidden
-    # [megakernel] shard_collective_rows: the rows per step at which the model's own megakernel
-    # has shard-based collectives; at any other row count its all-reduces are one-shot. None: the
-    # fastest algorithm per payload at every row count (components.collective_time)
-    shard_collective_rows: tuple[int, ...] | None = None
+    megakernel: Megakernel = Megakernel()  # [megakernel]: the model's own kernel (perfmodel.spec.recipe)
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     # ----- attention labels ----------------------------------------------------------------
@@ -369,8 +368,8 @@ class ModelSpec:
         d = m.latent_dim or h
         mm = [Matmul("router", "router", h, m.experts)]
         if m.latent_dim:
-            mm += [Matmul("latent_down", "shared_expert", h, d),
-                   Matmul("latent_up", "shared_expert", d, h)]
+            mm += [Matmul("latent_down", "latent_projection", h, d),
+                   Matmul("latent_up", "latent_projection", d, h)]
         if m.shared_width:
             mm += [Matmul("shared_gate_up", "shared_expert", h, g * m.shared_width),
                    Matmul("shared_down", "shared_expert", m.shared_width, h)]
@@ -490,12 +489,23 @@ TOP_KEYS = ("name", "base", "hidden", "vocab", "layers", "tie_embeddings", "resi
 
 
 def read_toml(path: Path, seen: tuple[str, ...] = ()) -> dict:
+    """A model file's table, merged into the one its `base` names: a preset, or another model
+    file (a `.toml` path, relative to the file that names it)."""
     data = schema.load(path, dict.fromkeys(TOP_KEYS), "model file", fmt="toml")
     if "base" in data:
         with in_file(path):
             base = check_type("base", data.pop("base"), STR)
-            require(base not in seen, "base", base, f"cycle of base presets: {' -> '.join(seen + (base,))}")
-        data = _derived(preset_data(base, seen + (base,)), data)
+            if base.endswith(".toml"):
+                file = Path(path).parent / check_path("base", base)
+                key = str(file.resolve())
+                require(key not in seen, "base", base, f"cycle of base files: {' -> '.join(seen + (key,))}")
+                require(file.exists(), "base", base, f"file not found (looked for {file})")
+            else:
+                require(base not in seen, "base", base, f"cycle of base presets: {' -> '.join(seen + (base,))}")
+        if base.endswith(".toml"):
+            data = _derived(read_toml(file, seen + (key,)), data)
+        else:
+            data = _derived(preset_data(base, seen + (base,)), data)
     return data
 
 
@@ -623,29 +633,12 @@ def from_dict(data: dict) -> ModelSpec:
     require(isinstance(tie, bool), "tie_embeddings", tie, "must be true or false")
     streams = positive_int("residual_streams", data.get("residual_streams", 1))
     require(streams <= 64, "residual_streams", streams, "must be <= 64")
-    shard_rows = _shard_collective_rows(data.get("megakernel", {}))
     spec = ModelSpec(name=name, hidden=data["hidden"], vocab=data["vocab"], layers=layers, formats=formats,
                      variants=variants, dense_width=dense_width, ffn_gated=gated, moe=_section(data, "moe", MoE, "moe"),
-                     tie_embeddings=tie, residual_streams=streams, shard_collective_rows=shard_rows,
-                     sources=dict(sources), **sections)
+                     tie_embeddings=tie, residual_streams=streams,
+                     megakernel=megakernel_from_table(data.get("megakernel", {})), sources=dict(sources), **sections)
     _validate(spec)
     return spec
-
-
-def _shard_collective_rows(table) -> tuple[int, ...] | None:
-    """The `[megakernel]` table: `shard_collective_rows`, a list of row counts (1..4096)."""
-    require(isinstance(table, dict), "megakernel", table, "must be a table")
-    unknown = set(table) - {"shard_collective_rows"}
-    require(not unknown, "megakernel", sorted(unknown), "unknown field; known: shard_collective_rows")
-    rows = table.get("shard_collective_rows")
-    if rows is None:
-        return None
-    require(isinstance(rows, list) and len(rows) <= 4096, "megakernel.shard_collective_rows", rows,
-            "must be a list of row counts")
-    for r in rows:
-        positive_int("megakernel.shard_collective_rows", r)
-        require(r <= 4096, "megakernel.shard_collective_rows", r, "must be <= 4096")
-    return tuple(sorted(set(rows)))
 
 
 def _validate(s: ModelSpec) -> None:
@@ -719,10 +712,12 @@ def to_dict(s: ModelSpec) -> dict:
     if custom:
         out["custom_formats"] = {n: {"value_bits": f.value_bits, "scale_dtype": f.scale_dtype,
                                      "block": list(f.block), "global_scale_dtype": f.global_scale_dtype,
-                                     "compute_dtype": f.compute_dtype} for n, f in custom.items()}
+                                     "compute_dtype": f.compute_dtype, "scale_rows": f.scale_rows,
+                                     "fallback_dtype": f.fallback_dtype,
+                                     "fallback_scale_rows": f.fallback_scale_rows} for n, f in custom.items()}
     out["formats"] = {fam: f.name for fam, f in s.formats.items()}
-    if s.shard_collective_rows is not None:
-        out["megakernel"] = {"shard_collective_rows": list(s.shard_collective_rows)}
+    if megakernel_table(s.megakernel):
+        out["megakernel"] = megakernel_table(s.megakernel)
     if s.sources:
         out["sources"] = dict(s.sources)
     return out

@@ -141,7 +141,8 @@ def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
 def resident_bytes_per_device(model: ModelSpec, d: Deployment) -> float:
     """HBM a device holds: its weight shards plus its sequences' caches and states."""
     by_family = model.weight_bytes_by_family()
-    sharded = sum(by_family[k] for k in ("attention", "dense_ffn", "shared_expert", "embedding", "lm_head")) / d.tp
+    sharded = sum(by_family[k] for k in ("attention", "dense_ffn", "shared_expert", "latent_projection", "embedding",
+                                         "lm_head")) / d.tp
     routed = by_family["routed_expert"] / d.devices
     router = by_family["router"] * (model.moe.router_copies if model.moe else 1)  # replicated
     seqs = -(-d.batch // d.dp)

@@ -2,8 +2,12 @@
 
 A format is bits per value plus block scales: a scale of `scale_dtype` shared by a block of
 [outputs, inputs] of a weight matrix (0 = the whole dimension), and optionally one more scale
-per tensor. The built-in formats and their sources are in `presets/formats.toml`; a model file
-defines new ones under `[custom_formats.<name>]` with the same fields, no code needed.
+per tensor. It also says how a matrix unit is fed its values: `compute_dtype` where the chip's
+matrix unit takes that operand (`scale_rows` LHS rows per batch row when the block scales are
+applied through a block-diagonal LHS), else `fallback_dtype` (`fallback_scale_rows`); a chip
+that takes neither is an error, never a silent bf16 (`Format.feed`). The built-in formats and
+their sources are in `presets/formats.toml`; a model file defines new ones under
+`[custom_formats.<name>]` with the same fields, no code needed.
 """
 from __future__ import annotations
 
@@ -15,8 +19,10 @@ from perfmodel.util import schema
 from perfmodel.util.errors import SpecError, in_file, require
 
 SCALE_BITS = {"": 0, "e8m0": 8, "e4m3": 8, "bf16": 16, "fp16": 16, "f32": 32}
-COMPUTE_DTYPES = ("f32", "bf16", "fp8", "int8", "fp4")
-FORMAT_FIELDS = ("value_bits", "scale_dtype", "block", "global_scale_dtype", "compute_dtype", "source")
+COMPUTE_DTYPES = ("f32", "bf16", "fp8", "int8", "int4", "fp4")
+FORMAT_FIELDS = ("value_bits", "scale_dtype", "block", "global_scale_dtype", "compute_dtype", "scale_rows",
+                 "fallback_dtype", "fallback_scale_rows", "source")
+MAX_SCALE_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,20 @@ class Format:
     global_scale_dtype: str = ""
     compute_dtype: str = "bf16"
     source: str = field(default="", compare=False)
+    scale_rows: int = 1          # LHS rows per batch row fed with compute_dtype (block-diagonal scales)
+    fallback_dtype: str = ""     # what a matrix unit without compute_dtype is fed ("" = none: an error)
+    fallback_scale_rows: int = 1
+
+    def feed(self, native: frozenset[str], chip: str = "the chip") -> tuple[str, int]:
+        """(operand dtype, LHS rows per batch row) a matrix unit taking the dtypes `native` is fed:
+        compute_dtype where it takes it, else the fallback; SpecError when it takes neither."""
+        if self.compute_dtype in native:
+            return self.compute_dtype, self.scale_rows
+        if self.fallback_dtype in native:
+            return self.fallback_dtype, self.fallback_scale_rows
+        raise SpecError(f"format {self.name}", self.compute_dtype,
+                        f"{chip}'s matrix unit takes {', '.join(sorted(native))}; the format names no "
+                        f"fallback it takes (fallback_dtype = {self.fallback_dtype!r})")
 
     @property
     def bits_per_value(self) -> float:
@@ -66,9 +86,18 @@ def format_from_dict(name: str, d: dict, where: str) -> Format:
             f"{where}.block", block, "must be [outputs, inputs], integers in 0..1048576 (0 = whole dimension)")
     compute = d.get("compute_dtype", "bf16")
     require(compute in COMPUTE_DTYPES, f"{where}.compute_dtype", compute, f"must be one of {COMPUTE_DTYPES}")
+    fallback = d.get("fallback_dtype", "")
+    require(fallback in COMPUTE_DTYPES + ("",), f"{where}.fallback_dtype", fallback,
+            f"must be one of {COMPUTE_DTYPES} or \"\" (none)")
+    rows = {}
+    for k in ("scale_rows", "fallback_scale_rows"):
+        v = d.get(k, 1)
+        require(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_SCALE_ROWS, f"{where}.{k}", v,
+                f"must be an integer in 1..{MAX_SCALE_ROWS}")
+        rows[k] = v
     require(isinstance(d.get("source", ""), str), f"{where}.source", d.get("source"), "must be a string")
     return Format(name, bits, d.get("scale_dtype", ""), tuple(block), d.get("global_scale_dtype", ""),
-                  compute, d.get("source", ""))
+                  compute, d.get("source", ""), fallback_dtype=fallback, **rows)
 
 
 def _builtin() -> dict[str, Format]:

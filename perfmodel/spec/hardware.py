@@ -29,7 +29,6 @@ class Efficiency:
     flops: float = 0.6                   # sustained / peak matmul rate on decode-shaped matmuls
     collective_latency_scale: float = 1.0  # multiplies every link latency term
     op_overhead_s: float = 0.0           # fixed cost per op (launch, sync) beyond the roofline
-    expert_overhead_s: float = 0.0       # fixed cost per distinct expert a layer computes
 
 
 @dataclass(frozen=True)
@@ -188,7 +187,6 @@ def validate(hw: Hardware) -> None:
     require(e.collective_latency_scale >= 0, "efficiency.collective_latency_scale",
             e.collective_latency_scale, "must be >= 0")
     require(e.op_overhead_s >= 0, "efficiency.op_overhead_s", e.op_overhead_s, "must be >= 0")
-    require(e.expert_overhead_s >= 0, "efficiency.expert_overhead_s", e.expert_overhead_s, "must be >= 0")
 
 
 def to_toml(hw: Hardware, header: str = "") -> str:

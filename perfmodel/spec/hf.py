@@ -396,7 +396,7 @@ def _formats(qc) -> tuple[dict, dict]:
     method = qc.get("quant_method") or (producer.get("name") if isinstance(producer, dict) else None)
     require(method in QUANT_METHODS, "config.json:quantization_config.quant_method", method,
             f"unknown quantisation method (changes cost); known: {', '.join(QUANT_METHODS)}")
-    linear = ("attention", "dense_ffn", "shared_expert", "routed_expert")
+    linear = ("attention", "dense_ffn", "shared_expert", "latent_projection", "routed_expert")
     if method == "fp8":
         block = qc.get("weight_block_size")
         require(block in (None, [128, 128]), "config.json:quantization_config.weight_block_size", block,
@@ -442,7 +442,9 @@ def _compressed_tensors(qc: dict, linear: tuple[str, ...]) -> tuple[dict, dict]:
     block = [1, group] if strategy == "group" else [1, 0]
     require(strategy == "channel" or (isinstance(group, int) and 1 <= group <= 1 << 20),
             "config.json:quantization_config.config_groups.weights.group_size", group, "must be a positive integer")
-    custom = {name: {"value_bits": bits, "scale_dtype": "bf16", "block": block,
-                     "compute_dtype": "int8" if bits == 8 else "bf16",
-                     "source": "compressed-tensors pack-quantized (bf16 scales)"}}
+    feed = {"compute_dtype": "int8"} if bits == 8 else \
+        {"compute_dtype": "int4", "scale_rows": max(1, 512 // group) if strategy == "group" else 1}
+    custom = {name: {"value_bits": bits, "scale_dtype": "bf16", "block": block, **feed, "fallback_dtype": "bf16",
+                     "source": "compressed-tensors pack-quantized (bf16 scales); fed as the int4 / int8 formats "
+                               "of presets/formats.toml (block-diagonal scale rows = 512 / group)"}}
     return dict.fromkeys(targets, name), custom

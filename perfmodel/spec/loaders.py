@@ -16,7 +16,7 @@ def load_model(name_or_path: str) -> ModelSpec:
         return hf.from_hf_config(p / "config.json" if p.is_dir() else p)
     if p.suffix == ".toml":
         require(p.exists(), "model", name_or_path, "file not found")
-        data = read_toml(p, (p.stem,))
+        data = read_toml(p, (str(p.resolve()),))
         with in_file(p):
             return from_dict(data)
     return from_dict(preset_data(name_or_path))

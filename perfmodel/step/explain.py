@@ -1,7 +1,9 @@
 """`perfmodel explain`: one layer (or one op) term by term: bytes, FLOPs, each latency term with
-its mechanism (a perfmodel.cost.components function) and source, and the resource the op waited on.
+its mechanism (a perfmodel.cost.components function) and source, and the resource the op waited on;
+and a megakernel step phase by phase (perfmodel.step.phases), beside a published profile.
 
     perfmodel explain --ep 8 --batch 1 --layer 4 [--op routed_experts] [--json]
+    perfmodel explain --profile musespark [--json]
 """
 from __future__ import annotations
 
@@ -11,8 +13,11 @@ import math
 import numpy as np
 
 from perfmodel.cost import components as cm
-from perfmodel.engine.terms import collective_terms, op_compute_s, op_weights, stream_terms
+from perfmodel.engine.megakernel import kernel_terms
+from perfmodel.engine.terms import collective_terms, op_compute_s, op_feeds, op_weights, stream_terms
 from perfmodel.graph import ops as ops_mod
+from perfmodel.spec.recipe import to_table as recipe_table
+from perfmodel.step.phases import SKIPPED, compare
 from perfmodel.step.predict import predict
 from perfmodel.step.report import SCHEMA_VERSION
 from perfmodel.util.errors import SpecError
@@ -30,9 +35,17 @@ def _source(hw, *names: str) -> str:
     return "; ".join(found) or "assumption (no source entry)"
 
 
-def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarray, megakernel: bool) -> list[dict]:
-    """The latency terms of op `j` in isolation (`coll_s`: the graph's collective seconds), each
-    with its mechanism and source."""
+KERNEL_TERMS = {"attention_core": ("fixed latency of the attention core (per sequence)", "components.attention_core_time",
+                                   ("attention_core_s",)),
+                "top_k": ("routing's pick", "components.topk_time", ("topk_round_s",)),
+                "xla_embedding": ("embedding lookup + psum in XLA glue around the kernel",
+                                  "components.xla_embedding_time", ("xla_embedding_s",))}
+
+
+def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarray, megakernel: bool,
+          extra: dict[str, np.ndarray] | None = None, feeds=None) -> list[dict]:
+    """The latency terms of op `j` in isolation (`coll_s`: the graph's collective seconds; `extra`:
+    the megakernel's kernel_terms; `feeds`: op_feeds), each with its mechanism and source."""
     c, out = hw.components, []
     if g.is_collective[j]:
         t = float(coll_s[j])
@@ -54,20 +67,31 @@ def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarra
                         "source": _source(hw, "link_latency_s", "link_bandwidth_bytes_per_s")})
         return out
     comp = float(op_compute_s(g, hw, weights)[j])
-    if g.routed_bytes[j] > 0 and hw.efficiency.expert_overhead_s > 0:
-        fixed = math.ceil(max(1.0, g.distinct_experts)) * hw.efficiency.expert_overhead_s
-        comp -= fixed
-        out.append({"term": "fixed cost per distinct expert (whole-step parameter)", "seconds": fixed,
-                    "mechanism": "efficiency.expert_overhead_s", "source": _source(hw, "efficiency")})
     mxu = cm.is_tpu_model(c) and weights[j] > 0 and g.flops[j] > 0
-    out.append({"term": "matmul weight push" if mxu else "compute (peak x efficiency.flops)", "seconds": comp,
+    fmt = g.fmt[j] if g.fmt else None
+    fed = ""
+    if fmt is not None and feeds is not None:
+        dtype, rows = feeds[0][j], feeds[1][j]
+        how = "natively" if dtype == fmt.compute_dtype else f"its fallback ({hw.name} takes no {fmt.compute_dtype})"
+        fed = f"; {fmt.name} fed as {dtype} {how}" + (f", {rows} LHS rows per batch row" if rows > 1 else "")
+    out.append({"term": ("matmul weight push" if mxu else "compute (peak x efficiency.flops)") + fed, "seconds": comp,
                 "mechanism": "components.matmul_time" if mxu else "engine.terms.op_compute_s",
-                "source": _source(hw, "mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_dot_issue_s") if mxu
-                else _source(hw, "peak_flops_per_s", "flops")})
+                "source": (_source(hw, "mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_dot_issue_s") if mxu
+                           else _source(hw, "peak_flops_per_s", "flops"))
+                + (f"; format {fmt.name}: {fmt.source}" if fmt is not None and fmt.source else "")})
+    for key, v in (extra or {}).items():
+        if v[j] > 0:
+            what, mech, params = KERNEL_TERMS[key]
+            out.append({"term": what + (f" ({g.recipe.top_k})" if key == "top_k" else ""), "seconds": float(v[j]),
+                        "mechanism": mech, "source": _source(hw, *params)})
     moved = float(g.static_bytes[j] + g.routed_bytes[j] + g.kv_bytes[j])
     if moved > 0:
         bw, lat, desc = stream_terms(hw)
-        out.append({"term": "HBM -> on-chip stream", "seconds": lat + desc + moved / bw,
+        copies = max(1, math.ceil(g.distinct_experts)) if g.routed_bytes[j] > 0 else 1
+        per = g.expert_descriptors if g.routed_bytes[j] > 0 and megakernel else 1
+        out.append({"term": "HBM -> on-chip stream" + (f" ({copies} expert copies of {per} descriptors)"
+                                                       if g.routed_bytes[j] > 0 else ""),
+                    "seconds": lat + copies * per * desc + moved / bw,
                     "mechanism": "components.dma_stream_time" if cm.is_tpu_model(c) else "bytes / bandwidth",
                     "source": _source(hw, "dma_bandwidth_bytes_per_s", "dma_latency_s") if cm.is_tpu_model(c)
                     else _source(hw, "hbm_bandwidth_bytes_per_s", "kernel_bandwidth_efficiency", "hbm")})
@@ -87,6 +111,8 @@ def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
     tl = p.timeline
     megakernel = d.engine == "megakernel"
     coll_s = collective_terms(g, hw, megakernel)[0]
+    extra = kernel_terms(g, hw) if megakernel else {}
+    feeds = op_feeds(g, hw)
     rows = []
     for j in idx:
         waits = {k: float(v[j]) for k, v in tl.wait_s.items() if k != "compute" and v[j] > 0}
@@ -95,7 +121,7 @@ def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
                      "routed_bytes": float(g.routed_bytes[j]), "kv_bytes": float(g.kv_bytes[j]),
                      "act_bytes": float(g.act_bytes[j]), "start_s": float(tl.start_s[j]),
                      "end_s": float(tl.end_s[j]), "waits_s": waits, "waited_on": RESOURCE[cause],
-                     "terms": terms(g, hw, j, weights, coll_s, megakernel)})
+                     "terms": terms(g, hw, j, weights, coll_s, megakernel, extra, feeds)})
     if d.serving_engine:  # each op's kernels: time, measured table or physical extrapolation
         from perfmodel.step.serving_report import kernel_rows
         krows = kernel_rows(model, hw, d)[0]
@@ -104,4 +130,54 @@ def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
     row = next((r for r in p.layers if r.layer == layer), None)
     return {"schema_version": SCHEMA_VERSION, "command": "explain", "model": model.name, "hardware": hw.name,
             "deployment": dataclasses.asdict(d), "layer": layer, "kind": g.layer_kind.get(layer, ""),
-            "layer_time_s": row.time_s if row else None, "step_s": p.step_s, "ops": rows}
+            "layer_time_s": row.time_s if row else None, "step_s": p.step_s, "ops": rows,
+            "megakernel": recipe_table(model.megakernel) if megakernel else None}
+
+
+def explain_profile(profile: dict, hw) -> dict:
+    """A published phase profile beside the prediction of each of its kernels (perfmodel.step.phases)."""
+    return {"schema_version": SCHEMA_VERSION, "command": "explain", "hardware": hw.name,
+            "phase_profile": {"source": profile.get("source", ""), "harness": profile.get("harness", {}),
+                              "skipped": SKIPPED, "kernels": compare(profile, hw)}}
+
+
+def kernel_plan_comparison(model, hw, plan, steps_per_call: int = 1) -> dict:
+    """The two megakernels of one deployment side by side: the model's own ([megakernel], the
+    Inferact recipe where the model file names it) on the model's uniform stream, and the kernel
+    whose plan file `plan` is (perfmodel.graph.dmaplan.KernelPlan), replayed copy by copy with its
+    settings; what makes them differ, term by term, and the step by cause."""
+    from perfmodel.engine.megakernel import bank_bytes, sizing
+    from perfmodel.step.predict import plan_deployment, plan_model
+    d = dataclasses.replace(plan_deployment(plan), steps_per_call=steps_per_call)
+    recipe = predict(model, hw, d)
+    kernel = predict(model, hw, d, plan=plan)
+    kmodel = plan_model(model, plan)
+    g, gk = ops_mod.build(model, d), ops_mod.build(kmodel, d)
+    top_k = model.moe.top_k if model.moe else 1
+    s, sk = sizing(g, hw, d, top_k), sizing(gk, hw, d, top_k)
+    hbm = plan.hbm_copies
+    experts = max(1, math.ceil(g.distinct_experts)) * int(model.count(ffn="moe")) if model.moe else 0
+    ring_tiles = math.ceil(float(g.static_bytes.sum()) / bank_bytes(g, hw))
+    feed = lambda graph: next((f"{graph.fmt[j].name} as {op_feeds(graph, hw)[0][j]}"
+                               for j in range(len(graph)) if graph.routed_bytes[j] > 0), "-")
+    all_reduce = lambda graph: graph.kernel_all_reduce or "fastest per payload"
+    rows = [
+        ("ring", f"{s.banks} x {s.tile_bytes / 2**20:.3g} MiB banks", f"{sk.banks} x {sk.tile_bytes / 2**20:.3g} MiB banks"),
+        ("HBM descriptors per step", ring_tiles + experts * g.expert_descriptors + len(model.layers) + 2, len(hbm)),
+        ("HBM bytes per device", recipe.bytes_per_device, kernel.bytes_per_device),
+        ("of which padding", 0, sum(c.padding for c in hbm) or kernel.bytes_per_device - recipe.bytes_per_device),
+        ("expert slots", s.slots, sk.slots),
+        ("routed experts fed", feed(g), feed(gk)),
+        ("all-reduce", all_reduce(g), all_reduce(gk)),
+        ("collective wire, rows", f"{model.megakernel.collective_wire}, >= {model.megakernel.collective_rows}",
+         f"{kmodel.megakernel.collective_wire}, >= {kmodel.megakernel.collective_rows}"),
+        ("remote copies in the plan", "-", len(plan.remote_copies)),
+    ]
+    causes = sorted(set(recipe.breakdown_s) | set(kernel.breakdown_s))
+    return {"schema_version": SCHEMA_VERSION, "command": "explain", "model": model.name, "hardware": hw.name,
+            "deployment": dataclasses.asdict(d), "plan_source": plan.source,
+            "recipe_step_s": recipe.step_s, "kernel_step_s": kernel.step_s,
+            "recipe_tokens_per_s": recipe.tokens_per_s, "kernel_tokens_per_s": kernel.tokens_per_s,
+            "differences": [{"what": w, "recipe": a, "kernel": b} for w, a, b in rows],
+            "by_cause_s": {c: {"recipe": recipe.breakdown_s.get(c, 0.0), "kernel": kernel.breakdown_s.get(c, 0.0)}
+                           for c in causes}}

@@ -10,9 +10,10 @@ from perfmodel.engine.megakernel import simulate_megakernel
 from perfmodel.engine.multikernel import simulate_multikernel
 from perfmodel.engine.terms import CAUSES, Timeline, op_weights
 from perfmodel.graph import ops as ops_mod
-from perfmodel.graph.dmaplan import Copy
+from perfmodel.graph.dmaplan import Copy, KernelPlan
 from perfmodel.spec.arch import ModelSpec
 from perfmodel.spec.deployment import Deployment, validate
+from perfmodel.spec.formats import COMPUTE_DTYPES
 from perfmodel.spec.hardware import Hardware
 from perfmodel.util.errors import SpecError
 
@@ -67,12 +68,17 @@ def simulate(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False
 
 
 def predict(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False,
-            plan: list[Copy] | None = None) -> Prediction:
-    """`plan`: a megakernel's own DMA plan (kernels.plan.dma_plan) to simulate instead of the
-    model's uniform stream of tiles; the ring's tile size is then the plan's."""
-    validate(model, hw, d)
+            plan: list[Copy] | KernelPlan | None = None) -> Prediction:
+    """`plan`: a megakernel's own DMA plan (kernels.plan.dma_plan: its HBM copies) to simulate
+    instead of the model's uniform stream of tiles; the ring's tile size is then the plan's. A
+    KernelPlan (a plan file, perfmodel.graph.dmaplan) also brings the kernel's settings, which
+    the engine replays beside its copies (plan_model); its deployment must be `d`'s."""
     if plan is not None and d.engine != "megakernel":
         raise SpecError("plan", "given", "a DMA plan is the megakernel's; engine must be megakernel")
+    if isinstance(plan, KernelPlan):
+        check_plan_deployment(plan, d)
+        model, plan = plan_model(model, plan), plan.hbm_copies
+    validate(model, hw, d)
     g, tl = simulate(model, hw, d, record, plan)
     s = summarise(hw, d, tl.step_s, tl.dma_bytes, {c: float(tl.wait_s[c].sum()) for c in CAUSES})
     return Prediction(model.name, hw.name, d, s.step_s, s.tokens_per_s, tl.dma_bytes, s.hbm_floor_s,
@@ -140,3 +146,46 @@ def expert_tiling_cost(model: ModelSpec, hw: Hardware, p: Prediction) -> dict | 
     untiled = predict(model, hw.replace(onchip_bytes=s.ring_bytes + s.slots * s.expert_bytes), whole).step_s
     return {"expert_slots": s.slots, "tiles_per_expert": s.tiles_per_expert, "expert_bytes": s.expert_bytes,
             "step_s": float(p.step_s), "whole_expert_step_s": float(untiled), "cost_s": float(p.step_s - untiled)}
+
+
+def plan_model(model: ModelSpec, plan: KernelPlan) -> ModelSpec:
+    """`model` as the plan's kernel runs it: its [megakernel] settings replaced by the kernel's
+    (bank, ring depth, slots, collective wire and rows, all-reduce algorithm) and its routed
+    experts fed as the kernel feeds them (expert_feed, expert_scale_rows)."""
+    k = plan.kernel
+    change = {name: k[key] for key, name in (("bank_bytes", "bank_bytes"), ("depth", "ring_banks"),
+                                              ("expert_slots", "expert_slots"), ("wire", "collective_wire"),
+                                              ("all_reduce", "all_reduce"), ("collective_rows", "collective_rows"))
+              if key in k}
+    from perfmodel.spec.recipe import from_table, to_table
+    recipe = from_table({**to_table(model.megakernel), **change})
+    formats = dict(model.formats)
+    if "expert_feed" in k:
+        if k["expert_feed"] not in COMPUTE_DTYPES:
+            raise SpecError("kernel.expert_feed", k["expert_feed"], f"one of {', '.join(COMPUTE_DTYPES)}")
+        f = formats["routed_expert"]
+        formats["routed_expert"] = dataclasses.replace(
+            f, name=f"{f.name} fed {k['expert_feed']}", compute_dtype=k["expert_feed"],
+            scale_rows=int(k.get("expert_scale_rows", 1)), fallback_dtype="")
+    return dataclasses.replace(model, megakernel=recipe, formats=formats)
+
+
+def check_plan_deployment(plan: KernelPlan, d: Deployment) -> None:
+    """SpecError unless the plan is of deployment `d` (devices, tp, ep, batch, context, rows)."""
+    want = {"devices": d.devices, "tp": d.tp, "ep": d.expert_groups, "batch": d.batch, "context": d.context,
+            "draft_rows": d.spec.draft_rows if d.spec else 0}
+    for k, v in plan.deployment.items():
+        if k in want and v != want[k]:
+            raise SpecError(f"plan.deployment.{k}", v, f"the plan is not of this deployment ({k} = {want[k]})")
+
+
+def plan_deployment(plan: KernelPlan, engine: str = "megakernel") -> Deployment:
+    """The Deployment a plan file is of."""
+    p = plan.deployment
+    spec = None
+    if p.get("draft_rows"):
+        from perfmodel.spec.deployment import SpecDecode
+        spec = SpecDecode(p["draft_rows"], acceptance_length=1.0)
+    return Deployment(devices=p["devices"], tp=p["tp"], ep=p.get("ep"), batch=p["batch"],
+                      context=p.get("context", 4096), steps_per_call=p.get("steps_per_call", 1), spec=spec,
+                      engine=engine)

@@ -1,0 +1,91 @@
+"""A model's own megakernel: the choices its kernel makes that the op graph and the engine follow.
+
+A model file's `[megakernel]` table (docs/models.md). Every field has the default of a generic
+megakernel, so a model without the table is modelled as before; a kernel that is known (Inferact's
+Muse Spark kernel, the public Kimi K3 kernel) says what it does, each choice with a source in the
+model file's `[sources]`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from perfmodel.util.errors import positive_int, require
+
+MAX_ROWS = 4096
+EXPERT_REDUCE_ROWS = ("tokens", "pairs")
+POST_EXPERT_PROJECTIONS = ("row_sharded", "output_sharded")
+WIRES = {"bf16": 2, "f32": 4}
+TOP_K = ("rank", "iterative_argmax")
+EMBEDDINGS = ("kernel", "xla")
+ALL_REDUCE = ("rs_ag", "hierarchical", "one_shot")  # perfmodel.cost.components.ALGORITHMS["all_reduce"]
+
+
+@dataclass(frozen=True)
+class Megakernel:
+    # rows per step at which the kernel has shard-based collectives; at any other row count its
+    # all-reduces are one-shot. None: the fastest algorithm per payload at every row count
+    shard_collective_rows: tuple[int, ...] | None = None
+    # the kernel's all-reduce algorithm at every row count (rs_ag, hierarchical, one_shot); "": as
+    # shard_collective_rows says, else the fastest per payload
+    all_reduce: str = ""
+    # a collective's payload holds at least this many rows (activations kept as whole sublane
+    # tiles: 8 rows), so a batch of 1 sends 8 rows
+    collective_rows: int = 1
+    # rows of the routed experts' reduction: "tokens" (combined per token first) or "pairs" (one
+    # row per (token, expert) pair, batch x top_k)
+    expert_reduce_rows: str = "tokens"
+    # the latent MoE's post-expert projection: "row_sharded" (partial sums all-reduced) or
+    # "output_sharded" (each device computes a slice of the hidden state, then all-gathers it)
+    post_expert_projection: str = "row_sharded"
+    collective_wire: str = "bf16"       # dtype of the values the collectives send
+    kv_prefetch: bool = True            # KV / state copies issued at layer start (else at the attention)
+    top_k: str = "rank"                 # routing: all ranks in one pass, or one argmax per pick
+    embedding: str = "kernel"           # the embedding lookup in the kernel or in XLA glue around it
+    bank_bytes: int = 0                 # ring bank (DMA tile) size; 0: the chip's dma_tile_bytes
+    ring_banks: int = 0                 # banks the ring keeps in flight; 0: half the on-chip buffer
+    expert_slots: int = 0               # expert buffers; 0: as many as fit (at most top_k)
+
+    @property
+    def wire_bytes(self) -> int:
+        return WIRES[self.collective_wire]
+
+
+def from_table(table) -> Megakernel:
+    """The `[megakernel]` table of a model file, every field checked."""
+    require(isinstance(table, dict), "megakernel", table, "must be a table")
+    known = [f.name for f in fields(Megakernel)]
+    for k in table:
+        require(k in known, f"megakernel.{k}", table[k], f"unknown field; known: {', '.join(known)}")
+    out = dict(table)
+    rows = table.get("shard_collective_rows")
+    if rows is not None:
+        require(isinstance(rows, list) and len(rows) <= MAX_ROWS, "megakernel.shard_collective_rows", rows,
+                "must be a list of row counts")
+        for r in rows:
+            positive_int("megakernel.shard_collective_rows", r)
+            require(r <= MAX_ROWS, "megakernel.shard_collective_rows", r, f"must be <= {MAX_ROWS}")
+        out["shard_collective_rows"] = tuple(sorted(set(rows)))
+    for k, choices in (("all_reduce", ALL_REDUCE), ("expert_reduce_rows", EXPERT_REDUCE_ROWS), ("post_expert_projection", POST_EXPERT_PROJECTIONS),
+                       ("collective_wire", tuple(WIRES)), ("top_k", TOP_K), ("embedding", EMBEDDINGS)):
+        if k in table:
+            require(table[k] in choices, f"megakernel.{k}", table[k], f"must be one of {', '.join(choices)}")
+    if "kv_prefetch" in table:
+        require(isinstance(table["kv_prefetch"], bool), "megakernel.kv_prefetch", table["kv_prefetch"],
+                "must be true or false")
+    for k, lo, hi in (("collective_rows", 1, MAX_ROWS), ("bank_bytes", 0, 1 << 34), ("ring_banks", 0, 1 << 20),
+                      ("expert_slots", 0, 1 << 16)):
+        if k in table:
+            v = table[k]
+            require(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi, f"megakernel.{k}", v,
+                    f"must be an integer in {lo}..{hi}")
+    return Megakernel(**out)
+
+
+def to_table(m: Megakernel) -> dict:
+    """The fields that differ from the defaults (the inverse of from_table)."""
+    out = {}
+    for f in fields(Megakernel):
+        v = getattr(m, f.name)
+        if v != f.default:
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+    return out

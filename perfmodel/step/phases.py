@@ -1,0 +1,136 @@
+"""Phase attribution of a megakernel step, the way a kernel's profiling-only skip options measure it:
+a phase's time is what the step saves when that phase is skipped (its DMAs and its compute, in every
+decoder layer), per layer for the layer phases and per step for the head; the per-layer marginal is
+a decoder layer's time on the timeline, and the fixed cost what is left of the step beside it.
+
+`phases(model, hw, d)` predicts them; `compare(profile, ...)` sets them beside a published profile
+(perfmodel/data/phase_profiles/*.json) for each of its kernels. `perfmodel explain --profile NAME`
+prints both.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from perfmodel.engine.megakernel import ATTENTION_CORES, kernel_terms, simulate_megakernel
+from perfmodel.engine.terms import op_weights
+from perfmodel.graph import ops as ops_mod
+from perfmodel.graph.ops import OpGraph
+from perfmodel.spec.arch import ModelSpec, derive, from_dict, preset_data
+from perfmodel.spec.deployment import Deployment, validate
+from perfmodel.spec.hardware import Hardware
+from perfmodel.util import schema
+from perfmodel.util.checks import STR, ListOf, Num, Req
+from perfmodel.util.errors import SpecError, in_file, require
+from perfmodel.util.files import check_path
+
+PROFILE_DIR = Path(__file__).parents[1] / "data" / "phase_profiles"
+# phase -> what skipping it removes from each decoder layer (or the head)
+SKIPPED = {"dense_ring": "static weights: their DMAs and matmuls", "collectives": "the collectives",
+           "expert_stream": "the routed experts: their DMAs and matmuls",
+           "attention": "the attention cores: their KV / state reads and compute", "routing": "the top-k",
+           "lm_head": "the head's weights: their DMAs and matmuls"}
+LAYER_PHASES = ("dense_ring", "collectives", "expert_stream", "attention", "routing")
+TOLERANCE = {"phase": 0.10, "total": 0.05}  # per phase; the layer total and the fixed cost
+
+
+def skip(g: OpGraph, phase: str) -> OpGraph:
+    """The op graph with `phase` skipped (SKIPPED) in every decoder layer (the head for lm_head)."""
+    names = np.array(g.name)
+    n_layers = int(g.layer.max()) - 1
+    inner = (g.layer >= 1) & (g.layer <= n_layers)
+    static, routed, kv, flops, group = (g.static_bytes.copy(), g.routed_bytes.copy(), g.kv_bytes.copy(),
+                                        g.flops.copy(), g.coll_group.copy())
+    if phase == "dense_ring":
+        sel = inner & (static > 0)
+        static[sel], flops[sel] = 0.0, 0.0
+    elif phase == "collectives":
+        group[inner & g.is_collective] = 1
+    elif phase == "expert_stream":
+        sel = routed > 0
+        routed[sel], flops[sel] = 0.0, 0.0
+    elif phase == "attention":
+        sel = inner & np.isin(names, ATTENTION_CORES)
+        kv[sel], flops[sel] = 0.0, 0.0
+    elif phase == "routing":
+        flops[inner & (names == "top_k")] = 0.0
+    elif phase == "lm_head":
+        sel = (g.layer == n_layers + 1) & (static > 0)
+        static[sel], flops[sel] = 0.0, 0.0
+    else:
+        raise SpecError("phase", phase, f"one of {', '.join(SKIPPED)}")
+    return dataclasses.replace(g, static_bytes=static, routed_bytes=routed, kv_bytes=kv, flops=flops,
+                               coll_group=group)
+
+
+def phases(model: ModelSpec, hw: Hardware, d: Deployment) -> dict[str, float]:
+    """Seconds: each layer phase (per decoder layer), lm_head (per step), the per-layer marginal
+    `layer`, `fixed` (step - layers x marginal), `dispatch_glue_barrier_prime` (fixed - lm_head) and
+    `xla_embedding` (the glue term), and `step`. Megakernel deployments only."""
+    require(d.engine == "megakernel", "engine", d.engine, "phase attribution is of a megakernel step")
+    validate(model, hw, d)
+    g = ops_mod.build(model, d)
+    top_k = model.moe.top_k if model.moe else 1
+    w = op_weights(g, model.formats["routed_expert"].bytes_per_value)
+    run = lambda graph: simulate_megakernel(graph, hw, d, top_k, weights=w)
+    tl = run(g)
+    step = tl.step_s
+    n = len(model.layers)
+    ends = np.array([tl.end_s[g.layer == l].max() for l in range(n + 1)])
+    inner = np.diff(ends)[1:-1] if n > 2 else np.diff(ends)  # decoder layers but the first and the last
+    layer = float(np.mean(inner))
+    out = {p: (step - run(skip(g, p)).step_s) / n for p in LAYER_PHASES}
+    out["lm_head"] = step - run(skip(g, "lm_head")).step_s
+    out["layer"] = layer
+    out["fixed"] = step - n * layer
+    out["dispatch_glue_barrier_prime"] = out["fixed"] - out["lm_head"]
+    out["xla_embedding"] = float(kernel_terms(g, hw).get("xla_embedding", np.zeros(1)).sum())
+    out["step"] = step
+    return out
+
+
+def load_profile(name_or_path: str) -> dict:
+    """A phase profile: a bundled name (perfmodel/data/phase_profiles/NAME.json) or a file."""
+    p = check_path("--profile", name_or_path)
+    if p.suffix != ".json":
+        known = sorted(q.stem for q in PROFILE_DIR.glob("*.json"))
+        require(name_or_path in known, "--profile", name_or_path, f"unknown profile; known: {', '.join(known)}")
+        p = PROFILE_DIR / f"{name_or_path}.json"
+    rule = {"what": (STR,), "source": (STR,), "stated": None, "harness": Req({"deployment": Req({"*": None}), "*": None}),
+            "kernels": Req({"*": {"model": Req((STR,)), "megakernel": {"*": None}, "phases": Req(ListOf(
+                {"phase": Req((STR,)), "value_us": Req(Num(0, lo_open=True)), "*": None}, 1)), "*": None}})}
+    data = schema.load(p, rule, "--profile", fmt="json")
+    with in_file(p):
+        require(data["kernels"], "kernels", {}, "needs at least one kernel")
+    return data
+
+
+def kernel_model(entry: dict) -> ModelSpec:
+    """The model a profile's kernel runs: its preset with the kernel's [megakernel] settings."""
+    over = entry.get("megakernel") or {}
+    return derive(entry["model"], megakernel=over) if over else from_dict(preset_data(entry["model"]))
+
+
+def profile_deployment(profile: dict) -> Deployment:
+    return Deployment(engine="megakernel", **profile["harness"]["deployment"])
+
+
+def compare(profile: dict, hw: Hardware) -> dict:
+    """Per kernel of the profile: each measured phase beside the prediction (perfmodel.step.phases),
+    the error and whether it is within TOLERANCE."""
+    d = profile_deployment(profile)
+    out = {}
+    for name, entry in profile["kernels"].items():
+        pred = phases(kernel_model(entry), hw, d)
+        rows = []
+        for e in entry["phases"]:
+            p = pred[e["phase"]] * 1e6
+            tol = TOLERANCE["total" if e["phase"] in ("layer", "fixed") else "phase"]
+            rows.append({"phase": e["phase"], "per": e["per"], "measured_us": e["value_us"], "predicted_us": p,
+                         "error": p / e["value_us"] - 1, "tolerance": tol,
+                         "within": abs(p / e["value_us"] - 1) <= tol, "source": e["source"]})
+        out[name] = {"model": entry["model"], "megakernel": entry.get("megakernel") or {},
+                     "step_us": pred["step"] * 1e6, "phases": rows}
+    return out

@@ -1,0 +1,139 @@
+"""A model's own megakernel ([megakernel]), formats that say how the matrix unit is fed, the latent
+projections' own format family and model files built on other files."""
+import pytest
+
+from perfmodel.engine.terms import op_compute_s, op_feeds, op_weights
+from perfmodel.graph.ops import build
+from perfmodel.spec.arch import derive, from_dict
+from perfmodel.spec.deployment import Deployment
+from perfmodel.spec.formats import FORMATS, format_from_dict
+from perfmodel.spec.hardware import load_hardware
+from perfmodel.spec.loaders import load_model
+from perfmodel.util.errors import SpecError
+
+TPU, GB200 = load_hardware("tpu-v7"), load_hardware("gb200")
+MS = load_model("muse-spark")
+B1 = Deployment(devices=8, tp=8, ep=1, batch=1, context=160)
+
+
+def collective(g, name):
+    j = g.name.index(name)
+    return g.coll_kind[j], g.coll_bytes[j], int(g.coll_group[j])
+
+
+def test_muse_spark_collectives_follow_its_kernel():
+    """At batch 1 an activation travels as 8 rows (whole sublane tiles; the micro-benchmarks' [8, 8192]
+    o-proj all-reduce), the routed experts' reduction as one row per (token, expert) pair (their
+    [64, 4096] at batch 8), the post-expert projection output-sharded and all-gathered; bf16 wire."""
+    g = build(MS, B1)
+    assert collective(g, "attn_all_reduce") == ("all_reduce", 8 * 8192 * 2, 8)
+    assert collective(g, "latent_all_gather") == ("all_gather", 8 * 4096 * 2, 8)
+    assert collective(g, "expert_all_reduce") == ("all_reduce", 8 * 4096 * 2, 8)
+    assert collective(g, "moe_all_gather") == ("all_gather", 8 * 8192 * 2, 8)
+    assert "moe_all_reduce" not in g.name and "embedding_all_reduce" not in g.name  # embedding in XLA glue
+    g8 = build(MS, Deployment(devices=8, tp=8, ep=1, batch=8, context=160))
+    assert collective(g8, "expert_all_reduce")[1] == 64 * 4096 * 2 and collective(g8, "attn_all_reduce")[1] == 8 * 8192 * 2
+    first = derive("muse-spark", megakernel={"collective_wire": "f32"})
+    assert collective(build(first, B1), "attn_all_reduce")[1] == 8 * 8192 * 4
+
+
+def test_the_recipe_is_the_megakernels_only():
+    """The multi-kernel engine runs the generic layout: one row per token, an all-reduce after the
+    row-sharded post-expert projection, the embedding gathered and all-reduced."""
+    import dataclasses
+    g = build(MS, dataclasses.replace(B1, engine="multikernel"))
+    assert collective(g, "attn_all_reduce")[1] == 8192 * 2 and "moe_all_reduce" in g.name
+    assert "entry_barrier" not in g.name and "embedding_all_reduce" in g.name
+
+
+def test_muse_spark_bytes_per_rank_are_the_profiles():
+    """76 MiB of bf16 dense weights per layer per rank (q, kv, gate, o, pre, router hi/lo, post) and
+    3.19 MiB per int4 expert per rank (group-128 f32 scales), as the phase profile states."""
+    g = build(MS, B1)
+    layer = g.layer == 3
+    assert g.static_bytes[layer].sum() == 76 * 2**20
+    expert = g.routed_bytes[layer].sum() / 8
+    assert expert == pytest.approx(3.1875 * 2**20) and g.expert_descriptors == 4  # values + scales, 2 matrices
+
+
+def test_latent_projections_have_their_own_format():
+    m = derive("muse-spark", formats={"latent_projection": "int8-channel", "shared_expert": "fp8"})
+    g = build(m, B1)
+    j = g.name.index("latent_down")
+    assert g.fmt[j].name == "int8-channel" and g.static_bytes[j] == pytest.approx((8192 * 4096 + 4 * 4096) / 8)
+    assert m.weight_bytes_by_family()["shared_expert"] == 0  # Muse Spark has no shared experts
+
+
+def test_formats_say_how_the_matrix_unit_is_fed():
+    """Native where the chip's matrix unit takes the operand, else the format's named fallback; no
+    silent bf16: a format without a fallback the chip takes is an error naming it."""
+    tpu, gpu = frozenset({"bf16", "f32", "int8", "fp8", "int4"}), frozenset({"bf16", "f32", "fp8", "fp4"})
+    assert FORMATS["nvfp4"].feed(gpu) == ("fp4", 1) and FORMATS["nvfp4"].feed(tpu) == ("fp8", 32)
+    assert FORMATS["mxfp4"].feed(tpu) == ("fp8", 16)
+    assert FORMATS["int4-g128-f32"].feed(tpu) == ("int4", 4) and FORMATS["int4-g128-f32"].feed(gpu) == ("bf16", 1)
+    strict = format_from_dict("fp4-only", {"value_bits": 4, "compute_dtype": "fp4"}, "custom_formats.fp4-only")
+    with pytest.raises(SpecError, match="fallback"):
+        strict.feed(tpu, "tpu-v7")
+
+
+def test_block_diagonal_rows_cost_the_mxu_rows():
+    """NVFP4 experts on TPU v7 are fed as fp8 with 32 LHS rows per batch row (Inferact's path): at
+    batch 8 with every row on the same experts, 256 rows exceed the fp8 weight push (flat up to
+    about 70 rows), so the expert dots cost several times an fp8 feed without scale rows, as the
+    NVFP4 slice micro-benchmark (1.0 us at B=1, 2.7 us at B=8) says."""
+    d = Deployment(devices=8, tp=8, ep=1, batch=8, context=160, routing_correlation=1.0)
+    nv = derive("muse-spark", formats={"routed_expert": "nvfp4"})
+    plain = derive("muse-spark", custom_formats={"nvfp4-plain": {"value_bits": 4, "scale_dtype": "e4m3",
+                                                                  "block": [1, 16], "compute_dtype": "fp8"}},
+                   formats={"routed_expert": "nvfp4-plain"})
+    cost = {}
+    for name, m in (("nvfp4", nv), ("plain", plain)):
+        g = build(m, d)
+        j = g.name.index("routed_experts")
+        dtype, rows = op_feeds(g, TPU)
+        cost[name] = (dtype[j], rows[j], op_compute_s(g, TPU, op_weights(g, m.formats["routed_expert"].bytes_per_value))[j])
+    assert cost["nvfp4"][:2] == ("fp8", 32) and cost["plain"][:2] == ("fp8", 1)
+    assert cost["nvfp4"][2] > 2.5 * cost["plain"][2]
+
+
+def test_a_chip_without_the_operand_or_a_fallback_is_refused():
+    m = derive("muse-spark", custom_formats={"fp4-only": {"value_bits": 4, "compute_dtype": "fp4"}},
+               formats={"routed_expert": "fp4-only"})
+    from perfmodel.step.predict import predict
+    with pytest.raises(SpecError) as e:
+        predict(m, TPU, B1)
+    assert e.value.field == "format fp4-only"
+    assert predict(m, GB200, Deployment(devices=8, tp=8, ep=1, engine="multikernel")).step_s > 0
+
+
+def test_a_model_file_may_be_based_on_another_file(tmp_path):
+    (tmp_path / "a.toml").write_text('base = "muse-spark"\nname = "a"\n[megakernel]\ncollective_wire = "f32"\n')
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "b.toml").write_text('base = "../a.toml"\nname = "b"\n[megakernel]\ntop_k = "iterative_argmax"\n')
+    b = load_model(str(sub / "b.toml"))
+    assert (b.name, b.megakernel.collective_wire, b.megakernel.top_k, b.megakernel.collective_rows) == \
+        ("b", "f32", "iterative_argmax", 8)
+    (tmp_path / "c.toml").write_text('base = "d.toml"\nname = "c"\n')
+    (tmp_path / "d.toml").write_text('base = "c.toml"\nname = "d"\n')
+    with pytest.raises(SpecError, match="cycle"):
+        load_model(str(tmp_path / "c.toml"))
+    (tmp_path / "e.toml").write_text('base = "missing.toml"\nname = "e"\n')
+    with pytest.raises(SpecError, match="file not found"):
+        load_model(str(tmp_path / "e.toml"))
+
+
+def test_the_first_kernel_example_is_the_profiles_first_kernel():
+    """docs/examples/muse-spark-first-kernel.toml (a file on the preset) and the profile's first
+    kernel (the preset with three settings) are the same model."""
+    from perfmodel.step.phases import kernel_model, load_profile
+    example = load_model("docs/examples/muse-spark-first-kernel.toml")
+    assert example.megakernel == kernel_model(load_profile("musespark")["kernels"]["first"]).megakernel
+
+
+def test_recipe_round_trips_and_rejects_unknown_fields():
+    from perfmodel.spec.arch import to_dict
+    assert from_dict(to_dict(MS)).megakernel == MS.megakernel
+    with pytest.raises(SpecError) as e:
+        derive("muse-spark", megakernel={"top_k": "sort"})
+    assert e.value.field == "megakernel.top_k"

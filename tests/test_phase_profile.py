@@ -1,0 +1,76 @@
+"""The model against a real megakernel's phase profile (Inferact's Muse Spark kernel on one TPU7x
+host, TP8, batch 1; perfmodel/data/phase_profiles/musespark.json), phase by phase, for its final
+and its first kernel (the first one's differences are settings of the model's [megakernel])."""
+import functools
+import json
+
+import pytest
+
+from perfmodel.cli.main import main
+from perfmodel.spec.hardware import load_hardware
+from perfmodel.step.phases import compare, kernel_model, load_profile, phases, profile_deployment
+
+PROFILE = load_profile("musespark")
+HW = load_hardware("tpu-v7")
+# what the composition reproduces today (tolerance: 10 % a phase, 5 % the layer total and fixed cost)
+MET = {"final": ("layer", "fixed", "lm_head", "dispatch_glue_barrier_prime", "xla_embedding"),
+       "first": ("layer", "collectives")}
+
+
+@functools.cache
+def rows() -> dict:
+    return {k: {r["phase"]: r for r in v["phases"]} for k, v in compare(PROFILE, HW).items()}
+
+
+@pytest.mark.parametrize("kernel,phase", [(k, p) for k, ps in MET.items() for p in ps])
+def test_phase_within_tolerance(kernel, phase):
+    r = rows()[kernel][phase]
+    assert abs(r["error"]) <= r["tolerance"], r
+
+
+@pytest.mark.xfail(strict=True, reason="the composition's attribution is not yet the kernel's: in the model the "
+                   "12-bank ring streams under the collectives and shares the engine with the expert copies, so "
+                   "skipping the dense ring saves 17 us (kernel 25), skipping the experts 15 us (9), and the "
+                   "attention and routing hide under the ring (0.7 and 0 us; 1.5 and 0.7); README 'Checked "
+                   "against a real megakernel'")
+@pytest.mark.parametrize("kernel,phase", [(k, p) for k in ("final", "first")
+                                          for p in ("dense_ring", "collectives", "expert_stream", "attention",
+                                                    "routing", "fixed") if p not in MET[k]
+                                          and p in rows()[k]])
+def test_phase_not_yet_within_tolerance(kernel, phase):
+    r = rows()[kernel][phase]
+    assert abs(r["error"]) <= r["tolerance"], r
+
+
+def test_the_first_kernels_differences_are_settings():
+    """Each setting moves its own phase the way its mechanism says: f32 wire doubles the bytes of
+    every collective (more collective time), no KV prefetch makes the attention wait for its copy
+    (first-byte latency and its bytes), the iterative argmax reads one winner per round (8
+    rounds against the rank-based top-k's 2: components.topk_time)."""
+    final, first = (rows()[k] for k in ("final", "first"))
+    assert first["collectives"]["predicted_us"] > final["collectives"]["predicted_us"] + 5
+    assert first["attention"]["predicted_us"] > final["attention"]["predicted_us"] + 1.5
+    assert first["routing"]["predicted_us"] > final["routing"]["predicted_us"] + 1.0
+    assert first["layer"]["predicted_us"] > final["layer"]["predicted_us"] + 5
+
+
+def test_phases_are_what_skipping_them_saves():
+    """The layer total is a decoder layer on the timeline; the fixed cost what the layers leave of
+    the step; lm_head and the glue are inside it."""
+    entry = PROFILE["kernels"]["final"]
+    p = phases(kernel_model(entry), HW, profile_deployment(PROFILE))
+    assert p["fixed"] == pytest.approx(p["step"] - 62 * p["layer"])
+    assert p["dispatch_glue_barrier_prime"] == pytest.approx(p["fixed"] - p["lm_head"])
+    assert 0 < p["xla_embedding"] < p["dispatch_glue_barrier_prime"] < p["fixed"]
+
+
+def test_explain_prints_the_profile_beside_the_prediction(capsys):
+    assert main(["explain", "--profile", "musespark"]) == 0
+    text = capsys.readouterr().out
+    assert "final kernel" in text and "first kernel" in text and "dense_ring" in text and "measured us" in text
+    assert main(["explain", "--profile", "musespark", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["phase_profile"]
+    assert set(out["kernels"]) == {"final", "first"}
+    r = {x["phase"]: x for x in out["kernels"]["final"]["phases"]}
+    assert r["layer"]["measured_us"] == 55 and r["layer"]["predicted_us"] > 0 and "REPORT.md" in r["layer"]["source"]
+    assert main(["explain", "--profile", "nope"]) == 2
