@@ -47,7 +47,7 @@ test-all: $(STAMP) browser
 	$(VENV)/bin/python -m pytest -n 2 -q
 
 fuzz: $(STAMP)
-	PERFMODEL_FUZZ_PROFILE=fuzz $(VENV)/bin/python -m pytest -q -s tests/test_fuzz.py
+	PERFMODEL_FUZZ_PROFILE=fuzz $(VENV)/bin/python -m pytest -n 2 -q tests/test_fuzz.py
 
 docs: $(STAMP)
 	$(VENV)/bin/python experiments/docs.py

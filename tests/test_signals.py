@@ -1,8 +1,9 @@
-"""Signals during `perfmodel sweep --out`: killed with SIGKILL or SIGTERM at random points, 50
-times, the output is each time the old file, the whole new file, or absent (when there was no
+"""Process-level faults. `perfmodel sweep --out` killed with SIGKILL or SIGTERM at random points,
+50 times: the output is each time the old file, the whole new file, or absent (when there was no
 old one), with no temporary file beside it and no worker process left behind; SIGTERM and SIGINT
 end with one line and exit status 143 / 130 (a SIGTERM before Python has started the CLI kills
-outright, status -15, nothing printed).
+outright, status -15, nothing printed). A stdout that cannot be written is an input error naming
+it; a Ray address nobody answers at is refused at once.
 
 Runs go five at a time in their own folders: the 50 kills take about 50 s on 2 cores at a load
 average of 12 (`slow` tier, make test-all); the fast tier kills 10 times (about 15 s)."""
@@ -123,3 +124,36 @@ def test_sigint_ends_with_one_line_and_130(tmp_path):
     while group_alive(p.pid) and time.time() < deadline:
         time.sleep(0.2)
     assert list(tmp_path.iterdir()) == [] and group_alive(p.pid) == []
+
+
+# ----- outputs that cannot be written, executors that cannot start -------------------------------
+
+def test_stdout_errors_are_input_errors_naming_it():
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "perfmodel.cli", "list", "--json"], stdout=full,
+                           stderr=subprocess.PIPE, text=True, env=ENV, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == ("perfmodel list: error: stdout='/dev/full': cannot write: "
+                                                      "No space left on device"), r.stderr
+    r = subprocess.run(f"{sys.executable} -m perfmodel.cli list >&-", shell=True, capture_output=True, text=True,
+                       env=ENV, timeout=120)
+    assert r.returncode == 2 and "standard output is closed" in r.stderr and len(r.stderr.splitlines()) == 1
+    r = subprocess.run(f"{sys.executable} -m perfmodel.cli list --json | head -c 1", shell=True,
+                       capture_output=True, text=True, env=ENV, timeout=120)  # a closed pipe: not an error
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_unreachable_ray_address_is_refused_at_once():
+    import socket
+    from perfmodel.search.executors import _reachable
+    from perfmodel.util.errors import SpecError
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nobody listens there now
+    t = time.perf_counter()
+    with pytest.raises(SpecError, match="no Ray cluster answers"):
+        _reachable(f"127.0.0.1:{port}")
+    with pytest.raises(SpecError, match="no Ray cluster answers"):
+        _reachable(f"ray://127.0.0.1:{port}")
+    assert time.perf_counter() - t < 10
+    _reachable("auto")  # Ray finds its own
