@@ -3,6 +3,8 @@
 #   make test      the test suite without the `slow` tier (what CI runs; installs Chromium for the
 #                  browser test when missing; under CI=true a missing Chromium fails the run)
 #   make test-all  every test, slow tiers included
+#   make test-kernels-slow  the megakernel's slow tier (every mesh layout, every expert format,
+#                  the barrier test, the TPU script's CPU smoke test; CI runs it as its own step)
 #   make fuzz      the CLI contract fuzzed with 12,000 generated cases (tests/test_fuzz.py)
 #   make wheel-check  build the wheel, install it into a fresh venv, run the installed CLI
 #   make docs      rewrite the README / docs figures from the commands that produce them
@@ -15,7 +17,8 @@ STAMP := $(VENV)/.installed
 PYTHON ?= $(shell for p in python3.13 python3.12 $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python3 /usr/bin/python3.12 python3; do \
 	  $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: run test test-all fuzz wheel-check predict setup browser docs docs-check
+.PHONY: run test test-all test-kernels-slow fuzz wheel-check predict setup browser docs \
+	docs-check
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml requirements.lock
@@ -24,6 +27,7 @@ $(STAMP): pyproject.toml requirements.lock
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.lock
 	$(VENV)/bin/pip install -q --no-deps -e .
+	$(VENV)/bin/python dashboards/pmdash/warm.py
 	touch $@
 
 run: $(STAMP)
@@ -45,6 +49,11 @@ test: $(STAMP) browser
 
 test-all: $(STAMP) browser
 	$(VENV)/bin/python -m pytest -n 2 -q
+
+KERNEL_TESTS := tests/test_megakernel.py tests/test_kernel_plan.py tests/test_parallel.py \
+	tests/test_quant.py tests/test_plan_simulation.py
+test-kernels-slow: $(STAMP)
+	$(VENV)/bin/python -m pytest -n 2 -q -m slow --durations=8 $(KERNEL_TESTS)
 
 fuzz: $(STAMP)
 	PERFMODEL_FUZZ_PROFILE=fuzz $(VENV)/bin/python -m pytest -n 2 -q tests/test_fuzz.py

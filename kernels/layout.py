@@ -1,16 +1,11 @@
-"""The megakernel's configuration and how weights are packed into uniform HBM tiles.
+"""The megakernel's configuration and how weights are laid out in HBM.
 
-Static weights (every matmul except the routed experts, plus the lm_head) are packed, in the
-order the kernel consumes them, into one array [n_tiles, T, T] of square bf16 tiles; a matmul
-[d_in, d_out] is zero-padded to multiples of T and cut into ceil(d_out/T) column blocks of
-ceil(d_in/T) row tiles each (column block outer), so the kernel accumulates one output block
-over its row tiles. Layers of the same kind have identical tile blocks, so the stream is a stack
-of per-layer blocks: the kernel's layer loop finds a layer's block from its first tile (the
-layer table, `layer_table`) and each matmul at a static offset inside it (`layer_tiles`).
-Routed experts are packed per MoE layer as [E, tiles_per_expert, T, T] (gate_up tiles then down
-tiles). The small per-layer vectors (RMSNorm weights, conv taps, decay constants, latent norms,
-router selection bias) are packed as rows of 128 lanes into [n_layers + 1, vector_rows, 128]
-(the last entry holds the final norm); the router bias sits at the same row in every layer.
+Static weights (every matmul except the routed experts, plus the lm_head) form one stream of
+bf16 rows [rows, T], cut into ring banks: `kernels.stream`. Routed experts are packed per MoE
+layer as [E, rows, T] arrays of codes (and scales): `kernels.quant`. The small per-layer vectors
+(RMSNorm weights, conv taps, decay constants, latent norms, router selection bias) are packed
+as rows of 128 lanes into [n_layers + 1, vector_rows, 128] (the last entry holds the final
+norm); the router bias sits at the same row in every layer.
 """
 from __future__ import annotations
 
@@ -24,22 +19,24 @@ import numpy as np
 from perfmodel.spec.arch import Layer, Matmul, ModelSpec
 from perfmodel.util.errors import positive_int, require
 
-from . import quant, reference
+from . import quant, reference, stream
 
 LANES = 128
 SUBLANES = 8
-BF16_SUBLANES = 16  # rows of a packed bf16 (16, 128) tile
 
 
 @dataclass(frozen=True)
 class KernelConfig:
     """batch: real sequences (padded to a multiple of 8 rows in the kernel); max_context: MLA
-    cache capacity in tokens; depth: VMEM ring banks for static weights (one tile each);
-    tile: edge T of a square bf16 weight tile (bank bytes = 2*T*T), a multiple of the MXU width
-    (`vmem.check_vmem` checks it against the chip); expert_slots: VMEM slots for routed
-    experts; cache_block: tokens per MLA cache tile (one DMA; 3 tile buffers in VMEM);
-    hierarchical: all-reduce with the sibling TensorCore first (`kernels.comm`); rows: verify
-    rows per sequence (a draft block, causal within the block; `reference.verify_inputs`)."""
+    cache capacity in tokens; depth: VMEM ring banks for static weights; bank_rows: rows of one
+    bank ([bank_rows, tile] bf16, one DMA each); tile: the stream's lane width and the edge of a
+    routed-expert tile, a multiple of the MXU width (`vmem.check_vmem` checks it against the
+    chip); expert_slots: VMEM slots for routed experts; cache_block: tokens per MLA cache tile
+    (one DMA; 3 tile buffers in VMEM); hierarchical: all-reduce with the sibling TensorCore
+    first (`kernels.comm`); rows: verify rows per sequence (a draft block, causal within the
+    block; `reference.verify_inputs`); host_devices: mesh devices per host for the two-level
+    one-shot all-reduce (0: all devices on one host); wire: the dtype reductions travel in
+    between devices ("f32" exact, "bf16" half the bytes; `kernels.comm`)."""
     batch: int
     max_context: int = 256
     depth: int = 4
@@ -48,16 +45,24 @@ class KernelConfig:
     cache_block: int = 256
     hierarchical: bool = False
     rows: int = 1
+    bank_rows: int = 1024
+    host_devices: int = 0
+    wire: str = "f32"
 
     def __post_init__(self):
         for name in ("batch", "max_context", "depth", "tile", "expert_slots", "cache_block",
-                     "rows"):
+                     "rows", "bank_rows"):
             positive_int(name, getattr(self, name))
         require(self.rows <= reference.MAX_ROWS, "rows", self.rows,
                 f"must be <= {reference.MAX_ROWS} (a draft block)")
         require(self.tile % LANES == 0, "tile", self.tile, f"must be a multiple of {LANES} lanes")
+        require(self.bank_rows % stream.SPLIT == 0 and self.bank_rows >= self.tile, "bank_rows",
+                self.bank_rows, f"must be a multiple of {stream.SPLIT} and at least the tile "
+                f"({self.tile})")
         require(self.max_context % self.cache_block == 0, "max_context", self.max_context,
                 f"must be a multiple of cache_block ({self.cache_block})")
+        require(self.host_devices >= 0, "host_devices", self.host_devices, "must be >= 0")
+        require(self.wire in ("f32", "bf16"), "wire", self.wire, "must be f32 or bf16")
 
     @property
     def token_rows(self) -> int:
@@ -71,7 +76,7 @@ class KernelConfig:
 
     @property
     def bank_bytes(self) -> int:
-        return 2 * self.tile * self.tile
+        return 2 * self.bank_rows * self.tile
 
 
 def check_kernel_spec(spec: ModelSpec, cfg: KernelConfig) -> None:
@@ -91,140 +96,75 @@ def check_kernel_spec(spec: ModelSpec, cfg: KernelConfig) -> None:
                 f"the megakernel stores {fam} as {' or '.join(want)}")
 
 
-@dataclass(frozen=True)
-class TiledMatmul:
-    """A matmul's place in the static tile stream."""
-    layer: int          # 1-based; n_layers + 1 for the lm_head
-    mm: Matmul
-    rows: int           # row tiles (ceil(d_in / T))
-    cols: int           # column blocks (ceil(d_out / T))
-    first: int          # index of its first tile in the stream
-
-    @property
-    def tiles(self) -> int:
-        return self.rows * self.cols
-
-
-def tiles_of(mm: Matmul, t: int) -> tuple[int, int]:
-    return math.ceil(mm.d_in / t), math.ceil(mm.d_out / t)
-
-
-def static_matmuls(spec: ModelSpec, layer: Layer) -> list[Matmul]:
-    """A layer's static matmuls in the kernel's consumption order."""
-    return [mm for mm in spec.layer_matmuls(layer) if mm.family != "routed_expert"]
-
-
 def tp_of(spec: ModelSpec) -> int:
     """Devices the spec's shapes are split over (a `shard.DeviceSpec`), else 1."""
     return getattr(spec, "tp", 1)
 
 
-def lm_head_matmul(spec: ModelSpec) -> Matmul:
-    """The lm_head (a vocabulary shard on each of tp devices)."""
-    return Matmul("lm_head", "lm_head", spec.hidden, spec.vocab // tp_of(spec))
+def static_stream(spec: ModelSpec, cfg: KernelConfig) -> stream.Stream:
+    return stream.stream(spec, cfg.tile, cfg.bank_rows)
 
 
-def static_stream(spec: ModelSpec, cfg: KernelConfig) -> list[TiledMatmul]:
-    """Every static matmul, in stream order, with its tile range."""
-    out, first = [], 0
-    entries = [(l.index, mm) for l in spec.layers for mm in static_matmuls(spec, l)]
-    entries.append((len(spec.layers) + 1, lm_head_matmul(spec)))
-    for layer, mm in entries:
-        r, c = tiles_of(mm, cfg.tile)
-        out.append(TiledMatmul(layer, mm, r, c, first))
-        first += r * c
-    return out
+def part(spec: ModelSpec, cfg: KernelConfig, key: tuple[str, str]) -> stream.Part:
+    return stream.part(spec, key, cfg.tile, cfg.bank_rows)
 
 
 def expert_matmuls(spec: ModelSpec) -> list[Matmul]:
     return [mm for mm in spec.ffn_matmuls("moe") if mm.family == "routed_expert"]
 
 
+def expert_layout(spec: ModelSpec, cfg: KernelConfig) -> quant.ExpertLayout:
+    """How one routed expert is stored (`quant.ExpertLayout`; bf16: no scales)."""
+    return quant.expert_layout(spec.formats["routed_expert"].name, cfg.tile,
+                               [(mm.d_in, mm.d_out) for mm in expert_matmuls(spec)])
+
+
 def max_row_col_tiles(spec: ModelSpec, cfg: KernelConfig) -> tuple[int, int]:
-    """The most row tiles and column blocks of any matmul the kernel runs (its VMEM scratch
-    for a matmul's input row tiles and output column blocks)."""
-    shapes = [(tm.rows, tm.cols) for tm in static_stream(spec, cfg)]
-    shapes += [tiles_of(mm, cfg.tile) for mm in expert_matmuls(spec)] if spec.moe else []
-    return max(r for r, _ in shapes), max(c for _, c in shapes)
+    """The most input row tiles and output column blocks of any matmul the kernel runs (its
+    VMEM scratch for an input's T-wide pieces and the output column blocks)."""
+    t = cfg.tile
+    groups = [g for l in (*spec.layers, None) for key in stream.layer_parts(spec, l)
+              for g in stream.groups_of(spec, key)]
+    rows = [math.ceil(g.d_in / t) for g in groups]
+    cols = [max(1, g.blocks(t)) for g in groups]
+    if spec.moe:
+        for r, c in expert_layout(spec, cfg).shapes:
+            rows.append(r)
+            cols.append(c)
+    return max(rows), max(cols)
 
 
-def expert_format(spec: ModelSpec, cfg: KernelConfig) -> quant.TileFormat:
-    """How a routed-expert tile is stored (bf16: codes are the weights, no scales)."""
-    name = spec.formats["routed_expert"].name
-    if name in quant.QUANTISED:
-        return quant.tile_format(name, cfg.tile)
-    return quant.TileFormat("bf16", cfg.tile, jnp.bfloat16, cfg.tile, cfg.tile, None)
-
-
-def expert_bytes(spec: ModelSpec, cfg: KernelConfig) -> tuple[int, int]:
-    """(code bytes, scale bytes) of one routed expert as the kernel fetches it."""
-    f, tpe = expert_format(spec, cfg), tiles_per_expert(spec, cfg)
-    codes = tpe * f.code_rows * cfg.tile * np.dtype(f.code_dtype).itemsize
-    scales = 0 if f.scale_dtype is None else \
-        tpe * (cfg.tile // f.group) * cfg.tile * np.dtype(f.scale_dtype).itemsize
-    return codes, scales
-
-
-def tiles_per_expert(spec: ModelSpec, cfg: KernelConfig) -> int:
-    return sum(r * c for r, c in (tiles_of(mm, cfg.tile) for mm in expert_matmuls(spec)))
-
-
-def _tile_matrix(w: np.ndarray, t: int) -> np.ndarray:
-    """[d_in, d_out] -> [cols*rows, T, T], column block outer, zero-padded."""
-    r, c = math.ceil(w.shape[0] / t), math.ceil(w.shape[1] / t)
-    p = np.zeros((r * t, c * t), w.dtype)
-    p[:w.shape[0], :w.shape[1]] = w
-    return p.reshape(r, t, c, t).transpose(2, 0, 1, 3).reshape(c * r, t, t)
-
-
-# ----- small vectors ------------------------------------------------------------------------------
+# ----- the layer table ------------------------------------------------------------------------
 
 # columns of the layer table (int32 [n_layers, 6], in SMEM): attention kind (0 KDA, 1 MLA), FFN
 # kind (0 dense, 1 MoE), ordinal among layers of the same attention kind (cache slot), ordinal
-# among MoE layers, first static tile of the layer, first static tile of its FFN part
+# among MoE layers, first ring bank of the layer's attention part, first ring bank of its FFN
 ATT, FFN, ATT_ORD, MOE_ORD, FIRST, FFN_FIRST = range(6)
 ATTENTION_IDS, FFN_IDS = {"kda": 0, "mla": 1}, {"dense": 0, "moe": 1}
 
 
-def layer_tiles(spec: ModelSpec, cfg: KernelConfig, attention: str | None, ffn: str | None
-                ) -> dict[str, tuple[int, int, int]]:
-    """name -> (first tile relative to the attention (or FFN) part, rows, cols) of the matmuls
-    of one attention kind or one FFN kind (give one of the two)."""
-    mms = spec.attention_matmuls(attention) if attention else \
-        [mm for mm in spec.ffn_matmuls(ffn) if mm.family != "routed_expert"]
-    out, first = {}, 0
-    for mm in mms:
-        r, c = tiles_of(mm, cfg.tile)
-        out[mm.name] = (first, r, c)
-        first += r * c
-    return out
-
-
 def layer_table(spec: ModelSpec, cfg: KernelConfig) -> np.ndarray:
     """The layer loop's per-layer scalars (columns ATT .. FFN_FIRST), int32 [n_layers, 6]."""
-    rows, first = [], 0
+    first = static_stream(spec, cfg).first_bank
+    rows = []
     for layer in spec.layers:
-        att = sum(r * c for _, r, c in layer_tiles(spec, cfg, layer.attention, None).values())
-        ffn = sum(r * c for _, r, c in layer_tiles(spec, cfg, None, layer.ffn).values())
+        ffn_family = stream.layer_parts(spec, layer)[1][1]
         rows.append([ATTENTION_IDS[layer.attention], FFN_IDS[layer.ffn],
                      reference.kind_ordinal(spec, layer),
                      sum(1 for l in spec.layers[:layer.index - 1] if l.ffn == "moe"),
-                     first, first + att])
-        first += att + ffn
+                     first[(layer.index, "attention")], first[(layer.index, ffn_family)]])
     return np.asarray(rows, np.int32)
 
+
+# ----- small vectors ----------------------------------------------------------------------------
 
 def _rows(n: int) -> int:
     return math.ceil(n / LANES)
 
 
-def _pad16(n: int) -> int:
-    return -(-n // BF16_SUBLANES) * BF16_SUBLANES
-
-
 def _attention_rows(spec: ModelSpec, attention: str) -> int:
     shapes = reference.small_param_shapes(spec, Layer(1, attention, "dense"))
-    return _pad16(sum(_shape_rows(s) for s in shapes.values()))
+    return stream.pad16(sum(_shape_rows(s) for s in shapes.values()))
 
 
 def _shape_rows(shape: tuple) -> int:
@@ -257,10 +197,10 @@ def vector_copies(spec: ModelSpec, layer: Layer | None) -> list[tuple[str, int, 
     """(family, first row, rows) of the DMAs that bring a layer's vectors on chip."""
     lay = vector_layout(spec, layer)
     att_end = max(r + n for name, (r, n, _) in lay.items() if name != "router_bias")
-    out = [("attention", 0, _pad16(att_end))]
+    out = [("attention", 0, stream.pad16(att_end))]
     if "router_bias" in lay:
         r, n, _ = lay["router_bias"]
-        out.append(("router", r, _pad16(n)))
+        out.append(("router", r, stream.pad16(n)))
     return out
 
 
@@ -274,45 +214,39 @@ def vector_rows(spec: ModelSpec) -> int:
 class Packed:
     """Weights laid out for the megakernel (all arrays in HBM)."""
     embed: object      # [V, 1, H/tp] bf16 (one row per token id)
-    static: object     # [n_tiles, T, T] bf16
-    experts: object    # [n_moe_layers, E/groups, tiles_per_expert, code_rows, T] codes (bf16:
-    #                    the weights; a zero tile if no MoE)
+    static: object     # [stream rows, T] bf16 (`kernels.stream`)
+    experts: object    # [n_moe_layers, E/groups, rows, T] codes (and 8-bit scales; bf16: the
+    #                    weights; a zero block if no MoE)
     vectors: object    # [n_layers + 1, vector_rows, 128] bf16
-    expert_scales: object = None  # [n_moe_layers, E/groups, tiles_per_expert, T/group, T]
+    expert_scales: object = None  # [n_moe_layers, E/groups, scale rows, T] (16/32-bit scales)
+    expert_global: object = None  # [n_moe_layers * E/groups * 2] f32 (nvfp4 per-matrix scales)
 
 
 def pack_weights(weights: reference.Weights, cfg: KernelConfig) -> Packed:
-    """Pack reference weights (bf16) into the megakernel's tile layout."""
+    """Pack reference weights (bf16) into the megakernel's HBM layout."""
     spec = weights.spec
     check_kernel_spec(spec, cfg)
-    t = cfg.tile
     np_ = lambda a: np.asarray(a)
     layers = weights["layers"]
-    tiles = []
-    for tm in static_stream(spec, cfg):
-        w = weights["lm_head"] if tm.mm.name == "lm_head" else layers[tm.layer - 1][tm.mm.name]
-        tiles.append(_tile_matrix(np_(w), t))
-    experts, scales = [], []
-    fmt = expert_format(spec, cfg).name if spec.moe else "bf16"
-    for layer, lw in zip(spec.layers, layers):
-        if layer.ffn == "moe":
-            per_e, per_s = [], []
-            for e in range(lw[expert_matmuls(spec)[0].name].shape[0]):
-                cs, ss = [], []
-                for mm in expert_matmuls(spec):
-                    w = np_(lw[mm.name][e])
-                    if fmt == "bf16":
-                        cs.append(_tile_matrix(w, t))
-                        continue
-                    c, s = quant.quantize(w.astype(np.float32), fmt, t)
-                    cs.append(quant.tile_codes(c, fmt, t))
-                    ss.append(quant.tile_scales(s, fmt, t, w.shape[1]))
-                per_e.append(np.concatenate(cs))
-                per_s.append(np.concatenate(ss) if ss else None)
-            experts.append(np.stack(per_e))
-            scales.append(None if fmt == "bf16" else np.stack(per_s))
-    tpe = tiles_per_expert(spec, cfg) if spec.moe else 1
-    experts = np.stack(experts) if experts else np.zeros((1, 1, tpe, t, t), jnp.bfloat16)
+    slabs = []
+    for layer in (*spec.layers, None):
+        src = {"lm_head": weights["lm_head"]} if layer is None else layers[layer.index - 1]
+        for key in stream.layer_parts(spec, layer):
+            slabs.append(stream.pack_part(part(spec, cfg, key), src))
+    experts, scales, globs = [], [], []
+    if spec.moe:
+        lay = expert_layout(spec, cfg)
+        for layer, lw in zip(spec.layers, layers):
+            if layer.ffn != "moe":
+                continue
+            per = [quant.pack_expert(lay, [np_(lw[mm.name][e]) for mm in expert_matmuls(spec)])
+                   for e in range(lw[expert_matmuls(spec)[0].name].shape[0])]
+            experts.append(np.stack([c for c, _, _ in per]))
+            if per[0][1] is not None:
+                scales.append(np.stack([s for _, s, _ in per]))
+            globs += [g for _, _, gl in per for g in gl]
+    t = cfg.tile
+    experts = np.stack(experts) if experts else np.zeros((1, 1, t, t), jnp.bfloat16)
     vr = vector_rows(spec)
     vec = np.zeros((len(spec.layers) + 1, vr, LANES), jnp.bfloat16)
     for i, layer in enumerate((*spec.layers, None)):
@@ -322,10 +256,12 @@ def pack_weights(weights: reference.Weights, cfg: KernelConfig) -> Packed:
             block = np.zeros((v.shape[0], _rows(shape[-1]) * LANES), vec.dtype)
             block[:, :shape[-1]] = v
             vec[i, r:r + n] = block.reshape(n, LANES)
+    glob = spec.moe and expert_layout(spec, cfg).fmt.global_scale
     return Packed(embed=jnp.asarray(weights["embed"]).reshape(spec.vocab, 1, -1),
-                  static=jnp.asarray(np.concatenate(tiles)), experts=jnp.asarray(experts),
-                  vectors=jnp.asarray(vec),
-                  expert_scales=jnp.asarray(np.stack(scales)) if fmt != "bf16" else None)
+                  static=jnp.asarray(np.concatenate(slabs), jnp.bfloat16),
+                  experts=jnp.asarray(experts), vectors=jnp.asarray(vec),
+                  expert_scales=jnp.asarray(np.stack(scales)) if scales else None,
+                  expert_global=jnp.asarray(np.asarray(globs, np.float32)) if glob else None)
 
 
 def unpack_vector(vrows, layout_entry):
@@ -338,5 +274,5 @@ def unpack_vector(vrows, layout_entry):
 
 
 jax.tree_util.register_dataclass(
-    Packed, data_fields=["embed", "static", "experts", "vectors", "expert_scales"],
-    meta_fields=[])
+    Packed, data_fields=["embed", "static", "experts", "vectors", "expert_scales",
+                         "expert_global"], meta_fields=[])

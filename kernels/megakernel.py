@@ -1,18 +1,21 @@
 """The Pallas TPU megakernel: a whole hybrid-MoE decode step in one `pallas_call`.
 
-Weights stay in HBM (`memory_space=ANY`). Static weight tiles stream through a ring of `depth`
-VMEM banks: the copy of tile g+depth is issued as soon as tile g has been consumed, across layer
-and phase boundaries, so the ring keeps prefetching through routing and attention. After each
-MoE router, the top-k picks are reduced to a mask of used experts, moved VMEM -> SMEM, compacted
-into ascending expert ids in SMEM by scalar code, and the experts are fetched by data-dependent
-DMAs into `expert_slots` VMEM slots (expert j goes to slot j mod slots; expert j+slots is fetched
-as soon as expert j has been applied). The KDA state / conv window and the MLA latent cache live
-in HBM, aliased in and out; they are prefetched at the start of their layer (MLA: only the
-blocks holding positions < pos) and written back in place (KDA: whole state; MLA: one row).
-A step may verify a block of `cfg.rows` tokens per sequence (causal within the block; only the
-first `accepted` rows of each sequence update the caches; see `make_step`). Every DMA issue
-site also records itself (`Dma.note`) so that `kernels.plan` derives the DMA plan from the
-kernel's own code. Numerics follow `kernels.reference` (same helpers).
+Weights stay in HBM (`memory_space=ANY`). The static weights stream through a ring of `depth`
+VMEM banks, one DMA a bank (`kernels.ring`, layout `kernels.stream`), across layer and phase
+boundaries, so the ring keeps prefetching through routing, attention and the collectives.
+After each MoE router, the top-k picks are reduced to a mask of used experts, moved VMEM ->
+SMEM, compacted into ascending expert ids in SMEM by scalar code, and the experts are fetched
+by data-dependent DMAs (`expert_fetch`: one or two per expert) into `expert_slots` VMEM slots
+(expert j goes to slot j mod slots; expert j+slots is fetched as soon as expert j has been
+applied); 4-bit experts are fed to the MXU as fp8 (`kernels.quant`). The KDA state / conv window
+and the MLA latent cache live in HBM, aliased in and out; they are prefetched at the start of
+their layer (MLA: only the blocks holding positions < pos) and written back in place (KDA:
+whole state; MLA: one row). On a mesh the collectives are remote DMAs (`kernels.comm`) behind
+a barrier at the start of the call. A step may verify a block of `cfg.rows` tokens per
+sequence (causal within the block; only the first `accepted` rows of each sequence update the
+caches; see `make_step`). Every DMA issue site also records itself (`dma.Dma`) so that
+`kernels.plan` derives the DMA plan from the kernel's own code. Numerics follow
+`kernels.reference` (same helpers).
 """
 from __future__ import annotations
 
@@ -30,118 +33,14 @@ from jax.experimental.pallas import tpu as pltpu
 from perfmodel.spec.arch import Layer, ModelSpec
 from perfmodel.util.errors import require
 
-from . import comm, layout, quant, reference as ref, shard, vmem
+from . import comm as comm_mod, layout, quant, reference as ref, shard, stream as stream_mod, vmem
 from .comm import Comm
+from .dma import Copies, Dma
 from .layout import KernelConfig, Packed
+from .ring import PartReader, Ring
 
 F32, BF16 = jnp.float32, jnp.bfloat16
-
-
-class Dma:
-    """Issues nothing itself; records each DMA issue site (in program order) for the plan.
-
-    A record is a dict(site, scope, when, layer, family, name, bytes, routed); scope is "pre"
-    (before the layer loop), "loop" (the loop body, traced once for all layers) or "post"
-    (the head); when is None or the ("attention" | "ffn", kind) of the branch it lies in; site
-    is "copy" (one copy; layer None = the loop's current layer), "ring_start" (the first
-    `depth` static tiles), "ring" (the tiles of matmul `name` of the current layer, each
-    followed by the issue of the tile `depth` ahead), "vectors" (the vector block of layer
-    `layer` relative to the current one), "experts" (one copy per distinct expert picked) or
-    "cache_blocks" (per sequence, ceil(pos / block) copies); waits are recorded as site "wait"
-    (name = the copies waited for) so that orderings can be checked."""
-
-    def __init__(self, record: list | None):
-        self.record, self.scope, self.when = record, "pre", None
-
-    def note(self, site, layer=None, family=None, name="", nbytes=0, routed=False):
-        if self.record is not None:
-            self.record.append(dict(site=site, scope=self.scope, when=self.when, layer=layer,
-                                    family=family, name=name, bytes=int(nbytes), routed=routed))
-
-    def branch(self, when):
-        """Records of `fn` (traced inside a cond branch) are tagged with `when`."""
-        def wrap(fn):
-            def traced(*a):
-                outer, self.when = self.when, when
-                try:
-                    return fn(*a)
-                finally:
-                    self.when = outer
-            return traced
-        return wrap
-
-
-def _tiled_matmul(x, rows, cols, d_out, tile, xs, ys):
-    """x [bp, d_in] f32 @ W -> [bp, d_out] f32, W given tile by tile: tile(k, use) calls
-    use(bf16 value [T, T]) on tile k = j*rows + i (column block j outer) and returns its result. The
-    input's row tiles go to VMEM scratch xs, the output blocks to ys; both loops are fori_loops
-    (the trace does not grow with the matrix)."""
-    t = xs.shape[-1]
-    pad = -x.shape[1] % t
-    if pad:
-        x = jnp.concatenate([x, jnp.zeros((x.shape[0], pad), F32)], axis=1)
-    for i in range(rows):
-        xs[i] = x[:, i * t:(i + 1) * t]
-
-    def col(j, carry):
-        def row(i, acc):
-            return acc + tile(j * rows + i, lambda w: jnp.dot(
-                xs[i].astype(BF16), w, preferred_element_type=F32))
-        ys[j] = lax.fori_loop(0, rows, row, jnp.zeros(ys.shape[1:], F32))
-        return carry
-
-    lax.fori_loop(0, cols, col, 0)
-    return jnp.concatenate([ys[j] for j in range(cols)], axis=1)[:, :d_out]
-
-
-class _Ring:
-    """The static weight stream through `depth` VMEM banks; tile g lives in bank g mod depth
-    (g may be a traced index: the loop body computes it from the layer table)."""
-
-    def __init__(self, cfg, n_tiles, hbm, banks, sems, xs, ys, dma):
-        self.cfg, self.n, self.hbm, self.banks, self.sems = cfg, n_tiles, hbm, banks, sems
-        self.xs, self.ys, self.dma = xs, ys, dma
-
-    def _copy(self, g):
-        b = lax.rem(g, self.cfg.depth)
-        return pltpu.make_async_copy(self.hbm.at[g], self.banks.at[b], self.sems.at[b])
-
-    def start(self):
-        self.dma.note("ring_start")
-        for g in range(min(self.cfg.depth, self.n)):
-            self._copy(g).start()
-
-    def tile(self, g, use):
-        """Wait for tile g, use(its value), then issue tile g + depth into the freed bank."""
-        self._copy(g).wait()
-        out = use(self.banks[lax.rem(g, self.cfg.depth)])
-        nxt = g + self.cfg.depth
-
-        @pl.when(nxt < self.n)
-        def _():
-            self._copy(nxt).start()
-        return out
-
-    def matmul(self, name, g0, x, rows, cols, d_out):
-        """x [bp, d_in] @ the matmul whose first tile is g0 -> [bp, d_out] f32."""
-        self.dma.note("ring", name=name)
-        return _tiled_matmul(x, rows, cols, d_out, lambda k, use: self.tile(g0 + k, use),
-                             self.xs, self.ys)
-
-    def matrix(self, name, g0, rows, cols, d_in, d_out, buf):
-        """The whole matrix [d_in, d_out] as a bf16 value, its tiles gathered in VMEM buf."""
-        self.dma.note("ring", name=name)
-
-        def body(k, carry):
-            def use(w):
-                buf[k] = w
-                return 0
-            self.tile(g0 + k, use)
-            return carry
-        lax.fori_loop(0, rows * cols, body, 0)
-        full = jnp.concatenate([jnp.concatenate([buf[j * rows + i] for i in range(rows)], axis=0)
-                                for j in range(cols)], axis=1)
-        return full[:d_in, :d_out]
+COLLECTIVE_ID = 0   # the barrier semaphore of this kernel (one collective pattern: the tp axis)
 
 
 def _argmax_first(x, iota):
@@ -157,58 +56,116 @@ def _switch(pred_is_first, kinds, fns, *args):
     return lax.cond(pred_is_first, fns[kinds[0]], fns[kinds[1]], *args)
 
 
-def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
+def expert_fetch(refs, mo, e, s) -> Copies:
+    """Expert `e` (of MoE layer `mo`) into slot s: its codes (with 8-bit scales) and, for 16-
+    and 32-bit scales, its scales: one or two DMAs."""
+    hbm, slots, scales_hbm, scale_slots, sems = refs
+    pairs = [(hbm.at[mo, e], slots.at[s], sems.at[s])]
+    if scales_hbm is not None:
+        pairs.append((scales_hbm.at[mo, e], scale_slots.at[s], sems.at[s]))
+    return Copies("expert", *pairs)
+
+
+def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
     n_kda, n_mla = spec.count(attention="kda"), spec.count(attention="mla")
     n_moe, n_layers = spec.count(ffn="moe"), len(spec.layers)
+    tp = layout.tp_of(spec)
+    lay = layout.expert_layout(spec, cfg) if n_moe else None
+    xfmt = lay.fmt if lay else None
+    separate = lay is not None and lay.rows[1] > 0
+    glob = xfmt is not None and xfmt.global_scale
+    widths = collective_widths(spec, cfg)
+    bufs = comm_mod.buffer_shapes(spec, cfg, widths, tp) if tp > 1 else {}
     refs = list(refs)
     take = lambda k: [refs.pop(0) for _ in range(k)]
-    tok_ref, pos_ref, acc_ref, table, me_ref, emb_hbm, static_hbm, exp_hbm, vec_hbm = take(9)
-    xfmt = layout.expert_format(spec, cfg) if n_moe else None
-    quantised = xfmt is not None and xfmt.name != "bf16"
-    (exp_scale_hbm,) = take(1) if quantised else (None,)
+    # inputs
+    tok_ref, pos_ref, acc_ref, table, row0_ref, cls_ref, me_ref = take(7)  # SMEM
+    # [Bp], [B], [B], [n_layers, 6], [n_banks], [n_banks], [1]
+    (glob_ref,) = take(1) if glob else (None,)      # SMEM [n_moe * E/groups * 2] f32
+    (count_in,) = take(1) if tp > 1 else (None,)    # SMEM [5] exchanges so far, per group kind
+    emb_hbm, static_hbm, exp_hbm, vec_hbm = take(4)
+    # [V, 1, H/tp], [stream rows, T], [n_moe, E/groups, rows, T], [n_layers + 1, vrows, 128]
+    (exp_scale_hbm,) = take(1) if separate else (None,)   # [n_moe, E/groups, scale rows, T]
     take(2 * bool(n_kda) + bool(n_mla))  # cache inputs: aliased to the cache outputs below
-    next_ref, logits_ref = take(2)
-    kda_state, kda_conv = take(2) if n_kda else (None, None)
-    (mla_cache,) = take(1) if n_mla else (None,)
-    (ndist_ref,) = take(1)
+    # outputs
+    next_ref, logits_ref = take(2)                  # [Bp, 128] int32, [Bp, V/tp] f32 (VMEM)
+    kda_state, kda_conv = take(2) if n_kda else (None, None)   # [n_kda, B, ..] (HBM, in place)
+    (mla_cache,) = take(1) if n_mla else (None,)    # [n_mla, B, max_context, r + rope] (HBM)
+    (ndist_ref,) = take(1)                          # [max(n_moe, 1)] int32 (SMEM)
+    (count_ref,) = take(1) if tp > 1 else (None,)   # [5] int32 (SMEM), aliased to count_in
+    # scratch
     ring_buf, ring_sem, slot_buf, slot_sem, vbuf, vsem, xrows, misc_sem, xs, ys = take(10)
-    (scale_buf,) = take(1) if quantised else (None,)
+    # [depth, bank_rows, T] bf16, DMA [depth], [slots, rows, T] codes, DMA [slots],
+    # [2, vrows, 128] bf16, DMA [2], [Bp, 1, H/tp] bf16, DMA [4], [rmax, Bp, T] f32, [cmax, Bp, T]
+    (scale_buf,) = take(1) if separate else (None,)  # [slots, scale rows, T]
     if n_kda:
-        state_buf, conv_buf, kda_sem, kda_flag = take(4)
+        state_buf, conv_buf, kda_sem, kda_flag = take(4)  # state, window, DMA [4], SMEM [1]
     if n_mla:
-        cache_buf, newrow, kvb_buf, kv_sem = take(4)
+        cache_buf, newrow, kv_sem = take(3)  # [3, block, r + rope] bf16, [Bp, 1, r + rope], DMA [3]
     if n_moe:
-        mask_v, mask_s, ids_s = take(3)
-    tp = layout.tp_of(spec)
-    comm = Comm(tp, me_ref, *take(4), hierarchical=cfg.hierarchical) if tp > 1 else \
-        Comm(1, me_ref, None, None, None, None)
+        mask_v, mask_s, ids_s = take(3)      # [1, E] int32 VMEM, [1, E] SMEM, [E] SMEM
+    if tp > 1:
+        comm_bufs = {key: tuple(take(2)) for key in bufs}   # send, receive per (kind, dtype)
+        (comm_sem,) = take(1)                                 # DMA [2, 5, 2]
     assert not refs
 
     b_real, n_rows, n_real, bp, t = cfg.batch, cfg.rows, cfg.token_rows, cfg.padded_batch, cfg.tile
     h_dim = spec.hidden
     dma = Dma(record)
-    stream = layout.static_stream(spec, cfg)
-    n_tiles = sum(tm.tiles for tm in stream)
-    ring = _Ring(cfg, n_tiles, static_hbm, ring_buf, ring_sem, xs, ys, dma)
+    s = layout.static_stream(spec, cfg)
+    ring = Ring(cfg.depth, s, static_hbm, ring_buf, ring_sem, row0_ref, cls_ref, dma)
+    comm = Comm(tp, me_ref, comm_bufs if tp > 1 else {}, comm_sem if tp > 1 else None,
+                count_ref, cfg, spec, dma)
     att_kinds = sorted({l.attention for l in spec.layers}, key=layout.ATTENTION_IDS.get)
     ffn_kinds = sorted({l.ffn for l in spec.layers}, key=layout.FFN_IDS.get)
     row = lax.broadcasted_iota(jnp.int32, (bp, 1), 0)
     real = row < n_real  # token rows: row r of sequence b at r * b_real + b, then padding
 
-    def matmuls_of(i, attention=None, ffn=None):
-        """matmul(name, x) for layer i's attention (or FFN) part, tiles from the layer table."""
-        offs = layout.layer_tiles(spec, cfg, attention, ffn)
-        g_first = table[i, layout.FIRST if attention else layout.FFN_FIRST]
-        d_out = {mm.name: mm.d_out for mm in (spec.attention_matmuls(attention) if attention
-                                              else spec.ffn_matmuls(ffn))}
+    def matmuls_of(i, kind, *families):
+        """matmul(name, x) for layer i's parts of `families` (layer kind `kind`), reading each
+        part's banks from the ring in order; a fused group is computed once, at the call for
+        its first member, and its other members are sliced from that result."""
+        col = layout.FIRST if families[0] == "attention" else layout.FFN_FIRST
+        g0 = table[i, col]
+        parts = [layout.part(spec, cfg, (kind, f)) for f in families]
+        firsts, n = [], 0
+        for p in parts:
+            firsts.append(n)
+            n += p.banks
+        readers, done, cache = {}, [], {}
+
+        def reader(name):
+            k = next(q for q, p in enumerate(parts) if any(name in g.names for g in p.groups))
+            if k not in readers:
+                for r in done:
+                    r.finish()
+                readers[k] = PartReader(ring, parts[k], g0 + firsts[k], xs, ys)
+                done.append(readers[k])
+            return readers[k], parts[k]
 
         def matmul(name, x):
-            off, r, c = offs[name]
-            y = ring.matmul(name, g_first + off, x, r, c, d_out[name])
-            if name in shard.GATHERED:
-                return comm.all_gather(y)
-            return comm.all_reduce(y) if name in ("o_proj", "down") else y
-        matmul.offsets, matmul.first = offs, g_first
+            if name not in cache:
+                rd, p = reader(name)
+                k = p.group_of(name)
+                g = p.groups[k]
+                y = rd.matmul(k, x)
+                for nm, w in zip(g.names, g.widths):
+                    c = g.column(nm)
+                    cache[nm] = (x, y[:, c:c + w])
+            x0, y = cache[name]
+            assert x0 is x, f"{name} must read the same input as its group"
+            if name in shard.GATHERED:   # latent_down's output only feeds bf16 dots
+                return comm.all_gather(y, name, dtype=BF16 if name == "latent_down" else F32)
+            return comm.all_reduce(y, name) if name in ("o_proj", "down") else y
+
+        def matrix(name):
+            rd, p = reader(name)
+            return rd.matrix(p.group_of(name))
+
+        def finish():
+            for r in done:
+                r.finish()
+        matmul.matrix, matmul.finish = matrix, finish
         return matmul
 
     # ----- small vectors: double-buffered, layer i+1's block issued when layer i starts -------
@@ -217,8 +174,8 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         layer = None if attention is None else \
             perfmodel_layer(attention, "moe" if with_router else "dense")
         slot = lax.rem(entry, 2)
-        return [pltpu.make_async_copy(vec_hbm.at[entry, pl.ds(r, n)],
-                                      vbuf.at[slot, pl.ds(r, n)], vsem.at[slot])
+        return [Copies("vectors", (vec_hbm.at[entry, pl.ds(r, n)], vbuf.at[slot, pl.ds(r, n)],
+                                   vsem.at[slot]))
                 for _, r, n in layout.vector_copies(spec, layer)]
 
     def for_vector_copies(entry, fn):
@@ -242,11 +199,11 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
 
     def vectors_of(slot, attention=None, ffn=None):
         """name -> f32 value of the block in vbuf slot, for one attention (or FFN) kind."""
-        lay = layout.vector_layout(spec, perfmodel_layer(attention or att_kinds[0],
-                                                         ffn or "dense"))
+        lay_v = layout.vector_layout(spec, perfmodel_layer(attention or att_kinds[0],
+                                                           ffn or "dense"))
         rows = vbuf[slot]
-        keep = ("router_bias",) if ffn else tuple(n for n in lay if n != "router_bias")
-        return {name: layout.unpack_vector(rows, lay[name]) for name in keep if name in lay}
+        keep = ("router_bias",) if ffn else tuple(n for n in lay_v if n != "router_bias")
+        return {name: layout.unpack_vector(rows, lay_v[name]) for name in keep if name in lay_v}
 
     # ----- embedding -----
     with jax.named_scope("embed"):
@@ -254,22 +211,25 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         if n_kda:
             kda_flag[0] = 0
         if tp > 1:
-            comm.counter[0] = comm.counter[1] = comm.counter[2] = 0
+            for k in range(len(comm_mod.KINDS)):
+                count_ref[k] = count_in[k]
         dma.note("vectors", layer=0)
         for_vector_copies(0, lambda cp: cp.start())
-        emb = [pltpu.make_async_copy(emb_hbm.at[tok_ref[b]], xrows.at[b], misc_sem.at[0])
+        emb = [Copies("embedding row", (emb_hbm.at[tok_ref[b]], xrows.at[b], misc_sem.at[0]))
                for b in range(n_real)]
         for cp in emb:
             dma.note("copy", 0, "embedding", "embedding row", h_dim // tp * 2)
             cp.start()
+        comm.barrier(skip=not barrier)   # before the first remote write of the call
         for cp in emb:
             cp.wait()
-        x = comm.all_gather(jnp.where(real, xrows[:, 0, :].astype(F32), 0.0))
+        x = comm.all_gather(jnp.where(real, xrows[:, 0, :].astype(F32), 0.0), "embedding",
+                            dtype=BF16)
 
     # ----- attention kinds -----
     def kda_writes(o):
-        return [pltpu.make_async_copy(state_buf, kda_state.at[o], kda_sem.at[2]),
-                pltpu.make_async_copy(conv_buf, kda_conv.at[o], kda_sem.at[3])]
+        return [Copies("kda state (write back)", (state_buf, kda_state.at[o], kda_sem.at[2])),
+                Copies("conv window (write back)", (conv_buf, kda_conv.at[o], kda_sem.at[3]))]
 
     def accepted():
         """Rows kept per sequence, [b_real, 1] int32 (from SMEM)."""
@@ -288,12 +248,12 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         def _():
             for cp in kda_writes(0):
                 cp.wait()
-        reads = [pltpu.make_async_copy(kda_state.at[o], state_buf, kda_sem.at[0]),
-                 pltpu.make_async_copy(kda_conv.at[o], conv_buf, kda_sem.at[1])]
+        reads = [Copies("kda state", (kda_state.at[o], state_buf, kda_sem.at[0])),
+                 Copies("conv window", (kda_conv.at[o], conv_buf, kda_sem.at[1]))]
         sizes = [kda_state.size // kda_state.shape[0] * 4,
                  kda_conv.size // kda_conv.shape[0] * kda_conv.dtype.itemsize]
-        for nm, nb, cp in zip(("kda state", "conv window"), sizes, reads):
-            dma.note("copy", None, "state", nm, nb)
+        for nb, cp in zip(sizes, reads):
+            dma.note("copy", None, "state", cp.name, nb)
             cp.start()
 
         def load_state():
@@ -301,12 +261,13 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
                 cp.wait()
             return state_buf[...], conv_buf[...]
 
-        out, st, win = ref.kda_block(spec, matmuls_of(i, attention="kda"), v, load_state, h,
-                                     accepted(), n_rows)
+        matmul = matmuls_of(i, "kda", "attention")
+        out, st, win = ref.kda_block(spec, matmul, v, load_state, h, accepted(), n_rows)
+        matmul.finish()
         state_buf[...] = st
         conv_buf[...] = win.astype(conv_buf.dtype)
-        for nm, nb, cp in zip(("kda state", "conv window"), sizes, kda_writes(o)):
-            dma.note("copy", None, "state", nm + " (write back)", nb)
+        for nb, cp in zip(sizes, kda_writes(o)):
+            dma.note("copy", None, "state", cp.name, nb)
             cp.start()
         kda_flag[0] = 1
         return out
@@ -316,11 +277,11 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         m = spec.mla
         o, cb, r = table[i, layout.ATT_ORD], cfg.cache_block, m.kv_lora_rank
         v = vectors_of(lax.rem(i, 2), attention="mla")
-        matmul = matmuls_of(i, attention="mla")
+        matmul = matmuls_of(i, "mla", "attention")
 
         def tile_copy(b, k):  # token tile k of sequence b into buffer k mod 3
-            return pltpu.make_async_copy(mla_cache.at[o, b, pl.ds(k * cb, cb)],
-                                         cache_buf.at[k % 3], kv_sem.at[k % 3])
+            return Copies("latent cache block", (mla_cache.at[o, b, pl.ds(k * cb, cb)],
+                                                 cache_buf.at[k % 3], kv_sem.at[k % 3]))
 
         def n_tiles(b):  # tiles holding positions < pos
             return (pos_ref[b] + cb - 1) // cb
@@ -334,9 +295,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         if b_real:
             start_first(0)  # overlaps the projections
         q_nope, q_rope, c_new = ref.mla_project(spec, matmul, v, h)
-        off, kr, kc = matmul.offsets["kv_b"]
-        kv_b = ring.matrix("kv_b", matmul.first + off, kr, kc, r,
-                           m.heads * (m.qk_nope_dim + m.v_head_dim), kvb_buf)
+        kv_b = matmul.matrix("kv_b")
         # absorbed form, flash-style: the new token first, then the cached tiles of each
         # sequence with an online softmax (3 buffers: tiles k+1, k+2 in flight while k is used)
         w_uk, w_uv = ref.split_kv_b(spec, kv_b)
@@ -385,9 +344,9 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         # the new rows are written only now (no write overlaps a tile read of the same range),
         # and only the accepted rows of each sequence
         newrow[:, 0, :] = c_new.astype(BF16)
-        writes = [(rr < acc_ref[b], pltpu.make_async_copy(
+        writes = [(rr < acc_ref[b], Copies("latent cache row (write)", (
             newrow.at[rr * b_real + b], mla_cache.at[o, b, pl.ds(pos_ref[b] + rr, 1)],
-            misc_sem.at[2])) for b in range(b_real) for rr in range(n_rows)]
+            misc_sem.at[2]))) for b in range(b_real) for rr in range(n_rows)]
         dma.note("cache_rows", None, "kv_cache", "latent cache row (write)", row_bytes)
         for keep, cp in writes:
             pl.when(keep)(cp.start)
@@ -395,19 +354,61 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         dma.note("wait", name="latent cache row (write)")
         for keep, cp in writes:
             pl.when(keep)(cp.wait)
+        matmul.finish()
         return out
 
     # ----- FFN kinds -----
+    ffn_families = {kind: [f for _, f in stream_mod.layer_parts(spec, perfmodel_layer("kda", kind))
+                           if f != "attention"] for kind in ffn_kinds}
+
     @dma.branch(("ffn", "dense"))
     def dense_ffn(i, h):
-        matmul = matmuls_of(i, ffn="dense")
-        return matmul("down", ref.swiglu(matmul("gate_up", h)))
+        matmul = matmuls_of(i, "dense", *ffn_families["dense"])
+        out = matmul("down", ref.swiglu(matmul("gate_up", h)))
+        matmul.finish()
+        return out
+
+    def expert_matmul(m, x, slot, e_glob):
+        """x [bp, d_in] @ matrix m of the expert in `slot` -> [bp, d_out] f32: the tiles in
+        chunks of xfmt.chunk (one aligned load of their scale rows), each fed to the MXU in its
+        format (`quant.group_dot`), column block j accumulated in ys[j]."""
+        (r, c), mm = lay.shapes[m], layout.expert_matmuls(spec)[m]
+        k0, n_t, ch = lay.first_tile(m), lay.shapes[m][0] * lay.shapes[m][1], xfmt.chunk
+        xp = jnp.pad(x, ((0, 0), (0, r * t - x.shape[1])))
+        for q in range(r):
+            xs[q] = xp[:, q * t:(q + 1) * t]
+        for j in range(c):
+            ys[j] = jnp.zeros((bp, t), F32)
+        src = scale_buf if separate else slot_buf
+        base = (0 if separate else lay.code_rows) + lay.scale_first_row(m)
+        sub = ch * xfmt.scale_rows
+
+        def tiles(q, count):
+            """Tiles q*ch .. q*ch + count - 1 (count static)."""
+            sc = src[slot, pl.ds(base + q * sub, sub)] if xfmt.scale_rows else None
+            for u in range(count):
+                k = q * ch + u
+                codes = slot_buf[slot, pl.ds((k0 + k) * xfmt.code_rows, xfmt.code_rows)]
+                w = quant.mxu_operand(codes, xfmt)
+                y = quant.group_dot(xs[lax.rem(k, r)], w,
+                                    quant.tile_scales(sc, u, xfmt) if sc is not None else None,
+                                    xfmt)
+                j = k // r
+                ys[j] = ys[j] + y
+
+        if n_t // ch:
+            lax.fori_loop(0, n_t // ch, lambda q, cy: (tiles(q, ch), cy)[1], 0)
+        if n_t % ch:
+            tiles(n_t // ch, n_t % ch)
+        out = jnp.concatenate([ys[j] for j in range(c)], axis=1)[:, :mm.d_out] \
+            if c > 1 else ys[0][:, :mm.d_out]
+        return out * glob_ref[e_glob + m] if glob else out
 
     @dma.branch(("ffn", "moe"))
     def moe(i, h):
         me, e_n = spec.moe, spec.moe.experts
         mo = table[i, layout.MOE_ORD]
-        matmul = matmuls_of(i, ffn="moe")
+        matmul = matmuls_of(i, "moe", *ffn_families["moe"])   # router first
         lane = lax.broadcasted_iota(jnp.int32, (bp, e_n), 1)
         with jax.named_scope("router"):
             logits = matmul("router", h)
@@ -424,7 +425,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
             own = (lane >= own_first) & (lane < own_first + n_own)
             used = jnp.max(jnp.where(real & picked & own, 1, 0), axis=0, keepdims=True)
             mask_v[...] = used.astype(jnp.int32)
-            cp = pltpu.make_async_copy(mask_v, mask_s, misc_sem.at[3])  # VMEM -> SMEM
+            cp = Copies("used-expert mask", (mask_v, mask_s, misc_sem.at[3]))  # VMEM -> SMEM
             cp.start()
             cp.wait()
 
@@ -436,57 +437,44 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
             n_used = lax.fori_loop(0, e_n, compact, jnp.int32(0))
             ndist_ref[mo] = n_used
         with jax.named_scope("experts"):
+            s_n = cfg.expert_slots
+            fetch_refs = (exp_hbm, slot_buf, exp_scale_hbm, scale_buf, slot_sem)
+            fetch = lambda j: expert_fetch(fetch_refs, mo, ids_s[j] - own_first, j % s_n)
+            pads = expert_padding_bytes(spec, cfg)
+            dma.note("experts", None, "routed_expert", "expert", routed=True,
+                     sizes=[b for b in lay.bytes() if b],
+                     padding=[sum(pads)] if lay.copies() == 1 else list(pads))
+            for j in range(s_n):   # the first experts land while the latent projection runs
+                pl.when(j < n_used)(lambda j=j: fetch(j).start())
             z = matmul("latent_down", h) if me.latent_dim else h
             d_lat = me.latent_dim or h_dim
-            s_n = cfg.expert_slots
-            gu_mm, dn_mm = layout.expert_matmuls(spec)
-            gu_r, gu_c = layout.tiles_of(gu_mm, t)
-            dn_r, dn_c = layout.tiles_of(dn_mm, t)
-
-            class fetch:  # expert j's codes (and scales) into slot j mod slots
-                def __init__(self, j):
-                    e, s = ids_s[j] - own_first, j % s_n
-                    self.copies = [pltpu.make_async_copy(exp_hbm.at[mo, e], slot_buf.at[s],
-                                                         slot_sem.at[s])]
-                    if quantised:
-                        self.copies.append(pltpu.make_async_copy(
-                            exp_scale_hbm.at[mo, e], scale_buf.at[s], slot_sem.at[s]))
-
-                def start(self):
-                    for cp in self.copies:
-                        cp.start()
-
-                def wait(self):
-                    for cp in self.copies:
-                        cp.wait()
-
-            dma.note("experts", None, "routed_expert", "expert",
-                     sum(layout.expert_bytes(spec, cfg)), routed=True)
-            for j in range(s_n):
-                pl.when(j < n_used)(lambda j=j: fetch(j).start())
 
             def apply(j, acc):
                 fetch(j).wait()
                 e, slot = ids_s[j], j % s_n
-                def from_slot(first):
-                    if not quantised:
-                        return lambda k, use: use(slot_buf[slot, first + k])
-                    return lambda k, use: use(quant.dequantize_tile(
-                        slot_buf[slot, first + k], scale_buf[slot, first + k], xfmt.name))
-                gu = _tiled_matmul(z, gu_r, gu_c, gu_mm.d_out, from_slot(0), xs, ys)
-                y = _tiled_matmul(ref.swiglu(gu), dn_r, dn_c, dn_mm.d_out,
-                                  from_slot(gu_r * gu_c), xs, ys)
+                e_glob = ((mo * spec.local_experts if tp > 1 else mo * e_n)
+                          + e - own_first) * 2
+                gu = expert_matmul(0, z, slot, e_glob)
+                y = expert_matmul(1, ref.swiglu(gu), slot, e_glob)
                 pl.when(j + s_n < n_used)(lambda: fetch(j + s_n).start())
                 w_e = jnp.sum(jnp.where(lane == e, comb, 0.0), axis=1, keepdims=True)
                 return acc + w_e * y
 
             # this device's experts' partial sum; summed over devices below
             routed = lax.fori_loop(0, n_used, apply, jnp.zeros((bp, d_lat), F32))
-            out = matmul("latent_up", comm.reduce_scatter(routed)) if me.latent_dim else routed
+            if me.latent_dim and tp > 1:
+                if comm.alg == "one_shot":   # the whole sum on every device; my latent rows
+                    mine = comm.my_chunk(comm.all_reduce(routed, "routed experts"), tp)
+                else:
+                    mine = comm.reduce_scatter(routed, "routed experts")[:, :d_lat // tp]
+                out = matmul("latent_up", mine)
+            else:
+                out = matmul("latent_up", routed) if me.latent_dim else routed
         if me.shared_width:
             with jax.named_scope("shared"):
                 out = out + matmul("shared_down", ref.swiglu(matmul("shared_gate_up", h)))
-        return comm.all_reduce(out)
+        matmul.finish()
+        return comm.all_reduce(out, "moe output")
 
     # ----- the layer loop (one trace of each kind, whatever the layer count) -----
     dma.scope = "loop"
@@ -514,18 +502,22 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, *refs):
         final = layout.unpack_vector(vbuf[n_layers % 2],
                                      layout.vector_layout(spec, None)["final_norm"])
         h = ref.rms_norm(x, final)
-        lm = stream[-1]
-        logits = ring.matmul("lm_head", lm.first, h, lm.rows, lm.cols, lm.mm.d_out)
+        head = PartReader(ring, layout.part(spec, cfg, ("head", "lm_head")),
+                          s.first_bank[(n_layers + 1, "lm_head")], xs, ys)
+        logits = head.matmul(0, h)
+        head.finish()
         logits_ref[...] = logits
         lane = lax.broadcasted_iota(jnp.int32, logits.shape, 1)
         best = _argmax_first(logits, lane)
         if tp > 1:  # (max, global index) of every vocabulary shard; the first maximum wins
+            d_out = stream_mod.lm_head_matmul(spec).d_out
             mx = jnp.max(logits, axis=-1, keepdims=True)
-            idx = (best + me_ref[0] * lm.mm.d_out).astype(F32)
-            mxs, idxs = comm.all_gather(mx), comm.all_gather(idx)
-            best = _argmax_first(mxs, lax.broadcasted_iota(jnp.int32, mxs.shape, 1))
-            pick = lax.broadcasted_iota(jnp.int32, mxs.shape, 1) == best
-            best = jnp.sum(jnp.where(pick, idxs, 0.0), axis=1, keepdims=True).astype(jnp.int32)
+            idx = (best + me_ref[0] * d_out).astype(F32)
+            pairs = comm.all_gather(jnp.concatenate([mx, idx], axis=1), "argmax")  # [bp, 2 tp]
+            pl_lane = lax.broadcasted_iota(jnp.int32, pairs.shape, 1)
+            at = _argmax_first(jnp.where(pl_lane % 2 == 0, pairs, -jnp.inf), pl_lane)
+            best = jnp.sum(jnp.where(pl_lane == at + 1, pairs, 0.0), axis=1,
+                           keepdims=True).astype(jnp.int32)
         next_ref[...] = jnp.broadcast_to(best, next_ref.shape)
         if n_kda:
             @pl.when(kda_flag[0] == 1)
@@ -539,6 +531,40 @@ def perfmodel_layer(attention: str, ffn: str) -> Layer:
     return Layer(1, attention, ffn)
 
 
+def expert_padding_bytes(spec: ModelSpec, cfg: KernelConfig) -> tuple[int, int]:
+    """(zero bytes among one expert's codes, among its scales): the tiles' zeros around
+    matrices that do not fill whole T x T tiles, and the scale rows that pad a matrix's last
+    scale chunk (with their tiles' scale rows beyond the matrix)."""
+    lay = layout.expert_layout(spec, cfg)
+    f, t = lay.fmt, cfg.tile
+    per_value = np.dtype(f.code_dtype).itemsize / (2 if f.name in quant.FOUR_BIT else 1)
+    mms = layout.expert_matmuls(spec)
+    codes = sum((r * c * t * t - mm.d_in * mm.d_out) * per_value
+                for (r, c), mm in zip(lay.shapes, mms))
+    if not f.scale_rows:
+        return int(codes), 0
+    item = np.dtype(f.scale_dtype).itemsize
+    g = f.group if f.group < t else None
+    used = sum((math.ceil(mm.d_in / g) if g else math.ceil(mm.d_in / t)) * mm.d_out
+               for mm in mms) * item
+    return int(codes), int(lay.scale_rows * t * item - used)
+
+
+def collective_widths(spec: ModelSpec, cfg: KernelConfig) -> dict[str, list[int]]:
+    """The widths the kernel gathers (f32, bf16), all-reduces and reduce-scatters
+    (`comm.buffer_shapes`)."""
+    tp = layout.tp_of(spec)
+    f32 = [2] + [mm.d_out for l in spec.layers for mm in spec.layer_matmuls(l)
+                 if mm.name in shard.GATHERED and mm.name != "latent_down"]
+    bf16 = [spec.hidden // tp]
+    lat = spec.moe.latent_dim if spec.moe and spec.count(ffn="moe") else 0
+    bf16 += [lat // tp] if lat else []
+    one_shot = comm_mod.algorithm(spec, cfg) == "one_shot"
+    return {"gather_f32": sorted(set(f32)), "gather_bf16": sorted(set(bf16)),
+            "reduce": [spec.hidden] + ([lat] if lat and one_shot else []),
+            "scatter": [lat] if lat and not one_shot else []}
+
+
 def _shapes(spec: ModelSpec, cfg: KernelConfig):
     """(output shapes, scratch shapes) of the pallas_call."""
     bp, t, e = cfg.padded_batch, cfg.tile, spec.moe.experts if spec.moe else 1
@@ -549,90 +575,107 @@ def _shapes(spec: ModelSpec, cfg: KernelConfig):
            jax.ShapeDtypeStruct((bp, spec.vocab // tp), F32)]
     out += [jax.ShapeDtypeStruct(s, d) for s, d in caches.values()]
     out.append(jax.ShapeDtypeStruct((max(n_moe, 1),), jnp.int32))
-    tpe = layout.tiles_per_expert(spec, cfg) if spec.moe else 1
-    xfmt = layout.expert_format(spec, cfg) if n_moe else None
-    quantised = xfmt is not None and xfmt.name != "bf16"
+    if tp > 1:
+        out.append(jax.ShapeDtypeStruct((len(comm_mod.KINDS),), jnp.int32))
+    lay = layout.expert_layout(spec, cfg) if n_moe else None
+    rows_c, rows_s = lay.rows if lay else (t, 0)
+    code_dtype = lay.fmt.code_dtype if lay else BF16
     rmax, cmax = layout.max_row_col_tiles(spec, cfg)
-    scratch = [pltpu.VMEM((cfg.depth, t, t), BF16), pltpu.SemaphoreType.DMA((cfg.depth,)),
-               pltpu.VMEM((cfg.expert_slots, tpe, xfmt.code_rows if xfmt else t, t),
-                          xfmt.code_dtype if xfmt else BF16),
+    scratch = [pltpu.VMEM((cfg.depth, cfg.bank_rows, t), BF16),
+               pltpu.SemaphoreType.DMA((cfg.depth,)),
+               pltpu.VMEM((cfg.expert_slots, rows_c, t), code_dtype),
                pltpu.SemaphoreType.DMA((cfg.expert_slots,)),
                pltpu.VMEM((2, layout.vector_rows(spec), layout.LANES), BF16),
                pltpu.SemaphoreType.DMA((2,)),
                pltpu.VMEM((bp, 1, spec.hidden // tp), BF16), pltpu.SemaphoreType.DMA((4,)),
                pltpu.VMEM((rmax, bp, t), F32), pltpu.VMEM((cmax, bp, t), F32)]
-    if quantised:
-        scratch.append(pltpu.VMEM((cfg.expert_slots, tpe, t // xfmt.group, t),
-                                  xfmt.scale_dtype))
+    if rows_s:
+        scratch.append(pltpu.VMEM((cfg.expert_slots, rows_s, t), lay.fmt.scale_dtype))
     if "kda_state" in caches:
         scratch += [pltpu.VMEM(caches["kda_state"][0][1:], F32),
                     pltpu.VMEM(caches["kda_conv"][0][1:], caches["kda_conv"][1]),
                     pltpu.SemaphoreType.DMA((4,)), pltpu.SMEM((1,), jnp.int32)]
     if "mla_latent" in caches:
         d = caches["mla_latent"][0][-1]
-        kv_b = next(mm for mm in spec.attention_matmuls("mla") if mm.name == "kv_b")
         scratch += [pltpu.VMEM((3, cfg.cache_block, d), BF16), pltpu.VMEM((bp, 1, d), BF16),
-                    pltpu.VMEM((math.prod(layout.tiles_of(kv_b, t)), t, t), BF16),
                     pltpu.SemaphoreType.DMA((3,))]
     if n_moe:
         scratch += [pltpu.VMEM((1, e), jnp.int32), pltpu.SMEM((1, e), jnp.int32),
                     pltpu.SMEM((e,), jnp.int32)]
     if tp > 1:
-        send, recv = comm.buffer_widths(*collective_widths(spec), tp, cfg.hierarchical)
-        scratch += [pltpu.VMEM((bp, send), F32), pltpu.VMEM((6, tp, bp, recv), F32),
-                    pltpu.SemaphoreType.DMA((2, 6)), pltpu.SMEM((3,), jnp.int32)]
+        for (kind, dtype), (send, recv) in comm_mod.buffer_shapes(
+                spec, cfg, collective_widths(spec, cfg), tp).items():
+            scratch += [pltpu.VMEM(send, dtype), pltpu.VMEM(recv, dtype)]
+        scratch.append(pltpu.SemaphoreType.DMA((2, len(comm_mod.KINDS), 2)))
     return out, scratch
 
 
-def collective_widths(spec: ModelSpec) -> tuple[list[int], list[int]]:
-    """(widths all-gathered, widths all-reduced or reduce-scattered) by the kernel."""
-    tp = layout.tp_of(spec)
-    gathered = [spec.hidden // tp, 1]
-    gathered += [mm.d_out for l in spec.layers for mm in spec.layer_matmuls(l)
-                 if mm.name in shard.GATHERED]
-    reduced = [spec.hidden] + ([spec.moe.latent_dim] if spec.moe and spec.moe.latent_dim else [])
-    return gathered, reduced
+def _n_inputs(spec: ModelSpec, cfg: KernelConfig) -> tuple[int, int, int]:
+    """(SMEM inputs, HBM weight inputs, cache inputs) of the pallas_call."""
+    tp, n_moe = layout.tp_of(spec), spec.count(ffn="moe")
+    lay = layout.expert_layout(spec, cfg) if n_moe else None
+    smem = 7 + bool(lay and lay.fmt.global_scale) + (tp > 1)
+    hbm = 4 + bool(lay and lay.rows[1])
+    return smem, hbm, len(ref.cache_shapes(spec, cfg.batch, cfg.max_context))
 
 
 def build_call(spec: ModelSpec, cfg: KernelConfig, interpret=None, record: list | None = None,
-               vmem_limit_bytes: int | None = None):
-    """The pallas_call: (token rows[Bp], positions[B], accepted rows[B], layer table, device
-    index, embed, static, experts, vectors, (expert scales,) *caches) -> (next[Bp,128],
-    logits[Bp,V], *caches, distinct experts per MoE layer); token row r of sequence b at
-    r * B + b (`reference.verify_inputs`)."""
+               vmem_limit_bytes: int | None = None, barrier: bool = True):
+    """The pallas_call: (token rows [Bp], positions [B], accepted rows [B], layer table, bank
+    first rows, bank size classes, device index, (nvfp4 global scales,) (exchange counts,)
+    embed, static, experts, vectors, (expert scales,) *caches) -> (next [Bp, 128], logits
+    [Bp, V], *caches, distinct experts per MoE layer, (exchange counts)); token row r of
+    sequence b at r * B + b (`reference.verify_inputs`). barrier=False leaves out the entry
+    barrier of a mesh call: only for the test that shows why it is there."""
     out_shapes, scratch = _shapes(spec, cfg)
-    n_cache = len(out_shapes) - 3
-    q = int(bool(spec.count(ffn="moe")) and layout.expert_format(spec, cfg).name != "bf16")
+    n_smem, n_hbm, n_cache = _n_inputs(spec, cfg)
+    tp = layout.tp_of(spec)
     smem, anyspace = pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)
     vmem_block = pl.BlockSpec(memory_space=pltpu.VMEM)
+    aliases = {n_smem + n_hbm + k: 2 + k for k in range(n_cache)}
+    if tp > 1:
+        aliases[n_smem - 1] = len(out_shapes) - 1
+    params = dict(collective_id=COLLECTIVE_ID) if tp > 1 else {}
+    if not interpret:
+        params["vmem_limit_bytes"] = vmem_limit_bytes
     return pl.pallas_call(
-        functools.partial(_kernel, spec, cfg, record),
+        functools.partial(_kernel, spec, cfg, record, barrier),
         out_shape=tuple(out_shapes),
-        in_specs=[smem] * 5 + [anyspace] * (4 + q + n_cache),
-        out_specs=tuple([vmem_block, vmem_block] + [anyspace] * n_cache + [smem]),
+        in_specs=[smem] * n_smem + [anyspace] * (n_hbm + n_cache),
+        out_specs=tuple([vmem_block, vmem_block] + [anyspace] * n_cache
+                        + [smem] * (len(out_shapes) - 2 - n_cache)),
         scratch_shapes=scratch,
-        input_output_aliases={9 + q + k: 2 + k for k in range(n_cache)},
-        compiler_params=None if interpret else pltpu.CompilerParams(
-            vmem_limit_bytes=vmem_limit_bytes),
+        input_output_aliases=aliases,
+        compiler_params=pltpu.CompilerParams(**params) if params else None,
         interpret=interpret)
+
+
+def static_inputs(spec: ModelSpec, cfg: KernelConfig) -> list[np.ndarray]:
+    """The layer table and the bank tables (first row, size class), as the kernel reads them."""
+    return [layout.layer_table(spec, cfg),
+            *stream_mod.bank_tables(layout.static_stream(spec, cfg))]
 
 
 def call_args(spec: ModelSpec, cfg: KernelConfig) -> list[jax.ShapeDtypeStruct]:
     """The pallas_call's arguments as abstract values (for tracing and lowering)."""
-    t, bp, n_moe = cfg.tile, cfg.padded_batch, spec.count(ffn="moe")
-    e = (spec.local_experts if layout.tp_of(spec) > 1 else spec.moe.experts) if spec.moe else 1
-    tpe = layout.tiles_per_expert(spec, cfg) if spec.moe else 1
-    xfmt = layout.expert_format(spec, cfg) if n_moe else None
+    t, bp, n_moe, tp = cfg.tile, cfg.padded_batch, spec.count(ffn="moe"), layout.tp_of(spec)
+    e = (spec.local_experts if tp > 1 else spec.moe.experts) if spec.moe else 1
+    lay = layout.expert_layout(spec, cfg) if n_moe else None
     sds = jax.ShapeDtypeStruct
-    args = [sds((bp,), jnp.int32), sds((cfg.batch,), jnp.int32), sds((cfg.batch,), jnp.int32),
-            sds(layout.layer_table(spec, cfg).shape, jnp.int32), sds((1,), jnp.int32),
-            sds((spec.vocab, 1, spec.hidden // layout.tp_of(spec)), BF16),
-            sds((sum(tm.tiles for tm in layout.static_stream(spec, cfg)), t, t), BF16),
-            sds((n_moe, e, tpe, xfmt.code_rows, t), xfmt.code_dtype) if n_moe else
-            sds((1, 1, tpe, t, t), BF16),
-            sds((len(spec.layers) + 1, layout.vector_rows(spec), layout.LANES), BF16)]
-    if n_moe and xfmt.name != "bf16":
-        args.append(sds((n_moe, e, tpe, t // xfmt.group, t), xfmt.scale_dtype))
+    args = [sds((bp,), jnp.int32), sds((cfg.batch,), jnp.int32), sds((cfg.batch,), jnp.int32)]
+    args += [sds(a.shape, jnp.int32) for a in static_inputs(spec, cfg)]
+    args.append(sds((1,), jnp.int32))
+    if lay and lay.fmt.global_scale:
+        args.append(sds((n_moe * e * 2,), F32))
+    if tp > 1:
+        args.append(sds((len(comm_mod.KINDS),), jnp.int32))
+    args += [sds((spec.vocab, 1, spec.hidden // tp), BF16),
+             sds((layout.static_stream(spec, cfg).rows, t), BF16),
+             sds((n_moe, e, lay.rows[0], t), lay.fmt.code_dtype) if n_moe else
+             sds((1, 1, t, t), BF16),
+             sds((len(spec.layers) + 1, layout.vector_rows(spec), layout.LANES), BF16)]
+    if lay and lay.rows[1]:
+        args.append(sds((n_moe, e, lay.rows[1], t), lay.fmt.scale_dtype))
     return args + [sds(s, d) for s, d in
                    ref.cache_shapes(spec, cfg.batch, cfg.max_context).values()]
 
@@ -661,17 +704,24 @@ def step_inputs(cfg: KernelConfig, tokens, positions, accepted):
     return jnp.pad(flat, (0, cfg.padded_batch - cfg.token_rows)), positions, accepted
 
 
+def weight_args(packed: Packed) -> tuple[list, list]:
+    """(SMEM weight inputs, HBM weight inputs) of packed weights, in the call's order."""
+    smem = [] if packed.expert_global is None else [packed.expert_global]
+    hbm = [packed.embed, packed.static, packed.experts, packed.vectors]
+    hbm += [] if packed.expert_scales is None else [packed.expert_scales]
+    return smem, hbm
+
+
 @functools.partial(jax.jit, static_argnames=("static", "cfg", "interpret", "vmem_limit_bytes"),
                    donate_argnames=("cache",))
 def _step(packed, cache, tokens, positions, accepted, *, static, cfg, interpret,
           vmem_limit_bytes=None):
     spec = static.spec
     names = list(ref.cache_shapes(spec, cfg.batch, cfg.max_context))
+    smem, hbm = weight_args(packed)
     outs = build_call(spec, cfg, interpret, vmem_limit_bytes=vmem_limit_bytes)(
-        tokens, positions, accepted, jnp.asarray(layout.layer_table(spec, cfg)),
-        jnp.zeros(1, jnp.int32), packed.embed, packed.static, packed.experts, packed.vectors,
-        *([] if packed.expert_scales is None else [packed.expert_scales]),
-        *[cache[k] for k in names])
+        tokens, positions, accepted, *map(jnp.asarray, static_inputs(spec, cfg)),
+        jnp.zeros(1, jnp.int32), *smem, *hbm, *[cache[k] for k in names])
     nxt, logits, *caches, ndist = outs
     return nxt[:, 0], logits, dict(zip(names, caches)), ndist[:spec.count(ffn="moe")]
 

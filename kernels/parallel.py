@@ -3,8 +3,9 @@ the shards of `kernels.shard` and the in-kernel collectives of `kernels.comm`.
 
 Every per-device array gets a leading device axis (sharded over the mesh axis): packed weights,
 caches (KDA state and conv window hold the device's heads; the MLA latent cache is replicated,
-one copy per device, written identically by all). `shard_cache` / `unshard_cache` convert
-between the reference's cache layout and this one.
+one copy per device, written identically by all) and the collectives' exchange counts
+(`COUNTS`, carried from call to call so that receive-buffer parities continue). `shard_cache` /
+`unshard_cache` convert between the reference's cache layout and this one.
 """
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ from perfmodel.spec.arch import ModelSpec
 from perfmodel.util.errors import require
 
 from . import layout, megakernel, reference, shard, vmem
-from .comm import AXIS
+from .comm import AXIS, KINDS
 from .layout import KernelConfig, Packed
+
+COUNTS = "collective_counts"   # the cache entry holding each device's exchange counts [tp, 5]
 
 
 def pack(weights: reference.Weights, cfg: KernelConfig, dspec: shard.DeviceSpec) -> Packed:
@@ -37,7 +40,8 @@ def _qkv_heads(w, d, tp):
 
 
 def shard_cache(cache: dict, dspec: shard.DeviceSpec) -> dict:
-    tp, out = dspec.tp, {}
+    """The reference's cache per device, plus the exchange counts (zero before the first call)."""
+    tp, out = dspec.tp, {COUNTS: jnp.zeros((dspec.tp, len(KINDS)), jnp.int32)}
     for name, c in cache.items():
         if name == "kda_state":
             hl = c.shape[2] // tp
@@ -52,6 +56,8 @@ def shard_cache(cache: dict, dspec: shard.DeviceSpec) -> dict:
 def unshard_cache(cache: dict, dspec: shard.DeviceSpec) -> dict:
     out = {}
     for name, c in cache.items():
+        if name == COUNTS:
+            continue
         if name == "kda_state":
             out[name] = jnp.concatenate(list(c), axis=2)
         elif name == "kda_conv":
@@ -63,45 +69,51 @@ def unshard_cache(cache: dict, dspec: shard.DeviceSpec) -> dict:
     return out
 
 
-@functools.partial(jax.jit, static_argnames=("static", "cfg", "interpret", "vmem_limit_bytes"),
-                   donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("static", "cfg", "interpret", "vmem_limit_bytes",
+                                             "barrier"), donate_argnames=("cache",))
 def _step(packed, cache, tokens, positions, accepted, *, static, cfg, interpret,
-          vmem_limit_bytes=None):
+          vmem_limit_bytes=None, barrier=True):
     dspec = static.spec
     tp = dspec.tp
     names = list(reference.cache_shapes(dspec, cfg.batch, cfg.max_context))
-    call = megakernel.build_call(dspec, cfg, interpret, vmem_limit_bytes=vmem_limit_bytes)
+    call = megakernel.build_call(dspec, cfg, interpret, vmem_limit_bytes=vmem_limit_bytes,
+                                 barrier=barrier)
     mesh = Mesh(np.asarray(jax.devices()[:tp]), (AXIS,))
+    tables = [jnp.asarray(a) for a in megakernel.static_inputs(dspec, cfg)]
+    smem, hbm = megakernel.weight_args(packed)
 
-    def per_device(me, tok, pos, acc, table, *arrays):  # weights, caches: this device's [0]
-        outs = call(tok, pos, acc, table, me, *(a[0] for a in arrays))
+    def per_device(me, tok, pos, acc, *arrays):  # per-device arrays: this device's [0]
+        t = list(arrays[:len(tables)])
+        mine = [a[0] for a in arrays[len(tables):]]
+        n_smem = len(smem) + 1
+        outs = call(tok, pos, acc, *t, me, *mine[:n_smem], *mine[n_smem:])
         return tuple(o[None] for o in outs)
 
-    weights = [packed.embed, packed.static, packed.experts, packed.vectors]
-    weights += [] if packed.expert_scales is None else [packed.expert_scales]
     dev, rep = P(AXIS), P()
+    per = smem + [cache[COUNTS]] + hbm + [cache[k] for k in names]
     outs = jax.shard_map(per_device, mesh=mesh,
-                         in_specs=(dev, rep, rep, rep, rep) + (dev,) * (len(weights) + len(names)),
+                         in_specs=(dev, rep, rep, rep) + (rep,) * len(tables) + (dev,) * len(per),
                          out_specs=dev, check_vma=False)(
-        jnp.arange(tp, dtype=jnp.int32), tokens, positions, accepted,
-        jnp.asarray(layout.layer_table(dspec, cfg)), *weights, *[cache[k] for k in names])
-    nxt, logits, *caches, ndist = outs
+        jnp.arange(tp, dtype=jnp.int32), tokens, positions, accepted, *tables, *per)
+    nxt, logits, *caches, ndist, counts = outs
     logits = jnp.concatenate(list(logits), axis=-1)  # vocabulary shards in device order
-    return nxt[0, :, 0], logits, dict(zip(names, caches)), ndist[:, :dspec.count(ffn="moe")]
+    cache = dict(zip(names, caches)) | {COUNTS: counts}
+    return nxt[0, :, 0], logits, cache, ndist[:, :dspec.count(ffn="moe")]
 
 
 def make_step(spec: ModelSpec, cfg: KernelConfig, tp: int, ep: int | None = None,
-              interpret=None):
+              interpret=None, barrier: bool = True):
     """(device spec, step(packed, cache, tokens, positions, accepted=None) -> (next tokens,
     logits, new cache, distinct experts fetched per device and MoE layer [tp, n_moe])) on the
     first `tp` devices, with the inputs and outputs of `megakernel.make_step`; packed from
-    `pack`, cache from `shard_cache`."""
+    `pack`, cache from `shard_cache`. barrier=False: without the entry barrier (only for the
+    test that shows the race it prevents)."""
     require(len(jax.devices()) >= tp, "tp", tp,
             f"needs {tp} devices, {len(jax.devices())} present (on CPU set XLA_FLAGS="
             f"--xla_force_host_platform_device_count={tp})")
     dspec = shard.device_spec(spec, tp, ep)
     budget = vmem.check_vmem(dspec, cfg)
     run = functools.partial(_step, static=reference.StaticSpec(dspec), cfg=cfg,
-                            interpret=interpret,
+                            interpret=interpret, barrier=barrier,
                             vmem_limit_bytes=None if interpret else budget.capacity_bytes)
     return dspec, functools.partial(megakernel.verify_step, run, cfg)

@@ -1,10 +1,16 @@
-"""Generate tokens with the megakernel from seeded random weights.
+"""Generate tokens with the megakernel from seeded random weights, or print its DMA plan.
 
     python -m kernels.run --preset kimi-k3-mini --batch 4 --steps 8 --depth 6 [--interpret]
     python -m kernels.run --preset PRESET --devices 8 --tp 8 --ep 4 [--interpret]
     python -m kernels.run --rows 4 --accepted 2 [--interpret]     # verify blocks of 4 rows
-    python -m kernels.run --preset kimi-k3 --devices 32 --tp 32 --ep 8 --batch 1 --context 4352 \
-        --plan-out k3.plan.json                                    # its DMA plan, for perfmodel
+    python -m kernels.run --preset kimi-k3 --devices 32 --tp 32 --ep 8 --batch 1 --plan-only --json
+    python -m kernels.run --preset kimi-k3 --devices 32 --tp 32 --ep 8 --batch 1 --plan-out k3.plan.json
+
+--plan-only traces the kernel for one device's shapes (no weights, no TPU) and prints its DMA
+plan at --context cached tokens per sequence (default 4096): weight descriptors per device,
+padding, remote copies, VMEM, and the model's prediction of this plan next to its prediction
+of its own default megakernel (`kernels.plan.report`; --json: that dict). --plan-out writes the
+same plan with the kernel's settings as a perfmodel plan file (`perfmodel predict --kernel-plan`).
 
 Prints the VMEM budget, the DMA plan summary of the first step (bytes per layer by family, of
 device 0) and the generated tokens; on a real TPU (without --interpret) also the time per step.
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -34,13 +41,15 @@ from perfmodel.spec.formats import get_format
 from perfmodel.spec.loaders import load_model
 from perfmodel.util.errors import SpecError
 
-from . import layout, megakernel, parallel, plan, quant, reference, shard, vmem
+from . import comm, layout, megakernel, parallel, plan, quant, reference, shard, tuned, vmem
 
 
-def _generate(spec, cfg, packed, cache, tokens, positions, step_fn, steps, accepted, rng):
+def _generate(spec, cfg, packed, cache, tokens, positions, step_fn, steps, accepted, rng,
+              full=None):
     """Greedy decoding: (the kept tokens of every sequence, incl. the first and the last
     prediction, [B, steps * accepted + 1]; wall time per step); prints the DMA plan of step 1.
-    spec: the (device) spec the step runs. cfg.rows > 1: verify blocks (module docstring)."""
+    spec: the (device) spec the step runs, full: the model it shards (None: one device).
+    cfg.rows > 1: verify blocks (module docstring)."""
     kept, times = [], []
     tp = layout.tp_of(spec)
     acc = jnp.full((cfg.batch,), accepted, jnp.int32)
@@ -60,13 +69,13 @@ def _generate(spec, cfg, packed, cache, tokens, positions, step_fn, steps, accep
             print(f"\nDMA plan of step 1 ({len(first)} copies, distinct experts per MoE layer "
                   f"{distinct}), bytes per layer by family:")
             print(plan.summary(spec, first))
-            if tp == 1:  # the simulator's plan input is for one device without collectives
-                pred = plan.predicted_step(spec, cfg, first, int(max(positions)),
-                                           acceptance_length=accepted)
-                print(f"\npredicted on one tpu-v7 TensorCore from this plan (perfmodel simulator, "
-                      f"not a measurement): {pred.step_s * 1e6:.1f} us/step, "
-                      f"{pred.bytes_per_device:,.0f} B moved, DMA stall "
-                      f"{1e6 * (pred.breakdown_s['weight_streaming'] + pred.breakdown_s['expert_fetch']):.1f} us")
+            pred = plan.predicted_step(spec, cfg, first, int(max(positions)),
+                                       acceptance_length=accepted, full=full)
+            stall = pred.breakdown_s["weight_streaming"] + pred.breakdown_s["expert_fetch"]
+            print(f"\npredicted on {tp} tpu-v7 TensorCore(s) from this plan (perfmodel "
+                  f"simulator, not a measurement): {pred.step_s * 1e6:.1f} us/step, "
+                  f"{pred.bytes_per_device:,.0f} B moved per device, DMA stall "
+                  f"{1e6 * stall:.1f} us")
         block = np.asarray(block).reshape(cfg.batch, cfg.rows)
         kept.append(block[:, :accepted])
         tokens = jnp.asarray(np.asarray(nxt).reshape(cfg.batch, cfg.rows)[:, accepted - 1])
@@ -104,31 +113,69 @@ def block_and_mesh(a) -> tuple[int, int]:
     return tp, accepted
 
 
-def write_plan(a, spec, dspec, cfg, tp) -> None:
-    """--plan-out: device 0's DMA plan of one step at --context - rows cached tokens per sequence
-    and the analytic model's distinct experts per layer, with the settings the engine replays
-    (perfmodel.graph.dmaplan.KERNEL_FIELDS: this kernel reduces in f32 by reduce-scatter +
-    all-gather, pads rows to sublane tiles and dequantises routed experts to bf16)."""
-    from perfmodel.graph.dmaplan import KernelPlan, save_plan
-    from perfmodel.graph.ops import build
-    from perfmodel.spec.deployment import Deployment, SpecDecode
-    context = a.context - cfg.rows
-    verify = SpecDecode(cfg.rows - 1, acceptance_length=1.0) if cfg.rows > 1 else None
-    g = build(spec, Deployment(devices=tp, tp=tp, ep=a.ep if tp > 1 else None, batch=cfg.batch,
-                               context=context, spec=verify))
-    n = spec.count(ffn="moe")
-    most = plan._most_experts(dspec, cfg) if n else 0
-    d = min(g.distinct_experts, most)
-    distinct = [round((i + 1) * d) - round(i * d) for i in range(n)]
-    copies = plan.dma_plan(dspec, cfg, distinct, [context] * cfg.batch)
-    kernel = {"bank_bytes": cfg.bank_bytes, "depth": cfg.depth, "expert_slots": cfg.expert_slots,
-              "wire": "f32", "all_reduce": "hierarchical" if cfg.hierarchical else "rs_ag",
-              "collective_rows": cfg.padded_batch, "expert_feed": "bf16"}
-    dep = {"devices": tp, "tp": tp, "batch": cfg.batch, "context": context, "draft_rows": cfg.rows - 1}
-    if tp > 1:
-        dep["ep"] = dspec.groups
-    save_plan(a.plan_out, KernelPlan(a.preset, dep, kernel, tuple(copies),
-                                     "python -m kernels.run " + " ".join(sys.argv[1:])))
+def config_arguments(p: argparse.ArgumentParser) -> None:
+    """The kernel configuration options (defaults: `kernels.tuned` for the preset and mesh)."""
+    p.add_argument("--depth", type=int, help="weight ring banks in flight")
+    p.add_argument("--bank-rows", type=int, help="rows of a ring bank (x tile x 2 B)")
+    p.add_argument("--slots", type=int, help="routed expert slots")
+    p.add_argument("--wire", choices=("f32", "bf16"), help="dtype of reductions between devices")
+    p.add_argument("--host-devices", type=int,
+                   help="mesh devices per host for the two-level one-shot all-reduce (default: "
+                        "the TPU's devices per process, else the tpu-v7 hardware file's)")
+    p.add_argument("--tile", type=int, default=vmem.chip_info().mxu_column_size,
+                   help="stream lanes and expert tile edge; default the MXU width")
+
+
+def kernel_config(a, spec, batch: int, max_context: int, on_tpu: bool = False
+                  ) -> layout.KernelConfig:
+    """The KernelConfig of the parsed options (tuned defaults for the preset and mesh)."""
+    t = tuned.tuned(a.preset, a.devices)
+    host = a.host_devices
+    if host is None:
+        host = jax.local_device_count() if on_tpu else hardware_host_devices("tpu-v7")
+    return layout.KernelConfig(
+        batch=batch, max_context=max_context, depth=a.depth or t.depth, tile=a.tile,
+        expert_slots=a.slots or t.expert_slots, cache_block=min(256, max_context),
+        hierarchical=a.hierarchical, rows=a.rows, bank_rows=a.bank_rows or t.bank_rows,
+        host_devices=host, wire=a.wire or t.wire)
+
+
+def hardware_host_devices(name: str) -> int:
+    """Devices (TensorCores) per host of a hardware preset."""
+    from perfmodel.spec.hardware import load_hardware
+    hw = load_hardware(name)
+    return int(hw.components.get("chips_per_host", 0)) * hw.cores_per_chip
+
+
+def plan_context(a, spec) -> tuple[int, layout.KernelConfig]:
+    """(cached tokens per sequence, KernelConfig) of --plan-only / --plan-out: --context tokens
+    (default 4096), the MLA cache capacity the next multiple of 256 that holds the rows."""
+    context = 4096 if a.context is None else a.context
+    cap = -(-(context + a.rows) // 256) * 256
+    return context, kernel_config(a, spec, a.batch, cap)
+
+
+def plan_only(a, spec) -> int:
+    """--plan-only: the DMA plan's figures (`kernels.plan.report`)."""
+    context, cfg = plan_context(a, spec)
+    res = plan.report(spec, cfg, a.devices, a.ep if a.devices > 1 else None, context)
+    if a.json:
+        print(json.dumps(res, indent=1))
+        return 0
+    for k, v in res.items():
+        print(f"{k:>32}: {v}")
+    return 0
+
+
+def plan_out(a, spec) -> int:
+    """--plan-out: device 0's plan at --context cached tokens as a perfmodel plan file."""
+    from perfmodel.graph.dmaplan import save_plan
+    context, cfg = plan_context(a, spec)
+    tp = a.devices
+    save_plan(a.plan_out, plan.kernel_plan(spec, cfg, tp, a.ep if tp > 1 else None, context,
+                                           "python -m kernels.run " + " ".join(sys.argv[1:])))
+    print(f"wrote {a.plan_out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,17 +191,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="kimi-k3-mini")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--depth", type=int, default=6, help="weight ring banks")
-    p.add_argument("--slots", type=int, default=2, help="routed expert slots")
-    p.add_argument("--tile", type=int, default=vmem.chip_info().mxu_column_size,
-                   help="weight tile edge (bank = 2*T*T bytes); default the MXU width")
-    p.add_argument("--context", type=int, default=64, help="MLA cache capacity (tokens)")
+    p.add_argument("--context", type=int, help="MLA cache capacity (tokens; default 64); with "
+                   "--plan-only the cached tokens per sequence (default 4096)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--expert-format", choices=("bf16",) + quant.QUANTISED,
                    help="store the routed experts in this format (default: the preset's)")
     p.add_argument("--trace-dir", help="write a jax.profiler trace of the steps here")
-    p.add_argument("--plan-out", help="write one step's DMA plan (device 0, --context - rows cached tokens) as a "
-                   "perfmodel plan file for `perfmodel predict --kernel-plan` and exit (no weights, no TPU)")
+    p.add_argument("--plan-only", action="store_true",
+                   help="print the DMA plan's figures (no weights, no TPU needed)")
+    p.add_argument("--json", action="store_true", help="with --plan-only: one JSON object")
+    p.add_argument("--plan-out", help="write that plan with the kernel's settings as a perfmodel "
+                   "plan file (`perfmodel predict --kernel-plan`; no weights, no TPU)")
+    config_arguments(p)
     add_block_and_mesh_arguments(p)
     a = p.parse_args(argv)
     try:
@@ -162,20 +210,19 @@ def main(argv: list[str] | None = None) -> int:
         if a.expert_format:
             spec = dataclasses.replace(spec, formats=spec.formats | {
                 "routed_expert": get_format(a.expert_format, "expert-format")})
-        cfg = layout.KernelConfig(batch=a.batch, max_context=a.context, depth=a.depth,
-                                  tile=a.tile, expert_slots=a.slots,
-                                  cache_block=min(256, a.context), hierarchical=a.hierarchical,
-                                  rows=a.rows)
         tp, accepted = block_and_mesh(a)
-        if a.steps * accepted + a.rows - accepted > a.context:
+        if a.plan_only:
+            return plan_only(a, spec)
+        if a.plan_out:
+            return plan_out(a, spec)
+        context = 64 if a.context is None else a.context
+        on_tpu = pltpu.is_tpu_device() and not a.interpret
+        cfg = kernel_config(a, spec, a.batch, context, on_tpu)
+        if a.steps * accepted + a.rows - accepted > context:
             raise SpecError("steps", a.steps, f"the last block would end past --context "
-                            f"({a.context}): steps * accepted + rows - accepted must be <= it")
+                            f"({context}): steps * accepted + rows - accepted must be <= it")
         dspec = shard.device_spec(spec, tp, a.ep) if tp > 1 else spec
         budget = vmem.check_vmem(dspec, cfg)
-        if a.plan_out:
-            write_plan(a, spec, dspec, cfg, tp)
-            print(f"wrote {a.plan_out}")
-            return 0
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -193,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{spec.name}: {len(spec.layers)} layers on {tp} device(s), "
           f"batch {cfg.batch} x {cfg.rows} rows (padded {cfg.padded_batch}),"
-          f" ring {cfg.depth} x {cfg.bank_bytes:,} B, {cfg.expert_slots} expert slots")
+          f" ring {cfg.depth} x {cfg.bank_bytes:,} B, {cfg.expert_slots} expert slots, "
+          f"all-reduce {comm.algorithm(dspec, cfg)} ({cfg.wire} wire)")
     print(budget.table())
 
     weights = reference.init_weights(spec, a.seed)
@@ -208,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     tracing = jax.profiler.trace(a.trace_dir) if a.trace_dir else contextlib.nullcontext()
     with tracing:
         generated, times = _generate(dspec, cfg, packed, cache, tokens, positions, step_fn,
-                                     a.steps, accepted, rng)
+                                     a.steps, accepted, rng, spec if tp > 1 else None)
     print("\ntokens (one row per sequence):")
     for row in generated:
         print("  " + " ".join(str(int(t)) for t in row))

@@ -1,9 +1,13 @@
-"""VMEM budget of the megakernel, with TPU tile padding, checked against the chip's VMEM.
+"""VMEM budget of the megakernel, with TPU tile padding and a margin for the compiler.
 
 Each buffer's bytes are padded to the TPU memory tiling: the last dimension to the lane count
 (128) and the second-minor dimension to the dtype's sublane tiling (`TpuInfo.
-get_sublane_tiling`: 8 rows for 32-bit, 16 for bf16 on TPU7x). The chip figures come from JAX's
-`tpu_info` (the attached TPU, or TPU7x per TensorCore when none is attached).
+get_sublane_tiling`: 8 rows for 32-bit, 16 for bf16, 32 for 8-bit on TPU7x). The chip figures
+come from JAX's `tpu_info` (the attached TPU, or TPU7x per TensorCore when none is attached).
+The explicit allocations may use the chip's VMEM minus `MARGIN_BYTES`, the room Mosaic needs
+for its own spill slots and internal scratch: Inferact's TPU7x megakernel keeps explicit
+allocations at or below 58 MiB of the 64 MiB and measured about 2.7 MiB of compiler spill slots
+(docs/sources.md, "The public TPU7x megakernel"); Mosaic gets the whole VMEM as its limit.
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ from perfmodel.util.errors import SpecError, require
 from . import layout, reference
 from .layout import KernelConfig
 
+MARGIN_BYTES = 6 << 20   # 64 - 58 MiB: compiler spill slots (~2.7 MiB measured) and scratch
+
 
 @dataclass(frozen=True)
 class Buffer:
@@ -31,7 +37,8 @@ class Buffer:
 @dataclass(frozen=True)
 class Budget:
     buffers: tuple[Buffer, ...]
-    capacity_bytes: int
+    capacity_bytes: int      # the chip's VMEM per core (Mosaic's limit)
+    limit_bytes: int         # what the explicit buffers may use (capacity - margin)
     chip: str
 
     @property
@@ -41,9 +48,10 @@ class Budget:
     def table(self) -> str:
         lines = [f"VMEM budget on {self.chip}, TPU tile padding included:"]
         for b in self.buffers:
-            lines.append(f"  {b.name:<34} {str(b.shape):<24} {b.dtype:<9} {b.bytes:>12,} B")
-        lines.append(f"  {'total':<68}{self.total_bytes:>12,} B of {self.capacity_bytes:,} B "
-                     f"({100 * self.total_bytes / self.capacity_bytes:.1f} %)")
+            lines.append(f"  {b.name:<42} {str(b.shape):<24} {b.dtype:<9} {b.bytes:>12,} B")
+        lines.append(f"  {'total':<76}{self.total_bytes:>12,} B of {self.limit_bytes:,} B "
+                     f"({100 * self.total_bytes / self.limit_bytes:.1f} %; "
+                     f"{self.capacity_bytes - self.limit_bytes:,} B kept for the compiler)")
         return "\n".join(lines)
 
 
@@ -65,19 +73,25 @@ def padded_bytes(shape: tuple[int, ...], dtype, info: pltpu.TpuInfo) -> int:
 
 def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buffer]:
     """The kernel's VMEM scratch and blocks, plus its largest compiler-managed values."""
+    from . import comm, megakernel
     bp, t, h = cfg.padded_batch, cfg.tile, spec.hidden
-    xfmt = layout.expert_format(spec, cfg)
     caches = reference.cache_shapes(spec, cfg.batch, cfg.max_context)
-    items = [("weight ring (depth x tile)", (cfg.depth, t, t), jnp.bfloat16),
-             ("expert slots", (cfg.expert_slots, layout.tiles_per_expert(spec, cfg) if spec.moe
-                               else 1, xfmt.code_rows, t), xfmt.code_dtype),
-             ("layer vectors (double buffer)", (2, layout.vector_rows(spec), layout.LANES),
-              jnp.bfloat16),
-             ("embedding rows", (bp, 1, h // layout.tp_of(spec)), jnp.bfloat16),
-             ("next tokens (output)", (bp, layout.LANES), jnp.int32),
-             ("logits (output)", (bp, layout.lm_head_matmul(spec).d_out), jnp.float32),
-             ("logits (value)", (bp, layout.lm_head_matmul(spec).d_out), jnp.float32),
-             ("residual + normed input (values)", (2, bp, h), jnp.float32)]
+    items = [("weight ring (depth x bank)", (cfg.depth, cfg.bank_rows, t), jnp.bfloat16)]
+    if spec.moe and spec.count(ffn="moe"):
+        lay = layout.expert_layout(spec, cfg)
+        items.append(("expert slots", (cfg.expert_slots, lay.rows[0], t), lay.fmt.code_dtype))
+        if lay.rows[1]:
+            items.append(("expert scale slots", (cfg.expert_slots, lay.rows[1], t),
+                          lay.fmt.scale_dtype))
+    rmax, cmax = layout.max_row_col_tiles(spec, cfg)
+    items += [("layer vectors (double buffer)", (2, layout.vector_rows(spec), layout.LANES),
+               jnp.bfloat16),
+              ("embedding rows", (bp, 1, h // layout.tp_of(spec)), jnp.bfloat16),
+              ("input chunks, output blocks", (rmax + cmax, bp, t), jnp.float32),
+              ("next tokens (output)", (bp, layout.LANES), jnp.int32),
+              ("logits (output)", (bp, spec.vocab // layout.tp_of(spec)), jnp.float32),
+              ("logits (value)", (bp, spec.vocab // layout.tp_of(spec)), jnp.float32),
+              ("residual + normed input (values)", (2, bp, h), jnp.float32)]
     if "kda_state" in caches:
         items += [("kda state", caches["kda_state"][0][1:], jnp.float32),
                   ("kda state (value)", caches["kda_state"][0][1:], jnp.float32),
@@ -92,23 +106,20 @@ def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buf
                    jnp.bfloat16)]
     if spec.moe:
         items.append(("used-expert mask", (1, spec.moe.experts), jnp.int32))
-        if xfmt.scale_dtype is not None:
-            items.append(("expert scale slots", (cfg.expert_slots, layout.tiles_per_expert(
-                spec, cfg), t // xfmt.group, t), xfmt.scale_dtype))
     tp = layout.tp_of(spec)
     if tp > 1:
-        from . import comm, megakernel
-        send, recv = comm.buffer_widths(*megakernel.collective_widths(spec), tp, cfg.hierarchical)
-        items += [("collective send buffer", (bp, send), jnp.float32),
-                  ("collective receive buffers", (6, tp, bp, recv), jnp.float32)]
+        for (kind, dtype), (send, recv) in comm.buffer_shapes(
+                spec, cfg, megakernel.collective_widths(spec, cfg), tp).items():
+            items += [(f"send buffer ({comm.KINDS[kind]}, {dtype})", send, dtype),
+                      (f"receive buffers ({comm.KINDS[kind]}, {dtype})", recv, dtype)]
     return [Buffer(n, tuple(s), jnp.dtype(d).name, padded_bytes(s, d, info)) for n, s, d in items]
 
 
 def check_vmem(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo | None = None,
-               capacity_bytes: int | None = None) -> Budget:
-    """The budget, or SpecError naming the largest buffers and the excess when it does not fit
-    in `capacity_bytes` (default: the chip's VMEM per core); the tile must be a multiple of the
-    chip's MXU width."""
+               capacity_bytes: int | None = None, margin_bytes: int = MARGIN_BYTES) -> Budget:
+    """The budget, or SpecError naming the largest buffers and the excess when the buffers do not
+    fit in `capacity_bytes` (default: the chip's VMEM per core) minus `margin_bytes`; the tile
+    must be a multiple of the chip's MXU width."""
     layout.check_kernel_spec(spec, cfg)
     info = info or chip_info()
     cap = info.vmem_capacity_bytes if capacity_bytes is None else capacity_bytes
@@ -116,14 +127,16 @@ def check_vmem(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo | None = 
             f"must be a multiple of the MXU width of TPU {info.chip_version} "
             f"({info.mxu_column_size}, jax tpu_info)")
     attached = "attached" if pltpu.is_tpu_device() else "no TPU attached, jax tpu_info figures"
-    budget = Budget(tuple(buffers(spec, cfg, info)), cap,
+    limit = cap - margin_bytes
+    budget = Budget(tuple(buffers(spec, cfg, info)), cap, limit,
                     f"TPU {info.chip_version} ({attached}, per TensorCore)")
-    if budget.total_bytes > cap:
+    if budget.total_bytes > limit:
         big = sorted(budget.buffers, key=lambda b: -b.bytes)[:4]
         raise SpecError("vmem", budget.total_bytes,
-                        f"the kernel needs {budget.total_bytes:,} B of VMEM but {budget.chip} has "
-                        f"{cap:,} B: {budget.total_bytes - cap:,} B too many; largest buffers: "
-                        + ", ".join(f"{b.name} {b.bytes:,} B" for b in big)
-                        + f" (depth={cfg.depth}, expert_slots={cfg.expert_slots}, "
-                        f"max_context={cfg.max_context})")
+                        f"the kernel needs {budget.total_bytes:,} B of VMEM but {budget.chip} "
+                        f"leaves {limit:,} B ({cap:,} B less {margin_bytes:,} B for the "
+                        f"compiler): {budget.total_bytes - limit:,} B too many; largest "
+                        "buffers: " + ", ".join(f"{b.name} {b.bytes:,} B" for b in big)
+                        + f" (depth={cfg.depth}, bank_rows={cfg.bank_rows}, "
+                        f"expert_slots={cfg.expert_slots}, max_context={cfg.max_context})")
     return budget

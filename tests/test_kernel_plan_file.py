@@ -35,7 +35,7 @@ def mini_plan() -> tuple[KernelPlan, dict]:
     kp = KernelPlan("kimi-k3-mini", {"devices": TP, "tp": TP, "ep": TP, "batch": 2, "context": CTX},
                     {"bank_bytes": cfg.bank_bytes, "depth": 6, "expert_slots": 2, "wire": "f32", "all_reduce": "rs_ag",
                      "collective_rows": cfg.padded_batch, "expert_feed": "bf16"}, tuple(copies), "test")
-    return kp, plan.overhead_bytes(dspec, cfg, distinct)
+    return kp, plan.overhead_bytes(copies)
 
 
 def test_plan_file_round_trip(tmp_path):
@@ -75,7 +75,7 @@ def test_plan_bytes_are_the_op_graphs_and_the_kernels_overhead():
     g = ops.build(spec, d)
     per_expert = g.routed_bytes.max() / g.distinct_experts  # one expert's bytes on this device
     fetched = round(g.distinct_experts) * spec.count(ffn="moe")
-    want = g.static_bytes.sum() + g.kv_bytes.sum() + fetched * per_expert + over["tile_padding"] + over["vectors"]
+    want = g.static_bytes.sum() + g.kv_bytes.sum() + fetched * per_expert + over["padding"] + over["vectors"]
     plan_bytes = sum(c.bytes for c in kp.hbm_copies)
     assert plan_bytes == pytest.approx(want, rel=1e-12)
     assert sum(c.bytes for c in kp.hbm_copies if c.family in ("kv_cache", "state")) == g.kv_bytes.sum()

@@ -16,9 +16,8 @@ CTX = 48
 
 
 def setup(depth=6, slots=2, sharing=None):
-    # 128-wide tiles: MINI's narrow matrices padded to 256 would add ~20 % of zeros to the plan
-    cfg = layout.KernelConfig(batch=4, max_context=64, depth=depth, expert_slots=slots, tile=128,
-                              cache_block=16)
+    cfg = layout.KernelConfig(batch=4, max_context=64, depth=depth, expert_slots=slots,
+                              cache_block=16, bank_rows=256)
     g = build(SPEC, Deployment(devices=1, tp=1, batch=4, context=CTX))
     the_plan = plan.dma_plan(SPEC, cfg, [round(g.distinct_experts)] * SPEC.count(ffn="moe"), [CTX] * 4)
     hw = load_hardware("tpu-v7").replace(dma_tile_bytes=cfg.bank_bytes)
@@ -33,14 +32,22 @@ def test_plan_simulation_moves_exactly_the_plan_bytes():
     p = predict(SPEC, hw, d, plan=the_plan)
     assert p.bytes_per_device == sum(c.bytes for c in the_plan)
     own = predict(SPEC, hw, d)  # the model's own uniform stream of the same configuration
-    assert p.step_s == pytest.approx(own.step_s, rel=0.10)  # the plan adds tile padding and vectors
-    assert p.step_s >= own.step_s * 0.99
+    # this small step is bound by compute and op overheads, not bytes: the plan's few large copies
+    # (its vectors and scales included) land within 10 % of the model's uniform stream
+    assert p.bytes_per_device > own.bytes_per_device
+    assert p.step_s == pytest.approx(own.step_s, rel=0.10)
     assert plan.predicted_step(SPEC, cfg, the_plan, CTX).step_s == pytest.approx(p.step_s)
 
 
-def test_plan_ring_depth_under_fifo_is_never_slower():
-    steps = [predict(SPEC, *setup(depth=k, sharing="fifo")[2:], plan=setup(depth=k)[1]).step_s for k in (1, 3, 12, 48)]
-    assert all(b <= a * (1 + 1e-9) for a, b in zip(steps, steps[1:])) and steps[-1] < steps[0]
+def test_plan_ring_depth_under_fifo():
+    """Under a FIFO DMA engine a deeper ring is never slower while it holds under a layer's
+    banks (MINI: about 13 of 256 rows); a ring holding the whole stream (48 of 52 banks) puts
+    every routed expert behind the prefetched banks and is slower than 12."""
+    step = {k: predict(SPEC, *setup(depth=k, sharing="fifo")[2:], plan=setup(depth=k)[1]).step_s
+            for k in (1, 2, 3, 6, 12, 48)}
+    up_to = [step[k] for k in (1, 2, 3, 6, 12)]
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(up_to, up_to[1:])) and up_to[-1] < up_to[0]
+    assert step[48] > step[12]
 
 
 def test_plan_records_every_copy_on_the_dma_lane():
@@ -63,8 +70,8 @@ def test_verify_rows_plan_runs_in_the_simulator():
     kernel's own plan for 4 rows per sequence: it moves exactly the plan's bytes, and the
     verify step is not faster than a one-row step on the one-row plan (same weights, more rows)."""
     from perfmodel.spec.deployment import SpecDecode
-    cfg = layout.KernelConfig(batch=4, max_context=64, depth=6, expert_slots=2, tile=128,
-                              cache_block=16, rows=4)
+    cfg = layout.KernelConfig(batch=4, max_context=64, depth=6, expert_slots=2,
+                              cache_block=16, rows=4, bank_rows=256)
     the_plan = plan.dma_plan(SPEC, cfg, positions=[CTX] * 4, accepted=[4, 2, 0, 1])
     hw = load_hardware("tpu-v7").replace(dma_tile_bytes=cfg.bank_bytes)
     d = Deployment(devices=1, tp=1, batch=4, context=CTX, prefetch_bytes=6 * cfg.bank_bytes,

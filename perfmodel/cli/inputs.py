@@ -3,10 +3,12 @@ slots, routing, speculative decoding) and the model, hardware and Deployment the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from perfmodel.cli.args import context, count, integer, mib, nonnegative, number, positive, skew
 from perfmodel.spec import hardware, loaders
 from perfmodel.spec.deployment import ENGINES, Deployment, SpecDecode
+from perfmodel.spec.formats import get_format
 from perfmodel.step.report import deployment_json
 from perfmodel.util.errors import SpecError, require
 
@@ -49,14 +51,29 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-dp", type=count, default=None,
                    help="attention data-parallel replicas (tp = devices / (attention-dp x pp) unless given)")
     p.add_argument("--pp", type=count, default=1, help="pipeline-parallel stages")
+    p.add_argument("--kv-cache", default=None,
+                   help="store the KV cache in this format (e.g. fp8-kv, as vLLM's --kv-cache-dtype fp8; "
+                        "default: the model's)")
     p.add_argument("--ep-comm", dest="moe_comm", choices=("all_reduce", "all_to_all"), default="all_reduce",
                    help="how tokens reach the experts: all-reduce (replicated / gathered) or all-to-all (DeepEP)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def add_prefill_args(p: argparse.ArgumentParser, prompt: bool = True) -> None:
+    """Prefill: the prompt (predict's TTFT) and the largest chunk of a prompt one step takes."""
+    if prompt:
+        p.add_argument("--prompt", type=count, default=None,
+                       help="prompt tokens: also predict the time to first token (TTFT) of the batch's prompts")
+    p.add_argument("--prefill-chunk", type=count, default=None,
+                   help="chunked prefill: at most this many prompt tokens of a sequence per step "
+                        "(default: " + ("the whole prompt)" if prompt else "the step's token budget)"))
+
+
 def load_inputs(a: argparse.Namespace):
     """The model, hardware and deployment the deployment arguments name."""
     model, hw = loaders.load_model(a.model), hardware.load_hardware(a.hardware)
+    if a.kv_cache is not None:
+        model = dataclasses.replace(model, formats={**model.formats, "kv_cache": get_format(a.kv_cache, "--kv-cache")})
     if a.vmem_mib is not None:
         hw = hw.replace(onchip_bytes=a.vmem_mib * 2**20)
     check_spec_flags(a)
@@ -88,4 +105,5 @@ def check_spec_flags(a: argparse.Namespace, drafts_elsewhere: bool = False) -> N
 
 
 def inputs_json(a, model, hw, d, **extra) -> dict:
-    return {"model": model.name, "hardware": hw.name, **deployment_json(d), **extra}
+    return {"model": model.name, "hardware": hw.name, **deployment_json(d), "kv_cache": model.formats["kv_cache"].name,
+            **extra}

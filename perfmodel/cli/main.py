@@ -1,5 +1,5 @@
-"""`perfmodel` command line: list, predict, trace, explain, sweep, reproduce, calibrate, validate,
-hostbench, capture, dashboard.
+"""`perfmodel` command line: list, predict, trace, explain, sweep, serve, reproduce, calibrate,
+validate, hostbench, capture, dashboard.
 
 Every command takes --json for a stable, documented output (docs/json-schema.md). Bad input
 exits with status 2 and one line naming the file, field and value, never a traceback; so does an
@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                 "one layer or op term by term: bytes, FLOPs, mechanisms, sources"),
     "sweep": ("perfmodel.cli.sweep", "configure_sweep", "what-if and design search: --vary axes or a --design "
               "file, top K and Pareto front, Parquet/CSV out, local or Ray executor"),
+    "serve": ("perfmodel.cli.serve", "configure_serve", "serving simulation: arrivals, continuous batching, paged "
+              "KV cache, disaggregated prefill; TTFT / TPOT / E2E percentiles and throughput"),
     "reproduce": ("perfmodel.cli.fit", "configure_reproduce", "the seed table: fit on batch 1 and 8, predict the rest"),
     "calibrate": ("perfmodel.cli.fit", "configure_calibrate", "fit component parameters to their own micro-benchmarks"),
     "validate": ("perfmodel.cli.validate", "configure_validate",

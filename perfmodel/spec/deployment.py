@@ -103,6 +103,9 @@ def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
     if d.serving_engine is not None:
         from perfmodel.spec.engines import check_serving_layout
         check_serving_layout(model, hw, d)
+    elif hw.kind == "gpu":
+        from perfmodel.spec.engines import check_block_splits
+        check_block_splits(model, d)
     for label in sorted({l.attention for l in model.layers} - {"none"}):
         a = model.attn(label)
         heads = getattr(a, "heads", None) or a.value_heads

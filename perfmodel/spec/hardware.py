@@ -18,7 +18,8 @@ from perfmodel.util.files import check_path
 
 PRESET_DIR = Path(__file__).parents[1] / "presets" / "hardware"
 DMA_SHARING = ("fifo", "shared")
-OPTIONAL = ("jax_chip", "domain_devices", "node_devices", "fabric_bandwidth_bytes_per_s", "fabric_latency_s")
+OPTIONAL = ("jax_chip", "domain_devices", "node_devices", "fabric_bandwidth_bytes_per_s", "fabric_latency_s",
+            "collective_tables")
 COLLECTIVE_ALGORITHMS = ("ring", "tree", "one_shot")
 
 
@@ -57,6 +58,8 @@ class Hardware:
     node_devices: int = 0               # GPUs per host (a custom all-reduce stays inside one); 0: the domain
     fabric_bandwidth_bytes_per_s: float = 0.0  # inter-node fabric per GPU per direction (0: none given)
     fabric_latency_s: float = 0.0       # one inter-node step of a small collective
+    collective_tables: str = ""         # a GPU whose kernel tables time collectives over the same NVLink
+                                        # fabric, where this one's have none ("": none)
     components: dict[str, float] = field(default_factory=dict)  # perfmodel.cost.components parameters
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 

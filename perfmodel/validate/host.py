@@ -123,6 +123,16 @@ HOSTBENCH_JSON = {
     "page_bytes": Num(0), "flops_efficiency": Num(0), "load_average_1min": Num(0, null=True)}
 
 
+def with_prefill_structure(hw, structure: dict):
+    """The hardware with a prefill program's own counted structure (perfmodel_jax.capture.
+    prefill_structure: its thunks per phase, loops expanded, and its loops' bytes) in place of the
+    decode step's; the decode step's cache copies and temporaries per cache byte do not apply to
+    it and are set to 0 (a prefill writes each cache once; its temporaries are not counted)."""
+    c = {k: v for k, v in hw.components.items() if not k.startswith(("host_thunks_", "host_loop_bytes_"))}
+    c |= {k: 0.0 for k in c if k.startswith(("host_stack_copies_", "host_temp_per_cache_byte"))}
+    return dataclasses.replace(hw, components=c | {k: float(v) for k, v in structure.items()})
+
+
 def matched_hbm_efficiency(hw_path: str, dtype: str, batch: int) -> float:
     """Decode-matmul bandwidth at `batch` rows / streaming bandwidth, from hostbench's JSON."""
     jpath = Path(hw_path).with_suffix(".json")
@@ -176,6 +186,12 @@ def compare(t: TraceSummary, model=None, hardware: str = DEFAULT_HOST_HARDWARE,
     if matched_efficiency:
         hw = hw.with_efficiency(hbm=matched_hbm_efficiency(hardware, meta.get("weights_dtype", "f32"),
                                                            batch))
+    if mode == "prefill":  # the reference's prefill of whole prompts, on its own program's structure
+        from perfmodel.step.prefill import prefill_prediction
+        require(meta.get("prompt"), "--trace", t.path, "a prefill run's capture.json needs its prompt")
+        hw = with_prefill_structure(host_hardware(hw, "compiled"), meta.get("structure", {}))
+        d = Deployment(devices=1, tp=1, engine="multikernel")
+        return against(t, spec, hw, prefill_prediction(spec, hw, d, meta["prompt"], batch), mode)
     if mode == "megakernel":  # a TPU trace of the megakernel on one device, default ring
         d = Deployment(devices=1, tp=1, engine="megakernel", batch=batch, context=context)
     else:

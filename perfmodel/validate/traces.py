@@ -2,7 +2,8 @@
 
 Capture (`perfmodel_jax.capture.capture_reference`, CLI `perfmodel capture`): runs `kernels.reference.decode_step` (one
 compiled XLA program) and `decode_step_op_by_op` (one jitted call per phase) under
-`jax.profiler.trace`, each step inside a `StepTraceAnnotation("decode_step")`, in a subprocess
+`jax.profiler.trace`, each step inside a `StepTraceAnnotation("decode_step")` (a prefill run of
+`kernels.prefill.prefill_step`: "prefill_step"), in a subprocess
 whose XLA_FLAGS dump the optimised HLO of every compiled module (that is where the `op_name`
 metadata, i.e. the named scopes, lives). Layout of the output directory:
     OUT/hlo_<model>_<time>/module_NNNN.<name>.cpu_after_optimizations.txt
@@ -43,6 +44,8 @@ from perfmodel.util.errors import SpecError
 from perfmodel.util.files import check_path, read_text
 
 STEP_NAME = "decode_step"
+PREFILL_STEP_NAME = "prefill_step"  # the annotation of one traced prefill (perfmodel_jax.capture, mode prefill)
+STEP_NAMES = (STEP_NAME, PREFILL_STEP_NAME)
 SCOPE_RE = re.compile(r"(?:^|/)(embed|head|layer_(\d+)/(attention|ffn|moe))(?=/|$)")
 MARKER_RE = re.compile(r"(embed|head|layer(_\d+)?/(attention|ffn|moe))(/[\w.\-]+)*")
 LOOP_RE = re.compile(r"(?:^|/)layer/(attention|ffn|moe)(?=/|$)")
@@ -233,7 +236,7 @@ def _events(pd, hlo: dict[int, dict[str, str]]):
             for ev in line.events:
                 name = ev.name
                 stats = {k: v for k, v in ev.stats}
-                if is_steps_line or name == STEP_NAME:
+                if is_steps_line or name in STEP_NAMES:
                     steps.append((_int(stats.get("step_num"), int(name) if name.isdigit() else len(steps)),
                                   ev.start_ns, ev.end_ns))
                     continue
