@@ -22,6 +22,7 @@ from scipy.optimize import least_squares
 
 from perfmodel.cost import components as cm
 from perfmodel.spec.hardware import Hardware
+from perfmodel.spec.recipe import TOP_K
 from perfmodel.util import schema
 from perfmodel.util.checks import STR, ListOf, Num, OneOf, Req, check_tree
 from perfmodel.util.errors import SpecError, in_file, require
@@ -78,7 +79,10 @@ INPUTS = {
     "link_bandwidth": {"links": Req(_N)},
     "collective": {"kind": Req(OneOf(*cm.ALGORITHMS)), "payload_bytes": Req(_BYTES), "devices": Req(_N),
                    "cores_per_chip": Req(_N), "algorithm": Req((STR,)), "shard": (STR,)},
-    "host_dispatch": {}, "kernel_launch": {},
+    "topk": {"algorithm": Req(OneOf(*TOP_K)), "k": Req(_N), "experts": _N},
+    "attention_core": {"sequences": Req(_N), "kind": (STR,), "q_heads_per_core": _N, "kv_heads_per_core": _N,
+                       "head_dim": _N},
+    "xla_glue": {}, "host_dispatch": {}, "kernel_launch": {},
     "gpu_all_reduce": {"bytes": Req(_BYTES), "ranks": Req(_N)},
     "host_dot": {"bytes": Req(_BYTES), "rows": Req(_N)},
     "host_convert": {"values": Req(_N), "allocated_bytes": Req(Num(0, 2**50))},

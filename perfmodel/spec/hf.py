@@ -89,7 +89,8 @@ def from_hf_config(path: Path) -> ModelSpec:
     source = f"Hugging Face config {Path(path).name}"
     sidecar = Path(path).parent / "hf_quant_config.json"
     if sidecar.is_file():
-        c["quantization_config"] = _sidecar(sidecar, c.get("quantization_config"))
+        with in_file(sidecar):
+            c["quantization_config"] = _sidecar(sidecar, c.get("quantization_config"))
         source += " + hf_quant_config.json"
     with in_file(path):
         return from_dict(spec_dict(c, str(name), source))
