@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml requirements.lock
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.lock
 	$(VENV)/bin/pip install -q --no-deps -e .
+	$(VENV)/bin/python dashboards/pmdash/warm.py
 	touch $@
 
 run: $(STAMP)
@@ -55,7 +56,7 @@ test-kernels-slow: $(STAMP)
 	$(VENV)/bin/python -m pytest -n 2 -q -m slow --durations=8 $(KERNEL_TESTS)
 
 fuzz: $(STAMP)
-	PERFMODEL_FUZZ_PROFILE=fuzz $(VENV)/bin/python -m pytest -q -s tests/test_fuzz.py
+	PERFMODEL_FUZZ_PROFILE=fuzz $(VENV)/bin/python -m pytest -n 2 -q tests/test_fuzz.py
 
 docs: $(STAMP)
 	$(VENV)/bin/python experiments/docs.py

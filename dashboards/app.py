@@ -1,9 +1,10 @@
 """perfmodel dashboard: `streamlit run dashboards/app.py` (bundled data only; no GPU, TPU or network).
 
-Views: Compare (predicted vs measured tokens/s), What-if (prefetch / VMEM / batch tuning),
-Explain (one layer term by term: a waterfall), Validation (per-layer predicted vs measured
-traces), Models & hardware (presets and uploads).
-Settings (usage statistics off) are in dashboards/.streamlit/config.toml.
+Views: Compare (predicted vs measured tokens/s), What-if (prefetch / expert slots / VMEM / batch
+tuning), Explain (the step layer by layer and one layer op by op), Design search (a swept design's
+Pareto front), Validation (per-layer predicted vs measured traces), Models & hardware (presets and
+uploads). Settings (localhost only, no usage statistics, no Deploy button) are in
+dashboards/.streamlit/config.toml.
 """
 import sys
 from pathlib import Path
@@ -22,7 +23,8 @@ VIEWS = {"Compare": compare.render, "What-if": whatif.render, "Explain": explain
 
 common.keep_inputs()
 st.sidebar.title("perfmodel")
-view = st.sidebar.radio("View", list(VIEWS), key="view")
+view = st.sidebar.radio("View", list(VIEWS), key="view", bind="query-params")  # ?view=What-if opens it
 st.sidebar.caption("Decode performance model of LLMs on TPU v7, GB200 and other chips. "
                    "Every number can be downloaded and reproduced with the `perfmodel` CLI.")
+common.wait_for_loops()
 common.guarded(VIEWS[view])

@@ -3,11 +3,13 @@
     .venv/bin/python experiments/bench_dashboard.py [--rounds 3] [--json]
 
 Opens the What-if and Compare views for Kimi K3 and changes one widget at a time (batch, engine,
-prefetch depth, expert slots, VMEM size, context, speculative decoding, acceptance length, layer
-range; batch sizes, spec decode, platform layout). Round 1 meets each value for the first time
+prefetch depth, expert slots, VMEM size, context, speculative decoding, acceptance length, the
+ring x slots and timeline tabs with a batch and a layer range there; batch sizes, spec decode,
+platform layout). Round 1 meets each value for the first time
 (cold: the model runs); later rounds revisit values already computed (warm: cached). Prints the
 median re-render time per view and over all changes (the target is <= 300 ms), and the model runs
-(perfmodel.step.predict.predict calls) each change costs, which does not depend on the machine or its load.
+each change costs (perfmodel.step.predict.predict calls, plus one per configuration of the batched
+perfmodel.search.batch.evaluate behind the ring x slots map), which do not depend on the machine or its load.
 AppTest runs the script in-process, as the server does, minus the websocket and the browser: this is
 the server's share only. The time a user sees is measured by experiments/bench_dashboard_browser.py.
 """
@@ -22,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+import perfmodel.search.batch
 import perfmodel.step.predict
 from streamlit.testing.v1 import AppTest
 
@@ -35,8 +38,9 @@ WHATIF = [("text_input", "wi_batch", "8"), ("text_input", "wi_batch", "1"),
           ("text_input", "wi_vmem", "48"), ("text_input", "wi_vmem", ""),
           ("text_input", "wi_context", "32768"), ("text_input", "wi_context", "4096"),
           ("toggle", "wi_spec", True), ("slider", "wi_acc", 4.0), ("slider", "wi_acc", 6.0),
-          ("toggle", "wi_spec", False), ("select_slider", "wi_layers_95", (1, 8)),
-          ("select_slider", "wi_layers_95", (0, 94))]
+          ("toggle", "wi_spec", False), ("state", "wi_tab", "Ring x expert slots"), ("text_input", "wi_batch", "2"),
+          ("text_input", "wi_batch", "1"), ("state", "wi_tab", "Timeline"), ("select_slider", "wi_layers_95", (1, 8)),
+          ("select_slider", "wi_layers_95", (0, 94)), ("state", "wi_tab", "Step breakdown")]
 COMPARE = [("radio", "cmp_spec", "on"), ("radio", "cmp_spec", "off"),
            ("text_input", "cmp_batches", "1, 2, 4, 8"), ("text_input", "cmp_batches", "1, 2, 4, 8, 16, 32, 64"),
            ("text_input", "cmp_A_ep", "16"), ("text_input", "cmp_A_ep", "8"),
@@ -44,7 +48,7 @@ COMPARE = [("radio", "cmp_spec", "on"), ("radio", "cmp_spec", "off"),
 
 
 MODEL_RUNS = [0]
-_predict = perfmodel.step.predict.predict
+_predict, _evaluate = perfmodel.step.predict.predict, perfmodel.search.batch.evaluate
 
 
 def _counted(*args, **kwargs):
@@ -52,8 +56,14 @@ def _counted(*args, **kwargs):
     return _predict(*args, **kwargs)
 
 
-# before the app's modules are imported (AppTest imports them on the first run), so theirs is this one
+def _counted_batch(model, chip, settings):
+    MODEL_RUNS[0] += len(settings)  # the ring x slots map: one configuration each, simulated in batches
+    return _evaluate(model, chip, settings)
+
+
+# before the app's modules are imported (AppTest imports them on the first run), so theirs are these
 perfmodel.step.predict.predict = _counted
+perfmodel.search.batch.evaluate = _counted_batch
 
 
 def drive(view: str, changes: list, rounds: int) -> dict:
@@ -66,8 +76,12 @@ def drive(view: str, changes: list, rounds: int) -> dict:
     runs: dict[int, list[int]] = {r: [] for r in range(rounds)}
     for r in range(rounds):
         for kind, key, value in changes:
-            widget = getattr(at, kind)(key=key)
-            widget = widget.input(value) if kind == "text_input" else widget.set_value(value)
+            if kind == "state":  # a lazy tab: its state, then a rerun (as the browser's click does)
+                at.session_state[key] = value
+                widget = at
+            else:
+                widget = getattr(at, kind)(key=key)
+                widget = widget.input(value) if kind == "text_input" else widget.set_value(value)
             n0, t = MODEL_RUNS[0], time.perf_counter()
             widget.run()
             times[r].append(time.perf_counter() - t)

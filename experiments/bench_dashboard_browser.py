@@ -2,16 +2,17 @@
 
     .venv/bin/python experiments/bench_dashboard_browser.py [--rounds 2] [--loads 3] [--json]
 
-Starts `streamlit run dashboards/app.py` on a free localhost port, opens it in headless Chromium
-(/usr/bin/chromium, Debian package) and times, per view, each input change from the key press or
-click to the moment the target chart shows the new data (a fingerprint of the chart's data and
-axes changes), and to the end of the run (Streamlit's status widget gone). Round 1 meets each
-value for the first time (the model runs); later rounds revisit them (cached). Also: first load
-to first chart (a fresh server, then the median of --loads new pages on the warm server, each once
-the browser is quiet) and view switches. Prints median / max per view against the targets: What-if and Compare median <= 300 ms
-and max <= 1 s, first chart <= 2.5 s after load; and, per change, the CPU time the server process
-and the browser spent, which depends far less than the wall times on what else the
-machine runs (a shared machine: compare loads by these).
+Starts `streamlit run dashboards/app.py` on a free localhost port (the app's own settings), opens it
+in headless Chromium (/usr/bin/chromium, Debian package) and times each What-if and Compare input
+change from the key press or click to the moment the LAST chart it redraws shows its new data
+(every chart's data fingerprint is watched in the page), and to the end of the run (Streamlit's
+status widget gone). Round 1 meets each value for the first time (the model runs); later rounds
+revisit them (cached); the results also go to experiments/results/bench_dashboard_browser.json.
+Also: each view opened in a new page (?view=NAME) to its first chart and the browser CPU that
+load took (median of --loads, each once the browser is quiet), and view switches. Prints medians and maxima against the targets (What-if and Compare median <= 300 ms and
+max <= 1 s, first chart <= 2.5 s after load, <= 3 CPU-s of browser time per page load), the load
+average at each figure, and per change the CPU time the server process and the browser spent,
+which depends far less than the wall times on what else the machine runs.
 """
 from __future__ import annotations
 
@@ -31,21 +32,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "dashboards" / "app.py"
+RESULTS = ROOT / "experiments" / "results" / "bench_dashboard_browser.json"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# No GPU here: software compositing (no charts use WebGL; emulating GL in SwiftShader cost the GPU process
+# 2.5-3.3 CPU-s per page load, which a user's browser with a GPU does not spend)
 CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-               "--use-angle=swiftshader", "--enable-unsafe-swiftshader"]
-TARGETS = {"median_s": 0.300, "max_s": 1.0, "first_chart_s": 2.5}
+               "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+TARGETS = {"median_s": 0.300, "max_s": 1.0, "first_chart_s": 2.5, "page_cpu_s": 3.0}
 TIMED_VIEWS = ("What-if", "Compare")
 
-# A chart's fingerprint: its traces' data and its axis types (a log-y switch changes no data).
+# A chart's fingerprint: its traces' data (x, y, bar bases, heatmap z) and its axis types (a log-y switch
+# changes no data).
 FINGERPRINT = """key => {
   const gd = document.querySelector(`.st-key-${key} .js-plotly-plot`);
   if (!gd || !gd.data || !gd._fullLayout) return null;
   let h = 0, n = 0;
   const add = v => { if (typeof v === 'number' && isFinite(v)) { h += v * (1 + (n % 7)); n += 1; } };
   for (const t of gd._fullData) {
-    for (const f of ['x', 'y', 'base']) { const a = t[f]; if (a && a.length !== undefined) for (const v of a) add(v); }
+    for (const f of ['x', 'y', 'base', 'z']) {
+      const a = t[f];
+      if (a && a.length !== undefined) for (const v of a) { if (v && v.length !== undefined) for (const w of v) add(w); else add(v); }
+    }
     h += (t.name || '').length * 1e-3;
   }
   const ax = Object.keys(gd._fullLayout).filter(k => /^[xy]axis/.test(k)).map(k => gd._fullLayout[k].type).join();
@@ -60,23 +67,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The server process with an audit hook (sys.addaudithook) that writes every socket address it
+# connects, sends to, binds or looks up, one JSON line each, to $PERFMODEL_AUDIT_LOG: what the
+# socket test reads. Then `streamlit run` as the command line gives it.
+AUDITED = r"""
+import json, os, sys
+log = open(os.environ["PERFMODEL_AUDIT_LOG"], "a", buffering=1)
+EVENTS = {"socket.connect": 1, "socket.sendto": 1, "socket.bind": 1, "socket.getaddrinfo": 0}
+def hook(event, args):
+    if event in EVENTS:
+        log.write(json.dumps({"event": event, "address": repr(args[EVENTS[event]])}) + "\n")
+sys.addaudithook(hook)
+sys.argv = ["streamlit", *sys.argv[1:]]
+from streamlit.web.cli import main
+sys.exit(main())
+"""
+
+
 @contextlib.contextmanager
-def serve(log_path: Path, env: dict | None = None, info: dict | None = None):
-    """`streamlit run dashboards/app.py` on a free port; yields its URL (and puts the server's pid into
-    `info`). Usage statistics are left to the app's own config (dashboards/.streamlit/config.toml), so
-    the browser test checks that file."""
+def serve(log_path: Path, env: dict | None = None, info: dict | None = None, audit_log: Path | None = None):
+    """`streamlit run dashboards/app.py` on a free port, with the app's own settings (its config file:
+    localhost only, no usage statistics), so the tests see what a user gets; yields its URL (and puts
+    the server's pid into `info`). With `audit_log`, the server records its sockets there (AUDITED)."""
     port = free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    run = ["run", str(APP), "--server.port", str(port), "--server.fileWatcherType", "none"]
+    cmd = [sys.executable, "-c", AUDITED, *run] if audit_log else [sys.executable, "-m", "streamlit", *run]
+    extra = {"PERFMODEL_AUDIT_LOG": str(audit_log)} if audit_log else {}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
-             "--server.port", str(port), "--server.address", "127.0.0.1", "--server.fileWatcherType", "none"],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **extra, **(env or {})})
         if info is not None:
             info["pid"] = proc.pid
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://localhost:{port}"
         try:
-            deadline = time.monotonic() + 90
+            deadline = time.monotonic() + 120
             while True:
                 try:
                     with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
@@ -95,6 +120,49 @@ def serve(log_path: Path, env: dict | None = None, info: dict | None = None):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+
+
+def listening(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of each TCP socket process `pid` listens on (Linux: /proc/PID/fd, /proc/net/tcp{,6})."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            link = os.readlink(fd)
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    out = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] != "0A" or f[9] not in inodes:  # 0A: LISTEN
+                continue
+            addr, port = f[1].split(":")
+            raw = bytes.fromhex(addr)
+            # the kernel prints each 32-bit word in host (little-endian) order
+            ip = socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6,
+                                  b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+            out.append((ip, int(port, 16)))
+    return out
+
+
+def local_address(event: str, address: str) -> bool:
+    """Whether an audited socket address (its repr) stays on this machine: loopback, a Unix socket, or a
+    name lookup of localhost."""
+    import ast
+    import ipaddress
+    try:
+        a = ast.literal_eval(address)
+    except (ValueError, SyntaxError):
+        return False
+    host = a[0] if isinstance(a, tuple) else a
+    if event != "socket.getaddrinfo" and isinstance(a, (str, bytes)):
+        return True  # a Unix socket path
+    if host in (None, "", b"", "localhost", b"localhost"):
+        return host is not None or event == "socket.getaddrinfo"
+    try:
+        return ipaddress.ip_address(host.decode() if isinstance(host, bytes) else host).is_loopback
+    except ValueError:
+        return False
 
 
 @contextlib.contextmanager
@@ -202,22 +270,51 @@ class Work:
         return cpu_s(self.pid), browser_cpu_s()
 
 
-def timed_change(page, chart: str, kind: str, key: str, value) -> tuple[float, float]:
-    """(input to chart updated, input to run finished) in seconds."""
-    before = fingerprint(page, chart)
+# Installed in every page: per chart (by its st-key), when its data last changed (performance.now()), and
+# when the last input started (Enter, a click). A change is timed to the LAST chart it redraws.
+WATCH = """(() => {
+  const pm = window.__pm = {t0: 0, changed: {}, fp: {}, on: false};
+  const fpOf = FP;
+  const scan = () => {
+    for (const el of document.querySelectorAll('.js-plotly-plot')) {
+      const holder = el.closest('[class*="st-key-"]');
+      const m = holder && holder.className.match(/st-key-(\\S+)/);
+      if (!m) continue;
+      const f = fpOf(m[1]);
+      if (f !== null && f !== pm.fp[m[1]]) { pm.fp[m[1]] = f; pm.changed[m[1]] = performance.now(); }
+    }
+  };
+  const loop = () => { if (pm.on) { scan(); requestAnimationFrame(loop); } };
+  pm.start = () => { scan(); pm.changed = {}; pm.on = true; requestAnimationFrame(loop); };  // between changes: off
+  pm.stop = () => { pm.on = false; };
+  addEventListener('keydown', e => { if (e.key === 'Enter') pm.t0 = performance.now(); }, true);
+  addEventListener('pointerdown', () => { pm.t0 = performance.now(); }, true);
+})()""".replace("FP", FINGERPRINT)
+
+
+def timed_change(page, kind: str, key: str, value, settle_s: float = 0.4) -> tuple[float | None, float, list[str]]:
+    """(input to the last chart the change redrew, input to run finished, the charts it redrew), seconds.
+
+    After the run ends, waits until no chart has changed for `settle_s` (plotly draws after the run)."""
+    page.evaluate("() => window.__pm.start()")
     if kind == "text":  # typing is not timed: the change starts with Enter
         f = field(page, key)
         f.fill(str(value))
-        t0 = time.perf_counter()
         f.press("Enter")
     else:
-        t0 = time.perf_counter()
         act(page, kind, key, value)
-    page.wait_for_function(f"b => ({FINGERPRINT})({json.dumps(chart)}) !== b", arg=before, polling="raf",
-                           timeout=60_000)
-    t_chart = time.perf_counter() - t0
+    time.sleep(0.1)
     wait_idle(page)
-    return t_chart, time.perf_counter() - t0
+    idle = page.evaluate("() => performance.now() - window.__pm.t0") / 1e3
+    while True:
+        last = page.evaluate("() => Math.max(0, ...Object.values(window.__pm.changed))")
+        if page.evaluate("() => performance.now()") - last > settle_s * 1e3:
+            break
+        time.sleep(0.05)
+    pm = page.evaluate("() => { window.__pm.stop(); return {t0: window.__pm.t0, changed: window.__pm.changed}; }")
+    changed = sorted(k for k, t in pm["changed"].items() if t >= pm["t0"])
+    t_last = (max(pm["changed"][k] for k in changed) - pm["t0"]) / 1e3 if changed else None
+    return t_last, idle, changed
 
 
 WHATIF = ("wi_breakdown", [("text", "wi_batch", 8), ("text", "wi_batch", 1), ("radio", "wi_engine", "multikernel"),
@@ -231,56 +328,81 @@ COMPARE = ("cmp_chart", [("radio", "cmp_spec", "on"), ("radio", "cmp_spec", "off
                          ("text", "cmp_A_ep", 16), ("text", "cmp_A_ep", 8), ("radio", "cmp_B_engine", "megakernel"),
                          ("radio", "cmp_B_engine", "multikernel"), ("toggle", "cmp_logy", None),
                          ("toggle", "cmp_logy", None), ("text", "cmp_context", 8192), ("text", "cmp_context", 4096)])
-VIEW_CHARTS = {"Compare": "cmp_chart", "What-if": "wi_breakdown", "Validation": "val_host_chart"}
+# each view's first chart (a page opened on the view: ?view=NAME)
+VIEW_CHARTS = {"Compare": "cmp_chart", "What-if": "wi_breakdown", "Explain": "ex_gantt", "Design search": "ds_pareto",
+               "Validation": "val_host_chart", "Models & hardware": None}
 
 
-def first_chart(page, url: str) -> float:
-    """Seconds from opening the app to its first chart (then waits for the page to go idle)."""
+def load_view(b, url: str, view: str) -> tuple[float, float]:
+    """A new page opened on `view`: (seconds to its first chart, or to the run's end for a view without one;
+    browser CPU seconds from the request until the page is quiet)."""
+    from urllib.parse import quote
+    quiet()
+    c0 = browser_cpu_s()
+    page = new_page(b)
     t0 = time.perf_counter()
-    page.goto(url, wait_until="commit")
-    wait_chart(page, "cmp_chart")
+    page.goto(f"{url}/?view={quote(view)}", wait_until="commit")
+    chart = VIEW_CHARTS[view]
+    if chart:
+        wait_chart(page, chart)
+    else:
+        page.locator('[data-testid="stDataFrame"]').first.wait_for()
     took = time.perf_counter() - t0
     wait_idle(page)
-    return took
+    quiet()
+    cpu = browser_cpu_s() - c0
+    page.close()
+    return took, cpu
+
+
+def load1() -> float:
+    return round(os.getloadavg()[0], 2)
 
 
 def run(rounds: int, loads: int, log_path: Path) -> dict:
-    out: dict = {"views": {}}
+    out: dict = {"views": {}, "loads": {}}
     info: dict = {}
     with serve(log_path, info=info) as url, browser() as b:
-        page = new_page(b)
-        out["first_chart_cold_server_s"] = first_chart(page, url)
-        loaded = []
-        for _ in range(loads):
-            quiet()  # the page before has settled (its tables, fonts) and is not drawing beside this one
-            page2 = new_page(b)
-            loaded.append(first_chart(page2, url))
-            page2.close()
-        out["first_chart_s"], out["first_chart_all_s"] = statistics.median(loaded), loaded
+        out["first_chart_cold_server_s"], _ = load_view(b, url, "Compare")
+        for view in VIEW_CHARTS:  # page loads on the warm server, each view `loads` times
+            la = load1()
+            got = [load_view(b, url, view) for _ in range(loads)]
+            out["loads"][view] = {"first_chart_s": statistics.median(t for t, _ in got),
+                                  "first_chart_max_s": max(t for t, _ in got),
+                                  "browser_cpu_s": statistics.median(c for _, c in got),
+                                  "browser_cpu_max_s": max(c for _, c in got), "load_average": la}
+        out["first_chart_s"] = out["loads"]["Compare"]["first_chart_s"]
         work = Work(info["pid"])
-        switches = []
+        page = new_page(b)
+        page.add_init_script(WATCH)
+        page.goto(url)
+        wait_chart(page, "cmp_chart")
+        wait_idle(page)
         for view, (chart, changes) in (("What-if", WHATIF), ("Compare", COMPARE)):
-            t0 = time.perf_counter()
             show_view(page, view)
             wait_chart(page, chart)
-            switches.append(time.perf_counter() - t0)
             wait_idle(page)
-            chart_t, idle_t, server_t, browser_t = [], [], [], []
+            la = load1()
+            last, idle_t, server_t, browser_t, redrawn = [], [], [], [], set()
             for _ in range(rounds):
                 for kind, key, value in changes:
                     w0 = work.now()
-                    a, z = timed_change(page, chart, kind, key, value)
+                    t, z, charts = timed_change(page, kind, key, value)
                     w1 = work.now()
-                    chart_t.append(a)
+                    if t is not None:
+                        last.append(t)
+                    redrawn.update(charts)
                     idle_t.append(z)
                     server_t.append(w1[0] - w0[0])
                     browser_t.append(w1[1] - w0[1])
-            out["views"][view] = {"changes": len(chart_t), "median_s": statistics.median(chart_t),
-                                  "max_s": max(chart_t), "cold_median_s": statistics.median(chart_t[:len(changes)]),
+            out["views"][view] = {"changes": len(idle_t), "median_s": statistics.median(last), "max_s": max(last),
+                                  "cold_median_s": statistics.median(last[:len(changes)]),
                                   "run_finished_median_s": statistics.median(idle_t), "run_finished_max_s": max(idle_t),
                                   "server_cpu_median_s": statistics.median(server_t),
-                                  "browser_cpu_median_s": statistics.median(browser_t), "all_s": chart_t}
-        for view in ("Validation", "What-if", "Compare"):
+                                  "browser_cpu_median_s": statistics.median(browser_t), "charts_redrawn": sorted(redrawn),
+                                  "load_average": la, "all_s": last}
+        switches = []
+        for view in ("Validation", "Explain", "What-if", "Compare"):
             t0 = time.perf_counter()
             show_view(page, view)
             wait_chart(page, VIEW_CHARTS[view])
@@ -293,7 +415,7 @@ def run(rounds: int, loads: int, log_path: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2, help="passes over the input changes")
-    ap.add_argument("--loads", type=int, default=3, help="page loads timed on the warm server (median)")
+    ap.add_argument("--loads", type=int, default=3, help="page loads timed per view on the warm server (median)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if not Path(CHROMIUM).exists():
@@ -308,24 +430,30 @@ def main() -> int:
     met = {v: res["views"][v]["median_s"] <= TARGETS["median_s"] and res["views"][v]["max_s"] <= TARGETS["max_s"]
            for v in TIMED_VIEWS}
     met["first chart"] = res["first_chart_s"] <= TARGETS["first_chart_s"]
+    met["page CPU"] = all(r["browser_cpu_max_s"] <= TARGETS["page_cpu_s"] for r in res["loads"].values())
     res["targets_met"] = met
+    from perfmodel.util.files import write_atomic
+    write_atomic(RESULTS, json.dumps(res, indent=1) + "\n")  # what the docs' figures quote
     if a.json:
         json.dump(res, sys.stdout, indent=1)
         print()
         return 0
+    ok = lambda k: "met" if met[k] else "MISSED"  # noqa: E731
     print(f"{res['when']}, {res['machine']}, load average {res['load_average_before']} before, "
           f"{res['load_average_after']} after")
     for v, r in res["views"].items():
-        print(f"{v:8s}: {r['changes']} input changes, input to chart median {r['median_s'] * 1e3:4.0f} ms, max "
-              f"{r['max_s'] * 1e3:5.0f} ms (first round median {r['cold_median_s'] * 1e3:.0f} ms); to run finished "
-              f"median {r['run_finished_median_s'] * 1e3:.0f} ms, max {r['run_finished_max_s'] * 1e3:.0f} ms  "
-              f"[target median <= 300 ms, max <= 1000 ms: {'met' if met[v] else 'MISSED'}]")
-        print(f"          CPU per change (median, whatever the load): server {r['server_cpu_median_s'] * 1e3:.0f} ms, "
-              f"browser {r['browser_cpu_median_s'] * 1e3:.0f} ms")
-    print(f"first load to first chart: median {res['first_chart_s'] * 1e3:.0f} ms of {len(res['first_chart_all_s'])} "
-          f"page loads on a warm server (max {max(res['first_chart_all_s']) * 1e3:.0f} ms; "
-          f"{res['first_chart_cold_server_s'] * 1e3:.0f} ms on a fresh one)  [target <= 2500 ms: "
-          f"{'met' if met['first chart'] else 'MISSED'}]")
+        print(f"{v:8s}: {r['changes']} input changes at load {r['load_average']}, input to the last chart redrawn "
+              f"median {r['median_s'] * 1e3:4.0f} ms, max {r['max_s'] * 1e3:5.0f} ms (first round median "
+              f"{r['cold_median_s'] * 1e3:.0f} ms); to run finished median {r['run_finished_median_s'] * 1e3:.0f} ms, "
+              f"max {r['run_finished_max_s'] * 1e3:.0f} ms  [target median <= 300 ms, max <= 1000 ms: {ok(v)}]")
+        print(f"          charts redrawn: {', '.join(r['charts_redrawn'])}; CPU per change (median): server "
+              f"{r['server_cpu_median_s'] * 1e3:.0f} ms, browser {r['browser_cpu_median_s'] * 1e3:.0f} ms")
+    print(f"page load (a new page opened on the view) to its first chart, median of {a.loads} per view, warm server "
+          f"(Compare on a fresh server: {res['first_chart_cold_server_s'] * 1e3:.0f} ms):")
+    for v, r in res["loads"].items():
+        print(f"  {v:18s} {r['first_chart_s'] * 1e3:5.0f} ms (max {r['first_chart_max_s'] * 1e3:5.0f}), browser CPU "
+              f"{r['browser_cpu_s']:.2f} s (max {r['browser_cpu_max_s']:.2f}) at load {r['load_average']}")
+    print(f"  [target first chart <= 2500 ms: {ok('first chart')}; browser CPU per page load <= 3 s: {ok('page CPU')}]")
     print(f"view switch to its first chart: median {res['view_switch_median_s'] * 1e3:.0f} ms, max "
           f"{res['view_switch_max_s'] * 1e3:.0f} ms")
     return 0

@@ -73,19 +73,23 @@ def result(name: str) -> dict:
 # ---- the figures -----------------------------------------------------------------------------
 
 def fig_predict() -> str:
-    """`make predict` (TPU v7 megakernel) beside the GB200 multi-kernel line, with the reported values."""
+    """`make predict` (TPU v7 megakernel) beside the GB200 lines (the recipe's layout: the generic
+    multi-kernel engine with its fitted collective scale, and vLLM's kernels with nothing fitted),
+    with the reported values."""
     from perfmodel.fit.measurements import seed_measurements
     tpu = cli_json("predict", "--model", "kimi-k3", "--hardware", "tpu-v7", "--devices", "32", "--tp", "32",
                    "--ep", "8", "--engine", "megakernel", "--batch", "1,2,4,8")
     gpu = cli_json("predict", "--model", "kimi-k3", "--hardware", "gb200", "--devices", "16", "--tp", "16",
-                   "--ep", "16", "--engine", "multikernel", "--batch", "1,2,4,8")
+                   "--ep", "1", "--kv-cache", "fp8-kv", "--engine", "multikernel", "--batch", "1,2,4,8")
+    vllm = cli_json("predict", *GB200_VLLM, "--batch", "1,2,4,8")
     reported = {(m.platform, m.batch): m.tokens_per_s for m in seed_measurements() if not m.spec_decode}
     tpu_key, gpu_key = (next(p for p, _ in reported if p.startswith(k)) for k in ("tpu", "gb200"))
     rows = [[t["batch"], f"{t['step_s'] * 1e3:.2f}", f"{t['tokens_per_s']:.1f}", f"{reported[tpu_key, t['batch']]:g}",
-             f"{g['step_s'] * 1e3:.2f}", f"{g['tokens_per_s']:.1f}", f"{reported[gpu_key, g['batch']]:g}"]
-            for t, g in zip(tpu["results"], gpu["results"])]
+             f"{g['step_s'] * 1e3:.2f}", f"{g['tokens_per_s']:.1f}", f"{v['tokens_per_s']:.1f}",
+             f"{reported[gpu_key, g['batch']]:g}"]
+            for t, g, v in zip(tpu["results"], gpu["results"], vllm["results"])]
     return md_table(["batch", "TPU v7 megakernel step ms", "tok/s", "reported", "GB200 multi-kernel step ms",
-                     "tok/s", "reported"], rows, "rrrrrrr")
+                     "tok/s", "GB200 vLLM kernels tok/s", "reported"], rows, "rrrrrrrr")
 
 
 def fig_gain() -> str:
@@ -110,12 +114,180 @@ def fig_cli_speed() -> str:
     rows = [["`python -c \"import numpy\"` (the baseline)", f"{r['import_numpy']['median_s']:.3f} s", "", load("import_numpy")],
             ["one `perfmodel predict` (Kimi K3, TPU v7, batch 1)", f"{r['predict']['median_s']:.3f} s "
              f"({t['predict_vs_numpy']['value']:.2f}x)", "2x", load("predict")],
+            *([["one `perfmodel predict --serving-engine vllm` (Kimi K3, 16 GB200, batch 1)",
+                f"{r['predict_serving']['median_s']:.3f} s ({t['predict_serving_vs_numpy']['value']:.2f}x)", "2x",
+                load("predict_serving")]] if "predict_serving" in r else []),
             ["`perfmodel --help`", f"{r['help']['median_s']:.3f} s ({t['help_vs_numpy']['value']:.2f}x)", "1.5x",
              load("help")],
             ["10,000-configuration `perfmodel sweep --design ... --out rows.parquet`",
              f"{r['sweep_10k']['median_s']:.2f} s", "3 s", load("sweep_10k")]]
     return (md_table(["fresh process, default flags", "median", "target", "load"], rows, "lrrr")
             + f"\n{b['machine']}, {b['date']}, medians of {r['predict']['runs']} runs.\n")
+
+
+def fig_layer_time() -> str:
+    """`perfmodel explain --ep 8 --layer L` at batch 1 for a KDA and an MLA layer of Kimi K3 on
+    TPU v7: each layer's time by what its ops waited on, and the step beside its HBM floor."""
+    rows, step = [], None
+    for layer in (2, 4):
+        ex = cli_json("explain", "--ep", "8", "--layer", str(layer))
+        by = {}
+        for op in ex["ops"]:
+            by[op["waited_on"]] = by.get(op["waited_on"], 0.0) + op["end_s"] - op["start_s"]
+        rows.append([layer, ex["kind"], f"{ex['layer_time_s'] * 1e6:.1f}"]
+                    + [f"{by.get(w, 0.0) * 1e6:.1f}" for w in WAITS])
+        step = ex["step_s"]
+    pred = cli_json("predict", "--ep", "8", "--batch", "1")["results"][0]
+    return (md_table(["layer", "kind", "layer us"] + [f"{WAITS[w]} us" for w in WAITS], rows, "rlr" + "r" * len(WAITS))
+            + f"\nStep {ms(step)} ms at batch 1, of which the per-device HBM floor (bytes at peak bandwidth) is "
+              f"{ms(pred['hbm_floor_s'])} ms.\n")
+
+
+# what an op waited on (explain's `waited_on`) -> its column: ops bound by it
+WAITS = {"compute unit (MXU / VPU / SMs)": "compute-bound ops", "DMA engine (HBM -> on-chip)": "weight / KV DMA-bound ops",
+         "DMA engine (routed experts, after the router)": "expert DMA-bound ops",
+         "links and remote copies (collective)": "collectives"}
+
+
+def fig_model_speed() -> str:
+    """experiments/bench_model.py's last run: the model's own speed in one process."""
+    b = result("bench_model.json")
+    fmt = lambda v: f"{v:.2f} s" if v >= 1 else f"{v * 1e3:.2f} ms"
+    rows = [[r["what"], fmt(r["seconds"]), fmt(r["target_s"]) if r["target_s"] else "", r["detail"]]
+            for r in b["results"].values()]
+    return (md_table(["in one process", "median", "target", "detail"], rows, "lrrl")
+            + f"\n{b['machine']}, {b['date']}, medians of {b['repeats']}, load average {b['load_before']:.1f} "
+              f"before and {b['load_after']:.1f} after.\n")
+
+
+def fig_kernel_compile() -> str:
+    """experiments/bench_kernel_compile.py's last run: the full Kimi K3 program exported."""
+    b = result("kernel_compile.json")
+    loads = ", ".join(f"{x:.1f}" for x in b["load_average_1min"])
+    return (md_table(["export of", "median of 3", "trace", "export", "kernel equations", "VMEM"],
+                     [[f"{b['preset']} TP{b['tp']} x EP{b['ep']}, batch {b['batch']}, {b['layers']} layers",
+                       f"{b['total_s_median']:.1f} s", f"{b['trace_s_median']:.1f} s", f"{b['export_s_median']:.1f} s",
+                       f"{b['kernel_jaxpr_equations']:,}", f"{b['vmem_bytes'] / 2**20:.1f} of {b['vmem_limit_bytes'] / 2**20:.1f} MiB"]],
+                     "lrrrrr")
+            + f"\n`{b['command']}` on {b['machine']}, {b['cpus']} CPUs, JAX {b['jax']}, {b['date']}, load average {loads} "
+              f"during the three runs.\n")
+
+
+def fig_ttft_published() -> str:
+    """experiments/validate_prefill_published.py, recomputed: held-out single-request TTFT."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("vpp", ROOT / "experiments" / "validate_prefill_published.py")
+    vpp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vpp)
+    from perfmodel.spec.deployment import Deployment
+    from perfmodel.spec.hardware import load_hardware
+    from perfmodel.step.prefill import prefill
+    rows, errs = [], {"dense": [], "moe": []}
+    for r in vpp.rows():
+        model = vpp.model_of(r)
+        d = Deployment(devices=int(r["devices"]), tp=int(r["tp"]), ep=int(r["ep"]) if r["ep"] else None,
+                       engine=r["engine"])
+        p = prefill(model, load_hardware(r["hardware"]), d, int(r["prompt_tokens"])).ttft_s
+        m = float(r["measured_ttft_s"])
+        errs["moe" if model.moe else "dense"].append(abs(p / m - 1))
+        rows.append([r["software"], r["prompt_tokens"], f"{m * 1e3:.1f}", f"{p * 1e3:.1f}", f"{p / m - 1:+.1%}"])
+    import statistics
+    med = {k: statistics.median(v) for k, v in errs.items()}
+    return (md_table(["measured on", "prompt", "measured ms", "predicted ms", "error"], rows, "lrrrr")
+            + f"\nMedian |error|: dense {med['dense']:.1%}, MoE {med['moe']:.1%}.\n")
+
+
+def fig_ttft_host() -> str:
+    """experiments/validate_prefill_host.py's last run."""
+    b = result("prefill_host_validation.json")
+    s = b["summary"]
+    rows = [[c["run"], f"{c['predicted_step_s'] * 1e3:.2f}", f"{c['measured_step_s'] * 1e3:.2f}",
+             f"{c['step_error']:+.1%}", f"{c['layer_mape']:.1%}"] for c in b["results"]]
+    kinds = ", ".join(f"{k} {v:+.1%}" for k, v in s["median_signed_layer_error_by_kind"].items())
+    return (md_table(["run", "predicted ms", "measured ms", "step error", "layer MAPE"], rows, "lrrrr")
+            + f"\nMedian |step error| {s['median_abs_step_error']:.1%} (signed {s['median_signed_step_error']:+.1%}), "
+            f"median |layer error| {s['median_abs_layer_error']:.1%}; signed per layer kind: {kinds}. "
+            f"{b['machine']}, {b['date']}, load average {b['load_average_1min']['start']:.1f} at the start, "
+            f"{b['load_average_1min']['end']:.1f} at the end.\n")
+
+
+def fig_serve_sweep() -> str:
+    """experiments/serve_sweeps.py's last run: the best layout per chip under the targets."""
+    rows, note = [], []
+    for chip in ("tpu-v7", "gb200"):
+        b = result(f"serve_sweep_{chip}.json")
+        r = b["top"][0]
+        rows.append([chip, f"{r['chips']} ({r['devices']} devices)", r["tp"], r["ep"], r["engine"], r["concurrency"],
+                     f"{r['ttft_p90_s']:.3f}", f"{r['tpot_p90_s'] * 1e3:.2f}", f"{r['tokens_per_s']:.0f}",
+                     f"**{r['tokens_per_s_per_chip']:.1f}**"])
+        note.append(f"{chip}: `{b['command']}`, {b['points']} points, {b['ok']} within the targets "
+                    f"({', '.join(f'{n} {k}' for k, n in b['filtered'].items())} filtered), {b['elapsed_s']:.0f} s "
+                    f"at load {b['load_average_1min']['start']:.1f}")
+    return (md_table(["chip", "chips", "tp", "ep", "engine", "clients", "TTFT p90 s", "TPOT p90 ms", "tokens/s",
+                      "tokens/s per chip"], rows, "lrrrlrrrrr") + "\n" + "; ".join(note) + ".\n")
+
+
+def fig_serve_speed() -> str:
+    """experiments/bench_serve.py's last run."""
+    b = result("bench_serve.json")
+    r = b["results"]
+    rows = [[f"`{r[k]['command']}`" if k == "serve_megakernel" else "the same, `--engine multikernel`",
+             f"{r[k]['median_s']:.2f} s", f"{r[k]['steps']}", f"{r[k]['step_shapes_costed']}", "10 s"]
+            for k in ("serve_megakernel", "serve_multikernel")]
+    load = b["load_average"]
+    return (md_table(["fresh process", "median of 3", "steps", "step shapes costed", "target"], rows, "lrrrr")
+            + f"\n{b['machine']}, {b['cpus']} CPUs, {b['date']}, load average {load['start'][0]:.1f} at the start, "
+            f"{load['end'][0]:.1f} at the end.\n")
+
+
+GB200_VLLM = ("--model", "kimi-k3", "--hardware", "gb200", "--devices", "16", "--tp", "16", "--ep", "1",
+              "--engine", "multikernel", "--serving-engine", "vllm", "--kv-cache", "fp8-kv", "--routing-skew", "0")
+
+
+def fig_gb200_kernels() -> str:
+    """Kimi K3 on 16 GB200 as vLLM's kernels (the Dynamo recipe's layout), nothing fitted."""
+    from perfmodel.fit.measurements import seed_measurements
+    out = cli_json("predict", *GB200_VLLM, "--batch", "1,2,4,8")
+    reported = {m.batch: m.tokens_per_s for m in seed_measurements() if m.platform == "gb200" and not m.spec_decode}
+    rows = [[r["batch"], f"{r['step_s'] * 1e3:.2f}", f"{r['tokens_per_s']:.1f}", f"{reported[r['batch']]:g}",
+             f"{100 * (r['tokens_per_s'] / reported[r['batch']] - 1):+.1f} %", f"{100 * r['kernels']['measured_share']:.0f} %"]
+            for r in out["results"]]
+    return md_table(["batch", "step ms", "tok/s", "reported", "error", "time from measured tables"], rows, "rrrrrr")
+
+
+def fig_gb200_layers() -> str:
+    """`perfmodel explain ... --layer 2` and `--layer 4` at batch 1 and 8: every kernel's time."""
+    cols, names = {}, []
+    for layer in (2, 4):
+        for b in (1, 8):
+            ex = cli_json("explain", *GB200_VLLM, "--batch", str(b), "--layer", str(layer))
+            for r in ex["ops"]:
+                for k in r.get("kernels", []):
+                    key = (layer, r["op"], k["kernel"])
+                    if key not in cols:
+                        names.append(key)
+                        cols[key] = {"from": "table" if k["measured"] else "physical"}
+                    cols[key][b] = cols[key].get(b, 0.0) + k["seconds"]
+            cols[(layer, "", "total")] = {**cols.get((layer, "", "total"), {"from": ""}), b: ex["layer_time_s"]}
+        names.append((layer, "", "total"))
+    rows = [[("KDA + MoE" if layer == 2 else "MLA + MoE") if i == 0 or names[i - 1][0] != layer else "",
+             f"**{kernel}**" if kernel == "total" else kernel, op, f"{cols[layer, op, kernel][1] * 1e6:.1f}",
+             f"{cols[layer, op, kernel][8] * 1e6:.1f}", cols[layer, op, kernel]["from"]]
+            for i, (layer, op, kernel) in enumerate(names)]
+    return md_table(["layer", "kernel", "op", "batch 1 us", "batch 8 us", "from"], rows, "lllrrl")
+
+
+def fig_kernel_fit() -> str:
+    """The stored kernel fits' residuals (perfmodel/data/kernels/<gpu>/fit.json, written by
+    `perfmodel calibrate --kernels --write`)."""
+    from perfmodel.cost.gpu_kernels import KERNEL_DIR, gpus_with_tables
+    engines = ("vllm", "sglang", "trtllm", "nccl")
+    rows = []
+    for gpu in gpus_with_tables():
+        s = json.loads((KERNEL_DIR / gpu / "fit.json").read_text())["summary"]
+        rows.append([gpu] + [f"{100 * s[e]['median_abs_residual']:.1f} % ({s[e]['cells']})" if e in s else "-"
+                             for e in engines])
+    return md_table(["GPU", "vLLM", "SGLang", "TensorRT-LLM", "NCCL"], rows, "lrrrr")
 
 
 def fig_phase_profile() -> str:
@@ -133,21 +305,27 @@ def fig_phase_profile() -> str:
 
 
 def fig_reproduce() -> str:
-    """`perfmodel reproduce`: the seed table, fitted and held out, with the errors of no fit."""
+    """`perfmodel reproduce`: the fitted parameters and the seed table, fitted and held out, with the
+    errors of no fit and, for GB200, vLLM's own kernels (nothing fitted)."""
     out = cli_json("reproduce")
+    us = lambda k, v: f"{v * 1e6:.3g} us" if k.endswith("_s") else f"{v:.3g}"
     params = md_table(["fitted parameter", "value", "plausible range"],
-                      [[f"`{k}`", f"{v['value']:.3g}", f"{v['plausible_range'][0]:g} .. {v['plausible_range'][1]:g}"]
+                      [[f"`{k}`: {v['why']}" if v.get("why") else f"`{k}`", us(k, v["value"]),
+                        f"{us(k, v['plausible_range'][0])} .. {us(k, v['plausible_range'][1])}"]
                        for k, v in out["fitted_parameters"].items()], "lrl")
-    name = {"tpu-v7": "TPU v7 megakernel", "gb200": "GB200 vLLM"}
+    name = {"tpu-v7": "TPU v7 megakernel", "gb200": "GB200 vLLM (generic engine)"}
+    signed = lambda e: f"{100 * e:+.1f} %"
     rows = []
     for p in out["points"]:
         spec = p["spec_decode"]
         what = name[p["platform"]] + (f", spec. decoding ({spec['draft_rows']} draft rows, tau {spec['acceptance_length']:g})"
                                       if spec else "")
+        k = p.get("kernels")
         rows.append([what, p["batch"], f"{p['predicted_tokens_per_s']:.1f}", f"{p['reported_tokens_per_s']:g}",
-                     f"{100 * p['error']:+.1f} %", f"{100 * p['no_fit_error']:+.1f} %", p["role"]])
-    return params + "\n" + md_table(["platform", "batch", "predicted", "reported", "error", "no fit", "role"], rows,
-                                    "lrrrrrl")
+                     signed(p["error"]), signed(p["no_fit_error"]), p["role"],
+                     f"{k['predicted_tokens_per_s']:.1f} ({signed(k['error'])})" if k else ""])
+    return params + "\n" + md_table(["platform", "batch", "predicted", "reported", "error", "no fit", "role",
+                                     "vLLM kernels, nothing fitted"], rows, "lrrrrrll")
 
 
 def fig_slot_depth() -> str:
@@ -327,19 +505,30 @@ def fig_host_bench() -> str:
     return md_table(["hostbench (median)", "before the runs", "after"], table, "lrr")
 
 
-HOST_TERMS = {"host_dot": "host_dot_time", "host_expert": "host_expert_time", "host_convert": "host_convert_time",
-              "host_program": "host_program_time", "host_pages": "host_fresh_pages_time",
-              "host_stack_copy": "host_stack_copy_time", "host_argmax": "host_argmax_time",
-              "host_absorb": "host_absorbed_kv_b_time"}  # calibrate's group -> the component function
+# calibrate's group -> the component function of perfmodel/cost/components.py it fits
+COMPONENT_FUNCTIONS = {
+    "dma": "dma_stream_time", "mxu": "matmul_time", "remote_copy": "remote_copy_time",
+    "collective": "collective_time", "vpu": "topk_time, attention_core_time", "xla_glue": "xla_embedding_time",
+    "host": "device_call_time", "gpu_launch": "kernel_launch_time", "gpu_kernel": "kernel_stream_time",
+    "gpu_all_reduce": "gpu_all_reduce_time",
+    "host_dot": "host_dot_time", "host_expert": "host_expert_time", "host_convert": "host_convert_time",
+    "host_program": "host_program_time", "host_pages": "host_fresh_pages_time",
+    "host_stack_copy": "host_stack_copy_time", "host_argmax": "host_argmax_time",
+    "host_absorb": "host_absorbed_kv_b_time"}
 
 
 def param_value(name: str, value: float) -> str:
-    """A component parameter in the unit its name ends with."""
+    """A component parameter in the unit its name ends with (3 significant figures; below a
+    thousandth of that unit, 0 with the fitted value)."""
     for suffix, scale, unit in (("_bytes_per_s", 1e-9, "GB/s"), ("_values_per_s", 1e-9, "G values/s"),
                                 ("_s_per_byte", 1e12, "ps/B"), ("_s", 1e6, "us")):
         if name.endswith(suffix):
             x = value * scale
-            return f"{x:#.3g} {unit}" if x >= 5e-4 else f"0 {unit} (fitted {value:.1e})"
+            if unit == "GB/s" and x >= 1000:
+                x, unit = x / 1000, "TB/s"
+            if unit == "us" and 1e-3 <= x * 1e3 < 1e3:
+                x, unit = x * 1e3, "ns"
+            return f"{x:#.3g}".rstrip(".") + f" {unit}" if x >= 1e-3 else f"0 {unit} (fitted {value:.1e})"
     return f"{value:g}"
 
 
@@ -349,24 +538,52 @@ def ids_pattern(ids: list[str]) -> str:
     return f"{prefix[:prefix.rfind('-') + 1]}* ({len(ids)})" if len(ids) > 1 else ids[0]
 
 
-def fig_host_components() -> str:
-    """`perfmodel calibrate` on the committed host micro-benchmarks: each host component's fitted
-    parameters and its residuals."""
+def components_table(microbench: str, *hardware: str) -> str:
+    """`perfmodel calibrate --microbench FILE [--hardware H]` for each H: per component, its fitted
+    parameters, the micro-benchmarks it is fitted to and their residuals; then the entries reported
+    but not fitted, by the reason the file gives."""
     from perfmodel.fit.microbench import GROUPS
-    out = cli_json("calibrate", "--microbench", str(RESULTS / "host-cpu.microbench.json"),
-                   "--hardware", str(RESULTS / "host-cpu.toml"))
-    table = []
-    for group, function in HOST_TERMS.items():
-        res = [r for r in out["residuals"] if r["group"] == group and r["within_target"] is not None]
-        if not res:
-            continue
-        errs = [r["error"] for r in res]
-        params = ", ".join(f"`{n}` {param_value(n, out['components'][n])}" for n in GROUPS[group][0])
-        table.append([f"`{function}`", params, ids_pattern([r["id"] for r in res]),
-                      f"{pct(min(errs), signed=True)} .. {pct(max(errs), signed=True)}",
-                      f"{sum(r['within_target'] for r in res)} of {len(res)}"])
-    return md_table(["component", "fitted parameters", "micro-benchmarks", "residuals",
-                     f"within {out['target']:.0%}".replace("%", " %")], table, "lllrr")
+    table, unfitted, target = [], {}, 0.1
+    for hw in hardware or (None,):
+        out = cli_json("calibrate", "--microbench", microbench, *(("--hardware", hw) if hw else ()))
+        target = out["target"]
+        for group in dict.fromkeys(r["group"] for r in out["residuals"] if r["group"]):
+            res = [r for r in out["residuals"] if r["group"] == group and r["within_target"] is not None]
+            if not res:
+                continue
+            errs = [r["error"] for r in res]
+            params = ", ".join(f"`{n}` {param_value(n, out['components'][n])}" for n in GROUPS[group][0]
+                               if n in out["components"])
+            mechanisms = ", ".join(dict.fromkeys(r["mechanism"].replace("_", " ") for r in res))
+            table.append(([Path(hw).stem] if len(hardware) > 1 else [])
+                         + [f"`{COMPONENT_FUNCTIONS[group]}`", params, f"{mechanisms} ({len(res)})",
+                            f"{pct(min(errs), signed=True)} .. {pct(max(errs), signed=True)}",
+                            f"{sum(r['within_target'] for r in res)} of {len(res)}"])
+        for r in out["residuals"]:
+            if r["within_target"] is None and r["error"] is not None:
+                unfitted.setdefault(r.get("not_modelled") or "not fitted", {})[r["id"]] = r["error"]
+    head = (["hardware"] if len(hardware) > 1 else []) + ["component", "fitted parameters", "micro-benchmarks",
+                                                          "residuals", f"within {target:.0%}".replace("%", " %")]
+    text = md_table(head, table, ("l" if len(hardware) > 1 else "") + "lllrr")
+    for why, errs in unfitted.items():
+        text += (f"\nReported, not fitted: {ids_pattern(list(errs))}, {pct(min(errs.values()), signed=True)} .. "
+                 f"{pct(max(errs.values()), signed=True)} ({why}).\n")
+    return text
+
+
+def fig_components_tpu() -> str:
+    """The TPU7x components against their micro-benchmarks (perfmodel/data/microbench/tpu7x.json)."""
+    return components_table("tpu7x.json")
+
+
+def fig_components_gpu() -> str:
+    """The GPU components against their micro-benchmarks (perfmodel/data/microbench/gpu.json)."""
+    return components_table("gpu.json", "h100", "h200", "gb200")
+
+
+def fig_host_components() -> str:
+    """The host components against this machine's micro-benchmarks (hostbench's last run)."""
+    return components_table(str(RESULTS / "host-cpu.microbench.json"), str(RESULTS / "host-cpu.toml"))
 
 
 def fig_host_structure() -> str:
@@ -387,12 +604,16 @@ def fig_host_structure() -> str:
               f"context {memory['context']}.\n")
 
 
-FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed,
+FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed, "gb200-kernels": fig_gb200_kernels,
+           "gb200-layers": fig_gb200_layers, "kernel-fit": fig_kernel_fit,
            "host-validation": fig_host_validation, "host-steps": fig_host_steps,
            "host-layer-kinds": fig_host_layer_kinds, "host-bench": fig_host_bench,
            "host-components": fig_host_components, "host-structure": fig_host_structure,
            "phase-profile": fig_phase_profile, "reproduce": fig_reproduce, "slot-depth": fig_slot_depth,
-           "kernel-plan": fig_kernel_plan}
+           "kernel-plan": fig_kernel_plan, "components-tpu": fig_components_tpu,
+           "components-gpu": fig_components_gpu, "model-speed": fig_model_speed, "layer-time": fig_layer_time,
+           "kernel-compile": fig_kernel_compile, "ttft-published": fig_ttft_published, "ttft-host": fig_ttft_host,
+           "serve-sweep": fig_serve_sweep, "serve-speed": fig_serve_speed}
 
 
 # ---- the pages --------------------------------------------------------------------------------

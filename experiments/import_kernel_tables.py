@@ -5,28 +5,38 @@ with vLLM, SGLang and TensorRT-LLM (one kernel, one shape each): GEMM, grouped M
 attention (GQA), MLA (core and whole module), MLA absorb BMMs, KDA decode, the engines' custom
 all-reduce, DeepEP low-latency dispatch / combine and NCCL collectives. This script keeps the
 decode range of each (<= 1024 tokens, balanced routing, CUDA-graph collectives) as regular grids
-in the table's own axes, one JSON file per GPU and engine, every table with its source file,
-framework version and licence. Nothing is fitted here; `perfmodel calibrate --kernels` fits the
-physical kernel components to these files.
+in the table's own axes, one compact file per GPU and engine (`<engine>.npz`: a JSON index of the
+tables, each with its source file, framework version and licence, and one float32 array of log
+latencies per kernel class, so a prediction reads only the classes it prices). Nothing is fitted
+here; `perfmodel calibrate --kernels` fits the physical kernel components to these files.
+
+Left out, as not kernel times: vLLM's MLA module table (one Python call of the whole module: its
+floor, 65 us at one head and two cached tokens on GB200, is host launch time, not what a CUDA-graph
+replay runs; vLLM's MLA is priced kernel by kernel) and vLLM's fp8 block-scaled GEMM tables
+(DeepGEMM / FlashInfer kernels: 58-832 us at m = 1 whatever the shape, where SGLang's and
+TensorRT-LLM's tables of the same DeepGEMM kernel give 3-50 us).
 
     pip download --no-deps aiconfigurator-core==0.12.0 -d /tmp/aic
     python experiments/import_kernel_tables.py /tmp/aic/aiconfigurator_core-0.12.0-*.whl
 
-Needs pandas and pyarrow (the tables are parquet); perfmodel itself reads only the JSON.
+Needs pandas and pyarrow (the tables are parquet); perfmodel itself reads only numpy's .npz.
 """
 from __future__ import annotations
 
 import argparse
 import io
 import json
+import math
+import os
 import re
+import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from perfmodel.util.files import write_atomic
+from perfmodel.cost.gpu_kernels import COMM
 
 OUT = Path(__file__).resolve().parent.parent / "perfmodel" / "data" / "kernels"
 SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "gb200": "gb200",
@@ -106,6 +116,8 @@ def engine_tables(w: Wheel, system: str, engine: str) -> list[dict]:
     d, m = get("gemm", "gemm_perf.parquet")
     if d is not None:
         d = d[d.m.isin(GEMM_M) & d.n.isin(GEMM_NK) & d.k.isin(GEMM_NK) & d.gemm_dtype.isin(DTYPES)]
+        if engine == "vllm":  # host time, not the kernel (module docstring)
+            d = d[d.gemm_dtype != "fp8_block"]
         d = dominant(d.assign(dtype=d.gemm_dtype.map(DTYPES)), ["dtype"])
         for dt, part in d.groupby("dtype"):
             out += grids(part, "gemm", ["dtype", "kernel_source"], ["m", "n", "k"], m)
@@ -124,7 +136,7 @@ def engine_tables(w: Wheel, system: str, engine: str) -> list[dict]:
         d = dominant(d, ["kv_dtype", "head_dim"])
         out += grids(d, "attention", ["kv_dtype", "heads", "kv_heads", "head_dim", "kernel_source"],
                      ["batch", "context"], m)
-    d, m = get("mla", "mla_generation_module_perf.parquet")
+    d, m = get("mla", "mla_generation_module_perf.parquet") if engine != "vllm" else (None, None)
     if d is not None:
         d = d[d.batch_size <= 512].assign(kv_dtype=d.kv_cache_dtype.map(DTYPES), dtype=d.gemm_type.map(DTYPES),
                                            heads=d.num_heads, batch=d.batch_size, context=d.step)
@@ -150,6 +162,9 @@ def engine_tables(w: Wheel, system: str, engine: str) -> list[dict]:
     d, m = get("comm", "custom_allreduce_perf.parquet")
     if d is not None:
         d = d[d.kernel_source.str.contains("graph") | d.kernel_source.str.startswith("TRTLLM")]
+        # TensorRT-LLM's MNNVL all-reduce is one kernel family: one-shot up to the message size
+        # where the table switches to two-shot (as its AllReduce strategy does): one grid
+        d = d.assign(kernel_source=d.kernel_source.str.replace(r"^TRTLLM_MNNVL_.*", "TRTLLM_MNNVL", regex=True))
         d = d.assign(ranks=d.num_gpus, bytes=2 * d.message_size)
         d = d[d.bytes <= 2 * 2**20]
         out += grids(d, "all_reduce", ["kernel_source"], ["ranks", "bytes"], m)
@@ -191,6 +206,54 @@ def nccl_tables(w: Wheel, system: str) -> list[dict]:
                                                               "file": path.split("data/", 1)[1]})
 
 
+def provenance(version: str, system: str) -> dict:
+    return {"source": f"NVIDIA aiconfigurator-core {version} (PyPI aiconfigurator-core, Apache-2.0): "
+                      f"aiconfigurator_core/systems/data/{system}/",
+            "licence": "Apache-2.0 (SPDX-FileCopyrightText: NVIDIA CORPORATION & AFFILIATES)",
+            "imported_by": f"python experiments/import_kernel_tables.py aiconfigurator_core-{version}-*.whl",
+            "units": "log_s: natural log of the latency in seconds per kernel call (median of the table's "
+                     "timed repetitions), NaN where not measured; axes: the table's own (bytes: message bytes, "
+                     "bf16 values x 2; context: cached tokens, the table's `step`)"}
+
+
+def write_npz(path: Path, head: dict, tables: list[dict]) -> None:
+    """One GPU and engine: `index` (JSON: the provenance and the classes), per class `index.<class>`
+    (JSON, columnar: its source files, key fields and axis names, each distinct axis grid once, and
+    per table its file, key values, grids and offset) and `log_s.<class>` (float32 log latencies,
+    NaN where not measured)."""
+    arrays, classes, compute = {}, sorted({t["class"] for t in tables}), []
+    for cls in classes:
+        ts = [t for t in tables if t["class"] == cls]
+        fields, axes = list(ts[0]["key"]), list(ts[0]["axes"])
+        assert all(list(t["key"]) == fields and list(t["axes"]) == axes for t in ts), cls
+        files = sorted({t["file"] for t in ts})
+        grids: list[list[int]] = []
+        rows, values = [], []
+        for t in ts:
+            ids = []
+            for a in axes:
+                if t["axes"][a] not in grids:
+                    grids.append(t["axes"][a])
+                ids.append(grids.index(t["axes"][a]))
+            rows.append([files.index(t["file"]), [t["key"][f] for f in fields], ids, len(values)])
+            values += [math.nan if x is None else math.log(x * 1e-6) for x in t["latency_us"]]
+        if cls not in COMM:
+            compute += [v for v in values if v == v]
+        arrays[f"index.{cls}"] = _json_bytes({"files": files, "fields": fields, "axes": axes, "grids": grids,
+                                              "tables": rows})
+        arrays[f"log_s.{cls}"] = np.asarray(values, np.float32)
+    fastest = float(f"{math.exp(min(compute)):.4g}") if compute else None  # nccl: collectives only
+    arrays["index"] = _json_bytes({**head, "classes": classes, "fastest_kernel_s": fastest})
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".", suffix=".tmp", delete=False) as f:
+        np.savez_compressed(f, **arrays)
+    os.chmod(f.name, 0o644)
+    Path(f.name).replace(path)
+
+
+def _json_bytes(doc) -> np.ndarray:
+    return np.frombuffer(json.dumps(doc, separators=(",", ":")).encode(), np.uint8)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("wheel", help="the downloaded aiconfigurator_core wheel")
@@ -203,21 +266,12 @@ def main() -> int:
             tables = nccl_tables(w, system) if engine == "nccl" else engine_tables(w, system, engine)
             if not tables:
                 continue
-            device = system
             files = sorted({(t["file"], t.pop("_meta")) for t in tables})
             files = {f: json.loads(m) for f, m in files}
-            doc = {"gpu": gpu, "engine": engine,
-                   "source": f"NVIDIA aiconfigurator-core {w.version} (PyPI aiconfigurator-core, "
-                             f"Apache-2.0): aiconfigurator_core/systems/data/{system}/",
-                   "licence": "Apache-2.0 (SPDX-FileCopyrightText: NVIDIA CORPORATION & AFFILIATES)",
-                   "imported_by": "python experiments/import_kernel_tables.py aiconfigurator_core-"
-                                  f"{w.version}-*.whl",
-                   "units": "latency_us per kernel call (median of the table's timed repetitions); "
-                            "bytes: message bytes (bf16 values x 2); context: cached tokens (table `step`)",
-                   "system": device, "files": files, "tables": tables}
-            path = OUT / gpu / f"{engine}.json"
+            path = OUT / gpu / f"{engine}.npz"
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, json.dumps(doc, separators=(",", ":")) + "\n")
+            write_npz(path, {"gpu": gpu, "engine": engine, "system": system, "files": files,
+                             **provenance(w.version, system)}, tables)
             print(f"{path.relative_to(OUT.parent.parent.parent)}: {len(tables)} tables, "
                   f"{sum(len(t['latency_us']) for t in tables)} cells")
     return 0

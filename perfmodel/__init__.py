@@ -9,6 +9,8 @@ The Python API (docs/api.md); each name is imported on first use, so `import per
     p = perfmodel.predict(model, chip, d)               # step_s, tokens_per_s, layers, breakdown_s
     perfmodel.explain(model, chip, d, layer=4)          # one layer term by term
     perfmodel.sweep(model, chip, d, {"batch": [1, 8]})  # every combination of the axes
+    perfmodel.prefill(model, chip, d, prompt=4096).ttft_s   # time to first token of a prompt
+    perfmodel.serving_curves(model, chip, d, loads=[1, 2, 4])  # TTFT / TPOT / throughput vs load
 """
 from __future__ import annotations
 
@@ -25,6 +27,12 @@ API = {
     "prefetch_gain": ("perfmodel.step.predict", "prefetch_gain"),
     "explain": ("perfmodel.step.explain", "explain"),
     "sweep": ("perfmodel.search.sweep", "sweep"),
+    "prefill": ("perfmodel.step.prefill", "prefill"),
+    "simulate_serving": ("perfmodel.serve.simulate", "simulate"),
+    "serving_curves": ("perfmodel.serve.curves", "load_curves"),
+    "Workload": ("perfmodel.serve.workload", "Workload"),
+    "Lengths": ("perfmodel.serve.workload", "Lengths"),
+    "Scheduler": ("perfmodel.serve.scheduler", "Scheduler"),
     "SpecError": ("perfmodel.util.errors", "SpecError"),
 }
 __all__ = sorted(API)

@@ -9,7 +9,7 @@ import perfmodel
 ROOT = Path(perfmodel.__file__).parent
 # bottom to top; a module may import its own layer's modules (without a cycle) and lower layers
 LAYERS = (("util",), ("spec",), ("graph",), ("cost",), ("engine",), ("step",),
-          ("fit", "validate", "search"), ("cli",), ("__init__",))
+          ("fit", "validate", "search", "serve"), ("cli",), ("__init__",))
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
 FOREIGN = ("jax", "jaxlib", "kernels", "perfmodel_jax")
 # the two places that read JAX, inside the function that needs it (installing perfmodel needs no JAX)

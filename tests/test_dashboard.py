@@ -14,6 +14,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("streamlit")
@@ -31,9 +32,20 @@ TPU_V7 = "A: tpu-v7 megakernel (32 dev, tp 32, ep 8)"
 GB200 = "B: gb200 multikernel (16 dev, tp 16, ep 16)"
 
 
-def open_view(view: str = "Compare", errors_ok: bool = False) -> AppTest:
+# the expanders that draw their tables only when opened (lazy): the tests open them
+TABLE_EXPANDERS = ("cmp_errors_exp", "cmp_pred_exp", "wi_layers_exp", "ex_ops_exp")
+
+
+def open_view(view: str = "Compare", errors_ok: bool = False, tab: str | None = None, **state) -> AppTest:
+    """The app on one view (and What-if tab), its table expanders open, `state` set before the first run."""
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
     at.session_state["view"] = view
+    for k in TABLE_EXPANDERS:
+        at.session_state[k] = True
+    if tab:
+        at.session_state["wi_tab"] = tab
+    for k, v in state.items():
+        at.session_state[k] = v
     at.run()
     assert_clean(at, errors_ok)
     return at
@@ -95,7 +107,7 @@ def number(text: str) -> float:
 
 
 # st.dataframe carries no key in the element tree: tables are found by their columns.
-TABLES = {"cmp_pred": ["platform", "hardware", "engine", "spec_decode", "batch", "predicted_tokens_per_s"],
+TABLES = {"wi_layers": ["layer", "kind", "time_s", "compute_s"], "cmp_pred": ["platform", "hardware", "engine", "spec_decode", "batch", "predicted_tokens_per_s"],
           "cmp_errors": ["platform", "spec_decode", "batch", "measured_tokens_per_s"],
           "val_host_table": ["layer", "kind", "predicted_us", "measured_us"],  # any per-layer comparison
           "mh_models": ["model", "layers"], "mh_hw": ["hardware", "kind"],
@@ -124,10 +136,28 @@ def run_cli(cmd: str) -> dict:
 
 def test_every_view_renders_without_error():
     at = open_view("Compare")
-    for view in ("What-if", "Validation", "Models & hardware", "Compare"):
+    for view in ("What-if", "Explain", "Design search", "Validation", "Models & hardware", "Compare"):
         at.sidebar.radio(key="view").set_value(view).run()
         assert_clean(at)
         assert at.header[0].value
+
+
+def test_a_page_waits_for_the_compiled_loops_with_a_message(monkeypatch):
+    """A fresh server warms the compiled loops in a thread; a page that comes first says so and waits."""
+    import threading
+    told = threading.Event()
+    slow = threading.Thread(target=told.wait, args=(60,))  # still building until the page has said so
+    monkeypatch.setattr(common, "LOOPS", slow)
+    shown, info = [], common.st.info
+    monkeypatch.setattr(common.st, "info", lambda text, **kw: (shown.append(text), told.set(), info(text, **kw))[2])
+    slow.start()
+    at = open_view("Models & hardware")
+    assert not slow.is_alive()  # the page waited for it
+    assert any("Preparing the simulator's compiled loops" in t for t in shown)
+    assert at.header[0].value == "Models and hardware"
+    shown.clear()
+    at.run()  # ready: no message
+    assert not any("compiled loops" in t for t in shown)
 
 
 def test_inputs_survive_switching_views():
@@ -241,7 +271,7 @@ def test_number_fields_are_strict(text, why):
     typed(at, "wi_batch", text)
     assert_message(at, f"Batch (sequences): ")
     assert any(why in e for e in errors(at)), errors(at)
-    assert sum("Stale" in c.value for c in at.caption) >= 3  # every output section says it is stale
+    assert sum("Stale" in c.value for c in at.caption) >= 2  # the headline and the open tab say they are stale
     assert whatif_state(at) == before
     typed(at, "wi_batch", "1e0")  # 1e0 is the whole number 1
     assert_clean(at)
@@ -267,12 +297,14 @@ def test_compare_one_error_box_per_cause_and_nearest_layouts():
 
 def test_compare_sources_markers_log_axis_and_implausible_upload():
     at = open_view("Compare")
-    csv = (b"hardware,engine,devices,batch,tokens_per_s\ntpu-v7,megakernel,32,16,1500\n"
-           b"tpu-v7,megakernel,32,32,1e30\n")
+    csv = (b"hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s\ntpu-v7,megakernel,32,32,8,64,16,1500\n"
+           b"tpu-v7,megakernel,32,32,8,64,32,1e30\n")
     at.file_uploader(key="cmp_upload").set_value(("bench.csv", csv, "text/csv")).run()
     assert_clean(at)
     data = chart(at, "cmp_chart")["data"]
-    measured_traces = {t["name"]: t for t in data if t["mode"] == "markers"}
+    measured_traces = {t["name"]: t for t in data if t["mode"] == "markers" and t.get("yaxis") != "y2"}
+    ratios = [t for t in data if t.get("yaxis") == "y2"]  # the predicted / measured panel: one trace per source
+    assert len(ratios) == 3 and all(0.5 < v < 2 for t in ratios for v in arr(t["y"]))
     assert set(measured_traces) == {"Inferact, 16x TPU v7, published (platform A)",
                                     "Inferact, 16x GB200 (vLLM), published (platform B)",
                                     "your upload: bench.csv (platform A)"}
@@ -302,6 +334,14 @@ def test_compare_user_measurements_upload():
     csv = b"# my run\nhardware,engine,devices,batch,tokens_per_s,source\ntpu-v7,megakernel,32,16,1500,my bench\n"
     at.file_uploader(key="cmp_upload").set_value(("mine.csv", csv, "text/csv")).run()
     assert_clean(at)
+    # no tp, ep or steps per call: the defaults (tp = ep = devices, 1 step per call), not platform A's
+    assert not (table(at, "cmp_errors")["source"] == "your upload: mine.csv").any()
+    note = next(c.value for c in at.caption if "your upload: mine.csv" in c.value)
+    assert "Not a reference for platform A" in note and "EP (yours 8, measured 32)" in note
+    assert "steps per call (yours 64, measured 1)" in note
+    csv = (b"# my run\nhardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s,source\n"
+           b"tpu-v7,megakernel,32,32,8,64,16,1500,my bench\n")
+    at.file_uploader(key="cmp_upload").set_value(("mine.csv", csv, "text/csv")).run()
     err = table(at, "cmp_errors")
     mine = err[err["source"] == "your upload: mine.csv"]
     assert len(mine) == 1 and mine["batch"].item() == 16 and mine["reference"].item() == "my bench"
@@ -336,7 +376,7 @@ def test_compare_host_validation_points(monkeypatch, tmp_path):
     at.selectbox(key="cmp_model").set_value("kimi-k3-host-small").run()
     at.selectbox(key="cmp_A_hw").set_value(common.HOST_HW).run()
     at.radio(key="cmp_A_engine").set_value("multikernel").run()
-    for k in ("devices", "tp", "ep"):
+    for k in ("devices", "tp", "ep", "steps_per_call"):
         typed(at, f"cmp_A_{k}", 1)
     typed(at, "cmp_context", 4096)
     assert_clean(at, errors_ok=True)  # platform B (gb200, tp 16) cannot run this small model: a message
@@ -368,24 +408,71 @@ def whatif_state(at: AppTest) -> dict:
             "bound": metric(at, "bound")}
 
 
-def test_whatif_default_renders_all_charts_and_cli_reproduces():
+WHATIF_TABS = {"Step breakdown": "wi_breakdown", "Ring x expert slots": "wi_heat_pick",
+               "Prefetch depth": "wi_prefetch_chart", "Timeline": "wi_timeline", "Roofline": "wi_roofline"}
+
+
+def tab(at: AppTest, name: str) -> AppTest:
+    at.session_state["wi_tab"] = name
+    return at.run()
+
+
+def test_whatif_tabs_draw_one_chart_each_and_cli_reproduces():
     at = open_view("What-if")
-    for key in ("wi_breakdown", "wi_timeline", "wi_prefetch_chart", "wi_roofline"):
-        assert chart(at, key)["data"], key
-    lanes = {t["name"] for t in chart(at, "wi_timeline")["data"]}
-    assert lanes == {"dma", "compute", "link"}
+    assert list(charts(at)) and all("wi_breakdown" in k for k in charts(at))  # only the open tab is drawn
     bd = chart(at, "wi_breakdown")
     assert {t["name"] for t in bd["data"]} >= {common.CAUSE_LABELS["weight_streaming"],
                                                 common.CAUSE_LABELS["collective"]}
-    assert any("saturates at" in c.value for c in at.caption)
     s = whatif_state(at)
     cmd = next(c.value for c in at.code if c.value.startswith("perfmodel predict"))
+    assert "--steps-per-call 64" in cmd  # the published TPU runs' steps per call
     out = run_cli(cmd)
     assert out["results"][0]["tokens_per_s"] == pytest.approx(s["tps"], abs=0.5)  # the page shows it rounded
-    sweep_cmd = next(c.value for c in at.code if c.value.startswith("perfmodel sweep"))
-    assert "--vary prefetch_mib=" in sweep_cmd
+    for name, key in WHATIF_TABS.items():
+        tab(at, name)
+        assert_clean(at)
+        assert [k for k in charts(at)] and all(key in k for k in charts(at)), (name, list(charts(at)))
+        assert chart(at, key)["data"]
+        assert whatif_state(at) == s
+    tab(at, "Timeline")
+    lanes = {t["name"] for t in chart(at, "wi_timeline")["data"]}
+    assert lanes == {"DMA engine", "compute unit", "links"}
     assert any(c.value.startswith("perfmodel trace") for c in at.code)
-    assert len(at.get("download_button")) >= 8
+    tab(at, "Prefetch depth")
+    assert any("saturates at" in c.value for c in at.caption)
+    assert "--vary prefetch_mib=" in next(c.value for c in at.code if c.value.startswith("perfmodel sweep"))
+
+
+def test_whatif_gain_is_the_megakernels_in_either_engine():
+    at = open_view("What-if")
+    mega = next(c.value for c in at.caption if c.value.startswith("Megakernel gain"))
+    at.radio(key="wi_engine").set_value("multikernel").run()
+    multi = next(c.value for c in at.caption if c.value.startswith("Megakernel gain"))
+    assert mega == multi and "multi-kernel step - megakernel step" in mega  # not "prefetch gain"
+    assert not any("Prefetch gain" in c.value for c in at.caption)
+
+
+def test_whatif_ring_slots_map_marks_current_default_best_and_applies_a_click():
+    at = open_view("What-if", tab="Ring x expert slots")
+    fig = chart(at, "wi_heat_pick")
+    names = [t.get("name") for t in fig["data"]]
+    assert {"on-chip limit", "current", "default", "best"} <= set(names)
+    heat = next(t for t in fig["data"] if t["type"] == "heatmap")
+    z = np.array(arr(heat["z"]) if isinstance(heat["z"], dict) else heat["z"], dtype=float)
+    assert np.isnan(z).any() and np.isfinite(z).any()  # cells beyond the on-chip buffer are blank
+    from pmdash import whatif
+    m_ref, h_ref = common.model_ref("kimi-k3"), common.hardware_ref("tpu-v7")
+    key = common.dep_key(32, 32, 8, "megakernel", steps_per_call=64)
+    g = whatif.heat_grid(m_ref, h_ref, key, None)
+    i, j = g["current"]
+    assert g["tokens_per_s"][i, j] == pytest.approx(number(metric(at, "tokens/s (predicted)")), abs=0.5)
+    bi, bj = g["best"]
+    assert g["step_s"][bi, bj] <= np.nanmin(g["step_s"]) + 1e-15
+    assert f"with {g['slots'][bi]} expert slots" in next(c.value for c in at.caption if c.value.startswith("**Best"))
+    # the best cell's ring and slots give its tokens/s (a click on it types them: the browser test)
+    typed(at, "wi_prefetch", g["depths"][bj])
+    typed(at, "wi_slots", g["slots"][bi])
+    assert number(metric(at, "tokens/s (predicted)")) == pytest.approx(g["tokens_per_s"][bi, bj], abs=0.5)
 
 
 def test_whatif_widgets_change_outputs():
@@ -400,6 +487,7 @@ def test_whatif_widgets_change_outputs():
     assert_clean(at)
     mk = whatif_state(at)
     assert mk["step_ms"] > base["step_ms"]
+    tab(at, "Prefetch depth")
     assert any("megakernel setting" in i.value for i in at.info)  # no prefetch sweep for multikernel
     at.radio(key="wi_engine").set_value("megakernel").run()
     typed(at, "wi_context", 262144)
@@ -478,8 +566,9 @@ def test_whatif_infeasible_keeps_the_page_and_shows_what_fits():
     assert any(m.value.startswith("**Nearest configurations that run") for m in at.markdown)
     use = [b for b in at.button if b.key.startswith("wi_near_")]
     assert use
-    assert all(chart(at, k)["data"] for k in ("wi_breakdown", "wi_timeline", "wi_roofline"))
-    assert sum("Stale" in c.value for c in at.caption) >= 3
+    assert chart(at, "wi_breakdown")["data"]
+    assert sum("Stale" in c.value for c in at.caption) >= 2
+    tab(at, "Prefetch depth")
     assert any("No prefetch depth fits" in w.value for w in at.warning)  # the sweep section says what fits
     use[0].click().run()  # apply the suggestion: it runs
     assert_clean(at)
@@ -487,7 +576,7 @@ def test_whatif_infeasible_keeps_the_page_and_shows_what_fits():
 
 
 def test_whatif_prefetch_sweep_explains_itself():
-    at = open_view("What-if")
+    at = open_view("What-if", tab="Prefetch depth")
     fig = chart(at, "wi_prefetch_chart")
     names = [t.get("name") for t in fig["data"]]
     assert "current" in names and "expert slots" in names and "saturation" in names
@@ -497,6 +586,10 @@ def test_whatif_prefetch_sweep_explains_itself():
     assert "ring banks" in step["hovertemplate"] and "expert slots" in step["hovertemplate"]
     slots = arr(next(t for t in fig["data"] if t.get("name") == "expert slots")["y"])
     assert slots[0] > slots[-1]  # the ring takes the VMEM the expert buffers need
+    assert any("expert slots**" in c.value for c in at.caption)  # the best depth's slots are named
+    at.toggle(key="wi_pf_logx").set_value(True).run()
+    layout = chart(at, "wi_prefetch_chart")["layout"]
+    assert layout["xaxis"]["type"] == "log" and layout["xaxis2"]["type"] == "log"  # both panels
 
 
 def test_prefetch_bend_is_named_by_its_cause():
@@ -513,7 +606,7 @@ def test_prefetch_bend_is_named_by_its_cause():
 def test_whatif_more_vmem_slower_is_explained_and_consistent():
     """VMEM 1,000,000 MiB: the default ring (half of it) is slower than 64 MiB; the page names the mechanism and
     the headline is the sweep's 'current' point."""
-    at = open_view("What-if")
+    at = open_view("What-if", tab="Prefetch depth")
     base = whatif_state(at)
     typed(at, "wi_vmem", 1_000_000)
     assert_clean(at)
@@ -526,34 +619,58 @@ def test_whatif_more_vmem_slower_is_explained_and_consistent():
     assert fig["layout"]["xaxis2"]["type"] == "log"
 
 
-def test_whatif_headline_reported_value_roofline_units_and_layer_timeline():
+def test_whatif_measured_only_when_every_setting_matches():
     at = open_view("What-if")
-    assert metric(at, "reported tokens/s") == "249"
-    assert any("Reported: 249 tokens/s, Inferact, 16x TPU v7, published" in c.value for c in at.caption)
+    assert metric(at, "measured tokens/s") == "249"
+    assert any("Measured: 249 tokens/s, Inferact, 16x TPU v7, published" in c.value for c in at.caption)
+    delta = next(m.delta for m in at.metric if m.label == "measured tokens/s")
+    assert delta.startswith("-") or delta.startswith("+")  # the badge's arrow follows the sign
+    typed(at, "wi_batch", 2)
+    assert metric(at, "measured tokens/s") == "392"
+    for field, value, differs in (("wi_ep", 16, "EP (yours 16, measured 8)"), ("wi_tp", 16, "TP (yours 16, measured 32)"),
+                                  ("wi_context", 8192, "context (yours 8192, measured 4096)"),
+                                  ("wi_prefetch", 16.0, "prefetch depth (yours 16, measured 32)"),
+                                  ("wi_vmem", 48.0, "VMEM (yours 48, measured 64)"),
+                                  ("wi_steps", 1, "steps per call (yours 1, measured 64)")):
+        before = at.text_input(key=field).value
+        typed(at, field, value)
+        assert_clean(at)
+        assert metric(at, "measured tokens/s") == "none", field
+        note = next(c.value for c in at.caption if c.value.startswith("Nearest measurement"))
+        assert "392 tokens/s at batch 2" in note and differs in note, note
+        at.text_input(key=field).input(before).run()
+    typed(at, "wi_batch", 3)
+    assert metric(at, "measured tokens/s") == "none"
+    typed(at, "wi_ep", 16)
+    at.button(key="wi_meas_btn").click().run()  # the nearest measurement's settings
+    assert metric(at, "measured tokens/s") in ("249", "392", "515")
+    assert at.text_input(key="wi_ep").value == "8"
+
+
+def test_whatif_roofline_units_and_layer_timeline():
+    at = open_view("What-if", tab="Roofline")
     roof = chart(at, "wi_roofline")["layout"]
     assert "TFLOP/s" in roof["yaxis"]["title"]["text"]
     colors = [t["marker"]["color"] for t in chart(at, "wi_roofline")["data"] if t.get("mode") == "markers"
               and t["name"].endswith("layers")]
     assert len(set(colors)) == len(colors) >= 2
-    bars = sum(len(arr(t["x"])) for t in chart(at, "wi_timeline")["data"])
-    assert bars <= 3 * 95  # one bar per layer and lane, not every event
-    assert any("layer spans" in c.value for c in at.caption)
-    typed(at, "wi_batch", 2)
-    assert metric(at, "reported tokens/s") == "392"
-    typed(at, "wi_batch", 3)
-    assert metric(at, "reported tokens/s") == "none"
+    assert table(at, "wi_layers")["layer"].tolist() == list(range(95))
 
 
-def test_whatif_timeline_layer_range():
-    at = open_view("What-if")
-    full = sum(len(arr(t["x"])) for t in chart(at, "wi_timeline")["data"])
-    at.select_slider(key="wi_layers_95").set_value((1, 4)).run()
-    assert_clean(at)
+def test_whatif_timeline_opens_on_a_few_layers_with_op_names():
+    at = open_view("What-if", tab="Timeline")
     part = chart(at, "wi_timeline")["data"]
+    layers = {int(h.split("(layer ")[1].split(")")[0]) for t in part for h in arr(t["hovertext"])}
+    assert layers == {1, 2, 3, 4}
+    names = {n for t in part for n in arr(t["text"])}
+    assert {"q_proj", "gate_up", "attn_all_reduce"} <= names  # op names on the bars
     n = sum(len(arr(t["x"])) for t in part)
-    assert 0 < n < full
-    layers = {int(h.split("(layer ")[1].rstrip(")")) for t in part for h in arr(t["hovertext"])}
-    assert layers <= {1, 2, 3, 4}
+    assert n < 200  # a weight stream's tile copies merged
+    at.select_slider(key="wi_layers_95").set_value((0, 94)).run()
+    assert_clean(at)
+    whole = chart(at, "wi_timeline")["data"]
+    assert sum(len(arr(t["x"])) for t in whole) <= 3 * 95  # one bar per layer and lane, not every event
+    assert any("layer spans" in c.value for c in at.caption)
 
 
 def test_whatif_other_hardware_and_model():
@@ -566,6 +683,41 @@ def test_whatif_other_hardware_and_model():
     at.selectbox(key="wi_model").set_value("kimi-k3-mini").run()
     assert_clean(at, errors_ok=True)
     assert at.metric or at.error  # either a prediction or a message naming the bad layout
+
+
+# ----- Explain -----------------------------------------------------------------------------------
+
+def test_explain_layers_gantt_terms_and_command():
+    at = open_view("Explain")
+    bars = chart(at, "ex_layers_pick")
+    parts = {t["name"] for t in bars["data"] if t["type"] == "bar"}
+    assert {"compute", "DMA stall", "collectives"} <= parts
+    layer_us = number(metric(at, "layer 1 (kda+dense)"))
+    total = sum(arr(t["y"])[1] for t in bars["data"] if t["type"] == "bar")  # layer 1's parts add up to it
+    assert total == pytest.approx(layer_us, abs=0.01)
+    lanes = {t["name"] for t in chart(at, "ex_gantt")["data"]}
+    assert lanes <= {"DMA engine", "compute unit", "links"} and "compute unit" in lanes
+    names = {n for t in chart(at, "ex_gantt")["data"] for n in arr(t["text"])}
+    assert "q_proj" in names
+    terms = [d.value for d in at.dataframe if "mechanism" in d.value.columns][0]
+    assert len(terms) and (terms["us (alone)"] > 0).any() and terms["mechanism"].str.len().gt(0).all()
+    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel explain"))
+    assert "--layer 1" in cmd
+    out = run_cli(cmd)
+    assert out["layer_time_s"] * 1e6 == pytest.approx(layer_us, abs=0.01)
+    assert len(out["ops"]) == len(table_with(at, "waited on"))
+    typed(at, "ex_layer", 4)
+    assert_clean(at)
+    assert metric(at, "layer 4 (mla+moe)")
+    assert "routed_experts" in {n for t in chart(at, "ex_gantt")["data"] for n in arr(t["text"])}
+    typed(at, "ex_layer", 999)
+    assert_message(at, "out of range")
+    typed(at, "ex_tp", 7)
+    assert_message(at, "cannot run")
+
+
+def table_with(at: AppTest, column: str):
+    return next(d.value for d in at.dataframe if column in d.value.columns)
 
 
 # ----- Validation -------------------------------------------------------------------------------
@@ -588,10 +740,17 @@ def test_validation_bundled_results_mape_and_worst_layers(monkeypatch, tmp_path)
     assert mape == pytest.approx(expected, abs=0.1)
     df = table(at, "val_host_table")
     assert len(df) == 11
-    normal, worst = chart(at, "val_host_chart")["data"][:2]
-    assert worst["marker"]["color"] == "#d62728" and 10 in arr(worst["x"])  # one colour per trace: legend matches
-    assert normal["marker"]["color"] != "#d62728" and 10 not in arr(normal["x"])
-    assert any("largest absolute error" in c.value for c in at.caption)
+    traces = {t["name"]: t for t in chart(at, "val_host_chart")["data"]}
+    assert {"y = x (exact)", "+-25% (per-layer target)", "kda", "5 worst layers"} <= set(traces)
+    worst = traces["5 worst layers"]
+    assert worst["marker"]["color"] == "#d62728" and min(arr(worst["y"])) == pytest.approx(50)  # layer 10, -50 %
+    assert 100 not in arr(worst["y"])  # layer 0 (+0 %) is not among the worst
+    assert all(isinstance(t["marker"]["color"], str) for t in traces.values() if t.get("mode") == "markers")
+    assert any("largest absolute error" in c.value and "inside the +-25% band" in c.value for c in at.caption)
+    at.session_state["val_host_bars_exp"] = True  # the per-layer bars, on demand
+    at.run()
+    normal, red = chart(at, "val_host_layers")["data"][:2]
+    assert red["marker"]["color"] == "#d62728" and 10 in arr(red["x"]) and 10 not in arr(normal["x"])
 
 
 def test_validation_host_csv_schema_runs_and_step_rows(monkeypatch, tmp_path):
@@ -650,6 +809,7 @@ def test_validation_real_trace_path_and_directory_upload(captured_traces):
 
 
 def test_validation_bad_inputs(monkeypatch, tmp_path):
+    monkeypatch.setenv(common.TRACE_ROOT_ENV, str(tmp_path))  # the trace root this dashboard was opened on
     csv = tmp_path / "host_validation.csv"
     csv.write_text("foo,bar\n1,2\n")
     monkeypatch.setattr(validation, "HOST_VALIDATION_CSV", csv)
@@ -668,6 +828,22 @@ def test_validation_bad_inputs(monkeypatch, tmp_path):
     assert_message(at, "not a profiler trace")
     at.file_uploader(key="val_upload").set_value(("run.xplane.pb", b"garbage", "application/octet-stream")).run()
     assert_message(at, "Cannot use this trace")
+
+
+def test_validation_path_is_confined_to_the_opened_directories(monkeypatch, tmp_path):
+    root, outside = tmp_path / "traces", tmp_path / "elsewhere"
+    root.mkdir()
+    outside.mkdir()
+    (root / "link").symlink_to(outside)
+    monkeypatch.setenv(common.TRACE_ROOT_ENV, str(root))
+    at = open_view("Validation")
+    for path in ("/etc", str(outside), str(root / "link"), str(root / ".." / "elsewhere"), "../../etc"):
+        at.text_input(key="val_path").input(path).run()
+        assert_message(at, "is outside the directories this dashboard was opened on")
+        assert any(f"trace path={path}" in e or path in e for e in errors(at)), errors(at)  # the error names it
+    at.text_input(key="val_path").input(str(root)).run()  # inside: parsed (no run there)
+    assert not any("outside the directories" in e for e in errors(at))
+    assert common.confined_path(str(root)) == root.resolve()
 
 
 def test_validation_says_which_platforms_have_trace_validation(monkeypatch, tmp_path):
@@ -758,7 +934,7 @@ def test_models_upload_hardware_toml_and_bad_files():
     assert "your upload: big.toml (tpu-v7-big-vmem)" in at.success[0].value
     assert "your upload: big.toml (tpu-v7-big-vmem)" in at.selectbox(key="mh_hw_pick").options
     bad = [("mh_model_upload", "config.json", b'{"hidden_size": 1}', "required key is missing"),
-           ("mh_model_upload", "config.json", b"{not json", "not a readable JSON"),
+           ("mh_model_upload", "config.json", b"{not json", "not valid JSON"),
            ("mh_model_upload", "config.json", b"\xff\xfe\x00\x9c", "not a text file"),
            ("mh_model_upload", "model.yaml", b"a: 1", "expected a Hugging Face config.json"),
            ("mh_hw_upload", "hw.toml", b'name = "x"\nkind=', "not valid TOML"),

@@ -1,18 +1,23 @@
 """The dashboard in a real browser: headless Chromium (Debian package) driven by Playwright.
 
-Starts `streamlit run dashboards/app.py` on a free localhost port (the helpers of
-experiments/bench_dashboard_browser.py) and checks, as a user sees them, the defects a browser
-session once found: downloads lost under rapid clicking, the batch picker adding 8, 18, 28 ...,
-number fields that silently round or clear, stale charts that did not say so, an infeasible
-configuration wiping the page, raw bytes in errors, measured sources sharing a marker, an
-implausible upload flattening the chart, error floods, unexplained prefetch and VMEM curves,
-unlabelled validation coverage, temp paths in errors, colliding upload names, params 0.0 and
-usage statistics fetched from the network. Saves a screenshot of each view at 1400 px width
-under test-output/dashboard/.
+Starts `streamlit run dashboards/app.py` with the app's own settings (localhost only, no usage
+statistics; the helpers of experiments/bench_dashboard_browser.py) under an audit hook that records
+every socket the server opens, and checks, as a user sees them: each of the six views with every
+control used once, an upload in every uploader, every download button clicked in quick succession
+and each file read back; the chart clicks (a ring x slots cell, a layer bar); and the defects a
+browser session once found (downloads lost under rapid clicking, the batch field adding 8, 18, 28,
+number fields that silently round, stale charts that did not say so, an infeasible configuration
+wiping the page, raw bytes in errors, measured sources sharing a marker, an implausible upload
+flattening the chart, error floods, a results upload breaking Design search, temp paths in
+errors, colliding upload names). The last test: the server listened on loopback only and neither
+it nor the page sent anything beyond this machine. Saves a screenshot of each view under
+test-output/dashboard/.
 """
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
+import io
 import json
 import re
 import time
@@ -32,16 +37,27 @@ pytestmark = pytest.mark.browser
 ERRORS = '[data-testid="stAlertContentError"]'
 HF_CONFIG = {"num_hidden_layers": 4, "hidden_size": 1024, "vocab_size": 32000, "num_attention_heads": 16,
              "num_key_value_heads": 4, "intermediate_size": 4096, "_name_or_path": "tiny-llama"}
+# the pixel of point i of a named trace (any axis type), for a click on a chart
+POINT = """([key, name, i]) => {
+  const gd = document.querySelector(`.st-key-${key} .js-plotly-plot`);
+  const t = gd._fullData.find(t => t.name === name);
+  const L = gd._fullLayout, xa = L[t.xaxis.replace('x', 'xaxis')], ya = L[t.yaxis.replace('y', 'yaxis')];
+  const r = gd.getBoundingClientRect();
+  return {x: r.left + xa._offset + xa.c2p(xa.d2c(t.x[i])), y: r.top + ya._offset + ya.c2p(ya.d2c(t.y[i])),
+          xv: t.x[i], yv: t.y[i]};
+}"""
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
     if not Path(bb.CHROMIUM).exists():
         pytest.skip("chromium is not installed (CI installs the Debian package: apt-get install -y chromium)")
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-    log = OUT / "streamlit.log"
-    with bb.serve(log) as url:
-        yield url, log
+    log, audit = OUT / "streamlit.log", tmp_path_factory.mktemp("audit") / "sockets.jsonl"
+    info: dict = {}
+    with bb.serve(log, info=info, audit_log=audit) as url:
+        yield {"url": url, "log": log, "audit": audit, "pid": info["pid"],
+               "listening": bb.listening(info["pid"])}
 
 
 @pytest.fixture(scope="module")
@@ -53,23 +69,24 @@ def browser(server):
 @pytest.fixture()
 def page(server, browser):
     """A fresh page on the Compare view; every request it makes is recorded."""
-    url, _ = server
     p = bb.new_page(browser)
     p.requests = []
     p.on("request", lambda r: p.requests.append(r.url))
-    p.goto(url)
+    p.goto(server["url"])
     bb.wait_chart(p, "cmp_chart")
     bb.wait_idle(p)
     yield p
     p.close()
 
 
+# ----- helpers ------------------------------------------------------------------------------------
+
 def errors(page) -> list[str]:
     return [e.inner_text() for e in page.query_selector_all(ERRORS)]
 
 
 def assert_no_errors(page) -> None:
-    assert not errors(page)
+    assert not errors(page), errors(page)
     assert not page.query_selector_all('[data-testid="stException"]')
     assert "Traceback" not in page.inner_text("body")
 
@@ -93,21 +110,154 @@ def type_in(page, key: str, value) -> None:
 
 
 def pick(page, key: str, option: str) -> None:
+    """A selectbox's option."""
     page.locator(f".st-key-{key}").click()
+    page.keyboard.type(option)  # the list shows a window of its options: filter it to the one
     page.get_by_role("option", name=option, exact=True).click()
     settle(page)
 
 
+def radio(page, key: str, option: str) -> None:
+    bb.act(page, "radio", key, option)
+    settle(page)
+
+
+def toggle(page, key: str) -> None:
+    bb.act(page, "toggle", key, None)
+    settle(page)
+
+
+def slide(page, key: str, presses: int = 1, thumb: int = 0) -> None:
+    """A slider or select slider: its thumb moved with the arrow keys (as a keyboard user does)."""
+    t = page.locator(f".st-key-{key} input[type=range]").nth(thumb)
+    t.focus()
+    t.press("ArrowRight" if presses > 0 else "ArrowLeft")
+    for _ in range(abs(presses) - 1):
+        t.press("ArrowRight" if presses > 0 else "ArrowLeft")
+    settle(page)
+
+
+def tab(page, key: str, name: str, chart: str | None = None) -> None:
+    page.locator(f".st-key-{key}").get_by_role("tab", name=name).click()
+    settle(page)
+    if chart:
+        bb.wait_chart(page, chart)
+
+
+def expand(page, key: str) -> None:
+    page.locator(f".st-key-{key} summary").first.click()
+    settle(page)
+
+
+def click(page, key: str) -> None:
+    page.locator(f".st-key-{key} button").first.click()
+    settle(page)
+
+
+def upload(page, key: str, *files: Path) -> None:
+    page.locator(f".st-key-{key} input[type=file]").set_input_files([str(f) for f in files])
+    settle(page)
+
+
+def upload_measurements(page, tmp_path: Path, text: str, rows: int) -> None:
+    """Compare's measurements CSV uploaded as bench.csv, and the chart redrawn with it."""
+    csv = tmp_path / "bench.csv"
+    csv.write_text(text)
+    page.get_by_text("Load your own measurements (CSV)").click()
+    upload(page, "cmp_upload", csv)
+    page.get_by_text(f"Loaded {rows} measured point(s) from bench.csv").wait_for()
+    bb.wait_idle(page)
+    # plotly draws the new trace after the rerun ends: wait for it, not for a fixed time
+    page.wait_for_function("""() => {
+      const gd = document.querySelector('.st-key-cmp_chart .js-plotly-plot');
+      return gd && gd._fullData && gd._fullData.some(t => (t.name || '').startsWith('your upload'));
+    }""", timeout=60_000, polling=50)
+
+
+def table_shown(page, expander: str) -> bool:
+    """The expander's table is drawn (it opens on demand)."""
+    t = page.locator(f'.st-key-{expander} [data-testid="stDataFrame"]')
+    t.first.wait_for()
+    return t.count() == 1
+
+
+def click_point(page, key: str, trace: str, i: int, dy: float = 0) -> dict:
+    page.locator(f".st-key-{key}").scroll_into_view_if_needed()
+    time.sleep(0.3)
+    pt = page.evaluate(POINT, [key, trace, i])
+    page.mouse.move(pt["x"], pt["y"] + dy)
+    page.mouse.click(pt["x"], pt["y"] + dy)
+    settle(page)
+    return pt
+
+
 def figure(page, key: str) -> dict:
-    """The chart's traces (name, type, x, y, marker) and axis types, as plotly.js holds them."""
+    """The chart's traces (name, type, x, y, marker, text) and axis types, as plotly.js holds them."""
     return page.evaluate("""key => {
       const gd = document.querySelector(`.st-key-${key} .js-plotly-plot`);
       const arr = a => a ? Array.from(a) : [];
       return {traces: gd._fullData.map(t => ({name: t.name, type: t.type, x: arr(t.x), y: arr(t.y),
+                                             text: Array.isArray(t.text) ? t.text : [], yaxis: t.yaxis,
                                              color: t.marker && t.marker.color, symbol: t.marker && t.marker.symbol,
                                              size: t.marker && t.marker.size})),
-              yaxis: gd._fullLayout.yaxis.type, annotations: (gd._fullLayout.annotations || []).map(a => a.text)};
+              yaxis: gd._fullLayout.yaxis.type, xaxis: gd._fullLayout.xaxis.type,
+              xaxis2: gd._fullLayout.xaxis2 && gd._fullLayout.xaxis2.type,
+              annotations: (gd._fullLayout.annotations || []).map(a => a.text)};
     }""", key)
+
+
+def changes(page, key: str, action) -> None:
+    """`action` redraws chart `key` with other data (its fingerprint changes)."""
+    before = bb.fingerprint(page, key)
+    action()
+    page.wait_for_function(f"b => ({bb.FINGERPRINT})({json.dumps(key)}) !== b", arg=before, polling="raf",
+                           timeout=60_000)
+    bb.wait_idle(page)
+    assert_no_errors(page)
+
+
+def value(page, key: str) -> str:
+    return page.locator(f".st-key-{key} input").first.input_value()
+
+
+def metric(page, label: str) -> str:
+    return page.locator('[data-testid="stMetric"]').filter(has_text=label).locator(
+        '[data-testid="stMetricValue"]').first.inner_text()
+
+
+def downloads(page) -> dict[str, bytes]:
+    """Every download button of the page clicked one after another, without waiting for the files, then
+    each file read back: {file name: content}."""
+    buttons = page.locator('[data-testid="stDownloadButton"] button')
+    n = buttons.count()
+    assert n >= 2
+    got = []
+    listener = lambda d: got.append(d)  # noqa: E731  (playwright takes a Python function)
+    page.on("download", listener)
+    for i in range(n):
+        buttons.nth(i).click()
+    deadline = time.monotonic() + 90
+    while len(got) < n and time.monotonic() < deadline:
+        page.wait_for_timeout(200)
+    page.remove_listener("download", listener)
+    assert len(got) == n, f"{len(got)} of {n} downloads arrived"
+    files = {}
+    for d in got:
+        assert d.failure() is None, (d.suggested_filename, d.failure())
+        data = Path(d.path()).read_bytes()
+        assert data, d.suggested_filename
+        files.setdefault(d.suggested_filename, data)
+    return files
+
+
+def read_back(files: dict[str, bytes]) -> dict:
+    """Each CSV as a table, each JSON as data (a file that does not parse fails the test)."""
+    import pandas as pd
+    out = {}
+    for name, data in files.items():
+        out[name] = json.loads(data) if name.endswith(".json") else pd.read_csv(io.BytesIO(data))
+        assert len(out[name]), name
+    return out
 
 
 def screenshot(page, name: str) -> None:
@@ -118,47 +268,262 @@ def screenshot(page, name: str) -> None:
     bb.wait_idle(page)
     page.screenshot(path=str(OUT / f"{name}.png"), full_page=True)
     page.set_viewport_size({"width": 1400, "height": 1000})
+    assert (OUT / f"{name}.png").stat().st_size > 10_000
 
 
-def test_every_view_renders_clean_and_fetches_nothing_external(page, server):
+def number(text: str) -> float:
+    return float(re.sub(r"[^0-9.eE+-]", "", text.split()[0].replace(",", "")))
+
+
+# ----- the six views, every control --------------------------------------------------------------
+
+def test_compare_every_control_upload_and_downloads(page, tmp_path):
     assert_no_errors(page)
+    assert page.locator('[data-testid="stAppDeployButton"]').count() == 0  # no Deploy button
     screenshot(page, "compare")
-    for name, chart in (("What-if", "wi_roofline"), ("Validation", "val_host_chart"), ("Models & hardware", None)):
-        view(page, name, chart)
-        assert_no_errors(page)
-        screenshot(page, name.split()[0].lower().replace("-", ""))
-    hosts = {urlparse(u).hostname for u in page.requests if u.startswith("http")}
-    assert hosts == {"127.0.0.1"}, hosts  # usage statistics off: no fetch beyond this server
-    for f in ("compare", "whatif", "validation", "models"):
-        assert (OUT / f"{f}.png").stat().st_size > 10_000
-
-
-def test_downloads_survive_rapid_clicking(page, server):
-    _, log = server
-    view(page, "What-if", "wi_roofline")
-    buttons = page.locator('[data-testid="stDownloadButton"] button')
-    n = buttons.count()
-    assert n >= 8
-    got = []
-    page.on("download", lambda d: got.append(d))
-    for i in range(n):  # one after another, without waiting for the files
-        buttons.nth(i).click()
-    deadline = time.monotonic() + 90
-    while len(got) < n and time.monotonic() < deadline:
-        page.wait_for_timeout(200)
-    assert len(got) == n, f"{len(got)} of {n} downloads arrived"
-    for d in got:
-        assert d.failure() is None, (d.suggested_filename, d.failure())
-        assert Path(d.path()).stat().st_size > 0, d.suggested_filename
-    assert "not found" not in log.read_text()
-
-
-def test_batch_sizes_are_exactly_what_is_typed(page):
-    type_in(page, "cmp_batches", "8")
+    fig = figure(page, "cmp_chart")
+    ratios = [t for t in fig["traces"] if t["yaxis"] == "y2"]
+    assert ratios and all(0.8 < v < 1.25 for t in ratios for v in t["y"])  # predicted / measured, near the band
+    assert any("band" in a for a in fig["annotations"])
+    changes(page, "cmp_chart", lambda: type_in(page, "cmp_batches", "1, 2, 4, 8"))
+    changes(page, "cmp_chart", lambda: type_in(page, "cmp_context", 8192))
+    assert "Not a reference for platform A" in page.inner_text("body")  # the published runs are at 4096
+    type_in(page, "cmp_context", 4096)
+    changes(page, "cmp_chart", lambda: radio(page, "cmp_spec", "both"))
+    changes(page, "cmp_chart", lambda: toggle(page, "cmp_logy"))
+    assert figure(page, "cmp_chart")["yaxis"] == "log"
+    for tag, layout in (("A", {"devices": 64, "ep": 16, "tp": 16}), ("B", {"devices": 32, "ep": 32, "tp": 32})):
+        changes(page, "cmp_chart", lambda: type_in(page, f"cmp_{tag}_steps_per_call", 2))
+        changes(page, "cmp_chart", lambda: type_in(page, f"cmp_{tag}_spec_steps_per_call", 2))
+        for field, v in layout.items():  # layouts that run: every change redraws the curves
+            changes(page, "cmp_chart", lambda: type_in(page, f"cmp_{tag}_{field}", v))
+        changes(page, "cmp_chart", lambda: radio(page, f"cmp_{tag}_engine", "multikernel" if tag == "A" else "megakernel"))
+    changes(page, "cmp_chart", lambda: pick(page, "cmp_B_hw", "h100"))
+    changes(page, "cmp_chart", lambda: pick(page, "cmp_A_hw", "tpu-v6e"))
+    changes(page, "cmp_chart", lambda: pick(page, "cmp_model", "deepseek-v3"))
+    upload_measurements(page, tmp_path, "model,hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s\n"
+                        "deepseek-v3,tpu-v6e,multikernel,64,16,16,2,1,100\n", 1)
+    expand(page, "cmp_errors_exp")
+    expand(page, "cmp_pred_exp")
+    assert table_shown(page, "cmp_errors_exp") and table_shown(page, "cmp_pred_exp")
     assert_no_errors(page)
-    pred = [t for t in figure(page, "cmp_chart")["traces"] if t["name"].endswith("predicted")]
-    assert pred and all(t["x"] == [8] for t in pred)
+    files = read_back(downloads(page))
+    errs = files["compare_errors.csv"]
+    assert list(errs["measured_tokens_per_s"]) == [100] and errs["source"].item() == "your upload: bench.csv"
+    assert files["compare_errors.json"]["rows"][0]["measured_tokens_per_s"] == 100
+    assert set(files["compare_predicted.csv"]["batch"]) == {1, 2, 4, 8}
 
+
+def test_whatif_every_control_tab_click_and_downloads(page):
+    view(page, "What-if", "wi_breakdown")
+    assert_no_errors(page)
+    screenshot(page, "whatif")
+    assert metric(page, "measured tokens/s") == "249"
+    assert "↓" in page.locator('[data-testid="stMetricDelta"]').first.inner_text() or \
+        page.locator('[data-testid="stMetricDelta"] svg').count()  # an arrow for the negative error
+    for key, v in (("wi_batch", 2), ("wi_context", 8192), ("wi_steps", 1), ("wi_tp", 16), ("wi_ep", 16),
+                   ("wi_devices", 64)):  # layouts that run: each change redraws the chart
+        changes(page, "wi_breakdown", lambda: type_in(page, key, v))
+    assert metric(page, "measured tokens/s") == "none"
+    assert "Nearest measurement" in page.inner_text("body")
+    changes(page, "wi_breakdown", lambda: click(page, "wi_meas_btn"))  # the nearest measurement's settings
+    assert metric(page, "measured tokens/s") == "392" and value(page, "wi_ep") == "8"
+    changes(page, "wi_breakdown", lambda: radio(page, "wi_engine", "multikernel"))
+    changes(page, "wi_breakdown", lambda: radio(page, "wi_engine", "megakernel"))
+    changes(page, "wi_breakdown", lambda: type_in(page, "wi_prefetch", 16))
+    changes(page, "wi_breakdown", lambda: type_in(page, "wi_slots", 4))
+    type_in(page, "wi_vmem", 48)  # with the ring and slots fixed, a larger buffer changes no time: only the command
+    assert "--vmem-mib 48" in page.inner_text("body")
+    changes(page, "wi_breakdown", lambda: toggle(page, "wi_spec"))
+    changes(page, "wi_breakdown", lambda: type_in(page, "wi_draft", 3))
+    before = metric(page, "tokens/s (predicted)")
+    slide(page, "wi_acc", -2)  # fewer tokens per step, the same step: only the tokens/s change
+    page.wait_for_function("b => !document.body.innerText.includes(b)", arg=f"\n{before}\n")
+    assert number(metric(page, "tokens/s (predicted)")) < number(before)
+    for key, v in (("wi_tp", 2), ("wi_ep", 2), ("wi_devices", 2)):  # Kimi K3 does not fit there: stale meanwhile
+        type_in(page, key, v)
+    changes(page, "wi_breakdown", lambda: pick(page, "wi_model", "kimi-k3-mini"))
+    changes(page, "wi_breakdown", lambda: pick(page, "wi_hw", "tpu-v6e"))
+    for key in ("wi_prefetch", "wi_slots", "wi_vmem"):
+        type_in(page, key, "")
+    toggle(page, "wi_spec")
+    assert_no_errors(page)
+    tab(page, "wi_tab", "Ring x expert slots", "wi_heat_pick")
+    changes(page, "wi_heat_pick", lambda: radio(page, "wi_heat_z", "step time (ms)"))
+    best = next(t for t in figure(page, "wi_heat_pick")["traces"] if t["name"] == "best")
+    click_point(page, "wi_heat_pick", "best", 0)  # a click on the best cell puts its ring and slots in the fields
+    page.wait_for_function("v => document.querySelector('.st-key-wi_slots input').value === v", arg=best["y"][0])
+    assert value(page, "wi_prefetch") == best["x"][0] and value(page, "wi_slots") == best["y"][0]
+    cur = next(t for t in figure(page, "wi_heat_pick")["traces"] if t["name"] == "current")
+    assert (cur["x"], cur["y"]) == (best["x"], best["y"])
+    tab(page, "wi_tab", "Prefetch depth", "wi_prefetch_chart")
+    changes(page, "wi_prefetch_chart", lambda: toggle(page, "wi_pf_logx"))
+    f = figure(page, "wi_prefetch_chart")
+    assert f["xaxis"] == "log" and f["xaxis2"] == "log"  # both panels
+    tab(page, "wi_tab", "Timeline", "wi_timeline")
+    names = {n for t in figure(page, "wi_timeline")["traces"] for n in t["text"]}
+    assert "q_proj" in names or "attn_norm" in names  # op names on the bars
+    key = page.locator("[class*='st-key-wi_layers_']").first.get_attribute("class").split("st-key-")[1].split()[0]
+    changes(page, "wi_timeline", lambda: slide(page, key, 3, thumb=1))
+    tab(page, "wi_tab", "Roofline", "wi_roofline")
+    expand(page, "wi_layers_exp")
+    assert table_shown(page, "wi_layers_exp")
+    assert_no_errors(page)
+    files = downloads(page)
+    assert {"whatif_layers.csv", "whatif_prediction.csv", "whatif_prediction.json"} <= set(files)
+    data = read_back(files)
+    assert data["whatif_prediction.csv"]["tokens_per_s"].item() == pytest.approx(
+        number(metric(page, "tokens/s (predicted)")), abs=0.5)
+    for t in ("Step breakdown", "Ring x expert slots", "Prefetch depth", "Timeline"):
+        tab(page, "wi_tab", t)
+        data.update(read_back(downloads(page)))
+    assert {"whatif_breakdown.csv", "whatif_ring_slots.json", "whatif_prefetch_sweep.csv", "whatif_events.csv"} <= set(data)
+    assert "traceEvents" in data["whatif_timeline.trace.json"]  # Perfetto / Chrome trace JSON
+    heat = data["whatif_ring_slots.csv"]
+    assert heat["tokens_per_s"].max() == pytest.approx(
+        max(r["tokens_per_s"] for r in data["whatif_ring_slots.json"]["rows"] if r["tokens_per_s"]))
+
+
+def test_explain_every_control_bar_click_and_downloads(page):
+    view(page, "Explain", "ex_gantt")
+    assert_no_errors(page)
+    screenshot(page, "explain")
+    assert page.get_by_text("perfmodel explain").count() >= 1
+    changes(page, "ex_gantt", lambda: click_point(page, "ex_layers_pick", "compute", 4, dy=3))
+    assert value(page, "ex_layer") == "4"
+    changes(page, "ex_gantt", lambda: type_in(page, "ex_layer", 2))
+    changes(page, "ex_layers_pick", lambda: slide(page, "ex_batch", 2))
+    changes(page, "ex_layers_pick", lambda: radio(page, "ex_engine", "multikernel"))
+    changes(page, "ex_layers_pick", lambda: pick(page, "ex_hw", "gb200"))
+    for key, v in (("ex_tp", 2), ("ex_ep", 2), ("ex_devices", 2)):  # Kimi K3 does not fit there: a message meanwhile
+        type_in(page, key, v)
+    changes(page, "ex_layers_pick", lambda: pick(page, "ex_model", "kimi-k3-mini"))
+    expand(page, "ex_ops_exp")
+    assert table_shown(page, "ex_ops_exp")
+    assert_no_errors(page)
+    data = read_back(downloads(page))
+    out = data["explain_layer2_terms.json"]
+    assert out["explain"]["layer"] == 2 and len(out["rows"]) == len(data["explain_layer2_terms.csv"])
+    assert {"op", "term", "mechanism"} <= set(data["explain_layer2_terms.csv"].columns)
+
+
+def test_design_search_every_control_upload_and_downloads(page, tmp_path):
+    view(page, "Design search", "ds_pareto")
+    assert_no_errors(page)
+    screenshot(page, "design")
+    for key, option in (("ds_batch", "128"), ("ds_context", "16384"), ("ds_prefetch_mib", "48"),
+                        ("ds_expert_slots", "8"), ("ds_vmem_mib", "96")):
+        page.locator(f".st-key-{key} input").click()  # the field, not a chosen value's remove button
+        page.get_by_role("option", name=option, exact=True).click()
+        page.keyboard.press("Escape")
+    page.locator(".st-key-ds_hw").click()
+    page.get_by_role("option", name="tpu-v7", exact=True).click()
+    page.locator(".st-key-ds_model").click()
+    page.get_by_role("option", name="kimi-k3", exact=True).click()
+    for key, v in (("ds_devices", 32), ("ds_tp", 32), ("ds_ep", 8), ("ds_samples", 30), ("ds_seed", 1), ("ds_top", 5)):
+        f = page.locator(f".st-key-{key} input")
+        f.fill(str(v))
+        f.press("Tab")
+    page.locator(".st-key-ds_engine").get_by_text("megakernel", exact=True).click()
+    page.locator(".st-key-ds_kind").get_by_text("random", exact=True).click()
+    page.locator(".st-key-ds_objective").click()
+    page.get_by_role("option", name="step_s", exact=True).click()
+    changes(page, "ds_pareto", lambda: (page.get_by_role("button", name="Run sweep").click(), settle(page)))
+    assert "samples = 30" in page.inner_text("body")
+    radio(page, "ds_rows", "all")
+    assert_no_errors(page)
+    data = read_back(downloads(page))
+    rows = data["design_search.csv"]
+    assert len(rows) == 30 and data["design_search.json"]["objective"] == "step_s"
+    path = tmp_path / "rows.csv"
+    rows.to_csv(path, index=False)
+    radio(page, "ds_source", "Open a results file")
+    upload(page, "ds_upload", path)
+    bb.wait_chart(page, "ds_pareto")
+    bb.wait_idle(page)
+    assert_no_errors(page)  # an upload once broke the view until a reload
+    pick(page, "ds_file_objective", "tokens_per_s")
+    type_in(page, "ds_file_top", 3)
+    assert_no_errors(page)
+    view(page, "Compare", "cmp_chart")
+    view(page, "Design search")
+    assert_no_errors(page)
+
+
+def test_validation_every_control_uploads_path_and_downloads(page, tmp_path):
+    view(page, "Validation", "val_host_chart")
+    assert_no_errors(page)
+    screenshot(page, "validation")
+    assert page.get_by_text("no trace validation yet").count() == 1
+    names = {t["name"] for t in figure(page, "val_host_chart")["traces"]}
+    assert {"y = x (exact)", "+-25% (per-layer target)"} <= names
+    page.locator(".st-key-val_run").click()
+    page.keyboard.press("ArrowDown")  # the next run
+    page.keyboard.press("Enter")
+    settle(page)
+    expand(page, "val_host_bars_exp")
+    bb.wait_chart(page, "val_host_layers")
+    data = read_back(downloads(page))
+    assert {"host_validation_runs.csv", "validation_val_host.csv", "validation_val_host.json"} <= set(data)
+    assert data["validation_val_host.json"]["mape"] == pytest.approx(
+        data["validation_val_host.csv"]["abs_error"].mean())
+    pick(page, "val_hw", "tpu-v7")
+    pick(page, "val_model", "kimi-k3-host-small")
+    for key, v in (("val_batch", 2), ("val_context", 64)):
+        f = page.locator(f".st-key-{key} input")
+        f.fill(str(v))
+        f.press("Enter")
+        settle(page)
+    pick(page, "val_mode", "compiled")
+    pb = tmp_path / "run.xplane.pb"
+    pb.write_bytes(b"garbage")
+    upload(page, "val_upload", pb)
+    page.locator(ERRORS).first.wait_for()
+    msg = " ".join(errors(page))
+    assert "your upload: run.xplane.pb" in msg and "/tmp" not in msg  # the file's name, not the server's copy
+    page.locator(".st-key-val_upload [data-testid='stFileChipDeleteBtn']").first.click()
+    settle(page)
+    type_in(page, "val_path", "/etc")
+    page.locator(ERRORS).first.wait_for()
+    msg = " ".join(errors(page))
+    assert "trace path='/etc'" in msg and "outside the directories this dashboard was opened on" in msg
+
+
+def test_models_every_control_uploads_and_downloads(page, tmp_path):
+    view(page, "Models & hardware")
+    assert_no_errors(page)
+    screenshot(page, "models")
+    pick(page, "mh_model", "kimi-k3-mini")
+    pick(page, "mh_hw_pick", "gb200")
+    names = []
+    for layers in (4, 8):  # two files named config.json: both stay, under names of their own
+        f = tmp_path / str(layers) / "config.json"
+        f.parent.mkdir()
+        f.write_text(json.dumps({**HF_CONFIG, "num_hidden_layers": layers}))
+        upload(page, "mh_model_upload", f)
+        ok = page.locator('[data-testid="stAlertContentSuccess"]')
+        ok.filter(has_text="config.json").wait_for()
+        page.wait_for_timeout(500)  # the uploader's rerun replaces the previous message
+        bb.wait_idle(page)
+        names.append(ok.first.inner_text().split("as '")[1].split("'")[0])
+    assert names[0] != names[1]
+    hw = tmp_path / "my-chip.toml"
+    hw.write_text((ROOT / "perfmodel/presets/hardware/tpu-v7.toml").read_text().replace('name = "tpu-v7"',
+                                                                                        'name = "my-chip"'))
+    upload(page, "mh_hw_upload", hw)
+    page.locator('[data-testid="stAlertContentSuccess"]').filter(has_text="my-chip.toml").wait_for()
+    assert_no_errors(page)
+    data = read_back(downloads(page))
+    assert {"model_presets.csv", "hardware_presets.csv", "hardware_gb200.csv", "model_kimi-k3-mini.json"} <= set(data)
+    assert "kimi-k3" in set(data["model_presets.csv"]["model"])
+    view(page, "What-if", "wi_breakdown")  # the uploads are choices there
+    for key, v in (("wi_tp", 4), ("wi_ep", 4), ("wi_devices", 4)):  # a layout of the small upload
+        type_in(page, key, v)
+    changes(page, "wi_breakdown", lambda: pick(page, "wi_model", names[1]))
+    assert "<path to your config.json or .toml>" in page.inner_text("body")  # the command names the file to give
+
+
+# ----- defects a browser session found -----------------------------------------------------------
 
 def test_number_fields_refuse_bad_text_and_grey_the_stale_chart(page):
     view(page, "What-if", "wi_breakdown")
@@ -183,16 +548,17 @@ def test_infeasible_configuration_keeps_the_page(page):
     assert len(msgs) == 1 and "cannot run" in msgs[0] and "MiB" in msgs[0]
     assert not re.search(r"\d{6,} B", msgs[0])  # no raw byte counts
     assert page.get_by_text("Nearest configurations that run").count() == 1
-    assert page.get_by_text("Step time vs prefetch depth").count() == 1  # the sweep stays: what fits
-    for key in ("wi_breakdown", "wi_timeline", "wi_roofline"):
-        assert figure(page, key)["traces"]
+    assert figure(page, "wi_breakdown")["traces"]  # the last good outputs stay
+    tab(page, "wi_tab", "Prefetch depth")
+    assert page.get_by_text("No prefetch depth fits").count() == 1  # the sweep stays: what fits
     page.get_by_role("button", name="Use this").first.click()
     settle(page)
     assert_no_errors(page)
 
 
 def test_prefetch_sweep_and_vmem_mechanism(page):
-    view(page, "What-if", "wi_prefetch_chart")
+    view(page, "What-if", "wi_breakdown")
+    tab(page, "wi_tab", "Prefetch depth", "wi_prefetch_chart")
     assert "do not fit" not in " ".join(e.inner_text() for e in page.query_selector_all(
         '[data-testid="stAlertContentWarning"]'))  # nothing warns at the defaults
     names = [t["name"] for t in figure(page, "wi_prefetch_chart")["traces"]]
@@ -201,35 +567,22 @@ def test_prefetch_sweep_and_vmem_mechanism(page):
     page.get_by_text("500000 MiB it is").wait_for()
     assert "dma_sharing" in page.inner_text("body")
     cur = next(t for t in figure(page, "wi_prefetch_chart")["traces"] if t["name"] == "current")
-    step = float(page.locator('[data-testid="stMetric"]').filter(has_text="step time").locator(
-        '[data-testid="stMetricValue"]').inner_text().split()[0])
+    step = number(metric(page, "step time"))
     assert cur["x"] == [500000] and cur["y"][0] == pytest.approx(step, rel=1e-3)
 
 
 def test_measured_sources_log_axis_and_implausible_upload(page, tmp_path):
-    csv = tmp_path / "bench.csv"
-    csv.write_text("hardware,engine,devices,batch,tokens_per_s\ntpu-v7,megakernel,32,16,1500\n"
-                   "tpu-v7,megakernel,32,32,1e30\n")
-    page.get_by_text("Load your own measurements (CSV)").click()
-    page.locator(".st-key-cmp_upload input[type=file]").set_input_files(str(csv))
-    page.get_by_text("Loaded 2 measured point(s) from bench.csv").wait_for()
-    bb.wait_idle(page)
-    # plotly draws the new trace after the rerun ends: wait for it, not for a fixed time
-    page.wait_for_function("""() => {
-      const gd = document.querySelector('.st-key-cmp_chart .js-plotly-plot');
-      return gd && gd._fullData && gd._fullData.some(t => (t.name || '').startsWith('your upload'));
-    }""", timeout=60_000, polling=50)
+    upload_measurements(page, tmp_path, "hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s\n"
+                        "tpu-v7,megakernel,32,32,8,64,16,1500\ntpu-v7,megakernel,32,32,8,64,32,1e30\n", 2)
     fig = figure(page, "cmp_chart")
-    measured = {t["name"]: t for t in fig["traces"] if t["type"] == "scatter" and not t["name"].endswith("predicted")}
+    measured = {t["name"]: t for t in fig["traces"] if t["type"] == "scatter" and t["yaxis"] == "y"
+                and not t["name"].endswith("predicted")}
     assert "your upload: bench.csv (platform A)" in measured
     assert "Inferact, 16x TPU v7, published (platform A)" in measured
     assert len({t["symbol"] for t in measured.values()}) == len(measured)
     assert max(max(t["y"]) for t in fig["traces"]) < 1e5
     page.get_by_text("above 2x the chip's HBM roofline").first.wait_for(timeout=30_000)  # drawn after the chart
     assert "seed" not in page.inner_text("body").lower()
-    page.locator(".st-key-cmp_logy label").click()
-    settle(page)
-    assert figure(page, "cmp_chart")["yaxis"] == "log"
 
 
 def test_compare_refused_layouts_one_box_per_cause(page):
@@ -249,35 +602,18 @@ def test_compare_refused_layouts_one_box_per_cause(page):
     assert [t for t in figure(page, "cmp_chart")["traces"] if t["name"].startswith("A:")]
 
 
-def test_validation_coverage_legend_and_upload_names(page, tmp_path):
-    view(page, "Validation", "val_host_chart")
-    assert page.get_by_text("no trace validation yet").count() == 1
-    traces = figure(page, "val_host_chart")["traces"]
-    bars = [t for t in traces if t["type"] == "bar"]
-    assert all(isinstance(t["color"], str) for t in bars)  # one colour per trace: the legend swatch is the bar
-    assert len({t["color"] for t in bars}) == len(bars)
-    assert next(t for t in traces if t["name"] == "predicted")["size"] >= 12
-    pb = tmp_path / "run.xplane.pb"
-    pb.write_bytes(b"garbage")
-    page.locator(".st-key-val_upload input[type=file]").set_input_files(str(pb))
-    page.locator(ERRORS).first.wait_for()
-    bb.wait_idle(page)
-    msg = " ".join(errors(page))
-    assert "your upload: run.xplane.pb" in msg and "/tmp" not in msg
+# ----- local and offline (last: the other tests have used every view on this server) --------------
 
-
-def test_models_uploads_get_unique_names(page, tmp_path):
-    view(page, "Models & hardware")
-    names = []
-    for layers in (4, 8):
-        f = tmp_path / str(layers) / "config.json"
-        f.parent.mkdir()
-        f.write_text(json.dumps({**HF_CONFIG, "num_hidden_layers": layers}))
-        page.locator(".st-key-mh_model_upload input[type=file]").set_input_files(str(f))
-        ok = page.locator('[data-testid="stAlertContentSuccess"]')
-        ok.filter(has_text="config.json").wait_for()
-        page.wait_for_timeout(500)  # the uploader's rerun replaces the previous message
-        bb.wait_idle(page)
-        names.append(ok.first.inner_text().split("as '")[1].split("'")[0])
-    assert names[0] != names[1]  # the second config.json does not replace the first (both stay choices:
-    # tests/test_dashboard.py checks the option lists)
+def test_server_listens_on_loopback_and_nothing_leaves_the_machine(page, server):
+    for name, chart in (("What-if", "wi_breakdown"), ("Explain", "ex_gantt"), ("Design search", "ds_pareto"),
+                        ("Validation", "val_host_chart"), ("Models & hardware", None), ("Compare", "cmp_chart")):
+        view(page, name, chart)
+    hosts = {urlparse(u).hostname for u in page.requests if u.startswith(("http", "ws"))}
+    assert hosts == {"localhost"}, hosts  # the page fetched nothing beyond this server
+    assert server["listening"] and all(ipaddress.ip_address(a).is_loopback for a, _ in server["listening"]), \
+        server["listening"]
+    assert all(ipaddress.ip_address(a).is_loopback for a, _ in bb.listening(server["pid"]))
+    seen = [json.loads(line) for line in server["audit"].read_text().splitlines()]
+    assert any(e["event"] == "socket.bind" for e in seen)  # the hook saw the server's own sockets
+    outside = [e for e in seen if not bb.local_address(e["event"], e["address"])]
+    assert not outside, outside  # no connection, datagram or name lookup beyond this machine

@@ -19,40 +19,54 @@ NEW_PRESETS = ("a100", "h20", "b300", "gb300", "mi300x", "mi325x", "mi355x")
 
 
 def test_tables_carry_source_version_and_licence():
+    found = 0
     for gpu in gk.gpus_with_tables():
         for engine in ("vllm", "sglang", "trtllm", "nccl"):
-            path = gk.KERNEL_DIR / gpu / f"{engine}.json"
-            if not path.exists():
+            doc = gk.provenance(gpu, engine)
+            if not doc:
                 continue
-            doc = json.loads(path.read_text())
+            found += 1
             assert "aiconfigurator-core" in doc["source"] and doc["licence"].startswith("Apache-2.0")
-            assert all("version" in m for m in doc["files"].values())
+            assert doc["files"] and all("version" in m for m in doc["files"].values())
+    assert found >= 7 * 3
 
 
 def test_interpolation_is_exact_on_grid_points_and_refuses_outside():
     tabs = gk.tables("gb200", "vllm")
-    t = next(t for t in tabs.by_class["gemm"] if t.key["dtype"] == "bf16")
+    t = next(t for t in tabs.of_class("gemm") if t.key["dtype"] == "bf16")
     point, secs = next(t.points())
     assert gk.interpolate(t, point) == pytest.approx(secs, rel=1e-9)
     assert gk.interpolate(t, {**point, "n": 10 * max(t.raw_axes["n"])}) is None
 
 
 def test_interpolation_lies_between_neighbours():
-    t = next(t for t in gk.tables("h100", "vllm").by_class["gemm"] if t.key["dtype"] == "bf16")
+    t = next(t for t in gk.tables("h100", "vllm").of_class("gemm") if t.key["dtype"] == "bf16")
     lo, hi = gk.interpolate(t, {"m": 1, "n": 4096, "k": 4096}), gk.interpolate(t, {"m": 1, "n": 5120, "k": 4096})
     mid = gk.interpolate(t, {"m": 1, "n": 4600, "k": 4096})
     assert min(lo, hi) <= mid <= max(lo, hi)
 
 
-@pytest.mark.parametrize("gpu", ["h100", "h200", "b200", "gb200", "b300", "gb300"])
+KNOWN_MISSES = {("a100", "sglang"): 0.11, ("a100", "trtllm"): 0.12}  # median |residual| above 10 % (docs/gpu.md)
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100", "h200", "b200", "gb200", "b300", "gb300"])
 def test_kernel_fit_residuals(gpu):
-    """The stored fits (perfmodel calibrate --kernels --write) reproduce their own summary, and
-    vLLM's kernels (the seed's engine) are fitted within 10 % (median) on every GPU."""
+    """The stored fits (perfmodel calibrate --kernels --write): every engine's median within 10 %
+    on every GPU with tables, but for the two A100 misses, pinned at their values."""
     doc = json.loads((gk.KERNEL_DIR / gpu / "fit.json").read_text())
-    assert doc["summary"]["vllm"]["median_abs_residual"] <= 0.10
-    assert doc["summary"]["nccl"]["median_abs_residual"] <= 0.10
+    assert set(doc["summary"]) == {e for e in ("vllm", "sglang", "trtllm", "nccl") if gk.tables(gpu, e)}
     for engine, s in doc["summary"].items():
-        assert s["median_abs_residual"] <= 0.13, (engine, s)  # SGLang / TRT-LLM on Hopper: 10-12 %
+        assert s["median_abs_residual"] <= KNOWN_MISSES.get((gpu, engine), 0.10), (engine, s)
+
+
+def test_stored_fits_reproduce_their_residuals():
+    """Recomputed from the stored parameters and the tables, each fit group's median residual is
+    the one fit.json states (GB200 vLLM: every group)."""
+    from perfmodel.fit.kernels import _cells
+    groups = gk.fits("gb200")["vllm"]
+    for g, (cls, s, t) in _cells(gk.tables("gb200", "vllm")).items():
+        res = gk.physical_time(groups[g], cls, s) / t - 1
+        assert np.median(np.abs(res)) == pytest.approx(groups[g]["median_abs_residual"], rel=1e-3, abs=1e-4), g
 
 
 def test_physical_time_is_a_roofline_with_fixed_cost():
@@ -183,3 +197,80 @@ def test_cli_attention_dp_must_multiply_out(capsys):
     assert main(["predict", "--model", "deepseek-v3", "--hardware", "h200", "--devices", "8", "--tp", "2",
                  "--attention-dp", "8", "--engine", "multikernel", "--serving-engine", "sglang"]) == 2
     assert "--attention-dp" in capsys.readouterr().err
+
+
+def _k3(batch=1):
+    from perfmodel.spec.arch import derive
+    m = derive("kimi-k3", formats={"kv_cache": "fp8-kv"})
+    d = _d(batch=batch)
+    return m, load_hardware("gb200"), d, kernels(m, load_hardware("gb200"), d, ops.build(m, d))
+
+
+def test_vllm_on_gb200_runs_the_recipes_kernels():
+    """The Dynamo recipe's vLLM on 16 GB200: MNNVL all-reduces across the trays, timed on GB300's
+    fabric; the MoE as FlashInfer's TRT-LLM-gen kernel (not vLLM 0.24.0's Marlin stand-in); MLA
+    kernel by kernel with kv_b absorbed; the fused latent tail at 1 row, not at 32."""
+    m, hw, d, ks = _k3()
+    names = {k.name for k in ks}
+    assert "nccl_all_reduce" not in names and "custom_all_reduce" not in names
+    ar = next(k for k in ks if k.name == "mnnvl_all_reduce")
+    assert ar.measured and ar.source.startswith("table: gb300/") and "TRTLLM_MNNVL" in ar.source
+    moe = next(k for k in ks if k.name == "fused_moe")
+    assert moe.measured and "flashinfer_trtllm" in moe.source and "marlin" not in moe.source
+    assert {"mla_absorb_q", "mla_decode", "mla_absorb_v", "q_b_gemm"} <= names and "kv_b_gemm" not in names
+    assert "mla_decode_module" not in names and "output_gate_mul" in names
+    g = ops.build(m, d)
+    kda_gates = [k for k in ks if k.name == "output_gate_mul" and m.layers[int(g.layer[k.op]) - 1].attention == "kda"]
+    assert not kda_gates  # KDA's output gate is inside fused_kda_decode
+    assert {"latent_tail_collective", "latent_up_slice_gemm", "latent_tail_all_gather"} <= names
+    up = next(k for k in ks if k.name == "latent_up_slice_gemm")
+    assert up.point["n"] == m.hidden // 16 and up.point["k"] == m.moe.latent_dim
+    _, _, _, ks32 = _k3(batch=32)  # above the tail's 16 rows: routed all-reduce, norm, whole up-projection
+    names32 = {k.name for k in ks32}
+    assert "latent_tail_collective" not in names32 and {"latent_rms_norm", "latent_up_gemm"} <= names32
+
+
+def test_measured_as_falls_back_to_the_same_kernels_fit():
+    """A kernel measured as another engine's, outside that table's grid, takes the fit of the same
+    kernel source, never vLLM's own (Marlin) kernel's."""
+    from perfmodel.engine.serving import Kernel, _cost
+    from perfmodel.spec.engines import inventory
+    hw, inv = load_hardware("gb200"), inventory("vllm")
+    key = {"dtype": "mxfp4", "hidden": 3584, "inter": 3072, "topk": 16, "experts": 896, "tp": 16, "ep": 1}
+    k = _cost(Kernel(0, "fused_moe", "moe", key, {"tokens": 4096}), hw, gk.tables("gb200", "vllm"), inv)
+    assert not k.measured and "flashinfer_trtllm" in k.source and "marlin" not in k.source.lower()
+
+
+def test_kernel_tables_load_only_what_a_lookup_needs():
+    tabs = gk.tables.__wrapped__("gb200", "sglang")  # a fresh, unshared instance
+    assert not tabs.index and not tabs.built
+    t = gk.table_time(tabs, "moe", {"dtype": "mxfp4", "hidden": 3584, "inter": 3072, "topk": 16, "experts": 896,
+                                    "tp": 16, "ep": 1}, {"tokens": 1})
+    assert t is not None and set(tabs.index) == {"moe"} and len(tabs.built) <= 2
+
+
+def test_block_splits_are_refused_without_a_serving_engine_too():
+    """DeepSeek-V3 (fp8 in 128 x 128 blocks) on 32 GPUs: the shared expert's 2048-wide down
+    projection split 32 ways is 64 per GPU; on 16, every FFN split keeps whole blocks (MLA's down
+    projections, which the generic op graph splits, engines keep whole)."""
+    m, hw = load_model("deepseek-v3"), load_hardware("h200")
+    with pytest.raises(SpecError, match=r"^tp=32: GPU serving engines .* shared_down .* 128-wide blocks"):
+        predict(m, hw, Deployment(devices=32, tp=32, ep=1, engine="multikernel"))
+    assert predict(m, hw, Deployment(devices=16, tp=16, ep=16, engine="multikernel")).step_s > 0
+    g = load_model("gpt-oss-120b")  # MXFP4 experts 2880 wide over 8 GPUs: padded by the engines
+    assert predict(g, load_hardware("h100"), Deployment(devices=8, tp=8, ep=1, engine="multikernel")).step_s > 0
+
+
+def test_cli_kv_cache_format(capsys):
+    from perfmodel.cli.main import main
+    args = ["predict", "--model", "kimi-k3", "--hardware", "gb200", "--devices", "16", "--tp", "16", "--ep", "1",
+            "--engine", "multikernel", "--serving-engine", "vllm", "--batch", "8", "--json"]
+    steps = {}
+    for kv in ("bf16", "fp8-kv"):
+        assert main(args + ["--kv-cache", kv]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["inputs"]["kv_cache"] == kv
+        steps[kv] = out["results"][0]["step_s"]
+    assert steps["fp8-kv"] < steps["bf16"]  # half the MLA cache bytes
+    assert main(args + ["--kv-cache", "fp9"]) == 2
+    assert "--kv-cache='fp9'" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Hugging Face import: every real config.json fixture imports, with the model card's counts."""
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -266,10 +267,49 @@ def test_modelopt_ignoring_attention_keeps_it_bf16(tmp_path):
     while the MLP is NVFP4; its KV cache scheme is 8-bit float."""
     f = load_model(str(FIXTURES / "gemma-4-31b-it-nvfp4.json")).formats
     assert (f["attention"].name, f["dense_ffn"].name, f["kv_cache"].name) == ("bf16", "nvfp4", "fp8-kv")
+    every = [f"model.layers.{i}.self_attn*" for i in range(4)]
     cfg = base_config(quantization_config={"quant_method": "modelopt", "quant_algo": "NVFP4",
-                                           "ignore": ["lm_head", "model.layers.0.self_attn*"]})
+                                           "ignore": ["lm_head", "model.layers.0.mlp.gate"] + every})
     m = load_model(write(tmp_path, cfg))
     assert m.formats["attention"].name == "bf16" and m.formats["dense_ffn"].name == "nvfp4"
+    cfg["quantization_config"]["ignore"] = ["lm_head", "model.layers.0.self_attn*"]  # one layer of four
+    with pytest.raises(SpecError, match=r"config.json: config.json:quantization_config.ignore=\[0\]: .*only some layers"):
+        load_model(write(tmp_path, cfg))
+
+
+def sidecar(tmp_path, quantization: dict, **config):
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(
+        {"producer": {"name": "modelopt", "version": "0.29.0"}, "quantization": quantization}))
+    return write(tmp_path, base_config(**config))
+
+
+def test_hf_quant_config_beside_config_json(tmp_path):
+    """ModelOpt's hf_quant_config.json (NVFP4 in blocks of 16, FP8 KV cache, exclude_modules) is
+    read as the quantisation of the config.json beside it: without it the checkpoint would be
+    predicted as bf16."""
+    m = load_model(sidecar(tmp_path, {"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": "FP8",
+                                      "exclude_modules": ["lm_head", "model.layers.*.self_attn*"]}))
+    f = m.formats
+    assert (f["dense_ffn"].name, f["attention"].name, f["kv_cache"].name, f["lm_head"].name) == \
+        ("nvfp4", "bf16", "fp8-kv", "bf16")
+    assert "hf_quant_config.json" in m.sources["all"]
+    m = load_model(sidecar(tmp_path, {"quant_algo": "FP8", "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]}))
+    assert m.formats["attention"].name == m.formats["dense_ffn"].name == "fp8" and m.formats["kv_cache"].name == "bf16"
+    m = load_model(sidecar(tmp_path, {"quant_algo": "FP8_BLOCK_SCALES"}))
+    assert m.formats["dense_ffn"].name == "fp8-block128"
+
+
+@pytest.mark.parametrize("quantization,config,field", [
+    ({"quant_algo": "W4A8_AWQ"}, {}, "hf_quant_config.json:quantization.quant_algo"),
+    ({"quant_algo": "NVFP4", "group_size": 32}, {}, "hf_quant_config.json:quantization.group_size"),
+    ({"quant_algo": "FP8", "kv_cache_quant_algo": "INT8"}, {}, "hf_quant_config.json:quantization.kv_cache_quant_algo"),
+    ({"quant_algo": "FP8", "exclude_modules": "lm_head"}, {}, "hf_quant_config.json:quantization.exclude_modules"),
+    ({"quant_algo": "NVFP4"}, {"quantization_config": {"quant_method": "fp8"}}, "config.json:quantization_config"),
+    ({"quant_algo": "NVFP4", "exclude_modules": ["model.layers.1.mlp*"]}, {}, "hf_quant_config.json:quantization.exclude_modules"),
+])
+def test_hf_quant_config_refuses_what_it_cannot_model(tmp_path, quantization, config, field):
+    with pytest.raises(SpecError, match=f"json: {re.escape(field)}="):
+        load_model(sidecar(tmp_path, quantization, **config))
 
 
 def test_minimax_shared_intermediate_size_is_read(tmp_path):

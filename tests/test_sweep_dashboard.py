@@ -71,3 +71,19 @@ def test_a_results_file_gives_the_sweeps_front_and_top(tmp_path, suffix):
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(SpecError, match="not perfmodel sweep output"):
         view.read_results(bad.read_bytes(), bad.name, 3, "step_s")
+
+
+def test_opening_a_results_file_survives_the_next_rerun(tmp_path):
+    """An uploaded results file stays usable when the page reruns (the inputs kept across views once
+    tried to re-assign the uploader's state and broke the view)."""
+    d = design.from_dict({"base": {"model": "kimi-k3-mini", "devices": 2}, "grid": {"batch": [1, 4, 16]}})
+    path = tmp_path / "rows.csv"
+    run_design(d, out=str(path), jobs=1, progress=False)
+    at = open_view(ds_source="Open a results file")
+    at.file_uploader(key="ds_upload").set_value(("rows.csv", path.read_bytes(), "text/csv")).run()
+    assert not at.exception and not at.error
+    at.selectbox(key="ds_file_objective").set_value("step_s").run()
+    at.sidebar.radio(key="view").set_value("Compare").run()
+    at.sidebar.radio(key="view").set_value("Design search").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]

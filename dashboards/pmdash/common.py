@@ -7,11 +7,14 @@ lists) so that a cache hit costs an unpickle of a few kB, not a model rebuild.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
+import os
 import re
 import shlex
 import tempfile
+import threading
 import tomllib
 from pathlib import Path
 
@@ -19,38 +22,63 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from perfmodel.cli.dashboard import TRACE_ROOT_ENV  # set by `perfmodel dashboard --trace-root DIR`
 from perfmodel.engine import megakernel_sim
+from perfmodel.fit.measurements import seed_measurements
 from perfmodel.spec import arch, hardware, hf, loaders
 from perfmodel.spec.deployment import Deployment, SpecDecode
 from perfmodel.step.predict import predict
+from perfmodel.util.csvsafe import csv_text, neutral
 from perfmodel.util.errors import SpecError
 
+from . import warm
+
 megakernel_sim.compile_loops()  # an interactive app predicts often: compiled loops (cached by numba)
+# compiled (or loaded from numba's disk cache) while the server starts; a page waits for it with a message
+LOOPS = threading.Thread(target=warm.warm, name="perfmodel-loops", daemon=True)
+LOOPS.start()
 
 REPO = Path(__file__).resolve().parents[2]
+RESULTS_DIR = REPO / "experiments" / "results"
 MiB = 2**20
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 SPEC_DRAFT_ROWS, SPEC_ACCEPTANCE = 7, 6.0
 
-# Canonical deployments: the published table's platforms (Inferact, tpu-megakernels report, Sept 2026).
-CANONICAL = {
-    "tpu-v7": dict(hardware="tpu-v7", engine="megakernel", devices=32, tp=32, ep=8),
-    "gb200": dict(hardware="gb200", engine="multikernel", devices=16, tp=16, ep=16),
-}
 
-# Widget keys start with their view's prefix. Kept across view switches: all but uploaders and
-# buttons (they cannot be set from state) and widgets whose options depend on other inputs (key prefixes).
-VIEW_PREFIXES = ("cmp_", "wi_", "val_", "mh_", "ds_")
-NOT_SETTABLE = ("cmp_upload", "mh_model_upload", "mh_hw_upload", "val_upload", "wi_trace_dl", "wi_events_dl",
-                "wi_layers", "wi_acc", "val_run", "val_path_run", "val_upload_run", "wi_near_", "cmp_near_")
+
+def canonical() -> dict[str, dict]:
+    """The published table's deployments per platform (Inferact, tpu-megakernels report, Sept 2026):
+    layout, engine and the decode steps per device call of the runs without and with spec decode."""
+    out: dict[str, dict] = {}
+    for m in seed_measurements():
+        d = out.setdefault(m.hardware, dict(hardware=m.hardware, engine=m.engine, devices=m.devices, tp=m.tp,
+                                            ep=m.ep, steps_per_call=1, spec_steps_per_call=1))
+        d["spec_steps_per_call" if m.spec_decode else "steps_per_call"] = m.steps_per_call
+    return out
+
+
+CANONICAL = canonical()
+
+# Widget keys start with their view's prefix. Kept across view switches: all but those Streamlit cannot
+# set from state (uploaders, buttons, downloads, selectable charts: by their key's ending or word) and
+# widgets whose options depend on other inputs (key prefixes).
+VIEW_PREFIXES = ("cmp_", "wi_", "ex_", "val_", "mh_", "ds_", "sv_")
+NOT_SETTABLE_WORDS = ("_upload", "_dl", "_btn", "_pick", "_near_")
+NOT_SETTABLE_ENDINGS = ("_csv", "_json")
+NOT_SETTABLE_PREFIXES = ("wi_layers", "wi_acc", "val_run", "val_path_run", "val_upload_run")
+
+
+def settable(key: str) -> bool:
+    return not (any(w in key for w in NOT_SETTABLE_WORDS) or key.endswith(NOT_SETTABLE_ENDINGS)
+                or key.startswith(NOT_SETTABLE_PREFIXES))
 
 
 def keep_inputs() -> None:
     """Streamlit forgets the state of widgets that a run does not draw: keep each view's inputs when
     another view is shown (re-assigning a widget's value marks it as user state)."""
     for key in [k for k in st.session_state if isinstance(k, str) and k.startswith(VIEW_PREFIXES)]:
-        if not key.startswith(NOT_SETTABLE) and not key.endswith(("_csv", "_json")):
+        if settable(key):
             st.session_state[key] = st.session_state[key]
 
 
@@ -199,14 +227,15 @@ def register_upload(kind: str, filename: str, data: bytes) -> str:
 
 def dep_key(devices: int, tp: int, ep: int | None, engine: str, batch: int = 1, context: int = 4096,
             prefetch_mib: float | None = None, expert_slots: int | None = None,
-            draft_rows: int = 0, acceptance_length: float | None = None) -> tuple:
+            draft_rows: int = 0, acceptance_length: float | None = None, steps_per_call: int = 1) -> tuple:
     """Deployment inputs as a hashable tuple (the cache key)."""
     return (("devices", int(devices)), ("tp", int(tp)), ("ep", None if ep is None else int(ep)),
             ("engine", engine), ("batch", int(batch)), ("context", int(context)),
             ("prefetch_mib", None if prefetch_mib is None else float(prefetch_mib)),
             ("expert_slots", None if expert_slots is None else int(expert_slots)),
             ("draft_rows", int(draft_rows)),
-            ("acceptance_length", None if acceptance_length is None else float(acceptance_length)))
+            ("acceptance_length", None if acceptance_length is None else float(acceptance_length)),
+            ("steps_per_call", int(steps_per_call)))
 
 
 def with_key(key: tuple, **changes) -> tuple:
@@ -221,7 +250,7 @@ def make_deployment(key: tuple) -> Deployment:
     pf = k["prefetch_mib"]
     return Deployment(devices=k["devices"], tp=k["tp"], engine=k["engine"], ep=k["ep"], batch=k["batch"],
                       context=k["context"], prefetch_bytes=None if pf is None else pf * MiB,
-                      expert_slots=k["expert_slots"], spec=spec)
+                      expert_slots=k["expert_slots"], spec=spec, steps_per_call=k["steps_per_call"])
 
 
 def fmt_mib(x: float) -> str:
@@ -354,6 +383,8 @@ def cli_args(model: str, hw: str, key: tuple, onchip_mib: float | None = None) -
         args += ["--expert-slots", str(k["expert_slots"])]
     if k["draft_rows"]:
         args += ["--draft-rows", str(k["draft_rows"]), "--acceptance-length", f"{k['acceptance_length']:g}"]
+    if k["steps_per_call"] != 1:
+        args += ["--steps-per-call", str(k["steps_per_call"])]
     if onchip_mib is not None:
         args += ["--vmem-mib", f"{onchip_mib:g}"]
     return args
@@ -369,10 +400,13 @@ def cli_trace(model: str, hw: str, key: tuple, onchip_mib: float | None = None) 
                       ["--batch", str(dict(key)["batch"]), "--out", "step.trace.json"])
 
 
-def cli_sweep(model: str, hw: str, key: tuple, depths_mib, onchip_mib: float | None = None) -> str:
+def cli_sweep(model: str, hw: str, key: tuple, depths_mib, onchip_mib: float | None = None,
+              slots: tuple[int, ...] | None = None) -> str:
     k = dict(key)
     args = ["perfmodel", "sweep"] + cli_args(model, hw, with_key(key, prefetch_mib=None), onchip_mib)
     args += ["--vary", "prefetch_mib=" + ",".join(f"{x:g}" for x in depths_mib)]
+    if slots:
+        args += ["--vary", "expert_slots=" + ",".join(map(str, slots))]
     if k["batch"] != 1:  # sweep takes the batch as an axis
         args += ["--vary", f"batch={k['batch']}"]
     return shlex.join(args + ["--json"])
@@ -385,7 +419,7 @@ def downloads(df: pd.DataFrame, stem: str, key: str, extra_json: dict | None = N
     c1, c2 = st.columns(2)
     # the files are built when clicked (callables), so a re-render does not serialise every table; a click
     # does not rerun the page (a rerun would drop the file another button is still fetching)
-    c1.download_button("Download CSV", lambda: df.to_csv(index=False), file_name=f"{stem}.csv", mime="text/csv",
+    c1.download_button("Download CSV", lambda: csv_download(df), file_name=f"{stem}.csv", mime="text/csv",
                        key=f"{key}_csv", on_click="ignore")
     c2.download_button("Download JSON", lambda: table_json(df, extra_json), file_name=f"{stem}.json",
                        mime="application/json", key=f"{key}_json", on_click="ignore")
@@ -397,7 +431,7 @@ def table_json(df: pd.DataFrame, extra: dict | None = None) -> str:
 
 def show_command(cmd: str) -> None:
     st.caption("Reproduce with the CLI:")
-    st.code(cmd, language="bash")
+    st.code(cmd, language="bash", wrap_lines=True)
 
 
 def shown_path(path: Path) -> str:
@@ -408,14 +442,69 @@ def shown_path(path: Path) -> str:
         return str(path)
 
 
-def read_csv_bytes(data: bytes) -> pd.DataFrame:
-    text = data.decode("utf-8")
-    lines = [l for l in text.splitlines() if not l.startswith("#")]
-    return pd.read_csv(io.StringIO("\n".join(lines)))
+def read_csv_bytes(data: bytes, name: str = "upload") -> pd.DataFrame:
+    """An uploaded CSV, bounded in size and rows before it is parsed (perfmodel.util.csvsafe)."""
+    return pd.read_csv(io.StringIO(csv_text(data, name)))
+
+
+def csv_download(df: pd.DataFrame) -> str:
+    """A table as CSV for download, formula-like text cells neutralised."""
+    return df.map(neutral).to_csv(index=False)
+
+
+def wait_for_loops() -> None:
+    """Before the first prediction of a fresh server: the compiled loops, with a message saying so."""
+    if LOOPS.is_alive():
+        note = st.info("Preparing the simulator's compiled loops (numba): loaded from the disk cache in about a "
+                       "second, built in about a minute on the first start after an install (`make setup` "
+                       "builds them beforehand).", icon=":material/hourglass_top:")
+        with st.spinner("Preparing the compiled loops..."):
+            LOOPS.join()
+        note.empty()
+
+
+def trace_roots() -> list[Path]:
+    """The directories a typed path may name: the project's results and the trace root(s) the app was
+    opened on (`perfmodel dashboard --trace-root DIR`, or PERFMODEL_TRACE_ROOT; default ./traces of the
+    repository, where `perfmodel capture --out traces` writes)."""
+    env = os.environ.get(TRACE_ROOT_ENV, "")
+    given = [Path(x).expanduser() for x in env.split(os.pathsep) if x.strip()]
+    return [r.resolve() for r in [RESULTS_DIR, *(given or [REPO / "traces"])]]
+
+
+def confined_path(text: str, field: str = "trace path") -> Path:
+    """A typed path, resolved (links followed) and refused unless it lies inside trace_roots().
+    A relative path is taken from the repository, else from each root."""
+    p = Path(text).expanduser()
+    roots = trace_roots()
+    if not p.is_absolute():
+        p = next((base / p for base in (REPO, *roots) if (base / p).exists()), REPO / p)
+    try:
+        real = p.resolve()
+    except (OSError, RuntimeError) as e:
+        raise SpecError(field, text, f"cannot be resolved ({e})") from None
+    if not any(real == r or r in real.parents for r in roots):
+        raise SpecError(field, text, "is outside the directories this dashboard was opened on ("
+                        + ", ".join(shown_path(r) for r in roots) + "); start it with `perfmodel dashboard "
+                        "--trace-root DIR` to open another")
+    return real
+
+
+def callback(fn):
+    """A widget callback that never shows a traceback: what it raises is shown as one line on the page."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 -- the page must never show a traceback
+            st.session_state["_callback_error"] = f"{type(e).__name__}: {e}"
+    return run
 
 
 def guarded(render) -> None:
     """Run a view; bad input shows its message, anything unexpected a one-line error, never a traceback."""
+    if msg := st.session_state.pop("_callback_error", None):
+        st.error(f"Unexpected error in the last action ({msg}). Please report it with the inputs below.")
     try:
         render()
     except SpecError as e:

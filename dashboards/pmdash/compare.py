@@ -1,8 +1,11 @@
 """Compare view: two platforms' predicted tokens/s across batch sizes, with measured points and errors.
 
-Each measured source has its own marker and a plain-language name; a point above twice the chip's
-HBM roofline is flagged as implausible and left off the chart. A layout the model refuses gives
-one error box per cause with the nearest layouts that run.
+A measured point is drawn for a platform only when every setting of the platform's deployment
+matches it (pmdash.measured.differences); the others are listed with what differs. Under the
+curves, predicted / measured per point against a +-10 % band. Each measured source has its own
+marker and a plain-language name; a point above twice the chip's HBM roofline is flagged as
+implausible and left off the chart. A layout the model refuses gives one error box per cause with
+the nearest layouts that run. The tables open on demand.
 """
 from __future__ import annotations
 
@@ -20,36 +23,59 @@ SPEC_MODES = ("off", "on", "both")
 PLATFORM_COLORS = {"A": "#1f77b4", "B": "#d62728"}
 SOURCE_SYMBOLS = ("x", "circle-open", "square-open", "triangle-up-open", "star-open", "hexagon-open")
 IMPLAUSIBLE = 2.0  # a measured point above this many times the HBM roofline is flagged
+BAND = 0.10        # the ratio panel's band: predicted within +-10 % of measured
 
 
 def platform_inputs(col, tag: str, default: dict, errs: list) -> dict | None:
     hw_opts = c.hardware_options()
     c.init(**{f"cmp_{tag}_hw": default["hardware"], f"cmp_{tag}_engine": default["engine"]},
-           **{f"cmp_{tag}_{k}": str(default[k]) for k in ("devices", "tp", "ep")})
+           **{f"cmp_{tag}_{k}": str(default[k]) for k in ("devices", "tp", "ep", "steps_per_call",
+                                                            "spec_steps_per_call")})
     with col:
         st.markdown(f"**Platform {tag}**")
         hw = st.selectbox("Hardware", hw_opts, key=f"cmp_{tag}_hw")
         engine = st.radio("Engine", ("megakernel", "multikernel"), horizontal=True, key=f"cmp_{tag}_engine")
-        a, b, e = st.columns(3)
+        a, b, e, f, g = st.columns(5)
         devices = number_field(a, "Devices", f"cmp_{tag}_devices", errors=errs)
         tp = number_field(b, "TP", f"cmp_{tag}_tp", errors=errs)
         ep = number_field(e, "EP groups", f"cmp_{tag}_ep", errors=errs)
-    if None in (devices, tp, ep):
+        steps = number_field(f, "Steps per call", f"cmp_{tag}_steps_per_call", errors=errs,
+                             help="Decode steps one device call runs (its per-call cost is shared by them).")
+        spec_steps = number_field(g, "... with spec decode", f"cmp_{tag}_spec_steps_per_call", errors=errs,
+                                  help="Steps per device call of the speculative-decoding curve.")
+    if None in (devices, tp, ep, steps, spec_steps):
         return None
     label = f"{tag}: {hw} {engine} ({devices} dev, tp {tp}, ep {ep})"
-    return dict(tag=tag, hw=hw, engine=engine, devices=devices, tp=tp, ep=ep, label=label)
+    return dict(tag=tag, hw=hw, h_ref=c.hardware_ref(hw), engine=engine, devices=devices, tp=tp, ep=ep, label=label,
+                steps=steps, spec_steps=spec_steps)  # h_ref: the hardware's cache key, looked up once a run
 
 
 def plat_key(plat: dict, batch: int, spec_on: bool, context: int) -> tuple:
     return c.dep_key(plat["devices"], plat["tp"], plat["ep"], plat["engine"], batch=batch, context=context,
                      draft_rows=c.SPEC_DRAFT_ROWS if spec_on else 0,
-                     acceptance_length=c.SPEC_ACCEPTANCE if spec_on else None)
+                     acceptance_length=c.SPEC_ACCEPTANCE if spec_on else None,
+                     steps_per_call=plat["spec_steps"] if spec_on else plat["steps"])
+
+
+def plat_settings(model: str, plat: dict, spec_on: bool, context: int) -> tuple[dict, dict | None]:
+    """The platform's deployment as measurements state it (pmdash.measured.SETTINGS, batch aside) and,
+    for the megakernel, the ring, slots and on-chip buffer it resolves to (the defaults)."""
+    key = plat_key(plat, 1, spec_on, context)
+    k = dict(key)
+    mine = {"model": model, "hardware": plat["hw"], **{f: k[f] for f in (
+        "engine", "devices", "tp", "ep", "context", "draft_rows", "acceptance_length", "steps_per_call")}}
+    b = fit.onchip_budget(c.model_ref(model), plat["h_ref"], key, None) \
+        if plat["engine"] == "megakernel" else None
+    if b is None:
+        return mine, None
+    onchip = {"prefetch_mib": b["ring_mib"], "expert_slots": b["slots"], "vmem_mib": b["onchip_mib"]}
+    return mine | onchip, onchip
 
 
 def predicted_rows(model: str, plat: dict, batches, spec_on: bool, context: int) -> tuple[list[dict], list]:
     rows, errors = [], []
     for b in batches:
-        r = c.predict_cached(c.model_ref(model), c.hardware_ref(plat["hw"]), plat_key(plat, b, spec_on, context))
+        r = c.predict_cached(c.model_ref(model), plat["h_ref"], plat_key(plat, b, spec_on, context))
         if "error" in r:
             errors.append((b, r))
             continue
@@ -64,19 +90,14 @@ def predicted_rows(model: str, plat: dict, batches, spec_on: bool, context: int)
 
 
 def error_rows(model: str, plat: dict, points: pd.DataFrame, spec_on: bool, context: int) -> list[dict]:
-    """Each measured point of this platform with the prediction, its error and the HBM-roofline check."""
+    """Each measured point that matches every setting of this platform (batch aside) with the
+    prediction, its error and the HBM-roofline check."""
     rows = []
-    sel = measured.matches(points, model, plat["hw"], plat["engine"], plat["devices"], context, spec_on)
-    if sel is None:
-        return rows
-    for _, m in sel.iterrows():
-        draft = int(m["draft_rows"] or 0)
-        acc = m["acceptance_length"] if draft else None
-        if draft and (acc is None or pd.isna(acc)):
-            continue
-        key = c.dep_key(plat["devices"], plat["tp"], plat["ep"], plat["engine"], batch=int(m["batch"]),
-                        context=context, draft_rows=draft, acceptance_length=acc)
-        r = c.predict_cached(c.model_ref(model), c.hardware_ref(plat["hw"]), key)
+    mine, onchip = plat_settings(model, plat, spec_on, context)
+    exact, _, _ = measured.reference(points, mine, onchip, ignore=("batch",))
+    for m in exact:
+        key = plat_key(plat, int(m["batch"]), spec_on, context)
+        r = c.predict_cached(c.model_ref(model), plat["h_ref"], key)
         pred = r.get("tokens_per_s")
         # the HBM roofline: the step's tokens if the step took only its HBM bytes at peak bandwidth
         roof = pred * r["step_s"] / r["hbm_floor_s"] if pred and r.get("hbm_floor_s") else None
@@ -90,14 +111,32 @@ def error_rows(model: str, plat: dict, points: pd.DataFrame, spec_on: bool, cont
     return rows
 
 
+def not_compared(model: str, plat: dict, points: pd.DataFrame, spec_states: list, context: int) -> list[tuple]:
+    """(platform tag, row, differences) for the measurements of this platform's model and hardware that
+    differ from its deployment in some setting (speculative-decoding points only when asked for)."""
+    out = []
+    settings = {s: plat_settings(model, plat, s, context) for s in spec_states}
+    for r in points.to_dict("records"):
+        spec = bool(r["draft_rows"])
+        if r["hardware"] != plat["hw"] or measured._value(r, "model") not in (None, model) or spec not in spec_states:
+            continue
+        mine, onchip = settings[spec]
+        if d := measured.differences(r, mine, onchip):
+            out.append((plat["tag"], r, d))
+    return out
+
+
 def load_points() -> tuple[pd.DataFrame, str]:
     points = [measured.published_table()]
     host, host_note = measured.host_points()
     if host is not None:
         points.append(host)
     with st.expander("Load your own measurements (CSV)"):
-        st.caption("Columns: hardware, engine, batch, tokens_per_s; optional model, devices, context, draft_rows, "
-                   "acceptance_length, source. Lines starting with # are ignored.")
+        st.caption("Columns: hardware, engine, batch, tokens_per_s; optional model, devices, tp, ep, context, "
+                   "draft_rows, acceptance_length, steps_per_call, prefetch_mib, expert_slots, vmem_mib, source. A "
+                   "setting left out is perfmodel's default (tp = ep = devices, context 4096, one step per call, "
+                   "the default ring, slots and on-chip buffer); a point is drawn for a platform only when every "
+                   "setting matches. Lines starting with # are ignored.")
         up = st.file_uploader("Measurements CSV", type=None, key="cmp_upload")
         if up is not None:
             try:
@@ -109,6 +148,7 @@ def load_points() -> tuple[pd.DataFrame, str]:
     return pd.concat(points, ignore_index=True), host_note
 
 
+@c.callback
 def use_layout(tag: str, key: tuple) -> None:
     k = dict(key)
     for f in ("devices", "tp", "ep"):
@@ -120,7 +160,7 @@ def refused(model: str, plat: dict, errors: list, context: int, spec_on: bool) -
     if not errors:
         return [], []
     b, r = errors[0]
-    near = fit.nearest_valid(c.model_ref(model), c.hardware_ref(plat["hw"]), plat_key(plat, b, spec_on, context),
+    near = fit.nearest_valid(c.model_ref(model), plat["h_ref"], plat_key(plat, b, spec_on, context),
                              None, r.get("field", ""))
     spec = " + spec decode" if spec_on else ""
     return [(f"platform {plat['tag']}{spec}", bb, rr["error"]) for bb, rr in errors], near
@@ -142,16 +182,17 @@ def render() -> None:
     c.init(cmp_model="kimi-k3", cmp_batches=", ".join(map(str, c.DEFAULT_BATCHES)), cmp_context="4096",
            cmp_spec="off", cmp_logy=False)
     errs: list[str] = []
-    model = st.selectbox("Model", c.model_options(), key="cmp_model")
-    ca, cb = st.columns(2)
-    pa = platform_inputs(ca, "A", c.CANONICAL["tpu-v7"], errs)
-    pb = platform_inputs(cb, "B", c.CANONICAL["gb200"], errs)
-    c1, c3, c2, c4 = st.columns([3, 1, 2, 1])
+    c0, c1, c3, c2, c4 = st.columns([2, 2, 1, 2, 1])
+    model = c0.selectbox("Model", c.model_options(), key="cmp_model")
     batches = batches_field(c1, "Batch sizes (comma-separated)", "cmp_batches", errors=errs)
     context = number_field(c3, "Context (tokens)", "cmp_context", lo=0, hi=10_000_000, errors=errs)
     spec_mode = c2.radio(f"Speculative decoding ({c.SPEC_DRAFT_ROWS} draft rows, acceptance length "
                          f"{c.SPEC_ACCEPTANCE:g})", SPEC_MODES, horizontal=True, key="cmp_spec")
     log_y = c4.toggle("Log y axis", key="cmp_logy")
+    ca, cb = st.columns(2)
+    pa = platform_inputs(ca, "A", c.CANONICAL["tpu-v7"], errs)
+    pb = platform_inputs(cb, "B", c.CANONICAL["gb200"], errs)
+    chart_slot = st.container()  # the chart goes here, above the upload that feeds it
     allpoints, host_note = load_points()
     if host_note:
         st.info(host_note)
@@ -159,23 +200,26 @@ def render() -> None:
                                      spec_mode=spec_mode)
     x, stale = current_or_last("cmp", current, "; ".join(errs) if errs else None)
     if x is None:
-        st.info("Fix the inputs above to draw the comparison.")
+        chart_slot.info("Fix the inputs above to draw the comparison.")
         return
     spec_states = {"off": [False], "on": [True], "both": [False, True]}[x["spec_mode"]]
-    pred, errs_rows, refusals, nearest = [], [], [], {}
+    pred, errs_rows, refusals, nearest, others = [], [], [], {}, []
     with st.spinner("Running the model..."):
-        collect(x, spec_states, allpoints, stale, pred, errs_rows, refusals, nearest)
+        collect(x, spec_states, allpoints, stale, pred, errs_rows, refusals, nearest, others)
     c.errors_by_cause(refusals)
     for tag, near in nearest.items():
         nearest_buttons(tag, near)
     pdf, edf = pd.DataFrame(pred), pd.DataFrame(errs_rows)
-    with maybe_stale(stale, "cmp"):
-        draw(x, pdf, edf, log_y)
+    with chart_slot, maybe_stale(stale, "cmp"):
+        draw(x, pred, errs_rows, log_y)
+        not_compared_note(others)
+    with maybe_stale(stale, "cmp_tables"):
         tables(x, pdf, edf, spec_states)
 
 
-def collect(x: dict, spec_states, allpoints, stale, pred, errs_rows, refusals, nearest) -> None:
-    """Predictions, measured points with their errors, refusals and nearest layouts, per platform."""
+def collect(x: dict, spec_states, allpoints, stale, pred, errs_rows, refusals, nearest, others) -> None:
+    """Predictions, matching measured points with their errors, the other measurements, refusals and
+    nearest layouts, per platform."""
     for plat in (x["pa"], x["pb"]):
         for s in spec_states:
             rows, e = predicted_rows(x["model"], plat, x["batches"], s, x["context"])
@@ -186,74 +230,125 @@ def collect(x: dict, spec_states, allpoints, stale, pred, errs_rows, refusals, n
                 if near:
                     nearest.setdefault(plat["tag"], near)
             errs_rows += error_rows(x["model"], plat, allpoints, s, x["context"])
+        others += not_compared(x["model"], plat, allpoints, spec_states, x["context"])
 
 
-def draw(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, log_y: bool) -> None:
-    """The chart, built as plain dicts and wrapped unvalidated (plotly's validation costs more than the rest)."""
+def not_compared_note(others: list[tuple]) -> None:
+    """One line per platform and difference: the measurements of its hardware left out, and why."""
+    groups: dict[tuple, list] = {}
+    for tag, row, diffs in others:
+        groups.setdefault((tag, row["origin"], measured.differs_text(diffs)), []).append(row)
+    for (tag, origin, why), rows in groups.items():
+        pts = ", ".join(f"{r['tokens_per_s']:,.0f} at batch {int(r['batch'])}" for r in rows[:8])
+        st.caption(f"Not a reference for platform {tag}: {origin} ({pts}{' ...' if len(rows) > 8 else ''}); "
+                   f"platform {tag} differs in {why}.")
+
+
+def groups(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
+    """Rows grouped by the values of `keys`, in order of appearance (plain Python: a pandas groupby of a
+    few dozen rows costs more than the chart)."""
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return out
+
+
+def draw(x: dict, pred: list[dict], measured_rows: list[dict], log_y: bool) -> None:
+    """Tokens/s per batch (curves predicted, markers measured) over predicted / measured per point with the
+    +-BAND band; built as plain dicts and wrapped unvalidated (plotly's validation costs more than the rest)."""
     colors = {p["label"]: PLATFORM_COLORS[p["tag"]] for p in (x["pa"], x["pb"])}
+    col = lambda g, k: [r[k] for r in g]  # noqa: E731
     data = []
-    if not pdf.empty:
-        for (label, spec), g in pdf.groupby(["platform", "spec_decode"], sort=False):
-            name = f"{label} predicted" + (" + spec decode" if spec else "")
-            data.append(dict(
-                type="scatter", x=g["batch"].tolist(), y=g["predicted_tokens_per_s"].tolist(), mode="lines+markers",
-                name=name, line=dict(color=colors.get(label), dash="dash" if spec else "solid"),
-                customdata=g[["step_ms", "bound", "hbm_utilisation"]].to_numpy().tolist(),
-                hovertemplate=("batch %{x}<br>predicted %{y:,.0f} tokens/s<br>step %{customdata[0]:.3f} ms"
-                               "<br>bound: %{customdata[1]}<br>HBM utilisation %{customdata[2]:.0%}"
-                               f"<extra>{name}</extra>")))
-    plotted = edf[edf["check"] == ""] if not edf.empty else edf
-    if not plotted.empty:
-        sources = list(dict.fromkeys(plotted["source"]))
-        for (label, spec, source), g in plotted.groupby(["platform", "spec_decode", "source"], sort=False):
-            name = f"{source}" + (" + spec decode" if spec else "") + f" (platform {label.split(':')[0]})"
-            data.append(dict(
-                type="scatter", x=g["batch"].tolist(), y=g["measured_tokens_per_s"].tolist(), mode="markers",
-                name=name, marker=dict(color=colors.get(label), size=12, line=dict(width=2),
-                                       symbol=SOURCE_SYMBOLS[sources.index(source) % len(SOURCE_SYMBOLS)]),
-                customdata=g[["predicted_tokens_per_s", "error", "reference"]].to_numpy().tolist(),
-                hovertemplate=("batch %{x}<br>measured %{y:,.0f} tokens/s<br>predicted %{customdata[0]:,.0f} "
-                               "tokens/s<br>error %{customdata[1]:+.1%}<br>%{customdata[2]}"
-                               f"<extra>{name}</extra>")))
-    layout = dict(xaxis=dict(title=dict(text="batch (sequences)"), type="log", tickvals=list(x["batches"])),
+    for (label, spec), g in groups(pred, "platform", "spec_decode").items():
+        name = f"{label} predicted" + (" + spec decode" if spec else "")
+        data.append(dict(
+            type="scatter", x=col(g, "batch"), y=col(g, "predicted_tokens_per_s"), mode="lines+markers",
+            name=name, line=dict(color=colors.get(label), dash="dash" if spec else "solid"),
+            customdata=[[r["step_ms"], r["bound"], r["hbm_utilisation"]] for r in g],
+            hovertemplate=("batch %{x}<br>predicted %{y:,.0f} tokens/s<br>step %{customdata[0]:.3f} ms"
+                           "<br>bound: %{customdata[1]}<br>HBM utilisation %{customdata[2]:.0%}"
+                           f"<extra>{name}</extra>")))
+    plotted = [r for r in measured_rows if r["check"] == "" and r["predicted_tokens_per_s"]]
+    sources = list(dict.fromkeys(r["source"] for r in plotted))
+    for (label, spec, source), g in groups(plotted, "platform", "spec_decode", "source").items():
+        name = f"{source}" + (" + spec decode" if spec else "") + f" (platform {label.split(':')[0]})"
+        marker = dict(color=colors.get(label), size=12, line=dict(width=2),
+                      symbol=SOURCE_SYMBOLS[sources.index(source) % len(SOURCE_SYMBOLS)])
+        custom = [[r["predicted_tokens_per_s"], r["error"], r["reference"], r["measured_tokens_per_s"]] for r in g]
+        data.append(dict(
+            type="scatter", x=col(g, "batch"), y=col(g, "measured_tokens_per_s"), mode="markers",
+            name=name, marker=marker, legendgroup=name, customdata=custom,
+            hovertemplate=("batch %{x}<br>measured %{y:,.0f} tokens/s<br>predicted %{customdata[0]:,.0f} "
+                           "tokens/s<br>error %{customdata[1]:+.1%}<br>%{customdata[2]}"
+                           f"<extra>{name}</extra>")))
+        data.append(dict(
+            type="scatter", x=col(g, "batch"), y=[r["predicted_tokens_per_s"] / r["measured_tokens_per_s"] for r in g],
+            mode="markers", name=name, marker=marker, legendgroup=name, showlegend=False, xaxis="x2", yaxis="y2",
+            customdata=custom, hovertemplate=("batch %{x}<br>predicted / measured %{y:.3f}<br>predicted "
+                                              "%{customdata[0]:,.0f}, measured %{customdata[3]:,.0f} tokens/s"
+                                              f"<extra>{name}</extra>")))
+    ticks = list(x["batches"])
+    layout = dict(xaxis=dict(type="log", tickvals=ticks, showticklabels=False, anchor="y"),
                   yaxis=dict(title=dict(text="aggregate decode tokens/s" + (" (log)" if log_y else "")),
-                             type="log" if log_y else "linear"),
-                  height=500, legend=dict(orientation="h", y=-0.2), margin=dict(t=30))
-    if pdf.empty:
+                             type="log" if log_y else "linear", domain=[0.36, 1.0]),
+                  xaxis2=dict(title=dict(text="batch (sequences)"), type="log", tickvals=ticks, matches="x",
+                              anchor="y2"),
+                  yaxis2=dict(title=dict(text="predicted / measured"), domain=[0.0, 0.28], anchor="x2"),
+                  shapes=[dict(type="rect", xref="x2 domain", yref="y2", x0=0, x1=1, y0=1 - BAND, y1=1 + BAND,
+                               fillcolor="rgba(44,160,44,0.15)", line=dict(width=0), layer="below"),
+                          dict(type="line", xref="x2 domain", yref="y2", x0=0, x1=1, y0=1, y1=1,
+                               line=dict(color="#2ca02c", width=1, dash="dot"))],
+                  annotations=[dict(text=f"+-{BAND:.0%} band", xref="x2 domain", yref="y2", x=1, y=1 + BAND,
+                                    xanchor="right", yanchor="bottom", showarrow=False, font=dict(size=11))],
+                  height=620, legend=dict(orientation="h", y=-0.12), margin=dict(t=30, l=80, r=20, b=60))
+    if not plotted:
+        layout["annotations"].append(dict(text="no measurement matches every setting of either platform",
+                                          xref="x2 domain", yref="y2 domain", x=0.5, y=0.5, showarrow=False))
+        layout["yaxis2"]["range"] = [0.8, 1.2]
+    if not pred:
         layout["xaxis"]["visible"] = layout["yaxis"]["visible"] = False
-        layout["annotations"] = [dict(text="No platform can run this model at these layouts: see the messages above "
-                                      "(and the nearest layouts that run).", showarrow=False, xref="paper",
-                                      yref="paper", x=0.5, y=0.5, font=dict(size=15))]
+        layout["annotations"].append(dict(text="No platform can run this model at these layouts: see the messages "
+                                          "above (and the nearest layouts that run).", showarrow=False, xref="paper",
+                                          yref="paper", x=0.5, y=0.7, font=dict(size=15)))
     st.plotly_chart(go.Figure({"data": data, "layout": layout}, _validate=False), key="cmp_chart")
-    if not edf.empty and (edf["check"] != "").any():
-        bad = edf[edf["check"] != ""]
+    bad = [r for r in measured_rows if r["check"]]
+    if bad:
         st.warning(f"{len(bad)} measured point(s) left off the chart: above {IMPLAUSIBLE:g}x the chip's HBM roofline "
                    "(tokens/s if the step moved only its HBM bytes at peak bandwidth): "
-                   + "; ".join(f"{r.source}, batch {r.batch}: {r.measured_tokens_per_s:,.4g} tokens/s vs roofline "
-                               f"{r.hbm_roofline_tokens_per_s:,.0f}" for r in bad.itertuples()))
+                   + "; ".join(f"{r['source']}, batch {r['batch']}: {r['measured_tokens_per_s']:,.4g} tokens/s vs "
+                               f"roofline {r['hbm_roofline_tokens_per_s']:,.0f}" for r in bad))
 
 
 def tables(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, spec_states: list) -> None:
-    st.subheader("Measured points: per-point error")
     if edf.empty:
-        st.info("No measured points for these platforms (the published table covers Kimi K3 on tpu-v7 megakernel "
-                "with 32 devices and gb200 multikernel with 16; the host results cover the kimi-k3-host-* models "
-                f"on '{c.HOST_HW}', multikernel, 1 device, at their contexts; load your own CSV above).")
+        st.info("No measured point matches these platforms (the published table: Kimi K3 on tpu-v7 megakernel, "
+                "32 devices, tp 32, ep 8, 64 steps per call (24 with spec decode), and gb200 multikernel, 16 GPUs, "
+                "tp 16, ep 16, one step per call, at the default context 4096; the host results: the kimi-k3-host-* "
+                f"models on '{c.HOST_HW}', multikernel, 1 device, at their contexts; or load your own CSV above).")
     else:
         ok = edf[edf["check"] == ""]
         mape = ok["error"].abs().mean() if not ok.empty else float("nan")
-        st.metric("Mean absolute error over the points shown", f"{mape:.1%}")
-        if (edf["role"] == "fitted").any():
-            st.caption("role: the calibration (`perfmodel reproduce`) fits its efficiency parameters on the "
-                       "'fitted' published points only; 'held-out' points were not used to fit anything.")
-        tps = st.column_config.NumberColumn(format="%.0f")
-        st.dataframe(edf.drop(columns=["tag"]), key="cmp_errors", hide_index=True, column_config={
-            "measured_tokens_per_s": tps, "predicted_tokens_per_s": tps, "hbm_roofline_tokens_per_s": tps,
-            "error": st.column_config.NumberColumn(format="percent")})
+        inside = (ok["error"].abs() <= BAND).mean() if not ok.empty else float("nan")
+        m = st.columns(3)
+        m[0].metric("Mean absolute error over the points shown", f"{mape:.1%}")
+        m[1].metric(f"points within +-{BAND:.0%}", f"{inside:.0%}")
+        m[2].metric("measured points", f"{len(ok)}")
+        errors = st.expander(f"Per-point errors ({len(edf)} points)", key="cmp_errors_exp", on_change="rerun")
+        if errors.open:  # drawn only when opened
+            with errors:
+                if (edf["role"] == "fitted").any():
+                    st.caption("role: the calibration (`perfmodel reproduce`) fits its efficiency parameters on "
+                               "the 'fitted' published points only; 'held-out' points were not used to fit anything.")
+                tps = st.column_config.NumberColumn(format="%.0f")
+                st.dataframe(edf.drop(columns=["tag"]), key="cmp_errors", hide_index=True, column_config={
+                    "measured_tokens_per_s": tps, "predicted_tokens_per_s": tps, "hbm_roofline_tokens_per_s": tps,
+                    "error": st.column_config.NumberColumn(format="percent")})
         c.downloads(edf.drop(columns=["tag"]), "compare_errors", "cmp_err_dl",
                     {"model": x["model"], "mean_abs_error": mape})
-    st.subheader("Predicted curves")
-    st.dataframe(pdf, hide_index=True, key="cmp_pred")
+    curves = st.expander("Predicted curves (table)", key="cmp_pred_exp", on_change="rerun")
+    if curves.open:
+        with curves:
+            st.dataframe(pdf, hide_index=True, key="cmp_pred")
     c.downloads(pdf, "compare_predicted", "cmp_pred_dl", {"model": x["model"]})
     for plat in (x["pa"], x["pb"]):
         for s in spec_states:

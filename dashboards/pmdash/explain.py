@@ -1,50 +1,164 @@
-"""Explain view: a per-layer waterfall of the decode step, and one layer term by term
-(`perfmodel explain`: bytes, FLOPs, each latency term with its mechanism and source)."""
+"""Explain view: the step layer by layer (a stacked bar of each layer's compute, DMA stall,
+collectives and overhead), one layer's ops on the DMA, compute and link lanes (a Gantt chart), and
+that layer term by term as `perfmodel explain` gives it (bytes, FLOPs, each latency term with its
+mechanism and source), with the command beside it.
+
+Built from the prediction's per-layer rows and explain's JSON without naming their fields: a
+per-layer time part or a term the model adds later appears without a change here.
+"""
 from __future__ import annotations
 
+import shlex
+
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from perfmodel.spec.deployment import Deployment
 from perfmodel.step.explain import explain
-from perfmodel.step.predict import predict
 
+from . import charts
 from . import common as c
+from .inputs import number_field
 
-PARTS = {"compute_s": "compute", "stall_s": "DMA stall", "collective_s": "collectives",
-         "overhead_s": "launch / overhead"}
+PART_LABELS = {"compute_s": "compute", "stall_s": "DMA stall", "collective_s": "collectives",
+               "overhead_s": "launch / overhead"}
+PART_COLORS = {"compute_s": "#1f77b4", "stall_s": "#ff7f0e", "collective_s": "#2ca02c", "overhead_s": "#9467bd"}
+NOT_PARTS = ("time_s",)
+
+
+def parts(layers: list[dict]) -> list[str]:
+    """The per-layer time fields (seconds) that add up to a layer's time: every `*_s` but the total."""
+    return [k for k in layers[0] if k.endswith("_s") and k not in NOT_PARTS] if layers else []
+
+
+def label(part: str) -> str:
+    return PART_LABELS.get(part, part.removesuffix("_s").replace("_", " "))
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def explained(m_ref: tuple, h_ref: tuple, key: tuple, layer: int) -> dict:
+    """`perfmodel explain` of one layer, as its JSON."""
+    return explain(c.load_model_ref(m_ref), c.load_hardware_ref(h_ref), c.make_deployment(key), layer)
+
+
+@st.cache_resource(show_spinner=False, max_entries=32)
+def layers_figure(m_ref, h_ref, key, layer: int) -> go.Figure:
+    rows = c.predict_cached(m_ref, h_ref, key)["layers"]
+    x = [r["layer"] for r in rows]
+    kinds = [r["kind"] for r in rows]
+    fig = go.Figure()
+    for i, part in enumerate(parts(rows)):
+        y = np.array([r[part] for r in rows]) * 1e6
+        if not (y > 0).any():
+            continue
+        fig.add_trace(go.Bar(x=x, y=y, name=label(part), marker_color=PART_COLORS.get(part, charts.color(part, i)),
+                             customdata=kinds, hovertemplate="layer %{x} (%{customdata})<br>" + label(part) +
+                             ": %{y:.2f} us<extra></extra>"))
+    total = np.array([r["time_s"] for r in rows]) * 1e6
+    fig.add_trace(go.Scatter(x=[layer], y=[total[x.index(layer)]], mode="markers+text", name="explained below",
+                             text=[f"layer {layer}"], textposition="top center",
+                             marker=dict(symbol="triangle-down", size=14, color="black"), hoverinfo="skip"))
+    fig.update_layout(barmode="stack", height=340, bargap=0.1, legend=dict(orientation="h", y=-0.25),
+                      xaxis_title="layer (0 = embedding, last = head); click a bar to explain it",
+                      yaxis_title="time in the step (us)")
+    return charts.fixed_margins(fig, left=70, right=20, bottom=60)
+
+
+@c.callback
+def pick_layer() -> None:
+    """Chart selection callback: the clicked layer is the one explained."""
+    pts = st.session_state["ex_layers_pick"].selection.points
+    if pts:
+        st.session_state["ex_layer"] = str(int(pts[0]["x"]))
+
+
+def ops_table(out: dict) -> pd.DataFrame:
+    """One row per op: every number explain gives (bytes in KB, FLOPs in MFLOP, times in us)."""
+    rows = []
+    for o in out["ops"]:
+        row = {"op": o["op"], "time_us": (o["end_s"] - o["start_s"]) * 1e6, "waited on": o["waited_on"]}
+        for k, v in o.items():
+            if isinstance(v, (int, float)) and k not in ("start_s", "end_s"):
+                row[k.replace("_bytes", " KB") if k.endswith("_bytes") else "MFLOP" if k == "flops" else k] = (
+                    v / 1e3 if k.endswith("_bytes") else v / 1e6 if k == "flops" else v * 1e6 if k.endswith("_s") else v)
+        for k, v in o.get("waits_s", {}).items():
+            row[f"wait {k} us"] = v * 1e6
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def terms_table(out: dict) -> pd.DataFrame:
+    """One row per latency term of each op, with every field explain gives for it."""
+    rows = []
+    for o in out["ops"]:
+        for t in o["terms"]:
+            row = {"op": o["op"], "term": t["term"], "us (alone)": t["seconds"] * 1e6}
+            row.update({k: v for k, v in t.items() if k not in ("term", "seconds")})
+            rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def render() -> None:
-    c.init(ex_model="kimi-k3", ex_hw="tpu-v7", ex_engine="megakernel", ex_batch=1, ex_devices=32, ex_tp=32,
-           ex_ep=8)
     st.header("Explain: the step layer by layer, each term with its mechanism")
+    tpu = c.CANONICAL["tpu-v7"]
+    c.init(ex_model="kimi-k3", ex_hw="tpu-v7", ex_engine=tpu["engine"], ex_batch=1, ex_devices=str(tpu["devices"]),
+           ex_tp=str(tpu["tp"]), ex_ep=str(tpu["ep"]), ex_layer="1")
+    errs: list[str] = []
     r = st.columns(7)
-    model = c.load_model_ref(c.model_ref(r[0].selectbox("Model", c.model_options(), key="ex_model")))
-    hw = c.load_hardware_ref(c.hardware_ref(r[1].selectbox("Hardware", c.hardware_options(), key="ex_hw")))
+    model = r[0].selectbox("Model", c.model_options(), key="ex_model")
+    hw = r[1].selectbox("Hardware", c.hardware_options(), key="ex_hw")
     engine = r[2].radio("Engine", ("megakernel", "multikernel"), key="ex_engine")
     batch = r[3].select_slider("Batch", list(c.BATCHES), key="ex_batch")
-    devices = r[4].number_input("Devices", 1, 4096, key="ex_devices")
-    tp = r[5].number_input("TP", 1, 4096, key="ex_tp")
-    ep = r[6].number_input("EP groups", 1, 4096, key="ex_ep")
-    d = Deployment(devices=int(devices), tp=int(tp), ep=int(ep), engine=engine, batch=batch)
-    p = predict(model, hw, d)
-    rows = pd.DataFrame([{"layer": x.layer, "kind": x.kind, "time_us": x.time_s * 1e6,
-                          **{label: getattr(x, k) * 1e6 for k, label in PARTS.items()}} for x in p.layers])
-    fig = go.Figure(go.Waterfall(x=[f"{l} {k}" for l, k in zip(rows.layer, rows.kind)], y=rows.time_us,
-                                 measure=["relative"] * len(rows), connector={"visible": False}))
-    fig.update_layout(height=320, margin=dict(t=30, b=10), yaxis_title="cumulative step time (us)",
-                      title=f"{p.step_s * 1e3:.3f} ms per step, {p.tokens_per_s:.1f} tokens/s")
-    st.plotly_chart(fig, width="stretch")
-    layer = st.number_input("Layer to explain (0 = embedding, last = head)", 0, int(rows.layer.max()), 1,
-                            key="ex_layer")
-    out = explain(model, hw, d, int(layer))
-    st.dataframe(pd.DataFrame([{"op": o["op"], "MFLOP": o["flops"] / 1e6, "static KB": o["static_bytes"] / 1e3,
-                                "routed KB": o["routed_bytes"] / 1e3, "kv KB": o["kv_bytes"] / 1e3,
-                                "time us": (o["end_s"] - o["start_s"]) * 1e6, "waited on": o["waited_on"]}
-                               for o in out["ops"]]), hide_index=True, width="stretch")
-    st.dataframe(pd.DataFrame([{"op": o["op"], "term": t["term"], "us (alone)": t["seconds"] * 1e6,
-                                "mechanism": t["mechanism"], "source": t["source"]}
-                               for o in out["ops"] for t in o["terms"]]), hide_index=True,
-                 width="stretch")
+    devices = number_field(r[4], "Devices", "ex_devices", errors=errs)
+    tp = number_field(r[5], "TP", "ex_tp", errors=errs)
+    ep = number_field(r[6], "EP groups", "ex_ep", errors=errs)
+    if errs:
+        return
+    m_ref, h_ref = c.model_ref(model), c.hardware_ref(hw)
+    key = c.dep_key(devices, tp, ep, engine, batch=batch)
+    with st.spinner("Running the model..."):
+        p = c.predict_cached(m_ref, h_ref, key)
+    if "error" in p:
+        st.error(f"This deployment cannot run: {p['error']}")
+        return
+    last = p["layers"][-1]["layer"]
+    layer = number_field(st.columns(4)[0], f"Layer to explain (0 = embedding, {last} = head)", "ex_layer", lo=0,
+                         hi=last, errors=errs)
+    if layer is None:
+        return
+    row = next(x for x in p["layers"] if x["layer"] == layer)
+    m = st.columns(5)
+    m[0].metric("step time", f"{p['step_s'] * 1e3:.3f} ms")
+    m[1].metric("tokens/s", f"{p['tokens_per_s']:,.0f}")
+    m[2].metric(f"layer {layer} ({row['kind']})", f"{row['time_s'] * 1e6:.2f} us",
+                help="The layer's time in the step: its parts below add up to it.")
+    m[3].metric("share of the step", f"{row['time_s'] / p['step_s']:.1%}")
+    m[4].metric("largest part", label(max(parts([row]), key=lambda k: row[k], default="-")))
+    st.plotly_chart(layers_figure(m_ref, h_ref, key, layer), key="ex_layers_pick", on_select=pick_layer,
+                    selection_mode="points")
+    st.subheader(f"Layer {layer} ({row['kind']}): its ops on the DMA, compute and link lanes")
+    with st.spinner("Simulating the step's events..."):
+        fig, n, _ = charts.gantt(m_ref, h_ref, key, None, layer, layer, height=260)
+    st.plotly_chart(fig, key="ex_gantt", config={"scrollZoom": True})
+    st.caption(f"{n} bars (a weight stream's tile copies merged into one); hover for each op's start and length.")
+    out = explained(m_ref, h_ref, key, layer)
+    k = dict(key)
+    cmd = ["perfmodel", "explain", "--model", c._cli_name("model", model), "--hardware", c._cli_name("hardware", hw),
+           "--devices", str(k["devices"]), "--tp", str(k["tp"]), "--ep", str(k["ep"]), "--engine", engine,
+           "--batch", str(batch), "--layer", str(layer), "--json"]
+    left, right = st.columns([3, 2])
+    with left:
+        st.markdown("**Terms: each op's latency terms alone, their mechanism and source**")
+        terms = terms_table(out)
+        st.dataframe(terms, hide_index=True, key="ex_terms", column_config={
+            "us (alone)": st.column_config.NumberColumn(format="%.3f")})
+    with right:
+        c.show_command(shlex.join(cmd))
+        st.caption("An op's terms are its costs in isolation; in the step they overlap (the Gantt above), so they "
+                   "do not add up to the layer's time.")
+        c.downloads(terms, f"explain_layer{layer}_terms", "ex_terms_dl", {"explain": out})
+    ops = st.expander("Ops: bytes, FLOPs, time and what each waited on", key="ex_ops_exp", on_change="rerun")
+    if ops.open:
+        with ops:
+            st.dataframe(ops_table(out), hide_index=True, key="ex_ops")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+import streamlit as st
+
 from perfmodel.engine.megakernel import onchip_request
 from perfmodel.graph import ops
 from perfmodel.spec.deployment import validate
@@ -17,6 +19,7 @@ from perfmodel.util.errors import SpecError
 from . import common as c
 
 
+@st.cache_data(show_spinner=False, max_entries=2048)
 def onchip_budget(m_ref: tuple, h_ref: tuple, key: tuple, vmem_mib: float | None) -> dict | None:
     """Ring, expert buffers and capacity per core in MiB, for a megakernel deployment."""
     k = dict(key)

@@ -1,7 +1,12 @@
-"""Measured points for the Compare view: the published table, host results, user uploads.
+"""Measured points: the published table, host results, user uploads; and which of them is the
+reference for a deployment.
 
 Each source carries a plain-language name (its `origin`): "Inferact, 16x TPU v7, published",
-"this machine, host validation", "your upload: FILE".
+"this machine, host validation", "your upload: FILE". A measurement is the reference for a
+deployment only when every setting matches (`differences` is empty); a setting a row leaves out
+takes perfmodel's default (tp and ep = devices, context 4096, no speculative decoding, one step per
+device call, the default ring, expert slots and on-chip buffer), except the model and the device
+count, which a row may leave open.
 """
 from __future__ import annotations
 
@@ -17,8 +22,12 @@ from perfmodel.util.errors import SpecError
 from .common import HOST_HW, REPO, UPLOAD_PREFIX, read_csv_bytes, shown_path
 
 HOST_VALIDATION_CSV = REPO / "experiments" / "results" / "host_validation.csv"
-COLUMNS = ["source", "model", "hardware", "engine", "devices", "batch", "context", "draft_rows",
-           "acceptance_length", "tokens_per_s", "origin", "role"]
+COLUMNS = ["source", "model", "hardware", "engine", "devices", "tp", "ep", "batch", "context", "draft_rows",
+           "acceptance_length", "steps_per_call", "prefetch_mib", "expert_slots", "vmem_mib", "tokens_per_s",
+           "origin", "role"]
+# optional columns of a measurements file, with their types
+OPTIONAL = {"devices": int, "tp": int, "ep": int, "context": int, "draft_rows": int, "acceptance_length": float,
+            "steps_per_call": int, "prefetch_mib": float, "expert_slots": int, "vmem_mib": float}
 SEED_MODEL = "kimi-k3"  # the published table is Kimi K3 decode
 PUBLISHED_SOURCE = "Inferact, tpu-megakernels report (Sept 2026)"
 PUBLISHED_NAMES = {("tpu-v7", "megakernel"): "Inferact, 16x TPU v7, published",
@@ -35,7 +44,8 @@ def published_table() -> pd.DataFrame:
     df["source"] = PUBLISHED_SOURCE
     df["role"] = [calibration_role(m) for m in ms]
     df["model"] = SEED_MODEL
-    df["context"] = None
+    for col in ("context", "prefetch_mib", "expert_slots", "vmem_mib"):  # not published: the defaults
+        df[col] = None
     return df[COLUMNS]
 
 
@@ -52,19 +62,17 @@ def normalise(df: pd.DataFrame, origin: str) -> pd.DataFrame:
     if missing:
         raise SpecError("measurements file", origin,
                         f"missing column(s) {', '.join(missing)}; need {', '.join(REQUIRED)} "
-                        "(optional: devices, draft_rows, acceptance_length, source)")
+                        f"(optional: model, {', '.join(OPTIONAL)}, source)")
     if df.empty:
         raise SpecError("measurements file", origin, "has no rows")
     out = pd.DataFrame({"hardware": df["hardware"].astype(str).str.strip(),
                         "engine": df["engine"].astype(str).str.strip()})
-    optional = ("devices", "acceptance_length", "context")
-    for col, kind in (("batch", int), ("tokens_per_s", float), ("devices", int), ("draft_rows", int),
-                      ("acceptance_length", float), ("context", int)):
+    for col, kind in (("batch", int), ("tokens_per_s", float), *OPTIONAL.items()):
         if col not in df.columns:
-            out[col] = None if col in optional else 0
+            out[col] = 0 if col == "draft_rows" else None
             continue
         vals = pd.to_numeric(df[col], errors="coerce")
-        bad = vals.isna() & df[col].notna() if col in optional else vals.isna()
+        bad = vals.isna() & df[col].notna() if col in OPTIONAL else vals.isna()
         if bad.any():
             i = int(bad.to_numpy().nonzero()[0][0])
             raise SpecError(f"measurements file column {col}", df[col].iloc[i], f"row {i + 1}: not a number")
@@ -87,7 +95,7 @@ def parse_upload(name: str, data: bytes) -> pd.DataFrame:
         raise SpecError("measurements file", name, "expected a .csv with columns "
                         "hardware, engine, batch, tokens_per_s")
     try:
-        df = read_csv_bytes(data)
+        df = read_csv_bytes(data, name)
     except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise SpecError("measurements file", name, f"not a readable CSV ({type(e).__name__})") from None
     return normalise(df, f"{UPLOAD_PREFIX}{name}")
@@ -140,28 +148,82 @@ def _host_points(path: str, mtime: float | None) -> tuple[pd.DataFrame | None, s
     return None, f"{HOST_VALIDATION_CSV.name} has no step-level rows; its per-layer results are in the Validation view."
 
 
-def matches(df: pd.DataFrame, model: str, hw: str, engine: str, devices: int, context: int,
-            spec_on: bool) -> pd.DataFrame:
-    """Measured rows for one platform: same model, hardware, engine, and (where the row gives them)
-    device count and context."""
-    if df is None or df.empty:
-        return df
-    m = (df["hardware"] == hw) & (df["engine"] == engine)
-    m &= df["model"].isna() | (df["model"] == model)
-    m &= df["devices"].isna() | (df["devices"] == devices)
-    m &= df["context"].isna() | (df["context"] == context)
-    m &= (df["draft_rows"] > 0) == spec_on
-    return df[m]
+# the settings a measurement is matched on, as the page names them
+SETTINGS = {"model": "model", "hardware": "hardware", "engine": "engine", "devices": "devices", "tp": "TP",
+            "ep": "EP", "batch": "batch", "context": "context", "draft_rows": "draft rows",
+            "acceptance_length": "acceptance length", "steps_per_call": "steps per call",
+            "prefetch_mib": "prefetch depth", "expert_slots": "expert slots", "vmem_mib": "VMEM"}
+OPEN = ("model", "devices")  # a row that leaves these out matches any value
+DEFAULTS = {"context": 4096, "draft_rows": 0, "acceptance_length": None, "steps_per_call": 1}
 
 
-@st.cache_data(show_spinner=False, max_entries=256)
-def reported(model: str, hw: str, engine: str, devices: int, context: int, batch: int,
-             draft_rows: int, acceptance_length: float | None) -> dict | None:
-    """The published or host-measured tokens/s for exactly this deployment, if one exists."""
+def _value(row: dict, key: str):
+    v = row.get(key)
+    return None if v is None or (isinstance(v, float) and pd.isna(v)) else v
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(a)), abs(float(b)))
+    return a == b
+
+
+def differences(row: dict, mine: dict, onchip_defaults: dict | None = None) -> list[tuple[str, object, object]]:
+    """(setting, yours, the measurement's) for each setting of `mine` the measured row differs in.
+
+    `mine` holds the deployment's settings (SETTINGS keys; prefetch_mib / expert_slots / vmem_mib as
+    resolved, megakernel only); `onchip_defaults` the values those resolve to by default, which a
+    row that leaves them out was measured at."""
+    out = []
+    for key, label in SETTINGS.items():
+        if key not in mine:
+            continue
+        theirs = _value(row, key)
+        if theirs is None:
+            if key in OPEN:
+                continue
+            if key in ("tp", "ep"):
+                theirs = _value(row, "devices") or mine.get("devices")
+            elif key in DEFAULTS:
+                theirs = DEFAULTS[key]
+            else:
+                theirs = (onchip_defaults or {}).get(key)
+        if not _same(mine[key], theirs):
+            out.append((label, mine[key], theirs))
+    return out
+
+
+def fmt_setting(v) -> str:
+    return "default" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def differs_text(diffs: list[tuple[str, object, object]]) -> str:
+    """'EP (yours 16, measured 8), context (yours 8192, measured 4096)'."""
+    return ", ".join(f"{label} (yours {fmt_setting(a)}, measured {fmt_setting(b)})" for label, a, b in diffs)
+
+
+def all_points() -> pd.DataFrame:
     host, _ = host_points()
-    points = pd.concat([published_table()] + ([host] if host is not None else []), ignore_index=True)
-    sel = matches(points, model, hw, engine, devices, context, draft_rows > 0)
-    sel = sel[sel["batch"] == batch]
-    if draft_rows:
-        sel = sel[(sel["draft_rows"] == draft_rows) & (sel["acceptance_length"] == acceptance_length)]
-    return None if sel.empty else sel.iloc[0].to_dict()
+    return pd.concat([published_table()] + ([host] if host is not None else []), ignore_index=True)
+
+
+def reference(points: pd.DataFrame, mine: dict, onchip_defaults: dict | None = None,
+              ignore: tuple[str, ...] = ()) -> tuple[list[dict], dict | None, list]:
+    """The measured rows that match `mine` in every setting but those in `ignore`, and when none
+    does, the nearest row of the same model and hardware with its differences (fewest differing
+    settings, then the closest batch)."""
+    if points is None or points.empty:
+        return [], None, []
+    mine_cmp = {k: v for k, v in mine.items() if k not in ignore}
+    rows = points.to_dict("records")
+    exact = [r for r in rows if not differences(r, mine_cmp, onchip_defaults)]
+    if exact:
+        return exact, None, []
+    near = [r for r in rows if r["hardware"] == mine.get("hardware")
+            and (_value(r, "model") is None or r["model"] == mine.get("model"))]
+    if not near:
+        return [], None, []
+    scored = [(len(d := differences(r, mine_cmp, onchip_defaults)),
+               abs(float(r["batch"]) - float(mine.get("batch", r["batch"]))), i, r, d) for i, r in enumerate(near)]
+    _, _, _, best, diffs = min(scored, key=lambda t: t[:3])
+    return [], best, diffs

@@ -1,4 +1,6 @@
-"""Validation view: per-layer predicted vs measured (bundled host results, uploaded traces), MAPE.
+"""Validation view: per-layer predicted vs measured (bundled host results, uploaded traces), MAPE:
+a scatter of predicted against measured layer times with y = x and the per-layer target band,
+the per-layer bars on demand.
 
 The bundled results are experiments/results/host_validation.csv, written by
 experiments/validate_host.py: one row per layer and one "step" row per run (variant, model,
@@ -22,6 +24,8 @@ from . import common as c
 from .measured import HOST_VALIDATION_CSV
 
 WORST = 5
+KIND_COLORS = ("#1f77b4", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#bcbd22")
+BAND = 0.25  # the per-layer target of the host validation (docs/validation.md): within +-25 %
 RUN_KEYS = ("variant", "model", "mode", "batch", "context")
 HOST_HW_FILE = c.HOST_HW_FILE
 FROM_CAPTURE = "(from capture.json)"
@@ -78,9 +82,59 @@ def show_comparison(df: pd.DataFrame, title: str, key: str, command: str | None,
     m[3].metric("layers", f"{len(df)}")
     worst = df.nlargest(min(WORST, len(df)), "abs_error")
     is_worst = df.index.isin(worst.index)
+    st.plotly_chart(scatter_figure(df, is_worst), key=f"{key}_chart")
+    inside = float((df["abs_error"] <= BAND).mean())
+    st.caption(f"{inside:.0%} of the layers lie inside the +-{BAND:.0%} band (the per-layer target). Red: the "
+               f"{len(worst)} layers with the largest absolute error "
+               f"({', '.join(f'layer {int(r.layer)} {r.error:+.0%}' for r in worst.itertuples())}).")
+    bars = st.expander("Per layer: measured bars, predicted marks", key=f"{key}_bars_exp", on_change="rerun")
+    if bars.open:
+        with bars:
+            st.plotly_chart(bars_figure(df, is_worst), key=f"{key}_layers")
+    styled = df.style.format({"predicted_us": "{:.2f}", "measured_us": "{:.2f}", "error": "{:+.1%}",
+                              "abs_error": "{:.1%}"}).apply(
+        lambda r: ["background-color: #f8d7da" if is_worst[r.name] else "" for _ in r], axis=1)
+    st.dataframe(styled, hide_index=True, key=f"{key}_table")
+    c.downloads(df, f"validation_{key}", f"{key}_dl", {"title": title, "mape": mape})
+    if command:
+        c.show_command(command)
+
+
+def scatter_figure(df: pd.DataFrame, is_worst) -> go.Figure:
+    """Predicted against measured layer time (log-log), one colour per layer kind, y = x and the band."""
+    fig = go.Figure()
+    lo = float(min(df["measured_us"].min(), df["predicted_us"].min())) / 1.5
+    hi = float(max(df["measured_us"].max(), df["predicted_us"].max())) * 1.5
+    xs = [lo, hi]
+    fig.add_trace(go.Scatter(x=xs + xs[::-1], y=[lo * (1 + BAND), hi * (1 + BAND), hi * (1 - BAND), lo * (1 - BAND)],
+                             fill="toself", fillcolor="rgba(44,160,44,0.15)", line=dict(width=0),
+                             name=f"+-{BAND:.0%} (per-layer target)", hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=xs, y=xs, mode="lines", name="y = x (exact)", line=dict(color="#2ca02c", dash="dot"),
+                             hoverinfo="skip"))
+    for i, (kind, g) in enumerate(df[~is_worst].groupby("kind", sort=True)):
+        fig.add_trace(go.Scatter(x=g["measured_us"], y=g["predicted_us"], mode="markers", name=kind or "layers",
+                                 marker=dict(size=9, color=KIND_COLORS[i % len(KIND_COLORS)]),
+                                 customdata=np.stack([g["layer"], g["error"]], axis=1),
+                                 hovertemplate="layer %{customdata[0]}<br>measured %{x:.2f} us<br>predicted %{y:.2f} us"
+                                 "<br>error %{customdata[1]:+.1%}<extra>" + (kind or "layer") + "</extra>"))
+    w = df[is_worst]
+    fig.add_trace(go.Scatter(x=w["measured_us"], y=w["predicted_us"], mode="markers+text", name=f"{len(w)} worst layers",
+                             marker=dict(size=12, color="#d62728", symbol="x"), text=[f"{int(l)}" for l in w["layer"]],
+                             textposition="top center", customdata=np.stack([w["layer"], w["error"]], axis=1),
+                             hovertemplate="layer %{customdata[0]}<br>measured %{x:.2f} us<br>predicted %{y:.2f} us"
+                             "<br>error %{customdata[1]:+.1%}<extra>worst</extra>"))
+    decades = dict(type="log", range=np.log10(xs).tolist(), dtick=1, tickformat="~g")  # labels at 1, 10, 100 ...
+    fig.update_layout(xaxis=dict(title="measured time per layer (us, log)", **decades),
+                      yaxis=dict(title="predicted time per layer (us, log)", **decades),
+                      height=440, margin=dict(t=30), legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def bars_figure(df: pd.DataFrame, is_worst) -> go.Figure:
+    """Per layer: measured bars (the worst in red) and predicted marks."""
     fig = go.Figure()
     for name, part, color in (("measured", df[~is_worst], "#9ecae1"),
-                              (f"measured, {len(worst)} worst layers", df[is_worst], "#d62728")):
+                              (f"measured, {int(is_worst.sum())} worst layers", df[is_worst], "#d62728")):
         fig.add_trace(go.Bar(x=part["layer"], y=part["measured_us"], name=name, marker_color=color,
                              customdata=np.stack([part["kind"], part["error"]], axis=1),
                              hovertemplate="layer %{x} (%{customdata[0]})<br>measured %{y:.2f} us"
@@ -91,16 +145,7 @@ def show_comparison(df: pd.DataFrame, title: str, key: str, command: str | None,
     fig.update_layout(xaxis_title="layer (0 = embedding, last = head)", yaxis_title="time per layer (us)",
                       height=380, margin=dict(t=30), legend=dict(orientation="h", y=1.1), bargap=0.15,
                       barmode="overlay")
-    st.plotly_chart(fig, key=f"{key}_chart")
-    st.caption(f"Red bars: the {len(worst)} layers with the largest absolute error "
-               f"({', '.join(f'layer {int(r.layer)} {r.error:+.0%}' for r in worst.itertuples())}).")
-    styled = df.style.format({"predicted_us": "{:.2f}", "measured_us": "{:.2f}", "error": "{:+.1%}",
-                              "abs_error": "{:.1%}"}).apply(
-        lambda r: ["background-color: #f8d7da" if is_worst[r.name] else "" for _ in r], axis=1)
-    st.dataframe(styled, hide_index=True, key=f"{key}_table")
-    c.downloads(df, f"validation_{key}", f"{key}_dl", {"title": title, "mape": mape})
-    if command:
-        c.show_command(command)
+    return fig
 
 
 @st.cache_data(show_spinner=False, max_entries=4)
@@ -121,8 +166,7 @@ def bundled() -> None:
         return
     try:
         raw = read_host_csv(str(HOST_VALIDATION_CSV), HOST_VALIDATION_CSV.stat().st_mtime)
-        for line in csv_header(HOST_VALIDATION_CSV):
-            st.caption(line)
+        st.caption(" · ".join(csv_header(HOST_VALIDATION_CSV)))
         runs = [k for k in RUN_KEYS if k in raw.columns]
         step_pair = None
         if runs:
@@ -247,31 +291,50 @@ def uploaded() -> None:
     x = trace_inputs()
     files = st.file_uploader("Trace file(s)", accept_multiple_files=True, key="val_upload")
     path_text = st.text_input("...or a trace path on this machine", key="val_path",
-                              placeholder="e.g. traces/kimi-k3-host-small_b1_c64_compiled or run.xplane.pb")
+                              placeholder="e.g. traces/kimi-k3-host-small_b1_c64_compiled or run.xplane.pb",
+                              help="Inside the directories this dashboard was opened on: "
+                                   + ", ".join(c.shown_path(r) for r in c.trace_roots())
+                                   + " (`perfmodel dashboard --trace-root DIR` opens another).")
     if files:
         check_trace_upload(files)
-        with tempfile.TemporaryDirectory() as tmp:
-            for f in files:
-                dest = Path(tmp) / safe_relpath(f.name)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(f.getvalue())
-            pbs = list(Path(tmp).rglob("*.pb"))
-            target = pbs[0] if len(files) == 1 else Path(tmp)
-            shown = "your upload: " + ", ".join(f.name for f in files[:3]) + (" ..." if len(files) > 3 else "")
-            try:
-                results = compare_trace(target, x)
-            except SpecError as e:  # name the uploaded files, not the server's temporary copy
-                value = shown if tmp in str(e.value) or str(e.value) == target.name else e.value
-                raise SpecError(e.field, value, str(e.why).replace(str(target), shown).replace(tmp, shown)) from None
+        with st.spinner("Parsing the uploaded trace and running the model on it (several seconds for a large "
+                        "trace)..."):
+            results = compare_upload(tuple((f.name, f.getvalue()) for f in files), tuple(x.items()))
         show_results(results, "uploaded trace", "val_upload", None)
     elif path_text:
-        p = Path(path_text).expanduser()
+        p = c.confined_path(path_text)
         if not p.exists():
             raise SpecError("trace path", path_text, "does not exist")
         if p.is_file() and not p.name.endswith(".pb"):
             raise SpecError("trace path", path_text, "expected a .xplane.pb file or a trace directory")
-        results = compare_trace(p, x)
+        with st.spinner(f"Parsing {path_text} and running the model on it (several seconds for a large trace)..."):
+            results = compare_path(str(p), p.stat().st_mtime, tuple(x.items()))
         show_results(results, "trace", "val_path", cli_validate(path_text, x))
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def compare_upload(files: tuple[tuple[str, bytes], ...], x: tuple) -> list:
+    """An uploaded trace (a file or a capture directory's files) compared, once per content and inputs;
+    messages name the uploaded files, not the server's temporary copy."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, data in files:
+            dest = Path(tmp) / safe_relpath(name)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+        pbs = list(Path(tmp).rglob("*.pb"))
+        target = pbs[0] if len(files) == 1 else Path(tmp)
+        shown = "your upload: " + ", ".join(n for n, _ in files[:3]) + (" ..." if len(files) > 3 else "")
+        try:
+            return compare_trace(target, dict(x))
+        except SpecError as e:
+            value = shown if tmp in str(e.value) or str(e.value) == target.name else e.value
+            raise SpecError(e.field, value, str(e.why).replace(str(target), shown).replace(tmp, shown)) from None
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def compare_path(path: str, mtime: float, x: tuple) -> list:
+    """A trace on this machine compared, once per path, modification time and inputs."""
+    return compare_trace(Path(path), dict(x))
 
 
 def show_results(results: list, title: str, key: str, command: str | None) -> None:

@@ -1,10 +1,13 @@
-"""What-if view: tune prefetch depth, expert slots, VMEM, batch, context, engine, acceptance length.
+"""What-if view: tune prefetch depth, expert slots, VMEM, batch, context, engine, steps per call,
+speculative decoding.
 
 Inputs are strict text fields; a bad one keeps the outputs of the last valid inputs, greyed out.
-Figures are cached (st.plotly_chart then only copies and serialises them).
+The headline (predicted tokens/s beside a measurement only when one matches every setting) sits
+above five lazy tabs, one picture and one question each: where the step goes, which ring and
+expert slots to pick, what the prefetch depth does, when each op runs, how close to the roofs.
+Only the open tab runs and is drawn, so an input change redraws the headline and one chart.
 A configuration the model refuses shows its on-chip budget in MiB and the nearest ones that run,
-and the prefetch sweep (what fits) stays live. Each chart section is a fragment: its own widgets
-rerun only that section.
+and the ring x slots map and the prefetch sweep (what fits) stay live.
 """
 from __future__ import annotations
 
@@ -16,49 +19,45 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
+from perfmodel.search.batch import evaluate
+
+from . import charts
 from . import common as c
 from . import fit, measured
+from .charts import color, fixed_margins
 from .inputs import current_or_last, maybe_stale, number_field
 
-LANES = ("dma", "compute", "link")
-LANE_COLORS = {"dma": "#ff7f0e", "compute": "#1f77b4", "link": "#2ca02c"}
-CAUSE_COLORS = {"weight_streaming": "#ff7f0e", "expert_fetch": "#ffbb78", "collective": "#2ca02c",
-                "launch": "#9467bd", "fill_drain": "#c5b0d5", "compute": "#1f77b4", "draft": "#8c564b"}
 KIND_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 ENGINES = ("megakernel", "multikernel")
 VMEM_FIELDS = ("prefetch_bytes", "expert_slots", "onchip_bytes")
-EVENT_LAYERS = 16      # a layer range at most this wide is drawn event by event
-WEBGL_MARKS = 2000     # above this many marks a chart is drawn with WebGL
 FIELD_KEYS = {"devices": "wi_devices", "tp": "wi_tp", "ep": "wi_ep", "batch": "wi_batch", "context": "wi_context",
-              "prefetch_mib": "wi_prefetch", "expert_slots": "wi_slots"}
-
-
-def fixed_margins(fig: go.Figure, left: int, right: int, bottom: int, top: int = 30) -> go.Figure:
-    """Margins sized here for the axis labels, not measured by plotly.js on every redraw (its axis automargin
-    costs the browser about 20 ms per chart and change); a legend still takes the room it needs."""
-    fig.update_layout(margin=dict(l=left, r=right, b=bottom, t=top))
-    fig.update_xaxes(automargin=False)
-    fig.update_yaxes(automargin=False)
-    return fig
+              "prefetch_mib": "wi_prefetch", "expert_slots": "wi_slots", "steps_per_call": "wi_steps"}
+TABS = ("Step breakdown", "Ring x expert slots", "Prefetch depth", "Timeline", "Roofline")
+HEAT_METRICS = {"tokens/s": ("tokens_per_s", "Viridis"), "step time (ms)": ("step_ms", "Viridis_r")}  # column, colours
 
 
 # ----- inputs -------------------------------------------------------------------------------------
 
 def inputs() -> tuple[dict | None, list[str]]:
     models, hws = c.model_options(), c.hardware_options()
-    c.init(wi_model="kimi-k3", wi_hw="tpu-v7", wi_engine="megakernel", wi_batch="1", wi_devices="32", wi_tp="32",
-           wi_ep="8", wi_context="4096", wi_prefetch="", wi_slots="", wi_vmem="", wi_spec=False, wi_draft="7")
+    tpu = c.CANONICAL["tpu-v7"]
+    c.init(wi_model="kimi-k3", wi_hw="tpu-v7", wi_engine=tpu["engine"], wi_batch="1", wi_devices=str(tpu["devices"]),
+           wi_tp=str(tpu["tp"]), wi_ep=str(tpu["ep"]), wi_context="4096", wi_steps=str(tpu["steps_per_call"]),
+           wi_prefetch="", wi_slots="", wi_vmem="", wi_spec=False, wi_draft="7", wi_tab=TABS[0])
     errs: list[str] = []
     r1 = st.columns(4)
     model = r1[0].selectbox("Model", models, key="wi_model")
     hw = r1[1].selectbox("Hardware", hws, key="wi_hw")
     engine = r1[2].radio("Engine", ENGINES, horizontal=True, key="wi_engine")
     batch = number_field(r1[3], "Batch (sequences)", "wi_batch", errors=errs)
-    r2 = st.columns(4)
+    r2 = st.columns(5)
     devices = number_field(r2[0], "Devices", "wi_devices", errors=errs)
     tp = number_field(r2[1], "TP", "wi_tp", errors=errs)
     ep = number_field(r2[2], "EP groups", "wi_ep", errors=errs)
     context = number_field(r2[3], "Context (tokens in cache)", "wi_context", lo=0, hi=10_000_000, errors=errs)
+    steps = number_field(r2[4], "Steps per device call", "wi_steps", lo=1, hi=4096, errors=errs,
+                         help="Decode steps one device call runs; its per-call cost is shared by them "
+                              "(Deployment.steps_per_call; the published TPU runs: 64, with spec decode 24).")
     r3 = st.columns(4)
     hw_spec = c.load_hardware_ref(c.hardware_ref(hw))
     kind, preset_mib = hw_spec.onchip_kind, hw_spec.onchip_bytes / c.MiB
@@ -73,16 +72,20 @@ def inputs() -> tuple[dict | None, list[str]]:
                         help="On-chip buffer per core (Hardware.onchip_bytes). Empty: the preset's.")
     with r3[3]:
         spec = st.toggle("Speculative decoding", key="wi_spec")
-        draft = number_field(st, "Draft rows", "wi_draft", lo=1, hi=64, disabled=not spec, errors=errs if spec else None)
-        top = float(draft or c.SPEC_DRAFT_ROWS) + 1
-        if "wi_acc" in st.session_state and st.session_state["wi_acc"] > top:
-            st.session_state["wi_acc"] = top
-        acc = st.slider("Acceptance length (tokens / step)", 1.0, top, min(c.SPEC_ACCEPTANCE, top), step=0.5,
-                        key="wi_acc", disabled=not spec)
+        draft = acc = None
+        if spec:  # its settings only when it is on (the page stays short)
+            a, b = st.columns(2)
+            draft = number_field(a, "Draft rows", "wi_draft", lo=1, hi=64, errors=errs)
+            top = float(draft or c.SPEC_DRAFT_ROWS) + 1
+            if "wi_acc" in st.session_state and st.session_state["wi_acc"] > top:
+                st.session_state["wi_acc"] = top
+            acc = b.slider("Acceptance length", 1.0, top, min(c.SPEC_ACCEPTANCE, top), step=0.5, key="wi_acc",
+                           help="Tokens accepted per verification step (tau).")
     if errs:
         return None, errs
     key = c.dep_key(devices, tp, ep, engine, batch=batch, context=context, prefetch_mib=prefetch,
-                    expert_slots=slots, draft_rows=draft if spec else 0, acceptance_length=acc if spec else None)
+                    expert_slots=slots, draft_rows=draft if spec else 0, acceptance_length=acc if spec else None,
+                    steps_per_call=steps)
     return dict(model=model, hw=hw, key=key, vmem=vmem, engine=engine), []
 
 
@@ -90,12 +93,32 @@ def refs(x: dict) -> tuple:
     return c.model_ref(x["model"]), c.hardware_ref(x["hw"]), x["key"], x["vmem"]
 
 
+@c.callback
 def apply(key: tuple, vmem: float | None) -> None:
     """Button callback: put a suggested configuration into the fields."""
     for k, v in dict(key).items():
         if k in FIELD_KEYS:
             st.session_state[FIELD_KEYS[k]] = "" if v is None else f"{v:g}"
     st.session_state["wi_vmem"] = "" if vmem is None else f"{vmem:g}"
+
+
+@c.callback
+def apply_measured(row: dict) -> None:
+    """Button callback: the settings of a measurement (those it leaves out: the defaults)."""
+    val = lambda k, d: d if measured._value(row, k) is None else measured._value(row, k)
+    devices = int(val("devices", int(st.session_state["wi_devices"] or 1)))
+    for k, v in (("devices", devices), ("tp", int(val("tp", devices))), ("ep", int(val("ep", devices))),
+                 ("batch", int(row["batch"])), ("context", int(val("context", 4096))),
+                 ("steps_per_call", int(val("steps_per_call", 1)))):
+        st.session_state[FIELD_KEYS[k]] = str(v)
+    st.session_state["wi_engine"] = row["engine"]
+    for k, field in (("prefetch_mib", "wi_prefetch"), ("expert_slots", "wi_slots"), ("vmem_mib", "wi_vmem")):
+        st.session_state[field] = "" if measured._value(row, k) is None else f"{measured._value(row, k):g}"
+    draft = int(val("draft_rows", 0))
+    st.session_state["wi_spec"] = draft > 0
+    if draft:
+        st.session_state["wi_draft"] = str(draft)
+        st.session_state["wi_acc"] = float(val("acceptance_length", c.SPEC_ACCEPTANCE))
 
 
 def infeasible(x: dict, r: dict) -> None:
@@ -125,48 +148,87 @@ def render() -> None:
     r = None
     if x is not None:
         with st.spinner("Running the model..."):
-            r = c.predict_cached(*refs(x), record=True)
+            r = c.predict_cached(*refs(x))
         if "error" in r:
             infeasible(x, r)
             reason = "this configuration cannot run"
     good, stale = current_or_last("wi", x if reason is None else None, reason)
     if good is None:
         st.info("No valid configuration yet: fix the inputs above.")
-    else:
-        rg = c.predict_cached(*refs(good), record=True)
-        headline(good, rg, stale)
-        breakdown_section(good, rg, stale)
-        timeline_section(good, stale)
-    if x is not None and (r.get("field") in VMEM_FIELDS or "error" not in r):
-        prefetch_section(x, None)  # live also when the on-chip budget is refused: it shows what fits
-    elif good is not None:
-        prefetch_section(good, stale)
-    if good is not None:
-        roofline_section(good, stale)
+        return
+    rg = c.predict_cached(*refs(good))
+    rep = headline(good, rg, stale)
+    # the ring x slots map and the prefetch sweep stay live for an on-chip budget error: they show what fits
+    live = x if x is not None and r.get("field") in VMEM_FIELDS else good
+    sections = {TABS[0]: lambda: breakdown_section(good, stale), TABS[1]: lambda: heat_section(live, stale if live is good else None),
+                TABS[2]: lambda: prefetch_section(live, stale if live is good else None),
+                TABS[3]: lambda: timeline_section(good, stale), TABS[4]: lambda: roofline_section(good, stale)}
+    for tab, name in zip(st.tabs(TABS, key="wi_tab", on_change="rerun"), TABS):
+        if tab.open:
+            with tab:
+                sections[name]()
+    headline_files(good, rg, rep, stale)
 
 
-def headline(x: dict, r: dict, stale: str | None) -> None:
+def deployment_settings(x: dict) -> tuple[dict, dict | None]:
+    """The deployment's settings as measurements state them (ring, slots, VMEM as resolved; megakernel
+    only) and the values the on-chip settings resolve to by default."""
     k = dict(x["key"])
-    rep = measured.reported(x["model"], x["hw"], k["engine"], k["devices"], k["context"], k["batch"],
-                            k["draft_rows"], k["acceptance_length"])
+    mine = {"model": x["model"], "hardware": x["hw"], **{f: k[f] for f in (
+        "engine", "devices", "tp", "ep", "batch", "context", "draft_rows", "acceptance_length", "steps_per_call")}}
+    if k["engine"] != "megakernel":
+        return mine, None
+    m_ref, h_ref, key, vmem = refs(x)
+    b = fit.onchip_budget(m_ref, h_ref, key, vmem)
+    b0 = fit.onchip_budget(m_ref, h_ref, c.with_key(key, prefetch_mib=None, expert_slots=None), None)
+    if not (b and b0):
+        return mine, None
+    resolved = lambda bb: {"prefetch_mib": bb["ring_mib"], "expert_slots": bb["slots"], "vmem_mib": bb["onchip_mib"]}
+    return mine | resolved(b), resolved(b0)
+
+
+def headline(x: dict, r: dict, stale: str | None) -> dict | None:
+    """The predicted numbers, and the measurement beside them when one matches every setting (else the
+    nearest one and what differs); returns that measurement."""
+    mine, defaults = deployment_settings(x)
+    exact, near, diffs = measured.reference(measured.all_points(), mine, defaults)
+    rep = exact[0] if exact else None
     with maybe_stale(stale, "wi_head"):
         m = st.columns(6)
         m[0].metric("tokens/s (predicted)", f"{r['tokens_per_s']:,.0f}")
         if rep is not None:
-            m[1].metric("reported tokens/s", f"{rep['tokens_per_s']:,.0f}",
-                        delta=f"prediction {r['tokens_per_s'] / rep['tokens_per_s'] - 1:+.1%}", delta_color="off",
-                        help=f"{rep['origin']} ({rep['source']})")
+            err = r["tokens_per_s"] / rep["tokens_per_s"] - 1
+            m[1].metric("measured tokens/s", f"{rep['tokens_per_s']:,.0f}", delta=f"{err:+.1%} predicted",
+                        delta_color="off", help=f"{rep['origin']} ({rep['source']}): every setting matches.")
         else:
-            m[1].metric("reported tokens/s", "none", help="No published or host measurement for exactly this deployment.")
+            m[1].metric("measured tokens/s", "none", help="No published or host measurement matches every setting "
+                        "of this deployment.")
         m[2].metric("step time", f"{r['step_s'] * 1e3:.3f} ms")
         m[3].metric("bound", r["bound"])
         m[4].metric("HBM floor", f"{r['hbm_floor_s'] * 1e3:.3f} ms")
         m[5].metric("HBM utilisation", f"{r['hbm_utilisation']:.0%}")
         if rep is not None:
-            st.caption(f"Reported: {rep['tokens_per_s']:,.0f} tokens/s, {rep['origin']} ({rep['source']}).")
-        summary = {kk: r[kk] for kk in ("tokens_per_s", "step_s", "bound", "hbm_floor_s", "compute_floor_s",
-                                        "hbm_utilisation", "bytes_per_device")}
-        summary.update({f"{kk}_s": v for kk, v in r["breakdown_s"].items()})
+            st.caption(f"Measured: {rep['tokens_per_s']:,.0f} tokens/s, {rep['origin']} ({rep['source']}); "
+                       f"the prediction is {err:+.1%} off.")
+        elif near is not None:
+            a, b = st.columns([5, 1])
+            a.caption(f"Nearest measurement: {near['tokens_per_s']:,.0f} tokens/s at batch {int(near['batch'])}, "
+                      f"{near['origin']} ({near['source']}); yours differs in {measured.differs_text(diffs)}. "
+                      "Not a reference for these settings.")
+            b.button("Use its settings", key="wi_meas_btn", on_click=apply_measured, args=(near,))
+    return rep
+
+
+def headline_files(x: dict, r: dict, rep: dict | None, stale: str | None) -> None:
+    """The headline's numbers as files and the command that prints them (under the tabs: the picture first)."""
+    k = dict(x["key"])
+    summary = {kk: r[kk] for kk in ("tokens_per_s", "step_s", "bound", "hbm_floor_s", "compute_floor_s",
+                                    "hbm_utilisation", "bytes_per_device")}
+    summary.update({f"{kk}_s": v for kk, v in r["breakdown_s"].items()})
+    if rep is not None:
+        summary.update(measured_tokens_per_s=rep["tokens_per_s"], measured_source=rep["origin"])
+    with maybe_stale(stale, "wi_files"):
+        st.markdown("**The headline numbers**")
         c.downloads(pd.DataFrame([summary]), "whatif_prediction", "wi_pred_dl",
                     {"model": x["model"], "hardware": x["hw"], "vmem_mib": x["vmem"], "inputs": k})
         c.show_command(c.cli_predict(x["model"], x["hw"], x["key"], [k["batch"]], x["vmem"]))
@@ -175,11 +237,10 @@ def headline(x: dict, r: dict, stale: str | None) -> None:
 # ----- breakdown ----------------------------------------------------------------------------------
 
 @st.cache_resource(show_spinner=False, max_entries=64)
-def breakdown_figure(m_ref, h_ref, key, vmem, engine) -> tuple[go.Figure, pd.DataFrame, dict]:
-    r = c.predict_cached(m_ref, h_ref, key, vmem, record=True)  # the headline's prediction, not another run
+def breakdown_figure(m_ref, h_ref, key, vmem, engine) -> tuple[go.Figure, pd.DataFrame, dict, dict]:
+    r = c.predict_cached(m_ref, h_ref, key, vmem)  # the headline's prediction, not another run
     other = "multikernel" if engine == "megakernel" else "megakernel"
-    # recorded like the selected engine's: switching the engine then runs nothing
-    ro = c.predict_cached(m_ref, h_ref, c.with_key(key, engine=other), vmem, record=True)
+    ro = c.predict_cached(m_ref, h_ref, c.with_key(key, engine=other), vmem)
     bars = {engine + " (selected)": r}
     if "error" not in ro:
         bars[other] = ro
@@ -188,28 +249,41 @@ def breakdown_figure(m_ref, h_ref, key, vmem, engine) -> tuple[go.Figure, pd.Dat
             for label, res in bars.items() for cause, s in res["breakdown_s"].items()]
     df = pd.DataFrame(rows)
     fig = go.Figure()
-    for cause in c.CAUSE_LABELS:
+    causes = list(dict.fromkeys(list(c.CAUSE_LABELS) + list(df["cause"])))  # a new cause is drawn too
+    for i, cause in enumerate(causes):
         g = df[df["cause"] == cause]
         if g.empty or not (g["time_ms"] > 0).any():
             continue
-        fig.add_trace(go.Bar(x=g["engine"], y=g["time_ms"], name=c.CAUSE_LABELS[cause],
-                             marker_color=CAUSE_COLORS[cause], customdata=g["share_of_step"],
-                             hovertemplate="%{x}<br>" + c.CAUSE_LABELS[cause] +
-                             ": %{y:.4f} ms (%{customdata:.1%} of the step)<extra></extra>"))
+        label = c.CAUSE_LABELS.get(cause, cause)
+        fig.add_trace(go.Bar(x=g["engine"], y=g["time_ms"], name=label, marker_color=color(cause, i),
+                             customdata=g["share_of_step"],
+                             hovertemplate="%{x}<br>" + label + ": %{y:.4f} ms (%{customdata:.1%} of the step)"
+                             "<extra></extra>"))
     fig.update_layout(barmode="stack", yaxis_title="time per decode step (ms)", height=380,
                       legend=dict(orientation="h", y=-0.15))
-    return fixed_margins(fig, left=80, right=20, bottom=40), df, ro
+    return fixed_margins(fig, left=80, right=20, bottom=40), df, r, ro
 
 
-def breakdown_section(x: dict, r: dict, stale: str | None) -> None:
-    st.subheader("Step-time breakdown")
+def gain_text(mega: dict, multi: dict) -> str:
+    """The megakernel's gain over the multi-kernel engine at the same settings, by cause."""
+    gain = multi["step_s"] - mega["step_s"]
+    causes = set(mega["breakdown_s"]) | set(multi["breakdown_s"])
+    by = sorted(((multi["breakdown_s"].get(k, 0.0) - mega["breakdown_s"].get(k, 0.0), k) for k in causes),
+                key=lambda t: -abs(t[0]))
+    parts = ", ".join(f"{c.CAUSE_LABELS.get(k, k)} {d * 1e3:+.3f} ms" for d, k in by[:3] if abs(d) > 1e-9)
+    return (f"Megakernel gain at these settings (multi-kernel step - megakernel step, `perfmodel predict --gain`): "
+            f"**{gain * 1e3:+.3f} ms** ({gain / multi['step_s']:+.1%} of the multi-kernel step)"
+            + (f"; by cause: {parts}." if parts else "."))
+
+
+def breakdown_section(x: dict, stale: str | None) -> None:
     with maybe_stale(stale, "wi_bd"):
         with st.spinner("Running the other engine..."):
-            fig, df, ro = breakdown_figure(*refs(x), x["engine"])
+            fig, df, r, ro = breakdown_figure(*refs(x), x["engine"])
         st.plotly_chart(fig, key="wi_breakdown")
         if "error" not in ro:
-            gain = ro["step_s"] - r["step_s"] if x["engine"] == "megakernel" else r["step_s"] - ro["step_s"]
-            st.caption(f"Prefetch gain (multi-kernel step - megakernel step) at these settings: {gain * 1e3:.3f} ms.")
+            mega, multi = (r, ro) if x["engine"] == "megakernel" else (ro, r)
+            st.caption(gain_text(mega, multi))
         else:
             other = "multikernel" if x["engine"] == "megakernel" else "megakernel"
             st.caption(f"{other} at these settings: {ro['error']}")
@@ -217,74 +291,149 @@ def breakdown_section(x: dict, r: dict, stale: str | None) -> None:
                                                          "hardware": x["hw"], "vmem_mib": x["vmem"]})
 
 
-# ----- timeline -----------------------------------------------------------------------------------
+# ----- ring depth x expert slots ------------------------------------------------------------------
 
-@st.cache_data(show_spinner=False, max_entries=64)
-def timeline_lanes(m_ref: tuple, h_ref: tuple, key: tuple, vmem: float | None, lo: int, hi: int,
-                   events: bool) -> dict:
-    """Per lane, bars in us for layers lo..hi: one per event, or one per layer (its span, busy time in hover)."""
-    ev = c.predict_cached(m_ref, h_ref, key, vmem, record=True)["events"]
-    sel = (ev["layer"] >= lo) & (ev["layer"] <= hi)
-    out = {}
-    for lane in LANES:
-        m = sel & (ev["lane"] == lane)
-        if not m.any():
-            continue
-        t0, t1, layer = ev["t0_s"][m] * 1e6, ev["t1_s"][m] * 1e6, ev["layer"][m]
-        if events:
-            text = np.char.add(np.char.add(ev["name"][m], " (layer "), layer.astype(str))
-            out[lane] = {"base": t0, "x": t1 - t0, "text": np.char.add(text, ")")}
-            continue
-        ids, inv = np.unique(layer, return_inverse=True)
-        start = np.full(len(ids), np.inf)
-        np.minimum.at(start, inv, t0)
-        end = np.zeros(len(ids))
-        np.maximum.at(end, inv, t1)
-        busy = np.bincount(inv, weights=t1 - t0)
-        count = np.bincount(inv)
-        text = [f"layer {l}: {n} {lane} events, busy {b:.2f} us of a {e - s:.2f} us span"
-                for l, n, b, s, e in zip(ids, count, busy, start, end)]
-        out[lane] = {"base": start, "x": end - start, "text": np.array(text)}
-    return out
+def depths_for(hw, *extra_mib: float) -> tuple[float, ...]:
+    """Ring-tile multiples up to the on-chip buffer, and the depths asked for."""
+    tile = hw.dma_tile_bytes / c.MiB
+    cap = hw.onchip_bytes / c.MiB
+    ks = (1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 24, 32, 48, 64)
+    return tuple(sorted({round(k * tile, 6) for k in ks if k * tile <= cap} | {round(x, 6) for x in extra_mib}))
+
+
+def slot_counts(top_k: int, *extra: int) -> tuple[int, ...]:
+    return tuple(sorted({s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if s <= top_k} | {top_k, *extra}))
+
+
+def settings_of(key: tuple, vmem: float | None) -> dict:
+    """A deployment key as the settings of perfmodel.search.batch.evaluate."""
+    k = dict(key)
+    return dict(devices=k["devices"], tp=k["tp"], ep=k["ep"], engine=k["engine"], batch=k["batch"],
+                context=k["context"], draft_rows=k["draft_rows"], acceptance_length=k["acceptance_length"],
+                draft_cost=0.05, steps_per_call=k["steps_per_call"], prefetch_mib=k["prefetch_mib"],
+                expert_slots=k["expert_slots"], vmem_mib=vmem)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def heat_grid(m_ref, h_ref, key, vmem) -> dict:
+    """Step time and tokens/s for every ring depth x expert slot count (one batched simulation per op
+    graph: perfmodel.search.batch.evaluate), with the current, default and best cells."""
+    model, chip, hw = c.load_model_ref(m_ref), c.load_hardware_ref(h_ref), c.resolve_hw(h_ref, vmem)
+    k = dict(key)
+    top_k = model.moe.top_k if model.moe else 1
+    cur = fit.onchip_budget(m_ref, h_ref, key, vmem)
+    dflt = fit.onchip_budget(m_ref, h_ref, c.with_key(key, prefetch_mib=None, expert_slots=None), vmem)
+    half = hw.onchip_bytes / 2 / c.MiB
+    cur_depth, cur_slots = k["prefetch_mib"] or half, k["expert_slots"] or (cur or dflt or {}).get("slots", top_k)
+    def_slots = (dflt or {}).get("slots", top_k)
+    depths, slots = depths_for(hw, cur_depth, half), slot_counts(top_k, cur_slots, def_slots)
+    base = settings_of(key, vmem)
+    rows = evaluate(model, chip, [dict(base, prefetch_mib=d, expert_slots=s) for s in slots for d in depths])
+    step = np.array([r["step_s"] if r["status"] == "ok" else np.nan for r in rows], float).reshape(len(slots), -1)
+    tps = np.array([r["tokens_per_s"] if r["status"] == "ok" else np.nan for r in rows], float).reshape(len(slots), -1)
+    why = next((r["reason"] for r in rows if r["status"] != "ok" and r["constraint"] != "vmem"), None)
+    best = np.unravel_index(np.nanargmin(step), step.shape) if np.isfinite(step).any() else None
+    at = lambda d, s: (slots.index(s), depths.index(round(d, 6)))
+    return {"depths": depths, "slots": slots, "step_s": step, "tokens_per_s": tps, "other_error": why,
+            "current": at(cur_depth, cur_slots), "default": at(half, def_slots),
+            "best": None if best is None else (int(best[0]), int(best[1]))}
 
 
 @st.cache_resource(show_spinner=False, max_entries=32)
-def timeline_figure(m_ref, h_ref, key, vmem, lo: int, hi: int, events: bool) -> tuple[go.Figure, int]:
-    lanes = timeline_lanes(m_ref, h_ref, key, vmem, lo, hi, events)
-    n = sum(len(d["x"]) for d in lanes.values())
-    fig = go.Figure()
-    for lane, d in lanes.items():
-        if n > WEBGL_MARKS:  # thousands of bars: one WebGL line per lane, a thick segment per bar
-            xs = np.column_stack([d["base"], d["base"] + d["x"], np.full(len(d["x"]), np.nan)]).ravel()
-            fig.add_trace(go.Scattergl(x=xs, y=[lane] * len(xs), mode="lines", name=lane,
-                                       line=dict(color=LANE_COLORS[lane], width=18),
-                                       hovertext=np.repeat(d["text"], 3), hoverinfo="text+x"))
-        else:
-            fig.add_trace(go.Bar(y=np.full(len(d["x"]), lane), x=d["x"], base=d["base"], orientation="h",
-                                 name=lane, marker_color=LANE_COLORS[lane], marker_line_width=0.5,
-                                 marker_line_color="white", hovertext=d["text"],
-                                 hovertemplate="%{hovertext}<br>start %{base:.2f} us<br>length %{x:.3f} us"
-                                 "<extra>" + lane + "</extra>"))
-    fig.update_layout(barmode="overlay", xaxis_title="time in step (us)", height=260,
-                      yaxis=dict(categoryorder="array", categoryarray=list(reversed(LANES))), showlegend=False)
-    return fixed_margins(fig, left=75, right=20, bottom=60, top=20), n
+def heat_figure(m_ref, h_ref, key, vmem, metric: str) -> go.Figure:
+    g = heat_grid(m_ref, h_ref, key, vmem)
+    col, scale = HEAT_METRICS[metric]
+    z = g["step_s"] * 1e3 if col == "step_ms" else g["tokens_per_s"]
+    xs, ys = [f"{d:g}" for d in g["depths"]], [str(s) for s in g["slots"]]
+    fig = go.Figure(go.Heatmap(z=z, x=xs, y=ys, colorscale=scale, colorbar=dict(title=metric), hoverinfo="skip"))
+    # the on-chip boundary: right of the line the ring and the expert buffers do not fit
+    path = []
+    for i in range(len(ys)):
+        ok = np.flatnonzero(np.isfinite(g["step_s"][i]))
+        edge = (ok.max() if len(ok) else -1) + 0.5
+        path += [(edge, i - 0.5), (edge, i + 0.5)]
+    fig.add_trace(go.Scatter(x=[p[0] for p in path], y=[p[1] for p in path], mode="lines", name="on-chip limit",
+                             line=dict(color="#d62728", width=3), hoverinfo="skip", xaxis="x2", yaxis="y2"))
+    marks = [("default", g["default"], "circle-open", "#ffffff"), ("current", g["current"], "diamond", "#ffffff"),
+             ("best", g["best"], "star", "#d62728")]
+    for name, cell, symbol, colr in marks:
+        if cell is None:
+            continue
+        fig.add_trace(go.Scatter(x=[xs[cell[1]]], y=[ys[cell[0]]], mode="markers+text", name=name, text=[name],
+                                 textposition="top center", textfont=dict(color="black"),
+                                 marker=dict(symbol=symbol, size=16, color=colr, line=dict(width=2, color="black")),
+                                 hoverinfo="skip"))
+    # clickable cells: an invisible marker on each cell that fits (a click puts its ring and slots in the fields)
+    ii, jj = np.nonzero(np.isfinite(g["step_s"]))
+    fig.add_trace(go.Scatter(x=[xs[j] for j in jj], y=[ys[i] for i in ii], mode="markers", name="cells",
+                             marker=dict(size=24, symbol="square", opacity=0), showlegend=False, customdata=z[ii, jj],
+                             hovertemplate="ring %{x} MiB, %{y} expert slots<br>" + metric +
+                             ": %{customdata:.4g}<br>click to use them<extra></extra>"))
+    n = len(xs)
+    fig.update_layout(height=420, legend=dict(orientation="h", y=-0.2),
+                      xaxis=dict(title="prefetch depth (MiB of weight ring per core)", type="category"),
+                      yaxis=dict(title="expert slots", type="category"),
+                      xaxis2=dict(overlaying="x", range=[-0.5, n - 0.5], visible=False),
+                      yaxis2=dict(overlaying="y", range=[-0.5, len(ys) - 0.5], visible=False))
+    return fixed_margins(fig, left=70, right=20, bottom=90)
 
+
+@c.callback
+def pick_cell() -> None:
+    """Chart selection callback: the clicked cell's ring depth and slots (its x and y categories) go into
+    the fields."""
+    pts = [p for p in st.session_state["wi_heat_pick"].selection.points if "x" in p and "y" in p]
+    if pts:
+        st.session_state["wi_prefetch"], st.session_state["wi_slots"] = f"{float(pts[0]['x']):g}", str(int(pts[0]["y"]))
+
+
+def heat_section(x: dict, stale: str | None) -> None:
+    if x["engine"] != "megakernel":
+        st.info("The ring and the expert slots are megakernel settings: select the megakernel engine to map them.")
+        return
+    m_ref, h_ref, key, vmem = refs(x)
+    c.init(wi_heat_z="tokens/s")
+    with maybe_stale(stale, "wi_heat"), st.spinner("Simulating every ring depth x expert slot count..."):
+        g = heat_grid(m_ref, h_ref, key, vmem)
+        if g["best"] is None:
+            st.warning("No ring depth and expert slot count fits: " + (g["other_error"] or "see the message above."))
+            return
+        metric = st.radio("Colour", list(HEAT_METRICS), horizontal=True, key="wi_heat_z")
+        st.plotly_chart(heat_figure(m_ref, h_ref, key, vmem, metric), key="wi_heat_pick", on_select=pick_cell,
+                        selection_mode="points")
+        (bs, bd), (cs, cd) = g["best"], g["current"]
+        best_tps, cur_tps = g["tokens_per_s"][bs, bd], g["tokens_per_s"][cs, cd]
+        st.caption(f"**Best: a {g['depths'][bd]:g} MiB ring with {g['slots'][bs]} expert slots, {best_tps:,.0f} "
+                   f"tokens/s** ({best_tps / cur_tps - 1:+.1%} against the current {g['depths'][cd]:g} MiB / "
+                   f"{g['slots'][cs]} slots). Right of the red line the ring and the expert buffers exceed the "
+                   "on-chip buffer. Click a cell to use its ring and slots.")
+        rows = [{"prefetch_mib": d, "expert_slots": s, "step_s": g["step_s"][i, j], "tokens_per_s": g["tokens_per_s"][i, j]}
+                for i, s in enumerate(g["slots"]) for j, d in enumerate(g["depths"])]
+        c.downloads(pd.DataFrame(rows), "whatif_ring_slots", "wi_heat_dl", {"model": x["model"], "hardware": x["hw"],
+                                                                           "vmem_mib": vmem, "inputs": dict(key)})
+        c.show_command(c.cli_sweep(x["model"], x["hw"], c.with_key(key, expert_slots=None), g["depths"], vmem,
+                                   slots=g["slots"]))
+
+
+# ----- timeline -----------------------------------------------------------------------------------
 
 @st.fragment
 def timeline_section(x: dict, stale: str | None) -> None:
-    st.subheader("Simulated step timeline (DMA / compute / link)")
     m_ref, h_ref, key, vmem = refs(x)
-    r = c.predict_cached(m_ref, h_ref, key, vmem, record=True)
+    r = c.predict_cached(m_ref, h_ref, key, vmem)
     layers = [row["layer"] for row in r["layers"]]
+    first = layers[1] if len(layers) > 1 else layers[0]
     with maybe_stale(stale, "wi_tl"):
-        lo, hi = st.select_slider(f"Layers shown (a range of at most {EVENT_LAYERS} layers is drawn event by "
-                                  "event)", options=layers, value=(layers[0], layers[-1]),
-                                  key=f"wi_layers_{len(layers)}")  # another model: a fresh, whole range
-        events = hi - lo + 1 <= EVENT_LAYERS
+        lo, hi = st.select_slider(f"Layers shown (op by op up to {charts.EVENT_LAYERS} layers, one bar per layer "
+                                  "beyond)", options=layers,
+                                  value=(first, layers[min(layers.index(first) + charts.DEFAULT_LAYERS - 1,
+                                                           len(layers) - 1)]),
+                                  key=f"wi_layers_{len(layers)}")  # another model: a fresh range
         with st.spinner("Drawing the timeline..."):
-            fig, n = timeline_figure(m_ref, h_ref, key, vmem, lo, hi, events)
+            fig, n, by_op = charts.gantt(m_ref, h_ref, key, vmem, lo, hi)
         st.plotly_chart(fig, key="wi_timeline", config={"scrollZoom": True})
-        unit = "events" if events else "layer spans (one bar per layer and lane; narrow the range for events)"
+        unit = "op bars (a weight stream's tile copies merged)" if by_op else \
+            "layer spans (one bar per layer and lane; narrow the range for ops)"
         st.caption(f"{n} {unit} in layers {lo}..{hi}; drag to zoom, double-click to reset.")
         d1, d2 = st.columns(2)
         d1.download_button("Download Perfetto trace (JSON)", lambda: c.chrome_trace_json(m_ref, h_ref, key, vmem),
@@ -297,18 +446,10 @@ def timeline_section(x: dict, stale: str | None) -> None:
 
 def events_csv(m_ref, h_ref, key, vmem, lo, hi) -> str:
     df = pd.DataFrame(c.predict_cached(m_ref, h_ref, key, vmem, record=True)["events"])
-    return df[(df["layer"] >= lo) & (df["layer"] <= hi)].to_csv(index=False)
+    return c.csv_download(df[(df["layer"] >= lo) & (df["layer"] <= hi)])
 
 
 # ----- prefetch sweep -----------------------------------------------------------------------------
-
-def depths_for(hw, current_mib: float) -> tuple[float, ...]:
-    """Ring-tile multiples up to the on-chip buffer, and the current depth."""
-    tile = hw.dma_tile_bytes / c.MiB
-    cap = hw.onchip_bytes / c.MiB
-    ks = (1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 24, 32, 48, 64)
-    return tuple(sorted({round(k * tile, 6) for k in ks if k * tile <= cap} | {round(current_mib, 6)}))
-
 
 @st.cache_data(show_spinner=False, max_entries=128)
 def sweep_rows(m_ref, h_ref, key, vmem) -> tuple[list[dict], dict | None, float]:
@@ -352,16 +493,19 @@ def sweep_figure(m_ref, h_ref, key, vmem, log_x: bool) -> go.Figure:
                                  text=[f"saturates at {sat['prefetch_mib']:g} MiB"], textposition="top center",
                                  hovertemplate="gain saturates at %{x:g} MiB (within 1 % of the best depth)"
                                  "<br>step %{y:.4f} ms<extra></extra>"), row=1, col=1)
-    for cause, label in c.CAUSE_LABELS.items():
+    causes = list(dict.fromkeys(list(c.CAUSE_LABELS) + [k[:-2] for k in ok.columns if k.endswith("_s")
+                                                        and k not in ("step_s",)]))
+    for i, cause in enumerate(causes):
         col = f"{cause}_s"
         if col in ok and (ok[col] > 0).any():
-            fig.add_trace(go.Bar(x=ok["prefetch_mib"], y=ok[col] * 1e3, name=label, marker_color=CAUSE_COLORS[cause],
+            label = c.CAUSE_LABELS.get(cause, cause)
+            fig.add_trace(go.Bar(x=ok["prefetch_mib"], y=ok[col] * 1e3, name=label, marker_color=color(cause, i),
                                  hovertemplate="prefetch %{x:g} MiB<br>" + label + ": %{y:.4f} ms<extra></extra>"),
                           row=2, col=1)
-    xaxis = dict(type="log", title="prefetch depth (MiB of weight ring per core, log)") if log_x else dict(
-        title="prefetch depth (MiB of weight ring per core)")
+    title = "prefetch depth (MiB of weight ring per core" + (", log)" if log_x else ")")
     fig.update_layout(barmode="stack", height=560, legend=dict(orientation="h", y=-0.14))
-    fig.update_xaxes(**xaxis, row=2, col=1)
+    fig.update_xaxes(type="log" if log_x else "linear")  # both panels: they share the depth axis
+    fig.update_xaxes(title_text=title, row=2, col=1)
     fig.update_yaxes(title_text="step time (ms)", row=1, col=1)
     top = int(ok["expert_slots"].max())
     fig.update_yaxes(title_text="expert slots", secondary_y=True, row=1, col=1, showgrid=False,
@@ -399,7 +543,6 @@ def bend_explanation(rows: list[dict], sat: dict | None, current: float, hw) -> 
 
 @st.fragment
 def prefetch_section(x: dict, stale: str | None) -> None:
-    st.subheader("Step time vs prefetch depth")
     if x["engine"] != "megakernel":
         st.info("The prefetch depth is a megakernel setting (a multi-kernel engine cannot prefetch across "
                 "kernel boundaries): select the megakernel engine to sweep it.")
@@ -417,9 +560,12 @@ def prefetch_section(x: dict, stale: str | None) -> None:
         bad = [r for r in rows if "error" in r]
         b = fit.onchip_budget(m_ref, h_ref, key, vmem)
         if sat:
+            best = min(ok, key=lambda r: r["step_s"])
             st.caption(f"The gain saturates at **{sat['prefetch_mib']:g} MiB** (smallest depth within 1 % of the "
-                       f"best step time swept). Green diamond: the current depth ({current:g} MiB). Hover a point "
-                       "for its ring banks and expert slots; the bars below split each depth's step by cause.")
+                       f"best step time swept); the best depth swept is **{best['prefetch_mib']:g} MiB with "
+                       f"{best['expert_slots']} expert slots** ({best['tokens_per_s']:,.0f} tokens/s). Green "
+                       f"diamond: the current depth ({current:g} MiB). Hover a point for its ring banks and expert "
+                       "slots; the bars below split each depth's step by cause.")
         why = bend_explanation(rows, sat, current, hw)
         if why:
             st.info(why)
@@ -445,7 +591,7 @@ def prefetch_section(x: dict, stale: str | None) -> None:
 
 @st.cache_resource(show_spinner=False, max_entries=32)
 def roofline_figure(m_ref, h_ref, key, vmem) -> tuple[go.Figure, pd.DataFrame]:
-    r = c.predict_cached(m_ref, h_ref, key, vmem, record=True)
+    r = c.predict_cached(m_ref, h_ref, key, vmem)
     hw = c.resolve_hw(h_ref, vmem)
     df = pd.DataFrame(r["layers"])
     df["bytes"] = df[["static_bytes", "routed_bytes", "kv_bytes", "act_bytes"]].sum(axis=1)
@@ -483,9 +629,13 @@ def roofline_figure(m_ref, h_ref, key, vmem) -> tuple[go.Figure, pd.DataFrame]:
     return fixed_margins(fig, left=90, right=20, bottom=60), df
 
 
+LAYER_COLUMNS = ["layer", "kind", "time_s", "compute_s", "stall_s", "collective_s", "overhead_s", "flops",
+                 "static_bytes", "routed_bytes", "kv_bytes", "act_bytes", "intensity_flops_per_byte",
+                 "achieved_flops_per_s"]
+
+
 @st.fragment
 def roofline_section(x: dict, stale: str | None) -> None:
-    st.subheader("Roofline (per device, per layer)")
     with maybe_stale(stale, "wi_roof"):
         fig, df = roofline_figure(*refs(x))
         st.plotly_chart(fig, key="wi_roofline")
@@ -493,9 +643,9 @@ def roofline_section(x: dict, stale: str | None) -> None:
                    "layer can sit above the HBM roof: part of its weights streamed in during earlier layers "
                    "(prefetch across layer boundaries). Far below the roofs: the layer waits on collectives or "
                    "launches.")
-        cols = ["layer", "kind", "time_s", "compute_s", "stall_s", "collective_s", "overhead_s", "flops",
-                "static_bytes", "routed_bytes", "kv_bytes", "act_bytes", "intensity_flops_per_byte",
-                "achieved_flops_per_s"]
-        with st.expander("Per-layer table"):
-            st.dataframe(df[cols], hide_index=True, key="wi_layers_table")
+        cols = [k for k in LAYER_COLUMNS if k in df] + [k for k in df if k not in LAYER_COLUMNS and k != "bytes"]
+        table = st.expander("Per-layer table", key="wi_layers_exp", on_change="rerun")
+        if table.open:  # drawn only when opened
+            with table:
+                st.dataframe(df[cols], hide_index=True, key="wi_layers_table")
         c.downloads(df[cols], "whatif_layers", "wi_layers_dl", {"model": x["model"], "hardware": x["hw"]})

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from perfmodel.step.report import json_text, table
 from perfmodel.util.errors import require
-from perfmodel.util.files import check_path, write_atomic
+from perfmodel.util.files import check_output, check_path, write_all, write_atomic
 
 
 def cmd_reproduce(a) -> dict:
@@ -19,8 +19,7 @@ def cmd_reproduce(a) -> dict:
         out["written"] = [{"path": str(path), "changes": changes}
                           for path, (_, changes) in updates.items()]
     json_text(out)  # the output is complete before anything is written
-    for path, (text, _) in updates.items():
-        write_atomic(path, text, "--write", parents=True)
+    write_all({path: text for path, (text, _) in updates.items()}, "--write", parents=True)
     if not a.json:
         print_reproduce(out)
     return out
@@ -34,13 +33,18 @@ def print_reproduce(r: dict) -> None:
                       "yes" if v["plausible"] else "NO"] for k, v in r["fitted_parameters"].items()]))
         print()
     print(table(["platform", "batch", "spec decode", "predicted", "reported", "error %", "no-fit %", "step ms",
-                 "role", "target"],
+                 "role", "target", "kernels tok/s", "kernels %"],
                 [[p["platform"], p["batch"], "7 rows, tau 6" if p["spec_decode"] else "-",
                   p["predicted_tokens_per_s"], p["reported_tokens_per_s"], 100 * p["error"],
                   100 * p["no_fit_error"] if "no_fit_error" in p else "-",
                   p["predicted_step_ms"], p["role"],
-                  ("met" if p["within_target"] else "MISSED") + f" (<= {100 * r['targets'][p['role']]:.0f} %)"]
+                  ("met" if p["within_target"] else "MISSED") + f" (<= {100 * r['targets'][p['role']]:.0f} %)",
+                  p["kernels"]["predicted_tokens_per_s"] if "kernels" in p else "-",
+                  100 * p["kernels"]["error"] if "kernels" in p else "-"]
                  for p in r["points"]]))
+    if any("kernels" in p for p in r["points"]):
+        print("kernels: the run's serving engine replayed kernel by kernel from measured tables, nothing "
+              "fitted (perfmodel predict --serving-engine; docs/gpu.md)")
     print()
     print(table(["batch", "TPU/GB200 predicted", "TPU/GB200 reported"],
                 [[t["batch"], t["predicted_ratio"], t["reported_ratio"]] for t in r["trend"]]))
@@ -54,6 +58,11 @@ def print_reproduce(r: dict) -> None:
 
 
 def cmd_calibrate(a) -> dict:
+    require(not a.write or a.kernels, "--write", True, "needs --kernels (--out writes a calibrated hardware file)")
+    require(not (a.kernels and a.microbench), "--microbench", a.microbench, "not with --kernels")
+    require(not (a.kernels and a.out), "--out", a.out, "not with --kernels (--write writes its fits)")
+    if a.out:
+        check_output(a.out, parents=True)
     if a.kernels:
         return calibrate_kernels_cmd(a)
     require(a.microbench is not None, "--microbench", None, "give --microbench FILE (or --kernels)")

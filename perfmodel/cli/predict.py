@@ -5,10 +5,11 @@ import dataclasses
 import json
 
 from perfmodel.cli.args import count, int_list
-from perfmodel.cli.inputs import add_deployment_args, inputs_json, load_inputs
+from perfmodel.cli.inputs import add_deployment_args, add_prefill_args, inputs_json, load_inputs
 from perfmodel.spec import arch, hardware, loaders
 from perfmodel.step.report import SCHEMA_VERSION, json_text, layer_summary, plain, prediction_json, table
-from perfmodel.util.files import write_atomic
+from perfmodel.util.errors import SpecError
+from perfmodel.util.files import check_output, write_atomic
 
 
 def cmd_list(a) -> dict:
@@ -43,10 +44,17 @@ def cmd_predict(a) -> dict:
         return kernel_plans(a)
     model, hw, d = load_inputs(a)
     preds = [predict(model, hw, dataclasses.replace(d, batch=b)) for b in a.batch]
+    prompt = {}
+    if a.prompt is not None:
+        from perfmodel.step.prefill import with_ttft
+        preds = [with_ttft(model, hw, p, a.prompt, a.prefill_chunk) for p in preds]
+        prompt = {"prompt": a.prompt, "prefill_chunk": a.prefill_chunk or a.prompt}
+    elif a.prefill_chunk is not None:
+        raise SpecError("--prefill-chunk", a.prefill_chunk, "needs --prompt")
     method = (f"{d.serving_engine} kernels replayed back to back (perfmodel.engine.serving)" if d.serving_engine
               else f"{d.engine} timeline simulation (perfmodel.engine.{d.engine})")
     out = {"schema_version": SCHEMA_VERSION, "command": "predict",
-           "inputs": inputs_json(a, model, hw, d, batch=a.batch), "method": method,
+           "inputs": inputs_json(a, model, hw, d, batch=a.batch, **prompt), "method": method,
            "results": [prediction_json(p, layers=True) for p in preds],
            "assumed": [k for k in hw.assumed if k.startswith("components.") or k in ("fabric_bandwidth_bytes_per_s",)]}
     if d.serving_engine:
@@ -74,10 +82,15 @@ def cmd_predict(a) -> dict:
         print(f"per layer kind at batch {preds[0].deployment.batch}:")
         print(layer_summary(preds[0]))
         print()
+        ttft = ["TTFT ms"] if a.prompt is not None else []
         print(table(["batch", "step ms", "tokens/s", "GB/device", "HBM floor ms", "HBM util",
-                     "bound"], [[p.deployment.batch, p.step_s * 1e3, p.tokens_per_s,
-                                 p.bytes_per_device / 1e9, p.hbm_floor_s * 1e3, p.hbm_utilisation,
-                                 p.bound] for p in preds]))
+                     "bound"] + ttft, [[p.deployment.batch, p.step_s * 1e3, p.tokens_per_s,
+                                        p.bytes_per_device / 1e9, p.hbm_floor_s * 1e3, p.hbm_utilisation,
+                                        p.bound] + ([p.ttft_s * 1e3] if ttft else []) for p in preds]))
+        if ttft:
+            how = "one program" if d.engine == "multikernel" else "a separate XLA program (multi-kernel engine)"
+            print(f"\nTTFT: the batch's prompts of {a.prompt} tokens prefilled together in chunks of "
+                  f"{a.prefill_chunk or a.prompt} tokens, each chunk {how} (perfmodel.step.prefill)")
         if tiling:
             print(f"\nrouted experts ({tiling['expert_bytes'] / 2**20:.1f} MiB each) stream through "
                   f"{tiling['expert_slots']} buffers in {tiling['tiles_per_expert']} tiles; against whole-expert "
@@ -129,6 +142,7 @@ def print_kernel_plans(plans: list[dict]) -> None:
 def cmd_trace(a) -> dict:
     from perfmodel.step.predict import predict
     from perfmodel.step.timeline import chrome_trace
+    check_output(a.out)
     model, hw, d = load_inputs(a)
     p = predict(model, hw, dataclasses.replace(d, batch=a.batch), record=True)
     trace = chrome_trace(p)
@@ -214,6 +228,7 @@ def configure_predict(p) -> None:
     add_deployment_args(p)
     p.add_argument("--batch", type=int_list, default=[1], help="comma-separated batch sizes")
     p.add_argument("--gain", action="store_true", help="also the prefetch gain over the other engine, by cause")
+    add_prefill_args(p)
     p.add_argument("--kernel-plan", action="append", default=[], metavar="PLAN.json",
                    help="a kernel's DMA plan file (python -m kernels.run ... --plan-out): its deployment predicted "
                         "as the model's own megakernel and as that kernel, side by side (repeatable)")

@@ -1,6 +1,6 @@
 """GPU decode kernels costed from measured kernel tables where they reach, physics where not.
 
-Tables (perfmodel/data/kernels/<gpu>/<engine>.json, imported from NVIDIA aiconfigurator-core by
+Tables (perfmodel/data/kernels/<gpu>/<engine>.npz, imported from NVIDIA aiconfigurator-core by
 experiments/import_kernel_tables.py) hold one kernel's latency over a regular grid of its own
 axes (GEMM: m, n, k; grouped MoE: tokens; decode attention: batch, context; ...), keyed by the
 discrete fields (dtype, geometry, layout). `table_time` interpolates log-latency multilinearly in
@@ -24,10 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from perfmodel.util import schema
 from perfmodel.util.errors import SpecError
+from perfmodel.util.files import read_text
 
 KERNEL_DIR = Path(__file__).parents[1] / "data" / "kernels"
-COMM = ("all_reduce", "nccl", "a2a")
+COMM = ("all_reduce", "mnnvl", "nccl", "a2a")  # mnnvl: a multi-node NVLink (multicast) collective
 UNITS = ("attention", "mla_core", "mla_module")  # classes whose reads split over sequences (x heads)
 BYTES_PER_VALUE = {"bf16": 2.0, "fp16": 2.0, "f32": 4.0, "fp8": 1.0, "fp8-block128": 1.0 + 4 / 16384,
                    "fp8-kv": 1.0, "int8": 1.0, "int4": 0.5 + 2 / 32, "mxfp4": 0.5 + 1 / 32,
@@ -59,34 +61,73 @@ class Table:
 
 @dataclass
 class Tables:
+    """One GPU and engine's tables; a class's index is read from the file when first asked for,
+    and a table's grid only once a lookup's key matches it."""
     gpu: str
     engine: str
     version: dict[str, str]        # file -> framework version
-    by_class: dict[str, list[Table]] = field(default_factory=dict)
-    source: str = ""
+    source: str
+    fastest_kernel_s: float        # the fastest compute kernel of these tables (a small kernel's floor)
+    classes: list[str]
+    npz: object
+    index: dict[str, dict] = field(default_factory=dict)      # class -> its index, once read
+    values: dict[str, np.ndarray] = field(default_factory=dict)  # class -> its log latencies, once read
+    built: dict[tuple[str, int], Table] = field(default_factory=dict)
 
-    def find(self, cls: str, key: dict) -> list[Table]:
-        return [t for t in self.by_class.get(cls, []) if all(t.key.get(k) == v for k, v in key.items())]
+    def _index(self, cls: str) -> dict:
+        if cls not in self.index:
+            self.index[cls] = json.loads(self.npz[f"index.{cls}"].tobytes()) if cls in self.classes else \
+                {"files": [], "fields": [], "axes": [], "grids": [], "tables": []}
+            ix = self.index[cls]
+            ix["cols"] = {f: np.array([r[1][j] for r in ix["tables"]]) for j, f in enumerate(ix["fields"])}
+        return self.index[cls]
+
+    def _table(self, cls: str, i: int) -> Table:
+        if (cls, i) not in self.built:
+            ix = self._index(cls)
+            if cls not in self.values:
+                self.values[cls] = self.npz[f"log_s.{cls}"].astype(float)
+            file, _, grids, offset = ix["tables"][i]
+            raw = {a: ix["grids"][g] for a, g in zip(ix["axes"], grids)}
+            shape = [len(raw[a]) for a in ix["axes"]]
+            flat = self.values[cls][offset:offset + math.prod(shape)]
+            self.built[cls, i] = Table(cls, ix["files"][file], dict(zip(ix["fields"], ix["tables"][i][1])), list(ix["axes"]),
+                                       [np.log(np.array(raw[a], float)) for a in ix["axes"]], flat.reshape(shape), raw)
+        return self.built[cls, i]
+
+    def of_class(self, cls: str) -> list[Table]:
+        return [self._table(cls, i) for i in range(len(self._index(cls)["tables"]))]
+
+    def find(self, cls: str, key: dict, kernel: str = "") -> list[Table]:
+        """The tables of `cls` whose key matches `key` (and whose kernel source contains `kernel`)."""
+        ix = self._index(cls)
+        hit = np.ones(len(ix["tables"]), bool)
+        for f, v in key.items():
+            hit &= ix["cols"][f] == v if f in ix["cols"] else False
+        src = ix["cols"].get("kernel_source")
+        return [self._table(cls, i) for i in np.flatnonzero(hit)
+                if not kernel or kernel.lower() in str(src[i]).lower()]
 
 
 @lru_cache(maxsize=None)
 def tables(gpu: str, engine: str) -> Tables | None:
     """The imported tables of one GPU and engine (`nccl` for the NCCL collectives), or None."""
-    path = KERNEL_DIR / gpu / f"{engine}.json"
+    path = KERNEL_DIR / gpu / f"{engine}.npz"
     if not path.exists():
         return None
-    doc = json.loads(path.read_text())
-    out = Tables(gpu, engine, {f: m["version"] for f, m in doc["files"].items()}, source=doc["source"])
-    for t in doc["tables"]:
-        axes = list(t["axes"])
-        vals = np.array([np.nan if v is None else v for v in t["latency_us"]], float) * 1e-6
-        shape = [len(t["axes"][a]) for a in axes]
-        out.by_class.setdefault(t["class"], []).append(Table(
-            t["class"], t["file"], t["key"], axes, [np.log(np.array(t["axes"][a], float)) for a in axes],
-            np.log(vals).reshape(shape), t["axes"]))
-    return out
+    npz = np.load(path)
+    doc = json.loads(npz["index"].tobytes())
+    return Tables(gpu, engine, {f: m["version"] for f, m in doc["files"].items()}, doc["source"],
+                  doc["fastest_kernel_s"], doc["classes"], npz)
 
 
+def provenance(gpu: str, engine: str) -> dict:
+    """A table file's header: source, licence, importer, units and files with their versions."""
+    t = tables(gpu, engine)
+    return json.loads(t.npz["index"].tobytes()) if t else {}
+
+
+@lru_cache(maxsize=None)
 def gpus_with_tables() -> list[str]:
     return sorted(p.name for p in KERNEL_DIR.iterdir() if p.is_dir()) if KERNEL_DIR.exists() else []
 
@@ -116,11 +157,12 @@ def interpolate(t: Table, point: dict) -> float | None:
     return math.exp(total)
 
 
-def table_time(tabs: Tables | None, cls: str, key: dict, point: dict) -> tuple[float, Table] | None:
-    """The first table of `cls` matching `key` that reaches `point`: (seconds, table)."""
+def table_time(tabs: Tables | None, cls: str, key: dict, point: dict, kernel: str = "") -> tuple[float, Table] | None:
+    """The first table of `cls` matching `key` (and `kernel`, part of its kernel source) that
+    reaches `point`: (seconds, table)."""
     if tabs is None:
         return None
-    for t in tabs.find(cls, key):
+    for t in tabs.find(cls, key, kernel):
         v = interpolate(t, point)
         if v is not None:
             return v, t
@@ -177,7 +219,7 @@ def features(cls: str, key: dict, point: dict) -> tuple[float, float, float]:
 
 
 PARAMS = {"gemm": ("fixed_s", "bytes_per_s", "flops_per_s", "min_n", "min_k"),
-          "moe": ("fixed_s", "bytes_per_s", "flops_per_s", "per_expert_s"),
+          "moe": ("fixed_s", "bytes_per_s", "flops_per_s", "per_expert_s", "overlap"),
           "comm": ("fixed_s", "per_peer_s", "bytes_per_s"),
           "attention": ("fixed_s", "bytes_per_s", "flops_per_s", "min_units", "per_unit_s"),
           "mla_core": ("fixed_s", "bytes_per_s", "flops_per_s", "min_units", "per_unit_s"),
@@ -212,7 +254,9 @@ def physical_time(params: dict, cls: str, s: dict):
       GEMM:        fixed + max((max(n, min_n) max(k, min_k) bytes/weight + activations) / bandwidth,
                                2 m max(n, min_n) k / rate)  -- a kernel streams no fewer columns
                    and rows than its smallest partition (its tile / split), whatever the matrix;
-      grouped MoE: fixed + distinct experts x per_expert + max(bytes / bandwidth, FLOPs / rate);
+      grouped MoE: fixed + distinct experts x per_expert + ((bytes / bandwidth)^q + (FLOPs / rate)^q)^(1/q),
+                   q = 1 + overlap (loads and math overlap only partly: q = 1 adds them, a large q is
+                   the roofline's max);
       attention / MLA: as others, the cache read at least as if min_units sequence-heads were
                    read (a decode kernel splits its reads over sequences and KV heads);
       collectives: fixed + (ranks - 1) x per_peer + bus bytes / bus bandwidth;
@@ -227,39 +271,54 @@ def physical_time(params: dict, cls: str, s: dict):
     nbytes = s["bytes"]
     if cls in UNITS:  # too few sequence-heads to keep every SM streaming: the reads of min_units
         nbytes = nbytes + s["cache"] * (np.maximum(s["units"], p["min_units"]) / s["units"] - 1)
-    t = p["fixed_s"] + np.maximum(nbytes / p["bytes_per_s"], s["flops"] / p["flops_per_s"])
+    if cls == "moe":  # weight loads and math of a grouped GEMM overlap only partly: a p-norm of the two
+        q = 1.0 + p["overlap"]  # (overlap 0: they add up; large: the slower one alone, a roofline)
+        t = p["fixed_s"] + ((nbytes / p["bytes_per_s"]) ** q + (s["flops"] / p["flops_per_s"]) ** q) ** (1 / q)
+    else:
+        t = p["fixed_s"] + np.maximum(nbytes / p["bytes_per_s"], s["flops"] / p["flops_per_s"])
     if cls in UNITS:  # each sequence-head's partial results combined (split-KV reduction, bookkeeping)
         t = t + s["units"] * p["per_unit_s"]
     return t + s["experts"] * p["per_expert_s"] if cls == "moe" else t
 
 
-def fit_group(t: Table) -> str:
-    """The fit a table's cells belong to: class and (weight) dtype."""
-    k = t.key
-    kind = k.get('dtype') or k.get('kv_dtype') or k.get('kernel') or k.get('op_name') or k.get('phase') or ''
-    return f"{t.cls}/{kind}" + (f"/{k['kernel_source']}" if t.cls == "moe" and "kernel_source" in k else "")
+GEOMETRY = {"attention": ("heads", "kv_heads", "head_dim"), "moe": ("hidden", "inter", "topk", "experts")}
+BY_KERNEL = ("attention", "moe", "all_reduce")  # classes one engine ships several kernels of
+
+
+def fit_group(cls: str, key: dict, pooled: bool = False) -> str:
+    """The fit a table (or kernel) of `cls` and `key` belongs to: class, (weight / cache) dtype,
+    for attention and MoE the model geometry (not with `pooled`: one fit over every geometry, for
+    a geometry no table has), and the kernel source where an engine ships several."""
+    kind = key.get("dtype") or key.get("kv_dtype") or key.get("kernel") or key.get("op_name") or key.get("phase") or ""
+    parts = [cls, kind]
+    if cls in GEOMETRY and not pooled:
+        parts.append("-".join(f"{a}{key[a]}" for a in GEOMETRY[cls]))
+    if cls in BY_KERNEL and key.get("kernel_source"):
+        parts.append(key["kernel_source"])
+    return "/".join(parts)
 
 
 @lru_cache(maxsize=None)
 def fits(gpu: str) -> dict:
     """perfmodel/data/kernels/<gpu>/fit.json: {engine: {group: params}} ({} when none)."""
     path = KERNEL_DIR / gpu / "fit.json"
-    return json.loads(path.read_text())["engines"] if path.exists() else {}
+    return _read(path)["engines"] if path.exists() else {}
 
 
-def fitted_params(gpu: str, engine: str, group: str) -> tuple[dict, str] | None:
-    """The fitted physical parameters for a kernel group: this engine's, else the same group of
-    another engine on this GPU, else this engine's fit of the class with the most cells.
-    Returns (params, which fit)."""
-    f = fits(gpu)
-    own = f.get(engine, {})
-    if group in own:
-        return own[group], f"{gpu}/{engine}/{group}"
-    for e, groups in sorted(f.items()):
-        if group in groups:
-            return groups[group], f"{gpu}/{e}/{group}"
-    for prefix in ("/".join(group.split("/")[:2]), group.split("/")[0]):  # same dtype, then same class
-        same = sorted(((p["cells"], g) for g, p in own.items() if g.startswith(prefix)), reverse=True)
+def _read(path: Path) -> dict:
+    """A shipped kernel-table or fit file: read bounded and parsed through the schema layer (its
+    content is checked by tests/test_schema.py, not on every load: 0.4 s a file)."""
+    return schema.parse(read_text(path, "kernel table"), "json", "kernel table", path)
+
+
+def fitted_params(gpu: str, engine: str, cls: str, key: dict, kernel: str = "") -> tuple[dict, str] | None:
+    """The fitted physical parameters for a kernel of `cls` and `key` on one GPU and engine: the
+    fit of its own geometry (any kernel source containing `kernel`), else the pooled fit of its
+    class and dtype; of several, the one with the most cells. Returns (params, which fit)."""
+    groups = fits(gpu).get(engine, {})
+    for prefix in (fit_group(cls, key), fit_group(cls, key, pooled=True)):
+        same = sorted((p["cells"], g) for g, p in groups.items()
+                      if (g == prefix or g.startswith(prefix + "/")) and kernel.lower() in g[len(prefix):].lower())
         if same:
-            return own[same[0][1]], f"{gpu}/{engine}/{same[0][1]}"
+            return groups[same[-1][1]], f"{gpu}/{engine}/{same[-1][1]}"
     return None

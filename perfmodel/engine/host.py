@@ -61,6 +61,10 @@ def host_terms(g: OpGraph, hw: Hardware, t_mem: np.ndarray, bw: float,
             copied = (c.get(f"host_stack_copies_attention_{kind[l]}", 0.0) * sum(stack.values()) if op_by_op
                       else c.get(f"host_stack_copies_{kind[l]}", 0.0) * stack[kind[l]])
             t_mem[j] += cm.host_stack_copy_time(c, copied)
+    for l, j in first_attn.items():  # loops of known trip count inside an attention phase (a prefill's
+        # recurrence token by token): their bodies' bytes in all iterations (host_loop_bytes_attention_<kind>,
+        # counted in the compiled program by perfmodel_jax.capture) at the stream bandwidth
+        t_mem[j] += c.get(f"host_loop_bytes_attention_{kind[l]}", 0.0) / bw
     if "host_absorb_bytes_per_s" in c:  # the absorbed MLA re-lays out kv_b before its einsums
         kv_b = np.array([name == "kv_b" for name in g.name]) & (g.static_bytes > 0)
         t_mem = np.where(kv_b, cm.host_absorbed_kv_b_time(c, g.static_bytes) + g.act_bytes / bw, t_mem)

@@ -84,7 +84,20 @@ def _layer_names(model: ModelSpec, layer, d: Deployment) -> dict:
 
 
 def kernels(model: ModelSpec, hw: Hardware, d: Deployment, g: OpGraph) -> list[Kernel]:
-    """The step's kernels in launch order, costed."""
+    """The step's kernels in launch order, costed (the last step's list is kept: predict and its
+    report ask for the same one). Callers must not mutate it."""
+    key = (id(model), id(hw), d, id(g))
+    if _LAST and _LAST[0] == key:
+        return _LAST[2]
+    ks = _kernels(model, hw, d, g)
+    _LAST[:] = [key, (model, hw, g), ks]  # the objects kept alive so their ids stay theirs
+    return ks
+
+
+_LAST: list = []
+
+
+def _kernels(model: ModelSpec, hw: Hardware, d: Deployment, g: OpGraph) -> list[Kernel]:
     inv = inventory(d.serving_engine)
     tabs = gk.tables(_gpu(hw), inv["kernel_tables"])
     out: list[Kernel] = []
@@ -127,14 +140,18 @@ def _layer_kernels(model, hw, d, g, inv, tabs, layer, idx) -> list[Kernel]:
     grouped = {m: gname for gname, ms in groups.items() if all(x in mms for x in ms) for m in ms}
     a = model.attn(layer.attention) if layer is not None else None
     module_covers = set()
-    if isinstance(a, MLA) and inv.get("mla") == "module":
-        module_covers = {"q_b", "kv_b", "o_proj"}
+    if isinstance(a, MLA):  # decode absorbs kv_b into the BMMs around the MLA core (or the module)
+        module_covers = {"q_b", "kv_b", "o_proj"} if inv.get("mla") == "module" else {"kv_b"}
     norm_fused = inv.get("norm_in_all_reduce", False)
     prev_ar = False
+    kind = type(a).__name__.lower() if a is not None else ""
     extra = {k["op"]: [] for k in inv.get("kernel", [])}
     for k in inv.get("kernel", []):
-        extra[k["op"]].append(k)
+        if k.get("attention", kind) == kind:  # a kernel only beside one attention kind
+            extra[k["op"]].append(k)
     done_groups = set()
+    latent_moe = layer is not None and layer.ffn == "moe" and bool(model.moe.latent_dim)
+    fused_tail = latent_moe and _latent_tail(model, inv, hw, d, t)
     ar_names = ("attn_all_reduce", "ffn_all_reduce", "moe_all_reduce", "expert_all_reduce", "embedding_all_reduce")
     for j in idx:
         op = g.name[j]
@@ -144,6 +161,8 @@ def _layer_kernels(model, hw, d, g, inv, tabs, layer, idx) -> list[Kernel]:
             ks.append(_elementwise(k, nm, t, j, hw, tabs, inv))
         if op.endswith("_norm") and norm_fused and prev_ar:
             after = []  # inside the all-reduce kernel before it
+        elif latent_moe and op in ("expert_all_reduce", "latent_up", "moe_all_reduce") and d.dp == 1:
+            ks += _moe_tail(op, j, g, model, d, t, hw, tabs, inv, nm, mms, fused_tail)
         elif op in mms and op not in module_covers:
             if op in grouped:
                 gname = grouped[op]
@@ -254,14 +273,21 @@ def _dispatch(j, phase, t, dexp, m, d, hw, tabs, inv) -> Kernel:
     return _cost(k, hw, tabs, inv)
 
 
-def _collective(j, kind, nbytes, ranks, hw, tabs, inv) -> Kernel:
-    """One collective: the engine's kernel inside the NVLink domain, the fabric between domains."""
+def _collective(j, kind, nbytes, ranks, hw, tabs, inv, name: str = "") -> Kernel:
+    """One collective: the engine's kernel inside the NVLink domain, the fabric between domains.
+    Inside a domain: the engine's custom all-reduce within one node, its multi-node NVLink
+    (multicast, `all_reduce_nvlink_domain = "mnnvl"`) all-reduce across the nodes of a domain,
+    else NCCL."""
     dom = hw.domain_devices or ranks
     inner = min(ranks, dom)
-    if kind == "all_reduce" and inner <= (hw.node_devices or dom) and inv.get("all_reduce") == "custom" and ranks == inner:
-        k = _cost(Kernel(j, "custom_all_reduce", "all_reduce", {}, {"ranks": inner, "bytes": nbytes}), hw, tabs, inv)
+    node = hw.node_devices or dom
+    pt = {"ranks": inner, "bytes": nbytes}
+    if kind == "all_reduce" and ranks == inner and inner <= node and inv.get("all_reduce") == "custom":
+        k = _cost(Kernel(j, name or "custom_all_reduce", "all_reduce", {}, pt), hw, tabs, inv)
+    elif kind == "all_reduce" and ranks == inner and inner > node and inv.get("all_reduce_nvlink_domain") == "mnnvl":
+        k = _cost(Kernel(j, name or "mnnvl_all_reduce", "mnnvl", {}, pt), hw, tabs, inv)
     else:
-        k = _cost(Kernel(j, f"nccl_{kind}", "nccl", {"op_name": kind}, {"ranks": inner, "bytes": nbytes}), hw,
+        k = _cost(Kernel(j, name or f"nccl_{kind}", "nccl", {"op_name": kind}, pt), hw,
                   gk.tables(_gpu(hw), "nccl"), inv)
     k.point = {"ranks": ranks, "bytes": nbytes}
     if ranks > inner:
@@ -272,6 +298,37 @@ def _collective(j, kind, nbytes, ranks, hw, tabs, inv) -> Kernel:
         k.source += f"; + inter-node fabric over {ranks // inner} domains (fabric_latency_s, fabric_bandwidth_bytes_per_s)"
     k.cause = "collective"
     return k
+
+
+def _latent_tail(model, inv, hw, d, t) -> bool:
+    """Whether the engine's fused latent-MoE tail (inventory [latent_moe_tail]) runs this step."""
+    c = inv.get("latent_moe_tail")
+    return bool(c and model.moe.latent_dim and d.dp == 1 and d.tp in c["tp"] and t <= c["max_rows"]
+                and _gpu(hw) in c["gpus"])
+
+
+def _moe_tail(op, j, g, model, d, t, hw, tabs, inv, nm, mms, fused) -> list[Kernel]:
+    """A latent MoE's reductions and up-projection (ops expert_all_reduce, latent_up,
+    moe_all_reduce). Fused tail: one collective (routed latent all-reduce + RMSNorm + shared
+    experts' reduce-scatter), the up-projection on each rank's slice of the hidden outputs, a
+    multicast all-gather of the slices. Otherwise: the routed latent all-reduce, its RMSNorm, the
+    replicated up-projection and the shared experts' own all-reduce."""
+    lat, h = model.moe.latent_dim, model.hidden
+    if fused:
+        if op == "expert_all_reduce":
+            return [_collective(j, "all_reduce", ACT_BYTES * t * (lat + h), d.tp, hw, tabs, inv, "latent_tail_collective")]
+        if op == "latent_up":
+            return [_cost(Kernel(j, "latent_up_slice_gemm", "gemm", {"dtype": _dtype(model.matmul_format(mms["latent_up"]).name)},
+                                 {"m": t, "n": h // d.tp, "k": lat}), hw, tabs, inv)]
+        return [_collective(j, "all_reduce", ACT_BYTES * t * h, d.tp, hw, tabs, inv, "latent_tail_all_gather")]
+    if op == "expert_all_reduce":
+        return [_collective(j, "all_reduce", float(g.coll_bytes[j]), int(g.coll_group[j]), hw, tabs, inv),
+                _cost(Kernel(j, "latent_rms_norm", "elementwise", {}, {"bytes": ACT_BYTES * t * 2 * lat, "flops": 0.0}),
+                      hw, tabs, inv)]
+    if op == "latent_up":
+        replicated = "latent_up" in set(inv.get("replicated", {}).get("matmuls", []))
+        return _gemm(model, inv, [mms["latent_up"]], "latent_up", j, t, d.tp, replicated, hw, tabs, nm)
+    return [_collective(j, "all_reduce", float(g.coll_bytes[j]), int(g.coll_group[j]), hw, tabs, inv)]
 
 
 def fabric_time(hw: Hardware, shard_bytes: float, nodes: int, kind: str = "all_reduce") -> float:
@@ -311,34 +368,58 @@ def _pp_kernels(model, hw, d, g) -> list[Kernel]:
     return out
 
 
+def measured_as(inv: dict, k: Kernel, gpu: str) -> dict | None:
+    """The inventory's [[measured_as]] entry for a kernel the engine launches but whose own tables
+    time another kernel (or none): the kernel source to match, in which engines' tables."""
+    for m in inv.get("measured_as", []):
+        if m["class"] == k.cls and m.get("dtype", k.key.get("dtype")) == k.key.get("dtype") \
+                and (not m.get("gpus") or gpu in m["gpus"]):
+            return m
+    return None
+
+
 def _cost(k: Kernel, hw: Hardware, tabs, inv) -> Kernel:
-    """The kernel's seconds and where they came from: the engine's table, else the physical fit,
-    else the hardware file's generic components."""
+    """The kernel's seconds and where they came from: the engine's table (or, for a kernel the
+    inventory says is measured as another's, that kernel's tables on this GPU, then for a
+    collective on `collective_tables`' GPU), else the physical fit, else the hardware file's
+    generic components."""
     if k.cls == "elementwise":
         k.cause = "weight_streaming" if k.point["bytes"] else "compute"
     if k.cls == "moe":
         k.cause = "expert_fetch"
+    if k.cls in ("gemm", "mla_bmm"):  # a decode GEMM streams its weights
+        k.cause = "weight_streaming"
     if k.cls in gk.COMM:
         k.cause = "collective"
-    if k.cls != "elementwise":
-        hit = gk.table_time(tabs, k.cls, k.key, k.point)
-        if hit is not None:
-            k.seconds, t = hit
-            ver = tabs.version.get(t.file, "?")
-            k.source, k.measured = f"table: {t.file} ({tabs.engine} {ver}, interpolated in {', '.join(t.axes)})", True
-            return k
     gpu = _gpu(hw)
     eng = tabs.engine if tabs is not None else (inv or {}).get("kernel_tables", "")
+    m = measured_as(inv, k, gpu) if gpu else None
+    cls, kernel = (m.get("table_class", k.cls), m["kernel"]) if m else (k.cls, "")
+    gpus = [gpu] + ([hw.collective_tables] if k.cls in gk.COMM and hw.collective_tables else [])
+    where = [(g, e) for g in gpus for e in m["tables"]] if m else [(gpu, eng)]
+    if k.cls != "elementwise":
+        for g, e in where:
+            t_e = tabs if (g, e) == (gpu, eng) else gk.tables(g, e)
+            hit = gk.table_time(t_e, cls, k.key, k.point, kernel)
+            if hit is not None:
+                k.seconds, t = hit
+                ver = t_e.version.get(t.file, "?")
+                also = f"; {m['why']}" if m else ""
+                k.source = f"table: {t.file} ({e} {ver}, {t.key.get('kernel_source', cls)}, interpolated in " \
+                           f"{', '.join(t.axes)}{also})"
+                k.measured = True
+                return k
     s = gk.shape(k.cls, k.key, k.point) if k.cls != "elementwise" else {
         "bytes": k.point["bytes"], "flops": k.point["flops"], "ranks": 1}
     found = None
-    if gpu:
-        group = "elementwise/" if k.cls == "elementwise" else gk.fit_group(gk.Table(k.cls, "", k.key, [], [], np.zeros(0), {}))
-        found = gk.fitted_params(gpu, eng, group) if k.cls != "elementwise" else None
+    if gpu and k.cls != "elementwise":  # the listed (else own, then any other) engine's fit on this GPU
+        if not m:
+            where += [(gpu, e) for e in sorted(gk.fits(gpu)) if e != eng]
+        found = next((f for g, e in where if (f := gk.fitted_params(g, e, cls, k.key, kernel))), None)
     if found is not None:
         params, which = found
         k.seconds = float(gk.physical_time(params, k.cls, s))
-        k.source = f"physical: fitted to the kernel tables ({which}; perfmodel/data/kernels/{gpu}/fit.json)"
+        k.source = f"physical: fitted to the kernel tables ({which}; perfmodel/data/kernels/{which.split('/')[0]}/fit.json)"
         return k
     k.seconds, k.source = generic_time(hw, k.cls, s, gpu, eng)
     return k
@@ -361,15 +442,8 @@ def generic_time(hw: Hardware, cls: str, s: dict, gpu: str, engine: str) -> tupl
     return t, f"physical: {what} + bytes / (HBM x components.kernel_bandwidth_efficiency)"
 
 
-@lru_cache(maxsize=None)
 def fastest_kernel_s(gpu: str, engine: str) -> float:
-    tabs = gk.tables(gpu, engine)
-    return min(float(np.exp(np.nanmin(t.values))) for ts in tabs.by_class.values() for t in ts
-               if cls_ok(t.cls) and np.isfinite(np.nanmin(t.values)))
-
-
-def cls_ok(cls: str) -> bool:
-    return cls not in gk.COMM
+    return gk.tables(gpu, engine).fastest_kernel_s
 
 
 def simulate_serving(model: ModelSpec, hw: Hardware, d: Deployment, g: OpGraph, record: bool = False

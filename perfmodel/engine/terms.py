@@ -61,9 +61,13 @@ class Timeline:
 
 
 def op_weights(g: OpGraph, routed_bytes_per_value: float = 0.5) -> np.ndarray:
-    """Weights each matmul op pushes: static ops flops / (2 rows); routed ops their bytes / the
-    routed format's bytes per value. Zero for ops without weights (norms, attention core)."""
-    static = np.where(g.static_bytes > 0, g.flops / (2.0 * max(g.tokens, 1)), 0.0)
+    """Weights each matmul op pushes: static ops flops / (2 rows) (the head's rows: the sampled
+    ones); routed ops their bytes / the routed format's bytes per value. Zero for ops without
+    weights (norms, attention core)."""
+    rows = float(max(g.tokens, 1))
+    if g.head_rows is not None:  # the lm_head computes only the sampled rows
+        rows = np.where(np.array(g.phase) == "head", max(g.head_rows, 1), rows)
+    static = np.where(g.static_bytes > 0, g.flops / (2.0 * rows), 0.0)
     return np.where(g.routed_bytes > 0, g.routed_bytes / routed_bytes_per_value, static)
 
 

@@ -1,11 +1,14 @@
 """Fit the physical GPU kernel components to the imported kernel tables (`perfmodel calibrate --kernels`).
 
-Training data are kernel-level only: every cell of perfmodel/data/kernels/<gpu>/<engine>.json is
+Training data are kernel-level only: every cell of perfmodel/data/kernels/<gpu>/<engine>.npz is
 one kernel at one shape, timed alone (NVIDIA aiconfigurator-core). For each GPU, engine and fit
-group (class and dtype, `gpu_kernels.fit_group`) the three parameters of
+group (class, dtype, the model geometry for attention and MoE, the kernel source where an engine
+ships several: `gpu_kernels.fit_group`) the parameters of
 `gpu_kernels.physical_time` are fitted by least squares on log(predicted / measured) over every
 cell of the group; the residuals of every cell are kept, and their median and worst per engine
-and GPU are what `perfmodel calibrate --kernels` prints. No serving (end-to-end) figure enters.
+and GPU are what `perfmodel calibrate --kernels` prints. Attention and MoE also get one pooled fit
+per class and dtype over every geometry (`"pooled": true`, residuals kept per group, not in the
+summary), which prices a geometry no table has. No serving (end-to-end) figure enters.
 """
 from __future__ import annotations
 
@@ -25,12 +28,15 @@ HARDWARE = {"h100": "h100", "h200": "h200", "b200": "b200", "gb200": "gb200", "b
             "gb300": "gb300", "a100": "a100"}
 
 
-def _cells(tabs: gk.Tables) -> dict[str, tuple[str, dict, np.ndarray]]:
-    """Per fit group: (class, shape arrays, seconds) of every measured cell."""
+def _cells(tabs: gk.Tables, pooled: bool = False) -> dict[str, tuple[str, dict, np.ndarray]]:
+    """Per fit group (`pooled`: the groups over every geometry of a class that has geometry
+    groups): (class, shape arrays, seconds) of every measured cell."""
     out: dict[str, tuple[str, list, list]] = {}
-    for cls, ts in tabs.by_class.items():
-        for t in ts:
-            _, shapes, secs = out.setdefault(gk.fit_group(t), (cls, [], []))
+    for cls in tabs.classes:
+        if pooled and cls not in gk.GEOMETRY:
+            continue
+        for t in tabs.of_class(cls):
+            _, shapes, secs = out.setdefault(gk.fit_group(cls, t.key, pooled), (cls, [], []))
             for point, v in t.points():
                 shapes.append(gk.shape(cls, t.key, point))
                 secs.append(v)
@@ -41,7 +47,8 @@ def _cells(tabs: gk.Tables) -> dict[str, tuple[str, dict, np.ndarray]]:
 def start(cls: str, t: np.ndarray, peak_bw: float, peak_flops: float) -> list[float]:
     """Physical starting values: fixed cost below the fastest cell, half the peaks."""
     first = {"fixed_s": max(0.8 * t.min(), 1e-7), "bytes_per_s": 0.5 * peak_bw, "flops_per_s": 0.5 * peak_flops,
-             "per_peer_s": 1e-7, "min_n": 256.0, "min_k": 256.0, "per_expert_s": 1e-7, "min_units": 16.0, "per_unit_s": 1e-8}
+             "per_peer_s": 1e-7, "min_n": 256.0, "min_k": 256.0, "per_expert_s": 1e-7, "min_units": 16.0, "per_unit_s": 1e-8,
+             "overlap": 3.0}
     if cls in gk.COMM:
         first["bytes_per_s"] = 1e11
     return [first[n] for n in gk.param_names(cls)]
@@ -75,6 +82,8 @@ def fit_gpu(gpu: str) -> dict:
             params, resid = fit_group(cls, s, t, peak_bw, peak)
             groups[g] = params
             all_res.append(resid)
+        for g, (cls, s, t) in sorted(_cells(tabs, pooled=True).items()):  # for geometries no table has
+            groups[g] = fit_group(cls, s, t, peak_bw, peak)[0] | {"pooled": True}
         res = np.concatenate(all_res)
         engines[engine] = groups
         summary[engine] = {"cells": int(len(res)), "median_abs_residual": float(np.median(np.abs(res))),
@@ -86,12 +95,21 @@ def fit_gpu(gpu: str) -> dict:
             "summary": summary, "engines": engines}
 
 
+def fit_json(doc: dict) -> str:
+    """A fit.json's text: the header indented, each fit group on one line."""
+    head = {k: v for k, v in doc.items() if k != "engines"}
+    engines = ",\n".join(f"  {json.dumps(e)}: {{\n" + ",\n".join(
+        f"   {json.dumps(g)}: {json.dumps(p, separators=(',', ':'))}" for g, p in groups.items()) + "\n  }"
+        for e, groups in doc["engines"].items())
+    return json.dumps(head, indent=1)[:-2] + ',\n "engines": {\n' + engines + "\n }\n}\n"
+
+
 def calibrate_kernels(gpus: list[str] | None = None, write: bool = False) -> dict:
     out = {}
     for gpu in gpus or gk.gpus_with_tables():
         doc = fit_gpu(gpu)
         out[gpu] = doc
         if write:
-            write_atomic(gk.KERNEL_DIR / gpu / "fit.json", json.dumps(doc, indent=1) + "\n")
+            write_atomic(gk.KERNEL_DIR / gpu / "fit.json", fit_json(doc))
     gk.fits.cache_clear()
     return out

@@ -22,6 +22,8 @@ class Measurement:
     tokens_per_s: float
     source: str
     steps_per_call: int = 1  # decode steps per device call in the measured run
+    serving_engine: str = ""  # the GPU serving engine whose kernels ran ("": the generic engine)
+    kv_cache: str = ""        # the KV cache format the run used ("": the model preset's)
 
     @property
     def spec_decode(self) -> bool:
@@ -35,5 +37,6 @@ def seed_measurements() -> list[Measurement]:
         out.append(Measurement(r["platform"], r["hardware"], r["engine"], int(r["devices"]), int(r["tp"]),
                                int(r["ep"]), int(r["batch"]), int(r["draft_rows"]),
                                float(r["acceptance_length"]) if r["acceptance_length"] else None,
-                               float(r["tokens_per_s"]), r["source"], int(r.get("steps_per_call") or 1)))
+                               float(r["tokens_per_s"]), r["source"], int(r.get("steps_per_call") or 1),
+                               r.get("serving_engine") or "", r.get("kv_cache") or ""))
     return out

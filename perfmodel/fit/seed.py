@@ -12,6 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from datetime import date
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from scipy.optimize import least_squares
 from perfmodel.engine import megakernel_sim
 from perfmodel.fit.measurements import Measurement, seed_measurements
 from perfmodel.spec.arch import PRESET_DIR as MODEL_DIR
+from perfmodel.spec.arch import ModelSpec, derive
 from perfmodel.spec.deployment import Deployment, SpecDecode
 from perfmodel.spec.hardware import Efficiency, Hardware, load_hardware
 from perfmodel.spec.loaders import load_model
@@ -60,11 +62,24 @@ def fit_params(platforms: list[str]) -> list[Param]:
             for p in platforms if p != "tpu-v7"]
 
 
-def deployment_for(m: Measurement) -> Deployment:
-    """The measurement's layout, with uniform routing (the physical default skew, not fitted)."""
+def deployment_for(m: Measurement, kernels: bool = False) -> Deployment:
+    """The measurement's layout, with uniform routing (the physical default skew, not fitted);
+    `kernels`: replayed as the kernels of the run's serving engine (no whole-step parameter acts
+    on them), else the generic engine the whole-step fit calibrates."""
     spec = SpecDecode(m.draft_rows, acceptance_length=m.acceptance_length) if m.spec_decode else None
     return Deployment(devices=m.devices, tp=m.tp, ep=m.ep, engine=m.engine, batch=m.batch, spec=spec,
-                      routing_skew=0.0, steps_per_call=m.steps_per_call)
+                      routing_skew=0.0, steps_per_call=m.steps_per_call,
+                      serving_engine=(m.serving_engine or None) if kernels else None)
+
+
+def model_for(m: Measurement) -> ModelSpec:
+    """The model as the measured run stored it (its KV cache format where the run names one)."""
+    return _model(m.kv_cache)
+
+
+@lru_cache(maxsize=None)
+def _model(kv_cache: str) -> ModelSpec:
+    return derive(MODEL, formats={"kv_cache": kv_cache}) if kv_cache else load_model(MODEL)
 
 
 def role(m: Measurement) -> str:
@@ -79,7 +94,6 @@ def _apply(values: dict[str, float], hw: dict[str, Hardware], platform: str) -> 
 
 def fit(measurements: list[Measurement], hw: dict[str, Hardware]) -> dict[str, float]:
     """Least squares on log(predicted / reported) over the training points, from physical defaults."""
-    model = load_model(MODEL)
     params = fit_params(sorted(hw))
     train = [m for m in measurements if role(m) == "fitted" and m.platform in {p.scope for p in params}]
     unit = np.array([1e-6 if p.name.endswith("_s") else 1.0 for p in params])  # fit times in us
@@ -90,7 +104,7 @@ def fit(measurements: list[Measurement], hw: dict[str, Hardware]) -> dict[str, f
         values = dict(zip((p.key for p in params), x * unit))
         out = []
         for m in train:
-            out.append(np.log(predict(model, _apply(values, hw, m.platform), deployment_for(m)).tokens_per_s
+            out.append(np.log(predict(model_for(m), _apply(values, hw, m.platform), deployment_for(m)).tokens_per_s
                               / m.tokens_per_s))
         return out
 
@@ -101,9 +115,10 @@ def fit(measurements: list[Measurement], hw: dict[str, Hardware]) -> dict[str, f
 def reproduce(fit_parameters: bool = True) -> dict:
     """The seed table predicted next to the reported values (schema in docs/json-schema.md).
 
-    With fit_parameters=False every parameter stays at its physical default."""
+    With fit_parameters=False every parameter stays at its physical default. A point whose run
+    names its serving engine also carries `kernels`: that engine's kernel list, costed from
+    measured kernel tables (perfmodel.engine.serving), with no whole-step parameter."""
     megakernel_sim.compile_loops()  # the fit simulates hundreds of steps
-    model = load_model(MODEL)
     ms = seed_measurements()
     hw = {m.platform: load_hardware(m.hardware) for m in ms}
     values = fit(ms, hw) if fit_parameters else {}
@@ -113,7 +128,7 @@ def reproduce(fit_parameters: bool = True) -> dict:
               for p in fit_params(sorted(hw)) if p.key in values}
     points = []
     for m in ms:
-        p = predict(model, _apply(values, hw, m.platform), deployment_for(m))
+        p = predict(model_for(m), _apply(values, hw, m.platform), deployment_for(m))
         err = p.tokens_per_s / m.tokens_per_s - 1
         r = role(m) if fit_parameters else "held-out"
         points.append({"platform": m.platform, "batch": m.batch,
@@ -122,6 +137,10 @@ def reproduce(fit_parameters: bool = True) -> dict:
                        "predicted_tokens_per_s": p.tokens_per_s, "reported_tokens_per_s": m.tokens_per_s,
                        "error": err, "role": r, "within_target": abs(err) <= TARGETS[r],
                        "predicted_step_ms": p.step_s * 1e3, "source": m.source})
+        if m.serving_engine:  # the run's engine, kernel by kernel from measured tables: nothing fitted
+            k = predict(model_for(m), hw[m.platform], deployment_for(m, kernels=True))
+            points[-1]["kernels"] = {"serving_engine": m.serving_engine, "predicted_tokens_per_s": k.tokens_per_s,
+                                     "error": k.tokens_per_s / m.tokens_per_s - 1, "predicted_step_ms": k.step_s * 1e3}
     if fit_parameters:  # the same points with nothing fitted, beside the fitted errors
         for pt, raw in zip(points, reproduce(fit_parameters=False)["points"]):
             pt["no_fit_error"] = raw["error"]

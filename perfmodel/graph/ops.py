@@ -1,4 +1,8 @@
-"""The per-device op graph of one decode step: FLOPs, bytes by class and collectives per op.
+"""The per-device op graph of one step: FLOPs, bytes by class and collectives per op.
+
+A step is a decode step by default (`batch` sequences, each `rows_per_seq` rows after `context`
+cached tokens); `build(..., groups=...)` takes any mix of row groups (`Rows`): decode rows and
+causal prompt chunks (prefill, perfmodel.graph.prefill), and `sampled` rows reaching the head.
 
 Parallel layout (documented choices, see README "Model terms"):
 - attention, dense FFN, shared experts, latent projections, embedding and lm_head are sharded
@@ -61,6 +65,7 @@ class OpGraph:
     sequences: int = 1    # sequences per replica this step
     top_k: int = 0        # experts each row picks (0: no MoE)
     expert_descriptors: int = 1  # DMA descriptors one routed expert's copy takes (each matrix, each scale array)
+    head_rows: int | None = None  # rows the lm_head samples (None: every row; a prompt chunk: its last row)
 
     @property
     def bytes(self) -> np.ndarray:
@@ -68,6 +73,21 @@ class OpGraph:
 
     def __len__(self) -> int:
         return len(self.name)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Sequences a step processes alike: `seqs` sequences of `rows` new tokens each after
+    `context` cached ones. Decode / verify rows attend the cache (`causal` False); a prompt chunk
+    (`causal` True) is `rows` prompt tokens attending the cache and each other causally."""
+    seqs: int
+    rows: int
+    context: int
+    causal: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.seqs * self.rows
 
 
 class _Builder:
@@ -83,38 +103,48 @@ class _Builder:
             self.rows.append((layer, phase, name, True, 0.0, "", 0.0, 0.0, 0.0, 0.0, kind, nbytes, group, None))
 
 
-def build(model: ModelSpec, d: Deployment) -> OpGraph:
+def build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = None,
+          sampled: int | None = None) -> OpGraph:
     """The op graph; cached per model object and the deployment fields it depends on (sweeps over
-    prefetch depth, slots, engine or hardware reuse it). Callers must not mutate it."""
+    prefetch depth, slots, engine or hardware reuse it). Callers must not mutate it.
+
+    `groups`: the step's row groups on one attention replica (default: the deployment's decode
+    step, ceil(batch / dp) sequences of rows_per_seq rows at `context`); their attention cores
+    are one op per kind, the rest of the graph runs over all their rows. `sampled`: rows the
+    lm_head computes (default: every row; 0: no head)."""
     key = (d.devices, d.tp, d.expert_groups, d.batch, d.context, d.rows_per_seq, d.routing_skew,
-           d.routing_correlation, d.pp, d.engine)
+           d.routing_correlation, d.pp, d.engine, groups, sampled)
     if id(model) not in _CACHE and len(_CACHE) >= 16:
         _CACHE.clear()
     cache = _CACHE.setdefault(id(model), (model, {}))[1]
     if key not in cache:
         if len(cache) > 256:
             cache.clear()
-        cache[key] = _build(model, d)
+        cache[key] = _build(model, d, groups, sampled)
     return cache[key]
 
 
 _CACHE: dict[int, tuple[ModelSpec, dict]] = {}  # id(model) -> (model kept alive, graphs)
 
 
-def _build(model: ModelSpec, d: Deployment) -> OpGraph:
-    b = -(-d.batch // (d.dp * d.pp))     # sequences per attention replica (per micro-batch)
-    t = b * d.rows_per_seq               # rows (tokens) processed per replica
+def _build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = None,
+           sampled: int | None = None) -> OpGraph:
+    if groups is None:  # the decode step: its sequences per attention replica (per micro-batch)
+        groups = (Rows(-(-d.batch // (d.dp * d.pp)), d.rows_per_seq, d.context),)
+    b = sum(g.seqs for g in groups)      # sequences per replica
+    t = sum(g.tokens for g in groups)    # rows (tokens) processed per replica
+    sampled = t if sampled is None else sampled
     h, f = model.hidden, model.formats
     ops = _Builder()
     rc = model.megakernel if d.engine == "megakernel" else Megakernel()
     wire = lambda rows, width: rc.wire_bytes * max(rows, rc.collective_rows) * width  # a collective's payload
 
-    def matmul(layer: int, phase: str, mm: Matmul, shards: int):
+    def matmul(layer: int, phase: str, mm: Matmul, shards: int, rows: int = t):
         fmt = model.matmul_format(mm)
         d_in = mm.d_in if mm.experts == 1 else mm.d_in * mm.experts / shards  # grouped: inputs split too
-        ops.compute(layer, phase, mm.name, 2.0 * t * mm.params / shards, fmt.compute_dtype,
+        ops.compute(layer, phase, mm.name, 2.0 * rows * mm.params / shards, fmt.compute_dtype,
                     static=model.matmul_bytes(mm) / shards,
-                    act=ACT_BYTES * t * (d_in + mm.d_out * mm.experts / shards), fmt=fmt)
+                    act=ACT_BYTES * rows * (d_in + mm.d_out * mm.experts / shards), fmt=fmt)
 
     n_hc = model.residual_streams
 
@@ -154,7 +184,11 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
             ops.compute(i, "attention", "attn_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
             for mm in mms[:-1]:
                 matmul(i, "attention", mm, d.tp)
-            _attention_core(ops, model, layer, d, b, t)
+            first = len(ops.rows)
+            for g in groups:
+                (_causal_core if g.causal else _attention_core)(ops, model, layer, d, g)
+            if len(groups) > 1:
+                _merge_by_name(ops.rows, first)
             matmul(i, "attention", mms[-1], d.tp)
             ops.collective(i, "attention", "attn_all_reduce", "all_reduce", wire(t, h), d.tp)
             hc_post(i, "attention")
@@ -176,9 +210,11 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
                     static=n_hc * n_hc * h * HC_BYTES, act=ACT_BYTES * t * (n_hc * h + h))
     ops.compute(n1, "head", "final_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
     lm = Matmul("lm_head", "lm_head" if not model.tie_embeddings else "embedding", h, model.vocab)
-    matmul(n1, "head", lm, d.tp)
-    ops.compute(n1, "head", "argmax", 2.0 * t * model.vocab / d.tp, act=4.0 * t * model.vocab / d.tp)
-    ops.collective(n1, "head", "argmax_all_gather", "all_gather", 8.0 * max(t, rc.collective_rows), d.tp)
+    if sampled:
+        matmul(n1, "head", lm, d.tp, sampled)
+        ops.compute(n1, "head", "argmax", 2.0 * sampled * model.vocab / d.tp,
+                    act=4.0 * sampled * model.vocab / d.tp)
+        ops.collective(n1, "head", "argmax_all_gather", "all_gather", 8.0 * max(sampled, rc.collective_rows), d.tp)
 
     cols = list(zip(*ops.rows))
     arr = lambda k, dt=float: np.asarray(cols[k], dtype=dt)
@@ -186,9 +222,10 @@ def _build(model: ModelSpec, d: Deployment) -> OpGraph:
     kinds.update({0: "embed", n1: "head"})
     return OpGraph(arr(0, int), list(cols[1]), list(cols[2]), arr(3, bool), arr(4), list(cols[5]),
                    arr(6), arr(7), arr(8), arr(9), list(cols[10]), arr(11), arr(12, int), kinds, t,
-                   distinct, {l.index: b * model.cache_bytes(l.attention, d.context, d.tp) for l in model.layers},
+                   distinct, {l.index: sum(g.seqs * model.cache_bytes(l.attention, g.context, d.tp) for g in groups)
+                              for l in model.layers},
                    kernel_all_reduce(model, t), list(cols[13]), rc, b, model.moe.top_k if model.moe else 0,
-                   expert_descriptors(model))
+                   expert_descriptors(model), None if sampled == t else sampled)
 
 
 def expert_descriptors(model: ModelSpec) -> int:
@@ -209,10 +246,24 @@ def kernel_all_reduce(model: ModelSpec, rows: int) -> str:
     return "one_shot" if mk.shard_collective_rows is not None and rows not in mk.shard_collective_rows else ""
 
 
-def _attention_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment, b: int, t: int):
+def _merge_by_name(rows: list[tuple], first: int) -> None:
+    """The attention cores of several row groups (rows[first:]) as one op per name (one kernel
+    over every group's rows): FLOPs and bytes summed, in order of first appearance."""
+    merged: dict[str, list] = {}
+    for r in rows[first:]:
+        if r[2] in merged:
+            m = merged[r[2]]
+            for k in (4, 6, 7, 8, 9):
+                m[k] += r[k]
+        else:
+            merged[r[2]] = list(r)
+    rows[first:] = [tuple(m) for m in merged.values()]
+
+
+def _attention_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment, g: Rows):
     """The attention itself (scores, state update), between its projections. Caches are read
-    per sequence (`b` on this replica); a recurrent state is read and written back."""
-    i, L, rows = layer.index, d.context, d.rows_per_seq
+    per sequence (`g.seqs` on this replica); a recurrent state is read and written back."""
+    i, L, rows, b, t = layer.index, g.context, g.rows, g.seqs, g.tokens
     kvb, stb = model.formats["kv_cache"].bytes_per_value, model.formats["state"].bytes_per_value
     a = model.attn(layer.attention)
     if isinstance(a, KDA):
@@ -254,28 +305,19 @@ def _attention_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment
                     kv=b * (span + rows) * width * kvb,
                     act=ACT_BYTES * t * hl * (2 * width + a.kv_lora_rank))
     elif isinstance(a, CSA):
-        _csa_core(ops, model, a, i, d, b, t)
+        _csa_core(ops, model, a, i, d, g)
     elif isinstance(a, GQA):
-        hl, kvl, vd = a.heads // d.tp, -(-a.kv_heads // d.tp), a.v_head_dim or a.head_dim
         span = min(L, a.window) if a.window else L
-        if a.index_topk:  # each index head scores every cached index key (then a max per block);
-            il = max(1, a.index_heads // d.tp)  # its KV head's group reads the top-k tokens
-            ops.compute(i, "attention", "msa_indexer", 2.0 * t * il * a.index_head_dim * (L + rows) + t * il * L,
-                        "bf16", kv=b * (L + rows) * a.index_head_dim * kvb,
-                        act=ACT_BYTES * t * il * a.index_head_dim + 4.0 * t * il * L)
-            span = min(L, a.index_topk)
-        ops.compute(i, "attention", "gqa_attention", 2.0 * t * hl * (a.head_dim + vd) * span, "bf16",
-                    kv=b * (span + rows) * kvl * (a.head_dim + vd) * kvb,
-                    act=ACT_BYTES * t * hl * (a.head_dim + vd))
+        _gqa_core(ops, model, a, i, d, g, (L + rows, L), span, span)
 
 
-def _csa_core(ops: _Builder, model: ModelSpec, a: CSA, i: int, d: Deployment, b: int, t: int):
+def _csa_core(ops: _Builder, model: ModelSpec, a: CSA, i: int, d: Deployment, g: Rows):
     """DeepSeek-V4: the compressor writes each new token's projected values and gate scores into
     its running block (the state) and, once every `compress_ratio` tokens, reads the block back
     and writes one entry (softmax-gated sum: about 4 FLOPs a state value); CSA's indexer scores
     every compressed index key; the heads then read the raw window and the selected (CSA) or all
     (HCA) entries, the shared key serving as value (2 x 2 x head_dim FLOPs an entry)."""
-    L, rows = d.context, d.rows_per_seq
+    L, rows, b, t = g.context, g.rows, g.seqs, g.tokens
     kvb, stb = model.formats["kv_cache"].bytes_per_value, model.formats["state"].bytes_per_value
     raw, comp = a.entries(L)
     if a.compress_ratio:
@@ -294,6 +336,85 @@ def _csa_core(ops: _Builder, model: ModelSpec, a: CSA, i: int, d: Deployment, b:
     hl = a.heads // d.tp
     ops.compute(i, "attention", "csa_attention", 4.0 * t * hl * span * a.head_dim, "bf16",
                 kv=b * (span + rows) * a.head_dim * kvb, act=ACT_BYTES * t * hl * 2 * a.head_dim)
+
+
+def attended(context: int, rows: int, window: int = 0) -> float:
+    """Mean tokens a row of a causal prompt chunk attends: row r (0-based) of `rows` after
+    `context` cached tokens attends context + r + 1 of them, at most `window` (0: no window)."""
+    if not window:
+        return context + (rows + 1) / 2
+    k = min(rows, max(0, window - context))  # rows whose span is still inside the window
+    return (k * context + k * (k + 1) / 2 + (rows - k) * window) / rows
+
+
+def mla_prefill_flops(a: MLA, heads: int, rows: int, context: int, span: float | None = None) -> dict[str, float]:
+    """FLOPs of one sequence's prompt chunk of `rows` tokens after `context` cached, over `heads`
+    heads, each row attending `span` tokens (default: the causal mean), in either form:
+    "absorbed" (queries into the latent space: 2 (kv_lora + rope) + 2 kv_lora per token pair)
+    or "plain" (the cached latents up-projected to per-head keys and values by kv_b, then
+    2 (qk_nope + qk_rope) + 2 v_head per pair; the chunk's own rows go through kv_b as its op).
+    A prefill runs the cheaper (`min`; kernels.prefill runs the same choice)."""
+    span = attended(context, rows) if span is None else span
+    return {"absorbed": rows * heads * span * (4.0 * a.kv_lora_rank + 2.0 * a.qk_rope_dim),
+            "plain": (2.0 * rows * heads * span * (a.qk_nope_dim + a.qk_rope_dim + a.v_head_dim)
+                      + 2.0 * context * a.kv_lora_rank * heads * (a.qk_nope_dim + a.v_head_dim))}
+
+
+def _causal_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment, g: Rows):
+    """The attention core of prompt chunks (prefill): every row attends the cache and the rows
+    before it (`attended`: on average context + (rows + 1) / 2 tokens, at most the window). KV
+    bytes: the cached tokens read once, the chunk's entries written. MLA runs the cheaper of the
+    absorbed form (as in decode) and the expanded one (the cached latents up-projected to per-head
+    keys and values by kv_b, then attention at qk_nope + qk_rope / v_head per token pair), as
+    serving engines do for prefill. Recurrent kinds (KDA, GDN, Mamba-2) cost what a decode row
+    costs per token, the state read and written once per chunk (chunked-scan algorithms' extra
+    intra-chunk products are not counted); DeepSeek-V4's compressed attention takes the chunk's
+    mean span as its context."""
+    i, L, rows, b, t = layer.index, g.context, g.rows, g.seqs, g.tokens
+    kvb = model.formats["kv_cache"].bytes_per_value
+    a = model.attn(layer.attention)
+    if isinstance(a, (KDA, GDN, Mamba2)):
+        return _attention_core(ops, model, layer, d, g)
+    if isinstance(a, CSA):
+        return _csa_core(ops, model, a, i, d, Rows(b, rows, int(round(attended(L, rows)))))
+    seen = attended(L, rows)
+    if isinstance(a, MLA):
+        hl = a.heads // d.tp
+        width = a.kv_lora_rank + a.qk_rope_dim
+        span = seen
+        if a.index_topk:  # each row's indexer scores every token it may attend, MLA reads the top-k
+            il = max(1, a.index_heads // d.tp)
+            ops.compute(i, "attention", "dsa_indexer", 2.0 * t * il * a.index_head_dim * seen + 2.0 * t * il * seen,
+                        "fp8", kv=b * (L + rows) * a.index_head_dim * kvb,
+                        act=ACT_BYTES * t * il * a.index_head_dim + 4.0 * t * seen)
+            span = min(seen, a.index_topk)
+        ops.compute(i, "attention", "mla_attention", min(mla_prefill_flops(a, hl, rows, L, span).values()) * b,
+                    "bf16",
+                    kv=b * (L + rows) * width * kvb,
+                    act=ACT_BYTES * t * hl * (2 * width + a.kv_lora_rank))
+    elif isinstance(a, GQA):
+        _gqa_core(ops, model, a, i, d, g, (seen, seen), attended(L, rows, a.window),
+                  min(L, a.window) if a.window else L)
+
+
+def _gqa_core(ops: _Builder, model: ModelSpec, a: GQA, i: int, d: Deployment, g: Rows,
+              scored: tuple[float, float], span: float, cached: float):
+    """GQA's scores and values: each row attends `span` tokens (at most the window) and the
+    group reads `cached` cached entries (and writes its rows'). Block-sparse (`index_topk`): each
+    index head scores `scored[0]` index keys and takes a max per block over `scored[1]`, then its
+    KV head's group attends and reads the top-k tokens."""
+    b, t, rows = g.seqs, g.tokens, g.rows
+    kvb = model.formats["kv_cache"].bytes_per_value
+    hl, kvl, vd = a.heads // d.tp, -(-a.kv_heads // d.tp), a.v_head_dim or a.head_dim
+    if a.index_topk:
+        il = max(1, a.index_heads // d.tp)
+        ops.compute(i, "attention", "msa_indexer", 2.0 * t * il * a.index_head_dim * scored[0] + t * il * scored[1],
+                    "bf16", kv=b * (g.context + rows) * a.index_head_dim * kvb,
+                    act=ACT_BYTES * t * il * a.index_head_dim + 4.0 * t * il * scored[1])
+        span, cached = min(scored[1], a.index_topk), min(cached, a.index_topk)
+    ops.compute(i, "attention", "gqa_attention", 2.0 * t * hl * (a.head_dim + vd) * span, "bf16",
+                kv=b * (cached + rows) * kvl * (a.head_dim + vd) * kvb,
+                act=ACT_BYTES * t * hl * (a.head_dim + vd))
 
 
 def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int, rc: Megakernel, wire) -> float:

@@ -16,20 +16,21 @@ import numpy as np
 from perfmodel.engine import megakernel, megakernel_sim
 from perfmodel.engine.terms import CAUSES, op_weights
 from perfmodel.graph import ops
-from perfmodel.search.design import SETTINGS, Chunk
+from perfmodel.search.design import CONSTRAINTS, SERVE_TRAFFIC, SETTINGS, Chunk
 from perfmodel.spec import arch, hardware, loaders
 from perfmodel.spec.deployment import Deployment, SpecDecode, resident_bytes_per_device, validate
 from perfmodel.step.predict import predict, summarise
 from perfmodel.util.errors import SpecError
 
 MiB = 2**20
+SERVE_REQUESTS = 500   # requests a serving configuration simulates unless it says
 VMEM_FIELDS = ("prefetch_bytes", "expert_slots")  # the simulator's on-chip budget errors
 BREAKDOWN = CAUSES + ("draft",)
 # result columns and their types
 RESULTS = {"status": str, "constraint": str, "reason": str, "step_s": float, "token_latency_s": float,
            "tokens_per_s": float, "tokens_per_s_per_chip": float, "chips": int, "bound": str,
            "hbm_utilisation": float, "resident_bytes_per_device": float,
-           **{f"{c}_s": float for c in BREAKDOWN}}
+           **{f"{c}_s": float for c in BREAKDOWN}, **{c: float for c in CONSTRAINTS}}
 COLUMNS = {"point": int, **{k: kind for k, (kind, _, _) in SETTINGS.items()}, **RESULTS}  # a row, in order
 OBJECTIVES = {"tokens_per_s": "max", "tokens_per_s_per_chip": "max", "step_s": "min", "token_latency_s": "min"}
 
@@ -58,12 +59,15 @@ def configure(chip: hardware.Hardware, s: dict) -> tuple[Deployment, hardware.Ha
     return d, chip.replace(**changes) if changes else chip
 
 
-def evaluate(model: arch.ModelSpec, chip: hardware.Hardware, settings: list[dict]) -> list[dict]:
+def evaluate(model: arch.ModelSpec, chip: hardware.Hardware, settings: list[dict],
+             constraints: dict | None = None) -> list[dict]:
     """Result columns (RESULTS) for each configuration; all share `model` and the `chip` preset.
 
     Megakernel configurations that share an op graph and the hardware terms of its timeline
     (differing in ring depth, expert slots, on-chip size or DMA mode) are simulated together
-    (megakernel_sim.run_many on one set of arrays); the others one by one with `predict`."""
+    (megakernel_sim.run_many on one set of arrays); the others one by one with `predict`.
+    Serving configurations (a rate or a concurrency) are serving simulations (`serve_row`),
+    filtered by the latency `constraints`."""
     megakernel_sim.compile_loops()  # many timelines: worth the compiler's 0.3 s start
     rows: list[dict | None] = [None] * len(settings)
     groups: dict[tuple, list] = {}
@@ -72,6 +76,9 @@ def evaluate(model: arch.ModelSpec, chip: hardware.Hardware, settings: list[dict
         d = hw = None
         try:
             d, hw = configure(chip, s)
+            if any(s.get(k) is not None for k in SERVE_TRAFFIC):
+                rows[i] = serve_row(model, d, hw, s, constraints or {})
+                continue
             if d.engine != "megakernel":
                 rows[i] = _row(model, d, hw, predict(model, hw, d))
                 continue
@@ -107,6 +114,43 @@ def evaluate(model: arch.ModelSpec, chip: hardware.Hardware, settings: list[dict
     return rows
 
 
+def serve_row(model, d: Deployment, hw: hardware.Hardware, s: dict, constraints: dict) -> dict:
+    """The result columns of one serving configuration: the simulation's throughput (tokens/s,
+    per chip over both pools), TPOT p50 as the time per token, the mean step, the latency
+    percentiles; filtered (constraint ttft / tpot / e2e) when a percentile exceeds its limit."""
+    from perfmodel.serve.scheduler import Scheduler
+    from perfmodel.serve.simulate import simulate
+    from perfmodel.serve.workload import Lengths, Workload
+    w = Workload(s.get("requests") or SERVE_REQUESTS, Lengths.parse(s.get("input_len") or 1024, "input_len"),
+                 Lengths.parse(s.get("output_len") or 256, "output_len"), s.get("rate"), s.get("concurrency"),
+                 seed=s.get("serve_seed") or 0)
+    sched = Scheduler(**{k: s[k] for k in ("max_batch", "max_tokens_per_step", "prefill_chunk") if s.get(k)})
+    prefill = None
+    if s.get("prefill_devices"):
+        prefill = Deployment(devices=s["prefill_devices"], tp=s.get("prefill_tp") or s["prefill_devices"],
+                             ep=s.get("prefill_ep"), engine="multikernel", routing_skew=d.routing_skew,
+                             routing_correlation=d.routing_correlation)
+    r = simulate(model, hw, d, w, sched, prefill).json(series=False)
+    pools = r["pools"]
+    steps = sum(p["steps"] for p in pools)
+    row = {"status": "ok", "constraint": None, "reason": None,
+           "step_s": sum(p["busy_s"] for p in pools) / steps,
+           "token_latency_s": r["tpot_s"]["p50"] if r["tpot_s"]["p50"] is not None else r["ttft_s"]["p50"],
+           "tokens_per_s": r["throughput_tokens_per_s"], "tokens_per_s_per_chip": r["tokens_per_s_per_chip"],
+           "chips": r["chips"], "bound": "serving", "hbm_utilisation": None,
+           "resident_bytes_per_device": resident_bytes_per_device(model, d),
+           **dict.fromkeys(f"{c}_s" for c in BREAKDOWN),
+           **{c: r[c.split("_")[0] + "_s"][c.split("_")[1]] for c in CONSTRAINTS}}
+    for name, limit in constraints.items():
+        v = row[name]
+        if v is None or v > limit:
+            metric, q, _ = name.split("_")
+            return row | {"status": "filtered", "constraint": metric,
+                          "reason": f"{metric.upper()} {q} {v:.4g} s > {limit:g} s" if v is not None
+                          else f"{metric.upper()} {q}: no request had two output tokens"}
+    return row
+
+
 def _filtered(model, d, hw, e: SpecError) -> dict:
     """The row of a configuration that does not fit, naming the constraint."""
     if e.field in VMEM_FIELDS:
@@ -122,7 +166,7 @@ def _row(model, d: Deployment, hw: hardware.Hardware, p) -> dict:
     """The result columns of a Prediction or a predict.Summary."""
     chips = math.ceil(d.devices / hw.cores_per_chip)
     per_seq = d.spec.tokens_per_step if d.spec else 1.0
-    return {"status": "ok", "constraint": None, "reason": None, "step_s": p.step_s,
+    return dict.fromkeys(RESULTS) | {"status": "ok", "constraint": None, "reason": None, "step_s": p.step_s,
             "token_latency_s": p.step_s / per_seq, "tokens_per_s": p.tokens_per_s,
             "tokens_per_s_per_chip": p.tokens_per_s / chips, "chips": chips, "bound": p.bound,
             "hbm_utilisation": p.hbm_floor_s / p.step_s if p.step_s else 0.0,
@@ -143,6 +187,6 @@ def run_chunk(chunk: Chunk) -> list[dict]:
     """A chunk's rows: point number, every setting (None: the default) and the results. Runs in
     any process (the executors send it chunks); model and chip are loaded once per process."""
     model, chip = _load("model", chunk.model), _load("hardware", chunk.hardware)
-    results = evaluate(model, chip, chunk.settings)
+    results = evaluate(model, chip, chunk.settings, chunk.constraints)
     return [{"point": i, **{k: s.get(k) for k in SETTINGS}, **r}
             for i, s, r in zip(chunk.points, chunk.settings, results)]

@@ -8,8 +8,7 @@ sweep file format.
 from __future__ import annotations
 
 import math
-import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Iterator
@@ -19,10 +18,13 @@ import numpy as np
 from perfmodel.spec.deployment import ENGINES
 from perfmodel.spec.hardware import DMA_SHARING
 from perfmodel.util.checks import MAX_MIB, MAX_SKEW
-from perfmodel.util.errors import SpecError, require
+from perfmodel.util import schema
+from perfmodel.util.errors import in_file, require
 
 MAX_POINTS = 10_000_000   # a sweep file's design (streamed in chunks; written to --out)
 MAX_VARY_POINTS = 10_000  # a grid typed on the command line (its rows are printed and held)
+MAX_CELLS = 2**25         # axis values a design holds (about 40 B each: 1.3 GB), checked before any is built
+MAX_SERVE_REQUESTS = 1_000_000  # requests one serving point simulates
 
 
 # setting -> (type, domain check or None, what the domain is); a value None means "the default"
@@ -41,7 +43,18 @@ SETTINGS = {
     "hbm_gbps": (float, lambda v: v > 0, "> 0"), "link_latency_us": (float, lambda v: v >= 0, ">= 0"),
     "dma_sharing": (str, lambda v: v in DMA_SHARING, f"one of {DMA_SHARING}"),
     "steps_per_call": (int, lambda v: v > 0, "> 0"),
+    # serving (perfmodel.serve): a point with a rate or a concurrency is a serving simulation
+    "rate": (float, lambda v: v > 0, "> 0"), "concurrency": (int, lambda v: v > 0, "> 0"),
+    "requests": (int, lambda v: 0 < v <= MAX_SERVE_REQUESTS, f"in 1..{MAX_SERVE_REQUESTS}"),
+    "input_len": (int, lambda v: v > 0, "> 0"), "output_len": (int, lambda v: v > 0, "> 0"),
+    "max_batch": (int, lambda v: v > 0, "> 0"), "max_tokens_per_step": (int, lambda v: v > 0, "> 0"),
+    "prefill_chunk": (int, lambda v: v > 0, "> 0"), "prefill_devices": (int, lambda v: v > 0, "> 0"),
+    "prefill_tp": (int, lambda v: v > 0, "> 0"), "prefill_ep": (int, lambda v: v > 0, "> 0"),
+    "serve_seed": (int, lambda v: v >= 0, ">= 0"),
 }
+SERVE_TRAFFIC = ("rate", "concurrency")
+# latency constraints of serving designs: <metric>_<percentile>_s <= value
+CONSTRAINTS = tuple(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99))
 TYPE_WORDS = {int: "an integer", float: "a number", str: "a string"}
 DEFAULTS = {"model": "kimi-k3", "hardware": "tpu-v7", "devices": 32, "engine": "megakernel", "batch": 1,
             "context": 4096, "draft_rows": 0, "draft_cost": 0.05}
@@ -91,8 +104,16 @@ class Design:
     samples: int = 0
     seed: int = 0
     source: str = "--vary"
+    constraints: dict = field(default_factory=dict)  # serving: CONSTRAINTS name -> most seconds
 
     def __post_init__(self):
+        for name, v in self.constraints.items():
+            require(name in CONSTRAINTS, f"constraints.{name}", v, f"unknown constraint; known: {', '.join(CONSTRAINTS)}")
+            require(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
+                    f"constraints.{name}", v, "must be a number of seconds > 0")
+        serving = any(k in self.axes or self.base.get(k) is not None for k in SERVE_TRAFFIC)
+        require(not self.constraints or serving, "constraints", ", ".join(self.constraints),
+                "latency constraints need serving traffic: a rate or a concurrency (docs/sweep.md)")
         given = lambda k: k in self.axes or self.base.get(k) is not None
         drafts = self.axes.get("draft_rows", [self.base.get("draft_rows") or 0])
         if (drafts.max if isinstance(drafts, Range) else max(drafts)) > 0:
@@ -108,11 +129,15 @@ class Design:
         built as dicts: a design may hold millions)."""
         names = list(self.axes)
         if self.kind == "grid":
-            values = [a.grid(n) if isinstance(a, Range) else a for n, a in self.axes.items()]
-            n = math.prod(len(v) for v in values)
+            n = math.prod(a.steps if isinstance(a, Range) else len(a) for a in self.axes.values())
             require(n <= MAX_POINTS, "sweep design", n, f"has more than {MAX_POINTS} points")
+            require(n * len(names) <= MAX_CELLS, "sweep design", f"{n} points x {len(names)} axes",
+                    f"more than {MAX_CELLS} values to hold; fewer axes or points")
+            values = [a.grid(n) if isinstance(a, Range) else a for n, a in self.axes.items()]
             idx = np.indices([len(v) for v in values]).reshape(len(values), -1)
             return {name: [v[i] for i in ix.tolist()] for name, v, ix in zip(names, values, idx)}
+        require(self.samples * len(names) <= MAX_CELLS, "sweep design", f"{self.samples} samples x {len(names)} axes",
+                f"more than {MAX_CELLS} values to hold; fewer axes or samples")
         rng = np.random.default_rng(self.seed)
         cols = {}
         for name, a in self.axes.items():
@@ -134,6 +159,8 @@ class Design:
     def describe(self) -> dict:
         axes = {k: (vars(a) if isinstance(a, Range) else a) for k, a in self.axes.items()}
         out = {"source": self.source, "kind": self.kind, "base": self.base, "axes": axes}
+        if self.constraints:
+            out["constraints"] = self.constraints
         return out | ({"samples": self.samples, "seed": self.seed} if self.kind == "random" else {})
 
 
@@ -164,7 +191,8 @@ def from_dict(data: dict, base: dict | None = None, source: str = "<dict>") -> D
     """A design from a sweep file's content; `base` (e.g. the CLI's flags) is overridden by the
     file's [base] table."""
     for k in data:
-        require(k in ("base", "grid", "random"), f"{source}: {k}", "", "unknown table; known: base, grid, random")
+        require(k in ("base", "grid", "random", "constraints"), f"{source}: {k}", "",
+                "unknown table; known: base, grid, random, constraints")
     require(("grid" in data) != ("random" in data), source, "", "needs exactly one of [grid] or [random]")
     for k in data:
         require(isinstance(data[k], dict), k, data[k], "must be a table")
@@ -186,40 +214,28 @@ def from_dict(data: dict, base: dict | None = None, source: str = "<dict>") -> D
             table = table["axes"]
     require(isinstance(table, dict) and table, kind, table, "needs at least one axis")
     axes = {name: _axis(f"{kind}.{name}", name, spec, kind) for name, spec in table.items()}
-    return Design(merged, axes, kind, samples, seed, source)
+    return Design(merged, axes, kind, samples, seed, source, dict(data.get("constraints", {})))
 
 
 def load(path: str, base: dict | None = None) -> Design:
     """A sweep file: .toml, or .yaml / .yml when PyYAML is installed."""
     p = Path(path)
     require(p.is_file(), "--design", path, "file not found")
-    if p.suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise SpecError("--design", path, "YAML needs PyYAML (pip install pyyaml); or write the file as TOML") from None
-        try:
-            data = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise SpecError("--design", path, f"not valid YAML: {str(e).splitlines()[0]}") from None
-    elif p.suffix == ".toml":
-        try:
-            data = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise SpecError("--design", path, f"not valid TOML: {e}") from None
-    else:
-        raise SpecError("--design", path, "must be a .toml, .yaml or .yml file")
-    require(isinstance(data, dict), "--design", path, "must hold tables base and grid or random")
-    return from_dict(data, base, source=p.name)
+    require(p.suffix in (".toml", ".yaml", ".yml"), "--design", path, "must be a .toml, .yaml or .yml file")
+    data = schema.load(p, {"base": {"*": None}, "grid": {"*": None}, "random": {"*": None}}, "--design")
+    with in_file(p):
+        return from_dict(data, base, source=p.name)
 
 
 @dataclass
 class Chunk:
-    """Configurations that share a model and a chip: point numbers and their full settings."""
+    """Configurations that share a model and a chip: point numbers and their full settings (and
+    the design's latency constraints)."""
     model: str
     hardware: str
     points: list[int]
     settings: list[dict]
+    constraints: dict = field(default_factory=dict)
 
 
 def chunks(design: Design, size: int = 256) -> Iterator[Chunk]:
@@ -237,7 +253,7 @@ def chunks(design: Design, size: int = 256) -> Iterator[Chunk]:
         idx.sort(key=lambda i: tuple((design.columns[k][i] is None, design.columns[k][i] or 0) for k in varied))
         for a in range(0, len(idx), size):
             part = idx[a:a + size]
-            yield Chunk(_ref(model), _ref(hw), part, [design.settings(i) for i in part])
+            yield Chunk(_ref(model), _ref(hw), part, [design.settings(i) for i in part], design.constraints)
 
 
 def _ref(name: str) -> str:

@@ -14,18 +14,25 @@ SpecError naming the key: the importer never silently models something else.
 """
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
 
 from perfmodel.spec.arch import MAX_LAYERS, ModelSpec, from_dict
-from perfmodel.util.checks import check_tree
-from perfmodel.util.errors import SpecError, require
-from perfmodel.util.files import read_text
+from perfmodel.util import schema
+from perfmodel.util.errors import SpecError, in_file, require
 
 LAYER_TYPES = {"full_attention": "full", "sliding_attention": "swa", "linear_attention": "linear",
                "chunked_attention": "swa"}   # a chunk bounds the span as a window does
 HYBRID_CHARS = {"M": "mamba2", "*": "attention", "-": "mlp", "E": "moe"}
 QUANT_METHODS = ("fp8", "mxfp4", "compressed-tensors", "modelopt")
+MODELOPT_FORMATS = {"NVFP4": "nvfp4", "FP8": "fp8", "FP8_BLOCK_SCALES": "fp8-block128"}
+# ModelOpt `hf_quant_config.json` quant_algo -> its config.json quant_algo (the ones modelled)
+SIDECAR_ALGOS = {"NVFP4": "NVFP4", "FP8": "FP8", "FP8_BLOCK_SCALES": "FP8_BLOCK_SCALES"}
+# module-name keywords of ModelOpt exclude patterns -> the weight family they keep in bf16
+EXCLUDE_FAMILIES = (("shared_expert", "shared_expert"), ("experts", "routed_expert"), ("self_attn", "attention"),
+                    ("attn", "attention"), ("mlp", "dense_ffn"))
+UNQUANTISED = ("lm_head", "embed", "norm", "vision", "visual", "mm_projector")  # bf16 anyway
+ROUTER_NAMES = ("gate", "router")  # a MoE block's router (not gate_proj): bf16 anyway
 # Hugging Face `Gemma3TextConfig` defaults for the keys Gemma 3's published configs leave out
 # (google/gemma-3-27b-it states neither its vocabulary nor its layer pattern nor tied embeddings)
 GEMMA3_DEFAULTS = {"vocab_size": 262208, "sliding_window_pattern": 6, "tie_word_embeddings": True}
@@ -67,13 +74,9 @@ class _Config:
 
 
 def from_hf_config(path: Path) -> ModelSpec:
-    text = read_text(path, "model file")
-    try:
-        top = json.loads(text, parse_constant=str)  # NaN / Infinity stay text: no key reads them as numbers
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, over-long integers, deep nesting
-        raise SpecError("model file", str(path), f"not a readable JSON config: {e}") from None
-    check_tree(top)
-    require(isinstance(top, dict), "model file", str(path), "expected a JSON object")
+    # NaN / Infinity stay text: no key reads them as numbers; unread keys are not checked (a
+    # config.json holds many that do not change cost; those that do are refused, UNMODELLED_KEYS)
+    top = schema.load(path, {"*": None}, "model file", fmt="json", json_constant=str)
     text = top.get("text_config")
     require(text is None or isinstance(text, dict), "config.json:text_config", text, "must be an object")
     c = dict(text or top)
@@ -83,8 +86,45 @@ def from_hf_config(path: Path) -> ModelSpec:
     name = c.get("_name_or_path") or Path(path).stem
     if name == "config":
         name = Path(path).parent.name or "hf-model"
-    d = spec_dict(c, str(name), f"Hugging Face config {Path(path).name}")
-    return from_dict(d)
+    source = f"Hugging Face config {Path(path).name}"
+    sidecar = Path(path).parent / "hf_quant_config.json"
+    if sidecar.is_file():
+        with in_file(sidecar):
+            c["quantization_config"] = _sidecar(sidecar, c.get("quantization_config"))
+        source += " + hf_quant_config.json"
+    with in_file(path):
+        return from_dict(spec_dict(c, str(name), source))
+
+
+def _sidecar(path: Path, qc) -> dict:
+    """NVIDIA ModelOpt's `hf_quant_config.json` beside a config.json, as the `quantization_config`
+    ModelOpt writes into config.json (`quant_algo`, `kv_cache_scheme`, `ignore` = its
+    `exclude_modules`, `group_size`). A config.json that names another method is refused."""
+    doc = schema.load(path, None, "hf_quant_config.json", fmt="json", json_constant=str)
+    q = doc.get("quantization") if isinstance(doc, dict) else None
+    require(isinstance(q, dict), "hf_quant_config.json:quantization", q, "must be an object")
+    algo = q.get("quant_algo")
+    require(algo in SIDECAR_ALGOS, "hf_quant_config.json:quantization.quant_algo", algo,
+            f"known: {', '.join(SIDECAR_ALGOS)} (another algorithm changes cost)")
+    group = q.get("group_size")
+    if algo == "NVFP4":
+        require(group in (None, 16), "hf_quant_config.json:quantization.group_size", group,
+                "NVFP4 scales blocks of 16 values")
+    kv = q.get("kv_cache_quant_algo")
+    require(kv in (None, "FP8"), "hf_quant_config.json:quantization.kv_cache_quant_algo", kv, "known: FP8 or null")
+    exclude = q.get("exclude_modules") or []
+    require(isinstance(exclude, list) and all(isinstance(x, str) for x in exclude),
+            "hf_quant_config.json:quantization.exclude_modules", exclude, "must be a list of module patterns")
+    out = {"quant_method": "modelopt", "quant_algo": SIDECAR_ALGOS[algo], "ignore": exclude,
+           "ignore_field": "hf_quant_config.json:quantization.exclude_modules"}
+    if kv:
+        out["kv_cache_scheme"] = kv
+    if qc is not None:
+        method = qc.get("quant_method") if isinstance(qc, dict) else qc
+        require(method == "modelopt" and qc.get("quant_algo") in (None, out["quant_algo"]),
+                "config.json:quantization_config", method,
+                f"disagrees with hf_quant_config.json beside it (ModelOpt {algo})")
+    return out
 
 
 def spec_dict(raw: dict, name: str, source: str) -> dict:
@@ -105,7 +145,7 @@ def spec_dict(raw: dict, name: str, source: str) -> dict:
     attn, ffn = _attention(c, raw, d, n, h, heads), _ffn_kinds(c, raw, n)
     _moe(c, raw, d, n, ffn)
     d["attention"] = attn
-    d["formats"], custom = _formats(raw.get("quantization_config"))
+    d["formats"], custom = _formats(raw.get("quantization_config"), n, ffn)
     state_key = _first(raw, "mamba_ssm_dtype", "mamba_ssm_cache_dtype")
     if raw.get(state_key) is not None:  # recurrent state precision (gated DeltaNet, Mamba-2)
         require(raw[state_key] in STATE_DTYPES, f"config.json:{state_key}", raw[state_key],
@@ -393,7 +433,7 @@ def _moe(c: _Config, raw: dict, d: dict, n: int, ffn: list[str]) -> None:
                 "none_layers": [i + 1 for i, f in enumerate(ffn) if f == "none"]}
 
 
-def _formats(qc) -> tuple[dict, dict]:
+def _formats(qc, n: int, ffn: list[str]) -> tuple[dict, dict]:
     """Weight formats from `quantization_config` (none: bf16 as published)."""
     if qc is None:
         return {}, {}
@@ -412,11 +452,10 @@ def _formats(qc) -> tuple[dict, dict]:
         return {"routed_expert": "mxfp4"}, {}
     if method == "modelopt":  # ModelOpt (quant_method, or only its producer name, says so)
         algo = qc.get("quant_algo")
-        require(algo in ("NVFP4", "FP8"), "config.json:quantization_config.quant_algo", algo,
-                "known: NVFP4, FP8")
-        ignore = " ".join(str(x) for x in qc.get("ignore", []))
-        out = dict.fromkeys([f for f in linear if not (f == "attention" and "self_attn" in ignore)],
-                            "nvfp4" if algo == "NVFP4" else "fp8")
+        require(algo in MODELOPT_FORMATS, "config.json:quantization_config.quant_algo", algo,
+                f"known: {', '.join(MODELOPT_FORMATS)}")
+        kept = _excluded(qc.get("ignore", []), n, ffn, qc.get("ignore_field", "config.json:quantization_config.ignore"))
+        out = dict.fromkeys([f for f in linear if f not in kept], MODELOPT_FORMATS[algo])
         kv = qc.get("kv_cache_scheme")
         if kv is not None:
             require(kv == "FP8" or (isinstance(kv, dict) and kv.get("num_bits") == 8 and kv.get("type") == "float"),
@@ -424,6 +463,32 @@ def _formats(qc) -> tuple[dict, dict]:
             out["kv_cache"] = "fp8-kv"
         return out, {}
     return _compressed_tensors(qc, linear)
+
+
+def _excluded(patterns, n: int, ffn: list[str], field: str) -> set[str]:
+    """The weight families a ModelOpt ignore / exclude list keeps in bf16: a family whose pattern
+    names no layer (or every layer that has it); one that names only some of its layers is refused
+    (per-layer precision is not modelled)."""
+    require(isinstance(patterns, list) and all(isinstance(p, str) for p in patterns), field, patterns,
+            "must be a list of module-name patterns")
+    layers: dict[str, set] = {}
+    for p in patterns:
+        family = next((f for key, f in EXCLUDE_FAMILIES if key in p), None)
+        if family is None or any(u in p for u in UNQUANTISED) or p.rsplit(".", 1)[-1].strip("*") in ROUTER_NAMES:
+            continue
+        m = re.search(r"layers\.(\d+)\.", p)
+        layers.setdefault(family, set()).add(int(m.group(1)) if m else "all")
+    has = {"attention": set(range(n)), "dense_ffn": {i for i, f in enumerate(ffn) if f == "dense"},
+           "shared_expert": {i for i, f in enumerate(ffn) if f == "moe"},
+           "routed_expert": {i for i, f in enumerate(ffn) if f == "moe"}}
+    out = set()
+    for family, named in layers.items():
+        if "all" in named or has[family] <= named:
+            out.add(family)
+        elif has[family] & named:
+            raise SpecError(field, sorted(x for x in named if x != "all")[:8],
+                            f"keeps {family} weights of only some layers in bf16: per-layer precision is not modelled")
+    return out
 
 
 def _compressed_tensors(qc: dict, linear: tuple[str, ...]) -> tuple[dict, dict]:

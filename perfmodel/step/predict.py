@@ -48,6 +48,7 @@ class Prediction:
     breakdown_s: dict[str, float]
     layers: list[LayerRow]
     timeline: Timeline
+    ttft_s: float | None = None  # time to first token of the batch's prompts (perfmodel.step.prefill.with_ttft)
 
     @property
     def hbm_utilisation(self) -> float:

@@ -46,6 +46,8 @@ def prediction_json(p: Prediction, layers: bool = True) -> dict:
            "bytes_per_device": p.bytes_per_device, "hbm_floor_s": p.hbm_floor_s,
            "compute_floor_s": p.compute_floor_s, "bound": p.bound,
            "hbm_utilisation": p.hbm_utilisation, "breakdown_s": p.breakdown_s}
+    if p.ttft_s is not None:
+        out["ttft_s"] = p.ttft_s
     if layers:
         out["layers"] = [dataclasses.asdict(r) for r in p.layers]
     return out
