@@ -109,6 +109,15 @@ def typed(at: AppTest, key: str, value) -> AppTest:
     return at.text_input(key=key).input(text).run()
 
 
+def use_deployment(at: AppTest, prefix: str, hw: str, engine: str, **layout) -> AppTest:
+    """A view's hardware, engine and layout fields (PREFIX_hw, PREFIX_engine, PREFIX_devices ...) set in turn."""
+    at.selectbox(key=f"{prefix}_hw").set_value(hw).run()
+    at.radio(key=f"{prefix}_engine").set_value(engine).run()
+    for field, v in layout.items():
+        typed(at, f"{prefix}_{field}", v)
+    return at
+
+
 def metric(at: AppTest, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
 
@@ -264,11 +273,7 @@ def test_compare_batches_and_platform_widgets():
     assert sorted(table(at, "cmp_pred")["batch"].unique()) == [1, 3, 48]
     assert "--batch 1,3,48" in " ".join(c.value for c in at.code)
     # platform B as a second TPU v7 megakernel: the GB200 measured points disappear
-    at.selectbox(key="cmp_B_hw").set_value("tpu-v7").run()
-    at.radio(key="cmp_B_engine").set_value("megakernel").run()
-    typed(at, "cmp_B_devices", 32)
-    typed(at, "cmp_B_tp", 32)
-    typed(at, "cmp_B_ep", 8)
+    use_deployment(at, "cmp_B", "tpu-v7", "megakernel", devices=32, tp=32, ep=8)
     assert_clean(at)
     err = table(at, "cmp_errors")
     assert {p.split(": ", 1)[1] for p in err["platform"]} == {TPU_V7.split(": ", 1)[1]}
@@ -837,11 +842,7 @@ def test_serving_concurrency_other_layout_and_bad_inputs():
     typed(at, "sv_ep", 3)  # 3 groups cannot split 16 GPUs
     assert_message(at, "cannot serve")
     typed(at, "sv_ep", 16)
-    at.selectbox(key="sv_hw").set_value("tpu-v7").run()
-    at.radio(key="sv_engine").set_value("megakernel").run()
-    typed(at, "sv_devices", 32)
-    typed(at, "sv_tp", 32)
-    typed(at, "sv_ep", 8)
+    use_deployment(at, "sv", "tpu-v7", "megakernel", devices=32, tp=32, ep=8)
     assert_clean(at)
     assert at.selectbox(key="sv_serving").value == "generic"  # a serving engine is a GPU multi-kernel engine
     assert "--hardware tpu-v7 --devices 32 --tp 32 --ep 8 --engine megakernel" in at.code[0].value
