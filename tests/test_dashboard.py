@@ -266,6 +266,21 @@ def test_compare_speculative_decoding_toggle():
     assert len(table(at, "cmp_errors")) == 10
 
 
+def test_compare_upload_names_its_serving_engine_and_kv_cache():
+    """An uploaded row is the reference for platform B only with B's serving engine and KV cache format."""
+    at = open_view("Compare")
+    csv = (b"hardware,engine,devices,tp,ep,batch,tokens_per_s,serving_engine,kv_cache,source\n"
+           b"gb200,multikernel,16,16,1,16,900,vllm,fp8-kv,my vllm run\n"
+           b"gb200,multikernel,16,16,1,32,1500,,,my generic run\n")
+    at.file_uploader(key="cmp_upload").set_value(("gb.csv", csv, "text/csv")).run()
+    assert_clean(at)
+    err = table(at, "cmp_errors")
+    mine = err[err["source"] == "your upload: gb.csv"]
+    assert list(mine["reference"]) == ["my vllm run"] and list(mine["platform"]) == [GB200]
+    note = next(c.value for c in at.caption if "Not a reference for platform B: your upload: gb.csv" in c.value)
+    assert "serving engine (yours vllm, measured generic)" in note and "KV cache (yours fp8-kv, measured bf16)" in note
+
+
 def test_compare_batches_and_platform_widgets():
     at = open_view("Compare")
     typed(at, "cmp_batches", ", ".join(map(str, [1, 3, 48])))
