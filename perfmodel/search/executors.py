@@ -1,12 +1,20 @@
-"""Where a sweep's chunks run: in this process, in a pool of local processes (the default; the
+"""Where a sweep's chunks run: in this process and a pool of local processes (the default; the
 standard library only), or on a Ray cluster (`pip install 'perfmodel[ray]'`). Every executor
 returns the chunks' results in chunk order, so the same design gives the same output anywhere.
+
+The local executor runs the first chunk in this process, then the others in worker processes
+forked from it (on Linux, when this process runs a single thread): a worker starts with what the
+first chunk loaded (modules, presets, the simulator's compiled loops) instead of loading it all
+again, which would cost about a second per worker. Elsewhere workers are spawned fresh.
 """
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
+from itertools import chain
 from multiprocessing import get_context
 from typing import Callable, Iterable, Iterator
 
@@ -17,17 +25,23 @@ EXECUTORS = ("local", "ray")
 
 def run(fn: Callable, chunks: Iterable, executor: str = "local", jobs: int | None = None,
         address: str | None = None) -> Iterator:
-    """`fn(chunk)` for every chunk, yielded in order. local: `jobs` processes (1: this process;
-    default: one per CPU); ray: the cluster at `address` (default: RAY_ADDRESS or a new local one)."""
+    """`fn(chunk)` for every chunk, yielded in order. local: `jobs` processes (1: this process
+    alone; default: one per CPU this process may use), started only for a design of more than one
+    chunk; ray: the cluster at `address` (default: RAY_ADDRESS or a new local one)."""
     require(executor in EXECUTORS, "--executor", executor, f"must be one of {EXECUTORS}")
     require(jobs is None or (isinstance(jobs, int) and jobs > 0), "--jobs", jobs, "must be a positive integer")
     require(address is None or executor == "ray", "--address", address, "needs --executor ray")
     if executor == "ray":
         return _ray(fn, chunks, address)
-    jobs = jobs or os.cpu_count() or 1
+    jobs = jobs or cpus()
     if jobs == 1:
         return map(fn, chunks)
-    return _pool(fn, chunks, jobs)
+    return _local(fn, iter(chunks), jobs)
+
+
+def cpus() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _windowed(submit: Callable, get: Callable, chunks: Iterable, window: int) -> Iterator:
@@ -42,10 +56,21 @@ def _windowed(submit: Callable, get: Callable, chunks: Iterable, window: int) ->
         yield get(flight.popleft())
 
 
-def _pool(fn, chunks, jobs: int) -> Iterator:
-    # spawn: workers start clean (no copy of the parent's threads, e.g. the progress bar's)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        yield from _windowed(lambda c: pool.submit(fn, c), lambda f: f.result(), chunks, 4 * jobs)
+def _local(fn, chunks: Iterator, jobs: int) -> Iterator:
+    """The first chunk here, the rest in a pool of `jobs` processes if there are any."""
+    first = next(chunks, None)
+    if first is None:
+        return
+    yield fn(first)
+    second = next(chunks, None)
+    if second is None:
+        return
+    # fork only a single-threaded process (a forked child inherits no threads, but the locks
+    # other threads held); the pool forks all its workers before it starts its own thread
+    fork = sys.platform.startswith("linux") and threading.active_count() == 1
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("fork" if fork else "spawn")) as pool:
+        yield from _windowed(lambda c: pool.submit(fn, c), lambda f: f.result(), chain([second], chunks),
+                              4 * jobs)
 
 
 def _ray_get(ray, ref):

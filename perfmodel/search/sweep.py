@@ -145,6 +145,16 @@ class RowFile:
             self.tmp.unlink(missing_ok=True)
 
 
+def _bar(total: int, disable: bool | None):
+    """A progress bar on stderr (tqdm; None: shown on a terminal only) without tqdm's monitor
+    thread, so that the local executor may fork this process."""
+    from tqdm import tqdm
+
+    class Bar(tqdm):
+        monitor_interval = 0
+    return Bar(total=total, unit="config", disable=disable, file=sys.stderr, desc="sweep")
+
+
 def run_design(design: design_mod.Design, *, executor: str = "local", jobs: int | None = None,
                address: str | None = None, out: str | None = None, top: int = 10,
                objective: str = "tokens_per_s_per_chip", chunk: int = 256, keep_rows: bool | None = None,
@@ -158,13 +168,9 @@ def run_design(design: design_mod.Design, *, executor: str = "local", jobs: int 
             (load_model if name == "model" else load_hardware)(ref)
     n = len(design)
     keep_rows = out is None if keep_rows is None else keep_rows
-    if jobs is None and executor == "local" and n <= chunk:
-        jobs = 1  # one chunk: starting processes would cost more than it saves
-    from tqdm import tqdm
     best, rows, t0 = Best(top, objective), [], time.perf_counter()
     sink = RowFile(out) if out else None
-    with sink or nullcontext(), tqdm(total=n, unit="config", disable=None if progress is None else not progress,
-                                    file=sys.stderr, desc="sweep") as bar:
+    with sink or nullcontext(), _bar(n, None if progress is None else not progress) as bar:
         for part in run_chunks(run_chunk, design_mod.chunks(design, chunk), executor, jobs, address):
             best.add(part)
             if sink:
