@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import warnings
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from itertools import chain
@@ -44,10 +45,10 @@ def cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _windowed(submit: Callable, get: Callable, chunks: Iterable, window: int) -> Iterator:
-    """Keep at most `window` chunks in flight (a design may have millions of points) and yield
-    their results in order."""
-    flight: deque = deque()
+def _windowed(submit: Callable, get: Callable, chunks: Iterable, window: int, started: list = ()) -> Iterator:
+    """Keep at most `window` chunks in flight (a design may have millions of points), after those
+    `started`, and yield their results in order."""
+    flight: deque = deque(started)
     for c in chunks:
         flight.append(submit(c))
         if len(flight) >= window:
@@ -65,12 +66,17 @@ def _local(fn, chunks: Iterator, jobs: int) -> Iterator:
     second = next(chunks, None)
     if second is None:
         return
-    # fork only a single-threaded process (a forked child inherits no threads, but the locks
-    # other threads held); the pool forks all its workers before it starts its own thread
+    # fork only where no other Python thread runs (a child inherits none, but the locks they
+    # held); the pool forks all its workers before it starts its own thread. The native threads
+    # left (numpy's BLAS and Arrow's idle pools) reset themselves at fork, so Python's warning
+    # about forking a multi-threaded process is silenced for this one call.
     fork = sys.platform.startswith("linux") and threading.active_count() == 1
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("fork" if fork else "spawn")) as pool:
-        yield from _windowed(lambda c: pool.submit(fn, c), lambda f: f.result(), chain([second], chunks),
-                              4 * jobs)
+        rest = chain([second], chunks)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
+            flight = [pool.submit(fn, next(rest))]  # the pool starts its workers here
+        yield from _windowed(lambda c: pool.submit(fn, c), lambda f: f.result(), rest, 4 * jobs, flight)
 
 
 def _ray_get(ray, ref):
