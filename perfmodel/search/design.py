@@ -258,11 +258,11 @@ def chunks(design: Design, size: int = 256) -> Iterator[Chunk]:
     groups: dict[tuple, list[int]] = {}
     for i in range(len(design)):
         groups.setdefault((value("model", i), value("hardware", i)), []).append(i)
-    varied = [design.columns[k] for k in GRAPH_SETTINGS if k in design.columns]
-    graph = lambda i: tuple((v[i] is None, v[i] or 0) for v in varied)
+    varied = [[(v is None, v or 0) for v in design.columns[k]] for k in GRAPH_SETTINGS if k in design.columns]
+    graph = list(zip(*varied)) if varied else [()] * len(design)  # each point's op-graph key
     for (model, hw), idx in groups.items():
-        idx.sort(key=graph)
-        for a, b in _cuts([graph(i) for i in idx], size):
+        idx.sort(key=graph.__getitem__)
+        for a, b in _cuts([graph[i] for i in idx], size):
             part = idx[a:b]
             yield Chunk(_ref(model), _ref(hw), part, [design.settings(i) for i in part], design.constraints)
 
