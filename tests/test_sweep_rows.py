@@ -20,12 +20,14 @@ CAUSE_COLUMNS = {f"{c}_s" for c in batch.BREAKDOWN}
 DESIGN = ROOT / "experiments" / "designs" / "kimi-k3-tpu-v7-10k.toml"
 
 
-def test_rows_of_the_10k_design_equal_predict(tmp_path):
+def test_rows_of_the_10k_design_equal_predict(tmp_path, monkeypatch):
     """300 configurations of the benchmark's design (its axes, fewer samples), small chunks so
     that op graphs span chunk limits, two workers and a Parquet file: every row is the scalar
     `predict` of its settings, or the SpecError it raises (filtered, same reason)."""
     pq = pytest.importorskip("pyarrow.parquet")
     import dataclasses
+    from perfmodel.search import executors
+    monkeypatch.setitem(executors.POOL_START_S, "fork", 0.0)  # workers from the second chunk on
     d = dataclasses.replace(design.load(str(DESIGN)), samples=300)
     out = tmp_path / "rows.parquet"
     s = run_design(d, jobs=2, chunk=16, out=str(out), keep_rows=True, progress=False)

@@ -2,33 +2,36 @@
 standard library only), or on a Ray cluster (`pip install 'perfmodel[ray]'`). Every executor
 returns the chunks' results in chunk order, so the same design gives the same output anywhere.
 
-The local executor runs the first chunk in this process, then the others in worker processes
+The local executor runs the first chunks in this process, then the others in worker processes
 forked from it (on Linux, when this process runs a single thread): a worker starts with what the
 first chunk loaded (modules, presets, the simulator's compiled loops) instead of loading it all
-again, which would cost about a second per worker. Elsewhere workers are spawned fresh.
+again, which would cost about a second per worker. Elsewhere workers are spawned fresh. The pool
+starts once the chunks after the first have taken as long here as starting it would
+(POOL_START_S), so a short sweep never pays for one.
 """
 from __future__ import annotations
 
 import os
 import sys
 import threading
+import time
 import warnings
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
-from itertools import chain
-from multiprocessing import get_context
 from typing import Callable, Iterable, Iterator
 
 from perfmodel.util.errors import SpecError, require
 
 EXECUTORS = ("local", "ray")
+# seconds to start a local pool and get its first result back (forked workers: measured here,
+# 2-core VM; spawned ones import numpy, perfmodel and numba afresh)
+POOL_START_S = {"fork": 0.1, "spawn": 1.0}
 
 
 def run(fn: Callable, chunks: Iterable, executor: str = "local", jobs: int | None = None,
         address: str | None = None) -> Iterator:
-    """`fn(chunk)` for every chunk, yielded in order. local: `jobs` processes (1: this process
-    alone; default: one per CPU this process may use), started only for a design of more than one
-    chunk; ray: the cluster at `address` (default: RAY_ADDRESS or a new local one)."""
+    """`fn(chunk)` for every chunk, yielded in order. local: the first chunks here, the rest in
+    `jobs` processes (default: one per CPU this process may use) if the sweep lasts long enough
+    (1: all here); ray: the cluster at `address` (default: RAY_ADDRESS or a new local one)."""
     require(executor in EXECUTORS, "--executor", executor, f"must be one of {EXECUTORS}")
     require(jobs is None or (isinstance(jobs, int) and jobs > 0), "--jobs", jobs, "must be a positive integer")
     require(address is None or executor == "ray", "--address", address, "needs --executor ray")
@@ -58,25 +61,36 @@ def _windowed(submit: Callable, get: Callable, chunks: Iterable, window: int, st
 
 
 def _local(fn, chunks: Iterator, jobs: int) -> Iterator:
-    """The first chunk here, the rest in a pool of `jobs` processes if there are any."""
+    """Chunks in this process until, after the first (which loads what a chunk needs), they have
+    taken as long as starting a pool would: a sweep that short is done sooner here. The rest in
+    a pool of `jobs` processes."""
+    # fork only where no other Python thread runs (a child inherits none, but the locks they
+    # held); the pool forks all its workers before it starts its own thread
+    fork = sys.platform.startswith("linux") and threading.active_count() == 1
     first = next(chunks, None)
     if first is None:
         return
     yield fn(first)
-    second = next(chunks, None)
-    if second is None:
-        return
-    # fork only where no other Python thread runs (a child inherits none, but the locks they
-    # held); the pool forks all its workers before it starts its own thread. The native threads
-    # left (numpy's BLAS and Arrow's idle pools) reset themselves at fork, so Python's warning
-    # about forking a multi-threaded process is silenced for this one call.
-    fork = sys.platform.startswith("linux") and threading.active_count() == 1
+    spent = 0.0
+    while True:
+        c = next(chunks, None)
+        if c is None:
+            return
+        if spent >= POOL_START_S["fork" if fork else "spawn"]:
+            break
+        t = time.perf_counter()
+        out = fn(c)
+        spent += time.perf_counter() - t
+        yield out
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("fork" if fork else "spawn")) as pool:
-        rest = chain([second], chunks)
+        # the native threads left (numpy's BLAS and Arrow's idle pools) reset themselves at fork:
+        # Python's warning about forking a multi-threaded process is silenced for this call
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
-            flight = [pool.submit(fn, next(rest))]  # the pool starts its workers here
-        yield from _windowed(lambda c: pool.submit(fn, c), lambda f: f.result(), rest, 4 * jobs, flight)
+            started = [pool.submit(fn, c)]  # the pool starts its workers here
+        yield from _windowed(lambda c: pool.submit(fn, c), lambda f: f.result(), chunks, 4 * jobs, started)
 
 
 def _ray_get(ray, ref):
