@@ -56,7 +56,7 @@ test-kernels-slow: $(STAMP)
 	$(VENV)/bin/python -m pytest -n 2 -q -m slow --durations=8 $(KERNEL_TESTS)
 
 fuzz: $(STAMP)
-	PERFMODEL_FUZZ_PROFILE=fuzz $(VENV)/bin/python -m pytest -q -s tests/test_fuzz.py
+	PERFMODEL_FUZZ_PROFILE=fuzz $(VENV)/bin/python -m pytest -n 2 -q tests/test_fuzz.py
 
 docs: $(STAMP)
 	$(VENV)/bin/python experiments/docs.py

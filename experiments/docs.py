@@ -125,6 +125,54 @@ def fig_cli_speed() -> str:
             + f"\n{b['machine']}, {b['date']}, medians of {r['predict']['runs']} runs.\n")
 
 
+def fig_layer_time() -> str:
+    """`perfmodel explain --ep 8 --layer L` at batch 1 for a KDA and an MLA layer of Kimi K3 on
+    TPU v7: each layer's time by what its ops waited on, and the step beside its HBM floor."""
+    rows, step = [], None
+    for layer in (2, 4):
+        ex = cli_json("explain", "--ep", "8", "--layer", str(layer))
+        by = {}
+        for op in ex["ops"]:
+            by[op["waited_on"]] = by.get(op["waited_on"], 0.0) + op["end_s"] - op["start_s"]
+        rows.append([layer, ex["kind"], f"{ex['layer_time_s'] * 1e6:.1f}"]
+                    + [f"{by.get(w, 0.0) * 1e6:.1f}" for w in WAITS])
+        step = ex["step_s"]
+    pred = cli_json("predict", "--ep", "8", "--batch", "1")["results"][0]
+    return (md_table(["layer", "kind", "layer us"] + [f"{WAITS[w]} us" for w in WAITS], rows, "rlr" + "r" * len(WAITS))
+            + f"\nStep {ms(step)} ms at batch 1, of which the per-device HBM floor (bytes at peak bandwidth) is "
+              f"{ms(pred['hbm_floor_s'])} ms.\n")
+
+
+# what an op waited on (explain's `waited_on`) -> its column: ops bound by it
+WAITS = {"compute unit (MXU / VPU / SMs)": "compute-bound ops", "DMA engine (HBM -> on-chip)": "weight / KV DMA-bound ops",
+         "DMA engine (routed experts, after the router)": "expert DMA-bound ops",
+         "links and remote copies (collective)": "collectives"}
+
+
+def fig_model_speed() -> str:
+    """experiments/bench_model.py's last run: the model's own speed in one process."""
+    b = result("bench_model.json")
+    fmt = lambda v: f"{v:.2f} s" if v >= 1 else f"{v * 1e3:.2f} ms"
+    rows = [[r["what"], fmt(r["seconds"]), fmt(r["target_s"]) if r["target_s"] else "", r["detail"]]
+            for r in b["results"].values()]
+    return (md_table(["in one process", "median", "target", "detail"], rows, "lrrl")
+            + f"\n{b['machine']}, {b['date']}, medians of {b['repeats']}, load average {b['load_before']:.1f} "
+              f"before and {b['load_after']:.1f} after.\n")
+
+
+def fig_kernel_compile() -> str:
+    """experiments/bench_kernel_compile.py's last run: the full Kimi K3 program exported."""
+    b = result("kernel_compile.json")
+    loads = ", ".join(f"{x:.1f}" for x in b["load_average_1min"])
+    return (md_table(["export of", "median of 3", "trace", "export", "kernel equations", "VMEM"],
+                     [[f"{b['preset']} TP{b['tp']} x EP{b['ep']}, batch {b['batch']}, {b['layers']} layers",
+                       f"{b['total_s_median']:.1f} s", f"{b['trace_s_median']:.1f} s", f"{b['export_s_median']:.1f} s",
+                       f"{b['kernel_jaxpr_equations']:,}", f"{b['vmem_bytes'] / 2**20:.1f} of {b['vmem_limit_bytes'] / 2**20:.1f} MiB"]],
+                     "lrrrrr")
+            + f"\n`{b['command']}` on {b['machine']}, {b['cpus']} CPUs, JAX {b['jax']}, {b['date']}, load average {loads} "
+              f"during the three runs.\n")
+
+
 def fig_ttft_published() -> str:
     """experiments/validate_prefill_published.py, recomputed: held-out single-request TTFT."""
     import importlib.util
@@ -457,19 +505,30 @@ def fig_host_bench() -> str:
     return md_table(["hostbench (median)", "before the runs", "after"], table, "lrr")
 
 
-HOST_TERMS = {"host_dot": "host_dot_time", "host_expert": "host_expert_time", "host_convert": "host_convert_time",
-              "host_program": "host_program_time", "host_pages": "host_fresh_pages_time",
-              "host_stack_copy": "host_stack_copy_time", "host_argmax": "host_argmax_time",
-              "host_absorb": "host_absorbed_kv_b_time"}  # calibrate's group -> the component function
+# calibrate's group -> the component function of perfmodel/cost/components.py it fits
+COMPONENT_FUNCTIONS = {
+    "dma": "dma_stream_time", "mxu": "matmul_time", "remote_copy": "remote_copy_time",
+    "collective": "collective_time", "vpu": "topk_time, attention_core_time", "xla_glue": "xla_embedding_time",
+    "host": "device_call_time", "gpu_launch": "kernel_launch_time", "gpu_kernel": "kernel_stream_time",
+    "gpu_all_reduce": "gpu_all_reduce_time",
+    "host_dot": "host_dot_time", "host_expert": "host_expert_time", "host_convert": "host_convert_time",
+    "host_program": "host_program_time", "host_pages": "host_fresh_pages_time",
+    "host_stack_copy": "host_stack_copy_time", "host_argmax": "host_argmax_time",
+    "host_absorb": "host_absorbed_kv_b_time"}
 
 
 def param_value(name: str, value: float) -> str:
-    """A component parameter in the unit its name ends with."""
+    """A component parameter in the unit its name ends with (3 significant figures; below a
+    thousandth of that unit, 0 with the fitted value)."""
     for suffix, scale, unit in (("_bytes_per_s", 1e-9, "GB/s"), ("_values_per_s", 1e-9, "G values/s"),
                                 ("_s_per_byte", 1e12, "ps/B"), ("_s", 1e6, "us")):
         if name.endswith(suffix):
             x = value * scale
-            return f"{x:#.3g} {unit}" if x >= 5e-4 else f"0 {unit} (fitted {value:.1e})"
+            if unit == "GB/s" and x >= 1000:
+                x, unit = x / 1000, "TB/s"
+            if unit == "us" and 1e-3 <= x * 1e3 < 1e3:
+                x, unit = x * 1e3, "ns"
+            return f"{x:#.3g}".rstrip(".") + f" {unit}" if x >= 1e-3 else f"0 {unit} (fitted {value:.1e})"
     return f"{value:g}"
 
 
@@ -479,24 +538,52 @@ def ids_pattern(ids: list[str]) -> str:
     return f"{prefix[:prefix.rfind('-') + 1]}* ({len(ids)})" if len(ids) > 1 else ids[0]
 
 
-def fig_host_components() -> str:
-    """`perfmodel calibrate` on the committed host micro-benchmarks: each host component's fitted
-    parameters and its residuals."""
+def components_table(microbench: str, *hardware: str) -> str:
+    """`perfmodel calibrate --microbench FILE [--hardware H]` for each H: per component, its fitted
+    parameters, the micro-benchmarks it is fitted to and their residuals; then the entries reported
+    but not fitted, by the reason the file gives."""
     from perfmodel.fit.microbench import GROUPS
-    out = cli_json("calibrate", "--microbench", str(RESULTS / "host-cpu.microbench.json"),
-                   "--hardware", str(RESULTS / "host-cpu.toml"))
-    table = []
-    for group, function in HOST_TERMS.items():
-        res = [r for r in out["residuals"] if r["group"] == group and r["within_target"] is not None]
-        if not res:
-            continue
-        errs = [r["error"] for r in res]
-        params = ", ".join(f"`{n}` {param_value(n, out['components'][n])}" for n in GROUPS[group][0])
-        table.append([f"`{function}`", params, ids_pattern([r["id"] for r in res]),
-                      f"{pct(min(errs), signed=True)} .. {pct(max(errs), signed=True)}",
-                      f"{sum(r['within_target'] for r in res)} of {len(res)}"])
-    return md_table(["component", "fitted parameters", "micro-benchmarks", "residuals",
-                     f"within {out['target']:.0%}".replace("%", " %")], table, "lllrr")
+    table, unfitted, target = [], {}, 0.1
+    for hw in hardware or (None,):
+        out = cli_json("calibrate", "--microbench", microbench, *(("--hardware", hw) if hw else ()))
+        target = out["target"]
+        for group in dict.fromkeys(r["group"] for r in out["residuals"] if r["group"]):
+            res = [r for r in out["residuals"] if r["group"] == group and r["within_target"] is not None]
+            if not res:
+                continue
+            errs = [r["error"] for r in res]
+            params = ", ".join(f"`{n}` {param_value(n, out['components'][n])}" for n in GROUPS[group][0]
+                               if n in out["components"])
+            mechanisms = ", ".join(dict.fromkeys(r["mechanism"].replace("_", " ") for r in res))
+            table.append(([Path(hw).stem] if len(hardware) > 1 else [])
+                         + [f"`{COMPONENT_FUNCTIONS[group]}`", params, f"{mechanisms} ({len(res)})",
+                            f"{pct(min(errs), signed=True)} .. {pct(max(errs), signed=True)}",
+                            f"{sum(r['within_target'] for r in res)} of {len(res)}"])
+        for r in out["residuals"]:
+            if r["within_target"] is None and r["error"] is not None:
+                unfitted.setdefault(r.get("not_modelled") or "not fitted", {})[r["id"]] = r["error"]
+    head = (["hardware"] if len(hardware) > 1 else []) + ["component", "fitted parameters", "micro-benchmarks",
+                                                          "residuals", f"within {target:.0%}".replace("%", " %")]
+    text = md_table(head, table, ("l" if len(hardware) > 1 else "") + "lllrr")
+    for why, errs in unfitted.items():
+        text += (f"\nReported, not fitted: {ids_pattern(list(errs))}, {pct(min(errs.values()), signed=True)} .. "
+                 f"{pct(max(errs.values()), signed=True)} ({why}).\n")
+    return text
+
+
+def fig_components_tpu() -> str:
+    """The TPU7x components against their micro-benchmarks (perfmodel/data/microbench/tpu7x.json)."""
+    return components_table("tpu7x.json")
+
+
+def fig_components_gpu() -> str:
+    """The GPU components against their micro-benchmarks (perfmodel/data/microbench/gpu.json)."""
+    return components_table("gpu.json", "h100", "h200", "gb200")
+
+
+def fig_host_components() -> str:
+    """The host components against this machine's micro-benchmarks (hostbench's last run)."""
+    return components_table(str(RESULTS / "host-cpu.microbench.json"), str(RESULTS / "host-cpu.toml"))
 
 
 def fig_host_structure() -> str:
@@ -523,7 +610,9 @@ FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed,
            "host-layer-kinds": fig_host_layer_kinds, "host-bench": fig_host_bench,
            "host-components": fig_host_components, "host-structure": fig_host_structure,
            "phase-profile": fig_phase_profile, "reproduce": fig_reproduce, "slot-depth": fig_slot_depth,
-           "kernel-plan": fig_kernel_plan, "ttft-published": fig_ttft_published, "ttft-host": fig_ttft_host,
+           "kernel-plan": fig_kernel_plan, "components-tpu": fig_components_tpu,
+           "components-gpu": fig_components_gpu, "model-speed": fig_model_speed, "layer-time": fig_layer_time,
+           "kernel-compile": fig_kernel_compile, "ttft-published": fig_ttft_published, "ttft-host": fig_ttft_host,
            "serve-sweep": fig_serve_sweep, "serve-speed": fig_serve_speed}
 
 

@@ -70,6 +70,7 @@ import functools
 import math
 import os
 import platform
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -77,8 +78,8 @@ from pathlib import Path
 
 from perfmodel.cli.args import count
 from perfmodel.step.report import plain
-from perfmodel.util.errors import SpecError, positive_int
-from perfmodel.util.files import host_hardware_file, write_atomic
+from perfmodel.util.errors import SpecError, positive_int, require
+from perfmodel.util.files import check_output, host_hardware_file, write_all
 
 MIB = 2**20
 BANDWIDTH_SIZES_MIB = (128, 512, 1024)
@@ -756,9 +757,7 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
     from perfmodel.fit.microbench import calibrated
     from perfmodel.spec.hardware import from_dict, to_toml
     import tomllib
-    out = Path(out)
-    if out.suffix != ".toml":
-        raise SpecError("--out", str(out), "the hardware file must end in .toml")
+    out = check_outputs(out, name)
     data = microbench(b, name)
     hw = from_dict(tomllib.loads(hardware_toml(b, name)))
     start = {"dot_gemv_bandwidth_bytes_per_s": 2e10, "dot_gemm_bandwidth_bytes_per_s": 2e10,
@@ -812,16 +811,27 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
                     f"its op-by-op {k} phases over their layer's cache (mean)")
                 + " (cache bytes: perfmodel.graph.ops): a structure, not a timing")
     hw = dataclasses.replace(hw, components={**hw.components, **structure}, sources={**hw.sources, **sources})
-    write_atomic(mb, json.dumps(data, indent=1) + "\n")
-    write_atomic(out, to_toml(hw, f"Host CPU measured by `perfmodel hostbench` ({b.cpu}, {b.date}).\n"
-                                  "launch_overhead_s is the op-by-op dispatch cost; a compiled program "
-                                  "has no launches\nand its ops pay their thunks (components.host_program_time)."))
-    write_atomic(out.with_suffix(".json"), json.dumps(plain(b.json()), indent=1, allow_nan=False) + "\n")
+    write_all({mb: json.dumps(data, indent=1) + "\n",
+               out: to_toml(hw, f"Host CPU measured by `perfmodel hostbench` ({b.cpu}, {b.date}).\n"
+                                "launch_overhead_s is the op-by-op dispatch cost; a compiled program "
+                                "has no launches\nand its ops pay their thunks (components.host_program_time)."),
+               out.with_suffix(".json"): json.dumps(plain(b.json()), indent=1, allow_nan=False) + "\n"},
+              parents=True)
+    return out
+
+
+def check_outputs(out: str | Path, name: str) -> Path:
+    """The hardware file path and name `write` will use, refused before anything is measured."""
+    out = check_output(out, parents=True)
+    require(out.suffix == ".toml", "--out", str(out), "the hardware file must end in .toml")
+    require(re.fullmatch(r"[A-Za-z0-9][\w.\-]{0,63}", name) is not None, "--name", name,
+            "1..64 letters, digits, '.', '-' or '_', starting with a letter or digit")
     return out
 
 
 def cmd_hostbench(a) -> dict:
     import jax  # noqa: F401  (fail here, with the CLI's hint, when JAX is missing)
+    check_outputs(a.out, a.name)
     b = measure(a.repeats, a.quick, progress=not a.json)
     path = write(b, a.out, a.name)
     if not a.json:

@@ -70,7 +70,7 @@ def test_bad_files_and_topk_errors(capsys, tmp_path):
     bad = tmp_path / "config.json"
     bad.write_text("{ not json")
     assert main(["predict", "--model", str(bad)]) == 2
-    assert "not a readable JSON config" in capsys.readouterr().err
+    assert "not valid JSON" in capsys.readouterr().err
     toml = tmp_path / "m.toml"
     toml.write_text('name="x"\nhidden=64\nvocab=10\nlayers=1\n[gqa]\nheads=4\nkv_heads=4\nhead_dim=16\n'
                     '[ffn]\ndense_layers=[]\ndense_width=64\n[moe]\nexperts=4\ntop_k=8\nexpert_width=8\n')

@@ -934,7 +934,7 @@ def test_models_upload_hardware_toml_and_bad_files():
     assert "your upload: big.toml (tpu-v7-big-vmem)" in at.success[0].value
     assert "your upload: big.toml (tpu-v7-big-vmem)" in at.selectbox(key="mh_hw_pick").options
     bad = [("mh_model_upload", "config.json", b'{"hidden_size": 1}', "required key is missing"),
-           ("mh_model_upload", "config.json", b"{not json", "not a readable JSON"),
+           ("mh_model_upload", "config.json", b"{not json", "not valid JSON"),
            ("mh_model_upload", "config.json", b"\xff\xfe\x00\x9c", "not a text file"),
            ("mh_model_upload", "model.yaml", b"a: 1", "expected a Hugging Face config.json"),
            ("mh_hw_upload", "hw.toml", b'name = "x"\nkind=', "not valid TOML"),

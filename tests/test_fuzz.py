@@ -1,8 +1,9 @@
-"""Fuzz the CLI contract: any argv and any model / hardware / config / trace file content either
-works (exit 0, and --json is plain JSON) or fails with exit 2 and one line on stderr. An exit 1
-(internal error), a traceback, a hang or any other exception fails the test.
+"""Fuzz the CLI contract: any argv and any model / hardware / config / micro-benchmark / design /
+trace file content, and any output path, either works (exit 0, and --json is plain JSON) or fails
+with exit 2 and one line on stderr; an output is whole or absent, with no temporary beside it.
+An exit 1 (internal error), a traceback, a hang or any other exception fails the test.
 
-Profiles (PERFMODEL_FUZZ_PROFILE): `ci` (default: 1,200 cases over the three fuzz tests, fixed
+Profiles (PERFMODEL_FUZZ_PROFILE): `ci` (default: 1,200 cases over the six fuzz tests, fixed
 seed) and `fuzz` (`make fuzz`: 12,000, random). The module prints how many cases ran.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import resource
 import signal
 import tomllib
 from pathlib import Path
@@ -24,7 +26,8 @@ from perfmodel.spec import arch
 PRESETS = arch.PRESET_DIR.parent
 PROFILE = os.environ.get("PERFMODEL_FUZZ_PROFILE", "ci")
 SCALE = {"ci": 1, "fuzz": 10}[PROFILE]
-CASES = {"argv": 600, "files": 450, "traces": 150}  # x SCALE: 1,200 / 12,000 in all
+CASES = {"argv": 450, "files": 330, "traces": 120, "microbench": 120, "designs": 120, "outputs": 60}
+# x SCALE: 1,200 / 12,000 in all
 
 
 def fuzz(test: str):
@@ -166,17 +169,23 @@ def sandbox(tmp_path, monkeypatch):
     that slips through `_slow_run` returns the physical defaults at once."""
     from perfmodel.cli import fit as cli_fit, predict as cli_predict
     from perfmodel.fit import seed as calibrate
-    from perfmodel.util.files import check_path, write_atomic as real_write
+    from perfmodel.util.files import check_path, write_all as real_write_all, write_atomic as real_write
+
+    inside = lambda path: Path(path).resolve().is_relative_to(tmp_path.resolve())
 
     def write_inside(path, *args, **kw):
         check_path(kw.get("field", "--out"), path)  # as the real one does, before resolving it
-        if not Path(path).resolve().is_relative_to(tmp_path.resolve()):
-            return Path(path)
-        return real_write(path, *args, **kw)
+        return real_write(path, *args, **kw) if inside(path) else Path(path)
+
+    def write_all_inside(files, *args, **kw):
+        for path in files:
+            check_path(kw.get("field", "--out"), path)
+        return real_write_all({p: t for p, t in files.items() if inside(p)}, *args, **kw)
 
     monkeypatch.chdir(tmp_path)
     for cli in (cli_predict, cli_fit):  # the commands that write files
         monkeypatch.setattr(cli, "write_atomic", write_inside)
+    monkeypatch.setattr(cli_fit, "write_all", write_all_inside)
     monkeypatch.setattr(calibrate, "fit", lambda ms, hw: {
         p.key: 0.0 if p.name == "routing_skew" else 1.0 for p in calibrate.fit_params(sorted(hw))})
     return tmp_path
@@ -248,7 +257,10 @@ def byte_noise(raw: bytes, draw) -> bytes:
     return bytes(raw)
 
 
-MODEL_SRC = tomllib.loads((PRESETS / "models" / "kimi-k3-host-small.toml").read_text())
+MODEL_SRC = tomllib.loads((PRESETS / "models" / "kimi-k3-host-small.toml").read_text()) | {
+    # the newer sections, so mutations reach them
+    "megakernel": {"shard_collective_rows": [1, 8]},
+    "custom_formats": {"my4": {"value_bits": 4, "scale_dtype": "e8m0", "block": [1, 32], "compute_dtype": "fp4"}}}
 HW_SRC = tomllib.loads((PRESETS / "hardware" / "tpu-v7.toml").read_text())
 HF_SRC = {"num_hidden_layers": 4, "hidden_size": 256, "vocab_size": 1000, "num_attention_heads": 4,
           "kv_lora_rank": 64, "q_lora_rank": 96, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
@@ -291,6 +303,20 @@ def xspace(tmp_path_factory):
     return f.read_bytes()
 
 
+HLO_SAMPLE = """HloModule jit_step
+%fused (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %e = f32[4]{0} exponential(%p), metadata={op_name="jit(step)/layer_01/moe/exp"}
+}
+ENTRY %main (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  ROOT %f = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused
+}
+"""
+RECURSIVE_HLO = "".join(f"%c{i} (p: f32[]) -> f32[] {{\n  ROOT %r{i} = f32[] call(%p), to_apply=%c{i + 1}\n}}\n"
+                        for i in range(5000)) + HLO_SAMPLE
+
+
 @fuzz("traces")
 @given(data=st.data())
 def test_fuzz_trace_files(data, xspace, tmp_path_factory):
@@ -300,6 +326,14 @@ def test_fuzz_trace_files(data, xspace, tmp_path_factory):
     if data.draw(st.booleans()):
         raw = byte_noise(raw or b"x", data.draw)
     (run_dir / "t.xplane.pb").write_bytes(raw)
+    extra = data.draw(st.sampled_from(["", "", "dangling", "hlo", "recursive hlo"]))
+    if extra == "dangling":
+        (run_dir / "u.xplane.pb").symlink_to(run_dir / "gone.xplane.pb")
+    elif extra:
+        (run_dir / "hlo").mkdir()
+        text = RECURSIVE_HLO if extra == "recursive hlo" else HLO_SAMPLE
+        (run_dir / "hlo" / "module_0001.jit_step.cpu_after_optimizations.txt").write_bytes(
+            byte_noise(text.encode(), data.draw) if data.draw(st.booleans()) else text.encode())
     meta = {"model": "kimi-k3-mini", "batch": 1, "context": 32, "mode": "megakernel",
             "host_step_s": [1e-4, 2e-4]}
     if data.draw(st.booleans()):
@@ -313,6 +347,103 @@ def test_fuzz_trace_files(data, xspace, tmp_path_factory):
                 "--hardware", "tpu-v7", "--batch", "1", "--context", "32", "--mode", "megakernel"]
     check_contract(argv + data.draw(st.sampled_from([[], ["--json"]])))
     count("trace files")
+
+
+# ----- micro-benchmark files, design files, sweep outputs ---------------------------------------
+
+_MB = json.loads((PRESETS.parent / "data" / "microbench" / "tpu7x.json").read_text())
+MB_SRC = {**{k: v for k, v in _MB.items() if k != "entries"},  # one entry per mechanism: quick fits
+          "entries": list({e["mechanism"]: e for e in _MB["entries"]}.values())}
+
+
+@st.composite
+def microbench_content(draw) -> bytes:
+    data = json.loads(json.dumps(MB_SRC))
+    for _ in range(draw(st.integers(0, 3))):
+        e = data["entries"][draw(st.integers(0, len(data["entries"]) - 1))]
+        if not isinstance(e, dict):
+            continue
+        target = e["inputs"] if isinstance(e.get("inputs"), dict) and e["inputs"] and draw(st.booleans()) else e
+        changed = mutate(target, draw)
+        target.clear()
+        target.update(changed)
+    if draw(st.integers(0, 5)) == 0:
+        data = mutate(data, draw)
+    raw = json.dumps(data).encode("utf-8", "surrogatepass")
+    return byte_noise(raw, draw) if draw(st.integers(0, 4)) == 0 else raw
+
+
+@fuzz("microbench")
+@given(data=st.data())
+def test_fuzz_microbench_files(data, sandbox):
+    f = sandbox / "mb.json"
+    f.write_bytes(data.draw(microbench_content()))
+    argv = ["calibrate", "--microbench", str(f)] + data.draw(st.sampled_from(
+        [[], ["--hardware", "tpu-v7"], ["--json"], ["--out", str(sandbox / "hw.toml")]]))
+    check_contract(argv)
+    count("micro-benchmark files")
+
+
+DESIGN_SRC = [{"base": {"model": "kimi-k3-mini", "devices": 1}, "grid": {"batch": [1, 2], "context": {
+               "min": 0, "max": 64, "steps": 2}}},
+              {"base": {"model": "kimi-k3-mini", "devices": 1}, "random": {"samples": 3, "seed": 1, "batch": {
+               "min": 1, "max": 4}, "engine": ["megakernel", "multikernel"]}}]
+
+
+@fuzz("designs")
+@given(data=st.data())
+def test_fuzz_design_files(data, sandbox):
+    design = mutate(data.draw(st.sampled_from(DESIGN_SRC)), data.draw)
+    raw = toml_text(design).encode("utf-8", "surrogatepass")
+    f = sandbox / "d.toml"
+    f.write_bytes(byte_noise(raw, data.draw) if data.draw(st.integers(0, 4)) == 0 else raw)
+    check_contract(["sweep", "--design", str(f), "--no-progress", "--jobs", "1", "--top", "2"]
+                   + data.draw(st.sampled_from([[], ["--json"], ["--out", "rows.csv"]])))
+    count("design files")
+
+
+def output_path(tmp: Path, kind: str) -> str:
+    (tmp / "adir").mkdir(exist_ok=True)
+    if kind == "dangling":
+        with contextlib.suppress(FileExistsError):
+            (tmp / "link.csv").symlink_to(tmp / "nowhere" / "x.csv")
+        return str(tmp / "link.csv")
+    if kind == "fifo":
+        with contextlib.suppress(FileExistsError):
+            os.mkfifo(tmp / "fifo.csv")
+        return str(tmp / "fifo.csv")
+    return {"csv": "rows.csv", "parquet": "rows.parquet", "dir": "adir", "dir/": "adir/", "missing": "no/x.csv",
+            "full": "/dev/full", "proc": "/proc/rows.csv", "null": "/dev/null", "suffix": "rows.txt",
+            "undecodable": "\udcff.csv", "long": "x" * 300 + ".csv", "nul": "a\0.csv", "empty": ""}[kind]
+
+
+@fuzz("outputs")
+@given(kind=st.sampled_from(["csv", "parquet", "dir", "dir/", "missing", "full", "proc", "null", "suffix",
+                             "undecodable", "long", "nul", "empty", "dangling", "fifo"]),
+       fsize=st.sampled_from([None, None, 0, 600, 4096]), old=st.booleans(), jobs=st.sampled_from(["1", "2"]))
+def test_fuzz_sweep_outputs(kind, fsize, old, jobs, sandbox):
+    """sweep --out anywhere, under a file-size limit (EFBIG) or not: exit 0 with the whole file or 2
+    with one line, the old file (or none) kept, never a temporary."""
+    out = output_path(sandbox, kind)
+    if old and kind in ("csv", "parquet"):
+        Path(out).write_text("old\n")
+    before = sorted(p.name for p in sandbox.iterdir())
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if fsize is not None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, hard))
+    try:
+        rc = check_contract(["sweep", "--model", "kimi-k3-mini", "--devices", "1", "--vary", "batch=1,2,3",
+                             "--no-progress", "--jobs", jobs, "--out", out])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    after = sorted(p.name for p in sandbox.iterdir())
+    assert [n for n in after if n.endswith(".tmp")] == [], after
+    if kind in ("csv", "parquet"):
+        if rc == 0:
+            assert Path(out).read_bytes() != b"old\n" and Path(out).stat().st_size > 0
+        else:
+            assert after == before and (not old or Path(out).read_text() == "old\n")
+    count("sweep outputs")
 
 
 # ----- every signature the issue's fuzz run found, kept as explicit examples ------------------------
@@ -397,7 +528,45 @@ REGRESSIONS = {
     "400-digit context": cli("predict", "--context", "9" * 400),
     "unknown command": cli("nope"),
     "no command": cli(),
+    # the new surfaces (micro-benchmark files, designs, outputs, options that need another)
+    "micro-benchmark file: a directory": cli("calibrate", "--microbench", "TMP"),
+    "micro-benchmark entry without a value": lambda tmp: mb(tmp, lambda d: d["entries"][0].pop("value")),
+    "micro-benchmark zero bank": lambda tmp: mb(tmp, lambda d: d["entries"][0]["inputs"].update(bank_bytes=0)),
+    "micro-benchmark unknown key": lambda tmp: mb(tmp, lambda d: d["entries"][0].update(zzz=1)),
+    "micro-benchmark entry no fit reads": lambda tmp: mb(tmp, lambda d: d["entries"][0].update(mechanism="x")),
+    "micro-benchmark deep nesting": lambda tmp: raw_file(tmp, "mb.json", "[" * 5000, "calibrate", "--microbench"),
+    "design: a billion-point grid": lambda tmp: raw_file(
+        tmp, "d.toml", "[grid]\nbatch = {min = 1, max = 8, steps = 1000000000}\n", "sweep", "--design"),
+    "design: undecodable": lambda tmp: raw_file(tmp, "d.toml", b"[grid]\nbatch = [\xff]\n", "sweep", "--design"),
+    "design: deep nesting": lambda tmp: raw_file(tmp, "d.toml", "[grid]\nbatch = " + "[" * 5000, "sweep", "--design"),
+    "design: an empty axis": lambda tmp: raw_file(tmp, "d.toml", "[grid]\nbatch = []\n", "sweep", "--design"),
+    "--vary with no values": cli("sweep", "--vary", "batch=,"),
+    "sweep --out /dev/full": cli("sweep", "--vary", "batch=1", "--out", "/dev/full"),
+    "sweep --out a directory": cli("sweep", "--vary", "batch=1", "--out", "TMP"),
+    "--acceptance-length without --draft-rows": cli("predict", "--acceptance-length", "3"),
+    "--draft-cost without --draft-rows": cli("predict", "--draft-cost", "0.1"),
+    "--acceptance-prob without --draft-rows in a sweep": cli("sweep", "--vary", "batch=1", "--acceptance-prob", "0.5"),
+    "--jobs with the Ray executor": cli("sweep", "--vary", "batch=1", "--jobs", "2", "--executor", "ray"),
+    "calibrate --write without --kernels": cli("calibrate", "--write"),
+    "--expert-slots 65536": cli("predict", "--expert-slots", "65536"),
+    "fractional DMA tiles": hw(TPU.replace("dma_tile_bytes = ", "dma_tile_bytes = 0.001 #")),
+    "unknown top-level key in a model file": model(TINY + "zzz = 1\n"),
+    "unknown section in a model file": model(TINY + "[zzz]\na = 1\n"),
+    "hostbench --name with a newline": cli("hostbench", "--name", "a\nb", "--out", "TMP/h.toml"),
+    "trace --out into a missing directory, checked first": cli("trace", "--out", "TMP/no/t.json"),
 }
+
+
+def mb(tmp: Path, change) -> list[str]:
+    d = json.loads(json.dumps(MB_SRC))
+    change(d)
+    (tmp / "mb.json").write_text(json.dumps(d))
+    return ["calibrate", "--microbench", str(tmp / "mb.json")]
+
+
+def raw_file(tmp: Path, name: str, content, *argv: str) -> list[str]:
+    (tmp / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    return [*argv, str(tmp / name)]
 
 
 @pytest.mark.parametrize("name", REGRESSIONS)

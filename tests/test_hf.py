@@ -273,7 +273,7 @@ def test_modelopt_ignoring_attention_keeps_it_bf16(tmp_path):
     m = load_model(write(tmp_path, cfg))
     assert m.formats["attention"].name == "bf16" and m.formats["dense_ffn"].name == "nvfp4"
     cfg["quantization_config"]["ignore"] = ["lm_head", "model.layers.0.self_attn*"]  # one layer of four
-    with pytest.raises(SpecError, match=r"^config.json:quantization_config.ignore=\[0\]: .*only some layers"):
+    with pytest.raises(SpecError, match=r"config.json: config.json:quantization_config.ignore=\[0\]: .*only some layers"):
         load_model(write(tmp_path, cfg))
 
 
@@ -308,7 +308,7 @@ def test_hf_quant_config_beside_config_json(tmp_path):
     ({"quant_algo": "NVFP4", "exclude_modules": ["model.layers.1.mlp*"]}, {}, "hf_quant_config.json:quantization.exclude_modules"),
 ])
 def test_hf_quant_config_refuses_what_it_cannot_model(tmp_path, quantization, config, field):
-    with pytest.raises(SpecError, match=f"^{re.escape(field)}="):
+    with pytest.raises(SpecError, match=f"json: {re.escape(field)}="):
         load_model(sidecar(tmp_path, quantization, **config))
 
 

@@ -28,6 +28,7 @@ from perfmodel.fit.measurements import seed_measurements
 from perfmodel.spec import arch, hardware, hf, loaders
 from perfmodel.spec.deployment import Deployment, SpecDecode
 from perfmodel.step.predict import predict
+from perfmodel.util.csvsafe import csv_text, neutral
 from perfmodel.util.errors import SpecError
 
 from . import warm
@@ -418,7 +419,7 @@ def downloads(df: pd.DataFrame, stem: str, key: str, extra_json: dict | None = N
     c1, c2 = st.columns(2)
     # the files are built when clicked (callables), so a re-render does not serialise every table; a click
     # does not rerun the page (a rerun would drop the file another button is still fetching)
-    c1.download_button("Download CSV", lambda: df.to_csv(index=False), file_name=f"{stem}.csv", mime="text/csv",
+    c1.download_button("Download CSV", lambda: csv_download(df), file_name=f"{stem}.csv", mime="text/csv",
                        key=f"{key}_csv", on_click="ignore")
     c2.download_button("Download JSON", lambda: table_json(df, extra_json), file_name=f"{stem}.json",
                        mime="application/json", key=f"{key}_json", on_click="ignore")
@@ -441,10 +442,14 @@ def shown_path(path: Path) -> str:
         return str(path)
 
 
-def read_csv_bytes(data: bytes) -> pd.DataFrame:
-    text = data.decode("utf-8")
-    lines = [l for l in text.splitlines() if not l.startswith("#")]
-    return pd.read_csv(io.StringIO("\n".join(lines)))
+def read_csv_bytes(data: bytes, name: str = "upload") -> pd.DataFrame:
+    """An uploaded CSV, bounded in size and rows before it is parsed (perfmodel.util.csvsafe)."""
+    return pd.read_csv(io.StringIO(csv_text(data, name)))
+
+
+def csv_download(df: pd.DataFrame) -> str:
+    """A table as CSV for download, formula-like text cells neutralised."""
+    return df.map(neutral).to_csv(index=False)
 
 
 def wait_for_loops() -> None:

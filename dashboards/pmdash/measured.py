@@ -95,7 +95,7 @@ def parse_upload(name: str, data: bytes) -> pd.DataFrame:
         raise SpecError("measurements file", name, "expected a .csv with columns "
                         "hardware, engine, batch, tokens_per_s")
     try:
-        df = read_csv_bytes(data)
+        df = read_csv_bytes(data, name)
     except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise SpecError("measurements file", name, f"not a readable CSV ({type(e).__name__})") from None
     return normalise(df, f"{UPLOAD_PREFIX}{name}")

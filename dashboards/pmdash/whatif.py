@@ -446,7 +446,7 @@ def timeline_section(x: dict, stale: str | None) -> None:
 
 def events_csv(m_ref, h_ref, key, vmem, lo, hi) -> str:
     df = pd.DataFrame(c.predict_cached(m_ref, h_ref, key, vmem, record=True)["events"])
-    return df[(df["layer"] >= lo) & (df["layer"] <= hi)].to_csv(index=False)
+    return c.csv_download(df[(df["layer"] >= lo) & (df["layer"] <= hi)])
 
 
 # ----- prefetch sweep -----------------------------------------------------------------------------

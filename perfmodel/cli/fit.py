@@ -5,7 +5,7 @@ from pathlib import Path
 
 from perfmodel.step.report import json_text, table
 from perfmodel.util.errors import require
-from perfmodel.util.files import check_path, write_atomic
+from perfmodel.util.files import check_output, check_path, write_all, write_atomic
 
 
 def cmd_reproduce(a) -> dict:
@@ -19,8 +19,7 @@ def cmd_reproduce(a) -> dict:
         out["written"] = [{"path": str(path), "changes": changes}
                           for path, (_, changes) in updates.items()]
     json_text(out)  # the output is complete before anything is written
-    for path, (text, _) in updates.items():
-        write_atomic(path, text, "--write", parents=True)
+    write_all({path: text for path, (text, _) in updates.items()}, "--write", parents=True)
     if not a.json:
         print_reproduce(out)
     return out
@@ -59,6 +58,11 @@ def print_reproduce(r: dict) -> None:
 
 
 def cmd_calibrate(a) -> dict:
+    require(not a.write or a.kernels, "--write", True, "needs --kernels (--out writes a calibrated hardware file)")
+    require(not (a.kernels and a.microbench), "--microbench", a.microbench, "not with --kernels")
+    require(not (a.kernels and a.out), "--out", a.out, "not with --kernels (--write writes its fits)")
+    if a.out:
+        check_output(a.out, parents=True)
     if a.kernels:
         return calibrate_kernels_cmd(a)
     require(a.microbench is not None, "--microbench", None, "give --microbench FILE (or --kernels)")

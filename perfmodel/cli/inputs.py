@@ -10,9 +10,7 @@ from perfmodel.spec import hardware, loaders
 from perfmodel.spec.deployment import ENGINES, Deployment, SpecDecode
 from perfmodel.spec.formats import get_format
 from perfmodel.step.report import deployment_json
-from perfmodel.util.errors import SpecError
-
-MAX_STREAM_TILES = 2**22  # ring tiles the megakernel simulator walks per step (memory and time)
+from perfmodel.util.errors import SpecError, require
 
 
 def routing_arg(text: str) -> float:
@@ -46,8 +44,8 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
     acc = p.add_mutually_exclusive_group()
     acc.add_argument("--acceptance-length", type=positive, default=None, help="tokens per step (tau)")
     acc.add_argument("--acceptance-prob", type=nonnegative, default=None, help="per-token acceptance a")
-    p.add_argument("--draft-cost", type=lambda v: number(v, hi=100), default=0.05,
-                   help="drafter time / verification time")
+    p.add_argument("--draft-cost", type=lambda v: number(v, hi=100), default=None,
+                   help=f"drafter time / verification time (default {SpecDecode.draft_cost_fraction})")
     p.add_argument("--serving-engine", choices=("vllm", "sglang", "trtllm"), default=None,
                    help="GPU multi-kernel engine whose measured kernels to replay (docs/gpu.md)")
     p.add_argument("--attention-dp", type=count, default=None,
@@ -78,11 +76,13 @@ def load_inputs(a: argparse.Namespace):
         model = dataclasses.replace(model, formats={**model.formats, "kv_cache": get_format(a.kv_cache, "--kv-cache")})
     if a.vmem_mib is not None:
         hw = hw.replace(onchip_bytes=a.vmem_mib * 2**20)
+    check_spec_flags(a)
     spec = None
     if a.draft_rows:
         if a.acceptance_length is None and a.acceptance_prob is None:
             raise SpecError("--acceptance-length", None, "speculative decoding needs an acceptance")
-        spec = SpecDecode(a.draft_rows, a.acceptance_prob, a.acceptance_length, a.draft_cost)
+        spec = SpecDecode(a.draft_rows, a.acceptance_prob, a.acceptance_length,
+                          **({} if a.draft_cost is None else {"draft_cost_fraction": a.draft_cost}))
     tp = a.tp or a.devices // ((a.attention_dp or 1) * a.pp) or 1
     if a.attention_dp is not None and tp * a.attention_dp * a.pp != a.devices:
         raise SpecError("--attention-dp", a.attention_dp,
@@ -92,13 +92,16 @@ def load_inputs(a: argparse.Namespace):
                    context=a.context, spec=spec, routing_skew=a.routing_skew, routing_correlation=a.routing_correlation,
                    expert_slots=a.expert_slots, steps_per_call=a.steps_per_call,
                    prefetch_bytes=a.prefetch_mib * 2**20 if a.prefetch_mib is not None else None)
-    tiles = model.weight_bytes() / (d.tp * hw.dma_tile_bytes)
-    if d.engine == "megakernel" and tiles > MAX_STREAM_TILES:
-        raise SpecError("dma_tile_bytes", hw.dma_tile_bytes,
-                        f"streams {model.name} in {tiles:.3g} tiles per step; the simulator takes at most "
-                        f"{MAX_STREAM_TILES}: use tiles of at least "
-                        f"{model.weight_bytes() / (d.tp * MAX_STREAM_TILES):.0f} B")
     return model, hw, d
+
+
+def check_spec_flags(a: argparse.Namespace, drafts_elsewhere: bool = False) -> None:
+    """The speculative-decoding options need --draft-rows (or, in a sweep, a draft_rows axis)."""
+    if a.draft_rows or drafts_elsewhere:
+        return
+    for flag in ("acceptance_length", "acceptance_prob", "draft_cost"):
+        v = getattr(a, flag)
+        require(v is None, "--" + flag.replace("_", "-"), v, "needs --draft-rows N (speculative decoding)")
 
 
 def inputs_json(a, model, hw, d, **extra) -> dict:

@@ -2,7 +2,9 @@
 validate, hostbench, capture, dashboard.
 
 Every command takes --json for a stable, documented output (docs/json-schema.md). Bad input
-exits with status 2 and one line naming the field and value, never a traceback. A command's
+exits with status 2 and one line naming the file, field and value, never a traceback; so does an
+output that cannot be written (a full disk, a closed stdout). SIGINT ends with status 130,
+SIGTERM 143, SIGHUP 129, each with one line; outputs are whole or absent. A command's
 module is imported only when that command runs, so `perfmodel --help` and a one-off
 `perfmodel predict` start fast.
 """
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 import traceback
 
@@ -53,15 +57,88 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP: unwinds like Ctrl-C, so every open output is discarded on the way out."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum, _frame):
+    raise Terminated(signum)
+
+
+class _Stdout:
+    """sys.stdout whose write errors are input errors naming where stdout goes."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def _call(self, name: str, *args):
+        if self.f is None:
+            raise SpecError("stdout", "<closed>", "standard output is closed; redirect it (> FILE)")
+        try:
+            return getattr(self.f, name)(*args)
+        except BrokenPipeError:
+            raise
+        except (OSError, ValueError) as e:  # ValueError: a closed file
+            raise SpecError("stdout", _stdout_target(), f"cannot write: {getattr(e, 'strerror', None) or e}") from None
+
+    def write(self, text: str):
+        return self._call("write", text)
+
+    def flush(self):
+        return self._call("flush")
+
+    def __getattr__(self, name: str):
+        return getattr(self.f, name)
+
+
+def _stdout_target() -> str:
+    try:
+        return os.readlink("/proc/self/fd/1")
+    except OSError:
+        return "<stdout>"
+
+
+def _silence_stdout() -> None:
+    """After a failed write: later flushes (at exit too) go nowhere instead of failing again."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 1)
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Exit 0; 2 with one line on stderr for bad input (or a missing optional
-    dependency); 1 with one line for an internal error (`--debug` adds the traceback)."""
+    dependency, or an output that cannot be written); 1 with one line for an internal error
+    (`--debug` adds the traceback); 128 + N with one line for signal N (INT, TERM, HUP)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv  # accepted anywhere on the line
     argv = [x for x in argv if x != "--debug"]
-    command = "perfmodel"
     if hasattr(sys.stdout, "reconfigure"):  # echoed paths may hold undecodable bytes
         sys.stdout.reconfigure(errors="backslashreplace")
+    real_stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)
+    handlers = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            handlers[sig] = signal.signal(sig, _terminate)
+    except ValueError:  # not the main thread: signals stay as they are
+        pass
+    try:
+        return _run(argv, debug)
+    finally:
+        sys.stdout = real_stdout
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
+
+
+def _run(argv: list[str], debug: bool) -> int:
+    chosen = next((x for x in argv if not x.startswith("-")), None)
+    command = f"perfmodel {chosen}" if chosen in COMMANDS else "perfmodel"
     try:
         a = build_parser(argv).parse_args(argv)
         command = f"perfmodel {a.command}"
@@ -75,16 +152,20 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         return _fail(str(e), 2)
     except SpecError as e:
+        if e.field == "stdout":
+            _silence_stdout()
         return _fail(f"{command}: error: {e}", 2)
     except ModuleNotFoundError as e:
         if (e.name or "").split(".")[0] in OPTIONAL:
             return _fail(f"{command}: needs {e.name.split('.')[0]}, which is not installed: "
                          f"pip install 'perfmodel[{OPTIONAL[e.name.split('.')[0]]}]'", 2)
         return _internal(command, e, debug)
-    except BrokenPipeError:  # output piped into head and the like
-        sys.stderr.close()
+    except BrokenPipeError:  # output piped into head and the like: not an error
+        _silence_stdout()
     except KeyboardInterrupt:
-        return _fail(f"{command}: interrupted", 130)
+        return _fail(f"{command}: interrupted", 128 + signal.SIGINT)
+    except Terminated as e:
+        return _fail(f"{command}: {'terminated' if e.signum == signal.SIGTERM else 'hung up'}", 128 + e.signum)
     except Exception as e:
         return _internal(command, e, debug)
     return 0
@@ -96,7 +177,10 @@ OPTIONAL = {"jax": "jax", "jaxlib": "jax", "streamlit": "dashboard", "plotly": "
 
 
 def _fail(message: str, code: int) -> int:
-    print(one_line(message), file=sys.stderr)
+    try:
+        print(one_line(message), file=sys.stderr)
+    except (OSError, ValueError, AttributeError):  # stderr closed or full: the status still tells
+        pass
     return code
 
 

@@ -9,7 +9,7 @@ from perfmodel.cli.inputs import add_deployment_args, add_prefill_args, inputs_j
 from perfmodel.spec import arch, hardware, loaders
 from perfmodel.step.report import SCHEMA_VERSION, json_text, layer_summary, plain, prediction_json, table
 from perfmodel.util.errors import SpecError
-from perfmodel.util.files import write_atomic
+from perfmodel.util.files import check_output, write_atomic
 
 
 def cmd_list(a) -> dict:
@@ -142,6 +142,7 @@ def print_kernel_plans(plans: list[dict]) -> None:
 def cmd_trace(a) -> dict:
     from perfmodel.step.predict import predict
     from perfmodel.step.timeline import chrome_trace
+    check_output(a.out)
     model, hw, d = load_inputs(a)
     p = predict(model, hw, dataclasses.replace(d, batch=a.batch), record=True)
     trace = chrome_trace(p)

@@ -4,10 +4,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from perfmodel.cli.inputs import add_deployment_args
+from perfmodel.cli.inputs import add_deployment_args, check_spec_flags
 from perfmodel.search import design as design_mod
 from perfmodel.search.batch import OBJECTIVES
 from perfmodel.search.executors import EXECUTORS
+from perfmodel.util.errors import require
+from perfmodel.util.files import check_output
 
 
 def parse_vary(text: str) -> tuple[str, list]:
@@ -17,9 +19,12 @@ def parse_vary(text: str) -> tuple[str, list]:
             f"expected SETTING=v1,v2,... with SETTING in {', '.join(design_mod.SETTINGS)}; got {text!r}")
     kind = design_mod.SETTINGS[name][0]
     try:
-        return name, [kind(v.strip()) for v in values.split(",") if v.strip()]
+        out = [kind(v.strip()) for v in values.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"bad value in {text!r}: {name} takes {design_mod.TYPE_WORDS[kind]}s") from None
+    if not out:
+        raise argparse.ArgumentTypeError(f"no values in {text!r}")
+    return name, out
 
 
 def configure_sweep(p) -> None:
@@ -53,8 +58,12 @@ def parse_constraint(text: str) -> tuple[str, float]:
 
 
 def cmd_sweep(a: argparse.Namespace) -> dict:
+    require(a.jobs is None or a.executor == "local", "--jobs", a.jobs, "only with --executor local (Ray uses its cluster)")
+    if a.out:
+        check_output(a.out)
     from perfmodel.search.sweep import run_design, saturation_by_group
     from perfmodel.step.report import SCHEMA_VERSION
+    check_spec_flags(a, drafts_elsewhere=a.design is not None or any(n == "draft_rows" for n, _ in a.vary or []))
     base = {k: design_mod.check_setting(f"--{k.replace('_', '-')}", k, v)
             for k, v in vars(a).items() if k in design_mod.SETTINGS and v is not None}
     d = design_mod.load(a.design, base) if a.design else design_mod.grid_from_vary(a.vary, base)

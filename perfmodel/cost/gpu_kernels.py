@@ -24,7 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from perfmodel.util import schema
 from perfmodel.util.errors import SpecError
+from perfmodel.util.files import read_text
 
 KERNEL_DIR = Path(__file__).parents[1] / "data" / "kernels"
 COMM = ("all_reduce", "mnnvl", "nccl", "a2a")  # mnnvl: a multi-node NVLink (multicast) collective
@@ -300,7 +302,13 @@ def fit_group(cls: str, key: dict, pooled: bool = False) -> str:
 def fits(gpu: str) -> dict:
     """perfmodel/data/kernels/<gpu>/fit.json: {engine: {group: params}} ({} when none)."""
     path = KERNEL_DIR / gpu / "fit.json"
-    return json.loads(path.read_text())["engines"] if path.exists() else {}
+    return _read(path)["engines"] if path.exists() else {}
+
+
+def _read(path: Path) -> dict:
+    """A shipped kernel-table or fit file: read bounded and parsed through the schema layer (its
+    content is checked by tests/test_schema.py, not on every load: 0.4 s a file)."""
+    return schema.parse(read_text(path, "kernel table"), "json", "kernel table", path)
 
 
 def fitted_params(gpu: str, engine: str, cls: str, key: dict, kernel: str = "") -> tuple[dict, str] | None:

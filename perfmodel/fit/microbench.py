@@ -13,7 +13,6 @@ CLI: `perfmodel calibrate --microbench FILE [--hardware NAME] [--out FILE] [--js
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from datetime import date
 from pathlib import Path
@@ -23,7 +22,11 @@ from scipy.optimize import least_squares
 
 from perfmodel.cost import components as cm
 from perfmodel.spec.hardware import Hardware
-from perfmodel.util.errors import SpecError, require
+from perfmodel.spec.recipe import TOP_K
+from perfmodel.util import schema
+from perfmodel.util.checks import STR, ListOf, Num, OneOf, Req, check_tree
+from perfmodel.util.errors import SpecError, in_file, require
+from perfmodel.util.files import check_path
 
 DATA_DIR = Path(__file__).parents[1] / "data" / "microbench"
 TARGET = 0.10
@@ -61,20 +64,69 @@ GROUPS = {
 }
 
 
+# what each mechanism's entries must give as inputs (a fit reads every one of them)
+_BYTES = Num(0, 2**50, lo_open=True)
+_N = Num(1, 2**31, integer=True)
+_DTYPE = OneOf("bf16", "fp8", "int8", "int4", "fp4", "f32")
+INPUTS = {
+    "weight_stream": {"bytes": Req(_BYTES), "bank_bytes": Req(_BYTES), "dtype": Req(_DTYPE), "rows": Req(_N),
+                      "dots_per_layer": Num(0, 2**31, integer=True), "dots_per_bank": Num(0, 2**31, integer=True)},
+    "expert_stream": {"bytes": Req(_BYTES), "descriptors": Req(_N)},
+    "mxu_push": {"dtype": Req(_DTYPE)},
+    "matmul": {"k": Req(_N), "n": Req(_N), "k_chunk": Req(_N), "lhs_rows_per_chunk": Req(_N), "dtype": Req(_DTYPE),
+               "rows": _N},
+    "remote_copy": {"bytes": Req(_BYTES), "path": Req(OneOf("sibling", "cross_chip"))},
+    "link_bandwidth": {"links": Req(_N)},
+    "collective": {"kind": Req(OneOf(*cm.ALGORITHMS)), "payload_bytes": Req(_BYTES), "devices": Req(_N),
+                   "cores_per_chip": Req(_N), "algorithm": Req((STR,)), "shard": (STR,)},
+    "topk": {"algorithm": Req(OneOf(*TOP_K)), "k": Req(_N), "experts": _N},
+    "attention_core": {"sequences": Req(_N), "kind": (STR,), "q_heads_per_core": _N, "kv_heads_per_core": _N,
+                       "head_dim": _N},
+    "xla_glue": {}, "host_dispatch": {}, "kernel_launch": {},
+    "gpu_all_reduce": {"bytes": Req(_BYTES), "ranks": Req(_N)},
+    "host_dot": {"bytes": Req(_BYTES), "rows": Req(_N)},
+    "host_convert": {"values": Req(_N), "allocated_bytes": Req(Num(0, 2**50))},
+    "host_program": {"thunks": Req(_N)},
+    "host_temp_pages": {"bytes": Req(_BYTES)}, "host_stack_copy": {"bytes": Req(_BYTES)},
+    "host_absorbed_kv_b": {"bytes": Req(_BYTES)}, "host_argmax": {"values": Req(_N)},
+    "host_expert_loop": {"bytes": Req(_BYTES), "rows": Req(_N), "experts": Req(_N)},
+    "engine_bandwidth_fraction": {"model": Req((STR,)), "devices": Req(_N), "batch": Req(_N)},
+}
+ENTRY = {"id": Req((STR,)), "mechanism": Req((STR,)), "inputs": Req({"*": None}), "value": Req(Num(0, lo_open=True)),
+         "unit": Req(OneOf(*UNITS)), "source": Req((STR,)), "scope": (STR,), "platform": (STR,),
+         "not_modelled": (STR,), "notes": (STR,), "fits": OneOf(*GROUPS)}
+FILE = {"entries": Req(ListOf(ENTRY, 1)), "platform": (STR,), "what": (STR,), "source": (STR,),
+        "context": {"*": None}, "fit": {"*": {"*": ListOf((STR,), 1)}}}
+
+
 def load(path: str | Path) -> dict:
-    p = Path(path)
+    """A micro-benchmark file (a path, or a file name in perfmodel/data/microbench), checked: the
+    schema above, each entry's inputs those its mechanism needs, ids unique, and every entry
+    either fitted by a group or marked `not_modelled`."""
+    p = check_path("--microbench", path)
     if not p.exists() and (DATA_DIR / p).exists():
         p = DATA_DIR / p
-    require(p.exists(), "--microbench", str(path), "file not found")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise SpecError("--microbench", str(path), f"not valid JSON: {e}") from None
-    require(isinstance(data.get("entries"), list), "--microbench", str(path), "needs a list 'entries'")
-    for e in data["entries"]:
-        for k in ("id", "mechanism", "inputs", "value", "unit", "source"):
-            require(k in e, f"entry {e.get('id', '?')}.{k}", None, "missing")
-        require(e["unit"] in UNITS, f"entry {e['id']}.unit", e["unit"], f"one of {sorted(UNITS)}")
+    data = schema.load(p, FILE, "--microbench", fmt="json")
+    with in_file(p):
+        seen = set()
+        for i, e in enumerate(data["entries"]):
+            where = f"entries[{i}]"
+            require(e["id"] not in seen, f"{where}.id", e["id"], "used by an earlier entry")
+            seen.add(e["id"])
+            if e["mechanism"] in INPUTS:  # predicted for the residual table even when not fitted
+                check_tree(e["inputs"], INPUTS[e["mechanism"]], f"{where}.inputs", 1)
+            if e.get("not_modelled") is not None:
+                continue
+            require(e["mechanism"] in INPUTS, f"{where}.mechanism", e["mechanism"],
+                    f"no component models it; one of {', '.join(INPUTS)}, or mark the entry not_modelled")
+            require(group_of(e) is not None, f"{where}.mechanism", e["mechanism"],
+                    "no group fits it: give `fits` or mark the entry not_modelled")
+        for platform, groups in data.get("fit", {}).items():
+            for g, names in groups.items():
+                require(g in GROUPS, f"fit.{platform}.{g}", g, f"unknown group; known: {', '.join(GROUPS)}")
+                for n in names:
+                    require(n in GROUPS[g][0], f"fit.{platform}.{g}", n, f"not a parameter of the group; "
+                            f"known: {', '.join(GROUPS[g][0])}")
     return data
 
 

@@ -24,8 +24,8 @@ import dataclasses
 import json
 from dataclasses import dataclass, fields
 
-from perfmodel.util.errors import SpecError, require
-from perfmodel.util.files import read_text
+from perfmodel.util import schema
+from perfmodel.util.errors import in_file, require
 
 FORMAT, VERSION = "perfmodel-dma-plan", 1
 DEPLOYMENT_FIELDS = {"devices": int, "tp": int, "ep": int, "batch": int, "context": int, "draft_rows": int,
@@ -109,6 +109,9 @@ def _typed(where: str, table, spec: dict, required: tuple[str, ...] = ()) -> dic
     return dict(table)
 
 
+PLAN_KEYS = ("format", "version", "model", "deployment", "kernel", "columns", "copies", "source")
+
+
 def plan_from_json(data, where: str = "plan") -> KernelPlan:
     """A KernelPlan from a plan file's object, every field checked."""
     require(isinstance(data, dict), where, type(data).__name__, "a plan file is one JSON object")
@@ -148,9 +151,6 @@ def plan_from_json(data, where: str = "plan") -> KernelPlan:
 
 def load_plan(path) -> KernelPlan:
     """A plan file (plan_json's object), or SpecError naming the field and value."""
-    text = read_text(path, "--kernel-plan")
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise SpecError("--kernel-plan", str(path), f"not valid JSON: {e}") from None
-    return plan_from_json(data, f"{path}")
+    data = schema.load(path, dict.fromkeys(PLAN_KEYS), "--kernel-plan", fmt="json")
+    with in_file(path):
+        return plan_from_json(data)

@@ -8,7 +8,6 @@ sweep file format.
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -19,10 +18,12 @@ import numpy as np
 from perfmodel.spec.deployment import ENGINES
 from perfmodel.spec.hardware import DMA_SHARING
 from perfmodel.util.checks import MAX_MIB, MAX_SKEW
-from perfmodel.util.errors import SpecError, require
+from perfmodel.util import schema
+from perfmodel.util.errors import in_file, require
 
 MAX_POINTS = 10_000_000   # a sweep file's design (streamed in chunks; written to --out)
 MAX_VARY_POINTS = 10_000  # a grid typed on the command line (its rows are printed and held)
+MAX_CELLS = 2**25         # axis values a design holds (about 40 B each: 1.3 GB), checked before any is built
 MAX_SERVE_REQUESTS = 1_000_000  # requests one serving point simulates
 
 
@@ -128,11 +129,15 @@ class Design:
         built as dicts: a design may hold millions)."""
         names = list(self.axes)
         if self.kind == "grid":
-            values = [a.grid(n) if isinstance(a, Range) else a for n, a in self.axes.items()]
-            n = math.prod(len(v) for v in values)
+            n = math.prod(a.steps if isinstance(a, Range) else len(a) for a in self.axes.values())
             require(n <= MAX_POINTS, "sweep design", n, f"has more than {MAX_POINTS} points")
+            require(n * len(names) <= MAX_CELLS, "sweep design", f"{n} points x {len(names)} axes",
+                    f"more than {MAX_CELLS} values to hold; fewer axes or points")
+            values = [a.grid(n) if isinstance(a, Range) else a for n, a in self.axes.items()]
             idx = np.indices([len(v) for v in values]).reshape(len(values), -1)
             return {name: [v[i] for i in ix.tolist()] for name, v, ix in zip(names, values, idx)}
+        require(self.samples * len(names) <= MAX_CELLS, "sweep design", f"{self.samples} samples x {len(names)} axes",
+                f"more than {MAX_CELLS} values to hold; fewer axes or samples")
         rng = np.random.default_rng(self.seed)
         cols = {}
         for name, a in self.axes.items():
@@ -216,24 +221,10 @@ def load(path: str, base: dict | None = None) -> Design:
     """A sweep file: .toml, or .yaml / .yml when PyYAML is installed."""
     p = Path(path)
     require(p.is_file(), "--design", path, "file not found")
-    if p.suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise SpecError("--design", path, "YAML needs PyYAML (pip install pyyaml); or write the file as TOML") from None
-        try:
-            data = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise SpecError("--design", path, f"not valid YAML: {str(e).splitlines()[0]}") from None
-    elif p.suffix == ".toml":
-        try:
-            data = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise SpecError("--design", path, f"not valid TOML: {e}") from None
-    else:
-        raise SpecError("--design", path, "must be a .toml, .yaml or .yml file")
-    require(isinstance(data, dict), "--design", path, "must hold tables base and grid or random")
-    return from_dict(data, base, source=p.name)
+    require(p.suffix in (".toml", ".yaml", ".yml"), "--design", path, "must be a .toml, .yaml or .yml file")
+    data = schema.load(p, {"base": {"*": None}, "grid": {"*": None}, "random": {"*": None}}, "--design")
+    with in_file(p):
+        return from_dict(data, base, source=p.name)
 
 
 @dataclass

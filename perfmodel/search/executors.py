@@ -12,6 +12,8 @@ starts once the chunks after the first have taken as long here as starting it wo
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import sys
 import threading
 import time
@@ -72,25 +74,59 @@ def _local(fn, chunks: Iterator, jobs: int) -> Iterator:
         return
     yield fn(first)
     spent = 0.0
-    while True:
-        c = next(chunks, None)
-        if c is None:
-            return
+    while (c := next(chunks, None)) is not None:
         if spent >= POOL_START_S["fork" if fork else "spawn"]:
-            break
+            yield from _pool(fn, c, chunks, jobs, fork)
+            return
         t = time.perf_counter()
         out = fn(c)
         spent += time.perf_counter() - t
         yield out
+
+
+def _pool(fn, first, chunks: Iterator, jobs: int, fork: bool) -> Iterator:
+    # workers ignore Ctrl-C (the terminal sends it to every process) and the parent ends them on
+    # any exit
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("fork" if fork else "spawn")) as pool:
+    try:
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("fork" if fork else "spawn"),
+                                   initializer=_worker_init, initargs=(os.getpid(),))
         # the native threads left (numpy's BLAS and Arrow's idle pools) reset themselves at fork:
         # Python's warning about forking a multi-threaded process is silenced for this call
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
-            started = [pool.submit(fn, c)]  # the pool starts its workers here
+            started = [pool.submit(fn, first)]  # the pool starts its workers here
+    except OSError as e:  # e.g. no room for its semaphores (/dev/shm full, a file-size limit)
+        raise SpecError("--jobs", jobs, f"cannot start worker processes ({e.strerror or e}); "
+                                        "--jobs 1 runs in this process") from None
+    try:
         yield from _windowed(lambda c: pool.submit(fn, c), lambda f: f.result(), chunks, 4 * jobs, started)
+    except BaseException:
+        workers = list((pool._processes or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            w.join(5)
+        raise
+    pool.shutdown()
+
+
+def _worker_init(parent: int) -> None:
+    """A worker ignores Ctrl-C, ends at once on SIGTERM / SIGHUP (a forked one inherits the
+    CLI's handlers for them) and ends itself when its parent is gone (even SIGKILLed: the pool's
+    pipes stay open in the workers, so they would wait for work forever)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
 def _ray_get(ray, ref):
@@ -104,12 +140,26 @@ def _ray_get(ray, ref):
         raise
 
 
+def _reachable(address: str, timeout_s: float = 3.0) -> None:
+    """Refuse a `host:port` (or ray://host:port) nobody answers at, before Ray retries for minutes."""
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if address == "auto" or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise SpecError("--address", address, f"no Ray cluster answers there ({e.strerror or e})") from None
+
+
 def _ray(fn, chunks, address: str | None) -> Iterator:
     try:
         import ray
     except ImportError:
         raise SpecError("--executor", "ray", "Ray is not installed: pip install 'perfmodel[ray]'") from None
     started = not ray.is_initialized()
+    if started and address:
+        _reachable(address)
     if started:
         try:
             ray.init(address=address, logging_level="ERROR", log_to_driver=False)

@@ -5,16 +5,15 @@ front of throughput per chip against latency. `perfmodel sweep` is its CLI (docs
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import itertools
 import math
-import os
 import sys
 import time
 from collections import Counter
 from contextlib import nullcontext
-from pathlib import Path
 
 import numpy as np
 
@@ -27,6 +26,7 @@ from perfmodel.spec.hardware import Hardware, load_hardware
 from perfmodel.spec.loaders import load_model
 from perfmodel.step.predict import predict
 from perfmodel.util.errors import SpecError, require
+from perfmodel.util.files import AtomicFile, check_output
 
 DEPLOYMENT_AXES = ("batch", "context", "prefetch_bytes", "expert_slots", "engine", "routing_skew",
                    "routing_correlation")
@@ -125,14 +125,14 @@ def arrow_column(pa, kind: type, values: list):
 
 
 class RowFile:
-    """Rows streamed to .parquet (pyarrow) or .csv as chunks arrive; written under a temporary
-    name and renamed when complete, so a failed sweep leaves no partial file."""
+    """Rows streamed to .parquet (pyarrow) or .csv as chunks arrive, through one AtomicFile: the
+    file appears whole when the sweep completes, and a failed or interrupted sweep leaves the old
+    file (or none) and no temporary."""
 
     def __init__(self, path: str):
-        self.path = Path(path)
+        self.path = check_output(path)
         self.format = self.path.suffix.lstrip(".")
         require(self.format in ("parquet", "csv"), "--out", path, "must end in .parquet or .csv")
-        require(self.path.parent.is_dir(), "--out", path, "its folder does not exist")
         if self.format == "parquet":
             try:
                 import pyarrow as pa
@@ -141,30 +141,46 @@ class RowFile:
                 raise SpecError("--out", path, "Parquet needs pyarrow (pip install pyarrow); or write .csv") from None
             self.schema = pa.schema([(k, ARROW_TYPES[t](pa)) for k, t in COLUMNS.items()])
             self.pa, self.pq = pa, pq
-        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self.atomic = AtomicFile(self.path, "--out", binary=self.format == "parquet", newline="")
 
     def __enter__(self):
-        if self.format == "parquet":
-            self.writer = self.pq.ParquetWriter(self.tmp, self.schema)
-        else:
-            self.file = open(self.tmp, "w", newline="")
-            self.writer = csv.DictWriter(self.file, fieldnames=list(COLUMNS))
-            self.writer.writeheader()
+        f = self.atomic.stage()
+        try:
+            if self.format == "parquet":
+                self.writer = self.pq.ParquetWriter(f, self.schema)
+            else:
+                self.writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
+                self.writer.writeheader()
+        except BaseException:
+            self.atomic.discard()
+            raise
         return self
 
     def write(self, rows: list[dict]) -> None:
-        if self.format == "parquet":
-            columns = [arrow_column(self.pa, kind, [r[k] for r in rows]) for k, kind in COLUMNS.items()]
-            self.writer.write_table(self.pa.Table.from_arrays(columns, schema=self.schema))
-        else:
-            self.writer.writerows(rows)
+        try:
+            if self.format == "parquet":
+                columns = [arrow_column(self.pa, kind, [r[k] for r in rows]) for k, kind in COLUMNS.items()]
+                self.writer.write_table(self.pa.Table.from_arrays(columns, schema=self.schema))
+            else:
+                self.writer.writerows(rows)
+        except OSError as e:
+            raise SpecError("--out", str(self.path), f"cannot write: {e.strerror or e}") from None
 
     def __exit__(self, exc_type, *_):
-        (self.writer if self.format == "parquet" else self.file).close()
-        if exc_type is None:
-            os.replace(self.tmp, self.path)
-        else:
-            self.tmp.unlink(missing_ok=True)
+        if exc_type is not None:
+            if self.format == "parquet":
+                with contextlib.suppress(Exception):  # its footer goes to the discarded file
+                    self.writer.close()
+            self.atomic.discard()
+            return False
+        try:
+            if self.format == "parquet":
+                self.writer.close()
+        except OSError as e:
+            self.atomic.discard()
+            raise SpecError("--out", str(self.path), f"cannot write: {e.strerror or e}") from None
+        self.atomic.commit()
+        return False
 
 
 def _bar(total: int, disable: bool | None):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from collections import Counter
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cached_property
@@ -27,9 +26,10 @@ from typing import ClassVar
 
 from perfmodel.spec.formats import FORMATS, Format, format_from_dict, get_format
 from perfmodel.spec.recipe import Megakernel, from_table as megakernel_from_table, to_table as megakernel_table
-from perfmodel.util.checks import MAX_EXPERTS, MAX_LAYERS, MAX_SKEW, STR, check_range, check_tree, check_type
-from perfmodel.util.errors import SpecError, positive_int, require
-from perfmodel.util.files import check_path, read_text
+from perfmodel.util import schema
+from perfmodel.util.checks import MAX_EXPERTS, MAX_LAYERS, MAX_SKEW, STR, check_range, check_type
+from perfmodel.util.errors import in_file, positive_int, require
+from perfmodel.util.files import check_path
 
 PRESET_DIR = Path(__file__).parents[1] / "presets" / "models"
 ATTENTION_KINDS = ("kda", "mla", "gqa", "gdn", "mamba2", "csa")
@@ -483,25 +483,28 @@ def _derived(base: dict, over: dict) -> dict:
     return _merge(base, over)
 
 
+# the top-level keys of a model file (from_dict checks each one's content)
+TOP_KEYS = ("name", "base", "hidden", "vocab", "layers", "tie_embeddings", "residual_streams", "attention",
+            "ffn", "formats", "custom_formats", "sources", "megakernel", "moe") + ATTENTION_KINDS
+
+
 def read_toml(path: Path, seen: tuple[str, ...] = ()) -> dict:
     """A model file's table, merged into the one its `base` names: a preset, or another model
     file (a `.toml` path, relative to the file that names it)."""
-    text = read_text(path, "model file")
-    try:
-        data = tomllib.loads(text)
-    except (ValueError, RecursionError) as e:  # TOMLDecodeError, over-long integers, deep nesting
-        raise SpecError("model file", str(path), f"not valid TOML: {e}") from None
-    check_tree(data)
+    data = schema.load(path, dict.fromkeys(TOP_KEYS), "model file", fmt="toml")
     if "base" in data:
-        base = check_type("base", data.pop("base"), STR)
+        with in_file(path):
+            base = check_type("base", data.pop("base"), STR)
+            if base.endswith(".toml"):
+                file = Path(path).parent / check_path("base", base)
+                key = str(file.resolve())
+                require(key not in seen, "base", base, f"cycle of base files: {' -> '.join(seen + (key,))}")
+                require(file.exists(), "base", base, f"file not found (looked for {file})")
+            else:
+                require(base not in seen, "base", base, f"cycle of base presets: {' -> '.join(seen + (base,))}")
         if base.endswith(".toml"):
-            file = Path(path).parent / check_path("base", base)
-            key = str(file.resolve())
-            require(key not in seen, "base", base, f"cycle of base files: {' -> '.join(seen + (key,))}")
-            require(file.exists(), "base", base, f"file not found (looked for {file})")
             data = _derived(read_toml(file, seen + (key,)), data)
         else:
-            require(base not in seen, "base", base, f"cycle of base presets: {' -> '.join(seen + (base,))}")
             data = _derived(preset_data(base, seen + (base,)), data)
     return data
 

@@ -8,6 +8,8 @@ from perfmodel.spec.hardware import Hardware
 from perfmodel.util.checks import MAX_SKEW
 from perfmodel.util.errors import SpecError, positive_int, require
 
+MAX_STREAM_TILES = 2**22  # ring tiles the megakernel simulator walks per step (memory and time)
+
 ENGINES = ("megakernel", "multikernel")
 MOE_COMM = ("all_reduce", "all_to_all")
 
@@ -116,6 +118,8 @@ def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
         require(model.moe.experts % g == 0, "ep", g, f"must divide experts ({model.moe.experts})")
         if d.expert_slots is not None:
             positive_int("expert_slots", d.expert_slots)
+            require(d.expert_slots <= model.moe.experts, "expert_slots", d.expert_slots,
+                    f"at most the model's {model.moe.experts} experts")
     if d.prefetch_bytes is not None:
         require(d.prefetch_bytes > 0, "prefetch_bytes", d.prefetch_bytes, "must be > 0")
     if d.routing_skew is not None:
@@ -123,6 +127,12 @@ def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
     if d.routing_correlation is not None:
         require(0 <= d.routing_correlation <= 1, "routing_correlation", d.routing_correlation,
                 "must be in [0, 1] (0 = independent rows, 1 = identical)")
+    tiles = model.weight_bytes() / (d.tp * hw.dma_tile_bytes)
+    if d.engine == "megakernel" and tiles > MAX_STREAM_TILES:  # the simulator's arrays and loop
+        raise SpecError("dma_tile_bytes", hw.dma_tile_bytes,
+                        f"streams {model.name} in {tiles:.3g} tiles per step; the simulator takes at most "
+                        f"{MAX_STREAM_TILES}: use tiles of at least "
+                        f"{model.weight_bytes() / (d.tp * MAX_STREAM_TILES):.0f} B")
     need = resident_bytes_per_device(model, d)
     have = hw.core_hbm_bytes
     if need > have:

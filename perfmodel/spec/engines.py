@@ -2,10 +2,10 @@
 layouts they refuse, checked before anything is predicted."""
 from __future__ import annotations
 
-import tomllib
 from functools import lru_cache
 from pathlib import Path
 
+from perfmodel.util import schema
 from perfmodel.util.errors import SpecError, require
 
 ENGINE_DIR = Path(__file__).parents[1] / "data" / "serving_engines"
@@ -21,7 +21,7 @@ def inventory(name: str) -> dict:
     """One engine's kernel inventory (the TOML file as a dict)."""
     if name not in serving_engines():
         raise SpecError("serving_engine", name, f"one of {', '.join(serving_engines())}")
-    return tomllib.loads((ENGINE_DIR / f"{name}.toml").read_text())
+    return schema.load(ENGINE_DIR / f"{name}.toml", {"*": None}, "serving engine inventory", fmt="toml")
 
 
 def check_serving_layout(model, hw, d) -> None:

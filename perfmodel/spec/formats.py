@@ -12,11 +12,11 @@ their sources are in `presets/formats.toml`; a model file defines new ones under
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfmodel.util.errors import SpecError, require
+from perfmodel.util import schema
+from perfmodel.util.errors import SpecError, in_file, require
 
 SCALE_BITS = {"": 0, "e8m0": 8, "e4m3": 8, "bf16": 16, "fp16": 16, "f32": 32}
 COMPUTE_DTYPES = ("f32", "bf16", "fp8", "int8", "int4", "fp4")
@@ -101,8 +101,10 @@ def format_from_dict(name: str, d: dict, where: str) -> Format:
 
 
 def _builtin() -> dict[str, Format]:
-    data = tomllib.loads((Path(__file__).parents[1] / "presets" / "formats.toml").read_text())
-    return {name: format_from_dict(name, d, f"formats.toml:{name}") for name, d in data.items()}
+    path = Path(__file__).parents[1] / "presets" / "formats.toml"
+    data = schema.load(path, {"*": {"*": None}}, "formats file", fmt="toml")
+    with in_file(path):
+        return {name: format_from_dict(name, d, name) for name, d in data.items()}
 
 
 FORMATS = _builtin()

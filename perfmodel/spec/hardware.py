@@ -8,13 +8,13 @@ chip is two TensorCores, each its own JAX device).
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.util.checks import HARDWARE_FILE, check_tree
-from perfmodel.util.errors import SpecError, require
-from perfmodel.util.files import check_path, read_text
+from perfmodel.util import schema
+from perfmodel.util.errors import in_file, require
+from perfmodel.util.files import check_path
 
 PRESET_DIR = Path(__file__).parents[1] / "presets" / "hardware"
 DMA_SHARING = ("fifo", "shared")
@@ -104,12 +104,9 @@ def load_hardware(name_or_path: str) -> Hardware:
         require(name_or_path in list_presets(), "hardware", name_or_path,
                 f"unknown preset; known: {', '.join(list_presets())} (or give a .toml path)")
         p = PRESET_DIR / f"{name_or_path}.toml"
-    text = read_text(p, "hardware file")
-    try:
-        data = tomllib.loads(text)
-    except (ValueError, RecursionError) as e:  # TOMLDecodeError, over-long integers, deep nesting
-        raise SpecError("hardware file", str(p), f"not valid TOML: {e}") from None
-    return from_dict(data)
+    data = schema.load(p, HARDWARE_FILE, "hardware file", fmt="toml")
+    with in_file(p):
+        return from_dict(data)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -176,6 +173,8 @@ def validate(hw: Hardware) -> None:
     for name in ("intra_chip_latency_s", "link_latency_s", "collective_base_latency_s",
                  "launch_overhead_s", "dma_latency_s"):
         require(getattr(hw, name) >= 0, name, getattr(hw, name), "must be >= 0")
+    require(isinstance(hw.dma_tile_bytes, int) and not isinstance(hw.dma_tile_bytes, bool), "dma_tile_bytes",
+            hw.dma_tile_bytes, "must be a whole number of bytes")
     for name in ("domain_devices", "node_devices"):
         require(isinstance(getattr(hw, name), int) and getattr(hw, name) >= 0, name, getattr(hw, name),
                 "must be an integer >= 0")

@@ -14,14 +14,12 @@ SpecError naming the key: the importer never silently models something else.
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from perfmodel.spec.arch import MAX_LAYERS, ModelSpec, from_dict
-from perfmodel.util.checks import check_tree
-from perfmodel.util.errors import SpecError, require
-from perfmodel.util.files import read_text
+from perfmodel.util import schema
+from perfmodel.util.errors import SpecError, in_file, require
 
 LAYER_TYPES = {"full_attention": "full", "sliding_attention": "swa", "linear_attention": "linear",
                "chunked_attention": "swa"}   # a chunk bounds the span as a window does
@@ -76,13 +74,9 @@ class _Config:
 
 
 def from_hf_config(path: Path) -> ModelSpec:
-    text = read_text(path, "model file")
-    try:
-        top = json.loads(text, parse_constant=str)  # NaN / Infinity stay text: no key reads them as numbers
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, over-long integers, deep nesting
-        raise SpecError("model file", str(path), f"not a readable JSON config: {e}") from None
-    check_tree(top)
-    require(isinstance(top, dict), "model file", str(path), "expected a JSON object")
+    # NaN / Infinity stay text: no key reads them as numbers; unread keys are not checked (a
+    # config.json holds many that do not change cost; those that do are refused, UNMODELLED_KEYS)
+    top = schema.load(path, {"*": None}, "model file", fmt="json", json_constant=str)
     text = top.get("text_config")
     require(text is None or isinstance(text, dict), "config.json:text_config", text, "must be an object")
     c = dict(text or top)
@@ -95,21 +89,18 @@ def from_hf_config(path: Path) -> ModelSpec:
     source = f"Hugging Face config {Path(path).name}"
     sidecar = Path(path).parent / "hf_quant_config.json"
     if sidecar.is_file():
-        c["quantization_config"] = _sidecar(sidecar, c.get("quantization_config"))
+        with in_file(sidecar):
+            c["quantization_config"] = _sidecar(sidecar, c.get("quantization_config"))
         source += " + hf_quant_config.json"
-    d = spec_dict(c, str(name), source)
-    return from_dict(d)
+    with in_file(path):
+        return from_dict(spec_dict(c, str(name), source))
 
 
 def _sidecar(path: Path, qc) -> dict:
     """NVIDIA ModelOpt's `hf_quant_config.json` beside a config.json, as the `quantization_config`
     ModelOpt writes into config.json (`quant_algo`, `kv_cache_scheme`, `ignore` = its
     `exclude_modules`, `group_size`). A config.json that names another method is refused."""
-    try:
-        doc = json.loads(read_text(path, "model file"), parse_constant=str)
-    except (ValueError, RecursionError) as e:
-        raise SpecError("hf_quant_config.json", str(path), f"not readable JSON: {e}") from None
-    check_tree(doc)
+    doc = schema.load(path, None, "hf_quant_config.json", fmt="json", json_constant=str)
     q = doc.get("quantization") if isinstance(doc, dict) else None
     require(isinstance(q, dict), "hf_quant_config.json:quantization", q, "must be an object")
     algo = q.get("quant_algo")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from perfmodel.spec import hf
 from perfmodel.spec.arch import ModelSpec, from_dict, preset_data, read_toml
-from perfmodel.util.errors import require
+from perfmodel.util.errors import in_file, require
 from perfmodel.util.files import check_path
 
 
@@ -16,5 +16,7 @@ def load_model(name_or_path: str) -> ModelSpec:
         return hf.from_hf_config(p / "config.json" if p.is_dir() else p)
     if p.suffix == ".toml":
         require(p.exists(), "model", name_or_path, "file not found")
-        return from_dict(read_toml(p, (str(p.resolve()),)))
+        data = read_toml(p, (str(p.resolve()),))
+        with in_file(p):
+            return from_dict(data)
     return from_dict(preset_data(name_or_path))

@@ -10,7 +10,6 @@ prints both.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +21,10 @@ from perfmodel.graph.ops import OpGraph
 from perfmodel.spec.arch import ModelSpec, derive, from_dict, preset_data
 from perfmodel.spec.deployment import Deployment, validate
 from perfmodel.spec.hardware import Hardware
-from perfmodel.util.errors import SpecError, require
-from perfmodel.util.files import check_path, read_text
+from perfmodel.util import schema
+from perfmodel.util.checks import STR, ListOf, Num, Req
+from perfmodel.util.errors import SpecError, in_file, require
+from perfmodel.util.files import check_path
 
 PROFILE_DIR = Path(__file__).parents[1] / "data" / "phase_profiles"
 # phase -> what skipping it removes from each decoder layer (or the head)
@@ -97,11 +98,12 @@ def load_profile(name_or_path: str) -> dict:
         known = sorted(q.stem for q in PROFILE_DIR.glob("*.json"))
         require(name_or_path in known, "--profile", name_or_path, f"unknown profile; known: {', '.join(known)}")
         p = PROFILE_DIR / f"{name_or_path}.json"
-    try:
-        data = json.loads(read_text(p, "--profile"))
-    except json.JSONDecodeError as e:
-        raise SpecError("--profile", str(p), f"not valid JSON: {e}") from None
-    require(isinstance(data.get("kernels"), dict) and data["kernels"], "--profile", str(p), "needs a table 'kernels'")
+    rule = {"what": (STR,), "source": (STR,), "stated": None, "harness": Req({"deployment": Req({"*": None}), "*": None}),
+            "kernels": Req({"*": {"model": Req((STR,)), "megakernel": {"*": None}, "phases": Req(ListOf(
+                {"phase": Req((STR,)), "value_us": Req(Num(0, lo_open=True)), "*": None}, 1)), "*": None}})}
+    data = schema.load(p, rule, "--profile", fmt="json")
+    with in_file(p):
+        require(data["kernels"], "kernels", {}, "needs at least one kernel")
     return data
 
 

@@ -31,30 +31,39 @@ _CHECK = {NUMBER: lambda v: isinstance(v, (int, float)) and not isinstance(v, bo
           LAYERS: lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_LAYERS,
           None: lambda v: v is None}
 
-# File schemas for check_tree: a tuple of kinds; a dict for a table ("*": any other key); a
-# one-element list for a list of that rule. Finer checks stay with the loaders.
+# Rules for check_tree (one file's schema): None, any value; a tuple of kinds (NUMBER, INT, STR,
+# ..., None for null); Num(...) a finite number in a range; OneOf(...) one of some values; a dict, a
+# table whose keys are those listed (Req(rule) marks a required one; "*": the rule of any other
+# key, else another key is an error naming it); a one-element list [rule], a list of that rule;
+# ListOf(rule, min_len, max_len). Finer checks stay with the loaders.
+
+
+class Req:
+    """A table key that must be present."""
+    def __init__(self, rule=None):
+        self.rule = rule
+
+
+class Num:
+    """A finite number (an integer with `integer`) in [lo, hi] ((lo, hi] with lo_open)."""
+    def __init__(self, lo=None, hi=None, lo_open: bool = False, integer: bool = False, null: bool = False):
+        self.lo, self.hi, self.lo_open, self.integer, self.null = lo, hi, lo_open, integer, null
+
+
+class OneOf:
+    def __init__(self, *choices):
+        self.choices = choices
+
+
+class ListOf:
+    def __init__(self, rule=None, min_len: int = 0, max_len: int = MAX_ITEMS):
+        self.rule, self.min_len, self.max_len = rule, min_len, max_len
+
+
 _SECTION = {"*": (NUMBER, BOOL)}
-MODEL_FILE = {"name": (STR,), "base": (STR,), "hidden": (INT,), "vocab": (INT,),
-              "layers": (INT,), "tie_embeddings": (BOOL,),
-              "attention": {"default": (STR,), "*": [(INT,)]},
-              "ffn": {"dense_layers": [(INT,)], "dense_width": (INT,)},
-              "formats": {"*": (STR,)}, "sources": {"*": (STR,)},
-              "kda": _SECTION, "mla": _SECTION, "gqa": _SECTION, "moe": _SECTION}
 HARDWARE_FILE = {"peak_flops_per_s": {"*": (NUMBER,)}, "efficiency": {"*": (NUMBER,)},
                  "components": {"*": (NUMBER,)},
                  "sources": {"*": (STR,)}, "*": (NUMBER, STR)}
-_OPT_INT = (INT, None)
-HF_CONFIG = {"_name_or_path": (STR, None), "num_hidden_layers": (LAYERS,), "hidden_size": (COUNT,),
-             "vocab_size": (COUNT,), "tie_word_embeddings": (BOOL, None),
-             "num_attention_heads": (COUNT,), "num_key_value_heads": (COUNT, None),
-             "head_dim": _OPT_INT, "sliding_window": _OPT_INT, "kv_lora_rank": _OPT_INT,
-             "q_lora_rank": _OPT_INT, "qk_nope_head_dim": _OPT_INT, "qk_rope_head_dim": _OPT_INT,
-             "v_head_dim": _OPT_INT, "intermediate_size": _OPT_INT,
-             "n_routed_experts": _OPT_INT, "num_experts": _OPT_INT, "n_shared_experts": _OPT_INT,
-             "moe_intermediate_size": _OPT_INT, "num_experts_per_tok": _OPT_INT,
-             "first_k_dense_replace": (LAYERS, None), "quantization_config": (TABLE, None),
-             "linear_attn_config": {"num_heads": (COUNT,), "head_dim": (COUNT,),
-                                    "short_conv_kernel_size": (INT,), "full_attn_layers": [(INT,)]}}
 
 
 def check_type(field: str, value, *kinds: str | None):
@@ -85,26 +94,78 @@ def check_range(field: str, value, lo=None, hi=None, lo_open: bool = False):
 
 def check_tree(data, rule=None, field: str = "file", depth: int = 0):
     """Every value in parsed file data finite, bounded and nested at most MAX_DEPTH deep, and of
-    the kind `rule` (a schema as MODEL_FILE) says; returns `data`."""
+    the kind `rule` says (see the rules above); returns `data`."""
     require(depth <= MAX_DEPTH, field, "...", f"nested more than {MAX_DEPTH} deep")
+    if rule is None and (type(data) is str or type(data) is bool or data is None):
+        return data  # nothing to check (the common case in large files)
+    if isinstance(rule, Req):
+        rule = rule.rule
+    if isinstance(rule, list):
+        rule = ListOf(rule[0])
     if isinstance(rule, dict):
         check_type(field, data, TABLE)
-    elif isinstance(rule, list):
+    elif isinstance(rule, ListOf):
         check_type(field, data, LIST)
+        require(rule.min_len <= len(data) <= rule.max_len, field, data,
+                f"must have {rule.min_len}..{rule.max_len} entries")
+    elif isinstance(rule, Num):
+        _check_num(field, data, rule)
+    elif isinstance(rule, OneOf):
+        require(any(data == c and type(data) is type(c) for c in rule.choices), field, data,
+                f"must be one of {', '.join(map(repr, rule.choices))}")
     elif rule:
         check_type(field, data, *rule)
     if isinstance(data, (dict, list)):
         require(len(data) <= MAX_ITEMS, field, f"{len(data)} entries", f"at most {MAX_ITEMS}")
+    at = lambda k: f"{field}.{k}" if depth else str(k)
     if isinstance(data, list):
+        item = rule.rule if isinstance(rule, ListOf) else None
+        if _numbers_pass(data, item):
+            return data
         for i, v in enumerate(data):
-            check_tree(v, rule[0] if isinstance(rule, list) else None, f"{field}[{i}]", depth + 1)
+            check_tree(v, item, f"{field}[{i}]", depth + 1)
     elif isinstance(data, dict):
         sub = rule if isinstance(rule, dict) else {}
         for k, v in data.items():
-            check_tree(v, sub.get(k, sub.get("*")), f"{field}.{k}" if depth else str(k), depth + 1)
+            require(isinstance(k, str), at(k), v, "keys must be strings")
+            require(k in sub or "*" in sub or not isinstance(rule, dict), at(k), v,
+                    "unknown key; known: " + ", ".join(sorted(k for k in sub if k != "*")))
+            check_tree(v, sub.get(k, sub.get("*")), at(k), depth + 1)
+        for k, r in sub.items():
+            require(not isinstance(r, Req) or k in data, at(k), None, "required key is missing")
     else:
         check_finite(field, data)
     return data
+
+
+def _numbers_pass(data: list, item) -> bool:
+    """Whether a long list of plain numbers (or nulls a Num rule allows) surely passes `item`
+    (None, Num or a kinds tuple with NUMBER): checked in bulk; False means check one by one."""
+    if len(data) < 8 or not (item is None or isinstance(item, Num) or (isinstance(item, tuple) and NUMBER in item)):
+        return False
+    nums = [v for v in data if v is not None] if isinstance(item, Num) and item.null else data
+    if not all(type(v) is float or type(v) is int for v in nums):
+        return False
+    if isinstance(item, Num) and item.integer and not all(type(v) is int for v in nums):
+        return False
+    if not nums:
+        return True
+    lo, hi = min(nums), max(nums)
+    if not (all(map(math.isfinite, nums)) and -MAX_INT <= lo and hi <= MAX_INT):
+        return False
+    if isinstance(item, Num):
+        if item.lo is not None and not (lo > item.lo if item.lo_open else lo >= item.lo):
+            return False
+        if item.hi is not None and hi > item.hi:
+            return False
+    return True
+
+
+def _check_num(field: str, v, r: Num) -> None:
+    if v is None and r.null:
+        return
+    check_type(field, v, INT if r.integer else NUMBER, *((None,) if r.null else ()))
+    check_range(field, v, r.lo, r.hi, r.lo_open)
 
 
 def one_line(text: str) -> str:

@@ -1,10 +1,21 @@
-"""Files at the boundary: read user files as checked text, write outputs atomically, and the
-user's data directory (the default home of files perfmodel writes, never the package)."""
+"""Files at the boundary: read user files as checked text, write outputs whole or not at all, and
+the user's data directory (the default home of files perfmodel writes, never the package).
+
+Every output goes through `AtomicFile` (one file; `write_atomic`, `write_csv` for text) or
+`write_all` (several files, all or none). The new content is written into an unnamed file in
+the target's directory (Linux O_TMPFILE: nothing to clean up after any failure or signal, even
+SIGKILL), fsynced, then linked into place by one rename: a reader sees the old file or the whole
+new one. Where O_TMPFILE is unsupported a hidden named temporary stands in, removed on every
+error path (SIGKILL excepted).
+"""
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import io
 import os
+import signal
 import tempfile
 from pathlib import Path
 
@@ -18,57 +29,258 @@ def check_path(field: str, path) -> Path:
     text = str(path)
     require(text != "", field, text, "empty path")
     require("\0" not in text, field, text, "path holds a NUL character")
-    require(len(os.fsencode(text)) <= 4096, field, text[:64] + "...", "path longer than 4096 bytes")
+    try:
+        encoded = os.fsencode(text)
+    except UnicodeError:
+        raise SpecError(field, text, "cannot be encoded as a file name on this system") from None
+    require(len(encoded) <= 4096, field, text[:64] + "...", "path longer than 4096 bytes")
     require(all(len(os.fsencode(p)) <= 255 for p in Path(text).parts), field, text[:64] + "...",
             "a path component is longer than 255 bytes")
     return Path(text)
 
 
-def read_text(path, field: str = "file") -> str:
-    """The UTF-8 text of a user file, or a SpecError naming the file and what is wrong."""
+def read_bytes(path, field: str = "file", limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a user file (at most `limit`), or a SpecError naming the file and what is wrong."""
     p = check_path(field, path)
     try:
         with open(p, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+            data = f.read(limit + 1)
     except OSError as e:
         raise SpecError(field, str(p), e.strerror or type(e).__name__) from None
-    require(len(data) <= MAX_FILE_BYTES, field, str(p), f"larger than {MAX_FILE_BYTES >> 20} MiB")
+    require(len(data) <= limit, field, str(p), f"larger than {limit / 2**20:g} MiB")
+    return data
+
+
+def read_text(path, field: str = "file", limit: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of a user file, or a SpecError naming the file and what is wrong."""
+    data = read_bytes(path, field, limit)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SpecError(field, str(p), f"not UTF-8 text (byte {data[e.start]:#04x} at offset "
-                                       f"{e.start})") from None
+        raise SpecError(field, str(path), f"not UTF-8 text (byte {data[e.start]:#04x} at offset "
+                                          f"{e.start})") from None
 
 
-def write_atomic(path, text: str, field: str = "--out", parents: bool = False) -> Path:
-    """Write `text` to a temporary file beside `path`, then rename it over `path`: a reader
-    sees the old file or the whole new one, never a part. `parents`: create missing directories."""
+def check_output(path, field: str = "--out", parents: bool = False) -> Path:
+    """`path` if a file could be written there (a command checks its outputs before its work);
+    `parents`: missing directories will be created."""
     p = check_path(field, path)
-    if parents:
-        try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise SpecError(field, str(p), f"cannot create its directory: {e.strerror}") from None
     require(not p.is_dir(), field, str(p), "is a directory; give a file name")
     require(not p.exists() or p.is_file(), field, str(p), "exists and is not a regular file")
-    parent = p.parent
-    require(parent.is_dir(), field, str(p), f"directory {str(parent)!r} does not exist")
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{p.name[:200]}.", suffix=".tmp")
-        os.chmod(tmp, p.stat().st_mode & 0o777 if p.exists() else 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-        tmp = None
-    except OSError as e:
-        raise SpecError(field, str(p), f"cannot write: {e.strerror or type(e).__name__}") from None
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+    if parents:
+        d = next((d for d in p.parents if d.exists()), Path("."))
+        require(d.is_dir(), field, str(p), f"{str(d)!r} is not a directory")
+    else:
+        require(p.parent.is_dir(), field, str(p), f"directory {str(p.parent)!r} does not exist")
     return p
+
+
+def _cannot(field: str, p: Path, e: OSError, what: str = "cannot write") -> SpecError:
+    return SpecError(field, str(p), f"{what}: {e.strerror or type(e).__name__}")
+
+
+class AtomicFile:
+    """`with AtomicFile(path) as f: f.write(...)`: `path` holds the whole new content after the
+    block, or is untouched when the block raises (or the process dies). `binary` for bytes;
+    `parents` creates missing directories. `stage` / `commit` / `discard` split the steps (for
+    `write_all`)."""
+
+    def __init__(self, path, field: str = "--out", parents: bool = False, binary: bool = False,
+                 newline: str | None = None):
+        self.path, self.field, self.binary, self.newline = check_path(field, path), field, binary, newline
+        self.fd = self.tmp = self.file = None
+        p = self.path
+        if parents:
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise _cannot(field, p, e, "cannot create its directory") from None
+        check_output(p, field)
+
+    def stage(self):
+        """Open the unnamed (or hidden) file the content goes to; returns the file object."""
+        p, mode = self.path, self.path.stat().st_mode & 0o777 if self.path.exists() else 0o666 & ~_umask()
+        try:
+            try:
+                self.fd = os.open(p.parent, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, mode)
+            except (AttributeError, OSError) as e:
+                if isinstance(e, OSError) and e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                    raise
+                self.fd, self.tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name[:200]}.", suffix=".tmp")
+            os.fchmod(self.fd, mode)
+            self.file = os.fdopen(self.fd, "wb" if self.binary else "w", closefd=True,
+                                  **({} if self.binary else {"encoding": "utf-8", "newline": self.newline}))
+        except OSError as e:
+            self.discard()
+            raise _cannot(self.field, p, e) from None
+        return self.file
+
+    def commit(self) -> Path:
+        """Flush, fsync and rename the staged content over the path."""
+        p = self.path
+        try:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            if self.tmp is None:
+                self._link()
+            else:
+                os.replace(self.tmp, p)
+                self.tmp = None
+            self.file.close()
+            _fsync_dir(p.parent)
+        except OSError as e:
+            self.discard()
+            raise _cannot(self.field, p, e) from None
+        return p
+
+    def _link(self) -> None:
+        """Give the unnamed file its name: linked straight in when the path is free, else under a
+        hidden name renamed over the old file (the only moment a temporary has a name)."""
+        try:
+            _link_fd(self.file.fileno(), self.path)
+            return
+        except FileExistsError:
+            pass
+        except OSError:  # no way to link an unnamed file here: copy it to a named temporary
+            self._copy_to_named()
+            os.replace(self.tmp, self.path)
+            self.tmp = None
+            return
+        tmp = self.path.with_name(f".{self.path.name[:200]}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        _link_fd(self.file.fileno(), tmp)
+        try:
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def _copy_to_named(self) -> None:
+        fd, self.tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name[:200]}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as dst, open(self.file.fileno(), "rb", closefd=False) as src:
+            src.seek(0)
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+            dst.flush()
+            os.fchmod(dst.fileno(), os.fstat(src.fileno()).st_mode & 0o777)
+            os.fsync(dst.fileno())
+
+    def discard(self) -> None:
+        """Drop the staged content (nothing is left behind)."""
+        if self.file is not None:
+            with contextlib.suppress(OSError):
+                self.file.close()
+        elif self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+        self.file = self.fd = None
+        if self.tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp)
+            self.tmp = None
+
+    def __enter__(self):
+        return self.stage()
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.commit()
+        else:
+            self.discard()
+        return False
+
+
+def write_atomic(path, text: str | bytes, field: str = "--out", parents: bool = False) -> Path:
+    """Write `text` (or bytes) to `path` whole or not at all (AtomicFile)."""
+    f = AtomicFile(path, field, parents, binary=isinstance(text, bytes))
+    out = f.stage()
+    try:
+        out.write(text)
+    except OSError as e:
+        f.discard()
+        raise _cannot(field, f.path, e) from None
+    except BaseException:
+        f.discard()
+        raise
+    return f.commit()
+
+
+def write_all(files: dict, field: str = "--out", parents: bool = False) -> list[Path]:
+    """Write several files, all or none: every one is staged (written and fsynced) first; then they
+    are renamed into place with SIGINT / SIGTERM held back, and a rename that fails puts the old
+    contents back."""
+    staged, old = [], {}
+    try:
+        for path, text in files.items():
+            f = AtomicFile(path, field, parents, binary=isinstance(text, bytes))
+            staged.append(f)
+            f.stage().write(text)
+            f.file.flush()
+            os.fsync(f.file.fileno())
+            old[f.path] = f.path.read_bytes() if f.path.exists() else None
+    except OSError as e:
+        for f in staged:
+            f.discard()
+        raise _cannot(field, staged[-1].path, e) from None
+    except BaseException:
+        for f in staged:
+            f.discard()
+        raise
+    done: list[Path] = []
+    with _signals_held():
+        try:
+            for f in staged:
+                done.append(f.commit())
+        except SpecError:
+            for f in staged[len(done):]:
+                f.discard()
+            for p in done:  # put back what was there
+                if old[p] is None:
+                    p.unlink(missing_ok=True)
+                else:
+                    write_atomic(p, old[p], field)
+            raise
+    return done
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM wait until the block is done (the main thread only)."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    try:
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, ValueError, OSError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _link_fd(fd: int, path: Path) -> None:
+    """Link the open unnamed file `fd` at `path` (linkat through /proc, else AT_EMPTY_PATH)."""
+    try:
+        os.link(f"/proc/self/fd/{fd}", path, follow_symlinks=True)
+        return
+    except FileExistsError:
+        raise
+    except OSError as e:
+        first = e
+    import ctypes  # only where /proc cannot link (another mount namespace)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.linkat(fd, b"", -100, os.fsencode(path), 0x1000) != 0:  # AT_FDCWD, AT_EMPTY_PATH
+        err = ctypes.get_errno()
+        raise FileExistsError(err, os.strerror(err)) if err == errno.EEXIST else first
+
+
+def _fsync_dir(d: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def write_csv(path, comments: list[str], header: list[str], rows, field: str = "--out") -> Path:

@@ -19,16 +19,16 @@ still only microbenchmarks, never the decode runs, feed the model.
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from perfmodel.util.checks import check_tree
-from perfmodel.util.errors import SpecError, require
-from perfmodel.util.files import host_hardware_file, read_text
+from perfmodel.util import schema
+from perfmodel.util.checks import INT, STR, Num, Req
+from perfmodel.util.errors import SpecError, in_file, require
+from perfmodel.util.files import host_hardware_file
 from perfmodel.validate.traces import TraceSummary, parse_trace
 
 DEFAULT_HOST_HARDWARE = str(host_hardware_file())  # where `perfmodel hostbench` writes by default
@@ -108,6 +108,21 @@ def own_structure(hw, model: str):
     return dataclasses.replace(hw, components=c)
 
 
+_STAT = {"min": Req(Num(0)), "median": Req(Num(0)), "max": Req(Num(0))}
+_STATS = {"*": _STAT}
+_COUNTS = {"model": (STR,), "batch": (INT,), "context": (INT,), "*": Num(0)}
+# the JSON `perfmodel hostbench` writes beside its hardware file (perfmodel_jax.hostbench.HostBench.json)
+HOSTBENCH_JSON = {
+    "cpu": (STR,), "date": (STR,), "repeats": (INT,), "devices": (INT,), "llc_bytes": Num(0), "ram_bytes": Num(0),
+    "read_bandwidth_bytes_per_s": Req(_STATS), "matvec_bandwidth_bytes_per_s": Req(_STATS),
+    **dict.fromkeys(("copy_bandwidth_bytes_per_s", "matmul_flops_per_s", "decode_matmul_flops_per_s", "thunk_chain_s",
+                     "dispatch_s_by_args", "expert_loop_s_per_expert", "convert_bf16_f32_s", "argmax_f32_s",
+                     "dot_chain_s_per_dot", "absorbed_kv_b_s", "temp_pages_s", "stack_copy_s"), _STATS),
+    "dispatch_s": _STAT, "op_overhead_s": _STAT, "reference_thunks": _COUNTS, "temp_per_cache_byte": _COUNTS,
+    "stack_copies": _COUNTS, "model_memory": {"*": {"temp_per_cache_byte": _COUNTS, "stack_copies": _COUNTS}},
+    "page_bytes": Num(0), "flops_efficiency": Num(0), "load_average_1min": Num(0, null=True)}
+
+
 def with_prefill_structure(hw, structure: dict):
     """The hardware with a prefill program's own counted structure (perfmodel_jax.capture.
     prefill_structure: its thunks per phase, loops expanded, and its loops' bytes) in place of the
@@ -124,17 +139,25 @@ def matched_hbm_efficiency(hw_path: str, dtype: str, batch: int) -> float:
     if not jpath.exists():
         raise SpecError("--matched-efficiency", str(jpath), "needs the hostbench JSON beside the "
                         "hardware file (run `perfmodel hostbench`)")
-    try:
-        data = check_tree(json.loads(read_text(jpath, "--matched-efficiency")))
-        curve = {int(k.split("/")[1]): v["median"] for k, v in data["matvec_bandwidth_bytes_per_s"].items()
-                 if k.split("/")[0] == {"bfloat16": "bf16"}.get(dtype, dtype)}
-        stream = data["read_bandwidth_bytes_per_s"][str(max(map(int, data["read_bandwidth_bytes_per_s"])))]
+    data = schema.load(jpath, HOSTBENCH_JSON, "--matched-efficiency", fmt="json")
+    with in_file(jpath):
+        key = {"bfloat16": "bf16"}.get(dtype, dtype)
+        curve = {}
+        for k, v in data["matvec_bandwidth_bytes_per_s"].items():
+            kind, _, rows = k.partition("/")
+            require(rows.isdigit() and int(rows) > 0, f"matvec_bandwidth_bytes_per_s.{k}", k, "keys are <dtype>/<rows>")
+            if kind == key:
+                curve[int(rows)] = v["median"]
+        read = data["read_bandwidth_bytes_per_s"]
+        require(all(k.isdigit() for k in read), "read_bandwidth_bytes_per_s", sorted(read), "keys are sizes in bytes")
+        require(curve, "matvec_bandwidth_bytes_per_s", sorted(data["matvec_bandwidth_bytes_per_s"]),
+                f"no {key} entries")
+        require(read, "read_bandwidth_bytes_per_s", read, "no entries")
+        stream = read[max(read, key=int)]["median"]
+        require(stream > 0, "read_bandwidth_bytes_per_s", stream, "the streaming bandwidth must be > 0")
         rows = min(curve, key=lambda r: (abs(r - batch), r))  # nearest measured batch
-        eff = curve[rows] / stream["median"]
-    except (ValueError, RecursionError, KeyError, TypeError, IndexError, ZeroDivisionError) as e:
-        raise SpecError("--matched-efficiency", str(jpath), f"not a hostbench JSON ({type(e).__name__}: "
-                        f"{e})") from None
-    require(eff > 0, "--matched-efficiency", str(jpath), "the decode-matmul bandwidth must be > 0")
+        eff = curve[rows] / stream
+        require(eff > 0, f"matvec_bandwidth_bytes_per_s.{key}/{rows}", curve[rows], "must be > 0")
     return min(1.0, eff)
 
 

@@ -29,7 +29,6 @@ op. So the per-layer times of a step sum to the step's window. Layers are number
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import statistics
@@ -39,7 +38,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfmodel.util.checks import COUNT, INT, NUMBER, STR, check_tree
+from perfmodel.util import schema
+from perfmodel.util.checks import COUNT, STR, ListOf, Num
 from perfmodel.util.errors import SpecError
 from perfmodel.util.files import check_path, read_text
 
@@ -156,7 +156,10 @@ def load_hlo_dir(hlo_dir: Path) -> dict[int, dict[str, str]]:
     for f in Path(hlo_dir).glob(f"module_*{HLO_SUFFIX}"):
         pid = f.name.split(".")[0].split("_")[1]
         if pid.isdigit():
-            out[int(pid)] = hlo_scopes(read_text(f, "HLO dump"))
+            try:
+                out[int(pid)] = hlo_scopes(read_text(f, "HLO dump"))
+            except RecursionError:
+                raise SpecError("HLO dump", str(f), "computations call each other too deeply to follow") from None
     return out
 
 
@@ -169,7 +172,10 @@ def find_xplane(path: str | Path) -> Path:
         return p
     if not p.exists():
         raise SpecError("--trace", str(p), "no such file or directory")
-    found = sorted(p.rglob("*.xplane.pb"), key=lambda f: f.stat().st_mtime)
+    try:
+        found = sorted((f for f in p.rglob("*.xplane.pb") if f.is_file()), key=lambda f: f.stat().st_mtime)
+    except OSError as e:
+        raise SpecError("--trace", str(p), f"cannot read the directory: {e.strerror or e}") from None
     if not found:
         raise SpecError("--trace", str(p), "no .xplane.pb file under this directory")
     return found[-1]
@@ -231,7 +237,7 @@ def _events(pd, hlo: dict[int, dict[str, str]]):
                 name = ev.name
                 stats = {k: v for k, v in ev.stats}
                 if is_steps_line or name in STEP_NAMES:
-                    steps.append((int(stats.get("step_num", name if name.isdigit() else len(steps))),
+                    steps.append((_int(stats.get("step_num"), int(name) if name.isdigit() else len(steps)),
                                   ev.start_ns, ev.end_ns))
                     continue
                 if name.startswith("end: "):
@@ -251,10 +257,18 @@ def _events(pd, hlo: dict[int, dict[str, str]]):
                     ops.append(OpEvent(ev.start_ns, ev.end_ns, s[0] if s else None, plane.name))
                     continue
                 if "hlo_op" in stats and "program_id" in stats:
-                    table = hlo.get(int(stats["program_id"]), {})
+                    table = hlo.get(_int(stats["program_id"], None), {})
                     ops.append(OpEvent(ev.start_ns, ev.end_ns, table.get(str(stats["hlo_op"])),
                                        plane.name))
     return ops, sorted(steps)
+
+
+def _int(v, default):
+    """An event stat as an integer (a malformed one: `default`)."""
+    try:
+        return int(v)
+    except (TypeError, ValueError, OverflowError):
+        return default
 
 
 # ----- per-step attribution ---------------------------------------------------------------------
@@ -350,18 +364,15 @@ class TraceSummary:
                 "notes": self.notes}
 
 
-CAPTURE_FILE = {"model": (STR,), "batch": (COUNT,), "context": (INT,), "mode": (STR,), "steps": (COUNT,),
-                "host_step_s": [(NUMBER,)], "hlo_dir": (STR,), "weights_dtype": (STR,)}
+CAPTURE_FILE = {"model": (STR,), "batch": (COUNT,), "context": Num(0, 2**30, integer=True), "mode": (STR,),
+                "steps": (COUNT,), "host_step_s": ListOf(Num(0), 1), "hlo_dir": (STR,), "weights_dtype": (STR,),
+                "machine": (STR,), "jax": (STR,), "command": (STR,), "load_average_1min": Num(0),
+                "date": (STR,)}
 
 
 def capture_meta(path: Path) -> dict:
     """A run's capture.json (what ran, host wall times), checked."""
-    text = read_text(path, "capture.json")
-    try:
-        meta = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise SpecError("capture.json", str(path), f"not valid JSON: {e}") from None
-    return check_tree(meta, CAPTURE_FILE, "capture.json")
+    return schema.load(path, CAPTURE_FILE, "capture.json", fmt="json")
 
 
 def layer_index(scope: str, n_layers: int) -> int:
