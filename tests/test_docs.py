@@ -59,11 +59,12 @@ def test_pct_param_value_and_ids_pattern():
     assert docs.ids_pattern(["host-argmax-f32-1x32768"]) == "host-argmax-f32-1x32768"
 
 
-def test_every_host_group_names_its_component():
+def test_every_component_group_names_its_functions():
     from perfmodel.cost import components
     from perfmodel.fit.microbench import GROUPS
-    assert set(docs.HOST_TERMS) == {g for g in GROUPS if g.startswith("host_") and g != "host"}
-    assert all(callable(getattr(components, f)) for f in docs.HOST_TERMS.values())
+    assert set(docs.COMPONENT_FUNCTIONS) == set(GROUPS)
+    assert all(callable(getattr(components, f.strip())) for fs in docs.COMPONENT_FUNCTIONS.values()
+               for f in fs.split(","))
 
 
 @pytest.fixture

@@ -178,12 +178,38 @@ class MegakernelArrays:
     ph_time: np.ndarray
     coll_call: np.ndarray
     remote: bool
+    defer: np.ndarray          # per op: its refills for a later layer's tiles are held back (held_refills)
+    flush: np.ndarray          # per op: issues the held-back refills at its end
+    tile_layer: np.ndarray     # per tile: the layer of its first byte
 
     def args(self) -> tuple:
         """The arguments of megakernel_sim.run / run_many after the per-configuration ones."""
         return (self.tile_bytes, self.tile_end, self.kind, self.layer, self.op_begin, self.op_end, self.comp,
                 self.coll, self.kv_wait, self.op_fetch, self.layer_start, self.rc_off, self.rc_bytes, self.ph_off,
-                self.ph_bytes, self.ph_time, self.coll_call, self.remote)
+                self.ph_bytes, self.ph_time, self.coll_call, self.remote, self.defer, self.flush, self.tile_layer)
+
+
+def held_refills(g: OpGraph, st: Stream) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The model's kernel holding back ring refills ([megakernel] defer_refills_rows): at that many
+    rows or fewer, a MoE layer's gemvs before its routed experts (router, latent down-projection,
+    shared experts) hold the refills they would issue for a later layer's tiles, and the routed
+    experts issue them after their last expert's dots (Muse Spark's kernel: decode_megakernel.py
+    `defer=next`, its default at batch <= 4, with `flush=last`). Returns per op (defer, flush) and
+    per tile the layer of its first byte."""
+    n = len(g)
+    defer, flush = np.zeros(n, np.int8), np.zeros(n, np.int8)
+    first_byte = st.tile_end - st.tile_bytes
+    owner = np.minimum(np.searchsorted(st.op_end, first_byte + 0.5, side="right"), max(n - 1, 0))
+    tile_layer = g.layer.astype(np.int64)[owner] if n else np.zeros(len(st.tile_bytes), np.int64)
+    rows = g.recipe.defer_refills_rows
+    if not rows or g.tokens > rows:
+        return defer, flush, tile_layer
+    names, phase = np.array(g.name), np.array(g.phase)
+    for r in np.flatnonzero(names == "routed_experts").tolist():
+        before = (g.layer == g.layer[r]) & (phase == "moe") & (np.arange(n) < r) & (st.op_end > st.op_begin)
+        defer[before] = 1
+        flush[r] = 1
+    return defer, flush, tile_layer
 
 
 def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray | None = None) -> MegakernelArrays:
@@ -216,7 +242,7 @@ def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray 
         hw.efficiency.op_overhead_s,
         st.tile_bytes, st.tile_end, kind, layer, st.op_begin, st.op_end, megakernel_compute_s(g, hw, weights),
         secs, (g.kv_bytes > 0) & (st.op_fetch == 0), st.op_fetch, layer_start, np.cumsum(counts), rc_bytes, ph_off,
-        ph_bytes, ph_time, call, remote)
+        ph_bytes, ph_time, call, remote, *held_refills(g, st))
 
 
 ATTENTION_CORES = ("gqa_attention", "mla_attention", "kda_recurrence", "gdn_recurrence", "mamba2_scan",

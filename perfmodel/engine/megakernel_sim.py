@@ -85,7 +85,8 @@ def _completion(cid, bw, f, ni, done, pa, pi, pb, heap):
 
 
 def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, layer, op_begin, op_end,
-        comp, coll, kv_wait, op_fetch, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call, remote):
+        comp, coll, kv_wait, op_fetch, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call, remote,
+        defer, flush, tile_layer):
     """One timeline. Per op (program order): kind, layer, its byte range of the weight stream,
     compute and collective seconds, whether it waits for its layer's KV / state copy, the bytes it
     copies itself when it starts and waits for (a KV cache read without prefetch). Per layer:
@@ -93,6 +94,8 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
     streamed in `pieces` equal copies through `slots` buffers). Per collective op: the entry cost
     and its phases (remote-copy bytes and phase seconds) ph_*[ph_off[j]:ph_off[j+1]], used when
     `remote` (else its `coll` seconds). At most one routed op per layer (as perfmodel.graph.ops builds).
+    Held-back refills: an op with `defer` keeps the refills it would issue for tiles of a later layer
+    (tile_layer) until the next op with `flush`, which issues them, in order, at its end.
     Returns (start, end, stream wait, expert wait, collective time per op, step end, HBM bytes,
     and per copy: start of service, completion, tag, reference)."""
     n, n_tiles, n_layers = len(kind), len(tile_bytes), len(layer_start)
@@ -115,6 +118,8 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
     kv_id = np.full(n_layers, -1, np.int64)
     expert_id = np.empty(rc_off[n_layers] * pieces, np.int64)
     issued = np.zeros(n_layers, np.int64)  # expert copies issued per layer
+    held = np.empty(n_tiles, np.int64)  # refills held back (tile indices), held[:n_held]
+    n_held = 0
     first = min(banks, n_tiles)
     for k in range(first):
         tile_id[k] = _issue(t0, tile_bytes[k], False, TAG_TILE, k, eng, f, ni, done, pa, pi, pb, begin, tags, refs, 1.0)
@@ -156,8 +161,12 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
                     t = arrive
                 t += per_byte * (min(hi, tile_end[k]) - max(lo, tile_end[k] - tile_bytes[k]))
                 if (hi >= tile_end[k] or hi >= total) and next_tile < n_tiles:  # consumed: refill its bank
-                    tile_id[next_tile] = _issue(t, tile_bytes[next_tile], False, TAG_TILE, next_tile, eng, f, ni,
-                                                done, pa, pi, pb, begin, tags, refs, 1.0)
+                    if defer[j] and tile_layer[next_tile] > lj:
+                        held[n_held] = next_tile
+                        n_held += 1
+                    else:
+                        tile_id[next_tile] = _issue(t, tile_bytes[next_tile], False, TAG_TILE, next_tile, eng, f,
+                                                    ni, done, pa, pi, pb, begin, tags, refs, 1.0)
                     next_tile += 1
                 k += 1
         elif kind[j] == ROUTED:  # experts: fetched into slots once the router has picked them
@@ -184,6 +193,11 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
                     expert_id[base + e] = _issue(t, rc_bytes[rc_off[lj] + e // pieces] / pieces, False, TAG_TOPK,
                                                  lj, eng, f, ni, done, pa, pi, pb, begin, tags, refs, max(1.0, eng[4] / pieces))
                 issued[lj] = min(slots, count)
+        if flush[j]:  # issue the refills held back, in their order
+            for h in range(n_held):
+                tile_id[held[h]] = _issue(t, tile_bytes[held[h]], False, TAG_TILE, held[h], eng, f, ni, done, pa,
+                                          pi, pb, begin, tags, refs, 1.0)
+            n_held = 0
         end[j] = t
         now = t
     n_copies = ni[0]
@@ -195,7 +209,7 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
 
 def run_many(eng, t0, overhead, banks, slots, pieces, shared, tile_bytes, tile_end, kind, layer, op_begin, op_end,
              comp, coll, kv_wait, op_fetch, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call,
-             remote):
+             remote, defer, flush, tile_layer):
     """`run` for each (banks[i], slots[i], pieces[i], shared[i]) on the same arrays: step seconds
     HBM bytes and the cause totals (TOTALS) per configuration: shapes (m,), (m,), (m, 5)."""
     m = len(banks)
@@ -210,7 +224,7 @@ def run_many(eng, t0, overhead, banks, slots, pieces, shared, tile_bytes, tile_e
         e[3] = shared[i]
         out = run(e, t0, overhead, banks[i], slots[i], pieces[i], tile_bytes, tile_end, kind, layer, op_begin,
                   op_end, comp, coll, kv_wait, op_fetch, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time,
-                  coll_call, remote)
+                  coll_call, remote, defer, flush, tile_layer)
         steps[i], hbm[i] = out[5], out[6]
         totals[i, 0] = comp_total
         totals[i, 1] = out[2].sum()

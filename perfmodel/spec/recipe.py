@@ -44,6 +44,11 @@ class Megakernel:
     bank_bytes: int = 0                 # ring bank (DMA tile) size; 0: the chip's dma_tile_bytes
     ring_banks: int = 0                 # banks the ring keeps in flight; 0: half the on-chip buffer
     expert_slots: int = 0               # expert buffers; 0: as many as fit (at most top_k)
+    # at this many rows per step or fewer, the ring refills that a MoE layer's gemvs before its
+    # routed experts (router, latent down-projection) issue for a later layer's tiles are held back
+    # and issued after the experts' last dots, so the expert copies meet no next-layer weights on
+    # the DMA engine (Muse Spark's kernel: decode_megakernel.py defer=next, flush=last); 0: never
+    defer_refills_rows: int = 0
 
     @property
     def wire_bytes(self) -> int:
@@ -73,7 +78,7 @@ def from_table(table) -> Megakernel:
         require(isinstance(table["kv_prefetch"], bool), "megakernel.kv_prefetch", table["kv_prefetch"],
                 "must be true or false")
     for k, lo, hi in (("collective_rows", 1, MAX_ROWS), ("bank_bytes", 0, 1 << 34), ("ring_banks", 0, 1 << 20),
-                      ("expert_slots", 0, 1 << 16)):
+                      ("expert_slots", 0, 1 << 16), ("defer_refills_rows", 0, MAX_ROWS)):
         if k in table:
             v = table[k]
             require(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi, f"megakernel.{k}", v,

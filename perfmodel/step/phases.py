@@ -2,6 +2,9 @@
 a phase's time is what the step saves when that phase is skipped (its DMAs and its compute, in every
 decoder layer), per layer for the layer phases and per step for the head; the per-layer marginal is
 a decoder layer's time on the timeline, and the fixed cost what is left of the step beside it.
+The dense ring is the exception: a kernel has no option that skips its ring (Muse Spark's
+decode_megakernel.py SKIPPABLE: collectives, attention, experts, route, lm_head and the dots), so its
+phase is what remains of a decoder layer with every other layer phase skipped (RING_ALONE).
 
 `phases(model, hw, d)` predicts them; `compare(profile, ...)` sets them beside a published profile
 (perfmodel/data/phase_profiles/*.json) for each of its kernels. `perfmodel explain --profile NAME`
@@ -28,25 +31,24 @@ from perfmodel.util.files import check_path
 
 PROFILE_DIR = Path(__file__).parents[1] / "data" / "phase_profiles"
 # phase -> what skipping it removes from each decoder layer (or the head)
-SKIPPED = {"dense_ring": "static weights: their DMAs and matmuls", "collectives": "the collectives",
+SKIPPED = {"dense_ring": "every other layer phase (the ring and its matmuls alone)", "collectives": "the collectives",
            "expert_stream": "the routed experts: their DMAs and matmuls",
            "attention": "the attention cores: their KV / state reads and compute", "routing": "the top-k",
            "lm_head": "the head's weights: their DMAs and matmuls"}
 LAYER_PHASES = ("dense_ring", "collectives", "expert_stream", "attention", "routing")
+RING_ALONE = ("collectives", "expert_stream", "attention", "routing")  # skipped to time the dense ring
 TOLERANCE = {"phase": 0.10, "total": 0.05}  # per phase; the layer total and the fixed cost
 
 
 def skip(g: OpGraph, phase: str) -> OpGraph:
-    """The op graph with `phase` skipped (SKIPPED) in every decoder layer (the head for lm_head)."""
+    """The op graph with `phase` skipped (SKIPPED) in every decoder layer (the head for lm_head);
+    not the dense ring, which a kernel cannot skip."""
     names = np.array(g.name)
     n_layers = int(g.layer.max()) - 1
     inner = (g.layer >= 1) & (g.layer <= n_layers)
     static, routed, kv, flops, group = (g.static_bytes.copy(), g.routed_bytes.copy(), g.kv_bytes.copy(),
                                         g.flops.copy(), g.coll_group.copy())
-    if phase == "dense_ring":
-        sel = inner & (static > 0)
-        static[sel], flops[sel] = 0.0, 0.0
-    elif phase == "collectives":
+    if phase == "collectives":
         group[inner & g.is_collective] = 1
     elif phase == "expert_stream":
         sel = routed > 0
@@ -60,28 +62,36 @@ def skip(g: OpGraph, phase: str) -> OpGraph:
         sel = (g.layer == n_layers + 1) & (static > 0)
         static[sel], flops[sel] = 0.0, 0.0
     else:
-        raise SpecError("phase", phase, f"one of {', '.join(SKIPPED)}")
+        raise SpecError("phase", phase, f"one of {', '.join(p for p in SKIPPED if p != 'dense_ring')}")
     return dataclasses.replace(g, static_bytes=static, routed_bytes=routed, kv_bytes=kv, flops=flops,
                                coll_group=group)
 
 
 def phases(model: ModelSpec, hw: Hardware, d: Deployment) -> dict[str, float]:
-    """Seconds: each layer phase (per decoder layer), lm_head (per step), the per-layer marginal
-    `layer`, `fixed` (step - layers x marginal), `dispatch_glue_barrier_prime` (fixed - lm_head) and
-    `xla_embedding` (the glue term), and `step`. Megakernel deployments only."""
+    """Seconds: each layer phase (per decoder layer; the dense ring alone, RING_ALONE), lm_head (per
+    step), the per-layer marginal `layer`, `fixed` (step - layers x marginal),
+    `dispatch_glue_barrier_prime` (fixed - lm_head) and `xla_embedding` (the glue term), and `step`.
+    Megakernel deployments only."""
     require(d.engine == "megakernel", "engine", d.engine, "phase attribution is of a megakernel step")
     validate(model, hw, d)
     g = ops_mod.build(model, d)
     top_k = model.moe.top_k if model.moe else 1
     w = op_weights(g, model.formats["routed_expert"].bytes_per_value)
     run = lambda graph: simulate_megakernel(graph, hw, d, top_k, weights=w)
-    tl = run(g)
-    step = tl.step_s
     n = len(model.layers)
-    ends = np.array([tl.end_s[g.layer == l].max() for l in range(n + 1)])
-    inner = np.diff(ends)[1:-1] if n > 2 else np.diff(ends)  # decoder layers but the first and the last
-    layer = float(np.mean(inner))
-    out = {p: (step - run(skip(g, p)).step_s) / n for p in LAYER_PHASES}
+
+    def marginal(graph: OpGraph) -> tuple[float, float]:
+        """(step, a decoder layer on its timeline: the mean of all but the first and the last)."""
+        tl = run(graph)
+        ends = np.array([tl.end_s[graph.layer == l].max() for l in range(n + 1)])
+        return tl.step_s, float(np.mean(np.diff(ends)[1:-1] if n > 2 else np.diff(ends)))
+
+    step, layer = marginal(g)
+    out = {p: (step - run(skip(g, p)).step_s) / n for p in RING_ALONE}
+    alone = g
+    for p in RING_ALONE:
+        alone = skip(alone, p)
+    out["dense_ring"] = marginal(alone)[1]
     out["lm_head"] = step - run(skip(g, "lm_head")).step_s
     out["layer"] = layer
     out["fixed"] = step - n * layer
