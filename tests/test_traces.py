@@ -198,6 +198,18 @@ def test_hlo_scopes_from_metadata_calls_and_dataflow():
     assert "w" not in s or s["w"] == "layer_03/attention"  # a parameter takes its users' scope
 
 
+def test_hlo_scopes_through_a_call_chain_deeper_than_the_interpreter_stack():
+    """20,000 computations each calling the next, the innermost with a scope: the outermost
+    fusion takes it (no recursion limit, nothing printed)."""
+    n = 20_000
+    comps = [f"%c{i} (p: f32[4]) -> f32[4] {{\n  ROOT %r{i} = f32[4]{{0}} fusion(%p), kind=kLoop, calls=%c{i + 1}\n}}"
+             for i in range(n)]
+    comps.append(f'%c{n} (p: f32[4]) -> f32[4] {{\n  ROOT %r{n} = f32[4]{{0}} negate(%p), '
+                 f'metadata={{op_name="jit(step)/layer_02/moe/neg"}}\n}}')
+    text = "\n".join(comps) + "\nENTRY %main (x: f32[4]) -> f32[4] {\n  ROOT %top = f32[4]{0} fusion(%x), calls=%c0\n}\n"
+    assert traces.hlo_scopes(text)["top"] == "layer_02/moe"
+
+
 @pytest.mark.parametrize("text,scope", [
     ("jit(_decode_step_jit)/layer_07/moe/experts/dot_general", ("layer_07/moe", 7, "moe")),
     ("jit(embed)/embed/take", ("embed", None, "embed")),

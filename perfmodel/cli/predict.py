@@ -209,7 +209,8 @@ def print_profile(pp: dict) -> None:
     from perfmodel.step.report import table
     dep = pp["harness"].get("deployment", {})
     print(f"phase profile ({pp['source']}); deployment {dep}")
-    print("a phase's time is what skipping it saves (per decoder layer; lm_head and fixed per step)\n")
+    print("a phase's time is what skipping it saves, the dense ring's the ring alone (the kernel cannot skip it); "
+          "per decoder layer, lm_head and fixed per step\n")
     for name, k in pp["kernels"].items():
         settings = ", ".join(f"{key} = {v}" for key, v in k["megakernel"].items()) or "the preset's kernel"
         print(f"{name} kernel ({k['model']}: {settings}), predicted step {k['step_us']:.1f} us")

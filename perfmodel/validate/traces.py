@@ -133,10 +133,19 @@ def hlo_scopes(hlo_text: str) -> dict[str, str]:
     comp_memo: dict[str, str | None] = {}
 
     def of_comp(c: str) -> str | None:
-        if c not in comp_memo:
-            comp_memo[c] = None  # cycle guard
-            comp_memo[c] = vote(own.get(n) or vote(of_comp(k) for k in calls.get(n, []))
-                                for n in comp_members.get(c, []))
+        """A computation's scope, its callees' first (an explicit stack: call chains of any depth;
+        a computation in progress reads as None, which breaks a cycle)."""
+        stack = [(c, False)]
+        while stack:
+            x, ready = stack.pop()
+            if ready:
+                comp_memo[x] = vote(own.get(n) or vote(comp_memo.get(k) for k in calls.get(n, []))
+                                    for n in comp_members.get(x, []))
+            elif x not in comp_memo:
+                comp_memo[x] = None
+                stack.append((x, True))
+                stack.extend((k, False) for n in comp_members.get(x, []) if not own.get(n)
+                             for k in calls.get(n, []) if k not in comp_memo)
         return comp_memo[c]
 
     out = {n: own[n] or vote(of_comp(c) for c in calls[n]) for n in own}
@@ -156,10 +165,7 @@ def load_hlo_dir(hlo_dir: Path) -> dict[int, dict[str, str]]:
     for f in Path(hlo_dir).glob(f"module_*{HLO_SUFFIX}"):
         pid = f.name.split(".")[0].split("_")[1]
         if pid.isdigit():
-            try:
-                out[int(pid)] = hlo_scopes(read_text(f, "HLO dump"))
-            except RecursionError:
-                raise SpecError("HLO dump", str(f), "computations call each other too deeply to follow") from None
+            out[int(pid)] = hlo_scopes(read_text(f, "HLO dump"))
     return out
 
 
