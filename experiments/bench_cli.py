@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -34,15 +35,22 @@ ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 def timed(argv: list[str], repeats: int) -> dict:
     """Wall seconds of `argv` run `repeats` times (after one untimed run that fills the OS,
-    bytecode and numba caches), with the load average before and after."""
+    bytecode and numba caches), with the load average before and after, and the median CPU
+    seconds (user + system, the command and its worker processes: what the load does not add)."""
     subprocess.run(argv, check=True, capture_output=True, env=ENV)
-    load0, times = os.getloadavg()[0], []
+    load0, times, cpu = os.getloadavg()[0], [], []
     for _ in range(repeats):
-        t = time.perf_counter()
+        c, t = _children_cpu(), time.perf_counter()
         subprocess.run(argv, check=True, capture_output=True, env=ENV)
         times.append(time.perf_counter() - t)
+        cpu.append(_children_cpu() - c)
     return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "runs": repeats,
-            "load_before": load0, "load_after": os.getloadavg()[0]}
+            "cpu_median_s": statistics.median(cpu), "load_before": load0, "load_after": os.getloadavg()[0]}
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def main() -> None:
@@ -74,7 +82,8 @@ def main() -> None:
            "results": res,
            "targets": {key: {"value": v, "target": t, "met": v <= t} for key, v, t in checks.values()}}
     for name, r in res.items():
-        line = f"{name:14s} median {r['median_s']:.3f} s (min {r['min_s']:.3f}, max {r['max_s']:.3f}; load {r['load_before']:.1f} -> {r['load_after']:.1f})"
+        line = (f"{name:14s} median {r['median_s']:.3f} s (min {r['min_s']:.3f}, max {r['max_s']:.3f}; "
+                f"CPU {r['cpu_median_s']:.2f} s; load {r['load_before']:.1f} -> {r['load_after']:.1f})")
         if name in checks:
             key, v, t = checks[name]
             unit = "x import numpy" if key.endswith("numpy") else "s"

@@ -3,7 +3,7 @@ one Kimi K3 megakernel prediction (<= 2 ms warm, <= 5 ms cold), a 10,000-configu
 (mixed batch / depth / slots / context / VMEM on Kimi K3 + TPU v7, <= 10 s) and the What-if
 dashboard re-render after a widget change (<= 100 ms).
 
-Usage: python experiments/bench_model.py [--repeats 15] [--no-dashboard] [--profile [--sample 500]]
+Usage: python experiments/bench_model.py [--repeats 15] [--no-dashboard] [--profile [--sample 500]] [--stages]
 "warm" reuses the cached op graph (as sweeps and the dashboard do); "cold" builds everything from
 a freshly loaded model. The sweep is all 10,000 points of experiments/designs/kimi-k3-tpu-v7-10k.toml
 evaluated in this process (`perfmodel sweep --design ... --jobs 1`); experiments/bench_cli.py times
@@ -12,9 +12,12 @@ are built (or loaded from numba's cache) before any timing.
 The What-if figure is the median re-render while the model runs (values not yet cached),
 driven as in experiments/bench_dashboard.py. --profile prints where the time goes instead (cProfile,
 by own time): 20 warm predictions at batch 1 and at batch 8, 5 cold ones, and the sweep sample.
+--stages prints the whole sweep's time by stage (settings, validation, op graphs, on-chip sizing,
+timeline arrays, simulation, result rows, the Parquet file), each stage's calls timed in place.
 """
 import argparse
 import cProfile
+import collections
 import dataclasses
 import json
 import os
@@ -93,12 +96,52 @@ def profile(label: str, fn, lines: int = 12) -> None:
                                             r"op_compute_s|build|_layer_rows|validate|evaluate|run_design)\)")
 
 
+def stages() -> None:
+    """The 10k sweep in this process (--jobs 1, rows to a Parquet file), its time split by stage:
+    each stage's functions are wrapped with a timer for this run."""
+    import tempfile
+    from perfmodel.search import batch, sweep
+    spent, calls = collections.Counter(), collections.Counter()
+
+    def timer(owner, name: str, stage: str) -> None:
+        fn = getattr(owner, name)
+
+        def timed_fn(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                spent[stage] += time.perf_counter() - t
+                calls[stage] += 1
+        setattr(owner, name, timed_fn)
+
+    for owner, name, stage in [
+            (design.Design, "settings", "settings of each point (design)"),
+            (batch, "configure", "deployment + chip of each point"), (batch, "validate", "validation"),
+            (batch.ops, "build", "op graphs (ops.build, cached)"), (batch.megakernel, "sizing", "on-chip sizing"),
+            (batch.megakernel, "megakernel_arrays", "timeline arrays"),
+            (batch.megakernel_sim, "run_many", "simulation (run_many)"),
+            (batch, "_row", "result rows"), (batch, "_filtered", "result rows"),
+            (sweep.RowFile, "write", "Parquet file (rows to columns, write)")]:
+        timer(owner, name, stage)
+    with tempfile.TemporaryDirectory() as tmp:
+        t, cpu = time.perf_counter(), time.process_time()
+        s = run_design(design.load(str(DESIGN)), jobs=1, out=f"{tmp}/rows.parquet", progress=False)
+        total, cpu = time.perf_counter() - t, time.process_time() - cpu
+    print(f"sweep of {s['points']} configurations in one process, load {os.getloadavg()[0]:.1f}:")
+    for stage, sec in spent.items():
+        print(f"  {stage:40s} {sec:7.3f} s  {calls[stage]:6d} calls")
+    print(f"  {'the rest (chunks, grouping, top K, Pareto)':40s} {total - sum(spent.values()):7.3f} s")
+    print(f"  {'total':40s} {total:7.3f} s  (CPU time {cpu:.3f} s)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--sample", type=int, default=500, help="with --profile: points of the design profiled")
     ap.add_argument("--no-dashboard", action="store_true", help="skip the What-if re-render")
     ap.add_argument("--profile", action="store_true", help="print cProfile tables instead of the targets")
+    ap.add_argument("--stages", action="store_true", help="print the sweep's time by stage instead of the targets")
     ap.add_argument("--out", default=str(HERE / "results" / "bench_model.json"), help="results file")
     a = ap.parse_args()
     hw = load_hardware("tpu-v7")
@@ -109,6 +152,8 @@ def main():
     megakernel_sim.compile_loops()
     predict(model, hw, d)  # builds or loads the compiled loops
     run_design(dataclasses.replace(design.load(str(DESIGN)), samples=20), jobs=1, keep_rows=False, progress=False)
+    if a.stages:
+        return stages()
     if a.profile:
         d8 = dataclasses.replace(d, batch=8)
         predict(model, hw, d8)

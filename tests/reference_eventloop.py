@@ -1,6 +1,7 @@
-"""The megakernel event loop as it was written first: a Python DMA engine object and one loop over
-the ops. It is the reference the compiled simulator (perfmodel.engine.megakernel) must agree with to 1e-9
-relative (tests/test_simulator_equivalence.py); it is not used by the package."""
+"""The megakernel event loop as it was written first (with the held-back refills and the limit on
+copies in service added since): a Python DMA engine object and one loop over the ops. It is the
+reference the compiled simulator (perfmodel.engine.megakernel) must agree with to 1e-9 relative
+(tests/test_simulator_equivalence.py); it is not used by the package."""
 from __future__ import annotations
 
 import bisect
@@ -11,7 +12,8 @@ from collections import deque
 import numpy as np
 
 from perfmodel.cost import components as cm
-from perfmodel.engine.megakernel import bank_bytes, megakernel_compute_s, plan_stream, sizing, uniform_stream
+from perfmodel.engine.megakernel import (bank_bytes, held_refills, megakernel_compute_s, plan_stream, sizing,
+                                        uniform_stream)
 from perfmodel.engine.terms import Timeline, call_s, collective_terms, stream_terms
 from perfmodel.graph.dmaplan import Copy
 from perfmodel.graph.ops import OpGraph
@@ -22,14 +24,16 @@ from perfmodel.spec.hardware import Hardware
 class DmaEngine:
     """HBM -> on-chip copies; a copy starts `latency` after issue and then needs bytes/bandwidth.
 
-    FIFO: copies are served one after another in issue order. Shared: every started copy gets
-    bandwidth / (number of started copies), tracked with a virtual clock V (bytes served to each
-    active copy) so that each arrival or completion costs O(log n).
+    FIFO: copies are served one after another in issue order. Shared: every copy in service gets
+    bandwidth / (number in service), tracked with a virtual clock V (bytes served to each copy in
+    service) so that each arrival or completion costs O(log n); at most `concurrent` copies are in
+    service (0: no limit), the other started copies waiting in issue order.
     """
 
     def __init__(self, bandwidth: float, latency: float, shared: bool, record: bool = False,
-                 descriptor_s: float = 0.0):
+                 descriptor_s: float = 0.0, concurrent: int = 0):
         self.bw, self.lat, self.shared, self.record = bandwidth, latency, shared, record
+        self.concurrent = concurrent
         self.extra = descriptor_s * bandwidth  # a descriptor's fixed cost, as engine bytes
         self.t = 0.0        # engine clock
         self.v = 0.0        # shared mode: virtual service per active copy
@@ -76,10 +80,11 @@ class DmaEngine:
         if cid in done:
             return done[cid]
         heap, pending, bw, t, v = self.heap, self.pending, self.bw, self.t, self.v
+        room = lambda n: not self.concurrent or n < self.concurrent
         while cid not in done:
             n = len(heap)
             t_next = t + (heap[0][0] - v) * n / bw if n else math.inf
-            if pending and pending[0][0] <= t_next:
+            if pending and pending[0][0] <= t_next and room(n):
                 arrival, i, b = pending.popleft()
                 if arrival > t:
                     if n:
@@ -99,7 +104,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                         weights: np.ndarray | None = None) -> Timeline:
     """perfmodel.engine.megakernel.simulate_megakernel, walked op by op in Python."""
     bw, lat, desc = stream_terms(hw)
-    dma = DmaEngine(bw, lat, hw.dma_sharing == "shared", record, desc)
+    dma = DmaEngine(bw, lat, hw.dma_sharing == "shared", record, desc, hw.dma_concurrent_copies)
     c = hw.components
     remote = cm.is_tpu_model(c)
     issue, completion, done = dma.issue, dma.completion, dma.done
@@ -109,6 +114,8 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     tile_bytes, tile_end, op_begin, op_end = st.tile_bytes, st.tile_end, st.op_begin, st.op_end
     n_tiles = len(tile_bytes)
     total = tile_end[-1] if n_tiles else 0.0
+    defer, flush, tile_layer = (a.tolist() for a in held_refills(g, st))
+    held: list[int] = []  # refills held back (tile indices) until the next op that flushes them
     owner = np.searchsorted(op_end, np.asarray(tile_end) - 0.5, side="right").tolist()
     slots, pieces = s.slots, s.tiles_per_expert
     names, layers = g.name, g.layer.tolist()
@@ -166,7 +173,11 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                     t = arrive
                 t += per_byte * (min(hi, tile_end[k]) - max(lo, tile_end[k] - tile_bytes[k]))
                 if (hi >= tile_end[k] or hi >= total) and next_tile < n_tiles:  # consumed: refill its bank
-                    tile_id.append(issue(t, tile_bytes[next_tile], label(next_tile)))
+                    if defer[j] and tile_layer[next_tile] > layer:
+                        held.append(next_tile)
+                        tile_id.append(None)
+                    else:
+                        tile_id.append(issue(t, tile_bytes[next_tile], label(next_tile)))
                     next_tile += 1
                 k += 1
         elif routed[j] > 0:  # experts: fetched into slots once the router has picked them
@@ -188,6 +199,10 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                 pieced = [b / pieces for b in st.routed_copies[layer] for _ in range(pieces)]
                 expert_ids[layer] = [issue(t, b, ("routed_experts", layer), descriptors=per_copy)
                                      for b in pieced[:slots]]
+        if flush[j]:  # the refills held back, issued in their order
+            for h in held:
+                tile_id[h] = issue(t, tile_bytes[h], label(h))
+            held = []
         end[j] = t
         if record:
             events.append(("compute", names[j], layer, start[j], t))

@@ -163,11 +163,12 @@ def test_shared_dma_can_make_more_depth_slower():
     assert all(b <= a for a, b in zip(fifo, fifo[1:])) and fifo[-1] == pytest.approx(15e-6)
 
 
-def slot_curve(sharing):
+def slot_curve(sharing, concurrent=0):
     """One MoE layer: four 1000-byte experts (1 us each at 1 GB/s, 0.5 us first-byte latency),
-    1 us of matmul per expert, fetched into 1..4 slots."""
+    1 us of matmul per expert, fetched into 1..4 slots; shared service of at most `concurrent`
+    copies at once (0: any number)."""
     hw = hw_with(**{**HAND, "dma_sharing": sharing, "dma_latency_s": 0.5e-6, "onchip_bytes": 10000,
-                    "efficiency": HAND["efficiency"]})
+                    "dma_concurrent_copies": concurrent, "efficiency": HAND["efficiency"]})
     g = graph([(1, "routed_experts", 4e6, 0, 4000, None)], distinct=4)
     return [simulate_megakernel(g, hw, Deployment(devices=1, tp=1, prefetch_bytes=1000, expert_slots=s),
                                 4).step_s for s in (1, 2, 3, 4)]
@@ -180,6 +181,32 @@ def test_shared_dma_gives_expert_slots_an_interior_optimum():
     assert slot_curve("shared") == pytest.approx([10e-6, 7e-6, 7.5e-6, 8.5e-6])
     # FIFO lands the first copy first, so more slots are never slower: 10, 6, 5.5, 5.5 us
     assert slot_curve("fifo") == pytest.approx([10e-6, 6e-6, 5.5e-6, 5.5e-6])
+
+
+def test_at_most_k_copies_in_service_round_robin_the_rest_in_issue_order():
+    # K = 2. 4 slots: e0..e3 issued at 0, all started at 0.5 us; e0, e1 in service share the engine
+    # and land at 2.5, then e2, e3 at 4.5 (not all four at 4.5 as with no limit); matmuls 2.5 ->
+    # 6.5. 3 slots: e0, e1 land at 2.5, e2 (waiting since 0.5) alone at 3.5, e3 (issued when e0's
+    # matmul ends at 3.5, started 4.0) at 5.0 -> 6.5. 2 slots never have more than 2 copies out:
+    # 7 us as with no limit. 1 slot: 10.
+    assert slot_curve("shared", 2) == pytest.approx([10e-6, 7e-6, 6.5e-6, 6.5e-6])
+    # K = 1 is FIFO; K at least the copies ever out is the unlimited shared service
+    assert slot_curve("shared", 1) == pytest.approx(slot_curve("fifo"))
+    assert slot_curve("shared", 4) == pytest.approx(slot_curve("shared"))
+
+
+def test_one_copy_in_service_is_fifo_on_the_profiled_kernel():
+    """The limit's two ends on Muse Spark's timeline: K = 1 is the FIFO engine; a K above every
+    copy the kernel ever has out (ring, slots, KV, a collective phase) is the unlimited service."""
+    assert profiled(concurrent=1) == pytest.approx(profiled(sharing="fifo"), rel=1e-9)
+    assert profiled(concurrent=64) == pytest.approx(profiled(concurrent=0), rel=1e-9)
+
+
+def test_concurrent_copies_must_be_a_whole_number():
+    for bad in (-1, 2.5, True):
+        with pytest.raises(SpecError) as e:
+            hw_with(**{**HAND, "dma_concurrent_copies": bad})
+        assert e.value.field == "dma_concurrent_copies"
 
 
 def test_kimi_k3_expert_slots_have_an_interior_optimum_at_batch_1():
@@ -262,31 +289,43 @@ def test_steps_per_call_share_the_host_dispatch(engine):
     assert e.value.field == "steps_per_call"
 
 
-def profiled(slots=None, banks=None, sharing="shared"):
+def profiled(slots=None, banks=None, sharing="shared", concurrent=None):
     """Muse Spark on its profiled deployment (TP8, batch 1) with `slots` expert buffers and a ring
-    of `banks` 2 MiB banks (None: the kernel's own 4 and 12)."""
+    of `banks` 2 MiB banks (None: the kernel's own 4 and 12), at most `concurrent` copies in
+    service (None: tpu-v7's dma_concurrent_copies)."""
     from perfmodel.step.phases import load_profile, profile_deployment
     d = profile_deployment(load_profile("musespark"))
     d = dataclasses.replace(d, expert_slots=slots, prefetch_bytes=None if banks is None else banks * 2**21)
-    return predict(load_model("muse-spark"), load_hardware("tpu-v7").replace(dma_sharing=sharing), d).step_s
+    hw = load_hardware("tpu-v7").replace(dma_sharing=sharing)
+    hw = hw if concurrent is None else hw.replace(dma_concurrent_copies=concurrent)
+    return predict(load_model("muse-spark"), hw, d).step_s
 
 
 def test_profiled_kernel_slots_have_the_optimum_the_dma_engine_puts():
     """One slot exposes each expert's first-byte latency; from 2 slots the latency is hidden; past
-    about 4 the copies issued together delay each other (shared service: they land together,
-    slot_curve; FIFO: the ring's refills queue behind them), so the optimum is 3-4 slots and 8
-    slots are slower than it by more than 5 %."""
+    about 4 the copies issued together delay each other, so the optimum is 3-4 slots. With at most
+    K copies in service the copies past K wait in issue order instead of sharing (the first lands
+    first), so 8 slots cost less over the optimum than with no limit, where all 8 land together
+    (slot_curve); FIFO: the ring's refills queue behind them."""
     steps = {s: profiled(s) for s in (1, 2, 3, 4, 6, 8)}
     best = min(steps, key=steps.get)
-    assert best in (3, 4) and steps[1] > 1.2 * steps[best] and steps[8] > 1.05 * steps[best]
+    assert best in (3, 4) and steps[1] > 1.2 * steps[best] and steps[8] > steps[best]
+    unlimited = {s: profiled(s, concurrent=0) for s in (3, 4, 8)}
+    assert steps[8] / steps[best] < unlimited[8] / min(unlimited.values())
     fifo = {s: profiled(s, sharing="fifo") for s in (2, 4, 8)}
     assert fifo[8] > fifo[4] < fifo[2]
 
 
 def test_profiled_kernel_deeper_ring_streams_more_under_the_collectives():
-    """At the kernel's 4 slots a deeper ring never costs (more banks in flight when a collective
-    starts), down to the deepest ring VMEM holds beside the slots (24 banks)."""
-    curve = [profiled(4, b) for b in (4, 8, 12, 16, 20, 24)]
-    assert all(b <= a * (1 + 1e-9) for a, b in zip(curve, curve[1:])) and curve[-1] < 0.9 * curve[0]
+    """At the kernel's 4 slots: 4 banks cannot cover the engine's first-byte latency, so 8 are
+    faster. With no limit on the copies in service every bank more is in flight when a collective
+    starts: a deeper ring never costs, down to the deepest ring VMEM holds beside the slots (24
+    banks). With at most K in service the banks past K wait in issue order and add no service
+    under a collective: from 12 banks on the ring gains under 1 %."""
+    depths = (4, 8, 12, 16, 20, 24)
+    curve = [profiled(4, b) for b in depths]
+    assert curve[1] < 0.95 * curve[0] and max(curve[2:]) < 1.01 * min(curve[2:])
+    unlimited = [profiled(4, b, concurrent=0) for b in depths]
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(unlimited, unlimited[1:])) and unlimited[-1] < 0.9 * unlimited[0]
     with pytest.raises(SpecError, match="expert_slots"):
         profiled(8, 24)

@@ -1,7 +1,8 @@
 """The compiled megakernel simulator (perfmodel.engine.megakernel_sim) against the Python event loop it
 replaced (reference_eventloop.py): the same timeline, to 1e-9 relative, on a fixed corpus of 200
-random configurations (models, chips, DMA modes, layouts, batch, context, ring depth, slots,
-on-chip size, expert tiles), and the batched sweep path against the scalar one."""
+random configurations (models, chips, DMA modes and limits on the copies in service, layouts, batch,
+context, ring depth, slots, on-chip size, expert tiles, held-back refills), and the batched sweep
+path against the scalar one."""
 import functools
 import random
 
@@ -32,7 +33,7 @@ def draw(rng: random.Random):
     hw = load_hardware(rng.choice(CHIPS))
     devices = rng.choice([1, 2, 4, 8, 16, 32])
     tp = rng.choice([t for t in (1, 2, 4, 8, 16, 32) if devices % t == 0])
-    changes = {"dma_sharing": rng.choice(["fifo", "shared"])}
+    changes = {"dma_sharing": rng.choice(["fifo", "shared"]), "dma_concurrent_copies": rng.choice([0, 0, 1, 2, 5])}
     if rng.random() < 0.5:
         changes["onchip_bytes"] = rng.choice([8, 16, 32, 64, 128]) * 2**20
     if rng.random() < 0.3:
@@ -73,6 +74,8 @@ def test_corpus_covers_the_mechanisms():
     assert len(cases) == CORPUS
     hws = [hw for _, hw, *_ in cases]
     assert {hw.dma_sharing for hw in hws} == {"fifo", "shared"}
+    assert any(hw.dma_sharing == "shared" and hw.dma_concurrent_copies > 1 for hw in hws)  # copies waiting
+    assert any(0 < g.tokens <= g.recipe.defer_refills_rows for g, *_ in cases)  # refills held back
     assert {hw.name for hw in hws} >= {"tpu-v7", "gb200"}  # remote-copy collectives and library ones
     assert any(want.sizing.tiles_per_expert > 1 for *_, want in cases)  # experts streamed through slots in tiles
     assert sum(g.routed_bytes.sum() > 0 for g, *_ in cases) >= CORPUS // 3

@@ -182,12 +182,22 @@ def test_yaml_design(tmp_path):
     assert len(d) == 5 and set(d.columns["batch"]) <= {1, 2} and d.base["devices"] == 2
 
 
-@pytest.mark.slow
-def test_process_pool_matches_one_process():
+def test_process_pool_matches_one_process(monkeypatch):
+    from perfmodel.search import executors
+    monkeypatch.setitem(executors.POOL_START_S, "fork", 0.0)  # the pool from the second chunk on
+    monkeypatch.setitem(executors.POOL_START_S, "spawn", 0.0)
     d = mixed(200)
     one = run_design(d, jobs=1, chunk=40, progress=False)
     two = run_design(d, jobs=2, chunk=40, progress=False)
     assert two["rows"] == one["rows"] and two["pareto"] == one["pareto"] and two["top"] == one["top"]
+
+
+def test_a_short_sweep_starts_no_pool(monkeypatch):
+    from perfmodel.search import executors
+    started = []
+    monkeypatch.setattr("concurrent.futures.ProcessPoolExecutor", lambda *a, **k: started.append(1))
+    rows = run_design(mixed(40), jobs=2, chunk=10, progress=False)["rows"]
+    assert len(rows) == 40 and not started and executors.POOL_START_S["fork"] > 0
 
 
 @pytest.mark.slow

@@ -40,7 +40,7 @@ def configure_sweep(p) -> None:
                    help="local: processes on this machine (default); ray: a Ray cluster (perfmodel[ray])")
     p.add_argument("--address", help="Ray cluster address (ray://HOST:10001 or HOST:6379; default RAY_ADDRESS "
                                      "or a new local instance)")
-    p.add_argument("--jobs", type=int, default=None, help="local processes (default: one per CPU)")
+    p.add_argument("--jobs", type=int, default=None, help="local worker processes after the first chunk (default: one per CPU; 1: this process only)")
     p.add_argument("--chunk", type=int, default=256, help="configurations per task (default 256)")
     p.add_argument("--constraint", type=parse_constraint, action="append", default=[], metavar="NAME=SECONDS",
                    help="serving designs: keep points whose latency percentile is at most SECONDS; NAME one of "

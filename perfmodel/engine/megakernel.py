@@ -8,7 +8,8 @@ are issued only after that layer's router, into `slots` expert buffers. Activati
 chip. With fitted TPU components each phase of a collective moves its bytes as a remote copy on
 the same DMA engine as the weight stream and the experts (they queue and share bandwidth). The
 DMA engine serves outstanding copies first-in-first-out or shares its bandwidth equally among
-them (round-robin), as the chip preset says (`dma_sharing`). The loops run compiled
+them (round-robin), as the chip preset says (`dma_sharing`); shared, it serves at most
+`dma_concurrent_copies` at once (0: any number), the other started copies waiting in issue order. The loops run compiled
 (perfmodel.engine.megakernel_sim) on arrays built here once per op graph and chip.
 """
 from __future__ import annotations
@@ -238,7 +239,8 @@ def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray 
     rc_bytes = np.array([b for l in sorted(st.routed_copies) for b in st.routed_copies[l]], float)
     remote = cm.is_tpu_model(hw.components)
     return MegakernelArrays(
-        np.array([bw, lat, desc * bw, float(hw.dma_sharing == "shared"), st.expert_descriptors]), call_s(hw),
+        np.array([bw, lat, desc * bw, float(hw.dma_sharing == "shared"), st.expert_descriptors,
+                  float(hw.dma_concurrent_copies)]), call_s(hw),
         hw.efficiency.op_overhead_s,
         st.tile_bytes, st.tile_end, kind, layer, st.op_begin, st.op_end, megakernel_compute_s(g, hw, weights),
         secs, (g.kv_bytes > 0) & (st.op_fetch == 0), st.op_fetch, layer_start, np.cumsum(counts), rc_bytes, ph_off,

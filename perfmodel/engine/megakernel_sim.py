@@ -12,9 +12,11 @@ dashboard call it. tests/test_simulator_equivalence.py holds both to the same ti
 
 The DMA engine: a copy issued at t starts at t + latency (a remote copy, a collective's, at t)
 and then needs its bytes (+ a descriptor's fixed cost, as engine bytes) / bandwidth. FIFO serves
-copies one after another in issue order (closed form). Shared serves every started copy at
-bandwidth / (number started), tracked with a virtual clock v (bytes served to each active copy):
-a heap of the copies' finish v, and the arrivals in issue order.
+copies one after another in issue order (closed form). Shared serves the started copies at
+bandwidth / (number in service), tracked with a virtual clock v (bytes served to each copy in
+service): a heap of the copies' finish v, and the arrivals in issue order. With a limit K
+(the chip's dma_concurrent_copies) at most K copies are in service at once, round-robin among
+them, and the other started copies wait in issue order (K = 1 is FIFO).
 
 Engine state lives in small arrays so that the functions stay plain compiled code:
   f  = [engine clock t, virtual clock v, HBM bytes issued]
@@ -37,7 +39,8 @@ TOTALS = ("compute", "weight_streaming", "expert_fetch", "collective", "launch")
 
 def _issue(t, nbytes, remote, tag, ref, eng, f, ni, done, pa, pi, pb, begin, tags, refs, descriptors):
     """Issue a copy of `descriptors` DMA descriptors at `t`; returns its id. eng = [bandwidth,
-    latency, one descriptor's cost as bytes, shared, descriptors of a routed copy]."""
+    latency, one descriptor's cost as bytes, shared, descriptors of a routed copy, copies in
+    service at once (shared; 0: no limit)]."""
     cid = ni[0]
     ni[0] += 1
     if not remote:
@@ -59,8 +62,10 @@ def _issue(t, nbytes, remote, tag, ref, eng, f, ni, done, pa, pi, pb, begin, tag
     return cid
 
 
-def _completion(cid, bw, f, ni, done, pa, pi, pb, heap):
-    """Serve copies (with the arrivals queued now) until copy `cid` is complete; its end."""
+def _completion(cid, bw, cap, f, ni, done, pa, pi, pb, heap):
+    """Serve copies (with the arrivals queued now) until copy `cid` is complete; its end. At most
+    `cap` copies are in service at once (0: no limit); a started copy beyond them waits, in issue
+    order, for one to complete."""
     if not np.isnan(done[cid]):
         return done[cid]
     t, v = f[0], f[1]
@@ -68,7 +73,7 @@ def _completion(cid, bw, f, ni, done, pa, pi, pb, heap):
         n = len(heap)
         t_next = t + (heap[0][0] - v) * n / bw if n else np.inf
         h = ni[1]
-        if h < ni[2] and pa[h] <= t_next:
+        if h < ni[2] and pa[h] <= t_next and (cap <= 0 or n < cap):
             arrival, i, b = pa[h], pi[h], pb[h]
             ni[1] = h + 1
             if arrival > t:
@@ -99,7 +104,7 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
     Returns (start, end, stream wait, expert wait, collective time per op, step end, HBM bytes,
     and per copy: start of service, completion, tag, reference)."""
     n, n_tiles, n_layers = len(kind), len(tile_bytes), len(layer_start)
-    bw = eng[0]
+    bw, cap = eng[0], eng[5]
     total = tile_end[n_tiles - 1] if n_tiles else 0.0
     max_copies = n_tiles + n_layers + len(ph_bytes) + rc_off[n_layers] * pieces + n
     f = np.zeros(3)
@@ -136,16 +141,16 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
                 t = now + coll_call[j]
                 for p in range(ph_off[j], ph_off[j + 1]):
                     cid = _issue(t, ph_bytes[p], True, TAG_OP, j, eng, f, ni, done, pa, pi, pb, begin, tags, refs, 1.0)
-                    t = max(t + ph_time[p], _completion(cid, bw, f, ni, done, pa, pi, pb, heap))
+                    t = max(t + ph_time[p], _completion(cid, bw, cap, f, ni, done, pa, pi, pb, heap))
             start[j], end[j], coll_w[j] = now, t, t - now
             now = t
             continue
         ready = now
         if kv_wait[j]:
-            ready = max(now, _completion(kv_id[lj], bw, f, ni, done, pa, pi, pb, heap))
+            ready = max(now, _completion(kv_id[lj], bw, cap, f, ni, done, pa, pi, pb, heap))
         if op_fetch[j] > 0:  # issued here, waited for at once
             cid = _issue(now, op_fetch[j], False, TAG_KV, lj, eng, f, ni, done, pa, pi, pb, begin, tags, refs, 1.0)
-            ready = max(ready, _completion(cid, bw, f, ni, done, pa, pi, pb, heap))
+            ready = max(ready, _completion(cid, bw, cap, f, ni, done, pa, pi, pb, heap))
         stream[j] = ready - now
         start[j] = ready
         t = ready + overhead
@@ -155,7 +160,7 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
             per_byte = comp[j] / (hi - lo)
             k = np.searchsorted(tile_end, lo, side="right")
             while k < n_tiles and tile_end[k] - tile_bytes[k] < hi:
-                arrive = _completion(tile_id[k], bw, f, ni, done, pa, pi, pb, heap)
+                arrive = _completion(tile_id[k], bw, cap, f, ni, done, pa, pi, pb, heap)
                 if arrive > t:
                     stream[j] += arrive - t
                     t = arrive
@@ -177,7 +182,7 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
                                                  eng, f, ni, done, pa, pi, pb, begin, tags, refs, max(1.0, eng[4] / pieces))
                 issued[lj] = min(slots, count)
             for e in range(count):
-                arrive = _completion(expert_id[base + e], bw, f, ni, done, pa, pi, pb, heap)
+                arrive = _completion(expert_id[base + e], bw, cap, f, ni, done, pa, pi, pb, heap)
                 if arrive > t:
                     fetch[j] += arrive - t
                     t = arrive
@@ -202,7 +207,7 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
         now = t
     n_copies = ni[0]
     for i in range(n_copies):  # complete the copies still in flight (the DMA lane)
-        _completion(i, bw, f, ni, done, pa, pi, pb, heap)
+        _completion(i, bw, cap, f, ni, done, pa, pi, pb, heap)
     return (start, end, stream, fetch, coll_w, now, f[2], begin[:n_copies], done[:n_copies], tags[:n_copies],
             refs[:n_copies])
 

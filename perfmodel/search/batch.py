@@ -56,7 +56,21 @@ def configure(chip: hardware.Hardware, s: dict) -> tuple[Deployment, hardware.Ha
         changes["link_latency_s"] = s["link_latency_us"] * 1e-6
     if s.get("dma_sharing") is not None:
         changes["dma_sharing"] = s["dma_sharing"]
-    return d, chip.replace(**changes) if changes else chip
+    return d, _changed(chip, changes) if changes else chip
+
+
+_CHIPS: dict[tuple, tuple[hardware.Hardware, hardware.Hardware]] = {}  # (id(chip), changes) -> (chip, changed)
+
+
+def _changed(chip: hardware.Hardware, changes: dict) -> hardware.Hardware:
+    """`chip.replace(**changes)`, one object per chip and changes in this process (Hardware is
+    frozen; a sweep's points share a few on-chip sizes and bandwidths)."""
+    key = (id(chip), tuple(changes.items()))
+    if key not in _CHIPS:
+        if len(_CHIPS) >= 4096:
+            _CHIPS.clear()
+        _CHIPS[key] = (chip, chip.replace(**changes))  # the chip kept alive: its id stays its own
+    return _CHIPS[key][1]
 
 
 def evaluate(model: arch.ModelSpec, chip: hardware.Hardware, settings: list[dict],

@@ -239,21 +239,38 @@ class Chunk:
 
 
 def chunks(design: Design, size: int = 256) -> Iterator[Chunk]:
-    """The design split by (model, hardware), each group ordered by the op-graph settings (so a
-    chunk's neighbours share an op graph) and cut into chunks of at most `size` points; settings
-    are built one chunk at a time."""
+    """The design split by (model, hardware), each group ordered by the op-graph settings and cut
+    into chunks of at most `size` points at op-graph boundaries where it can (whole runs of points
+    sharing a graph per chunk, so no graph is built and simulated in two chunks; a run longer
+    than `size` is cut); settings are built one chunk at a time."""
     require(isinstance(size, int) and size > 0, "--chunk", size, "must be a positive integer")
     fixed = DEFAULTS | design.base
     value = lambda name, i: design.columns[name][i] if name in design.columns else fixed[name]
     groups: dict[tuple, list[int]] = {}
     for i in range(len(design)):
         groups.setdefault((value("model", i), value("hardware", i)), []).append(i)
-    varied = [k for k in GRAPH_SETTINGS if k in design.columns]
+    varied = [[(v is None, v or 0) for v in design.columns[k]] for k in GRAPH_SETTINGS if k in design.columns]
+    graph = list(zip(*varied)) if varied else [()] * len(design)  # each point's op-graph key
     for (model, hw), idx in groups.items():
-        idx.sort(key=lambda i: tuple((design.columns[k][i] is None, design.columns[k][i] or 0) for k in varied))
-        for a in range(0, len(idx), size):
-            part = idx[a:a + size]
+        idx.sort(key=graph.__getitem__)
+        for a, b in _cuts([graph[i] for i in idx], size):
+            part = idx[a:b]
             yield Chunk(_ref(model), _ref(hw), part, [design.settings(i) for i in part], design.constraints)
+
+
+def _cuts(keys: list, size: int) -> Iterator[tuple[int, int]]:
+    """Consecutive [a, b) ranges of at most `size` items, ending where `keys` changes unless a
+    run of equal keys alone exceeds `size` (then the run is cut every `size` items)."""
+    a = 0
+    while a < len(keys):
+        b = min(a + size, len(keys))
+        if b < len(keys) and keys[b] == keys[b - 1]:  # b would split a run: end before it
+            start = b - 1
+            while start > a and keys[start - 1] == keys[b - 1]:
+                start -= 1
+            b = start if start > a else b
+        yield a, b
+        a = b
 
 
 def _ref(name: str) -> str:

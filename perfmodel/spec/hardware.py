@@ -18,8 +18,8 @@ from perfmodel.util.files import check_path
 
 PRESET_DIR = Path(__file__).parents[1] / "presets" / "hardware"
 DMA_SHARING = ("fifo", "shared")
-OPTIONAL = ("jax_chip", "domain_devices", "node_devices", "fabric_bandwidth_bytes_per_s", "fabric_latency_s",
-            "collective_tables")
+OPTIONAL = ("jax_chip", "dma_concurrent_copies", "domain_devices", "node_devices", "fabric_bandwidth_bytes_per_s",
+            "fabric_latency_s", "collective_tables")
 COLLECTIVE_ALGORITHMS = ("ring", "tree", "one_shot")
 
 
@@ -52,6 +52,8 @@ class Hardware:
     dma_latency_s: float                # issue -> first byte of an HBM -> on-chip copy
     dma_sharing: str                    # how concurrent copies share the DMA engine
     dma_tile_bytes: int                 # granule a kernel streams weights in (fill / drain)
+    dma_concurrent_copies: int = 0      # shared DMA: copies in service at once, round-robin among
+                                        # them, the others waiting in issue order (0: no limit)
     efficiency: Efficiency = Efficiency()
     jax_chip: str = ""                  # pltpu.ChipVersion member name, for TPUs
     domain_devices: int = 0             # GPUs per NVLink domain (8 HGX, 72 GB200 NVL72); 0: one domain
@@ -175,7 +177,7 @@ def validate(hw: Hardware) -> None:
         require(getattr(hw, name) >= 0, name, getattr(hw, name), "must be >= 0")
     require(isinstance(hw.dma_tile_bytes, int) and not isinstance(hw.dma_tile_bytes, bool), "dma_tile_bytes",
             hw.dma_tile_bytes, "must be a whole number of bytes")
-    for name in ("domain_devices", "node_devices"):
+    for name in ("domain_devices", "node_devices", "dma_concurrent_copies"):
         require(isinstance(getattr(hw, name), int) and getattr(hw, name) >= 0, name, getattr(hw, name),
                 "must be an integer >= 0")
     for name in ("fabric_bandwidth_bytes_per_s", "fabric_latency_s"):
