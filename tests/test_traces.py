@@ -303,3 +303,19 @@ def test_validate_cli_on_a_constructed_tpu_trace(tmp_path, capsys):
     (c,) = res["results"]
     assert c["mode"] == "megakernel" and c["measured_step_s"] == pytest.approx(30e-6)
     assert len(c["layers"]) == 6 and c["unattributed_share"] == pytest.approx(0.5 / 30)
+
+
+def test_a_prefill_runs_capture_file_is_read(tmp_path):
+    """capture.json of `perfmodel capture --modes prefill`: its prompt length and its program's
+    counted structure are part of the schema (the decode fields alone otherwise)."""
+    import json
+    meta = {"model": "kimi-k3-host-small", "batch": 1, "context": 128, "mode": "prefill", "steps": 3,
+            "host_step_s": [0.02, 0.021, 0.02], "hlo_dir": "../hlo", "weights_dtype": "f32", "machine": "x86_64",
+            "jax": "0.12", "command": "perfmodel capture", "load_average_1min": 1.0, "date": "2026-12-02",
+            "prompt": 128, "structure": {"host_thunks_prefill": 412.0, "host_loop_bytes_prefill": 1.5e6}}
+    f = tmp_path / "capture.json"
+    f.write_text(json.dumps(meta))
+    assert traces.capture_meta(f)["structure"]["host_thunks_prefill"] == 412.0
+    f.write_text(json.dumps(meta | {"prompts": 1}))
+    with pytest.raises(SpecError, match="prompts=1: unknown key"):
+        traces.capture_meta(f)

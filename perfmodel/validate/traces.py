@@ -373,7 +373,10 @@ class TraceSummary:
 CAPTURE_FILE = {"model": (STR,), "batch": (COUNT,), "context": Num(0, 2**30, integer=True), "mode": (STR,),
                 "steps": (COUNT,), "host_step_s": ListOf(Num(0), 1), "hlo_dir": (STR,), "weights_dtype": (STR,),
                 "machine": (STR,), "jax": (STR,), "command": (STR,), "load_average_1min": Num(0),
-                "date": (STR,)}
+                "date": (STR,),
+                # a prefill run (mode prefill): its prompt length and the structure counted in its
+                # compiled program (perfmodel_jax.capture.prefill_structure: name -> count or bytes)
+                "prompt": Num(0, 2**30, integer=True), "structure": {"*": Num(0)}}
 
 
 def capture_meta(path: Path) -> dict:
