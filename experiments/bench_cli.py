@@ -71,6 +71,8 @@ def main() -> None:
             "sweep_10k": PERFMODEL + ["sweep", "--design", str(DESIGN), "--out", str(rows), "--no-progress"],
         }
         res = {name: timed(argv, a.repeats) for name, argv in runs.items()}
+        # the commands as a user in the checkout types them (no path of this machine)
+        shown = {sys.executable: "python", str(DESIGN): str(DESIGN.relative_to(HERE.parent)), str(rows): "rows.parquet"}
     base = res["import_numpy"]["median_s"]
     checks = {"predict": ("predict_vs_numpy", res["predict"]["median_s"] / base, 2.0),
               "predict_serving": ("predict_serving_vs_numpy", res["predict_serving"]["median_s"] / base, 2.0),
@@ -78,7 +80,7 @@ def main() -> None:
               "sweep_10k": ("sweep_10k_s", res["sweep_10k"]["median_s"], 3.0)}
     out = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
                       f"python {platform.python_version()}", "date": time.strftime("%Y-%m-%d %H:%M"),
-           "commands": {k: " ".join(Path(x).name if x == sys.executable else x for x in v) for k, v in runs.items()},
+           "commands": {k: " ".join(shown.get(x, x) for x in v) for k, v in runs.items()},
            "results": res,
            "targets": {key: {"value": v, "target": t, "met": v <= t} for key, v, t in checks.values()}}
     for name, r in res.items():
