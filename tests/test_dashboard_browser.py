@@ -624,7 +624,7 @@ def test_prefetch_sweep_and_vmem_mechanism(page):
     assert {"current", "expert slots", "saturation"} <= set(names)
     type_in(page, "wi_vmem", 1000000)
     page.get_by_text("500000 MiB it is").wait_for()
-    assert "dma_sharing" in page.inner_text("body")
+    assert "dma_concurrent_copies" in page.inner_text("body")  # the service that makes the bend
     cur = next(t for t in figure(page, "wi_prefetch_chart")["traces"] if t["name"] == "current")
     step = number(metric(page, "step time"))
     assert cur["x"] == [500000] and cur["y"][0] == pytest.approx(step, rel=1e-3)

@@ -524,15 +524,20 @@ def bend_explanation(rows: list[dict], sat: dict | None, current: float, hw) -> 
     w = max(worse, key=lambda r: r["step_s"])
     grow = {k: w.get(f"{k}_s", 0.0) - best.get(f"{k}_s", 0.0) for k in c.CAUSE_LABELS}
     cause = max(grow, key=grow.get)
-    sharing = ("shares its bandwidth equally among all outstanding copies" if hw.dma_sharing == "shared"
-               else "serves copies in the order they were issued")
+    k = getattr(hw, "dma_concurrent_copies", 0)
+    sharing = ("serves copies in the order they were issued (dma_sharing = fifo)" if hw.dma_sharing != "shared"
+               else f"serves at most {k} copies at once, round-robin among them, the rest in the order they were "
+                    f"issued (dma_concurrent_copies = {k})" if k
+               else "shares its bandwidth equally among all outstanding copies (dma_sharing = shared)")
     why = {"expert_fetch": (f"the ring takes the {hw.onchip_kind} the expert buffers need: {best['expert_slots']} "
                             f"expert slots at {best['prefetch_mib']:g} MiB, {w['expert_slots']} at "
                             f"{w['prefetch_mib']:g} MiB; the expert copies after routing share the DMA engine with the "
                             "ring, so how many are in flight changes when they land"),
            "weight_streaming": (f"a ring of {w['banks']} tiles issues weights for layers far ahead; the DMA engine "
-                                f"{sharing} (dma_sharing = {hw.dma_sharing}), so the tile needed next, and each "
-                                "layer's expert and KV copies, wait behind tiles for later layers")}
+                                f"{sharing}, so the tile needed next, and each layer's expert and KV copies, wait "
+                                "behind tiles for later layers"),
+           "collective": (f"a ring of {w['banks']} tiles issues weights for layers far ahead; the DMA engine "
+                          f"{sharing}, so each collective's remote copies wait behind tiles for later layers")}
     text = why.get(cause, f"{c.CAUSE_LABELS[cause]} grows")
     return (f"Deeper than {best['prefetch_mib']:g} MiB the step gets slower: at {w['prefetch_mib']:g} MiB it is "
             f"{(w['step_s'] - best['step_s']) * 1e3:+.3f} ms, mostly {c.CAUSE_LABELS[cause]} "
