@@ -524,7 +524,7 @@ def bend_explanation(rows: list[dict], sat: dict | None, current: float, hw) -> 
     w = max(worse, key=lambda r: r["step_s"])
     grow = {k: w.get(f"{k}_s", 0.0) - best.get(f"{k}_s", 0.0) for k in c.CAUSE_LABELS}
     cause = max(grow, key=grow.get)
-    k = getattr(hw, "dma_concurrent_copies", 0)
+    k = hw.dma_concurrent_copies
     sharing = ("serves copies in the order they were issued (dma_sharing = fifo)" if hw.dma_sharing != "shared"
                else f"serves at most {k} copies at once, round-robin among them, the rest in the order they were "
                     f"issued (dma_concurrent_copies = {k})" if k
