@@ -1,6 +1,6 @@
 """The best Kimi K3 layout under a TTFT and TPOT target on TPU v7 and on GB200 (README "Serving").
 
-    python experiments/serve_sweeps.py [--jobs 2]
+    python experiments/serve_sweeps.py [--jobs 2] [--chips tpu-v7,gb200]
 
 Runs each serving design (experiments/designs/kimi-k3-serve-<chip>.toml, the same as
 `perfmodel sweep --design FILE`) and writes experiments/results/serve_sweep_<chip>.json: the
@@ -29,8 +29,12 @@ CHIPS = ("tpu-v7", "gb200")
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--chips", default=",".join(CHIPS), help=f"comma-separated, of {', '.join(CHIPS)}")
     a = ap.parse_args()
-    for chip in CHIPS:
+    chips = a.chips.split(",")
+    if not set(chips) <= set(CHIPS):
+        ap.error(f"--chips={a.chips!r}: each of {', '.join(CHIPS)}")
+    for chip in chips:
         path = ROOT / "experiments" / "designs" / f"kimi-k3-serve-{chip}.toml"
         load = [os.getloadavg()[0]]
         s = run_design(design.load(str(path)), jobs=a.jobs, chunk=4, progress=False)
