@@ -117,7 +117,9 @@ def test_sigint_ends_with_one_line_and_130(tmp_path):
     os.killpg(p.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
     p.wait(timeout=120)
     err = (tmp_path.parent / "sigint.stderr").read_bytes()
-    if p.returncode == 0:
+    if p.returncode == 0 or (p.returncode == -signal.SIGINT and out.exists() and not err):
+        # done before the signal: its output is whole, and a Ctrl-C that lands while the interpreter
+        # tears down (its handlers already back to the default) ends it silently with -2
         pytest.skip("the sweep finished before the signal")
     assert p.returncode == 130 and err.decode().strip() == "perfmodel sweep: interrupted", err
     deadline = time.time() + 3  # multiprocessing's resource tracker exits when its pipe closes
