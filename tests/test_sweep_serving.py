@@ -1,6 +1,7 @@
 """Design search under latency targets: serving points (a rate or a concurrency) are serving
 simulations, filtered by TTFT / TPOT / E2E percentile constraints, ranked by tokens/s per chip."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -91,3 +92,13 @@ def test_ray_serving_sweep_matches_local():
     finally:
         ray.shutdown()
     assert remote["rows"] == local["rows"] and remote["top"] == local["top"]
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "experiments" / "designs").glob("*.toml")),
+                         ids=lambda p: p.stem)
+def test_shipped_designs_load_from_their_files(path):
+    """Every design file the experiments run loads through the schema, its [constraints] included."""
+    d = design.load(str(path))
+    assert d.axes
+    if "serve" in path.stem:
+        assert d.constraints

@@ -222,7 +222,8 @@ def load(path: str, base: dict | None = None) -> Design:
     p = Path(path)
     require(p.is_file(), "--design", path, "file not found")
     require(p.suffix in (".toml", ".yaml", ".yml"), "--design", path, "must be a .toml, .yaml or .yml file")
-    data = schema.load(p, {"base": {"*": None}, "grid": {"*": None}, "random": {"*": None}}, "--design")
+    data = schema.load(p, {"base": {"*": None}, "grid": {"*": None}, "random": {"*": None}, "constraints": {"*": None}},
+                       "--design")
     with in_file(p):
         return from_dict(data, base, source=p.name)
 
