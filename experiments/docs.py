@@ -128,7 +128,7 @@ def fig_cli_speed() -> str:
 def fig_layer_time() -> str:
     """`perfmodel explain --ep 8 --layer L` at batch 1 for a KDA and an MLA layer of Kimi K3 on
     TPU v7: each layer's time by what its ops waited on, and the step beside its HBM floor."""
-    rows, step = [], None
+    rows = []
     for layer in (2, 4):
         ex = cli_json("explain", "--ep", "8", "--layer", str(layer))
         by = {}
@@ -136,10 +136,9 @@ def fig_layer_time() -> str:
             by[op["waited_on"]] = by.get(op["waited_on"], 0.0) + op["end_s"] - op["start_s"]
         rows.append([layer, ex["kind"], f"{ex['layer_time_s'] * 1e6:.1f}"]
                     + [f"{by.get(w, 0.0) * 1e6:.1f}" for w in WAITS])
-        step = ex["step_s"]
     pred = cli_json("predict", "--ep", "8", "--batch", "1")["results"][0]
     return (md_table(["layer", "kind", "layer us"] + [f"{WAITS[w]} us" for w in WAITS], rows, "rlr" + "r" * len(WAITS))
-            + f"\nStep {ms(step)} ms at batch 1, of which the per-device HBM floor (bytes at peak bandwidth) is "
+            + f"\nStep {ms(pred['step_s'])} ms at batch 1, of which the per-device HBM floor (bytes at peak bandwidth) is "
               f"{ms(pred['hbm_floor_s'])} ms.\n")
 
 
