@@ -37,13 +37,62 @@ def test_muse_spark_collectives_follow_its_kernel():
     assert collective(build(first, B1), "attn_all_reduce")[1] == 8 * 8192 * 4
 
 
-def test_the_recipe_is_the_megakernels_only():
-    """The multi-kernel engine runs the generic layout: one row per token, an all-reduce after the
-    row-sharded post-expert projection, the embedding gathered and all-reduced."""
-    import dataclasses
-    g = build(MS, dataclasses.replace(B1, engine="multikernel"))
-    assert collective(g, "attn_all_reduce")[1] == 8192 * 2 and "moe_all_reduce" in g.name
-    assert "entry_barrier" not in g.name and "embedding_all_reduce" in g.name
+def _expert_cost(m, d, megakernel=False):
+    g = build(m, d)
+    j = g.name.index("routed_experts")
+    dtype, rows = op_feeds(g, TPU)
+    w = op_weights(g, m.formats["routed_expert"].bytes_per_value)
+    return dtype[j], rows[j], op_compute_s(g, TPU, w, megakernel=megakernel)[j]
+
+
+NVFP4 = derive("muse-spark", formats={"routed_expert": "nvfp4"})
+PLAIN = {"value_bits": 4, "scale_dtype": "e4m3", "block": [1, 16]}  # NVFP4's bytes, fed without scale rows
+
+
+def plain(dtype):
+    return derive("muse-spark", custom_formats={f"nvfp4-{dtype}": {**PLAIN, "compute_dtype": dtype}},
+                  formats={"routed_expert": f"nvfp4-{dtype}"})
+
+
+def test_a_block_diagonal_feed_costs_its_rows_or_the_bf16_dequant_dot():
+    """NVFP4 experts on TPU v7 are fed as fp8 with 32 LHS rows per batch row (Inferact's path). With
+    every row on the same experts, batch 4 streams 128 rows per weight tile: above the fp8 push
+    (flat up to about 70 rows) but below the bf16 push, so the block-diagonal dot costs about 1.8x an
+    fp8 feed without scale rows (the slice micro-benchmark: 1.0 us at B=1, 1.6 us at B=4). At batch 8
+    its 256 rows cost more than dequantising to bf16 first, which the kernel then does (fp4.py
+    DEQUANT_MIN_BATCH = 8): the cost is the bf16 dot's."""
+    for batch, lo, hi in ((1, 0.99, 1.01), (4, 1.6, 2.0)):
+        d = Deployment(devices=8, tp=8, ep=1, batch=batch, context=160, routing_correlation=1.0)
+        nv, fp8 = _expert_cost(NVFP4, d), _expert_cost(plain("fp8"), d)
+        assert nv[:2] == ("fp8", 32) and fp8[:2] == ("fp8", 1)
+        assert lo < nv[2] / fp8[2] < hi
+    d8 = Deployment(devices=8, tp=8, ep=1, batch=8, context=160, routing_correlation=1.0)
+    assert _expert_cost(NVFP4, d8)[2] == pytest.approx(_expert_cost(plain("bf16"), d8)[2], rel=1e-6)
+    assert _expert_cost(plain("bf16"), d8)[2] > 1.9 * _expert_cost(plain("fp8"), d8)[2]
+
+
+def test_a_megakernel_runs_each_experts_dots_over_the_whole_batch():
+    """[megakernel] expert_rows = "batch" (the muse-spark preset): at batch 4 with independent routing
+    each expert gets about one row, but the kernel's dots take all 4 (x 32 block-diagonal rows), as
+    the slice micro-benchmark at B=4 measures; the multi-kernel engine's grouped dots take the routed
+    rows. At batch 1 both are one row; beyond the MXU's row tile (16 rows) the rows routed to each
+    expert; a model whose kernel keeps "routed" (kimi-k3) is costed as before."""
+    d4 = Deployment(devices=8, tp=8, ep=1, batch=4, context=160)
+    mega, multi = _expert_cost(NVFP4, d4, megakernel=True)[2], _expert_cost(NVFP4, d4)[2]
+    assert mega > 1.5 * multi
+    d1 = Deployment(devices=8, tp=8, ep=1, batch=1, context=160)
+    assert _expert_cost(NVFP4, d1, megakernel=True)[2] == _expert_cost(NVFP4, d1)[2]
+    d32 = Deployment(devices=8, tp=8, ep=1, batch=32, context=160)
+    assert _expert_cost(NVFP4, d32, megakernel=True)[2] == _expert_cost(NVFP4, d32)[2]
+    kimi = load_model("kimi-k3")
+    assert kimi.megakernel.expert_rows == "routed" and MS.megakernel.expert_rows == "batch"
+    dk = Deployment(devices=32, tp=32, ep=8, batch=8, context=4096)
+    assert _expert_cost(kimi, dk, megakernel=True)[2] == _expert_cost(kimi, dk)[2]
+
+
+def test_an_nvfp4_expert_is_five_copies():
+    """Its matrices, their block scales and its global scales (fp4.py COPIES = 5); int4: four."""
+    assert build(NVFP4, B1).expert_descriptors == 5 and build(MS, B1).expert_descriptors == 4
 
 
 def test_muse_spark_bytes_per_rank_are_the_profiles():
@@ -76,24 +125,13 @@ def test_formats_say_how_the_matrix_unit_is_fed():
         strict.feed(tpu, "tpu-v7")
 
 
-def test_block_diagonal_rows_cost_the_mxu_rows():
-    """NVFP4 experts on TPU v7 are fed as fp8 with 32 LHS rows per batch row (Inferact's path): at
-    batch 8 with every row on the same experts, 256 rows exceed the fp8 weight push (flat up to
-    about 70 rows), so the expert dots cost several times an fp8 feed without scale rows, as the
-    NVFP4 slice micro-benchmark (1.0 us at B=1, 2.7 us at B=8) says."""
-    d = Deployment(devices=8, tp=8, ep=1, batch=8, context=160, routing_correlation=1.0)
-    nv = derive("muse-spark", formats={"routed_expert": "nvfp4"})
-    plain = derive("muse-spark", custom_formats={"nvfp4-plain": {"value_bits": 4, "scale_dtype": "e4m3",
-                                                                  "block": [1, 16], "compute_dtype": "fp8"}},
-                   formats={"routed_expert": "nvfp4-plain"})
-    cost = {}
-    for name, m in (("nvfp4", nv), ("plain", plain)):
-        g = build(m, d)
-        j = g.name.index("routed_experts")
-        dtype, rows = op_feeds(g, TPU)
-        cost[name] = (dtype[j], rows[j], op_compute_s(g, TPU, op_weights(g, m.formats["routed_expert"].bytes_per_value))[j])
-    assert cost["nvfp4"][:2] == ("fp8", 32) and cost["plain"][:2] == ("fp8", 1)
-    assert cost["nvfp4"][2] > 2.5 * cost["plain"][2]
+def test_the_recipe_is_the_megakernels_only():
+    """The multi-kernel engine runs the generic layout: one row per token, an all-reduce after the
+    row-sharded post-expert projection, the embedding gathered and all-reduced."""
+    import dataclasses
+    g = build(MS, dataclasses.replace(B1, engine="multikernel"))
+    assert collective(g, "attn_all_reduce")[1] == 8192 * 2 and "moe_all_reduce" in g.name
+    assert "entry_barrier" not in g.name and "embedding_all_reduce" in g.name
 
 
 def test_a_chip_without_the_operand_or_a_fallback_is_refused():

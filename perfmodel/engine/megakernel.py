@@ -273,7 +273,7 @@ def kernel_terms(g: OpGraph, hw: Hardware) -> dict[str, np.ndarray]:
 
 def megakernel_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None) -> np.ndarray:
     """Per-op compute in the megakernel: engine.terms.op_compute_s plus kernel_terms."""
-    return op_compute_s(g, hw, weights) + sum(kernel_terms(g, hw).values(), np.zeros(len(g)))
+    return op_compute_s(g, hw, weights, megakernel=True) + sum(kernel_terms(g, hw).values(), np.zeros(len(g)))
 
 
 def cached_arrays(g: OpGraph, hw: Hardware, plan: list[Copy] | None = None,

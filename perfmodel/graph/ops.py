@@ -229,10 +229,11 @@ def _build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = No
 
 
 def expert_descriptors(model: ModelSpec) -> int:
-    """A routed expert's copy as the kernel issues it: one descriptor per matrix (gate_up, down)
-    and one per scale array beside it (int4 / MXFP4: 4)."""
+    """A routed expert's copy as the kernel issues it: one descriptor per matrix (gate_up, down),
+    one per scale array beside it (int4 / MXFP4: 4) and one for the expert's global scales (NVFP4:
+    5, Inferact's musespark/fp4.py COPIES)."""
     fmt = model.formats["routed_expert"]
-    return 2 * (1 + bool(fmt.scale_dtype)) if model.moe else 1
+    return 2 * (1 + bool(fmt.scale_dtype)) + bool(fmt.global_scale_dtype) if model.moe else 1
 
 
 def kernel_all_reduce(model: ModelSpec, rows: int) -> str:

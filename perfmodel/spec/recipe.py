@@ -17,7 +17,8 @@ POST_EXPERT_PROJECTIONS = ("row_sharded", "output_sharded")
 WIRES = {"bf16": 2, "f32": 4}
 TOP_K = ("rank", "iterative_argmax")
 EMBEDDINGS = ("kernel", "xla")
-ALL_REDUCE = ("rs_ag", "hierarchical", "one_shot")  # perfmodel.cost.components.ALGORITHMS["all_reduce"]
+ALL_REDUCE = ("rs_ag", "hierarchical", "one_shot")
+EXPERT_ROWS = ("routed", "batch")  # perfmodel.cost.components.ALGORITHMS["all_reduce"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class Megakernel:
     # and issued after the experts' last dots, so the expert copies meet no next-layer weights on
     # the DMA engine (Muse Spark's kernel: decode_megakernel.py defer=next, flush=last); 0: never
     defer_refills_rows: int = 0
+    # the LHS rows of each routed expert's dots: "routed" (the rows routed to it) or "batch" (every
+    # row of the step, each row's result kept by mask, while the step fits the MXU's row tile)
+    expert_rows: str = "routed"
 
     @property
     def wire_bytes(self) -> int:
@@ -70,7 +74,7 @@ def from_table(table) -> Megakernel:
             positive_int("megakernel.shard_collective_rows", r)
             require(r <= MAX_ROWS, "megakernel.shard_collective_rows", r, f"must be <= {MAX_ROWS}")
         out["shard_collective_rows"] = tuple(sorted(set(rows)))
-    for k, choices in (("all_reduce", ALL_REDUCE), ("expert_reduce_rows", EXPERT_REDUCE_ROWS), ("post_expert_projection", POST_EXPERT_PROJECTIONS),
+    for k, choices in (("all_reduce", ALL_REDUCE), ("expert_rows", EXPERT_ROWS), ("expert_reduce_rows", EXPERT_REDUCE_ROWS), ("post_expert_projection", POST_EXPERT_PROJECTIONS),
                        ("collective_wire", tuple(WIRES)), ("top_k", TOP_K), ("embedding", EMBEDDINGS)):
         if k in table:
             require(table[k] in choices, f"megakernel.{k}", table[k], f"must be one of {', '.join(choices)}")

@@ -66,14 +66,16 @@ def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarra
             out.append({"term": f"{k} over {p} devices", "seconds": t, "mechanism": "collectives.collective_time_s",
                         "source": _source(hw, "link_latency_s", "link_bandwidth_bytes_per_s")})
         return out
-    comp = float(op_compute_s(g, hw, weights)[j])
+    comp = float(op_compute_s(g, hw, weights, megakernel=megakernel)[j])
     mxu = cm.is_tpu_model(c) and weights[j] > 0 and g.flops[j] > 0
     fmt = g.fmt[j] if g.fmt else None
     fed = ""
     if fmt is not None and feeds is not None:
         dtype, rows = feeds[0][j], feeds[1][j]
         how = "natively" if dtype == fmt.compute_dtype else f"its fallback ({hw.name} takes no {fmt.compute_dtype})"
-        fed = f"; {fmt.name} fed as {dtype} {how}" + (f", {rows} LHS rows per batch row" if rows > 1 else "")
+        fed = f"; {fmt.name} fed as {dtype} {how}" + (f", {rows} LHS rows per batch row" if rows > 1 else "") \
+            + ("; each expert's dots over the whole batch" if megakernel and g.routed_bytes[j] > 0
+               and g.recipe.expert_rows == "batch" else "")
     out.append({"term": ("matmul weight push" if mxu else "compute (peak x efficiency.flops)") + fed, "seconds": comp,
                 "mechanism": "components.matmul_time" if mxu else "engine.terms.op_compute_s",
                 "source": (_source(hw, "mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_dot_issue_s") if mxu
