@@ -63,11 +63,10 @@ def _issue(t, nbytes, remote, tag, ref, eng, f, ni, done, pa, pi, pb, begin, tag
 
 
 def _completion(cid, bw, cap, f, ni, done, pa, pi, pb, heap):
-    """Serve copies (with the arrivals queued now) until copy `cid` is complete; its end. At most
-    `cap` copies are in service at once (0: no limit); a started copy beyond them waits, in issue
-    order, for one to complete."""
-    if not np.isnan(done[cid]):
-        return done[cid]
+    """Serve copies (with the arrivals queued now) until copy `cid`, not yet complete, is; its end.
+    At most `cap` copies are in service at once (0: no limit); a started copy beyond them waits, in
+    issue order, for one to complete. Callers look up a copy already complete in `done` themselves
+    (compiled, the check at the call site makes a step about 40 % faster than inside)."""
     t, v = f[0], f[1]
     while np.isnan(done[cid]):
         n = len(heap)
@@ -141,16 +140,22 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
                 t = now + coll_call[j]
                 for p in range(ph_off[j], ph_off[j + 1]):
                     cid = _issue(t, ph_bytes[p], True, TAG_OP, j, eng, f, ni, done, pa, pi, pb, begin, tags, refs, 1.0)
-                    t = max(t + ph_time[p], _completion(cid, bw, cap, f, ni, done, pa, pi, pb, heap))
+                    landed = done[cid]
+                    if np.isnan(landed):
+                        landed = _completion(cid, bw, cap, f, ni, done, pa, pi, pb, heap)
+                    t = max(t + ph_time[p], landed)
             start[j], end[j], coll_w[j] = now, t, t - now
             now = t
             continue
         ready = now
         if kv_wait[j]:
-            ready = max(now, _completion(kv_id[lj], bw, cap, f, ni, done, pa, pi, pb, heap))
+            c = kv_id[lj]
+            landed = done[c] if not np.isnan(done[c]) else _completion(c, bw, cap, f, ni, done, pa, pi, pb, heap)
+            ready = max(now, landed)
         if op_fetch[j] > 0:  # issued here, waited for at once
             cid = _issue(now, op_fetch[j], False, TAG_KV, lj, eng, f, ni, done, pa, pi, pb, begin, tags, refs, 1.0)
-            ready = max(ready, _completion(cid, bw, cap, f, ni, done, pa, pi, pb, heap))
+            landed = done[cid] if not np.isnan(done[cid]) else _completion(cid, bw, cap, f, ni, done, pa, pi, pb, heap)
+            ready = max(ready, landed)
         stream[j] = ready - now
         start[j] = ready
         t = ready + overhead
@@ -160,7 +165,8 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
             per_byte = comp[j] / (hi - lo)
             k = np.searchsorted(tile_end, lo, side="right")
             while k < n_tiles and tile_end[k] - tile_bytes[k] < hi:
-                arrive = _completion(tile_id[k], bw, cap, f, ni, done, pa, pi, pb, heap)
+                c = tile_id[k]
+                arrive = done[c] if not np.isnan(done[c]) else _completion(c, bw, cap, f, ni, done, pa, pi, pb, heap)
                 if arrive > t:
                     stream[j] += arrive - t
                     t = arrive
@@ -182,7 +188,8 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
                                                  eng, f, ni, done, pa, pi, pb, begin, tags, refs, max(1.0, eng[4] / pieces))
                 issued[lj] = min(slots, count)
             for e in range(count):
-                arrive = _completion(expert_id[base + e], bw, cap, f, ni, done, pa, pi, pb, heap)
+                c = expert_id[base + e]
+                arrive = done[c] if not np.isnan(done[c]) else _completion(c, bw, cap, f, ni, done, pa, pi, pb, heap)
                 if arrive > t:
                     fetch[j] += arrive - t
                     t = arrive
@@ -207,7 +214,8 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
         now = t
     n_copies = ni[0]
     for i in range(n_copies):  # complete the copies still in flight (the DMA lane)
-        _completion(i, bw, cap, f, ni, done, pa, pi, pb, heap)
+        if np.isnan(done[i]):
+            _completion(i, bw, cap, f, ni, done, pa, pi, pb, heap)
     return (start, end, stream, fetch, coll_w, now, f[2], begin[:n_copies], done[:n_copies], tags[:n_copies],
             refs[:n_copies])
 
