@@ -27,6 +27,7 @@ random corpus (tests/test_simulator_equivalence.py).
 from __future__ import annotations
 
 import heapq
+import math
 
 import numpy as np
 
@@ -68,9 +69,9 @@ def _completion(cid, bw, cap, f, ni, done, pa, pi, pb, heap):
     issue order, for one to complete. Callers look up a copy already complete in `done` themselves
     (compiled, the check at the call site makes a step about 40 % faster than inside)."""
     t, v = f[0], f[1]
-    while np.isnan(done[cid]):
+    while math.isnan(done[cid]):
         n = len(heap)
-        t_next = t + (heap[0][0] - v) * n / bw if n else np.inf
+        t_next = t + (heap[0][0] - v) * n / bw if n else math.inf
         h = ni[1]
         if h < ni[2] and pa[h] <= t_next and (cap <= 0 or n < cap):
             arrival, i, b = pa[h], pi[h], pb[h]
@@ -141,7 +142,7 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
                 for p in range(ph_off[j], ph_off[j + 1]):
                     cid = _issue(t, ph_bytes[p], True, TAG_OP, j, eng, f, ni, done, pa, pi, pb, begin, tags, refs, 1.0)
                     landed = done[cid]
-                    if np.isnan(landed):
+                    if math.isnan(landed):
                         landed = _completion(cid, bw, cap, f, ni, done, pa, pi, pb, heap)
                     t = max(t + ph_time[p], landed)
             start[j], end[j], coll_w[j] = now, t, t - now
@@ -150,11 +151,11 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
         ready = now
         if kv_wait[j]:
             c = kv_id[lj]
-            landed = done[c] if not np.isnan(done[c]) else _completion(c, bw, cap, f, ni, done, pa, pi, pb, heap)
+            landed = done[c] if not math.isnan(done[c]) else _completion(c, bw, cap, f, ni, done, pa, pi, pb, heap)
             ready = max(now, landed)
         if op_fetch[j] > 0:  # issued here, waited for at once
             cid = _issue(now, op_fetch[j], False, TAG_KV, lj, eng, f, ni, done, pa, pi, pb, begin, tags, refs, 1.0)
-            landed = done[cid] if not np.isnan(done[cid]) else _completion(cid, bw, cap, f, ni, done, pa, pi, pb, heap)
+            landed = done[cid] if not math.isnan(done[cid]) else _completion(cid, bw, cap, f, ni, done, pa, pi, pb, heap)
             ready = max(ready, landed)
         stream[j] = ready - now
         start[j] = ready
@@ -166,7 +167,7 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
             k = np.searchsorted(tile_end, lo, side="right")
             while k < n_tiles and tile_end[k] - tile_bytes[k] < hi:
                 c = tile_id[k]
-                arrive = done[c] if not np.isnan(done[c]) else _completion(c, bw, cap, f, ni, done, pa, pi, pb, heap)
+                arrive = done[c] if not math.isnan(done[c]) else _completion(c, bw, cap, f, ni, done, pa, pi, pb, heap)
                 if arrive > t:
                     stream[j] += arrive - t
                     t = arrive
@@ -189,7 +190,7 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
                 issued[lj] = min(slots, count)
             for e in range(count):
                 c = expert_id[base + e]
-                arrive = done[c] if not np.isnan(done[c]) else _completion(c, bw, cap, f, ni, done, pa, pi, pb, heap)
+                arrive = done[c] if not math.isnan(done[c]) else _completion(c, bw, cap, f, ni, done, pa, pi, pb, heap)
                 if arrive > t:
                     fetch[j] += arrive - t
                     t = arrive
@@ -214,7 +215,7 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
         now = t
     n_copies = ni[0]
     for i in range(n_copies):  # complete the copies still in flight (the DMA lane)
-        if np.isnan(done[i]):
+        if math.isnan(done[i]):
             _completion(i, bw, cap, f, ni, done, pa, pi, pb, heap)
     return (start, end, stream, fetch, coll_w, now, f[2], begin[:n_copies], done[:n_copies], tags[:n_copies],
             refs[:n_copies])
