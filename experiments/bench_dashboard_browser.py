@@ -9,7 +9,8 @@ change from the key press or click to the moment the LAST chart it redraws shows
 status widget gone). Round 1 meets each value for the first time (the model runs); later rounds
 revisit them (cached); the results also go to experiments/results/bench_dashboard_browser.json.
 Also: each view opened in a new page (?view=NAME) to its first chart and the browser CPU that
-load took (median of --loads, each once the browser is quiet), and view switches. Prints medians and maxima against the targets (What-if and Compare median <= 300 ms and
+load took (median of --loads, each once the browser is quiet), view switches, and the floor of a
+page load here: a bare Streamlit page and one with a single Plotly chart (FLOOR_APP). Prints medians and maxima against the targets (What-if and Compare median <= 300 ms and
 max <= 1 s, first chart <= 2.5 s after load, <= 3 CPU-s of browser time per page load), the load
 average at each figure, and per change the CPU time the server process and the browser spent,
 which depends far less than the wall times on what else the machine runs.
@@ -26,6 +27,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -85,13 +87,15 @@ sys.exit(main())
 
 
 @contextlib.contextmanager
-def serve(log_path: Path, env: dict | None = None, info: dict | None = None, audit_log: Path | None = None):
-    """`streamlit run dashboards/app.py` on a free port, with the app's own settings (its config file:
-    localhost only, no usage statistics), so the tests see what a user gets; yields its URL (and puts
-    the server's pid into `info`). With `audit_log`, the server records its sockets there (AUDITED)."""
+def serve(log_path: Path, env: dict | None = None, info: dict | None = None, audit_log: Path | None = None,
+          app: Path = APP):
+    """`streamlit run dashboards/app.py` (or `app`) on a free port, with the app's own settings (its
+    config file: localhost only, no usage statistics), so the tests see what a user gets; yields its
+    URL (and puts the server's pid into `info`). With `audit_log`, the server records its sockets
+    there (AUDITED)."""
     port = free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    run = ["run", str(APP), "--server.port", str(port), "--server.fileWatcherType", "none"]
+    run = ["run", str(app), "--server.port", str(port), "--server.fileWatcherType", "none"]
     cmd = [sys.executable, "-c", AUDITED, *run] if audit_log else [sys.executable, "-m", "streamlit", *run]
     extra = {"PERFMODEL_AUDIT_LOG": str(audit_log)} if audit_log else {}
     with open(log_path, "w") as log:
@@ -355,6 +359,39 @@ def load_view(b, url: str, view: str) -> tuple[float, float]:
     return took, cpu
 
 
+# The floor a page load has here whatever the app does: a bare Streamlit page (a title) and one with
+# a single three-point Plotly chart, in the same browser, served the same way
+FLOOR_APP = """import streamlit as st
+st.title("floor")
+if st.query_params.get("chart"):
+    import plotly.graph_objects as go
+    st.plotly_chart(go.Figure(go.Scatter(x=[1, 2, 3], y=[1, 3, 2])), key="floor_chart")
+"""
+
+
+def floor(b, url: str, loads: int) -> dict:
+    """Median seconds to the page's content and browser CPU per load of the FLOOR_APP pages."""
+    out = {}
+    for name, query, wait in (("bare page", "", lambda p: p.get_by_text("floor").first.wait_for()),
+                              ("one Plotly chart", "?chart=1", lambda p: p.locator(".js-plotly-plot").first.wait_for())):
+        got = []
+        for _ in range(loads):
+            quiet()
+            c0 = browser_cpu_s()
+            page = new_page(b)
+            t0 = time.perf_counter()
+            page.goto(url + "/" + query, wait_until="commit")
+            wait(page)
+            took = time.perf_counter() - t0
+            wait_idle(page)
+            quiet()
+            got.append((took, browser_cpu_s() - c0))
+            page.close()
+        out[name] = {"first_content_s": statistics.median(t for t, _ in got),
+                     "browser_cpu_s": statistics.median(c for _, c in got), "load_average": load1()}
+    return out
+
+
 def load1() -> float:
     return round(os.getloadavg()[0], 2)
 
@@ -409,6 +446,11 @@ def run(rounds: int, loads: int, log_path: Path) -> dict:
             switches.append(time.perf_counter() - t0)
             wait_idle(page)
         out["view_switch_median_s"], out["view_switch_max_s"] = statistics.median(switches), max(switches)
+    with tempfile.TemporaryDirectory() as tmp:
+        app = Path(tmp) / "floor_app.py"
+        app.write_text(FLOOR_APP)
+        with serve(log_path.with_name("bench_dashboard_floor.log"), app=app) as url, browser() as b:
+            out["floor"] = floor(b, url, loads)
     return out
 
 
@@ -454,6 +496,10 @@ def main() -> int:
         print(f"  {v:18s} {r['first_chart_s'] * 1e3:5.0f} ms (max {r['first_chart_max_s'] * 1e3:5.0f}), browser CPU "
               f"{r['browser_cpu_s']:.2f} s (max {r['browser_cpu_max_s']:.2f}) at load {r['load_average']}")
     print(f"  [target first chart <= 2500 ms: {ok('first chart')}; browser CPU per page load <= 3 s: {ok('page CPU')}]")
+    print("the floor here, whatever the app does (a page load of a bare Streamlit app, same browser and server):")
+    for name, r in res["floor"].items():
+        print(f"  {name:18s} {r['first_content_s'] * 1e3:5.0f} ms to its content, browser CPU {r['browser_cpu_s']:.2f} s "
+              f"at load {r['load_average']}")
     print(f"view switch to its first chart: median {res['view_switch_median_s'] * 1e3:.0f} ms, max "
           f"{res['view_switch_max_s'] * 1e3:.0f} ms")
     return 0
