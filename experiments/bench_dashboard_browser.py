@@ -464,7 +464,7 @@ def main() -> int:
         raise SystemExit("chromium is not installed (apt-get install -y chromium)")
     load = os.getloadavg()
     res = run(a.rounds, a.loads, ROOT / "test-output" / "bench_dashboard_browser.log")
-    res.update(command="python experiments/bench_dashboard_browser.py" + (f" --rounds {a.rounds}" if a.rounds != 2 else "")
+    res.update(loads_per_view=a.loads, command="python experiments/bench_dashboard_browser.py" + (f" --rounds {a.rounds}" if a.rounds != 2 else "")
                + (f" --loads {a.loads}" if a.loads != 3 else ""),
                machine=f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs python {platform.python_version()}",
                load_average_before=[round(x, 2) for x in load], load_average_after=[round(x, 2) for x in os.getloadavg()],

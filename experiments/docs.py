@@ -159,6 +159,38 @@ def fig_model_speed() -> str:
               f"before and {b['load_after']:.1f} after.\n")
 
 
+def fig_dashboard_browser() -> str:
+    """experiments/bench_dashboard_browser.py's last run: input to the last chart, page loads, the floor."""
+    b = result("bench_dashboard_browser.json")
+    ms = lambda v: f"{v * 1e3:,.0f} ms"  # noqa: E731
+    lb, la = b["load_average_before"][0], b["load_average_after"][0]
+    views = b["views"]
+    changes = [[f"{v}, {r['changes']} input changes, to the last chart redrawn", ms(r["median_s"]), ms(r["max_s"]),
+                r["load_average"]] for v, r in views.items()]
+    changes.append(["view switch to its first chart", ms(b["view_switch_median_s"]), ms(b["view_switch_max_s"]), ""])
+    met = b["targets_met"]
+    cpu = "; ".join(f"{v} server {r['server_cpu_median_s'] * 1e3:.0f} ms, browser {r['browser_cpu_median_s'] * 1e3:.0f} ms"
+                    for v, r in views.items())
+    loads = [[v, f"{ms(r['first_chart_s'])} ({ms(r['first_chart_max_s'])})",
+              f"{r['browser_cpu_s']:.2f} s ({r['browser_cpu_max_s']:.2f})", r["load_average"]] for v, r in b["loads"].items()]
+    floor = "; ".join(f"{name}: {ms(r['first_content_s'])} to its content for {r['browser_cpu_s']:.2f} CPU-s (load "
+                      f"{r['load_average']})" for name, r in b["floor"].items())
+    yes = lambda k: "met" if met[k] else "missed"  # noqa: E731
+    return (f"Run on {b['when']} ({b['command']}) at a load average of {lb} (1 min) before and {la} after, each "
+            "figure at the load printed beside it:\n\n"
+            + md_table(["", "median", "max", "load average"], changes, "lrrr")
+            + "\nFirst-round medians (the model runs): "
+            + ", ".join(f"{v} {ms(r['cold_median_s'])}" for v, r in views.items())
+            + f". CPU per change (median): {cpu}. Targets (median <= 300 ms, max <= 1 s): "
+            + ", ".join(f"{v} {yes(v)}" for v in views) + ".\n\n"
+            + f"Page loads (a new page opened on the view, to its first chart, median of {b.get('loads_per_view', 3)} "  # the bench's default
+              f"on a warm server; Compare on a fresh server: {ms(b['first_chart_cold_server_s'])}):\n\n"
+            + md_table(["view", "first chart, median (max)", "browser CPU per load, median (max)", "load average"],
+                       loads, "lrrr")
+            + f"\nTargets: first chart <= 2.5 s {yes('first chart')}, <= 3 CPU-s of browser time per load "
+              f"{yes('page CPU')}. The floor, the same server and browser on a bare Streamlit app: {floor}.\n")
+
+
 def fig_kernel_compile() -> str:
     """experiments/bench_kernel_compile.py's last run: the full Kimi K3 program exported."""
     b = result("kernel_compile.json")
@@ -611,7 +643,7 @@ FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed,
            "phase-profile": fig_phase_profile, "reproduce": fig_reproduce, "slot-depth": fig_slot_depth,
            "kernel-plan": fig_kernel_plan, "components-tpu": fig_components_tpu,
            "components-gpu": fig_components_gpu, "model-speed": fig_model_speed, "layer-time": fig_layer_time,
-           "kernel-compile": fig_kernel_compile, "ttft-published": fig_ttft_published, "ttft-host": fig_ttft_host,
+           "kernel-compile": fig_kernel_compile, "dashboard-browser": fig_dashboard_browser, "ttft-published": fig_ttft_published, "ttft-host": fig_ttft_host,
            "serve-sweep": fig_serve_sweep, "serve-speed": fig_serve_speed}
 
 
