@@ -88,6 +88,10 @@ def test_a_megakernel_runs_each_experts_dots_over_the_whole_batch():
     assert kimi.megakernel.expert_rows == "routed" and MS.megakernel.expert_rows == "batch"
     dk = Deployment(devices=32, tp=32, ep=8, batch=8, context=4096)
     assert _expert_cost(kimi, dk, megakernel=True)[2] == _expert_cost(kimi, dk)[2]
+    from perfmodel.spec.recipe import from_table
+    with pytest.raises(SpecError) as e:
+        from_table({"expert_rows": "all"})
+    assert e.value.field == "megakernel.expert_rows" and "routed, batch" in str(e.value)
 
 
 def test_an_nvfp4_expert_is_five_copies():

@@ -81,15 +81,20 @@ def op_feeds(g: OpGraph, hw: Hardware) -> tuple[list[str], list[int]]:
     return [d for d, _ in feeds], [r for _, r in feeds]
 
 
+def whole_batch_experts(g: OpGraph, hw: Hardware, megakernel: bool) -> bool:
+    """Each routed expert's dots run over every row of the step: a `megakernel` whose [megakernel]
+    expert_rows is "batch", at a step of at most the MXU's row tile (components.mxu_row_tile)."""
+    return megakernel and g.recipe.expert_rows == "batch" and g.tokens <= cm.param(hw.components, "mxu_row_tile")
+
+
 def op_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None,
                  megakernel: bool = False) -> np.ndarray:
     """Per-op compute: the roofline of the peak rate (of the dtype the matrix unit is fed, op_feeds)
     x `efficiency.flops`; on a TPU with fitted components, matmuls instead cost the MXU weight
     push (components.matmul_time: flat for few rows, the rows times a block-diagonal feed's rows
     per batch row; a routed op issues two dots per distinct expert). Its rows are those routed to
-    an expert, or, in a `megakernel` whose [megakernel] expert_rows is "batch", every row of a step
-    of at most the MXU's row tile (components.mxu_row_tile): the kernel runs each expert's dots
-    over the whole batch and keeps its rows' results by mask. A block-diagonal feed (more than one
+    an expert, or every row of the step where the kernel runs each expert's dots over the whole
+    batch and keeps its rows' results by mask (whole_batch_experts). A block-diagonal feed (more than one
     LHS row per batch row) costs at most the same dot dequantised to bf16 on the vector unit first:
     a kernel takes the cheaper (Inferact's NVFP4 path switches to it at batch 8, its measured
     crossover: musespark/fp4.py DEQUANT_MIN_BATCH; the dequantisation itself is not a term)."""
@@ -103,7 +108,7 @@ def op_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None,
         dots = np.where(g.routed_bytes > 0, 2.0 * experts, 1.0)
         memo: dict[tuple, float] = {}  # ops of the same shape in every layer: each shape once
         flops, w_, dots = g.flops.tolist(), w.tolist(), dots.tolist()
-        batch = megakernel and g.recipe.expert_rows == "batch" and g.tokens <= cm.param(hw.components, "mxu_row_tile")
+        batch = whole_batch_experts(g, hw, megakernel)
         routed = (g.routed_bytes > 0).tolist()
         for j in np.flatnonzero((w > 0) & (g.flops > 0)).tolist():
             rows = g.tokens if batch and routed[j] else flops[j] / (2 * w_[j])

@@ -17,8 +17,8 @@ POST_EXPERT_PROJECTIONS = ("row_sharded", "output_sharded")
 WIRES = {"bf16": 2, "f32": 4}
 TOP_K = ("rank", "iterative_argmax")
 EMBEDDINGS = ("kernel", "xla")
-ALL_REDUCE = ("rs_ag", "hierarchical", "one_shot")
-EXPERT_ROWS = ("routed", "batch")  # perfmodel.cost.components.ALGORITHMS["all_reduce"]
+ALL_REDUCE = ("rs_ag", "hierarchical", "one_shot")  # perfmodel.cost.components.ALGORITHMS["all_reduce"]
+EXPERT_ROWS = ("routed", "batch")
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,8 @@ def from_table(table) -> Megakernel:
             positive_int("megakernel.shard_collective_rows", r)
             require(r <= MAX_ROWS, "megakernel.shard_collective_rows", r, f"must be <= {MAX_ROWS}")
         out["shard_collective_rows"] = tuple(sorted(set(rows)))
-    for k, choices in (("all_reduce", ALL_REDUCE), ("expert_rows", EXPERT_ROWS), ("expert_reduce_rows", EXPERT_REDUCE_ROWS), ("post_expert_projection", POST_EXPERT_PROJECTIONS),
+    for k, choices in (("all_reduce", ALL_REDUCE), ("expert_rows", EXPERT_ROWS),
+                       ("expert_reduce_rows", EXPERT_REDUCE_ROWS), ("post_expert_projection", POST_EXPERT_PROJECTIONS),
                        ("collective_wire", tuple(WIRES)), ("top_k", TOP_K), ("embedding", EMBEDDINGS)):
         if k in table:
             require(table[k] in choices, f"megakernel.{k}", table[k], f"must be one of {', '.join(choices)}")

@@ -14,7 +14,8 @@ import numpy as np
 
 from perfmodel.cost import components as cm
 from perfmodel.engine.megakernel import kernel_terms
-from perfmodel.engine.terms import collective_terms, op_compute_s, op_feeds, op_weights, stream_terms
+from perfmodel.engine.terms import (collective_terms, op_compute_s, op_feeds, op_weights, stream_terms,
+                                    whole_batch_experts)
 from perfmodel.graph import ops as ops_mod
 from perfmodel.spec.recipe import to_table as recipe_table
 from perfmodel.step.phases import SKIPPED, compare
@@ -74,8 +75,8 @@ def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarra
         dtype, rows = feeds[0][j], feeds[1][j]
         how = "natively" if dtype == fmt.compute_dtype else f"its fallback ({hw.name} takes no {fmt.compute_dtype})"
         fed = f"; {fmt.name} fed as {dtype} {how}" + (f", {rows} LHS rows per batch row" if rows > 1 else "") \
-            + ("; each expert's dots over the whole batch" if megakernel and g.routed_bytes[j] > 0
-               and g.recipe.expert_rows == "batch" else "")
+            + ("; each expert's dots over the whole batch" if g.routed_bytes[j] > 0
+               and whole_batch_experts(g, hw, megakernel) else "")
     out.append({"term": ("matmul weight push" if mxu else "compute (peak x efficiency.flops)") + fed, "seconds": comp,
                 "mechanism": "components.matmul_time" if mxu else "engine.terms.op_compute_s",
                 "source": (_source(hw, "mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_dot_issue_s") if mxu
