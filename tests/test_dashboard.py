@@ -730,6 +730,29 @@ def test_whatif_timeline_opens_on_a_few_layers_with_op_names():
     assert any("layer spans" in c.value for c in at.caption)
 
 
+def test_whatif_serving_engine_and_kv_cache():
+    """The GB200 baseline as published (16 GPUs, TP16, vLLM with an fp8 KV cache, batch 1): the
+    measurement is the reference only with both selected; the command shown reproduces the page."""
+    at = open_view("What-if")
+    use_deployment(at, "wi", "gb200", "multikernel", devices=16, tp=16, ep=1, steps=1)
+    assert_clean(at)
+    assert at.selectbox(key="wi_serving").disabled is False
+    assert metric(at, "measured tokens/s") == "none"
+    note = next(c.value for c in at.caption if c.value.startswith("Nearest measurement"))
+    assert "serving engine" in note and "KV cache" in note, note
+    at.selectbox(key="wi_serving").set_value("vllm").run()
+    at.selectbox(key="wi_kv").set_value("fp8-kv").run()
+    assert_clean(at)
+    assert metric(at, "measured tokens/s") == "127"
+    s = whatif_state(at)
+    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel predict"))
+    assert "--serving-engine vllm" in cmd and "--kv-cache fp8-kv" in cmd
+    assert run_cli(cmd)["results"][0]["tokens_per_s"] == pytest.approx(s["tps"], abs=0.5)
+    at.radio(key="wi_engine").set_value("megakernel").run()  # no serving engine on the megakernel
+    assert_clean(at, errors_ok=True)
+    assert at.selectbox(key="wi_serving").disabled is True and at.selectbox(key="wi_serving").value == "generic"
+
+
 def test_whatif_other_hardware_and_model():
     at = open_view("What-if")
     at.selectbox(key="wi_hw").set_value("gb200").run()

@@ -354,6 +354,12 @@ def test_whatif_every_control_tab_click_and_downloads(page):
     for key, v in (("wi_tp", 2), ("wi_ep", 2), ("wi_devices", 2)):  # Kimi K3 does not fit there: stale meanwhile
         type_in(page, key, v)
     changes(page, "wi_breakdown", lambda: pick(page, "wi_model", "kimi-k3-mini"))
+    changes(page, "wi_breakdown", lambda: pick(page, "wi_hw", "gb200"))  # a GPU serving engine's kernels
+    changes(page, "wi_breakdown", lambda: radio(page, "wi_engine", "multikernel"))
+    changes(page, "wi_breakdown", lambda: pick(page, "wi_serving", "vllm"))
+    changes(page, "wi_breakdown", lambda: pick(page, "wi_kv", "fp8-kv"))
+    changes(page, "wi_breakdown", lambda: pick(page, "wi_serving", "generic"))
+    changes(page, "wi_breakdown", lambda: radio(page, "wi_engine", "megakernel"))
     changes(page, "wi_breakdown", lambda: pick(page, "wi_hw", "tpu-v6e"))
     for key in ("wi_prefetch", "wi_slots", "wi_vmem"):
         type_in(page, key, "")

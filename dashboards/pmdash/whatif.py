@@ -1,5 +1,5 @@
-"""What-if view: tune prefetch depth, expert slots, VMEM, batch, context, engine, steps per call,
-speculative decoding.
+"""What-if view: tune prefetch depth, expert slots, VMEM, batch, context, engine (with a GPU serving
+engine's kernels and the KV cache format), steps per call, speculative decoding.
 
 Inputs are strict text fields; a bad one keeps the outputs of the last valid inputs, greyed out.
 The headline (predicted tokens/s beside a measurement only when one matches every setting) sits
@@ -81,11 +81,12 @@ def inputs() -> tuple[dict | None, list[str]]:
                 st.session_state["wi_acc"] = top
             acc = b.slider("Acceptance length", 1.0, top, min(c.SPEC_ACCEPTANCE, top), step=0.5, key="wi_acc",
                            help="Tokens accepted per verification step (tau).")
+    serving, kv = c.kernel_choices(*st.columns(2), hw, engine, "wi")
     if errs:
         return None, errs
     key = c.dep_key(devices, tp, ep, engine, batch=batch, context=context, prefetch_mib=prefetch,
                     expert_slots=slots, draft_rows=draft if spec else 0, acceptance_length=acc if spec else None,
-                    steps_per_call=steps)
+                    steps_per_call=steps, serving_engine=serving, kv_cache=kv)
     return dict(model=model, hw=hw, key=key, vmem=vmem, engine=engine), []
 
 
@@ -112,6 +113,8 @@ def apply_measured(row: dict) -> None:
                  ("steps_per_call", int(val("steps_per_call", 1)))):
         st.session_state[FIELD_KEYS[k]] = str(v)
     st.session_state["wi_engine"] = row["engine"]
+    st.session_state["wi_serving"] = row.get("serving_engine") or c.GENERIC
+    st.session_state["wi_kv"] = row.get("kv_cache") or c.MODEL_KV
     for k, field in (("prefetch_mib", "wi_prefetch"), ("expert_slots", "wi_slots"), ("vmem_mib", "wi_vmem")):
         st.session_state[field] = "" if measured._value(row, k) is None else f"{measured._value(row, k):g}"
     draft = int(val("draft_rows", 0))
@@ -238,7 +241,7 @@ def headline_files(x: dict, r: dict, rep: dict | None, stale: str | None) -> Non
 def breakdown_figure(m_ref, h_ref, key, vmem, engine) -> tuple[go.Figure, pd.DataFrame, dict, dict]:
     r = c.predict_cached(m_ref, h_ref, key, vmem)  # the headline's prediction, not another run
     other = "multikernel" if engine == "megakernel" else "megakernel"
-    ro = c.predict_cached(m_ref, h_ref, c.with_key(key, engine=other), vmem)
+    ro = c.predict_cached(m_ref, h_ref, c.with_key(key, engine=other, serving_engine=None), vmem)  # its generic self
     bars = {engine + " (selected)": r}
     if "error" not in ro:
         bars[other] = ro
