@@ -71,6 +71,20 @@ def test_a_block_diagonal_feed_costs_its_rows_or_the_bf16_dequant_dot():
     assert _expert_cost(plain("bf16"), d8)[2] > 1.9 * _expert_cost(plain("fp8"), d8)[2]
 
 
+def test_explain_names_the_dot_the_kernel_takes():
+    """NVFP4 experts at batch 8 (every row on one expert set): dequantised to bf16 first; at batch 4
+    the block-diagonal fp8 dot; the whole-batch rows named where they apply."""
+    from perfmodel.step.explain import explain
+    said = {}
+    for batch in (4, 8):
+        d = Deployment(devices=8, tp=8, ep=1, batch=batch, context=160, routing_correlation=1.0)
+        ops = explain(NVFP4, TPU, d, 3, "routed_experts")["ops"]
+        said[batch] = next(t["term"] for t in ops[0]["terms"] if t["term"].startswith("matmul"))
+    assert "fed as fp8" in said[4] and "32 LHS rows per batch row" in said[4] and "dequantised" not in said[4]
+    assert "dequantised to bf16 first" in said[8]
+    assert all("each expert's dots over the whole batch" in t for t in said.values())
+
+
 def test_a_megakernel_runs_each_experts_dots_over_the_whole_batch():
     """[megakernel] expert_rows = "batch" (the muse-spark preset): at batch 4 with independent routing
     each expert gets about one row, but the kernel's dots take all 4 (x 32 block-diagonal rows), as

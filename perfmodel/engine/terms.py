@@ -87,37 +87,46 @@ def whole_batch_experts(g: OpGraph, hw: Hardware, megakernel: bool) -> bool:
     return megakernel and g.recipe.expert_rows == "batch" and g.tokens <= cm.param(hw.components, "mxu_row_tile")
 
 
+def tpu_matmuls(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None,
+                megakernel: bool = False) -> dict[int, tuple[float, bool]]:
+    """Per matmul op on a TPU with fitted components: (seconds, dequantised). The MXU weight push
+    (components.matmul_time: flat for few rows, the rows times a block-diagonal feed's rows per batch
+    row; a routed op issues two dots per distinct expert). Its rows are those routed to an expert,
+    or every row of the step where the kernel runs each expert's dots over the whole batch and keeps
+    its rows' results by mask (whole_batch_experts). A block-diagonal feed (more than one LHS row per
+    batch row) costs at most the same dot dequantised to bf16 on the vector unit first: a kernel
+    takes the cheaper (Inferact's NVFP4 path switches to it at batch 8, its measured crossover:
+    musespark/fp4.py DEQUANT_MIN_BATCH; the dequantisation itself is not a term)."""
+    dtype, scale_rows = op_feeds(g, hw)
+    w = op_weights(g) if weights is None else weights
+    dots = np.where(g.routed_bytes > 0, 2.0 * max(1.0, math.ceil(g.distinct_experts)), 1.0).tolist()
+    memo: dict[tuple, tuple[float, bool]] = {}  # ops of the same shape in every layer: each shape once
+    flops, w_ = g.flops.tolist(), w.tolist()
+    batch, routed = whole_batch_experts(g, hw, megakernel), (g.routed_bytes > 0).tolist()
+    out = {}
+    for j in np.flatnonzero((w > 0) & (g.flops > 0)).tolist():
+        rows = g.tokens if batch and routed[j] else flops[j] / (2 * w_[j])
+        key = (w_[j], dtype[j], rows, scale_rows[j], dots[j])
+        if key not in memo:
+            fed = cm.matmul_time(hw.components, w_[j], dtype[j], rows * scale_rows[j], dots[j])
+            dequant = cm.matmul_time(hw.components, w_[j], "bf16", rows, dots[j]) if scale_rows[j] > 1 else np.inf
+            memo[key] = (min(fed, dequant), dequant < fed)
+        out[j] = memo[key]
+    return out
+
+
 def op_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None,
                  megakernel: bool = False) -> np.ndarray:
     """Per-op compute: the roofline of the peak rate (of the dtype the matrix unit is fed, op_feeds)
-    x `efficiency.flops`; on a TPU with fitted components, matmuls instead cost the MXU weight
-    push (components.matmul_time: flat for few rows, the rows times a block-diagonal feed's rows
-    per batch row; a routed op issues two dots per distinct expert). Its rows are those routed to
-    an expert, or every row of the step where the kernel runs each expert's dots over the whole
-    batch and keeps its rows' results by mask (whole_batch_experts). A block-diagonal feed (more than one
-    LHS row per batch row) costs at most the same dot dequantised to bf16 on the vector unit first:
-    a kernel takes the cheaper (Inferact's NVFP4 path switches to it at batch 8, its measured
-    crossover: musespark/fp4.py DEQUANT_MIN_BATCH; the dequantisation itself is not a term)."""
-    dtype, scale_rows = op_feeds(g, hw)
+    x `efficiency.flops`; on a TPU with fitted components, matmuls cost the MXU weight push instead
+    (tpu_matmuls)."""
+    dtype, _ = op_feeds(g, hw)
     eff, table = hw.efficiency.flops, {dt: hw.flops_rate(dt) for dt in set(dtype) if dt}
     rates = np.array([table[dt] if dt else 1.0 for dt in dtype])
     t = np.where(g.is_collective, 0.0, g.flops / (rates * eff))
-    experts = max(1.0, math.ceil(g.distinct_experts))
     if cm.is_tpu_model(hw.components):
-        w = op_weights(g) if weights is None else weights
-        dots = np.where(g.routed_bytes > 0, 2.0 * experts, 1.0)
-        memo: dict[tuple, float] = {}  # ops of the same shape in every layer: each shape once
-        flops, w_, dots = g.flops.tolist(), w.tolist(), dots.tolist()
-        batch = whole_batch_experts(g, hw, megakernel)
-        routed = (g.routed_bytes > 0).tolist()
-        for j in np.flatnonzero((w > 0) & (g.flops > 0)).tolist():
-            rows = g.tokens if batch and routed[j] else flops[j] / (2 * w_[j])
-            key = (w_[j], dtype[j], rows * scale_rows[j], dots[j])
-            if key not in memo:
-                memo[key] = cm.matmul_time(hw.components, *key)
-                if scale_rows[j] > 1:
-                    memo[key] = min(memo[key], cm.matmul_time(hw.components, w_[j], "bf16", rows, dots[j]))
-            t[j] = memo[key]
+        for j, (secs, _) in tpu_matmuls(g, hw, weights, megakernel).items():
+            t[j] = secs
     return t
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from perfmodel.cost import components as cm
 from perfmodel.engine.megakernel import kernel_terms
 from perfmodel.engine.terms import (collective_terms, op_compute_s, op_feeds, op_weights, stream_terms,
-                                    whole_batch_experts)
+                                    tpu_matmuls, whole_batch_experts)
 from perfmodel.graph import ops as ops_mod
 from perfmodel.spec.recipe import to_table as recipe_table
 from perfmodel.step.phases import SKIPPED, compare
@@ -44,9 +44,11 @@ KERNEL_TERMS = {"attention_core": ("fixed latency of the attention core (per seq
 
 
 def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarray, megakernel: bool,
-          extra: dict[str, np.ndarray] | None = None, feeds=None) -> list[dict]:
+          extra: dict[str, np.ndarray] | None = None, feeds=None, compute: np.ndarray | None = None,
+          dequantised: frozenset[int] = frozenset()) -> list[dict]:
     """The latency terms of op `j` in isolation (`coll_s`: the graph's collective seconds; `extra`:
-    the megakernel's kernel_terms; `feeds`: op_feeds), each with its mechanism and source."""
+    the megakernel's kernel_terms; `feeds`: op_feeds; `compute`: op_compute_s; `dequantised`: the
+    matmuls dequantised to bf16 first, tpu_matmuls), each with its mechanism and source."""
     c, out = hw.components, []
     if g.is_collective[j]:
         t = float(coll_s[j])
@@ -67,16 +69,18 @@ def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarra
             out.append({"term": f"{k} over {p} devices", "seconds": t, "mechanism": "collectives.collective_time_s",
                         "source": _source(hw, "link_latency_s", "link_bandwidth_bytes_per_s")})
         return out
-    comp = float(op_compute_s(g, hw, weights, megakernel=megakernel)[j])
+    comp = float((op_compute_s(g, hw, weights, megakernel=megakernel) if compute is None else compute)[j])
     mxu = cm.is_tpu_model(c) and weights[j] > 0 and g.flops[j] > 0
     fmt = g.fmt[j] if g.fmt else None
     fed = ""
     if fmt is not None and feeds is not None:
         dtype, rows = feeds[0][j], feeds[1][j]
         how = "natively" if dtype == fmt.compute_dtype else f"its fallback ({hw.name} takes no {fmt.compute_dtype})"
-        fed = f"; {fmt.name} fed as {dtype} {how}" + (f", {rows} LHS rows per batch row" if rows > 1 else "") \
-            + ("; each expert's dots over the whole batch" if g.routed_bytes[j] > 0
-               and whole_batch_experts(g, hw, megakernel) else "")
+        fed = f"; {fmt.name} fed as {dtype} {how}" + (f", {rows} LHS rows per batch row" if rows > 1 else "")
+        if j in dequantised:
+            fed = f"; {fmt.name} dequantised to bf16 first (cheaper than its block-diagonal {dtype} dot at these rows)"
+        if g.routed_bytes[j] > 0 and whole_batch_experts(g, hw, megakernel):
+            fed += "; each expert's dots over the whole batch"
     out.append({"term": ("matmul weight push" if mxu else "compute (peak x efficiency.flops)") + fed, "seconds": comp,
                 "mechanism": "components.matmul_time" if mxu else "engine.terms.op_compute_s",
                 "source": (_source(hw, "mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_dot_issue_s") if mxu
@@ -116,6 +120,9 @@ def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
     coll_s = collective_terms(g, hw, megakernel)[0]
     extra = kernel_terms(g, hw) if megakernel else {}
     feeds = op_feeds(g, hw)
+    compute = op_compute_s(g, hw, weights, megakernel=megakernel)
+    dequantised = frozenset(k for k, (_, deq) in tpu_matmuls(g, hw, weights, megakernel).items() if deq) \
+        if cm.is_tpu_model(hw.components) else frozenset()
     rows = []
     for j in idx:
         waits = {k: float(v[j]) for k, v in tl.wait_s.items() if k != "compute" and v[j] > 0}
@@ -124,7 +131,7 @@ def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
                      "routed_bytes": float(g.routed_bytes[j]), "kv_bytes": float(g.kv_bytes[j]),
                      "act_bytes": float(g.act_bytes[j]), "start_s": float(tl.start_s[j]),
                      "end_s": float(tl.end_s[j]), "waits_s": waits, "waited_on": RESOURCE[cause],
-                     "terms": terms(g, hw, j, weights, coll_s, megakernel, extra, feeds)})
+                     "terms": terms(g, hw, j, weights, coll_s, megakernel, extra, feeds, compute, dequantised)})
     if d.serving_engine:  # each op's kernels: time, measured table or physical extrapolation
         from perfmodel.step.serving_report import kernel_rows
         krows = kernel_rows(model, hw, d)[0]
