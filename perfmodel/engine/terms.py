@@ -74,10 +74,15 @@ def op_weights(g: OpGraph, routed_bytes_per_value: float = 0.5) -> np.ndarray:
 def op_feeds(g: OpGraph, hw: Hardware) -> tuple[list[str], list[int]]:
     """Per op: the operand dtype the matrix unit is fed and the LHS rows per batch row
     (Format.feed on the chip's matrix dtypes; ops without weights: their own dtype, 1)."""
-    native, memo = cm.matrix_dtypes(hw), {}
-    for f in set(g.fmt) - {None}:
-        memo[f] = f.feed(native, hw.name)
-    feeds = [memo[f] if f is not None else (dt, 1) for f, dt in zip(g.fmt or [None] * len(g), g.dtype)]
+    native, memo = cm.matrix_dtypes(hw), {}  # by identity: the graph's ops share a few format objects
+    feeds = []
+    for f, dt in zip(g.fmt or [None] * len(g), g.dtype):
+        if f is None:
+            feeds.append((dt, 1))
+            continue
+        if id(f) not in memo:
+            memo[id(f)] = f.feed(native, hw.name)
+        feeds.append(memo[id(f)])
     return [d for d, _ in feeds], [r for _, r in feeds]
 
 
@@ -87,8 +92,8 @@ def whole_batch_experts(g: OpGraph, hw: Hardware, megakernel: bool) -> bool:
     return megakernel and g.recipe.expert_rows == "batch" and g.tokens <= cm.param(hw.components, "mxu_row_tile")
 
 
-def tpu_matmuls(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None,
-                megakernel: bool = False) -> dict[int, tuple[float, bool]]:
+def tpu_matmuls(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None, megakernel: bool = False,
+                feeds: tuple[list[str], list[int]] | None = None) -> dict[int, tuple[float, bool]]:
     """Per matmul op on a TPU with fitted components: (seconds, dequantised). The MXU weight push
     (components.matmul_time: flat for few rows, the rows times a block-diagonal feed's rows per batch
     row; a routed op issues two dots per distinct expert). Its rows are those routed to an expert,
@@ -96,8 +101,8 @@ def tpu_matmuls(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None,
     its rows' results by mask (whole_batch_experts). A block-diagonal feed (more than one LHS row per
     batch row) costs at most the same dot dequantised to bf16 on the vector unit first: a kernel
     takes the cheaper (Inferact's NVFP4 path switches to it at batch 8, its measured crossover:
-    musespark/fp4.py DEQUANT_MIN_BATCH; the dequantisation itself is not a term)."""
-    dtype, scale_rows = op_feeds(g, hw)
+    musespark/fp4.py DEQUANT_MIN_BATCH; the dequantisation itself is not a term). `feeds`: op_feeds."""
+    dtype, scale_rows = feeds or op_feeds(g, hw)
     w = op_weights(g) if weights is None else weights
     dots = np.where(g.routed_bytes > 0, 2.0 * max(1.0, math.ceil(g.distinct_experts)), 1.0).tolist()
     memo: dict[tuple, tuple[float, bool]] = {}  # ops of the same shape in every layer: each shape once
@@ -120,12 +125,13 @@ def op_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None,
     """Per-op compute: the roofline of the peak rate (of the dtype the matrix unit is fed, op_feeds)
     x `efficiency.flops`; on a TPU with fitted components, matmuls cost the MXU weight push instead
     (tpu_matmuls)."""
-    dtype, _ = op_feeds(g, hw)
+    feeds = op_feeds(g, hw)
+    dtype = feeds[0]
     eff, table = hw.efficiency.flops, {dt: hw.flops_rate(dt) for dt in set(dtype) if dt}
     rates = np.array([table[dt] if dt else 1.0 for dt in dtype])
     t = np.where(g.is_collective, 0.0, g.flops / (rates * eff))
     if cm.is_tpu_model(hw.components):
-        for j, (secs, _) in tpu_matmuls(g, hw, weights, megakernel).items():
+        for j, (secs, _) in tpu_matmuls(g, hw, weights, megakernel, feeds).items():
             t[j] = secs
     return t
 

@@ -121,7 +121,7 @@ def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
     extra = kernel_terms(g, hw) if megakernel else {}
     feeds = op_feeds(g, hw)
     compute = op_compute_s(g, hw, weights, megakernel=megakernel)
-    dequantised = frozenset(k for k, (_, deq) in tpu_matmuls(g, hw, weights, megakernel).items() if deq) \
+    dequantised = frozenset(k for k, (_, deq) in tpu_matmuls(g, hw, weights, megakernel, feeds).items() if deq) \
         if cm.is_tpu_model(hw.components) else frozenset()
     rows = []
     for j in idx:
