@@ -150,6 +150,9 @@ def test_user_defined_format_in_toml():
     with pytest.raises(SpecError) as e:
         tiny(custom_formats={"bad": {"value_bits": 3, "block": [1, -1]}})
     assert e.value.field == "custom_formats.bad.block"
+    with pytest.raises(SpecError) as e:  # a list where a dtype name goes (found by make fuzz)
+        tiny(custom_formats={"bad": {"value_bits": 4, "scale_dtype": [], "block": [1, 32]}})
+    assert e.value.field == "custom_formats.bad.scale_dtype"
 
 
 @pytest.mark.parametrize("over,field", [

@@ -79,7 +79,8 @@ def format_from_dict(name: str, d: dict, where: str) -> Format:
     require(isinstance(bits, int) and not isinstance(bits, bool) and 1 <= bits <= 64,
             f"{where}.value_bits", bits, "must be an integer in 1..64")
     for k in ("scale_dtype", "global_scale_dtype"):
-        require(d.get(k, "") in SCALE_BITS, f"{where}.{k}", d.get(k), f"must be one of {sorted(SCALE_BITS)}")
+        v = d.get(k, "")
+        require(isinstance(v, str) and v in SCALE_BITS, f"{where}.{k}", v, f"must be one of {sorted(SCALE_BITS)}")
     block = d.get("block", [1, 1])
     require(isinstance(block, list) and len(block) == 2
             and all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 1 << 20 for b in block),
