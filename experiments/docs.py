@@ -333,6 +333,10 @@ def fig_phase_profile() -> str:
                          [[r["phase"].replace("_", " "), r["per"], f"{r['measured_us']:g}", f"{r['predicted_us']:.1f}",
                            f"{100 * r['error']:+.1f} %", f"{'yes' if r['within'] else 'no'} ({100 * r['tolerance']:.0f} %)"]
                           for r in k["phases"]], "llrrrl")
+        for r in k["phases"]:
+            if r.get("megakernel"):
+                own = ", ".join(f"`{key} = {str(v).lower()}`" for key, v in r["megakernel"].items())
+                text += f"\n{r['phase'].replace('_', ' ')}: predicted with {own} as well: {r['reading']}.\n"
     return text.lstrip("\n")
 
 

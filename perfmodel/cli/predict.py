@@ -217,6 +217,10 @@ def print_profile(pp: dict) -> None:
         print(table(["phase", "per", "measured us", "predicted us", "error %", "within"],
                     [[r["phase"], r["per"], r["measured_us"], r["predicted_us"], 100 * r["error"],
                       f"{'yes' if r['within'] else 'no'} ({100 * r['tolerance']:.0f} %)"] for r in k["phases"]]))
+        for r in k["phases"]:
+            if r.get("megakernel"):
+                own = ", ".join(f"{key} = {v}" for key, v in r["megakernel"].items())
+                print(f"  {r['phase']}: predicted with {own} as well: {r['reading']}")
         print()
 
 

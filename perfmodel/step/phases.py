@@ -13,6 +13,7 @@ prints both.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -129,18 +130,25 @@ def profile_deployment(profile: dict) -> Deployment:
 
 def compare(profile: dict, hw: Hardware) -> dict:
     """Per kernel of the profile: each measured phase beside the prediction (perfmodel.step.phases),
-    the error and whether it is within TOLERANCE."""
+    the error and whether it is within TOLERANCE. A phase row with its own `megakernel` settings
+    was measured with those on top of its kernel's (its `reading` says why); it is predicted so."""
     d = profile_deployment(profile)
     out = {}
     for name, entry in profile["kernels"].items():
-        pred = phases(kernel_model(entry), hw, d)
+        preds = {"{}": phases(kernel_model(entry), hw, d)}  # by the row's own settings, as JSON
         rows = []
         for e in entry["phases"]:
-            p = pred[e["phase"]] * 1e6
+            own = e.get("megakernel") or {}
+            key = json.dumps(own, sort_keys=True)
+            if key not in preds:
+                preds[key] = phases(kernel_model({**entry, "megakernel": {**(entry.get("megakernel") or {}), **own}}),
+                                    hw, d)
+            p = preds[key][e["phase"]] * 1e6
             tol = TOLERANCE["total" if e["phase"] in ("layer", "fixed") else "phase"]
             rows.append({"phase": e["phase"], "per": e["per"], "measured_us": e["value_us"], "predicted_us": p,
                          "error": p / e["value_us"] - 1, "tolerance": tol,
-                         "within": abs(p / e["value_us"] - 1) <= tol, "source": e["source"]})
+                         "within": abs(p / e["value_us"] - 1) <= tol, "source": e["source"],
+                         **({"megakernel": own, "reading": e.get("reading", "")} if own else {})})
         out[name] = {"model": entry["model"], "megakernel": entry.get("megakernel") or {},
-                     "step_us": pred["step"] * 1e6, "phases": rows}
+                     "step_us": preds["{}"]["step"] * 1e6, "phases": rows}
     return out
