@@ -106,3 +106,12 @@ def test_explain_prints_the_profile_beside_the_prediction(capsys):
     r = {x["phase"]: x for x in out["kernels"]["final"]["phases"]}
     assert r["layer"]["measured_us"] == 55 and r["layer"]["predicted_us"] > 0 and "REPORT.md" in r["layer"]["source"]
     assert main(["explain", "--profile", "nope"]) == 2
+    assert "routing: predicted with defer_refills_rows = 4 as well" in text  # a row's own settings, named
+
+
+def test_a_rows_own_settings_must_be_a_table(tmp_path, capsys):
+    bad = json.loads(json.dumps(PROFILE))
+    bad["kernels"]["first"]["phases"][4]["megakernel"] = 5
+    (tmp_path / "p.json").write_text(json.dumps(bad))
+    assert main(["explain", "--profile", str(tmp_path / "p.json")]) == 2
+    assert "phases[4].megakernel=5: must be a table" in capsys.readouterr().err

@@ -111,7 +111,8 @@ def load_profile(name_or_path: str) -> dict:
         p = PROFILE_DIR / f"{name_or_path}.json"
     rule = {"what": (STR,), "source": (STR,), "stated": None, "harness": Req({"deployment": Req({"*": None}), "*": None}),
             "kernels": Req({"*": {"model": Req((STR,)), "megakernel": {"*": None}, "phases": Req(ListOf(
-                {"phase": Req((STR,)), "value_us": Req(Num(0, lo_open=True)), "*": None}, 1)), "*": None}})}
+                {"phase": Req((STR,)), "value_us": Req(Num(0, lo_open=True)), "megakernel": {"*": None},
+                 "reading": (STR,), "*": None}, 1)), "*": None}})}
     data = schema.load(p, rule, "--profile", fmt="json")
     with in_file(p):
         require(data["kernels"], "kernels", {}, "needs at least one kernel")
