@@ -83,6 +83,9 @@ def test_explain_names_the_dot_the_kernel_takes():
     assert "fed as fp8" in said[4] and "32 LHS rows per batch row" in said[4] and "dequantised" not in said[4]
     assert "dequantised to bf16 first" in said[8]
     assert all("each expert's dots over the whole batch" in t for t in said.values())
+    d = Deployment(devices=8, tp=8, ep=1, batch=4, context=160, expert_slots=2)  # a GPU: rows are no term
+    ops = explain(NVFP4, GB200, d, 3, "routed_experts")["ops"]
+    assert not any("whole batch" in t["term"] for t in ops[0]["terms"])
 
 
 def test_a_megakernel_runs_each_experts_dots_over_the_whole_batch():

@@ -88,8 +88,10 @@ def op_feeds(g: OpGraph, hw: Hardware) -> tuple[list[str], list[int]]:
 
 def whole_batch_experts(g: OpGraph, hw: Hardware, megakernel: bool) -> bool:
     """Each routed expert's dots run over every row of the step: a `megakernel` whose [megakernel]
-    expert_rows is "batch", at a step of at most the MXU's row tile (components.mxu_row_tile)."""
-    return megakernel and g.recipe.expert_rows == "batch" and g.tokens <= cm.param(hw.components, "mxu_row_tile")
+    expert_rows is "batch", on a TPU with fitted components (elsewhere a matmul's rows do not enter
+    its cost), at a step of at most the MXU's row tile (components.mxu_row_tile)."""
+    return (megakernel and g.recipe.expert_rows == "batch" and cm.is_tpu_model(hw.components)
+            and g.tokens <= cm.param(hw.components, "mxu_row_tile"))
 
 
 def tpu_matmuls(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None, megakernel: bool = False,

@@ -44,8 +44,7 @@ KERNEL_TERMS = {"attention_core": ("fixed latency of the attention core (per seq
 
 
 def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarray, megakernel: bool,
-          extra: dict[str, np.ndarray] | None = None, feeds=None, compute: np.ndarray | None = None,
-          dequantised: frozenset[int] = frozenset()) -> list[dict]:
+          extra: dict[str, np.ndarray], feeds, compute: np.ndarray, dequantised: frozenset[int]) -> list[dict]:
     """The latency terms of op `j` in isolation (`coll_s`: the graph's collective seconds; `extra`:
     the megakernel's kernel_terms; `feeds`: op_feeds; `compute`: op_compute_s; `dequantised`: the
     matmuls dequantised to bf16 first, tpu_matmuls), each with its mechanism and source."""
@@ -69,7 +68,7 @@ def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarra
             out.append({"term": f"{k} over {p} devices", "seconds": t, "mechanism": "collectives.collective_time_s",
                         "source": _source(hw, "link_latency_s", "link_bandwidth_bytes_per_s")})
         return out
-    comp = float((op_compute_s(g, hw, weights, megakernel=megakernel) if compute is None else compute)[j])
+    comp = float(compute[j])
     mxu = cm.is_tpu_model(c) and weights[j] > 0 and g.flops[j] > 0
     fmt = g.fmt[j] if g.fmt else None
     fed = ""
