@@ -2,6 +2,7 @@
 layouts (attention DP, all-to-all EP, PP, two nodes) and the presets' assumed components."""
 import dataclasses
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -73,6 +74,19 @@ def test_physical_time_is_a_roofline_with_fixed_cost():
     p = {"fixed_s": 2e-6, "bytes_per_s": 1e12, "flops_per_s": 1e15}
     assert gk.physical_time(p, "kda", {"bytes": 1e6, "flops": 1e6, "ranks": 1}) == pytest.approx(2e-6 + 1e-6)
     assert gk.physical_time(p, "kda", {"bytes": 1e3, "flops": 1e10, "ranks": 1}) == pytest.approx(2e-6 + 1e-5)
+
+
+def test_grouped_moe_overlap_is_a_p_norm_without_overflow():
+    """overlap 0 adds loads and math, a large overlap is their roofline; a fit's trial point with a
+    huge exponent and times above a second neither overflows nor warns."""
+    s = {"bytes": 3e6, "flops": 4e9, "ranks": 1, "experts": 2.0}
+    p = {"fixed_s": 1e-6, "bytes_per_s": 1e12, "flops_per_s": 1e12, "per_expert_s": 1e-7, "overlap": 0.0}
+    assert gk.physical_time(p, "moe", s) == pytest.approx(1e-6 + 3e-6 + 4e-3 + 2e-7)
+    assert gk.physical_time(p | {"overlap": 200.0}, "moe", s) == pytest.approx(1e-6 + 4e-3 + 2e-7, rel=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = gk.physical_time(p | {"overlap": 5000.0, "bytes_per_s": 1.0}, "moe", s)
+    assert np.isfinite(t) and t == pytest.approx(3e6, rel=1e-3)
 
 
 def _d(**kw):

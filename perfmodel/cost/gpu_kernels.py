@@ -273,7 +273,9 @@ def physical_time(params: dict, cls: str, s: dict):
         nbytes = nbytes + s["cache"] * (np.maximum(s["units"], p["min_units"]) / s["units"] - 1)
     if cls == "moe":  # weight loads and math of a grouped GEMM overlap only partly: a p-norm of the two
         q = 1.0 + p["overlap"]  # (overlap 0: they add up; large: the slower one alone, a roofline)
-        t = p["fixed_s"] + ((nbytes / p["bytes_per_s"]) ** q + (s["flops"] / p["flops_per_s"]) ** q) ** (1 / q)
+        a, b = nbytes / p["bytes_per_s"], s["flops"] / p["flops_per_s"]
+        top = np.maximum(np.maximum(a, b), 1e-300)  # scaled by the larger, so no power overflows
+        t = p["fixed_s"] + top * ((a / top) ** q + (b / top) ** q) ** (1 / q)
     else:
         t = p["fixed_s"] + np.maximum(nbytes / p["bytes_per_s"], s["flops"] / p["flops_per_s"])
     if cls in UNITS:  # each sequence-head's partial results combined (split-KV reduction, bookkeeping)
