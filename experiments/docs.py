@@ -309,6 +309,44 @@ def fig_gb200_layers() -> str:
     return md_table(["layer", "kernel", "op", "batch 1 us", "batch 8 us", "from"], rows, "lllrrl")
 
 
+def fig_gpu_checks() -> str:
+    """The serving engines beside the generic engine on the layouts the GPU issue names (batch 1
+    unless stated, `--routing-skew 0`): H200 / H100 step ratios, EP8 / EP1 on 8 GPUs, B200 steps and
+    two HGX H100 nodes against one (fictitious) 16-GPU NVLink domain."""
+    from perfmodel.spec.deployment import Deployment
+    from perfmodel.spec.hardware import load_hardware
+    from perfmodel.spec.loaders import load_model
+    from perfmodel.step.predict import predict
+    engines = (None, "vllm", "sglang", "trtllm")
+    head = ["generic", "vLLM", "SGLang", "TensorRT-LLM"]
+
+    def step(model, hw, devices, tp, ep, batch=1, engine=None) -> float:
+        d = Deployment(devices=devices, tp=tp, ep=ep, engine="multikernel", batch=batch, serving_engine=engine,
+                       routing_skew=0.0)
+        return predict(load_model(model), hw if not isinstance(hw, str) else load_hardware(hw), d).step_s
+
+    ratio = [[name, b] + [f"{step(m, 'h200', *lay, b, e) / step(m, 'h100', *lay, b, e):.2f}" for e in engines]
+             for name, m, lay in (("Llama 3.3 70B, TP8", "llama-3.3-70b", (8, 8, 1)),
+                                  ("Qwen3-235B, TP8 EP8", "qwen3-235b-a22b", (8, 8, 8)),
+                                  ("gpt-oss-120b, one GPU", "gpt-oss-120b", (1, 1, 1))) for b in (1, 32)]
+    ep = [[name, hw] + [f"{step(m, hw, 8, 8, 8, 1, e) / step(m, hw, 8, 8, 1, 1, e):.2f}x" for e in engines]
+          for name, m, hw in (("DeepSeek-V3", "deepseek-v3", "h200"), ("Qwen3-235B", "qwen3-235b-a22b", "h100"),
+                              ("Qwen3-235B", "qwen3-235b-a22b", "b200"), ("Kimi K2", "kimi-k2", "h200"))]
+    b200 = [[name] + [ms(step(m, "b200", *lay, 1, e)) for e in engines]
+            for name, m, lay in (("DeepSeek-V3, 8 GPUs, EP8", "deepseek-v3", (8, 8, 8)),
+                                 ("Llama 3.3 70B, TP8", "llama-3.3-70b", (8, 8, 1)),
+                                 ("gpt-oss-120b, one GPU", "gpt-oss-120b", (1, 1, 1)))]
+    h100 = load_hardware("h100")
+    two, one = (step("deepseek-v3", hw, 16, 16, 16, 1, "vllm") for hw in (h100, h100.replace(domain_devices=16,
+                                                                                              node_devices=16)))
+    return ("H200 / H100 step time:\n\n" + md_table(["model", "batch"] + head, ratio, "lrrrrr")
+            + "\nEP8 / EP1 step time at batch 1 on 8 GPUs:\n\n" + md_table(["model", "GPU"] + head, ep, "llrrrr")
+            + "\nB200 step ms at batch 1:\n\n" + md_table(["model"] + head, b200, "lrrrr")
+            + f"\nDeepSeek-V3, TP16 on two HGX H100 nodes over InfiniBand, vLLM, batch 1: {ms(two)} ms; the same "
+              f"kernels in one (fictitious) 16-GPU NVLink domain: {ms(one)} ms; the generic engine, which has no "
+              f"fabric: {ms(step('deepseek-v3', h100, 16, 16, 16))} ms.\n")
+
+
 def fig_kernel_fit() -> str:
     """The stored kernel fits' residuals (perfmodel/data/kernels/<gpu>/fit.json, written by
     `perfmodel calibrate --kernels --write`)."""
@@ -641,7 +679,7 @@ def fig_host_structure() -> str:
 
 
 FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed, "gb200-kernels": fig_gb200_kernels,
-           "gb200-layers": fig_gb200_layers, "kernel-fit": fig_kernel_fit,
+           "gb200-layers": fig_gb200_layers, "gpu-checks": fig_gpu_checks, "kernel-fit": fig_kernel_fit,
            "host-validation": fig_host_validation, "host-steps": fig_host_steps,
            "host-layer-kinds": fig_host_layer_kinds, "host-bench": fig_host_bench,
            "host-components": fig_host_components, "host-structure": fig_host_structure,
