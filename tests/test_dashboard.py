@@ -159,6 +159,11 @@ TABLES = {"wi_layers": ["layer", "kind", "time_s", "compute_s"], "cmp_pred": ["p
           "mh_hw_fields": ["field", "value", "source"], "mh_model_fields": ["field", "value"]}
 
 
+def commands(at: AppTest) -> list[str]:
+    """The commands the page shows (inline code in markdown) and its code blocks, in page order per kind."""
+    return [m.group(1) for md in at.markdown for m in re.finditer(r"`([^`]+)`", md.value)] + [c.value for c in at.code]
+
+
 def tables(at: AppTest) -> list:
     """Every table on the page (interactive st.dataframe and static st.table) as a DataFrame."""
     return [d.value for d in at.dataframe] + [t.value for t in at.table]
@@ -263,13 +268,13 @@ def test_compare_default_shows_published_points_with_errors_and_cli():
     assert f"KV cache {gb.kv_cache}" in head
     # the CLI commands shown reproduce the predicted curves
     for hw, plat in (("tpu-v7", TPU_V7), ("gb200", GB200)):
-        cmd = next(c.value for c in at.code if f"--hardware {hw}" in c.value and "predict" in c.value)
+        cmd = next(c for c in commands(at) if f"--hardware {hw}" in c and "predict" in c)
         out = run_cli(cmd)
         cli_tps = {r["batch"]: r["tokens_per_s"] for r in out["results"]}
         page = pred[pred["platform"] == plat].set_index("batch")["predicted_tokens_per_s"]
         for b, v in cli_tps.items():
             assert page[b] == pytest.approx(v, rel=1e-9)
-    assert f"--serving-engine {gb.serving_engine} --kv-cache {gb.kv_cache}" in " ".join(c.value for c in at.code)
+    assert f"--serving-engine {gb.serving_engine} --kv-cache {gb.kv_cache}" in " ".join(c for c in commands(at))
 
 
 @pytest.mark.parametrize("key,value,why", [("cmp_B_serving", "generic", "serving engine (yours generic, measured vllm)"),
@@ -299,7 +304,7 @@ def test_compare_speculative_decoding_toggle():
         b1_off = off[(off.platform == plat) & (off.batch == 1)]["predicted_tokens_per_s"].item()
         b1_on = on[(on.platform == plat) & (on.batch == 1)]["predicted_tokens_per_s"].item()
         assert b1_on > 2 * b1_off  # 6 accepted tokens per step for a slightly longer step
-    assert any("--draft-rows 7 --acceptance-length 6" in c.value for c in at.code)
+    assert any("--draft-rows 7 --acceptance-length 6" in c for c in commands(at))
     at.radio(key="cmp_spec").set_value("both").run()
     names = set(series(chart(at, "cmp_chart")))
     assert f"{TPU_V7} predicted" in names and f"{TPU_V7} predicted + spec decode" in names
@@ -326,7 +331,7 @@ def test_compare_batches_and_platform_widgets():
     typed(at, "cmp_batches", ", ".join(map(str, [1, 3, 48])))
     assert_clean(at)
     assert sorted(table(at, "cmp_pred")["batch"].unique()) == [1, 3, 48]
-    assert "--batch 1,3,48" in " ".join(c.value for c in at.code)
+    assert "--batch 1,3,48" in " ".join(c for c in commands(at))
     # platform B as a second TPU v7 megakernel: the GB200 measured points disappear
     use_deployment(at, "cmp_B", "tpu-v7", "megakernel", devices=32, tp=32, ep=8)
     assert_clean(at)
@@ -480,7 +485,7 @@ def test_compare_host_validation_points(monkeypatch, tmp_path):
     err = table(at, "cmp_errors")
     assert sorted(err["measured_tokens_per_s"]) == pytest.approx([500.0, 1000.0])  # batch / step time
     assert set(err["source"]) == {measured.HOST_ORIGIN}
-    assert any(f"--hardware {hw_file}" in c.value and "--context 256" in c.value for c in at.code)
+    assert any(f"--hardware {hw_file}" in c and "--context 256" in c for c in commands(at))
 
 
 def test_measurements_normalise_rejects_bad_values():
@@ -518,7 +523,7 @@ def test_whatif_tabs_draw_one_chart_each_and_cli_reproduces():
     assert set(series(chart(at, "wi_breakdown"))) >= {common.CAUSE_LABELS["weight_streaming"],
                                                       common.CAUSE_LABELS["collective"]}
     s = whatif_state(at)
-    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel predict"))
+    cmd = next(c for c in commands(at) if c.startswith("perfmodel predict"))
     assert "--steps-per-call 64" in cmd  # the published TPU runs' steps per call
     out = run_cli(cmd)
     assert out["results"][0]["tokens_per_s"] == pytest.approx(s["tps"], abs=0.5)  # the page shows it rounded
@@ -531,10 +536,10 @@ def test_whatif_tabs_draw_one_chart_each_and_cli_reproduces():
     tab(at, "Timeline")
     lanes = set(series(chart(at, "wi_timeline"), "bar"))
     assert lanes == {"DMA engine", "compute unit", "links"}
-    assert any(c.value.startswith("perfmodel trace") for c in at.code)
+    assert any(c.startswith("perfmodel trace") for c in commands(at))
     tab(at, "Prefetch depth")
     assert any("saturates at" in c.value for c in at.caption)
-    assert "--vary prefetch_mib=" in next(c.value for c in at.code if c.value.startswith("perfmodel sweep"))
+    assert "--vary prefetch_mib=" in next(c for c in commands(at) if c.startswith("perfmodel sweep"))
 
 
 def test_whatif_gain_is_the_megakernels_in_either_engine():
@@ -594,7 +599,7 @@ def test_whatif_widgets_change_outputs():
     assert_clean(at)
     shallow = whatif_state(at)
     assert shallow["step_ms"] > base["step_ms"]  # a one-tile ring exposes the weight stream
-    assert any("--prefetch-mib 4" in c.value for c in at.code)
+    assert any("--prefetch-mib 4" in c for c in commands(at))
     typed(at, "wi_prefetch", None)
     typed(at, "wi_vmem", 16.0)
     assert_clean(at)
@@ -602,14 +607,14 @@ def test_whatif_widgets_change_outputs():
     assert small["step_ms"] > base["step_ms"]
     sweep = series(chart(at, "wi_prefetch_chart"))["step time"]
     assert max(r["prefetch_mib"] for r in sweep) <= 16
-    cmd = next(c.value for c in at.code if "perfmodel predict" in c.value and "--vmem-mib 16" in c.value)
+    cmd = next(c for c in commands(at) if "perfmodel predict" in c and "--vmem-mib 16" in c)
     out = run_cli(cmd)
     assert out["results"][0]["tokens_per_s"] == pytest.approx(small["tps"], abs=0.5)  # the page shows it rounded
     typed(at, "wi_vmem", None)
     typed(at, "wi_slots", 2)
     assert_clean(at)
     assert whatif_state(at)["step_ms"] != base["step_ms"]
-    assert any("--expert-slots 2" in c.value for c in at.code)
+    assert any("--expert-slots 2" in c for c in commands(at))
     typed(at, "wi_slots", None)
     assert whatif_state(at) == base
 
@@ -624,7 +629,7 @@ def test_whatif_speculative_decoding_and_acceptance_length():
     at.slider(key="wi_acc").set_value(3.0).run()
     tau3 = whatif_state(at)
     assert tau3["tps"] == pytest.approx(tau6["tps"] / 2, abs=0.5)  # same step, half the tokens (shown rounded)
-    assert any("--draft-rows 7 --acceptance-length 3" in c.value for c in at.code)
+    assert any("--draft-rows 7 --acceptance-length 3" in c for c in commands(at))
     assert "drafter" in series(chart(at, "wi_breakdown"))
 
 
@@ -782,7 +787,7 @@ def test_whatif_serving_engine_and_kv_cache():
     assert_clean(at)
     assert metric(at, "measured tokens/s") == "127"
     s = whatif_state(at)
-    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel predict"))
+    cmd = next(c for c in commands(at) if c.startswith("perfmodel predict"))
     assert "--serving-engine vllm" in cmd and "--kv-cache fp8-kv" in cmd
     assert run_cli(cmd)["results"][0]["tokens_per_s"] == pytest.approx(s["tps"], abs=0.5)
     at.radio(key="wi_engine").set_value("megakernel").run()  # no serving engine on the megakernel
@@ -816,7 +821,7 @@ def test_explain_layers_gantt_terms_and_command():
     assert "q_proj" in gantt_labels(chart(at, "ex_gantt"))
     terms = [d for d in tables(at) if "mechanism" in d.columns][0]
     assert len(terms) and (terms["us (alone)"] > 0).any() and terms["mechanism"].str.len().gt(0).all()
-    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel explain"))
+    cmd = next(c for c in commands(at) if c.startswith("perfmodel explain"))
     assert "--layer 1" in cmd
     out = run_cli(cmd)
     assert out["layer_time_s"] * 1e6 == pytest.approx(layer_us, abs=0.01)
@@ -878,10 +883,11 @@ def test_serving_default_curve_targets_highest_load_and_cli():
     top = ok["load"].max()
     assert marked_load(at) == [top] and metric(at, "highest load meeting both targets") == f"{top:g} requests/s"
     # the published GB200 deployment by default, and the command reproduces the marked load
-    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel serve"))
+    cmd = next(c for c in commands(at) if c.startswith("perfmodel serve"))
     gb = next(m for m in seed_measurements() if m.hardware == "gb200")
     assert f"--devices {gb.devices} --tp {gb.tp} --ep {gb.ep}" in cmd and f"--kv-cache {gb.kv_cache}" in cmd
-    assert f"--rate {top:g} " in cmd and "for load in 0.5 1 2 4 8; do perfmodel serve" in cmd
+    loop = next(c for c in commands(at) if c.startswith("for load in"))
+    assert f"--rate {top:g} " in cmd and loop.startswith("for load in 0.5 1 2 4 8; do perfmodel serve")
     out = run_cli(cmd)
     row = rows[rows["load"] == top].iloc[0]
     for k in ("ttft", "tpot", "e2e"):
@@ -915,7 +921,7 @@ def test_serving_concurrency_other_layout_and_bad_inputs():
     assert_clean(at)
     assert at.text_input(key="sv_loads").value == "1, 2, 4, 8, 16, 32"  # a client count, not a rate
     assert "concurrent clients" in layers(chart(at, "sv_tpot_chart"))[0]["encoding"]["x"]["title"]
-    assert any("--concurrency" in c.value for c in at.code)
+    assert any("--concurrency" in c for c in commands(at))
     typed(at, "sv_loads", "1, 2.5")
     assert_message(at, "Loads: '2.5' is not a whole number")
     assert any("Stale" in c.value for c in at.caption)
@@ -923,23 +929,23 @@ def test_serving_concurrency_other_layout_and_bad_inputs():
     for key, value in (("sv_input", 512), ("sv_output", 64), ("sv_seed", 3)):
         typed(at, key, value)
         assert_clean(at)
-        assert f"--{key[3:].replace('input', 'input-len').replace('output', 'output-len')} {value}" in at.code[0].value
+        assert f"--{key[3:].replace('input', 'input-len').replace('output', 'output-len')} {value}" in commands(at)[0]
     at.selectbox(key="sv_serving").set_value("generic").run()
     at.selectbox(key="sv_kv").set_value("model's").run()
     assert_clean(at)
-    assert "--serving-engine" not in at.code[0].value and "--kv-cache" not in at.code[0].value
+    assert "--serving-engine" not in commands(at)[0] and "--kv-cache" not in commands(at)[0]
     typed(at, "sv_ep", 3)  # 3 groups cannot split 16 GPUs
     assert_message(at, "cannot serve")
     typed(at, "sv_ep", 16)
     use_deployment(at, "sv", "tpu-v7", "megakernel", devices=32, tp=32, ep=8)
     assert_clean(at)
     assert at.selectbox(key="sv_serving").value == "generic"  # a serving engine is a GPU multi-kernel engine
-    assert "--hardware tpu-v7 --devices 32 --tp 32 --ep 8 --engine megakernel" in at.code[0].value
+    assert "--hardware tpu-v7 --devices 32 --tp 32 --ep 8 --engine megakernel" in commands(at)[0]
     at.selectbox(key="sv_model").set_value("kimi-k3-mini").run()  # 2 KDA heads: tp 32 cannot run
     assert_message(at, "must divide kda heads (2)")
     typed(at, "sv_tp", 2)
     assert_clean(at)
-    assert "--model kimi-k3-mini" in at.code[0].value
+    assert "--model kimi-k3-mini" in commands(at)[0]
 
 
 # ----- Validation -------------------------------------------------------------------------------
@@ -1020,7 +1026,7 @@ def test_validation_real_trace_path_and_directory_upload(captured_traces, monkey
     assert_clean(at)
     assert number(metric(at, "layers")) >= 3
     assert metric(at, "MAPE over layers").endswith("%")
-    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel validate"))
+    cmd = next(c for c in commands(at) if c.startswith("perfmodel validate"))
     assert f"--trace {run}" in cmd and "--hardware tpu-v7" in cmd
     page_layers = table(at, "val_host_table")
     # the same directory uploaded file by file (relative names, as a directory upload sends them)
@@ -1128,7 +1134,7 @@ def test_models_upload_config_json_used_in_whatif():
     typed(at, "wi_tp", 4)
     assert_clean(at)
     assert number(metric(at, "tokens/s (predicted)")) > 1000
-    assert any("<path to your config.json or .toml>" in c.value for c in at.code)
+    assert any("<path to your config.json or .toml>" in c for c in commands(at))
 
 
 def test_models_uploads_get_unique_names_units_and_real_parameter_counts():

@@ -463,6 +463,7 @@ def test_design_search_every_control_upload_and_downloads(page, tmp_path):
     page.locator(".st-key-ds_objective").click()
     page.get_by_role("option", name="step_s", exact=True).click()
     changes(page, "ds_pareto", lambda: (page.get_by_role("button", name="Run sweep").click(), settle(page)))
+    expand(page, "ds_file_exp")  # the sweep file, on demand
     assert "samples = 30" in page.inner_text("body")
     expand(page, "ds_rows_exp")  # the rows, a sortable table, on demand
     radio(page, "ds_rows", "all")
@@ -502,6 +503,7 @@ def test_serving_every_control_and_downloads(page):
     assert curves == {"TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90"}
     assert any(t.startswith("highest load meeting both") for t in ttft["texts"])
     assert "--serving-engine vllm --kv-cache fp8-kv" in page.inner_text("body")  # the published GB200 deployment
+    assert 'perfmodel serve --model kimi-k3' in page.inner_text("body") and '--rate "$load"' in page.inner_text("body")
     # the targets and their percentile: the lines move, nothing is simulated again
     type_in(page, "sv_ttft", 0.12)
     annotated(page, "TTFT target 0.12 s (p90)")

@@ -9,7 +9,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from perfmodel.search import design  # noqa: E402
 from perfmodel.search.sweep import run_design  # noqa: E402
-from test_dashboard import chart, series  # noqa: E402
+from test_dashboard import chart, commands, series  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
 
@@ -28,10 +28,11 @@ def test_design_search_view_shows_the_front_and_the_command():
     at = open_view(ds_model="kimi-k3-mini", ds_devices=2, ds_tp=2, ds_ep=2, ds_batch=[1, 8, 64],
                    ds_prefetch_mib=[2, 8], ds_vmem_mib=[16, 64], ds_expert_slots=[1, 4], ds_context=[4096])
     assert not at.error and not at.dataframe  # the rows open on demand
-    at.session_state["ds_rows_exp"] = True
+    assert not at.code  # the sweep file opens on demand
+    at.session_state["ds_rows_exp"] = at.session_state["ds_file_exp"] = True
     at.run()
     text = next(c.value for c in at.code if c.language == "toml")
-    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel sweep"))
+    cmd = next(c for c in commands(at) if c.startswith("perfmodel sweep"))
     assert "--design design.toml" in cmd and "--objective tokens_per_s_per_chip" in cmd
     # the file on the page gives the same front as the plot
     s = run_design(design.from_dict(tomllib.loads(text)), jobs=1, progress=False)

@@ -95,8 +95,10 @@ def render() -> None:
     if source == "Sweep a design":
         text, top, objective = inputs()
         show(run_cached(text, top, objective), top, objective)
-        st.caption("Sweep file (save as design.toml):")
-        st.code(text, language="toml")
+        sweep = st.expander("Sweep file (save as design.toml)", key="ds_file_exp", on_change="rerun")
+        if sweep.open:  # drawn only when opened
+            with sweep:
+                st.code(text, language="toml")
         c.show_command(f"perfmodel sweep --design design.toml --out design.parquet --top {top} --objective {objective}")
         return
     r = st.columns([3, 1, 1])

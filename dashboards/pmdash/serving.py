@@ -198,8 +198,9 @@ def files(x: dict, table: list[dict], top: dict | None, chips: int) -> None:
                                                "arrivals": x["arrivals"], "targets": x["targets"],
                                                "highest_load_meeting_targets": None if top is None else top["load"]})
     one, loop = cli_serve(x, top["load"] if top else x["loads"][0])
-    st.caption("Reproduce " + ("the marked load" if top else "the first load") + " with the CLI, then the whole curve:")
-    st.code(one + "\n" + loop, language="bash", wrap_lines=True)
+    c.show_command(one, "Reproduce " + ("the marked load" if top else "the first load") + " with the CLI, then the whole "
+                   "curve:")
+    st.markdown(c.code_span(loop))
 
 
 def cli_serve(x: dict, load) -> tuple[str, str]:
