@@ -347,7 +347,7 @@ def load_view(b, url: str, view: str) -> tuple[float, float]:
     if chart:
         wait_chart(page, chart)
     else:
-        page.locator('[data-testid="stTable"]').first.wait_for()
+        page.locator('[data-testid="stMarkdownContainer"] table').first.wait_for()
     took = time.perf_counter() - t0
     wait_idle(page)
     quiet()

@@ -44,11 +44,11 @@ TPU_V7, GB200 = published_label("A", "tpu-v7"), published_label("B", "gb200")
 
 # the expanders that draw their tables only when opened (lazy): the tests open them
 TABLE_EXPANDERS = ("cmp_errors_exp", "cmp_pred_exp", "wi_layers_exp", "ex_ops_exp", "ds_rows_exp",
-                   "val_host_table_exp")
+                   "val_host_table_exp", "val_trace_exp")  # the sections drawn on demand
 
 
 def open_view(view: str = "Compare", errors_ok: bool = False, tab: str | None = None, **state) -> AppTest:
-    """The app on one view (and What-if tab), its table expanders open, `state` set before the first run."""
+    """The app on one view (and What-if tab), its on-demand sections open, `state` set before the first run."""
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
     at.session_state["view"] = view
     for k in TABLE_EXPANDERS:
@@ -161,12 +161,29 @@ TABLES = {"wi_layers": ["layer", "kind", "time_s", "compute_s"], "cmp_pred": ["p
 
 def commands(at: AppTest) -> list[str]:
     """The commands the page shows (inline code in markdown) and its code blocks, in page order per kind."""
-    return [m.group(1) for md in at.markdown for m in re.finditer(r"`([^`]+)`", md.value)] + [c.value for c in at.code]
+    return [m.group(1) for md in at.markdown if not is_table(md.value)
+            for m in re.finditer(r"`([^`]+)`", md.value)] + [c.value for c in at.code]
+
+
+def is_table(markdown: str) -> bool:
+    return markdown.startswith("| ") and "\n|---|" in markdown
+
+
+def markdown_table(markdown: str):
+    """A markdown table (pmdash.common.static_table) as a DataFrame, the columns of numbers as numbers."""
+    import pandas as pd
+    cells = lambda line: [re.sub(r"\\(.)", r"\1", c.strip()) for c in re.split(r"(?<!\\)\|", line)[1:-1]]  # noqa: E731
+    head, _, *rows = markdown.split("\n")
+    df = pd.DataFrame([cells(r) for r in rows], columns=cells(head))
+    for col in df:
+        with contextlib.suppress(ValueError, TypeError):
+            df[col] = pd.to_numeric(df[col])
+    return df
 
 
 def tables(at: AppTest) -> list:
-    """Every table on the page (interactive st.dataframe and static st.table) as a DataFrame."""
-    return [d.value for d in at.dataframe] + [t.value for t in at.table]
+    """Every table on the page (interactive st.dataframe, static markdown tables) as a DataFrame."""
+    return [d.value for d in at.dataframe] + [markdown_table(md.value) for md in at.markdown if is_table(md.value)]
 
 
 def table(at: AppTest, key: str):
@@ -949,6 +966,17 @@ def test_serving_concurrency_other_layout_and_bad_inputs():
 
 
 # ----- Validation -------------------------------------------------------------------------------
+
+def test_validation_your_trace_opens_on_demand():
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    at.session_state["view"] = "Validation"
+    at.run()
+    assert_clean(at)
+    assert not at.get("file_uploader") and "val_path" not in [t.key for t in at.text_input]
+    at.session_state["val_trace_exp"] = True
+    at.run()
+    assert at.get("file_uploader") and at.text_input(key="val_path").value == ""
+
 
 def test_validation_without_host_results_says_so(monkeypatch, tmp_path):
     monkeypatch.setattr(validation, "HOST_VALIDATION_CSV", tmp_path / "host_validation.csv")

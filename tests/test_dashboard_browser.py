@@ -556,6 +556,7 @@ def test_validation_every_control_uploads_path_and_downloads(page, tmp_path):
     assert {"host_validation_runs.csv", "validation_val_host.csv", "validation_val_host.json"} <= set(data)
     assert data["validation_val_host.json"]["mape"] == pytest.approx(
         data["validation_val_host.csv"]["abs_error"].mean())
+    expand(page, "val_trace_exp")  # your trace: its inputs on demand
     pick(page, "val_hw", "tpu-v7")
     pick(page, "val_model", "kimi-k3-host-small")
     for key, v in (("val_batch", 2), ("val_context", 64)):

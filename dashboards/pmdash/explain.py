@@ -151,7 +151,7 @@ def render() -> None:
     with left:
         st.markdown("**Terms: each op's latency terms alone, their mechanism and source**")
         terms = terms_table(out)
-        st.table(terms.style.format({"us (alone)": "{:.3f}"}, na_rep=""), hide_index=True)
+        c.static_table(terms, {"us (alone)": ".3f"})
     with right:
         c.show_command(shlex.join(cmd))
         st.caption("An op's terms are its costs in isolation; in the step they overlap (the Gantt above), so they "

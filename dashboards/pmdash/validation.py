@@ -1,6 +1,6 @@
 """Validation view: per-layer predicted vs measured (bundled host results, uploaded traces), MAPE:
 a scatter of predicted against measured layer times with y = x and the per-layer target band,
-the per-layer bars on demand.
+the per-layer bars and table on demand, and a trace of your own (its inputs open on demand).
 
 The bundled results are experiments/results/host_validation.csv, written by
 experiments/validate_host.py: one row per layer and one "step" row per run (variant, model,
@@ -188,9 +188,8 @@ def bundled() -> None:
             summary = run_summary(raw, runs)
             if not summary.empty:
                 st.markdown("**All runs**")
-                st.table(summary.style.format({"step_error": "{:+.1%}", "layer_mape": "{:.1%}",
-                                               "predicted_step_ms": "{:.3f}", "measured_step_ms": "{:.3f}"},
-                                              na_rep=""), hide_index=True)
+                c.static_table(summary, {"step_error": "+.1%", "layer_mape": ".1%", "predicted_step_ms": ".3f",
+                                         "measured_step_ms": ".3f"})
                 c.downloads(summary, "host_validation_runs", "val_runs_dl")
             choice = st.selectbox("Run (" + " / ".join(runs) + ")", list(dict.fromkeys(ids)), key="val_run")
             raw = raw[raw["run"] == choice]
@@ -296,7 +295,6 @@ def cli_validate(path: str, x: dict) -> str:
 
 
 def uploaded() -> None:
-    st.subheader("Your trace")
     st.caption("A `.xplane.pb` file, or a trace directory from `perfmodel capture` / `jax.profiler` (upload the "
                "directory's files, or give its path on this machine). Layers are attributed from the named "
                "scopes in the HLO dump beside the trace (`hlo/`); `capture.json` supplies model, batch and "
@@ -388,7 +386,11 @@ def render() -> None:
     st.header("Validation: per-layer predicted vs measured")
     st.info(trace_coverage())
     bundled()
-    try:
-        uploaded()
-    except SpecError as e:
-        st.error(f"Cannot use this trace: {e}")
+    yours = st.expander("Your trace: a path on this machine or an upload, compared with the model",
+                        key="val_trace_exp", on_change="rerun")
+    if yours.open:  # its inputs and uploader are drawn only when opened
+        with yours:
+            try:
+                uploaded()
+            except SpecError as e:
+                st.error(f"Cannot use this trace: {e}")
