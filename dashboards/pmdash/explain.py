@@ -46,7 +46,7 @@ def layers_figure(m_ref, h_ref, key, layer: int) -> dict:
     rows = c.predict_cached(m_ref, h_ref, key)["layers"]
     drawn = [p for p in parts(rows) if any(r[p] > 0 for r in rows)]
     bars = [{"series": label(p), "layer": r["layer"], "kind": r["kind"], "us": r[p] * 1e6, "order": i}
-            for i, p in enumerate(drawn) for r in rows]
+            for i, p in enumerate(drawn) for r in rows if r[p] > 0]  # a part of no time draws nothing
     scale = charts.colors({label(p): PART_COLORS.get(p, charts.color(p, i)) for i, p in enumerate(drawn)})
     x = charts.quant("layer", "layer (0 = embedding, last = head); click a bar to explain it",
                      scale={"domain": [rows[0]["layer"] - 0.5, rows[-1]["layer"] + 0.5], "nice": False, "zero": False},
