@@ -10,7 +10,7 @@ status widget gone). Round 1 meets each value for the first time (the model runs
 revisit them (cached); the results also go to experiments/results/bench_dashboard_browser.json.
 Also: each view opened in a new page (?view=NAME) to its first chart and the browser CPU that
 load took (median of --loads, each once the browser is quiet), view switches, and the floor of a
-page load here: a bare Streamlit page and one with a single Plotly chart (FLOOR_APP). Prints
+page load here: a bare Streamlit page and one with a single Vega-Lite chart (FLOOR_APP). Prints
 medians and maxima against the targets (What-if and Compare median <= 300 ms and max <= 1 s,
 first chart <= 2.5 s after load, <= 3 CPU-s of browser time per page load), the load
 average at each figure, and per change the CPU time the server process and the browser spent,
@@ -44,22 +44,18 @@ CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", 
 TARGETS = {"median_s": 0.300, "max_s": 1.0, "first_chart_s": 2.5, "page_cpu_s": 3.0}
 TIMED_VIEWS = ("What-if", "Compare")
 
-# A chart's fingerprint: its traces' data (x, y, bar bases, heatmap z) and its axis types (a log-y switch
-# changes no data).
+# A chart's fingerprint: what Vega-Lite drew of it (its SVG: every mark's geometry and every text, axes
+# included, so a log-y switch that changes no data counts too). Hovering changes none of it.
 FINGERPRINT = """key => {
-  const gd = document.querySelector(`.st-key-${key} .js-plotly-plot`);
-  if (!gd || !gd.data || !gd._fullLayout) return null;
+  const svg = document.querySelector(`.st-key-${key} .vega-embed svg.marks`);
+  if (!svg) return null;
   let h = 0, n = 0;
-  const add = v => { if (typeof v === 'number' && isFinite(v)) { h += v * (1 + (n % 7)); n += 1; } };
-  for (const t of gd._fullData) {
-    for (const f of ['x', 'y', 'base', 'z']) {
-      const a = t[f];
-      if (a && a.length !== undefined) for (const v of a) { if (v && v.length !== undefined) for (const w of v) add(w); else add(v); }
-    }
-    h += (t.name || '').length * 1e-3;
+  for (const e of svg.querySelectorAll('path, line, rect, text')) {
+    const s = (e.getAttribute('d') || '') + (e.getAttribute('transform') || '') + (e.tagName === 'text' ? e.textContent : '');
+    for (let i = 0; i < s.length; i++) h = (h * 31 + s.charCodeAt(i)) | 0;
+    n += 1;
   }
-  const ax = Object.keys(gd._fullLayout).filter(k => /^[xy]axis/.test(k)).map(k => gd._fullLayout[k].type).join();
-  return `${gd.data.length}|${n}|${h}|${ax}`;
+  return n ? `${n}|${h}` : null;
 }"""
 IDLE = "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
 
@@ -281,7 +277,7 @@ WATCH = """(() => {
   const pm = window.__pm = {t0: 0, changed: {}, fp: {}, on: false};
   const fpOf = FP;
   const scan = () => {
-    for (const el of document.querySelectorAll('.js-plotly-plot')) {
+    for (const el of document.querySelectorAll('.vega-embed svg.marks')) {
       const holder = el.closest('[class*="st-key-"]');
       const m = holder && holder.className.match(/st-key-(\\S+)/);
       if (!m) continue;
@@ -300,7 +296,7 @@ WATCH = """(() => {
 def timed_change(page, kind: str, key: str, value, settle_s: float = 0.4) -> tuple[float | None, float, list[str]]:
     """(input to the last chart the change redrew, input to run finished, the charts it redrew), seconds.
 
-    After the run ends, waits until no chart has changed for `settle_s` (plotly draws after the run)."""
+    After the run ends, waits until no chart has changed for `settle_s` (Vega draws after the run)."""
     page.evaluate("() => window.__pm.start()")
     if kind == "text":  # typing is not timed: the change starts with Enter
         f = field(page, key)
@@ -351,7 +347,7 @@ def load_view(b, url: str, view: str) -> tuple[float, float]:
     if chart:
         wait_chart(page, chart)
     else:
-        page.locator('[data-testid="stDataFrame"]').first.wait_for()
+        page.locator('[data-testid="stMarkdownContainer"] table').first.wait_for()
     took = time.perf_counter() - t0
     wait_idle(page)
     quiet()
@@ -361,12 +357,13 @@ def load_view(b, url: str, view: str) -> tuple[float, float]:
 
 
 # The floor a page load has here whatever the app does: a bare Streamlit page (a title) and one with
-# a single three-point Plotly chart, in the same browser, served the same way
+# a single three-point Vega-Lite chart (the app's chart library), in the same browser, served the same way
 FLOOR_APP = """import streamlit as st
 st.title("floor")
 if st.query_params.get("chart"):
-    import plotly.graph_objects as go
-    st.plotly_chart(go.Figure(go.Scatter(x=[1, 2, 3], y=[1, 3, 2])), key="floor_chart")
+    st.vega_lite_chart(spec={"mark": "line", "data": {"values": [{"x": 1, "y": 1}, {"x": 2, "y": 3}, {"x": 3, "y": 2}]},
+                             "encoding": {"x": {"field": "x", "type": "quantitative"},
+                                          "y": {"field": "y", "type": "quantitative"}}}, width="stretch")
 """
 
 
@@ -374,7 +371,7 @@ def floor(b, url: str, loads: int) -> dict:
     """Median seconds to the page's content and browser CPU per load of the FLOOR_APP pages."""
     out = {}
     for name, query, wait in (("bare page", "", lambda p: p.get_by_text("floor").first.wait_for()),
-                              ("one Plotly chart", "?chart=1", lambda p: p.locator(".js-plotly-plot").first.wait_for())):
+                              ("one Vega-Lite chart", "?chart=1", lambda p: p.locator(".vega-embed svg.marks").first.wait_for())):
         got = []
         for _ in range(loads):
             quiet()

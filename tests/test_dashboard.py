@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 pytest.importorskip("streamlit")
-pytest.importorskip("plotly")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,11 +43,12 @@ TPU_V7, GB200 = published_label("A", "tpu-v7"), published_label("B", "gb200")
 
 
 # the expanders that draw their tables only when opened (lazy): the tests open them
-TABLE_EXPANDERS = ("cmp_errors_exp", "cmp_pred_exp", "wi_layers_exp", "ex_ops_exp")
+TABLE_EXPANDERS = ("cmp_errors_exp", "cmp_pred_exp", "wi_layers_exp", "ex_ops_exp", "ds_rows_exp",
+                   "val_host_table_exp", "val_trace_exp")  # the sections drawn on demand
 
 
 def open_view(view: str = "Compare", errors_ok: bool = False, tab: str | None = None, **state) -> AppTest:
-    """The app on one view (and What-if tab), its table expanders open, `state` set before the first run."""
+    """The app on one view (and What-if tab), its on-demand sections open, `state` set before the first run."""
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
     at.session_state["view"] = view
     for k in TABLE_EXPANDERS:
@@ -60,16 +60,6 @@ def open_view(view: str = "Compare", errors_ok: bool = False, tab: str | None = 
     at.run()
     assert_clean(at, errors_ok)
     return at
-
-
-def arr(v) -> list:
-    """A plotly data array from figure JSON (plotly >= 6 encodes numeric arrays as base64 'bdata')."""
-    if isinstance(v, dict) and "bdata" in v:
-        import base64
-        import numpy as np
-        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
-        return a.reshape(v["shape"]).tolist() if "shape" in v and isinstance(v["shape"], list) else a.tolist()
-    return list(v)
 
 
 def assert_clean(at: AppTest, errors_ok: bool = False) -> None:
@@ -89,18 +79,53 @@ def assert_message(at: AppTest, needle: str) -> None:
 
 
 def charts(at: AppTest) -> dict[str, dict]:
-    """Plotly charts on the page by key, as their figure JSON."""
-    out = {}
-    for el in at.get("plotly_chart"):
-        spec = json.loads(el.proto.spec)
-        out[el.proto.id] = spec
-    return out
+    """Vega-Lite charts on the page by key (the spec's name), as their specs."""
+    return {spec["name"]: spec for spec in (json.loads(el.proto.spec) for el in at.get("vega_lite_chart"))}
 
 
 def chart(at: AppTest, key: str) -> dict:
-    found = [json.loads(el.proto.spec) for el in at.get("plotly_chart") if key in el.proto.id]
-    assert found, f"no chart with key {key}; have {list(charts(at))}"
-    return found[0]
+    found = charts(at)
+    assert key in found, f"no chart with key {key}; have {list(found)}"
+    return found[key]
+
+
+def layers(spec: dict) -> list[dict]:
+    """A spec's unit layers (nested layers flattened)."""
+    return [u for lay in spec.get("layer", []) for u in (layers(lay) if "layer" in lay else [lay])]
+
+
+def mark_type(lay: dict) -> str:
+    return lay["mark"] if isinstance(lay["mark"], str) else lay["mark"]["type"]
+
+
+def series(spec: dict, *marks: str) -> dict[str, list[dict]]:
+    """The rows a chart draws by series (its legend entry), of every layer or of the layers of these marks."""
+    out: dict[str, list[dict]] = {}
+    for lay in layers(spec):
+        if not marks or mark_type(lay) in marks:
+            for r in lay["data"]["values"]:
+                out.setdefault(r["series"], []).append(r)
+    return out
+
+
+def scale(spec: dict, channel: str) -> dict:
+    """The scale of `channel` (x, y, color, shape, ...) as the first layer that sets one gives it."""
+    return next(lay["encoding"][channel]["scale"] for lay in layers(spec)
+                if lay["encoding"].get(channel, {}).get("scale"))
+
+
+def legend(spec: dict, channel: str) -> dict:
+    """Series name -> the value a scale maps it to (its colour, its shape)."""
+    sc = scale(spec, channel)
+    return dict(zip(sc["domain"], sc["range"]))
+
+
+def schema_errors(spec: dict) -> list[str]:
+    """What the Vega-Lite schema (altair's copy) finds wrong with a spec."""
+    import jsonschema
+    from altair.vegalite.v6 import schema as vl
+    validator = jsonschema.Draft7Validator(json.loads((Path(vl.__file__).parent / "vega-lite-schema.json").read_text()))
+    return [e.message for e in validator.iter_errors(spec)]
 
 
 def typed(at: AppTest, key: str, value) -> AppTest:
@@ -134,10 +159,37 @@ TABLES = {"wi_layers": ["layer", "kind", "time_s", "compute_s"], "cmp_pred": ["p
           "mh_hw_fields": ["field", "value", "source"], "mh_model_fields": ["field", "value"]}
 
 
+def commands(at: AppTest) -> list[str]:
+    """The commands the page shows (inline code in markdown) and its code blocks, in page order per kind."""
+    return [m.group(1) for md in at.markdown if not is_table(md.value)
+            for m in re.finditer(r"`([^`]+)`", md.value)] + [c.value for c in at.code]
+
+
+def is_table(markdown: str) -> bool:
+    return markdown.startswith("| ") and "\n|---|" in markdown
+
+
+def markdown_table(markdown: str):
+    """A markdown table (pmdash.common.static_table) as a DataFrame, the columns of numbers as numbers."""
+    import pandas as pd
+    cells = lambda line: [re.sub(r"\\(.)", r"\1", c.strip()) for c in re.split(r"(?<!\\)\|", line)[1:-1]]  # noqa: E731
+    head, _, *rows = markdown.split("\n")
+    df = pd.DataFrame([cells(r) for r in rows], columns=cells(head))
+    for col in df:
+        with contextlib.suppress(ValueError, TypeError):
+            df[col] = pd.to_numeric(df[col])
+    return df
+
+
+def tables(at: AppTest) -> list:
+    """Every table on the page (interactive st.dataframe, static markdown tables) as a DataFrame."""
+    return [d.value for d in at.dataframe] + [markdown_table(md.value) for md in at.markdown if is_table(md.value)]
+
+
 def table(at: AppTest, key: str):
     cols = TABLES[key]
-    found = [d.value for d in at.dataframe if list(d.value.columns)[:len(cols)] == cols
-             and (key != "mh_model_fields" or list(d.value.columns) == cols)]
+    found = [d for d in tables(at) if list(d.columns)[:len(cols)] == cols
+             and (key != "mh_model_fields" or list(d.columns) == cols)]
     assert found, f"no table {key}"
     return found[0]
 
@@ -160,6 +212,17 @@ def test_every_view_renders_without_error():
         at.sidebar.radio(key="view").set_value(view).run()
         assert_clean(at)
         assert at.header[0].value
+        for key, spec in charts(at).items():  # what the browser draws is a valid Vega-Lite spec
+            assert not schema_errors(spec), (view, key, schema_errors(spec)[:3])
+
+
+def test_every_chart_is_valid_vega_lite():
+    """The charts behind the tabs and the on-demand ones too (the default views: the test above)."""
+    at = open_view("What-if")
+    for name in WHATIF_TABS:
+        tab(at, name)
+        for key, spec in charts(at).items():
+            assert not schema_errors(spec), (name, key, schema_errors(spec)[:3])
 
 
 def test_a_page_waits_for_the_compiled_loops_with_a_message(monkeypatch):
@@ -200,8 +263,7 @@ def test_inputs_survive_switching_views():
 
 def test_compare_default_shows_published_points_with_errors_and_cli():
     at = open_view("Compare")
-    fig = chart(at, "cmp_chart")
-    names = [t["name"] for t in fig["data"]]
+    names = set(series(chart(at, "cmp_chart")))
     assert f"{TPU_V7} predicted" in names and f"{GB200} predicted" in names
     assert "Inferact, 16x TPU v7, published (platform A)" in names
     assert "Inferact, 16x GB200 (vLLM), published (platform B)" in names
@@ -223,13 +285,13 @@ def test_compare_default_shows_published_points_with_errors_and_cli():
     assert f"KV cache {gb.kv_cache}" in head
     # the CLI commands shown reproduce the predicted curves
     for hw, plat in (("tpu-v7", TPU_V7), ("gb200", GB200)):
-        cmd = next(c.value for c in at.code if f"--hardware {hw}" in c.value and "predict" in c.value)
+        cmd = next(c for c in commands(at) if f"--hardware {hw}" in c and "predict" in c)
         out = run_cli(cmd)
         cli_tps = {r["batch"]: r["tokens_per_s"] for r in out["results"]}
         page = pred[pred["platform"] == plat].set_index("batch")["predicted_tokens_per_s"]
         for b, v in cli_tps.items():
             assert page[b] == pytest.approx(v, rel=1e-9)
-    assert f"--serving-engine {gb.serving_engine} --kv-cache {gb.kv_cache}" in " ".join(c.value for c in at.code)
+    assert f"--serving-engine {gb.serving_engine} --kv-cache {gb.kv_cache}" in " ".join(c for c in commands(at))
 
 
 @pytest.mark.parametrize("key,value,why", [("cmp_B_serving", "generic", "serving engine (yours generic, measured vllm)"),
@@ -243,7 +305,7 @@ def test_compare_a_setting_the_published_runs_differ_in_drops_their_points(key, 
     err = table(at, "cmp_errors")
     assert set(err["platform"]) == {TPU_V7}
     assert any("Not a reference for platform B" in c.value and why in c.value for c in at.caption)
-    assert not any(b.startswith("Inferact, 16x GB200") for b in (t["name"] for t in chart(at, "cmp_chart")["data"]))
+    assert not any(b.startswith("Inferact, 16x GB200") for b in series(chart(at, "cmp_chart")))
 
 
 def test_compare_speculative_decoding_toggle():
@@ -259,9 +321,9 @@ def test_compare_speculative_decoding_toggle():
         b1_off = off[(off.platform == plat) & (off.batch == 1)]["predicted_tokens_per_s"].item()
         b1_on = on[(on.platform == plat) & (on.batch == 1)]["predicted_tokens_per_s"].item()
         assert b1_on > 2 * b1_off  # 6 accepted tokens per step for a slightly longer step
-    assert any("--draft-rows 7 --acceptance-length 6" in c.value for c in at.code)
+    assert any("--draft-rows 7 --acceptance-length 6" in c for c in commands(at))
     at.radio(key="cmp_spec").set_value("both").run()
-    names = [t["name"] for t in chart(at, "cmp_chart")["data"]]
+    names = set(series(chart(at, "cmp_chart")))
     assert f"{TPU_V7} predicted" in names and f"{TPU_V7} predicted + spec decode" in names
     assert len(table(at, "cmp_errors")) == 10
 
@@ -286,7 +348,7 @@ def test_compare_batches_and_platform_widgets():
     typed(at, "cmp_batches", ", ".join(map(str, [1, 3, 48])))
     assert_clean(at)
     assert sorted(table(at, "cmp_pred")["batch"].unique()) == [1, 3, 48]
-    assert "--batch 1,3,48" in " ".join(c.value for c in at.code)
+    assert "--batch 1,3,48" in " ".join(c for c in commands(at))
     # platform B as a second TPU v7 megakernel: the GB200 measured points disappear
     use_deployment(at, "cmp_B", "tpu-v7", "megakernel", devices=32, tp=32, ep=8)
     assert_clean(at)
@@ -355,23 +417,23 @@ def test_compare_sources_markers_log_axis_and_implausible_upload():
            b"tpu-v7,megakernel,32,32,8,64,32,1e30\n")
     at.file_uploader(key="cmp_upload").set_value(("bench.csv", csv, "text/csv")).run()
     assert_clean(at)
-    data = chart(at, "cmp_chart")["data"]
-    measured_traces = {t["name"]: t for t in data if t["mode"] == "markers" and t.get("yaxis") != "y2"}
-    ratios = [t for t in data if t.get("yaxis") == "y2"]  # the predicted / measured panel: one trace per source
-    assert len(ratios) == 3 and all(0.5 < v < 2 for t in ratios for v in arr(t["y"]))
-    assert set(measured_traces) == {"Inferact, 16x TPU v7, published (platform A)",
-                                    "Inferact, 16x GB200 (vLLM), published (platform B)",
-                                    "your upload: bench.csv (platform A)"}
-    symbols = {t["marker"]["symbol"] for t in measured_traces.values()}
+    main = chart(at, "cmp_chart")
+    measured_series = series(main, "point")  # hollow markers: the measured points (the curves are lines)
+    ratios = series(chart(at, "cmp_ratio"), "point")  # the predicted / measured panel: one series per source
+    assert len(ratios) == 3 and all(0.5 < r["ratio"] < 2 for rows in ratios.values() for r in rows)
+    assert set(measured_series) == set(ratios) == {"Inferact, 16x TPU v7, published (platform A)",
+                                                   "Inferact, 16x GB200 (vLLM), published (platform B)",
+                                                   "your upload: bench.csv (platform A)"}
+    symbols = {legend(main, "shape")[name] for name in measured_series}
     assert len(symbols) == 3  # each source its own marker
-    assert max(max(arr(t["y"])) for t in data) < 1e5  # the 1e30 row is not plotted
+    assert max(r["tokens_per_s"] for rows in series(main).values() for r in rows) < 1e5  # the 1e30 row is not plotted
     assert any("above 2x the chip's HBM roofline" in w.value and "1e+30" in w.value for w in at.warning)
     err = table(at, "cmp_errors")
     assert err[err["batch"] == 32]["check"].item().startswith("implausible")
     page_text = " ".join(str(v) for v in err.to_numpy().ravel())
     assert "seed" not in page_text.lower()
     at.toggle(key="cmp_logy").set_value(True).run()
-    assert chart(at, "cmp_chart")["layout"]["yaxis"]["type"] == "log"
+    assert scale(chart(at, "cmp_chart"), "y")["type"] == "log"
 
 
 def test_compare_impossible_layout_shows_message():
@@ -435,12 +497,12 @@ def test_compare_host_validation_points(monkeypatch, tmp_path):
     typed(at, "cmp_context", 4096)
     assert_clean(at, errors_ok=True)  # platform B (gb200, tp 16) cannot run this small model: a message
     assert len(table(at, "cmp_pred")) == 7
-    assert not [d for d in at.dataframe if "measured_tokens_per_s" in d.value.columns]  # context 4096: none
+    assert not [d for d in tables(at) if "measured_tokens_per_s" in d.columns]  # context 4096: none
     typed(at, "cmp_context", 256)
     err = table(at, "cmp_errors")
     assert sorted(err["measured_tokens_per_s"]) == pytest.approx([500.0, 1000.0])  # batch / step time
     assert set(err["source"]) == {measured.HOST_ORIGIN}
-    assert any(f"--hardware {hw_file}" in c.value and "--context 256" in c.value for c in at.code)
+    assert any(f"--hardware {hw_file}" in c and "--context 256" in c for c in commands(at))
 
 
 def test_measurements_normalise_rejects_bad_values():
@@ -462,8 +524,9 @@ def whatif_state(at: AppTest) -> dict:
             "bound": metric(at, "bound")}
 
 
-WHATIF_TABS = {"Step breakdown": "wi_breakdown", "Ring x expert slots": "wi_heat_pick",
-               "Prefetch depth": "wi_prefetch_chart", "Timeline": "wi_timeline", "Roofline": "wi_roofline"}
+WHATIF_TABS = {"Step breakdown": ("wi_breakdown",), "Ring x expert slots": ("wi_heat_pick",),
+               "Prefetch depth": ("wi_prefetch_chart", "wi_prefetch_causes"), "Timeline": ("wi_timeline",),
+               "Roofline": ("wi_roofline",)}
 
 
 def tab(at: AppTest, name: str) -> AppTest:
@@ -473,28 +536,27 @@ def tab(at: AppTest, name: str) -> AppTest:
 
 def test_whatif_tabs_draw_one_chart_each_and_cli_reproduces():
     at = open_view("What-if")
-    assert list(charts(at)) and all("wi_breakdown" in k for k in charts(at))  # only the open tab is drawn
-    bd = chart(at, "wi_breakdown")
-    assert {t["name"] for t in bd["data"]} >= {common.CAUSE_LABELS["weight_streaming"],
-                                                common.CAUSE_LABELS["collective"]}
+    assert list(charts(at)) == ["wi_breakdown"]  # only the open tab is drawn
+    assert set(series(chart(at, "wi_breakdown"))) >= {common.CAUSE_LABELS["weight_streaming"],
+                                                      common.CAUSE_LABELS["collective"]}
     s = whatif_state(at)
-    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel predict"))
+    cmd = next(c for c in commands(at) if c.startswith("perfmodel predict"))
     assert "--steps-per-call 64" in cmd  # the published TPU runs' steps per call
     out = run_cli(cmd)
     assert out["results"][0]["tokens_per_s"] == pytest.approx(s["tps"], abs=0.5)  # the page shows it rounded
-    for name, key in WHATIF_TABS.items():
+    for name, keys in WHATIF_TABS.items():
         tab(at, name)
         assert_clean(at)
-        assert [k for k in charts(at)] and all(key in k for k in charts(at)), (name, list(charts(at)))
-        assert chart(at, key)["data"]
+        assert sorted(charts(at)) == sorted(keys), (name, list(charts(at)))
+        assert all(series(chart(at, key)) for key in keys)
         assert whatif_state(at) == s
     tab(at, "Timeline")
-    lanes = {t["name"] for t in chart(at, "wi_timeline")["data"]}
+    lanes = set(series(chart(at, "wi_timeline"), "bar"))
     assert lanes == {"DMA engine", "compute unit", "links"}
-    assert any(c.value.startswith("perfmodel trace") for c in at.code)
+    assert any(c.startswith("perfmodel trace") for c in commands(at))
     tab(at, "Prefetch depth")
     assert any("saturates at" in c.value for c in at.caption)
-    assert "--vary prefetch_mib=" in next(c.value for c in at.code if c.value.startswith("perfmodel sweep"))
+    assert "--vary prefetch_mib=" in next(c for c in commands(at) if c.startswith("perfmodel sweep"))
 
 
 def test_whatif_gain_is_the_megakernels_in_either_engine():
@@ -509,15 +571,17 @@ def test_whatif_gain_is_the_megakernels_in_either_engine():
 def test_whatif_ring_slots_map_marks_current_default_best_and_applies_a_click():
     at = open_view("What-if", tab="Ring x expert slots")
     fig = chart(at, "wi_heat_pick")
-    names = [t.get("name") for t in fig["data"]]
-    assert {"on-chip limit", "current", "default", "best"} <= set(names)
-    heat = next(t for t in fig["data"] if t["type"] == "heatmap")
-    z = np.array(arr(heat["z"]) if isinstance(heat["z"], dict) else heat["z"], dtype=float)
-    assert np.isnan(z).any() and np.isfinite(z).any()  # cells beyond the on-chip buffer are blank
+    assert {"on-chip limit", "current", "default", "best"} <= set(series(fig))
     from pmdash import whatif
     m_ref, h_ref = common.model_ref("kimi-k3"), common.hardware_ref("tpu-v7")
     key = common.dep_key(32, 32, 8, "megakernel", steps_per_call=64)
     g = whatif.heat_grid(m_ref, h_ref, key, None)
+    cells = series(fig, "rect")["cells"]  # cells beyond the on-chip buffer are blank: not drawn
+    assert 0 < len(cells) == np.isfinite(g["step_s"]).sum() < g["step_s"].size
+    for name in ("current", "best"):  # the marks sit on their cells, named by ring and slots
+        (mark,) = [r for r in series(fig, "point")[name]]
+        i, j = g[name]
+        assert (mark["ring"], mark["slots"]) == (f"{g['depths'][j]:g}", str(g["slots"][i]))
     i, j = g["current"]
     assert g["tokens_per_s"][i, j] == pytest.approx(number(metric(at, "tokens/s (predicted)")), abs=0.5)
     bi, bj = g["best"]
@@ -552,22 +616,22 @@ def test_whatif_widgets_change_outputs():
     assert_clean(at)
     shallow = whatif_state(at)
     assert shallow["step_ms"] > base["step_ms"]  # a one-tile ring exposes the weight stream
-    assert any("--prefetch-mib 4" in c.value for c in at.code)
+    assert any("--prefetch-mib 4" in c for c in commands(at))
     typed(at, "wi_prefetch", None)
     typed(at, "wi_vmem", 16.0)
     assert_clean(at)
     small = whatif_state(at)
     assert small["step_ms"] > base["step_ms"]
-    sweep = chart(at, "wi_prefetch_chart")["data"][0]
-    assert max(arr(sweep["x"])) <= 16
-    cmd = next(c.value for c in at.code if "perfmodel predict" in c.value and "--vmem-mib 16" in c.value)
+    sweep = series(chart(at, "wi_prefetch_chart"))["step time"]
+    assert max(r["prefetch_mib"] for r in sweep) <= 16
+    cmd = next(c for c in commands(at) if "perfmodel predict" in c and "--vmem-mib 16" in c)
     out = run_cli(cmd)
     assert out["results"][0]["tokens_per_s"] == pytest.approx(small["tps"], abs=0.5)  # the page shows it rounded
     typed(at, "wi_vmem", None)
     typed(at, "wi_slots", 2)
     assert_clean(at)
     assert whatif_state(at)["step_ms"] != base["step_ms"]
-    assert any("--expert-slots 2" in c.value for c in at.code)
+    assert any("--expert-slots 2" in c for c in commands(at))
     typed(at, "wi_slots", None)
     assert whatif_state(at) == base
 
@@ -582,9 +646,8 @@ def test_whatif_speculative_decoding_and_acceptance_length():
     at.slider(key="wi_acc").set_value(3.0).run()
     tau3 = whatif_state(at)
     assert tau3["tps"] == pytest.approx(tau6["tps"] / 2, abs=0.5)  # same step, half the tokens (shown rounded)
-    assert any("--draft-rows 7 --acceptance-length 3" in c.value for c in at.code)
-    assert "draft" in {t["name"].split(" ")[0] for t in chart(at, "wi_breakdown")["data"]} or any(
-        "drafter" == t["name"] for t in chart(at, "wi_breakdown")["data"])
+    assert any("--draft-rows 7 --acceptance-length 3" in c for c in commands(at))
+    assert "drafter" in series(chart(at, "wi_breakdown"))
 
 
 def test_whatif_impossible_configurations_show_the_excess():
@@ -620,7 +683,7 @@ def test_whatif_infeasible_keeps_the_page_and_shows_what_fits():
     assert any(m.value.startswith("**Nearest configurations that run") for m in at.markdown)
     use = [b for b in at.button if b.key.startswith("wi_near_")]
     assert use
-    assert chart(at, "wi_breakdown")["data"]
+    assert series(chart(at, "wi_breakdown"))
     assert sum("Stale" in c.value for c in at.caption) >= 2
     tab(at, "Prefetch depth")
     assert any("No prefetch depth fits" in w.value for w in at.warning)  # the sweep section says what fits
@@ -632,18 +695,17 @@ def test_whatif_infeasible_keeps_the_page_and_shows_what_fits():
 def test_whatif_prefetch_sweep_explains_itself():
     at = open_view("What-if", tab="Prefetch depth")
     fig = chart(at, "wi_prefetch_chart")
-    names = [t.get("name") for t in fig["data"]]
-    assert "current" in names and "expert slots" in names and "saturation" in names
-    causes = {t["name"] for t in fig["data"] if t["type"] == "bar"}
+    assert {"current", "expert slots", "saturation"} <= set(series(fig))
+    causes = set(series(chart(at, "wi_prefetch_causes"), "bar"))
     assert common.CAUSE_LABELS["expert_fetch"] in causes and common.CAUSE_LABELS["collective"] in causes
-    step = next(t for t in fig["data"] if t.get("name") == "step time")
-    assert "ring banks" in step["hovertemplate"] and "expert slots" in step["hovertemplate"]
-    slots = arr(next(t for t in fig["data"] if t.get("name") == "expert slots")["y"])
+    step = next(lay for lay in layers(fig) if lay["data"]["values"][0]["series"] == "step time")
+    hover = {t["title"] for t in step["encoding"]["tooltip"]}
+    assert {"ring banks", "expert slots"} <= hover
+    slots = [r["expert_slots"] for r in series(fig)["expert slots"]]
     assert slots[0] > slots[-1]  # the ring takes the VMEM the expert buffers need
     assert any("expert slots**" in c.value for c in at.caption)  # the best depth's slots are named
     at.toggle(key="wi_pf_logx").set_value(True).run()
-    layout = chart(at, "wi_prefetch_chart")["layout"]
-    assert layout["xaxis"]["type"] == "log" and layout["xaxis2"]["type"] == "log"  # both panels
+    assert all(scale(chart(at, k), "x")["type"] == "log" for k in ("wi_prefetch_chart", "wi_prefetch_causes"))  # both
 
 
 def test_prefetch_bend_is_named_by_its_cause():
@@ -671,9 +733,9 @@ def test_whatif_more_vmem_slower_is_explained_and_consistent():
     assert any("Deeper than" in i.value and "dma_concurrent_copies" in i.value and "collectives" in i.value
                for i in at.info)
     fig = chart(at, "wi_prefetch_chart")
-    cur = next(t for t in fig["data"] if t.get("name") == "current")
-    assert arr(cur["x"])[0] == pytest.approx(500_000) and arr(cur["y"])[0] == pytest.approx(big["step_ms"], rel=1e-3)
-    assert fig["layout"]["xaxis2"]["type"] == "log"
+    (cur,) = series(fig, "point")["current"]
+    assert cur["prefetch_mib"] == pytest.approx(500_000) and cur["step_ms"] == pytest.approx(big["step_ms"], rel=1e-3)
+    assert scale(chart(at, "wi_prefetch_causes"), "x")["type"] == "log"
 
 
 def test_whatif_measured_only_when_every_setting_matches():
@@ -706,27 +768,24 @@ def test_whatif_measured_only_when_every_setting_matches():
 
 def test_whatif_roofline_units_and_layer_timeline():
     at = open_view("What-if", tab="Roofline")
-    roof = chart(at, "wi_roofline")["layout"]
-    assert "TFLOP/s" in roof["yaxis"]["title"]["text"]
-    colors = [t["marker"]["color"] for t in chart(at, "wi_roofline")["data"] if t.get("mode") == "markers"
-              and t["name"].endswith("layers")]
+    roof = chart(at, "wi_roofline")
+    assert "TFLOP/s" in layers(roof)[0]["encoding"]["y"]["title"]
+    colors = [c for name, c in legend(roof, "color").items() if name.endswith("layers") and name in series(roof, "point")]
     assert len(set(colors)) == len(colors) >= 2
     assert table(at, "wi_layers")["layer"].tolist() == list(range(95))
 
 
 def test_whatif_timeline_opens_on_a_few_layers_with_op_names():
     at = open_view("What-if", tab="Timeline")
-    part = chart(at, "wi_timeline")["data"]
-    layers = {int(h.split("(layer ")[1].split(")")[0]) for t in part for h in arr(t["hovertext"])}
-    assert layers == {1, 2, 3, 4}
-    names = {n for t in part for n in arr(t["text"])}
-    assert {"q_proj", "gate_up", "attn_all_reduce"} <= names  # op names on the bars
-    n = sum(len(arr(t["x"])) for t in part)
-    assert n < 200  # a weight stream's tile copies merged
+    part = chart(at, "wi_timeline")
+    bars = [r for rows in series(part, "bar").values() for r in rows]
+    assert {int(r["what"].split("(layer ")[1].split(")")[0]) for r in bars} == {1, 2, 3, 4}
+    assert {"q_proj", "gate_up", "attn_all_reduce"} <= gantt_labels(part)  # op names on the bars
+    assert len(bars) < 200  # a weight stream's tile copies merged
     at.select_slider(key="wi_layers_95").set_value((0, 94)).run()
     assert_clean(at)
-    whole = chart(at, "wi_timeline")["data"]
-    assert sum(len(arr(t["x"])) for t in whole) <= 3 * 95  # one bar per layer and lane, not every event
+    whole = series(chart(at, "wi_timeline"), "bar")
+    assert sum(len(rows) for rows in whole.values()) <= 3 * 95  # one bar per layer and lane, not every event
     assert any("layer spans" in c.value for c in at.caption)
 
 
@@ -745,7 +804,7 @@ def test_whatif_serving_engine_and_kv_cache():
     assert_clean(at)
     assert metric(at, "measured tokens/s") == "127"
     s = whatif_state(at)
-    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel predict"))
+    cmd = next(c for c in commands(at) if c.startswith("perfmodel predict"))
     assert "--serving-engine vllm" in cmd and "--kv-cache fp8-kv" in cmd
     assert run_cli(cmd)["results"][0]["tokens_per_s"] == pytest.approx(s["tps"], abs=0.5)
     at.radio(key="wi_engine").set_value("megakernel").run()  # no serving engine on the megakernel
@@ -769,19 +828,17 @@ def test_whatif_other_hardware_and_model():
 
 def test_explain_layers_gantt_terms_and_command():
     at = open_view("Explain")
-    bars = chart(at, "ex_layers_pick")
-    parts = {t["name"] for t in bars["data"] if t["type"] == "bar"}
-    assert {"compute", "DMA stall", "collectives"} <= parts
+    parts = series(chart(at, "ex_layers_pick"), "bar")
+    assert {"compute", "DMA stall", "collectives"} <= set(parts)
     layer_us = number(metric(at, "layer 1 (kda+dense)"))
-    total = sum(arr(t["y"])[1] for t in bars["data"] if t["type"] == "bar")  # layer 1's parts add up to it
+    total = sum(r["us"] for rows in parts.values() for r in rows if r["layer"] == 1)  # layer 1's parts add up to it
     assert total == pytest.approx(layer_us, abs=0.01)
-    lanes = {t["name"] for t in chart(at, "ex_gantt")["data"]}
+    lanes = set(series(chart(at, "ex_gantt"), "bar"))
     assert lanes <= {"DMA engine", "compute unit", "links"} and "compute unit" in lanes
-    names = {n for t in chart(at, "ex_gantt")["data"] for n in arr(t["text"])}
-    assert "q_proj" in names
-    terms = [d.value for d in at.dataframe if "mechanism" in d.value.columns][0]
+    assert "q_proj" in gantt_labels(chart(at, "ex_gantt"))
+    terms = [d for d in tables(at) if "mechanism" in d.columns][0]
     assert len(terms) and (terms["us (alone)"] > 0).any() and terms["mechanism"].str.len().gt(0).all()
-    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel explain"))
+    cmd = next(c for c in commands(at) if c.startswith("perfmodel explain"))
     assert "--layer 1" in cmd
     out = run_cli(cmd)
     assert out["layer_time_s"] * 1e6 == pytest.approx(layer_us, abs=0.01)
@@ -789,50 +846,65 @@ def test_explain_layers_gantt_terms_and_command():
     typed(at, "ex_layer", 4)
     assert_clean(at)
     assert metric(at, "layer 4 (mla+moe)")
-    assert "routed_experts" in {n for t in chart(at, "ex_gantt")["data"] for n in arr(t["text"])}
+    assert "routed_experts" in gantt_labels(chart(at, "ex_gantt"))
     typed(at, "ex_layer", 999)
     assert_message(at, "out of range")
     typed(at, "ex_tp", 7)
     assert_message(at, "cannot run")
 
 
+def gantt_labels(spec: dict) -> set[str]:
+    """The op names of a Gantt chart's bars (each bar's label); those with room are written on the bars."""
+    names = {r["label"] for rows in series(spec, "bar").values() for r in rows}
+    written = {r["label"] for rows in series(spec, "text").values() for r in rows}
+    assert written and written <= names
+    return names
+
+
 def table_with(at: AppTest, column: str):
-    return next(d.value for d in at.dataframe if column in d.value.columns)
+    return next(d for d in tables(at) if column in d.columns)
 
 
 # ----- Serving -----------------------------------------------------------------------------------
 
 def serving_rows(at: AppTest):
     import pandas as pd
-    return pd.DataFrame(next(d.value for d in at.dataframe if list(d.value.columns)[:3] == ["load", "ttft_p50_s",
-                                                                                           "ttft_p90_s"]))
+    return pd.DataFrame(next(d for d in tables(at) if list(d.columns)[:3] == ["load", "ttft_p50_s", "ttft_p90_s"]))
 
 
-def marked_load(fig: dict) -> list[float]:
-    """The x of the vertical lines that mark the highest load meeting both targets."""
-    return sorted({sh["x0"] for sh in fig["layout"]["shapes"] if sh["xref"] in ("x", "x2")})
+def marked_load(at: AppTest) -> list[float]:
+    """The load of the vertical lines that mark the highest load meeting both targets (on both panels)."""
+    found = {r["load"] for key in ("sv_chart", "sv_tpot_chart")
+             for r in series(chart(at, key), "rule").get("highest load meeting both", [])}
+    return sorted(found)
+
+
+def target_lines(at: AppTest) -> list[float]:
+    """The y of the target lines, TTFT (s) and TPOT (ms)."""
+    return sorted(r["y"] for key in ("sv_chart", "sv_tpot_chart") for name, rows in series(chart(at, key), "rule").items()
+                  if name.endswith("target") for r in rows)
 
 
 def test_serving_default_curve_targets_highest_load_and_cli():
     at = open_view("Serving", sv_table_exp=True)
-    fig = chart(at, "sv_chart")
-    assert {t["name"] for t in fig["data"]} == {"TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90"}
+    curves = {name for key in ("sv_chart", "sv_tpot_chart") for name in series(chart(at, key), "line")}
+    assert curves == {"TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90"}
     rows = serving_rows(at)
     assert list(rows["load"]) == [0.5, 1, 2, 4, 8]
     assert (rows["ttft_p90_s"] >= rows["ttft_p50_s"]).all() and (rows["tpot_p90_s"] >= rows["tpot_p50_s"]).all()
     assert rows["tpot_p90_s"].iloc[-1] > rows["tpot_p90_s"].iloc[0]  # more load, longer steps
     # the target lines, at the inputs (TTFT 1 s, TPOT 30 ms)
-    targets = sorted(sh["y0"] for sh in fig["layout"]["shapes"] if sh["yref"] in ("y", "y2"))
-    assert targets == [1.0, 30.0]
+    assert target_lines(at) == [1.0, 30.0]
     ok = rows[(rows["ttft_p90_s"] <= 1.0) & (rows["tpot_p90_s"] <= 0.030)]
     assert list(rows["meets_targets"]) == [r in set(ok["load"]) for r in rows["load"]]
     top = ok["load"].max()
-    assert marked_load(fig) == [top] and metric(at, "highest load meeting both targets") == f"{top:g} requests/s"
+    assert marked_load(at) == [top] and metric(at, "highest load meeting both targets") == f"{top:g} requests/s"
     # the published GB200 deployment by default, and the command reproduces the marked load
-    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel serve"))
+    cmd = next(c for c in commands(at) if c.startswith("perfmodel serve"))
     gb = next(m for m in seed_measurements() if m.hardware == "gb200")
     assert f"--devices {gb.devices} --tp {gb.tp} --ep {gb.ep}" in cmd and f"--kv-cache {gb.kv_cache}" in cmd
-    assert f"--rate {top:g} " in cmd and "for load in 0.5 1 2 4 8; do perfmodel serve" in cmd
+    loop = next(c for c in commands(at) if c.startswith("for load in"))
+    assert f"--rate {top:g} " in cmd and loop.startswith("for load in 0.5 1 2 4 8; do perfmodel serve")
     out = run_cli(cmd)
     row = rows[rows["load"] == top].iloc[0]
     for k in ("ttft", "tpot", "e2e"):
@@ -853,10 +925,9 @@ def test_serving_targets_redraw_without_simulating_again(monkeypatch):
     assert_clean(at)
     assert not calls  # the targets and the percentile only redraw: the curve is cached
     ok = rows[(rows["ttft_p50_s"] <= 0.1) & (rows["tpot_p50_s"] <= 0.030)]
-    fig = chart(at, "sv_chart")
-    assert marked_load(fig) == ([ok["load"].max()] if len(ok) else [])
+    assert marked_load(at) == ([ok["load"].max()] if len(ok) else [])
     typed(at, "sv_tpot", 0.001)  # nobody streams tokens that fast
-    assert metric(at, "highest load meeting both targets") == "none" and marked_load(chart(at, "sv_chart")) == []
+    assert metric(at, "highest load meeting both targets") == "none" and marked_load(at) == []
     typed(at, "sv_requests", 50)  # another workload: simulated
     assert calls and len(serving_rows(at)) == 5
 
@@ -866,8 +937,8 @@ def test_serving_concurrency_other_layout_and_bad_inputs():
     at.radio(key="sv_arrivals").set_value("concurrency (clients)").run()
     assert_clean(at)
     assert at.text_input(key="sv_loads").value == "1, 2, 4, 8, 16, 32"  # a client count, not a rate
-    assert "concurrent clients" in chart(at, "sv_chart")["layout"]["xaxis2"]["title"]["text"]
-    assert any("--concurrency" in c.value for c in at.code)
+    assert "concurrent clients" in layers(chart(at, "sv_tpot_chart"))[0]["encoding"]["x"]["title"]
+    assert any("--concurrency" in c for c in commands(at))
     typed(at, "sv_loads", "1, 2.5")
     assert_message(at, "Loads: '2.5' is not a whole number")
     assert any("Stale" in c.value for c in at.caption)
@@ -875,26 +946,37 @@ def test_serving_concurrency_other_layout_and_bad_inputs():
     for key, value in (("sv_input", 512), ("sv_output", 64), ("sv_seed", 3)):
         typed(at, key, value)
         assert_clean(at)
-        assert f"--{key[3:].replace('input', 'input-len').replace('output', 'output-len')} {value}" in at.code[0].value
+        assert f"--{key[3:].replace('input', 'input-len').replace('output', 'output-len')} {value}" in commands(at)[0]
     at.selectbox(key="sv_serving").set_value("generic").run()
     at.selectbox(key="sv_kv").set_value("model's").run()
     assert_clean(at)
-    assert "--serving-engine" not in at.code[0].value and "--kv-cache" not in at.code[0].value
+    assert "--serving-engine" not in commands(at)[0] and "--kv-cache" not in commands(at)[0]
     typed(at, "sv_ep", 3)  # 3 groups cannot split 16 GPUs
     assert_message(at, "cannot serve")
     typed(at, "sv_ep", 16)
     use_deployment(at, "sv", "tpu-v7", "megakernel", devices=32, tp=32, ep=8)
     assert_clean(at)
     assert at.selectbox(key="sv_serving").value == "generic"  # a serving engine is a GPU multi-kernel engine
-    assert "--hardware tpu-v7 --devices 32 --tp 32 --ep 8 --engine megakernel" in at.code[0].value
+    assert "--hardware tpu-v7 --devices 32 --tp 32 --ep 8 --engine megakernel" in commands(at)[0]
     at.selectbox(key="sv_model").set_value("kimi-k3-mini").run()  # 2 KDA heads: tp 32 cannot run
     assert_message(at, "must divide kda heads (2)")
     typed(at, "sv_tp", 2)
     assert_clean(at)
-    assert "--model kimi-k3-mini" in at.code[0].value
+    assert "--model kimi-k3-mini" in commands(at)[0]
 
 
 # ----- Validation -------------------------------------------------------------------------------
+
+def test_validation_your_trace_opens_on_demand():
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    at.session_state["view"] = "Validation"
+    at.run()
+    assert_clean(at)
+    assert not at.get("file_uploader") and "val_path" not in [t.key for t in at.text_input]
+    at.session_state["val_trace_exp"] = True
+    at.run()
+    assert at.get("file_uploader") and at.text_input(key="val_path").value == ""
+
 
 def test_validation_without_host_results_says_so(monkeypatch, tmp_path):
     monkeypatch.setattr(validation, "HOST_VALIDATION_CSV", tmp_path / "host_validation.csv")
@@ -914,17 +996,20 @@ def test_validation_bundled_results_mape_and_worst_layers(monkeypatch, tmp_path)
     assert mape == pytest.approx(expected, abs=0.1)
     df = table(at, "val_host_table")
     assert len(df) == 11
-    traces = {t["name"]: t for t in chart(at, "val_host_chart")["data"]}
+    fig = chart(at, "val_host_chart")
+    traces, colors = series(fig), legend(fig, "color")
     assert {"y = x (exact)", "+-25% (per-layer target)", "kda", "5 worst layers"} <= set(traces)
-    worst = traces["5 worst layers"]
-    assert worst["marker"]["color"] == "#d62728" and min(arr(worst["y"])) == pytest.approx(50)  # layer 10, -50 %
-    assert 100 not in arr(worst["y"])  # layer 0 (+0 %) is not among the worst
-    assert all(isinstance(t["marker"]["color"], str) for t in traces.values() if t.get("mode") == "markers")
+    worst = [r["predicted_us"] for r in series(fig, "point")["5 worst layers"]]
+    assert colors["5 worst layers"] == "#d62728" and min(worst) == pytest.approx(50)  # layer 10, -50 %
+    assert 100 not in worst  # layer 0 (+0 %) is not among the worst
+    assert all(isinstance(colors[name], str) for name in series(fig, "point"))
     assert any("largest absolute error" in c.value and "inside the +-25% band" in c.value for c in at.caption)
     at.session_state["val_host_bars_exp"] = True  # the per-layer bars, on demand
     at.run()
-    normal, red = chart(at, "val_host_layers")["data"][:2]
-    assert red["marker"]["color"] == "#d62728" and 10 in arr(red["x"]) and 10 not in arr(normal["x"])
+    bars = chart(at, "val_host_layers")
+    normal, red = series(bars, "bar")["measured"], series(bars, "bar")["measured, 5 worst layers"]
+    assert legend(bars, "color")["measured, 5 worst layers"] == "#d62728"
+    assert 10 in [r["layer"] for r in red] and 10 not in [r["layer"] for r in normal]
 
 
 def test_validation_host_csv_schema_runs_and_step_rows(monkeypatch, tmp_path):
@@ -942,7 +1027,7 @@ def test_validation_host_csv_schema_runs_and_step_rows(monkeypatch, tmp_path):
     assert any("machine: test cpu" in c.value for c in at.caption)
     assert metric(at, "step error") == "-20.0%"
     assert number(metric(at, "layers")) == 4  # the step row is not a layer
-    runs = [d.value for d in at.dataframe if "layer_mape" in d.value.columns][0]
+    runs = [d for d in tables(at) if "layer_mape" in d.columns][0]
     assert len(runs) == 2 and list(runs["mode"]) == ["compiled", "op_by_op"]
     at.selectbox(key="val_run").set_value(at.selectbox(key="val_run").options[1]).run()
     assert_clean(at)
@@ -969,7 +1054,7 @@ def test_validation_real_trace_path_and_directory_upload(captured_traces, monkey
     assert_clean(at)
     assert number(metric(at, "layers")) >= 3
     assert metric(at, "MAPE over layers").endswith("%")
-    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel validate"))
+    cmd = next(c for c in commands(at) if c.startswith("perfmodel validate"))
     assert f"--trace {run}" in cmd and "--hardware tpu-v7" in cmd
     page_layers = table(at, "val_host_table")
     # the same directory uploaded file by file (relative names, as a directory upload sends them)
@@ -1077,7 +1162,7 @@ def test_models_upload_config_json_used_in_whatif():
     typed(at, "wi_tp", 4)
     assert_clean(at)
     assert number(metric(at, "tokens/s (predicted)")) > 1000
-    assert any("<path to your config.json or .toml>" in c.value for c in at.code)
+    assert any("<path to your config.json or .toml>" in c for c in commands(at))
 
 
 def test_models_uploads_get_unique_names_units_and_real_parameter_counts():

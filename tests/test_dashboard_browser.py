@@ -37,14 +37,25 @@ pytestmark = pytest.mark.browser
 ERRORS = '[data-testid="stAlertContentError"]'
 HF_CONFIG = {"num_hidden_layers": 4, "hidden_size": 1024, "vocab_size": 32000, "num_attention_heads": 16,
              "num_key_value_heads": 4, "intermediate_size": 4096, "_name_or_path": "tiny-llama"}
-# the pixel of point i of a named trace (any axis type), for a click on a chart
-POINT = """([key, name, i]) => {
-  const gd = document.querySelector(`.st-key-${key} .js-plotly-plot`);
-  const t = gd._fullData.find(t => t.name === name);
-  const L = gd._fullLayout, xa = L[t.xaxis.replace('x', 'xaxis')], ya = L[t.yaxis.replace('y', 'yaxis')];
-  const r = gd.getBoundingClientRect();
-  return {x: r.left + xa._offset + xa.c2p(xa.d2c(t.x[i])), y: r.top + ya._offset + ya.c2p(ya.d2c(t.y[i])),
-          xv: t.x[i], yv: t.y[i]};
+# What Vega-Lite drew of a chart (its SVG): each mark's hover fields (its aria-label, "title: value; ..."), its
+# role (bar, point, line mark, text mark ...), shape path and centre on the page; the axes' descriptions
+# ("X-axis titled 'batch' for a log scale ..."); the texts written in the plot (not the axes' or legends')
+MARKS = """key => {
+  const svg = document.querySelector(`.st-key-${key} .vega-embed svg.marks`);
+  if (!svg) return null;
+  const fields = label => Object.fromEntries(label.split('; ').map(p => {
+    const i = p.indexOf(': ');
+    return [p.slice(0, i), p.slice(i + 2)];
+  }));
+  const guide = e => e.closest('[aria-roledescription="axis"], [aria-roledescription="legend"]');
+  const marks = [...svg.querySelectorAll('[role="graphics-symbol"][aria-label]')].filter(e => !guide(e)).map(e => {
+    const r = e.getBoundingClientRect();
+    return {role: e.getAttribute('aria-roledescription'), d: e.getAttribute('d') || '', x: r.left + r.width / 2,
+            y: r.top + r.height / 2, ...fields(e.getAttribute('aria-label'))};
+  });
+  const axes = [...svg.querySelectorAll('[aria-roledescription="axis"]')].map(e => e.getAttribute('aria-label'));
+  const texts = [...svg.querySelectorAll('g.mark-text text')].filter(e => !guide(e)).map(e => e.textContent);
+  return {marks, axes, texts};
 }"""
 
 
@@ -167,11 +178,9 @@ def upload_measurements(page, tmp_path: Path, text: str, rows: int) -> None:
     upload(page, "cmp_upload", csv)
     page.get_by_text(f"Loaded {rows} measured point(s) from bench.csv").wait_for()
     bb.wait_idle(page)
-    # plotly draws the new trace after the rerun ends: wait for it, not for a fixed time
-    page.wait_for_function("""() => {
-      const gd = document.querySelector('.st-key-cmp_chart .js-plotly-plot');
-      return gd && gd._fullData && gd._fullData.some(t => (t.name || '').startsWith('your upload'));
-    }""", timeout=60_000, polling=50)
+    # Vega draws the new points after the rerun ends: wait for them, not for a fixed time
+    page.wait_for_function("""() => [...document.querySelectorAll('.st-key-cmp_chart svg.marks [aria-label]')]
+      .some(e => e.getAttribute('aria-label').includes('series: your upload'))""", timeout=60_000, polling=50)
 
 
 def table_shown(page, expander: str) -> bool:
@@ -181,29 +190,32 @@ def table_shown(page, expander: str) -> bool:
     return t.count() == 1
 
 
-def click_point(page, key: str, trace: str, i: int, dy: float = 0) -> dict:
+def figure(page, key: str) -> dict:
+    """A chart as drawn: {"series": {name: [marks]}, "axes": [descriptions], "texts": [...]} (see MARKS)."""
+    got = page.evaluate(MARKS, key)
+    assert got is not None, f"no chart {key}"
+    out = {"series": {}, "axes": got["axes"], "texts": got["texts"]}
+    for m in got["marks"]:
+        out["series"].setdefault(m.get("series"), []).append(m)
+    return out
+
+
+def axis(fig: dict, which: str) -> str:
+    """The scale type of the first axis `which` ('X' or 'Y') as the chart describes it: linear, log ..."""
+    desc = next(a for a in fig["axes"] if a.startswith(f"{which}-axis"))
+    return desc.split(" for a ")[1].split(" scale")[0]
+
+
+def click_mark(page, key: str, series: str, dy: float = 0, **fields) -> dict:
+    """Click the centre of a mark of `series` whose hover fields hold `fields`; returns its fields."""
     page.locator(f".st-key-{key}").scroll_into_view_if_needed()
     time.sleep(0.3)
-    pt = page.evaluate(POINT, [key, trace, i])
-    page.mouse.move(pt["x"], pt["y"] + dy)
-    page.mouse.click(pt["x"], pt["y"] + dy)
+    m = next(m for m in figure(page, key)["series"][series] if m["role"] != "text mark"
+             and all(m.get(k) == str(v) for k, v in fields.items()))
+    page.mouse.move(m["x"], m["y"] + dy)
+    page.mouse.click(m["x"], m["y"] + dy)
     settle(page)
-    return pt
-
-
-def figure(page, key: str) -> dict:
-    """The chart's traces (name, type, x, y, marker, text) and axis types, as plotly.js holds them."""
-    return page.evaluate("""key => {
-      const gd = document.querySelector(`.st-key-${key} .js-plotly-plot`);
-      const arr = a => a ? Array.from(a) : [];
-      return {traces: gd._fullData.map(t => ({name: t.name, type: t.type, x: arr(t.x), y: arr(t.y),
-                                             text: Array.isArray(t.text) ? t.text : [], yaxis: t.yaxis,
-                                             color: t.marker && t.marker.color, symbol: t.marker && t.marker.symbol,
-                                             size: t.marker && t.marker.size})),
-              yaxis: gd._fullLayout.yaxis.type, xaxis: gd._fullLayout.xaxis.type,
-              xaxis2: gd._fullLayout.xaxis2 && gd._fullLayout.xaxis2.type,
-              annotations: (gd._fullLayout.annotations || []).map(a => a.text)};
-    }""", key)
+    return m
 
 
 def changes(page, key: str, action) -> None:
@@ -281,18 +293,18 @@ def test_compare_every_control_upload_and_downloads(page, tmp_path):
     assert_no_errors(page)
     assert page.locator('[data-testid="stAppDeployButton"]').count() == 0  # no Deploy button
     screenshot(page, "compare")
-    fig = figure(page, "cmp_chart")
-    ratios = [t for t in fig["traces"] if t["yaxis"] == "y2"]
-    assert {t["name"].rsplit("(", 1)[1] for t in ratios} == {"platform A)", "platform B)"}  # both published sets
-    assert all(0.5 < v < 1.5 for t in ratios for v in t["y"])  # predicted / measured
-    assert any("band" in a for a in fig["annotations"])
+    ratio = figure(page, "cmp_ratio")
+    ratios = {name: marks for name, marks in ratio["series"].items() if name and "platform" in name}
+    assert {name.rsplit("(", 1)[1] for name in ratios} == {"platform A)", "platform B)"}  # both published sets
+    assert all(0.5 < float(m["predicted / measured"]) < 1.5 for marks in ratios.values() for m in marks)
+    assert any("band" in t for t in ratio["texts"])
     changes(page, "cmp_chart", lambda: type_in(page, "cmp_batches", "1, 2, 4, 8"))
     changes(page, "cmp_chart", lambda: type_in(page, "cmp_context", 8192))
     assert "Not a reference for platform A" in page.inner_text("body")  # the published runs are at 4096
     type_in(page, "cmp_context", 4096)
     changes(page, "cmp_chart", lambda: radio(page, "cmp_spec", "both"))
     changes(page, "cmp_chart", lambda: toggle(page, "cmp_logy"))
-    assert figure(page, "cmp_chart")["yaxis"] == "log"
+    assert axis(figure(page, "cmp_chart"), "Y") == "log"
     # the published GB200 runs name their serving engine and KV cache format: another one is no reference
     changes(page, "cmp_chart", lambda: pick(page, "cmp_B_serving", "generic"))
     assert "differs in serving engine (yours generic, measured vllm)" in page.inner_text("body")
@@ -367,19 +379,24 @@ def test_whatif_every_control_tab_click_and_downloads(page):
     assert_no_errors(page)
     tab(page, "wi_tab", "Ring x expert slots", "wi_heat_pick")
     changes(page, "wi_heat_pick", lambda: radio(page, "wi_heat_z", "step time (ms)"))
-    best = next(t for t in figure(page, "wi_heat_pick")["traces"] if t["name"] == "best")
-    click_point(page, "wi_heat_pick", "best", 0)  # a click on the best cell puts its ring and slots in the fields
-    page.wait_for_function("v => document.querySelector('.st-key-wi_slots input').value === v", arg=best["y"][0])
-    assert value(page, "wi_prefetch") == best["x"][0] and value(page, "wi_slots") == best["y"][0]
-    cur = next(t for t in figure(page, "wi_heat_pick")["traces"] if t["name"] == "current")
-    assert (cur["x"], cur["y"]) == (best["x"], best["y"])
+    best = click_mark(page, "wi_heat_pick", "best")  # a click on the best cell puts its ring and slots in the fields
+    page.wait_for_function("v => document.querySelector('.st-key-wi_slots input').value === v", arg=best["slots"])
+    assert value(page, "wi_prefetch") == best["ring (MiB)"] and value(page, "wi_slots") == best["slots"]
+    bb.wait_chart(page, "wi_heat_pick")
+    (cur,) = [m for m in figure(page, "wi_heat_pick")["series"]["current"] if m["role"] == "point"]
+    assert (cur["ring (MiB)"], cur["slots"]) == (best["ring (MiB)"], best["slots"])
+    other = next(m for m in figure(page, "wi_heat_pick")["series"]["cells"] if m["slots"] != best["slots"])
+    where = {"ring (MiB)": other["ring (MiB)"], "slots": other["slots"]}
+    click_mark(page, "wi_heat_pick", "cells", dy=8, **where)  # any cell: its ring and slots in the fields
+    page.wait_for_function("v => document.querySelector('.st-key-wi_slots input').value === v", arg=other["slots"])
+    assert value(page, "wi_prefetch") == other["ring (MiB)"]
     tab(page, "wi_tab", "Prefetch depth", "wi_prefetch_chart")
     changes(page, "wi_prefetch_chart", lambda: toggle(page, "wi_pf_logx"))
-    f = figure(page, "wi_prefetch_chart")
-    assert f["xaxis"] == "log" and f["xaxis2"] == "log"  # both panels
+    assert axis(figure(page, "wi_prefetch_chart"), "X") == axis(figure(page, "wi_prefetch_causes"), "X") == "log"
     tab(page, "wi_tab", "Timeline", "wi_timeline")
-    names = {n for t in figure(page, "wi_timeline")["traces"] for n in t["text"]}
-    assert "q_proj" in names or "attn_norm" in names  # op names on the bars
+    drawn = figure(page, "wi_timeline")
+    names = {m["what"].split(" (layer")[0] for marks in drawn["series"].values() for m in marks if m["role"] == "bar"}
+    assert ("q_proj" in names or "attn_norm" in names) and set(drawn["texts"]) <= names  # op names, on the bars that fit
     key = page.locator("[class*='st-key-wi_layers_']").first.get_attribute("class").split("st-key-")[1].split()[0]
     changes(page, "wi_timeline", lambda: slide(page, key, 3, thumb=1))
     tab(page, "wi_tab", "Roofline", "wi_roofline")
@@ -406,7 +423,7 @@ def test_explain_every_control_bar_click_and_downloads(page):
     assert_no_errors(page)
     screenshot(page, "explain")
     assert page.get_by_text("perfmodel explain").count() >= 1
-    changes(page, "ex_gantt", lambda: click_point(page, "ex_layers_pick", "compute", 4, dy=3))
+    changes(page, "ex_gantt", lambda: click_mark(page, "ex_layers_pick", "compute", dy=3, layer=4))
     assert value(page, "ex_layer") == "4"
     changes(page, "ex_gantt", lambda: type_in(page, "ex_layer", 2))
     changes(page, "ex_layers_pick", lambda: slide(page, "ex_batch", 2))
@@ -446,8 +463,11 @@ def test_design_search_every_control_upload_and_downloads(page, tmp_path):
     page.locator(".st-key-ds_objective").click()
     page.get_by_role("option", name="step_s", exact=True).click()
     changes(page, "ds_pareto", lambda: (page.get_by_role("button", name="Run sweep").click(), settle(page)))
+    expand(page, "ds_file_exp")  # the sweep file, on demand
     assert "samples = 30" in page.inner_text("body")
+    expand(page, "ds_rows_exp")  # the rows, a sortable table, on demand
     radio(page, "ds_rows", "all")
+    assert table_shown(page, "ds_rows_exp")
     assert_no_errors(page)
     data = read_back(downloads(page))
     rows = data["design_search.csv"]
@@ -469,19 +489,21 @@ def test_design_search_every_control_upload_and_downloads(page, tmp_path):
 
 def annotated(page, text: str) -> None:
     """Wait until the Serving chart carries an annotation containing `text` (a target line's label)."""
-    page.wait_for_function("""t => { const gd = document.querySelector('.st-key-sv_chart .js-plotly-plot');
-      return gd && gd._fullLayout && (gd._fullLayout.annotations || []).some(a => a.text.includes(t)); }""",
-                           arg=text, timeout=60_000, polling=100)
+    page.wait_for_function("""t => [...document.querySelectorAll('[class*="st-key-sv_"] svg.marks g.mark-text text')]
+      .some(e => e.textContent.includes(t))""", arg=text, timeout=60_000, polling=100)
 
 
 def test_serving_every_control_and_downloads(page):
     view(page, "Serving", "sv_chart")
     assert_no_errors(page)
     screenshot(page, "serving")
-    fig = figure(page, "sv_chart")
-    assert {t["name"] for t in fig["traces"]} == {"TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90"}
-    assert any(a.startswith("highest load meeting both") for a in fig["annotations"])
+    ttft, tpot = figure(page, "sv_chart"), figure(page, "sv_tpot_chart")
+    curves = {name for fig in (ttft, tpot) for name, marks in fig["series"].items()
+              if any(m["role"] == "point" for m in marks)}
+    assert curves == {"TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90"}
+    assert any(t.startswith("highest load meeting both") for t in ttft["texts"])
     assert "--serving-engine vllm --kv-cache fp8-kv" in page.inner_text("body")  # the published GB200 deployment
+    assert 'perfmodel serve --model kimi-k3' in page.inner_text("body") and '--rate "$load"' in page.inner_text("body")
     # the targets and their percentile: the lines move, nothing is simulated again
     type_in(page, "sv_ttft", 0.12)
     annotated(page, "TTFT target 0.12 s (p90)")
@@ -492,7 +514,8 @@ def test_serving_every_control_and_downloads(page):
     for key, v in (("sv_requests", 60), ("sv_input", 512), ("sv_output", 128), ("sv_seed", 1),
                    ("sv_loads", "0.5, 2, 8")):
         changes(page, "sv_chart", lambda: type_in(page, key, v))
-    assert [t["x"] for t in figure(page, "sv_chart")["traces"]][0] == [0.5, 2, 8]
+    p50 = [m for m in figure(page, "sv_chart")["series"]["TTFT p50"] if m["role"] == "point"]
+    assert [m["offered load (Poisson arrivals, requests/s)"] for m in p50] == ["0.5", "2", "8"]
     changes(page, "sv_chart", lambda: pick(page, "sv_kv", "model's"))
     changes(page, "sv_chart", lambda: pick(page, "sv_serving", "generic"))
     for key, v in (("sv_ep", 16), ("sv_tp", 8), ("sv_devices", 32)):  # layouts that run
@@ -520,18 +543,20 @@ def test_validation_every_control_uploads_path_and_downloads(page, tmp_path):
     assert_no_errors(page)
     screenshot(page, "validation")
     assert page.get_by_text("no trace validation yet").count() == 1
-    names = {t["name"] for t in figure(page, "val_host_chart")["traces"]}
-    assert {"y = x (exact)", "+-25% (per-layer target)"} <= names
+    assert {"y = x (exact)", "+-25% (per-layer target)"} <= set(figure(page, "val_host_chart")["series"])
     page.locator(".st-key-val_run").click()
     page.keyboard.press("ArrowDown")  # the next run
     page.keyboard.press("Enter")
     settle(page)
     expand(page, "val_host_bars_exp")
     bb.wait_chart(page, "val_host_layers")
+    expand(page, "val_host_table_exp")
+    assert table_shown(page, "val_host_table_exp")
     data = read_back(downloads(page))
     assert {"host_validation_runs.csv", "validation_val_host.csv", "validation_val_host.json"} <= set(data)
     assert data["validation_val_host.json"]["mape"] == pytest.approx(
         data["validation_val_host.csv"]["abs_error"].mean())
+    expand(page, "val_trace_exp")  # your trace: its inputs on demand
     pick(page, "val_hw", "tpu-v7")
     pick(page, "val_model", "kimi-k3-host-small")
     for key, v in (("val_batch", 2), ("val_context", 64)):
@@ -613,7 +638,7 @@ def test_infeasible_configuration_keeps_the_page(page):
     assert len(msgs) == 1 and "cannot run" in msgs[0] and "MiB" in msgs[0]
     assert not re.search(r"\d{6,} B", msgs[0])  # no raw byte counts
     assert page.get_by_text("Nearest configurations that run").count() == 1
-    assert figure(page, "wi_breakdown")["traces"]  # the last good outputs stay
+    assert figure(page, "wi_breakdown")["series"]  # the last good outputs stay
     tab(page, "wi_tab", "Prefetch depth")
     assert page.get_by_text("No prefetch depth fits").count() == 1  # the sweep stays: what fits
     page.get_by_role("button", name="Use this").first.click()
@@ -626,26 +651,24 @@ def test_prefetch_sweep_and_vmem_mechanism(page):
     tab(page, "wi_tab", "Prefetch depth", "wi_prefetch_chart")
     assert "do not fit" not in " ".join(e.inner_text() for e in page.query_selector_all(
         '[data-testid="stAlertContentWarning"]'))  # nothing warns at the defaults
-    names = [t["name"] for t in figure(page, "wi_prefetch_chart")["traces"]]
-    assert {"current", "expert slots", "saturation"} <= set(names)
+    assert {"current", "expert slots", "saturation"} <= set(figure(page, "wi_prefetch_chart")["series"])
     type_in(page, "wi_vmem", 1000000)
     page.get_by_text("500000 MiB it is").wait_for()
     assert "dma_concurrent_copies" in page.inner_text("body")  # the service that makes the bend
-    cur = next(t for t in figure(page, "wi_prefetch_chart")["traces"] if t["name"] == "current")
+    (cur,) = [m for m in figure(page, "wi_prefetch_chart")["series"]["current"] if m["role"] == "point"]
     step = number(metric(page, "step time"))
-    assert cur["x"] == [500000] and cur["y"][0] == pytest.approx(step, rel=1e-3)
+    assert cur["prefetch (MiB)"] == "500000" and float(cur["step (ms)"]) == pytest.approx(step, rel=1e-3)
 
 
 def test_measured_sources_log_axis_and_implausible_upload(page, tmp_path):
     upload_measurements(page, tmp_path, "hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s\n"
                         "tpu-v7,megakernel,32,32,8,64,16,1500\ntpu-v7,megakernel,32,32,8,64,32,1e30\n", 2)
     fig = figure(page, "cmp_chart")
-    measured = {t["name"]: t for t in fig["traces"] if t["type"] == "scatter" and t["yaxis"] == "y"
-                and not t["name"].endswith("predicted")}
+    measured = {name: marks for name, marks in fig["series"].items() if name and not name.endswith("predicted")}
     assert "your upload: bench.csv (platform A)" in measured
     assert "Inferact, 16x TPU v7, published (platform A)" in measured
-    assert len({t["symbol"] for t in measured.values()}) == len(measured)
-    assert max(max(t["y"]) for t in fig["traces"]) < 1e5
+    assert len({marks[0]["d"] for marks in measured.values()}) == len(measured)  # each source its own shape
+    assert max(float(m["aggregate decode tokens/s"]) for marks in fig["series"].values() for m in marks) < 1e5
     page.get_by_text("above 2x the chip's HBM roofline").first.wait_for(timeout=30_000)  # drawn after the chart
     assert "seed" not in page.inner_text("body").lower()
 
@@ -664,7 +687,7 @@ def test_compare_refused_layouts_one_box_per_cause(page):
     assert page.locator(".st-key-cmp_near_A_0 button").count() == 1
     page.locator(".st-key-cmp_near_A_0 button").click()
     settle(page)
-    assert [t for t in figure(page, "cmp_chart")["traces"] if t["name"].startswith("A:")]
+    assert [name for name in figure(page, "cmp_chart")["series"] if name.startswith("A:")]
 
 
 # ----- local and offline (last: the other tests have used every view on this server) --------------

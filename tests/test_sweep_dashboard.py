@@ -1,5 +1,4 @@
 """The dashboard's Design search view: Pareto plot, sortable table, reproducing command."""
-import json
 import tomllib
 from pathlib import Path
 
@@ -10,7 +9,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from perfmodel.search import design  # noqa: E402
 from perfmodel.search.sweep import run_design  # noqa: E402
-from test_dashboard import arr  # noqa: E402  (plotly's encoded arrays)
+from test_dashboard import chart, commands, series  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "dashboards" / "app.py"
 
@@ -28,16 +27,18 @@ def open_view(**state):
 def test_design_search_view_shows_the_front_and_the_command():
     at = open_view(ds_model="kimi-k3-mini", ds_devices=2, ds_tp=2, ds_ep=2, ds_batch=[1, 8, 64],
                    ds_prefetch_mib=[2, 8], ds_vmem_mib=[16, 64], ds_expert_slots=[1, 4], ds_context=[4096])
-    assert not at.error
+    assert not at.error and not at.dataframe  # the rows open on demand
+    assert not at.code  # the sweep file opens on demand
+    at.session_state["ds_rows_exp"] = at.session_state["ds_file_exp"] = True
+    at.run()
     text = next(c.value for c in at.code if c.language == "toml")
-    cmd = next(c.value for c in at.code if c.value.startswith("perfmodel sweep"))
+    cmd = next(c for c in commands(at) if c.startswith("perfmodel sweep"))
     assert "--design design.toml" in cmd and "--objective tokens_per_s_per_chip" in cmd
     # the file on the page gives the same front as the plot
     s = run_design(design.from_dict(tomllib.loads(text)), jobs=1, progress=False)
     assert s["points"] == 3 * 2 * 2 * 2
-    fig = json.loads(at.get("plotly_chart")[0].proto.spec)
-    front = next(t for t in fig["data"] if t["name"] == "Pareto front")
-    assert arr(front["y"]) == [r["tokens_per_s_per_chip"] for r in s["pareto"]] and s["pareto"]
+    front = series(chart(at, "ds_pareto"))["Pareto front"]
+    assert [r["tokens_per_s_per_chip"] for r in front] == [r["tokens_per_s_per_chip"] for r in s["pareto"]] and s["pareto"]
     table = at.dataframe[0].value
     assert sorted(table["point"]) == sorted(r["point"] for r in s["pareto"])
     at.radio(key="ds_rows").set_value("all").run()

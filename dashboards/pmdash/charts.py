@@ -1,14 +1,17 @@
-"""Chart pieces more than one view draws: fixed margins, the cause colours, and the simulated step's
-lanes (DMA engine, compute unit, links) as a Gantt chart with op names.
+"""Chart pieces more than one view draws: Vega-Lite specs drawn by Streamlit (SVG, inline data), the cause
+colours, and the simulated step's lanes (DMA engine, compute unit, links) as a Gantt chart with op names.
 
-A lane's events of one op and layer that follow each other without a gap (the tiles of one weight
-stream) are merged into one bar, so a layer is a few dozen bars, not hundreds; a range wider than
-EVENT_LAYERS is drawn as one bar per layer and lane.
+Every chart is a Vega-Lite spec of plain dicts with its data inline in its layers, each row naming its
+`series` (the legend entry it belongs to): Vega-Lite's bundle costs the browser about a second less per
+page load than Plotly's. A lane's events of one op and layer that follow each other without a gap (the
+tiles of one weight stream) are merged into one bar, so a layer is a few dozen bars, not hundreds; a
+range wider than EVENT_LAYERS is drawn as one bar per layer and lane.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
-import plotly.graph_objects as go
 import streamlit as st
 
 from . import common as c
@@ -28,13 +31,73 @@ def color(name: str, i: int) -> str:
     return CAUSE_COLORS.get(name, EXTRA_COLORS[i % len(EXTRA_COLORS)])
 
 
-def fixed_margins(fig: go.Figure, left: int, right: int, bottom: int, top: int = 30) -> go.Figure:
-    """Margins sized here for the axis labels, not measured by plotly.js on every redraw (its axis automargin
-    costs the browser about 20 ms per chart and change); a legend still takes the room it needs."""
-    fig.update_layout(margin=dict(l=left, r=right, b=bottom, t=top))
-    fig.update_xaxes(automargin=False)
-    fig.update_yaxes(automargin=False)
-    return fig
+# Vega-Lite symbol shapes: built-in names or SVG paths in the unit square
+X_SHAPE = "M-1,-1L1,1M-1,1L1,-1"
+STAR_SHAPE = ("M0,-1L0.22,-0.31L0.95,-0.31L0.36,0.12L0.59,0.81L0,0.38L-0.59,0.81L-0.36,0.12L-0.95,-0.31"
+              "L-0.22,-0.31Z")
+HEXAGON_SHAPE = "M0,-1L0.87,-0.5L0.87,0.5L0,1L-0.87,0.5L-0.87,-0.5Z"
+LEGEND = {"orient": "bottom", "columns": 2, "labelLimit": 420, "title": None}
+Y_EXTENT = 72  # px of a left y axis (ticks, labels, title): charts stacked as panels line up their plots
+
+
+def plain(v):
+    """A value as JSON takes it: numpy scalars as Python numbers, NaN and infinities as None."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def rows(**columns) -> list[dict]:
+    """Inline Vega-Lite data from equal-length columns (or scalars repeated), as plain values."""
+    n = max((len(v) for v in columns.values() if isinstance(v, (list, tuple, np.ndarray))), default=1)
+    cols = {k: list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v] * n for k, v in columns.items()}
+    return [{k: plain(cols[k][i]) for k in cols} for i in range(n)]
+
+
+def layer(data: list[dict], mark: dict | str, **encoding) -> dict:
+    """One layer: its own data, mark and encoding (Streamlit keeps a layer's inline data in the spec)."""
+    return {"data": {"values": data}, "mark": mark, "encoding": encoding}
+
+
+def quant(field: str, title: str | None = None, **kw) -> dict:
+    """A quantitative field."""
+    return {"field": field, "type": "quantitative", "title": field if title is None else title, **kw}
+
+
+def nominal(field: str, title: str | None = None, **kw) -> dict:
+    """A nominal field."""
+    return {"field": field, "type": "nominal", "title": field if title is None else title, **kw}
+
+
+def tip(*fields: tuple) -> list[dict]:
+    """A tooltip: (field, title[, d3 format]) each; the series first, so the hover names its entry."""
+    out = [{"field": "series", "type": "nominal", "title": "series"}]
+    for f in fields:
+        out.append({"field": f[0], "title": f[1], **({"format": f[2]} if len(f) > 2 else {})})
+    return out
+
+
+def colors(names: dict[str, str]) -> dict:
+    """A colour scale naming each series' colour (and so its legend entry)."""
+    return {"domain": list(names), "range": list(names.values())}
+
+
+def panel(layers: list[dict], height: int, **extra) -> dict:
+    """A chart of a few layers whose left y axis takes Y_EXTENT px, so panels drawn one under the other (two
+    charts: Streamlit fits only a single view to the page's width) share their x positions."""
+    return {"height": height, "layer": layers, "config": {"legend": LEGEND, "axisLeft": {
+        "minExtent": Y_EXTENT, "maxExtent": Y_EXTENT}}, **extra}
+
+
+def show(spec: dict, key: str, **kw):
+    """Draw a spec across the container (Vega-Lite draws it as SVG: each mark carries its hover text), inside
+    an element with the class st-key-KEY and with KEY as the spec's name. A chart that selects is a widget
+    with that key; another is drawn in a container with it."""
+    spec = {"name": key, **spec}
+    if "on_select" in kw:
+        return st.vega_lite_chart(spec=spec, key=key, width="stretch", **kw)
+    with st.container(key=key):
+        return st.vega_lite_chart(spec=spec, width="stretch", **kw)
 
 
 def merged(t0: np.ndarray, t1: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -84,21 +147,31 @@ def lanes(m_ref: tuple, h_ref: tuple, key: tuple, vmem: float | None, lo: int, h
     return out
 
 
+LABEL_PX = 7      # about one character of a bar's label, in pixels
+PLOT_PX = 1100    # about the width of the plot area on a wide page, in pixels
+
+
 @st.cache_resource(show_spinner=False, max_entries=32)
-def gantt(m_ref, h_ref, key, vmem, lo: int, hi: int, height: int = 300) -> tuple[go.Figure, int, bool]:
-    """The lanes of layers lo..hi as horizontal bars (names inside the bars that have room)."""
+def gantt(m_ref, h_ref, key, vmem, lo: int, hi: int, height: int = 300) -> tuple[dict, int, bool]:
+    """The lanes of layers lo..hi as horizontal bars, the names inside the bars that have room for them;
+    scroll to zoom the time axis, drag to pan, double-click to reset."""
     d = lanes(m_ref, h_ref, key, vmem, lo, hi)
     by_op = hi - lo + 1 <= EVENT_LAYERS
-    n = sum(len(v["x"]) for v in d.values())
-    fig = go.Figure()
-    for lane, v in d.items():
-        fig.add_trace(go.Bar(y=np.full(len(v["x"]), LANE_NAMES[lane]), x=v["x"], base=v["base"], orientation="h",
-                             name=LANE_NAMES[lane], marker_color=LANE_COLORS[lane], marker_line_width=0.5,
-                             marker_line_color="white", hovertext=v["text"], text=v["label"],
-                             textposition="inside", insidetextanchor="middle", textangle=0,
-                             hovertemplate="%{hovertext}<br>start %{base:.2f} us<br>length %{x:.3f} us"
-                             "<extra>" + LANE_NAMES[lane] + "</extra>"))
-    fig.update_layout(barmode="overlay", xaxis_title="time in step (us)", height=height, showlegend=False,
-                      uniformtext=dict(minsize=9, mode="hide"),
-                      yaxis=dict(categoryorder="array", categoryarray=[LANE_NAMES[l] for l in reversed(LANES)]))
-    return fixed_margins(fig, left=110, right=20, bottom=50, top=20), n, by_op
+    bars = [r for lane, v in d.items() for r in rows(
+        series=LANE_NAMES[lane], start=v["base"], end=v["base"] + v["x"], length=v["x"], what=v["text"],
+        label=v["label"])]
+    n_bars = len(bars)
+    span = max((r["end"] for r in bars), default=1.0) - min((r["start"] for r in bars), default=0.0) or 1.0
+    labels = [r for r in bars if r["length"] / span * PLOT_PX > LABEL_PX * len(str(r["label"])) + 6]
+    lane_axis = nominal("series", "", sort=[LANE_NAMES[l] for l in LANES])
+    spec = {"height": height, "layer": [
+        {**layer(bars, {"type": "bar", "stroke": "white", "strokeWidth": 0.5, "height": {"band": 0.8}},
+                 y=lane_axis, x=quant("start", "time in step (us)"), x2={"field": "end"},
+                 color={"field": "series", "type": "nominal", "scale": colors(
+                     {LANE_NAMES[l]: LANE_COLORS[l] for l in LANES}), "legend": None},
+                 tooltip=tip(("what", "what"), ("start", "start (us)", ".2f"), ("length", "length (us)", ".3f"))),
+         "params": [{"name": "zoom", "select": {"type": "interval", "encodings": ["x"]}, "bind": "scales"}]},
+        layer([dict(r, mid=(r["start"] + r["end"]) / 2) for r in labels],
+              {"type": "text", "fontSize": 10, "color": "white"}, y=lane_axis, x=quant("mid", "time in step (us)"),
+              text={"field": "label"}, tooltip=tip(("what", "what")))]}
+    return spec, n_bars, by_op

@@ -10,18 +10,18 @@ the nearest layouts that run. The tables open on demand.
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
 from perfmodel.util.errors import SpecError
 
+from . import charts
 from . import common as c
 from . import fit, measured
 from .inputs import batches_field, current_or_last, maybe_stale, number_field
 
 SPEC_MODES = ("off", "on", "both")
 PLATFORM_COLORS = {"A": "#1f77b4", "B": "#d62728"}
-SOURCE_SYMBOLS = ("x", "circle-open", "square-open", "triangle-up-open", "star-open", "hexagon-open")
+SOURCE_SYMBOLS = (charts.X_SHAPE, "circle", "square", "triangle-up", charts.STAR_SHAPE, charts.HEXAGON_SHAPE)
 IMPLAUSIBLE = 2.0  # a measured point above this many times the HBM roofline is flagged
 BAND = 0.10        # the ratio panel's band: predicted within +-10 % of measured
 NOTHING_FITTED = "nothing fitted"  # the role of a point predicted from a serving engine's measured kernels
@@ -269,63 +269,69 @@ def groups(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
 
 
 def draw(x: dict, pred: list[dict], measured_rows: list[dict], log_y: bool) -> None:
-    """Tokens/s per batch (curves predicted, markers measured) over predicted / measured per point with the
-    +-BAND band; built as plain dicts and wrapped unvalidated (plotly's validation costs more than the rest)."""
+    """Tokens/s per batch (curves predicted, hollow markers measured, one shape per source) over a panel of
+    predicted / measured per point with the +-BAND band; Vega-Lite specs of plain dicts."""
     colors = {p["label"]: PLATFORM_COLORS[p["tag"]] for p in (x["pa"], x["pb"])}
-    col = lambda g, k: [r[k] for r in g]  # noqa: E731
-    data = []
+    series: dict[str, str] = {}  # legend entry -> colour
+    lines = []
     for (label, spec), g in groups(pred, "platform", "spec_decode").items():
         name = f"{label} predicted" + (" + spec decode" if spec else "")
-        data.append(dict(
-            type="scatter", x=col(g, "batch"), y=col(g, "predicted_tokens_per_s"), mode="lines+markers",
-            name=name, line=dict(color=colors.get(label), dash="dash" if spec else "solid"),
-            customdata=[[r["step_ms"], r["bound"], r["hbm_utilisation"]] for r in g],
-            hovertemplate=("batch %{x}<br>predicted %{y:,.0f} tokens/s<br>step %{customdata[0]:.3f} ms"
-                           "<br>bound: %{customdata[1]}<br>HBM utilisation %{customdata[2]:.0%}"
-                           f"<extra>{name}</extra>")))
+        series[name] = colors.get(label, "#7f7f7f")
+        lines += [{"series": name, "batch": r["batch"], "tokens_per_s": r["predicted_tokens_per_s"], "spec": spec,
+                   "step_ms": r["step_ms"], "bound": r["bound"], "hbm": r["hbm_utilisation"]} for r in g]
     plotted = [r for r in measured_rows if r["check"] == "" and r["predicted_tokens_per_s"]]
     sources = list(dict.fromkeys(r["source"] for r in plotted))
+    points, shapes = [], {}
     for (label, spec, source), g in groups(plotted, "platform", "spec_decode", "source").items():
         name = f"{source}" + (" + spec decode" if spec else "") + f" (platform {label.split(':')[0]})"
-        marker = dict(color=colors.get(label), size=12, line=dict(width=2),
-                      symbol=SOURCE_SYMBOLS[sources.index(source) % len(SOURCE_SYMBOLS)])
-        custom = [[r["predicted_tokens_per_s"], r["error"], r["reference"], r["measured_tokens_per_s"]] for r in g]
-        data.append(dict(
-            type="scatter", x=col(g, "batch"), y=col(g, "measured_tokens_per_s"), mode="markers",
-            name=name, marker=marker, legendgroup=name, customdata=custom,
-            hovertemplate=("batch %{x}<br>measured %{y:,.0f} tokens/s<br>predicted %{customdata[0]:,.0f} "
-                           "tokens/s<br>error %{customdata[1]:+.1%}<br>%{customdata[2]}"
-                           f"<extra>{name}</extra>")))
-        data.append(dict(
-            type="scatter", x=col(g, "batch"), y=[r["predicted_tokens_per_s"] / r["measured_tokens_per_s"] for r in g],
-            mode="markers", name=name, marker=marker, legendgroup=name, showlegend=False, xaxis="x2", yaxis="y2",
-            customdata=custom, hovertemplate=("batch %{x}<br>predicted / measured %{y:.3f}<br>predicted "
-                                              "%{customdata[0]:,.0f}, measured %{customdata[3]:,.0f} tokens/s"
-                                              f"<extra>{name}</extra>")))
+        series[name] = colors.get(label, "#7f7f7f")
+        shapes[name] = SOURCE_SYMBOLS[sources.index(source) % len(SOURCE_SYMBOLS)]
+        points += [{"series": name, "batch": r["batch"], "tokens_per_s": r["measured_tokens_per_s"],
+                    "predicted": r["predicted_tokens_per_s"], "error": r["error"], "reference": r["reference"],
+                    "ratio": r["predicted_tokens_per_s"] / r["measured_tokens_per_s"]} for r in g]
     ticks = list(x["batches"])
-    layout = dict(xaxis=dict(type="log", tickvals=ticks, showticklabels=False, anchor="y"),
-                  yaxis=dict(title=dict(text="aggregate decode tokens/s" + (" (log)" if log_y else "")),
-                             type="log" if log_y else "linear", domain=[0.36, 1.0]),
-                  xaxis2=dict(title=dict(text="batch (sequences)"), type="log", tickvals=ticks, matches="x",
-                              anchor="y2"),
-                  yaxis2=dict(title=dict(text="predicted / measured"), domain=[0.0, 0.28], anchor="x2"),
-                  shapes=[dict(type="rect", xref="x2 domain", yref="y2", x0=0, x1=1, y0=1 - BAND, y1=1 + BAND,
-                               fillcolor="rgba(44,160,44,0.15)", line=dict(width=0), layer="below"),
-                          dict(type="line", xref="x2 domain", yref="y2", x0=0, x1=1, y0=1, y1=1,
-                               line=dict(color="#2ca02c", width=1, dash="dot"))],
-                  annotations=[dict(text=f"+-{BAND:.0%} band", xref="x2 domain", yref="y2", x=1, y=1 + BAND,
-                                    xanchor="right", yanchor="bottom", showarrow=False, font=dict(size=11))],
-                  height=620, legend=dict(orientation="h", y=-0.12), margin=dict(t=30, l=80, r=20, b=60))
+    batch = charts.quant("batch", "batch (sequences)", scale={"type": "log"}, axis={"values": ticks, "format": "d"})
+    color = charts.nominal("series", "", scale=charts.colors(series))
+    shape = charts.nominal("series", "", scale=charts.colors(shapes), legend=None)
+    hollow = {"type": "point", "filled": False, "size": 140, "strokeWidth": 2}
+    tps = charts.quant("tokens_per_s", "aggregate decode tokens/s" + (" (log)" if log_y else ""),
+                       scale={"type": "log" if log_y else "linear"})
+    upper = [charts.layer(lines, {"type": "line", "point": True}, x=batch,
+                          y=tps, color=color, strokeDash={"field": "spec", "type": "nominal", "legend": None, "scale": {
+                              "domain": [False, True], "range": [[1, 0], [6, 4]]}},
+                          tooltip=charts.tip(("batch", "batch"), ("tokens_per_s", "predicted tokens/s", ",.0f"),
+                                             ("step_ms", "step (ms)", ".3f"), ("bound", "bound"),
+                                             ("hbm", "HBM utilisation", ".0%"))),
+             charts.layer(points, hollow, x=batch, y=tps, color=color, shape=shape,
+                          tooltip=charts.tip(("batch", "batch"), ("tokens_per_s", "measured tokens/s", ",.0f"),
+                                             ("predicted", "predicted tokens/s", ",.0f"), ("error", "error", "+.1%"),
+                                             ("reference", "reference")))]
+    ratio = charts.quant("ratio", "predicted / measured", scale={"zero": False, **({} if plotted else {
+        "domain": [0.8, 1.2]})})
+    lower = [charts.layer(charts.rows(series=f"+-{BAND:.0%} band", lo=1 - BAND, hi=1 + BAND),
+                          {"type": "rect", "color": "#2ca02c", "opacity": 0.15}, y=charts.quant("lo", "predicted / measured"),
+                          y2={"field": "hi"}),
+             charts.layer(charts.rows(series="predicted = measured", ratio=1.0),
+                          {"type": "rule", "color": "#2ca02c", "strokeDash": [2, 2]}, y=ratio),
+             charts.layer(charts.rows(series="band", ratio=1 + BAND, text=f"+-{BAND:.0%} band"),
+                          {"type": "text", "align": "right", "baseline": "bottom", "x": {"expr": "width - 4"},
+                           "fontSize": 11}, y=ratio, text={"field": "text"}),
+             charts.layer(points, hollow, x=batch, y=ratio, color=color, shape=shape,
+                          tooltip=charts.tip(("batch", "batch"), ("ratio", "predicted / measured", ".3f"),
+                                             ("predicted", "predicted tokens/s", ",.0f"),
+                                             ("tokens_per_s", "measured tokens/s", ",.0f")))]
+    notes = []
     if not plotted:
-        layout["annotations"].append(dict(text="no measurement matches every setting of either platform",
-                                          xref="x2 domain", yref="y2 domain", x=0.5, y=0.5, showarrow=False))
-        layout["yaxis2"]["range"] = [0.8, 1.2]
+        notes.append("no measurement matches every setting of either platform")
     if not pred:
-        layout["xaxis"]["visible"] = layout["yaxis"]["visible"] = False
-        layout["annotations"].append(dict(text="No platform can run this model at these layouts: see the messages "
-                                          "above (and the nearest layouts that run).", showarrow=False, xref="paper",
-                                          yref="paper", x=0.5, y=0.7, font=dict(size=15)))
-    st.plotly_chart(go.Figure({"data": data, "layout": layout}, _validate=False), key="cmp_chart")
+        notes.append("No platform can run this model at these layouts: see the messages above (and the nearest "
+                     "layouts that run).")
+    for text in notes:
+        lower.append(charts.layer(charts.rows(series="note", text=text),
+                                  {"type": "text", "fontSize": 13, "x": {"expr": "width / 2"}, "y": {"expr": "height / 2"}},
+                                  text={"field": "text"}))
+    charts.show(charts.panel(upper, 380), "cmp_chart")
+    charts.show(charts.panel(lower, 150), "cmp_ratio")
     bad = [r for r in measured_rows if r["check"]]
     if bad:
         st.warning(f"{len(bad)} measured point(s) left off the chart: above {IMPLAUSIBLE:g}x the chip's HBM roofline "

@@ -7,7 +7,6 @@ import io
 import tomllib
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
 from perfmodel.search import design
@@ -17,6 +16,7 @@ from perfmodel.spec import arch, hardware
 from perfmodel.spec.deployment import ENGINES
 from perfmodel.util.errors import require
 
+from . import charts
 from . import common as c
 
 AXES = {"batch": [1, 2, 4, 8, 16, 32, 64, 128, 256], "context": [1024, 4096, 16384, 32768, 65536, 131072],
@@ -95,8 +95,10 @@ def render() -> None:
     if source == "Sweep a design":
         text, top, objective = inputs()
         show(run_cached(text, top, objective), top, objective)
-        st.caption("Sweep file (save as design.toml):")
-        st.code(text, language="toml")
+        sweep = st.expander("Sweep file (save as design.toml)", key="ds_file_exp", on_change="rerun")
+        if sweep.open:  # drawn only when opened
+            with sweep:
+                st.code(text, language="toml")
         c.show_command(f"perfmodel sweep --design design.toml --out design.parquet --top {top} --objective {objective}")
         return
     r = st.columns([3, 1, 1])
@@ -129,25 +131,35 @@ def show(s: dict, top: int, objective: str) -> None:
     if ok.empty:
         st.warning("No configuration of this design fits: see the filtered reasons above.")
     else:
-        st.plotly_chart(pareto_figure(ok, front), key="ds_pareto")
-    which = st.radio("Rows", ("Pareto front", f"top {top} by {objective}", "all", "filtered"), horizontal=True,
-                     key="ds_rows")
-    shown = {"Pareto front": df[df["point"].isin(front)], "all": df, "filtered": df[df["status"] != "ok"]}.get(
-        which, df[df["point"].isin([r["point"] for r in s["top"]])])
-    st.dataframe(shown[[k for k in SHOWN if k in shown]], hide_index=True, key="ds_table")  # click a header to sort
+        charts.show(pareto_figure(ok, front), "ds_pareto")
+    rows = st.expander("Rows: the front, the top K, all or the filtered (a sortable table)", key="ds_rows_exp",
+                       on_change="rerun")
+    if rows.open:  # drawn only when opened
+        with rows:
+            which = st.radio("Rows", ("Pareto front", f"top {top} by {objective}", "all", "filtered"), horizontal=True,
+                             key="ds_rows")
+            shown = {"Pareto front": df[df["point"].isin(front)], "all": df,
+                     "filtered": df[df["status"] != "ok"]}.get(which, df[df["point"].isin([r["point"] for r in s["top"]])])
+            st.dataframe(shown[[k for k in SHOWN if k in shown]], hide_index=True, key="ds_table")  # click a header to sort
     c.downloads(df.drop(columns=["step_ms", "token_latency_ms"]), "design_search", "ds_dl", {"objective": objective})
 
 
-def pareto_figure(ok: pd.DataFrame, front: set) -> go.Figure:
+def pareto_figure(ok: pd.DataFrame, front: set) -> dict:
+    """Tokens/s per chip against time per token: every configuration grey, the Pareto front red and joined."""
     on = ok["point"].isin(front)
-    hover = lambda d: [f"point {r.point}: batch {r.batch}, context {r.context}, prefetch {r.prefetch_mib} MiB, "
-                       f"slots {r.expert_slots}, VMEM {r.vmem_mib} MiB, {r.bound}-bound" for r in d.itertuples()]
-    fig = go.Figure()
-    for d, name, style in ((ok[~on], "configurations", dict(color="#bbbbbb", size=6)),
-                           (ok[on].sort_values("token_latency_s"), "Pareto front", dict(color="#d62728", size=9))):
-        fig.add_trace(go.Scatter(x=d["token_latency_s"] * 1e3, y=d["tokens_per_s_per_chip"], name=name,
-                                 mode="markers" if name == "configurations" else "lines+markers",
-                                 marker=style, text=hover(d), hoverinfo="text"))
-    fig.update_layout(xaxis_title="time per token per sequence (ms)", yaxis_title="tokens/s per chip",
-                      height=420, margin=dict(t=30, b=40))
-    return fig
+    x = charts.quant("latency_ms", "time per token per sequence (ms)", scale={"zero": False})
+    y = charts.quant("tokens_per_s_per_chip", "tokens/s per chip", scale={"zero": False})
+    color = charts.nominal("series", "", scale=charts.colors({"configurations": "#bbbbbb", "Pareto front": "#d62728"}))
+    tip = charts.tip(("point", "point"), ("batch", "batch"), ("context", "context"), ("prefetch_mib", "prefetch (MiB)"),
+                     ("expert_slots", "slots"), ("vmem_mib", "VMEM (MiB)"), ("bound", "bound"),
+                     ("latency_ms", "ms per token", ".4g"), ("tokens_per_s_per_chip", "tokens/s per chip", ",.1f"))
+    data = lambda d, name: charts.rows(  # noqa: E731
+        series=name, latency_ms=(d["token_latency_s"] * 1e3).to_numpy(), **{
+            k: d[k].to_numpy() for k in ("tokens_per_s_per_chip", "point", "batch", "context", "prefetch_mib",
+                                         "expert_slots", "vmem_mib", "bound") if k in d})
+    return {"height": 420, "config": {"legend": charts.LEGEND}, "layer": [
+        charts.layer(data(ok[~on], "configurations"), {"type": "point", "filled": True, "size": 36}, x=x, y=y,
+                     color=color, tooltip=tip),
+        charts.layer(data(ok[on].sort_values("token_latency_s"), "Pareto front"),
+                     {"type": "line", "point": {"size": 70}}, x=x, y=y, color=color, order={"field": "latency_ms"},
+                     tooltip=tip)]}

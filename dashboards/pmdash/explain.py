@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import shlex
 
-import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
 from perfmodel.step.explain import explain
@@ -43,34 +41,37 @@ def explained(m_ref: tuple, h_ref: tuple, key: tuple, layer: int) -> dict:
 
 
 @st.cache_resource(show_spinner=False, max_entries=32)
-def layers_figure(m_ref, h_ref, key, layer: int) -> go.Figure:
+def layers_figure(m_ref, h_ref, key, layer: int) -> dict:
+    """A stacked bar per layer of its time parts, the explained layer marked; a click on a bar picks it."""
     rows = c.predict_cached(m_ref, h_ref, key)["layers"]
-    x = [r["layer"] for r in rows]
-    kinds = [r["kind"] for r in rows]
-    fig = go.Figure()
-    for i, part in enumerate(parts(rows)):
-        y = np.array([r[part] for r in rows]) * 1e6
-        if not (y > 0).any():
-            continue
-        fig.add_trace(go.Bar(x=x, y=y, name=label(part), marker_color=PART_COLORS.get(part, charts.color(part, i)),
-                             customdata=kinds, hovertemplate="layer %{x} (%{customdata})<br>" + label(part) +
-                             ": %{y:.2f} us<extra></extra>"))
-    total = np.array([r["time_s"] for r in rows]) * 1e6
-    fig.add_trace(go.Scatter(x=[layer], y=[total[x.index(layer)]], mode="markers+text", name="explained below",
-                             text=[f"layer {layer}"], textposition="top center",
-                             marker=dict(symbol="triangle-down", size=14, color="black"), hoverinfo="skip"))
-    fig.update_layout(barmode="stack", height=340, bargap=0.1, legend=dict(orientation="h", y=-0.25),
-                      xaxis_title="layer (0 = embedding, last = head); click a bar to explain it",
-                      yaxis_title="time in the step (us)")
-    return charts.fixed_margins(fig, left=70, right=20, bottom=60)
+    drawn = [p for p in parts(rows) if any(r[p] > 0 for r in rows)]
+    bars = [{"series": label(p), "layer": r["layer"], "kind": r["kind"], "us": r[p] * 1e6, "order": i}
+            for i, p in enumerate(drawn) for r in rows if r[p] > 0]  # a part of no time draws nothing
+    scale = charts.colors({label(p): PART_COLORS.get(p, charts.color(p, i)) for i, p in enumerate(drawn)})
+    x = charts.quant("layer", "layer (0 = embedding, last = head); click a bar to explain it",
+                     scale={"domain": [rows[0]["layer"] - 0.5, rows[-1]["layer"] + 0.5], "nice": False, "zero": False},
+                     axis={"tickMinStep": 1})
+    mark = [{"series": "explained below", "layer": layer, "us": r["time_s"] * 1e6, "label": f"layer {layer}"}
+            for r in rows if r["layer"] == layer]
+    width = {"expr": f"0.9 * width / {len(rows)}"}
+    return {"height": 340, "config": {"legend": charts.LEGEND}, "layer": [
+        {**charts.layer(bars, {"type": "bar", "width": width}, x=x,
+                        y=charts.quant("us", "time in the step (us)", stack="zero"),
+                        color=charts.nominal("series", "", scale=scale, sort=scale["domain"]), order={"field": "order"},
+                        tooltip=charts.tip(("layer", "layer"), ("kind", "kind"), ("us", "us", ".2f"))),
+         "params": [{"name": "bar", "select": {"type": "point", "fields": ["layer"]}}]},
+        charts.layer(mark, {"type": "point", "shape": "triangle-down", "size": 200, "filled": True, "color": "black",
+                            "yOffset": -10}, x=x, y=charts.quant("us", "time in the step (us)")),
+        charts.layer(mark, {"type": "text", "dy": -26}, x=x, y=charts.quant("us", "time in the step (us)"),
+                     text={"field": "label"})]}
 
 
 @c.callback
 def pick_layer() -> None:
     """Chart selection callback: the clicked layer is the one explained."""
-    pts = st.session_state["ex_layers_pick"].selection.points
+    pts = st.session_state["ex_layers_pick"].selection.get("bar", [])
     if pts:
-        st.session_state["ex_layer"] = str(int(pts[0]["x"]))
+        st.session_state["ex_layer"] = str(int(pts[0]["layer"]))
 
 
 def ops_table(out: dict) -> pd.DataFrame:
@@ -135,12 +136,11 @@ def render() -> None:
                 help="The layer's time in the step: its parts below add up to it.")
     m[3].metric("share of the step", f"{row['time_s'] / p['step_s']:.1%}")
     m[4].metric("largest part", label(max(parts([row]), key=lambda k: row[k], default="-")))
-    st.plotly_chart(layers_figure(m_ref, h_ref, key, layer), key="ex_layers_pick", on_select=pick_layer,
-                    selection_mode="points")
+    charts.show(layers_figure(m_ref, h_ref, key, layer), "ex_layers_pick", on_select=pick_layer, selection_mode="bar")
     st.subheader(f"Layer {layer} ({row['kind']}): its ops on the DMA, compute and link lanes")
     with st.spinner("Simulating the step's events..."):
-        fig, n, _ = charts.gantt(m_ref, h_ref, key, None, layer, layer, height=260)
-    st.plotly_chart(fig, key="ex_gantt", config={"scrollZoom": True})
+        spec, n, _ = charts.gantt(m_ref, h_ref, key, None, layer, layer, height=260)
+    charts.show(spec, "ex_gantt")
     st.caption(f"{n} bars (a weight stream's tile copies merged into one); hover for each op's start and length.")
     out = explained(m_ref, h_ref, key, layer)
     k = dict(key)
@@ -151,8 +151,7 @@ def render() -> None:
     with left:
         st.markdown("**Terms: each op's latency terms alone, their mechanism and source**")
         terms = terms_table(out)
-        st.dataframe(terms, hide_index=True, key="ex_terms", column_config={
-            "us (alone)": st.column_config.NumberColumn(format="%.3f")})
+        c.static_table(terms, {"us (alone)": ".3f"})
     with right:
         c.show_command(shlex.join(cmd))
         st.caption("An op's terms are its costs in isolation; in the step they overlap (the Gantt above), so they "

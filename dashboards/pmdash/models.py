@@ -1,4 +1,6 @@
-"""Models & hardware view: the presets with their sources; load a config.json or a hardware file."""
+"""Models & hardware view: the presets with their sources; load a config.json or a hardware file.
+
+The tables are static (markdown tables: pmdash.common.static_table), a few dozen rows each."""
 from __future__ import annotations
 
 import dataclasses
@@ -112,10 +114,10 @@ def render() -> None:
     st.header("Models and hardware")
     ms, hs = preset_tables()
     st.subheader("Model presets")
-    st.dataframe(ms, hide_index=True, key="mh_models")
+    c.static_table(ms)
     c.downloads(ms, "model_presets", "mh_models_dl")
     st.subheader("Hardware presets")
-    st.dataframe(hs, hide_index=True, key="mh_hw")
+    c.static_table(hs)
     c.downloads(hs, "hardware_presets", "mh_hw_dl")
     c.show_command("perfmodel list --json")
 
@@ -138,11 +140,9 @@ def render() -> None:
                 continue
             st.success(f"Loaded {up.name} as '{name}': now selectable in Compare and What-if.")
             if kind == "model":
-                st.dataframe(pd.DataFrame([model_row(name, c.load_model_ref(c.model_ref(name)))]),
-                             hide_index=True, key=f"{key}_preview")
+                c.static_table(pd.DataFrame([model_row(name, c.load_model_ref(c.model_ref(name)))]))
             else:
-                st.dataframe(hardware_fields(c.load_hardware_ref(c.hardware_ref(name))), hide_index=True,
-                             key=f"{key}_preview")
+                c.static_table(hardware_fields(c.load_hardware_ref(c.hardware_ref(name))))
 
     with details:
         st.subheader("Details and sources")
@@ -152,17 +152,14 @@ def render() -> None:
             mname = st.selectbox("Model", c.model_options(), key="mh_model")
             m = c.load_model_ref(c.model_ref(mname))
             mf = model_fields(m)
-            st.dataframe(mf, hide_index=True, key="mh_model_fields")
+            c.static_table(mf)
             c.downloads(mf, f"model_{m.name}", "mh_model_fields_dl", {"sources": m.sources})
             st.markdown("**Sources**")
-            st.dataframe(pd.DataFrame([{"what": k, "source": v} for k, v in m.sources.items()]),
-                         hide_index=True, key="mh_model_sources")
+            c.static_table(pd.DataFrame([{"what": k, "source": v} for k, v in m.sources.items()]))
         with right:
             hname = st.selectbox("Hardware", c.hardware_options(), key="mh_hw_pick")
             h = c.load_hardware_ref(c.hardware_ref(hname))
             hf = hardware_fields(h)
-            st.dataframe(hf, hide_index=True, key="mh_hw_fields", column_config={
-                "field": st.column_config.TextColumn(width="medium"),
-                "value": st.column_config.TextColumn(width="medium")})
+            c.static_table(hf)
             c.downloads(hf, f"hardware_{h.name}", "mh_hw_fields_dl")
 

@@ -8,16 +8,15 @@ the chart reproduce it and the whole curve.
 """
 from __future__ import annotations
 
-import math
 import shlex
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
 from perfmodel.serve.curves import load_curves
 from perfmodel.util.errors import SpecError
 
+from . import charts
 from . import common as c
 from .inputs import batches_field, current_or_last, maybe_stale, number_field, parse_values
 
@@ -26,7 +25,6 @@ DEFAULT_LOADS = {"rate": "0.5, 1, 2, 4, 8", "concurrency": "1, 2, 4, 8, 16, 32"}
 PERCENTILES = ("p50", "p90")
 METRICS = (("ttft_s", "TTFT", "s", 1.0), ("tpot_s", "TPOT", "ms", 1e3))  # key, name, unit, scale
 COLORS = {"p50": "#1f77b4", "p90": "#ff7f0e"}
-TICKS = [m * 10.0**e for e in range(-6, 7) for m in (1, 2, 5)]  # 1-2-5 ticks on the log axes
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -152,41 +150,42 @@ def headline(x: dict, table: list[dict], top: dict | None, chips: int) -> None:
 
 
 def draw(x: dict, table: list[dict], top: dict | None) -> None:
-    """TTFT over TPOT against load, p50 and p90, the target lines and the highest load meeting both
-    (plain dicts, unvalidated: as in Compare)."""
+    """TTFT over TPOT against load, p50 solid and p90 dashed (hollow markers: saturated loads), the target
+    lines and the highest load meeting both: TTFT (chart sv_chart) over TPOT (sv_tpot_chart), Vega-Lite specs of plain
+    dicts."""
+    xlabel = "offered load (" + ("Poisson arrivals, requests/s" if x["arrivals"] == "rate" else "concurrent clients") + ")"
     loads = [r["load"] for r in table]
-    hollow = ["circle-open" if r["saturated"] else "circle" for r in table]
-    data, shapes, notes = [], [], []
+    color = charts.nominal("series", "", scale=charts.colors(
+        {f"{name} {q}": COLORS[q] for _, name, _, _ in METRICS for q in PERCENTILES}))
     for i, (k, name, unit, scale) in enumerate(METRICS):
-        ax = "" if i == 0 else "2"
-        for q in PERCENTILES:
-            ys = [None if r[f"{k[:-2]}_{q}_s"] is None else r[f"{k[:-2]}_{q}_s"] * scale for r in table]
-            data.append(dict(type="scatter", x=loads, y=ys, mode="lines+markers", name=f"{name} {q}",
-                             xaxis=f"x{ax}", yaxis=f"y{ax}", marker=dict(symbol=hollow, size=8, color=COLORS[q]),
-                             line=dict(color=COLORS[q], dash="solid" if q == "p50" else "dash"),
-                             hovertemplate=f"load %{{x:g}}<br>{name} {q} %{{y:.4g}} {unit}<extra></extra>"))
+        load = charts.quant("load", xlabel, scale={"type": "log"}, axis={"values": loads, "format": "~g"})
+        y = charts.quant("y", f"{name} ({unit})", scale={"type": "log"})
+        curve = [{"series": f"{name} {q}", "load": r["load"], "dash": q, "saturated": r["saturated"],
+                  "y": None if r[f"{k[:-2]}_{q}_s"] is None else r[f"{k[:-2]}_{q}_s"] * scale}
+                 for q in PERCENTILES for r in table]
         target = x["targets"][k] * scale
-        shapes.append(dict(type="line", xref=f"x{ax} domain", yref=f"y{ax}", x0=0, x1=1, y0=target, y1=target,
-                           line=dict(color="#d62728", width=1.5, dash="dot")))
-        # an annotation on a log axis is placed in log10 units (a shape in data units)
-        notes.append(dict(text=f"{name} target {target:g} {unit} ({x['targets']['percentile']})", xref=f"x{ax} domain",
-                          yref=f"y{ax}", x=0, y=math.log10(target), xanchor="left", yanchor="bottom", showarrow=False,
-                          font=dict(size=11, color="#d62728")))
-    if top is not None:
-        for ax in ("", "2"):
-            shapes.append(dict(type="line", xref=f"x{ax}", yref=f"y{ax} domain", x0=top["load"], x1=top["load"],
-                               y0=0, y1=1, line=dict(color="#2ca02c", width=2)))
-        notes.append(dict(text=f"highest load meeting both: {top['load']:g}", xref="x", yref="y domain",
-                          x=math.log10(top["load"]), y=1, xanchor="left", yanchor="top", showarrow=False,
-                          font=dict(size=12, color="#2ca02c")))
-    xlabel = "offered load: " + ("Poisson arrivals, requests/s" if x["arrivals"] == "rate" else "concurrent clients")
-    layout = dict(xaxis=dict(type="log", tickvals=loads, showticklabels=False, anchor="y"),
-                  yaxis=dict(title=dict(text="TTFT (s)"), type="log", domain=[0.55, 1.0], tickvals=TICKS),
-                  xaxis2=dict(title=dict(text=xlabel), type="log", tickvals=loads, matches="x", anchor="y2"),
-                  yaxis2=dict(title=dict(text="TPOT (ms)"), type="log", domain=[0.0, 0.45], anchor="x2", tickvals=TICKS),
-                  shapes=shapes, annotations=notes, height=600, legend=dict(orientation="h", y=-0.15),
-                  margin=dict(t=30, l=80, r=20, b=60))
-    st.plotly_chart(go.Figure({"data": data, "layout": layout}, _validate=False), key="sv_chart")
+        line = charts.rows(series=f"{name} target", y=target,
+                           text=f"{name} target {target:g} {unit} ({x['targets']['percentile']})")
+        marks = [charts.layer(curve, {"type": "line"}, x=load, y=y, color=color, strokeDash={
+                     "field": "dash", "type": "nominal", "legend": None,
+                     "scale": {"domain": list(PERCENTILES), "range": [[1, 0], [6, 4]]}}),
+                 charts.layer(curve, {"type": "point", "size": 70, "strokeWidth": 2}, x=load, y=y, color=color,
+                              fill={"condition": {"test": "datum.saturated", "value": "white"}, "field": "series",
+                                    "type": "nominal", "legend": None, "scale": color["scale"]},
+                              tooltip=charts.tip(("load", "load", "g"), ("y", f"{name} ({unit})", ".4g"),
+                                                 ("saturated", "saturated"))),
+                 charts.layer(line, {"type": "rule", "color": "#d62728", "strokeWidth": 1.5, "strokeDash": [2, 2]},
+                              y=y),
+                 charts.layer(line, {"type": "text", "align": "left", "baseline": "bottom", "x": 4, "dy": -2,
+                               "color": "#d62728", "fontSize": 11}, y=y, text={"field": "text"})]
+        if top is not None:
+            best = charts.rows(series="highest load meeting both", load=top["load"],
+                               text=f"highest load meeting both: {top['load']:g}")
+            marks.append(charts.layer(best, {"type": "rule", "color": "#2ca02c", "strokeWidth": 2}, x=load))
+            if i == 0:
+                marks.append(charts.layer(best, {"type": "text", "align": "left", "baseline": "top", "dx": 4, "y": 4,
+                                                 "color": "#2ca02c", "fontSize": 12}, x=load, text={"field": "text"}))
+        charts.show(charts.panel(marks, 260), "sv_chart" if i == 0 else "sv_tpot_chart")
 
 
 def files(x: dict, table: list[dict], top: dict | None, chips: int) -> None:
@@ -199,8 +198,9 @@ def files(x: dict, table: list[dict], top: dict | None, chips: int) -> None:
                                                "arrivals": x["arrivals"], "targets": x["targets"],
                                                "highest_load_meeting_targets": None if top is None else top["load"]})
     one, loop = cli_serve(x, top["load"] if top else x["loads"][0])
-    st.caption("Reproduce " + ("the marked load" if top else "the first load") + " with the CLI, then the whole curve:")
-    st.code(one + "\n" + loop, language="bash", wrap_lines=True)
+    c.show_command(one, "Reproduce " + ("the marked load" if top else "the first load") + " with the CLI, then the whole "
+                   "curve:")
+    st.markdown(c.code_span(loop))
 
 
 def cli_serve(x: dict, load) -> tuple[str, str]:

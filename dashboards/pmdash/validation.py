@@ -1,6 +1,6 @@
 """Validation view: per-layer predicted vs measured (bundled host results, uploaded traces), MAPE:
 a scatter of predicted against measured layer times with y = x and the per-layer target band,
-the per-layer bars on demand.
+the per-layer bars and table on demand, and a trace of your own (its inputs open on demand).
 
 The bundled results are experiments/results/host_validation.csv, written by
 experiments/validate_host.py: one row per layer and one "step" row per run (variant, model,
@@ -13,13 +13,12 @@ import shlex
 import tempfile
 from pathlib import Path, PurePosixPath
 
-import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
 from perfmodel.util.errors import SpecError
 
+from . import charts
 from . import common as c
 from .measured import HOST_VALIDATION_CSV
 
@@ -82,7 +81,7 @@ def show_comparison(df: pd.DataFrame, title: str, key: str, command: str | None,
     m[3].metric("layers", f"{len(df)}")
     worst = df.nlargest(min(WORST, len(df)), "abs_error")
     is_worst = df.index.isin(worst.index)
-    st.plotly_chart(scatter_figure(df, is_worst), key=f"{key}_chart")
+    charts.show(scatter_figure(df, is_worst), f"{key}_chart")
     inside = float((df["abs_error"] <= BAND).mean())
     st.caption(f"{inside:.0%} of the layers lie inside the +-{BAND:.0%} band (the per-layer target). Red: the "
                f"{len(worst)} layers with the largest absolute error "
@@ -90,62 +89,76 @@ def show_comparison(df: pd.DataFrame, title: str, key: str, command: str | None,
     bars = st.expander("Per layer: measured bars, predicted marks", key=f"{key}_bars_exp", on_change="rerun")
     if bars.open:
         with bars:
-            st.plotly_chart(bars_figure(df, is_worst), key=f"{key}_layers")
-    styled = df.style.format({"predicted_us": "{:.2f}", "measured_us": "{:.2f}", "error": "{:+.1%}",
-                              "abs_error": "{:.1%}"}).apply(
-        lambda r: ["background-color: #f8d7da" if is_worst[r.name] else "" for _ in r], axis=1)
-    st.dataframe(styled, hide_index=True, key=f"{key}_table")
+            charts.show(bars_figure(df, is_worst), f"{key}_layers")
+    table = st.expander("Per-layer table (the worst layers red)", key=f"{key}_table_exp", on_change="rerun")
+    if table.open:
+        with table:
+            styled = df.style.format({"predicted_us": "{:.2f}", "measured_us": "{:.2f}", "error": "{:+.1%}",
+                                      "abs_error": "{:.1%}"}).apply(
+                lambda r: ["background-color: #f8d7da" if is_worst[r.name] else "" for _ in r], axis=1)
+            st.dataframe(styled, hide_index=True, key=f"{key}_table")
     c.downloads(df, f"validation_{key}", f"{key}_dl", {"title": title, "mape": mape})
     if command:
         c.show_command(command)
 
 
-def scatter_figure(df: pd.DataFrame, is_worst) -> go.Figure:
-    """Predicted against measured layer time (log-log), one colour per layer kind, y = x and the band."""
-    fig = go.Figure()
+def layer_rows(df: pd.DataFrame, series: str) -> list[dict]:
+    """Inline chart data of per-layer rows."""
+    return charts.rows(series=series, layer=df["layer"].to_numpy(), kind=df["kind"].to_numpy(),
+                       measured_us=df["measured_us"].to_numpy(), predicted_us=df["predicted_us"].to_numpy(),
+                       error=df["error"].to_numpy())
+
+
+LAYER_TIP = charts.tip(("layer", "layer"), ("kind", "kind"), ("measured_us", "measured (us)", ".2f"),
+                       ("predicted_us", "predicted (us)", ".2f"), ("error", "error", "+.1%"))
+
+
+def scatter_figure(df: pd.DataFrame, is_worst) -> dict:
+    """Predicted against measured layer time (log-log), one colour per layer kind, y = x and the band, the
+    worst layers red and numbered."""
     lo = float(min(df["measured_us"].min(), df["predicted_us"].min())) / 1.5
     hi = float(max(df["measured_us"].max(), df["predicted_us"].max())) * 1.5
-    xs = [lo, hi]
-    fig.add_trace(go.Scatter(x=xs + xs[::-1], y=[lo * (1 + BAND), hi * (1 + BAND), hi * (1 - BAND), lo * (1 - BAND)],
-                             fill="toself", fillcolor="rgba(44,160,44,0.15)", line=dict(width=0),
-                             name=f"+-{BAND:.0%} (per-layer target)", hoverinfo="skip"))
-    fig.add_trace(go.Scatter(x=xs, y=xs, mode="lines", name="y = x (exact)", line=dict(color="#2ca02c", dash="dot"),
-                             hoverinfo="skip"))
+    decades = {"type": "log", "domain": [lo, hi], "nice": False}
+    x = charts.quant("measured_us", "measured time per layer (us, log)", scale=decades)
+    y = charts.quant("predicted_us", "predicted time per layer (us, log)", scale=decades)
+    band, exact = f"+-{BAND:.0%} (per-layer target)", "y = x (exact)"
+    names = {band: "#2ca02c", exact: "#2ca02c"}
+    points = []
     for i, (kind, g) in enumerate(df[~is_worst].groupby("kind", sort=True)):
-        fig.add_trace(go.Scatter(x=g["measured_us"], y=g["predicted_us"], mode="markers", name=kind or "layers",
-                                 marker=dict(size=9, color=KIND_COLORS[i % len(KIND_COLORS)]),
-                                 customdata=np.stack([g["layer"], g["error"]], axis=1),
-                                 hovertemplate="layer %{customdata[0]}<br>measured %{x:.2f} us<br>predicted %{y:.2f} us"
-                                 "<br>error %{customdata[1]:+.1%}<extra>" + (kind or "layer") + "</extra>"))
+        names[kind or "layers"] = KIND_COLORS[i % len(KIND_COLORS)]
+        points += layer_rows(g, kind or "layers")
     w = df[is_worst]
-    fig.add_trace(go.Scatter(x=w["measured_us"], y=w["predicted_us"], mode="markers+text", name=f"{len(w)} worst layers",
-                             marker=dict(size=12, color="#d62728", symbol="x"), text=[f"{int(l)}" for l in w["layer"]],
-                             textposition="top center", customdata=np.stack([w["layer"], w["error"]], axis=1),
-                             hovertemplate="layer %{customdata[0]}<br>measured %{x:.2f} us<br>predicted %{y:.2f} us"
-                             "<br>error %{customdata[1]:+.1%}<extra>worst</extra>"))
-    decades = dict(type="log", range=np.log10(xs).tolist(), dtick=1, tickformat="~g")  # labels at 1, 10, 100 ...
-    fig.update_layout(xaxis=dict(title="measured time per layer (us, log)", **decades),
-                      yaxis=dict(title="predicted time per layer (us, log)", **decades),
-                      height=440, margin=dict(t=30), legend=dict(orientation="h", y=-0.2))
-    return fig
+    worst = f"{len(w)} worst layers"
+    names[worst] = "#d62728"
+    color = charts.nominal("series", "", scale=charts.colors(names))
+    return {"height": 440, "config": {"legend": charts.LEGEND}, "layer": [
+        charts.layer(charts.rows(series=band, measured_us=[lo, hi], predicted_us=[lo * (1 - BAND), hi * (1 - BAND)],
+                                 top=[lo * (1 + BAND), hi * (1 + BAND)]),
+                     {"type": "area", "opacity": 0.15}, x=x, y=y, y2={"field": "top"}, color=color,
+                     tooltip=charts.tip()),
+        charts.layer(charts.rows(series=exact, measured_us=[lo, hi], predicted_us=[lo, hi]),
+                     {"type": "line", "strokeDash": [2, 2]}, x=x, y=y, color=color, tooltip=charts.tip()),
+        charts.layer(points, {"type": "point", "filled": True, "size": 80}, x=x, y=y, color=color, tooltip=LAYER_TIP),
+        charts.layer(layer_rows(w, worst), {"type": "point", "shape": charts.X_SHAPE, "size": 120, "strokeWidth": 2.5},
+                     x=x, y=y, color=color, tooltip=LAYER_TIP),
+        charts.layer([dict(r, label=str(r["layer"])) for r in layer_rows(w, worst)],
+                     {"type": "text", "dy": -12, "color": "#d62728"}, x=x, y=y, text={"field": "label"})]}
 
 
-def bars_figure(df: pd.DataFrame, is_worst) -> go.Figure:
+def bars_figure(df: pd.DataFrame, is_worst) -> dict:
     """Per layer: measured bars (the worst in red) and predicted marks."""
-    fig = go.Figure()
-    for name, part, color in (("measured", df[~is_worst], "#9ecae1"),
-                              (f"measured, {int(is_worst.sum())} worst layers", df[is_worst], "#d62728")):
-        fig.add_trace(go.Bar(x=part["layer"], y=part["measured_us"], name=name, marker_color=color,
-                             customdata=np.stack([part["kind"], part["error"]], axis=1),
-                             hovertemplate="layer %{x} (%{customdata[0]})<br>measured %{y:.2f} us"
-                             "<br>error %{customdata[1]:+.1%}<extra></extra>"))
-    fig.add_trace(go.Scatter(x=df["layer"], y=df["predicted_us"], name="predicted", mode="markers",
-                             marker=dict(color="#08306b", size=16, symbol="line-ew-open", line=dict(width=4)),
-                             hovertemplate="layer %{x}<br>predicted %{y:.2f} us<extra></extra>"))
-    fig.update_layout(xaxis_title="layer (0 = embedding, last = head)", yaxis_title="time per layer (us)",
-                      height=380, margin=dict(t=30), legend=dict(orientation="h", y=1.1), bargap=0.15,
-                      barmode="overlay")
-    return fig
+    worst = f"measured, {int(is_worst.sum())} worst layers"
+    color = charts.nominal("series", "", scale=charts.colors({"measured": "#9ecae1", worst: "#d62728",
+                                                              "predicted": "#08306b"}))
+    x = charts.quant("layer", "layer (0 = embedding, last = head)", axis={"tickMinStep": 1},
+                     scale={"domain": [float(df["layer"].min()) - 0.5, float(df["layer"].max()) + 0.5], "nice": False})
+    width = {"expr": f"0.85 * width / {len(df)}"}
+    return {"height": 380, "config": {"legend": charts.LEGEND}, "layer": [
+        charts.layer(layer_rows(df[~is_worst], "measured") + layer_rows(df[is_worst], worst),
+                     {"type": "bar", "width": width}, x=x, y=charts.quant("measured_us", "time per layer (us)"),
+                     color=color, tooltip=LAYER_TIP),
+        charts.layer(layer_rows(df, "predicted"), {"type": "tick", "orient": "horizontal", "thickness": 4, "size": {"expr": f"width / {len(df)}"}},
+                     x=x, y=charts.quant("predicted_us", "time per layer (us)"), color=color, tooltip=LAYER_TIP)]}
 
 
 @st.cache_data(show_spinner=False, max_entries=4)
@@ -175,9 +188,8 @@ def bundled() -> None:
             summary = run_summary(raw, runs)
             if not summary.empty:
                 st.markdown("**All runs**")
-                st.dataframe(summary.style.format({"step_error": "{:+.1%}", "layer_mape": "{:.1%}",
-                                                   "predicted_step_ms": "{:.3f}", "measured_step_ms": "{:.3f}"}),
-                             hide_index=True, key="val_runs")
+                c.static_table(summary, {"step_error": "+.1%", "layer_mape": ".1%", "predicted_step_ms": ".3f",
+                                         "measured_step_ms": ".3f"})
                 c.downloads(summary, "host_validation_runs", "val_runs_dl")
             choice = st.selectbox("Run (" + " / ".join(runs) + ")", list(dict.fromkeys(ids)), key="val_run")
             raw = raw[raw["run"] == choice]
@@ -283,7 +295,6 @@ def cli_validate(path: str, x: dict) -> str:
 
 
 def uploaded() -> None:
-    st.subheader("Your trace")
     st.caption("A `.xplane.pb` file, or a trace directory from `perfmodel capture` / `jax.profiler` (upload the "
                "directory's files, or give its path on this machine). Layers are attributed from the named "
                "scopes in the HLO dump beside the trace (`hlo/`); `capture.json` supplies model, batch and "
@@ -375,7 +386,11 @@ def render() -> None:
     st.header("Validation: per-layer predicted vs measured")
     st.info(trace_coverage())
     bundled()
-    try:
-        uploaded()
-    except SpecError as e:
-        st.error(f"Cannot use this trace: {e}")
+    yours = st.expander("Your trace: a path on this machine or an upload, compared with the model",
+                        key="val_trace_exp", on_change="rerun")
+    if yours.open:  # its inputs and uploader are drawn only when opened
+        with yours:
+            try:
+                uploaded()
+            except SpecError as e:
+                st.error(f"Cannot use this trace: {e}")

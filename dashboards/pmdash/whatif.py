@@ -15,16 +15,14 @@ import math
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
-from plotly.subplots import make_subplots
 
 from perfmodel.search.batch import evaluate
 
 from . import charts
 from . import common as c
 from . import fit, measured
-from .charts import color, fixed_margins
+from .charts import LEGEND, STAR_SHAPE, color, colors, layer, nominal, quant, rows, show, tip
 from .inputs import current_or_last, maybe_stale, number_field
 
 KIND_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
@@ -33,7 +31,8 @@ VMEM_FIELDS = ("prefetch_bytes", "expert_slots", "onchip_bytes")
 FIELD_KEYS = {"devices": "wi_devices", "tp": "wi_tp", "ep": "wi_ep", "batch": "wi_batch", "context": "wi_context",
               "prefetch_mib": "wi_prefetch", "expert_slots": "wi_slots", "steps_per_call": "wi_steps"}
 TABS = ("Step breakdown", "Ring x expert slots", "Prefetch depth", "Timeline", "Roofline")
-HEAT_METRICS = {"tokens/s": ("tokens_per_s", "Viridis"), "step time (ms)": ("step_ms", "Viridis_r")}  # column, colours
+RIGHT_EXTENT = 40  # px of the prefetch sweep's right axis (its labels; the title beside them)
+HEAT_METRICS = {"tokens/s": ("tokens_per_s", False), "step time (ms)": ("step_ms", True)}  # column, reversed
 
 
 # ----- inputs -------------------------------------------------------------------------------------
@@ -238,31 +237,28 @@ def headline_files(x: dict, r: dict, rep: dict | None, stale: str | None) -> Non
 # ----- breakdown ----------------------------------------------------------------------------------
 
 @st.cache_resource(show_spinner=False, max_entries=64)
-def breakdown_figure(m_ref, h_ref, key, vmem, engine) -> tuple[go.Figure, pd.DataFrame, dict, dict]:
+def breakdown_figure(m_ref, h_ref, key, vmem, engine) -> tuple[dict, pd.DataFrame, dict, dict]:
+    """A stacked bar per engine, one segment per cause (a cause the model adds later is drawn too)."""
     r = c.predict_cached(m_ref, h_ref, key, vmem)  # the headline's prediction, not another run
     other = "multikernel" if engine == "megakernel" else "megakernel"
     ro = c.predict_cached(m_ref, h_ref, c.with_key(key, engine=other, serving_engine=None), vmem)  # its generic self
     bars = {engine + " (selected)": r}
     if "error" not in ro:
         bars[other] = ro
-    rows = [{"engine": label, "cause": cause, "label": c.CAUSE_LABELS.get(cause, cause), "time_ms": s * 1e3,
-             "share_of_step": s / res["step_s"] if res["step_s"] else 0.0}
-            for label, res in bars.items() for cause, s in res["breakdown_s"].items()]
-    df = pd.DataFrame(rows)
-    fig = go.Figure()
-    causes = list(dict.fromkeys(list(c.CAUSE_LABELS) + list(df["cause"])))  # a new cause is drawn too
-    for i, cause in enumerate(causes):
-        g = df[df["cause"] == cause]
-        if g.empty or not (g["time_ms"] > 0).any():
-            continue
-        label = c.CAUSE_LABELS.get(cause, cause)
-        fig.add_trace(go.Bar(x=g["engine"], y=g["time_ms"], name=label, marker_color=color(cause, i),
-                             customdata=g["share_of_step"],
-                             hovertemplate="%{x}<br>" + label + ": %{y:.4f} ms (%{customdata:.1%} of the step)"
-                             "<extra></extra>"))
-    fig.update_layout(barmode="stack", yaxis_title="time per decode step (ms)", height=380,
-                      legend=dict(orientation="h", y=-0.15))
-    return fixed_margins(fig, left=80, right=20, bottom=40), df, r, ro
+    table = [{"engine": label, "cause": cause, "label": c.CAUSE_LABELS.get(cause, cause), "time_ms": s * 1e3,
+              "share_of_step": s / res["step_s"] if res["step_s"] else 0.0}
+             for label, res in bars.items() for cause, s in res["breakdown_s"].items()]
+    causes = list(dict.fromkeys(list(c.CAUSE_LABELS) + [t["cause"] for t in table]))
+    drawn = [cause for cause in causes if any(t["cause"] == cause and t["time_ms"] > 0 for t in table)]
+    order = {cause: i for i, cause in enumerate(drawn)}
+    data = [dict(t, series=t["label"], order=order[t["cause"]]) for t in table if t["cause"] in order]
+    scale = colors({c.CAUSE_LABELS.get(k, k): color(k, causes.index(k)) for k in drawn})
+    spec = {"height": 380, "config": {"legend": LEGEND}, "layer": [layer(
+        data, "bar", x=nominal("engine", "", sort=list(bars), axis={"labelAngle": 0}),
+        y=quant("time_ms", "time per decode step (ms)", stack="zero"),
+        color=nominal("series", "", scale=scale, sort=scale["domain"]), order={"field": "order"},
+        tooltip=tip(("engine", "engine"), ("time_ms", "ms", ".4f"), ("share_of_step", "of the step", ".1%")))]}
+    return spec, pd.DataFrame(table), r, ro
 
 
 def gain_text(mega: dict, multi: dict) -> str:
@@ -280,8 +276,8 @@ def gain_text(mega: dict, multi: dict) -> str:
 def breakdown_section(x: dict, stale: str | None) -> None:
     with maybe_stale(stale, "wi_bd"):
         with st.spinner("Running the other engine..."):
-            fig, df, r, ro = breakdown_figure(*refs(x), x["engine"])
-        st.plotly_chart(fig, key="wi_breakdown")
+            spec, df, r, ro = breakdown_figure(*refs(x), x["engine"])
+        show(spec, "wi_breakdown")
         if "error" not in ro:
             mega, multi = (r, ro) if x["engine"] == "megakernel" else (ro, r)
             st.caption(gain_text(mega, multi))
@@ -341,51 +337,63 @@ def heat_grid(m_ref, h_ref, key, vmem) -> dict:
 
 
 @st.cache_resource(show_spinner=False, max_entries=32)
-def heat_figure(m_ref, h_ref, key, vmem, metric: str) -> go.Figure:
+def heat_figure(m_ref, h_ref, key, vmem, metric: str) -> dict:
+    """Ring depth x expert slots, coloured by `metric`, cells beyond the on-chip buffer blank with a red line on
+    the boundary; the current, default and best cells marked. A click on a cell or a mark selects it."""
     g = heat_grid(m_ref, h_ref, key, vmem)
-    col, scale = HEAT_METRICS[metric]
+    col, reverse = HEAT_METRICS[metric]
     z = g["step_s"] * 1e3 if col == "step_ms" else g["tokens_per_s"]
     xs, ys = [f"{d:g}" for d in g["depths"]], [str(s) for s in g["slots"]]
-    fig = go.Figure(go.Heatmap(z=z, x=xs, y=ys, colorscale=scale, colorbar=dict(title=metric), hoverinfo="skip"))
+    ii, jj = np.nonzero(np.isfinite(g["step_s"]))
+    cells = rows(series="cells", i0=jj - 0.5, i1=jj + 0.5, j0=ii - 0.5, j1=ii + 0.5, ring=[xs[k] for k in jj],
+                 slots=[ys[k] for k in ii], value=z[ii, jj])
     # the on-chip boundary: right of the line the ring and the expert buffers do not fit
-    path = []
+    edge = []
     for i in range(len(ys)):
         ok = np.flatnonzero(np.isfinite(g["step_s"][i]))
-        edge = (ok.max() if len(ok) else -1) + 0.5
-        path += [(edge, i - 0.5), (edge, i + 0.5)]
-    fig.add_trace(go.Scatter(x=[p[0] for p in path], y=[p[1] for p in path], mode="lines", name="on-chip limit",
-                             line=dict(color="#d62728", width=3), hoverinfo="skip", xaxis="x2", yaxis="y2"))
-    marks = [("default", g["default"], "circle-open", "#ffffff"), ("current", g["current"], "diamond", "#ffffff"),
-             ("best", g["best"], "star", "#d62728")]
-    for name, cell, symbol, colr in marks:
-        if cell is None:
-            continue
-        fig.add_trace(go.Scatter(x=[xs[cell[1]]], y=[ys[cell[0]]], mode="markers+text", name=name, text=[name],
-                                 textposition="top center", textfont=dict(color="black"),
-                                 marker=dict(symbol=symbol, size=16, color=colr, line=dict(width=2, color="black")),
-                                 hoverinfo="skip"))
-    # clickable cells: an invisible marker on each cell that fits (a click puts its ring and slots in the fields)
-    ii, jj = np.nonzero(np.isfinite(g["step_s"]))
-    fig.add_trace(go.Scatter(x=[xs[j] for j in jj], y=[ys[i] for i in ii], mode="markers", name="cells",
-                             marker=dict(size=24, symbol="square", opacity=0), showlegend=False, customdata=z[ii, jj],
-                             hovertemplate="ring %{x} MiB, %{y} expert slots<br>" + metric +
-                             ": %{customdata:.4g}<br>click to use them<extra></extra>"))
-    n = len(xs)
-    fig.update_layout(height=420, legend=dict(orientation="h", y=-0.2),
-                      xaxis=dict(title="prefetch depth (MiB of weight ring per core)", type="category"),
-                      yaxis=dict(title="expert slots", type="category"),
-                      xaxis2=dict(overlaying="x", range=[-0.5, n - 0.5], visible=False),
-                      yaxis2=dict(overlaying="y", range=[-0.5, len(ys) - 0.5], visible=False))
-    return fixed_margins(fig, left=70, right=20, bottom=90)
+        e = (ok.max() if len(ok) else -1) + 0.5
+        edge += [(e, i - 0.5), (e, i + 0.5)]
+    marks = [(name, cell, shape) for name, cell, shape in (("default", g["default"], "circle"),
+             ("current", g["current"], "diamond"), ("best", g["best"], STAR_SHAPE)) if cell is not None]
+    at = rows(series=[m[0] for m in marks], shape=[m[2] for m in marks], i=[m[1][1] for m in marks],
+              j=[m[1][0] for m in marks], ring=[xs[m[1][1]] for m in marks], slots=[ys[m[1][0]] for m in marks],
+              value=[z[m[1]] for m in marks])
+    named = [{"series": "label", "i": i, "j": j, "label": " = ".join(r["series"] for r in at if (r["i"], r["j"]) == (i, j))}
+             for i, j in dict.fromkeys((r["i"], r["j"]) for r in at)]  # one label a cell: "default = current"
+    labels = lambda names: {"labelExpr": f"{names}[datum.value]", "values": list(range(len(names))),  # noqa: E731
+                            "grid": False}
+    x = quant("i0", "prefetch depth (MiB of weight ring per core)", scale={"domain": [-0.5, len(xs) - 0.5], "nice": False,
+              "zero": False}, axis=labels(xs))
+    y = quant("j0", "expert slots", scale={"domain": [-0.5, len(ys) - 0.5], "nice": False, "zero": False},
+              axis=labels(ys))
+    where = tip(("ring", "ring (MiB)"), ("slots", "slots"), ("value", metric, ".4g"))  # not the axes' titles
+    pick = lambda name: [{"name": name, "select": {"type": "point", "fields": ["ring", "slots"]}}]  # noqa: E731
+    spec = {"height": 420, "config": {"legend": LEGEND}, "layer": [
+        {**layer(cells, "rect", x=x, x2={"field": "i1"}, y=y, y2={"field": "j1"},
+                 color=quant("value", metric, scale={"scheme": "viridis", "reverse": reverse},
+                             legend={"orient": "right", "direction": "vertical"}),
+                 tooltip=where), "params": pick("cell")},
+        layer(rows(series="on-chip limit", e=[p[0] for p in edge], f=[p[1] for p in edge], k=list(range(len(edge)))),
+              {"type": "line", "color": "#d62728", "strokeWidth": 3}, x={"field": "e", "type": "quantitative"},
+              y={"field": "f", "type": "quantitative"}, order={"field": "k"}, tooltip=tip()),
+        {**layer(at, {"type": "point", "size": 260, "filled": True, "stroke": "black", "strokeWidth": 2},
+                 x={"field": "i", "type": "quantitative"}, y={"field": "j", "type": "quantitative"},
+                 shape={"field": "shape", "type": "nominal", "scale": None},
+                 fill={"field": "series", "type": "nominal", "scale": colors(
+                     {"default": "#ffffff", "current": "#ffffff", "best": "#d62728"}), "legend": None},
+                 tooltip=where), "params": pick("mark")},
+        layer(named, {"type": "text", "dy": -18, "color": "black"}, x={"field": "i", "type": "quantitative"},
+              y={"field": "j", "type": "quantitative"}, text={"field": "label"})]}
+    return spec
 
 
 @c.callback
 def pick_cell() -> None:
-    """Chart selection callback: the clicked cell's ring depth and slots (its x and y categories) go into
-    the fields."""
-    pts = [p for p in st.session_state["wi_heat_pick"].selection.points if "x" in p and "y" in p]
+    """Chart selection callback: the clicked cell's (or mark's) ring depth and slots go into the fields."""
+    chosen = st.session_state["wi_heat_pick"].selection
+    pts = [p for name in ("cell", "mark") for p in chosen.get(name, []) if "ring" in p and "slots" in p]
     if pts:
-        st.session_state["wi_prefetch"], st.session_state["wi_slots"] = f"{float(pts[0]['x']):g}", str(int(pts[0]["y"]))
+        st.session_state["wi_prefetch"], st.session_state["wi_slots"] = f"{float(pts[0]['ring']):g}", str(int(pts[0]["slots"]))
 
 
 def heat_section(x: dict, stale: str | None) -> None:
@@ -400,8 +408,8 @@ def heat_section(x: dict, stale: str | None) -> None:
             st.warning("No ring depth and expert slot count fits: " + (g["other_error"] or "see the message above."))
             return
         metric = st.radio("Colour", list(HEAT_METRICS), horizontal=True, key="wi_heat_z")
-        st.plotly_chart(heat_figure(m_ref, h_ref, key, vmem, metric), key="wi_heat_pick", on_select=pick_cell,
-                        selection_mode="points")
+        show(heat_figure(m_ref, h_ref, key, vmem, metric), "wi_heat_pick", on_select=pick_cell,
+             selection_mode=["cell", "mark"])
         (bs, bd), (cs, cd) = g["best"], g["current"]
         best_tps, cur_tps = g["tokens_per_s"][bs, bd], g["tokens_per_s"][cs, cd]
         st.caption(f"**Best: a {g['depths'][bd]:g} MiB ring with {g['slots'][bs]} expert slots, {best_tps:,.0f} "
@@ -431,11 +439,11 @@ def timeline_section(x: dict, stale: str | None) -> None:
                                                            len(layers) - 1)]),
                                   key=f"wi_layers_{len(layers)}")  # another model: a fresh range
         with st.spinner("Drawing the timeline..."):
-            fig, n, by_op = charts.gantt(m_ref, h_ref, key, vmem, lo, hi)
-        st.plotly_chart(fig, key="wi_timeline", config={"scrollZoom": True})
+            spec, n, by_op = charts.gantt(m_ref, h_ref, key, vmem, lo, hi)
+        show(spec, "wi_timeline")
         unit = "op bars (a weight stream's tile copies merged)" if by_op else \
             "layer spans (one bar per layer and lane; narrow the range for ops)"
-        st.caption(f"{n} {unit} in layers {lo}..{hi}; drag to zoom, double-click to reset.")
+        st.caption(f"{n} {unit} in layers {lo}..{hi}; scroll to zoom, drag to pan, double-click to reset.")
         d1, d2 = st.columns(2)
         d1.download_button("Download Perfetto trace (JSON)", lambda: c.chrome_trace_json(m_ref, h_ref, key, vmem),
                            file_name="whatif_timeline.trace.json", mime="application/json", key="wi_trace_dl",
@@ -465,54 +473,56 @@ def sweep_rows(m_ref, h_ref, key, vmem) -> tuple[list[dict], dict | None, float]
 
 
 @st.cache_resource(show_spinner=False, max_entries=64)
-def sweep_figure(m_ref, h_ref, key, vmem, log_x: bool) -> go.Figure:
-    rows, sat, current = sweep_rows(m_ref, h_ref, key, vmem)
-    ok = pd.DataFrame([r for r in rows if "step_s" in r])
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.55, 0.45], vertical_spacing=0.06,
-                        specs=[[{"secondary_y": True}], [{}]])
-    if ok.empty:
-        return fig
-    hover = ok[["tokens_per_s", "banks", "expert_slots"]].to_numpy()
-    fig.add_trace(go.Scatter(x=ok["prefetch_mib"], y=ok["step_s"] * 1e3, mode="lines+markers", name="step time",
-                             line=dict(color="#1f77b4"), customdata=hover,
-                             hovertemplate="prefetch %{x:g} MiB: %{customdata[1]} ring banks, %{customdata[2]} "
-                             "expert slots<br>step %{y:.4f} ms<br>%{customdata[0]:,.0f} tokens/s<extra></extra>"),
-                  row=1, col=1)
-    fig.add_trace(go.Scatter(x=ok["prefetch_mib"], y=ok["expert_slots"], mode="lines+markers", name="expert slots",
-                             line=dict(color="#7f7f7f", dash="dot", shape="hv"), marker=dict(symbol="square", size=6),
-                             hovertemplate="%{y} expert slots<extra></extra>"), row=1, col=1, secondary_y=True)
-    cur = ok[np.isclose(ok["prefetch_mib"], current)]
-    if not cur.empty:
-        fig.add_trace(go.Scatter(x=cur["prefetch_mib"], y=cur["step_s"] * 1e3, mode="markers+text", name="current",
-                                 marker=dict(size=15, symbol="diamond", color="#2ca02c", line=dict(width=1)),
-                                 text=["current"], textposition="bottom center",
-                                 hovertemplate="current depth %{x:g} MiB<br>step %{y:.4f} ms<extra></extra>"),
-                      row=1, col=1)
+def sweep_figure(m_ref, h_ref, key, vmem, log_x: bool) -> tuple[dict, dict]:
+    """Step time against the depth (with the expert slots on a second axis, the current depth and the
+    saturation point) over each depth's step by cause: two panels on one depth axis."""
+    all_rows, sat, current = sweep_rows(m_ref, h_ref, key, vmem)
+    ok = [r for r in all_rows if "step_s" in r]
+    depth = quant("prefetch_mib", "prefetch depth (MiB of weight ring per core" + (", log)" if log_x else ")"),
+                  scale={"type": "log" if log_x else "linear", "zero": False})
+    where = ("prefetch_mib", "prefetch (MiB)", "g")
+    line = rows(series="step time", prefetch_mib=[r["prefetch_mib"] for r in ok], step_ms=[r["step_s"] * 1e3 for r in ok],
+                tokens_per_s=[r["tokens_per_s"] for r in ok], banks=[r["banks"] for r in ok],
+                expert_slots=[r["expert_slots"] for r in ok])
+    step = quant("step_ms", "step time (ms)", scale={"zero": False})
+    points = [dict(r, series="current", label="current") for r in line if math.isclose(r["prefetch_mib"], current)]
     if sat:
-        fig.add_trace(go.Scatter(x=[sat["prefetch_mib"]], y=[sat["step_s"] * 1e3], mode="markers+text",
-                                 name="saturation", marker=dict(size=16, symbol="star", color="#d62728"),
-                                 text=[f"saturates at {sat['prefetch_mib']:g} MiB"], textposition="top center",
-                                 hovertemplate="gain saturates at %{x:g} MiB (within 1 % of the best depth)"
-                                 "<br>step %{y:.4f} ms<extra></extra>"), row=1, col=1)
-    causes = list(dict.fromkeys(list(c.CAUSE_LABELS) + [k[:-2] for k in ok.columns if k.endswith("_s")
-                                                        and k not in ("step_s",)]))
-    for i, cause in enumerate(causes):
-        col = f"{cause}_s"
-        if col in ok and (ok[col] > 0).any():
-            label = c.CAUSE_LABELS.get(cause, cause)
-            fig.add_trace(go.Bar(x=ok["prefetch_mib"], y=ok[col] * 1e3, name=label, marker_color=color(cause, i),
-                                 hovertemplate="prefetch %{x:g} MiB<br>" + label + ": %{y:.4f} ms<extra></extra>"),
-                          row=2, col=1)
-    title = "prefetch depth (MiB of weight ring per core" + (", log)" if log_x else ")")
-    fig.update_layout(barmode="stack", height=560, legend=dict(orientation="h", y=-0.14))
-    fig.update_xaxes(type="log" if log_x else "linear")  # both panels: they share the depth axis
-    fig.update_xaxes(title_text=title, row=2, col=1)
-    fig.update_yaxes(title_text="step time (ms)", row=1, col=1)
-    top = int(ok["expert_slots"].max())
-    fig.update_yaxes(title_text="expert slots", secondary_y=True, row=1, col=1, showgrid=False,
-                     range=[0, top * 1.15 + 0.5], tick0=0, dtick=max(1, math.ceil(top / 5)))
-    fig.update_yaxes(title_text="time by cause (ms)", row=2, col=1)
-    return fixed_margins(fig, left=80, right=80, bottom=60)
+        points.append({"series": "saturation", "prefetch_mib": sat["prefetch_mib"], "step_ms": sat["step_s"] * 1e3,
+                       "label": f"saturates at {sat['prefetch_mib']:g} MiB"})
+    top = max((r["expert_slots"] for r in ok), default=1)
+    slots = [dict(r, series="expert slots") for r in line]
+    upper = charts.panel([
+        {"layer": [
+            layer(line, {"type": "line", "point": True, "color": "#1f77b4"}, x=depth, y=step,
+                  tooltip=tip(where, ("banks", "ring banks"), ("expert_slots", "expert slots"),
+                              ("step_ms", "step (ms)", ".4f"), ("tokens_per_s", "tokens/s", ",.0f"))),
+            layer(points, {"type": "point", "size": 220, "filled": True, "stroke": "black"}, x=depth, y=step,
+                  shape={"field": "series", "type": "nominal", "scale": colors({"current": "diamond",
+                                                                                  "saturation": STAR_SHAPE}),
+                         "legend": None},
+                  color={"field": "series", "type": "nominal", "scale": colors({"current": "#2ca02c",
+                                                                                  "saturation": "#d62728"}),
+                         "legend": None},
+                  tooltip=tip(where, ("step_ms", "step (ms)", ".4f"))),
+            layer(points, {"type": "text", "dy": 18, "fontSize": 11}, x=depth, y=step, text={"field": "label"})]},
+        layer(slots, {"type": "line", "point": {"shape": "square", "size": 30}, "color": "#7f7f7f",
+                      "strokeDash": [2, 3], "interpolate": "step-after"}, x=depth,
+              y=quant("expert_slots", "expert slots", scale={"domain": [0, top * 1.15 + 0.5]},
+                      axis={"orient": "right", "grid": False, "tickMinStep": max(1, math.ceil(top / 5))}),
+              tooltip=tip(where, ("expert_slots", "expert slots")))], 300,
+        resolve={"scale": {"y": "independent"}})
+    upper["config"]["axisRight"] = {"minExtent": RIGHT_EXTENT, "maxExtent": RIGHT_EXTENT}
+    causes = list(dict.fromkeys(list(c.CAUSE_LABELS) + [k[:-2] for r in ok for k in r if k.endswith("_s")
+                                                        and k != "step_s"]))
+    drawn = [k for k in causes if any(r.get(f"{k}_s", 0) > 0 for r in ok)]
+    bars = [{"series": c.CAUSE_LABELS.get(k, k), "prefetch_mib": r["prefetch_mib"], "ms": r[f"{k}_s"] * 1e3,
+             "order": i} for i, k in enumerate(drawn) for r in ok if f"{k}_s" in r]
+    scale = colors({c.CAUSE_LABELS.get(k, k): color(k, causes.index(k)) for k in drawn})
+    lower = charts.panel([layer(
+        bars, {"type": "bar", "width": 9}, x=depth, y=quant("ms", "time by cause (ms)", stack="zero"),
+        color=nominal("series", "", scale=scale, sort=scale["domain"]), order={"field": "order"},
+        tooltip=tip(where, ("ms", "ms", ".4f")))], 220, padding={"right": RIGHT_EXTENT + 20})
+    return upper, lower
 
 
 def bend_explanation(rows: list[dict], sat: dict | None, current: float, hw) -> str | None:
@@ -562,7 +572,9 @@ def prefetch_section(x: dict, stale: str | None) -> None:
         far = current > 64 * hw.dma_tile_bytes / c.MiB  # beyond the tile multiples: only a log axis shows both
         log_x = st.toggle("Log depth axis", key="wi_pf_logx", disabled=far) or far
         if ok:
-            st.plotly_chart(sweep_figure(m_ref, h_ref, key, vmem, log_x), key="wi_prefetch_chart")
+            upper, lower = sweep_figure(m_ref, h_ref, key, vmem, log_x)
+            show(upper, "wi_prefetch_chart")
+            show(lower, "wi_prefetch_causes")
         bad = [r for r in rows if "error" in r]
         b = fit.onchip_budget(m_ref, h_ref, key, vmem)
         if sat:
@@ -596,7 +608,8 @@ def prefetch_section(x: dict, stale: str | None) -> None:
 # ----- roofline -----------------------------------------------------------------------------------
 
 @st.cache_resource(show_spinner=False, max_entries=32)
-def roofline_figure(m_ref, h_ref, key, vmem) -> tuple[go.Figure, pd.DataFrame]:
+def roofline_figure(m_ref, h_ref, key, vmem) -> tuple[dict, pd.DataFrame]:
+    """Per-layer points (FLOPs and HBM bytes over the layer's time) under the per-core roofs, and the step."""
     r = c.predict_cached(m_ref, h_ref, key, vmem)
     hw = c.resolve_hw(h_ref, vmem)
     df = pd.DataFrame(r["layers"])
@@ -607,32 +620,41 @@ def roofline_figure(m_ref, h_ref, key, vmem) -> tuple[go.Figure, pd.DataFrame]:
     pts = df[df["intensity_flops_per_byte"].notna() & df["achieved_flops_per_s"].gt(0)]
     lo = max(1e-3, float(pts["intensity_flops_per_byte"].min()) / 4) if not pts.empty else 0.01
     hi = max(float(pts["intensity_flops_per_byte"].max()) * 4 if not pts.empty else 1e3, max(peaks.values()) / bw * 4)
-    fig = go.Figure()
-    roof_dash = ("dot", "dash", "dashdot", "longdash")
+    decades = {"type": "log"}
+    x = quant("intensity", "arithmetic intensity (FLOP per HBM byte)", scale=decades)
+    y = quant("tflops", "achieved TFLOP/s per device", scale=decades)
+    roofs, names = [], {}
     for i, (dt, peak) in enumerate(sorted(peaks.items(), key=lambda kv: kv[1])):
         xs = np.array(sorted({lo, min(max(peak / bw, lo), hi), hi}))  # straight in log-log: the ridge and the ends
-        fig.add_trace(go.Scatter(x=xs, y=np.minimum(peak, bw * xs) / 1e12, mode="lines", name=f"roof ({dt})",
-                                 line=dict(dash=roof_dash[i % 4], color="#555555", width=1.5),
-                                 hovertemplate=f"{dt} peak {peak / 1e12:,.0f} TFLOP/s, HBM {bw / 1e12:.2f} TB/s"
-                                 "<br>%{x:.3g} FLOP/byte: %{y:.3g} TFLOP/s<extra></extra>"))
+        roofs += rows(series=f"roof ({dt})", intensity=xs, tflops=np.minimum(peak, bw * xs) / 1e12, dash=i,
+                      what=f"{dt} peak {peak / 1e12:,.0f} TFLOP/s, HBM {bw / 1e12:.2f} TB/s")
+        names[f"roof ({dt})"] = "#555555"
+    layers_ = []
     for i, (kind, g) in enumerate(pts.groupby("kind")):
-        fig.add_trace(go.Scatter(x=g["intensity_flops_per_byte"], y=g["achieved_flops_per_s"] / 1e12, mode="markers",
-                                 name=f"{kind} layers", marker=dict(color=KIND_COLORS[i % len(KIND_COLORS)], size=8),
-                                 customdata=np.column_stack([g["layer"], g["time_s"] * 1e6, g["flops"] / 1e9,
-                                                             g["bytes"] / c.MiB]),
-                                 hovertemplate="layer %{customdata[0]}<br>%{x:.3g} FLOP/byte<br>%{y:.3g} TFLOP/s"
-                                 "<br>time %{customdata[1]:.2f} us<br>%{customdata[2]:.3g} GFLOP, "
-                                 "%{customdata[3]:.3g} MiB<extra>" + kind + "</extra>"))
+        layers_ += rows(series=f"{kind} layers", intensity=g["intensity_flops_per_byte"].to_numpy(),
+                        tflops=(g["achieved_flops_per_s"] / 1e12).to_numpy(), layer=g["layer"].to_numpy(),
+                        time_us=(g["time_s"] * 1e6).to_numpy(), gflop=(g["flops"] / 1e9).to_numpy(),
+                        mib=(g["bytes"] / c.MiB).to_numpy())
+        names[f"{kind} layers"] = KIND_COLORS[i % len(KIND_COLORS)]
+    step = []
     tot_f, tot_b = df["flops"].sum(), r["bytes_per_device"]
     if tot_b > 0 and r["step_s"] > 0:
-        fig.add_trace(go.Scatter(x=[tot_f / tot_b], y=[tot_f / r["step_s"] / 1e12], mode="markers", name="whole step",
-                                 marker=dict(size=14, symbol="star", color="black"),
-                                 hovertemplate="whole step<br>%{x:.3g} FLOP/byte<br>%{y:.3g} TFLOP/s<extra></extra>"))
-    decades = dict(type="log", dtick=1, tickformat="~g")  # labels at 0.1, 1, 10, ... only
-    fig.update_layout(xaxis=dict(title="arithmetic intensity (FLOP per HBM byte)", **decades),
-                      yaxis=dict(title="achieved TFLOP/s per device", **decades),
-                      height=440)
-    return fixed_margins(fig, left=90, right=20, bottom=60), df
+        step = rows(series="whole step", intensity=tot_f / tot_b, tflops=tot_f / r["step_s"] / 1e12)
+        names["whole step"] = "black"
+    scale = colors(names)
+    spec = {"height": 440, "config": {"legend": LEGEND}, "layer": [
+        layer(roofs, {"type": "line", "strokeWidth": 1.5}, x=x, y=y, detail={"field": "series"},
+              color=nominal("series", "", scale=scale),
+              strokeDash={"field": "dash", "type": "ordinal", "legend": None,
+                          "scale": {"domain": [0, 1, 2, 3], "range": [[2, 2], [6, 3], [6, 3, 2, 3], [10, 4]]}},
+              tooltip=tip(("what", "roof"))),
+        layer(layers_, {"type": "point", "filled": True, "size": 60}, x=x, y=y, color=nominal("series", "", scale=scale),
+              tooltip=tip(("layer", "layer"), ("intensity", "FLOP/byte", ".3g"), ("tflops", "TFLOP/s", ".3g"),
+                          ("time_us", "time (us)", ".2f"), ("gflop", "GFLOP", ".3g"), ("mib", "MiB", ".3g"))),
+        layer(step, {"type": "point", "filled": True, "size": 250, "shape": STAR_SHAPE}, x=x, y=y,
+              color=nominal("series", "", scale=scale),
+              tooltip=tip(("intensity", "FLOP/byte", ".3g"), ("tflops", "TFLOP/s", ".3g")))]}
+    return spec, df
 
 
 LAYER_COLUMNS = ["layer", "kind", "time_s", "compute_s", "stall_s", "collective_s", "overhead_s", "flops",
@@ -643,8 +665,8 @@ LAYER_COLUMNS = ["layer", "kind", "time_s", "compute_s", "stall_s", "collective_
 @st.fragment
 def roofline_section(x: dict, stale: str | None) -> None:
     with maybe_stale(stale, "wi_roof"):
-        fig, df = roofline_figure(*refs(x))
-        st.plotly_chart(fig, key="wi_roofline")
+        spec, df = roofline_figure(*refs(x))
+        show(spec, "wi_roofline")
         st.caption("A layer's point is its FLOPs and HBM bytes over its time in the step. With the megakernel a "
                    "layer can sit above the HBM roof: part of its weights streamed in during earlier layers "
                    "(prefetch across layer boundaries). Far below the roofs: the layer waits on collectives or "

@@ -172,8 +172,7 @@ def _run(argv: list[str], debug: bool) -> int:
 
 
 # optional dependency (top-level module) -> the extra that installs it
-OPTIONAL = {"jax": "jax", "jaxlib": "jax", "streamlit": "dashboard", "plotly": "dashboard",
-            "pandas": "dashboard"}
+OPTIONAL = {"jax": "jax", "jaxlib": "jax", "streamlit": "dashboard", "pandas": "dashboard"}
 
 
 def _fail(message: str, code: int) -> int:
