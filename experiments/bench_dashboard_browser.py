@@ -228,8 +228,13 @@ def cpu_s(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def browser_cpu_s() -> float:
-    """CPU seconds used so far by the Chromium processes this benchmark started (renderer, GPU, browser)."""
+# a Chromium process's kind by a flag of its command line; the browser process and the rest: "browser"
+PROCESS_KINDS = (("--type=renderer", "renderer"), ("--type=gpu-process", "GPU"), ("NetworkService", "network"))
+
+
+def browser_cpu_by_process() -> dict[str, float]:
+    """CPU seconds used so far by the Chromium processes this benchmark started, by kind: the pages'
+    renderers, the GPU process (compositing), the network service and the browser process with the rest."""
     parent, name = {}, {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -242,12 +247,28 @@ def browser_cpu_s() -> float:
         kids = [k for k, pp in parent.items() if pp == p]
         mine.update(kids)
         todo += kids
-    total = 0.0
+    total = dict.fromkeys([k for _, k in PROCESS_KINDS] + ["browser"], 0.0)
     for p in mine:
         if name.get(p, "").startswith(("chromium", "chrome")):
             with contextlib.suppress(OSError):
-                total += cpu_s(p)
+                cmd = Path(f"/proc/{p}/cmdline").read_bytes()  # the process kind is in its flags (--type=...)
+                kind = next((k for flag, k in PROCESS_KINDS if flag.encode() in cmd), "browser")
+                total[kind] += cpu_s(p)
     return total
+
+
+def browser_cpu_s() -> float:
+    """CPU seconds used so far by the Chromium processes this benchmark started (all kinds)."""
+    return sum(browser_cpu_by_process().values())
+
+
+def cpu_since(c0: dict[str, float]) -> dict[str, float]:
+    """Browser CPU seconds by process kind since `c0` (browser_cpu_by_process)."""
+    return {k: v - c0.get(k, 0.0) for k, v in browser_cpu_by_process().items()}
+
+
+def median_split(splits: list[dict[str, float]]) -> dict[str, float]:
+    return {k: round(statistics.median(s[k] for s in splits), 3) for k in splits[0]}
 
 
 def quiet(timeout_s: float = 15.0) -> None:
@@ -334,12 +355,12 @@ VIEW_CHARTS = {"Compare": "cmp_chart", "What-if": "wi_breakdown", "Explain": "ex
                "Serving": "sv_chart", "Validation": "val_host_chart", "Models & hardware": None}
 
 
-def load_view(b, url: str, view: str) -> tuple[float, float]:
+def load_view(b, url: str, view: str) -> tuple[float, dict[str, float]]:
     """A new page opened on `view`: (seconds to its first chart, or to the run's end for a view without one;
-    browser CPU seconds from the request until the page is quiet)."""
+    browser CPU seconds by process kind from the request until the page is quiet)."""
     from urllib.parse import quote
     quiet()
-    c0 = browser_cpu_s()
+    c0 = browser_cpu_by_process()
     page = new_page(b)
     t0 = time.perf_counter()
     page.goto(f"{url}/?view={quote(view)}", wait_until="commit")
@@ -351,7 +372,7 @@ def load_view(b, url: str, view: str) -> tuple[float, float]:
     took = time.perf_counter() - t0
     wait_idle(page)
     quiet()
-    cpu = browser_cpu_s() - c0
+    cpu = cpu_since(c0)
     page.close()
     return took, cpu
 
@@ -375,7 +396,7 @@ def floor(b, url: str, loads: int) -> dict:
         got = []
         for _ in range(loads):
             quiet()
-            c0 = browser_cpu_s()
+            c0 = browser_cpu_by_process()
             page = new_page(b)
             t0 = time.perf_counter()
             page.goto(url + "/" + query, wait_until="commit")
@@ -383,11 +404,17 @@ def floor(b, url: str, loads: int) -> dict:
             took = time.perf_counter() - t0
             wait_idle(page)
             quiet()
-            got.append((took, browser_cpu_s() - c0))
+            got.append((took, cpu_since(c0)))
             page.close()
         out[name] = {"first_content_s": statistics.median(t for t, _ in got),
-                     "browser_cpu_s": statistics.median(c for _, c in got), "load_average": load1()}
+                     "browser_cpu_s": statistics.median(sum(c.values()) for _, c in got),
+                     "browser_cpu_by_process_s": median_split([c for _, c in got]), "load_average": load1()}
     return out
+
+
+def split_text(r: dict) -> str:
+    """A page load's browser CPU by process kind (medians), in words."""
+    return ", ".join(f"{k} {v:.2f}" for k, v in r["browser_cpu_by_process_s"].items())
 
 
 def load1() -> float:
@@ -402,10 +429,11 @@ def run(rounds: int, loads: int, log_path: Path) -> dict:
         for view in VIEW_CHARTS:  # page loads on the warm server, each view `loads` times
             la = load1()
             got = [load_view(b, url, view) for _ in range(loads)]
+            cpu = [sum(c.values()) for _, c in got]
             out["loads"][view] = {"first_chart_s": statistics.median(t for t, _ in got),
                                   "first_chart_max_s": max(t for t, _ in got),
-                                  "browser_cpu_s": statistics.median(c for _, c in got),
-                                  "browser_cpu_max_s": max(c for _, c in got), "load_average": la}
+                                  "browser_cpu_s": statistics.median(cpu), "browser_cpu_max_s": max(cpu),
+                                  "browser_cpu_by_process_s": median_split([c for _, c in got]), "load_average": la}
         out["first_chart_s"] = out["loads"]["Compare"]["first_chart_s"]
         work = Work(info["pid"])
         page = new_page(b)
@@ -492,12 +520,12 @@ def main() -> int:
           f"(Compare on a fresh server: {res['first_chart_cold_server_s'] * 1e3:.0f} ms):")
     for v, r in res["loads"].items():
         print(f"  {v:18s} {r['first_chart_s'] * 1e3:5.0f} ms (max {r['first_chart_max_s'] * 1e3:5.0f}), browser CPU "
-              f"{r['browser_cpu_s']:.2f} s (max {r['browser_cpu_max_s']:.2f}) at load {r['load_average']}")
+              f"{r['browser_cpu_s']:.2f} s (max {r['browser_cpu_max_s']:.2f}; {split_text(r)}) at load {r['load_average']}")
     print(f"  [target first chart <= 2500 ms: {ok('first chart')}; browser CPU per page load <= 3 s: {ok('page CPU')}]")
     print("the floor here, whatever the app does (a page load of a bare Streamlit app, same browser and server):")
     for name, r in res["floor"].items():
         print(f"  {name:18s} {r['first_content_s'] * 1e3:5.0f} ms to its content, browser CPU {r['browser_cpu_s']:.2f} s "
-              f"at load {r['load_average']}")
+              f"({split_text(r)}) at load {r['load_average']}")
     print(f"view switch to its first chart: median {res['view_switch_median_s'] * 1e3:.0f} ms, max "
           f"{res['view_switch_max_s'] * 1e3:.0f} ms")
     return 0
