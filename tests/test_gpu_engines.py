@@ -70,6 +70,31 @@ def test_stored_fits_reproduce_their_residuals():
         assert np.median(np.abs(res)) == pytest.approx(groups[g]["median_abs_residual"], rel=1e-3, abs=1e-4), g
 
 
+def test_fits_stay_in_their_physical_ranges():
+    """A group whose cells do not identify a term (here: every attention cell costs the same, so
+    no bandwidth or rate is seen) keeps each parameter inside its bound, with no overflow on the
+    way; and every stored parameter lies inside the bounds of its GPU (fit.json)."""
+    from perfmodel.fit.kernels import HARDWARE, bounds, fit_group
+    hw = load_hardware("h100")
+    bw, peak = hw.hbm_bandwidth_bytes_per_s, max(hw.peak_flops_per_s.values())
+    s = {"bytes": np.geomspace(1e4, 1e8, 40), "flops": np.geomspace(1e6, 1e10, 40), "ranks": np.ones(40),
+         "units": np.full(40, 64.0), "cache": np.geomspace(1e4, 1e8, 40)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an overflow or a division by zero fails the test
+        params, _ = fit_group("attention", s, np.full(40, 5e-6), bw, peak)
+    lo, hi = bounds("attention", bw, peak)
+    for name, a, b in zip(gk.param_names("attention"), lo, hi):
+        assert a * (1 - 1e-5) <= params[name] <= b * (1 + 1e-5), name
+    for gpu in gk.gpus_with_tables():
+        h = load_hardware(HARDWARE[gpu])
+        gbw, gpeak = h.hbm_bandwidth_bytes_per_s, max(h.peak_flops_per_s.values())
+        for engine, groups in gk.fits(gpu).items():
+            for g, p in groups.items():
+                cls = g.split("/")[0]
+                for name, a, b in zip(gk.param_names(cls), *bounds(cls, gbw, gpeak)):
+                    assert a * (1 - 1e-5) <= p[name] <= b * (1 + 1e-5), (gpu, engine, g, name, p[name])
+
+
 def test_physical_time_is_a_roofline_with_fixed_cost():
     p = {"fixed_s": 2e-6, "bytes_per_s": 1e12, "flops_per_s": 1e15}
     assert gk.physical_time(p, "kda", {"bytes": 1e6, "flops": 1e6, "ranks": 1}) == pytest.approx(2e-6 + 1e-6)

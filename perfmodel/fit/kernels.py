@@ -54,12 +54,31 @@ def start(cls: str, t: np.ndarray, peak_bw: float, peak_flops: float) -> list[fl
     return [first[n] for n in gk.param_names(cls)]
 
 
+def bounds(cls: str, peak_bw: float, peak_flops: float) -> tuple[list[float], list[float]]:
+    """Physical ranges of the parameters: a rate between a ten-thousandth of the chip's peak and
+    four times it (a cache read served from L2 beats HBM), a collective's bus bandwidth up to
+    10 TB/s, costs per peer / expert / unit under a millisecond, partition minima up to 10^5,
+    the overlap exponent up to 100 (the roofline's max). Without them a term the cells do not
+    identify runs off (a bandwidth of 10^28 B/s), harmless inside the table and absurd outside it."""
+    rng = {"fixed_s": (1e-9, 1e-2), "bytes_per_s": (1e-4 * peak_bw, 4.0 * peak_bw),
+           "flops_per_s": (1e-4 * peak_flops, 4.0 * peak_flops), "per_peer_s": (1e-12, 1e-3),
+           "min_n": (1.0, 1e5), "min_k": (1.0, 1e5), "per_expert_s": (1e-12, 1e-3), "min_units": (1e-3, 1e5),
+           "per_unit_s": (1e-12, 1e-3), "overlap": (1e-6, 100.0)}
+    if cls in gk.COMM:
+        rng["bytes_per_s"] = (1e6, 1e13)
+    names = gk.param_names(cls)
+    return [rng[n][0] for n in names], [rng[n][1] for n in names]
+
+
 def fit_group(cls: str, s: dict, t: np.ndarray, peak_bw: float, peak_flops: float) -> tuple[dict, np.ndarray]:
     """(params, residuals) of one group: least squares on log(predicted / measured) (a soft-l1
-    loss, so a few cells the kernel's own heuristics make slow do not set the fit)."""
+    loss, so a few cells the kernel's own heuristics make slow do not set the fit), each
+    parameter within its physical range (`bounds`)."""
     names = gk.param_names(cls)
     model = lambda x: gk.physical_time(dict(zip(names, np.exp(x))), cls, s)
-    res = least_squares(lambda x: np.log(model(x) / t), np.log(start(cls, t, peak_bw, peak_flops)),
+    lo, hi = bounds(cls, peak_bw, peak_flops)
+    x0 = np.clip(np.log(start(cls, t, peak_bw, peak_flops)), np.log(lo) + 1e-9, np.log(hi) - 1e-9)
+    res = least_squares(lambda x: np.log(model(x) / t), x0, bounds=(np.log(lo), np.log(hi)),
                         method="trf", loss="soft_l1", f_scale=0.1)
     resid = model(res.x) / t - 1
     params = {n: float(f"{v:.6g}") for n, v in zip(names, np.exp(res.x))}
