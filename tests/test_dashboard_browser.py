@@ -463,8 +463,8 @@ def test_design_search_every_control_upload_and_downloads(page, tmp_path):
     page.locator(".st-key-ds_objective").click()
     page.get_by_role("option", name="step_s", exact=True).click()
     changes(page, "ds_pareto", lambda: (page.get_by_role("button", name="Run sweep").click(), settle(page)))
-    expand(page, "ds_file_exp")  # the sweep file, on demand
-    assert "samples = 30" in page.inner_text("body")
+    expand(page, "ds_file_exp")  # the sweep file, on demand (on a loaded machine its rerun may start late)
+    page.wait_for_function("t => document.body.innerText.includes(t)", arg="samples = 30", timeout=30_000)
     expand(page, "ds_rows_exp")  # the rows, a sortable table, on demand
     radio(page, "ds_rows", "all")
     assert table_shown(page, "ds_rows_exp")
