@@ -74,9 +74,8 @@ def test_fits_stay_in_their_physical_ranges():
     """A group whose cells do not identify a term (here: every attention cell costs the same, so
     no bandwidth or rate is seen) keeps each parameter inside its bound, with no overflow on the
     way; and every stored parameter lies inside the bounds of its GPU (fit.json)."""
-    from perfmodel.fit.kernels import HARDWARE, bounds, fit_group
-    hw = load_hardware("h100")
-    bw, peak = hw.hbm_bandwidth_bytes_per_s, max(hw.peak_flops_per_s.values())
+    from perfmodel.fit.kernels import bounds, fit_group, peaks
+    bw, peak = peaks("h100")
     s = {"bytes": np.geomspace(1e4, 1e8, 40), "flops": np.geomspace(1e6, 1e10, 40), "ranks": np.ones(40),
          "units": np.full(40, 64.0), "cache": np.geomspace(1e4, 1e8, 40)}
     with warnings.catch_warnings():
@@ -86,12 +85,10 @@ def test_fits_stay_in_their_physical_ranges():
     for name, a, b in zip(gk.param_names("attention"), lo, hi):
         assert a * (1 - 1e-5) <= params[name] <= b * (1 + 1e-5), name
     for gpu in gk.gpus_with_tables():
-        h = load_hardware(HARDWARE[gpu])
-        gbw, gpeak = h.hbm_bandwidth_bytes_per_s, max(h.peak_flops_per_s.values())
         for engine, groups in gk.fits(gpu).items():
             for g, p in groups.items():
                 cls = g.split("/")[0]
-                for name, a, b in zip(gk.param_names(cls), *bounds(cls, gbw, gpeak)):
+                for name, a, b in zip(gk.param_names(cls), *bounds(cls, *peaks(gpu))):
                     assert a * (1 - 1e-5) <= p[name] <= b * (1 + 1e-5), (gpu, engine, g, name, p[name])
 
 

@@ -54,6 +54,13 @@ def start(cls: str, t: np.ndarray, peak_bw: float, peak_flops: float) -> list[fl
     return [first[n] for n in gk.param_names(cls)]
 
 
+def peaks(gpu: str) -> tuple[float, float]:
+    """The GPU preset's HBM bandwidth and highest peak rate (any dtype): what starting values and
+    bounds are scaled by."""
+    hw = load_hardware(HARDWARE[gpu])
+    return hw.hbm_bandwidth_bytes_per_s, max(hw.peak_flops_per_s.values())
+
+
 def bounds(cls: str, peak_bw: float, peak_flops: float) -> tuple[list[float], list[float]]:
     """Physical ranges of the parameters: a rate between a ten-thousandth of the chip's peak and
     four times it (a cache read served from L2 beats HBM), a collective's bus bandwidth up to
@@ -89,8 +96,7 @@ def fit_group(cls: str, s: dict, t: np.ndarray, peak_bw: float, peak_flops: floa
 def fit_gpu(gpu: str) -> dict:
     """Every engine's fit groups on one GPU: {engine: {group: params + residual summary}} and the
     per-engine summary."""
-    hw = load_hardware(HARDWARE[gpu])
-    peak_bw, peak = hw.hbm_bandwidth_bytes_per_s, max(hw.peak_flops_per_s.values())
+    peak_bw, peak = peaks(gpu)
     engines, summary = {}, {}
     for engine in ENGINES:
         tabs = gk.tables(gpu, engine)
