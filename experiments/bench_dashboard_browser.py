@@ -218,7 +218,8 @@ def act(page, kind: str, key: str, value) -> None:
 
 
 def _stat(pid: int) -> list[str]:
-    """Fields of /proc/PID/stat after the command name (Linux): [0] state, [1] ppid, [11] utime, [12] stime."""
+    """Fields of /proc/PID/stat after the command name (Linux): [0] state, [1] ppid, [11] utime, [12] stime,
+    [13] cutime, [14] cstime (the CPU of its children it has reaped)."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
@@ -232,9 +233,10 @@ def cpu_s(pid: int) -> float:
 PROCESS_KINDS = (("--type=renderer", "renderer"), ("--type=gpu-process", "GPU"), ("NetworkService", "network"))
 
 
-def browser_cpu_by_process() -> dict[str, float]:
-    """CPU seconds used so far by the Chromium processes this benchmark started, by kind: the pages'
-    renderers, the GPU process (compositing), the network service and the browser process with the rest."""
+def browser_processes() -> dict[int, tuple[str, float, float]]:
+    """The Chromium processes this benchmark started: pid -> (kind, own CPU seconds so far, CPU seconds
+    of the children it has reaped). Kinds: the pages' renderers, the GPU process (compositing), the
+    network service, and the browser process with the rest."""
     parent, name = {}, {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -247,24 +249,41 @@ def browser_cpu_by_process() -> dict[str, float]:
         kids = [k for k, pp in parent.items() if pp == p]
         mine.update(kids)
         todo += kids
-    total = dict.fromkeys([k for _, k in PROCESS_KINDS] + ["browser"], 0.0)
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
     for p in mine:
         if name.get(p, "").startswith(("chromium", "chrome")):
             with contextlib.suppress(OSError):
                 cmd = Path(f"/proc/{p}/cmdline").read_bytes()  # the process kind is in its flags (--type=...)
+                f = _stat(p)
                 kind = next((k for flag, k in PROCESS_KINDS if flag.encode() in cmd), "browser")
-                total[kind] += cpu_s(p)
-    return total
+                out[p] = (kind, (int(f[11]) + int(f[12])) / tick, (int(f[13]) + int(f[14])) / tick)
+    return out
 
 
 def browser_cpu_s() -> float:
     """CPU seconds used so far by the Chromium processes this benchmark started (all kinds)."""
-    return sum(browser_cpu_by_process().values())
+    return sum(own for _, own, _ in browser_processes().values())
 
 
-def cpu_since(c0: dict[str, float]) -> dict[str, float]:
-    """Browser CPU seconds by process kind since `c0` (browser_cpu_by_process)."""
-    return {k: v - c0.get(k, 0.0) for k, v in browser_cpu_by_process().items()}
+def cpu_since(c0: dict[int, tuple[str, float, float]]) -> dict[str, float]:
+    """Browser CPU seconds by process kind since the snapshot `c0` (browser_processes), per process: a
+    process seen at both ends counts its own CPU since; a new one all of it; one that has exited since
+    (a closed page's renderer) its CPU after `c0`, which its parent's reaped-children time holds (a
+    process still a zombie is still listed). Summing by kind instead would drop, on a process's exit,
+    all the CPU it ever used."""
+    c1 = browser_processes()
+    kinds = [k for _, k in PROCESS_KINDS] + ["browser"]
+    out = dict.fromkeys(kinds, 0.0)
+    for p, (kind, own, _) in c1.items():
+        out[c0[p][0] if p in c0 else kind] += own - (c0[p][1] if p in c0 else 0.0)
+    # what the processes that exited since used after c0: all that their parents reaped, less what they had
+    # used by c0; by their kind (the browser's when they were of several)
+    gone = {p: c0[p] for p in c0 if p not in c1}
+    reaped = sum(ch - c0[p][2] for p, (_, _, ch) in c1.items() if p in c0)
+    kind = {k for k, _, _ in gone.values()}
+    out[kind.pop() if len(kind) == 1 else "browser"] += reaped - sum(own for _, own, _ in gone.values())
+    return out
 
 
 def median_split(splits: list[dict[str, float]]) -> dict[str, float]:
@@ -360,7 +379,7 @@ def load_view(b, url: str, view: str) -> tuple[float, dict[str, float]]:
     browser CPU seconds by process kind from the request until the page is quiet)."""
     from urllib.parse import quote
     quiet()
-    c0 = browser_cpu_by_process()
+    c0 = browser_processes()
     page = new_page(b)
     t0 = time.perf_counter()
     page.goto(f"{url}/?view={quote(view)}", wait_until="commit")
@@ -396,7 +415,7 @@ def floor(b, url: str, loads: int) -> dict:
         got = []
         for _ in range(loads):
             quiet()
-            c0 = browser_cpu_by_process()
+            c0 = browser_processes()
             page = new_page(b)
             t0 = time.perf_counter()
             page.goto(url + "/" + query, wait_until="commit")

@@ -55,3 +55,16 @@ def test_server_listens_on_loopback_and_reaches_nothing_outside(tmp_path):
     assert any(e["event"] == "socket.bind" for e in seen)  # the hook saw the server's own socket
     outside = [e for e in seen if not bb.local_address(e["event"], e["address"])]
     assert not outside, outside
+
+
+def test_page_load_cpu_counts_a_process_that_exited(monkeypatch):
+    """A closed page's renderer exiting during the next load neither takes its whole past CPU off that
+    load (as summing by kind did) nor hides what it used after the first snapshot: its parent's
+    reaped-children time holds all it used. Snapshots: pid -> (kind, own CPU s, reaped children's s)."""
+    c0 = {1: ("browser", 10.0, 0.0), 2: ("browser", 1.0, 0.0), 3: ("renderer", 2.0, 0.0)}
+    # the page's new renderer used 1.5 s; pid 3 exited after 0.25 s more, reaped by pid 2
+    c1 = {1: ("browser", 10.5, 0.0), 2: ("browser", 1.0, 2.25), 4: ("renderer", 1.5, 0.0)}
+    monkeypatch.setattr(bb, "browser_processes", lambda: c1)
+    got = bb.cpu_since(c0)
+    assert got["renderer"] == pytest.approx(1.75) and got["browser"] == pytest.approx(0.5)
+    assert sum(got.values()) == pytest.approx(2.25)
