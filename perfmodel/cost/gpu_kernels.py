@@ -218,8 +218,8 @@ def features(cls: str, key: dict, point: dict) -> tuple[float, float, float]:
     raise SpecError("kernel class", cls, "no physical model")
 
 
-PARAMS = {"gemm": ("fixed_s", "bytes_per_s", "flops_per_s", "min_n", "min_k"),
-          "moe": ("fixed_s", "bytes_per_s", "flops_per_s", "per_expert_s", "overlap"),
+PARAMS = {"gemm": ("fixed_s", "bytes_per_s", "flops_per_s", "min_n", "min_k", "tile_n", "tile_bytes_per_s"),
+          "moe": ("fixed_s", "bytes_per_s", "flops_per_s", "per_expert_s", "overlap", "per_pair_s"),
           "comm": ("fixed_s", "per_peer_s", "bytes_per_s"),
           "attention": ("fixed_s", "bytes_per_s", "flops_per_s", "min_units", "per_unit_s"),
           "mla_core": ("fixed_s", "bytes_per_s", "flops_per_s", "min_units", "per_unit_s"),
@@ -240,6 +240,7 @@ def shape(cls: str, key: dict, point: dict) -> dict:
         out |= {"m": point["m"], "n": point["n"], "k": point["k"], "bpv": BYTES_PER_VALUE.get(key["dtype"], 2.0)}
     if cls == "moe":
         out["experts"] = min(key["experts"], point["tokens"] * key["topk"]) / key["ep"]
+        out["pairs"] = point["tokens"] * key["topk"]  # of the whole batch, whichever rank holds the expert
     if cls in UNITS:  # cached sequences x KV heads the kernel splits its reads over
         units = point["batch"] * (key["kv_heads"] if cls == "attention" else 1)
         out |= {"units": units, "cache": features(cls, key, {**point, "heads": 0} if cls == "mla_module" else point)[0]
@@ -251,12 +252,16 @@ def shape(cls: str, key: dict, point: dict) -> dict:
 def physical_time(params: dict, cls: str, s: dict):
     """The physical component of one kernel (or arrays of them) of class `cls` and shape `s`
     (`shape`) from its fitted `params`:
-      GEMM:        fixed + max((max(n, min_n) max(k, min_k) bytes/weight + activations) / bandwidth,
+      GEMM:        fixed + max((max(n, min_n) max(k, min_k) bytes/weight + activations) / stream,
                                2 m max(n, min_n) k / rate)  -- a kernel streams no fewer columns
                    and rows than its smallest partition (its tile / split), whatever the matrix;
-      grouped MoE: fixed + distinct experts x per_expert + ((bytes / bandwidth)^q + (FLOPs / rate)^q)^(1/q),
-                   q = 1 + overlap (loads and math overlap only partly: q = 1 adds them, a large q is
-                   the roofline's max);
+                   stream = min(bandwidth, max(n / tile_n, 1) x tile_bytes_per_s): a matrix of few
+                   column tiles runs on as few SMs, each streaming its tile at most that fast;
+      grouped MoE: fixed + distinct experts x per_expert + ((bytes / bandwidth)^q + (FLOPs / rate)^q)^(1/q)
+                   + pairs x per_pair, q = 1 + overlap (loads and math overlap only partly: q = 1 adds
+                   them, a large q is the roofline's max); pairs: the whole batch's tokens x top-k,
+                   which the kernel sorts and launches blocks for whichever rank holds their expert
+                   (expert parallelism divides the bytes and math, not these);
       attention / MLA: as others, the cache read at least as if min_units sequence-heads were
                    read (a decode kernel splits its reads over sequences and KV heads);
       collectives: fixed + (ranks - 1) x per_peer + bus bytes / bus bandwidth;
@@ -266,7 +271,8 @@ def physical_time(params: dict, cls: str, s: dict):
         return p["fixed_s"] + np.maximum(s["ranks"] - 1, 0) * p["per_peer_s"] + s["bytes"] / p["bytes_per_s"]
     if cls == "gemm":
         n, k, m = np.maximum(s["n"], p["min_n"]), np.maximum(s["k"], p["min_k"]), s["m"]
-        return p["fixed_s"] + np.maximum((n * k * s["bpv"] + 2.0 * m * (s["n"] + s["k"])) / p["bytes_per_s"],
+        stream = np.minimum(p["bytes_per_s"], np.maximum(s["n"] / p["tile_n"], 1.0) * p["tile_bytes_per_s"])
+        return p["fixed_s"] + np.maximum((n * k * s["bpv"] + 2.0 * m * (s["n"] + s["k"])) / stream,
                                          2.0 * m * n * s["k"] / p["flops_per_s"])
     nbytes = s["bytes"]
     if cls in UNITS:  # too few sequence-heads to keep every SM streaming: the reads of min_units
@@ -280,7 +286,7 @@ def physical_time(params: dict, cls: str, s: dict):
         t = p["fixed_s"] + np.maximum(nbytes / p["bytes_per_s"], s["flops"] / p["flops_per_s"])
     if cls in UNITS:  # each sequence-head's partial results combined (split-KV reduction, bookkeeping)
         t = t + s["units"] * p["per_unit_s"]
-    return t + s["experts"] * p["per_expert_s"] if cls == "moe" else t
+    return t + s["experts"] * p["per_expert_s"] + s["pairs"] * p["per_pair_s"] if cls == "moe" else t
 
 
 GEOMETRY = {"attention": ("heads", "kv_heads", "head_dim"), "moe": ("hidden", "inter", "topk", "experts")}

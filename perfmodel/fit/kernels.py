@@ -48,6 +48,7 @@ def start(cls: str, t: np.ndarray, peak_bw: float, peak_flops: float) -> list[fl
     """Physical starting values: fixed cost below the fastest cell, half the peaks."""
     first = {"fixed_s": max(0.8 * t.min(), 1e-7), "bytes_per_s": 0.5 * peak_bw, "flops_per_s": 0.5 * peak_flops,
              "per_peer_s": 1e-7, "min_n": 256.0, "min_k": 256.0, "per_expert_s": 1e-7, "min_units": 16.0, "per_unit_s": 1e-8,
+             "tile_n": 128.0, "tile_bytes_per_s": peak_bw / 16, "per_pair_s": 1e-9,
              "overlap": 3.0}
     if cls in gk.COMM:
         first["bytes_per_s"] = 1e11
@@ -63,13 +64,15 @@ def peaks(gpu: str) -> tuple[float, float]:
 
 def bounds(cls: str, peak_bw: float, peak_flops: float) -> tuple[list[float], list[float]]:
     """Physical ranges of the parameters: a rate between a ten-thousandth of the chip's peak and
-    four times it (a cache read served from L2 beats HBM), a collective's bus bandwidth up to
-    10 TB/s, costs per peer / expert / unit under a millisecond, partition minima up to 10^5,
+    four times it (a cache read served from L2 beats HBM; a GEMM column tile's bandwidth alike), a
+    collective's bus bandwidth up to 10 TB/s, costs per peer / expert / unit under a millisecond
+    and per routed pair under 0.1 ms, partition minima and tile widths up to 10^5,
     the overlap exponent up to 100 (the roofline's max). Without them a term the cells do not
     identify runs off (a bandwidth of 10^28 B/s), harmless inside the table and absurd outside it."""
     rng = {"fixed_s": (1e-9, 1e-2), "bytes_per_s": (1e-4 * peak_bw, 4.0 * peak_bw),
            "flops_per_s": (1e-4 * peak_flops, 4.0 * peak_flops), "per_peer_s": (1e-12, 1e-3),
            "min_n": (1.0, 1e5), "min_k": (1.0, 1e5), "per_expert_s": (1e-12, 1e-3), "min_units": (1e-3, 1e5),
+           "tile_n": (8.0, 1e5), "per_pair_s": (1e-14, 1e-4), "tile_bytes_per_s": (1e-4 * peak_bw, 4.0 * peak_bw),
            "per_unit_s": (1e-12, 1e-3), "overlap": (1e-6, 100.0)}
     if cls in gk.COMM:
         rng["bytes_per_s"] = (1e6, 1e13)
