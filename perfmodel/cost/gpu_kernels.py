@@ -218,7 +218,7 @@ def features(cls: str, key: dict, point: dict) -> tuple[float, float, float]:
     raise SpecError("kernel class", cls, "no physical model")
 
 
-PARAMS = {"gemm": ("fixed_s", "bytes_per_s", "flops_per_s", "min_n", "min_k", "tile_n", "tile_bytes_per_s"),
+PARAMS = {"gemm": ("fixed_s", "bytes_per_s", "flops_per_s", "min_n", "min_k", "tile_n", "tile_bytes_per_s", "overlap"),
           "moe": ("fixed_s", "bytes_per_s", "flops_per_s", "per_expert_s", "overlap", "per_pair_s"),
           "comm": ("fixed_s", "per_peer_s", "bytes_per_s"),
           "attention": ("fixed_s", "bytes_per_s", "flops_per_s", "min_units", "per_unit_s"),
@@ -249,39 +249,46 @@ def shape(cls: str, key: dict, point: dict) -> dict:
     return out
 
 
+def _overlapped(a, b, overlap):
+    """Loads taking `a` seconds and math taking `b` that overlap only partly: their p-norm,
+    p = 1 + overlap (overlap 0: they add up; large: the slower one alone, a roofline)."""
+    q = 1.0 + overlap
+    top = np.maximum(np.maximum(a, b), 1e-300)  # scaled by the larger, so no power overflows
+    return top * ((a / top) ** q + (b / top) ** q) ** (1 / q)
+
+
 def physical_time(params: dict, cls: str, s: dict):
     """The physical component of one kernel (or arrays of them) of class `cls` and shape `s`
     (`shape`) from its fitted `params`:
-      GEMM:        fixed + max((max(n, min_n) max(k, min_k) bytes/weight + activations) / stream,
-                               2 m max(n, min_n) k / rate)  -- a kernel streams no fewer columns
-                   and rows than its smallest partition (its tile / split), whatever the matrix;
-                   stream = min(bandwidth, max(n / tile_n, 1) x tile_bytes_per_s): a matrix of few
-                   column tiles runs on as few SMs, each streaming its tile at most that fast;
-      grouped MoE: fixed + distinct experts x per_expert + ((bytes / bandwidth)^q + (FLOPs / rate)^q)^(1/q)
-                   + pairs x per_pair, q = 1 + overlap (loads and math overlap only partly: q = 1 adds
-                   them, a large q is the roofline's max); pairs: the whole batch's tokens x top-k,
+      GEMM:        fixed + overlapped((max(n, min_n) max(k, min_k) bytes/weight + activations) / stream,
+                                      2 m max(n, min_n) k / rate)  -- a kernel streams no fewer
+                   columns and rows than its smallest partition (its tile / split), whatever the
+                   matrix; stream = min(bandwidth, max(n / tile_n, 1) x tile_bytes_per_s): a matrix
+                   of few column tiles runs on as few SMs, each streaming its tile at most that fast;
+      grouped MoE: fixed + distinct experts x per_expert + overlapped(bytes / bandwidth, FLOPs / rate)
+                   + pairs x per_pair; pairs: the whole batch's tokens x top-k,
                    which the kernel sorts and launches blocks for whichever rank holds their expert
                    (expert parallelism divides the bytes and math, not these);
       attention / MLA: as others, the cache read at least as if min_units sequence-heads were
                    read (a decode kernel splits its reads over sequences and KV heads);
       collectives: fixed + (ranks - 1) x per_peer + bus bytes / bus bandwidth;
-      others:      fixed + max(bytes / bandwidth, FLOPs / rate)."""
+      others:      fixed + max(bytes / bandwidth, FLOPs / rate);
+    overlapped(loads, math) = (loads^q + math^q)^(1/q), q = 1 + overlap: loads and math overlap
+    only partly (overlap 0 adds them, a large one is the roofline's max; a weight-only int4 GEMM
+    dequantises what it loads before its math)."""
     p = params
     if cls in COMM:
         return p["fixed_s"] + np.maximum(s["ranks"] - 1, 0) * p["per_peer_s"] + s["bytes"] / p["bytes_per_s"]
     if cls == "gemm":
         n, k, m = np.maximum(s["n"], p["min_n"]), np.maximum(s["k"], p["min_k"]), s["m"]
         stream = np.minimum(p["bytes_per_s"], np.maximum(s["n"] / p["tile_n"], 1.0) * p["tile_bytes_per_s"])
-        return p["fixed_s"] + np.maximum((n * k * s["bpv"] + 2.0 * m * (s["n"] + s["k"])) / stream,
-                                         2.0 * m * n * s["k"] / p["flops_per_s"])
+        return p["fixed_s"] + _overlapped((n * k * s["bpv"] + 2.0 * m * (s["n"] + s["k"])) / stream,
+                                          2.0 * m * n * s["k"] / p["flops_per_s"], p["overlap"])
     nbytes = s["bytes"]
     if cls in UNITS:  # too few sequence-heads to keep every SM streaming: the reads of min_units
         nbytes = nbytes + s["cache"] * (np.maximum(s["units"], p["min_units"]) / s["units"] - 1)
-    if cls == "moe":  # weight loads and math of a grouped GEMM overlap only partly: a p-norm of the two
-        q = 1.0 + p["overlap"]  # (overlap 0: they add up; large: the slower one alone, a roofline)
-        a, b = nbytes / p["bytes_per_s"], s["flops"] / p["flops_per_s"]
-        top = np.maximum(np.maximum(a, b), 1e-300)  # scaled by the larger, so no power overflows
-        t = p["fixed_s"] + top * ((a / top) ** q + (b / top) ** q) ** (1 / q)
+    if cls == "moe":
+        t = p["fixed_s"] + _overlapped(nbytes / p["bytes_per_s"], s["flops"] / p["flops_per_s"], p["overlap"])
     else:
         t = p["fixed_s"] + np.maximum(nbytes / p["bytes_per_s"], s["flops"] / p["flops_per_s"])
     if cls in UNITS:  # each sequence-head's partial results combined (split-KV reduction, bookkeeping)
