@@ -51,7 +51,8 @@ def cmd_predict(a) -> dict:
         prompt = {"prompt": a.prompt, "prefill_chunk": a.prefill_chunk or a.prompt}
     elif a.prefill_chunk is not None:
         raise SpecError("--prefill-chunk", a.prefill_chunk, "needs --prompt")
-    method = (f"{d.serving_engine} kernels replayed back to back (perfmodel.engine.serving)" if d.serving_engine
+    method = (f"{d.serving_engine} kernels replayed back to back, shared experts beside the routed ones where "
+              "the engine runs them on a second stream (perfmodel.engine.serving)" if d.serving_engine
               else f"{d.engine} timeline simulation (perfmodel.engine.{d.engine})")
     out = {"schema_version": SCHEMA_VERSION, "command": "predict",
            "inputs": inputs_json(a, model, hw, d, batch=a.batch, **prompt), "method": method,
@@ -77,7 +78,9 @@ def cmd_predict(a) -> dict:
         if d.serving_engine:
             k = out["results"][0]["kernels"]
             print(f"kernels per step: {k['count']}, {100 * k['measured_share']:.0f} % of the time from measured "
-                  f"tables, the rest physical (perfmodel explain --layer N lists each)")
+                  f"tables, the rest physical (perfmodel explain --layer N lists each)"
+                  + (f"; {1e6 * k['hidden_s']:.0f} us of shared experts on a second stream hidden beside the "
+                     f"routed experts" if k["hidden_s"] else ""))
         print()
         print(f"per layer kind at batch {preds[0].deployment.batch}:")
         print(layer_summary(preds[0]))
@@ -191,8 +194,9 @@ def cmd_explain(a) -> dict:
         if d.serving_engine:
             print(f"\n{d.serving_engine} kernels (table = measured, interpolated in the table's axes; physical = "
                   "extrapolated by the fitted or generic components):")
-            print(table(["op", "kernel", "class", "us", "from", "source"],
+            print(table(["op", "kernel", "class", "us", "from", "stream", "source"],
                         [[r["op"], k["kernel"], k["class"], k["seconds"] * 1e6, "table" if k["measured"] else "physical",
+                          f"aux ({1e6 * k['exposed_s']:.2f} us exposed)" if k.get("stream") else "main",
                           k["source"] if len(k["source"]) <= 90 else k["source"][:87] + "..."]
                          for r in out["ops"] for k in r.get("kernels", [])]))
         print("\nterms (each op in isolation; full sources with --json):")

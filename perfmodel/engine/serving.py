@@ -6,7 +6,9 @@ its attention / MLA / KDA kernels, its all-reduce and MoE dispatch. `kernels` ex
 op graph into that list (each kernel attached to the op it implements); each kernel is costed by
 perfmodel.cost.gpu_kernels (`cost`): the engine's measured table where it reaches, else the
 physical component fitted to the tables, else the hardware file's generic components. The step
-replays them back to back on one stream (one CUDA graph): nothing overlaps.
+replays them back to back on one stream (one CUDA graph), but for the shared experts of an engine
+that runs them on a second stream beside the routed experts at few rows (the inventory's
+[shared_experts_stream]): only what the routed experts' time does not cover of them is added.
 
 Layouts: attention TP over `tp`, attention data parallelism over devices / (tp x pp), experts
 over `ep` groups of devices / ep; MoE tokens reach the experts by all-reduce (tokens replicated
@@ -34,6 +36,7 @@ from perfmodel.spec.hardware import Hardware
 from perfmodel.util.errors import SpecError
 
 TABLE_DTYPE = {"fp8-kv": "fp8", "int4-group32": "int4", "int4-g128-f32": "int4"}
+SHARED_EXPERT_OPS = ("shared_gate_up", "shared_down")
 
 
 @dataclass
@@ -49,6 +52,7 @@ class Kernel:
     measured: bool = False
     cause: str = "compute"    # where its time goes in the step's breakdown
     levels: list = field(default_factory=list)  # a collective's (scope, seconds) beyond one domain
+    stream: str = "main"      # "aux": on the second stream, beside the layer's routed experts
 
 
 def _values(expr: str, names: dict) -> float:
@@ -113,7 +117,7 @@ def _kernels(model: ModelSpec, hw: Hardware, d: Deployment, g: OpGraph) -> list[
             memo[sig] = (idx[0], _layer_kernels(model, hw, d, g, inv, tabs, layer, idx))
         first, ks = memo[sig]
         out += [Kernel(k.op - first + idx[0], k.name, k.cls, k.key, k.point, k.seconds, k.source, k.measured,
-                       k.cause, k.levels) for k in ks]
+                       k.cause, k.levels, k.stream) for k in ks]
     out += _pp_kernels(model, hw, d, g)
     return out
 
@@ -203,6 +207,10 @@ def _layer_kernels(model, hw, d, g, inv, tabs, layer, idx) -> list[Kernel]:
         for k in after:
             ks.append(_elementwise(k, nm, t, j, hw, tabs, inv))
         prev_ar = op in ar_names and any(k.op == j for k in ks)
+    if "routed_experts" in names and t * d.dp <= inv.get("shared_experts_stream", {}).get("max_rows", -1):
+        for k in ks:  # the shared experts on the second stream, beside the routed experts
+            if g.name[k.op] in SHARED_EXPERT_OPS:
+                k.stream = "aux"
     return ks
 
 
@@ -446,23 +454,46 @@ def fastest_kernel_s(gpu: str, engine: str) -> float:
     return gk.tables(gpu, engine).fastest_kernel_s
 
 
+def exposed_share(ks: list[Kernel], g: OpGraph) -> dict[int, float]:
+    """Per layer with kernels on the second stream: the share of their time the step still pays,
+    what the layer's routed experts (on the main stream meanwhile) do not cover."""
+    aux, beside = {}, {}
+    for k in ks:
+        layer = int(g.layer[k.op])
+        if k.stream == "aux":
+            aux[layer] = aux.get(layer, 0.0) + k.seconds
+        elif g.name[k.op] == "routed_experts":
+            beside[layer] = beside.get(layer, 0.0) + k.seconds
+    return {layer: max(0.0, a - beside.get(layer, 0.0)) / a if a > 0 else 0.0 for layer, a in aux.items()}
+
+
 def simulate_serving(model: ModelSpec, hw: Hardware, d: Deployment, g: OpGraph, record: bool = False
                      ) -> tuple[Timeline, list[Kernel]]:
     """The step as the engine's kernels back to back: per-op start / end and waits by cause (each
-    kernel's time to its cause: collectives, routed experts, the rest compute or streaming)."""
+    kernel's time to its cause: collectives, routed experts, the rest compute or streaming); a
+    kernel on the second stream adds only its share not hidden beside the routed experts
+    (`exposed_share`), and its event lies on the "aux" lane."""
     ks = kernels(model, hw, d, g)
+    share = exposed_share(ks, g)
     n = len(g)
     dur = np.zeros(n)
     wait = {c: np.zeros(n) for c in ("compute", "weight_streaming", "expert_fetch", "collective", "launch", "fill_drain")}
     for k in ks:
-        dur[k.op] += k.seconds
-        wait[k.cause][k.op] += k.seconds
+        paid = k.seconds * (share[int(g.layer[k.op])] if k.stream == "aux" else 1.0)
+        dur[k.op] += paid
+        wait[k.cause][k.op] += paid
     end = np.cumsum(dur)
     start = end - dur
     tl = Timeline(start, end, wait, float(end[-1]) if n else 0.0, float(g.bytes.sum()))
     if record:
-        t0 = start.copy()
+        t0, aux_t = start.copy(), {}
         for k in ks:
+            if k.stream == "aux":  # back to back on their own lane from the first one's start
+                layer = int(g.layer[k.op])
+                a = aux_t.setdefault(layer, start[k.op])
+                tl.events.append(("aux", k.name, layer, a, a + k.seconds))
+                aux_t[layer] = a + k.seconds
+                continue
             lane = "link" if k.cause == "collective" else "compute"
             tl.events.append((lane, k.name, int(g.layer[k.op]), t0[k.op], t0[k.op] + k.seconds))
             t0[k.op] += k.seconds

@@ -2,16 +2,19 @@
 `kernels` and per op `kernels`: name, class, seconds, measured or physical, source)."""
 from __future__ import annotations
 
-from perfmodel.engine.serving import kernels
+from perfmodel.engine.serving import exposed_share, kernels
 from perfmodel.graph import ops as ops_mod
 
 
 def kernel_rows(model, hw, d) -> tuple[list[dict], object]:
     g = ops_mod.build(model, d)
+    ks = kernels(model, hw, d, g)
+    share = exposed_share(ks, g)
     rows = [{"op_index": k.op, "op": g.name[k.op], "layer": int(g.layer[k.op]), "kernel": k.name, "class": k.cls,
              "seconds": k.seconds, "measured": k.measured, "source": k.source, "shape": k.point,
-             **({"levels": [{"scope": s, "seconds": t} for s, t in k.levels]} if k.levels else {})}
-            for k in kernels(model, hw, d, g)]
+             **({"levels": [{"scope": s, "seconds": t} for s, t in k.levels]} if k.levels else {}),
+             **({"stream": "aux", "exposed_s": k.seconds * share[int(g.layer[k.op])]} if k.stream == "aux" else {})}
+            for k in ks]
     return rows, g
 
 
@@ -27,6 +30,7 @@ def kernel_summary(model, hw, d) -> dict:
         e["count"] += 1
         e["seconds"] += r["seconds"]
         e["measured"] = e["measured"] and r["measured"]
-    return {"count": len(rows), "seconds": total,
+    hidden = sum(r["seconds"] - r["exposed_s"] for r in rows if r.get("stream") == "aux")
+    return {"count": len(rows), "seconds": total, "hidden_s": hidden,
             "measured_share": sum(r["seconds"] for r in rows if r["measured"]) / total,
             "by_kernel": sorted(by.values(), key=lambda e: -e["seconds"])}
