@@ -135,6 +135,16 @@ def test_trace_json_and_atomic_write(capsys, tmp_path):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_trace_of_a_serving_engine_has_its_second_stream(capsys, tmp_path):
+    """vLLM's shared experts on their own stream get their own thread in the trace."""
+    path = tmp_path / "t.json"
+    json_of(capsys, "trace", "--model", "kimi-k3", "--hardware", "gb200", "--devices", "16", "--tp", "16",
+            "--engine", "multikernel", "--serving-engine", "vllm", "--out", str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    aux = [e for e in events if e.get("tid") == 4 and e["ph"] == "X"]
+    assert aux and {e["name"] for e in aux} >= {"shared_gate_up_gemm", "shared_down_gemm"}
+
+
 def test_reproduce_json_and_write_into_a_target(capsys, tmp_path):
     """The fit's JSON is plain (numpy scalars leaked once); --write needs a directory, writes
     only there, after the output, and says what it changed."""

@@ -16,9 +16,9 @@ import streamlit as st
 
 from . import common as c
 
-LANES = ("dma", "compute", "link")
-LANE_NAMES = {"dma": "DMA engine", "compute": "compute unit", "link": "links"}
-LANE_COLORS = {"dma": "#ff7f0e", "compute": "#1f77b4", "link": "#2ca02c"}
+LANES = ("dma", "compute", "aux", "link")  # aux: a GPU serving engine's second stream
+LANE_NAMES = {"dma": "DMA engine", "compute": "compute unit", "aux": "second stream", "link": "links"}
+LANE_COLORS = {"dma": "#ff7f0e", "compute": "#1f77b4", "aux": "#9467bd", "link": "#2ca02c"}
 CAUSE_COLORS = {"weight_streaming": "#ff7f0e", "expert_fetch": "#ffbb78", "collective": "#2ca02c",
                 "launch": "#9467bd", "fill_drain": "#c5b0d5", "compute": "#1f77b4", "draft": "#8c564b"}
 EXTRA_COLORS = ("#17becf", "#e377c2", "#bcbd22", "#7f7f7f", "#8c564b", "#d62728")

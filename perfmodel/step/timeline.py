@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from perfmodel.step.predict import Prediction
 
-LANES = {"compute": 1, "dma": 2, "link": 3}
+LANES = {"compute": 1, "dma": 2, "link": 3, "aux": 4}  # aux: a GPU engine's second stream
 
 
 def chrome_trace(p: Prediction) -> dict:
-    """Trace Event Format: one process per prediction, one thread per lane (compute, DMA, link)."""
+    """Trace Event Format: one process per prediction, one thread per lane (compute, DMA, link, and
+    a GPU serving engine's second stream)."""
     if not p.timeline.events:
         raise ValueError("prediction has no recorded events: call predict(..., record=True)")
     events = [{"ph": "M", "name": "process_name", "pid": 1,
