@@ -44,7 +44,7 @@ TPU_V7, GB200 = published_label("A", "tpu-v7"), published_label("B", "gb200")
 
 # the expanders that draw their tables only when opened (lazy): the tests open them
 TABLE_EXPANDERS = ("cmp_errors_exp", "cmp_pred_exp", "wi_layers_exp", "ex_ops_exp", "ds_rows_exp",
-                   "val_host_table_exp", "val_trace_exp")  # the sections drawn on demand
+                   "val_host_table_exp", "val_trace_exp", "val_runs_exp")  # the sections drawn on demand
 
 
 def open_view(view: str = "Compare", errors_ok: bool = False, tab: str | None = None, **state) -> AppTest:

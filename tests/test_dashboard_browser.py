@@ -174,10 +174,12 @@ def upload_measurements(page, tmp_path: Path, text: str, rows: int) -> None:
     """Compare's measurements CSV uploaded as bench.csv, and the chart redrawn with it."""
     csv = tmp_path / "bench.csv"
     csv.write_text(text)
-    page.get_by_text("Load your own measurements (CSV)").click()
+    page.get_by_text("Load your own measurements (CSV)").click()  # a popover: the uploader is mounted when it opens
     upload(page, "cmp_upload", csv)
     page.get_by_text(f"Loaded {rows} measured point(s) from bench.csv").wait_for()
     bb.wait_idle(page)
+    page.keyboard.press("Escape")  # closed: the upload stays (it is the widget's state, not the popover's)
+    page.locator(".st-key-cmp_upload").wait_for(state="detached")
     # Vega draws the new points after the rerun ends: wait for them, not for a fixed time
     page.wait_for_function("""() => [...document.querySelectorAll('.st-key-cmp_chart svg.marks [aria-label]')]
       .some(e => e.getAttribute('aria-label').includes('series: your upload'))""", timeout=60_000, polling=50)
@@ -239,15 +241,24 @@ def metric(page, label: str) -> str:
 
 def downloads(page) -> dict[str, bytes]:
     """Every download button of the page clicked one after another, without waiting for the files, then
-    each file read back: {file name: content}."""
-    buttons = page.locator('[data-testid="stDownloadButton"] button')
-    n = buttons.count()
-    assert n >= 2
-    got = []
+    each file read back: {file name: content}. The buttons sit in download menus (popovers, mounted when
+    opened): each menu is opened, its buttons clicked, and closed again."""
+    menus = page.locator('[data-testid="stPopover"]').filter(has_text="Download")
+    assert menus.count() >= 1
+    assert page.locator('[data-testid="stDownloadButton"]').count() == 0  # none drawn before a menu opens
+    got, n = [], 0
     listener = lambda d: got.append(d)  # noqa: E731  (playwright takes a Python function)
     page.on("download", listener)
-    for i in range(n):
-        buttons.nth(i).click()
+    for m in range(menus.count()):
+        menus.nth(m).locator('[data-testid="stPopoverButton"]').click()
+        buttons = page.locator('[data-testid="stPopoverBody"] [data-testid="stDownloadButton"] button')
+        buttons.first.wait_for()
+        for i in range(buttons.count()):
+            buttons.nth(i).click()
+            n += 1
+        page.keyboard.press("Escape")
+        buttons.first.wait_for(state="detached")
+    assert n >= 2
     deadline = time.monotonic() + 90
     while len(got) < n and time.monotonic() < deadline:
         page.wait_for_timeout(200)

@@ -459,15 +459,21 @@ def cli_sweep(model: str, hw: str, key: tuple, depths_mib, onchip_mib: float | N
 
 # ----- output helpers ---------------------------------------------------------------------------
 
+def download_menu(key: str, label: str = "Download CSV / JSON"):
+    """A button that opens the downloads beside it (a popover: the browser mounts what it holds only when
+    it is opened, so a page load does not draw every download button)."""
+    return st.popover(label, icon=":material/download:", key=f"{key}_menu")
+
+
 def downloads(df: pd.DataFrame, stem: str, key: str, extra_json: dict | None = None) -> None:
-    """CSV and JSON download buttons for a table (JSON carries the rows plus any context)."""
-    c1, c2 = st.columns(2)
-    # the files are built when clicked (callables), so a re-render does not serialise every table; a click
-    # does not rerun the page (a rerun would drop the file another button is still fetching)
-    c1.download_button("Download CSV", lambda: csv_download(df), file_name=f"{stem}.csv", mime="text/csv",
-                       key=f"{key}_csv", on_click="ignore")
-    c2.download_button("Download JSON", lambda: table_json(df, extra_json), file_name=f"{stem}.json",
-                       mime="application/json", key=f"{key}_json", on_click="ignore")
+    """CSV and JSON download buttons for a table (JSON carries the rows plus any context), in a download menu."""
+    with download_menu(key):
+        # the files are built when clicked (callables), so a re-render does not serialise every table; a click
+        # does not rerun the page (a rerun would drop the file another button is still fetching)
+        st.download_button("Download CSV", lambda: csv_download(df), file_name=f"{stem}.csv", mime="text/csv",
+                           key=f"{key}_csv", on_click="ignore")
+        st.download_button("Download JSON", lambda: table_json(df, extra_json), file_name=f"{stem}.json",
+                           mime="application/json", key=f"{key}_json", on_click="ignore")
 
 
 def table_json(df: pd.DataFrame, extra: dict | None = None) -> str:
@@ -493,9 +499,8 @@ def static_table(df: pd.DataFrame, formats: dict[str, str] | None = None) -> Non
 
 def show_command(cmd: str, caption: str = "Reproduce with the CLI:") -> None:
     """The command beside a number, as inline code in markdown (selectable, wrapped): st.code's highlighter
-    bundle would cost each page load about 0.3 s of browser CPU."""
-    st.caption(caption)
-    st.markdown(code_span(cmd))
+    bundle would cost each page load about 0.3 s of browser CPU. One element: the caption in small type above."""
+    st.markdown(f":small[{caption}]  \n{code_span(cmd)}")
 
 
 def code_span(text: str) -> str:

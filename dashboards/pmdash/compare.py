@@ -146,7 +146,7 @@ def load_points() -> tuple[pd.DataFrame, str]:
     host, host_note = measured.host_points()
     if host is not None:
         points.append(host)
-    with st.expander("Load your own measurements (CSV)"):
+    with st.popover("Load your own measurements (CSV)", icon=":material/upload:", key="cmp_upload_menu"):
         st.caption("Columns: hardware, engine, batch, tokens_per_s; optional model, devices, tp, ep, context, "
                    "draft_rows, acceptance_length, steps_per_call, serving_engine, kv_cache, prefetch_mib, "
                    "expert_slots, vmem_mib, source. A setting left out is perfmodel's default (tp = ep = devices, "

@@ -147,16 +147,14 @@ def render() -> None:
     cmd = ["perfmodel", "explain", "--model", c._cli_name("model", model), "--hardware", c._cli_name("hardware", hw),
            "--devices", str(k["devices"]), "--tp", str(k["tp"]), "--ep", str(k["ep"]), "--engine", engine,
            "--batch", str(batch), "--layer", str(layer), "--json"]
-    left, right = st.columns([3, 2])
-    with left:
-        st.markdown("**Terms: each op's latency terms alone, their mechanism and source**")
-        terms = terms_table(out)
-        c.static_table(terms, {"us (alone)": ".3f"})
-    with right:
-        c.show_command(shlex.join(cmd))
-        st.caption("An op's terms are its costs in isolation; in the step they overlap (the Gantt above), so they "
-                   "do not add up to the layer's time.")
-        c.downloads(terms, f"explain_layer{layer}_terms", "ex_terms_dl", {"explain": out})
+    # one column: the terms table is wide (its sources), and beside a second column it ran over that one
+    st.markdown("**Terms: each op's latency terms alone, their mechanism and source**")
+    st.caption("An op's terms are its costs in isolation; in the step they overlap (the Gantt above), so they "
+               "do not add up to the layer's time.")
+    c.show_command(shlex.join(cmd))
+    terms = terms_table(out)
+    c.downloads(terms, f"explain_layer{layer}_terms", "ex_terms_dl", {"explain": out})
+    c.static_table(terms, {"us (alone)": ".3f"})
     ops = st.expander("Ops: bytes, FLOPs, time and what each waited on", key="ex_ops_exp", on_change="rerun")
     if ops.open:
         with ops:
