@@ -160,6 +160,15 @@ def expand(page, key: str) -> None:
     settle(page)
 
 
+def in_menu(page, key: str, action) -> None:
+    """`action` on the widgets of popover `key` (mounted only while it is open): opened, used, closed."""
+    page.locator(f".st-key-{key} [data-testid='stPopoverButton']").click()
+    page.locator("[data-testid='stPopoverBody']").wait_for()
+    action()
+    page.keyboard.press("Escape")
+    page.locator("[data-testid='stPopoverBody']").wait_for(state="detached")
+
+
 def click(page, key: str) -> None:
     page.locator(f".st-key-{key} button").first.click()
     settle(page)
@@ -317,17 +326,21 @@ def test_compare_every_control_upload_and_downloads(page, tmp_path):
     changes(page, "cmp_chart", lambda: toggle(page, "cmp_logy"))
     assert axis(figure(page, "cmp_chart"), "Y") == "log"
     # the published GB200 runs name their serving engine and KV cache format: another one is no reference
-    changes(page, "cmp_chart", lambda: pick(page, "cmp_B_serving", "generic"))
+    # each platform's serving engine, KV cache and steps per call are in its popover (mounted when opened)
+    assert page.locator(".st-key-cmp_B_serving").count() == 0
+    in_menu(page, "cmp_B_kernels_menu", lambda: changes(page, "cmp_chart", lambda: pick(page, "cmp_B_serving", "generic")))
     assert "differs in serving engine (yours generic, measured vllm)" in page.inner_text("body")
-    changes(page, "cmp_chart", lambda: pick(page, "cmp_B_kv", "model's"))
-    changes(page, "cmp_chart", lambda: pick(page, "cmp_A_kv", "fp8-kv"))
+    in_menu(page, "cmp_B_kernels_menu", lambda: changes(page, "cmp_chart", lambda: pick(page, "cmp_B_kv", "model's")))
+    assert "generic engine, KV model's" in page.locator(".st-key-cmp_B_kernels_menu").inner_text()  # the label says
+    in_menu(page, "cmp_A_kernels_menu", lambda: changes(page, "cmp_chart", lambda: pick(page, "cmp_A_kv", "fp8-kv")))
     assert "Not a reference for platform A" in page.inner_text("body")
-    changes(page, "cmp_chart", lambda: pick(page, "cmp_A_kv", "model's"))
+    in_menu(page, "cmp_A_kernels_menu", lambda: changes(page, "cmp_chart", lambda: pick(page, "cmp_A_kv", "model's")))
     for tag, layout in (("A", {"devices": 64, "ep": 16, "tp": 16}), ("B", {"devices": 32, "ep": 32, "tp": 8})):
         # GB200's per-call cost is nil (a CUDA graph per step): there steps per call change only the command
         redraw = (lambda act: changes(page, "cmp_chart", act)) if tag == "A" else (lambda act: act())
-        redraw(lambda: type_in(page, f"cmp_{tag}_steps_per_call", 2))
-        redraw(lambda: type_in(page, f"cmp_{tag}_spec_steps_per_call", 2))
+        in_menu(page, f"cmp_{tag}_kernels_menu", lambda: (
+            redraw(lambda: type_in(page, f"cmp_{tag}_steps_per_call", 2)),
+            redraw(lambda: type_in(page, f"cmp_{tag}_spec_steps_per_call", 2))))
         assert page.inner_text("body").count("--steps-per-call 2") >= (1 if tag == "A" else 2)
         for field, v in layout.items():  # layouts that run: every change redraws the curves
             changes(page, "cmp_chart", lambda: type_in(page, f"cmp_{tag}_{field}", v))
@@ -379,9 +392,11 @@ def test_whatif_every_control_tab_click_and_downloads(page):
     changes(page, "wi_breakdown", lambda: pick(page, "wi_model", "kimi-k3-mini"))
     changes(page, "wi_breakdown", lambda: pick(page, "wi_hw", "gb200"))  # a GPU serving engine's kernels
     changes(page, "wi_breakdown", lambda: radio(page, "wi_engine", "multikernel"))
-    changes(page, "wi_breakdown", lambda: pick(page, "wi_serving", "vllm"))
-    changes(page, "wi_breakdown", lambda: pick(page, "wi_kv", "fp8-kv"))
-    changes(page, "wi_breakdown", lambda: pick(page, "wi_serving", "generic"))
+    in_menu(page, "wi_kernels_menu", lambda: (  # the serving engine and KV cache: in a popover
+        changes(page, "wi_breakdown", lambda: pick(page, "wi_serving", "vllm")),
+        changes(page, "wi_breakdown", lambda: pick(page, "wi_kv", "fp8-kv"))))
+    assert page.locator(".st-key-wi_kernels_menu").inner_text().startswith("vllm engine, KV fp8-kv")
+    in_menu(page, "wi_kernels_menu", lambda: changes(page, "wi_breakdown", lambda: pick(page, "wi_serving", "generic")))
     changes(page, "wi_breakdown", lambda: radio(page, "wi_engine", "megakernel"))
     changes(page, "wi_breakdown", lambda: pick(page, "wi_hw", "tpu-v6e"))
     for key in ("wi_prefetch", "wi_slots", "wi_vmem"):

@@ -73,7 +73,7 @@ CANONICAL = canonical()
 # set from state (uploaders, buttons, downloads, selectable charts: by their key's ending or word) and
 # widgets whose options depend on other inputs (key prefixes).
 VIEW_PREFIXES = ("cmp_", "wi_", "ex_", "val_", "mh_", "ds_", "sv_")
-NOT_SETTABLE_WORDS = ("_upload", "_dl", "_btn", "_pick", "_near_")
+NOT_SETTABLE_WORDS = ("_upload", "_dl", "_btn", "_pick", "_near_", "_menu")
 NOT_SETTABLE_ENDINGS = ("_csv", "_json")
 NOT_SETTABLE_PREFIXES = ("wi_layers", "wi_acc", "val_run", "val_path_run", "val_upload_run")
 
@@ -234,13 +234,28 @@ def register_upload(kind: str, filename: str, data: bytes) -> str:
 
 # ----- deployments and cached predictions -----------------------------------------------------
 
+def serving_engine_allowed(hw: str, engine: str, prefix: str) -> bool:
+    """Whether a serving engine can be chosen (a GPU's multi-kernel engine); where not, its select
+    (key PREFIX_serving) is put at generic."""
+    gpu_mk = engine == "multikernel" and load_hardware_ref(hardware_ref(hw)).kind == "gpu"
+    if not gpu_mk:
+        st.session_state[f"{prefix}_serving"] = GENERIC
+    return gpu_mk
+
+
+def kernel_menu(prefix: str, hw: str, engine: str, more: str = ""):
+    """A popover (its widgets mounted only when it is opened) for the serving engine and KV cache selects
+    (kernel_choices) and any others (`more`: their values for the label), labelled with their values."""
+    serving_engine_allowed(hw, engine, prefix)
+    label = f"{st.session_state[f'{prefix}_serving']} engine, KV {st.session_state[f'{prefix}_kv']}{more}"
+    return st.popover(label, key=f"{prefix}_kernels_menu")
+
+
 def kernel_choices(col_engine, col_kv, hw: str, engine: str, prefix: str) -> tuple[str | None, str | None]:
     """The serving engine and KV cache format selects (keys PREFIX_serving, PREFIX_kv): (serving engine or
     None for the generic engine, KV format or None for the model's). A serving engine is a GPU
     multi-kernel engine: on other hardware or engines the select is off, at generic."""
-    gpu_mk = engine == "multikernel" and load_hardware_ref(hardware_ref(hw)).kind == "gpu"
-    if not gpu_mk:
-        st.session_state[f"{prefix}_serving"] = GENERIC
+    gpu_mk = serving_engine_allowed(hw, engine, prefix)
     serving = col_engine.selectbox("Serving engine", (GENERIC, *serving_engines()), key=f"{prefix}_serving",
                                    disabled=not gpu_mk, help="GPU multi-kernel only: replay this engine's measured "
                                    "kernels (`--serving-engine`); generic: perfmodel's multi-kernel engine.")

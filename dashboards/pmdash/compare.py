@@ -47,15 +47,19 @@ def platform_inputs(col, tag: str, default: dict, errs: list) -> dict | None:
         h, e = st.columns(2)
         hw = h.selectbox("Hardware", hw_opts, key=f"cmp_{tag}_hw")
         engine = e.radio("Engine", ("megakernel", "multikernel"), horizontal=True, key=f"cmp_{tag}_engine")
-        serving, kv = c.kernel_choices(*st.columns(2), hw, engine, f"cmp_{tag}")
-        a, b, e, f, g = st.columns(5)
+        a, b, e = st.columns(3)
         devices = number_field(a, "Devices", f"cmp_{tag}_devices", errors=errs)
         tp = number_field(b, "TP", f"cmp_{tag}_tp", errors=errs)
         ep = number_field(e, "EP groups", f"cmp_{tag}_ep", errors=errs)
-        steps = number_field(f, "Steps per call", f"cmp_{tag}_steps_per_call", errors=errs,
-                             help="Decode steps one device call runs (its per-call cost is shared by them).")
-        spec_steps = number_field(g, "... with spec decode", f"cmp_{tag}_spec_steps_per_call", errors=errs,
-                                  help="Steps per device call of the speculative-decoding curve.")
+        # the kernels and steps per call, in a popover (mounted when opened) that names their values
+        steps_now = [st.session_state[f"cmp_{tag}_{k}"] for k in ("steps_per_call", "spec_steps_per_call")]
+        with c.kernel_menu(f"cmp_{tag}", hw, engine, ", {} steps/call ({} spec)".format(*steps_now)):
+            serving, kv = c.kernel_choices(*st.columns(2), hw, engine, f"cmp_{tag}")
+            f, g = st.columns(2)
+            steps = number_field(f, "Steps per call", f"cmp_{tag}_steps_per_call", errors=errs,
+                                 help="Decode steps one device call runs (its per-call cost is shared by them).")
+            spec_steps = number_field(g, "... with spec decode", f"cmp_{tag}_spec_steps_per_call", errors=errs,
+                                      help="Steps per device call of the speculative-decoding curve.")
     if None in (devices, tp, ep, steps, spec_steps):
         return None
     label = (f"{tag}: {hw} {engine if serving is None else serving + ' kernels'} ({devices} dev, tp {tp}, ep {ep}"

@@ -42,7 +42,8 @@ def inputs() -> tuple[dict | None, list[str]]:
     tpu = c.CANONICAL["tpu-v7"]
     c.init(wi_model="kimi-k3", wi_hw="tpu-v7", wi_engine=tpu["engine"], wi_batch="1", wi_devices=str(tpu["devices"]),
            wi_tp=str(tpu["tp"]), wi_ep=str(tpu["ep"]), wi_context="4096", wi_steps=str(tpu["steps_per_call"]),
-           wi_prefetch="", wi_slots="", wi_vmem="", wi_spec=False, wi_draft="7", wi_tab=TABS[0])
+           wi_prefetch="", wi_slots="", wi_vmem="", wi_spec=False, wi_draft="7", wi_tab=TABS[0],
+           wi_serving=c.GENERIC, wi_kv=c.MODEL_KV)
     errs: list[str] = []
     r1 = st.columns(4)
     model = r1[0].selectbox("Model", models, key="wi_model")
@@ -80,7 +81,8 @@ def inputs() -> tuple[dict | None, list[str]]:
                 st.session_state["wi_acc"] = top
             acc = b.slider("Acceptance length", 1.0, top, min(c.SPEC_ACCEPTANCE, top), step=0.5, key="wi_acc",
                            help="Tokens accepted per verification step (tau).")
-    serving, kv = c.kernel_choices(*st.columns(2), hw, engine, "wi")
+    with c.kernel_menu("wi", hw, engine):  # GPU multi-kernel only: in a popover, labelled with their values
+        serving, kv = c.kernel_choices(*st.columns(2), hw, engine, "wi")
     if errs:
         return None, errs
     key = c.dep_key(devices, tp, ep, engine, batch=batch, context=context, prefetch_mib=prefetch,
