@@ -392,11 +392,9 @@ def test_whatif_every_control_tab_click_and_downloads(page):
     changes(page, "wi_breakdown", lambda: pick(page, "wi_model", "kimi-k3-mini"))
     changes(page, "wi_breakdown", lambda: pick(page, "wi_hw", "gb200"))  # a GPU serving engine's kernels
     changes(page, "wi_breakdown", lambda: radio(page, "wi_engine", "multikernel"))
-    in_menu(page, "wi_kernels_menu", lambda: (  # the serving engine and KV cache: in a popover
-        changes(page, "wi_breakdown", lambda: pick(page, "wi_serving", "vllm")),
-        changes(page, "wi_breakdown", lambda: pick(page, "wi_kv", "fp8-kv"))))
-    assert page.locator(".st-key-wi_kernels_menu").inner_text().startswith("vllm engine, KV fp8-kv")
-    in_menu(page, "wi_kernels_menu", lambda: changes(page, "wi_breakdown", lambda: pick(page, "wi_serving", "generic")))
+    changes(page, "wi_breakdown", lambda: pick(page, "wi_serving", "vllm"))
+    changes(page, "wi_breakdown", lambda: pick(page, "wi_kv", "fp8-kv"))
+    changes(page, "wi_breakdown", lambda: pick(page, "wi_serving", "generic"))
     changes(page, "wi_breakdown", lambda: radio(page, "wi_engine", "megakernel"))
     changes(page, "wi_breakdown", lambda: pick(page, "wi_hw", "tpu-v6e"))
     for key in ("wi_prefetch", "wi_slots", "wi_vmem"):
@@ -480,14 +478,21 @@ def test_design_search_every_control_upload_and_downloads(page, tmp_path):
     page.get_by_role("option", name="tpu-v7", exact=True).click()
     page.locator(".st-key-ds_model").click()
     page.get_by_role("option", name="kimi-k3", exact=True).click()
-    for key, v in (("ds_devices", 32), ("ds_tp", 32), ("ds_ep", 8), ("ds_samples", 30), ("ds_seed", 1), ("ds_top", 5)):
-        f = page.locator(f".st-key-{key} input")
-        f.fill(str(v))
-        f.press("Tab")
+    def fill(*fields):
+        for key, v in fields:
+            f = page.locator(f".st-key-{key} input")
+            f.fill(str(v))
+            f.press("Tab")
+
+    fill(("ds_devices", 32), ("ds_tp", 32), ("ds_ep", 8))
     page.locator(".st-key-ds_engine").get_by_text("megakernel", exact=True).click()
     page.locator(".st-key-ds_kind").get_by_text("random", exact=True).click()
-    page.locator(".st-key-ds_objective").click()
-    page.get_by_role("option", name="step_s", exact=True).click()
+
+    def ranking():  # in a popover, closed again before the sweep runs: the form keeps what was typed
+        fill(("ds_samples", 30), ("ds_seed", 1), ("ds_top", 5))
+        page.locator(".st-key-ds_objective").click()
+        page.get_by_role("option", name="step_s", exact=True).click()
+    in_menu(page, "ds_rank_menu", ranking)
     changes(page, "ds_pareto", lambda: (page.get_by_role("button", name="Run sweep").click(), settle(page)))
     expand(page, "ds_file_exp")  # the sweep file, on demand (on a loaded machine its rerun may start late)
     page.wait_for_function("t => document.body.innerText.includes(t)", arg="samples = 30", timeout=30_000)
@@ -537,13 +542,15 @@ def test_serving_every_control_and_downloads(page):
     annotated(page, "TPOT target 15 ms (p90)")
     radio(page, "sv_pct", "p50")
     annotated(page, "TPOT target 15 ms (p50)")
-    for key, v in (("sv_requests", 60), ("sv_input", 512), ("sv_output", 128), ("sv_seed", 1),
-                   ("sv_loads", "0.5, 2, 8")):
-        changes(page, "sv_chart", lambda: type_in(page, key, v))
+    for key, v in (("sv_requests", 60), ("sv_input", 512), ("sv_output", 128), ("sv_seed", 1)):  # in a popover
+        in_menu(page, "sv_traffic_menu", lambda: changes(page, "sv_chart", lambda: type_in(page, key, v)))
+    assert page.locator(".st-key-sv_traffic_menu").inner_text().startswith(
+        "60 requests per load, 512 prompt / 128 output tokens, seed 1")
+    changes(page, "sv_chart", lambda: type_in(page, "sv_loads", "0.5, 2, 8"))
     p50 = [m for m in figure(page, "sv_chart")["series"]["TTFT p50"] if m["role"] == "point"]
     assert [m["offered load (Poisson arrivals, requests/s)"] for m in p50] == ["0.5", "2", "8"]
-    changes(page, "sv_chart", lambda: pick(page, "sv_kv", "model's"))
-    changes(page, "sv_chart", lambda: pick(page, "sv_serving", "generic"))
+    in_menu(page, "sv_kernels_menu", lambda: (changes(page, "sv_chart", lambda: pick(page, "sv_kv", "model's")),
+                                              changes(page, "sv_chart", lambda: pick(page, "sv_serving", "generic"))))
     for key, v in (("sv_ep", 16), ("sv_tp", 8), ("sv_devices", 32)):  # layouts that run
         changes(page, "sv_chart", lambda: type_in(page, key, v))
     changes(page, "sv_chart", lambda: radio(page, "sv_arrivals", "concurrency (clients)"))

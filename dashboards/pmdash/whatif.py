@@ -81,8 +81,7 @@ def inputs() -> tuple[dict | None, list[str]]:
                 st.session_state["wi_acc"] = top
             acc = b.slider("Acceptance length", 1.0, top, min(c.SPEC_ACCEPTANCE, top), step=0.5, key="wi_acc",
                            help="Tokens accepted per verification step (tau).")
-    with c.kernel_menu("wi", hw, engine):  # GPU multi-kernel only: in a popover, labelled with their values
-        serving, kv = c.kernel_choices(*st.columns(2), hw, engine, "wi")
+    serving, kv = c.kernel_choices(*st.columns(2), hw, engine, "wi")
     if errs:
         return None, errs
     key = c.dep_key(devices, tp, ep, engine, batch=batch, context=context, prefetch_mib=prefetch,
