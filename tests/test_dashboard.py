@@ -826,11 +826,16 @@ def test_whatif_other_hardware_and_model():
 
 # ----- Explain -----------------------------------------------------------------------------------
 
+def headline(at: AppTest, label: str) -> str:
+    """A figure of Explain's headline line ("label: **value** · ...")."""
+    return next(m.group(1) for md in at.markdown for m in [re.search(re.escape(label) + r": \*\*(.+?)\*\*", md.value)] if m)
+
+
 def test_explain_layers_gantt_terms_and_command():
     at = open_view("Explain")
     parts = series(chart(at, "ex_layers_pick"), "bar")
     assert {"compute", "DMA stall", "collectives"} <= set(parts)
-    layer_us = number(metric(at, "layer 1 (kda+dense)"))
+    layer_us = number(headline(at, "layer 1 (kda+dense) in the step"))
     total = sum(r["us"] for rows in parts.values() for r in rows if r["layer"] == 1)  # layer 1's parts add up to it
     assert total == pytest.approx(layer_us, abs=0.01)
     lanes = set(series(chart(at, "ex_gantt"), "bar"))
@@ -845,7 +850,7 @@ def test_explain_layers_gantt_terms_and_command():
     assert len(out["ops"]) == len(table_with(at, "waited on"))
     typed(at, "ex_layer", 4)
     assert_clean(at)
-    assert metric(at, "layer 4 (mla+moe)")
+    assert headline(at, "layer 4 (mla+moe) in the step").endswith(" us")
     assert "routed_experts" in gantt_labels(chart(at, "ex_gantt"))
     typed(at, "ex_layer", 999)
     assert_message(at, "out of range")
