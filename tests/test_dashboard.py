@@ -147,6 +147,11 @@ def metric(at: AppTest, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
 
 
+def headline(at: AppTest, label: str) -> str:
+    """A figure of a headline line ("label: **value** · ...": Compare's errors, Explain's figures)."""
+    return next(m.group(1) for md in at.markdown for m in [re.search(re.escape(label) + r": \*\*(.+?)\*\*", md.value)] if m)
+
+
 def number(text: str) -> float:
     return float(re.sub(r"[^0-9.+-e]", "", text.replace(",", "")).split()[0])
 
@@ -277,7 +282,7 @@ def test_compare_default_shows_published_points_with_errors_and_cli():
     assert set(tpu[tpu["role"] == "fitted"]["batch"]) == {1, 8}  # the calibration's training points
     assert set(tpu[tpu["role"] == "held-out"]["batch"]) == {2, 4}
     assert set(err[err["platform"] == GB200]["role"]) == {"nothing fitted"}  # the serving engine's own kernels
-    assert metric(at, "Mean absolute error over the points shown").endswith("%")
+    assert headline(at, "Mean absolute error over the points shown").endswith("%")
     # the captions name the published deployments as the table holds them
     gb = next(m for m in seed_measurements() if m.hardware == "gb200")
     head = at.caption[0].value
@@ -825,11 +830,6 @@ def test_whatif_other_hardware_and_model():
 
 
 # ----- Explain -----------------------------------------------------------------------------------
-
-def headline(at: AppTest, label: str) -> str:
-    """A figure of Explain's headline line ("label: **value** · ...")."""
-    return next(m.group(1) for md in at.markdown for m in [re.search(re.escape(label) + r": \*\*(.+?)\*\*", md.value)] if m)
-
 
 def test_explain_layers_gantt_terms_and_command():
     at = open_view("Explain")
