@@ -44,7 +44,7 @@ TPU_V7, GB200 = published_label("A", "tpu-v7"), published_label("B", "gb200")
 
 # the expanders that draw their tables only when opened (lazy): the tests open them
 TABLE_EXPANDERS = ("cmp_errors_exp", "cmp_pred_exp", "wi_layers_exp", "ex_ops_exp", "ds_rows_exp",
-                   "val_host_table_exp", "val_trace_exp")  # the sections drawn on demand
+                   "val_host_table_exp", "val_trace_exp", "val_runs_exp")  # the sections drawn on demand
 
 
 def open_view(view: str = "Compare", errors_ok: bool = False, tab: str | None = None, **state) -> AppTest:
@@ -145,6 +145,11 @@ def use_deployment(at: AppTest, prefix: str, hw: str, engine: str, **layout) -> 
 
 def metric(at: AppTest, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
+
+
+def headline(at: AppTest, label: str) -> str:
+    """A figure of a headline line ("label: **value** · ...": Compare's errors, Explain's figures)."""
+    return next(m.group(1) for md in at.markdown for m in [re.search(re.escape(label) + r": \*\*(.+?)\*\*", md.value)] if m)
 
 
 def number(text: str) -> float:
@@ -277,7 +282,7 @@ def test_compare_default_shows_published_points_with_errors_and_cli():
     assert set(tpu[tpu["role"] == "fitted"]["batch"]) == {1, 8}  # the calibration's training points
     assert set(tpu[tpu["role"] == "held-out"]["batch"]) == {2, 4}
     assert set(err[err["platform"] == GB200]["role"]) == {"nothing fitted"}  # the serving engine's own kernels
-    assert metric(at, "Mean absolute error over the points shown").endswith("%")
+    assert headline(at, "Mean absolute error over the points shown").endswith("%")
     # the captions name the published deployments as the table holds them
     gb = next(m for m in seed_measurements() if m.hardware == "gb200")
     head = at.caption[0].value
@@ -830,7 +835,7 @@ def test_explain_layers_gantt_terms_and_command():
     at = open_view("Explain")
     parts = series(chart(at, "ex_layers_pick"), "bar")
     assert {"compute", "DMA stall", "collectives"} <= set(parts)
-    layer_us = number(metric(at, "layer 1 (kda+dense)"))
+    layer_us = number(headline(at, "layer 1 (kda+dense) in the step"))
     total = sum(r["us"] for rows in parts.values() for r in rows if r["layer"] == 1)  # layer 1's parts add up to it
     assert total == pytest.approx(layer_us, abs=0.01)
     lanes = set(series(chart(at, "ex_gantt"), "bar"))
@@ -845,7 +850,7 @@ def test_explain_layers_gantt_terms_and_command():
     assert len(out["ops"]) == len(table_with(at, "waited on"))
     typed(at, "ex_layer", 4)
     assert_clean(at)
-    assert metric(at, "layer 4 (mla+moe)")
+    assert headline(at, "layer 4 (mla+moe) in the step").endswith(" us")
     assert "routed_experts" in gantt_labels(chart(at, "ex_gantt"))
     typed(at, "ex_layer", 999)
     assert_message(at, "out of range")

@@ -160,6 +160,15 @@ def expand(page, key: str) -> None:
     settle(page)
 
 
+def in_menu(page, key: str, action) -> None:
+    """`action` on the widgets of popover `key` (mounted only while it is open): opened, used, closed."""
+    page.locator(f".st-key-{key} [data-testid='stPopoverButton']").click()
+    page.locator("[data-testid='stPopoverBody']").wait_for()
+    action()
+    page.keyboard.press("Escape")
+    page.locator("[data-testid='stPopoverBody']").wait_for(state="detached")
+
+
 def click(page, key: str) -> None:
     page.locator(f".st-key-{key} button").first.click()
     settle(page)
@@ -174,10 +183,12 @@ def upload_measurements(page, tmp_path: Path, text: str, rows: int) -> None:
     """Compare's measurements CSV uploaded as bench.csv, and the chart redrawn with it."""
     csv = tmp_path / "bench.csv"
     csv.write_text(text)
-    page.get_by_text("Load your own measurements (CSV)").click()
+    page.get_by_text("Load your own measurements (CSV)").click()  # a popover: the uploader is mounted when it opens
     upload(page, "cmp_upload", csv)
     page.get_by_text(f"Loaded {rows} measured point(s) from bench.csv").wait_for()
     bb.wait_idle(page)
+    page.keyboard.press("Escape")  # closed: the upload stays (it is the widget's state, not the popover's)
+    page.locator(".st-key-cmp_upload").wait_for(state="detached")
     # Vega draws the new points after the rerun ends: wait for them, not for a fixed time
     page.wait_for_function("""() => [...document.querySelectorAll('.st-key-cmp_chart svg.marks [aria-label]')]
       .some(e => e.getAttribute('aria-label').includes('series: your upload'))""", timeout=60_000, polling=50)
@@ -239,15 +250,24 @@ def metric(page, label: str) -> str:
 
 def downloads(page) -> dict[str, bytes]:
     """Every download button of the page clicked one after another, without waiting for the files, then
-    each file read back: {file name: content}."""
-    buttons = page.locator('[data-testid="stDownloadButton"] button')
-    n = buttons.count()
-    assert n >= 2
-    got = []
+    each file read back: {file name: content}. The buttons sit in download menus (popovers, mounted when
+    opened): each menu is opened, its buttons clicked, and closed again."""
+    menus = page.locator('[data-testid="stPopover"]').filter(has_text="Download")
+    assert menus.count() >= 1
+    assert page.locator('[data-testid="stDownloadButton"]').count() == 0  # none drawn before a menu opens
+    got, n = [], 0
     listener = lambda d: got.append(d)  # noqa: E731  (playwright takes a Python function)
     page.on("download", listener)
-    for i in range(n):
-        buttons.nth(i).click()
+    for m in range(menus.count()):
+        menus.nth(m).locator('[data-testid="stPopoverButton"]').click()
+        buttons = page.locator('[data-testid="stPopoverBody"] [data-testid="stDownloadButton"] button')
+        buttons.first.wait_for()
+        for i in range(buttons.count()):
+            buttons.nth(i).click()
+            n += 1
+        page.keyboard.press("Escape")
+        buttons.first.wait_for(state="detached")
+    assert n >= 2
     deadline = time.monotonic() + 90
     while len(got) < n and time.monotonic() < deadline:
         page.wait_for_timeout(200)
@@ -306,17 +326,21 @@ def test_compare_every_control_upload_and_downloads(page, tmp_path):
     changes(page, "cmp_chart", lambda: toggle(page, "cmp_logy"))
     assert axis(figure(page, "cmp_chart"), "Y") == "log"
     # the published GB200 runs name their serving engine and KV cache format: another one is no reference
-    changes(page, "cmp_chart", lambda: pick(page, "cmp_B_serving", "generic"))
+    # each platform's serving engine, KV cache and steps per call are in its popover (mounted when opened)
+    assert page.locator(".st-key-cmp_B_serving").count() == 0
+    in_menu(page, "cmp_B_kernels_menu", lambda: changes(page, "cmp_chart", lambda: pick(page, "cmp_B_serving", "generic")))
     assert "differs in serving engine (yours generic, measured vllm)" in page.inner_text("body")
-    changes(page, "cmp_chart", lambda: pick(page, "cmp_B_kv", "model's"))
-    changes(page, "cmp_chart", lambda: pick(page, "cmp_A_kv", "fp8-kv"))
+    in_menu(page, "cmp_B_kernels_menu", lambda: changes(page, "cmp_chart", lambda: pick(page, "cmp_B_kv", "model's")))
+    assert "generic engine, KV model's" in page.locator(".st-key-cmp_B_kernels_menu").inner_text()  # the label says
+    in_menu(page, "cmp_A_kernels_menu", lambda: changes(page, "cmp_chart", lambda: pick(page, "cmp_A_kv", "fp8-kv")))
     assert "Not a reference for platform A" in page.inner_text("body")
-    changes(page, "cmp_chart", lambda: pick(page, "cmp_A_kv", "model's"))
+    in_menu(page, "cmp_A_kernels_menu", lambda: changes(page, "cmp_chart", lambda: pick(page, "cmp_A_kv", "model's")))
     for tag, layout in (("A", {"devices": 64, "ep": 16, "tp": 16}), ("B", {"devices": 32, "ep": 32, "tp": 8})):
         # GB200's per-call cost is nil (a CUDA graph per step): there steps per call change only the command
         redraw = (lambda act: changes(page, "cmp_chart", act)) if tag == "A" else (lambda act: act())
-        redraw(lambda: type_in(page, f"cmp_{tag}_steps_per_call", 2))
-        redraw(lambda: type_in(page, f"cmp_{tag}_spec_steps_per_call", 2))
+        in_menu(page, f"cmp_{tag}_kernels_menu", lambda: (
+            redraw(lambda: type_in(page, f"cmp_{tag}_steps_per_call", 2)),
+            redraw(lambda: type_in(page, f"cmp_{tag}_spec_steps_per_call", 2))))
         assert page.inner_text("body").count("--steps-per-call 2") >= (1 if tag == "A" else 2)
         for field, v in layout.items():  # layouts that run: every change redraws the curves
             changes(page, "cmp_chart", lambda: type_in(page, f"cmp_{tag}_{field}", v))
@@ -454,14 +478,21 @@ def test_design_search_every_control_upload_and_downloads(page, tmp_path):
     page.get_by_role("option", name="tpu-v7", exact=True).click()
     page.locator(".st-key-ds_model").click()
     page.get_by_role("option", name="kimi-k3", exact=True).click()
-    for key, v in (("ds_devices", 32), ("ds_tp", 32), ("ds_ep", 8), ("ds_samples", 30), ("ds_seed", 1), ("ds_top", 5)):
-        f = page.locator(f".st-key-{key} input")
-        f.fill(str(v))
-        f.press("Tab")
+    def fill(*fields):
+        for key, v in fields:
+            f = page.locator(f".st-key-{key} input")
+            f.fill(str(v))
+            f.press("Tab")
+
+    fill(("ds_devices", 32), ("ds_tp", 32), ("ds_ep", 8))
     page.locator(".st-key-ds_engine").get_by_text("megakernel", exact=True).click()
     page.locator(".st-key-ds_kind").get_by_text("random", exact=True).click()
-    page.locator(".st-key-ds_objective").click()
-    page.get_by_role("option", name="step_s", exact=True).click()
+
+    def ranking():  # in a popover, closed again before the sweep runs: the form keeps what was typed
+        fill(("ds_samples", 30), ("ds_seed", 1), ("ds_top", 5))
+        page.locator(".st-key-ds_objective").click()
+        page.get_by_role("option", name="step_s", exact=True).click()
+    in_menu(page, "ds_rank_menu", ranking)
     changes(page, "ds_pareto", lambda: (page.get_by_role("button", name="Run sweep").click(), settle(page)))
     expand(page, "ds_file_exp")  # the sweep file, on demand (on a loaded machine its rerun may start late)
     page.wait_for_function("t => document.body.innerText.includes(t)", arg="samples = 30", timeout=30_000)
@@ -511,13 +542,15 @@ def test_serving_every_control_and_downloads(page):
     annotated(page, "TPOT target 15 ms (p90)")
     radio(page, "sv_pct", "p50")
     annotated(page, "TPOT target 15 ms (p50)")
-    for key, v in (("sv_requests", 60), ("sv_input", 512), ("sv_output", 128), ("sv_seed", 1),
-                   ("sv_loads", "0.5, 2, 8")):
-        changes(page, "sv_chart", lambda: type_in(page, key, v))
+    for key, v in (("sv_requests", 60), ("sv_input", 512), ("sv_output", 128), ("sv_seed", 1)):  # in a popover
+        in_menu(page, "sv_traffic_menu", lambda: changes(page, "sv_chart", lambda: type_in(page, key, v)))
+    assert page.locator(".st-key-sv_traffic_menu").inner_text().startswith(
+        "60 requests per load, 512 prompt / 128 output tokens, seed 1")
+    changes(page, "sv_chart", lambda: type_in(page, "sv_loads", "0.5, 2, 8"))
     p50 = [m for m in figure(page, "sv_chart")["series"]["TTFT p50"] if m["role"] == "point"]
     assert [m["offered load (Poisson arrivals, requests/s)"] for m in p50] == ["0.5", "2", "8"]
-    changes(page, "sv_chart", lambda: pick(page, "sv_kv", "model's"))
-    changes(page, "sv_chart", lambda: pick(page, "sv_serving", "generic"))
+    in_menu(page, "sv_kernels_menu", lambda: (changes(page, "sv_chart", lambda: pick(page, "sv_kv", "model's")),
+                                              changes(page, "sv_chart", lambda: pick(page, "sv_serving", "generic"))))
     for key, v in (("sv_ep", 16), ("sv_tp", 8), ("sv_devices", 32)):  # layouts that run
         changes(page, "sv_chart", lambda: type_in(page, key, v))
     changes(page, "sv_chart", lambda: radio(page, "sv_arrivals", "concurrency (clients)"))

@@ -73,7 +73,7 @@ CANONICAL = canonical()
 # set from state (uploaders, buttons, downloads, selectable charts: by their key's ending or word) and
 # widgets whose options depend on other inputs (key prefixes).
 VIEW_PREFIXES = ("cmp_", "wi_", "ex_", "val_", "mh_", "ds_", "sv_")
-NOT_SETTABLE_WORDS = ("_upload", "_dl", "_btn", "_pick", "_near_")
+NOT_SETTABLE_WORDS = ("_upload", "_dl", "_btn", "_pick", "_near_", "_menu")
 NOT_SETTABLE_ENDINGS = ("_csv", "_json")
 NOT_SETTABLE_PREFIXES = ("wi_layers", "wi_acc", "val_run", "val_path_run", "val_upload_run")
 
@@ -234,13 +234,28 @@ def register_upload(kind: str, filename: str, data: bytes) -> str:
 
 # ----- deployments and cached predictions -----------------------------------------------------
 
+def serving_engine_allowed(hw: str, engine: str, prefix: str) -> bool:
+    """Whether a serving engine can be chosen (a GPU's multi-kernel engine); where not, its select
+    (key PREFIX_serving) is put at generic."""
+    gpu_mk = engine == "multikernel" and load_hardware_ref(hardware_ref(hw)).kind == "gpu"
+    if not gpu_mk:
+        st.session_state[f"{prefix}_serving"] = GENERIC
+    return gpu_mk
+
+
+def kernel_menu(prefix: str, hw: str, engine: str, more: str = ""):
+    """A popover (its widgets mounted only when it is opened) for the serving engine and KV cache selects
+    (kernel_choices) and any others (`more`: their values for the label), labelled with their values."""
+    serving_engine_allowed(hw, engine, prefix)
+    label = f"{st.session_state[f'{prefix}_serving']} engine, KV {st.session_state[f'{prefix}_kv']}{more}"
+    return st.popover(label, key=f"{prefix}_kernels_menu")
+
+
 def kernel_choices(col_engine, col_kv, hw: str, engine: str, prefix: str) -> tuple[str | None, str | None]:
     """The serving engine and KV cache format selects (keys PREFIX_serving, PREFIX_kv): (serving engine or
     None for the generic engine, KV format or None for the model's). A serving engine is a GPU
     multi-kernel engine: on other hardware or engines the select is off, at generic."""
-    gpu_mk = engine == "multikernel" and load_hardware_ref(hardware_ref(hw)).kind == "gpu"
-    if not gpu_mk:
-        st.session_state[f"{prefix}_serving"] = GENERIC
+    gpu_mk = serving_engine_allowed(hw, engine, prefix)
     serving = col_engine.selectbox("Serving engine", (GENERIC, *serving_engines()), key=f"{prefix}_serving",
                                    disabled=not gpu_mk, help="GPU multi-kernel only: replay this engine's measured "
                                    "kernels (`--serving-engine`); generic: perfmodel's multi-kernel engine.")
@@ -459,15 +474,21 @@ def cli_sweep(model: str, hw: str, key: tuple, depths_mib, onchip_mib: float | N
 
 # ----- output helpers ---------------------------------------------------------------------------
 
+def download_menu(key: str, label: str = "Download CSV / JSON"):
+    """A button that opens the downloads beside it (a popover: the browser mounts what it holds only when
+    it is opened, so a page load does not draw every download button)."""
+    return st.popover(label, icon=":material/download:", key=f"{key}_menu")
+
+
 def downloads(df: pd.DataFrame, stem: str, key: str, extra_json: dict | None = None) -> None:
-    """CSV and JSON download buttons for a table (JSON carries the rows plus any context)."""
-    c1, c2 = st.columns(2)
-    # the files are built when clicked (callables), so a re-render does not serialise every table; a click
-    # does not rerun the page (a rerun would drop the file another button is still fetching)
-    c1.download_button("Download CSV", lambda: csv_download(df), file_name=f"{stem}.csv", mime="text/csv",
-                       key=f"{key}_csv", on_click="ignore")
-    c2.download_button("Download JSON", lambda: table_json(df, extra_json), file_name=f"{stem}.json",
-                       mime="application/json", key=f"{key}_json", on_click="ignore")
+    """CSV and JSON download buttons for a table (JSON carries the rows plus any context), in a download menu."""
+    with download_menu(key):
+        # the files are built when clicked (callables), so a re-render does not serialise every table; a click
+        # does not rerun the page (a rerun would drop the file another button is still fetching)
+        st.download_button("Download CSV", lambda: csv_download(df), file_name=f"{stem}.csv", mime="text/csv",
+                           key=f"{key}_csv", on_click="ignore")
+        st.download_button("Download JSON", lambda: table_json(df, extra_json), file_name=f"{stem}.json",
+                           mime="application/json", key=f"{key}_json", on_click="ignore")
 
 
 def table_json(df: pd.DataFrame, extra: dict | None = None) -> str:
@@ -493,9 +514,8 @@ def static_table(df: pd.DataFrame, formats: dict[str, str] | None = None) -> Non
 
 def show_command(cmd: str, caption: str = "Reproduce with the CLI:") -> None:
     """The command beside a number, as inline code in markdown (selectable, wrapped): st.code's highlighter
-    bundle would cost each page load about 0.3 s of browser CPU."""
-    st.caption(caption)
-    st.markdown(code_span(cmd))
+    bundle would cost each page load about 0.3 s of browser CPU. One element: the caption in small type above."""
+    st.markdown(f":small[{caption}]  \n{code_span(cmd)}")
 
 
 def code_span(text: str) -> str:

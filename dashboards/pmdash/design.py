@@ -74,14 +74,19 @@ def inputs() -> tuple[str, int, str]:
                 "engine": r1[5].radio("Engine", ENGINES, key="ds_engine")}
         r2 = st.columns(len(AXES))
         axes = {k: r2[i].multiselect(k, AXES[k], key=f"ds_{k}") for i, k in enumerate(AXES)}
-        r3 = st.columns(5)
-        kind = r3[0].radio("Design", ("grid", "random"), horizontal=True, key="ds_kind",
-                           help="grid: every combination; random: samples drawn from the values")
-        samples = int(r3[1].number_input("Samples (random)", 1, 100_000, key="ds_samples"))
-        seed = int(r3[2].number_input("Seed (random)", 0, 2**31, key="ds_seed"))
-        objective = r3[3].selectbox("Objective (top K)", list(OBJECTIVES), key="ds_objective")
-        top = int(r3[4].number_input("K", 1, 1000, key="ds_top"))
-        st.form_submit_button("Run sweep")
+        r3 = st.container(horizontal=True, vertical_alignment="bottom")
+        kind = r3.radio("Design", ("grid", "random"), horizontal=True, key="ds_kind",
+                        help="grid: every combination; random: samples drawn from the values")
+        # the ranking and the random draw: a popover (mounted when opened) labelled with their values
+        v = {k: st.session_state[f"ds_{k}"] for k in ("top", "objective", "samples", "seed")}
+        with r3, st.popover(f"top {v['top']} by {v['objective']}; random: {v['samples']} samples, seed {v['seed']}",
+                            key="ds_rank_menu"):
+            r = st.columns([2, 1, 1, 1])
+            objective = r[0].selectbox("Objective (top K)", list(OBJECTIVES), key="ds_objective")
+            top = int(r[1].number_input("K", 1, 1000, key="ds_top"))
+            samples = int(r[2].number_input("Samples (random)", 1, 100_000, key="ds_samples"))
+            seed = int(r[3].number_input("Seed (random)", 0, 2**31, key="ds_seed"))
+        r3.form_submit_button("Run sweep")
     axes = {k: sorted(v) for k, v in axes.items() if v}
     if not axes:
         axes = {"batch": [1]}

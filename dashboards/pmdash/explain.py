@@ -129,13 +129,12 @@ def render() -> None:
     if layer is None:
         return
     row = next(x for x in p["layers"] if x["layer"] == layer)
-    m = st.columns(5)
-    m[0].metric("step time", f"{p['step_s'] * 1e3:.3f} ms")
-    m[1].metric("tokens/s", f"{p['tokens_per_s']:,.0f}")
-    m[2].metric(f"layer {layer} ({row['kind']})", f"{row['time_s'] * 1e6:.2f} us",
-                help="The layer's time in the step: its parts below add up to it.")
-    m[3].metric("share of the step", f"{row['time_s'] / p['step_s']:.1%}")
-    m[4].metric("largest part", label(max(parts([row]), key=lambda k: row[k], default="-")))
+    # the headline figures as one line (one element: a row of st.metric cost the page load about 0.1 CPU-s)
+    st.markdown(" · ".join(f"{k}: **{v}**" for k, v in (
+        ("step time", f"{p['step_s'] * 1e3:.3f} ms"), ("tokens/s", f"{p['tokens_per_s']:,.0f}"),
+        (f"layer {layer} ({row['kind']}) in the step", f"{row['time_s'] * 1e6:.2f} us"),
+        ("share of the step", f"{row['time_s'] / p['step_s']:.1%}"),
+        ("largest part", label(max(parts([row]), key=lambda k: row[k], default="-"))))))
     charts.show(layers_figure(m_ref, h_ref, key, layer), "ex_layers_pick", on_select=pick_layer, selection_mode="bar")
     st.subheader(f"Layer {layer} ({row['kind']}): its ops on the DMA, compute and link lanes")
     with st.spinner("Simulating the step's events..."):
@@ -147,16 +146,14 @@ def render() -> None:
     cmd = ["perfmodel", "explain", "--model", c._cli_name("model", model), "--hardware", c._cli_name("hardware", hw),
            "--devices", str(k["devices"]), "--tp", str(k["tp"]), "--ep", str(k["ep"]), "--engine", engine,
            "--batch", str(batch), "--layer", str(layer), "--json"]
-    left, right = st.columns([3, 2])
-    with left:
-        st.markdown("**Terms: each op's latency terms alone, their mechanism and source**")
-        terms = terms_table(out)
-        c.static_table(terms, {"us (alone)": ".3f"})
-    with right:
-        c.show_command(shlex.join(cmd))
-        st.caption("An op's terms are its costs in isolation; in the step they overlap (the Gantt above), so they "
-                   "do not add up to the layer's time.")
-        c.downloads(terms, f"explain_layer{layer}_terms", "ex_terms_dl", {"explain": out})
+    # one column: the terms table is wide (its sources), and beside a second column it ran over that one
+    st.markdown("**Terms: each op's latency terms alone, their mechanism and source**")
+    st.caption("An op's terms are its costs in isolation; in the step they overlap (the Gantt above), so they "
+               "do not add up to the layer's time.")
+    c.show_command(shlex.join(cmd))
+    terms = terms_table(out)
+    c.downloads(terms, f"explain_layer{layer}_terms", "ex_terms_dl", {"explain": out})
+    c.static_table(terms, {"us (alone)": ".3f"})
     ops = st.expander("Ops: bytes, FLOPs, time and what each waited on", key="ex_ops_exp", on_change="rerun")
     if ops.open:
         with ops:

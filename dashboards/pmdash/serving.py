@@ -67,31 +67,37 @@ def inputs(errs: list) -> dict | None:
            sv_kv=gb["kv_cache"], sv_devices=str(gb["devices"]), sv_tp=str(gb["tp"]), sv_ep=str(gb["ep"]),
            sv_arrivals=list(ARRIVALS)[0], sv_loads=DEFAULT_LOADS["rate"], sv_requests="100", sv_input="1024",
            sv_output="256", sv_seed="0", sv_ttft="1", sv_tpot="30", sv_pct="p90")
-    r1 = st.columns([2, 2, 2, 1, 1])
+    r1 = st.columns([2, 2, 2, 1, 1, 1])
     model = r1[0].selectbox("Model", c.model_options(), key="sv_model")
     hw = r1[1].selectbox("Hardware", c.hardware_options(), key="sv_hw")
     engine = r1[2].radio("Engine", ("megakernel", "multikernel"), horizontal=True, key="sv_engine")
-    serving, kv = c.kernel_choices(r1[3], r1[4], hw, engine, "sv")
-    r2 = st.columns(6)
-    devices = number_field(r2[0], "Devices", "sv_devices", errors=errs)
-    tp = number_field(r2[1], "TP", "sv_tp", errors=errs)
-    ep = number_field(r2[2], "EP groups", "sv_ep", errors=errs)
-    requests = number_field(r2[3], "Requests per load", "sv_requests", lo=2, hi=100_000, errors=errs,
-                            help="Requests simulated at each load (more: smoother percentiles, slower).")
-    input_len = number_field(r2[4], "Prompt tokens", "sv_input", hi=1_000_000, errors=errs)
-    output_len = number_field(r2[5], "Output tokens", "sv_output", lo=2, hi=1_000_000, errors=errs)
-    r3 = st.columns([2, 3, 1, 1, 1, 1])
-    label = r3[0].radio("Offered load", list(ARRIVALS), key="sv_arrivals", on_change=reset_loads)
+    devices = number_field(r1[3], "Devices", "sv_devices", errors=errs)
+    tp = number_field(r1[4], "TP", "sv_tp", errors=errs)
+    ep = number_field(r1[5], "EP groups", "sv_ep", errors=errs)
+    r2 = st.columns([2, 3, 1, 1, 1])
+    label = r2[0].radio("Offered load", list(ARRIVALS), key="sv_arrivals", on_change=reset_loads)
     arrivals = ARRIVALS[label]
     integer = arrivals == "concurrency"
-    loads = batches_field(r3[1], "Loads (comma-separated)", "sv_loads", errors=errs,
+    loads = batches_field(r2[1], "Loads (comma-separated)", "sv_loads", errors=errs,
                           parse=lambda t: parse_values(t, "Loads", integer=integer, lo=1 if integer else 1e-3,
                                                        hi=4096 if integer else 1e5, most=12,
                                                        example=DEFAULT_LOADS[arrivals]))
-    seed = number_field(r3[2], "Seed", "sv_seed", lo=0, hi=2**32 - 1, errors=errs)
-    ttft = number_field(r3[3], "TTFT target (s)", "sv_ttft", integer=False, lo=1e-6, hi=1e6, errors=errs)
-    tpot = number_field(r3[4], "TPOT target (ms)", "sv_tpot", integer=False, lo=1e-6, hi=1e9, errors=errs)
-    pct = r3[5].radio("Targets at", PERCENTILES, horizontal=True, key="sv_pct")
+    ttft = number_field(r2[2], "TTFT target (s)", "sv_ttft", integer=False, lo=1e-6, hi=1e6, errors=errs)
+    tpot = number_field(r2[3], "TPOT target (ms)", "sv_tpot", integer=False, lo=1e-6, hi=1e9, errors=errs)
+    pct = r2[4].radio("Targets at", PERCENTILES, horizontal=True, key="sv_pct")
+    # the kernels and the traffic's details: popovers (mounted when opened) labelled with their values
+    r3 = st.container(horizontal=True)
+    with r3, c.kernel_menu("sv", hw, engine):
+        serving, kv = c.kernel_choices(*st.columns(2), hw, engine, "sv")
+    now = {k: st.session_state[f"sv_{k}"] for k in ("requests", "input", "output", "seed")}
+    with r3, st.popover(f"{now['requests']} requests per load, {now['input']} prompt / {now['output']} output tokens, "
+                        f"seed {now['seed']}", key="sv_traffic_menu"):
+        t = st.columns(4)
+        requests = number_field(t[0], "Requests per load", "sv_requests", lo=2, hi=100_000, errors=errs,
+                                help="Requests simulated at each load (more: smoother percentiles, slower).")
+        input_len = number_field(t[1], "Prompt tokens", "sv_input", hi=1_000_000, errors=errs)
+        output_len = number_field(t[2], "Output tokens", "sv_output", lo=2, hi=1_000_000, errors=errs)
+        seed = number_field(t[3], "Seed", "sv_seed", lo=0, hi=2**32 - 1, errors=errs)
     if errs:
         return None
     return dict(model=model, hw=hw, key=c.dep_key(devices, tp, ep, engine, serving_engine=serving, kv_cache=kv),

@@ -186,10 +186,13 @@ def bundled() -> None:
             ids = raw[runs].astype(str).agg(" / ".join, axis=1)
             raw = raw.assign(run=ids)
             summary = run_summary(raw, runs)
-            if not summary.empty:
-                st.markdown("**All runs**")
-                c.static_table(summary, {"step_error": "+.1%", "layer_mape": ".1%", "predicted_step_ms": ".3f",
-                                         "measured_step_ms": ".3f"})
+            if not summary.empty:  # a table of every run, drawn only when opened (about 100 rows)
+                every = st.expander(f"All runs ({len(summary)}): step error, layer MAPE, worst layer", key="val_runs_exp",
+                                    on_change="rerun")
+                if every.open:
+                    with every:
+                        c.static_table(summary, {"step_error": "+.1%", "layer_mape": ".1%",
+                                                 "predicted_step_ms": ".3f", "measured_step_ms": ".3f"})
                 c.downloads(summary, "host_validation_runs", "val_runs_dl")
             choice = st.selectbox("Run (" + " / ".join(runs) + ")", list(dict.fromkeys(ids)), key="val_run")
             raw = raw[raw["run"] == choice]

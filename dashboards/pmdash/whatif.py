@@ -42,7 +42,8 @@ def inputs() -> tuple[dict | None, list[str]]:
     tpu = c.CANONICAL["tpu-v7"]
     c.init(wi_model="kimi-k3", wi_hw="tpu-v7", wi_engine=tpu["engine"], wi_batch="1", wi_devices=str(tpu["devices"]),
            wi_tp=str(tpu["tp"]), wi_ep=str(tpu["ep"]), wi_context="4096", wi_steps=str(tpu["steps_per_call"]),
-           wi_prefetch="", wi_slots="", wi_vmem="", wi_spec=False, wi_draft="7", wi_tab=TABS[0])
+           wi_prefetch="", wi_slots="", wi_vmem="", wi_spec=False, wi_draft="7", wi_tab=TABS[0],
+           wi_serving=c.GENERIC, wi_kv=c.MODEL_KV)
     errs: list[str] = []
     r1 = st.columns(4)
     model = r1[0].selectbox("Model", models, key="wi_model")
@@ -444,11 +445,11 @@ def timeline_section(x: dict, stale: str | None) -> None:
         unit = "op bars (a weight stream's tile copies merged)" if by_op else \
             "layer spans (one bar per layer and lane; narrow the range for ops)"
         st.caption(f"{n} {unit} in layers {lo}..{hi}; scroll to zoom, drag to pan, double-click to reset.")
-        d1, d2 = st.columns(2)
-        d1.download_button("Download Perfetto trace (JSON)", lambda: c.chrome_trace_json(m_ref, h_ref, key, vmem),
+        menu = c.download_menu("wi_tl_dl", "Download trace / events")
+        menu.download_button("Download Perfetto trace (JSON)", lambda: c.chrome_trace_json(m_ref, h_ref, key, vmem),
                            file_name="whatif_timeline.trace.json", mime="application/json", key="wi_trace_dl",
                            on_click="ignore")
-        d2.download_button("Download events (CSV)", lambda: events_csv(m_ref, h_ref, key, vmem, lo, hi),
+        menu.download_button("Download events (CSV)", lambda: events_csv(m_ref, h_ref, key, vmem, lo, hi),
                            file_name="whatif_events.csv", mime="text/csv", key="wi_events_dl", on_click="ignore")
         c.show_command(c.cli_trace(x["model"], x["hw"], key, vmem))
 
