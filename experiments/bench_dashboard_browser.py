@@ -223,10 +223,15 @@ def _stat(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
+def _cpu(f: list[str]) -> tuple[float, float]:
+    """(own CPU seconds, user + system; the CPU seconds of the children it has reaped) from _stat fields."""
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(f[11]) + int(f[12])) / tick, (int(f[13]) + int(f[14])) / tick
+
+
 def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) a process has used so far."""
-    f = _stat(pid)
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    return _cpu(_stat(pid))[0]
 
 
 # a Chromium process's kind by a flag of its command line; the browser process and the rest: "browser"
@@ -249,15 +254,13 @@ def browser_processes() -> dict[int, tuple[str, float, float]]:
         kids = [k for k, pp in parent.items() if pp == p]
         mine.update(kids)
         todo += kids
-    tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for p in mine:
         if name.get(p, "").startswith(("chromium", "chrome")):
             with contextlib.suppress(OSError):
                 cmd = Path(f"/proc/{p}/cmdline").read_bytes()  # the process kind is in its flags (--type=...)
-                f = _stat(p)
                 kind = next((k for flag, k in PROCESS_KINDS if flag.encode() in cmd), "browser")
-                out[p] = (kind, (int(f[11]) + int(f[12])) / tick, (int(f[13]) + int(f[14])) / tick)
+                out[p] = (kind, *_cpu(_stat(p)))
     return out
 
 
@@ -281,8 +284,8 @@ def cpu_since(c0: dict[int, tuple[str, float, float]]) -> dict[str, float]:
     # used by c0; by their kind (the browser's when they were of several)
     gone = {p: c0[p] for p in c0 if p not in c1}
     reaped = sum(ch - c0[p][2] for p, (_, _, ch) in c1.items() if p in c0)
-    kind = {k for k, _, _ in gone.values()}
-    out[kind.pop() if len(kind) == 1 else "browser"] += reaped - sum(own for _, own, _ in gone.values())
+    gone_kinds = {k for k, _, _ in gone.values()}
+    out[gone_kinds.pop() if len(gone_kinds) == 1 else "browser"] += reaped - sum(own for _, own, _ in gone.values())
     return out
 
 

@@ -454,9 +454,9 @@ def fastest_kernel_s(gpu: str, engine: str) -> float:
     return gk.tables(gpu, engine).fastest_kernel_s
 
 
-def exposed_share(ks: list[Kernel], g: OpGraph) -> dict[int, float]:
-    """Per layer with kernels on the second stream: the share of their time the step still pays,
-    what the layer's routed experts (on the main stream meanwhile) do not cover."""
+def paid_seconds(ks: list[Kernel], g: OpGraph) -> list[float]:
+    """Per kernel, the time the step pays for it: all of it on the main stream; on the second stream
+    its share of what the layer's routed experts (on the main stream meanwhile) do not cover."""
     aux, beside = {}, {}
     for k in ks:
         layer = int(g.layer[k.op])
@@ -464,7 +464,8 @@ def exposed_share(ks: list[Kernel], g: OpGraph) -> dict[int, float]:
             aux[layer] = aux.get(layer, 0.0) + k.seconds
         elif g.name[k.op] == "routed_experts":
             beside[layer] = beside.get(layer, 0.0) + k.seconds
-    return {layer: max(0.0, a - beside.get(layer, 0.0)) / a if a > 0 else 0.0 for layer, a in aux.items()}
+    share = {layer: max(0.0, a - beside.get(layer, 0.0)) / a if a > 0 else 0.0 for layer, a in aux.items()}
+    return [k.seconds * share[int(g.layer[k.op])] if k.stream == "aux" else k.seconds for k in ks]
 
 
 def simulate_serving(model: ModelSpec, hw: Hardware, d: Deployment, g: OpGraph, record: bool = False
@@ -472,14 +473,12 @@ def simulate_serving(model: ModelSpec, hw: Hardware, d: Deployment, g: OpGraph, 
     """The step as the engine's kernels back to back: per-op start / end and waits by cause (each
     kernel's time to its cause: collectives, routed experts, the rest compute or streaming); a
     kernel on the second stream adds only its share not hidden beside the routed experts
-    (`exposed_share`), and its event lies on the "aux" lane."""
+    (`paid_seconds`), and its event lies on the "aux" lane."""
     ks = kernels(model, hw, d, g)
-    share = exposed_share(ks, g)
     n = len(g)
     dur = np.zeros(n)
     wait = {c: np.zeros(n) for c in ("compute", "weight_streaming", "expert_fetch", "collective", "launch", "fill_drain")}
-    for k in ks:
-        paid = k.seconds * (share[int(g.layer[k.op])] if k.stream == "aux" else 1.0)
+    for k, paid in zip(ks, paid_seconds(ks, g)):
         dur[k.op] += paid
         wait[k.cause][k.op] += paid
     end = np.cumsum(dur)

@@ -2,19 +2,18 @@
 `kernels` and per op `kernels`: name, class, seconds, measured or physical, source)."""
 from __future__ import annotations
 
-from perfmodel.engine.serving import exposed_share, kernels
+from perfmodel.engine.serving import kernels, paid_seconds
 from perfmodel.graph import ops as ops_mod
 
 
 def kernel_rows(model, hw, d) -> tuple[list[dict], object]:
     g = ops_mod.build(model, d)
     ks = kernels(model, hw, d, g)
-    share = exposed_share(ks, g)
     rows = [{"op_index": k.op, "op": g.name[k.op], "layer": int(g.layer[k.op]), "kernel": k.name, "class": k.cls,
              "seconds": k.seconds, "measured": k.measured, "source": k.source, "shape": k.point,
              **({"levels": [{"scope": s, "seconds": t} for s, t in k.levels]} if k.levels else {}),
-             **({"stream": "aux", "exposed_s": k.seconds * share[int(g.layer[k.op])]} if k.stream == "aux" else {})}
-            for k in ks]
+             **({"stream": "aux", "exposed_s": paid} if k.stream == "aux" else {})}
+            for k, paid in zip(ks, paid_seconds(ks, g))]
     return rows, g
 
 
