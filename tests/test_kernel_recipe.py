@@ -184,7 +184,7 @@ def test_a_model_file_may_be_based_on_another_file(tmp_path):
 
 def test_the_first_kernel_example_is_the_profiles_first_kernel():
     """docs/examples/muse-spark-first-kernel.toml (a file on the preset) and the profile's first
-    kernel (the preset with four settings) are the same model."""
+    kernel (the preset with five settings) are the same model."""
     from perfmodel.step.phases import kernel_model, load_profile
     example = load_model("docs/examples/muse-spark-first-kernel.toml")
     assert example.megakernel == kernel_model(load_profile("musespark")["kernels"]["first"]).megakernel
@@ -196,3 +196,6 @@ def test_recipe_round_trips_and_rejects_unknown_fields():
     with pytest.raises(SpecError) as e:
         derive("muse-spark", megakernel={"top_k": "sort"})
     assert e.value.field == "megakernel.top_k"
+    with pytest.raises(SpecError) as e:
+        derive("muse-spark", megakernel={"sampling": "host"})
+    assert e.value.field == "megakernel.sampling" and "kernel, xla" in str(e.value)

@@ -189,6 +189,15 @@ def xla_embedding_time(c: dict) -> float:
     return param(c, "xla_embedding_s")
 
 
+def xla_sampling_time(c: dict) -> float:
+    """The XLA ops after a megakernel that leaves the greedy pick out: each rank's max / argmax over
+    its vocabulary shard of the logits and the all-gather of the pairs, once per step. No
+    micro-benchmark of its own: assumed to cost what the embedding glue does (ms-xla-embedding-psum),
+    the same shape of work (a local op on a vocabulary shard and one small collective between XLA
+    ops)."""
+    return param(c, "xla_embedding_s")
+
+
 def device_call_time(c: dict) -> float:
     """Host dispatch of one device call (a jitted program or pallas_call), paid once per call.
     Micro-benchmark: ms-host-dispatch."""

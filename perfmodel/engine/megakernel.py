@@ -255,19 +255,21 @@ def kernel_terms(g: OpGraph, hw: Hardware) -> dict[str, np.ndarray]:
     """Per op, the in-kernel costs a TPU megakernel pays beside its FLOPs and bytes, by mechanism:
     `attention_core` (the fixed latency of each sequence's decode attention core,
     components.attention_core_time), `top_k` (routing's pick, components.topk_time, by the
-    kernel's algorithm) and `xla_embedding` (the lookup and psum in XLA glue around the kernel,
-    components.xla_embedding_time). Zero without TPU components."""
+    kernel's algorithm), `xla_embedding` (the lookup and psum in XLA glue around the kernel,
+    components.xla_embedding_time) and `xla_sampling` (the greedy pick in XLA glue after it,
+    components.xla_sampling_time). Zero without TPU components."""
     out: dict[str, np.ndarray] = {}
     if not cm.is_tpu_model(hw.components) or not len(g):
         return out
     c, k = hw.components, g.top_k or 1
-    per_op = {"top_k": cm.topk_time(c, g.recipe.top_k, k), "xla_embedding": cm.xla_embedding_time(c),
+    glue = {"xla_embedding": cm.xla_embedding_time(c), "xla_sampling": cm.xla_sampling_time(c)}
+    per_op = {"top_k": cm.topk_time(c, g.recipe.top_k, k), **glue,
               **dict.fromkeys(ATTENTION_CORES, g.sequences * cm.attention_core_time(c))}
-    cost = np.array([per_op.get(nm, 0.0) for nm in g.name]) * ((g.flops > 0) | np.isin(g.name, ["xla_embedding"]))
-    core = np.isin(g.name, ATTENTION_CORES)
-    out["attention_core"] = np.where(core, cost, 0.0)
-    out["top_k"] = np.where(np.array(g.name) == "top_k", cost, 0.0)
-    out["xla_embedding"] = np.where(np.array(g.name) == "xla_embedding", cost, 0.0)
+    names = np.array(g.name)
+    cost = np.array([per_op.get(nm, 0.0) for nm in g.name]) * ((g.flops > 0) | np.isin(names, list(glue)))
+    out["attention_core"] = np.where(np.isin(names, ATTENTION_CORES), cost, 0.0)
+    for term in ("top_k", *glue):
+        out[term] = np.where(names == term, cost, 0.0)
     return out
 
 

@@ -212,9 +212,13 @@ def _build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = No
     lm = Matmul("lm_head", "lm_head" if not model.tie_embeddings else "embedding", h, model.vocab)
     if sampled:
         matmul(n1, "head", lm, d.tp, sampled)
-        ops.compute(n1, "head", "argmax", 2.0 * sampled * model.vocab / d.tp,
-                    act=4.0 * sampled * model.vocab / d.tp)
-        ops.collective(n1, "head", "argmax_all_gather", "all_gather", 8.0 * max(sampled, rc.collective_rows), d.tp)
+        if rc.sampling == "xla":  # picked by XLA ops after the kernel, from the logits it wrote (engine: their cost)
+            ops.compute(n1, "head", "xla_sampling", act=4.0 * sampled * model.vocab / d.tp)
+        else:
+            ops.compute(n1, "head", "argmax", 2.0 * sampled * model.vocab / d.tp,
+                        act=4.0 * sampled * model.vocab / d.tp)
+            ops.collective(n1, "head", "argmax_all_gather", "all_gather", 8.0 * max(sampled, rc.collective_rows),
+                           d.tp)
 
     cols = list(zip(*ops.rows))
     arr = lambda k, dt=float: np.asarray(cols[k], dtype=dt)

@@ -17,6 +17,7 @@ POST_EXPERT_PROJECTIONS = ("row_sharded", "output_sharded")
 WIRES = {"bf16": 2, "f32": 4}
 TOP_K = ("rank", "iterative_argmax")
 EMBEDDINGS = ("kernel", "xla")
+SAMPLINGS = ("kernel", "xla")
 ALL_REDUCE = ("rs_ag", "hierarchical", "one_shot")  # perfmodel.cost.components.ALGORITHMS["all_reduce"]
 EXPERT_ROWS = ("routed", "batch")
 
@@ -42,6 +43,9 @@ class Megakernel:
     kv_prefetch: bool = True            # KV / state copies issued at layer start (else at the attention)
     top_k: str = "rank"                 # routing: all ranks in one pass, or one argmax per pick
     embedding: str = "kernel"           # the embedding lookup in the kernel or in XLA glue around it
+    # the greedy token: picked in the kernel (each rank's masked max / argmax over its vocabulary
+    # shard, one all-gather of the pairs) or by XLA ops after it, from the logits the kernel wrote
+    sampling: str = "kernel"
     bank_bytes: int = 0                 # ring bank (DMA tile) size; 0: the chip's dma_tile_bytes
     ring_banks: int = 0                 # banks the ring keeps in flight; 0: half the on-chip buffer
     expert_slots: int = 0               # expert buffers; 0: as many as fit (at most top_k)
@@ -76,7 +80,8 @@ def from_table(table) -> Megakernel:
         out["shard_collective_rows"] = tuple(sorted(set(rows)))
     for k, choices in (("all_reduce", ALL_REDUCE), ("expert_rows", EXPERT_ROWS),
                        ("expert_reduce_rows", EXPERT_REDUCE_ROWS), ("post_expert_projection", POST_EXPERT_PROJECTIONS),
-                       ("collective_wire", tuple(WIRES)), ("top_k", TOP_K), ("embedding", EMBEDDINGS)):
+                       ("collective_wire", tuple(WIRES)), ("top_k", TOP_K), ("embedding", EMBEDDINGS),
+                       ("sampling", SAMPLINGS)):
         if k in table:
             require(table[k] in choices, f"megakernel.{k}", table[k], f"must be one of {', '.join(choices)}")
     if "kv_prefetch" in table:

@@ -40,7 +40,9 @@ KERNEL_TERMS = {"attention_core": ("fixed latency of the attention core (per seq
                                    ("attention_core_s",)),
                 "top_k": ("routing's pick", "components.topk_time", ("topk_round_s",)),
                 "xla_embedding": ("embedding lookup + psum in XLA glue around the kernel",
-                                  "components.xla_embedding_time", ("xla_embedding_s",))}
+                                  "components.xla_embedding_time", ("xla_embedding_s",)),
+                "xla_sampling": ("greedy pick (argmax + all-gather) in XLA glue after the kernel",
+                                 "components.xla_sampling_time", ("xla_embedding_s",))}
 
 
 def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarray, megakernel: bool,
