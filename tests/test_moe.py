@@ -40,6 +40,15 @@ def test_busiest_group_matches_simulation(tokens, groups, skew):
     assert est >= sim_mean  # the busiest rank, not the mean
 
 
+@pytest.mark.parametrize("tokens,skew", [(1, 0.0), (8, 0.0), (64, 0.7)])
+def test_one_group_is_the_expected_distinct_count(tokens, skew):
+    """Without expert parallelism the busiest group is the only one: its distinct experts are the
+    expected distinct count and it holds every token-expert pair."""
+    distinct, pairs = expected_busiest_group(256, 8, tokens, 1, skew)
+    assert distinct == pytest.approx(expected_distinct(256, 8, tokens, skew), rel=1e-12)
+    assert pairs == tokens * 8
+
+
 def test_busiest_group_needs_divisible_experts():
     with pytest.raises(SpecError, match="ep"):
         expected_busiest_group(10, 2, 1, 3)

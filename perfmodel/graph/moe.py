@@ -65,6 +65,8 @@ def expected_busiest_group(experts: int, top_k: int, tokens: int, groups: int,
     """
     require(experts % groups == 0, "ep", groups, f"must divide the number of experts ({experts})")
     touched = touched_probabilities(experts, top_k, tokens, skew, correlation).reshape(groups, experts // groups)
+    if groups == 1:  # the busiest group is the only one: E[max] is its mean count (no distribution needed)
+        return float(touched.sum()), float(tokens * top_k)
     pmf = np.zeros((groups, experts // groups + 1))
     pmf[:, 0] = 1.0
     for j in range(touched.shape[1]):
