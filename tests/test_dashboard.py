@@ -148,7 +148,7 @@ def metric(at: AppTest, label: str) -> str:
 
 
 def headline(at: AppTest, label: str) -> str:
-    """A figure of a headline line ("label: **value** · ...": Compare's errors, Explain's figures)."""
+    """A figure of a headline line ("label: **value** · ...": Compare's errors, Explain's and Serving's figures)."""
     return next(m.group(1) for md in at.markdown for m in [re.search(re.escape(label) + r": \*\*(.+?)\*\*", md.value)] if m)
 
 
@@ -903,7 +903,7 @@ def test_serving_default_curve_targets_highest_load_and_cli():
     ok = rows[(rows["ttft_p90_s"] <= 1.0) & (rows["tpot_p90_s"] <= 0.030)]
     assert list(rows["meets_targets"]) == [r in set(ok["load"]) for r in rows["load"]]
     top = ok["load"].max()
-    assert marked_load(at) == [top] and metric(at, "highest load meeting both targets") == f"{top:g} requests/s"
+    assert marked_load(at) == [top] and headline(at, "highest load meeting both targets") == f"{top:g} requests/s"
     # the published GB200 deployment by default, and the command reproduces the marked load
     cmd = next(c for c in commands(at) if c.startswith("perfmodel serve"))
     gb = next(m for m in seed_measurements() if m.hardware == "gb200")
@@ -932,7 +932,7 @@ def test_serving_targets_redraw_without_simulating_again(monkeypatch):
     ok = rows[(rows["ttft_p50_s"] <= 0.1) & (rows["tpot_p50_s"] <= 0.030)]
     assert marked_load(at) == ([ok["load"].max()] if len(ok) else [])
     typed(at, "sv_tpot", 0.001)  # nobody streams tokens that fast
-    assert metric(at, "highest load meeting both targets") == "none" and marked_load(at) == []
+    assert headline(at, "highest load meeting both targets") == "none" and marked_load(at) == []
     typed(at, "sv_requests", 50)  # another workload: simulated
     assert calls and len(serving_rows(at)) == 5
 
