@@ -354,9 +354,8 @@ def tables(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, spec_states: list) -> 
         ok = edf[edf["check"] == ""]
         mape = ok["error"].abs().mean() if not ok.empty else float("nan")
         inside = (ok["error"].abs() <= BAND).mean() if not ok.empty else float("nan")
-        # one line (one element: a row of st.metric costs a page load about 0.03 CPU-s per figure)
-        st.markdown(f"Mean absolute error over the points shown: **{mape:.1%}** · points within +-{BAND:.0%}: "
-                    f"**{inside:.0%}** · measured points: **{len(ok)}**")
+        c.figures_line([("Mean absolute error over the points shown", f"{mape:.1%}"),
+                        (f"points within +-{BAND:.0%}", f"{inside:.0%}"), ("measured points", f"{len(ok)}")])
         errors = st.expander(f"Per-point errors ({len(edf)} points)", key="cmp_errors_exp", on_change="rerun")
         if errors.open:  # drawn only when opened
             with errors:

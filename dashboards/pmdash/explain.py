@@ -129,12 +129,11 @@ def render() -> None:
     if layer is None:
         return
     row = next(x for x in p["layers"] if x["layer"] == layer)
-    # the headline figures as one line (one element: a row of st.metric cost the page load about 0.1 CPU-s)
-    st.markdown(" · ".join(f"{k}: **{v}**" for k, v in (
+    c.figures_line([
         ("step time", f"{p['step_s'] * 1e3:.3f} ms"), ("tokens/s", f"{p['tokens_per_s']:,.0f}"),
         (f"layer {layer} ({row['kind']}) in the step", f"{row['time_s'] * 1e6:.2f} us"),
         ("share of the step", f"{row['time_s'] / p['step_s']:.1%}"),
-        ("largest part", label(max(parts([row]), key=lambda k: row[k], default="-"))))))
+        ("largest part", label(max(parts([row]), key=lambda k: row[k], default="-")))])
     charts.show(layers_figure(m_ref, h_ref, key, layer), "ex_layers_pick", on_select=pick_layer, selection_mode="bar")
     st.subheader(f"Layer {layer} ({row['kind']}): its ops on the DMA, compute and link lanes")
     with st.spinner("Simulating the step's events..."):

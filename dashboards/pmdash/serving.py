@@ -141,19 +141,18 @@ def render() -> None:
 
 
 def headline(x: dict, table: list[dict], top: dict | None, chips: int) -> None:
-    """The highest load meeting both targets and its figures, as one markdown line (a row of st.metric
-    cost a page load about 0.03 CPU-s each)."""
+    """The highest load meeting both targets and its figures, as one line (common.figures_line)."""
     q, t = x["targets"]["percentile"], x["targets"]
     if top is None:
         st.markdown(f"highest load meeting both targets: **none** (no load has TTFT {q} <= {t['ttft_s']:g} s "
                     f"and TPOT {q} <= {t['tpot_s'] * 1e3:g} ms)")
         return
     unit = "requests/s" if x["arrivals"] == "rate" else "client" if top["load"] == 1 else "clients"
-    st.markdown(" · ".join(f"{k}: **{v}**" for k, v in (
+    c.figures_line([
         ("highest load meeting both targets", f"{top['load']:g} {unit}"),
         (f"TTFT {q} there", f"{top[f'ttft_{q}_s']:.3g} s"), (f"TPOT {q} there", f"{top[f'tpot_{q}_s'] * 1e3:.3g} ms"),
         ("throughput there", f"{top['throughput_tokens_per_s']:,.0f} tokens/s"),
-        ("per chip", f"{top['tokens_per_s_per_chip']:,.1f} tokens/s ({chips} chips)"))))
+        ("per chip", f"{top['tokens_per_s_per_chip']:,.1f} tokens/s ({chips} chips)")])
 
 
 def draw(x: dict, table: list[dict], top: dict | None) -> None:
