@@ -46,7 +46,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; only the command named in `argv` (every command when None) gets its arguments,
     so parsing imports that command's module alone."""
-    parser = Parser(prog="perfmodel", description=__doc__.splitlines()[0])
+    parser = Parser(prog="perfmodel", description="LLM decode performance model: predict, explain, sweep and serve "
+                    "decode steps on accelerators; validate them against measurements")
     parser.add_argument("--debug", action="store_true", help="show the traceback of internal errors")
     sub = parser.add_subparsers(dest="command", required=True)
     chosen = None if argv is None else next((x for x in argv if not x.startswith("-")), "")
