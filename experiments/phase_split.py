@@ -1,21 +1,25 @@
-"""The Muse Spark phase profile under each DMA service, with and without the kernel's held-back
-ring refills, and the fit of tpu-v7's `dma_concurrent_copies` to it (the profile is its only
-training data):
+"""The Muse Spark phase profile under each DMA service and first-byte latency, with and without
+the kernel's held-back ring refills, and the fit of tpu-v7's `dma_concurrent_copies` and
+`components.dma_latency_s` to it (the profile is their only training data):
 
     python experiments/phase_split.py
 
 The DMA engine serves at most K copies at once, round-robin among them, the other started copies
 waiting in issue order (Inferact: it "round-robins among outstanding descriptors", and the kernel's
 comments speak of its "(FIFO) DMA queue"; docs/sources.md "Muse Spark"). K = 1 is FIFO, no limit
-the shared service. For K in 1..16 and no limit, and the final kernel with and without
-`defer_refills_rows = 4` (decode_megakernel.py `defer=next`, its default at batch <= 4), prints each
-profiled phase, predicted and its error against the measured one (perfmodel.step.phases.compare);
-the first kernel runs without held refills (it predates them). The fit: the (K, held refills) with
-the most phases of both kernels within the profile test's tolerances, ties broken by the least sum
-of squared relative errors. (Least squares alone would pick no limit: it is dominated by the
-attention and routing phases of about 1 us, which every K predicts at -50 to -100 %.)
+the shared service. A copy starts after the engine's first-byte latency, which the stream
+micro-benchmarks do not determine: they are timed as whole 16-layer calls and as differences of
+calls (perfmodel.fit.microbench.weight_stream_time). For each latency in LATENCIES, K in 1..16 and
+no limit, and the final kernel with and without `defer_refills_rows = 4` (decode_megakernel.py
+`defer=next`, its default at batch <= 4), prints the phases within tolerance and the profile's
+errors (perfmodel.step.phases.compare); the first kernel runs without held refills (it predates
+them). The fit: the (latency, K, held refills) with the most phases of both kernels within the
+profile test's tolerances, ties broken by the least sum of squared relative errors. (Least squares
+alone is dominated by the attention and routing phases of about 1 us.)
 """
 import copy
+
+import numpy as np
 
 from perfmodel.engine import megakernel_sim
 from perfmodel.spec.hardware import load_hardware
@@ -24,6 +28,7 @@ from perfmodel.step.report import table
 
 LIMITS = (0, *range(1, 17))
 HELD = (0, 4)
+LATENCIES = tuple(round(x, 2) for x in np.arange(0.2, 2.01, 0.1))  # us
 
 
 def profile_with(profile: dict, held: int) -> dict:
@@ -37,28 +42,28 @@ def profile_with(profile: dict, held: int) -> dict:
 def main() -> None:
     megakernel_sim.compile_loops()
     profile = load_profile("musespark")
-    rows, score = [], {}
-    for k in LIMITS:
-        hw = load_hardware("tpu-v7").replace(dma_sharing="shared", dma_concurrent_copies=k)
-        for held in HELD:
-            out = compare(profile_with(profile, held), hw)
-            phases = [r for kernel in out.values() for r in kernel["phases"]]
-            score[k, held] = (-sum(r["within"] for r in phases), sum(r["error"] ** 2 for r in phases))
-            for kernel, o in out.items():
-                within = sum(r["within"] for r in o["phases"])
-                rows.append([k or "none", held, kernel, f"{within}/{len(o['phases'])}"]
-                            + [f"{round(r['predicted_us'], 3):.3g} ({100 * r['error']:+.0f} %)" for r in o["phases"]])
-    for kernel in profile["kernels"]:
-        phases = profile["kernels"][kernel]["phases"]
-        print(f"\n{kernel} kernel, measured: " + ", ".join(f"{e['phase']} {e['value_us']:g} us" for e in phases))
-        print(table(["dma_concurrent_copies", "defer_refills_rows", "kernel", "within"] + [e["phase"] for e in phases],
-                    [r for r in rows if r[2] == kernel]))
-    print("\nphases within tolerance (sum of squared relative errors), both kernels:")
-    print(table(["dma_concurrent_copies"] + [f"defer_refills_rows = {h}" for h in HELD],
-                [[k or "none"] + [f"{-score[k, h][0]} ({score[k, h][1]:.3f})" for h in HELD] for k in LIMITS]))
-    (k, held), (within, sq) = min(score.items(), key=lambda kv: kv[1])
-    print(f"\nfit: dma_concurrent_copies = {k}, defer_refills_rows = {held}: {-within} phases within tolerance, "
-          f"sum of squared relative errors {sq:.3f}")
+    base = load_hardware("tpu-v7")
+    score, errors = {}, {}
+    for lat in LATENCIES:
+        for k in LIMITS:
+            hw = base.replace(dma_sharing="shared", dma_concurrent_copies=k,
+                              components={**base.components, "dma_latency_s": lat * 1e-6})
+            for held in HELD:
+                out = compare(profile_with(profile, held), hw)
+                phases = [r for kernel in out.values() for r in kernel["phases"]]
+                score[lat, k, held] = (-sum(r["within"] for r in phases), sum(r["error"] ** 2 for r in phases))
+                errors[lat, k, held] = out
+    for held in HELD:
+        print(f"\nphases within tolerance (of 16), defer_refills_rows = {held}; rows: first-byte latency us, "
+              "columns: dma_concurrent_copies")
+        print(table(["latency"] + [str(k or "none") for k in LIMITS],
+                    [[f"{lat:.1f}"] + [-score[lat, k, held][0] for k in LIMITS] for lat in LATENCIES]))
+    (lat, k, held), (within, sq) = min(score.items(), key=lambda kv: kv[1])
+    print(f"\nfit: dma_latency_s = {lat:.1f} us, dma_concurrent_copies = {k}, defer_refills_rows = {held}: "
+          f"{-within} phases within tolerance, sum of squared relative errors {sq:.3f}")
+    for kernel, o in errors[lat, k, held].items():
+        print(f"  {kernel}: " + ", ".join(f"{r['phase']} {r['predicted_us']:.3g} us ({100 * r['error']:+.0f} %)"
+                                          for r in o["phases"]))
 
 
 if __name__ == "__main__":

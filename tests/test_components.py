@@ -31,6 +31,23 @@ def test_preset_holds_the_calibrated_components(tpu):
             assert r["predicted"] == pytest.approx(again[r["id"]], rel=0.01), r["id"]
 
 
+def test_stream_benchmarks_are_read_as_the_test_timed_them():
+    """Inferact's stream test times one call of 16 layers and divides by 16 (its dispatch and the
+    ring's first byte included), and the lm_head as the difference of two calls (neither). By hand,
+    DMA-only banks of 1 us each (1 MB at 1 TB/s, no descriptor cost), 2 banks a layer, 4 us of
+    first-byte latency, 100 us of dispatch: a cold layer 4 + 2 = 6 us; per layer of a 16-layer
+    call (4 + 32 + 100) / 16 = 8.5 us; after other banks in the same call, 2 us."""
+    from perfmodel.fit.microbench import weight_stream_time
+    c = {"dma_bandwidth_bytes_per_s": 1e12, "dma_descriptor_s": 0.0, "dma_latency_s": 4e-6,
+         "host_dispatch_s": 100e-6}
+    layer = {"bytes": 2e6, "bank_bytes": 1e6, "dtype": "bf16", "rows": 8, "dots_per_bank": 0}
+    assert weight_stream_time(c, layer) == pytest.approx(6e-6)
+    assert weight_stream_time(c, {**layer, "layers_per_call": 16}) == pytest.approx(8.5e-6)
+    assert weight_stream_time(c, {**layer, "difference_of_calls": True}) == pytest.approx(2e-6)
+    timed = {e["id"]: e["inputs"] for e in load("tpu7x.json")["entries"]}
+    assert timed["ms-stream-bf16"]["layers_per_call"] == 16 and timed["ms-stream-lmhead-bf16"]["difference_of_calls"]
+
+
 def test_kernel_picks_the_measured_fastest_algorithm(tpu):
     c = tpu[1].components
     pick = lambda kind, payload: cm.collective_time(c, kind, payload, 8, 2)[1]

@@ -40,12 +40,13 @@ def test_plan_simulation_moves_exactly_the_plan_bytes():
 
 
 def test_plan_ring_depth_under_fifo():
-    """Under a FIFO DMA engine a deeper ring is never slower while it holds under a layer's
-    banks (MINI: about 13 of 256 rows); a ring holding the whole stream (48 of 52 banks) puts
-    every routed expert behind the prefetched banks and is slower than 12."""
+    """Under a FIFO DMA engine a deeper ring is never slower while it holds under half a layer's
+    banks (MINI: about 13 of 256 rows): each bank more covers more of the engine's first-byte
+    latency. Deeper, the routed experts queue behind more prefetched banks: a ring holding the
+    whole stream (48 of 52 banks) is slower than 12."""
     step = {k: predict(SPEC, *setup(depth=k, sharing="fifo")[2:], plan=setup(depth=k)[1]).step_s
             for k in (1, 2, 3, 6, 12, 48)}
-    up_to = [step[k] for k in (1, 2, 3, 6, 12)]
+    up_to = [step[k] for k in (1, 2, 3, 6)]
     assert all(b <= a * (1 + 1e-9) for a, b in zip(up_to, up_to[1:])) and up_to[-1] < up_to[0]
     assert step[48] > step[12]
 

@@ -41,7 +41,7 @@ def graph(rows, distinct=0.0):
 # 1 byte = 1 ns of DMA, 1 MFLOP = 1 us, 1000-byte tiles, a 2-bank ring, FIFO, no DMA latency,
 # collectives cost exactly their 1 us base latency, a kernel launch costs 0.2 us
 HAND = dict(cores_per_chip=1, peak_flops_per_s={"bf16": 1e12}, hbm_bandwidth_bytes_per_s=1e9,
-            onchip_bytes=4000, dma_tile_bytes=1000, dma_latency_s=0.0, dma_sharing="fifo",
+            onchip_bytes=4000, dma_tile_bytes=1000, dma_latency_s=0.0, dma_sharing="fifo", dma_concurrent_copies=0,
             collective_base_latency_s=1e-6, link_latency_s=0.0, intra_chip_latency_s=0.0,
             link_bandwidth_bytes_per_s=1e30, intra_chip_bandwidth_bytes_per_s=1e30, launch_overhead_s=0.2e-6,
             collective_algorithm="one_shot",
