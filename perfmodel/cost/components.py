@@ -50,7 +50,8 @@ def dma_stream_time(c: dict, nbytes: float, descriptors: int = 1, cold: bool = T
     bytes at the achieved bandwidth. Several outstanding copies share that bandwidth
     (round-robin) or queue (FIFO): perfmodel.engine.megakernel.
     Micro-benchmarks: ms-stream-bf16, ms-stream-int8-dma-only, ms-stream-lmhead-*,
-    ms-expert-int4-per-expert (warm: a per-expert slope)."""
+    ms-expert-int4-per-expert (warm: a per-expert slope); they do not determine the latency,
+    which is fitted to the Muse Spark phase profile (experiments/phase_split.py)."""
     return ((param(c, "dma_latency_s") if cold else 0.0) + descriptors * param(c, "dma_descriptor_s")
             + nbytes / param(c, "dma_bandwidth_bytes_per_s"))
 
