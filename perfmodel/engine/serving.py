@@ -20,7 +20,7 @@ levels: the engine's kernel inside the domain and the inter-node fabric between 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -116,8 +116,7 @@ def _kernels(model: ModelSpec, hw: Hardware, d: Deployment, g: OpGraph) -> list[
         if sig not in memo:
             memo[sig] = (idx[0], _layer_kernels(model, hw, d, g, inv, tabs, layer, idx))
         first, ks = memo[sig]
-        out += [Kernel(k.op - first + idx[0], k.name, k.cls, k.key, k.point, k.seconds, k.source, k.measured,
-                       k.cause, k.levels, k.stream) for k in ks]
+        out += [replace(k, op=k.op - first + idx[0]) for k in ks]
     out += _pp_kernels(model, hw, d, g)
     return out
 
