@@ -152,10 +152,10 @@ def test_reproduce_json_and_write_into_a_target(capsys, tmp_path):
     bundled = {p: p.read_bytes() for p in Path(perfmodel.__file__).parent.glob("presets/*/*.toml")}
     out = json_of(capsys, "reproduce", "--write", str(tmp_path))
     assert {Path(w["path"]).name for w in out["written"]} == {"gb200.toml"}  # nothing is fitted for tpu-v7
-    scale = out["fitted_parameters"]["gb200.collective_latency_scale"]["value"]
+    overlap = out["fitted_parameters"]["gb200.graph_kernel_overlap_s"]["value"]
     text = (tmp_path / "hardware" / "gb200.toml").read_text()
-    assert f"collective_latency_scale = {scale:.6g}" in text and any(
-        "collective_latency_scale" in c for w in out["written"] for c in w["changes"])
+    assert f"graph_kernel_overlap_s = {overlap:.6g}" in text and any(
+        "graph_kernel_overlap_s" in c for w in out["written"] for c in w["changes"])
     assert {p: p.read_bytes() for p in bundled} == bundled  # the installed presets are untouched
     assert main(["reproduce", "--write", str(tmp_path / "nope")]) == 2
 

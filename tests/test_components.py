@@ -154,7 +154,7 @@ def test_no_fitted_value_reaches_the_host_presets():
     steps for tpu-v7); the host presets keep uniform routing and physical-default efficiency."""
     from perfmodel.fit.seed import fit_params
     from perfmodel.spec.loaders import load_model
-    assert [p.key for p in fit_params(["gb200", "tpu-v7"])] == ["gb200.collective_latency_scale"]
+    assert [p.key for p in fit_params(["gb200", "tpu-v7"])] == ["gb200.graph_kernel_overlap_s"]
     assert all(load_model(m).moe.routing_skew == 0 for m in ("kimi-k3-host-small", "kimi-k3-host-large"))
 
 

@@ -14,6 +14,7 @@ from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import list_presets, load_hardware
 from perfmodel.spec.loaders import load_model
 from perfmodel.step.predict import predict
+from perfmodel.step.serving_report import kernel_summary
 from perfmodel.util.errors import SpecError
 
 NEW_PRESETS = ("a100", "h20", "b300", "gb300", "mi300x", "mi325x", "mi355x")
@@ -171,8 +172,9 @@ def test_vllm_replicates_the_latent_projections_so_nothing_is_gathered():
 def test_serving_prediction_sums_its_kernels():
     """The step is its kernels back to back, less what vLLM's second stream hides: each MoE layer's
     shared experts beside its routed experts (max_rows 256 in its inventory), so per MoE layer the
-    longer of the two; at 512 rows, above the threshold, every kernel adds up."""
-    m, hw = load_model("kimi-k3"), load_hardware("gb200")
+    longer of the two; at 512 rows, above the threshold, every kernel adds up. (The kernel overlap
+    in the graph is off here: test_graph_overlap_hides_each_main_kernel_up_to_its_time.)"""
+    m, hw = load_model("kimi-k3"), load_hardware("gb200").with_efficiency(graph_kernel_overlap_s=0.0)
     for batch, overlap in ((1, True), (512, False)):
         d = _d(batch=batch)
         p, g = predict(m, hw, d), ops.build(m, d)
@@ -186,6 +188,21 @@ def test_serving_prediction_sums_its_kernels():
         hidden = sum(min(s, routed[layer]) for layer, s in shared.items()) if overlap else 0.0
         assert shared and (hidden > 0) == overlap
         assert p.step_s == pytest.approx(sum(k.seconds for k in ks) - hidden, rel=1e-9)
+
+
+def test_graph_overlap_hides_each_main_kernel_up_to_its_time():
+    """efficiency.graph_kernel_overlap_s: every main-stream kernel pays its time less the overlap,
+    never below zero; the second stream is untouched. Hand-worked at 2 us (above the fastest
+    kernels' 1.9 us, so the cap acts) against the same step with none."""
+    m, d = load_model("kimi-k3"), _d(batch=1)
+    none, hw = (load_hardware("gb200").with_efficiency(graph_kernel_overlap_s=v) for v in (0.0, 2e-6))
+    g = ops.build(m, d)
+    ks = kernels(m, hw, d, g)
+    main = [k.seconds for k in ks if k.stream == "main"]
+    assert min(main) < 2e-6 < max(main)
+    hidden = sum(min(2e-6, t) for t in main)
+    assert predict(m, hw, d).step_s == pytest.approx(predict(m, none, d).step_s - hidden, rel=1e-9)
+    assert kernel_summary(m, hw, d)["overlap_hidden_s"] == pytest.approx(hidden, rel=1e-9)
 
 
 def test_two_nodes_are_one_node_plus_the_fabric():

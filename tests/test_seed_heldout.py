@@ -17,7 +17,7 @@ def test_held_out_values_steer_nothing():
              for m in ms]
     assert sum(a != b for a, b in zip(ms, moved)) == 6
     fitted, again = seed.fit(ms, hw), seed.fit(moved, hw)
-    assert fitted == again and set(fitted) == {"gb200.collective_latency_scale"}
+    assert fitted == again and set(fitted) == {"gb200.graph_kernel_overlap_s"}
     model = load_model(seed.MODEL)
     for m in ms:
         h = seed._apply(fitted, hw, m.platform)

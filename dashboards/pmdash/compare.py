@@ -24,7 +24,6 @@ PLATFORM_COLORS = {"A": "#1f77b4", "B": "#d62728"}
 SOURCE_SYMBOLS = (charts.X_SHAPE, "circle", "square", "triangle-up", charts.STAR_SHAPE, charts.HEXAGON_SHAPE)
 IMPLAUSIBLE = 2.0  # a measured point above this many times the HBM roofline is flagged
 BAND = 0.10        # the ratio panel's band: predicted within +-10 % of measured
-NOTHING_FITTED = "nothing fitted"  # the role of a point predicted from a serving engine's measured kernels
 
 
 def published_layout(d: dict) -> str:
@@ -125,7 +124,7 @@ def error_rows(model: str, plat: dict, points: pd.DataFrame, spec_on: bool, cont
                      "error": (pred / m["tokens_per_s"] - 1) if pred else None,
                      "hbm_roofline_tokens_per_s": roof,
                      "check": f"implausible: above {IMPLAUSIBLE:g}x the HBM roofline" if flag else "",
-                     "role": m["role"] if plat["serving"] is None else NOTHING_FITTED, "source": m["origin"],
+                     "role": m["role"], "source": m["origin"],
                      "reference": m["source"]})
     return rows
 
@@ -359,11 +358,9 @@ def tables(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, spec_states: list) -> 
         errors = st.expander(f"Per-point errors ({len(edf)} points)", key="cmp_errors_exp", on_change="rerun")
         if errors.open:  # drawn only when opened
             with errors:
-                if (edf["role"] == "fitted").any() or (edf["role"] == NOTHING_FITTED).any():
+                if (edf["role"] == "fitted").any():
                     st.caption("role: the calibration (`perfmodel reproduce`) fits its efficiency parameters on "
-                               "the 'fitted' published points only; 'held-out' points were not used to fit anything; "
-                               f"'{NOTHING_FITTED}': a serving engine's kernels, each from a measured kernel table, "
-                               "with no parameter fitted to a decode step.")
+                               "the 'fitted' published points only; 'held-out' points were not used to fit anything.")
                 tps = st.column_config.NumberColumn(format="%.0f")
                 st.dataframe(edf.drop(columns=["tag"]), key="cmp_errors", hide_index=True, column_config={
                     "measured_tokens_per_s": tps, "predicted_tokens_per_s": tps, "hbm_roofline_tokens_per_s": tps,

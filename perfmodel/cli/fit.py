@@ -32,19 +32,18 @@ def print_reproduce(r: dict) -> None:
                     [[k, v["value"], f"{v['plausible_range'][0]} .. {v['plausible_range'][1]}",
                       "yes" if v["plausible"] else "NO"] for k, v in r["fitted_parameters"].items()]))
         print()
-    print(table(["platform", "batch", "spec decode", "predicted", "reported", "error %", "no-fit %", "step ms",
-                 "role", "target", "kernels tok/s", "kernels %"],
-                [[p["platform"], p["batch"], "7 rows, tau 6" if p["spec_decode"] else "-",
+    print(table(["platform", "engine", "batch", "spec decode", "predicted", "reported", "error %", "no-fit %",
+                 "step ms", "role", "target"],
+                [[p["platform"], p.get("serving_engine", "megakernel"), p["batch"],
+                  "7 rows, tau 6" if p["spec_decode"] else "-",
                   p["predicted_tokens_per_s"], p["reported_tokens_per_s"], 100 * p["error"],
                   100 * p["no_fit_error"] if "no_fit_error" in p else "-",
                   p["predicted_step_ms"], p["role"],
-                  ("met" if p["within_target"] else "MISSED") + f" (<= {100 * r['targets'][p['role']]:.0f} %)",
-                  p["kernels"]["predicted_tokens_per_s"] if "kernels" in p else "-",
-                  100 * p["kernels"]["error"] if "kernels" in p else "-"]
+                  ("met" if p["within_target"] else "MISSED") + f" (<= {100 * r['targets'][p['role']]:.0f} %)"]
                  for p in r["points"]]))
-    if any("kernels" in p for p in r["points"]):
-        print("kernels: the run's serving engine replayed kernel by kernel from measured tables, nothing "
-              "fitted (perfmodel predict --serving-engine; docs/gpu.md)")
+    if any("serving_engine" in p for p in r["points"]):
+        print("vllm: the run's serving engine replayed kernel by kernel from measured kernel tables "
+              "(perfmodel predict --serving-engine; docs/gpu.md)")
     print()
     print(table(["batch", "TPU/GB200 predicted", "TPU/GB200 reported"],
                 [[t["batch"], t["predicted_ratio"], t["reported_ratio"]] for t in r["trend"]]))

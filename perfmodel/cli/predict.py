@@ -80,7 +80,10 @@ def cmd_predict(a) -> dict:
             print(f"kernels per step: {k['count']}, {100 * k['measured_share']:.0f} % of the time from measured "
                   f"tables, the rest physical (perfmodel explain --layer N lists each)"
                   + (f"; {1e6 * k['hidden_s']:.0f} us of shared experts on a second stream hidden beside the "
-                     f"routed experts" if k["hidden_s"] else ""))
+                     f"routed experts" if k["hidden_s"] else "")
+                  + (f"; {1e3 * k['overlap_hidden_s']:.2f} ms hidden under the kernel before each "
+                     f"(efficiency.graph_kernel_overlap_s = {1e6 * hw.efficiency.graph_kernel_overlap_s:.2f} us"
+                     f", {hw.sources.get('efficiency', 'no source')})" if k["overlap_hidden_s"] else ""))
         print()
         print(f"per layer kind at batch {preds[0].deployment.batch}:")
         print(layer_summary(preds[0]))
@@ -196,7 +199,8 @@ def cmd_explain(a) -> dict:
                   "extrapolated by the fitted or generic components):")
             print(table(["op", "kernel", "class", "us", "from", "stream", "source"],
                         [[r["op"], k["kernel"], k["class"], k["seconds"] * 1e6, "table" if k["measured"] else "physical",
-                          f"aux ({1e6 * k['exposed_s']:.2f} us exposed)" if k.get("stream") else "main",
+                          f"{k.get('stream', 'main')} ({1e6 * k['exposed_s']:.2f} us exposed)"
+                          if k["exposed_s"] < k["seconds"] else k.get("stream", "main"),
                           k["source"] if len(k["source"]) <= 90 else k["source"][:87] + "..."]
                          for r in out["ops"] for k in r.get("kernels", [])]))
         print("\nterms (each op in isolation; full sources with --json):")

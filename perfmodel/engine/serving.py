@@ -453,9 +453,11 @@ def fastest_kernel_s(gpu: str, engine: str) -> float:
     return gk.tables(gpu, engine).fastest_kernel_s
 
 
-def paid_seconds(ks: list[Kernel], g: OpGraph) -> list[float]:
-    """Per kernel, the time the step pays for it: all of it on the main stream; on the second stream
-    its share of what the layer's routed experts (on the main stream meanwhile) do not cover."""
+def paid_seconds(ks: list[Kernel], g: OpGraph, overlap_s: float = 0.0) -> list[float]:
+    """Per kernel, the time the step pays for it: on the main stream its time less what hides under
+    the kernel before it in the graph (`overlap_s`, the hardware's efficiency.graph_kernel_overlap_s,
+    never more than the kernel's own time); on the second stream its share of what the layer's
+    routed experts (on the main stream meanwhile) do not cover."""
     aux, beside = {}, {}
     for k in ks:
         layer = int(g.layer[k.op])
@@ -464,28 +466,31 @@ def paid_seconds(ks: list[Kernel], g: OpGraph) -> list[float]:
         elif g.name[k.op] == "routed_experts":
             beside[layer] = beside.get(layer, 0.0) + k.seconds
     share = {layer: max(0.0, a - beside.get(layer, 0.0)) / a if a > 0 else 0.0 for layer, a in aux.items()}
-    return [k.seconds * share[int(g.layer[k.op])] if k.stream == "aux" else k.seconds for k in ks]
+    return [k.seconds * share[int(g.layer[k.op])] if k.stream == "aux" else k.seconds - min(overlap_s, k.seconds)
+            for k in ks]
 
 
 def simulate_serving(model: ModelSpec, hw: Hardware, d: Deployment, g: OpGraph, record: bool = False
                      ) -> tuple[Timeline, list[Kernel]]:
     """The step as the engine's kernels back to back: per-op start / end and waits by cause (each
     kernel's time to its cause: collectives, routed experts, the rest compute or streaming); a
-    kernel on the second stream adds only its share not hidden beside the routed experts
-    (`paid_seconds`), and its event lies on the "aux" lane."""
+    kernel on the main stream pays its time less what hides under the one before it, one on the
+    second stream only its share not hidden beside the routed experts (`paid_seconds`), and its
+    event lies on the "aux" lane."""
     ks = kernels(model, hw, d, g)
     n = len(g)
     dur = np.zeros(n)
     wait = {c: np.zeros(n) for c in ("compute", "weight_streaming", "expert_fetch", "collective", "launch", "fill_drain")}
-    for k, paid in zip(ks, paid_seconds(ks, g)):
-        dur[k.op] += paid
-        wait[k.cause][k.op] += paid
+    paid = paid_seconds(ks, g, hw.efficiency.graph_kernel_overlap_s)
+    for k, p in zip(ks, paid):
+        dur[k.op] += p
+        wait[k.cause][k.op] += p
     end = np.cumsum(dur)
     start = end - dur
     tl = Timeline(start, end, wait, float(end[-1]) if n else 0.0, float(g.bytes.sum()))
     if record:
         t0, aux_t = start.copy(), {}
-        for k in ks:
+        for k, p in zip(ks, paid):
             if k.stream == "aux":  # back to back on their own lane from the first one's start
                 layer = int(g.layer[k.op])
                 a = aux_t.setdefault(layer, start[k.op])
@@ -493,6 +498,6 @@ def simulate_serving(model: ModelSpec, hw: Hardware, d: Deployment, g: OpGraph, 
                 aux_t[layer] = a + k.seconds
                 continue
             lane = "link" if k.cause == "collective" else "compute"
-            tl.events.append((lane, k.name, int(g.layer[k.op]), t0[k.op], t0[k.op] + k.seconds))
-            t0[k.op] += k.seconds
+            tl.events.append((lane, k.name, int(g.layer[k.op]), t0[k.op], t0[k.op] + p))
+            t0[k.op] += p
     return tl, ks

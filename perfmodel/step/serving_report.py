@@ -12,14 +12,16 @@ def kernel_rows(model, hw, d) -> tuple[list[dict], object]:
     rows = [{"op_index": k.op, "op": g.name[k.op], "layer": int(g.layer[k.op]), "kernel": k.name, "class": k.cls,
              "seconds": k.seconds, "measured": k.measured, "source": k.source, "shape": k.point,
              **({"levels": [{"scope": s, "seconds": t} for s, t in k.levels]} if k.levels else {}),
-             **({"stream": "aux", "exposed_s": paid} if k.stream == "aux" else {})}
-            for k, paid in zip(ks, paid_seconds(ks, g))]
+             "exposed_s": paid, **({"stream": "aux"} if k.stream == "aux" else {})}
+            for k, paid in zip(ks, paid_seconds(ks, g, hw.efficiency.graph_kernel_overlap_s))]
     return rows, g
 
 
 def kernel_summary(model, hw, d) -> dict:
-    """Per step: kernel count, the share of the time from measured tables, and each distinct
-    kernel's count and total time."""
+    """Per step: kernel count, their summed time, what of it the step does not pay (`hidden_s`:
+    shared experts on the second stream under the routed experts; `overlap_hidden_s`: each main-stream
+    kernel's part under the one before it, efficiency.graph_kernel_overlap_s), the share of the time
+    from measured tables, and each distinct kernel's count and total time."""
     rows, _ = kernel_rows(model, hw, d)
     total = sum(r["seconds"] for r in rows) or 1.0
     by: dict[str, dict] = {}
@@ -30,6 +32,7 @@ def kernel_summary(model, hw, d) -> dict:
         e["seconds"] += r["seconds"]
         e["measured"] = e["measured"] and r["measured"]
     hidden = sum(r["seconds"] - r["exposed_s"] for r in rows if r.get("stream") == "aux")
-    return {"count": len(rows), "seconds": total, "hidden_s": hidden,
+    overlap = sum(r["seconds"] - r["exposed_s"] for r in rows if r.get("stream") != "aux")
+    return {"count": len(rows), "seconds": total, "hidden_s": hidden, "overlap_hidden_s": overlap,
             "measured_share": sum(r["seconds"] for r in rows if r["measured"]) / total,
             "by_kernel": sorted(by.values(), key=lambda e: -e["seconds"])}
