@@ -285,12 +285,12 @@ def fig_gb200_kernels() -> str:
     consecutive kernels the gb200 preset holds (`perfmodel predict`)."""
     from perfmodel.fit.measurements import seed_measurements
     out = cli_json("predict", *GB200_VLLM, "--batch", "1,2,4,8")
-    alone = {p["batch"]: p["no_fit_error"] for p in cli_json("reproduce")["points"]
+    alone = {p["batch"]: p["kernels"] for p in cli_json("reproduce")["points"]
              if p["platform"] == "gb200" and not p["spec_decode"]}
     reported = {m.batch: m.tokens_per_s for m in seed_measurements() if m.platform == "gb200" and not m.spec_decode}
     signed = lambda e: f"{100 * e:+.1f} %"
-    rows = [[r["batch"], f"{reported[r['batch']]:g}", f"{reported[r['batch']] * (1 + alone[r['batch']]):.1f}",
-             signed(alone[r["batch"]]), f"{r['step_s'] * 1e3:.2f}", f"{r['tokens_per_s']:.1f}",
+    rows = [[r["batch"], f"{reported[r['batch']]:g}", f"{alone[r['batch']]['predicted_tokens_per_s']:.1f}",
+             signed(alone[r["batch"]]["error"]), f"{r['step_s'] * 1e3:.2f}", f"{r['tokens_per_s']:.1f}",
              signed(r["tokens_per_s"] / reported[r["batch"]] - 1), f"{100 * r['kernels']['measured_share']:.0f} %"]
             for r in out["results"]]
     return md_table(["batch", "reported tok/s", "kernels alone tok/s", "error", "with the overlap: step ms", "tok/s",
