@@ -160,13 +160,36 @@ def expand(page, key: str) -> None:
     settle(page)
 
 
+def until(act, done, tries: int = 4) -> None:
+    """`act()` again until `done(timeout_ms)` holds: a popover clicked while a rerun redraws it (late on a
+    loaded machine) closes again, and an Escape that lands while a select inside it holds the focus
+    closes only the select's list."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    for attempt in range(tries):
+        act()
+        try:
+            return done(15_000)
+        except PlaywrightTimeout:
+            if attempt == tries - 1:
+                raise
+
+
+def open_menu(page, button, body) -> None:
+    """Popover `button` clicked (the app idle first) until its `body` is mounted."""
+    until(lambda: (bb.wait_idle(page), button.click()), lambda ms: body.first.wait_for(timeout=ms))
+
+
+def close_menu(page, body) -> None:
+    """Escape until popover `body` is gone."""
+    until(lambda: page.keyboard.press("Escape"), lambda ms: body.first.wait_for(state="detached", timeout=ms))
+
+
 def in_menu(page, key: str, action) -> None:
     """`action` on the widgets of popover `key` (mounted only while it is open): opened, used, closed."""
-    page.locator(f".st-key-{key} [data-testid='stPopoverButton']").click()
-    page.locator("[data-testid='stPopoverBody']").wait_for()
+    open_menu(page, page.locator(f".st-key-{key} [data-testid='stPopoverButton']"),
+              page.locator("[data-testid='stPopoverBody']"))
     action()
-    page.keyboard.press("Escape")
-    page.locator("[data-testid='stPopoverBody']").wait_for(state="detached")
+    close_menu(page, page.locator("[data-testid='stPopoverBody']"))
 
 
 def click(page, key: str) -> None:
@@ -259,14 +282,12 @@ def downloads(page) -> dict[str, bytes]:
     listener = lambda d: got.append(d)  # noqa: E731  (playwright takes a Python function)
     page.on("download", listener)
     for m in range(menus.count()):
-        menus.nth(m).locator('[data-testid="stPopoverButton"]').click()
         buttons = page.locator('[data-testid="stPopoverBody"] [data-testid="stDownloadButton"] button')
-        buttons.first.wait_for()
+        open_menu(page, menus.nth(m).locator('[data-testid="stPopoverButton"]'), buttons)
         for i in range(buttons.count()):
             buttons.nth(i).click()
             n += 1
-        page.keyboard.press("Escape")
-        buttons.first.wait_for(state="detached")
+        close_menu(page, buttons)
     assert n >= 2
     deadline = time.monotonic() + 90
     while len(got) < n and time.monotonic() < deadline:
