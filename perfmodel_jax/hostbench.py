@@ -658,7 +658,6 @@ def hardware_toml(b: HostBench, name: str = "host-cpu") -> str:
         "efficiency.flops": f"{by}: bf16 {DECODE_ROWS}x{DECODE_WIDTH}x{DECODE_WIDTH} matmul "
                             f"{dec.median / 1e9:.4g} GFLOP/s / square-matmul median",
         "efficiency.collective_latency_scale": "not applicable (one device)",
-        "efficiency.graph_kernel_overlap_s": "not applicable (no GPU serving engine)",
         "efficiency.op_overhead_s": "0: inside a program each op pays its thunks "
                                     "(components.host_program_time, the thunk-chain micro-benchmarks)",
     }

@@ -278,10 +278,7 @@ def test_compare_default_shows_published_points_with_errors_and_cli():
     assert len(err) == 8  # the seed table's 4 batches x 2 platforms, no spec decode
     assert set(err["measured_tokens_per_s"]) >= {249, 392, 515, 865, 127, 227, 373, 636}
     assert (err["error"].abs() < 1.0).all()
-    for name in (TPU_V7, GB200):  # the calibration's training points, on both platforms
-        plat = err[err["platform"] == name]
-        assert set(plat[plat["role"] == "fitted"]["batch"]) == {1, 8}
-        assert set(plat[plat["role"] == "held-out"]["batch"]) == {2, 4}
+    assert set(err["role"]) == {"held-out"}  # the presets hold no value fitted to a decode step
     assert headline(at, "Mean absolute error over the points shown").endswith("%")
     # the captions name the published deployments as the table holds them
     gb = next(m for m in seed_measurements() if m.hardware == "gb200")

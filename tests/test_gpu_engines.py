@@ -174,7 +174,7 @@ def test_serving_prediction_sums_its_kernels():
     shared experts beside its routed experts (max_rows 256 in its inventory), so per MoE layer the
     longer of the two; at 512 rows, above the threshold, every kernel adds up. (The kernel overlap
     in the graph is off here: test_graph_overlap_hides_each_main_kernel_up_to_its_time.)"""
-    m, hw = load_model("kimi-k3"), load_hardware("gb200").with_efficiency(graph_kernel_overlap_s=0.0)
+    m, hw = load_model("kimi-k3"), load_hardware("gb200").with_components(graph_kernel_overlap_s=0.0)
     for batch, overlap in ((1, True), (512, False)):
         d = _d(batch=batch)
         p, g = predict(m, hw, d), ops.build(m, d)
@@ -191,11 +191,11 @@ def test_serving_prediction_sums_its_kernels():
 
 
 def test_graph_overlap_hides_each_main_kernel_up_to_its_time():
-    """efficiency.graph_kernel_overlap_s: every main-stream kernel pays its time less the overlap,
+    """components.graph_kernel_overlap_s: every main-stream kernel pays its time less the overlap,
     never below zero; the second stream is untouched. Hand-worked at 2 us (above the fastest
     kernels' 1.9 us, so the cap acts) against the same step with none."""
     m, d = load_model("kimi-k3"), _d(batch=1)
-    none, hw = (load_hardware("gb200").with_efficiency(graph_kernel_overlap_s=v) for v in (0.0, 2e-6))
+    none, hw = (load_hardware("gb200").with_components(graph_kernel_overlap_s=v) for v in (0.0, 2e-6))
     g = ops.build(m, d)
     ks = kernels(m, hw, d, g)
     main = [k.seconds for k in ks if k.stream == "main"]

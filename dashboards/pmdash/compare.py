@@ -358,9 +358,10 @@ def tables(x: dict, pdf: pd.DataFrame, edf: pd.DataFrame, spec_states: list) -> 
         errors = st.expander(f"Per-point errors ({len(edf)} points)", key="cmp_errors_exp", on_change="rerun")
         if errors.open:  # drawn only when opened
             with errors:
-                if (edf["role"] == "fitted").any():
-                    st.caption("role: the calibration (`perfmodel reproduce`) fits its efficiency parameters on "
-                               "the 'fitted' published points only; 'held-out' points were not used to fit anything.")
+                if (edf["role"] == measured.HELD_OUT).any():
+                    st.caption("role: 'held-out', no value of the presets was fitted to a published decode step "
+                               "(`perfmodel reproduce` fits GB200's one whole-step parameter on batches 1 and 8 in its "
+                               "own report only).")
                 tps = st.column_config.NumberColumn(format="%.0f")
                 st.dataframe(edf.drop(columns=["tag"]), key="cmp_errors", hide_index=True, column_config={
                     "measured_tokens_per_s": tps, "predicted_tokens_per_s": tps, "hbm_roofline_tokens_per_s": tps,

@@ -25,6 +25,7 @@ HOST_VALIDATION_CSV = REPO / "experiments" / "results" / "host_validation.csv"
 COLUMNS = ["source", "model", "hardware", "engine", "devices", "tp", "ep", "batch", "context", "draft_rows",
            "acceptance_length", "steps_per_call", "serving_engine", "kv_cache", "prefetch_mib", "expert_slots",
            "vmem_mib", "tokens_per_s", "origin", "role"]
+HELD_OUT = "held-out"  # a published point's role: nothing the dashboard predicts with was fitted to it
 # optional columns of a measurements file, with their types
 OPTIONAL = {"devices": int, "tp": int, "ep": int, "context": int, "draft_rows": int, "acceptance_length": float,
             "steps_per_call": int, "prefetch_mib": float, "expert_slots": int, "vmem_mib": float}
@@ -43,19 +44,13 @@ def published_table() -> pd.DataFrame:
     df = pd.DataFrame([dataclasses.asdict(m) for m in ms])
     df["origin"] = [PUBLISHED_NAMES.get((m.hardware, m.engine), f"Inferact, {m.hardware}, published") for m in ms]
     df["source"] = PUBLISHED_SOURCE
-    df["role"] = [calibration_role(m) for m in ms]
+    df["role"] = HELD_OUT  # the presets hold no value fitted to a decode step
     df["model"] = SEED_MODEL
     for col in TEXT_OPTIONAL:  # "" in the table: the default
         df[col] = df[col].replace("", None)
     for col in ("context", "prefetch_mib", "expert_slots", "vmem_mib"):  # not published: the defaults
         df[col] = None
     return df[COLUMNS]
-
-
-def calibration_role(m) -> str:
-    """fitted (the calibration's training points) or held-out, as `perfmodel reproduce` names them."""
-    from perfmodel.fit.seed import role
-    return role(m)
 
 
 def normalise(df: pd.DataFrame, origin: str) -> pd.DataFrame:

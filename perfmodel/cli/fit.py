@@ -3,23 +3,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perfmodel.step.report import json_text, table
+from perfmodel.step.report import table
 from perfmodel.util.errors import require
-from perfmodel.util.files import check_output, check_path, write_all, write_atomic
+from perfmodel.util.files import check_output, write_atomic
 
 
 def cmd_reproduce(a) -> dict:
-    from perfmodel.fit.seed import reproduce, write_presets
-    if a.write is not None:  # before the fit, which takes a while
-        require(check_path("--write", a.write).is_dir(), "--write", a.write, "not an existing directory")
+    from perfmodel.fit.seed import reproduce
     out = reproduce(fit_parameters=not a.no_fit)
     out["command"] = "reproduce"
-    updates = write_presets(out, a.write) if a.write is not None else {}
-    if a.write is not None:
-        out["written"] = [{"path": str(path), "changes": changes}
-                          for path, (_, changes) in updates.items()]
-    json_text(out)  # the output is complete before anything is written
-    write_all({path: text for path, (text, _) in updates.items()}, "--write", parents=True)
     if not a.json:
         print_reproduce(out)
     return out
@@ -52,8 +44,6 @@ def print_reproduce(r: dict) -> None:
         print("\nmissed targets: " + "; ".join(
             f"{p['platform']} batch {p['batch']}{' spec' if p['spec_decode'] else ''} "
             f"({100 * p['error']:+.1f} %, {p['role']})" for p in missed) + " (see README 'Seed table')")
-    for w in r.get("written", []):
-        print(f"wrote {w['path']}: " + "; ".join(w["changes"]))
 
 
 def cmd_calibrate(a) -> dict:
@@ -127,11 +117,7 @@ def calibrate_kernels_cmd(a) -> dict:
 
 
 def configure_reproduce(p) -> None:
-    p.add_argument("--no-fit", action="store_true", help="physical defaults only, nothing fitted")
-    p.add_argument("--write", metavar="PRESETS_DIR", default=None,
-                   help="store the fitted values as preset defaults in PRESETS_DIR/models/*.toml and "
-                        "PRESETS_DIR/hardware/*.toml (an existing directory, e.g. perfmodel/presets of "
-                        "a checkout); prints what it changed")
+    p.add_argument("--no-fit", action="store_true", help="the presets as shipped, nothing fitted on the seed table")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_reproduce)
 

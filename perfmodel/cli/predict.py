@@ -82,8 +82,9 @@ def cmd_predict(a) -> dict:
                   + (f"; {1e6 * k['hidden_s']:.0f} us of shared experts on a second stream hidden beside the "
                      f"routed experts" if k["hidden_s"] else "")
                   + (f"; {1e3 * k['overlap_hidden_s']:.2f} ms hidden under the kernel before each "
-                     f"(efficiency.graph_kernel_overlap_s = {1e6 * hw.efficiency.graph_kernel_overlap_s:.2f} us"
-                     f", {hw.sources.get('efficiency', 'no source')})" if k["overlap_hidden_s"] else ""))
+                     f"(components.graph_kernel_overlap_s = {1e6 * hw.components['graph_kernel_overlap_s']:.2f} us, "
+                     f"{hw.sources.get('components.graph_kernel_overlap_s', 'no source')})"
+                     if k["overlap_hidden_s"] else ""))
         print()
         print(f"per layer kind at batch {preds[0].deployment.batch}:")
         print(layer_summary(preds[0]))

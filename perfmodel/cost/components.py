@@ -212,6 +212,14 @@ def kernel_launch_time(c: dict) -> float:
     return param(c, "kernel_launch_s")
 
 
+def graph_overlap_time(c: dict) -> float:
+    """Seconds of a kernel that run under the tail of the kernel before it in a CUDA graph launched
+    with programmatic dependent launch (its launch and prologue); 0 where the hardware file has no
+    such component (nothing measured). Micro-benchmarks: the gb200-pdl-* kernel pairs, each a kernel
+    timed back to back with and without PDL."""
+    return c.get("graph_kernel_overlap_s", 0.0)
+
+
 def kernel_stream_time(c: dict, nbytes: float, hbm_bandwidth: float) -> float:
     """Bytes of one decode GEMV / grouped-GEMM kernel at its achieved share of HBM bandwidth.
     Micro-benchmark: h100-vllm-sglang-llama1b-bw (through the multi-kernel engine)."""

@@ -455,7 +455,7 @@ def fastest_kernel_s(gpu: str, engine: str) -> float:
 
 def paid_seconds(ks: list[Kernel], g: OpGraph, overlap_s: float = 0.0) -> list[float]:
     """Per kernel, the time the step pays for it: on the main stream its time less what hides under
-    the kernel before it in the graph (`overlap_s`, the hardware's efficiency.graph_kernel_overlap_s,
+    the kernel before it in the graph (`overlap_s`, the hardware's components.graph_kernel_overlap_s,
     never more than the kernel's own time); on the second stream its share of what the layer's
     routed experts (on the main stream meanwhile) do not cover."""
     aux, beside = {}, {}
@@ -481,7 +481,7 @@ def simulate_serving(model: ModelSpec, hw: Hardware, d: Deployment, g: OpGraph, 
     n = len(g)
     dur = np.zeros(n)
     wait = {c: np.zeros(n) for c in ("compute", "weight_streaming", "expert_fetch", "collective", "launch", "fill_drain")}
-    paid = paid_seconds(ks, g, hw.efficiency.graph_kernel_overlap_s)
+    paid = paid_seconds(ks, g, cm.graph_overlap_time(hw.components))
     for k, p in zip(ks, paid):
         dur[k.op] += p
         wait[k.cause][k.op] += p

@@ -49,6 +49,7 @@ GROUPS = {
     "xla_glue": (("xla_embedding_s",), ("xla_glue",)),
     "host": (("host_dispatch_s",), ("host_dispatch",)),
     "gpu_launch": (("kernel_launch_s",), ("kernel_launch",)),
+    "gpu_graph_overlap": (("graph_kernel_overlap_s",), ("pdl_kernel_pair",)),
     "gpu_all_reduce": (("allreduce_base_s", "allreduce_per_peer_s", "allreduce_bytes_per_s"),
                        ("gpu_all_reduce",)),
     "gpu_kernel": (("kernel_bandwidth_efficiency",), ("engine_bandwidth_fraction",)),
@@ -86,6 +87,7 @@ INPUTS = {
     "attention_core": {"sequences": Req(_N), "kind": (STR,), "q_heads_per_core": _N, "kv_heads_per_core": _N,
                        "head_dim": _N},
     "xla_glue": {}, "host_dispatch": {}, "kernel_launch": {},
+    "pdl_kernel_pair": {"without_pdl_us": Req(Num(0, lo_open=True)), "with_pdl_us": Req(Num(0, lo_open=True))},
     "gpu_all_reduce": {"bytes": Req(_BYTES), "ranks": Req(_N)},
     "host_dot": {"bytes": Req(_BYTES), "rows": Req(_N)},
     "host_convert": {"values": Req(_N), "allocated_bytes": Req(Num(0, 2**50))},
@@ -191,6 +193,8 @@ def predict_entry(e: dict, hw: Hardware) -> float:
         t = cm.device_call_time(c)
     elif m == "kernel_launch":
         t = cm.kernel_launch_time(c)
+    elif m == "pdl_kernel_pair":
+        t = cm.graph_overlap_time(c)
     elif m == "gpu_all_reduce":
         t = cm.gpu_all_reduce_time(c, i["bytes"], i["ranks"])
     elif m == "host_dot":

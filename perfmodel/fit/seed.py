@@ -1,34 +1,29 @@
 """Whole-step fit on the seed table and its reproduction (`perfmodel reproduce`).
 
-Every term comes from the component layer (perfmodel.cost.components, fitted to micro-benchmarks by
-`perfmodel calibrate`). On top of it at most one whole-step parameter per platform (none for the
-TPU), fitted only on batches 1 and 8 of the seed table; batches 2 and 4 and the speculative-decoding pair are held
-out. The fit starts from the `Efficiency` dataclass defaults every time, so it does not depend on
-what a previous `--write` stored in the presets; `--no-fit` shows the errors with none of them.
+Every term comes from the hardware presets as shipped: components fitted to micro-benchmarks by
+`perfmodel calibrate`, physical-default efficiency. On top of them at most one whole-step parameter
+per platform (none for the TPU), fitted only on batches 1 and 8 of the seed table; batches 2 and 4
+and the speculative-decoding pair are held out. The fitted values live in the report only: a preset
+keeps its kernel-level fits, so no other prediction rests on the seed's end-to-end steps.
+`--no-fit` shows the errors of the presets as shipped.
 """
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
-from datetime import date
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 from scipy.optimize import least_squares
 
 from perfmodel.engine import megakernel_sim
 from perfmodel.fit.measurements import Measurement, seed_measurements
-from perfmodel.spec.arch import PRESET_DIR as MODEL_DIR
 from perfmodel.spec.arch import ModelSpec, derive
 from perfmodel.spec.deployment import Deployment, SpecDecode
-from perfmodel.spec.hardware import Efficiency, Hardware, load_hardware
+from perfmodel.spec.hardware import Hardware, load_hardware
 from perfmodel.spec.loaders import load_model
 from perfmodel.step.predict import predict
 from perfmodel.step.report import SCHEMA_VERSION
-from perfmodel.util.errors import require
-from perfmodel.util.files import read_text
 
 MODEL = "kimi-k3"
 FIT_BATCHES = (1, 8)
@@ -39,7 +34,7 @@ TARGETS = {"fitted": 0.08, "held-out": 0.10}
 class Param:
     """A fitted parameter: where it lives, fit bounds, and the range called physically plausible."""
     name: str
-    scope: str        # the platform (hardware preset) whose [efficiency] holds it
+    scope: str        # the platform (hardware preset) whose component it refits
     bounds: tuple[float, float]
     plausible: tuple[float, float]
     why: str
@@ -50,11 +45,10 @@ class Param:
 
 
 def fit_params(platforms: list[str]) -> list[Param]:
-    """At most one whole-step parameter per platform, for what no kernel-level measurement covers.
-    GPU: the overlap of consecutive kernels in the serving engine's CUDA graph (programmatic
-    dependent launch lets a kernel's launch and prologue run under its predecessor's tail); the
-    replay costs each kernel as timed alone, and its excess over the reported steps is the same at
-    batches 1 and 8 (2.6 and 2.4 ms over 1,518 kernels), a cost per kernel, not per token. TPU:
+    """At most one whole-step parameter per platform. GPU: the overlap of consecutive kernels in the
+    serving engine's CUDA graph (components.graph_kernel_overlap_s), refitted: its kernel-level fit
+    (programmatic dependent launch on single kernel pairs, 0.60 us) leaves the replay's step above
+    the reported one by about the same at batches 1 and 8, a cost per kernel, not per token. TPU:
     none; every term of its megakernel step comes from a component and the composition follows the
     real kernel's phase profile (perfmodel.step.phases). The router's skew stays at its physical
     default (uniform routing): nothing measures Kimi K3's expert popularity."""
@@ -87,19 +81,19 @@ def role(m: Measurement) -> str:
 
 
 def _apply(values: dict[str, float], hw: dict[str, Hardware], platform: str) -> Hardware:
-    """Hardware with physical-default efficiency except the fitted values."""
-    eff = {p.split(".", 1)[1]: v for p, v in values.items() if p.startswith(platform + ".")}
-    return dataclasses.replace(hw[platform], efficiency=dataclasses.replace(Efficiency(), **eff))
+    """The platform's preset with the fitted values in place of its components of those names."""
+    fitted = {p.split(".", 1)[1]: v for p, v in values.items() if p.startswith(platform + ".")}
+    return dataclasses.replace(hw[platform], components={**hw[platform].components, **fitted})
 
 
 def fit(measurements: list[Measurement], hw: dict[str, Hardware]) -> dict[str, float]:
-    """Least squares on log(predicted / reported) over the training points, from physical defaults."""
+    """Least squares on log(predicted / reported) over the training points, from the presets' values."""
     params = fit_params(sorted(hw))
     train = [m for m in measurements if role(m) == "fitted" and m.platform in {p.scope for p in params}]
     unit = np.array([1e-6 if p.name.endswith("_s") else 1.0 for p in params])  # fit times in us
     lo, hi = np.array([p.bounds[0] for p in params]) / unit, np.array([p.bounds[1] for p in params]) / unit
-    # from the defaults, a hundredth of the range inside a bound (trust-region-reflective stalls on one)
-    x0 = np.clip([getattr(Efficiency(), p.name) for p in params] / unit, lo + 0.01 * (hi - lo), hi)
+    # from the presets' values, a hundredth of the range inside a bound (trust-region-reflective stalls on one)
+    x0 = np.clip([hw[p.scope].components.get(p.name, 0.0) for p in params] / unit, lo + 0.01 * (hi - lo), hi)
 
     def residuals(x):
         values = dict(zip((p.key for p in params), x * unit))
@@ -116,7 +110,7 @@ def fit(measurements: list[Measurement], hw: dict[str, Hardware]) -> dict[str, f
 def reproduce(fit_parameters: bool = True) -> dict:
     """The seed table predicted next to the reported values (schema in docs/json-schema.md).
 
-    With fit_parameters=False every parameter stays at its physical default. A point whose run
+    With fit_parameters=False the presets stay as shipped. A point whose run
     names its serving engine (`serving_engine`) is that engine's kernel list, costed from measured
     kernel tables (perfmodel.engine.serving); its `kernels` entry is that list with nothing fitted."""
     megakernel_sim.compile_loops()  # the fit simulates hundreds of steps
@@ -159,24 +153,3 @@ def trend(points: list[dict]) -> list[dict]:
              "predicted_ratio": get("tpu-v7", b, "predicted_tokens_per_s") / get("gb200", b, "predicted_tokens_per_s"),
              "reported_ratio": get("tpu-v7", b, "reported_tokens_per_s") / get("gb200", b, "reported_tokens_per_s")}
             for b in batches]
-
-
-def write_presets(report: dict, target) -> dict[Path, tuple[str, list[str]]]:
-    """The fitted values as preset defaults, with provenance: {file under `target`: (new text,
-    changes)}, `target` laid out as perfmodel/presets (models/, hardware/). A file `target` lacks
-    starts from the bundled preset. Nothing is written here (the caller writes atomically)."""
-    stamp = f"fitted by perfmodel reproduce --write on {date.today()} on seed batches 1 and 8"
-    out: dict[Path, tuple[str, list[str]]] = {}
-    for key, info in report["fitted_parameters"].items():
-        scope, name = key.split(".", 1)
-        rel = Path("hardware", f"{scope}.toml")
-        path = Path(target) / rel
-        text, changes = out.get(path) or (read_text(path if path.exists() else MODEL_DIR.parent / rel,
-                                                    "--write"), [])
-        old = re.findall(rf"(?m)^{name} = (?!\")([^\n]*)$", text)
-        require(len(old) == 1, "--write", str(path), f"expected exactly one '{name} = ' line")
-        text = re.sub(rf"(?m)^{name} = (?!\")[^\n]*$", f"{name} = {info['value']:.6g}", text)
-        text, n = re.subn(rf'(?m)^efficiency = ".*"$', f'efficiency = "{stamp}; the rest physical defaults"', text)
-        require(n == 1, "--write", str(path), "expected exactly one 'efficiency = \"...\"' source line")
-        out[path] = (text, changes + [f"{name} {old[0].strip()} -> {info['value']:.6g}"])
-    return out

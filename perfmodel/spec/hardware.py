@@ -30,8 +30,6 @@ class Efficiency:
     flops: float = 0.6                   # sustained / peak matmul rate on decode-shaped matmuls
     collective_latency_scale: float = 1.0  # multiplies every link latency term
     op_overhead_s: float = 0.0           # fixed cost per op (launch, sync) beyond the roofline
-    graph_kernel_overlap_s: float = 0.0  # a GPU serving engine's replay: seconds of each kernel hidden
-                                         # under the one before it in the CUDA graph (perfmodel.engine.serving)
 
 
 @dataclass(frozen=True)
@@ -86,6 +84,9 @@ class Hardware:
 
     def with_efficiency(self, **changes) -> "Hardware":
         return dataclasses.replace(self, efficiency=dataclasses.replace(self.efficiency, **changes))
+
+    def with_components(self, **changes) -> "Hardware":
+        return dataclasses.replace(self, components={**self.components, **changes})
 
     def replace(self, **changes) -> "Hardware":
         return dataclasses.replace(self, **changes)
@@ -194,8 +195,6 @@ def validate(hw: Hardware) -> None:
     require(e.collective_latency_scale >= 0, "efficiency.collective_latency_scale",
             e.collective_latency_scale, "must be >= 0")
     require(e.op_overhead_s >= 0, "efficiency.op_overhead_s", e.op_overhead_s, "must be >= 0")
-    require(e.graph_kernel_overlap_s >= 0, "efficiency.graph_kernel_overlap_s", e.graph_kernel_overlap_s,
-            "must be >= 0")
 
 
 def to_toml(hw: Hardware, header: str = "") -> str:

@@ -2,6 +2,7 @@
 `kernels` and per op `kernels`: name, class, seconds, measured or physical, source)."""
 from __future__ import annotations
 
+from perfmodel.cost.components import graph_overlap_time
 from perfmodel.engine.serving import kernels, paid_seconds
 from perfmodel.graph import ops as ops_mod
 
@@ -13,14 +14,14 @@ def kernel_rows(model, hw, d) -> tuple[list[dict], object]:
              "seconds": k.seconds, "measured": k.measured, "source": k.source, "shape": k.point,
              **({"levels": [{"scope": s, "seconds": t} for s, t in k.levels]} if k.levels else {}),
              "exposed_s": paid, **({"stream": "aux"} if k.stream == "aux" else {})}
-            for k, paid in zip(ks, paid_seconds(ks, g, hw.efficiency.graph_kernel_overlap_s))]
+            for k, paid in zip(ks, paid_seconds(ks, g, graph_overlap_time(hw.components)))]
     return rows, g
 
 
 def kernel_summary(model, hw, d) -> dict:
     """Per step: kernel count, their summed time, what of it the step does not pay (`hidden_s`:
     shared experts on the second stream under the routed experts; `overlap_hidden_s`: each main-stream
-    kernel's part under the one before it, efficiency.graph_kernel_overlap_s), the share of the time
+    kernel's part under the one before it, components.graph_kernel_overlap_s), the share of the time
     from measured tables, and each distinct kernel's count and total time."""
     rows, _ = kernel_rows(model, hw, d)
     total = sum(r["seconds"] for r in rows) or 1.0
