@@ -199,3 +199,20 @@ def test_recipe_round_trips_and_rejects_unknown_fields():
     with pytest.raises(SpecError) as e:
         derive("muse-spark", megakernel={"sampling": "host"})
     assert e.value.field == "megakernel.sampling" and "kernel, xla" in str(e.value)
+
+
+def test_a_streamed_matmul_issues_one_dot_per_ring_bank():
+    """Muse Spark's kernel consumes every 2 MiB ring bank with one MXU dot: q_proj's 16 MiB bf16
+    weights are 8 banks, so 7 dots beyond the one the push time counts, each the fitted
+    `mxu_dot_issue_s`; k_proj (2 MiB: one bank), norms (no bank of weights) and the routed experts
+    (not in the ring) issue none; without TPU components there is no such term."""
+    from perfmodel.engine.megakernel import kernel_terms
+    g = build(MS, B1)
+    dots = kernel_terms(g, TPU)["bank_dots"]
+    first = lambda name: g.name.index(name)
+    issue = TPU.components["mxu_dot_issue_s"]
+    assert g.static_bytes[first("q_proj")] == 16 * 2**20
+    assert dots[first("q_proj")] == pytest.approx(7 * issue)
+    for name in ("k_proj", "attn_norm", "routed_experts"):
+        assert dots[first(name)] == 0.0
+    assert "bank_dots" not in kernel_terms(g, GB200)

@@ -253,11 +253,14 @@ ATTENTION_CORES = ("gqa_attention", "mla_attention", "kda_recurrence", "gdn_recu
 
 def kernel_terms(g: OpGraph, hw: Hardware) -> dict[str, np.ndarray]:
     """Per op, the in-kernel costs a TPU megakernel pays beside its FLOPs and bytes, by mechanism:
-    `attention_core` (the fixed latency of each sequence's decode attention core,
-    components.attention_core_time), `top_k` (routing's pick, components.topk_time, by the
-    kernel's algorithm), `xla_embedding` (the lookup and psum in XLA glue around the kernel,
-    components.xla_embedding_time) and `xla_sampling` (the greedy pick in XLA glue after it,
-    components.xla_sampling_time). Zero without TPU components."""
+    `bank_dots` (the kernel consumes each ring bank with a dot of its own, so a matmul streamed over
+    n banks issues n - 1 dots beyond the one components.matmul_time counts, each
+    `mxu_dot_issue_s`: Muse Spark's stream.py consumes every load with one MXU op, and the stream
+    micro-benchmarks that fit the issue cost were timed so), `attention_core` (the fixed latency of
+    each sequence's decode attention core, components.attention_core_time), `top_k` (routing's
+    pick, components.topk_time, by the kernel's algorithm), `xla_embedding` (the lookup and psum in
+    XLA glue around the kernel, components.xla_embedding_time) and `xla_sampling` (the greedy pick
+    in XLA glue after it, components.xla_sampling_time). Zero without TPU components."""
     out: dict[str, np.ndarray] = {}
     if not cm.is_tpu_model(hw.components) or not len(g):
         return out
@@ -267,6 +270,8 @@ def kernel_terms(g: OpGraph, hw: Hardware) -> dict[str, np.ndarray]:
               **dict.fromkeys(ATTENTION_CORES, g.sequences * cm.attention_core_time(c))}
     names = np.array(g.name)
     cost = np.array([per_op.get(nm, 0.0) for nm in g.name]) * ((g.flops > 0) | np.isin(names, list(glue)))
+    banks = np.ceil(g.static_bytes / bank_bytes(g, hw))
+    out["bank_dots"] = np.where((g.flops > 0) & (banks > 1), (banks - 1) * cm.param(c, "mxu_dot_issue_s"), 0.0)
     out["attention_core"] = np.where(np.isin(names, ATTENTION_CORES), cost, 0.0)
     for term in ("top_k", *glue):
         out[term] = np.where(names == term, cost, 0.0)

@@ -36,7 +36,9 @@ def _source(hw, *names: str) -> str:
     return "; ".join(found) or "assumption (no source entry)"
 
 
-KERNEL_TERMS = {"attention_core": ("fixed latency of the attention core (per sequence)", "components.attention_core_time",
+KERNEL_TERMS = {"bank_dots": ("one MXU dot per ring bank the matmul streams over, beyond its first",
+                              "components.matmul_time", ("mxu_dot_issue_s",)),
+                "attention_core": ("fixed latency of the attention core (per sequence)", "components.attention_core_time",
                                    ("attention_core_s",)),
                 "top_k": ("routing's pick", "components.topk_time", ("topk_round_s",)),
                 "xla_embedding": ("embedding lookup + psum in XLA glue around the kernel",
