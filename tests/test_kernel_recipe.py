@@ -2,6 +2,7 @@
 projections' own format family and model files built on other files."""
 import pytest
 
+from perfmodel.engine.megakernel import kernel_terms
 from perfmodel.engine.terms import op_compute_s, op_feeds, op_weights
 from perfmodel.graph.ops import build
 from perfmodel.spec.arch import derive, from_dict
@@ -206,7 +207,6 @@ def test_a_streamed_matmul_issues_one_dot_per_ring_bank():
     weights are 8 banks, so 7 dots beyond the one the push time counts, each the fitted
     `mxu_dot_issue_s`; k_proj (2 MiB: one bank), norms (no bank of weights) and the routed experts
     (not in the ring) issue none; without TPU components there is no such term."""
-    from perfmodel.engine.megakernel import kernel_terms
     g = build(MS, B1)
     dots = kernel_terms(g, TPU)["bank_dots"]
     first = lambda name: g.name.index(name)
