@@ -370,3 +370,22 @@ def test_cli_kv_cache_format(capsys):
     assert steps["fp8-kv"] < steps["bf16"]  # half the MLA cache bytes
     assert main(args + ["--kv-cache", "fp9"]) == 2
     assert "--kv-cache='fp9'" in capsys.readouterr().err
+
+
+def test_a_ranks_moe_share_is_at_least_one_pick_as_the_tables_time_it():
+    """The MoE tables' balanced routing gives rank 0 expert 0's pick at every EP degree, so one
+    token's cell at Kimi K2's shape (384 experts, top-8; H200 SGLang fp8) falls from EP 1 to 8
+    (rank 0 holds 8, 4, 2, 1 picks) and stays from 8 to 16; `rank_share` counts the even share with
+    that floor: one token at EP 16 is one pick and one expert, not half of one."""
+    assert gk.rank_share(1, 8, 384, 8) == (1.0, 1.0)
+    assert gk.rank_share(1, 8, 384, 16) == (1.0, 1.0)
+    assert gk.rank_share(1, 8, 384, 2) == (4.0, 4.0)
+    assert gk.rank_share(64, 8, 256, 8) == (32.0, 64.0)  # every expert touched: 256 / 8 a rank
+    assert gk.rank_share(0, 8, 384, 8) == (0.0, 0.0)
+    tabs = gk.tables("h200", "sglang")
+    cell = {}
+    for t in tabs.find("moe", {"hidden": 7168, "inter": 2048, "topk": 8, "experts": 384, "tp": 1,
+                               "dtype": "fp8-block128"}, "sglang_fused_moe_triton"):
+        cell[t.key["ep"]] = dict((p["tokens"], v) for p, v in t.points())[1]
+    assert cell[1] > cell[2] > cell[4] > cell[8]
+    assert cell[16] == pytest.approx(cell[8], rel=0.05)

@@ -171,6 +171,17 @@ def table_time(tabs: Tables | None, cls: str, key: dict, point: dict, kernel: st
 
 # ---- the physical kernel component ---------------------------------------------------------
 
+def rank_share(tokens, topk: int, experts: int, ep: int):
+    """(distinct experts, routed pairs) of one expert-parallel rank of a grouped MoE kernel: the
+    batch's tokens x top-k pairs spread evenly over the ranks, but never less than one pair (and
+    one expert) while the batch routes any: the tables' balanced routing gives rank 0 expert 0's
+    pick at every EP degree (aiconfigurator's `balanced_logits`), and a deployment's busiest rank
+    holds at least one. Scalars or arrays."""
+    pairs = tokens * topk
+    floor = np.minimum(pairs, 1.0)
+    return np.maximum(np.minimum(experts, pairs) / ep, floor), np.maximum(pairs / ep, floor)
+
+
 def features(cls: str, key: dict, point: dict) -> tuple[float, float, float]:
     """(bytes moved, FLOPs, ranks) of one table cell or one engine kernel, by class. Collectives:
     (bus bytes per rank, 0, ranks)."""
@@ -179,10 +190,8 @@ def features(cls: str, key: dict, point: dict) -> tuple[float, float, float]:
         m, n, k = point["m"], point["n"], point["k"]
         return n * k * bpv(key["dtype"]) + 2.0 * m * (n + k), 2.0 * m * n * k, 1
     if cls == "moe":
-        tokens, e, ep = point["tokens"], key["experts"], key["ep"]
-        distinct = min(e, tokens * key["topk"]) / ep  # balanced routing: pairs spread evenly
+        distinct, pairs = rank_share(point["tokens"], key["topk"], key["experts"], key["ep"])
         per_expert = 3.0 * key["hidden"] * key["inter"] / key["tp"]
-        pairs = tokens * key["topk"] / ep
         return (distinct * per_expert * bpv(key["dtype"]) + 2.0 * pairs * (2 * key["hidden"] + key["inter"] / key["tp"]),
                 2.0 * pairs * per_expert, 1)
     if cls == "attention":
@@ -239,7 +248,7 @@ def shape(cls: str, key: dict, point: dict) -> dict:
     if cls == "gemm":
         out |= {"m": point["m"], "n": point["n"], "k": point["k"], "bpv": BYTES_PER_VALUE.get(key["dtype"], 2.0)}
     if cls == "moe":
-        out["experts"] = min(key["experts"], point["tokens"] * key["topk"]) / key["ep"]
+        out["experts"] = rank_share(point["tokens"], key["topk"], key["experts"], key["ep"])[0]
         out["pairs"] = point["tokens"] * key["topk"]  # of the whole batch, whichever rank holds the expert
     if cls in UNITS:  # cached sequences x KV heads the kernel splits its reads over
         units = point["batch"] * (key["kv_heads"] if cls == "attention" else 1)
