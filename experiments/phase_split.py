@@ -43,6 +43,11 @@ def profile_with(profile: dict, held: int) -> dict:
     return p
 
 
+def engine(base, lat: float, k: int):
+    """`base` with a DMA engine serving at most `k` copies at once (0: any), first byte `lat` us."""
+    return base.replace(dma_sharing="shared", dma_concurrent_copies=k).with_components(dma_latency_s=lat * 1e-6)
+
+
 def main() -> None:
     megakernel_sim.compile_loops()
     profile = load_profile("musespark")
@@ -50,8 +55,7 @@ def main() -> None:
     score, errors = {}, {}
     for lat in LATENCIES:
         for k in LIMITS:
-            hw = base.replace(dma_sharing="shared", dma_concurrent_copies=k,
-                              components={**base.components, "dma_latency_s": lat * 1e-6})
+            hw = engine(base, lat, k)
             for held in HELD:
                 out = compare(profile_with(profile, held), hw)
                 phases = [r for kernel in out.values() for r in kernel["phases"]]
@@ -68,8 +72,7 @@ def main() -> None:
     for kernel, o in errors[lat, k, held].items():
         print(f"  {kernel}: " + ", ".join(f"{r['phase']} {r['predicted_us']:.3g} us ({100 * r['error']:+.0f} %)"
                                           for r in o["phases"]))
-    fit = base.replace(dma_sharing="shared", dma_concurrent_copies=k,
-                       components={**base.components, "dma_latency_s": lat * 1e-6})
+    fit = engine(base, lat, k)
     rows = []
     for core in CORES:
         out = compare(profile_with(profile, held), fit.with_components(attention_core_s=core * 1e-6))["final"]
