@@ -134,12 +134,16 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     events = []
     now = t0
     kv_id = {}
+    writeback: dict[int, int | None] = {}  # layer -> its cache write-back copy (None: waited for)
     expert_ids: dict[int, list[int]] = {}  # layer -> its expert copies issued so far
     for j in range(n):
         layer = layers[j]
         if layer not in kv_id:  # layer start: prefetch its KV cache / state
             kv_id[layer] = issue(now, st.layer_start_bytes.get(layer, 0.0), ("kv_cache/state", layer))
         if is_coll[j]:
+            if writeback.get(layer) is not None:  # the attention's cache write-back, waited for first
+                now = max(now, completion(writeback[layer]))
+                writeback[layer] = None
             t = now + coll[j]
             if remote:  # its phases' remote copies queue on this core's DMA engine
                 scale = hw.efficiency.collective_latency_scale
@@ -161,6 +165,9 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
             ready = max(ready, completion(issue(now, own[j], ("kv_cache/state", layer))))
         stream[j] = ready - now
         start[j] = ready
+        wb_bytes, wb_descriptors = st.writeback.get(layer, (0.0, 1))
+        if wb_bytes > 0 and layer not in writeback and kv_op[j] > 0:
+            writeback[layer] = issue(ready, wb_bytes, ("kv_writeback", layer), descriptors=wb_descriptors)
         t = ready + overhead
         if op_end[j] > op_begin[j]:  # consume this op's byte range of the stream, tile by tile
             per_byte = comp[j] / (op_end[j] - op_begin[j])

@@ -71,15 +71,15 @@ def test_greedy_in_xla_glue_replaces_the_in_kernel_pick():
 
 def test_the_iterative_argmax_is_exposed_by_the_held_back_refills():
     """The first kernel's iterative argmax costs 8 rounds against the rank-based top-k's 2
-    (components.topk_time). Without held-back refills its extra rounds hide under the ring's
-    refills; the profile's row ("baseline 2.7 once exposed") carries the final kernel's held refills,
-    which leave nothing in flight to hide them under: skipping them saves the rounds."""
+    (components.topk_time). Without held-back refills part of its extra rounds hides under the ring's
+    refills (about 0.3 us); the profile's row ("baseline 2.7 once exposed") carries the final kernel's
+    held refills, which leave nothing in flight to hide them under: skipping them saves the rounds."""
     final, first = (rows()[k] for k in ("final", "first"))
     assert first["routing"]["megakernel"] == {"defer_refills_rows": 4} and first["routing"]["reading"]
     assert first["routing"]["predicted_us"] > final["routing"]["predicted_us"] + 1.0
     own = PROFILE["kernels"]["first"]
     hidden = phases(kernel_model(own), HW, profile_deployment(PROFILE))["routing"]
-    assert hidden * 1e6 < first["routing"]["predicted_us"] - 1.0  # its own settings alone hide them
+    assert hidden * 1e6 < first["routing"]["predicted_us"] - 0.2  # its own settings alone hide some
 
 
 def test_the_dense_ring_is_the_ring_alone():
@@ -87,15 +87,17 @@ def test_the_dense_ring_is_the_ring_alone():
     with the collectives, experts, attention and routing skipped: on the profiled kernel without
     held-back refills the ring alone is its bytes at the DMA engine's rate, 38 copies of a 2 MiB
     bank (76 MiB per layer per rank) each paying one descriptor. Held back, the refills the router
-    and the latent projection would issue wait for the (skipped) experts' end, which comes at once:
-    the ring alone is the same."""
+    and the latent projection would issue wait for the (skipped) experts' end, which comes at once,
+    and go out in one burst: served round-robin, K at a time (dma_concurrent_copies), the burst's
+    first bank lands later than one served alone, by less than K - 1 banks' time per layer."""
     final = PROFILE["kernels"]["final"]
     unheld = {**final, "megakernel": {**final["megakernel"], "defer_refills_rows": 0}}
     c = HW.components
     per_bank = 2**21 / c["dma_bandwidth_bytes_per_s"] + c["dma_descriptor_s"]
     alone = phases(kernel_model(unheld), HW, profile_deployment(PROFILE))["dense_ring"]
     assert alone == pytest.approx(38 * per_bank, rel=0.01)
-    assert phases(kernel_model(final), HW, profile_deployment(PROFILE))["dense_ring"] == pytest.approx(alone, rel=0.01)
+    held = phases(kernel_model(final), HW, profile_deployment(PROFILE))["dense_ring"]
+    assert alone < held < alone + (HW.dma_concurrent_copies - 1) * per_bank
     with pytest.raises(SpecError):
         skip(ops.build(kernel_model(PROFILE["kernels"]["final"]), profile_deployment(PROFILE)), "dense_ring")
 

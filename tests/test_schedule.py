@@ -210,11 +210,13 @@ def test_concurrent_copies_must_be_a_whole_number():
 
 
 def test_kimi_k3_expert_slots_have_an_interior_optimum_at_batch_1():
+    """More slots than the optimum put more expert copies in service beside the ring's: 6 slots are
+    slower than the best count by over 1 % (a deterministic timeline: no noise to exceed)."""
     hw = load_hardware("tpu-v7")
     steps = [predict(K3, hw, dataclasses.replace(TPU, prefetch_bytes=32 * 2**20, expert_slots=s)).step_s
              for s in (1, 2, 3, 4, 6)]
     best = steps.index(min(steps))
-    assert 0 < best < len(steps) - 1 and steps[-1] > steps[best] * 1.02
+    assert 0 < best < len(steps) - 1 and steps[-1] > steps[best] * 1.01
 
 
 def test_shared_dma_on_kimi_k3_depth_curve_flattens():

@@ -15,7 +15,7 @@ them (round-robin), as the chip preset says (`dma_sharing`); shared, it serves a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -81,8 +81,8 @@ def sizing(g: OpGraph, hw: Hardware, d: Deployment, top_k: int) -> Sizing:
 class Stream:
     """What the megakernel's DMA engine moves: ring tiles in stream order, the byte range of the
     stream each op consumes, bytes issued at each layer's start (KV / state, small vectors), each
-    layer's routed copies, and the bytes an op copies itself when it starts (KV / state without
-    prefetch)."""
+    layer's routed copies, the bytes an op copies itself when it starts (KV / state without
+    prefetch), and each layer's cache write-back (OpGraph.writeback)."""
     tile_bytes: np.ndarray
     tile_end: np.ndarray        # cumulative position of each tile's last byte
     op_begin: np.ndarray
@@ -91,6 +91,7 @@ class Stream:
     routed_copies: dict[int, list[float]]
     op_fetch: np.ndarray
     expert_descriptors: int = 1  # descriptors of one routed copy (the model's stream: one per matrix and scale)
+    writeback: dict[int, tuple[float, int]] = field(default_factory=dict)  # per layer: (bytes, descriptors)
 
 
 def uniform_stream(g: OpGraph, tile_bytes: float) -> Stream:
@@ -108,7 +109,8 @@ def uniform_stream(g: OpGraph, tile_bytes: float) -> Stream:
     kv = np.bincount(g.layer, weights=g.kv_bytes if prefetch else np.zeros(len(g))).tolist()
     return Stream(tiles, np.cumsum(tiles), op_end - g.static_bytes, op_end, dict(enumerate(kv)),
                   {int(l): [routed[l] / count] * count for l in np.flatnonzero(routed)},
-                  np.zeros(len(g)) if prefetch else g.kv_bytes.astype(float), g.expert_descriptors)
+                  np.zeros(len(g)) if prefetch else g.kv_bytes.astype(float), g.expert_descriptors,
+                  g.writeback)
 
 
 def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
@@ -116,7 +118,7 @@ def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
     order, each layer's ops consuming that layer's tiles in proportion to the bytes the model
     gives them; each routed expert one copy of its descriptors (consecutive copies of one expert:
     its matrices and scales); the plan's other copies (KV / state reads and write-backs, vectors,
-    embedding rows) at layer start."""
+    embedding rows) at layer start; the plan's write-backs are among them, so no other."""
     ring = [c for c in plan if c.ring]
     tiles = np.array([c.bytes for c in ring], float)
     tile_end = np.cumsum(tiles)
@@ -172,6 +174,7 @@ class MegakernelArrays:
     kv_wait: np.ndarray
     op_fetch: np.ndarray
     layer_start: np.ndarray
+    writeback: np.ndarray      # per layer: bytes and descriptors of its attention's cache write-back, shape (2, layers)
     rc_off: np.ndarray
     rc_bytes: np.ndarray
     ph_off: np.ndarray
@@ -186,7 +189,7 @@ class MegakernelArrays:
     def args(self) -> tuple:
         """The arguments of megakernel_sim.run / run_many after the per-configuration ones."""
         return (self.tile_bytes, self.tile_end, self.kind, self.layer, self.op_begin, self.op_end, self.comp,
-                self.coll, self.kv_wait, self.op_fetch, self.layer_start, self.rc_off, self.rc_bytes, self.ph_off,
+                self.coll, self.kv_wait, self.op_fetch, self.layer_start, self.writeback, self.rc_off, self.rc_bytes, self.ph_off,
                 self.ph_bytes, self.ph_time, self.coll_call, self.remote, self.defer, self.flush, self.tile_layer)
 
 
@@ -230,9 +233,11 @@ def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray 
     kind[g.is_collective] = ms.COLL
     if np.bincount(layer[kind == ms.ROUTED], minlength=1).max() > 1:
         raise ValueError("megakernel_sim takes at most one routed-expert op per layer")
-    layer_start = np.zeros(n_layers)
+    layer_start, writeback = np.zeros(n_layers), np.zeros((2, n_layers))
     for l, b in st.layer_start_bytes.items():
         layer_start[l] = b
+    for l, (b, n) in st.writeback.items():
+        writeback[:, l] = b, n
     counts = np.zeros(n_layers + 1, np.int64)
     for l, copies in st.routed_copies.items():
         counts[l + 1] = len(copies)
@@ -243,7 +248,7 @@ def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray 
                   float(hw.dma_concurrent_copies)]), call_s(hw),
         hw.efficiency.op_overhead_s,
         st.tile_bytes, st.tile_end, kind, layer, st.op_begin, st.op_end, megakernel_compute_s(g, hw, weights),
-        secs, (g.kv_bytes > 0) & (st.op_fetch == 0), st.op_fetch, layer_start, np.cumsum(counts), rc_bytes, ph_off,
+        secs, (g.kv_bytes > 0) & (st.op_fetch == 0), st.op_fetch, layer_start, writeback, np.cumsum(counts), rc_bytes, ph_off,
         ph_bytes, ph_time, call, remote, *held_refills(g, st))
 
 
@@ -307,8 +312,10 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
 
     In-layer dependencies: a MoE layer's expert copies are issued when its router's top-k is
     known (shared experts compute meanwhile), the expert matmuls wait for them, the all-reduce
-    follows, and the next layer's ops follow that. With fitted TPU components, each phase of a
-    collective moves its bytes as a remote copy on this same DMA engine. The loops run compiled
+    follows, and the next layer's ops follow that. A kernel that writes its attention's cache tile
+    back ([megakernel] kv_writeback_tokens) issues that copy as the attention starts and waits for it
+    before the layer's next collective. With fitted TPU components, each phase of a collective moves
+    its bytes as a remote copy on this same DMA engine. The loops run compiled
     (perfmodel.engine.megakernel_sim)."""
     from perfmodel.engine import megakernel_sim as ms
     s = sizing(g, hw, d, top_k)
@@ -328,7 +335,8 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                      for j in range(n)]
         owner = np.minimum(np.searchsorted(a.op_end, a.tile_end - 0.5, side="right"), n - 1).tolist()
         label = {ms.TAG_TILE: lambda r: (names[owner[r]], layers[owner[r]]),
-                 ms.TAG_KV: lambda r: ("kv_cache/state", r), ms.TAG_TOPK: lambda r: ("routed_experts", r),
+                 ms.TAG_KV: lambda r: ("kv_cache/state", r), ms.TAG_WB: lambda r: ("kv_writeback", r),
+                 ms.TAG_TOPK: lambda r: ("routed_experts", r),
                  ms.TAG_OP: lambda r: (names[r], layers[r])}
         tl.events += [("dma", *label[tag](ref), b, e)
                       for tag, ref, b, e in zip(tags.tolist(), refs.tolist(), begin.tolist(), done.tolist())]

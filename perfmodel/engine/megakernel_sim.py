@@ -33,7 +33,7 @@ import numpy as np
 
 # op kinds (set by megakernel.megakernel_arrays) and copy tags (what a copy is, for the DMA lane's labels)
 PLAIN, STREAM, ROUTED, COLL, TOPK = 0, 1, 2, 3, 4
-TAG_TILE, TAG_KV, TAG_TOPK, TAG_OP = 0, 1, 2, 3
+TAG_TILE, TAG_KV, TAG_TOPK, TAG_OP, TAG_WB = 0, 1, 2, 3, 4
 # cause totals returned by run_many, in this order
 TOTALS = ("compute", "weight_streaming", "expert_fetch", "collective", "launch")
 
@@ -90,12 +90,13 @@ def _completion(cid, bw, cap, f, ni, done, pa, pi, pb, heap):
 
 
 def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, layer, op_begin, op_end,
-        comp, coll, kv_wait, op_fetch, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call, remote,
-        defer, flush, tile_layer):
+        comp, coll, kv_wait, op_fetch, layer_start, writeback, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call,
+        remote, defer, flush, tile_layer):
     """One timeline. Per op (program order): kind, layer, its byte range of the weight stream,
     compute and collective seconds, whether it waits for its layer's KV / state copy, the bytes it
     copies itself when it starts and waits for (a KV cache read without prefetch). Per layer:
-    bytes issued at its start, its routed expert copies rc_bytes[rc_off[l]:rc_off[l+1]] (each
+    bytes issued at its start, the cache write-back (bytes, descriptors) its first op that reads the
+    KV / state issues when it starts and its next collective waits for, its routed expert copies rc_bytes[rc_off[l]:rc_off[l+1]] (each
     streamed in `pieces` equal copies through `slots` buffers). Per collective op: the entry cost
     and its phases (remote-copy bytes and phase seconds) ph_*[ph_off[j]:ph_off[j+1]], used when
     `remote` (else its `coll` seconds). At most one routed op per layer (as perfmodel.graph.ops builds).
@@ -106,7 +107,7 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
     n, n_tiles, n_layers = len(kind), len(tile_bytes), len(layer_start)
     bw, cap = eng[0], eng[5]
     total = tile_end[n_tiles - 1] if n_tiles else 0.0
-    max_copies = n_tiles + n_layers + len(ph_bytes) + rc_off[n_layers] * pieces + n
+    max_copies = n_tiles + 2 * n_layers + len(ph_bytes) + rc_off[n_layers] * pieces + n
     f = np.zeros(3)
     ni = np.zeros(3, np.int64)
     done = np.full(max_copies, np.nan)
@@ -121,6 +122,7 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
     stream, fetch, coll_w = np.zeros(n), np.zeros(n), np.zeros(n)
     tile_id = np.empty(n_tiles, np.int64)
     kv_id = np.full(n_layers, -1, np.int64)
+    wb_id = np.full(n_layers, -1, np.int64)  # the layer's write-back: -1 not issued, -2 waited for
     expert_id = np.empty(rc_off[n_layers] * pieces, np.int64)
     issued = np.zeros(n_layers, np.int64)  # expert copies issued per layer
     held = np.empty(n_tiles, np.int64)  # refills held back (tile indices), held[:n_held]
@@ -136,6 +138,11 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
             kv_id[lj] = _issue(now, layer_start[lj], False, TAG_KV, lj, eng, f, ni, done, pa, pi, pb, begin,
                                tags, refs, 1.0)
         if kind[j] == COLL:
+            if wb_id[lj] >= 0:  # the attention's cache write-back, waited for first
+                c = wb_id[lj]
+                landed = done[c] if not math.isnan(done[c]) else _completion(c, bw, cap, f, ni, done, pa, pi, pb, heap)
+                now = max(now, landed)
+                wb_id[lj] = -2
             t = now + coll[j]
             if remote:  # its phases' remote copies queue on this core's DMA engine
                 t = now + coll_call[j]
@@ -159,6 +166,9 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
             ready = max(ready, landed)
         stream[j] = ready - now
         start[j] = ready
+        if writeback[0, lj] > 0 and wb_id[lj] == -1 and (kv_wait[j] or op_fetch[j] > 0):
+            wb_id[lj] = _issue(ready, writeback[0, lj], False, TAG_WB, lj, eng, f, ni, done, pa, pi, pb, begin, tags,
+                               refs, writeback[1, lj])
         t = ready + overhead
         base, count = rc_off[lj] * pieces, (rc_off[lj + 1] - rc_off[lj]) * pieces
         if kind[j] == STREAM:  # consume this op's byte range of the stream, tile by tile
@@ -222,8 +232,8 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
 
 
 def run_many(eng, t0, overhead, banks, slots, pieces, shared, tile_bytes, tile_end, kind, layer, op_begin, op_end,
-             comp, coll, kv_wait, op_fetch, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call,
-             remote, defer, flush, tile_layer):
+             comp, coll, kv_wait, op_fetch, layer_start, writeback, rc_off, rc_bytes, ph_off, ph_bytes, ph_time,
+             coll_call, remote, defer, flush, tile_layer):
     """`run` for each (banks[i], slots[i], pieces[i], shared[i]) on the same arrays: step seconds
     HBM bytes and the cause totals (TOTALS) per configuration: shapes (m,), (m,), (m, 5)."""
     m = len(banks)
@@ -237,8 +247,8 @@ def run_many(eng, t0, overhead, banks, slots, pieces, shared, tile_bytes, tile_e
         e = eng.copy()
         e[3] = shared[i]
         out = run(e, t0, overhead, banks[i], slots[i], pieces[i], tile_bytes, tile_end, kind, layer, op_begin,
-                  op_end, comp, coll, kv_wait, op_fetch, layer_start, rc_off, rc_bytes, ph_off, ph_bytes, ph_time,
-                  coll_call, remote, defer, flush, tile_layer)
+                  op_end, comp, coll, kv_wait, op_fetch, layer_start, writeback, rc_off, rc_bytes, ph_off, ph_bytes,
+                  ph_time, coll_call, remote, defer, flush, tile_layer)
         steps[i], hbm[i] = out[5], out[6]
         totals[i, 0] = comp_total
         totals[i, 1] = out[2].sum()

@@ -66,6 +66,10 @@ class OpGraph:
     top_k: int = 0        # experts each row picks (0: no MoE)
     expert_descriptors: int = 1  # DMA descriptors one routed expert's copy takes (each matrix, each scale array)
     head_rows: int | None = None  # rows the lm_head samples (None: every row; a prompt chunk: its last row)
+    # per layer: (bytes, DMA descriptors) of the cache its attention writes back and waits for before
+    # the layer's next collective ([megakernel] kv_writeback_tokens; empty when the kernel has no such
+    # wait): one descriptor per sequence and cache array (GQA: K and V)
+    writeback: dict[int, tuple[float, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def bytes(self) -> np.ndarray:
@@ -229,7 +233,16 @@ def _build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = No
                    distinct, {l.index: sum(g.seqs * model.cache_bytes(l.attention, g.context, d.tp) for g in groups)
                               for l in model.layers},
                    kernel_all_reduce(model, t), list(cols[13]), rc, b, model.moe.top_k if model.moe else 0,
-                   expert_descriptors(model), None if sampled == t else sampled)
+                   expert_descriptors(model), None if sampled == t else sampled,
+                   _writeback(model, d, b, rc.kv_writeback_tokens))
+
+
+def _writeback(model: ModelSpec, d: Deployment, seqs: int, tokens: int) -> dict[int, tuple[float, int]]:
+    """OpGraph.writeback: each sequence's `tokens` cached entries (a recurrent state: all of it)."""
+    if not tokens:
+        return {}
+    arrays = lambda l: 2 if isinstance(model.attn(l.attention), GQA) else 1
+    return {l.index: (seqs * model.cache_bytes(l.attention, tokens, d.tp), seqs * arrays(l)) for l in model.layers}
 
 
 def expert_descriptors(model: ModelSpec) -> int:

@@ -57,6 +57,11 @@ class Megakernel:
     # the LHS rows of each routed expert's dots: "routed" (the rows routed to it) or "batch" (every
     # row of the step, each row's result kept by mask, while the step fits the MXU's row tile)
     expert_rows: str = "routed"
+    # tokens of each sequence's KV cache the attention writes back per layer as one tile (a recurrent
+    # state: the whole state), issued as the attention starts and waited for before the layer's next
+    # collective (Muse Spark's kernel: the patched 256-token tile, attention.py, waited for after the o
+    # projection, decode_megakernel.py wait_cache_writes); 0: no write-back wait inside the layer
+    kv_writeback_tokens: int = 0
 
     @property
     def wire_bytes(self) -> int:
@@ -88,7 +93,8 @@ def from_table(table) -> Megakernel:
         require(isinstance(table["kv_prefetch"], bool), "megakernel.kv_prefetch", table["kv_prefetch"],
                 "must be true or false")
     for k, lo, hi in (("collective_rows", 1, MAX_ROWS), ("bank_bytes", 0, 1 << 34), ("ring_banks", 0, 1 << 20),
-                      ("expert_slots", 0, 1 << 16), ("defer_refills_rows", 0, MAX_ROWS)):
+                      ("expert_slots", 0, 1 << 16), ("defer_refills_rows", 0, MAX_ROWS),
+                      ("kv_writeback_tokens", 0, 1 << 24)):
         if k in table:
             v = table[k]
             require(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi, f"megakernel.{k}", v,

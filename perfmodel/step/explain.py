@@ -105,6 +105,18 @@ def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarra
                     "mechanism": "components.dma_stream_time" if cm.is_tpu_model(c) else "bytes / bandwidth",
                     "source": _source(hw, "dma_bandwidth_bytes_per_s", "dma_latency_s") if cm.is_tpu_model(c)
                     else _source(hw, "hbm_bandwidth_bytes_per_s", "kernel_bandwidth_efficiency", "hbm")})
+    layer = int(g.layer[j])
+    if megakernel and g.kv_bytes[j] > 0 and layer in g.writeback and j == int(np.flatnonzero(
+            (g.layer == layer) & (g.kv_bytes > 0))[0]):
+        nbytes, descriptors = g.writeback[layer]
+        bw, lat, desc = stream_terms(hw)
+        out.append({"term": f"cache write-back ({g.recipe.kv_writeback_tokens} tokens a sequence, {descriptors} "
+                            "descriptors), issued as it starts, waited for before the layer's next collective",
+                    "seconds": lat + descriptors * desc + nbytes / bw,
+                    "mechanism": "components.dma_stream_time" if cm.is_tpu_model(c) else "bytes / bandwidth",
+                    "source": "[megakernel] kv_writeback_tokens; " + (
+                        _source(hw, "dma_bandwidth_bytes_per_s", "dma_latency_s") if cm.is_tpu_model(c)
+                        else _source(hw, "hbm_bandwidth_bytes_per_s", "hbm"))})
     return out
 
 
