@@ -389,3 +389,26 @@ def test_a_ranks_moe_share_is_at_least_one_pick_as_the_tables_time_it():
         cell[t.key["ep"]] = dict((p["tokens"], v) for p, v in t.points())[1]
     assert cell[1] > cell[2] > cell[4] > cell[8]
     assert cell[16] == pytest.approx(cell[8], rel=0.05)
+
+
+def test_tables_that_route_the_balanced_logits_by_grouped_top_k_are_counted_so():
+    """DeepSeek-V3's shape routes by grouped top-k (8 groups of 32, 4 kept). The collector's balanced
+    logits give one token experts 0, 32, ..., 224 and tie the rest, so a kernel that routes them
+    itself keeps groups 0-3 (picks 0, 32, 64, 96 and the tied experts of lowest index, 1-4): rank 0
+    holds 8 picks at EP 1 and 2, 6 at EP 4 (0-4 and 32), 5 at EP 8 to 32, 4 at EP 64, 2 at 128, 1 at
+    256. Such a table (B200 vLLM fp8: its one-token cell at EP 2 is its EP 1 cell) is fitted with that
+    count; a kernel given the picks (B200 TensorRT-LLM DeepGEMM: EP 2 about half of EP 1) keeps the
+    even share; a prediction prices the first by its physical fit, not by its collapsed cells."""
+    picks = [gk.collector_share(1, 8, 256, ep, 8, 4)[1] for ep in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+    assert picks == [8, 8, 6, 5, 5, 5, 4, 2, 1]
+    assert gk.collector_share(1, 8, 256, 4, 8, 4)[0] == 6
+    key = {"hidden": 7168, "inter": 2048, "topk": 8, "experts": 256, "tp": 1, "ep": 8, "dtype": "fp8-block128"}
+    vllm, trtllm = gk.tables("b200", "vllm"), gk.tables("b200", "trtllm")
+    assert gk.grouped_routing(vllm, vllm.find("moe", key)[0]) == (8, 4)
+    assert gk.grouped_routing(trtllm, trtllm.find("moe", key, "deepgemm")[0]) is None
+    k2 = gk.tables("h200", "sglang").find("moe", {**key, "experts": 384})[0]
+    assert gk.grouped_routing(gk.tables("h200", "sglang"), k2) is None  # Kimi K2's shape: no groups
+    m = load_model("deepseek-v3")
+    d = Deployment(devices=8, tp=8, ep=8, engine="multikernel", batch=1, serving_engine="vllm")
+    moe = next(k for k in kernels(m, load_hardware("b200"), d, ops.build(m, d)) if k.name == "fused_moe")
+    assert not moe.measured and moe.source.startswith("physical") and "grouped top-k" in moe.source

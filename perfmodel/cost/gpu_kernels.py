@@ -38,6 +38,9 @@ PEAK_DTYPE = {"fp8-block128": "fp8", "fp8-kv": "fp8", "nvfp4": "fp4", "mxfp4-a8"
               "int8": "fp8"}  # the matrix-unit rate a table dtype runs at (weight-only formats: bf16)
 MLA_GEOMETRY = {"q_lora": 1536, "kv_lora": 512, "nope": 128, "rope": 64, "v": 128, "hidden": 7168}
 # the MLA tables' model (DeepSeek-V3, per head); Kimi K2 / K3 share it per head
+# MoE table geometries, by (experts, top-k, hidden), whose model routes by grouped top-k: (groups,
+# groups kept). DeepSeek-V3 / R1 config.json: n_group = 8, topk_group = 4
+GROUPED_ROUTING = {(256, 8, 7168): (8, 4)}
 
 
 @dataclass
@@ -182,6 +185,51 @@ def rank_share(tokens, topk: int, experts: int, ep: int):
     return np.maximum(np.minimum(experts, pairs) / ep, floor), np.maximum(pairs / ep, floor)
 
 
+def grouped_routing(tabs: Tables, t: Table) -> tuple[int, int] | None:
+    """(groups, groups kept) when MoE table `t` timed its kernel routing the collector's balanced
+    logits by its model's grouped top-k, else None. The collector's logits give each token one
+    pick per stride of experts and tie every other expert (`balanced_logits`: softmax of the
+    picks' one-hot counts); a kernel that routes them itself by DeepSeek-V3's grouped top-k (each
+    group scored by its top two, the best 4 of 8 kept) finds every group tied and keeps groups 0-3
+    (experts 0-127), then the tied experts of lowest index: rank 0 of EP 2 holds every pick. Read
+    from the tables: such a kernel's one-token cell at EP 2 is its EP 1 cell (B200 vLLM fp8:
+    81 / 82 us), where a kernel given the picks takes about half (B200 TensorRT-LLM DeepGEMM:
+    110 / 194 us); within 10 % counts as equal. Read at TP 1 for every TP of the same kernel
+    source, dtype and geometry (the routing is the kernel's)."""
+    k = t.key
+    geometry = GROUPED_ROUTING.get((k.get("experts"), k.get("topk"), k.get("hidden")))
+    if t.cls != "moe" or geometry is None:
+        return None
+    one = {}
+    for ep in (1, 2):
+        for u in tabs.find("moe", {**k, "tp": 1, "ep": ep}):
+            one |= {ep: v for p, v in u.points() if p.get("tokens") == 1}
+    return geometry if len(one) == 2 and one[2] >= 0.9 * one[1] else None
+
+
+@lru_cache(maxsize=4096)
+def collector_share(tokens: int, topk: int, experts: int, ep: int, groups: int, kept: int) -> tuple[float, float]:
+    """(distinct experts, routed pairs) on rank 0 (experts below experts / ep) when a kernel routes
+    the collector's balanced logits for `tokens` tokens by grouped top-k (`grouped_routing`): per
+    token the `kept` groups of highest top-two sum, then its `topk` best experts among them, ties
+    to the lower index (the order the tables show: at one token rank 0 holds 8 picks at EP 2, 6 at
+    EP 4, 5 at EP 8 to 32, 4 at EP 64)."""
+    stride = math.ceil(experts / topk)
+    t, i = np.arange(tokens)[:, None], np.arange(topk)[None, :]
+    hot = (t + i * stride) % experts if tokens >= stride else ((t * stride / tokens + i * stride) % experts).astype(int)
+    counts = np.zeros((tokens, experts))
+    np.add.at(counts, (np.repeat(np.arange(tokens), topk), hot.ravel()), 1.0)
+    per = experts // groups
+    top2 = -np.sort(-counts.reshape(tokens, groups, per), axis=2)[:, :, :2].sum(2)
+    best = np.argsort(-top2, axis=1, kind="stable")[:, :kept]
+    allowed = np.zeros((tokens, groups), bool)
+    np.put_along_axis(allowed, best, True, axis=1)
+    scores = np.where(np.repeat(allowed, per, axis=1), counts, -np.inf)
+    picks = np.argsort(-scores, axis=1, kind="stable")[:, :topk]
+    local = picks[picks < experts // ep]
+    return float(len(np.unique(local))), float(local.size)
+
+
 def features(cls: str, key: dict, point: dict) -> tuple[float, float, float]:
     """(bytes moved, FLOPs, ranks) of one table cell or one engine kernel, by class. Collectives:
     (bus bytes per rank, 0, ranks)."""
@@ -190,7 +238,8 @@ def features(cls: str, key: dict, point: dict) -> tuple[float, float, float]:
         m, n, k = point["m"], point["n"], point["k"]
         return n * k * bpv(key["dtype"]) + 2.0 * m * (n + k), 2.0 * m * n * k, 1
     if cls == "moe":
-        distinct, pairs = rank_share(point["tokens"], key["topk"], key["experts"], key["ep"])
+        distinct, pairs = (collector_share(int(point["tokens"]), key["topk"], key["experts"], key["ep"], *key["routing"])
+                           if key.get("routing") else rank_share(point["tokens"], key["topk"], key["experts"], key["ep"]))
         per_expert = 3.0 * key["hidden"] * key["inter"] / key["tp"]
         return (distinct * per_expert * bpv(key["dtype"]) + 2.0 * pairs * (2 * key["hidden"] + key["inter"] / key["tp"]),
                 2.0 * pairs * per_expert, 1)
@@ -248,7 +297,8 @@ def shape(cls: str, key: dict, point: dict) -> dict:
     if cls == "gemm":
         out |= {"m": point["m"], "n": point["n"], "k": point["k"], "bpv": BYTES_PER_VALUE.get(key["dtype"], 2.0)}
     if cls == "moe":
-        out["experts"] = rank_share(point["tokens"], key["topk"], key["experts"], key["ep"])[0]
+        out["experts"] = (collector_share(int(point["tokens"]), key["topk"], key["experts"], key["ep"], *key["routing"])[0]
+                          if key.get("routing") else rank_share(point["tokens"], key["topk"], key["experts"], key["ep"])[0])
         out["pairs"] = point["tokens"] * key["topk"]  # of the whole batch, whichever rank holds the expert
     if cls in UNITS:  # cached sequences x KV heads the kernel splits its reads over
         units = point["batch"] * (key["kv_heads"] if cls == "attention" else 1)

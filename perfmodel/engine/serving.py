@@ -404,10 +404,15 @@ def _cost(k: Kernel, hw: Hardware, tabs, inv) -> Kernel:
     cls, kernel = (m.get("table_class", k.cls), m["kernel"]) if m else (k.cls, "")
     gpus = [gpu] + ([hw.collective_tables] if k.cls in gk.COMM and hw.collective_tables else [])
     where = [(g, e) for g in gpus for e in m["tables"]] if m else [(gpu, eng)]
+    skipped = ""
     if k.cls != "elementwise":
         for g, e in where:
             t_e = tabs if (g, e) == (gpu, eng) else gk.tables(g, e)
             hit = gk.table_time(t_e, cls, k.key, k.point, kernel)
+            if hit is not None and k.cls == "moe" and gk.grouped_routing(t_e, hit[1]):
+                skipped = f"; not its table {hit[1].file}: its cells time the collector's logits routed by " \
+                          "grouped top-k, all in four groups (gpu_kernels.grouped_routing)"
+                continue
             if hit is not None:
                 k.seconds, t = hit
                 ver = t_e.version.get(t.file, "?")
@@ -426,9 +431,11 @@ def _cost(k: Kernel, hw: Hardware, tabs, inv) -> Kernel:
     if found is not None:
         params, which = found
         k.seconds = float(gk.physical_time(params, k.cls, s))
-        k.source = f"physical: fitted to the kernel tables ({which}; perfmodel/data/kernels/{which.split('/')[0]}/fit.json)"
+        k.source = f"physical: fitted to the kernel tables ({which}; perfmodel/data/kernels/{which.split('/')[0]}/fit.json)" \
+                   + skipped
         return k
     k.seconds, k.source = generic_time(hw, k.cls, s, gpu, eng)
+    k.source += skipped
     return k
 
 

@@ -37,8 +37,9 @@ def _cells(tabs: gk.Tables, pooled: bool = False) -> dict[str, tuple[str, dict, 
             continue
         for t in tabs.of_class(cls):
             _, shapes, secs = out.setdefault(gk.fit_group(cls, t.key, pooled), (cls, [], []))
+            key = {**t.key, "routing": gk.grouped_routing(tabs, t)}  # how its cells were routed
             for point, v in t.points():
-                shapes.append(gk.shape(cls, t.key, point))
+                shapes.append(gk.shape(cls, key, point))
                 secs.append(v)
     return {g: (cls, {k: np.array([s[k] for s in shapes], float) for k in shapes[0]}, np.array(secs))
             for g, (cls, shapes, secs) in out.items() if secs}
