@@ -230,6 +230,15 @@ def collector_share(tokens: int, topk: int, experts: int, ep: int, groups: int, 
     return float(len(np.unique(local))), float(local.size)
 
 
+def moe_share(key: dict, tokens):
+    """(distinct experts, routed pairs) of the rank a MoE kernel of `key` runs for: as the collector
+    routed the cells where the key says they were routed by grouped top-k (`key["routing"]`,
+    collector_share), else the even share (rank_share)."""
+    if key.get("routing"):
+        return collector_share(int(tokens), key["topk"], key["experts"], key["ep"], *key["routing"])
+    return rank_share(tokens, key["topk"], key["experts"], key["ep"])
+
+
 def features(cls: str, key: dict, point: dict) -> tuple[float, float, float]:
     """(bytes moved, FLOPs, ranks) of one table cell or one engine kernel, by class. Collectives:
     (bus bytes per rank, 0, ranks)."""
@@ -238,8 +247,7 @@ def features(cls: str, key: dict, point: dict) -> tuple[float, float, float]:
         m, n, k = point["m"], point["n"], point["k"]
         return n * k * bpv(key["dtype"]) + 2.0 * m * (n + k), 2.0 * m * n * k, 1
     if cls == "moe":
-        distinct, pairs = (collector_share(int(point["tokens"]), key["topk"], key["experts"], key["ep"], *key["routing"])
-                           if key.get("routing") else rank_share(point["tokens"], key["topk"], key["experts"], key["ep"]))
+        distinct, pairs = moe_share(key, point["tokens"])
         per_expert = 3.0 * key["hidden"] * key["inter"] / key["tp"]
         return (distinct * per_expert * bpv(key["dtype"]) + 2.0 * pairs * (2 * key["hidden"] + key["inter"] / key["tp"]),
                 2.0 * pairs * per_expert, 1)
@@ -297,8 +305,7 @@ def shape(cls: str, key: dict, point: dict) -> dict:
     if cls == "gemm":
         out |= {"m": point["m"], "n": point["n"], "k": point["k"], "bpv": BYTES_PER_VALUE.get(key["dtype"], 2.0)}
     if cls == "moe":
-        out["experts"] = (collector_share(int(point["tokens"]), key["topk"], key["experts"], key["ep"], *key["routing"])[0]
-                          if key.get("routing") else rank_share(point["tokens"], key["topk"], key["experts"], key["ep"])[0])
+        out["experts"] = moe_share(key, point["tokens"])[0]
         out["pairs"] = point["tokens"] * key["topk"]  # of the whole batch, whichever rank holds the expert
     if cls in UNITS:  # cached sequences x KV heads the kernel splits its reads over
         units = point["batch"] * (key["kv_heads"] if cls == "attention" else 1)

@@ -189,8 +189,9 @@ class MegakernelArrays:
     def args(self) -> tuple:
         """The arguments of megakernel_sim.run / run_many after the per-configuration ones."""
         return (self.tile_bytes, self.tile_end, self.kind, self.layer, self.op_begin, self.op_end, self.comp,
-                self.coll, self.kv_wait, self.op_fetch, self.layer_start, self.writeback, self.rc_off, self.rc_bytes, self.ph_off,
-                self.ph_bytes, self.ph_time, self.coll_call, self.remote, self.defer, self.flush, self.tile_layer)
+                self.coll, self.kv_wait, self.op_fetch, self.layer_start, self.writeback, self.rc_off, self.rc_bytes,
+                self.ph_off, self.ph_bytes, self.ph_time, self.coll_call, self.remote, self.defer, self.flush,
+                self.tile_layer)
 
 
 def held_refills(g: OpGraph, st: Stream) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -248,8 +249,8 @@ def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray 
                   float(hw.dma_concurrent_copies)]), call_s(hw),
         hw.efficiency.op_overhead_s,
         st.tile_bytes, st.tile_end, kind, layer, st.op_begin, st.op_end, megakernel_compute_s(g, hw, weights),
-        secs, (g.kv_bytes > 0) & (st.op_fetch == 0), st.op_fetch, layer_start, writeback, np.cumsum(counts), rc_bytes, ph_off,
-        ph_bytes, ph_time, call, remote, *held_refills(g, st))
+        secs, (g.kv_bytes > 0) & (st.op_fetch == 0), st.op_fetch, layer_start, writeback, np.cumsum(counts),
+        rc_bytes, ph_off, ph_bytes, ph_time, call, remote, *held_refills(g, st))
 
 
 ATTENTION_CORES = ("gqa_attention", "mla_attention", "kda_recurrence", "gdn_recurrence", "mamba2_scan",

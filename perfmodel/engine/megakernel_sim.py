@@ -96,10 +96,11 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
     compute and collective seconds, whether it waits for its layer's KV / state copy, the bytes it
     copies itself when it starts and waits for (a KV cache read without prefetch). Per layer:
     bytes issued at its start, the cache write-back (bytes, descriptors) its first op that reads the
-    KV / state issues when it starts and its next collective waits for, its routed expert copies rc_bytes[rc_off[l]:rc_off[l+1]] (each
-    streamed in `pieces` equal copies through `slots` buffers). Per collective op: the entry cost
-    and its phases (remote-copy bytes and phase seconds) ph_*[ph_off[j]:ph_off[j+1]], used when
-    `remote` (else its `coll` seconds). At most one routed op per layer (as perfmodel.graph.ops builds).
+    KV / state issues when it starts and its next collective waits for, its routed expert copies
+    rc_bytes[rc_off[l]:rc_off[l+1]] (each streamed in `pieces` equal copies through `slots` buffers).
+    Per collective op: the entry cost and its phases (remote-copy bytes and phase seconds)
+    ph_*[ph_off[j]:ph_off[j+1]], used when `remote` (else its `coll` seconds). At most one routed op
+    per layer (as perfmodel.graph.ops builds).
     Held-back refills: an op with `defer` keeps the refills it would issue for tiles of a later layer
     (tile_layer) until the next op with `flush`, which issues them, in order, at its end.
     Returns (start, end, stream wait, expert wait, collective time per op, step end, HBM bytes,

@@ -431,8 +431,8 @@ def _cost(k: Kernel, hw: Hardware, tabs, inv) -> Kernel:
     if found is not None:
         params, which = found
         k.seconds = float(gk.physical_time(params, k.cls, s))
-        k.source = f"physical: fitted to the kernel tables ({which}; perfmodel/data/kernels/{which.split('/')[0]}/fit.json)" \
-                   + skipped
+        k.source = (f"physical: fitted to the kernel tables ({which}; "
+                    f"perfmodel/data/kernels/{which.split('/')[0]}/fit.json){skipped}")
         return k
     k.seconds, k.source = generic_time(hw, k.cls, s, gpu, eng)
     k.source += skipped
