@@ -76,6 +76,7 @@ class Tables:
     index: dict[str, dict] = field(default_factory=dict)      # class -> its index, once read
     values: dict[str, np.ndarray] = field(default_factory=dict)  # class -> its log latencies, once read
     built: dict[tuple[str, int], Table] = field(default_factory=dict)
+    grouped: dict[tuple, tuple[int, int] | None] = field(default_factory=dict)  # grouped_routing, once per kernel
 
     def _index(self, cls: str) -> dict:
         if cls not in self.index:
@@ -200,11 +201,14 @@ def grouped_routing(tabs: Tables, t: Table) -> tuple[int, int] | None:
     geometry = GROUPED_ROUTING.get((k.get("experts"), k.get("topk"), k.get("hidden")))
     if t.cls != "moe" or geometry is None:
         return None
-    one = {}
-    for ep in (1, 2):
-        for u in tabs.find("moe", {**k, "tp": 1, "ep": ep}):
-            one |= {ep: v for p, v in u.points() if p.get("tokens") == 1}
-    return geometry if len(one) == 2 and one[2] >= 0.9 * one[1] else None
+    kernel = tuple(sorted((f, v) for f, v in k.items() if f not in ("tp", "ep")))
+    if kernel not in tabs.grouped:
+        one = {}
+        for ep in (1, 2):
+            for u in tabs.find("moe", {**k, "tp": 1, "ep": ep}):
+                one |= {ep: v for p, v in u.points() if p.get("tokens") == 1}
+        tabs.grouped[kernel] = geometry if len(one) == 2 and one[2] >= 0.9 * one[1] else None
+    return tabs.grouped[kernel]
 
 
 @lru_cache(maxsize=4096)
