@@ -139,7 +139,8 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     for j in range(n):
         layer = layers[j]
         if layer not in kv_id:  # layer start: prefetch its KV cache / state
-            kv_id[layer] = issue(now, st.layer_start_bytes.get(layer, 0.0), ("kv_cache/state", layer))
+            kv_id[layer] = issue(now, st.layer_start_bytes.get(layer, 0.0), ("kv_cache/state", layer),
+                                 descriptors=st.kv_copies.get(layer, 1))
         if is_coll[j]:
             if writeback.get(layer) is not None:  # the attention's cache write-back, waited for first
                 now = max(now, completion(writeback[layer]))
@@ -162,7 +163,8 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
             continue
         ready = max(now, completion(kv_id[layer])) if kv_op[j] > 0 and own[j] == 0 else now
         if own[j] > 0:  # the op's own KV / state copy, issued now
-            ready = max(ready, completion(issue(now, own[j], ("kv_cache/state", layer))))
+            ready = max(ready, completion(issue(now, own[j], ("kv_cache/state", layer),
+                                                descriptors=st.kv_copies.get(layer, 1))))
         stream[j] = ready - now
         start[j] = ready
         wb_bytes, wb_descriptors = st.writeback.get(layer, (0.0, 1))

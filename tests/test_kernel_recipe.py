@@ -218,29 +218,35 @@ def test_a_streamed_matmul_issues_one_dot_per_ring_bank():
     assert "bank_dots" not in kernel_terms(g, GB200)
 
 
-def test_the_attention_writes_its_cache_tile_back_before_the_next_collective():
-    """Muse Spark's attention writes each row's patched 256-token K and V tiles back (attention.py) and
-    the kernel waits for them after the o projection, before its all-reduce (wait_cache_writes): per
-    layer per rank 256 tokens x 2 kv heads x (64 + 64) values x 2 bytes = 128 KiB in 2 descriptors a
-    row. The copy is issued as the attention starts; the o all-reduce starts no earlier than it lands.
-    A kernel without the setting issues none; a negative count is refused."""
+def test_the_attention_moves_its_cache_in_tiles_and_waits_for_the_write_back_before_the_next_collective():
+    """Muse Spark's attention reads each row's KV cache as 256-token K and V tiles and writes the
+    patched last tiles back; the kernel waits for them after the o projection, before its all-reduce
+    (attention.py, wait_cache_writes). At 160 cached tokens and batch 1 that is one tile a cache:
+    per layer per rank 256 tokens x 2 kv heads x (64 + 64) values x 2 bytes = 128 KiB read in 2
+    descriptors, and the same written back in 2; at batch 4, 8 each. The write-back is issued as
+    the attention starts; the o all-reduce starts no earlier than it lands. A kernel without the
+    setting reads the 161 tokens as one copy and writes nothing back; a negative tile is refused."""
+    tile = 256 * 2 * (64 + 64) * 2
     g = build(MS, B1)
-    assert set(g.writeback) == {layer.index for layer in MS.layers}
-    assert g.writeback[31] == (256 * 2 * (64 + 64) * 2, 2)
+    attention = g.name.index("gqa_attention")
+    assert g.kv_bytes[attention] == tile
+    assert set(g.writeback) == set(g.kv_copies) == {layer.index for layer in MS.layers}
+    assert g.writeback[31] == (tile, 2) and g.kv_copies[31] == 2
     g4 = build(MS, Deployment(devices=8, tp=8, ep=1, batch=4, context=160))
-    assert g4.writeback[31] == (4 * 256 * 2 * 128 * 2, 8)
+    assert g4.writeback[31] == (4 * tile, 8) and g4.kv_copies[31] == 8
     d = Deployment(devices=8, tp=8, ep=1, batch=1, context=160, engine="megakernel")
     g = build(MS, d)
     tl = simulate_megakernel(g, TPU, d, MS.moe.top_k, record=True)
     at = lambda lane, name: next((e[3], e[4]) for e in tl.events if e[:3] == (lane, name, 31))
     wb_issue, wb_landed = at("dma", "kv_writeback")
-    attention, all_reduce = at("compute", "gqa_attention"), at("link", "attn_all_reduce")
-    assert attention[0] + TPU.components["dma_latency_s"] == pytest.approx(wb_issue)
-    assert all_reduce[0] >= wb_landed > attention[1]
-    plain = derive("muse-spark", megakernel={"kv_writeback_tokens": 0})
+    core, all_reduce = at("compute", "gqa_attention"), at("link", "attn_all_reduce")
+    assert core[0] + TPU.components["dma_latency_s"] == pytest.approx(wb_issue)
+    assert all_reduce[0] >= wb_landed > core[1]
+    plain = derive("muse-spark", megakernel={"kv_tile_tokens": 0})
     g0 = build(plain, d)
-    assert g0.writeback == {}
+    assert g0.writeback == g0.kv_copies == {}
+    assert g0.kv_bytes[attention] == 161 * 2 * (64 + 64) * 2
     assert not any(e[1] == "kv_writeback" for e in simulate_megakernel(g0, TPU, d, 8, record=True).events)
     with pytest.raises(SpecError) as e:
-        derive("muse-spark", megakernel={"kv_writeback_tokens": -1})
-    assert e.value.field == "megakernel.kv_writeback_tokens"
+        derive("muse-spark", megakernel={"kv_tile_tokens": -1})
+    assert e.value.field == "megakernel.kv_tile_tokens"

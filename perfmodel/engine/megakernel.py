@@ -82,7 +82,8 @@ class Stream:
     """What the megakernel's DMA engine moves: ring tiles in stream order, the byte range of the
     stream each op consumes, bytes issued at each layer's start (KV / state, small vectors), each
     layer's routed copies, the bytes an op copies itself when it starts (KV / state without
-    prefetch), and each layer's cache write-back (OpGraph.writeback)."""
+    prefetch), and per layer the descriptors of its KV / state copy and its cache write-back
+    (OpGraph.kv_copies, OpGraph.writeback)."""
     tile_bytes: np.ndarray
     tile_end: np.ndarray        # cumulative position of each tile's last byte
     op_begin: np.ndarray
@@ -91,6 +92,7 @@ class Stream:
     routed_copies: dict[int, list[float]]
     op_fetch: np.ndarray
     expert_descriptors: int = 1  # descriptors of one routed copy (the model's stream: one per matrix and scale)
+    kv_copies: dict[int, int] = field(default_factory=dict)  # per layer: descriptors of its KV copy (default 1)
     writeback: dict[int, tuple[float, int]] = field(default_factory=dict)  # per layer: (bytes, descriptors)
 
 
@@ -110,7 +112,7 @@ def uniform_stream(g: OpGraph, tile_bytes: float) -> Stream:
     return Stream(tiles, np.cumsum(tiles), op_end - g.static_bytes, op_end, dict(enumerate(kv)),
                   {int(l): [routed[l] / count] * count for l in np.flatnonzero(routed)},
                   np.zeros(len(g)) if prefetch else g.kv_bytes.astype(float), g.expert_descriptors,
-                  g.writeback)
+                  g.kv_copies, g.writeback)
 
 
 def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
@@ -174,6 +176,7 @@ class MegakernelArrays:
     kv_wait: np.ndarray
     op_fetch: np.ndarray
     layer_start: np.ndarray
+    kv_copies: np.ndarray      # per layer: the descriptors of its KV / state copy
     writeback: np.ndarray      # per layer: bytes and descriptors of its attention's cache write-back, shape (2, layers)
     rc_off: np.ndarray
     rc_bytes: np.ndarray
@@ -189,7 +192,7 @@ class MegakernelArrays:
     def args(self) -> tuple:
         """The arguments of megakernel_sim.run / run_many after the per-configuration ones."""
         return (self.tile_bytes, self.tile_end, self.kind, self.layer, self.op_begin, self.op_end, self.comp,
-                self.coll, self.kv_wait, self.op_fetch, self.layer_start, self.writeback, self.rc_off, self.rc_bytes,
+                self.coll, self.kv_wait, self.op_fetch, self.layer_start, self.kv_copies, self.writeback, self.rc_off, self.rc_bytes,
                 self.ph_off, self.ph_bytes, self.ph_time, self.coll_call, self.remote, self.defer, self.flush,
                 self.tile_layer)
 
@@ -234,9 +237,11 @@ def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray 
     kind[g.is_collective] = ms.COLL
     if np.bincount(layer[kind == ms.ROUTED], minlength=1).max() > 1:
         raise ValueError("megakernel_sim takes at most one routed-expert op per layer")
-    layer_start, writeback = np.zeros(n_layers), np.zeros((2, n_layers))
+    layer_start, kv_copies, writeback = np.zeros(n_layers), np.ones(n_layers), np.zeros((2, n_layers))
     for l, b in st.layer_start_bytes.items():
         layer_start[l] = b
+    for l, n in st.kv_copies.items():
+        kv_copies[l] = n
     for l, (b, n) in st.writeback.items():
         writeback[:, l] = b, n
     counts = np.zeros(n_layers + 1, np.int64)
@@ -249,7 +254,7 @@ def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray 
                   float(hw.dma_concurrent_copies)]), call_s(hw),
         hw.efficiency.op_overhead_s,
         st.tile_bytes, st.tile_end, kind, layer, st.op_begin, st.op_end, megakernel_compute_s(g, hw, weights),
-        secs, (g.kv_bytes > 0) & (st.op_fetch == 0), st.op_fetch, layer_start, writeback, np.cumsum(counts),
+        secs, (g.kv_bytes > 0) & (st.op_fetch == 0), st.op_fetch, layer_start, kv_copies, writeback, np.cumsum(counts),
         rc_bytes, ph_off, ph_bytes, ph_time, call, remote, *held_refills(g, st))
 
 
@@ -313,8 +318,9 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
 
     In-layer dependencies: a MoE layer's expert copies are issued when its router's top-k is
     known (shared experts compute meanwhile), the expert matmuls wait for them, the all-reduce
-    follows, and the next layer's ops follow that. A kernel that writes its attention's cache tile
-    back ([megakernel] kv_writeback_tokens) issues that copy as the attention starts and waits for it
+    follows, and the next layer's ops follow that. A kernel that moves its KV cache in tiles
+    ([megakernel] kv_tile_tokens) reads them as a copy per tile and cache array, and writes the last
+    tile back: that copy as the attention starts and waits for it
     before the layer's next collective. With fitted TPU components, each phase of a collective moves
     its bytes as a remote copy on this same DMA engine. The loops run compiled
     (perfmodel.engine.megakernel_sim)."""

@@ -90,13 +90,14 @@ def _completion(cid, bw, cap, f, ni, done, pa, pi, pb, heap):
 
 
 def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, layer, op_begin, op_end,
-        comp, coll, kv_wait, op_fetch, layer_start, writeback, rc_off, rc_bytes, ph_off, ph_bytes, ph_time, coll_call,
-        remote, defer, flush, tile_layer):
+        comp, coll, kv_wait, op_fetch, layer_start, kv_copies, writeback, rc_off, rc_bytes, ph_off, ph_bytes, ph_time,
+        coll_call, remote, defer, flush, tile_layer):
     """One timeline. Per op (program order): kind, layer, its byte range of the weight stream,
     compute and collective seconds, whether it waits for its layer's KV / state copy, the bytes it
     copies itself when it starts and waits for (a KV cache read without prefetch). Per layer:
-    bytes issued at its start, the cache write-back (bytes, descriptors) its first op that reads the
-    KV / state issues when it starts and its next collective waits for, its routed expert copies
+    bytes issued at its start, the descriptors of that KV / state copy (or of an op's own, kv_copies),
+    the cache write-back (bytes, descriptors) its first op that reads the KV / state issues when it
+    starts and its next collective waits for, its routed expert copies
     rc_bytes[rc_off[l]:rc_off[l+1]] (each streamed in `pieces` equal copies through `slots` buffers).
     Per collective op: the entry cost and its phases (remote-copy bytes and phase seconds)
     ph_*[ph_off[j]:ph_off[j+1]], used when `remote` (else its `coll` seconds). At most one routed op
@@ -137,7 +138,7 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
         lj = layer[j]
         if kv_id[lj] < 0:  # layer start: prefetch its KV cache / state
             kv_id[lj] = _issue(now, layer_start[lj], False, TAG_KV, lj, eng, f, ni, done, pa, pi, pb, begin,
-                               tags, refs, 1.0)
+                               tags, refs, kv_copies[lj])
         if kind[j] == COLL:
             if wb_id[lj] >= 0:  # the attention's cache write-back, waited for first
                 c = wb_id[lj]
@@ -162,7 +163,8 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
             landed = done[c] if not math.isnan(done[c]) else _completion(c, bw, cap, f, ni, done, pa, pi, pb, heap)
             ready = max(now, landed)
         if op_fetch[j] > 0:  # issued here, waited for at once
-            cid = _issue(now, op_fetch[j], False, TAG_KV, lj, eng, f, ni, done, pa, pi, pb, begin, tags, refs, 1.0)
+            cid = _issue(now, op_fetch[j], False, TAG_KV, lj, eng, f, ni, done, pa, pi, pb, begin, tags, refs,
+                         kv_copies[lj])
             landed = done[cid] if not math.isnan(done[cid]) else _completion(cid, bw, cap, f, ni, done, pa, pi, pb, heap)
             ready = max(ready, landed)
         stream[j] = ready - now
@@ -233,8 +235,8 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
 
 
 def run_many(eng, t0, overhead, banks, slots, pieces, shared, tile_bytes, tile_end, kind, layer, op_begin, op_end,
-             comp, coll, kv_wait, op_fetch, layer_start, writeback, rc_off, rc_bytes, ph_off, ph_bytes, ph_time,
-             coll_call, remote, defer, flush, tile_layer):
+             comp, coll, kv_wait, op_fetch, layer_start, kv_copies, writeback, rc_off, rc_bytes, ph_off, ph_bytes,
+             ph_time, coll_call, remote, defer, flush, tile_layer):
     """`run` for each (banks[i], slots[i], pieces[i], shared[i]) on the same arrays: step seconds
     HBM bytes and the cause totals (TOTALS) per configuration: shapes (m,), (m,), (m, 5)."""
     m = len(banks)
@@ -248,8 +250,8 @@ def run_many(eng, t0, overhead, banks, slots, pieces, shared, tile_bytes, tile_e
         e = eng.copy()
         e[3] = shared[i]
         out = run(e, t0, overhead, banks[i], slots[i], pieces[i], tile_bytes, tile_end, kind, layer, op_begin,
-                  op_end, comp, coll, kv_wait, op_fetch, layer_start, writeback, rc_off, rc_bytes, ph_off, ph_bytes,
-                  ph_time, coll_call, remote, defer, flush, tile_layer)
+                  op_end, comp, coll, kv_wait, op_fetch, layer_start, kv_copies, writeback, rc_off, rc_bytes, ph_off,
+                  ph_bytes, ph_time, coll_call, remote, defer, flush, tile_layer)
         steps[i], hbm[i] = out[5], out[6]
         totals[i, 0] = comp_total
         totals[i, 1] = out[2].sum()

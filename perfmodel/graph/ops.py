@@ -24,6 +24,7 @@ weights known only after the router), kv (KV cache / recurrent state), act (acti
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,9 +67,11 @@ class OpGraph:
     top_k: int = 0        # experts each row picks (0: no MoE)
     expert_descriptors: int = 1  # DMA descriptors one routed expert's copy takes (each matrix, each scale array)
     head_rows: int | None = None  # rows the lm_head samples (None: every row; a prompt chunk: its last row)
-    # per layer: (bytes, DMA descriptors) of the cache its attention writes back and waits for before
-    # the layer's next collective ([megakernel] kv_writeback_tokens; empty when the kernel has no such
-    # wait): one descriptor per sequence and cache array (GQA: K and V)
+    # per layer ([megakernel] kv_tile_tokens; empty when the kernel moves no tiles): the DMA
+    # descriptors of its KV read (a layer not here: one), and (bytes, descriptors) of the cache its
+    # attention writes back and waits for before the layer's next collective; one descriptor per
+    # sequence, tile and cache array (GQA: K and V)
+    kv_copies: dict[int, int] = dataclasses.field(default_factory=dict)
     writeback: dict[int, tuple[float, int]] = dataclasses.field(default_factory=dict)
 
     @property
@@ -234,15 +237,28 @@ def _build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = No
                               for l in model.layers},
                    kernel_all_reduce(model, t), list(cols[13]), rc, b, model.moe.top_k if model.moe else 0,
                    expert_descriptors(model), None if sampled == t else sampled,
-                   _writeback(model, d, b, rc.kv_writeback_tokens))
+                   *_kv_tiles(model, d, groups, rc.kv_tile_tokens))
 
 
-def _writeback(model: ModelSpec, d: Deployment, seqs: int, tokens: int) -> dict[int, tuple[float, int]]:
-    """OpGraph.writeback: each sequence's `tokens` cached entries (a recurrent state: all of it)."""
-    if not tokens:
-        return {}
-    arrays = lambda l: 2 if isinstance(model.attn(l.attention), GQA) else 1
-    return {l.index: (seqs * model.cache_bytes(l.attention, tokens, d.tp), seqs * arrays(l)) for l in model.layers}
+def _kv_tiles(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...], tile: int):
+    """(OpGraph.kv_copies, OpGraph.writeback) of a kernel that moves GQA caches in `tile`-token tiles:
+    each sequence reads the tiles holding its cached tokens and its new rows (K and V one copy each
+    per tile, as _gqa_core counts their bytes) and writes one tile back; a recurrent state is
+    written back whole (one copy a sequence)."""
+    if not tile:
+        return {}, {}
+    reads, back = {}, {}
+    for l in model.layers:
+        a, seqs = model.attn(l.attention), sum(g.seqs for g in groups)
+        if isinstance(a, GQA) and not a.index_topk:
+            reads[l.index] = sum(2 * g.seqs * math.ceil((_cached(a, g.context) + g.rows) / tile) for g in groups)
+        back[l.index] = (seqs * model.cache_bytes(l.attention, tile, d.tp), seqs * (2 if isinstance(a, GQA) else 1))
+    return reads, back
+
+
+def _cached(a: GQA, context: int) -> int:
+    """The cached tokens a GQA layer reads: its window's worth at most."""
+    return min(context, a.window) if a.window else context
 
 
 def expert_descriptors(model: ModelSpec) -> int:
@@ -325,7 +341,7 @@ def _attention_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment
     elif isinstance(a, CSA):
         _csa_core(ops, model, a, i, d, g)
     elif isinstance(a, GQA):
-        span = min(L, a.window) if a.window else L
+        span = _cached(a, L)
         _gqa_core(ops, model, a, i, d, g, (L + rows, L), span, span)
 
 
@@ -412,7 +428,7 @@ def _causal_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment, g
                     act=ACT_BYTES * t * hl * (2 * width + a.kv_lora_rank))
     elif isinstance(a, GQA):
         _gqa_core(ops, model, a, i, d, g, (seen, seen), attended(L, rows, a.window),
-                  min(L, a.window) if a.window else L)
+                  _cached(a, L))
 
 
 def _gqa_core(ops: _Builder, model: ModelSpec, a: GQA, i: int, d: Deployment, g: Rows,
@@ -430,8 +446,10 @@ def _gqa_core(ops: _Builder, model: ModelSpec, a: GQA, i: int, d: Deployment, g:
                     "bf16", kv=b * (g.context + rows) * a.index_head_dim * kvb,
                     act=ACT_BYTES * t * il * a.index_head_dim + 4.0 * t * il * scored[1])
         span, cached = min(scored[1], a.index_topk), min(cached, a.index_topk)
+    tile = model.megakernel.kv_tile_tokens if d.engine == "megakernel" and not a.index_topk else 0
+    read = math.ceil((cached + rows) / tile) * tile if tile else cached + rows  # whole tiles (_kv_tiles)
     ops.compute(i, "attention", "gqa_attention", 2.0 * t * hl * (a.head_dim + vd) * span, "bf16",
-                kv=b * (cached + rows) * kvl * (a.head_dim + vd) * kvb,
+                kv=b * read * kvl * (a.head_dim + vd) * kvb,
                 act=ACT_BYTES * t * hl * (a.head_dim + vd))
 
 

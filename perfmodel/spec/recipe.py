@@ -57,11 +57,13 @@ class Megakernel:
     # the LHS rows of each routed expert's dots: "routed" (the rows routed to it) or "batch" (every
     # row of the step, each row's result kept by mask, while the step fits the MXU's row tile)
     expert_rows: str = "routed"
-    # tokens of each sequence's KV cache the attention writes back per layer as one tile (a recurrent
-    # state: the whole state), issued as the attention starts and waited for before the layer's next
-    # collective (Muse Spark's kernel: the patched 256-token tile, attention.py, waited for after the o
-    # projection, decode_megakernel.py wait_cache_writes); 0: no write-back wait inside the layer
-    kv_writeback_tokens: int = 0
+    # tokens of the tiles the attention moves each sequence's GQA KV cache in: it reads the tiles
+    # holding the cached tokens (one copy per tile for K and one for V) and writes the last back as it
+    # starts, waited for before the layer's next collective (Muse Spark's kernel: 256-token tiles,
+    # attention.py; the write-back waited for after the o projection, decode_megakernel.py
+    # wait_cache_writes); other caches: a recurrent state written back whole. 0: the cached tokens
+    # read as one copy, no write-back wait inside the layer
+    kv_tile_tokens: int = 0
 
     @property
     def wire_bytes(self) -> int:
@@ -94,7 +96,7 @@ def from_table(table) -> Megakernel:
                 "must be true or false")
     for k, lo, hi in (("collective_rows", 1, MAX_ROWS), ("bank_bytes", 0, 1 << 34), ("ring_banks", 0, 1 << 20),
                       ("expert_slots", 0, 1 << 16), ("defer_refills_rows", 0, MAX_ROWS),
-                      ("kv_writeback_tokens", 0, 1 << 24)):
+                      ("kv_tile_tokens", 0, 1 << 24)):
         if k in table:
             v = table[k]
             require(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi, f"megakernel.{k}", v,

@@ -95,26 +95,28 @@ def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarra
             out.append({"term": what + (f" ({g.recipe.top_k})" if key == "top_k" else ""), "seconds": float(v[j]),
                         "mechanism": mech, "source": _source(hw, *params)})
     moved = float(g.static_bytes[j] + g.routed_bytes[j] + g.kv_bytes[j])
+    layer = int(g.layer[j])
     if moved > 0:
         bw, lat, desc = stream_terms(hw)
         copies = max(1, math.ceil(g.distinct_experts)) if g.routed_bytes[j] > 0 else 1
         per = g.expert_descriptors if g.routed_bytes[j] > 0 and megakernel else 1
+        tiles = g.kv_copies.get(layer, 1) if megakernel and g.kv_bytes[j] > 0 else 1
         out.append({"term": "HBM -> on-chip stream" + (f" ({copies} expert copies of {per} descriptors)"
-                                                       if g.routed_bytes[j] > 0 else ""),
-                    "seconds": lat + copies * per * desc + moved / bw,
+                                                       if g.routed_bytes[j] > 0 else "")
+                    + (f" ({tiles} cache tile copies)" if tiles > 1 else ""),
+                    "seconds": lat + copies * per * tiles * desc + moved / bw,
                     "mechanism": "components.dma_stream_time" if cm.is_tpu_model(c) else "bytes / bandwidth",
                     "source": _source(hw, "dma_bandwidth_bytes_per_s", "dma_latency_s") if cm.is_tpu_model(c)
                     else _source(hw, "hbm_bandwidth_bytes_per_s", "kernel_bandwidth_efficiency", "hbm")})
-    layer = int(g.layer[j])
     if megakernel and g.kv_bytes[j] > 0 and layer in g.writeback and j == int(np.flatnonzero(
             (g.layer == layer) & (g.kv_bytes > 0))[0]):
         nbytes, descriptors = g.writeback[layer]
         bw, lat, desc = stream_terms(hw)
-        out.append({"term": f"cache write-back ({g.recipe.kv_writeback_tokens} tokens a sequence, {descriptors} "
+        out.append({"term": f"cache write-back (a {g.recipe.kv_tile_tokens}-token tile a sequence, {descriptors} "
                             "descriptors), issued as it starts, waited for before the layer's next collective",
                     "seconds": lat + descriptors * desc + nbytes / bw,
                     "mechanism": "components.dma_stream_time" if cm.is_tpu_model(c) else "bytes / bandwidth",
-                    "source": "[megakernel] kv_writeback_tokens; " + (
+                    "source": "[megakernel] kv_tile_tokens; " + (
                         _source(hw, "dma_bandwidth_bytes_per_s", "dma_latency_s") if cm.is_tpu_model(c)
                         else _source(hw, "hbm_bandwidth_bytes_per_s", "hbm"))})
     return out
