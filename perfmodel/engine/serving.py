@@ -410,8 +410,8 @@ def _cost(k: Kernel, hw: Hardware, tabs, inv) -> Kernel:
             t_e = tabs if (g, e) == (gpu, eng) else gk.tables(g, e)
             hit = gk.table_time(t_e, cls, k.key, k.point, kernel)
             if hit is not None and k.cls == "moe" and gk.grouped_routing(t_e, hit[1]):
-                skipped = f"; not its table {hit[1].file}: its cells time the collector's logits routed by " \
-                          "grouped top-k, all in four groups (gpu_kernels.grouped_routing)"
+                skipped = f"; not its table {hit[1].file}: its cells time the collector's tied logits routed " \
+                          "by grouped top-k into the lowest groups (gpu_kernels.grouped_routing)"
                 continue
             if hit is not None:
                 k.seconds, t = hit
