@@ -192,9 +192,9 @@ class MegakernelArrays:
     def args(self) -> tuple:
         """The arguments of megakernel_sim.run / run_many after the per-configuration ones."""
         return (self.tile_bytes, self.tile_end, self.kind, self.layer, self.op_begin, self.op_end, self.comp,
-                self.coll, self.kv_wait, self.op_fetch, self.layer_start, self.kv_copies, self.writeback, self.rc_off, self.rc_bytes,
-                self.ph_off, self.ph_bytes, self.ph_time, self.coll_call, self.remote, self.defer, self.flush,
-                self.tile_layer)
+                self.coll, self.kv_wait, self.op_fetch, self.layer_start, self.kv_copies, self.writeback,
+                self.rc_off, self.rc_bytes, self.ph_off, self.ph_bytes, self.ph_time, self.coll_call, self.remote,
+                self.defer, self.flush, self.tile_layer)
 
 
 def held_refills(g: OpGraph, st: Stream) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -319,10 +319,10 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     In-layer dependencies: a MoE layer's expert copies are issued when its router's top-k is
     known (shared experts compute meanwhile), the expert matmuls wait for them, the all-reduce
     follows, and the next layer's ops follow that. A kernel that moves its KV cache in tiles
-    ([megakernel] kv_tile_tokens) reads them as a copy per tile and cache array, and writes the last
-    tile back: that copy as the attention starts and waits for it
-    before the layer's next collective. With fitted TPU components, each phase of a collective moves
-    its bytes as a remote copy on this same DMA engine. The loops run compiled
+    ([megakernel] kv_tile_tokens) reads them as a copy per tile and cache array and issues the
+    write-back of the last tile as the attention starts; the layer's next collective waits for it.
+    With fitted TPU components, each phase of a collective moves its bytes as a remote copy on this
+    same DMA engine. The loops run compiled
     (perfmodel.engine.megakernel_sim)."""
     from perfmodel.engine import megakernel_sim as ms
     s = sizing(g, hw, d, top_k)

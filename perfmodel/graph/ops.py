@@ -247,11 +247,11 @@ def _kv_tiles(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...], tile: i
     written back whole (one copy a sequence)."""
     if not tile:
         return {}, {}
-    reads, back = {}, {}
+    reads, back, seqs = {}, {}, sum(g.seqs for g in groups)
     for l in model.layers:
-        a, seqs = model.attn(l.attention), sum(g.seqs for g in groups)
+        a = model.attn(l.attention)
         if isinstance(a, GQA) and not a.index_topk:
-            reads[l.index] = sum(2 * g.seqs * math.ceil((_cached(a, g.context) + g.rows) / tile) for g in groups)
+            reads[l.index] = sum(2 * g.seqs * _tiles(_cached(a, g.context) + g.rows, tile) for g in groups)
         back[l.index] = (seqs * model.cache_bytes(l.attention, tile, d.tp), seqs * (2 if isinstance(a, GQA) else 1))
     return reads, back
 
@@ -259,6 +259,11 @@ def _kv_tiles(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...], tile: i
 def _cached(a: GQA, context: int) -> int:
     """The cached tokens a GQA layer reads: its window's worth at most."""
     return min(context, a.window) if a.window else context
+
+
+def _tiles(tokens: float, tile: int) -> int:
+    """The `tile`-token tiles that hold `tokens` tokens of one sequence's cache."""
+    return math.ceil(tokens / tile)
 
 
 def expert_descriptors(model: ModelSpec) -> int:
@@ -447,7 +452,7 @@ def _gqa_core(ops: _Builder, model: ModelSpec, a: GQA, i: int, d: Deployment, g:
                     act=ACT_BYTES * t * il * a.index_head_dim + 4.0 * t * il * scored[1])
         span, cached = min(scored[1], a.index_topk), min(cached, a.index_topk)
     tile = model.megakernel.kv_tile_tokens if d.engine == "megakernel" and not a.index_topk else 0
-    read = math.ceil((cached + rows) / tile) * tile if tile else cached + rows  # whole tiles (_kv_tiles)
+    read = _tiles(cached + rows, tile) * tile if tile else cached + rows  # whole tiles (_kv_tiles)
     ops.compute(i, "attention", "gqa_attention", 2.0 * t * hl * (a.head_dim + vd) * span, "bf16",
                 kv=b * read * kvl * (a.head_dim + vd) * kvb,
                 act=ACT_BYTES * t * hl * (a.head_dim + vd))
