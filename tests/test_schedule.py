@@ -235,6 +235,16 @@ def test_ring_and_slots_must_fit_in_vmem():
         predict(K3, hw, dataclasses.replace(TPU, prefetch_bytes=32 * 2**20, expert_slots=16))
 
 
+def test_slots_that_fit_only_split_experts_name_the_expert_split():
+    """Muse Spark's kernel splits every expert over its 8 tp ranks; at the default ep (one group
+    per device) each core would hold whole experts, of which one fits beside the kernel's ring:
+    the error says how ep splits them, and --ep 1 predicts."""
+    ms, hw = load_model("muse-spark"), load_hardware("tpu-v7")
+    with pytest.raises(SpecError, match=r"at most 1 fit \(ep = 8 splits each expert over 1 of the 8 devices"):
+        predict(ms, hw, Deployment(devices=8, tp=8))
+    assert predict(ms, hw, Deployment(devices=8, tp=8, ep=1)).step_s > 0
+
+
 def test_speculative_decoding_tokens_per_step():
     assert SpecDecode(7, acceptance_prob=0.8).tokens_per_step == pytest.approx((1 - 0.8 ** 8) / 0.2)
     assert SpecDecode(7, acceptance_length=6).tokens_per_step == 6

@@ -70,10 +70,12 @@ def sizing(g: OpGraph, hw: Hardware, d: Deployment, top_k: int) -> Sizing:
         raise SpecError("prefetch_bytes", s.ring_bytes, f"the ring ({s.banks} x {s.tile_bytes} B) leaves no room "
                         f"in the {kind} of {hw.name} ({cap:.0f} B per core) for expert buffers")
     if s.expert_bytes and s.fit >= 1 and s.slots > s.fit:
+        split = (f" (ep = {d.expert_groups} splits each expert over {d.devices // d.expert_groups} of the "
+                 f"{d.devices} devices; --ep 1 splits it over all of them)" if d.expert_groups > 1 else "")
         raise SpecError("expert_slots", s.slots,
                         f"{s.slots} x {s.expert_bytes:.0f} B expert buffers plus the ring ({s.banks} x "
                         f"{s.tile_bytes} B) exceed the {kind} of {hw.name} ({cap:.0f} B per core) by "
-                        f"{s.slots * s.expert_bytes + s.ring_bytes - cap:.0f} B; at most {s.fit} fit")
+                        f"{s.slots * s.expert_bytes + s.ring_bytes - cap:.0f} B; at most {s.fit} fit{split}")
     return s
 
 
