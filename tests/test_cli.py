@@ -66,6 +66,24 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, needle):
     assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_default_devices_are_the_fewest_that_hold_the_model(capsys):
+    """Without --devices: the fewest, a power of two (times a given tp), whose memory the weights
+    and the largest batch's caches fill to at most 90 %: one H100 for an 8B model, two for 16 of
+    its 32k-token caches (84.8 GB at one), 16 GB200 for Kimi K3 (196 GB at 8), 32 TPU v7 cores for
+    it (98.7 GB of 103 at 16)."""
+    def devices(*argv):
+        return run_json(capsys, "predict", *argv)["inputs"]["devices"]
+    assert devices("--model", "llama-3.1-8b", "--hardware", "h100", "--engine", "multikernel") == 1
+    assert devices("--hardware", "gb200", "--engine", "multikernel", "--ep", "1") == 16
+    assert devices("--ep", "8") == 32
+    assert devices("--model", "llama-3.1-8b", "--hardware", "h100", "--engine", "multikernel",
+                   "--batch", "1,16", "--context", "32768") == 2
+    assert devices("--model", "llama-3.1-8b", "--hardware", "h100", "--engine", "multikernel", "--tp", "2") == 2
+    assert main(["predict", "--model", "llama-3.1-8b", "--hardware", "h100", "--batch", "64",
+                 "--context", "100000"]) == 2
+    assert "no power of two up to 16384 devices holds llama-3.1-8b at batch 64" in capsys.readouterr().err
+
+
 def test_bad_files_and_topk_errors(capsys, tmp_path):
     bad = tmp_path / "config.json"
     bad.write_text("{ not json")

@@ -7,7 +7,7 @@ import dataclasses
 
 from perfmodel.cli.args import context, count, integer, mib, nonnegative, number, positive, skew
 from perfmodel.spec import hardware, loaders
-from perfmodel.spec.deployment import ENGINES, Deployment, SpecDecode
+from perfmodel.spec.deployment import ENGINES, Deployment, SpecDecode, resident_bytes_per_device, validate
 from perfmodel.spec.formats import get_format
 from perfmodel.step.report import deployment_json
 from perfmodel.util.errors import SpecError, require
@@ -18,10 +18,15 @@ def routing_arg(text: str) -> float:
     return named[text] if text in named else number(text, hi=1.0)
 
 
-def add_deployment_args(p: argparse.ArgumentParser) -> None:
+FEWEST_DEVICES = ("the fewest, a power of two, whose memory the weights and the largest batch's caches fill "
+                  "to at most 90 %%")
+
+
+def add_deployment_args(p: argparse.ArgumentParser, devices_default: str = FEWEST_DEVICES) -> None:
     p.add_argument("--model", default="kimi-k3", help="preset name or .toml / config.json path")
     p.add_argument("--hardware", default="tpu-v7", help="preset name or .toml path")
-    p.add_argument("--devices", type=count, default=32, help="JAX devices (TPU v7: 2 per chip) or GPUs")
+    p.add_argument("--devices", type=count, default=None,
+                   help=f"JAX devices (TPU v7: 2 per chip) or GPUs (default: {devices_default})")
     p.add_argument("--tp", type=count, default=None, help="tensor parallel degree (default: devices)")
     p.add_argument("--ep", type=count, default=None, help="expert-parallel groups (default: devices)")
     p.add_argument("--engine", choices=ENGINES, default="megakernel")
@@ -83,16 +88,59 @@ def load_inputs(a: argparse.Namespace):
             raise SpecError("--acceptance-length", None, "speculative decoding needs an acceptance")
         spec = SpecDecode(a.draft_rows, a.acceptance_prob, a.acceptance_length,
                           **({} if a.draft_cost is None else {"draft_cost_fraction": a.draft_cost}))
-    tp = a.tp or a.devices // ((a.attention_dp or 1) * a.pp) or 1
-    if a.attention_dp is not None and tp * a.attention_dp * a.pp != a.devices:
-        raise SpecError("--attention-dp", a.attention_dp,
-                        f"tp x attention-dp x pp ({tp} x {a.attention_dp} x {a.pp}) must equal devices ({a.devices})")
-    d = Deployment(devices=a.devices, tp=tp, engine=a.engine, ep=a.ep,
-                   serving_engine=a.serving_engine, pp=a.pp, moe_comm=a.moe_comm,
-                   context=a.context, spec=spec, routing_skew=a.routing_skew, routing_correlation=a.routing_correlation,
-                   expert_slots=a.expert_slots, steps_per_call=a.steps_per_call,
-                   prefetch_bytes=a.prefetch_mib * 2**20 if a.prefetch_mib is not None else None)
-    return model, hw, d
+
+    def on(devices: int) -> Deployment:
+        tp = a.tp or devices // ((a.attention_dp or 1) * a.pp) or 1
+        if a.attention_dp is not None and tp * a.attention_dp * a.pp != devices:
+            raise SpecError("--attention-dp", a.attention_dp,
+                            f"tp x attention-dp x pp ({tp} x {a.attention_dp} x {a.pp}) must equal devices ({devices})")
+        return Deployment(devices=devices, tp=tp, engine=a.engine, ep=a.ep,
+                          serving_engine=a.serving_engine, pp=a.pp, moe_comm=a.moe_comm,
+                          context=a.context, spec=spec, routing_skew=a.routing_skew,
+                          routing_correlation=a.routing_correlation, expert_slots=a.expert_slots,
+                          steps_per_call=a.steps_per_call,
+                          prefetch_bytes=a.prefetch_mib * 2**20 if a.prefetch_mib is not None else None)
+
+    if a.devices is not None:
+        return model, hw, on(a.devices)
+    batches = getattr(a, "batch", 1)
+    unit = (a.tp or 1) * a.pp * (a.attention_dp or 1)  # the device counts the given layout can take
+    fields = LAYOUT_FIELDS if a.tp is None else tuple(f for f in LAYOUT_FIELDS if f != "tp")
+    return model, hw, fewest_devices(on, model, hw, max(batches) if isinstance(batches, list) else batches,
+                                     unit, fields)
+
+
+MAX_DEFAULT_DEVICES = 2**14
+LAYOUT_FIELDS = ("devices", "tp", "ep", "--attention-dp")  # what a device count decides
+# the share of a device's memory the default layout fills at most: vLLM's default
+# --gpu-memory-utilization (0.9), the rest left to activations, scratch and the runtime
+DEFAULT_MEMORY_SHARE = 0.9
+
+
+def fewest_devices(on, model, hw, batch: int, unit: int = 1, fields=LAYOUT_FIELDS) -> Deployment:
+    """The deployment `on(n)` of the fewest devices n, `unit` times a power of two, that validate
+    accepts at `batch` (tp and ep divide what they split) and whose weights and caches fill at
+    most DEFAULT_MEMORY_SHARE of each device's memory; batch stays the command's own. Errors of a
+    field outside `fields` (those no device count mends) are raised at once."""
+    n, last = unit, None  # the last memory shortfall: (devices, why)
+    while n <= MAX_DEFAULT_DEVICES:
+        try:
+            d = on(n)
+            at = dataclasses.replace(d, batch=batch)
+            validate(model, hw, at)
+            need, cap = resident_bytes_per_device(model, at), DEFAULT_MEMORY_SHARE * hw.core_hbm_bytes
+            require(need <= cap, "devices", n, f"{need / 1e9:.1f} GB per device, over "
+                    f"{100 * DEFAULT_MEMORY_SHARE:.0f} % of {hw.name}'s {hw.core_hbm_bytes / 1e9:.1f} GB")
+            return d
+        except SpecError as e:
+            if e.field not in fields:
+                raise
+            if e.field == "devices":
+                last = (n, e.why)
+        n *= 2
+    short = f" (at {last[0]} devices: {last[1]})" if last else ""
+    raise SpecError("devices", "default", f"no power of two up to {MAX_DEFAULT_DEVICES} devices holds {model.name} "
+                    f"at batch {batch} on {hw.name}{short}; give --devices")
 
 
 def check_spec_flags(a: argparse.Namespace, drafts_elsewhere: bool = False) -> None:

@@ -28,7 +28,7 @@ def parse_vary(text: str) -> tuple[str, list]:
 
 
 def configure_sweep(p) -> None:
-    add_deployment_args(p)
+    add_deployment_args(p, devices_default=f"{design_mod.DEFAULTS['devices']}, or the design's")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--vary", type=parse_vary, action="append",
                      help="SETTING=v1,v2,... (repeatable; a grid); settings: " + ", ".join(design_mod.SETTINGS))
