@@ -159,6 +159,32 @@ def test_every_kernel_has_a_source_and_a_positive_time():
         assert "fused_moe" in names and ("mla_decode_module" in names or "mla_decode" in names)
 
 
+def test_engines_split_experts_over_the_tp_ranks_unless_told_otherwise():
+    """vLLM (no --enable-expert-parallel), SGLang (--ep-size 1) and TensorRT-LLM (moe_ep_size 1)
+    split every expert over the tp ranks by default; all-to-all dispatch and the generic engine
+    put whole experts on every device."""
+    d = Deployment(devices=8, tp=8, engine="multikernel", serving_engine="sglang")
+    assert d.expert_groups == 1
+    assert dataclasses.replace(d, moe_comm="all_to_all").expert_groups == 8
+    assert dataclasses.replace(d, serving_engine=None).expert_groups == 8
+    assert dataclasses.replace(d, ep=4).expert_groups == 4
+
+
+def test_sglang_runs_gpt_oss_experts_on_hopper_with_triton_kernels_at_ep_1():
+    """At ep_size 1 SGLang runs MXFP4 experts on Hopper with OpenAI's triton_kernels, the kernel
+    vLLM's table times (at 32 rows 133 us against its own fused_moe_triton's 320); at ep 8 it keeps
+    its fused_moe_triton, its own table."""
+    m, hw = load_model("gpt-oss-120b"), load_hardware("h100")
+
+    def moe(ep):
+        d = Deployment(devices=8, tp=8, ep=ep, engine="multikernel", batch=32, serving_engine="sglang")
+        return next(k for k in kernels(m, hw, d, ops.build(m, d)) if k.name == "fused_moe")
+    tp, ep = moe(None), moe(8)
+    assert "vllm" in tp.source and "oaitritonmxfp4" in tp.source and tp.measured
+    assert "sglang_fused_moe_triton" in ep.source and ep.measured
+    assert tp.seconds == moe(1).seconds < 0.5 * ep.seconds
+
+
 def test_vllm_replicates_the_latent_projections_so_nothing_is_gathered():
     m, hw = load_model("kimi-k3"), load_hardware("gb200")
     d = _d()

@@ -28,7 +28,9 @@ def add_deployment_args(p: argparse.ArgumentParser, devices_default: str = FEWES
     p.add_argument("--devices", type=count, default=None,
                    help=f"JAX devices (TPU v7: 2 per chip) or GPUs (default: {devices_default})")
     p.add_argument("--tp", type=count, default=None, help="tensor parallel degree (default: devices)")
-    p.add_argument("--ep", type=count, default=None, help="expert-parallel groups (default: devices)")
+    p.add_argument("--ep", type=count, default=None,
+                   help="expert-parallel groups (default: 1 with --serving-engine, as the engines split every "
+                        "expert over the tp ranks unless told otherwise; else devices)")
     p.add_argument("--engine", choices=ENGINES, default="megakernel")
     p.add_argument("--context", type=context, default=4096, help="tokens already in each sequence's cache")
     p.add_argument("--prefetch-mib", type=mib, default=None,

@@ -377,9 +377,10 @@ def _pp_kernels(model, hw, d, g) -> list[Kernel]:
 
 def measured_as(inv: dict, k: Kernel, gpu: str) -> dict | None:
     """The inventory's [[measured_as]] entry for a kernel the engine launches but whose own tables
-    time another kernel (or none): the kernel source to match, in which engines' tables."""
+    time another kernel (or none): the kernel source to match, in which engines' tables. An entry
+    may hold for one dtype, some GPUs and one expert-parallel size (`ep`) only."""
     for m in inv.get("measured_as", []):
-        if m["class"] == k.cls and m.get("dtype", k.key.get("dtype")) == k.key.get("dtype") \
+        if m["class"] == k.cls and all(m.get(f, k.key.get(f)) == k.key.get(f) for f in ("dtype", "ep")) \
                 and (not m.get("gpus") or gpu in m["gpus"]):
             return m
     return None

@@ -58,7 +58,7 @@ class Deployment:
     devices: int                  # JAX devices (TPU v7: 2 per chip) or GPUs
     tp: int                       # tensor parallel degree of attention / dense / shared weights
     engine: str = "megakernel"
-    ep: int | None = None         # expert-parallel groups (None: one group per device)
+    ep: int | None = None         # expert-parallel groups (None: expert_groups' default)
     batch: int = 1                # sequences decoded together
     context: int = 4096           # tokens already in each sequence's cache
     prefetch_bytes: float | None = None  # megakernel ring depth in bytes (None: as VMEM allows)
@@ -73,7 +73,10 @@ class Deployment:
 
     @property
     def expert_groups(self) -> int:
-        return self.ep or self.devices
+        """`ep`, by default the serving engine's own (vLLM, SGLang and TensorRT-LLM split every
+        expert over the tp ranks unless told otherwise: docs/sources.md), else one group per device
+        (all-to-all dispatch puts whole experts on every device)."""
+        return self.ep or (1 if self.serving_engine and self.moe_comm != "all_to_all" else self.devices)
 
     @property
     def dp(self) -> int:

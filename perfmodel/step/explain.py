@@ -20,7 +20,7 @@ from perfmodel.graph import ops as ops_mod
 from perfmodel.spec.recipe import to_table as recipe_table
 from perfmodel.step.phases import SKIPPED, compare
 from perfmodel.step.predict import predict
-from perfmodel.step.report import SCHEMA_VERSION
+from perfmodel.step.report import SCHEMA_VERSION, deployment_json
 from perfmodel.util.errors import SpecError
 
 # wait cause -> the resource the op waited on
@@ -156,7 +156,7 @@ def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
             r["kernels"] = [k for k in krows if k["op_index"] == j]
     row = next((r for r in p.layers if r.layer == layer), None)
     return {"schema_version": SCHEMA_VERSION, "command": "explain", "model": model.name, "hardware": hw.name,
-            "deployment": dataclasses.asdict(d), "layer": layer, "kind": g.layer_kind.get(layer, ""),
+            "deployment": deployment_json(d), "layer": layer, "kind": g.layer_kind.get(layer, ""),
             "layer_time_s": row.time_s if row else None, "step_s": p.step_s, "ops": rows,
             "megakernel": recipe_table(model.megakernel) if megakernel else None}
 
@@ -202,7 +202,7 @@ def kernel_plan_comparison(model, hw, plan, steps_per_call: int = 1) -> dict:
     ]
     causes = sorted(set(recipe.breakdown_s) | set(kernel.breakdown_s))
     return {"schema_version": SCHEMA_VERSION, "command": "explain", "model": model.name, "hardware": hw.name,
-            "deployment": dataclasses.asdict(d), "plan_source": plan.source,
+            "deployment": deployment_json(d), "plan_source": plan.source,
             "recipe_step_s": recipe.step_s, "kernel_step_s": kernel.step_s,
             "recipe_tokens_per_s": recipe.tokens_per_s, "kernel_tokens_per_s": kernel.tokens_per_s,
             "differences": [{"what": w, "recipe": a, "kernel": b} for w, a, b in rows],
