@@ -185,6 +185,20 @@ def test_sglang_runs_gpt_oss_experts_on_hopper_with_triton_kernels_at_ep_1():
     assert tp.seconds == moe(1).seconds < 0.5 * ep.seconds
 
 
+def test_vllm_runs_block_fp8_experts_on_hopper_with_triton_under_tp_and_flashinfer_cutlass_under_ep():
+    """vLLM's block-fp8 MoE on Hopper: Triton fused_moe under tensor parallelism, priced as the
+    Triton kernel SGLang adapted from it (the fit of its tables); FlashInfer CUTLASS experts at
+    EP 8, vLLM's own table."""
+    m, hw = load_model("deepseek-v3"), load_hardware("h200")
+
+    def moe(ep):
+        d = Deployment(devices=8, tp=8, ep=ep, engine="multikernel", batch=8, serving_engine="vllm")
+        return next(k for k in kernels(m, hw, d, ops.build(m, d)) if k.name == "fused_moe")
+    tp, ep = moe(1), moe(8)
+    assert "sglang_fused_moe_triton" in tp.source.split(";")[0] and "Triton for TP" in tp.source
+    assert "flashinfer" in ep.source.lower() and ep.measured
+
+
 def test_vllm_replicates_the_latent_projections_so_nothing_is_gathered():
     m, hw = load_model("kimi-k3"), load_hardware("gb200")
     d = _d()
@@ -360,7 +374,8 @@ def test_measured_as_falls_back_to_the_same_kernels_fit():
     hw, inv = load_hardware("gb200"), inventory("vllm")
     key = {"dtype": "mxfp4", "hidden": 3584, "inter": 3072, "topk": 16, "experts": 896, "tp": 16, "ep": 1}
     k = _cost(Kernel(0, "fused_moe", "moe", key, {"tokens": 4096}), hw, gk.tables("gb200", "vllm"), inv)
-    assert not k.measured and "flashinfer_trtllm" in k.source and "marlin" not in k.source.lower()
+    fit = k.source.split(";")[0]  # the fit it took (the entry's reason follows)
+    assert not k.measured and "flashinfer_trtllm" in fit and "marlin" not in fit.lower()
 
 
 def test_kernel_tables_load_only_what_a_lookup_needs():

@@ -432,8 +432,9 @@ def _cost(k: Kernel, hw: Hardware, tabs, inv) -> Kernel:
     if found is not None:
         params, which = found
         k.seconds = float(gk.physical_time(params, k.cls, s))
+        why = f"; {m['why']}" if m else ""
         k.source = (f"physical: fitted to the kernel tables ({which}; "
-                    f"perfmodel/data/kernels/{which.split('/')[0]}/fit.json){skipped}")
+                    f"perfmodel/data/kernels/{which.split('/')[0]}/fit.json{why}){skipped}")
         return k
     k.seconds, k.source = generic_time(hw, k.cls, s, gpu, eng)
     k.source += skipped
