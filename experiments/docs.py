@@ -597,8 +597,9 @@ def fig_host_bench() -> str:
 
 # calibrate's group -> the component function of perfmodel/cost/components.py it fits
 COMPONENT_FUNCTIONS = {
-    "dma": "dma_stream_time", "mxu": "matmul_time", "remote_copy": "remote_copy_time",
-    "collective": "collective_time", "vpu": "topk_time, attention_core_time", "xla_glue": "xla_embedding_time",
+    "dma": "dma_stream_time", "mxu": "matmul_time", "vpu_dequant": "dequant_matmul_time",
+    "remote_copy": "remote_copy_time", "collective": "collective_time", "vpu": "topk_time, attention_core_time",
+    "xla_glue": "xla_embedding_time",
     "host": "device_call_time", "gpu_launch": "kernel_launch_time", "gpu_kernel": "kernel_stream_time",
     "gpu_all_reduce": "gpu_all_reduce_time", "gpu_graph_overlap": "graph_overlap_time",
     "host_dot": "host_dot_time", "host_expert": "host_expert_time", "host_convert": "host_convert_time",

@@ -68,10 +68,19 @@ def matmul_time(c: dict, weights: float, dtype: str, lhs_rows: int, dots: int = 
     """Weight-stationary matmul of `weights` weights (in 256 x 256 tiles) against `lhs_rows` rows:
     per tile max(weight push, rows x row time) -- flat in the rows until the LHS stream is the
     longer -- plus a fixed issue cost per dot. Micro-benchmarks: ms-nvfp4-gateup-slice-v2-b*,
-    ms-stream-int8(-narrowdots) (composed with the DMA stream); the dequant-path dots are
-    reported, not fitted (their VPU dequantisation is not modelled)."""
+    ms-stream-int8(-narrowdots) (composed with the DMA stream)."""
     per_tile = max(mxu_push_s(c, dtype), lhs_rows * param(c, "mxu_row_s"))
     return weights / TILE_WEIGHTS * per_tile + dots * param(c, "mxu_dot_issue_s")
+
+
+def dequant_matmul_time(c: dict, weights: float, lhs_rows: int, matrices: int = 1) -> float:
+    """`matrices` 4-bit weight matrices of `weights` weights in all, each dequantised to bf16 on the
+    vector unit and then pushed at the bf16 rate (Inferact's NVFP4 path from batch 8,
+    musespark/fp4.py `fp4_dequant_dot`): the bf16 matmul, one dot issued per matrix (the dots of
+    its later K chunks issue behind the dequantisation of the next), plus `vpu_dequant_s` a matrix
+    (the vector unit's work the first dot waits for). Micro-benchmarks: ms-nvfp4-dequant-gateup,
+    ms-nvfp4-dequant-down."""
+    return matmul_time(c, weights, "bf16", lhs_rows, matrices) + matrices * param(c, "vpu_dequant_s")
 
 
 def remote_copy_time(c: dict, nbytes: float, path: str, links: int = 1) -> float:

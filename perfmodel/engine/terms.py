@@ -101,9 +101,9 @@ def tpu_matmuls(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None, meg
     row; a routed op issues two dots per distinct expert). Its rows are those routed to an expert,
     or every row of the step where the kernel runs each expert's dots over the whole batch and keeps
     its rows' results by mask (whole_batch_experts). A block-diagonal feed (more than one LHS row per
-    batch row) costs at most the same dot dequantised to bf16 on the vector unit first: a kernel
-    takes the cheaper (Inferact's NVFP4 path switches to it at batch 8, its measured crossover:
-    musespark/fp4.py DEQUANT_MIN_BATCH; the dequantisation itself is not a term). `feeds`: op_feeds."""
+    batch row) costs at most the same matrices dequantised to bf16 on the vector unit first
+    (components.dequant_matmul_time): a kernel takes the cheaper (Inferact's NVFP4 path switches to
+    it at batch 8, its measured crossover: musespark/fp4.py DEQUANT_MIN_BATCH). `feeds`: op_feeds."""
     dtype, scale_rows = feeds or op_feeds(g, hw)
     w = op_weights(g) if weights is None else weights
     dots = np.where(g.routed_bytes > 0, 2.0 * max(1.0, math.ceil(g.distinct_experts)), 1.0).tolist()
@@ -116,7 +116,7 @@ def tpu_matmuls(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None, meg
         key = (w_[j], dtype[j], rows, scale_rows[j], dots[j])
         if key not in memo:
             fed = cm.matmul_time(hw.components, w_[j], dtype[j], rows * scale_rows[j], dots[j])
-            dequant = cm.matmul_time(hw.components, w_[j], "bf16", rows, dots[j]) if scale_rows[j] > 1 else np.inf
+            dequant = cm.dequant_matmul_time(hw.components, w_[j], rows, dots[j]) if scale_rows[j] > 1 else np.inf
             memo[key] = (min(fed, dequant), dequant < fed)
         out[j] = memo[key]
     return out

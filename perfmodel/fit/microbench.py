@@ -41,6 +41,7 @@ GROUPS = {
     "dma": (("dma_bandwidth_bytes_per_s", "dma_descriptor_s"), ("weight_stream", "expert_stream")),
     "mxu": (("mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_row_s", "mxu_dot_issue_s"),
             ("mxu_push", "matmul")),
+    "vpu_dequant": (("vpu_dequant_s",), ("dequant_matmul",)),
     "remote_copy": (("sibling_latency_s", "sibling_bandwidth_bytes_per_s", "cross_chip_latency_s",
                      "link_bandwidth_bytes_per_s"), ("remote_copy", "link_bandwidth")),
     "collective": (("collective_call_s", "collective_phase_s", "collective_copy_issue_s",
@@ -79,6 +80,8 @@ INPUTS = {
     "mxu_push": {"dtype": Req(_DTYPE)},
     "matmul": {"k": Req(_N), "n": Req(_N), "k_chunk": Req(_N), "lhs_rows_per_chunk": Req(_N), "dtype": Req(_DTYPE),
                "rows": _N},
+    "dequant_matmul": {"k": Req(_N), "n": Req(_N), "k_chunk": Req(_N), "lhs_rows_per_chunk": Req(_N),
+                       "dtype": Req(_DTYPE), "rows": _N},
     "remote_copy": {"bytes": Req(_BYTES), "path": Req(OneOf("sibling", "cross_chip"))},
     "link_bandwidth": {"links": Req(_N)},
     "collective": {"kind": Req(OneOf(*cm.ALGORITHMS)), "payload_bytes": Req(_BYTES), "devices": Req(_N),
@@ -176,6 +179,8 @@ def predict_entry(e: dict, hw: Hardware) -> float:
     elif m == "matmul":
         chunks = i["k"] // i["k_chunk"]
         t = cm.matmul_time(c, i["k"] * i["n"], i["dtype"], i["lhs_rows_per_chunk"], chunks)
+    elif m == "dequant_matmul":
+        t = cm.dequant_matmul_time(c, i["k"] * i["n"], i["lhs_rows_per_chunk"])
     elif m == "remote_copy":
         t = cm.remote_copy_time(c, i["bytes"], i["path"])
     elif m == "link_bandwidth":
