@@ -138,7 +138,10 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     expert_ids: dict[int, list[int]] = {}  # layer -> its expert copies issued so far
     for j in range(n):
         layer = layers[j]
-        if layer not in kv_id:  # layer start: prefetch its KV cache / state
+        if layer not in kv_id:  # layer start: the next layer's vectors, then its own KV cache / state
+            vec_bytes, vec_descriptors = st.vectors.get(layer, (0.0, 0))
+            if vec_bytes > 0:
+                issue(now, vec_bytes, ("layer_vectors", layer), descriptors=vec_descriptors)
             kv_id[layer] = issue(now, st.layer_start_bytes.get(layer, 0.0), ("kv_cache/state", layer),
                                  descriptors=st.kv_copies.get(layer, 1))
         if is_coll[j]:

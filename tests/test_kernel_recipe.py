@@ -252,3 +252,32 @@ def test_the_attention_moves_its_cache_in_tiles_and_waits_for_the_write_back_bef
     with pytest.raises(SpecError) as e:
         derive("muse-spark", megakernel={"kv_tile_tokens": -1})
     assert e.value.field == "megakernel.kv_tile_tokens"
+
+
+def test_each_layer_copies_the_next_layers_vectors_as_it_starts():
+    """Muse Spark's kernel copies each layer's ten small vectors (three norms [1, 8192] bf16, four
+    residual gates [1, 8192] f32, two expert norms [1, 4096] bf16, the router bias [1, 256] f32: 193
+    KiB) one DMA apiece, issued as the layer before starts (decode_megakernel.py prefetch_vectors),
+    ahead of that layer's KV tiles; no op waits for them within the layer. Layer 0 (the glue before
+    the first decoder layer) copies layer 1's, the last decoder layer none. Without the setting no
+    such copy; an entry that is not a positive integer is refused."""
+    from perfmodel.engine.megakernel import uniform_stream
+    d = Deployment(devices=8, tp=8, ep=1, batch=1, context=160, engine="megakernel")
+    g = build(MS, d)
+    n = len(MS.layers)
+    st = uniform_stream(g, 2**21)
+    assert st.vectors == {layer: (193 * 1024.0, 10) for layer in range(n)}
+    tl = simulate_megakernel(g, TPU, d, MS.moe.top_k, record=True)
+    copies = {e[2]: e[3] for e in tl.events if e[:2] == ("dma", "layer_vectors")}
+    assert sorted(copies) == list(range(n))
+    first_op = {e[2]: e[3] for e in reversed(tl.events) if e[0] == "compute"}
+    lat = TPU.components["dma_latency_s"]
+    assert copies[31] == pytest.approx(first_op[31] + lat)
+    kv = next(e[3] for e in tl.events if e[:3] == ("dma", "kv_cache/state", 31))
+    assert kv >= copies[31]  # issued after them
+    plain = derive("muse-spark", megakernel={"layer_vector_bytes": []})
+    assert not any(e[1] == "layer_vectors" for e in simulate_megakernel(build(plain, d), TPU, d, 8, record=True).events)
+    for bad in ([0], [-1], [1.5], "16384"):
+        with pytest.raises(SpecError) as e:
+            derive("muse-spark", megakernel={"layer_vector_bytes": bad})
+        assert e.value.field == "megakernel.layer_vector_bytes"

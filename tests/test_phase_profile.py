@@ -86,7 +86,8 @@ def test_the_dense_ring_is_the_ring_alone():
     """A kernel cannot skip its ring (decode_megakernel.py SKIPPABLE), so its phase is a decoder layer
     with the collectives, experts, attention and routing skipped: on the profiled kernel without
     held-back refills the ring alone is its bytes at the DMA engine's rate, 38 copies of a 2 MiB
-    bank (76 MiB per layer per rank) each paying one descriptor. Held back, the refills the router
+    bank (76 MiB per layer per rank) each paying one descriptor, and the next layer's vectors the
+    layer copies as it starts (10 descriptors, 193 KiB). Held back, the refills the router
     and the latent projection would issue wait for the (skipped) experts' end, which comes at once,
     and go out in one burst: served round-robin, K at a time (dma_concurrent_copies), the burst's
     first bank lands later than one served alone, by less than K - 1 banks' time per layer."""
@@ -94,8 +95,10 @@ def test_the_dense_ring_is_the_ring_alone():
     unheld = {**final, "megakernel": {**final["megakernel"], "defer_refills_rows": 0}}
     c = HW.components
     per_bank = 2**21 / c["dma_bandwidth_bytes_per_s"] + c["dma_descriptor_s"]
+    vec = kernel_model(final).megakernel.layer_vector_bytes
+    vectors = sum(vec) / c["dma_bandwidth_bytes_per_s"] + len(vec) * c["dma_descriptor_s"]
     alone = phases(kernel_model(unheld), HW, profile_deployment(PROFILE))["dense_ring"]
-    assert alone == pytest.approx(38 * per_bank, rel=0.01)
+    assert len(vec) == 10 and alone == pytest.approx(38 * per_bank + vectors, rel=0.01)
     held = phases(kernel_model(final), HW, profile_deployment(PROFILE))["dense_ring"]
     assert alone < held < alone + (HW.dma_concurrent_copies - 1) * per_bank
     with pytest.raises(SpecError):

@@ -84,8 +84,9 @@ class Stream:
     """What the megakernel's DMA engine moves: ring tiles in stream order, the byte range of the
     stream each op consumes, bytes issued at each layer's start (KV / state, small vectors), each
     layer's routed copies, the bytes an op copies itself when it starts (KV / state without
-    prefetch), and per layer the descriptors of its KV / state copy and its cache write-back
-    (OpGraph.kv_copies, OpGraph.writeback)."""
+    prefetch), and per layer the descriptors of its KV / state copy, its cache write-back
+    (OpGraph.kv_copies, OpGraph.writeback) and the next layer's vectors it copies as it starts
+    ([megakernel] layer_vector_bytes)."""
     tile_bytes: np.ndarray
     tile_end: np.ndarray        # cumulative position of each tile's last byte
     op_begin: np.ndarray
@@ -96,6 +97,8 @@ class Stream:
     expert_descriptors: int = 1  # descriptors of one routed copy (the model's stream: one per matrix and scale)
     kv_copies: dict[int, int] = field(default_factory=dict)  # per layer: descriptors of its KV copy (default 1)
     writeback: dict[int, tuple[float, int]] = field(default_factory=dict)  # per layer: (bytes, descriptors)
+    # per layer: (bytes, descriptors) of the next layer's vectors, copied as it starts, before its KV
+    vectors: dict[int, tuple[float, int]] = field(default_factory=dict)
 
 
 def uniform_stream(g: OpGraph, tile_bytes: float) -> Stream:
@@ -111,10 +114,13 @@ def uniform_stream(g: OpGraph, tile_bytes: float) -> Stream:
     routed = np.bincount(g.layer, weights=g.routed_bytes)
     prefetch = g.recipe.kv_prefetch
     kv = np.bincount(g.layer, weights=g.kv_bytes if prefetch else np.zeros(len(g))).tolist()
+    vec = g.recipe.layer_vector_bytes
+    n_layers = int(g.layer.max(initial=0)) - 1  # decoder layers 1..n; 0 the embedding, n + 1 the head
+    vectors = {l: (float(sum(vec)), len(vec)) for l in range(n_layers)} if vec else {}
     return Stream(tiles, np.cumsum(tiles), op_end - g.static_bytes, op_end, dict(enumerate(kv)),
                   {int(l): [routed[l] / count] * count for l in np.flatnonzero(routed)},
                   np.zeros(len(g)) if prefetch else g.kv_bytes.astype(float), g.expert_descriptors,
-                  g.kv_copies, g.writeback)
+                  g.kv_copies, g.writeback, vectors)
 
 
 def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
@@ -180,6 +186,7 @@ class MegakernelArrays:
     layer_start: np.ndarray
     kv_copies: np.ndarray      # per layer: the descriptors of its KV / state copy
     writeback: np.ndarray      # per layer: bytes and descriptors of its attention's cache write-back, shape (2, layers)
+    vectors: np.ndarray        # per layer: bytes and descriptors of the vectors copied as it starts, shape (2, layers)
     rc_off: np.ndarray
     rc_bytes: np.ndarray
     ph_off: np.ndarray
@@ -195,7 +202,7 @@ class MegakernelArrays:
         """The arguments of megakernel_sim.run / run_many after the per-configuration ones."""
         return (self.tile_bytes, self.tile_end, self.kind, self.layer, self.op_begin, self.op_end, self.comp,
                 self.coll, self.kv_wait, self.op_fetch, self.layer_start, self.kv_copies, self.writeback,
-                self.rc_off, self.rc_bytes, self.ph_off, self.ph_bytes, self.ph_time, self.coll_call, self.remote,
+                self.vectors, self.rc_off, self.rc_bytes, self.ph_off, self.ph_bytes, self.ph_time, self.coll_call, self.remote,
                 self.defer, self.flush, self.tile_layer)
 
 
@@ -239,13 +246,16 @@ def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray 
     kind[g.is_collective] = ms.COLL
     if np.bincount(layer[kind == ms.ROUTED], minlength=1).max() > 1:
         raise ValueError("megakernel_sim takes at most one routed-expert op per layer")
-    layer_start, kv_copies, writeback = np.zeros(n_layers), np.ones(n_layers), np.zeros((2, n_layers))
+    layer_start, kv_copies = np.zeros(n_layers), np.ones(n_layers)
+    writeback, vectors = np.zeros((2, n_layers)), np.zeros((2, n_layers))
     for l, b in st.layer_start_bytes.items():
         layer_start[l] = b
     for l, n in st.kv_copies.items():
         kv_copies[l] = n
     for l, (b, n) in st.writeback.items():
         writeback[:, l] = b, n
+    for l, (b, n) in st.vectors.items():
+        vectors[:, l] = b, n
     counts = np.zeros(n_layers + 1, np.int64)
     for l, copies in st.routed_copies.items():
         counts[l + 1] = len(copies)
@@ -256,7 +266,8 @@ def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray 
                   float(hw.dma_concurrent_copies)]), call_s(hw),
         hw.efficiency.op_overhead_s,
         st.tile_bytes, st.tile_end, kind, layer, st.op_begin, st.op_end, megakernel_compute_s(g, hw, weights),
-        secs, (g.kv_bytes > 0) & (st.op_fetch == 0), st.op_fetch, layer_start, kv_copies, writeback, np.cumsum(counts),
+        secs, (g.kv_bytes > 0) & (st.op_fetch == 0), st.op_fetch, layer_start, kv_copies, writeback, vectors,
+        np.cumsum(counts),
         rc_bytes, ph_off, ph_bytes, ph_time, call, remote, *held_refills(g, st))
 
 
@@ -345,6 +356,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
         owner = np.minimum(np.searchsorted(a.op_end, a.tile_end - 0.5, side="right"), n - 1).tolist()
         label = {ms.TAG_TILE: lambda r: (names[owner[r]], layers[owner[r]]),
                  ms.TAG_KV: lambda r: ("kv_cache/state", r), ms.TAG_WB: lambda r: ("kv_writeback", r),
+                 ms.TAG_VEC: lambda r: ("layer_vectors", r),
                  ms.TAG_TOPK: lambda r: ("routed_experts", r),
                  ms.TAG_OP: lambda r: (names[r], layers[r])}
         tl.events += [("dma", *label[tag](ref), b, e)

@@ -33,7 +33,7 @@ import numpy as np
 
 # op kinds (set by megakernel.megakernel_arrays) and copy tags (what a copy is, for the DMA lane's labels)
 PLAIN, STREAM, ROUTED, COLL, TOPK = 0, 1, 2, 3, 4
-TAG_TILE, TAG_KV, TAG_TOPK, TAG_OP, TAG_WB = 0, 1, 2, 3, 4
+TAG_TILE, TAG_KV, TAG_TOPK, TAG_OP, TAG_WB, TAG_VEC = 0, 1, 2, 3, 4, 5
 # cause totals returned by run_many, in this order
 TOTALS = ("compute", "weight_streaming", "expert_fetch", "collective", "launch")
 
@@ -90,12 +90,13 @@ def _completion(cid, bw, cap, f, ni, done, pa, pi, pb, heap):
 
 
 def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, layer, op_begin, op_end,
-        comp, coll, kv_wait, op_fetch, layer_start, kv_copies, writeback, rc_off, rc_bytes, ph_off, ph_bytes, ph_time,
-        coll_call, remote, defer, flush, tile_layer):
+        comp, coll, kv_wait, op_fetch, layer_start, kv_copies, writeback, vectors, rc_off, rc_bytes, ph_off, ph_bytes,
+        ph_time, coll_call, remote, defer, flush, tile_layer):
     """One timeline. Per op (program order): kind, layer, its byte range of the weight stream,
     compute and collective seconds, whether it waits for its layer's KV / state copy, the bytes it
     copies itself when it starts and waits for (a KV cache read without prefetch). Per layer:
-    bytes issued at its start, the descriptors of that KV / state copy (or of an op's own, kv_copies),
+    the next layer's vectors (bytes, descriptors) issued first at its start and waited for by none of
+    its ops, bytes issued at its start, the descriptors of that KV / state copy (or of an op's own, kv_copies),
     the cache write-back (bytes, descriptors) its first op that reads the KV / state issues when it
     starts and its next collective waits for, its routed expert copies
     rc_bytes[rc_off[l]:rc_off[l+1]] (each streamed in `pieces` equal copies through `slots` buffers).
@@ -109,7 +110,7 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
     n, n_tiles, n_layers = len(kind), len(tile_bytes), len(layer_start)
     bw, cap = eng[0], eng[5]
     total = tile_end[n_tiles - 1] if n_tiles else 0.0
-    max_copies = n_tiles + 2 * n_layers + len(ph_bytes) + rc_off[n_layers] * pieces + n
+    max_copies = n_tiles + 3 * n_layers + len(ph_bytes) + rc_off[n_layers] * pieces + n
     f = np.zeros(3)
     ni = np.zeros(3, np.int64)
     done = np.full(max_copies, np.nan)
@@ -136,7 +137,10 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
     now = t0
     for j in range(n):
         lj = layer[j]
-        if kv_id[lj] < 0:  # layer start: prefetch its KV cache / state
+        if kv_id[lj] < 0:  # layer start: the next layer's vectors, then its own KV cache / state
+            if vectors[0, lj] > 0:
+                _issue(now, vectors[0, lj], False, TAG_VEC, lj, eng, f, ni, done, pa, pi, pb, begin, tags, refs,
+                       vectors[1, lj])
             kv_id[lj] = _issue(now, layer_start[lj], False, TAG_KV, lj, eng, f, ni, done, pa, pi, pb, begin,
                                tags, refs, kv_copies[lj])
         if kind[j] == COLL:
@@ -235,8 +239,8 @@ def run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, lay
 
 
 def run_many(eng, t0, overhead, banks, slots, pieces, shared, tile_bytes, tile_end, kind, layer, op_begin, op_end,
-             comp, coll, kv_wait, op_fetch, layer_start, kv_copies, writeback, rc_off, rc_bytes, ph_off, ph_bytes,
-             ph_time, coll_call, remote, defer, flush, tile_layer):
+             comp, coll, kv_wait, op_fetch, layer_start, kv_copies, writeback, vectors, rc_off, rc_bytes, ph_off,
+             ph_bytes, ph_time, coll_call, remote, defer, flush, tile_layer):
     """`run` for each (banks[i], slots[i], pieces[i], shared[i]) on the same arrays: step seconds
     HBM bytes and the cause totals (TOTALS) per configuration: shapes (m,), (m,), (m, 5)."""
     m = len(banks)
@@ -250,8 +254,8 @@ def run_many(eng, t0, overhead, banks, slots, pieces, shared, tile_bytes, tile_e
         e = eng.copy()
         e[3] = shared[i]
         out = run(e, t0, overhead, banks[i], slots[i], pieces[i], tile_bytes, tile_end, kind, layer, op_begin,
-                  op_end, comp, coll, kv_wait, op_fetch, layer_start, kv_copies, writeback, rc_off, rc_bytes, ph_off,
-                  ph_bytes, ph_time, coll_call, remote, defer, flush, tile_layer)
+                  op_end, comp, coll, kv_wait, op_fetch, layer_start, kv_copies, writeback, vectors, rc_off, rc_bytes,
+                  ph_off, ph_bytes, ph_time, coll_call, remote, defer, flush, tile_layer)
         steps[i], hbm[i] = out[5], out[6]
         totals[i, 0] = comp_total
         totals[i, 1] = out[2].sum()

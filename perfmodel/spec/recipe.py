@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from perfmodel.util.errors import positive_int, require
 
 MAX_ROWS = 4096
+MAX_VECTORS = 256  # per-layer vector copies a kernel may list
 EXPERT_REDUCE_ROWS = ("tokens", "pairs")
 POST_EXPERT_PROJECTIONS = ("row_sharded", "output_sharded")
 WIRES = {"bf16": 2, "f32": 4}
@@ -64,6 +65,11 @@ class Megakernel:
     # wait_cache_writes); other caches: a recurrent state written back whole. 0: the cached tokens
     # read as one copy, no write-back wait inside the layer
     kv_tile_tokens: int = 0
+    # bytes of each small per-layer vector (norm weights, residual gates, router bias) the kernel
+    # copies from HBM one DMA apiece, issued as a layer starts, for the next layer (Muse Spark's
+    # kernel: decode_megakernel.py prefetch_vectors, layout.py VECTOR_FAMILIES); waited for at that
+    # layer's start, by when they have landed. Empty: none copied inside the step
+    layer_vector_bytes: tuple[int, ...] = ()
 
     @property
     def wire_bytes(self) -> int:
@@ -85,6 +91,14 @@ def from_table(table) -> Megakernel:
             positive_int("megakernel.shard_collective_rows", r)
             require(r <= MAX_ROWS, "megakernel.shard_collective_rows", r, f"must be <= {MAX_ROWS}")
         out["shard_collective_rows"] = tuple(sorted(set(rows)))
+    vectors = table.get("layer_vector_bytes")
+    if vectors is not None:
+        require(isinstance(vectors, list) and len(vectors) <= MAX_VECTORS, "megakernel.layer_vector_bytes", vectors,
+                f"must be a list of at most {MAX_VECTORS} byte counts")
+        for b in vectors:
+            require(isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 1 << 30,
+                    "megakernel.layer_vector_bytes", b, "must be an integer in 1..1073741824")
+        out["layer_vector_bytes"] = tuple(vectors)
     for k, choices in (("all_reduce", ALL_REDUCE), ("expert_rows", EXPERT_ROWS),
                        ("expert_reduce_rows", EXPERT_REDUCE_ROWS), ("post_expert_projection", POST_EXPERT_PROJECTIONS),
                        ("collective_wire", tuple(WIRES)), ("top_k", TOP_K), ("embedding", EMBEDDINGS),

@@ -111,15 +111,26 @@ def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarra
     if megakernel and g.kv_bytes[j] > 0 and layer in g.writeback and j == int(np.flatnonzero(
             (g.layer == layer) & (g.kv_bytes > 0))[0]):
         nbytes, descriptors = g.writeback[layer]
-        bw, lat, desc = stream_terms(hw)
-        out.append({"term": f"cache write-back (a {g.recipe.kv_tile_tokens}-token tile a sequence, {descriptors} "
-                            "descriptors), issued as it starts, waited for before the layer's next collective",
-                    "seconds": lat + descriptors * desc + nbytes / bw,
-                    "mechanism": "components.dma_stream_time" if cm.is_tpu_model(c) else "bytes / bandwidth",
-                    "source": "[megakernel] kv_tile_tokens; " + (
-                        _source(hw, "dma_bandwidth_bytes_per_s", "dma_latency_s") if cm.is_tpu_model(c)
-                        else _source(hw, "hbm_bandwidth_bytes_per_s", "hbm"))})
+        out.append(_copy_term(hw, f"cache write-back (a {g.recipe.kv_tile_tokens}-token tile a sequence, "
+                                  f"{descriptors} descriptors), issued as it starts, waited for before the layer's "
+                                  "next collective", nbytes, descriptors, "kv_tile_tokens"))
+    vec = g.recipe.layer_vector_bytes
+    if megakernel and vec and layer < int(g.layer.max()) - 1 and j == int(np.flatnonzero(g.layer == layer)[0]):
+        out.append(_copy_term(hw, f"the next layer's vectors ({len(vec)} copies, {sum(vec) / 1024:.0f} KiB), issued "
+                                  "as the layer starts, before its KV; no op of this layer waits for them",
+                              float(sum(vec)), len(vec), "layer_vector_bytes"))
     return out
+
+
+def _copy_term(hw, what: str, nbytes: float, descriptors: int, setting: str) -> dict:
+    """A copy the model's kernel issues beside the ops' own streams ([megakernel] `setting`), in
+    isolation: first-byte latency, its descriptors and its bytes at the engine's bandwidth."""
+    bw, lat, desc = stream_terms(hw)
+    tpu = cm.is_tpu_model(hw.components)
+    return {"term": what, "seconds": lat + descriptors * desc + nbytes / bw,
+            "mechanism": "components.dma_stream_time" if tpu else "bytes / bandwidth",
+            "source": f"[megakernel] {setting}; " + (_source(hw, "dma_bandwidth_bytes_per_s", "dma_latency_s") if tpu
+                                                      else _source(hw, "hbm_bandwidth_bytes_per_s", "hbm"))}
 
 
 def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
