@@ -84,6 +84,15 @@ def test_default_devices_are_the_fewest_that_hold_the_model(capsys):
     assert "no power of two up to 16384 devices holds llama-3.1-8b at batch 64" in capsys.readouterr().err
 
 
+def test_a_kernel_that_names_its_expert_groups_gives_the_default_ep(capsys):
+    """Muse Spark's kernel splits every expert over its tp ranks ([megakernel] expert_groups = 1):
+    the command's ep when it names none, for the megakernel engine only; --ep overrides it."""
+    ep = lambda *argv: run_json(capsys, "predict", "--model", "muse-spark", *argv)["inputs"]["ep"]
+    assert ep() == 1 and ep("--engine", "multikernel") == 8
+    assert main(["predict", "--model", "muse-spark", "--ep", "8"]) == 2
+    assert "ep = 8 splits each expert over 1 of the 8 devices" in capsys.readouterr().err
+
+
 def test_bad_files_and_topk_errors(capsys, tmp_path):
     bad = tmp_path / "config.json"
     bad.write_text("{ not json")

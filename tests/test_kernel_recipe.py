@@ -281,3 +281,6 @@ def test_each_layer_copies_the_next_layers_vectors_as_it_starts():
         with pytest.raises(SpecError) as e:
             derive("muse-spark", megakernel={"layer_vector_bytes": bad})
         assert e.value.field == "megakernel.layer_vector_bytes"
+    with pytest.raises(SpecError) as e:
+        derive("muse-spark", megakernel={"expert_groups": -1})
+    assert e.value.field == "megakernel.expert_groups"

@@ -30,7 +30,8 @@ def add_deployment_args(p: argparse.ArgumentParser, devices_default: str = FEWES
     p.add_argument("--tp", type=count, default=None, help="tensor parallel degree (default: devices)")
     p.add_argument("--ep", type=count, default=None,
                    help="expert-parallel groups (default: 1 with --serving-engine, as the engines split every "
-                        "expert over the tp ranks unless told otherwise; else devices)")
+                        "expert over the tp ranks unless told otherwise; the megakernel's own where the model's "
+                        "[megakernel] table names it; else devices)")
     p.add_argument("--engine", choices=ENGINES, default="megakernel")
     p.add_argument("--context", type=context, default=4096, help="tokens already in each sequence's cache")
     p.add_argument("--prefetch-mib", type=mib, default=None,
@@ -90,13 +91,15 @@ def load_inputs(a: argparse.Namespace):
             raise SpecError("--acceptance-length", None, "speculative decoding needs an acceptance")
         spec = SpecDecode(a.draft_rows, a.acceptance_prob, a.acceptance_length,
                           **({} if a.draft_cost is None else {"draft_cost_fraction": a.draft_cost}))
+    kernel_ep = model.megakernel.expert_groups if a.engine == "megakernel" else 0
+    ep = a.ep or kernel_ep or None  # the model's kernel's own when the command names none
 
     def on(devices: int) -> Deployment:
         tp = a.tp or devices // ((a.attention_dp or 1) * a.pp) or 1
         if a.attention_dp is not None and tp * a.attention_dp * a.pp != devices:
             raise SpecError("--attention-dp", a.attention_dp,
                             f"tp x attention-dp x pp ({tp} x {a.attention_dp} x {a.pp}) must equal devices ({devices})")
-        return Deployment(devices=devices, tp=tp, engine=a.engine, ep=a.ep,
+        return Deployment(devices=devices, tp=tp, engine=a.engine, ep=ep,
                           serving_engine=a.serving_engine, pp=a.pp, moe_comm=a.moe_comm,
                           context=a.context, spec=spec, routing_skew=a.routing_skew,
                           routing_correlation=a.routing_correlation, expert_slots=a.expert_slots,

@@ -70,6 +70,9 @@ class Megakernel:
     # kernel: decode_megakernel.py prefetch_vectors, layout.py VECTOR_FAMILIES); waited for at that
     # layer's start, by when they have landed. Empty: none copied inside the step
     layer_vector_bytes: tuple[int, ...] = ()
+    # the expert-parallel groups the kernel runs with, a command's --ep when it names none (Muse
+    # Spark's kernel splits every expert over its tp ranks: 1); 0: one group per device
+    expert_groups: int = 0
 
     @property
     def wire_bytes(self) -> int:
@@ -110,7 +113,7 @@ def from_table(table) -> Megakernel:
                 "must be true or false")
     for k, lo, hi in (("collective_rows", 1, MAX_ROWS), ("bank_bytes", 0, 1 << 34), ("ring_banks", 0, 1 << 20),
                       ("expert_slots", 0, 1 << 16), ("defer_refills_rows", 0, MAX_ROWS),
-                      ("kv_tile_tokens", 0, 1 << 24)):
+                      ("kv_tile_tokens", 0, 1 << 24), ("expert_groups", 0, 1 << 20)):
         if k in table:
             v = table[k]
             require(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi, f"megakernel.{k}", v,
