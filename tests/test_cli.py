@@ -85,10 +85,13 @@ def test_default_devices_are_the_fewest_that_hold_the_model(capsys):
 
 
 def test_a_kernel_that_names_its_expert_groups_gives_the_default_ep(capsys):
-    """Muse Spark's kernel splits every expert over its tp ranks ([megakernel] expert_groups = 1):
-    the command's ep when it names none, for the megakernel engine only; --ep overrides it."""
-    ep = lambda *argv: run_json(capsys, "predict", "--model", "muse-spark", *argv)["inputs"]["ep"]
-    assert ep() == 1 and ep("--engine", "multikernel") == 8
+    """Muse Spark's kernel splits every expert over its tp ranks ([megakernel] expert_groups = 1),
+    Kimi K3's owns them in 8 groups: the command's ep when it names none and they divide its devices,
+    for the megakernel engine only; --ep overrides it."""
+    ep = lambda *argv: run_json(capsys, "predict", *argv)["inputs"]["ep"]
+    assert ep("--model", "muse-spark") == 1 and ep("--model", "muse-spark", "--engine", "multikernel") == 8
+    assert ep("--model", "kimi-k3") == 8
+    assert ep("--model", "kimi-k3-mini", "--devices", "2") == 2  # 8 groups do not divide 2 devices
     assert main(["predict", "--model", "muse-spark", "--ep", "8"]) == 2
     assert "ep = 8 splits each expert over 1 of the 8 devices" in capsys.readouterr().err
 

@@ -31,7 +31,7 @@ def add_deployment_args(p: argparse.ArgumentParser, devices_default: str = FEWES
     p.add_argument("--ep", type=count, default=None,
                    help="expert-parallel groups (default: 1 with --serving-engine, as the engines split every "
                         "expert over the tp ranks unless told otherwise; the megakernel's own where the model's "
-                        "[megakernel] table names it; else devices)")
+                        "[megakernel] table names it and it divides the devices; else devices)")
     p.add_argument("--engine", choices=ENGINES, default="megakernel")
     p.add_argument("--context", type=context, default=4096, help="tokens already in each sequence's cache")
     p.add_argument("--prefetch-mib", type=mib, default=None,
@@ -92,9 +92,10 @@ def load_inputs(a: argparse.Namespace):
         spec = SpecDecode(a.draft_rows, a.acceptance_prob, a.acceptance_length,
                           **({} if a.draft_cost is None else {"draft_cost_fraction": a.draft_cost}))
     kernel_ep = model.megakernel.expert_groups if a.engine == "megakernel" else 0
-    ep = a.ep or kernel_ep or None  # the model's kernel's own when the command names none
 
     def on(devices: int) -> Deployment:
+        # the model's kernel's own expert groups where the command names none and they divide the devices
+        ep = a.ep or (kernel_ep if kernel_ep and devices % kernel_ep == 0 else None)
         tp = a.tp or devices // ((a.attention_dp or 1) * a.pp) or 1
         if a.attention_dp is not None and tp * a.attention_dp * a.pp != devices:
             raise SpecError("--attention-dp", a.attention_dp,

@@ -70,8 +70,9 @@ class Megakernel:
     # kernel: decode_megakernel.py prefetch_vectors, layout.py VECTOR_FAMILIES); waited for at that
     # layer's start, by when they have landed. Empty: none copied inside the step
     layer_vector_bytes: tuple[int, ...] = ()
-    # the expert-parallel groups the kernel runs with, a command's --ep when it names none (Muse
-    # Spark's kernel splits every expert over its tp ranks: 1); 0: one group per device
+    # the expert-parallel groups the kernel runs with, a command's --ep when it names none and they
+    # divide its devices (Muse Spark's kernel splits every expert over its tp ranks: 1; Kimi K3's
+    # owns them in 8 groups); 0: one group per device
     expert_groups: int = 0
 
     @property
