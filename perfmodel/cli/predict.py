@@ -70,7 +70,8 @@ def cmd_predict(a) -> dict:
     if tiling:
         out["expert_tiling"] = {**tiling, "batch": preds[0].deployment.batch}
     if not a.json:
-        print(f"{model.name} on {d.devices} x {hw.name} devices, tp={d.tp} ep={d.expert_groups}, "
+        chosen = " (--devices not given: the fewest that hold it)" if a.devices is None else ""
+        print(f"{model.name} on {d.devices} x {hw.name} devices{chosen}, tp={d.tp} ep={d.expert_groups}, "
               f"{d.engine}, context {d.context}" + (f", spec decode {d.spec}" if d.spec else ""))
         print(f"method: {out['method']}")
         if out["assumed"]:
