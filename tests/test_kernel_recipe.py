@@ -193,6 +193,30 @@ def test_the_first_kernel_example_is_the_profiles_first_kernel():
     assert example.megakernel == kernel_model(load_profile("musespark")["kernels"]["first"]).megakernel
 
 
+def test_the_final_container_example_says_how_each_family_is_fed():
+    """docs/examples/muse-spark-nvfp4-int8.toml: NVFP4 experts (five copies an expert: two
+    matrices, two block-scale arrays, the global scales) fed as fp8 against 32 LHS rows per batch
+    row at batch 4 and dequantised to bf16 first at 8; int8 dense projections and lm_head with
+    per-column scales, pushed at the bf16 rate (a 2 MiB bank holds twice the values); the router
+    bf16 as in the preset."""
+    from perfmodel.graph.ops import expert_descriptors
+    from perfmodel.step.explain import explain
+    m = load_model("docs/examples/muse-spark-nvfp4-int8.toml")
+    f = m.formats
+    assert (f["routed_expert"].name, f["attention"].name, f["lm_head"].name, f["router"].name) == \
+        ("nvfp4", "int8-channel", "int8-channel", "bf16")
+    assert expert_descriptors(m) == 5 and m.megakernel == MS.megakernel
+    said = {}
+    for batch in (4, 8):
+        d = Deployment(devices=8, tp=8, ep=1, batch=batch, context=160, routing_correlation=1.0)
+        terms = explain(m, TPU, d, 3, "routed_experts")["ops"][0]["terms"]
+        said[batch] = next(t["term"] for t in terms if t["term"].startswith("matmul"))
+    assert "32 LHS rows per batch row" in said[4] and "dequantised to bf16 first" in said[8]
+    g = build(m, B1)
+    q = g.name.index("q_proj")
+    assert g.static_bytes[q] == pytest.approx(build(MS, B1).static_bytes[q] / 2, rel=0.01)
+
+
 def test_recipe_round_trips_and_rejects_unknown_fields():
     from perfmodel.spec.arch import to_dict
     assert from_dict(to_dict(MS)).megakernel == MS.megakernel
