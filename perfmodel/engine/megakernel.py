@@ -114,13 +114,19 @@ def uniform_stream(g: OpGraph, tile_bytes: float) -> Stream:
     routed = np.bincount(g.layer, weights=g.routed_bytes)
     prefetch = g.recipe.kv_prefetch
     kv = np.bincount(g.layer, weights=g.kv_bytes if prefetch else np.zeros(len(g))).tolist()
-    vec = g.recipe.layer_vector_bytes
-    n_layers = int(g.layer.max(initial=0)) - 1  # decoder layers 1..n; 0 the embedding, n + 1 the head
-    vectors = {l: (float(sum(vec)), len(vec)) for l in range(n_layers)} if vec else {}
     return Stream(tiles, np.cumsum(tiles), op_end - g.static_bytes, op_end, dict(enumerate(kv)),
                   {int(l): [routed[l] / count] * count for l in np.flatnonzero(routed)},
                   np.zeros(len(g)) if prefetch else g.kv_bytes.astype(float), g.expert_descriptors,
-                  g.kv_copies, g.writeback, vectors)
+                  g.kv_copies, g.writeback, vector_copies(g))
+
+
+def vector_copies(g: OpGraph) -> dict[int, tuple[float, int]]:
+    """Per layer, the (bytes, descriptors) of the next layer's vectors the model's kernel copies as
+    the layer starts ([megakernel] layer_vector_bytes): layers 0 (the glue before the first decoder
+    layer) to n - 1; the last decoder layer (n) and the head (n + 1) copy none."""
+    vec = g.recipe.layer_vector_bytes
+    n_layers = int(g.layer.max(initial=0)) - 1
+    return {l: (float(sum(vec)), len(vec)) for l in range(n_layers)} if vec else {}
 
 
 def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:

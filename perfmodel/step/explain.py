@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from perfmodel.cost import components as cm
-from perfmodel.engine.megakernel import kernel_terms
+from perfmodel.engine.megakernel import kernel_terms, vector_copies
 from perfmodel.engine.terms import (collective_terms, op_compute_s, op_feeds, op_weights, stream_terms,
                                     tpu_matmuls, whole_batch_experts)
 from perfmodel.graph import ops as ops_mod
@@ -114,11 +114,12 @@ def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarra
         out.append(_copy_term(hw, f"cache write-back (a {g.recipe.kv_tile_tokens}-token tile a sequence, "
                                   f"{descriptors} descriptors), issued as it starts, waited for before the layer's "
                                   "next collective", nbytes, descriptors, "kv_tile_tokens"))
-    vec = g.recipe.layer_vector_bytes
-    if megakernel and vec and layer < int(g.layer.max()) - 1 and j == int(np.flatnonzero(g.layer == layer)[0]):
-        out.append(_copy_term(hw, f"the next layer's vectors ({len(vec)} copies, {sum(vec) / 1024:.0f} KiB), issued "
+    vectors = vector_copies(g).get(layer) if megakernel else None
+    if vectors and j == int(np.flatnonzero(g.layer == layer)[0]):
+        nbytes, copies = vectors
+        out.append(_copy_term(hw, f"the next layer's vectors ({copies} copies, {nbytes / 1024:.0f} KiB), issued "
                                   "as the layer starts, before its KV; no op of this layer waits for them",
-                              float(sum(vec)), len(vec), "layer_vector_bytes"))
+                              nbytes, copies, "layer_vector_bytes"))
     return out
 
 
