@@ -31,9 +31,8 @@ def test_phase_within_tolerance(kernel, phase):
     assert abs(r["error"]) <= r["tolerance"], r
 
 
-@pytest.mark.xfail(strict=True, reason="the composition's attribution is not yet the kernel's: the final kernel's "
-                   "attention hides under the ring's stream (0 us, kernel 1.5) and the first kernel's hides partly "
-                   "(4.0 us; 5.4); README 'Checked against a real megakernel'")
+@pytest.mark.xfail(strict=True, reason="the composition's attribution is not yet the kernel's: the attention of "
+                   "both kernels hides partly under the ring's stream; README 'Checked against a real megakernel'")
 @pytest.mark.parametrize("kernel,phase", [(k, p) for k in ("final", "first")
                                           for p in ("dense_ring", "collectives", "expert_stream", "attention",
                                                     "routing", "fixed") if p not in MET[k]
@@ -41,6 +40,18 @@ def test_phase_within_tolerance(kernel, phase):
 def test_phase_not_yet_within_tolerance(kernel, phase):
     r = rows()[kernel][phase]
     assert abs(r["error"]) <= r["tolerance"], r
+
+
+@pytest.mark.xfail(strict=True, reason="a copy issued mid-layer waits behind less of the ring in the model than in "
+                   "the kernel; README 'Checked against a real megakernel'")
+def test_the_kv_prefetch_gains_what_the_kernel_measured():
+    """Issuing the attention's KV tiles at the layer's start instead of inside the attention gained
+    the real kernel 4.5 us a layer (the profile's `stated`, a check nothing is fitted to): the
+    model's final kernel with its tiles issued inside the attention, against its layer as profiled."""
+    final = PROFILE["kernels"]["final"]
+    late = {**final, "megakernel": {**(final.get("megakernel") or {}), "kv_prefetch": False}}
+    gain = phases(kernel_model(late), HW, profile_deployment(PROFILE))["layer"] * 1e6 - rows()["final"]["layer"]["predicted_us"]
+    assert gain == pytest.approx(PROFILE["stated"]["kv_prefetch_gain_us_per_layer"], rel=0.10)
 
 
 def test_the_first_kernels_differences_are_settings():
