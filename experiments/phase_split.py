@@ -18,9 +18,9 @@ profile test's tolerances, ties broken by the least sum of squared relative erro
 alone is dominated by the attention and routing phases of about 1 us.)
 At the fit it then prints the slack the final kernel's composition holds around its attention: its
 attention phase (what skipping the attention saves) as `components.attention_core_s` grows past
-the calibrated 1.5 us, nothing else changed; and, as a check that nothing is fitted to, what the
-final kernel's layer gains from issuing its KV tiles at the layer's start rather than inside the
-attention (`[megakernel] kv_prefetch`) beside the gain the profile's source states for that change.
+the calibrated 1.5 us, nothing else changed; and, as a check that nothing is fitted to, what a
+layer gains from issuing its KV tiles at the layer's start rather than inside the attention
+(`perfmodel.step.phases.kv_prefetch_gain`) beside the gain the profile's source states for it.
 """
 import copy
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from perfmodel.engine import megakernel_sim
 from perfmodel.spec.hardware import load_hardware
-from perfmodel.step.phases import compare, kernel_model, load_profile, phases, profile_deployment
+from perfmodel.step.phases import compare, kv_prefetch_gain, load_profile
 from perfmodel.step.report import table
 
 LIMITS = (0, *range(1, 17))
@@ -48,16 +48,6 @@ def profile_with(profile: dict, held: int) -> dict:
 def engine(base, lat: float, k: int):
     """`base` with a DMA engine serving at most `k` copies at once (0: any), first byte `lat` us."""
     return base.replace(dma_sharing="shared", dma_concurrent_copies=k).with_components(dma_latency_s=lat * 1e-6)
-
-
-def kv_prefetch_gain(profile: dict, hw, held: int) -> float:
-    """us a decoder layer of the final kernel gains from issuing its KV tiles at the layer's start
-    (`kv_prefetch`) rather than inside the attention."""
-    entry = profile_with(profile, held)["kernels"]["final"]
-    d = profile_deployment(profile)
-    layer = {on: phases(kernel_model({**entry, "megakernel": {**entry["megakernel"], "kv_prefetch": on}}), hw, d)["layer"]
-             for on in (True, False)}
-    return (layer[False] - layer[True]) * 1e6
 
 
 def main() -> None:
@@ -92,8 +82,10 @@ def main() -> None:
         rows.append([f"{core:.1f}", f"{att['predicted_us']:.2f}", f"{att['measured_us']:g}"])
     print("\nslack around the final kernel's attention at the fit: its attention phase as the attention "
           "core's time grows\n" + table(["attention_core_s us", "attention phase us", "measured us"], rows))
-    print(f"\nthe KV prefetch's gain at the fit (the final kernel's layer with its KV tiles issued inside the "
-          f"attention, less as issued at the layer's start): {kv_prefetch_gain(profile, fit, held):.1f} us; stated: "
+    on = profile["stated"]["kv_prefetch_gain_kernel"]
+    print(f"\nthe KV prefetch's gain at the fit (a layer of the {on['kernel']} kernel with {on['megakernel']} on top, "
+          f"its KV tiles issued inside the attention, less as issued at the layer's start): "
+          f"{kv_prefetch_gain(profile, fit) * 1e6:.1f} us; stated: "
           f"{profile['stated']['kv_prefetch_gain_us_per_layer']:g} us (a check, nothing fitted to it)")
 
 

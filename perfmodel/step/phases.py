@@ -8,7 +8,7 @@ phase is what remains of a decoder layer with every other layer phase skipped (R
 
 `phases(model, hw, d)` predicts them; `compare(profile, ...)` sets them beside a published profile
 (perfmodel/data/phase_profiles/*.json) for each of its kernels. `perfmodel explain --profile NAME`
-prints both.
+prints both. `kv_prefetch_gain` predicts one stated change of a kernel, a check nothing is fitted to.
 """
 from __future__ import annotations
 
@@ -127,6 +127,19 @@ def kernel_model(entry: dict) -> ModelSpec:
 
 def profile_deployment(profile: dict) -> Deployment:
     return Deployment(engine="megakernel", **profile["harness"]["deployment"])
+
+
+def kv_prefetch_gain(profile: dict, hw: Hardware) -> float:
+    """Seconds a decoder layer gains from issuing the attention's KV tiles at the layer's start
+    instead of inside the attention (`[megakernel] kv_prefetch`), on the kernel the profile's stated
+    gain was measured on (`stated.kv_prefetch_gain_kernel`: one of its kernels and settings on top)."""
+    on = profile["stated"]["kv_prefetch_gain_kernel"]
+    entry = profile["kernels"][on["kernel"]]
+    over = {**(entry.get("megakernel") or {}), **on.get("megakernel", {})}
+    d = profile_deployment(profile)
+    layer = {kv: phases(kernel_model({**entry, "megakernel": {**over, "kv_prefetch": kv}}), hw, d)["layer"]
+             for kv in (True, False)}
+    return layer[False] - layer[True]
 
 
 def compare(profile: dict, hw: Hardware) -> dict:
