@@ -44,7 +44,8 @@ TPU_V7, GB200 = published_label("A", "tpu-v7"), published_label("B", "gb200")
 
 # the expanders that draw their tables only when opened (lazy): the tests open them
 TABLE_EXPANDERS = ("cmp_errors_exp", "cmp_pred_exp", "wi_layers_exp", "ex_ops_exp", "ds_rows_exp",
-                   "val_host_table_exp", "val_trace_exp", "val_runs_exp")  # the sections drawn on demand
+                   "val_host_table_exp", "val_trace_exp", "val_runs_exp",
+                   "val_profile_exp")  # the sections drawn on demand
 
 
 def open_view(view: str = "Compare", errors_ok: bool = False, tab: str | None = None, **state) -> AppTest:
@@ -1112,6 +1113,27 @@ def test_validation_says_which_platforms_have_trace_validation(monkeypatch, tmp_
     at = open_view("Validation")
     text = at.info[0].value
     assert "gb200, tpu-v7: no trace validation yet" in text and "host CPU" in text
+
+
+def test_validation_shows_the_real_megakernels_phase_profile():
+    """The bundled phase profile, per kernel: each per-layer phase measured (bars) and predicted (ticks),
+    every phase in a table with its error, the stated gains, and a command that prints the same numbers."""
+    at = open_view("Validation")
+    assert "one published phase-by-phase profile of a real megakernel" in at.info[0].value
+    (cmd,) = [x for x in commands(at) if "--profile" in x]
+    out = run_cli(cmd + " --json")["phase_profile"]
+    for name, k in out["kernels"].items():
+        drawn = series(chart(at, f"val_profile_{name}"))
+        layer_phases = [r for r in k["phases"] if r["per"] == "layer" and r["phase"] != "layer"]
+        for kind in ("measured", "predicted"):
+            assert [r["phase"] for r in drawn[kind]] == [r["phase"] for r in layer_phases]
+            assert [r["us"] for r in drawn[kind]] == pytest.approx([r[f"{kind}_us"] for r in layer_phases])
+        assert headline(at, "phases within tolerance").count(" of ") == 1
+    rows = [t for t in tables(at) if "within" in t.columns]
+    assert [list(t["phase"]) for t in rows] == [[r["phase"] for r in k["phases"]] for k in out["kernels"].values()]
+    (check,) = [t for t in tables(at) if "change" in t.columns]
+    assert check["measured us"][0] == out["checks"][0]["measured_us"]
+    assert check["predicted us"][0] == pytest.approx(out["checks"][0]["predicted_us"], rel=1e-2)
 
 
 def test_validation_upload_error_names_the_file_not_a_temp_path():

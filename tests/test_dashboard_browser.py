@@ -610,6 +610,9 @@ def test_validation_every_control_uploads_path_and_downloads(page, tmp_path):
     assert {"host_validation_runs.csv", "validation_val_host.csv", "validation_val_host.json"} <= set(data)
     assert data["validation_val_host.json"]["mape"] == pytest.approx(
         data["validation_val_host.csv"]["abs_error"].mean())
+    expand(page, "val_profile_exp")  # the real megakernel's phase profile, on demand
+    for kernel in ("final", "first"):
+        bb.wait_chart(page, f"val_profile_{kernel}")
     expand(page, "val_trace_exp")  # your trace: its inputs on demand
     pick(page, "val_hw", "tpu-v7")
     pick(page, "val_model", "kimi-k3-host-small")

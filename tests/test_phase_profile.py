@@ -148,6 +148,23 @@ def test_explain_prints_the_profile_beside_the_prediction(capsys):
     assert r["layer"]["measured_us"] == 55 and r["layer"]["predicted_us"] > 0 and "REPORT.md" in r["layer"]["source"]
     assert main(["explain", "--profile", "nope"]) == 2
     assert "routing: predicted with defer_refills_rows = 4 as well" in text  # a row's own settings, named
+    assert "stated gains of single changes" in text and "first, collective_wire = bf16" in text
+    (check,) = out["checks"]
+    assert check["check"] == "kv_prefetch_gain" and check["measured_us"] == 4.5 and "E4" in check["source"]
+    assert check["predicted_us"] == pytest.approx(kv_prefetch_gain(PROFILE, HW) * 1e6)
+
+
+@pytest.mark.parametrize("change,err", [
+    (lambda s: s.pop("kv_prefetch_gain_kernel"), "stated.kv_prefetch_gain_kernel=None: a stated gain needs the kernel"),
+    (lambda s: s["kv_prefetch_gain_kernel"].update(kernel="zzz"),
+     "stated.kv_prefetch_gain_kernel.kernel='zzz': one of the profile's kernels: final, first"),
+    (lambda s: s.update(kv_prefetch_gain_us_per_layer=-1), "stated.kv_prefetch_gain_us_per_layer=-1: must be > 0")])
+def test_a_stated_gain_names_a_kernel_of_the_profile(tmp_path, capsys, change, err):
+    bad = json.loads(json.dumps(PROFILE))
+    change(bad["stated"])
+    (tmp_path / "p.json").write_text(json.dumps(bad))
+    assert main(["explain", "--profile", str(tmp_path / "p.json")]) == 2
+    assert err in capsys.readouterr().err
 
 
 def test_a_rows_own_settings_must_be_a_table(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Validation view: per-layer predicted vs measured (bundled host results, uploaded traces), MAPE:
 a scatter of predicted against measured layer times with y = x and the per-layer target band,
-the per-layer bars and table on demand, and a trace of your own (its inputs open on demand).
+the per-layer bars and table on demand, a real megakernel's published phase profile beside the model
+(`perfmodel explain --profile`, on demand), and a trace of your own (its inputs open on demand).
 
 The bundled results are experiments/results/host_validation.csv, written by
 experiments/validate_host.py: one row per layer and one "step" row per run (variant, model,
@@ -28,6 +29,7 @@ BAND = 0.25  # the per-layer target of the host validation (docs/validation.md):
 RUN_KEYS = ("variant", "model", "mode", "batch", "context")
 HOST_HW_FILE = c.HOST_HW_FILE
 FROM_CAPTURE = "(from capture.json)"
+PROFILE_NAME, PROFILE_HW = "musespark", "tpu-v7"  # the bundled phase profile and the chip it was measured on
 
 
 def per_layer_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -382,13 +384,73 @@ def trace_coverage() -> str:
             f"**{', '.join(published)}: no trace validation yet**; their predictions are checked only against the "
             "published tokens/s table (Inferact, tpu-megakernels report, Sept 2026; see Compare). "
             f"{', '.join(others)}: no measurement at all. A TPU trace of the megakernel can be compared below "
-            "once one is recorded.")
+            f"once one is recorded. {PROFILE_HW} has one published phase-by-phase profile of a real megakernel "
+            "(Inferact's Muse Spark kernel: training data, which its DMA engine's settings are fitted to; below).")
+
+
+@st.cache_data(show_spinner=False, max_entries=1)
+def phase_profile() -> dict:
+    """The bundled real megakernel's phase profile beside the model, as `perfmodel explain --profile` gives it."""
+    from perfmodel.spec.hardware import load_hardware
+    from perfmodel.step.explain import explain_profile
+    from perfmodel.step.phases import load_profile
+    return explain_profile(load_profile(PROFILE_NAME), load_hardware(PROFILE_HW))["phase_profile"]
+
+
+def phase_chart(rows: list[dict]) -> dict:
+    """One kernel's per-layer phases: measured as bars, predicted as marks."""
+    shown = [r for r in rows if r["per"] == "layer" and r["phase"] != "layer"]
+    names = [r["phase"] for r in shown]
+    x = charts.nominal("phase", "phase (per decoder layer)", sort=names, axis={"labelAngle": 0})
+    y = charts.quant("us", "us per decoder layer")
+    tooltip = charts.tip(("phase", "phase"), ("us", "us", ".3g"), ("error", "prediction's error", "+.1%"))
+    color = charts.nominal("series", "", scale=charts.colors({"measured": "#9ecae1", "predicted": "#08306b"}))
+    data = {kind: charts.rows(series=kind, phase=names, us=[r[f"{kind}_us"] for r in shown],
+                              error=[r["error"] for r in shown]) for kind in ("measured", "predicted")}
+    return {"height": 240, "config": {"legend": charts.LEGEND}, "layer": [
+        charts.layer(data["measured"], {"type": "bar", "width": {"band": 0.6}}, x=x, y=y, color=color, tooltip=tooltip),
+        charts.layer(data["predicted"], {"type": "tick", "orient": "horizontal", "thickness": 4,
+                                         "size": {"expr": f"0.6 * width / {len(shown)}"}},
+                     x=x, y=y, color=color, tooltip=tooltip)]}
+
+
+def profile_section() -> None:
+    pp = phase_profile()
+    dep = ", ".join(f"{k} {v}" for k, v in pp["harness"].get("deployment", {}).items())
+    st.caption(f"Source: {pp['source']}. Deployment: {dep}. A phase's time is what "
+               "the step saves when the kernel's profiling-only skip option leaves it out (the dense ring's: the "
+               "ring alone, every other layer phase skipped); per decoder layer, the lm_head and the fixed cost per "
+               "step. Bars: measured; marks: predicted.")
+    for name, k in pp["kernels"].items():
+        settings = ", ".join(f"{key} = {v}" for key, v in k["megakernel"].items()) or "the preset's kernel"
+        met = sum(r["within"] for r in k["phases"])
+        c.figures_line([(f"{name} kernel", f"{k['model']} ({settings})"),
+                        ("phases within tolerance", f"{met} of {len(k['phases'])}"),
+                        ("predicted step", f"{k['step_us'] / 1e3:.3f} ms")])
+        charts.show(phase_chart(k["phases"]), key=f"val_profile_{name}")
+        df = pd.DataFrame([{"phase": r["phase"], "per": r["per"], "measured us": r["measured_us"],
+                            "predicted us": r["predicted_us"], "error": r["error"],
+                            "within": f"{'yes' if r['within'] else 'no'} ({r['tolerance']:.0%})"} for r in k["phases"]])
+        c.static_table(df, {"measured us": "g", "predicted us": ".3g", "error": "+.1%"})
+    if pp["checks"]:
+        st.markdown("**Stated gains of single changes** (checks, nothing fitted to them)")
+        c.static_table(pd.DataFrame([{
+            "change": x["what"], "measured on": ", ".join([f"{x['kernel']} kernel",
+                                                           *(f"{key} = {v}" for key, v in x["megakernel"].items())]),
+            "per": x["per"], "measured us": x["measured_us"], "predicted us": x["predicted_us"], "error": x["error"]}
+            for x in pp["checks"]]), {"measured us": "g", "predicted us": ".3g", "error": "+.1%"})
+    c.show_command(f"perfmodel explain --profile {PROFILE_NAME} --hardware {PROFILE_HW}")
 
 
 def render() -> None:
     st.header("Validation: per-layer predicted vs measured")
     st.info(trace_coverage())
     bundled()
+    profile = st.expander(f"A real megakernel, phase by phase: Inferact's Muse Spark kernel on {PROFILE_HW} "
+                          "(training data)", key="val_profile_exp", on_change="rerun")
+    if profile.open:  # drawn only when opened
+        with profile:
+            profile_section()
     yours = st.expander("Your trace: a path on this machine or an upload, compared with the model",
                         key="val_trace_exp", on_change="rerun")
     if yours.open:  # its inputs and uploader are drawn only when opened

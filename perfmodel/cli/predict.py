@@ -232,6 +232,11 @@ def print_profile(pp: dict) -> None:
                 own = ", ".join(f"{key} = {v}" for key, v in r["megakernel"].items())
                 print(f"  {r['phase']}: predicted with {own} as well: {r['reading']}")
         print()
+    if pp["checks"]:
+        print("stated gains of single changes (checks, nothing fitted to them)")
+        print(table(["change", "kernel", "per", "measured us", "predicted us", "error %"],
+                    [[c["what"], ", ".join([c["kernel"], *(f"{key} = {v}" for key, v in c["megakernel"].items())]),
+                      c["per"], c["measured_us"], c["predicted_us"], 100 * c["error"]] for c in pp["checks"]]))
 
 
 def configure_list(p) -> None:

@@ -18,7 +18,7 @@ from perfmodel.engine.terms import (collective_terms, op_compute_s, op_feeds, op
                                     tpu_matmuls, whole_batch_experts)
 from perfmodel.graph import ops as ops_mod
 from perfmodel.spec.recipe import to_table as recipe_table
-from perfmodel.step.phases import SKIPPED, compare
+from perfmodel.step.phases import SKIPPED, compare, stated_checks
 from perfmodel.step.predict import predict
 from perfmodel.step.report import SCHEMA_VERSION, deployment_json
 from perfmodel.util.errors import SpecError
@@ -177,7 +177,8 @@ def explain_profile(profile: dict, hw) -> dict:
     """A published phase profile beside the prediction of each of its kernels (perfmodel.step.phases)."""
     return {"schema_version": SCHEMA_VERSION, "command": "explain", "hardware": hw.name,
             "phase_profile": {"source": profile.get("source", ""), "harness": profile.get("harness", {}),
-                              "skipped": SKIPPED, "kernels": compare(profile, hw)}}
+                              "skipped": SKIPPED, "kernels": compare(profile, hw),
+                              "checks": stated_checks(profile, hw)}}
 
 
 def kernel_plan_comparison(model, hw, plan, steps_per_call: int = 1) -> dict:

@@ -8,7 +8,8 @@ phase is what remains of a decoder layer with every other layer phase skipped (R
 
 `phases(model, hw, d)` predicts them; `compare(profile, ...)` sets them beside a published profile
 (perfmodel/data/phase_profiles/*.json) for each of its kernels. `perfmodel explain --profile NAME`
-prints both. `kv_prefetch_gain` predicts one stated change of a kernel, a check nothing is fitted to.
+prints both, and `stated_checks`: the gains the profile's source states for single changes of a
+kernel beside the model's (checks nothing is fitted to).
 """
 from __future__ import annotations
 
@@ -109,13 +110,22 @@ def load_profile(name_or_path: str) -> dict:
         known = sorted(q.stem for q in PROFILE_DIR.glob("*.json"))
         require(name_or_path in known, "--profile", name_or_path, f"unknown profile; known: {', '.join(known)}")
         p = PROFILE_DIR / f"{name_or_path}.json"
-    rule = {"what": (STR,), "source": (STR,), "stated": None, "harness": Req({"deployment": Req({"*": None}), "*": None}),
+    stated = {"kv_prefetch_gain_us_per_layer": Num(0, lo_open=True),
+              "kv_prefetch_gain_kernel": {"kernel": Req((STR,)), "megakernel": {"*": None}}, "*": None}
+    rule = {"what": (STR,), "source": (STR,), "stated": stated, "harness": Req({"deployment": Req({"*": None}), "*": None}),
             "kernels": Req({"*": {"model": Req((STR,)), "megakernel": {"*": None}, "phases": Req(ListOf(
                 {"phase": Req((STR,)), "value_us": Req(Num(0, lo_open=True)), "megakernel": {"*": None},
                  "reading": (STR,), "*": None}, 1)), "*": None}})}
     data = schema.load(p, rule, "--profile", fmt="json")
     with in_file(p):
         require(data["kernels"], "kernels", {}, "needs at least one kernel")
+        gain = (data.get("stated") or {}).get("kv_prefetch_gain_kernel")
+        if "kv_prefetch_gain_us_per_layer" in (data.get("stated") or {}):
+            require(gain is not None, "stated.kv_prefetch_gain_kernel", None,
+                    "a stated gain needs the kernel it was measured on")
+        if gain is not None:
+            require(gain["kernel"] in data["kernels"], "stated.kv_prefetch_gain_kernel.kernel", gain["kernel"],
+                    f"one of the profile's kernels: {', '.join(data['kernels'])}")
     return data
 
 
@@ -140,6 +150,20 @@ def kv_prefetch_gain(profile: dict, hw: Hardware) -> float:
     layer = {kv: phases(kernel_model({**entry, "megakernel": {**over, "kv_prefetch": kv}}), hw, d)["layer"]
              for kv in (True, False)}
     return layer[False] - layer[True]
+
+
+def stated_checks(profile: dict, hw: Hardware) -> list[dict]:
+    """The changes of a kernel whose gain the profile's source states (`stated`), each beside the
+    model's gain: checks that nothing is fitted to. Today the KV prefetch's (kv_prefetch_gain)."""
+    stated = profile.get("stated") or {}
+    if "kv_prefetch_gain_us_per_layer" not in stated:
+        return []
+    on, measured = stated["kv_prefetch_gain_kernel"], stated["kv_prefetch_gain_us_per_layer"]
+    predicted = kv_prefetch_gain(profile, hw) * 1e6
+    return [{"check": "kv_prefetch_gain", "per": "layer",
+             "what": "issuing the attention's KV tiles at the layer's start instead of inside the attention",
+             "kernel": on["kernel"], "megakernel": on.get("megakernel", {}), "measured_us": measured,
+             "predicted_us": predicted, "error": predicted / measured - 1, "source": stated.get("source", "")}]
 
 
 def compare(profile: dict, hw: Hardware) -> dict:
