@@ -228,9 +228,6 @@ class Stream:
     sizes: tuple[int, ...]    # distinct copy sizes in rows (size class k = sizes[k])
     rows: int
 
-    def size_class(self, g: int) -> int:
-        return self.sizes.index(self.banks[g].rows)
-
 
 @functools.lru_cache(maxsize=64)
 def _stream(spec_key, tile: int, bank_rows: int) -> Stream:

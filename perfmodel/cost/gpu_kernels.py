@@ -34,8 +34,6 @@ UNITS = ("attention", "mla_core", "mla_module")  # classes whose reads split ove
 BYTES_PER_VALUE = {"bf16": 2.0, "fp16": 2.0, "f32": 4.0, "fp8": 1.0, "fp8-block128": 1.0 + 4 / 16384,
                    "fp8-kv": 1.0, "int8": 1.0, "int4": 0.5 + 2 / 32, "mxfp4": 0.5 + 1 / 32,
                    "mxfp4-a8": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16, "fp4": 0.5 + 1 / 16}
-PEAK_DTYPE = {"fp8-block128": "fp8", "fp8-kv": "fp8", "nvfp4": "fp4", "mxfp4-a8": "fp8", "fp4": "fp4",
-              "int8": "fp8"}  # the matrix-unit rate a table dtype runs at (weight-only formats: bf16)
 MLA_GEOMETRY = {"q_lora": 1536, "kv_lora": 512, "nope": 128, "rope": 64, "v": 128, "hidden": 7168}
 # the MLA tables' model (DeepSeek-V3, per head); Kimi K2 / K3 share it per head
 # MoE table geometries, by (experts, top-k, hidden), whose model routes by grouped top-k: (groups,
