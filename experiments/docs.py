@@ -379,10 +379,11 @@ def fig_kernel_fit() -> str:
 
 
 def fig_phase_profile() -> str:
-    """`perfmodel explain --profile musespark`: each kernel's phases, predicted beside measured."""
-    out = cli_json("explain", "--profile", "musespark")["phase_profile"]["kernels"]
+    """`perfmodel explain --profile musespark`: each kernel's phases, predicted beside measured, and the
+    stated gains of single changes beside the model's."""
+    pp = cli_json("explain", "--profile", "musespark")["phase_profile"]
     text = ""
-    for name, k in out.items():
+    for name, k in pp["kernels"].items():
         settings = ", ".join(f"`{key} = {str(v).lower()}`" for key, v in k["megakernel"].items()) or "the preset"
         text += f"\n{name} kernel ({settings}; predicted step {k['step_us'] / 1e3:.2f} ms):\n\n"
         text += md_table(["phase", "per", "measured us", "predicted us", "error", "within"],
@@ -393,6 +394,13 @@ def fig_phase_profile() -> str:
             if r.get("megakernel"):
                 own = ", ".join(f"`{key} = {str(v).lower()}`" for key, v in r["megakernel"].items())
                 text += f"\n{r['phase'].replace('_', ' ')}: predicted with {own} as well: {r['reading']}.\n"
+    if pp["checks"]:
+        text += "\nstated gains of single changes (checks, nothing fitted to them):\n\n"
+        text += md_table(["change", "measured on", "per", "measured us", "predicted us", "error"],
+                         [[c["what"], ", ".join([f"{c['kernel']} kernel", *(f"`{key} = {str(v).lower()}`"
+                                                                          for key, v in c["megakernel"].items())]),
+                           c["per"], f"{c['measured_us']:g}", f"{c['predicted_us']:.1f}", f"{100 * c['error']:+.1f} %"]
+                          for c in pp["checks"]], "llrrrr")
     return text.lstrip("\n")
 
 
