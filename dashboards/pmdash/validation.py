@@ -415,6 +415,7 @@ def phase_chart(rows: list[dict]) -> dict:
 
 
 def profile_section() -> None:
+    from perfmodel.step.phases import settings_text
     pp = phase_profile()
     dep = ", ".join(f"{k} {v}" for k, v in pp["harness"].get("deployment", {}).items())
     st.caption(f"Source: {pp['source']}. Deployment: {dep}. A phase's time is what "
@@ -422,7 +423,7 @@ def profile_section() -> None:
                "ring alone, every other layer phase skipped); per decoder layer, the lm_head and the fixed cost per "
                "step. Bars: measured; marks: predicted.")
     for name, k in pp["kernels"].items():
-        settings = ", ".join(f"{key} = {v}" for key, v in k["megakernel"].items()) or "the preset's kernel"
+        settings = settings_text(k["megakernel"]) or "the preset's kernel"
         met = sum(r["within"] for r in k["phases"])
         c.figures_line([(f"{name} kernel", f"{k['model']} ({settings})"),
                         ("phases within tolerance", f"{met} of {len(k['phases'])}"),
@@ -435,8 +436,7 @@ def profile_section() -> None:
     if pp["checks"]:
         st.markdown("**Stated gains of single changes** (checks, nothing fitted to them)")
         c.static_table(pd.DataFrame([{
-            "change": x["what"], "measured on": ", ".join([f"{x['kernel']} kernel",
-                                                           *(f"{key} = {v}" for key, v in x["megakernel"].items())]),
+            "change": x["what"], "measured on": ", ".join(filter(None, [f"{x['kernel']} kernel", settings_text(x["megakernel"])])),
             "per": x["per"], "measured us": x["measured_us"], "predicted us": x["predicted_us"], "error": x["error"]}
             for x in pp["checks"]]), {"measured us": "g", "predicted us": ".3g", "error": "+.1%"})
     c.show_command(f"perfmodel explain --profile {PROFILE_NAME} --hardware {PROFILE_HW}")

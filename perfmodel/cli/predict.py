@@ -216,26 +216,26 @@ def cmd_explain(a) -> dict:
 
 def print_profile(pp: dict) -> None:
     """The phase comparison of explain_profile as text, one table per kernel."""
-    from perfmodel.step.report import table
+    from perfmodel.step.phases import settings_text
     dep = pp["harness"].get("deployment", {})
     print(f"phase profile ({pp['source']}); deployment {dep}")
     print("a phase's time is what skipping it saves, the dense ring's the ring alone (the kernel cannot skip it); "
           "per decoder layer, lm_head and fixed per step\n")
     for name, k in pp["kernels"].items():
-        settings = ", ".join(f"{key} = {v}" for key, v in k["megakernel"].items()) or "the preset's kernel"
+        settings = settings_text(k["megakernel"]) or "the preset's kernel"
         print(f"{name} kernel ({k['model']}: {settings}), predicted step {k['step_us']:.1f} us")
         print(table(["phase", "per", "measured us", "predicted us", "error %", "within"],
                     [[r["phase"], r["per"], r["measured_us"], r["predicted_us"], 100 * r["error"],
                       f"{'yes' if r['within'] else 'no'} ({100 * r['tolerance']:.0f} %)"] for r in k["phases"]]))
         for r in k["phases"]:
             if r.get("megakernel"):
-                own = ", ".join(f"{key} = {v}" for key, v in r["megakernel"].items())
+                own = settings_text(r["megakernel"])
                 print(f"  {r['phase']}: predicted with {own} as well: {r['reading']}")
         print()
     if pp["checks"]:
         print("stated gains of single changes (checks, nothing fitted to them)")
         print(table(["change", "kernel", "per", "measured us", "predicted us", "error %"],
-                    [[c["what"], ", ".join([c["kernel"], *(f"{key} = {v}" for key, v in c["megakernel"].items())]),
+                    [[c["what"], ", ".join(filter(None, [c["kernel"], settings_text(c["megakernel"])])),
                       c["per"], c["measured_us"], c["predicted_us"], 100 * c["error"]] for c in pp["checks"]]))
 
 

@@ -139,6 +139,11 @@ def profile_deployment(profile: dict) -> Deployment:
     return Deployment(engine="megakernel", **profile["harness"]["deployment"])
 
 
+def settings_text(megakernel: dict) -> str:
+    """A kernel's [megakernel] settings as one line, `key = value, ...` (empty for none)."""
+    return ", ".join(f"{key} = {v}" for key, v in megakernel.items())
+
+
 def kv_prefetch_gain(profile: dict, hw: Hardware) -> float:
     """Seconds a decoder layer gains from issuing the attention's KV tiles at the layer's start
     instead of inside the attention (`[megakernel] kv_prefetch`), on the kernel the profile's stated
