@@ -9,8 +9,9 @@ import pytest
 from perfmodel.cli.main import main
 from perfmodel.graph import ops
 from perfmodel.spec.hardware import load_hardware
-from perfmodel.step.phases import (compare, kernel_model, kv_prefetch_gain, load_profile, phases, profile_deployment,
-                                   skip)
+from perfmodel.spec.arch import derive
+from perfmodel.step.phases import (attention_parts, compare, kernel_model, kv_prefetch_gain, load_profile, phases,
+                                   profile_deployment, skip)
 from perfmodel.util.errors import SpecError
 
 PROFILE = load_profile("musespark")
@@ -137,6 +138,23 @@ def test_phases_are_what_skipping_them_saves():
     assert 0 < p["xla_embedding"] < p["dispatch_glue_barrier_prime"] < p["fixed"]
 
 
+def test_the_attention_parts_say_what_the_layer_waits_on():
+    """Why the attention phases miss (README, "Still off"): in the final kernel the attention's
+    compute is hidden (the o projection after it waits for its ring loads) and its phase is the
+    write-back's wait; in the first kernel, whose attention reads its KV tiles itself, behind the
+    ring's queued loads, the compute after that wait is on the layer's path whole. A kernel that
+    writes nothing back inside the layer has no write-back part."""
+    d = profile_deployment(PROFILE)
+    core = HW.components["attention_core_s"]
+    final = attention_parts(kernel_model(PROFILE["kernels"]["final"]), HW, d)
+    first = attention_parts(kernel_model(PROFILE["kernels"]["first"]), HW, d)
+    assert final["compute"] < 0.1 * core
+    assert final["writeback"] == pytest.approx(rows()["final"]["attention"]["predicted_us"] * 1e-6, rel=1e-6)
+    assert first["compute"] == pytest.approx(core, rel=0.01) and first["writeback"] == 0
+    untiled = derive("muse-spark", megakernel={"kv_tile_tokens": 0})
+    assert attention_parts(untiled, HW, d)["writeback"] == 0
+
+
 def test_explain_prints_the_profile_beside_the_prediction(capsys):
     assert main(["explain", "--profile", "musespark"]) == 0
     text = capsys.readouterr().out
@@ -152,6 +170,9 @@ def test_explain_prints_the_profile_beside_the_prediction(capsys):
     (check,) = out["checks"]
     assert check["check"] == "kv_prefetch_gain" and check["measured_us"] == 4.5 and "E4" in check["source"]
     assert check["predicted_us"] == pytest.approx(kv_prefetch_gain(PROFILE, HW) * 1e6)
+    parts = out["kernels"]["first"]["attention_parts_us"]
+    assert parts["compute"] == pytest.approx(HW.components["attention_core_s"] * 1e6, rel=0.01)
+    assert f"leaving out its compute alone saves {parts['compute']:.2f} us" in text
 
 
 @pytest.mark.parametrize("change,err", [

@@ -231,6 +231,9 @@ def print_profile(pp: dict) -> None:
             if r.get("megakernel"):
                 own = settings_text(r["megakernel"])
                 print(f"  {r['phase']}: predicted with {own} as well: {r['reading']}")
+        parts = k["attention_parts_us"]
+        print(f"  attention by part (a diagnostic): leaving out its compute alone saves {parts['compute']:.2f} us, "
+              f"its cache write-back and the wait for it alone {parts['writeback']:.2f} us")
         print()
     if pp["checks"]:
         print("stated gains of single changes (checks, nothing fitted to them)")

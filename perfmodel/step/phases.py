@@ -8,8 +8,9 @@ phase is what remains of a decoder layer with every other layer phase skipped (R
 
 `phases(model, hw, d)` predicts them; `compare(profile, ...)` sets them beside a published profile
 (perfmodel/data/phase_profiles/*.json) for each of its kernels. `perfmodel explain --profile NAME`
-prints both, and `stated_checks`: the gains the profile's source states for single changes of a
-kernel beside the model's (checks nothing is fitted to).
+prints both, `stated_checks` (the gains the profile's source states for single changes of a
+kernel beside the model's: checks nothing is fitted to) and `attention_parts` (what leaving out
+only the attention's compute, or only its write-back, saves: a diagnostic of the attention phase).
 """
 from __future__ import annotations
 
@@ -69,17 +70,22 @@ def skip(g: OpGraph, phase: str) -> OpGraph:
                                coll_group=group)
 
 
-def phases(model: ModelSpec, hw: Hardware, d: Deployment) -> dict[str, float]:
-    """Seconds: each layer phase (per decoder layer; the dense ring alone, RING_ALONE), lm_head (per
-    step), the per-layer marginal `layer`, `fixed` (step - layers x marginal),
-    `dispatch_glue_barrier_prime` (fixed - lm_head) and `xla_embedding` (the glue term), and `step`.
-    Megakernel deployments only."""
+def _runner(model: ModelSpec, hw: Hardware, d: Deployment):
+    """(the step's op graph, a function simulating a variant of it on `hw`): megakernels only."""
     require(d.engine == "megakernel", "engine", d.engine, "phase attribution is of a megakernel step")
     validate(model, hw, d)
     g = ops_mod.build(model, d)
     top_k = model.moe.top_k if model.moe else 1
     w = op_weights(g, model.formats["routed_expert"].bytes_per_value)
-    run = lambda graph: simulate_megakernel(graph, hw, d, top_k, weights=w)
+    return g, lambda graph: simulate_megakernel(graph, hw, d, top_k, weights=w)
+
+
+def phases(model: ModelSpec, hw: Hardware, d: Deployment) -> dict[str, float]:
+    """Seconds: each layer phase (per decoder layer; the dense ring alone, RING_ALONE), lm_head (per
+    step), the per-layer marginal `layer`, `fixed` (step - layers x marginal),
+    `dispatch_glue_barrier_prime` (fixed - lm_head) and `xla_embedding` (the glue term), and `step`.
+    Megakernel deployments only."""
+    g, run = _runner(model, hw, d)
     n = len(model.layers)
 
     def marginal(graph: OpGraph) -> tuple[float, float]:
@@ -101,6 +107,19 @@ def phases(model: ModelSpec, hw: Hardware, d: Deployment) -> dict[str, float]:
     out["xla_embedding"] = float(kernel_terms(g, hw).get("xla_embedding", np.zeros(1)).sum())
     out["step"] = step
     return out
+
+
+def attention_parts(model: ModelSpec, hw: Hardware, d: Deployment) -> dict[str, float]:
+    """Seconds per decoder layer the step saves when one part of the attention alone is left out:
+    `compute` (its cores' FLOPs and fixed latency; their copies stay) and `writeback` (the cache
+    write-back and the wait for it; the reads and compute stay). Beside `phases`' attention (all of
+    it skipped), they say which part the layer waits on: a diagnostic no kernel option measures."""
+    g, run = _runner(model, hw, d)
+    sel = (g.layer >= 1) & np.isin(np.array(g.name), ATTENTION_CORES)
+    variants = {"compute": dataclasses.replace(g, flops=np.where(sel, 0.0, g.flops)),
+                "writeback": dataclasses.replace(g, writeback={})}
+    step = run(g).step_s
+    return {part: (step - run(v).step_s) / len(model.layers) for part, v in variants.items()}
 
 
 def load_profile(name_or_path: str) -> dict:
