@@ -381,6 +381,7 @@ def fig_kernel_fit() -> str:
 def fig_phase_profile() -> str:
     """`perfmodel explain --profile musespark`: each kernel's phases, predicted beside measured, its
     attention by part, and the stated gains of single changes beside the model's."""
+    from perfmodel.step.phases import attention_parts_text
     pp = cli_json("explain", "--profile", "musespark")["phase_profile"]
     text = ""
     for name, k in pp["kernels"].items():
@@ -394,9 +395,7 @@ def fig_phase_profile() -> str:
             if r.get("megakernel"):
                 own = ", ".join(f"`{key} = {str(v).lower()}`" for key, v in r["megakernel"].items())
                 text += f"\n{r['phase'].replace('_', ' ')}: predicted with {own} as well: {r['reading']}.\n"
-        parts = k["attention_parts_us"]
-        text += (f"\nattention by part (a diagnostic): leaving out its compute alone saves {parts['compute']:.2f} us, "
-                 f"its cache write-back and the wait for it alone {parts['writeback']:.2f} us.\n")
+        text += f"\n{attention_parts_text(k['attention_parts_us'])}.\n"
     if pp["checks"]:
         text += "\nstated gains of single changes (checks, nothing fitted to them):\n\n"
         text += md_table(["change", "measured on", "per", "measured us", "predicted us", "error"],

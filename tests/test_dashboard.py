@@ -1117,7 +1117,8 @@ def test_validation_says_which_platforms_have_trace_validation(monkeypatch, tmp_
 
 def test_validation_shows_the_real_megakernels_phase_profile():
     """The bundled phase profile, per kernel: each per-layer phase measured (bars) and predicted (ticks),
-    every phase in a table with its error, the stated gains, and a command that prints the same numbers."""
+    every phase in a table with its error, the attention by part, the stated gains, and a command that
+    prints the same numbers."""
     at = open_view("Validation")
     assert "one published phase-by-phase profile of a real megakernel" in at.info[0].value
     (cmd,) = [x for x in commands(at) if "--profile" in x]
@@ -1131,6 +1132,10 @@ def test_validation_shows_the_real_megakernels_phase_profile():
         assert headline(at, "phases within tolerance").count(" of ") == 1
     rows = [t for t in tables(at) if "within" in t.columns]
     assert [list(t["phase"]) for t in rows] == [[r["phase"] for r in k["phases"]] for k in out["kernels"].values()]
+    captions = [x.value for x in at.caption]
+    for k in out["kernels"].values():  # the attention by part, as the command prints it
+        assert f"Attention by part (a diagnostic): leaving out its compute alone saves " \
+               f"{k['attention_parts_us']['compute']:.2f} us" in " ".join(captions)
     (check,) = [t for t in tables(at) if "change" in t.columns]
     assert check["measured us"][0] == out["checks"][0]["measured_us"]
     assert check["predicted us"][0] == pytest.approx(out["checks"][0]["predicted_us"], rel=1e-2)

@@ -415,7 +415,7 @@ def phase_chart(rows: list[dict]) -> dict:
 
 
 def profile_section() -> None:
-    from perfmodel.step.phases import settings_text
+    from perfmodel.step.phases import attention_parts_text, settings_text
     pp = phase_profile()
     dep = ", ".join(f"{k} {v}" for k, v in pp["harness"].get("deployment", {}).items())
     st.caption(f"Source: {pp['source']}. Deployment: {dep}. A phase's time is what "
@@ -433,6 +433,7 @@ def profile_section() -> None:
                             "predicted us": r["predicted_us"], "error": r["error"],
                             "within": f"{'yes' if r['within'] else 'no'} ({r['tolerance']:.0%})"} for r in k["phases"]])
         c.static_table(df, {"measured us": "g", "predicted us": ".3g", "error": "+.1%"})
+        st.caption(attention_parts_text(k["attention_parts_us"]).capitalize() + ".")
     if pp["checks"]:
         st.markdown("**Stated gains of single changes** (checks, nothing fitted to them)")
         c.static_table(pd.DataFrame([{

@@ -216,7 +216,7 @@ def cmd_explain(a) -> dict:
 
 def print_profile(pp: dict) -> None:
     """The phase comparison of explain_profile as text, one table per kernel."""
-    from perfmodel.step.phases import settings_text
+    from perfmodel.step.phases import attention_parts_text, settings_text
     dep = pp["harness"].get("deployment", {})
     print(f"phase profile ({pp['source']}); deployment {dep}")
     print("a phase's time is what skipping it saves, the dense ring's the ring alone (the kernel cannot skip it); "
@@ -231,9 +231,7 @@ def print_profile(pp: dict) -> None:
             if r.get("megakernel"):
                 own = settings_text(r["megakernel"])
                 print(f"  {r['phase']}: predicted with {own} as well: {r['reading']}")
-        parts = k["attention_parts_us"]
-        print(f"  attention by part (a diagnostic): leaving out its compute alone saves {parts['compute']:.2f} us, "
-              f"its cache write-back and the wait for it alone {parts['writeback']:.2f} us")
+        print(f"  {attention_parts_text(k['attention_parts_us'])}")
         print()
     if pp["checks"]:
         print("stated gains of single changes (checks, nothing fitted to them)")

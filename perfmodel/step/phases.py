@@ -163,6 +163,12 @@ def settings_text(megakernel: dict) -> str:
     return ", ".join(f"{key} = {v}" for key, v in megakernel.items())
 
 
+def attention_parts_text(parts_us: dict) -> str:
+    """A kernel's attention parts (explain_profile's `attention_parts_us`) as one sentence."""
+    return (f"attention by part (a diagnostic): leaving out its compute alone saves {parts_us['compute']:.2f} us, "
+            f"its cache write-back and the wait for it alone {parts_us['writeback']:.2f} us")
+
+
 def kv_prefetch_gain(profile: dict, hw: Hardware) -> float:
     """Seconds a decoder layer gains from issuing the attention's KV tiles at the layer's start
     instead of inside the attention (`[megakernel] kv_prefetch`), on the kernel the profile's stated
