@@ -230,6 +230,19 @@ def test_megakernel_predicts_deepseek_v3_ep8_with_tiled_experts():
         assert cost["tiles_per_expert"] == p.timeline.sizing.tiles_per_expert
 
 
+def test_tiling_cost_gives_whole_experts_room_despite_rounding():
+    """An expert of a fractional byte count (bytes / distinct experts): the comparison chip holds the
+    ring and the whole-expert buffers exactly, which floating point once left a byte short of the
+    second buffer (qwen3-235b-a22b on h100, batch 1: a refusal instead of a prediction)."""
+    from perfmodel.spec.hardware import load_hardware
+    from perfmodel.step.predict import expert_tiling_cost, predict
+    m, hw = load_model("qwen3-235b-a22b"), load_hardware("h100")
+    p = predict(m, hw, Deployment(devices=8, tp=8, ep=8, batch=1))
+    assert p.timeline.sizing.expert_bytes % 1 != 0 and p.timeline.sizing.tiles_per_expert > 1
+    cost = expert_tiling_cost(m, hw, p)
+    assert cost["expert_slots"] == p.timeline.sizing.slots and cost["whole_expert_step_s"] > 0
+
+
 def test_kda_layer_by_hand():
     """Kimi K3 layer 2: q, k, v, low-rank decay, beta, full-rank output gate, o; f32 state."""
     m = load_model("kimi-k3")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,7 +145,8 @@ def expert_tiling_cost(model: ModelSpec, hw: Hardware, p: Prediction) -> dict | 
     if s is None or s.tiles_per_expert == 1:
         return None
     whole = dataclasses.replace(p.deployment, prefetch_bytes=float(s.ring_bytes), expert_slots=s.slots)
-    untiled = predict(model, hw.replace(onchip_bytes=s.ring_bytes + s.slots * s.expert_bytes), whole).step_s
+    room = math.ceil(s.ring_bytes + s.slots * s.expert_bytes) + 1  # a byte over: rounding leaves no slot short
+    untiled = predict(model, hw.replace(onchip_bytes=room), whole).step_s
     return {"expert_slots": s.slots, "tiles_per_expert": s.tiles_per_expert, "expert_bytes": s.expert_bytes,
             "step_s": float(p.step_s), "whole_expert_step_s": float(untiled), "cost_s": float(p.step_s - untiled)}
 
