@@ -415,13 +415,12 @@ def phase_chart(rows: list[dict]) -> dict:
 
 
 def profile_section() -> None:
-    from perfmodel.step.phases import attention_parts_text, settings_text
+    from perfmodel.step.phases import attention_parts_text, harness_text, settings_text
     pp = phase_profile()
-    dep = ", ".join(f"{k} {v}" for k, v in pp["harness"].get("deployment", {}).items())
-    st.caption(f"Source: {pp['source']}. Deployment: {dep}. A phase's time is what "
+    st.caption(f"Source: {pp['source']}. {harness_text(pp['harness']).capitalize()}. A phase's time is what "
                "the step saves when the kernel's profiling-only skip option leaves it out (the dense ring's: the "
                "ring alone, every other layer phase skipped); per decoder layer, the lm_head and the fixed cost per "
-               "step. Bars: measured; marks: predicted.")
+               "step; each the mean over the timed steps. Bars: measured; marks: predicted.")
     for name, k in pp["kernels"].items():
         settings = settings_text(k["megakernel"]) or "the preset's kernel"
         met = sum(r["within"] for r in k["phases"])

@@ -216,11 +216,10 @@ def cmd_explain(a) -> dict:
 
 def print_profile(pp: dict) -> None:
     """The phase comparison of explain_profile as text, one table per kernel."""
-    from perfmodel.step.phases import attention_parts_text, settings_text
-    dep = pp["harness"].get("deployment", {})
-    print(f"phase profile ({pp['source']}); deployment {dep}")
+    from perfmodel.step.phases import attention_parts_text, harness_text, settings_text
+    print(f"phase profile ({pp['source']}); {harness_text(pp['harness'])}")
     print("a phase's time is what skipping it saves, the dense ring's the ring alone (the kernel cannot skip it); "
-          "per decoder layer, lm_head and fixed per step\n")
+          "per decoder layer, lm_head and fixed per step; each the mean over the timed steps\n")
     for name, k in pp["kernels"].items():
         settings = settings_text(k["megakernel"]) or "the preset's kernel"
         print(f"{name} kernel ({k['model']}: {settings}), predicted step {k['step_us']:.1f} us")

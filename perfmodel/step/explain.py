@@ -18,7 +18,7 @@ from perfmodel.engine.terms import (collective_terms, op_compute_s, op_feeds, op
                                     tpu_matmuls, whole_batch_experts)
 from perfmodel.graph import ops as ops_mod
 from perfmodel.spec.recipe import to_table as recipe_table
-from perfmodel.step.phases import (SKIPPED, attention_parts, compare, kernel_model, profile_deployment,
+from perfmodel.step.phases import (SKIPPED, attention_parts, compare, kernel_model, over_harness,
                                    stated_checks)
 from perfmodel.step.predict import predict
 from perfmodel.step.report import SCHEMA_VERSION, deployment_json
@@ -177,9 +177,10 @@ def explain(model, hw, d, layer: int, op: str | None = None) -> dict:
 def explain_profile(profile: dict, hw) -> dict:
     """A published phase profile beside the prediction of each of its kernels (perfmodel.step.phases),
     with each kernel's attention parts (phases.attention_parts) in microseconds."""
-    kernels, d = compare(profile, hw), profile_deployment(profile)
+    kernels = compare(profile, hw)
     for name, k in kernels.items():
-        parts = attention_parts(kernel_model(profile["kernels"][name]), hw, d)
+        model = kernel_model(profile["kernels"][name])
+        parts = over_harness(profile, lambda d: attention_parts(model, hw, d))
         k["attention_parts_us"] = {part: v * 1e6 for part, v in parts.items()}
     return {"schema_version": SCHEMA_VERSION, "command": "explain", "hardware": hw.name,
             "phase_profile": {"source": profile.get("source", ""), "harness": profile.get("harness", {}),

@@ -119,7 +119,8 @@ def attention_parts(model: ModelSpec, hw: Hardware, d: Deployment) -> dict[str, 
     variants = {"compute": dataclasses.replace(g, flops=np.where(sel, 0.0, g.flops)),
                 "writeback": dataclasses.replace(g, writeback={})}
     step = run(g).step_s
-    return {part: (step - run(v).step_s) / len(model.layers) for part, v in variants.items()}
+    saved = {part: (step - run(v).step_s) / len(model.layers) for part, v in variants.items()}
+    return {part: 0.0 if abs(v) < 1e-12 else v for part, v in saved.items()}  # below 1 ps: rounding
 
 
 def load_profile(name_or_path: str) -> dict:
@@ -129,9 +130,11 @@ def load_profile(name_or_path: str) -> dict:
         known = sorted(q.stem for q in PROFILE_DIR.glob("*.json"))
         require(name_or_path in known, "--profile", name_or_path, f"unknown profile; known: {', '.join(known)}")
         p = PROFILE_DIR / f"{name_or_path}.json"
+    timed = ListOf({"context": Req(Num(0, 2**31, integer=True)), "steps": Req(Num(1, 2**31, integer=True)),
+                    "*": None}, 1)
     stated = {"kv_prefetch_gain_us_per_layer": Num(0, lo_open=True),
               "kv_prefetch_gain_kernel": {"kernel": Req((STR,)), "megakernel": {"*": None}}, "*": None}
-    rule = {"what": (STR,), "source": (STR,), "stated": stated, "harness": Req({"deployment": Req({"*": None}), "*": None}),
+    rule = {"what": (STR,), "source": (STR,), "stated": stated, "harness": Req({"deployment": Req({"*": None}), "timed_steps": timed, "*": None}),
             "kernels": Req({"*": {"model": Req((STR,)), "megakernel": {"*": None}, "phases": Req(ListOf(
                 {"phase": Req((STR,)), "value_us": Req(Num(0, lo_open=True)), "megakernel": {"*": None},
                  "reading": (STR,), "*": None}, 1)), "*": None}})}
@@ -154,8 +157,38 @@ def kernel_model(entry: dict) -> ModelSpec:
     return derive(entry["model"], megakernel=over) if over else from_dict(preset_data(entry["model"]))
 
 
+def profile_deployments(profile: dict) -> list[tuple[Deployment, float]]:
+    """The profiled deployment at each group of the harness's timed steps (`harness.timed_steps`:
+    the cached tokens the group's steps read, on average, and how many steps; one group at the
+    deployment's own context when the profile lists none), each with its share of the steps. A
+    profile's phase is a mean over the timed steps, so the model's is the mean over the groups
+    (over_harness)."""
+    base = profile["harness"]["deployment"]
+    groups = profile["harness"].get("timed_steps") or [{"steps": 1}]
+    total = sum(g["steps"] for g in groups)
+    return [(Deployment(engine="megakernel", **{**base, **({"context": g["context"]} if "context" in g else {})}),
+             g["steps"] / total) for g in groups]
+
+
 def profile_deployment(profile: dict) -> Deployment:
-    return Deployment(engine="megakernel", **profile["harness"]["deployment"])
+    """The profiled deployment at its largest group of timed steps (profile_deployments): for what
+    takes one deployment (a sweep, a mechanism's test)."""
+    return max(profile_deployments(profile), key=lambda dw: dw[1])[0]
+
+
+def over_harness(profile: dict, fn):
+    """`fn(deployment)` (a float or a dict of floats) averaged over the harness's timed steps."""
+    runs = [(fn(d), w) for d, w in profile_deployments(profile)]
+    if isinstance(runs[0][0], dict):
+        return {k: sum(r[k] * w for r, w in runs) for k in runs[0][0]}
+    return sum(r * w for r, w in runs)
+
+
+def harness_text(harness: dict) -> str:
+    """A profile's harness as one line: its deployment and the timed steps' groups."""
+    dep = ", ".join(f"{k} {v}" for k, v in harness.get("deployment", {}).items())
+    timed = ", ".join(f"{g['steps']} at {g['context']} cached tokens" for g in harness.get("timed_steps", []))
+    return f"deployment {dep}" + (f"; timed steps: {timed}" if timed else "")
 
 
 def settings_text(megakernel: dict) -> str:
@@ -176,9 +209,8 @@ def kv_prefetch_gain(profile: dict, hw: Hardware) -> float:
     on = profile["stated"]["kv_prefetch_gain_kernel"]
     entry = profile["kernels"][on["kernel"]]
     over = {**(entry.get("megakernel") or {}), **on.get("megakernel", {})}
-    d = profile_deployment(profile)
-    layer = {kv: phases(kernel_model({**entry, "megakernel": {**over, "kv_prefetch": kv}}), hw, d)["layer"]
-             for kv in (True, False)}
+    layer = {kv: over_harness(profile, lambda d, kv=kv: phases(
+        kernel_model({**entry, "megakernel": {**over, "kv_prefetch": kv}}), hw, d)["layer"]) for kv in (True, False)}
     return layer[False] - layer[True]
 
 
@@ -200,17 +232,16 @@ def compare(profile: dict, hw: Hardware) -> dict:
     """Per kernel of the profile: each measured phase beside the prediction (perfmodel.step.phases),
     the error and whether it is within TOLERANCE. A phase row with its own `megakernel` settings
     was measured with those on top of its kernel's (its `reading` says why); it is predicted so."""
-    d = profile_deployment(profile)
     out = {}
     for name, entry in profile["kernels"].items():
-        preds = {"{}": phases(kernel_model(entry), hw, d)}  # by the row's own settings, as JSON
+        mean = lambda model: over_harness(profile, lambda d: phases(model, hw, d))
+        preds = {"{}": mean(kernel_model(entry))}  # by the row's own settings, as JSON
         rows = []
         for e in entry["phases"]:
             own = e.get("megakernel") or {}
             key = json.dumps(own, sort_keys=True)
             if key not in preds:
-                preds[key] = phases(kernel_model({**entry, "megakernel": {**(entry.get("megakernel") or {}), **own}}),
-                                    hw, d)
+                preds[key] = mean(kernel_model({**entry, "megakernel": {**(entry.get("megakernel") or {}), **own}}))
             p = preds[key][e["phase"]] * 1e6
             p = 0.0 if abs(p) < 1e-6 else p  # a difference of two step times: below 1 ps is rounding
             tol = TOLERANCE["total" if e["phase"] in ("layer", "fixed") else "phase"]
