@@ -188,34 +188,22 @@ def test_explain_prints_the_profile_beside_the_prediction(capsys):
 
 
 @pytest.mark.parametrize("change,err", [
-    (lambda s: s.pop("kv_prefetch_gain_kernel"), "stated.kv_prefetch_gain_kernel=None: a stated gain needs the kernel"),
-    (lambda s: s["kv_prefetch_gain_kernel"].update(kernel="zzz"),
+    (lambda p: p["stated"].pop("kv_prefetch_gain_kernel"),
+     "stated.kv_prefetch_gain_kernel=None: a stated gain needs the kernel"),
+    (lambda p: p["stated"]["kv_prefetch_gain_kernel"].update(kernel="zzz"),
      "stated.kv_prefetch_gain_kernel.kernel='zzz': one of the profile's kernels: final, first"),
-    (lambda s: s.update(kv_prefetch_gain_us_per_layer=-1), "stated.kv_prefetch_gain_us_per_layer=-1: must be > 0")])
-def test_a_stated_gain_names_a_kernel_of_the_profile(tmp_path, capsys, change, err):
+    (lambda p: p["stated"].update(kv_prefetch_gain_us_per_layer=-1),
+     "stated.kv_prefetch_gain_us_per_layer=-1: must be > 0"),
+    (lambda p: p["kernels"]["first"]["phases"][4].update(megakernel=5), "phases[4].megakernel=5: must be a table"),
+    (lambda p: p["harness"]["timed_steps"][0].update(steps=0), "timed_steps[0].steps=0: must be"),
+    (lambda p: p["harness"]["timed_steps"][1].pop("context"), "timed_steps[1].context"),
+    (lambda p: p["harness"].update(timed_steps=[]), "timed_steps=[]"),
+    (lambda p: p["harness"]["timed_steps"][0].update(context=-1), "timed_steps[0].context=-1: must be")])
+def test_a_bad_profile_field_is_named(tmp_path, capsys, change, err):
+    """A stated gain names a kernel of the profile, a row's own settings are a table, the timed
+    steps' groups are whole step counts at non-negative contexts: else exit 2 naming the field."""
     bad = json.loads(json.dumps(PROFILE))
-    change(bad["stated"])
-    (tmp_path / "p.json").write_text(json.dumps(bad))
-    assert main(["explain", "--profile", str(tmp_path / "p.json")]) == 2
-    assert err in capsys.readouterr().err
-
-
-def test_a_rows_own_settings_must_be_a_table(tmp_path, capsys):
-    bad = json.loads(json.dumps(PROFILE))
-    bad["kernels"]["first"]["phases"][4]["megakernel"] = 5
-    (tmp_path / "p.json").write_text(json.dumps(bad))
-    assert main(["explain", "--profile", str(tmp_path / "p.json")]) == 2
-    assert "phases[4].megakernel=5: must be a table" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("change,err", [
-    (lambda h: h["timed_steps"][0].update(steps=0), "timed_steps[0].steps=0: must be"),
-    (lambda h: h["timed_steps"][1].pop("context"), "timed_steps[1].context"),
-    (lambda h: h.update(timed_steps=[]), "timed_steps=[]"),
-    (lambda h: h["timed_steps"][0].update(context=-1), "timed_steps[0].context=-1: must be")])
-def test_timed_steps_are_checked(tmp_path, capsys, change, err):
-    bad = json.loads(json.dumps(PROFILE))
-    change(bad["harness"])
+    change(bad)
     (tmp_path / "p.json").write_text(json.dumps(bad))
     assert main(["explain", "--profile", str(tmp_path / "p.json")]) == 2
     assert err in capsys.readouterr().err
