@@ -58,8 +58,9 @@ def test_the_kv_prefetch_gain_is_taken_on_the_kernel_it_was_measured_on():
     layer with its tiles issued inside the attention less its layer with them issued at its start,
     and it is positive (the tiles issued late wait behind the ring's queued copies)."""
     first = PROFILE["kernels"]["first"]
-    layer = {kv: over_harness(PROFILE, lambda d, kv=kv: phases(kernel_model({**first, "megakernel": {
-        **first["megakernel"], "collective_wire": "bf16", "kv_prefetch": kv}}), HW, d)["layer"]) for kv in (True, False)}
+    model = {kv: kernel_model({**first, "megakernel": {**first["megakernel"], "collective_wire": "bf16",
+                                                     "kv_prefetch": kv}}) for kv in (True, False)}
+    layer = {kv: over_harness(PROFILE, lambda d, kv=kv: phases(model[kv], HW, d)["layer"]) for kv in (True, False)}
     assert kv_prefetch_gain(PROFILE, HW) == pytest.approx(layer[False] - layer[True], rel=1e-12)
     assert layer[False] - layer[True] > 1e-6
 

@@ -134,7 +134,8 @@ def load_profile(name_or_path: str) -> dict:
                     "*": None}, 1)
     stated = {"kv_prefetch_gain_us_per_layer": Num(0, lo_open=True),
               "kv_prefetch_gain_kernel": {"kernel": Req((STR,)), "megakernel": {"*": None}}, "*": None}
-    rule = {"what": (STR,), "source": (STR,), "stated": stated, "harness": Req({"deployment": Req({"*": None}), "timed_steps": timed, "*": None}),
+    harness = {"deployment": Req({"*": None}), "timed_steps": timed, "*": None}
+    rule = {"what": (STR,), "source": (STR,), "stated": stated, "harness": Req(harness),
             "kernels": Req({"*": {"model": Req((STR,)), "megakernel": {"*": None}, "phases": Req(ListOf(
                 {"phase": Req((STR,)), "value_us": Req(Num(0, lo_open=True)), "megakernel": {"*": None},
                  "reading": (STR,), "*": None}, 1)), "*": None}})}
