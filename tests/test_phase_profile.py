@@ -199,10 +199,19 @@ def test_explain_prints_the_profile_beside_the_prediction(capsys):
     (lambda p: p["harness"]["timed_steps"][0].update(steps=0), "timed_steps[0].steps=0: must be"),
     (lambda p: p["harness"]["timed_steps"][1].pop("context"), "timed_steps[1].context"),
     (lambda p: p["harness"].update(timed_steps=[]), "timed_steps=[]"),
-    (lambda p: p["harness"]["timed_steps"][0].update(context=-1), "timed_steps[0].context=-1: must be")])
+    (lambda p: p["harness"]["timed_steps"][0].update(context=-1), "timed_steps[0].context=-1: must be"),
+    (lambda p: p["harness"]["deployment"].update(zzz=3), "harness.deployment.zzz=3: unknown key"),
+    (lambda p: p["kernels"]["final"]["phases"][0].pop("per"), "phases[0].per=None: required key is missing"),
+    (lambda p: p["kernels"]["final"]["phases"][0].pop("source"), "phases[0].source=None: required key is missing"),
+    (lambda p: p["kernels"]["final"]["phases"][0].update(phase="zzz"), "phases[0].phase='zzz': must be one of"),
+    (lambda p: p["kernels"]["final"]["phases"][0].update(per="step"),
+     "kernels.final.phases[0].per='step': the layer phase is per layer"),
+    (lambda p: p["kernels"]["final"].update(model="nope"), "p.json: model='nope': unknown preset")])
 def test_a_bad_profile_field_is_named(tmp_path, capsys, change, err):
     """A stated gain names a kernel of the profile, a row's own settings are a table, the timed
-    steps' groups are whole step counts at non-negative contexts: else exit 2 naming the field."""
+    steps' groups are whole step counts at non-negative contexts, the deployment has only the keys
+    a profiled megakernel takes, a row names a known phase per what it is, with its source, and
+    a kernel's model loads: else exit 2 naming the field (a user's own profile file)."""
     bad = json.loads(json.dumps(PROFILE))
     change(bad)
     (tmp_path / "p.json").write_text(json.dumps(bad))

@@ -28,7 +28,7 @@ from perfmodel.spec.arch import ModelSpec, derive, from_dict, preset_data
 from perfmodel.spec.deployment import Deployment, validate
 from perfmodel.spec.hardware import Hardware
 from perfmodel.util import schema
-from perfmodel.util.checks import STR, ListOf, Num, Req
+from perfmodel.util.checks import STR, ListOf, Num, OneOf, Req
 from perfmodel.util.errors import SpecError, in_file, require
 from perfmodel.util.files import check_path
 
@@ -41,6 +41,9 @@ SKIPPED = {"dense_ring": "every other layer phase (the ring and its matmuls alon
 LAYER_PHASES = ("dense_ring", "collectives", "expert_stream", "attention", "routing")
 RING_ALONE = ("collectives", "expert_stream", "attention", "routing")  # skipped to time the dense ring
 TOLERANCE = {"phase": 0.10, "total": 0.05}  # per phase; the layer total and the fixed cost
+# every phase a profile may give (perfmodel.step.phases.phases' keys but the step) -> what it is per
+PER = {**dict.fromkeys(("layer", *LAYER_PHASES), "layer"),
+       **dict.fromkeys(("fixed", "lm_head", "dispatch_glue_barrier_prime", "xla_embedding"), "step")}
 
 
 def skip(g: OpGraph, phase: str) -> OpGraph:
@@ -130,18 +133,25 @@ def load_profile(name_or_path: str) -> dict:
         known = sorted(q.stem for q in PROFILE_DIR.glob("*.json"))
         require(name_or_path in known, "--profile", name_or_path, f"unknown profile; known: {', '.join(known)}")
         p = PROFILE_DIR / f"{name_or_path}.json"
-    timed = ListOf({"context": Req(Num(0, 2**31, integer=True)), "steps": Req(Num(1, 2**31, integer=True)),
-                    "*": None}, 1)
+    count = lambda lo: Num(lo, 2**31, integer=True)
+    timed = ListOf({"context": Req(count(0)), "steps": Req(count(1)), "*": None}, 1)
+    deployment = {"devices": Req(count(1)), "tp": Req(count(1)), "ep": count(1), "batch": count(1),
+                  "context": count(0), "steps_per_call": count(1)}
     stated = {"kv_prefetch_gain_us_per_layer": Num(0, lo_open=True),
               "kv_prefetch_gain_kernel": {"kernel": Req((STR,)), "megakernel": {"*": None}}, "*": None}
-    harness = {"deployment": Req({"*": None}), "timed_steps": timed, "*": None}
+    harness = {"deployment": Req(deployment), "timed_steps": timed, "*": None}
     rule = {"what": (STR,), "source": (STR,), "stated": stated, "harness": Req(harness),
             "kernels": Req({"*": {"model": Req((STR,)), "megakernel": {"*": None}, "phases": Req(ListOf(
-                {"phase": Req((STR,)), "value_us": Req(Num(0, lo_open=True)), "megakernel": {"*": None},
-                 "reading": (STR,), "*": None}, 1)), "*": None}})}
+                {"phase": Req(OneOf(*PER)), "per": Req(OneOf("layer", "step")), "value_us": Req(Num(0, lo_open=True)),
+                 "source": Req((STR,)), "megakernel": {"*": None}, "reading": (STR,), "*": None}, 1)), "*": None}})}
     data = schema.load(p, rule, "--profile", fmt="json")
     with in_file(p):
         require(data["kernels"], "kernels", {}, "needs at least one kernel")
+        for name, entry in data["kernels"].items():
+            kernel_model(entry)  # its preset and settings load, or the error names this file
+            for i, e in enumerate(entry["phases"]):
+                require(e["per"] == PER[e["phase"]], f"kernels.{name}.phases[{i}].per", e["per"],
+                        f"the {e['phase']} phase is per {PER[e['phase']]}")
         gain = (data.get("stated") or {}).get("kv_prefetch_gain_kernel")
         if "kv_prefetch_gain_us_per_layer" in (data.get("stated") or {}):
             require(gain is not None, "stated.kv_prefetch_gain_kernel", None,
