@@ -1,9 +1,9 @@
 """Fuzz the CLI contract: any argv and any model / hardware / config / micro-benchmark / design /
-trace file content, and any output path, either works (exit 0, and --json is plain JSON) or fails
+trace / phase-profile file content, and any output path, either works (exit 0, and --json is plain JSON) or fails
 with exit 2 and one line on stderr; an output is whole or absent, with no temporary beside it.
 An exit 1 (internal error), a traceback, a hang or any other exception fails the test.
 
-Profiles (PERFMODEL_FUZZ_PROFILE): `ci` (default: about 1,200 cases over the six fuzz tests, fixed
+Profiles (PERFMODEL_FUZZ_PROFILE): `ci` (default: about 1,270 cases over the seven fuzz tests, fixed
 seed) and `fuzz` (`make fuzz`: at least 12,000, random). The module prints how many cases ran.
 """
 from __future__ import annotations
@@ -26,8 +26,9 @@ from perfmodel.spec import arch
 PRESETS = arch.PRESET_DIR.parent
 PROFILE = os.environ.get("PERFMODEL_FUZZ_PROFILE", "ci")
 SCALE = {"ci": 1, "fuzz": 10}[PROFILE]
-CASES = {"argv": 480, "files": 330, "traces": 120, "microbench": 120, "designs": 120, "outputs": 60}
-# x SCALE: at most 1,230 / 12,300 in all; the sweep-output test has 240 distinct inputs, so under
+CASES = {"argv": 480, "files": 330, "traces": 120, "microbench": 120, "designs": 120, "outputs": 60,
+         "profiles": 40}
+# x SCALE: at most 1,270 / 12,700 in all; the sweep-output test has 240 distinct inputs, so under
 # `fuzz` it runs out near 300 and the others carry the 12,000
 
 
@@ -377,6 +378,36 @@ def test_fuzz_microbench_files(data, sandbox):
         [[], ["--hardware", "tpu-v7"], ["--json"], ["--out", str(sandbox / "hw.toml")]]))
     check_contract(argv)
     count("micro-benchmark files")
+
+
+PROFILE_SRC = json.loads((PRESETS.parent / "data" / "phase_profiles" / "musespark.json").read_text())
+
+
+@st.composite
+def profile_content(draw) -> bytes:
+    """The bundled phase profile with a phase row, a timed-steps group, the harness or the whole
+    file mutated (the lists' entries too, which `mutate` does not enter)."""
+    data = json.loads(json.dumps(PROFILE_SRC))
+    targets = [r for k in data["kernels"].values() for r in k["phases"]] + data["harness"]["timed_steps"] + [
+        data["harness"], data["harness"]["deployment"], data["stated"]]
+    for _ in range(draw(st.integers(0, 2))):
+        target = draw(st.sampled_from(targets))
+        changed = mutate(target, draw)
+        target.clear()
+        target.update(changed)
+    if draw(st.integers(0, 4)) == 0:
+        data = mutate(data, draw)
+    raw = json.dumps(data).encode("utf-8", "surrogatepass")
+    return byte_noise(raw, draw) if draw(st.integers(0, 4)) == 0 else raw
+
+
+@fuzz("profiles")
+@given(data=st.data())
+def test_fuzz_phase_profile_files(data, sandbox):
+    f = sandbox / "profile.json"
+    f.write_bytes(data.draw(profile_content()))
+    check_contract(["explain", "--profile", str(f)] + data.draw(st.sampled_from([[], ["--json"]])))
+    count("phase profile files")
 
 
 DESIGN_SRC = [{"base": {"model": "kimi-k3-mini", "devices": 1}, "grid": {"batch": [1, 2], "context": {
