@@ -441,6 +441,21 @@ def fig_slot_depth() -> str:
                     [[s] + [cell(s, b) for b in banks] for s in SLOTS], "r" * (1 + len(banks)))
 
 
+def fig_recipe_settings() -> str:
+    """`python experiments/recipe_settings.py`: Muse Spark's [megakernel] settings, each alone on the
+    generic megakernel, batch 1 and 8."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from recipe_settings import settings_effect
+    out, batches = settings_effect("muse-spark", (1, 8)), (1, 8)
+    g = out["generic"]
+    rel = lambda steps: [f"{1e3 * steps[b]:.3f} ({100 * (steps[b] / g[b] - 1):+.1f} %)" for b in batches]
+    value = lambda v: f"{len(v)} vectors, {sum(v) / 2**10:.0f} KiB" if isinstance(v, list) else f"`{v}`"
+    rows = [["generic megakernel", "-"] + [f"{1e3 * g[b]:.3f}" for b in batches]]
+    rows += [[f"`{k}`", value(v)] + rel(steps) for k, (v, steps) in out["settings"].items()]
+    rows += [["all of them (the preset)", "-"] + rel(out["whole"])]
+    return md_table(["setting alone", "value"] + [f"batch {b} step ms" for b in batches], rows, "llrr")
+
+
 def fig_kernel_plan() -> str:
     """experiments/kernel_plan_predict.py's last run: Kimi K3 TP32 from this project's kernel's own plan."""
     out = result("kernel_plan_kimi-k3.json")
@@ -711,7 +726,7 @@ FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed,
            "host-layer-kinds": fig_host_layer_kinds, "host-bench": fig_host_bench,
            "host-components": fig_host_components, "host-structure": fig_host_structure,
            "phase-profile": fig_phase_profile, "reproduce": fig_reproduce, "slot-depth": fig_slot_depth,
-           "kernel-plan": fig_kernel_plan, "components-tpu": fig_components_tpu,
+           "kernel-plan": fig_kernel_plan, "recipe-settings": fig_recipe_settings, "components-tpu": fig_components_tpu,
            "components-gpu": fig_components_gpu, "model-speed": fig_model_speed, "layer-time": fig_layer_time,
            "kernel-compile": fig_kernel_compile, "dashboard-browser": fig_dashboard_browser, "ttft-published": fig_ttft_published, "ttft-host": fig_ttft_host,
            "serve-sweep": fig_serve_sweep, "serve-speed": fig_serve_speed}

@@ -308,3 +308,28 @@ def test_each_layer_copies_the_next_layers_vectors_as_it_starts():
     with pytest.raises(SpecError) as e:
         derive("muse-spark", megakernel={"expert_groups": -1})
     assert e.value.field == "megakernel.expert_groups"
+
+
+def test_recipe_settings_start_from_a_model_file_without_the_table(tmp_path):
+    """experiments/recipe_settings.py's generic row is what a model file written without
+    [megakernel] predicts, its last row the preset's own prediction, and a setting's row that
+    setting alone on the generic kernel: the 8-row payloads of Muse Spark's collectives lengthen
+    the batch-1 step (each collective moves eight rows where one would do) and leave batch 8 as is."""
+    import sys
+    from pathlib import Path
+    import tomllib
+    from perfmodel.step.phases import load_profile, profile_deployment
+    from perfmodel.step.predict import predict
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "experiments"))
+    from recipe_settings import settings_effect
+    out = settings_effect("muse-spark", (1, 8))
+    data = tomllib.loads((root / "perfmodel" / "presets" / "models" / "muse-spark.toml").read_text())
+    data.pop("megakernel")
+    d = profile_deployment(load_profile("musespark"))
+    plain = {b: predict(from_dict(data), TPU, Deployment(**{**d.__dict__, "batch": b})).step_s for b in (1, 8)}
+    assert out["generic"] == pytest.approx(plain, rel=1e-12)
+    assert out["whole"][1] == pytest.approx(predict(MS, TPU, d).step_s, rel=1e-12)
+    _, rows8 = out["settings"]["collective_rows"]
+    assert rows8[1] > 1.05 * out["generic"][1] and rows8[8] == pytest.approx(out["generic"][8], rel=1e-9)
+    assert "expert_groups" not in out["settings"]
