@@ -58,8 +58,7 @@ def test_the_kv_prefetch_gain_is_taken_on_the_kernel_it_was_measured_on():
     layer with its tiles issued inside the attention less its layer with them issued at its start,
     and it is positive (the tiles issued late wait behind the ring's queued copies)."""
     first = PROFILE["kernels"]["first"]
-    model = {kv: kernel_model({**first, "megakernel": {**first["megakernel"], "collective_wire": "bf16",
-                                                     "kv_prefetch": kv}}) for kv in (True, False)}
+    model = {kv: kernel_model(first, {"collective_wire": "bf16", "kv_prefetch": kv}) for kv in (True, False)}
     layer = {kv: over_harness(PROFILE, lambda d, kv=kv: phases(model[kv], HW, d)["layer"]) for kv in (True, False)}
     assert kv_prefetch_gain(PROFILE, HW) == pytest.approx(layer[False] - layer[True], rel=1e-12)
     assert layer[False] - layer[True] > 1e-6
@@ -206,7 +205,10 @@ def test_explain_prints_the_profile_beside_the_prediction(capsys):
     (lambda p: p["kernels"]["final"]["phases"][0].update(phase="zzz"), "phases[0].phase='zzz': must be one of"),
     (lambda p: p["kernels"]["final"]["phases"][0].update(per="step"),
      "kernels.final.phases[0].per='step': the layer phase is per layer"),
-    (lambda p: p["kernels"]["final"].update(model="nope"), "p.json: model='nope': unknown preset")])
+    (lambda p: p["kernels"]["final"].update(model="nope"), "p.json: model='nope': unknown preset"),
+    (lambda p: p["kernels"]["first"]["phases"][4]["megakernel"].update(zzz=1), "p.json: megakernel.zzz=1: unknown"),
+    (lambda p: p["stated"]["kv_prefetch_gain_kernel"]["megakernel"].update(collective_wire="f8"),
+     "p.json: megakernel.collective_wire='f8': must be one of")])
 def test_a_bad_profile_field_is_named(tmp_path, capsys, change, err):
     """A stated gain names a kernel of the profile, a row's own settings are a table, the timed
     steps' groups are whole step counts at non-negative contexts, the deployment has only the keys

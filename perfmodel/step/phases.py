@@ -152,6 +152,7 @@ def load_profile(name_or_path: str) -> dict:
             for i, e in enumerate(entry["phases"]):
                 require(e["per"] == PER[e["phase"]], f"kernels.{name}.phases[{i}].per", e["per"],
                         f"the {e['phase']} phase is per {PER[e['phase']]}")
+                kernel_model(entry, e.get("megakernel"))  # a row's own settings on top load too
         gain = (data.get("stated") or {}).get("kv_prefetch_gain_kernel")
         if "kv_prefetch_gain_us_per_layer" in (data.get("stated") or {}):
             require(gain is not None, "stated.kv_prefetch_gain_kernel", None,
@@ -159,12 +160,14 @@ def load_profile(name_or_path: str) -> dict:
         if gain is not None:
             require(gain["kernel"] in data["kernels"], "stated.kv_prefetch_gain_kernel.kernel", gain["kernel"],
                     f"one of the profile's kernels: {', '.join(data['kernels'])}")
+            kernel_model(data["kernels"][gain["kernel"]], gain.get("megakernel"))
     return data
 
 
-def kernel_model(entry: dict) -> ModelSpec:
-    """The model a profile's kernel runs: its preset with the kernel's [megakernel] settings."""
-    over = entry.get("megakernel") or {}
+def kernel_model(entry: dict, extra: dict | None = None) -> ModelSpec:
+    """The model a profile's kernel runs: its preset with the kernel's [megakernel] settings, and
+    `extra` settings on top (a row's own, a stated change's)."""
+    over = {**(entry.get("megakernel") or {}), **(extra or {})}
     return derive(entry["model"], megakernel=over) if over else from_dict(preset_data(entry["model"]))
 
 
@@ -218,10 +221,9 @@ def kv_prefetch_gain(profile: dict, hw: Hardware) -> float:
     instead of inside the attention (`[megakernel] kv_prefetch`), on the kernel the profile's stated
     gain was measured on (`stated.kv_prefetch_gain_kernel`: one of its kernels and settings on top)."""
     on = profile["stated"]["kv_prefetch_gain_kernel"]
-    entry = profile["kernels"][on["kernel"]]
-    over = {**(entry.get("megakernel") or {}), **on.get("megakernel", {})}
-    layer = {kv: over_harness(profile, lambda d, kv=kv: phases(
-        kernel_model({**entry, "megakernel": {**over, "kv_prefetch": kv}}), hw, d)["layer"]) for kv in (True, False)}
+    model = {kv: kernel_model(profile["kernels"][on["kernel"]], {**on.get("megakernel", {}), "kv_prefetch": kv})
+             for kv in (True, False)}
+    layer = {kv: over_harness(profile, lambda d, kv=kv: phases(model[kv], hw, d)["layer"]) for kv in (True, False)}
     return layer[False] - layer[True]
 
 
@@ -252,7 +254,7 @@ def compare(profile: dict, hw: Hardware) -> dict:
             own = e.get("megakernel") or {}
             key = json.dumps(own, sort_keys=True)
             if key not in preds:
-                preds[key] = mean(kernel_model({**entry, "megakernel": {**(entry.get("megakernel") or {}), **own}}))
+                preds[key] = mean(kernel_model(entry, own))
             p = preds[key][e["phase"]] * 1e6
             p = 0.0 if abs(p) < 1e-6 else p  # a difference of two step times: below 1 ps is rounding
             tol = TOLERANCE["total" if e["phase"] in ("layer", "fixed") else "phase"]
