@@ -445,15 +445,12 @@ def fig_recipe_settings() -> str:
     """`python experiments/recipe_settings.py`: Muse Spark's [megakernel] settings, each alone on the
     generic megakernel, batch 1 and 8."""
     sys.path.insert(0, str(ROOT / "experiments"))
-    from recipe_settings import settings_effect
-    out, batches = settings_effect("muse-spark", (1, 8)), (1, 8)
-    g = out["generic"]
-    rel = lambda steps: [f"{1e3 * steps[b]:.3f} ({100 * (steps[b] / g[b] - 1):+.1f} %)" for b in batches]
+    from recipe_settings import rows, settings_effect
+    batches = (1, 8)
     value = lambda v: f"{len(v)} vectors, {sum(v) / 2**10:.0f} KiB" if isinstance(v, list) else f"`{v}`"
-    rows = [["generic megakernel", "-"] + [f"{1e3 * g[b]:.3f}" for b in batches]]
-    rows += [[f"`{k}`", value(v)] + rel(steps) for k, (v, steps) in out["settings"].items()]
-    rows += [["all of them (the preset)", "-"] + rel(out["whole"])]
-    return md_table(["setting alone", "value"] + [f"batch {b} step ms" for b in batches], rows, "llrr")
+    table = rows(settings_effect("muse-spark", batches), batches, value)
+    table[1:-1] = [[f"`{r[0]}`", *r[1:]] for r in table[1:-1]]
+    return md_table(["setting alone", "value"] + [f"batch {b} step ms" for b in batches], table, "llrr")
 
 
 def fig_kernel_plan() -> str:

@@ -32,10 +32,19 @@ def settings_effect(model_name: str, batches: tuple[int, ...]) -> dict:
     step = lambda m, b: predict(m, hw, dataclasses.replace(base, batch=b)).step_s
     generic = dataclasses.replace(model, megakernel=Megakernel())
     chosen = {k: v for k, v in to_table(model.megakernel).items() if k not in SKIPPED}
-    return {"generic": {b: step(generic, b) for b in batches},
-            "whole": {b: step(dataclasses.replace(model, megakernel=from_table(chosen)), b) for b in batches},
+    return {"generic": {b: step(generic, b) for b in batches}, "whole": {b: step(model, b) for b in batches},
             "settings": {k: (v, {b: step(dataclasses.replace(model, megakernel=from_table({k: v})), b)
                                  for b in batches}) for k, v in chosen.items()}}
+
+
+def rows(out: dict, batches: tuple[int, ...], value=str) -> list[list[str]]:
+    """settings_effect's table: the generic step, each setting's step and change against it, the
+    whole table's; `value` renders a setting's value."""
+    g = out["generic"]
+    rel = lambda steps: [f"{1e3 * steps[b]:.3f} ({100 * (steps[b] / g[b] - 1):+.1f} %)" for b in batches]
+    return ([["generic megakernel", "-"] + [f"{1e3 * g[b]:.3f}" for b in batches]]
+            + [[k, value(v)] + rel(steps) for k, (v, steps) in out["settings"].items()]
+            + [["all of them (the preset)", "-"] + rel(out["whole"])])
 
 
 def main() -> None:
@@ -45,14 +54,9 @@ def main() -> None:
     a = ap.parse_args()
     batches = tuple(int(b) for b in a.batch.split(","))
     megakernel_sim.compile_loops()
-    out = settings_effect(a.model, batches)
-    g = out["generic"]
-    rel = lambda steps: [f"{1e3 * steps[b]:.3f} ({100 * (steps[b] / g[b] - 1):+.1f} %)" for b in batches]
-    rows = [["generic megakernel", "-"] + [f"{1e3 * g[b]:.3f}" for b in batches]]
-    rows += [[k, str(v)] + rel(steps) for k, (v, steps) in out["settings"].items()]
-    rows += [["all of them (the preset)", "-"] + rel(out["whole"])]
     print(f"{a.model} on tpu-v7, step ms (change against the generic megakernel)")
-    print(table(["setting alone", "value"] + [f"batch {b}" for b in batches], rows))
+    print(table(["setting alone", "value"] + [f"batch {b}" for b in batches],
+                rows(settings_effect(a.model, batches), batches)))
 
 
 if __name__ == "__main__":

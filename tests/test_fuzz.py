@@ -352,21 +352,31 @@ MB_SRC = {**{k: v for k, v in _MB.items() if k != "entries"},  # one entry per m
           "entries": list({e["mechanism"]: e for e in _MB["entries"]}.values())}
 
 
-@st.composite
-def microbench_content(draw) -> bytes:
-    data = json.loads(json.dumps(MB_SRC))
-    for _ in range(draw(st.integers(0, 3))):
-        e = data["entries"][draw(st.integers(0, len(data["entries"]) - 1))]
-        if not isinstance(e, dict):
-            continue
-        target = e["inputs"] if isinstance(e.get("inputs"), dict) and e["inputs"] and draw(st.booleans()) else e
-        changed = mutate(target, draw)
-        target.clear()
-        target.update(changed)
-    if draw(st.integers(0, 5)) == 0:
+def mutated_json(draw, data: dict, pick, rounds: int, whole: int) -> bytes:
+    """`data` with up to `rounds` tables that `pick(draw)` chooses mutated in place (None: none that
+    round), the whole file one time in `whole + 1`, as JSON bytes, byte noise one time in 5."""
+    for _ in range(draw(st.integers(0, rounds))):
+        target = pick(draw)
+        if target is not None:
+            changed = mutate(target, draw)
+            target.clear()
+            target.update(changed)
+    if draw(st.integers(0, whole)) == 0:
         data = mutate(data, draw)
     raw = json.dumps(data).encode("utf-8", "surrogatepass")
     return byte_noise(raw, draw) if draw(st.integers(0, 4)) == 0 else raw
+
+
+@st.composite
+def microbench_content(draw) -> bytes:
+    data = json.loads(json.dumps(MB_SRC))
+
+    def pick(draw):
+        e = data["entries"][draw(st.integers(0, len(data["entries"]) - 1))]
+        if not isinstance(e, dict):
+            return None
+        return e["inputs"] if isinstance(e.get("inputs"), dict) and e["inputs"] and draw(st.booleans()) else e
+    return mutated_json(draw, data, pick, 3, 5)
 
 
 @fuzz("microbench")
@@ -390,15 +400,7 @@ def profile_content(draw) -> bytes:
     data = json.loads(json.dumps(PROFILE_SRC))
     targets = [r for k in data["kernels"].values() for r in k["phases"]] + data["harness"]["timed_steps"] + [
         data["harness"], data["harness"]["deployment"], data["stated"]]
-    for _ in range(draw(st.integers(0, 2))):
-        target = draw(st.sampled_from(targets))
-        changed = mutate(target, draw)
-        target.clear()
-        target.update(changed)
-    if draw(st.integers(0, 4)) == 0:
-        data = mutate(data, draw)
-    raw = json.dumps(data).encode("utf-8", "surrogatepass")
-    return byte_noise(raw, draw) if draw(st.integers(0, 4)) == 0 else raw
+    return mutated_json(draw, data, lambda draw: draw(st.sampled_from(targets)), 2, 4)
 
 
 @fuzz("profiles")

@@ -152,7 +152,8 @@ def load_profile(name_or_path: str) -> dict:
             for i, e in enumerate(entry["phases"]):
                 require(e["per"] == PER[e["phase"]], f"kernels.{name}.phases[{i}].per", e["per"],
                         f"the {e['phase']} phase is per {PER[e['phase']]}")
-                kernel_model(entry, e.get("megakernel"))  # a row's own settings on top load too
+                if e.get("megakernel"):  # a row's own settings on top load too
+                    kernel_model(entry, e["megakernel"])
         gain = (data.get("stated") or {}).get("kv_prefetch_gain_kernel")
         if "kv_prefetch_gain_us_per_layer" in (data.get("stated") or {}):
             require(gain is not None, "stated.kv_prefetch_gain_kernel", None,
