@@ -1,5 +1,7 @@
 """A model's own megakernel ([megakernel]), formats that say how the matrix unit is fed, the latent
 projections' own format family and model files built on other files."""
+import dataclasses
+
 import pytest
 
 from perfmodel.engine.megakernel import kernel_terms, simulate_megakernel
@@ -327,7 +329,7 @@ def test_recipe_settings_start_from_a_model_file_without_the_table(tmp_path):
     data = tomllib.loads((root / "perfmodel" / "presets" / "models" / "muse-spark.toml").read_text())
     data.pop("megakernel")
     d = profile_deployment(load_profile("musespark"))
-    plain = {b: predict(from_dict(data), TPU, Deployment(**{**d.__dict__, "batch": b})).step_s for b in (1, 8)}
+    plain = {b: predict(from_dict(data), TPU, dataclasses.replace(d, batch=b)).step_s for b in (1, 8)}
     assert out["generic"] == pytest.approx(plain, rel=1e-12)
     assert out["whole"][1] == pytest.approx(predict(MS, TPU, d).step_s, rel=1e-12)
     _, rows8 = out["settings"]["collective_rows"]

@@ -247,8 +247,8 @@ def compare(profile: dict, hw: Hardware) -> dict:
     the error and whether it is within TOLERANCE. A phase row with its own `megakernel` settings
     was measured with those on top of its kernel's (its `reading` says why); it is predicted so."""
     out = {}
+    mean = lambda model: over_harness(profile, lambda d: phases(model, hw, d))
     for name, entry in profile["kernels"].items():
-        mean = lambda model: over_harness(profile, lambda d: phases(model, hw, d))
         preds = {"{}": mean(kernel_model(entry))}  # by the row's own settings, as JSON
         rows = []
         for e in entry["phases"]:
