@@ -699,6 +699,55 @@ def fig_host_components() -> str:
     return components_table(str(RESULTS / "host-cpu.microbench.json"), str(RESULTS / "host-cpu.toml"))
 
 
+def fig_gpu_validation() -> str:
+    """The GPU runs of the reference step, compiled program: the untraced wall step, the GPU's
+    kernel time and idle share in the traced steps, kernels against the model's ops, and the
+    model's step against each; the op-by-op runs and the layers in one line each."""
+    from perfmodel.spec.deployment import Deployment
+    from perfmodel.spec.hardware import load_hardware
+    from perfmodel.spec.loaders import load_model
+    from perfmodel.step.predict import predict
+    v = result("gpu_validation.json")
+    header, rows = result_csv("gpu_validation.csv")
+    if header.get("date") != v["meta"]["date"]:
+        raise SystemExit("experiments/results/gpu_validation.csv and .json are of two runs: rerun "
+                         "experiments/validate_gpu.py --compare-only")
+    runs = {(r["model"], r["mode"], r["batch"], r["context"]): {} for r in rows}
+    for r in rows:
+        runs[(r["model"], r["mode"], r["batch"], r["context"])][r["layer"]] = r
+    results = {(c["model"], c["mode"], str(c["batch"]), str(c["context"])): c for c in v["runs"]}
+    hw = load_hardware(v["meta"]["hardware_file"])
+    table, stale = [], 0
+    for key in sorted(runs, key=lambda k: (k[0], k[1], int(k[2]), int(k[3]))):
+        (model, mode, batch, context), run = key, runs[key]
+        step, kern, c = run["step"], run["kernels"], results[key]
+        now = predict(load_model(model), hw, Deployment(devices=1, tp=1, engine="multikernel", batch=int(batch),
+                                                         context=int(context))).step_s
+        stale += abs(now / float(step["predicted_s"]) - 1) > 1e-9
+        if mode == "compiled":
+            us = lambda x: f"{float(x) * 1e6:.0f}"
+            table.append([model, batch, context, us(step["measured_s"]), us(kern["measured_s"]),
+                          pct(c["idle_share"]), step["traced_ops"].split(".")[0], step["model_ops"],
+                          us(step["predicted_s"]), pct(float(step["rel_error"]), signed=True),
+                          pct(float(kern["rel_error"]), signed=True)])
+    s = v["summary"]["preset"]
+    op = [float(r["step"]["measured_s"]) / float(runs[(k[0], "compiled", k[2], k[3])]["step"]["measured_s"])
+          for k, r in runs.items() if k[1] == "op_by_op"]
+    meta = v["meta"]
+    note = (f"**Stale:** {stale} of the {len(runs)} step predictions differ from what the current code predicts: "
+            f"rerun `python experiments/validate_gpu.py --compare-only` on the captured runs.\n" if stale else
+            f"The {len(runs)} step predictions are what the current code predicts from the `{meta['hardware_file']}` preset.\n")
+    return (md_table(["model", "batch", "context", "wall step us", "GPU kernel time us", "GPU idle",
+                      "kernels", "model ops", "predicted us", "error (wall)", "error (kernels)"], table,
+                     "lrrrrrrrrrr")
+            + f"\nOp by op (one jitted call per phase): the wall step {statistics.median(op):.1f}x the compiled "
+              f"program's (median), the same kernels. Per layer (each layer's kernel time, both modes): median "
+              f"|error| {pct(s['median_abs_layer_error'])}; traced time without a scope: at most "
+              f"{pct(s['max_unattributed_share'])}.\n"
+              f"Captured {meta['date'][:16].replace('T', ' ')} UTC on {meta['machine']} ({meta['weights_dtype']} "
+              f"weights, {meta['steps']} traced steps per run), compared by `{meta['command']}`. " + note)
+
+
 def fig_host_structure() -> str:
     """The counts hostbench took from the compiled reference programs (structure, not timings),
     the probe model's and each other model's own, from the committed host hardware file."""
@@ -719,7 +768,7 @@ def fig_host_structure() -> str:
 
 FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed, "gb200-kernels": fig_gb200_kernels,
            "gb200-layers": fig_gb200_layers, "gpu-checks": fig_gpu_checks, "kernel-fit": fig_kernel_fit,
-           "host-validation": fig_host_validation, "host-steps": fig_host_steps,
+           "host-validation": fig_host_validation, "host-steps": fig_host_steps, "gpu-validation": fig_gpu_validation,
            "host-layer-kinds": fig_host_layer_kinds, "host-bench": fig_host_bench,
            "host-components": fig_host_components, "host-structure": fig_host_structure,
            "phase-profile": fig_phase_profile, "reproduce": fig_reproduce, "slot-depth": fig_slot_depth,

@@ -43,12 +43,14 @@ def _capture_worker(model: str, batches: list[int], contexts: list[int], modes: 
     from kernels import reference as R
     from perfmodel_jax.hostbench import cpu_model
     spec = load_model(model)
+    dev = jax.devices()[0]
+    machine = cpu_model() if dev.platform == "cpu" else f"{dev.device_kind} ({cpu_model()} host)"
     weights = R.init_weights(spec, 0, dtype=getattr(jnp, {"f32": "float32"}.get(dtype, dtype)))
     fns = {"compiled": R.decode_step, "op_by_op": R.decode_step_op_by_op}
     todo = [(c, b) for c in contexts for b in batches]
     meta_of = lambda mode, batch, context, host: {
         "model": spec.name, "batch": batch, "context": context, "mode": mode, "steps": steps, "weights_dtype": dtype,
-        "host_step_s": host, "hlo_dir": f"../{hlo}", "machine": cpu_model(), "jax": jax.__version__,
+        "host_step_s": host, "hlo_dir": f"../{hlo}", "machine": machine, "jax": jax.__version__,
         "command": command, "load_average_1min": os.getloadavg()[0],
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if "prefill" in modes:

@@ -319,3 +319,101 @@ def test_a_prefill_runs_capture_file_is_read(tmp_path):
     f.write_text(json.dumps(meta | {"prompts": 1}))
     with pytest.raises(SpecError, match="prompts=1: unknown key"):
         traces.capture_meta(f)
+
+
+# ----- GPU traces -------------------------------------------------------------------------------
+
+GPU_HLO = """HloModule jit_step, is_scheduled=true
+
+%body.1 (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %loop_fusion.3 = f32[4]{0} fusion(%p), kind=kLoop, calls=%f, metadata={op_name="jit(step)/layer_01/moe/experts/mul"}
+}
+
+%body.1.clone (p: f32[4]) -> f32[4] {
+  %p.1 = f32[4]{0} parameter(0)
+  ROOT %loop_fusion.3.clone = f32[4]{0} fusion(%p.1), kind=kLoop, calls=%f, metadata={op_name="jit(step)/layer_01/moe/experts/mul" deduplicated_name="loop_fusion.3"}
+}
+
+ENTRY %main (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  %reduce_fusion.1 = f32[4]{0} fusion(%x), kind=kInput, calls=%g, metadata={op_name="jit(step)/layer_01/attention/dot_general"}
+  %while.1 = f32[4]{0} while(%reduce_fusion.1), condition=%c, body=%body.1, metadata={op_name="jit(step)/layer_01/moe/experts/while"}
+  %reduce_fusion.2 = f32[4]{0} fusion(%while.1), kind=kInput, calls=%g, metadata={op_name="jit(step)/layer_02/attention/dot_general" deduplicated_name="reduce_fusion.1"}
+  %while.2 = f32[4]{0} while(%reduce_fusion.2), condition=%c, body=%body.1.clone, metadata={op_name="jit(step)/layer_02/moe/experts/while"}
+  ROOT %head_fusion = f32[4]{0} fusion(%while.2), kind=kLoop, calls=%f, metadata={op_name="jit(step)/head/dot_general"}
+}
+"""
+
+# one step as XLA:GPU runs it from command buffers (us): every kernel carries the buffer's hlo_op;
+# the attention's kernel is shared by both layers (deduplicated), and so is the loop body's,
+# cloned per layer with layer 1's metadata; the gaps are the GPU waiting on the host
+GPU_STEP = [("reduce_fusion_1", 2.0, 3.0), ("loop_fusion_3", 6.0, 2.0), ("loop_fusion_3", 10.0, 2.0),
+            ("reduce_fusion_1", 20.0, 3.0), ("loop_fusion_3", 24.0, 2.0), ("head_fusion", 30.0, 1.0)]
+
+
+def gpu_xspace_text(steps: int, step_us: float = 40.0) -> str:
+    meta = {"decode_step": 1, "cuLaunchKernel": 2}
+    kernels, host = [], []
+    for i in range(steps):
+        t0 = i * step_us * 1e6  # ps
+        host.append(f"events {{ metadata_id: 1 offset_ps: {t0:.0f} duration_ps: {step_us * 1e6:.0f} "
+                    f"stats {{ metadata_id: 1 int64_value: {i} }} }}")
+        # a launch on the host with the buffer's hlo_op: not an op of the GPU's timeline
+        host.append(f"events {{ metadata_id: 2 offset_ps: {t0 + 1e6:.0f} duration_ps: {30e6:.0f} "
+                    f"stats {{ metadata_id: 2 str_value: \"command_buffer_1\" }} "
+                    f"stats {{ metadata_id: 3 int64_value: 7 }} }}")
+        for name, start, dur in GPU_STEP:
+            mid = meta.setdefault(name, len(meta) + 1)
+            kernels.append(f"events {{ metadata_id: {mid} offset_ps: {t0 + start * 1e6:.0f} "
+                           f"duration_ps: {dur * 1e6:.0f} stats {{ metadata_id: 2 str_value: "
+                           f"\"command_buffer_1\" }} stats {{ metadata_id: 3 int64_value: 7 }} "
+                           f"stats {{ metadata_id: 4 str_value: \"XlaModule:\" }} }}")
+    md = "\n".join(f'event_metadata {{ key: {v} value {{ id: {v} name: "{k}" }} }}' for k, v in meta.items())
+    stats = ('stat_metadata { key: 1 value { id: 1 name: "step_num" } } '
+             'stat_metadata { key: 2 value { id: 2 name: "hlo_op" } } '
+             'stat_metadata { key: 3 value { id: 3 name: "program_id" } } '
+             'stat_metadata { key: 4 value { id: 4 name: "tf_op" } }')
+    return f"""planes {{ id: 1 name: "/device:GPU:0"
+  lines {{ id: 1 name: "Stream #14(Compute)" timestamp_ns: 1000 {' '.join(kernels)} }}
+  {md} {stats} }}
+planes {{ id: 2 name: "/host:CPU"
+  lines {{ id: 1 name: "python3" timestamp_ns: 1000 {' '.join(host)} }}
+  {md} {stats} }}
+"""
+
+
+def test_constructed_gpu_trace_kernels_by_name_and_idle_gaps(tmp_path):
+    (tmp_path / "hlo").mkdir()
+    (tmp_path / "hlo" / "module_0007.jit_step.sm_9.0a_gpu_after_optimizations.txt").write_text(GPU_HLO)
+    write_xspace(tmp_path / "gpu.xplane.pb", gpu_xspace_text(3))
+    t = traces.parse_trace(tmp_path, n_layers=2)
+    assert t.platform == "gpu" and len(t.steps) == 3
+    # each layer's own kernels (the shared ones placed by their neighbours), no host gap
+    for layer, us in {1: 3 + 2 + 2, 2: 3 + 2, 3: 1}.items():
+        assert t.layer_s[layer].median == pytest.approx(us * 1e-6), layer
+    assert t.phase_s["layer_02/moe"].median == pytest.approx(2e-6)
+    assert t.unattributed_share == 0
+    assert t.idle_share == pytest.approx((40 - 13) / 40)  # the host launch is not GPU time
+    for s in t.steps:
+        assert sum(s.scope_s.values()) + s.idle_s == pytest.approx(s.window_s)
+
+
+def test_recorded_h200_trace_is_attributed(tmp_path):
+    """A real trace recorded on an NVIDIA H200 (experiments/validate_gpu.py, 2026-12-04; the
+    compiled reference step of kimi-k3-host-small at batch 1, context 256, and its HLO)."""
+    import tarfile
+    with tarfile.open(ROOT / "tests" / "data" / "h200_trace.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    run = tmp_path / "h200" / "kimi-k3-host-small_b1_c256_compiled"
+    t = traces.parse_trace(run)
+    assert t.platform == "gpu" and len(t.steps) == 5 and t.n_layers == 4
+    assert t.unattributed_share < 0.06  # the loops' condition copies carry no scope
+    assert set(range(1, 6)) <= set(t.layer_s)
+    assert 0.5 < t.idle_share < 1  # the GPU mostly waits on the host in this small step
+    for s in t.steps:
+        assert sum(s.scope_s.values()) + s.unattributed_s + s.idle_s == pytest.approx(s.window_s, rel=1e-6)
+    from perfmodel.validate import host
+    c = host.compare(t, hardware="h200")
+    assert c.measured_step_s > c.traced_busy_s > 0 and c.idle_share == t.idle_share
+    assert [r.layer for r in c.layers] == list(range(6))

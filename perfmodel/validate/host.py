@@ -8,6 +8,9 @@ device (docs/validation.md):
 - op by op: every op also pays the measured JAX dispatch overhead (`launch_overhead_s`).
 The structure hostbench counted in a model's own compiled programs (components suffixed
 `__<model>`) replaces the probe model's for that model (`own_structure`).
+A GPU run (a trace of a GPU's kernels) is predicted on the GPU's hardware file as it is, in both
+modes: each kernel of a compiled program is a launch too (a CUDA-graph node); the GPU's idle
+time and the JAX dispatch around it are not modelled (`traced_busy_s`, `idle_share` report them).
 Errors are (predicted - measured) / measured. The step's measured time is the untraced wall
 time of the capture (`host_step_s`) when the capture recorded it, else the traced step window;
 per-layer times come from the trace (`perfmodel.validate.traces`). MAPE is over the layers.
@@ -64,6 +67,8 @@ class Comparison:
     unattributed_share: float
     layers: list[LayerCompare]
     hbm_efficiency: float
+    traced_busy_s: float = 0.0      # median per traced step: time with an op running
+    idle_share: float = 0.0         # of the traced steps: the device waiting on the host (a GPU's)
 
     @property
     def step_error(self) -> float:
@@ -78,7 +83,7 @@ class Comparison:
         d = {k: getattr(self, k) for k in ("run", "model", "hardware", "mode", "batch", "context",
                                            "predicted_step_s", "measured_step_s", "traced_step_s",
                                            "step_error", "layer_mape", "unattributed_share",
-                                           "hbm_efficiency")}
+                                           "hbm_efficiency", "traced_busy_s", "idle_share")}
         d["layers"] = [{**dataclasses.asdict(r), "rel_error": r.rel_error} for r in self.layers]
         return d
 
@@ -194,8 +199,8 @@ def compare(t: TraceSummary, model=None, hardware: str = DEFAULT_HOST_HARDWARE,
         return against(t, spec, hw, prefill_prediction(spec, hw, d, meta["prompt"], batch), mode)
     if mode == "megakernel":  # a TPU trace of the megakernel on one device, default ring
         d = Deployment(devices=1, tp=1, engine="megakernel", batch=batch, context=context)
-    else:
-        hw = host_hardware(hw, mode)
+    else:  # a GPU launches every kernel of a compiled program too (a CUDA-graph node each)
+        hw = hw if t.platform == "gpu" else host_hardware(hw, mode)
         d = Deployment(devices=1, tp=1, engine="multikernel", batch=batch, context=context)
     p = predict(spec, hw, d)
     return against(t, spec, hw, p, mode)
@@ -218,7 +223,7 @@ def against(t: TraceSummary, spec, hw, p, mode: str) -> Comparison:
     d = p.deployment
     return Comparison(Path(t.run_dir).name, spec.name, hw.name, mode, d.batch, d.context,
                       p.step_s, measured, t.step_s.median, t.unattributed_share, rows,
-                      hw.efficiency.hbm)
+                      hw.efficiency.hbm, statistics.median(s.busy_s for s in t.steps), t.idle_share)
 
 
 def run_dirs(trace: str | Path) -> list[Path]:

@@ -6,7 +6,7 @@ compiled XLA program) and `decode_step_op_by_op` (one jitted call per phase) und
 `kernels.prefill.prefill_step`: "prefill_step"), in a subprocess
 whose XLA_FLAGS dump the optimised HLO of every compiled module (that is where the `op_name`
 metadata, i.e. the named scopes, lives). Layout of the output directory:
-    OUT/hlo_<model>_<time>/module_NNNN.<name>.cpu_after_optimizations.txt
+    OUT/hlo_<model>_<time>/module_NNNN.<name>.<backend>_after_optimizations.txt
         (NNNN = the trace's program_id; one directory per capture process, as ids restart)
     OUT/<model>_b<B>_c<C>_<mode>/capture.json                (what ran, host wall times)
     OUT/<model>_b<B>_c<C>_<mode>/plugins/profile/*/*.xplane.pb
@@ -18,12 +18,20 @@ event to a scope `embed`, `layer_XX/<phase>` or `head`, from, in order:
    markers carry no number, `layer/attention`, `layer/ffn`: in each step, in time order, the
    k-th top-level `layer/attention` marker begins layer k and the loop markers after it belong
    to that layer, `number_loop_layers`);
-2. a `tf_op` / `name_scope` stat carrying the op_name (TPU / GPU device planes);
-3. the `hlo_op` + `program_id` stats looked up in the dumped HLO's op_name metadata (CPU).
+2. a `tf_op` / `name_scope` / `name` stat carrying the op_name (TPU / GPU device planes);
+3. the `hlo_op` + `program_id` stats looked up in the dumped HLO's op_name metadata (CPU thunks);
+   On a GPU, the instruction or kernel looked up there (`ModuleScopes.device`): XLA runs most
+   kernels from command buffers (CUDA graphs), whose launches carry the buffer's `hlo_op`; a
+   kernel is named after its fusion; one that several layers share (a deduplicated fusion, a loop
+   body cloned per layer) takes the layer of the ops around it on its stream (`resolve_shared`).
+An accelerator's trace (op events on a `/device:` plane) counts only those: its host planes hold
+the launches.
 Steps are the `decode_step` annotations (host), or the events of a `Steps` line (device planes).
 Time inside a step is split by a sweep over the op intervals: each instant goes in equal shares
 to the scopes of the ops running then; idle gaps (dispatch, launch) go to the scope of the next
-op. So the per-layer times of a step sum to the step's window. Layers are numbered as in
+op. So the per-layer times of a step sum to the step's window. On a GPU the gaps are the device
+waiting on the host (Python dispatch, a loop's condition copied back each trip): they are kept
+apart as idle time, and a layer's time is its kernels' alone. Layers are numbered as in
 `perfmodel.step.predict`: 0 embedding, 1..n, n + 1 head.
 """
 from __future__ import annotations
@@ -49,7 +57,7 @@ STEP_NAMES = (STEP_NAME, PREFILL_STEP_NAME)
 SCOPE_RE = re.compile(r"(?:^|/)(embed|head|layer_(\d+)/(attention|ffn|moe))(?=/|$)")
 MARKER_RE = re.compile(r"(embed|head|layer(_\d+)?/(attention|ffn|moe))(/[\w.\-]+)*")
 LOOP_RE = re.compile(r"(?:^|/)layer/(attention|ffn|moe)(?=/|$)")
-HLO_SUFFIX = ".cpu_after_optimizations.txt"
+HLO_SUFFIX = "_after_optimizations.txt"  # module_NNNN.<name>.cpu_after_... (CPU), .sm_9.0_gpu_after_... (GPU)
 _INSTR_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = ")
 _COMP_RE = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+) .*\{\s*$")
 _CALLS_RE = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
@@ -93,6 +101,19 @@ def number_loop_layers(ops: list["OpEvent"], windows: list[tuple[int, float, flo
             o.scope = f"layer_{max(layer, 1):02d}/{phase}"
 
 
+def _instructions(hlo_text: str):
+    """(computation, whether it is the entry, instruction name, its line) of each instruction."""
+    comp, entry = "", False
+    for line in hlo_text.splitlines():
+        m = _INSTR_RE.match(line)
+        if m:
+            yield comp, entry, m.group(1), line
+            continue
+        c = _COMP_RE.match(line)
+        if c:
+            comp, entry = c.group(1), line.lstrip().startswith("ENTRY")
+
+
 def hlo_scopes(hlo_text: str) -> dict[str, str]:
     """Instruction name -> named scope, from one module's HLO text.
 
@@ -104,15 +125,7 @@ def hlo_scopes(hlo_text: str) -> dict[str, str]:
     operands: dict[str, list[str]] = {}
     users: dict[str, list[str]] = defaultdict(list)
     comp_members: dict[str, list[str]] = defaultdict(list)
-    comp = ""
-    for line in hlo_text.splitlines():
-        m = _INSTR_RE.match(line)
-        if not m:
-            c = _COMP_RE.match(line)
-            if c:
-                comp = c.group(1)
-            continue
-        name = m.group(1)
+    for comp, _, name, line in _instructions(hlo_text):
         op = _OPNAME_RE.search(line)
         s = scope_of(op.group(1)) if op else None
         own[name] = s[0] if s else None
@@ -159,13 +172,68 @@ def hlo_scopes(hlo_text: str) -> dict[str, str]:
     return {n: s for n, s in out.items() if s}
 
 
-def load_hlo_dir(hlo_dir: Path) -> dict[int, dict[str, str]]:
-    """program_id -> (instruction -> scope) for every dumped module in `hlo_dir`."""
+@dataclass(frozen=True)
+class ModuleScopes:
+    """The named scopes of one compiled module. `ops`: per instruction, from its own metadata
+    (`hlo_scopes`). `device`: what a GPU event names, an instruction (its `hlo_op`) or a kernel,
+    to its candidate scopes. Instructions with one `deduplicated_name` share one kernel, named
+    after any of them ('.' as '_'), so the kernel has all their scopes; an instruction inside a
+    called computation (a loop body) takes the scopes of the top-level instructions that call it,
+    since XLA clones a loop body per layer with the first layer's metadata."""
+    ops: dict[str, str]
+    device: dict[str, frozenset[str]]
+    order: dict[str, int]   # each scope's place in the program: its first top-level instruction
+
+
+_DEDUP_RE = re.compile(r'deduplicated_name="([^"]*)"')
+
+
+def module_scopes(hlo_text: str) -> ModuleScopes:
+    ops = hlo_scopes(hlo_text)
+    comp_of: dict[str, str] = {}
+    callers: dict[str, list[str]] = defaultdict(list)   # computation -> calling instructions
+    kernel_of: dict[str, str] = {}
+    entry = None
+    for comp, is_entry, name, line in _instructions(hlo_text):
+        entry = comp if is_entry else entry
+        comp_of[name] = comp
+        for k in _CALLS_RE.findall(line.split("metadata=")[0]):
+            callers[k].append(name)
+        d = _DEDUP_RE.search(line)
+        kernel_of[name] = d.group(1) if d else name
+    memo: dict[str, frozenset[str]] = {}
+
+    def top(c: str) -> frozenset[str]:
+        """The top-level (entry) instructions that call computation `c`, through any depth."""
+        if c not in memo:
+            memo[c] = frozenset()  # a cycle guard
+            memo[c] = frozenset(x for i in callers.get(c, [])
+                                for x in ([i] if comp_of[i] == entry else top(comp_of[i])))
+        return memo[c]
+
+    device: dict[str, set[str]] = defaultdict(set)
+    group: dict[str, set[str]] = defaultdict(set)  # a shared kernel -> the scopes of its users
+    order: dict[str, int] = {}
+    for name, c in comp_of.items():
+        if c == entry and name in ops:
+            order.setdefault(ops[name], len(order))
+        scopes = {ops[i] for i in top(c) if i in ops} if c != entry else set()
+        scopes = scopes or ({ops[name]} if name in ops else set())
+        device[name] |= scopes
+        group[kernel_of[name]] |= scopes
+    for name, shared in kernel_of.items():  # the kernel takes any of its users' names
+        for k in {name, shared}:
+            device[k.replace(".", "_")] |= group[shared]
+    return ModuleScopes(ops, {k: frozenset(v) for k, v in device.items() if v}, order)
+
+
+def load_hlo_dir(hlo_dir: Path) -> dict[int, ModuleScopes]:
+    """program_id -> its scopes, for every dumped module in `hlo_dir`."""
     out = {}
     for f in Path(hlo_dir).glob(f"module_*{HLO_SUFFIX}"):
         pid = f.name.split(".")[0].split("_")[1]
         if pid.isdigit():
-            out[int(pid)] = hlo_scopes(read_text(f, "HLO dump"))
+            out[int(pid)] = module_scopes(read_text(f, "HLO dump"))
     return out
 
 
@@ -228,10 +296,63 @@ class OpEvent:
     end_ns: float
     scope: str | None      # None: unattributed
     plane: str
+    line: str = ""
+    candidates: tuple[str, ...] = ()  # a shared GPU kernel's scopes in program order (`resolve_shared`)
+    order: dict[str, int] | None = None  # its program's scope order (ModuleScopes.order)
 
 
-def _events(pd, hlo: dict[int, dict[str, str]]):
-    """(op events, step windows [(step, start_ns, end_ns)]) of every plane."""
+def _op_scope(name: str, stats: dict, table: ModuleScopes | None,
+              on_device: bool) -> tuple[str | None, tuple[str, ...]]:
+    """(scope, candidate scopes in program order) of an XLA op event: its `tf_op` / `name_scope`
+    / `name` stat (the op_name, on TPU and some GPU events), else its `hlo_op` instruction in the
+    dumped HLO (CPU thunks), else, on a GPU, the instruction or kernel it names there
+    (`ModuleScopes.device`: kernels a command buffer launches carry the buffer's `hlo_op`)."""
+    for key in ("tf_op", "name_scope", "name"):
+        s = scope_of(str(stats.get(key, "")))
+        if s:
+            return s[0], ()
+    if table is None:
+        return None, ()
+    if not on_device:
+        return table.ops.get(str(stats.get("hlo_op"))), ()
+    found = table.device.get(str(stats.get("hlo_op"))) or table.device.get(name, frozenset())
+    if len(found) == 1:
+        return next(iter(found)), ()
+    return None, tuple(sorted(found, key=lambda x: (table.order.get(x, len(table.order)), x)))
+
+
+def _layer(scope: str) -> int:
+    s = scope_of(scope)
+    return -1 if s[0] == "embed" else 10**9 if s[0] == "head" else s[1]
+
+
+def resolve_shared(ops: list[OpEvent]) -> None:
+    """Place each launch of a kernel that several scopes share (XLA deduplicates identical fusions
+    and clones a loop body per layer) by program order: the scope of the op before it on its
+    stream if that is a candidate, else the first candidate after that scope in the program (after
+    its layer, when the op before is of another program), else the first (a new step). In place."""
+    by_line: dict[tuple[str, str], list[OpEvent]] = defaultdict(list)
+    for o in ops:
+        by_line[(o.plane, o.line)].append(o)
+    for seq in by_line.values():
+        seq.sort(key=lambda o: o.start_ns)
+        before = None
+        for o in seq:
+            if o.candidates:
+                if before in o.candidates:
+                    o.scope = before
+                else:
+                    later = ([c for c in o.candidates if o.order.get(c, -1) > o.order[before]]
+                             if before in o.order else
+                             [c for c in o.candidates if _layer(c) >= _layer(before)] if before else [])
+                    o.scope = (later or o.candidates)[0]
+            before = o.scope or before
+
+
+def _events(pd, hlo: dict[int, ModuleScopes]):
+    """(op events, step windows [(step, start_ns, end_ns)]) of every plane; when a device plane
+    holds op events (an accelerator's trace), the host planes' op events are launches, not the
+    ops, and are left out."""
     ops, steps = [], []
     for plane in pd.planes:
         if plane.name.startswith("/host:metadata"):
@@ -255,17 +376,16 @@ def _events(pd, hlo: dict[int, dict[str, str]]):
                     and (SCOPE_RE.search(name) or LOOP_RE.search(name)))
                 marker = is_marker and (loop_scope(name) or scope_of(name)[0])
                 if marker:
-                    ops.append(OpEvent(ev.start_ns, ev.end_ns, marker, plane.name))
-                    continue
-                tf_op = stats.get("tf_op") or stats.get("name_scope")
-                if tf_op is not None:
-                    s = scope_of(str(tf_op))
-                    ops.append(OpEvent(ev.start_ns, ev.end_ns, s[0] if s else None, plane.name))
-                    continue
-                if "hlo_op" in stats and "program_id" in stats:
-                    table = hlo.get(_int(stats["program_id"], None), {})
-                    ops.append(OpEvent(ev.start_ns, ev.end_ns, table.get(str(stats["hlo_op"])),
-                                       plane.name))
+                    ops.append(OpEvent(ev.start_ns, ev.end_ns, marker, plane.name, line.name))
+                elif any(k in stats for k in ("tf_op", "name_scope")) or (
+                        "hlo_op" in stats and "program_id" in stats):
+                    table = hlo.get(_int(stats.get("program_id"), None))
+                    scope, shared = _op_scope(name, stats, table, on_device)
+                    ops.append(OpEvent(ev.start_ns, ev.end_ns, scope, plane.name, line.name, shared,
+                                       table.order if table else None))
+    if any(o.plane.startswith("/device:") for o in ops):
+        ops = [o for o in ops if o.plane.startswith("/device:")]
+    resolve_shared(ops)
     return ops, sorted(steps)
 
 
@@ -287,10 +407,13 @@ class Step:
     unattributed_s: float           # busy time of ops without a scope
     scope_s: dict[str, float]       # per scope, gaps included (sums with unattributed to window)
     scope_ops: dict[str, int] = field(default_factory=dict)  # op events per scope
+    idle_s: float = 0.0             # gaps kept apart (a GPU's), not given to the next op
 
 
-def attribute(ops: list[OpEvent], t0: float, t1: float, index: int) -> Step:
-    """Split the window [t0, t1] (ns) over the scopes of the ops that ran in it (module doc)."""
+def attribute(ops: list[OpEvent], t0: float, t1: float, index: int, gaps_to_next: bool = True) -> Step:
+    """Split the window [t0, t1] (ns) over the scopes of the ops that ran in it (module doc).
+    `gaps_to_next=False` (a GPU's kernels): a gap is the device waiting on the host, kept apart
+    as `idle_s`, and each scope gets its kernels' time alone."""
     inside = [o for o in ops if t0 <= o.start_ns < t1]
     edges = []
     for o in inside:
@@ -312,12 +435,15 @@ def attribute(ops: list[OpEvent], t0: float, t1: float, index: int) -> Step:
                     share[s] += dt / len(live)
             else:
                 pending_gap += dt
-        if kind > 0 and pending_gap and not any(c > 0 for c in active.values()):
+        if kind > 0 and pending_gap and gaps_to_next and not any(c > 0 for c in active.values()):
             share[scope] += pending_gap  # idle before an op: that op's dispatch / launch
             pending_gap = 0.0
         active[scope] += kind
         last = t
     tail = pending_gap + max(0.0, t1 - last)
+    idle = 0.0
+    if not gaps_to_next:
+        idle, tail = tail, 0.0
     if inside and tail:
         share[max(inside, key=lambda o: o.end_ns).scope] += tail
     unattr = share.pop(None, 0.0)
@@ -325,7 +451,7 @@ def attribute(ops: list[OpEvent], t0: float, t1: float, index: int) -> Step:
     for o in inside:
         counts[o.scope] += 1
     return Step(index, (t1 - t0) * 1e-9, busy * 1e-9, unattr * 1e-9,
-                {k: v * 1e-9 for k, v in share.items()}, dict(counts))
+                {k: v * 1e-9 for k, v in share.items()}, dict(counts), idle * 1e-9)
 
 
 # ----- a whole trace --------------------------------------------------------------------------
@@ -358,12 +484,14 @@ class TraceSummary:
     unattributed_share: float        # of busy time, all steps
     host_step_s: Spread | None = None  # untraced wall time per step (capture.json)
     notes: list[str] = field(default_factory=list)
+    idle_share: float = 0.0          # of the step windows, all steps: the device idle (a GPU's)
+    platform: str = "cpu"            # whose ops were read: "cpu" (host threads), "gpu" or "tpu"
 
     def json(self) -> dict:
         return {"path": self.path, "run_dir": self.run_dir, "meta": self.meta, "n_layers": self.n_layers,
                 "steps": len(self.steps), "step_s": self.step_s.json(),
                 "host_step_s": self.host_step_s.json() if self.host_step_s else None,
-                "unattributed_share": self.unattributed_share,
+                "unattributed_share": self.unattributed_share, "idle_share": self.idle_share, "platform": self.platform,
                 "layers": {str(k): v.json() for k, v in sorted(self.layer_s.items())},
                 "layer_ops": {str(k): v for k, v in sorted(self.layer_ops.items())},
                 "phases": {k: v.json() for k, v in sorted(self.phase_s.items())},
@@ -418,7 +546,10 @@ def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: i
         windows = [(0, lo, hi)]
         notes.append("no step markers: the whole trace is taken as one step")
     number_loop_layers(ops, windows)
-    steps = [attribute(ops, t0, t1, i) for i, t0, t1 in windows][skip_first:]
+    platform = next((p for p in ("gpu", "tpu") if any(o.plane.startswith(f"/device:{p.upper()}") for o in ops)),
+                    "cpu")
+    gpu = platform == "gpu"
+    steps = [attribute(ops, t0, t1, i, gaps_to_next=not gpu) for i, t0, t1 in windows][skip_first:]
     steps = [s for s in steps if s.busy_s > 0]
     if not steps:
         raise SpecError("trace", str(xp), "no op events inside any step marker")
@@ -454,4 +585,5 @@ def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: i
                         {k: statistics.median(v) for k, v in ops_count.items()},
                         {k: Spread.of(v) for k, v in per_scope.items()},
                         sum(s.unattributed_s for s in steps) / busy if busy else 1.0,
-                        Spread.of(host) if host else None, notes)
+                        Spread.of(host) if host else None, notes,
+                        sum(s.idle_s for s in steps) / sum(s.window_s for s in steps), platform)
