@@ -111,7 +111,11 @@ def main(argv=None) -> int:
 
     results = [c for c in validate.validate(traces, hardware=a.hardware)
                if (c.model, c.batch) in captured and c.context in contexts]
-    smoke = any(c.idle_share == 0 for c in results)  # a CPU trace: no GPU kernels were read
+    if not results:
+        print(f"validate_gpu: --traces {traces}: no captured run of {', '.join(models)} at contexts "
+              f"{', '.join(map(str, contexts))} there", file=sys.stderr)
+        return 2
+    smoke = any(c.platform != "gpu" for c in results)  # CPU traces: no GPU kernels were read
     out = traces if smoke or a.quick else RESULTS
     out_csv, out_json = out / "gpu_validation.csv", out / "gpu_validation.json"
     summaries = {"preset": validation_report.summary_of(results, [load_model(m).name for m in models],

@@ -35,3 +35,26 @@ def test_cpu_smoke_run_writes_its_results(tmp_path):
     assert s["runs"] == 2 and s["max_unattributed_share"] < 0.01  # compiled and op by op, attributed
     lines = (tmp_path / "gpu_validation.csv").read_text().splitlines()
     assert lines[0].startswith("# machine:") and any(",step,step," in line for line in lines)
+
+
+def test_compare_only_on_a_recorded_h200_run(tmp_path):
+    """--compare-only recompares runs captured on a GPU, here on any machine: the recorded H200
+    run of tests/data (kimi-k3-host-small, batch 1, context 256, compiled)."""
+    import tarfile
+    with tarfile.open(ROOT / "tests" / "data" / "h200_trace.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    r = run("--compare-only", "--quick", "--traces", str(tmp_path / "h200"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads((tmp_path / "h200" / "gpu_validation.json").read_text())
+    assert doc["meta"]["machine"].startswith("NVIDIA H200") and not doc["meta"]["note"].startswith("smoke")
+    (c,) = doc["runs"]
+    assert c["platform"] == "gpu" and 0.5 < c["idle_share"] < 1
+    assert 0 < c["traced_busy_s"] < c["measured_step_s"]  # the GPU's kernel time within the wall step
+    lines = (tmp_path / "h200" / "gpu_validation.csv").read_text().splitlines()
+    assert sum(",kernels,kernels," in line for line in lines) == 1
+    assert "GPU idle for" in r.stdout
+
+
+def test_compare_only_without_captures_exits_clearly(tmp_path):
+    r = run("--compare-only", "--traces", str(tmp_path))
+    assert r.returncode == 2 and "no captured run" in r.stderr and len(r.stderr.strip().splitlines()) == 1

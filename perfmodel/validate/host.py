@@ -69,6 +69,7 @@ class Comparison:
     hbm_efficiency: float
     traced_busy_s: float = 0.0      # median per traced step: time with an op running
     idle_share: float = 0.0         # of the traced steps: the device waiting on the host (a GPU's)
+    platform: str = "cpu"           # whose ops the trace holds (TraceSummary.platform)
 
     @property
     def step_error(self) -> float:
@@ -83,7 +84,7 @@ class Comparison:
         d = {k: getattr(self, k) for k in ("run", "model", "hardware", "mode", "batch", "context",
                                            "predicted_step_s", "measured_step_s", "traced_step_s",
                                            "step_error", "layer_mape", "unattributed_share",
-                                           "hbm_efficiency", "traced_busy_s", "idle_share")}
+                                           "hbm_efficiency", "traced_busy_s", "idle_share", "platform")}
         d["layers"] = [{**dataclasses.asdict(r), "rel_error": r.rel_error} for r in self.layers]
         return d
 
@@ -223,7 +224,8 @@ def against(t: TraceSummary, spec, hw, p, mode: str) -> Comparison:
     d = p.deployment
     return Comparison(Path(t.run_dir).name, spec.name, hw.name, mode, d.batch, d.context,
                       p.step_s, measured, t.step_s.median, t.unattributed_share, rows,
-                      hw.efficiency.hbm, statistics.median(s.busy_s for s in t.steps), t.idle_share)
+                      hw.efficiency.hbm, statistics.median(s.busy_s for s in t.steps), t.idle_share,
+                      t.platform)
 
 
 def run_dirs(trace: str | Path) -> list[Path]:
