@@ -1,4 +1,4 @@
-"""experiments/validate_gpu.py, the prepared GPU run: it refuses to run on a machine without a GPU
+"""experiments/validate_gpu.py, the prepared GPU run (and experiments/gpu_microbench.py): it refuses to run on a machine without a GPU
 (exit 2, one line saying why), and its CPU smoke run goes through capture, attribution and
 comparison and writes both result files (their numbers compare a CPU trace with a GPU
 prediction and mean nothing)."""
@@ -58,3 +58,18 @@ def test_compare_only_on_a_recorded_h200_run(tmp_path):
 def test_compare_only_without_captures_exits_clearly(tmp_path):
     r = run("--compare-only", "--traces", str(tmp_path))
     assert r.returncode == 2 and "no captured run" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_gpu_microbench_refuses_without_a_gpu():
+    """experiments/gpu_microbench.py (the H200 component measurements): one line and status 2
+    where PyTorch has no CUDA GPU."""
+    try:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a GPU")
+    except ImportError:
+        pass
+    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "gpu_microbench.py")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "needs PyTorch with a CUDA GPU" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
