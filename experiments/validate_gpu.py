@@ -9,7 +9,8 @@ with the defaults; nothing else is needed from the machine):
    compiled program and op by op (`perfmodel_jax.capture`); every op is attributed to its layer
    and phase through the named scopes in the GPU's op names (`perfmodel.validate.traces`).
 2. Predictions of the same runs with the multi-kernel engine on one device of `--hardware` (a
-   preset: its GPU components come from public figures, docs/sources.md; nothing is fitted on
+   preset: its GPU components come from public figures and this project's H200 micro-benchmarks
+   (experiments/gpu_microbench.py), docs/sources.md; nothing is fitted on
    these runs).
 3. experiments/results/gpu_validation.csv (one row per layer and per step) and .json (summaries).
 Captures stop when `--budget-s` is spent; the runs already captured are compared.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import statistics
 import sys
@@ -38,6 +38,7 @@ import validation_report
 from perfmodel.spec.loaders import load_model
 from perfmodel.util.errors import SpecError
 from perfmodel.validate import host as validate
+from perfmodel.validate.traces import capture_meta
 from perfmodel_jax.capture import capture_reference
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,13 +87,13 @@ def main(argv=None) -> int:
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     load_before = os.getloadavg()[0]
     if a.compare_only:
-        captures = [json.loads(f.read_text()) for f in sorted(traces.glob("*/capture.json"))]
+        captures = [capture_meta(f) for f in sorted(traces.glob("*/capture.json"))]
         if not captures:
             print(f"validate_gpu: --traces {traces}: no captured run (*/capture.json) there", file=sys.stderr)
             return 2
         captured = sorted({(c["model"], c["batch"]) for c in captures})
         machine, started = captures[0]["machine"], min(c["date"] for c in captures)
-        load_before = None
+        load_before, a.steps = None, captures[0]["steps"]
     else:
         try:
             machine, on_gpu = device(a.allow_cpu)
@@ -126,7 +127,8 @@ def main(argv=None) -> int:
             "models": list(models), "batches": list(batches), "contexts": list(contexts), "steps": a.steps,
             "weights_dtype": "f32", "captured": [list(x) for x in captured],
             "note": ("smoke test on the CPU: not a GPU measurement" if smoke else
-                     "the model is not fitted on these runs: the preset's public GPU figures only")}
+                     "nothing is fitted on these runs: the preset's figures (public ones and this "
+                     "project's H200 micro-benchmarks)")}
     validation_report.write(out_csv, out_json, meta, validation_report.rows_of("preset", results) + kernels,
                             {"summary": summaries,
                              "runs": [{k: v for k, v in c.json().items() if k != "layers"} for c in results]})

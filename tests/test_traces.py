@@ -1,4 +1,5 @@
-"""Trace parsing: real CPU traces recorded here, constructed TPU traces, and bad files.
+"""Trace parsing: real CPU traces recorded here, a real H200 trace (tests/data), constructed TPU
+and GPU traces, and bad files.
 
 The TPU traces below are CONSTRUCTED, not recorded: XSpace protobufs written from text in the
 XPlane schema (tensorflow/tsl profiler xplane.proto) with the layout a TPU trace of the

@@ -20,10 +20,11 @@ event to a scope `embed`, `layer_XX/<phase>` or `head`, from, in order:
    to that layer, `number_loop_layers`);
 2. a `tf_op` / `name_scope` / `name` stat carrying the op_name (TPU / GPU device planes);
 3. the `hlo_op` + `program_id` stats looked up in the dumped HLO's op_name metadata (CPU thunks);
-   On a GPU, the instruction or kernel looked up there (`ModuleScopes.device`): XLA runs most
+4. on a GPU, the instruction or kernel looked up there (`ModuleScopes.device`): XLA runs most
    kernels from command buffers (CUDA graphs), whose launches carry the buffer's `hlo_op`; a
    kernel is named after its fusion; one that several layers share (a deduplicated fusion, a loop
-   body cloned per layer) takes the layer of the ops around it on its stream (`resolve_shared`).
+   body cloned per layer) takes the scope of the op before it on its stream, or the next one in
+   program order (`resolve_shared`).
 An accelerator's trace (op events on a `/device:` plane) counts only those: its host planes hold
 the launches.
 Steps are the `decode_step` annotations (host), or the events of a `Steps` line (device planes).
@@ -405,7 +406,7 @@ class Step:
     window_s: float                 # the step annotation's duration
     busy_s: float                   # time with at least one op running
     unattributed_s: float           # busy time of ops without a scope
-    scope_s: dict[str, float]       # per scope, gaps included (sums with unattributed to window)
+    scope_s: dict[str, float]       # per scope, gaps included (with unattributed and idle: the window)
     scope_ops: dict[str, int] = field(default_factory=dict)  # op events per scope
     idle_s: float = 0.0             # gaps kept apart (a GPU's), not given to the next op
 
