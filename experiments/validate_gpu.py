@@ -2,16 +2,15 @@
 
     python experiments/validate_gpu.py [--hardware h200] [--quick] [--steps 5] [--budget-s 420]
 
-One prepared run for a machine with one NVIDIA GPU and jax[cuda] (about 7 minutes on an H200
+One prepared run for a machine with one NVIDIA GPU and jax[cuda] (under 6 minutes on an H200
 with the defaults; nothing else is needed from the machine):
 1. Profiler traces of the pure-JAX reference step (`kernels/reference.py`, f32 weights) of
    kimi-k3-host-small and kimi-k3-host-large at batch 1, 4 and 16 and contexts 256 and 4096, as one
-   compiled program and op by op (`perfmodel_jax.capture`); every op is attributed to its layer
-   and phase through the named scopes in the GPU's op names (`perfmodel.validate.traces`).
+   compiled program and op by op (`perfmodel_jax.capture`); every kernel is attributed to its
+   layer and phase through the named scopes of the compiled HLO (`perfmodel.validate.traces`).
 2. Predictions of the same runs with the multi-kernel engine on one device of `--hardware` (a
    preset: its GPU components come from public figures and this project's H200 micro-benchmarks
-   (experiments/gpu_microbench.py), docs/sources.md; nothing is fitted on
-   these runs).
+   (experiments/gpu_microbench.py), docs/sources.md; nothing is fitted on these runs).
 3. experiments/results/gpu_validation.csv (one row per layer and per step) and .json (summaries).
 Captures stop when `--budget-s` is spent; the runs already captured are compared.
 Without a GPU it stops with exit status 2; `--allow-cpu` runs the same pipeline on the CPU as a
