@@ -717,7 +717,7 @@ def fig_gpu_validation() -> str:
         runs[(r["model"], r["mode"], r["batch"], r["context"])][r["layer"]] = r
     results = {(c["model"], c["mode"], str(c["batch"]), str(c["context"])): c for c in v["runs"]}
     hw = load_hardware(v["meta"]["hardware_file"])
-    table, stale = [], 0
+    table, stale, floor = [], 0, {}
     for key in sorted(runs, key=lambda k: (k[0], k[1], int(k[2]), int(k[3]))):
         (model, mode, batch, context), run = key, runs[key]
         step, kern, c = run["step"], run["kernels"], results[key]
@@ -730,7 +730,10 @@ def fig_gpu_validation() -> str:
                           pct(c["idle_share"]), step["traced_ops"].split(".")[0], step["model_ops"],
                           us(step["predicted_s"]), pct(float(step["rel_error"]), signed=True),
                           pct(float(kern["rel_error"]), signed=True)])
+            floor[int(batch), context, model] = (float(step["traced_ops"]) * hw.components["kernel_launch_s"]
+                                                 / float(kern["measured_s"]))
     s = v["summary"]["preset"]
+    share = lambda xs: f"{min(xs):.0%} to {max(xs):.0%}"
     op = [float(r["step"]["measured_s"]) / float(runs[(k[0], "compiled", k[2], k[3])]["step"]["measured_s"])
           for k, r in runs.items() if k[1] == "op_by_op"]
     meta = v["meta"]
@@ -740,7 +743,12 @@ def fig_gpu_validation() -> str:
     return (md_table(["model", "batch", "context", "wall step us", "GPU kernel time us", "GPU idle",
                       "kernels", "model ops", "predicted us", "error (wall)", "error (kernels)"], table,
                      "lrrrrrrrrrr")
-            + f"\nOp by op (one jitted call per phase): the wall step {statistics.median(op):.1f}x the compiled "
+            + f"\nA diagnostic, not a prediction: the traced kernels at {hw.components['kernel_launch_s'] * 1e6:.2f} us "
+              f"each (`components.kernel_launch_s`, a trivial kernel's node in a CUDA graph) make "
+              + "; ".join(f"{share([x for (_, _, m), x in floor.items() if m == model])} of the kernel time for {model}"
+                          for model in sorted({m for *_, m in floor}))
+              + " (the rest is work beyond a trivial kernel's, more of it in the larger model).\n"
+              f"Op by op (one jitted call per phase): the wall step {statistics.median(op):.1f}x the compiled "
               f"program's (median), the same kernels. Per layer (each layer's kernel time, both modes): median "
               f"|error| {pct(s['median_abs_layer_error'])}; traced time without a scope: at most "
               f"{pct(s['max_unattributed_share'])}.\n"
