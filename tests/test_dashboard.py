@@ -1037,6 +1037,26 @@ def test_validation_host_csv_schema_runs_and_step_rows(monkeypatch, tmp_path):
     assert metric(at, "measured step") == "10.000 ms"
 
 
+def test_validation_bundled_gpu_runs_on_demand():
+    """The H200 results (experiments/results/gpu_validation.csv) in their own section, drawn when
+    opened: its runs, one run's layers (kernel time) and its wall step; the coverage note names it."""
+    import csv as csvlib
+    at = open_view("Validation")
+    assert "val_gpu_chart" not in charts(at)  # closed: not drawn
+    assert any("NVIDIA H200" in i.value and "as `h200`" in i.value for i in at.info)
+    at.session_state["val_gpu_exp"] = True
+    at.run()
+    assert_clean(at)
+    assert "val_gpu_chart" in charts(at)
+    lines = [line for line in validation.GPU_VALIDATION_CSV.read_text().splitlines() if not line.startswith("#")]
+    rows = list(csvlib.DictReader(lines))
+    run = at.selectbox(key="val_gpu_run").value.split(" / ")
+    step = next(r for r in rows if [r[k] for k in validation.RUN_KEYS] == run and r["layer"] == "step")
+    shown = [m.value for m in at.metric if m.label == "measured step"]
+    assert f"{float(step['measured_s']) * 1e3:.3f} ms" in shown  # the wall step of the run picked
+    assert any("machine: NVIDIA H200" in cap.value for cap in at.caption)
+
+
 @pytest.fixture(scope="module")
 def captured_traces(tmp_path_factory):
     """One real host capture of the reference step (perfmodel capture; about 20 s on 2 cores)."""

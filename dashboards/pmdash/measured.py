@@ -22,6 +22,7 @@ from perfmodel.util.errors import SpecError
 from .common import GENERIC, HOST_HW, REPO, UPLOAD_PREFIX, read_csv_bytes, shown_path
 
 HOST_VALIDATION_CSV = REPO / "experiments" / "results" / "host_validation.csv"
+GPU_VALIDATION_CSV = REPO / "experiments" / "results" / "gpu_validation.csv"
 COLUMNS = ["source", "model", "hardware", "engine", "devices", "tp", "ep", "batch", "context", "draft_rows",
            "acceptance_length", "steps_per_call", "serving_engine", "kv_cache", "prefetch_mib", "expert_slots",
            "vmem_mib", "tokens_per_s", "origin", "role"]

@@ -4,8 +4,9 @@ the per-layer bars and table on demand, a real megakernel's published phase prof
 (`perfmodel explain --profile`, on demand), and a trace of your own (its inputs open on demand).
 
 The bundled results are experiments/results/host_validation.csv, written by
-experiments/validate_host.py: one row per layer and one "step" row per run (variant, model,
-mode, batch, context). A trace the user gives is parsed and compared by `perfmodel.validate.host`
+experiments/validate_host.py, and experiments/results/gpu_validation.csv (experiments/validate_gpu.py,
+an H200), each with one row per layer and one "step" row per run (variant, model, mode, batch,
+context). A trace the user gives is parsed and compared by `perfmodel.validate.host`
 (`perfmodel.validate.traces` underneath), exactly as `perfmodel validate --trace ...` does.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from perfmodel.util.errors import SpecError
 
 from . import charts
 from . import common as c
-from .measured import HOST_VALIDATION_CSV
+from .measured import GPU_VALIDATION_CSV, HOST_VALIDATION_CSV
 
 WORST = 5
 KIND_COLORS = ("#1f77b4", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#bcbd22")
@@ -172,16 +173,16 @@ def csv_header(path: Path) -> list[str]:
     return [l[2:] for l in path.read_text().splitlines()[:12] if l.startswith("# ")]
 
 
-def bundled() -> None:
-    st.subheader("Bundled host validation")
-    if not HOST_VALIDATION_CSV.exists():
-        st.info(f"No host validation results yet: {c.shown_path(HOST_VALIDATION_CSV)} is missing. "
-                "Produce them on this machine with `python experiments/validate_host.py` (host CPU traces "
-                "of the pure-JAX reference step, compared with the model); this view then shows them.")
+def bundled(path: Path, what: str, command: str, prefix: str, key: str) -> None:
+    """A bundled validation results CSV (the layout experiments/validation_report.py writes): every
+    run's step error and layer MAPE, then one run's layers (`key`: its comparison's widgets)."""
+    if not path.exists():
+        st.info(f"No {what} results yet: {c.shown_path(path)} is missing. `{command}` produces them; this "
+                "view then shows them.")
         return
     try:
-        raw = read_host_csv(str(HOST_VALIDATION_CSV), HOST_VALIDATION_CSV.stat().st_mtime)
-        st.caption(" · ".join(csv_header(HOST_VALIDATION_CSV)))
+        raw = read_host_csv(str(path), path.stat().st_mtime)
+        st.caption(" · ".join(csv_header(path)))
         runs = [k for k in RUN_KEYS if k in raw.columns]
         step_pair = None
         if runs:
@@ -189,26 +190,26 @@ def bundled() -> None:
             raw = raw.assign(run=ids)
             summary = run_summary(raw, runs)
             if not summary.empty:  # a table of every run, drawn only when opened (about 100 rows)
-                every = st.expander(f"All runs ({len(summary)}): step error, layer MAPE, worst layer", key="val_runs_exp",
-                                    on_change="rerun")
+                every = st.expander(f"All runs ({len(summary)}): step error, layer MAPE, worst layer",
+                                    key=f"{prefix}_runs_exp", on_change="rerun")
                 if every.open:
                     with every:
                         c.static_table(summary, {"step_error": "+.1%", "layer_mape": ".1%",
                                                  "predicted_step_ms": ".3f", "measured_step_ms": ".3f"})
-                c.downloads(summary, "host_validation_runs", "val_runs_dl")
-            choice = st.selectbox("Run (" + " / ".join(runs) + ")", list(dict.fromkeys(ids)), key="val_run")
+                c.downloads(summary, f"{path.stem}_runs", f"{prefix}_runs_dl")
+            choice = st.selectbox("Run (" + " / ".join(runs) + ")", list(dict.fromkeys(ids)), key=f"{prefix}_run")
             raw = raw[raw["run"] == choice]
             step_rows = raw[raw["layer"].astype(str) == "step"] if "layer" in raw.columns else raw.iloc[0:0]
             if len(step_rows) == 1:
                 step_pair = (float(step_rows["predicted_s"].iloc[0]), float(step_rows["measured_s"].iloc[0]))
         df = per_layer_table(raw)
     except SpecError as e:
-        st.error(f"{HOST_VALIDATION_CSV.name} has an unexpected layout: {e}")
+        st.error(f"{path.name} has an unexpected layout: {e}")
         return
     except Exception as e:  # noqa: BLE001 -- a broken results file must not break the page
-        st.error(f"{HOST_VALIDATION_CSV.name} could not be read ({type(e).__name__}: {e}).")
+        st.error(f"{path.name} could not be read ({type(e).__name__}: {e}).")
         return
-    show_comparison(df, "host validation", "val_host", "python experiments/validate_host.py", step_pair)
+    show_comparison(df, what, key, command, step_pair)
 
 
 def run_summary(raw: pd.DataFrame, runs: list[str]) -> pd.DataFrame:
@@ -378,13 +379,17 @@ def trace_coverage() -> str:
     from perfmodel.spec import hardware
     from .measured import published_table
     published = sorted(set(published_table()["hardware"]))
-    others = [h for h in hardware.list_presets() if h not in published]
-    return ("**Which platforms have trace validation.** Per layer, from profiler traces: only the host CPU "
-            "(this machine: traces of the pure-JAX reference step; bundled results below). "
+    gpu = dict(line.split(": ", 1) for line in csv_header(GPU_VALIDATION_CSV)) if GPU_VALIDATION_CSV.exists() else {}
+    traced = [gpu["hardware_file"]] if "hardware_file" in gpu else []
+    others = [h for h in hardware.list_presets() if h not in published + traced]
+    on_gpu = (f" and {gpu.get('machine', traced[0])} as `{traced[0]}` (the same reference step with XLA:GPU, its "
+              "kernels per layer; below, on demand)") if traced else ""
+    return ("**Which platforms have trace validation.** Per layer, from profiler traces: the host CPU "
+            f"(this machine: traces of the pure-JAX reference step; bundled results below){on_gpu}. "
             f"**{', '.join(published)}: no trace validation yet**; their predictions are checked only against the "
             "published tokens/s table (Inferact, tpu-megakernels report, Sept 2026; see Compare). "
-            f"{', '.join(others)}: no measurement at all. A TPU trace of the megakernel can be compared below "
-            f"once one is recorded. {PROFILE_HW} has one published phase-by-phase profile of a real megakernel "
+            f"{', '.join(others)}: no step or trace measurement. A TPU trace of the megakernel can be compared "
+            f"below once one is recorded. {PROFILE_HW} has one published phase-by-phase profile of a real megakernel "
             "(Inferact's Muse Spark kernel: training data, which its DMA engine's settings are fitted to; below).")
 
 
@@ -445,7 +450,13 @@ def profile_section() -> None:
 def render() -> None:
     st.header("Validation: per-layer predicted vs measured")
     st.info(trace_coverage())
-    bundled()
+    st.subheader("Bundled host validation")
+    bundled(HOST_VALIDATION_CSV, "host validation", "python experiments/validate_host.py", "val", "val_host")
+    gpu = st.expander("A real GPU: the reference step traced on an NVIDIA H200 (each layer's kernel time; the "
+                      "step is the wall time)", key="val_gpu_exp", on_change="rerun")
+    if gpu.open:  # drawn only when opened
+        with gpu:
+            bundled(GPU_VALIDATION_CSV, "GPU validation", "python experiments/validate_gpu.py", "val_gpu", "val_gpu")
     profile = st.expander(f"A real megakernel, phase by phase: Inferact's Muse Spark kernel on {PROFILE_HW} "
                           "(training data)", key="val_profile_exp", on_change="rerun")
     if profile.open:  # drawn only when opened
