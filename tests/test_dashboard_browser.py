@@ -610,6 +610,14 @@ def test_validation_every_control_uploads_path_and_downloads(page, tmp_path):
     assert {"host_validation_runs.csv", "validation_val_host.csv", "validation_val_host.json"} <= set(data)
     assert data["validation_val_host.json"]["mape"] == pytest.approx(
         data["validation_val_host.csv"]["abs_error"].mean())
+    expand(page, "val_gpu_exp")  # the H200 runs, on demand: another run picked, its layers drawn
+    bb.wait_chart(page, "val_gpu_chart")
+    page.locator(".st-key-val_gpu_run").click()
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("Enter")
+    settle(page)
+    bb.wait_chart(page, "val_gpu_chart")
+    assert_no_errors(page)
     expand(page, "val_profile_exp")  # the real megakernel's phase profile, on demand
     for kernel in ("final", "first"):
         bb.wait_chart(page, f"val_profile_{kernel}")
