@@ -756,6 +756,32 @@ def fig_gpu_validation() -> str:
               f"weights, {meta['steps']} traced steps per run), compared by `{meta['command']}`. " + note)
 
 
+def fig_h200_gemv_check() -> str:
+    """This project's H200 GEMV measurements (experiments/gpu_microbench.py) against the imported
+    public kernel tables of the same GPU at the same shapes (bf16, one row)."""
+    from perfmodel.cost import gpu_kernels as gk
+    from perfmodel.spec.hardware import load_hardware
+    m = result("gpu_microbench.json")
+    engines = ("vllm", "sglang", "trtllm")
+    table = []
+    for e in m["entries"]:
+        if e["mechanism"] != "gemv_bandwidth":
+            continue
+        k, n = e["inputs"]["k"], e["inputs"]["n"]
+        # the entry's fraction is of the preset's datasheet bandwidth (the script's --hbm-bytes-per-s)
+        measured = 2 * k * n / (e["value"] * load_hardware(e["platform"]).hbm_bandwidth_bytes_per_s)
+        row = [f"[1, {k}] @ [{k}, {n}]", f"{measured * 1e6:.1f}"]
+        for eng in engines:
+            hit = gk.table_time(gk.tables(e["platform"], eng), "gemm", {"dtype": "bf16"}, {"m": 1, "n": n, "k": k})
+            row.append(f"{hit[0] * 1e6:.1f} ({pct(hit[0] / measured - 1, signed=True)})" if hit else "outside the table")
+        table.append(row)
+    return (md_table(["bf16 GEMV", "measured us", "vLLM table us", "SGLang table us", "TensorRT-LLM table us"], table,
+                     "lrrrr")
+            + f"\nMeasured on one {m['machine']}, {m['date'][:10]} (`python experiments/gpu_microbench.py`, the "
+              f"median of {m['repeats']} replays of a CUDA graph of 20 calls); the tables time one call of the "
+              "engine's own GEMM path.\n")
+
+
 def fig_host_structure() -> str:
     """The counts hostbench took from the compiled reference programs (structure, not timings),
     the probe model's and each other model's own, from the committed host hardware file."""
@@ -775,7 +801,7 @@ def fig_host_structure() -> str:
 
 
 FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed, "gb200-kernels": fig_gb200_kernels,
-           "gb200-layers": fig_gb200_layers, "gpu-checks": fig_gpu_checks, "kernel-fit": fig_kernel_fit,
+           "gb200-layers": fig_gb200_layers, "gpu-checks": fig_gpu_checks, "kernel-fit": fig_kernel_fit, "h200-gemv-check": fig_h200_gemv_check,
            "host-validation": fig_host_validation, "host-steps": fig_host_steps, "gpu-validation": fig_gpu_validation,
            "host-layer-kinds": fig_host_layer_kinds, "host-bench": fig_host_bench,
            "host-components": fig_host_components, "host-structure": fig_host_structure,
