@@ -374,12 +374,19 @@ def show_results(results: list, title: str, key: str, command: str | None) -> No
     show_comparison(df, title, key, command, (comp.predicted_step_s, comp.measured_step_s))
 
 
+def gpu_header() -> dict[str, str]:
+    """The bundled GPU results' provenance lines (machine, date, command, hardware_file, ...)."""
+    if not GPU_VALIDATION_CSV.exists():
+        return {}
+    return dict(line.split(": ", 1) for line in csv_header(GPU_VALIDATION_CSV) if ": " in line)
+
+
 def trace_coverage() -> str:
     """Which hardware has trace validation, which only the published table, which nothing."""
     from perfmodel.spec import hardware
     from .measured import published_table
     published = sorted(set(published_table()["hardware"]))
-    gpu = dict(line.split(": ", 1) for line in csv_header(GPU_VALIDATION_CSV)) if GPU_VALIDATION_CSV.exists() else {}
+    gpu = gpu_header()
     traced = [gpu["hardware_file"]] if "hardware_file" in gpu else []
     others = [h for h in hardware.list_presets() if h not in published + traced]
     on_gpu = (f" and {gpu.get('machine', traced[0])} as `{traced[0]}` (the same reference step with XLA:GPU, its "
@@ -452,8 +459,9 @@ def render() -> None:
     st.info(trace_coverage())
     st.subheader("Bundled host validation")
     bundled(HOST_VALIDATION_CSV, "host validation", "python experiments/validate_host.py", "val", "val_host")
-    gpu = st.expander("A real GPU: the reference step traced on an NVIDIA H200 (each layer's kernel time; the "
-                      "step is the wall time)", key="val_gpu_exp", on_change="rerun")
+    machine = gpu_header().get("machine", "a GPU").split(" (")[0]
+    gpu = st.expander(f"A real GPU: the reference step traced on {machine} (each layer's kernel time; the step "
+                      "is the wall time)", key="val_gpu_exp", on_change="rerun")
     if gpu.open:  # drawn only when opened
         with gpu:
             bundled(GPU_VALIDATION_CSV, "GPU validation", "python experiments/validate_gpu.py", "val_gpu", "val_gpu")
