@@ -73,3 +73,33 @@ def test_gpu_microbench_refuses_without_a_gpu():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "needs PyTorch with a CUDA GPU" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_gpu_trace_counts_on_the_recorded_h200_run(tmp_path):
+    """experiments/gpu_trace_counts.py on the recorded H200 run: its per-step counts and the share
+    of the wall step the measured host costs and the GPU's busy time account for."""
+    import tarfile
+    with tarfile.open(ROOT / "tests" / "data" / "h200_trace.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "gpu_trace_counts.py"), "--traces",
+                        str(tmp_path / "h200")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = next(line.split() for line in r.stdout.splitlines() if line.strip().startswith("kimi-k3-host-small"))
+    events, d2h, busy = int(row[3]), int(row[4]), float(row[6])
+    assert events > 100 and 0 < d2h < events and busy > 0
+    assert "accounted:" in r.stdout and "%" in row[-1]
+    none = subprocess.run([sys.executable, str(ROOT / "experiments" / "gpu_trace_counts.py"), "--traces",
+                           str(tmp_path / "h200"), "--mode", "op_by_op"], capture_output=True, text=True, timeout=300)
+    assert none.returncode == 2 and "no op_by_op run" in none.stderr
+
+
+def test_gpu_jax_overheads_runs_on_any_device(tmp_path):
+    """experiments/gpu_jax_overheads.py measures on whatever JAX device there is and says which."""
+    out = tmp_path / "o.json"
+    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "gpu_jax_overheads.py"), "--repeats", "3",
+                        "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["device"].split(":")[0] in ("cpu", "gpu", "tpu")
+    assert {m: v["arrays"] for m, v in doc["dispatch"].items()} == {"kimi-k3-host-small": 81, "kimi-k3-host-large": 165}
+    assert all(v["call_s"] > 0 for v in doc["dispatch"].values()) and "per_trip_s" in doc["loop_trip"]
