@@ -51,11 +51,12 @@ TARGETS = {"median_abs_step_error": 0.15, "median_abs_layer_error": 0.25}
 def kernel_rows(variant: str, results) -> tuple[list[list], dict]:
     """A `kernels` CSV row per run (the model's step against the traced busy time per step) and
     their summary: the median |error| and the median idle share of the traced steps."""
+    errors = [validate.rel_error(c.predicted_step_s, c.traced_busy_s) for c in results]
     rows = [[variant, c.model, c.mode, c.batch, c.context, "kernels", "kernels", c.predicted_step_s,
-             c.traced_busy_s, "", "", validate.rel_error(c.predicted_step_s, c.traced_busy_s), "", "",
-             c.hbm_efficiency, c.unattributed_share] for c in results]
+             c.traced_busy_s, "", "", e, "", "", c.hbm_efficiency, c.unattributed_share]
+            for c, e in zip(results, errors)]
     med = lambda xs: statistics.median(xs) if xs else float("nan")
-    return rows, {"median_abs_kernel_error": med([abs(r[11]) for r in rows]),
+    return rows, {"median_abs_kernel_error": med([abs(e) for e in errors]),
                   "median_idle_share": med([c.idle_share for c in results])}
 
 

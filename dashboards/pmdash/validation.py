@@ -381,12 +381,12 @@ def gpu_header() -> dict[str, str]:
     return dict(line.split(": ", 1) for line in csv_header(GPU_VALIDATION_CSV) if ": " in line)
 
 
-def trace_coverage() -> str:
-    """Which hardware has trace validation, which only the published table, which nothing."""
+def trace_coverage(gpu: dict[str, str]) -> str:
+    """Which hardware has trace validation (`gpu`: the bundled GPU results' gpu_header), which only
+    the published table, which nothing."""
     from perfmodel.spec import hardware
     from .measured import published_table
     published = sorted(set(published_table()["hardware"]))
-    gpu = gpu_header()
     traced = [gpu["hardware_file"]] if "hardware_file" in gpu else []
     others = [h for h in hardware.list_presets() if h not in published + traced]
     on_gpu = (f" and {gpu.get('machine', traced[0])} as `{traced[0]}` (the same reference step with XLA:GPU, its "
@@ -456,10 +456,11 @@ def profile_section() -> None:
 
 def render() -> None:
     st.header("Validation: per-layer predicted vs measured")
-    st.info(trace_coverage())
+    gpu_results = gpu_header()
+    st.info(trace_coverage(gpu_results))
     st.subheader("Bundled host validation")
     bundled(HOST_VALIDATION_CSV, "host validation", "python experiments/validate_host.py", "val", "val_host")
-    machine = gpu_header().get("machine", "a GPU").split(" (")[0]
+    machine = gpu_results.get("machine", "a GPU").split(" (")[0]
     gpu = st.expander(f"A real GPU: the reference step traced on {machine} (each layer's kernel time; the step "
                       "is the wall time)", key="val_gpu_exp", on_change="rerun")
     if gpu.open:  # drawn only when opened

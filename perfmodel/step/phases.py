@@ -112,6 +112,11 @@ def phases(model: ModelSpec, hw: Hardware, d: Deployment) -> dict[str, float]:
     return out
 
 
+def rounded(seconds: float) -> float:
+    """A difference of two step times, 0 below 1 ps (float rounding, not a saving)."""
+    return 0.0 if abs(seconds) < 1e-12 else seconds
+
+
 def attention_parts(model: ModelSpec, hw: Hardware, d: Deployment) -> dict[str, float]:
     """Seconds per decoder layer the step saves when one part of the attention alone is left out:
     `compute` (its cores' FLOPs and fixed latency; their copies stay) and `writeback` (the cache
@@ -123,7 +128,7 @@ def attention_parts(model: ModelSpec, hw: Hardware, d: Deployment) -> dict[str, 
                 "writeback": dataclasses.replace(g, writeback={})}
     step = run(g).step_s
     saved = {part: (step - run(v).step_s) / len(model.layers) for part, v in variants.items()}
-    return {part: 0.0 if abs(v) < 1e-12 else v for part, v in saved.items()}  # below 1 ps: rounding
+    return {part: rounded(v) for part, v in saved.items()}
 
 
 def load_profile(name_or_path: str) -> dict:
@@ -256,8 +261,7 @@ def compare(profile: dict, hw: Hardware) -> dict:
             key = json.dumps(own, sort_keys=True)
             if key not in preds:
                 preds[key] = mean(kernel_model(entry, own))
-            p = preds[key][e["phase"]] * 1e6
-            p = 0.0 if abs(p) < 1e-6 else p  # a difference of two step times: below 1 ps is rounding
+            p = rounded(preds[key][e["phase"]]) * 1e6
             tol = TOLERANCE["total" if e["phase"] in ("layer", "fixed") else "phase"]
             rows.append({"phase": e["phase"], "per": e["per"], "measured_us": e["value_us"], "predicted_us": p,
                          "error": p / e["value_us"] - 1, "tolerance": tol,
