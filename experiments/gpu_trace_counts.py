@@ -52,14 +52,14 @@ def step_counts(xplane: Path) -> list[dict]:
         inside = [e for e in events if t0 <= e[0] < t1]
         if not inside:
             continue
-        busy, end = 0.0, t0
-        for s, e, _ in inside:  # union of the event intervals
+        busy, waits, end = 0.0, 0, inside[0][0]
+        for s, e, _ in inside:  # the union of the event intervals, and the gaps between them
+            waits += s - end >= WAIT_NS
             busy += max(0.0, e - max(s, end))
             end = max(end, e)
-        gaps = [b[0] - max(a[1] for a in inside[:i + 1]) for i, b in enumerate(inside[1:])]
         out.append({"events": len(inside), "d2h": sum(e[2] == D2H for e in inside),
                     "median_event_s": statistics.median(e - s for s, e, _ in inside) * 1e-9,
-                    "busy_s": busy * 1e-9, "waits": sum(g >= WAIT_NS for g in gaps),
+                    "busy_s": busy * 1e-9, "waits": waits,
                     "lead_s": (inside[0][0] - t0) * 1e-9, "window_s": (t1 - t0) * 1e-9})
     return out
 
