@@ -121,12 +121,17 @@ def hlo_scopes(hlo_text: str) -> dict[str, str]:
     An instruction without a scope in its own op_name (XLA drops the metadata of some rewritten
     dots and of fusions) takes, in order, the most common scope of the computations it calls,
     of its operands, or of its users."""
+    return _scopes_of(_instructions(hlo_text))
+
+
+def _scopes_of(instructions) -> dict[str, str]:
+    """hlo_scopes of a module's parsed instructions (`_instructions`)."""
     own: dict[str, str | None] = {}
     calls: dict[str, list[str]] = {}
     operands: dict[str, list[str]] = {}
     users: dict[str, list[str]] = defaultdict(list)
     comp_members: dict[str, list[str]] = defaultdict(list)
-    for comp, _, name, line in _instructions(hlo_text):
+    for comp, _, name, line in instructions:
         op = _OPNAME_RE.search(line)
         s = scope_of(op.group(1)) if op else None
         own[name] = s[0] if s else None
@@ -190,12 +195,13 @@ _DEDUP_RE = re.compile(r'deduplicated_name="([^"]*)"')
 
 
 def module_scopes(hlo_text: str) -> ModuleScopes:
-    ops = hlo_scopes(hlo_text)
+    instructions = list(_instructions(hlo_text))
+    ops = _scopes_of(instructions)
     comp_of: dict[str, str] = {}
     callers: dict[str, list[str]] = defaultdict(list)   # computation -> calling instructions
     kernel_of: dict[str, str] = {}
     entry = None
-    for comp, is_entry, name, line in _instructions(hlo_text):
+    for comp, is_entry, name, line in instructions:
         entry = comp if is_entry else entry
         comp_of[name] = comp
         for k in _CALLS_RE.findall(line.split("metadata=")[0]):
