@@ -1,8 +1,11 @@
-"""Fixtures shared by the kernel tests: the MINI spec derived from kimi-k3, and its weights."""
+"""Fixtures shared by the tests: the MINI spec derived from kimi-k3 and its weights (the kernel
+tests), and the recorded H200 run (the GPU trace tests)."""
 import json
 import os
 import shutil
+import tarfile
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +25,15 @@ def spec():
 def weights(spec):
     from kernels import reference  # jax only for the tests that ask for weights
     return reference.init_weights(spec, seed=0)
+
+
+@pytest.fixture
+def h200_runs(tmp_path) -> Path:
+    """The runs directory of a real H200 capture (experiments/validate_gpu.py, 2026-12-04: the compiled
+    reference step of kimi-k3-host-small at batch 1, context 256, its trace and HLO), unpacked."""
+    with tarfile.open(Path(__file__).parent / "data" / "h200_trace.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    return tmp_path / "h200"
 
 
 @pytest.hookimpl(hookwrapper=True)

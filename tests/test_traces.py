@@ -400,13 +400,9 @@ def test_constructed_gpu_trace_kernels_by_name_and_idle_gaps(tmp_path):
         assert sum(s.scope_s.values()) + s.idle_s == pytest.approx(s.window_s)
 
 
-def test_recorded_h200_trace_is_attributed(tmp_path):
-    """A real trace recorded on an NVIDIA H200 (experiments/validate_gpu.py, 2026-12-04; the
-    compiled reference step of kimi-k3-host-small at batch 1, context 256, and its HLO)."""
-    import tarfile
-    with tarfile.open(ROOT / "tests" / "data" / "h200_trace.tar.xz") as tar:
-        tar.extractall(tmp_path, filter="data")
-    run = tmp_path / "h200" / "kimi-k3-host-small_b1_c256_compiled"
+def test_recorded_h200_trace_is_attributed(h200_runs):
+    """A real trace recorded on an NVIDIA H200 (the h200_runs fixture)."""
+    run = h200_runs / "kimi-k3-host-small_b1_c256_compiled"
     t = traces.parse_trace(run)
     assert t.platform == "gpu" and len(t.steps) == 5 and t.n_layers == 4
     assert t.unattributed_share < 0.06  # the loops' condition copies carry no scope

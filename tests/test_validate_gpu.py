@@ -37,20 +37,17 @@ def test_cpu_smoke_run_writes_its_results(tmp_path):
     assert lines[0].startswith("# machine:") and any(",step,step," in line for line in lines)
 
 
-def test_compare_only_on_a_recorded_h200_run(tmp_path):
+def test_compare_only_on_a_recorded_h200_run(h200_runs):
     """--compare-only recompares runs captured on a GPU, here on any machine: the recorded H200
     run of tests/data (kimi-k3-host-small, batch 1, context 256, compiled)."""
-    import tarfile
-    with tarfile.open(ROOT / "tests" / "data" / "h200_trace.tar.xz") as tar:
-        tar.extractall(tmp_path, filter="data")
-    r = run("--compare-only", "--quick", "--traces", str(tmp_path / "h200"))
+    r = run("--compare-only", "--quick", "--traces", str(h200_runs))
     assert r.returncode == 0, r.stderr[-2000:]
-    doc = json.loads((tmp_path / "h200" / "gpu_validation.json").read_text())
+    doc = json.loads((h200_runs / "gpu_validation.json").read_text())
     assert doc["meta"]["machine"].startswith("NVIDIA H200") and not doc["meta"]["note"].startswith("smoke")
     (c,) = doc["runs"]
     assert c["platform"] == "gpu" and 0.5 < c["idle_share"] < 1
     assert 0 < c["traced_busy_s"] < c["measured_step_s"]  # the GPU's kernel time within the wall step
-    lines = (tmp_path / "h200" / "gpu_validation.csv").read_text().splitlines()
+    lines = (h200_runs / "gpu_validation.csv").read_text().splitlines()
     assert sum(",kernels,kernels," in line for line in lines) == 1
     assert "GPU idle for" in r.stdout
 
@@ -75,21 +72,18 @@ def test_gpu_microbench_refuses_without_a_gpu():
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_gpu_trace_counts_on_the_recorded_h200_run(tmp_path):
+def test_gpu_trace_counts_on_the_recorded_h200_run(h200_runs):
     """experiments/gpu_trace_counts.py on the recorded H200 run: its per-step counts and the share
     of the wall step the measured host costs and the GPU's busy time account for."""
-    import tarfile
-    with tarfile.open(ROOT / "tests" / "data" / "h200_trace.tar.xz") as tar:
-        tar.extractall(tmp_path, filter="data")
     r = subprocess.run([sys.executable, str(ROOT / "experiments" / "gpu_trace_counts.py"), "--traces",
-                        str(tmp_path / "h200")], capture_output=True, text=True, timeout=300)
+                        str(h200_runs)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     row = next(line.split() for line in r.stdout.splitlines() if line.strip().startswith("kimi-k3-host-small"))
     events, d2h, busy = int(row[3]), int(row[4]), float(row[6])
     assert events > 100 and 0 < d2h < events and busy > 0
     assert "accounted:" in r.stdout and "%" in row[-1]
     none = subprocess.run([sys.executable, str(ROOT / "experiments" / "gpu_trace_counts.py"), "--traces",
-                           str(tmp_path / "h200"), "--mode", "op_by_op"], capture_output=True, text=True, timeout=300)
+                           str(h200_runs), "--mode", "op_by_op"], capture_output=True, text=True, timeout=300)
     assert none.returncode == 2 and "no op_by_op run" in none.stderr
 
 
