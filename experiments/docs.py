@@ -327,6 +327,34 @@ def fig_gb200_layers() -> str:
     return md_table(["layer", "kernel", "op", "batch 1 us", "batch 8 us", "from"], rows, "lllrrl")
 
 
+KERNEL_CLASSES = {"gemm": "GEMMs", "moe": "routed experts (grouped MoE)", "mnnvl": "MNNVL collectives",
+                  "elementwise": "small elementwise kernels", "kda": "KDA decode", "mla_core": "MLA decode",
+                  "mla_bmm": "MLA absorb BMMs", "nccl": "NCCL"}
+
+
+def fig_gb200_classes() -> str:
+    """`perfmodel predict ... --serving-engine vllm --json` at batch 1 and 8: the replayed kernels
+    by class (each as its table times it alone), and what of them the step does not pay."""
+    out = {b: cli_json("predict", *GB200_VLLM, "--batch", str(b))["results"][0] for b in (1, 8)}
+    by, count = {b: {} for b in out}, {}
+    for b, r in out.items():
+        for k in r["kernels"]["by_kernel"]:
+            by[b][k["class"]] = by[b].get(k["class"], 0.0) + k["seconds"]
+            if b == 1:
+                count[k["class"]] = count.get(k["class"], 0) + k["count"]
+    total = {b: r["kernels"]["seconds"] for b, r in out.items()}
+    rows = [[KERNEL_CLASSES.get(c, c), count[c]]
+            + [f"{ms(by[b][c])} ({by[b][c] / total[b]:.0%})".replace("%", " %") for b in out]
+            for c in sorted(count, key=lambda c: -by[1][c])]
+    rows.append(["**all, timed alone**", sum(count.values())] + [f"**{ms(total[b])}**" for b in out])
+    k1, k8 = out[1]["kernels"], out[8]["kernels"]
+    return (md_table(["class", "kernels a step", "batch 1 ms", "batch 8 ms"], rows, "lrrr")
+            + f"\nOf those, the shared experts on vLLM's second stream hide {ms(k1['hidden_s'])} ms (batch 1) and "
+              f"{ms(k8['hidden_s'])} ms (batch 8) beside the routed experts, and the preset's overlap of consecutive "
+              f"kernels in the graph hides {ms(k1['overlap_hidden_s'])} ms: the step is {ms(out[1]['step_s'])} ms at "
+              f"batch 1 and {ms(out[8]['step_s'])} ms at batch 8.\n")
+
+
 def fig_gpu_checks() -> str:
     """The serving engines beside the generic engine on the layouts the GPU issue names (batch 1
     unless stated, `--routing-skew 0`): H200 / H100 step ratios, EP8 / EP1 on 8 GPUs, B200 steps and
@@ -802,7 +830,7 @@ def fig_host_structure() -> str:
 
 
 FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed, "gb200-kernels": fig_gb200_kernels,
-           "gb200-layers": fig_gb200_layers, "gpu-checks": fig_gpu_checks, "kernel-fit": fig_kernel_fit, "h200-gemv-check": fig_h200_gemv_check,
+           "gb200-layers": fig_gb200_layers, "gb200-classes": fig_gb200_classes, "gpu-checks": fig_gpu_checks, "kernel-fit": fig_kernel_fit, "h200-gemv-check": fig_h200_gemv_check,
            "host-validation": fig_host_validation, "host-steps": fig_host_steps, "gpu-validation": fig_gpu_validation,
            "host-layer-kinds": fig_host_layer_kinds, "host-bench": fig_host_bench,
            "host-components": fig_host_components, "host-structure": fig_host_structure,
