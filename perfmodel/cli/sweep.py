@@ -111,6 +111,6 @@ def print_summary(out: dict, axes: list[str]) -> None:
           + f"\n{out['elapsed_s']:.2f} s on the {out['executor']} executor"
           + (f"; rows written to {out['out']}" if out["out"] else ""))
     for s in out.get("saturation", []):
-        print(f"gain saturates at {s['prefetch_mib']:g} MiB of prefetch "
-              f"({', '.join(f'{k}={v}' for k, v in s.items() if k not in ('prefetch_mib', 'step_s'))}): "
+        others = ", ".join(f"{k}={v}" for k, v in s.items() if k not in ("prefetch_mib", "step_s"))
+        print(f"gain saturates at {s['prefetch_mib']:g} MiB of prefetch{f' ({others})' if others else ''}: "
               f"{s['step_s'] * 1e3:.3f} ms, within 1 % of the best depth swept")
