@@ -5,8 +5,10 @@ with the inputs needed to predict it, the measured value and its public source. 
 grouped by mechanism (GROUPS; an entry's `fits` field overrides, for a composed stream whose
 time the MXU sets); a group is fitted (least squares on log error) only on the
 entries of its own mechanisms, the other groups held at their current values, in the order
-below, twice (the stream benchmarks compose the DMA and MXU groups). Entries marked
-`not_modelled` are printed with the reason and never fitted.
+below, twice (the stream benchmarks compose the DMA and MXU groups). A file's `fit` table may
+name the parameters a group fits on its platform (a subset, or one of the group's OPTIONAL ones
+that its entries determine). Entries marked `not_modelled` are printed with the reason and never
+fitted.
 
 CLI: `perfmodel calibrate --microbench FILE [--hardware NAME] [--out FILE] [--json]`.
 """
@@ -32,13 +34,15 @@ DATA_DIR = Path(__file__).parents[1] / "data" / "microbench"
 TARGET = 0.10
 UNITS = {"us_per_layer": 1e-6, "us_per_step": 1e-6, "us_per_expert": 1e-6, "us_per_copy": 1e-6,
          "us_per_collective": 1e-6, "us_per_dot": 1e-6, "us_per_tile": 1e-6, "us_per_call": 1e-6,
-         "us_per_kernel": 1e-6, "ms_per_dot": 1e-3, "GB_per_s": 1e9, "fraction_of_hbm_bandwidth": 1.0, "s": 1.0}
+         "us_per_kernel": 1e-6, "us_per_op": 1e-6, "us_per_trip": 1e-6, "us_per_attention": 1e-6,
+         "ms_per_dot": 1e-3, "GB_per_s": 1e9, "fraction_of_hbm_bandwidth": 1.0, "s": 1.0}
 # group -> (its parameters, the mechanisms whose micro-benchmarks fit them)
 GROUPS = {
     # dma_latency_s is not here: the stream entries are timed whole calls of 16 layers or
     # differences of calls, so a copy's first-byte latency barely enters them (it is fitted, with
-    # dma_concurrent_copies, to the phase profile: experiments/phase_split.py)
-    "dma": (("dma_bandwidth_bytes_per_s", "dma_descriptor_s"), ("weight_stream", "expert_stream")),
+    # dma_concurrent_copies, to the phase profile: experiments/phase_split.py); a file whose
+    # entries determine it (a ring kept one copy in flight) adds it by its `fit` table (OPTIONAL)
+    "dma": (("dma_bandwidth_bytes_per_s", "dma_descriptor_s"), ("weight_stream", "expert_stream", "dma_ring")),
     "mxu": (("mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_row_s", "mxu_dot_issue_s"),
             ("mxu_push", "matmul")),
     "vpu_dequant": (("vpu_dequant_s",), ("dequant_matmul",)),
@@ -66,6 +70,9 @@ GROUPS = {
     "host_argmax": (("host_argmax_values_per_s",), ("host_argmax",)),
     "host_absorb": (("host_absorb_fixed_s", "host_absorb_bytes_per_s"), ("host_absorbed_kv_b",)),
 }
+# parameters a file's `fit` table may add to a group where its entries determine them: a ring of
+# copies kept one in flight exposes the first-byte latency (experiments/tpu_microbench.py)
+OPTIONAL = {"dma": ("dma_latency_s",)}
 
 
 # what each mechanism's entries must give as inputs (a fit reads every one of them)
@@ -77,6 +84,7 @@ INPUTS = {
                       "dots_per_layer": Num(0, 2**31, integer=True), "dots_per_bank": Num(0, 2**31, integer=True),
                       "layers_per_call": _N, "difference_of_calls": (BOOL,)},
     "expert_stream": {"bytes": Req(_BYTES), "descriptors": Req(_N)},
+    "dma_ring": {"bytes": Req(_BYTES), "in_flight": Req(_N), "lanes": _N, "dtype": _DTYPE},
     "mxu_push": {"dtype": Req(_DTYPE)},
     "matmul": {"k": Req(_N), "n": Req(_N), "k_chunk": Req(_N), "lhs_rows_per_chunk": Req(_N), "dtype": Req(_DTYPE),
                "rows": _N},
@@ -132,9 +140,10 @@ def load(path: str | Path) -> dict:
         for platform, groups in data.get("fit", {}).items():
             for g, names in groups.items():
                 require(g in GROUPS, f"fit.{platform}.{g}", g, f"unknown group; known: {', '.join(GROUPS)}")
+                known = GROUPS[g][0] + OPTIONAL.get(g, ())
                 for n in names:
-                    require(n in GROUPS[g][0], f"fit.{platform}.{g}", n, f"not a parameter of the group; "
-                            f"known: {', '.join(GROUPS[g][0])}")
+                    require(n in known, f"fit.{platform}.{g}", n, f"not a parameter of the group; "
+                            f"known: {', '.join(known)}")
     return data
 
 
@@ -167,6 +176,15 @@ def weight_stream_time(c: dict, i: dict) -> float:
     return done / layers
 
 
+def dma_ring_time(c: dict, nbytes: float, in_flight: int) -> float:
+    """Per copy, in steady state, a ring of `in_flight` copies of `nbytes` kept outstanding (the
+    next issued as the oldest is waited for): a copy's whole time (first-byte latency, descriptor,
+    bytes) shared by the copies in flight, and no less than its descriptor and bytes (the engine
+    busy throughout). One in flight: latency + descriptor + bytes, a copy's issue-to-wait time."""
+    return max(cm.dma_stream_time(c, nbytes, 1, cold=True) / in_flight,
+               cm.dma_stream_time(c, nbytes, 1, cold=False))
+
+
 def predict_entry(e: dict, hw: Hardware) -> float:
     """The component model's value for one entry, in the entry's unit."""
     c, i, m = hw.components, e["inputs"], e["mechanism"]
@@ -174,6 +192,8 @@ def predict_entry(e: dict, hw: Hardware) -> float:
         t = weight_stream_time(c, i)
     elif m == "expert_stream":
         t = cm.dma_stream_time(c, i["bytes"], i["descriptors"], cold=False)
+    elif m == "dma_ring":
+        t = dma_ring_time(c, i["bytes"], i["in_flight"])
     elif m == "mxu_push":
         t = cm.mxu_push_s(c, i["dtype"])
     elif m == "matmul":
