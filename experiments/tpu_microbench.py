@@ -1,0 +1,772 @@
+"""Component micro-benchmarks on one TPU chip (written for the TPU v5e), one mechanism each, in the
+micro-benchmark file format that `perfmodel calibrate --microbench FILE` reads:
+
+    python experiments/tpu_microbench.py [--out experiments/results/tpu_v5e_microbench.json]
+    python experiments/tpu_microbench.py --dry-run --out /tmp/mb.json    # no TPU needed
+
+Sections, in the order they run (`--only` picks some), the function of each (named after its
+mechanism) and the `mechanism` of its entries:
+- dispatch, `host_dispatch`: a trivial jitted call (`x + 1` on one [8, 128] f32 tile), called and
+  waited on, median of many calls (`components.host_dispatch_s`);
+- dma, `dma_ring`: HBM -> VMEM copies of bf16 [rows, 128] and [rows, 256] blocks, 64 KiB .. 16 MiB,
+  1, 2, 4 or 8 kept in flight (a ring of VMEM slots; a copy issued as the oldest is waited for),
+  time per copy (`components.dma_stream_time`: bandwidth, per-descriptor cost, first-byte latency);
+- latency, `dma_latency` (entries `dma_ring`): the same ring with one copy in flight and tiny
+  copies (4 .. 32 KiB), each issued, then waited for: its first-byte latency, descriptor and bytes;
+- mxu, `mxu_matmul` (entries `matmul`, `matmul_int8_lhs`): x[m, k] @ w[k, n] inside a kernel, m in
+  {8, 16, 64, 256}, k, n in 128 .. 2048: bf16 weights; int8 weights widened to bf16 in the kernel
+  (what int8 weights cost beside bf16 activations); int8 x int8 -> int32 (the v5e MXU's int8
+  rate). Two weight matrices are used in turn, so no dot finds its weights already in the MXU.
+  The v5e has no fp8 MXU (JAX's tpu_info: fp8_ops_per_second = 0): nothing is measured in fp8;
+- vpu, `vpu_elementwise`: one elementwise pass (a multiply, or exp) over an f32 [rows, lanes]
+  array held in VMEM, 8 .. 256 rows x 128 .. 4096 lanes;
+- loop, `loop_trip` (entries `loop_trip`, `dma_issue_wait`): one trip of an in-kernel `fori_loop`
+  whose body increments an SMEM scalar; what starting a tiny copy and waiting for one issued 16
+  trips earlier (its data long arrived) adds to a trip that has 64 dependent vector multiply-adds;
+- xla, `xla_ops` (entries `xla_op`, `xla_loop_trip`, `xla_dot`, `xla_attention`): a chain of small
+  dependent XLA ops (tanh(x[8, 128] @ w[128, 128]), one fusion each) in an XLA while loop, bodies
+  of 1 and 32 ops: the time per op (its launch gap and its tiny work) and the loop's own trip;
+  XLA's bf16 dot x[m, k] @ w[k, n] (m 1 .. 64, k, n 1024 .. 8192) in a chain through 16 distinct
+  weights per loop trip, alternately [k, n] and [n, k]; XLA's decode attention over a bf16 cache,
+  one query row per head (8 KV heads of 4 query heads each, head dim 128) against T cached rows,
+  softmax included; the loop's trip subtracted from both.
+
+Timing. A jitted call costs about half a millisecond of host time on a TPU VM, so no figure is one
+call's wall clock: every kernel and XLA program takes its repetition count as an argument (an SMEM
+scalar or a device scalar: one compile serves every count), the count is raised until a call takes
+`target_s` more than a call of the smallest count, and the time per repetition is the
+least-squares slope over counts n, 2n and 3n (the median of `repeats` calls each), so the dispatch,
+the kernel's prologue and its epilogue drop out. Each entry's `notes` give the counts, the
+intercept and the fit's largest residual.
+
+Output: entries in the layout of perfmodel/data/microbench/tpu7x.json (id, mechanism, inputs,
+value, unit, scope, source, notes; `not_modelled` with the reason where no component of the model
+takes the mechanism), its `source` naming the command, the chip (JAX's device_kind), the JAX and
+libtpu versions and the date. The file is rewritten after every entry, so a run cut short
+keeps what it measured; `--budget-s` stops starting new measurements past that many seconds.
+With `--dry-run` (no TPU) the same code runs at tiny sizes, the Pallas kernels in interpret mode on
+the CPU: a check of the pipeline (a test runs it), its timings are not a TPU's.
+Expected on a TPU v5e: about 2-3 minutes after JAX has opened the chip (an estimate from the
+spec sheet's rates and this machine's compile times: not yet run on a chip): about a minute of it
+compiling the 111 Pallas kernels and 31 XLA programs, the rest timed calls.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "experiments" / "results" / "tpu_v5e_microbench.json"
+BF16, F32, I8, I32 = jnp.bfloat16, jnp.float32, jnp.int8, jnp.int32
+KIB, MIB = 1024, 1024 * 1024
+# JAX device_kind -> the hardware preset the entries are for
+PLATFORMS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v6 lite": "tpu-v6e", "TPU v5": "tpu-v5p",
+             "TPU v5p": "tpu-v5p", "TPU7x": "tpu-v7"}
+SECTIONS = ("dispatch", "dma", "latency", "mxu", "vpu", "loop", "xla")  # run in this order
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Every shape the run measures, and how long a timed call should be."""
+    dma_kib: dict            # lanes -> copy sizes (KiB) of the ring at that width
+    in_flight: tuple         # copies kept in flight
+    ring_vmem_bytes: int     # a ring's slots at most this much VMEM (in_flight x copy)
+    ring_source_bytes: int   # the HBM a ring reads, cycled through (blocks of the copy size)
+    latency_rows: tuple      # tiny copies: rows of a bf16 [rows, 128] block, one in flight
+    mxu_rows: tuple          # m of x[m, k] @ w[k, n]
+    mxu_shapes: tuple        # (k, n), bf16 weights
+    mxu_int8_shapes: tuple   # (k, n), int8 weights widened to bf16 (every m of mxu_rows)
+    mxu_int8_lhs: tuple      # (m, k, n), int8 x int8 -> int32
+    vpu_shapes: tuple        # (rows, lanes) of the f32 array
+    vpu_ops: tuple
+    issue_lag: int           # dma_issue_wait: a copy is waited for this many trips after its start
+    issue_chain: int         # dma_issue_wait: dependent vector multiply-adds in each trip
+    xla_rows: tuple          # m of XLA's dots
+    xla_shapes: tuple        # (k, n) of XLA's dots
+    xla_weights_per_trip: int
+    attention_heads: tuple   # (KV heads, query heads per KV head, head dim)
+    attention_tokens: tuple  # T cached rows
+    op_chain: tuple          # small ops per loop trip (two lengths: the slope between them is an op)
+    dispatch_calls: int
+    target_s: float          # a timed call lasts at least this much longer than the smallest one
+    repeats: int             # calls per count (the median is used)
+    vmem_limit_bytes: int
+
+
+FULL = Sizes(
+    dma_kib={128: (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384), 256: (256, 1024, 4096, 16384)},
+    in_flight=(1, 2, 4, 8), ring_vmem_bytes=64 * MIB, ring_source_bytes=64 * MIB,
+    latency_rows=(16, 32, 64, 128),
+    mxu_rows=(8, 16, 64, 256),
+    mxu_shapes=((128, 128), (256, 256), (512, 512), (1024, 1024), (2048, 2048), (512, 2048), (2048, 512)),
+    mxu_int8_shapes=((256, 256), (1024, 1024), (2048, 2048)),
+    mxu_int8_lhs=((8, 1024, 1024), (8, 2048, 2048), (256, 1024, 1024), (256, 2048, 2048)),
+    vpu_shapes=((8, 128), (8, 1024), (64, 1024), (256, 1024), (256, 4096)), vpu_ops=("mul", "exp"),
+    issue_lag=16, issue_chain=64,
+    xla_rows=(1, 8, 16, 32, 64),
+    xla_shapes=((1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (2048, 8192)),
+    xla_weights_per_trip=16,
+    attention_heads=(8, 4, 128), attention_tokens=(1024, 4096, 16384, 65536),
+    op_chain=(1, 32), dispatch_calls=500, target_s=3e-3, repeats=7, vmem_limit_bytes=100 * MIB)
+
+MINI = Sizes(  # the same code at tiny sizes: Pallas interpret mode on a CPU (--dry-run)
+    dma_kib={128: (8, 16), 256: (16,)}, in_flight=(1, 2), ring_vmem_bytes=64 * KIB,
+    ring_source_bytes=64 * KIB, latency_rows=(16,),
+    mxu_rows=(8,), mxu_shapes=((128, 128),), mxu_int8_shapes=((128, 128),), mxu_int8_lhs=((32, 128, 128),),
+    vpu_shapes=((8, 128),), vpu_ops=("mul", "exp"), issue_lag=2, issue_chain=2,
+    xla_rows=(1,), xla_shapes=((128, 256),), xla_weights_per_trip=2,
+    attention_heads=(2, 2, 128), attention_tokens=(64,),
+    op_chain=(1, 4), dispatch_calls=20, target_s=0.02, repeats=1, vmem_limit_bytes=100 * MIB)
+
+
+# ---- timing -----------------------------------------------------------------------------------
+
+@dataclass
+class Slope:
+    """Seconds per repetition (least squares over counts), with what the fit saw."""
+    per_rep_s: float
+    intercept_s: float
+    counts: tuple
+    medians_s: tuple
+    residual: float  # largest |fit - median| over the slope's span between the counts
+
+    def notes(self, per: str = "repetitions") -> str:
+        return (f"slope over {', '.join(map(str, self.counts))} {per} per call (median of the calls at "
+                f"each): intercept {self.intercept_s * 1e6:.1f} us, largest residual "
+                f"{100 * self.residual:.1f} % of the span")
+
+
+def wall(run) -> float:
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
+
+
+class Clock:
+    """Times `run(n)` (n repetitions in one call, waited on) and returns the slope per repetition."""
+
+    def __init__(self, sizes: Sizes):
+        self.target_s, self.repeats = sizes.target_s, sizes.repeats
+
+    def slope(self, run, n0: int = 1, n_max: int = 1 << 24) -> Slope:
+        run(n0)  # compile and warm up
+        base = min(wall(lambda: run(n0)) for _ in range(3))
+        n = n0
+        while n < n_max:
+            extra = wall(lambda: run(n)) - base
+            if extra >= self.target_s:
+                break
+            # below a tenth of the target the rate is noise: x4; above, jump toward the target
+            grow = 4.0 if extra < 0.1 * self.target_s else min(64.0, max(2.0, 1.3 * self.target_s / extra))
+            n = min(n_max, max(n + 1, int(n * grow)))
+        for _ in range(3):  # the counts' span must itself last the target (not one noisy call's)
+            sl = self.fit((n, 2 * n, 3 * n), run)
+            if sl.medians_s[-1] - sl.medians_s[0] >= self.target_s or 2 * n > n_max:
+                break
+            n *= 2
+        return sl
+
+    def fit(self, counts: tuple, run) -> Slope:
+        """The least-squares line through the median call time at each count."""
+        times = {c: [] for c in counts}
+        for _ in range(self.repeats):
+            for c in counts:  # interleaved, so drift touches every count alike
+                times[c].append(wall(lambda: run(c)))
+        med = [statistics.median(times[c]) for c in counts]
+        k, b = np.polyfit(np.array(counts, float), np.array(med), 1)
+        span = max(abs(k) * (counts[-1] - counts[0]), 1e-12)
+        resid = max(abs(k * c + b - m) for c, m in zip(counts, med)) / span
+        return Slope(float(k), float(b), counts, tuple(med), float(resid))
+
+
+# ---- Pallas kernels ---------------------------------------------------------------------------
+
+SMEM_SPEC = pl.BlockSpec(memory_space=pltpu.SMEM)
+VMEM_SPEC = pl.BlockSpec(memory_space=pltpu.VMEM)
+HBM_SPEC = pl.BlockSpec(memory_space=pl.ANY)
+
+
+def pallas(kernel, out_shape, in_specs, out_specs, scratch, sizes: Sizes, interpret: bool):
+    """A pallas_call without a grid; interpret: Pallas TPU interpret mode (on a CPU)."""
+    return pl.pallas_call(
+        kernel, out_shape=out_shape, in_specs=in_specs, out_specs=out_specs, scratch_shapes=scratch,
+        compiler_params=None if interpret else pltpu.CompilerParams(vmem_limit_bytes=sizes.vmem_limit_bytes),
+        interpret=pltpu.InterpretParams() if interpret else False)
+
+
+def ring_copy(src_hbm, slots, sems, blocks: int, i):
+    """Copy i of a ring: block i mod blocks of the source into slot i mod (slots)."""
+    s = i % slots.shape[0]
+    return pltpu.make_async_copy(src_hbm.at[i % blocks], slots.at[s], sems.at[s])
+
+
+def dma_ring_kernel(in_flight: int, blocks: int, n_ref, src_hbm, o_ref, slots, sems):
+    """n copies (n >= in_flight), in_flight of them outstanding: the first in_flight issued at once,
+    then each trip waits for the oldest and issues the copy in_flight ahead into its slot."""
+    # n_ref: [1] i32 SMEM (copies); src_hbm: [blocks, rows, lanes] bf16 HBM; o_ref: [16, lanes]
+    # slots: [in_flight, rows, lanes] bf16 VMEM; sems: DMA [in_flight]
+    n = n_ref[0]
+    for j in range(in_flight):
+        ring_copy(src_hbm, slots, sems, blocks, j).start()
+
+    def trip(i, carry):
+        ring_copy(src_hbm, slots, sems, blocks, i).wait()
+
+        @pl.when(i + in_flight < n)
+        def _():
+            ring_copy(src_hbm, slots, sems, blocks, i + in_flight).start()
+        return carry
+
+    lax.fori_loop(0, n, trip, 0)
+    o_ref[...] = slots[0, :16, :]
+
+
+def dma_ring_call(rows: int, lanes: int, in_flight: int, blocks: int, sizes: Sizes, interpret: bool):
+    return pallas(lambda *r: dma_ring_kernel(in_flight, blocks, *r),
+                  jax.ShapeDtypeStruct((16, lanes), BF16), [SMEM_SPEC, HBM_SPEC], VMEM_SPEC,
+                  [pltpu.VMEM((in_flight, rows, lanes), BF16), pltpu.SemaphoreType.DMA((in_flight,))],
+                  sizes, interpret)
+
+
+def matmul_kernel(widen: bool, acc_dtype, n_ref, x_ref, w_ref, o_ref):
+    """n dots x @ w, the two weight matrices in turn (int8 weights widened first where `widen`)."""
+    # n_ref: [1] i32 SMEM; x_ref: [m, k]; w_ref: [2, k, n]; o_ref: [m, n] f32 or i32
+    def trip(i, carry):
+        w = w_ref[i % 2]
+        if widen:
+            w = w.astype(x_ref.dtype)
+        o_ref[...] = jnp.dot(x_ref[...], w, preferred_element_type=acc_dtype)
+        return carry
+
+    lax.fori_loop(0, n_ref[0], trip, 0)
+
+
+def matmul_call(m: int, k: int, n: int, x_dtype, w_dtype, sizes: Sizes, interpret: bool):
+    acc = I32 if x_dtype == I8 else F32
+    return pallas(lambda *r: matmul_kernel(w_dtype != x_dtype, acc, *r), jax.ShapeDtypeStruct((m, n), acc),
+                  [SMEM_SPEC, VMEM_SPEC, VMEM_SPEC], VMEM_SPEC, [], sizes, interpret)
+
+
+def vpu_kernel(op: str, n_ref, x_ref, o_ref):
+    """n elementwise passes over the array in VMEM, each reading the last one's result."""
+    # n_ref: [1] i32 SMEM; x_ref, o_ref: [rows, lanes] f32 VMEM
+    o_ref[...] = x_ref[...]
+
+    def trip(i, carry):
+        v = o_ref[...]
+        o_ref[...] = jnp.exp(-v) if op == "exp" else v * 0.999
+        return carry
+
+    lax.fori_loop(0, n_ref[0], trip, 0)
+
+
+def vpu_call(rows: int, lanes: int, op: str, sizes: Sizes, interpret: bool):
+    return pallas(lambda *r: vpu_kernel(op, *r), jax.ShapeDtypeStruct((rows, lanes), F32),
+                  [SMEM_SPEC, VMEM_SPEC], VMEM_SPEC, [], sizes, interpret)
+
+
+def loop_trip_kernel(n_ref, o_ref, count):
+    """n trips of a fori_loop whose body increments an SMEM scalar (a side effect nothing removes)."""
+    # n_ref: [1] i32 SMEM; o_ref: [1] i32 SMEM; count: [1] i32 SMEM scratch
+    count[0] = 0
+
+    def trip(i, carry):
+        count[0] = count[0] + 1
+        return carry
+
+    lax.fori_loop(0, n_ref[0], trip, 0)
+    o_ref[0] = count[0]
+
+
+def loop_trip_call(sizes: Sizes, interpret: bool):
+    return pallas(loop_trip_kernel, jax.ShapeDtypeStruct((1,), I32), [SMEM_SPEC], SMEM_SPEC,
+                  [pltpu.SMEM((1,), I32)], sizes, interpret)
+
+
+def issue_wait_kernel(lag: int, chain: int, with_copy: bool, n_ref, src_hbm, x_ref, o_ref, slots, sems):
+    """n trips (n >= lag) of `chain` dependent multiply-adds on one vector tile; with_copy: each trip
+    also waits for the copy started `lag` trips before (long arrived) and starts one of 4 KiB."""
+    # n_ref: [1] i32 SMEM; src_hbm: [lag, 16, 128] bf16 HBM; x_ref, o_ref: [8, 128] f32 VMEM
+    # slots: [lag, 16, 128] bf16 VMEM; sems: DMA [lag]
+    n = n_ref[0]
+
+    def trip(i, x):
+        for _ in range(chain):
+            x = x * 0.5 + 0.25
+        if with_copy:
+            @pl.when(i >= lag)
+            def _():
+                ring_copy(src_hbm, slots, sems, lag, i - lag).wait()
+            ring_copy(src_hbm, slots, sems, lag, i).start()
+        return x
+
+    x = lax.fori_loop(0, n, trip, x_ref[...])
+    if with_copy:
+        for j in range(lag):
+            ring_copy(src_hbm, slots, sems, lag, n - lag + j).wait()
+    o_ref[...] = x
+
+
+def issue_wait_call(lag: int, chain: int, with_copy: bool, sizes: Sizes, interpret: bool):
+    return pallas(lambda *r: issue_wait_kernel(lag, chain, with_copy, *r), jax.ShapeDtypeStruct((8, 128), F32),
+                  [SMEM_SPEC, HBM_SPEC, VMEM_SPEC], VMEM_SPEC,
+                  [pltpu.VMEM((lag, 16, 128), BF16), pltpu.SemaphoreType.DMA((lag,))], sizes, interpret)
+
+
+# ---- XLA programs -----------------------------------------------------------------------------
+
+def dot_chain(trips, x, ws):
+    """`trips` loop trips, each a chain of dots through the weights `ws` (x[m, k] -> [m, n] -> ...)."""
+    def trip(_, x):
+        for w in ws:
+            x = jnp.dot(x, w)
+        return x
+    return lax.fori_loop(0, trips, trip, x)
+
+
+def small_op_chain(length: int):
+    def run(trips, x, w):
+        """`trips` loop trips of `length` dependent small ops, tanh(x[8, 128] @ w[128, 128]) each."""
+        def trip(_, x):
+            for _ in range(length):
+                x = jnp.tanh(jnp.dot(x, w))
+            return x
+        return lax.fori_loop(0, trips, trip, x)
+    return run
+
+
+def decode_attention(q, k, v):
+    """One query row per head against the cache: q [H, G, D], k and v [H, T, D] -> [H, G, D] f32."""
+    s = jnp.einsum("hgd,htd->hgt", q, k, preferred_element_type=F32) * q.shape[-1] ** -0.5
+    p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+    return jnp.einsum("hgt,htd->hgd", p, v, preferred_element_type=F32)
+
+
+def attention_chain(trips, q, k, v):
+    """`trips` attentions, each query nudged by the last one's output (so none can be skipped)."""
+    def trip(_, q):
+        return (q.astype(F32) + 1e-3 * decode_attention(q, k, v)).astype(q.dtype)
+    return lax.fori_loop(0, trips, trip, q)
+
+
+# ---- the run ----------------------------------------------------------------------------------
+
+class Bench:
+    """The run's state: sizes, clock, deadline, the entries so far and the output file."""
+
+    def __init__(self, sizes: Sizes, interpret: bool, out: Path, platform: str, source: str,
+                 context: dict, budget_s: float):
+        self.sizes, self.interpret, self.out, self.platform = sizes, interpret, out, platform
+        self.source, self.context = source, context
+        self.clock = Clock(sizes)
+        self.deadline = time.monotonic() + budget_s
+        self.entries: list[dict] = []
+        self.skipped: list[str] = []
+        self.prefix = platform.removeprefix("tpu-")
+        self._counts: dict[tuple, jax.Array] = {}
+
+    def count(self, n: int, shape: tuple = (1,)) -> jax.Array:
+        """n as an int32 device array of `shape` ([1]: a kernel's SMEM input; (): an XLA loop's trip
+        count), cached: no transfer inside a timed call."""
+        if (n, shape) not in self._counts:
+            self._counts[n, shape] = jnp.full(shape, n, I32)
+        return self._counts[n, shape]
+
+    def case(self, what: str, fn, *args):
+        """fn(*args), one measurement: not started past the deadline; an error is recorded as a skip
+        and the run goes on (in the dry run, which CI runs, it is raised)."""
+        if time.monotonic() >= self.deadline:
+            self.skip(what, "the --budget-s deadline passed")
+            return
+        try:
+            fn(*args)
+        except Exception as e:
+            if self.interpret:
+                raise
+            self.skip(what, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:400]}")
+
+    def skip(self, what: str, why: str):
+        self.skipped.append(f"{what}: {why}")
+        print(f"  skipped {what}: {why}", flush=True)
+
+    def kernel_slope(self, call, args, n0: int = 1) -> Slope:
+        """The slope per repetition of a pallas_call whose first input is the repetition count."""
+        f = jax.jit(call)
+        return self.clock.slope(lambda n: jax.block_until_ready(f(self.count(n), *args)), n0)
+
+    def program_slope(self, fn, args, n0: int = 1) -> Slope:
+        """The slope per loop trip of a jitted fn(trips, *args) (trips a device scalar)."""
+        f = jax.jit(fn)
+        return self.clock.slope(lambda n: jax.block_until_ready(f(self.count(n, ()), *args)), n0)
+
+    def add(self, ident: str, mechanism: str, inputs: dict, value: float, unit: str, scope: str,
+            notes: str = "", not_modelled: str = ""):
+        """One entry (printed as it comes); a value that is not positive is a failed measurement."""
+        ident = f"{self.prefix}-{ident}"
+        if not (value > 0 and math.isfinite(value)):
+            self.skip(ident, f"measured {value!r} {unit}: not a positive time ({notes})")
+            return
+        e = {"id": ident, "mechanism": mechanism, "inputs": inputs, "value": float(f"{value:.6g}"), "unit": unit,
+             "scope": scope, "source": self.source}
+        if notes:
+            e["notes"] = notes
+        if not_modelled:
+            e["not_modelled"] = not_modelled
+        self.entries.append(e)
+        print(f"{ident}: {e['value']:.4g} {unit} ({scope})", flush=True)
+        self.write()
+
+    def write(self):
+        """The file as measured so far (rewritten whole after every entry and mechanism)."""
+        from perfmodel.util.files import write_atomic
+        doc = {"what": f"{self.context['device']} component micro-benchmarks (one mechanism each), with the "
+                       "inputs the component model needs to predict each one.",
+               "platform": self.platform, "source": self.source,
+               "context": {**self.context, "skipped": list(self.skipped)},
+               "fit": {self.platform: {
+                   # the ring determines the first-byte latency beside the bandwidth and the descriptor
+                   "dma": ["dma_bandwidth_bytes_per_s", "dma_descriptor_s", "dma_latency_s"],
+                   # no fp8 MXU: its push is not measured
+                   "mxu": ["mxu_push_bf16_s", "mxu_row_s", "mxu_dot_issue_s"]}},
+               "entries": self.entries}
+        if self.entries:
+            write_atomic(self.out, json.dumps(doc, indent=1) + "\n", parents=True)
+
+
+def host_dispatch(b: Bench):
+    """Host dispatch of a trivial jitted call (x + 1 on one [8, 128] f32 tile), called and waited on:
+    the median over calls. The same calls issued back to back without waiting are in the notes."""
+    f = jax.jit(lambda x: x + 1)
+    x = jnp.zeros((8, 128), F32)
+    for _ in range(5):
+        f(x).block_until_ready()
+    n = b.sizes.dispatch_calls
+    sync = [wall(lambda: f(x).block_until_ready()) for _ in range(n)]
+    t0 = time.perf_counter()
+    ys = [f(x) for _ in range(n)]
+    jax.block_until_ready(ys)
+    queued = (time.perf_counter() - t0) / n
+    q = statistics.quantiles(sync, n=10)
+    b.add("host-dispatch", "host_dispatch", {}, statistics.median(sync) * 1e6, "us_per_call",
+          f"a jitted x + 1 on an [8, 128] f32 tile, called and waited on, median of {n} calls",
+          f"10th / 90th percentile {q[0] * 1e6:.1f} / {q[-1] * 1e6:.1f} us; {queued * 1e6:.1f} us a call "
+          f"when {n} calls are issued before waiting")
+
+
+def ring_blocks(sizes: Sizes, copy_bytes: int) -> int:
+    """Blocks of the copy size in the HBM source a ring cycles through (at least 2)."""
+    return max(2, sizes.ring_source_bytes // copy_bytes)
+
+
+def measure_ring(b: Bench, rows: int, lanes: int, in_flight: int) -> Slope:
+    copy_bytes = rows * lanes * 2
+    blocks = ring_blocks(b.sizes, copy_bytes)
+    src = jnp.ones((blocks, rows, lanes), BF16)
+    try:
+        return b.kernel_slope(dma_ring_call(rows, lanes, in_flight, blocks, b.sizes, b.interpret), (src,),
+                              n0=max(in_flight, 2))
+    finally:
+        src.delete()
+
+
+def dma_ring(b: Bench):
+    """HBM -> VMEM copy stream: time per copy of bf16 [rows, lanes] blocks with 1, 2, 4 or 8 copies
+    kept in flight (a ring of VMEM slots; each trip waits for the oldest and issues the next into
+    its slot), the slope over the number of copies. The source cycles through `ring_source_bytes`
+    of HBM."""
+    s = b.sizes
+
+    def one(what, rows, lanes, kib, q):
+        sl = measure_ring(b, rows, lanes, q)
+        nbytes = rows * lanes * 2
+        b.add(what, "dma_ring", {"bytes": nbytes, "in_flight": q, "lanes": lanes, "dtype": "bf16"},
+              sl.per_rep_s * 1e6, "us_per_copy",
+              f"HBM -> VMEM copies of bf16 [{rows}, {lanes}] ({kib} KiB), {q} kept in flight, per copy "
+              f"({nbytes / max(sl.per_rep_s, 1e-15) / 1e9:.0f} GB/s)", sl.notes("copies"))
+
+    for lanes, kibs in s.dma_kib.items():
+        for kib in kibs:
+            for q in s.in_flight:
+                what = f"dma-ring-{lanes}l-{kib}k-q{q}"
+                if q * kib * KIB > s.ring_vmem_bytes:
+                    b.skip(what, f"{q} slots of {kib} KiB exceed the ring's {s.ring_vmem_bytes // MIB} MiB of VMEM")
+                    continue
+                b.case(what, one, what, kib * KIB // (lanes * 2), lanes, kib, q)
+
+
+def dma_latency(b: Bench):
+    """A copy's first-byte latency: tiny bf16 [rows, 128] copies, one at a time (each issued, then
+    waited for), the slope over the number of copies: latency + descriptor + bytes per copy, the
+    loop's trip included (`loop_trip`)."""
+    def one(what, rows):
+        sl = measure_ring(b, rows, 128, 1)
+        b.add(what, "dma_ring", {"bytes": rows * 256, "in_flight": 1, "lanes": 128, "dtype": "bf16"},
+              sl.per_rep_s * 1e6, "us_per_copy",
+              f"HBM -> VMEM copy of bf16 [{rows}, 128] ({rows * 256 // KIB} KiB) issued and waited for, one "
+              f"at a time, per copy (first-byte latency + descriptor + bytes, a loop trip included)",
+              sl.notes("copies"))
+
+    for rows in b.sizes.latency_rows:
+        what = f"dma-latency-{rows * 256 // KIB}k"
+        b.case(what, one, what, rows)
+
+
+def mxu_matmul(b: Bench):
+    """MXU time of one in-kernel dot x[m, k] @ w[k, n] by shape and dtype: the slope over the number
+    of dots, the two weight matrices in VMEM used in turn. bf16 x bf16 -> f32; bf16 x int8 weights
+    widened to bf16 in the kernel; int8 x int8 -> int32. No fp8: the v5e has no fp8 MXU."""
+    s = b.sizes
+    key = jax.random.PRNGKey(0)
+
+    def operand(shape, dtype):
+        if dtype == I8:
+            return jax.random.randint(key, shape, -8, 8, I32).astype(I8)
+        return jax.random.normal(key, shape, F32).astype(BF16)
+
+    def one(what, kind, m, k, n, xd, wd):
+        sl = b.kernel_slope(matmul_call(m, k, n, xd, wd, s, b.interpret), (operand((m, k), xd), operand((2, k, n), wd)))
+        scope = (f"in-kernel dot [{m}, {k}] @ [{k}, {n}], {kind} "
+                 f"({2 * m * k * n / max(sl.per_rep_s, 1e-15) / 1e12:.1f} T op/s), per dot")
+        if kind == "int8x8":
+            b.add(what, "matmul_int8_lhs", {"m": m, "k": k, "n": n}, sl.per_rep_s * 1e6, "us_per_dot", scope,
+                  sl.notes("dots"), not_modelled="int8 activations against int8 weights (the v5e MXU's int8 "
+                  "rate) are not a path of the model, which feeds int8 weights at the bf16 rate")
+            return
+        inputs = {"k": k, "n": n, "k_chunk": k, "lhs_rows_per_chunk": m, "dtype": "bf16" if kind == "bf16" else "int8",
+                  "rows": m}
+        b.add(what, "matmul", inputs, sl.per_rep_s * 1e6, "us_per_dot", scope, sl.notes("dots"),
+              not_modelled="" if kind == "bf16" else "the weights' int8 -> bf16 widening on the vector unit is "
+              "not a term of matmul_time, which pushes int8 weights at the bf16 rate")
+
+    cases = [(m, k, n, BF16, BF16) for (k, n) in s.mxu_shapes for m in s.mxu_rows]
+    cases += [(m, k, n, BF16, I8) for (k, n) in s.mxu_int8_shapes for m in s.mxu_rows]
+    cases += [(m, k, n, I8, I8) for (m, k, n) in s.mxu_int8_lhs]
+    for m, k, n, xd, wd in cases:
+        kind = {(BF16, BF16): "bf16", (BF16, I8): "int8w", (I8, I8): "int8x8"}[(xd, wd)]
+        what = f"mxu-{kind}-m{m}-{k}x{n}"
+        b.case(what, one, what, kind, m, k, n, xd, wd)
+
+
+def vpu_elementwise(b: Bench):
+    """Vector-unit work per element: one elementwise pass (x * c, or exp(-x)) over an f32 [rows,
+    lanes] array held in VMEM, each pass reading the last one's result; the slope over passes."""
+    def one(what, rows, lanes, op):
+        x = jnp.full((rows, lanes), 0.5, F32)
+        sl = b.kernel_slope(vpu_call(rows, lanes, op, b.sizes, b.interpret), (x,))
+        values = rows * lanes
+        b.add(what, "vpu_elementwise", {"op": op, "rows": rows, "lanes": lanes, "values": values},
+              sl.per_rep_s * 1e6, "us_per_op",
+              f"one pass of {'exp(-x)' if op == 'exp' else 'x * c'} over f32 [{rows}, {lanes}] in VMEM "
+              f"(load, op, store; {values / max(sl.per_rep_s, 1e-15) / 1e9:.1f} G values/s)", sl.notes("passes"),
+              not_modelled="no per-element vector-unit term in the model yet (vpu_dequant_s is per "
+              "dequantised matrix)")
+
+    for rows, lanes in b.sizes.vpu_shapes:
+        for op in b.sizes.vpu_ops:
+            what = f"vpu-{op}-f32-{rows}x{lanes}"
+            b.case(what, one, what, rows, lanes, op)
+
+
+def loop_trip(b: Bench):
+    """One trip of an in-kernel fori_loop (the body increments an SMEM scalar); then what starting a
+    tiny copy and waiting for one long arrived adds to a trip with vector work of its own (the
+    difference of two kernels' slopes: with and without the copies)."""
+    s = b.sizes
+
+    def trip():
+        sl = b.kernel_slope(loop_trip_call(s, b.interpret), ())
+        b.add("loop-trip", "loop_trip", {}, sl.per_rep_s * 1e6, "us_per_trip",
+              "one trip of an in-kernel fori_loop whose body increments an SMEM scalar", sl.notes("trips"),
+              not_modelled="no term of the model: a kernel's loop trips are inside its fitted fixed costs")
+
+    def issue_wait():
+        lag, chain = s.issue_lag, s.issue_chain
+        src = jnp.ones((lag, 16, 128), BF16)
+        x = jnp.full((8, 128), 0.5, F32)
+        plain = b.kernel_slope(issue_wait_call(lag, chain, False, s, b.interpret), (src, x), n0=lag)
+        both = b.kernel_slope(issue_wait_call(lag, chain, True, s, b.interpret), (src, x), n0=lag)
+        b.add("dma-issue-wait", "dma_issue_wait", {"bytes": 16 * 128 * 2, "lag": lag, "chain": chain},
+              (both.per_rep_s - plain.per_rep_s) * 1e6, "us_per_copy",
+              f"what starting a 4 KiB copy and waiting for one started {lag} trips before (long arrived) adds "
+              f"to a loop trip of {chain} dependent vector multiply-adds ({plain.per_rep_s * 1e6:.3f} us alone)",
+              f"with copies: {both.notes('trips')}; without: {plain.notes('trips')}",
+              not_modelled="no term of the model: the start and the wait of a copy whose data has arrived "
+              "are inside the per-descriptor cost the ring fits")
+
+    b.case("loop-trip", trip)
+    b.case("dma-issue-wait", issue_wait)
+
+
+def xla_ops(b: Bench):
+    """XLA's own ops, as the multi-kernel engine runs them (each a kernel of its own): the per-op
+    gap (a chain of small dependent ops in a while loop, bodies of two lengths), then bf16 dots by
+    shape and decode attention over a cache, each per op with the loop's own trip subtracted."""
+    s = b.sizes
+    key = jax.random.PRNGKey(1)
+    loop = {"s": 0.0}  # the while loop's own trip, once measured
+
+    def op_gap():
+        x = jax.random.normal(key, (8, 128), F32).astype(BF16)
+        w = (jax.random.normal(key, (128, 128), F32) / 16).astype(BF16)
+        short, long_ = s.op_chain
+        a = b.program_slope(small_op_chain(short), (x, w))
+        c = b.program_slope(small_op_chain(long_), (x, w))
+        per_op = (c.per_rep_s - a.per_rep_s) / (long_ - short)
+        loop_s = a.per_rep_s - short * per_op
+        b.add("xla-op-gap", "xla_op", {"ops_per_trip": [short, long_]}, per_op * 1e6, "us_per_op",
+              "one small XLA op (tanh(x[8, 128] @ w[128, 128]) bf16, one fusion) in a chain of dependent ops: "
+              f"its launch gap and its tiny work; slope between loop bodies of {short} and {long_} ops",
+              f"{long_} ops: {c.notes('trips')}; {short}: {a.notes('trips')}",
+              not_modelled="the multi-kernel engine's per-op cost is the hardware file's launch_overhead_s (not "
+              "a fitted component): set it from this entry")
+        b.add("xla-loop-trip", "xla_loop_trip", {}, loop_s * 1e6, "us_per_trip",
+              f"one trip of an XLA while loop (its condition and branch), the {short}-op body's ops subtracted",
+              not_modelled="no term of the model (a decode step is one program without a loop over steps)")
+        loop["s"] = max(loop_s, 0.0)
+
+    def dots(k, n):
+        per_trip = s.xla_weights_per_trip
+        ws = tuple((jax.random.normal(jax.random.fold_in(key, j), (k, n) if j % 2 == 0 else (n, k), F32)
+                    * (k ** -0.5)).astype(BF16) for j in range(per_trip))
+
+        def one(what, m):
+            x = jax.random.normal(key, (m, k), F32).astype(BF16)
+            sl = b.program_slope(dot_chain, (x, ws))
+            t = (sl.per_rep_s - loop["s"]) / per_trip
+            nbytes = 2 * k * n
+            b.add(what, "xla_dot", {"m": m, "k": k, "n": n, "dtype": "bf16", "bytes": nbytes}, t * 1e6, "us_per_op",
+                  f"XLA bf16 dot [{m}, {k}] @ [{k}, {n}] in a chain through {per_trip} distinct weights (half of "
+                  f"them [{n}, {k}]), per dot ({nbytes / max(t, 1e-15) / 1e9:.0f} GB/s of weights)",
+                  f"{sl.notes('trips')}; the loop's trip ({loop['s'] * 1e6:.2f} us) subtracted, the rest over "
+                  f"{per_trip} dots",
+                  not_modelled="XLA's dot is costed by the multi-kernel engine from the DMA and MXU components "
+                  "and launch_overhead_s: a check of that engine, not a component's data")
+
+        try:
+            for m in s.xla_rows:
+                what = f"xla-dot-bf16-m{m}-{k}x{n}"
+                b.case(what, one, what, m)
+        finally:
+            for w in ws:
+                w.delete()
+
+    def attention(what, tokens):
+        heads, group, dim = s.attention_heads
+        q = jax.random.normal(key, (heads, group, dim), F32).astype(BF16)
+        kc = jax.random.normal(key, (heads, tokens, dim), F32).astype(BF16)
+        vc = jax.random.normal(jax.random.fold_in(key, 1), (heads, tokens, dim), F32).astype(BF16)
+        try:
+            sl = b.program_slope(attention_chain, (q, kc, vc))
+        finally:
+            kc.delete()
+            vc.delete()
+        t = sl.per_rep_s - loop["s"]
+        nbytes = 2 * heads * tokens * dim * 2
+        b.add(what, "xla_attention", {"tokens": tokens, "kv_heads": heads, "q_heads_per_kv": group,
+                                      "head_dim": dim, "bytes": nbytes}, t * 1e6, "us_per_attention",
+              f"XLA decode attention of one sequence: {heads * group} query heads ({heads} KV heads), head dim "
+              f"{dim}, over {tokens} cached bf16 rows (scores, softmax, values, the query's update; "
+              f"{nbytes / max(t, 1e-15) / 1e9:.0f} GB/s of cache)",
+              f"{sl.notes('trips')}; the loop's trip ({loop['s'] * 1e6:.2f} us) subtracted",
+              not_modelled="the multi-kernel engine costs attention from its bytes and FLOPs: a check of that "
+              "engine, not a component's data")
+
+    b.case("xla-op-gap", op_gap)
+    for k, n in s.xla_shapes:
+        b.case(f"xla-dot-{k}x{n}", dots, k, n)
+    for tokens in s.attention_tokens:
+        what = f"xla-attention-t{tokens}"
+        b.case(what, attention, what, tokens)
+
+
+# section -> (its function, a title to print)
+MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted call"),
+              "dma": (dma_ring, "HBM -> VMEM copy ring by copy size and copies in flight"),
+              "latency": (dma_latency, "a tiny copy's first-byte latency (one in flight)"),
+              "mxu": (mxu_matmul, "in-kernel dots by shape and dtype"),
+              "vpu": (vpu_elementwise, "vector-unit elementwise passes"),
+              "loop": (loop_trip, "an in-kernel loop trip; a copy's start and wait beside vector work"),
+              "xla": (xla_ops, "XLA's op gap, dots by shape and decode attention")}
+
+
+def libtpu_version() -> str:
+    for name in ("libtpu", "libtpu-nightly"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return "not installed"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Component micro-benchmarks on one TPU chip (TPU v5e), written as a "
+                                             "micro-benchmark file for perfmodel calibrate --microbench.")
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="the micro-benchmark file to write")
+    ap.add_argument("--dry-run", "--interpret", dest="dry_run", action="store_true",
+                    help="tiny sizes, Pallas interpret mode: checks the pipeline on a CPU (timings are not a TPU's)")
+    ap.add_argument("--only", default=",".join(SECTIONS),
+                    help=f"comma-separated sections to run, in this order: {','.join(SECTIONS)}")
+    ap.add_argument("--platform", help="the hardware preset the entries are for (default: from JAX's device_kind)")
+    ap.add_argument("--budget-s", type=float, default=300.0,
+                    help="start no new measurement after this many seconds (what was measured is kept)")
+    a = ap.parse_args(argv)
+    only = [x for x in a.only.split(",") if x]
+    unknown = [x for x in only if x not in SECTIONS]
+    if unknown:
+        ap.error(f"--only: unknown {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
+    dev = jax.devices()[0]
+    if not a.dry_run and dev.platform != "tpu":
+        print(f"tpu_microbench: needs a TPU (JAX's default device is {dev.device_kind}); --dry-run runs the "
+              "same code in interpret mode", file=sys.stderr)
+        return 2
+    sizes = MINI if a.dry_run else FULL
+    platform = a.platform or PLATFORMS.get(dev.device_kind, "dry-run" if a.dry_run else dev.device_kind)
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    command = " ".join(["python experiments/tpu_microbench.py", *(sys.argv[1:] if argv is None else argv)])
+    software = (f"jax {jax.__version__}, jaxlib {importlib.metadata.version('jaxlib')}, libtpu {libtpu_version()}, "
+                f"Python {sys.version.split()[0]}")
+    where = ("Pallas interpret mode on a CPU, tiny sizes: not TPU timings" if a.dry_run
+             else f"one {dev.device_kind} ({jax.device_count()} JAX device(s))")
+    source = f"this project: {command} on {where}, {date[:10]} ({software})"
+    context = {"device": dev.device_kind, "software": software, "command": command, "date": date,
+               "platform_version": getattr(dev.client, "platform_version", ""),
+               "timing": f"slope of the wall clock over repetition counts n, 2n, 3n in one call (median of "
+                         f"{sizes.repeats} calls each), n raised until a call lasts {sizes.target_s * 1e3:g} ms "
+                         "longer than the smallest; no figure is one call's wall clock",
+               "sizes": json.loads(json.dumps(dataclasses.asdict(sizes), default=str)),
+               "fp8": "TPU v5e has no fp8 MXU (JAX tpu_info: fp8_ops_per_second = 0): no fp8 entries"}
+    b = Bench(sizes, a.dry_run, Path(a.out), platform, source, context, a.budget_s)
+    print(f"tpu_microbench: {where}; {software}; writing {a.out}", flush=True)
+    t0 = time.monotonic()
+    for name in only:
+        t = time.monotonic()
+        fn, title = MECHANISMS[name]
+        print(f"== {name}: {title}", flush=True)
+        fn(b)
+        b.write()
+        print(f"== {name}: {time.monotonic() - t:.1f} s", flush=True)
+    print(f"tpu_microbench: {len(b.entries)} entries, {len(b.skipped)} skipped, {time.monotonic() - t0:.0f} s; "
+          f"wrote {a.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if str(ROOT) not in sys.path:  # perfmodel.util.files without an installed package
+        sys.path.insert(0, str(ROOT))
+    sys.exit(main())

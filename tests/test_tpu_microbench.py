@@ -1,0 +1,135 @@
+"""The TPU micro-benchmark script (experiments/tpu_microbench.py) in its CPU dry run, the file it writes
+read back and fitted as `perfmodel calibrate --microbench` would, and the tpu-v5e hardware preset."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfmodel.fit import microbench
+from perfmodel.spec.hardware import jax_chip_figures, load_hardware
+from perfmodel.util.errors import SpecError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def script():
+    pytest.importorskip("jax")
+    spec = importlib.util.spec_from_file_location("tpu_microbench", ROOT / "experiments" / "tpu_microbench.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("tpu_microbench", mod)  # its dataclasses look their module up
+    spec.loader.exec_module(sys.modules["tpu_microbench"])
+    return sys.modules["tpu_microbench"]
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """The whole script at its MINI sizes, Pallas kernels in interpret mode (about 15 s on a CPU)."""
+    out = tmp_path_factory.mktemp("microbench") / "tpu_v5e.json"
+    assert script().main(["--dry-run", "--platform", "tpu-v5e", "--out", str(out)]) == 0
+    return out
+
+
+def test_dry_run_writes_every_mechanism_in_the_microbench_format(dry_run):
+    data = microbench.load(dry_run)  # the schema, each mechanism's inputs, a group or not_modelled each
+    mechanisms = {e["mechanism"] for e in data["entries"]}
+    assert {"host_dispatch", "dma_ring", "matmul", "matmul_int8_lhs", "vpu_elementwise", "loop_trip",
+            "dma_issue_wait", "xla_op", "xla_dot", "xla_attention"} <= mechanisms
+    assert data["platform"] == "tpu-v5e" and all(e["value"] > 0 for e in data["entries"])
+    e = data["entries"][0]
+    # the source names the command, where it ran, the date and the software
+    assert "experiments/tpu_microbench.py --dry-run" in e["source"] and "jax " in e["source"]
+    assert "interpret mode" in e["source"] and e["source"] == data["source"]
+    assert data["context"]["device"] and "libtpu" in data["context"]["software"]
+    ring = [e for e in data["entries"] if e["mechanism"] == "dma_ring"]
+    assert {e["inputs"]["in_flight"] for e in ring} == {1, 2} and {e["inputs"]["lanes"] for e in ring} == {128, 256}
+
+
+def test_dry_run_file_calibrates_the_tpu_v5e_preset(dry_run):
+    """Interpret-mode timings are not a TPU's, but the file drives the fit end to end: the DMA group
+    fits its latency too (the file's fit table), the MXU group leaves the fp8 push alone."""
+    data = json.loads(dry_run.read_text())
+    hw = load_hardware("tpu-v5e")
+    new = microbench.calibrated(data, hw, dry_run.name)
+    for name in ("dma_bandwidth_bytes_per_s", "dma_descriptor_s", "dma_latency_s", "mxu_push_bf16_s",
+                 "host_dispatch_s"):
+        assert new.sources[f"components.{name}"].startswith("fitted by perfmodel calibrate")
+    assert new.components["mxu_push_fp8_s"] == hw.components["mxu_push_fp8_s"]
+    rows = microbench.residual_table(data, new)
+    assert {r["group"] for r in rows if r["within_target"] is not None} == {"dma", "mxu", "host"}
+
+
+def test_without_a_tpu_the_full_run_refuses(capsys):
+    mb = script()
+    import jax
+    if jax.devices()[0].platform == "tpu":
+        pytest.skip("a TPU is present")
+    assert mb.main(["--out", "unused.json"]) == 2
+    assert "--dry-run" in capsys.readouterr().err
+
+
+def test_full_sizes_fit_the_chip():
+    """Every ring's slots and every dot's operands within the kernel's VMEM limit, every HBM array
+    under 4 GiB, and no more copies in flight than the ring's slots allow."""
+    mb = script()
+    s = mb.FULL
+    assert s.vmem_limit_bytes < 128 * 2**20
+    for lanes, kibs in s.dma_kib.items():
+        for kib in kibs:
+            assert mb.ring_blocks(s, kib * 1024) * kib * 1024 <= 4 * 2**30
+    assert max(q * kib * 1024 for q in s.in_flight for kibs in s.dma_kib.values() for kib in kibs
+               if q * kib * 1024 <= s.ring_vmem_bytes) <= s.vmem_limit_bytes
+    dots = [(m, k, n) for k, n in s.mxu_shapes for m in s.mxu_rows] + list(s.mxu_int8_lhs)
+    assert max(2 * k * n * 2 + m * k * 2 + m * n * 4 for m, k, n in dots) < s.vmem_limit_bytes
+    heads, _, dim = s.attention_heads
+    assert max(s.attention_tokens) * heads * dim * 2 < 4 * 2**30
+    assert max(k * n * 2 for k, n in s.xla_shapes) * s.xla_weights_per_trip < 4 * 2**30
+
+
+def test_dma_ring_time_shares_a_copy_among_those_in_flight():
+    c = {"dma_latency_s": 1e-6, "dma_descriptor_s": 1e-7, "dma_bandwidth_bytes_per_s": 1e12}
+    one = microbench.dma_ring_time(c, 1e5, 1)
+    assert one == pytest.approx(1e-6 + 1e-7 + 1e-7)  # issue to wait: latency, descriptor, bytes
+    assert microbench.dma_ring_time(c, 1e5, 2) == pytest.approx(one / 2)
+    assert microbench.dma_ring_time(c, 1e5, 8) == pytest.approx(1e-7 + 1e-7)  # the engine never idles
+
+
+def test_a_fit_table_may_add_only_a_groups_optional_parameters(tmp_path):
+    entry = {"id": "r", "mechanism": "dma_ring", "inputs": {"bytes": 65536, "in_flight": 1}, "value": 2.0,
+             "unit": "us_per_copy", "source": "test"}
+    f = tmp_path / "mb.json"
+    f.write_text(json.dumps({"entries": [entry], "fit": {"tpu-v5e": {"dma": ["dma_latency_s"]}}}))
+    assert microbench.load(f)["fit"]["tpu-v5e"]["dma"] == ["dma_latency_s"]
+    f.write_text(json.dumps({"entries": [entry], "fit": {"tpu-v5e": {"dma": ["mxu_row_s"]}}}))
+    with pytest.raises(SpecError, match="not a parameter of the group"):
+        microbench.load(f)
+
+
+def test_tpu_v5e_preset_agrees_with_jax_tpu_info():
+    pytest.importorskip("jax")
+    hw = load_hardware("tpu-v5e")
+    fig = jax_chip_figures(hw)
+    assert fig["onchip_bytes"] == hw.onchip_bytes == 128 * 2**20
+    assert fig["hbm_bandwidth_bytes_per_s"] == pytest.approx(hw.hbm_bandwidth_bytes_per_s, rel=0.01)
+    assert fig["bf16"] == pytest.approx(hw.peak_flops_per_s["bf16"], rel=0.01)
+    assert fig["hbm_bytes"] == pytest.approx(hw.hbm_bytes, rel=0.01)
+    assert fig["fp8"] == 0 and "fp8" not in hw.peak_flops_per_s  # no fp8 MXU
+    assert hw.flops_rate("fp8") == hw.peak_flops_per_s["bf16"]
+
+
+def test_tpu_v5e_preset_marks_its_unmeasured_components_and_predicts():
+    from perfmodel.spec.deployment import Deployment
+    from perfmodel.spec.loaders import load_model
+    from perfmodel.step.predict import predict
+    hw = load_hardware("tpu-v5e")
+    assert hw.cores_per_chip == 1
+    # every component the micro-benchmarks will fit is an assumption until they have run
+    assert {f"components.{n}" for n in ("dma_bandwidth_bytes_per_s", "dma_latency_s", "dma_descriptor_s",
+                                        "mxu_row_s", "mxu_push_bf16_s", "mxu_dot_issue_s",
+                                        "host_dispatch_s")} <= set(hw.assumed)
+    model = load_model("llama-3.2-1b")
+    floor = 2.4e9 / hw.hbm_bandwidth_bytes_per_s  # about 2.4 GB of bf16 weights per step
+    for engine in ("megakernel", "multikernel"):
+        p = predict(model, hw, Deployment(devices=1, tp=1, engine=engine, batch=1))
+        assert floor < p.step_s < 3 * floor
