@@ -39,7 +39,7 @@ def export_once(dspec, cfg, tp: int):
     t0 = time.perf_counter()
     eqns = megakernel.kernel_equations(dspec, cfg)
     t1 = time.perf_counter()
-    call = megakernel.build_call(dspec, cfg, vmem_limit_bytes=vmem.chip_info().vmem_capacity_bytes)
+    call = megakernel.build_call(dspec, cfg, vmem_limit_bytes=cfg.target.vmem_bytes)
     tpu = AbstractDevice(device_kind="TPU7x", num_cores=1, platform="tpu")
     mesh = AbstractMesh((tp,), (comm.AXIS,), (AxisType.Auto,), abstract_device=tpu)
     # one pallas_call per device: every argument and result gets a leading device axis

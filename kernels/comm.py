@@ -46,6 +46,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from perfmodel.graph.ops import kernel_all_reduce
 
+from . import chip
+
 AXIS = "tp"
 F32, BF16 = jnp.float32, jnp.bfloat16
 WIRE = {"f32": F32, "bf16": BF16}
@@ -66,7 +68,7 @@ class Wire:
 
     @property
     def sub(self) -> int:
-        return 16 if jnp.dtype(self.dtype).itemsize == 2 else 8
+        return chip.tile_rows(jnp.dtype(self.dtype))
 
     @property
     def fold(self) -> int:

@@ -32,8 +32,8 @@ class Dma:
     first `depth` banks), "part" (the banks of part `name` of the current layer, each followed
     by the issue of the bank `depth` ahead), "vectors" (the vector block of layer `layer`
     relative to the current one), "experts" (per distinct expert picked, `copies` copies of
-    `bytes`), "cache_blocks" (per sequence, ceil(pos / block) copies), "cache_rows" (one per
-    accepted row), "exchange" (one message of `bytes` to each other member of a group of
+    `bytes`), "cache_blocks" (per sequence, ceil(pos / block) copies), "cache_window" (one per
+    sequence that keeps a row), "exchange" (one message of `bytes` to each other member of a group of
     `kind`, for collective `what`) and "wait" (name = the copies waited for), so that
     orderings can be checked."""
 

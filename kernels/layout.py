@@ -19,10 +19,9 @@ import numpy as np
 from perfmodel.spec.arch import Layer, Matmul, ModelSpec
 from perfmodel.util.errors import positive_int, require
 
-from . import quant, reference, stream
+from . import chip as chip_mod, quant, reference, stream
 
-LANES = 128
-SUBLANES = 8
+LANES = chip_mod.LANES
 
 
 @dataclass(frozen=True)
@@ -30,17 +29,19 @@ class KernelConfig:
     """batch: real sequences (padded to a multiple of 8 rows in the kernel); max_context: MLA
     cache capacity in tokens; depth: VMEM ring banks for static weights; bank_rows: rows of one
     bank ([bank_rows, tile] bf16, one DMA each); tile: the stream's lane width and the edge of a
-    routed-expert tile, a multiple of the MXU width (`vmem.check_vmem` checks it against the
-    chip); expert_slots: VMEM slots for routed experts; cache_block: tokens per MLA cache tile
+    routed-expert tile, a multiple of the MXU width (default the chip's MXU width;
+    `vmem.check_vmem` checks it); expert_slots: VMEM slots for routed experts; cache_block: tokens per MLA cache tile
     (one DMA; 3 tile buffers in VMEM); hierarchical: all-reduce with the sibling TensorCore
     first (`kernels.comm`); rows: verify rows per sequence (a draft block, causal within the
     block; `reference.verify_inputs`); host_devices: mesh devices per host for the two-level
     one-shot all-reduce (0: all devices on one host); wire: the dtype reductions travel in
-    between devices ("f32" exact, "bf16" half the bytes; `kernels.comm`)."""
+    between devices ("f32" exact, "bf16" half the bytes; `kernels.comm`); chip: the TPU the
+    kernel is built for (`kernels.chip`; default the attached one, else TPU7x): its MXU width,
+    VMEM and the dtypes its MXU takes."""
     batch: int
     max_context: int = 256
     depth: int = 4
-    tile: int = 256
+    tile: int = 0
     expert_slots: int = 2
     cache_block: int = 256
     hierarchical: bool = False
@@ -48,8 +49,13 @@ class KernelConfig:
     bank_rows: int = 1024
     host_devices: int = 0
     wire: str = "f32"
+    chip: str = ""
 
     def __post_init__(self):
+        if not self.chip:
+            object.__setattr__(self, "chip", chip_mod.chip().version)
+        if not self.tile:
+            object.__setattr__(self, "tile", self.target.mxu)
         for name in ("batch", "max_context", "depth", "tile", "expert_slots", "cache_block",
                      "rows", "bank_rows"):
             positive_int(name, getattr(self, name))
@@ -61,8 +67,17 @@ class KernelConfig:
                 f"({self.tile})")
         require(self.max_context % self.cache_block == 0, "max_context", self.max_context,
                 f"must be a multiple of cache_block ({self.cache_block})")
+        require(self.cache_block % stream.ROW_TILE == 0, "cache_block", self.cache_block,
+                f"must be a multiple of {stream.ROW_TILE} tokens (a bf16 tile's rows)")
+        require(self.max_context >= cache_window(self), "max_context", self.max_context,
+                f"must hold the {cache_window(self)} rows a step patches")
         require(self.host_devices >= 0, "host_devices", self.host_devices, "must be >= 0")
         require(self.wire in ("f32", "bf16"), "wire", self.wire, "must be f32 or bf16")
+
+    @property
+    def target(self) -> chip_mod.Chip:
+        """The chip the kernel is built for (`kernels.chip`)."""
+        return chip_mod.chip(self.chip)
 
     @property
     def token_rows(self) -> int:
@@ -72,11 +87,17 @@ class KernelConfig:
     @property
     def padded_batch(self) -> int:
         """Token rows padded to whole sublane tiles."""
-        return -(-self.token_rows // SUBLANES) * SUBLANES
+        return chip_mod.round_rows(self.token_rows, jnp.float32)
 
     @property
     def bank_bytes(self) -> int:
         return 2 * self.bank_rows * self.tile
+
+
+def cache_window(cfg: KernelConfig) -> int:
+    """Rows of the MLA cache a step reads, patches and writes back per sequence: the whole bf16
+    tiles (`stream.ROW_TILE` rows) that can hold rows pos .. pos + rows - 1."""
+    return stream.pad16(cfg.rows + stream.ROW_TILE - 1)
 
 
 def check_kernel_spec(spec: ModelSpec, cfg: KernelConfig) -> None:
@@ -116,7 +137,8 @@ def expert_matmuls(spec: ModelSpec) -> list[Matmul]:
 def expert_layout(spec: ModelSpec, cfg: KernelConfig) -> quant.ExpertLayout:
     """How one routed expert is stored (`quant.ExpertLayout`; bf16: no scales)."""
     return quant.expert_layout(spec.formats["routed_expert"].name, cfg.tile,
-                               [(mm.d_in, mm.d_out) for mm in expert_matmuls(spec)])
+                               [(mm.d_in, mm.d_out) for mm in expert_matmuls(spec)],
+                               fp8=cfg.target.fp8)
 
 
 def max_row_col_tiles(spec: ModelSpec, cfg: KernelConfig) -> tuple[int, int]:
@@ -239,14 +261,14 @@ def pack_weights(weights: reference.Weights, cfg: KernelConfig) -> Packed:
         for layer, lw in zip(spec.layers, layers):
             if layer.ffn != "moe":
                 continue
-            per = [quant.pack_expert(lay, [np_(lw[mm.name][e]) for mm in expert_matmuls(spec)])
-                   for e in range(lw[expert_matmuls(spec)[0].name].shape[0])]
-            experts.append(np.stack([c for c, _, _ in per]))
-            if per[0][1] is not None:
-                scales.append(np.stack([s for _, s, _ in per]))
-            globs += [g for _, _, gl in per for g in gl]
+            codes, sc, gl = quant.pack_experts(lay, [jnp.asarray(lw[mm.name])
+                                                     for mm in expert_matmuls(spec)])
+            experts.append(codes)
+            if sc is not None:
+                scales.append(sc)
+            globs.append(gl.reshape(-1))
     t = cfg.tile
-    experts = np.stack(experts) if experts else np.zeros((1, 1, t, t), jnp.bfloat16)
+    experts = jnp.stack(experts) if experts else jnp.zeros((1, 1, t, t), jnp.bfloat16)
     vr = vector_rows(spec)
     vec = np.zeros((len(spec.layers) + 1, vr, LANES), jnp.bfloat16)
     for i, layer in enumerate((*spec.layers, None)):
@@ -259,9 +281,9 @@ def pack_weights(weights: reference.Weights, cfg: KernelConfig) -> Packed:
     glob = spec.moe and expert_layout(spec, cfg).fmt.global_scale
     return Packed(embed=jnp.asarray(weights["embed"]).reshape(spec.vocab, 1, -1),
                   static=jnp.asarray(np.concatenate(slabs), jnp.bfloat16),
-                  experts=jnp.asarray(experts), vectors=jnp.asarray(vec),
-                  expert_scales=jnp.asarray(np.stack(scales)) if scales else None,
-                  expert_global=jnp.asarray(np.asarray(globs, np.float32)) if glob else None)
+                  experts=experts, vectors=jnp.asarray(vec),
+                  expert_scales=jnp.stack(scales) if scales else None,
+                  expert_global=jnp.concatenate(globs) if glob else None)
 
 
 def unpack_vector(vrows, layout_entry):

@@ -37,6 +37,7 @@ from . import comm as comm_mod, layout, quant, reference as ref, shard, stream a
 from .comm import Comm
 from .dma import Copies, Dma
 from .layout import KernelConfig, Packed
+from .stream import ROW_TILE
 from .ring import PartReader, Ring
 
 F32, BF16 = jnp.float32, jnp.bfloat16
@@ -101,7 +102,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
     if n_kda:
         state_buf, conv_buf, kda_sem, kda_flag = take(4)  # state, window, DMA [4], SMEM [1]
     if n_mla:
-        cache_buf, newrow, kv_sem = take(3)  # [3, block, r + rope] bf16, [Bp, 1, r + rope], DMA [3]
+        cache_buf, window, kv_sem = take(3)  # [3, block, r + rope] bf16, [B, W, r + rope], DMA [3]
     if n_moe:
         mask_v, mask_s, ids_s = take(3)      # [1, E] int32 VMEM, [1, E] SMEM, [E] SMEM
     if tp > 1:
@@ -280,8 +281,20 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
         matmul = matmuls_of(i, "mla", "attention")
 
         def tile_copy(b, k):  # token tile k of sequence b into buffer k mod 3
-            return Copies("latent cache block", (mla_cache.at[o, b, pl.ds(k * cb, cb)],
+            first = k * cb if isinstance(k, int) else pl.multiple_of(k * cb, cb)
+            return Copies("latent cache block", (mla_cache.at[o, b, pl.ds(first, cb)],
                                                  cache_buf.at[k % 3], kv_sem.at[k % 3]))
+
+        def window_base(b):  # first row of sequence b's patched window (a whole tile)
+            w_rows = layout.cache_window(cfg)
+            base = jnp.minimum(pos_ref[b] // ROW_TILE * ROW_TILE, cfg.max_context - w_rows)
+            return pl.multiple_of(base, ROW_TILE)
+
+        def window_copy(b, write: bool):  # the tile-aligned rows holding the new rows of b
+            hbm = mla_cache.at[o, b, pl.ds(window_base(b), layout.cache_window(cfg))]
+            pair = (window.at[b], hbm) if write else (hbm, window.at[b])
+            return Copies(f"latent cache window ({'write' if write else 'read'})",
+                          (*pair, misc_sem.at[2]))
 
         def n_tiles(b):  # tiles holding positions < pos
             return (pos_ref[b] + cb - 1) // cb
@@ -294,6 +307,13 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
         dma.note("cache_blocks", None, "kv_cache", "latent cache block", cb * row_bytes)
         if b_real:
             start_first(0)  # overlaps the projections
+        # the new rows are written by a read-modify-write of whole tiles (one row is not a
+        # tile); only sequences that keep a row take part
+        w_bytes = layout.cache_window(cfg) * row_bytes
+        dma.note("cache_window", None, "kv_cache", "latent cache window (read)", w_bytes,
+                 row_bytes=row_bytes)
+        for b in range(b_real):
+            pl.when(acc_ref[b] > 0)(window_copy(b, False).start)
         q_nope, q_rope, c_new = ref.mla_project(spec, matmul, v, h)
         kv_b = matmul.matrix("kv_b")
         # absorbed form, flash-style: the new token first, then the cached tiles of each
@@ -342,18 +362,28 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
                         + [jnp.zeros((m.heads, r), F32)] * (bp - n_real))
         dma.note("wait", name="latent cache block")
         # the new rows are written only now (no write overlaps a tile read of the same range),
-        # and only the accepted rows of each sequence
-        newrow[:, 0, :] = c_new.astype(BF16)
-        writes = [(rr < acc_ref[b], Copies("latent cache row (write)", (
-            newrow.at[rr * b_real + b], mla_cache.at[o, b, pl.ds(pos_ref[b] + rr, 1)],
-            misc_sem.at[2]))) for b in range(b_real) for rr in range(n_rows)]
-        dma.note("cache_rows", None, "kv_cache", "latent cache row (write)", row_bytes)
-        for keep, cp in writes:
-            pl.when(keep)(cp.start)
+        # and only the accepted rows of each sequence: rows pos + rr (rr < accepted) of the
+        # window take the new latents, the others keep what was read
+        w_row = lax.broadcasted_iota(jnp.int32, (layout.cache_window(cfg), 1), 0)
+        for b in range(b_real):   # the reads share a semaphore: all of them land first
+            pl.when(acc_ref[b] > 0)(window_copy(b, False).wait)
+        for b in range(b_real):
+            @pl.when(acc_ref[b] > 0)
+            def _(b=b):
+                at = pos_ref[b] - window_base(b)
+                val = window[b].astype(F32)
+                for rr in range(n_rows):
+                    k = rr * b_real + b
+                    hit = jnp.logical_and(w_row == at + rr, rr < acc_ref[b])
+                    val = jnp.where(hit, c_new[k:k + 1], val)
+                window[b] = val.astype(BF16)
+                window_copy(b, True).start()
+        dma.note("cache_window", None, "kv_cache", "latent cache window (write)", w_bytes,
+                 row_bytes=row_bytes)
         out = ref.mla_output(spec, matmul, jnp.einsum("bhr,rhv->bhv", ctx, w_uv), h)
-        dma.note("wait", name="latent cache row (write)")
-        for keep, cp in writes:
-            pl.when(keep)(cp.wait)
+        dma.note("wait", name="latent cache window (write)")
+        for b in range(b_real):
+            pl.when(acc_ref[b] > 0)(window_copy(b, True).wait)
         matmul.finish()
         return out
 
@@ -597,7 +627,8 @@ def _shapes(spec: ModelSpec, cfg: KernelConfig):
                     pltpu.SemaphoreType.DMA((4,)), pltpu.SMEM((1,), jnp.int32)]
     if "mla_latent" in caches:
         d = caches["mla_latent"][0][-1]
-        scratch += [pltpu.VMEM((3, cfg.cache_block, d), BF16), pltpu.VMEM((bp, 1, d), BF16),
+        scratch += [pltpu.VMEM((3, cfg.cache_block, d), BF16),
+                    pltpu.VMEM((cfg.batch, layout.cache_window(cfg), d), BF16),
                     pltpu.SemaphoreType.DMA((3,))]
     if n_moe:
         scratch += [pltpu.VMEM((1, e), jnp.int32), pltpu.SMEM((1, e), jnp.int32),

@@ -144,10 +144,12 @@ def _expand(spec, cfg, distinct_experts, positions, accepted, device, events=Fal
                     for k in range(math.ceil(p / block)):
                         yield copy(here, r["family"], f"{r['name']} seq {b} block {k}",
                                    r["bytes"])
-            elif site == "cache_rows":
-                for a in accepted:
-                    for _ in range(a):
-                        yield copy(here, r["family"], r["name"], r["bytes"])
+            elif site == "cache_window":   # padding: the bytes beyond the new rows written
+                new = 0 if "(read)" in r["name"] else r["row_bytes"]
+                for b, a in enumerate(accepted):
+                    if a:
+                        yield copy(here, r["family"], f"{r['name']} seq {b}", r["bytes"],
+                                   padding=r["bytes"] - a * new)
             elif site == "exchange":
                 members, pos, member = comm.group(r["kind"], tp, device, host)
                 for k in range(members):
@@ -176,13 +178,15 @@ def weight_copies(plan: list[Copy]) -> list[Copy]:
 
 
 def overhead_bytes(plan: list[Copy]) -> dict[str, int]:
-    """What the plan's weight copies move beyond the weights an analytic model counts
-    (`perfmodel.graph.ops`): "padding", their zero bytes; "vectors", the small per-layer vectors
-    (norms, conv taps, decay constants, router bias, final norm) in 16 x 128 row blocks, which
-    the model does not count."""
+    """What the plan moves beyond the bytes an analytic model counts (`perfmodel.graph.ops`):
+    "padding", the weight copies' zero bytes; "vectors", the small per-layer vectors (norms,
+    conv taps, decay constants, router bias, final norm) in 16 x 128 row blocks, which the model
+    does not count; "cache_window", the MLA cache rows read and written back around the new
+    rows (a row is not a whole tile)."""
     w = weight_copies(plan)
     return {"padding": sum(c.padding for c in w),
-            "vectors": sum(c.bytes for c in w if c.name == "vectors")}
+            "vectors": sum(c.bytes for c in w if c.name == "vectors"),
+            "cache_window": sum(c.padding for c in plan if c.family == "kv_cache")}
 
 
 def settings(dspec: ModelSpec, cfg: KernelConfig) -> dict:
@@ -195,7 +199,7 @@ def settings(dspec: ModelSpec, cfg: KernelConfig) -> dict:
                 "collective_rows": comm.Wire(cfg.token_rows, 1, comm.WIRE[cfg.wire]).padded_rows}
     if dspec.moe and dspec.count(ffn="moe"):
         f = layout.expert_layout(dspec, cfg).fmt
-        out["expert_feed"] = {"bf16": "bf16", "int8": "int8"}.get(f.name, "fp8")
+        out["expert_feed"] = quant.feed(f)
         out["expert_scale_rows"] = max(1, f.scale_rows) if f.name in quant.FOUR_BIT else 1
     return out
 

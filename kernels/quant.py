@@ -12,9 +12,11 @@ Formats (groups and scale dtypes of the 4-bit formats from `perfmodel.spec.forma
 - nvfp4: e2m1 codes, one e4m3 scale per 16 input rows and one f32 scale per matrix (global =
   max |w| / (6 * 448), block scale = e4m3(max |w_block| / 6 / global); NVIDIA's NVFP4 recipe).
 
-How the MXU is fed (the weight operand; the activations stay bf16): bf16 as is; int8 codes as
-int8 (bf16 push rate on TPU7x); fp8 codes as fp8; 4-bit codes unpacked to fp8 (every int4 and
-e2m1 value is exact in e4m3) against a block-diagonal left operand: row block g of the LHS is
+How the MXU is fed (the weight operand; the activations stay bf16), by the chip's facts
+(`kernels.chip`): bf16 as is; int8 codes as int8 (bf16 push rate on TPU7x); on a chip whose MXU
+takes fp8 (TPU7x, v6e) fp8 codes as fp8 and 4-bit codes unpacked to fp8 (every int4 and e2m1
+value is exact in e4m3); on one that does not (v5e) both as bf16 (every e4m3, int4 and e2m1
+value is exact in bf16). The 4-bit codes meet a block-diagonal left operand: row block g of the LHS is
 the input restricted to group g's rows, so one dot gives every group's partial sum and the
 group scales multiply those sums (`group_dot`). No format needs a bf16 dequantisation.
 
@@ -30,9 +32,11 @@ unsigned integer vector ops (docs/sources.md).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -40,15 +44,17 @@ from jax import lax
 
 from perfmodel.spec.formats import get_format
 
+from . import chip
+
 QUANTISED = ("int8", "fp8", "int4", "int4-g128-f32", "mxfp4", "nvfp4")
 INT4 = ("int4", "int4-g128-f32")
 E2M1_FORMATS = ("mxfp4", "nvfp4")
 FOUR_BIT = INT4 + E2M1_FORMATS
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+E2M1_MIDPOINTS = (E2M1[1:] + E2M1[:-1]) / 2
 FP8 = ml_dtypes.float8_e4m3fn
 # storage dtype of each scale dtype (8-bit ones as int8 bit patterns)
 SCALE_STORAGE = {"bf16": ml_dtypes.bfloat16, "f32": np.float32, "e8m0": np.int8, "e4m3": np.int8}
-SUBLANE_TILE = {1: 32, 2: 16, 4: 8}   # rows of a (sublanes, 128) tile by itemsize, TPU7x
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,7 @@ class TileFormat:
     @property
     def chunk(self) -> int:
         """Tiles whose scale rows fill one sublane tile of the scale dtype."""
-        return SUBLANE_TILE[np.dtype(self.scale_dtype).itemsize] // self.scale_rows \
+        return chip.tile_rows(np.dtype(self.scale_dtype)) // self.scale_rows \
             if self.scale_rows else 1
 
     @property
@@ -85,16 +91,24 @@ class TileFormat:
         return self.name == "nvfp4"
 
 
-def tile_format(name: str, t: int) -> TileFormat:
+def tile_format(name: str, t: int, fp8: bool = True) -> TileFormat:
+    """Format `name` in tiles of t x t; fp8: whether the chip's MXU takes fp8 operands (else the
+    fp8 and 4-bit codes reach it as bf16, every one of their values exact in bf16)."""
+    feed = jnp.float8_e4m3fn if fp8 else jnp.bfloat16
     if name == "bf16":
         return TileFormat(name, t, ml_dtypes.bfloat16, t, t, None, jnp.bfloat16)
     if name == "int8":
         return TileFormat(name, t, np.int8, t, t, np.float32, jnp.int8)
     if name == "fp8":
-        return TileFormat(name, t, FP8, t, t, np.float32, jnp.float8_e4m3fn)
+        return TileFormat(name, t, FP8, t, t, np.float32, feed)
     f = get_format(name)  # 4-bit: f.block[1] input values per scale
-    return TileFormat(name, t, np.int8, t // 2, f.block[1], SCALE_STORAGE[f.scale_dtype],
-                      jnp.float8_e4m3fn)
+    return TileFormat(name, t, np.int8, t // 2, f.block[1], SCALE_STORAGE[f.scale_dtype], feed)
+
+
+def feed(fmt: TileFormat) -> str:
+    """The dtype the MXU takes the format's weights in: "bf16", "int8" or "fp8"."""
+    return {jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.int8): "int8",
+            jnp.dtype(jnp.float8_e4m3fn): "fp8"}[jnp.dtype(fmt.mxu)]
 
 
 @dataclass(frozen=True)
@@ -141,121 +155,164 @@ class ExpertLayout:
         return 1 + bool(self.rows[1])
 
 
-def quantize(w: np.ndarray, name: str, t: int):
-    """w [d_in, d_out] -> (codes [d_in, d_out] before packing: int8, fp8, or 4-bit codes 0..15 in
-    uint8; scales [ceil(d_in / group), d_out] in their storage dtype (per-channel formats: one
-    row); the f32 global scale (nvfp4) or 1.0)."""
+def quantize(w, name: str, t: int):
+    """w [..., d_in, d_out] -> (codes [..., d_in, d_out] before packing: int8, fp8, or 4-bit
+    codes 0..15 in uint8; scales [..., ceil(d_in / group), d_out] in their storage dtype
+    (per-channel formats: one row); the f32 global scale [...] (nvfp4) or ones). numpy in,
+    numpy out; `quantize_jax` does the work (vectorised over the leading axes)."""
+    codes, s, glob = quantize_jax(jnp.asarray(w, jnp.float32), name, t)
+    codes = np.asarray(codes)
+    s = np.asarray(s)
+    if name in FOUR_BIT:
+        codes = codes.astype(np.uint8)
+    storage = SCALE_STORAGE.get(get_format(name).scale_dtype) if name in FOUR_BIT else np.float32
+    glob = np.asarray(glob)
+    return codes, s.astype(storage), (float(glob) if glob.ndim == 0 else glob)
+
+
+def _bits_int8(x):
+    """Values 0..255 (int32) as int8 bit patterns."""
+    return lax.bitcast_convert_type(x.astype(jnp.uint8), jnp.int8)
+
+
+@functools.partial(jax.jit, static_argnames=("name", "t"))
+def quantize_jax(w, name: str, t: int):
+    """`quantize` in JAX: w [..., d_in, d_out] f32 -> (codes, scales, global scale [...]); 4-bit
+    codes as int32 0..15, 8-bit scales as int8 bit patterns."""
     fmt = tile_format(name, t)
-    w = np.asarray(w, np.float32)
-    g = fmt.group if fmt.group < t else w.shape[0]
-    rows = math.ceil(w.shape[0] / g) * g
-    wp = np.zeros((rows, w.shape[1]), np.float32)
-    wp[:w.shape[0]] = w
-    blocks = wp.reshape(rows // g, g, -1)
-    amax = np.abs(blocks).max(axis=1)
-    glob = 1.0
+    *lead, d_in, d_out = w.shape
+    g = fmt.group if fmt.group < t else d_in
+    rows = math.ceil(d_in / g) * g
+    wp = jnp.pad(w, [(0, 0)] * len(lead) + [(0, rows - d_in), (0, 0)])
+    blocks = wp.reshape(*lead, rows // g, g, d_out)
+    amax = jnp.abs(blocks).max(axis=-2)
+    glob = jnp.ones(lead, jnp.float32)
     if name == "int8":
-        s = np.where(amax > 0, amax / 127, 1).astype(np.float32)
-        codes = np.clip(np.rint(blocks / s[:, None]), -127, 127).astype(np.int8)
+        s = jnp.where(amax > 0, amax / 127, 1).astype(jnp.float32)
+        codes = jnp.clip(jnp.rint(blocks / s[..., None, :]), -127, 127).astype(jnp.int8)
     elif name == "fp8":
-        s = np.where(amax > 0, amax / 448, 1).astype(np.float32)
-        codes = (blocks / s[:, None]).astype(FP8)
+        s = jnp.where(amax > 0, amax / 448, 1).astype(jnp.float32)
+        codes = (blocks / s[..., None, :]).astype(jnp.float8_e4m3fn)
     elif name in INT4:
-        s = np.where(amax > 0, amax / 7, 1).astype(fmt.scale_dtype)
-        codes = np.clip(np.rint(blocks / s.astype(np.float32)[:, None]), -8, 7)
-        codes = (codes.astype(np.int8) & 0xF).astype(np.uint8)
+        s = jnp.where(amax > 0, amax / 7, 1).astype(fmt.scale_dtype)
+        codes = jnp.clip(jnp.rint(blocks / s.astype(jnp.float32)[..., None, :]), -8, 7)
+        codes = codes.astype(jnp.int32) & 0xF
     else:
         if name == "mxfp4":
-            k = np.floor(np.log2(np.where(amax > 0, amax, 1.0))).astype(np.int32) - 2
-            s = (np.clip(k, -126, 127) + 127).astype(np.uint8).view(np.int8)
+            k = jnp.floor(jnp.log2(jnp.where(amax > 0, amax, 1.0))).astype(jnp.int32) - 2
+            s = _bits_int8(jnp.clip(k, -126, 127) + 127)
         else:  # nvfp4
-            top = float(np.abs(w).max())
-            glob = top / (6 * 448) if top > 0 else 1.0
-            s = (np.where(amax > 0, amax / 6 / glob, 1.0)).astype(FP8).view(np.int8)
-        x = blocks / (_scale(s, name) * glob)[:, None]
-        idx = np.abs(np.abs(x)[..., None] - E2M1).argmin(axis=-1).astype(np.uint8)
-        codes = idx | np.where(x < 0, 8, 0).astype(np.uint8)
-    return codes.reshape(rows, -1)[:w.shape[0]], s, glob
+            top = jnp.abs(w).max(axis=(-2, -1))
+            glob = jnp.where(top > 0, top / (6 * 448), 1.0)
+            gb = glob[..., None, None]
+            s = lax.bitcast_convert_type(
+                jnp.where(amax > 0, amax / 6 / gb, 1.0).astype(jnp.float8_e4m3fn), jnp.int8)
+        x = blocks / (_scale(s, name) * glob[..., None, None])[..., None, :]
+        # the nearest e2m1 magnitude (ties to the smaller), by its midpoints
+        idx = (jnp.abs(x)[..., None] > jnp.asarray(E2M1_MIDPOINTS)).sum(-1).astype(jnp.int32)
+        codes = idx | jnp.where(x < 0, 8, 0)
+    return codes.reshape(*lead, rows, d_out)[..., :d_in, :], s, glob
 
 
-def dequantize(codes: np.ndarray, scales: np.ndarray, name: str, t: int,
-               glob: float = 1.0) -> np.ndarray:
-    """The f32 values the codes stand for, [d_in, d_out] (before any rounding to bf16)."""
+def dequantize(codes, scales, name: str, t: int, glob=1.0) -> np.ndarray:
+    """The f32 values the codes stand for, [..., d_in, d_out] (before any rounding to bf16);
+    numpy in, numpy out (`dequantize_jax`)."""
+    codes = jnp.asarray(codes.astype(np.int32) if name in FOUR_BIT else codes)
+    return np.asarray(dequantize_jax(codes, jnp.asarray(scales), name, t,
+                                     jnp.asarray(glob, jnp.float32)))
+
+
+@functools.partial(jax.jit, static_argnames=("name", "t"))
+def dequantize_jax(codes, scales, name: str, t: int, glob):
+    """`dequantize` in JAX, over any leading axes (glob: one global scale per leading index)."""
     fmt = tile_format(name, t)
-    g = fmt.group if scales.shape[0] > 1 or fmt.group < t else max(codes.shape[0], 1)
-    rows = scales.shape[0] * g
-    c = np.zeros((rows, codes.shape[1]), codes.dtype)
-    c[:codes.shape[0]] = codes
-    v = _values(c, name).reshape(scales.shape[0], g, -1) * _scale(scales, name)[:, None] * glob
-    return v.reshape(rows, -1)[:codes.shape[0]]
+    *lead, d_in, d_out = codes.shape
+    n_g = scales.shape[-2]
+    g = fmt.group if n_g > 1 or fmt.group < t else max(d_in, 1)
+    c = jnp.pad(codes, [(0, 0)] * len(lead) + [(0, n_g * g - d_in), (0, 0)])
+    v = _values(c, name).reshape(*lead, n_g, g, d_out) * _scale(scales, name)[..., None, :]
+    v = v * jnp.reshape(glob, jnp.shape(glob) + (1, 1, 1))
+    return v.reshape(*lead, n_g * g, d_out)[..., :d_in, :]
+
+
+@functools.partial(jax.jit, static_argnames=("name", "t"))
+def round_trip_jax(w, name: str, t: int):
+    """The f32 values w [..., d_in, d_out] stands for once stored in format `name`."""
+    codes, scales, glob = quantize_jax(w.astype(jnp.float32), name, t)
+    return dequantize_jax(codes, scales, name, t, glob)
 
 
 def _values(codes, name):
-    """Code values as f32: numpy on the host, jnp in the kernel (4-bit codes 0..15 as int)."""
-    xp = np if isinstance(codes, np.ndarray) else jnp
+    """Code values as f32 (4-bit codes 0..15 as int; in the kernel and in `dequantize_jax`)."""
     if name in ("int8", "fp8"):
-        return codes.astype(xp.float32)
-    n = codes.astype(xp.int32)
+        return codes.astype(jnp.float32)
+    n = codes.astype(jnp.int32)
     if name in INT4:
-        return xp.where(n >= 8, n - 16, n).astype(xp.float32)
-    e, m = (n >> 1) & 3, (n & 1).astype(xp.float32)
-    mag = xp.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * (1 << xp.maximum(e - 1, 0)).astype(
-        xp.float32))
-    return xp.where(n >= 8, -mag, mag)
+        return jnp.where(n >= 8, n - 16, n).astype(jnp.float32)
+    e, m = (n >> 1) & 3, (n & 1).astype(jnp.float32)
+    mag = jnp.where(e == 0, 0.5 * m,
+                    (1.0 + 0.5 * m) * (1 << jnp.maximum(e - 1, 0)).astype(jnp.float32))
+    return jnp.where(n >= 8, -mag, mag)
 
 
 def _scale(scales, name):
-    """Scales in their storage dtype -> f32 (numpy or in-kernel jnp)."""
-    host = isinstance(scales, np.ndarray)
+    """Scales in their storage dtype -> f32."""
     if name == "mxfp4":   # e8m0 bits k: 2^(k - 127)
-        if host:
-            return np.exp2((scales.view(np.uint8).astype(np.float32)) - 127)
         return lax.bitcast_convert_type((scales.astype(jnp.int32) & 0xFF) << 23, jnp.float32)
     if name == "nvfp4":   # e4m3 bits
-        if host:
-            return scales.view(FP8).astype(np.float32)
         return lax.bitcast_convert_type(scales, jnp.float8_e4m3fn).astype(jnp.float32)
-    return scales.astype(np.float32 if host else jnp.float32)
+    return scales.astype(jnp.float32)
 
 
-def expert_layout(name: str, t: int, matrices: list[tuple[int, int]]) -> ExpertLayout:
-    """The layout of an expert whose matrices are [d_in, d_out] (in order)."""
-    return ExpertLayout(tile_format(name, t),
+def expert_layout(name: str, t: int, matrices: list[tuple[int, int]],
+                  fp8: bool = True) -> ExpertLayout:
+    """The layout of an expert whose matrices are [d_in, d_out] (in order); fp8: the chip's MXU
+    takes fp8 (`tile_format`)."""
+    return ExpertLayout(tile_format(name, t, fp8),
                         tuple((math.ceil(i / t), math.ceil(o / t)) for i, o in matrices))
 
 
 def pack_expert(lay: ExpertLayout, mats: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None,
                                                                      list[float]]:
-    """One expert's (codes array, scales array or None, global scale per matrix) in the layout."""
+    """One expert's (codes array, scales array or None, global scale per matrix) in the layout,
+    as numpy (`pack_experts`)."""
+    codes, scales, globs = pack_experts(lay, [jnp.asarray(m, jnp.float32)[None] for m in mats])
+    return (np.asarray(codes[0]), None if scales is None else np.asarray(scales[0]),
+            [float(g) for g in np.asarray(globs[0])])
+
+
+@functools.partial(jax.jit, static_argnames=("lay",))
+def pack_experts(lay: ExpertLayout, mats: list):
+    """Experts in the layout, all at once (JAX: on an accelerator when there is one): mats, per
+    matrix [E, d_in, d_out] -> (codes [E, rows[0], T], scales [E, rows[1], T] or None (8-bit
+    scales share the codes array), global scales [E, matrices] f32)."""
     f, t = lay.fmt, lay.fmt.t
-    codes = np.zeros((lay.code_rows, t), f.code_dtype)
-    scales = np.zeros((lay.scale_rows, t), f.scale_dtype) if f.scale_rows else None
-    globs = []
-    for m, (w, (r, c)) in enumerate(zip(mats, lay.shapes)):
-        w = np.asarray(w, np.float32)
+    codes, scales, globs = [], [], []
+    for w, (r, c) in zip(mats, lay.shapes):
+        e, d_in, d_out = w.shape
         if f.name == "bf16":
-            cw, s, glob = w.astype(ml_dtypes.bfloat16), None, 1.0
+            cw, s, glob = w.astype(jnp.bfloat16), None, jnp.ones((e,), jnp.float32)
         else:
-            cw, s, glob = quantize(w, f.name, t)
+            cw, s, glob = quantize_jax(w.astype(jnp.float32), f.name, t)
         globs.append(glob)
-        full = np.zeros((r * t, c * t), cw.dtype)
-        full[:w.shape[0], :w.shape[1]] = cw
-        tiles = full.reshape(r, t, c, t).transpose(2, 0, 1, 3).reshape(c * r, t, t)
-        if f.name in FOUR_BIT:
-            tiles = (tiles[:, :t // 2] | (tiles[:, t // 2:] << 4)).view(np.int8)
-        k0 = lay.first_tile(m)
-        codes[k0 * f.code_rows:(k0 + r * c) * f.code_rows] = tiles.reshape(-1, t)
-        if scales is not None:
+        full = jnp.pad(cw, ((0, 0), (0, r * t - d_in), (0, c * t - d_out)))
+        tiles = full.reshape(e, r, t, c, t).transpose(0, 3, 1, 2, 4).reshape(e, c * r, t, t)
+        if f.name in FOUR_BIT:   # two codes a byte: row i low nibble, row i + T/2 high
+            tiles = _bits_int8(tiles[:, :, :t // 2] | (tiles[:, :, t // 2:] << 4))
+        codes.append(tiles.reshape(e, -1, t).astype(f.code_dtype))
+        if f.scale_rows:
             g = f.scale_rows
-            per = np.repeat(s, r, axis=0) if f.group >= t else s    # per-channel: each row tile
-            sp = np.ones((r * g, c * t), np.float32).astype(s.dtype) if f.name != "mxfp4" else \
-                np.full((r * g, c * t), 127, np.uint8).view(np.int8)
-            sp[:per.shape[0], :per.shape[1]] = per
-            st = sp.reshape(r, g, c, t).transpose(2, 0, 1, 3).reshape(c * r * g, t)
-            base = lay.scale_first_row(m)
-            scales[base:base + st.shape[0]] = st
+            per = jnp.repeat(s, r, axis=1) if f.group >= t else s   # per-channel: each row tile
+            sp = jnp.pad(per, ((0, 0), (0, r * g - per.shape[1]), (0, c * t - per.shape[2])),
+                         constant_values=127 if f.name == "mxfp4" else 1)
+            st = sp.reshape(e, r, g, c, t).transpose(0, 3, 1, 2, 4).reshape(e, c * r * g, t)
+            chunked = math.ceil(r * c / f.chunk) * f.chunk * g   # whole chunks of tiles
+            scales.append(jnp.pad(st, ((0, 0), (0, chunked - c * r * g), (0, 0))))
+    codes = jnp.concatenate(codes, axis=1)
+    scales = jnp.concatenate(scales, axis=1).astype(f.scale_dtype) if scales else None
+    globs = jnp.stack(globs, axis=1)
     if f.combined:
-        return np.concatenate([codes, scales]), None, globs
+        return jnp.concatenate([codes, scales], axis=1), None, globs
     return codes, scales, globs
 
 
@@ -268,28 +325,26 @@ def dequantized_weights(weights, name: str, t: int = 256):
         lw = dict(lw)
         for k in ("expert_gate_up", "expert_down"):
             if k in lw:
-                w = np.asarray(lw[k], np.float32)
-                lw[k] = jnp.asarray(np.stack([round_trip(e, name, t) for e in w]),
-                                    jnp.bfloat16)
+                lw[k] = round_trip_jax(jnp.asarray(lw[k]), name, t).astype(jnp.bfloat16)
         layers.append(lw)
     return reference.Weights(dict(weights.params, layers=layers), weights.static)
 
 
 def round_trip(w: np.ndarray, name: str, t: int) -> np.ndarray:
-    """The f32 values `w` stands for once stored in format `name`."""
-    codes, scales, glob = quantize(w, name, t)
-    return dequantize(codes, scales, name, t, glob)
+    """The f32 values `w` stands for once stored in format `name` (numpy)."""
+    return np.asarray(round_trip_jax(jnp.asarray(w, jnp.float32), name, t))
 
 
 # ----- in the kernel ----------------------------------------------------------------------------
 
 def mxu_operand(codes, fmt: TileFormat):
-    """A tile's codes [code_rows, T] -> the MXU weight operand [T, T] (bf16, int8 or fp8)."""
+    """A tile's codes [code_rows, T] -> the MXU weight operand [T, T] in `fmt.mxu` (bf16, int8
+    or fp8)."""
     if fmt.name not in FOUR_BIT:
-        return codes
+        return codes.astype(fmt.mxu)
     n = codes.astype(jnp.int32)                       # int8 bits, sign-extended
     lo, hi = n & 0xF, (n >> 4) & 0xF
-    return _values(jnp.concatenate([lo, hi], axis=0), fmt.name).astype(jnp.float8_e4m3fn)
+    return _values(jnp.concatenate([lo, hi], axis=0), fmt.name).astype(fmt.mxu)
 
 
 def tile_scales(scale_chunk, u: int, fmt: TileFormat):

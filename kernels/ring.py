@@ -15,7 +15,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from .dma import Copies
-from .stream import Part, Stream, pad16
+from .stream import ROW_TILE, Part, Stream, pad16
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 NT = (((1,), (1,)), ((), ()))   # contract the last dims: a @ b.T
@@ -36,7 +36,8 @@ class Ring:
     def bank(self, g, rows: int) -> Copies:
         """The copy of bank g (`rows` rows: its size class) into its slot."""
         s = self.slot(g)
-        return Copies(f"bank {g}", (self.hbm.at[pl.ds(self.row0[g], rows)],
+        row0 = pl.multiple_of(self.row0[g], ROW_TILE)   # every bank starts on a whole tile
+        return Copies(f"bank {g}", (self.hbm.at[pl.ds(row0, rows)],
                                     self.banks.at[s, pl.ds(0, rows)], self.sems.at[s]))
 
     def start(self):
@@ -90,9 +91,13 @@ class PartReader:
             if last <= n_item:
                 self._release(j)
 
-    def _rows(self, j: int, row: int, rows: int):
-        """rows [row, row + rows) of the part, inside bank j (a value)."""
-        return self.ring.banks[self.ring.slot(self.g0 + j), pl.ds(row - j * self.b, rows)]
+    def _rows(self, j: int, row, rows: int):
+        """rows [row, row + rows) of the part (row: a multiple of the tile, maybe traced),
+        inside bank j (a value)."""
+        start = row - j * self.b
+        if not isinstance(start, int):
+            start = pl.multiple_of(start, ROW_TILE)
+        return self.ring.banks[self.ring.slot(self.g0 + j), pl.ds(start, rows)]
 
     def _runs(self, k: int):
         """Group k's items as runs: (first item index, count) of consecutive items of one kind

@@ -122,8 +122,10 @@ def config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-devices", type=int,
                    help="mesh devices per host for the two-level one-shot all-reduce (default: "
                         "the TPU's devices per process, else the tpu-v7 hardware file's)")
-    p.add_argument("--tile", type=int, default=vmem.chip_info().mxu_column_size,
-                   help="stream lanes and expert tile edge; default the MXU width")
+    p.add_argument("--tile", type=int, default=0,
+                   help="stream lanes and expert tile edge; default the chip's MXU width")
+    p.add_argument("--chip", default="", help="the TPU to build for (v5e, v6e, 7x, ...; default "
+                   "the attached one, else 7x; `kernels.chip`)")
 
 
 def kernel_config(a, spec, batch: int, max_context: int, on_tpu: bool = False
@@ -137,7 +139,7 @@ def kernel_config(a, spec, batch: int, max_context: int, on_tpu: bool = False
         batch=batch, max_context=max_context, depth=a.depth or t.depth, tile=a.tile,
         expert_slots=a.slots or t.expert_slots, cache_block=min(256, max_context),
         hierarchical=a.hierarchical, rows=a.rows, bank_rows=a.bank_rows or t.bank_rows,
-        host_devices=host, wire=a.wire or t.wire)
+        host_devices=host, wire=a.wire or t.wire, chip=a.chip)
 
 
 def hardware_host_devices(name: str) -> int:

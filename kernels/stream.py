@@ -26,12 +26,14 @@ import functools
 import math
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from perfmodel.spec.arch import Layer, Matmul, ModelSpec
 from perfmodel.util.errors import require
 
-SUBLANES = 16        # rows of a bf16 (16, 128) tile
+from . import chip
+
 SPLIT = 128          # a block's input range may be split only at multiples of this
 
 # matmuls of one part that read the same input and are computed as one, in column order
@@ -41,8 +43,12 @@ FUSED = {
 }
 
 
+ROW_TILE = chip.tile_rows(np.dtype(ml_dtypes.bfloat16))   # 16: every item and bank starts on one
+
+
 def pad16(n: int) -> int:
-    return -(-n // SUBLANES) * SUBLANES
+    """n rounded up to whole bf16 tiles (`ROW_TILE` rows)."""
+    return chip.round_rows(n, np.dtype(ml_dtypes.bfloat16))
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 Each buffer's bytes are padded to the TPU memory tiling: the last dimension to the lane count
 (128) and the second-minor dimension to the dtype's sublane tiling (`TpuInfo.
-get_sublane_tiling`: 8 rows for 32-bit, 16 for bf16, 32 for 8-bit on TPU7x). The chip figures
-come from JAX's `tpu_info` (the attached TPU, or TPU7x per TensorCore when none is attached).
+get_sublane_tiling`: 8 rows for 32-bit, 16 for bf16 (8 on v5e), 32 for 8-bit). The figures
+are those of the chip the kernel is built for (`KernelConfig.chip`, `kernels.chip`).
 The explicit allocations may use the chip's VMEM minus `MARGIN_BYTES`, the room Mosaic needs
 for its own spill slots and internal scratch: Inferact's TPU7x megakernel keeps explicit
 allocations at or below 58 MiB of the 64 MiB and measured about 2.7 MiB of compiler spill slots
@@ -15,12 +15,12 @@ import math
 from dataclasses import dataclass
 
 import jax.numpy as jnp
-from jax.experimental.pallas import tpu as pltpu
 
 from perfmodel.spec.arch import ModelSpec
 from perfmodel.util.errors import SpecError, require
 
 from . import layout, reference
+from .chip import Chip
 from .layout import KernelConfig
 
 MARGIN_BYTES = 6 << 20   # 64 - 58 MiB: compiler spill slots (~2.7 MiB measured) and scratch
@@ -55,23 +55,16 @@ class Budget:
         return "\n".join(lines)
 
 
-def chip_info() -> pltpu.TpuInfo:
-    """The attached TPU's per-core figures, or TPU7x (one TensorCore) on a machine without one."""
-    if pltpu.is_tpu_device():
-        return pltpu.get_tpu_info()
-    return pltpu.get_tpu_info_for_chip(pltpu.ChipVersion.TPU_7X, 1)
-
-
-def padded_bytes(shape: tuple[int, ...], dtype, info: pltpu.TpuInfo) -> int:
+def padded_bytes(shape: tuple[int, ...], dtype, target: Chip) -> int:
     dtype = jnp.dtype(dtype)
     dims = (1,) * max(0, 2 - len(shape)) + tuple(shape)
-    sub = info.get_sublane_tiling(dtype)
+    sub = target.sublane_tiling(dtype)
     lead = math.prod(dims[:-2])
-    return lead * math.ceil(dims[-2] / sub) * sub * math.ceil(dims[-1] / info.num_lanes) \
-        * info.num_lanes * dtype.itemsize
+    return lead * math.ceil(dims[-2] / sub) * sub * math.ceil(dims[-1] / target.lanes) \
+        * target.lanes * dtype.itemsize
 
 
-def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buffer]:
+def buffers(spec: ModelSpec, cfg: KernelConfig) -> list[Buffer]:
     """The kernel's VMEM scratch and blocks, plus its largest compiler-managed values."""
     from . import comm, megakernel
     bp, t, h = cfg.padded_batch, cfg.tile, spec.hidden
@@ -101,7 +94,8 @@ def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buf
         d = caches["mla_latent"][0][-1]
         items += [("mla cache tiles (3 buffers)", (3, cfg.cache_block, d), jnp.bfloat16),
                   ("mla cache tile (f32 value)", (cfg.cache_block, d), jnp.float32),
-                  ("mla new latent row", (bp, 1, d), jnp.bfloat16),
+                  ("mla new rows' windows", (cfg.batch, layout.cache_window(cfg), d),
+                   jnp.bfloat16),
                   ("mla kv_b (value)", (m.kv_lora_rank, m.heads * (m.qk_nope_dim + m.v_head_dim)),
                    jnp.bfloat16)]
     if spec.moe:
@@ -112,24 +106,23 @@ def buffers(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo) -> list[Buf
                 spec, cfg, megakernel.collective_widths(spec, cfg), tp).items():
             items += [(f"send buffer ({comm.KINDS[kind]}, {dtype})", send, dtype),
                       (f"receive buffers ({comm.KINDS[kind]}, {dtype})", recv, dtype)]
-    return [Buffer(n, tuple(s), jnp.dtype(d).name, padded_bytes(s, d, info)) for n, s, d in items]
+    return [Buffer(n, tuple(s), jnp.dtype(d).name, padded_bytes(s, d, cfg.target))
+            for n, s, d in items]
 
 
-def check_vmem(spec: ModelSpec, cfg: KernelConfig, info: pltpu.TpuInfo | None = None,
-               capacity_bytes: int | None = None, margin_bytes: int = MARGIN_BYTES) -> Budget:
+def check_vmem(spec: ModelSpec, cfg: KernelConfig, capacity_bytes: int | None = None,
+               margin_bytes: int = MARGIN_BYTES) -> Budget:
     """The budget, or SpecError naming the largest buffers and the excess when the buffers do not
-    fit in `capacity_bytes` (default: the chip's VMEM per core) minus `margin_bytes`; the tile
-    must be a multiple of the chip's MXU width."""
+    fit in `capacity_bytes` (default: the VMEM of the config's chip) minus `margin_bytes`; the
+    tile must be a multiple of the chip's MXU width."""
     layout.check_kernel_spec(spec, cfg)
-    info = info or chip_info()
-    cap = info.vmem_capacity_bytes if capacity_bytes is None else capacity_bytes
-    require(cfg.tile % info.mxu_column_size == 0, "tile", cfg.tile,
-            f"must be a multiple of the MXU width of TPU {info.chip_version} "
-            f"({info.mxu_column_size}, jax tpu_info)")
-    attached = "attached" if pltpu.is_tpu_device() else "no TPU attached, jax tpu_info figures"
+    target = cfg.target
+    cap = target.vmem_bytes if capacity_bytes is None else capacity_bytes
+    require(cfg.tile % target.mxu == 0, "tile", cfg.tile,
+            f"must be a multiple of the MXU width of TPU {target.version} ({target.mxu}, jax "
+            "tpu_info)")
     limit = cap - margin_bytes
-    budget = Budget(tuple(buffers(spec, cfg, info)), cap, limit,
-                    f"TPU {info.chip_version} ({attached}, per TensorCore)")
+    budget = Budget(tuple(buffers(spec, cfg)), cap, limit, target.describe())
     if budget.total_bytes > limit:
         big = sorted(budget.buffers, key=lambda b: -b.bytes)[:4]
         raise SpecError("vmem", budget.total_bytes,

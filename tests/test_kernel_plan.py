@@ -32,7 +32,9 @@ def test_plan_structure(spec):
     assert {c.family for c in p} <= set(WEIGHT_FAMILIES) | {"kv_cache", "state"}
     assert all(0 <= c.layer <= len(spec.layers) + 1 for c in p)
     assert all(c.routed == (c.family == "routed_expert") for c in p)
-    assert all(c.bytes > 0 and 0 <= c.padding < c.bytes and c.peer == -1 for c in p)
+    # a cache window's read is all overhead (padding == bytes); any other copy carries data
+    assert all(c.bytes > 0 and 0 <= c.padding < c.bytes + (c.family == "kv_cache")
+               and c.peer == -1 for c in p)
 
 
 def test_plan_bytes_from_first_principles(spec):
@@ -59,7 +61,8 @@ def test_plan_bytes_from_first_principles(spec):
     m, a, b = spec.moe, spec.kda, cfg.batch
     d = spec.mla.kv_lora_rank + spec.mla.qk_rope_dim
     blocks = sum(math.ceil(q / cfg.cache_block) for q in pos)
-    assert fam["kv_cache"] == blocks * cfg.cache_block * d * 2 + b * d * 2
+    window = layout.cache_window(cfg) * d * 2   # read and written back per sequence
+    assert fam["kv_cache"] == blocks * cfg.cache_block * d * 2 + b * 2 * window
     per_seq = a.heads * a.head_dim ** 2 * 4 + (a.conv_width - 1) * 3 * a.heads * a.head_dim * 2
     assert fam["state"] == spec.count(attention="kda") * 2 * b * per_seq
     assert fam["embedding"] == b * spec.hidden * 2
@@ -79,15 +82,19 @@ def plan_and_model(spec, device_spec, cfg, ctx, devices, ep=None):
 
 
 def test_plan_matches_the_analytic_model(spec):
-    """Plan bytes = the op graph's static + routed + kv bytes + the plan's zeros and small
-    vectors, for one device, context L a multiple of cache_block; per layer the kv bytes agree."""
+    """Plan bytes = the op graph's static + routed + kv bytes + the plan's zeros, small vectors
+    and cache-window rows, for one device, context L a multiple of cache_block; per layer the kv
+    bytes agree beside the window's rows."""
     p, g, model = plan_and_model(spec, spec, cfg_(max_context=64), 48, 1)
     over = plan.overhead_bytes(p)
-    assert sum(c.bytes for c in p) == model + over["padding"] + over["vectors"]
+    assert over["cache_window"] > 0
+    assert sum(c.bytes for c in p) == model + over["padding"] + over["vectors"] + \
+        over["cache_window"]
     per_layer = bytes_by_layer_family(p)
     for layer in range(len(spec.layers) + 2):
         kv = sum(v for (l, f), v in per_layer.items() if l == layer and f in ("kv_cache", "state"))
-        assert kv == sum(g.kv_bytes[g.layer == layer])
+        window = sum(c.padding for c in p if c.layer == layer and c.family == "kv_cache")
+        assert kv - window == sum(g.kv_bytes[g.layer == layer])
 
 
 def test_ring_prefetches_across_layers(spec):
@@ -239,44 +246,50 @@ def test_kimi_k3_plan_predicted_like_the_model(batch):
 def test_full_scale_plan_matches_the_analytic_model(fmt):
     """Kimi K3 (routed experts in MXFP4 as the preset, or bf16) on 32 devices, TP32 x EP8: one
     device's HBM plan bytes = the op graph's per-device static + routed + kv bytes + the
-    plan's zeros and small vectors."""
+    plan's zeros, small vectors and cache-window rows."""
     full = derive("kimi-k3", formats={"routed_expert": fmt})
     cfg = dataclasses.replace(k3_config(4), max_context=256, cache_block=64)
     p, _, model = plan_and_model(full, shard.device_spec(full, 32, 8), cfg, 192, 32, 8)
     hbm = [c for c in p if c.peer < 0]
     over = plan.overhead_bytes(p)
-    assert sum(c.bytes for c in hbm) == model + over["padding"] + over["vectors"]
+    assert sum(c.bytes for c in hbm) == model + over["padding"] + over["vectors"] + \
+        over["cache_window"]
 
 
 # ----- orderings and verify rows ------------------------------------------------------------------
 
 def test_cache_row_written_after_its_tile_reads_completed(spec):
-    """In program order, an MLA layer's new cache rows are issued only after the kernel waited
-    for every cache tile read of that layer (a write into a range still being read would race)."""
+    """In program order, an MLA layer's new cache rows (a window of whole tiles per sequence,
+    read, patched and written back) are issued only after the kernel waited for every cache tile
+    read of that layer (a write into a range still being read would race)."""
     events = plan.dma_events(spec, cfg_(), positions=[17, 33, 0, 63])
     for layer in (l.index for l in spec.layers if l.attention == "mla"):
         ev = [(i, kind, name) for i, (kind, lyr, name) in enumerate(events) if lyr == layer]
         reads = [i for i, k, n in ev if k == "start" and n.startswith("latent cache block")]
         waited = [i for i, k, n in ev if k == "wait" and n == "latent cache block"]
-        writes = [i for i, k, n in ev if k == "start" and n == "latent cache row (write)"]
+        writes = [i for i, k, n in ev if k == "start" and
+                  n.startswith("latent cache window (write)")]
         assert reads and waited and len(writes) == 4
         assert max(reads) < waited[0] < min(writes)
 
 
 def test_verify_rows_plan(spec):
-    """rows 4: the cache blocks are read per sequence as for one row, one new cache row is
-    written per accepted row, embedding rows and the most experts a step can fetch scale with
+    """rows 4: the cache blocks are read per sequence as for one row, one window of whole tiles
+    holding the new rows is read and written back per sequence that keeps a row, embedding rows and the most experts a step can fetch scale with
     the token rows, and every row write still follows the tile reads of its layer."""
     cfg, pos, acc = cfg_(rows=4), [3, 5, 0, 17], [2, 0, 4, 1]
     p = plan.dma_plan(spec, cfg, positions=pos, accepted=acc)
     one = plan.dma_plan(spec, cfg_(), positions=pos)
     d = spec.mla.kv_lora_rank + spec.mla.qk_rope_dim
-    writes = [c for c in p if c.name == "latent cache row (write)"]
-    assert len(writes) == spec.count(attention="mla") * sum(acc)
+    writes = [c for c in p if c.name.startswith("latent cache window (write)")]
+    keeping = sum(a > 0 for a in acc)
+    assert len(writes) == spec.count(attention="mla") * keeping
     blocks = lambda q: [c for c in q if "cache block" in c.name]
     assert [c.bytes for c in blocks(p)] == [c.bytes for c in blocks(one)]
+    window = layout.cache_window(cfg)   # 32 rows: 4 rows from any position fit in two tiles
+    assert window == 32
     assert sum(c.bytes for c in p if c.family == "kv_cache") == \
-        sum(c.bytes for c in blocks(p)) + spec.count(attention="mla") * sum(acc) * d * 2
+        sum(c.bytes for c in blocks(p)) + spec.count(attention="mla") * keeping * 2 * window * d * 2
     assert sum(c.bytes for c in p if c.family == "embedding") == 4 * 4 * spec.hidden * 2
     assert sum(c.routed for c in p) == spec.count(ffn="moe") * min(spec.moe.experts,
                                                                    16 * spec.moe.top_k)
@@ -284,8 +297,9 @@ def test_verify_rows_plan(spec):
     for layer in (l.index for l in spec.layers if l.attention == "mla"):
         ev = [(i, k, n) for i, (k, lyr, n) in enumerate(events) if lyr == layer]
         waited = [i for i, k, n in ev if k == "wait" and n == "latent cache block"]
-        writes = [i for i, k, n in ev if k == "start" and n == "latent cache row (write)"]
-        assert len(writes) == sum(acc) and waited[0] < min(writes)
+        writes = [i for i, k, n in ev if k == "start" and
+                  n.startswith("latent cache window (write)")]
+        assert len(writes) == keeping and waited[0] < min(writes)
     with pytest.raises(SpecError, match="accepted"):
         plan.dma_plan(spec, cfg, accepted=[5, 0, 0, 0])
     with pytest.raises(SpecError, match="positions"):
@@ -300,7 +314,7 @@ def test_mesh_plan_lists_the_collectives_remote_copies():
     file's 8) to 7 peers; remote copies carry their peer and collective, not HBM bytes."""
     full = derive("kimi-k3-mini", kda={"heads": 8}, mla={"heads": 8})
     d = shard.device_spec(full, 8, 4)
-    p = plan.dma_plan(d, cfg_(batch=2, max_context=32, cache_block=8), device=3)
+    p = plan.dma_plan(d, cfg_(batch=2, max_context=32, cache_block=16), device=3)
     remote = [c for c in p if c.peer >= 0]
     assert remote and all(c.family == "activation" and c.peer != 3 for c in remote)
     emb = [c for c in remote if c.name.startswith("embedding")]

@@ -24,7 +24,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
 from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interp_state
 
-from kernels import layout, megakernel, plan, reference, vmem
+from kernels import chip, layout, megakernel, plan, reference, vmem
 from kernels.specs import ODD_SIZED
 from perfmodel.spec.arch import derive
 from perfmodel.util.errors import SpecError
@@ -104,7 +104,7 @@ CASES = [(2, 3, 4, 2, 256, 256),
 @pytest.mark.parametrize("batch,depth,slots,steps,bank_rows,tile", CASES)
 def test_megakernel_matches_reference(spec, weights, batch, depth, slots, steps, bank_rows, tile):
     cfg = layout.KernelConfig(batch=batch, max_context=CONTEXT, depth=depth,
-                              expert_slots=slots, tile=tile, cache_block=8, bank_rows=bank_rows)
+                              expert_slots=slots, tile=tile, cache_block=16, bank_rows=bank_rows)
     run_both(spec, weights, cfg, steps)
 
 
@@ -118,14 +118,14 @@ def test_verify_rows_match_reference(spec, weights, batch, rows, steps):
     """Verify blocks (causal within the block, caches / KDA state updated by the accepted rows
     only) against the reference, race detection on."""
     cfg = layout.KernelConfig(batch=batch, max_context=CONTEXT, depth=4, expert_slots=3,
-                              cache_block=8, rows=rows)
+                              cache_block=16, rows=rows)
     run_both(spec, weights, cfg, steps, seed=7)
 
 
 @pytest.mark.slow
 def test_megakernel_many_steps_batch8(spec, weights):
     cfg = layout.KernelConfig(batch=8, max_context=CONTEXT, depth=30, expert_slots=4,
-                              cache_block=8)
+                              cache_block=16)
     run_both(spec, weights, cfg, steps=3, seed=3)
 
 
@@ -135,7 +135,7 @@ def test_megakernel_odd_sized_spec():
     experts top-6."""
     spec = derive("kimi-k3", **ODD_SIZED)
     cfg = layout.KernelConfig(batch=3, max_context=CONTEXT, depth=7, expert_slots=3,
-                              cache_block=8, bank_rows=384)
+                              cache_block=16, bank_rows=384)
     run_both(spec, reference.init_weights(spec, seed=2), cfg, steps=2)
 
 
@@ -147,14 +147,14 @@ def test_megakernel_odd_sized_spec():
 ], ids=["no-moe", "mla-moe-only"])
 def test_megakernel_other_layer_mixes(layers):
     spec = derive("kimi-k3", **(ODD_SIZED | layers))
-    cfg = layout.KernelConfig(batch=2, max_context=CONTEXT, depth=3, cache_block=8)
+    cfg = layout.KernelConfig(batch=2, max_context=CONTEXT, depth=3, cache_block=16)
     run_both(spec, reference.init_weights(spec, seed=3), cfg, steps=2)
 
 
 def test_plan_matches_kernel_counts(spec, weights):
     """The plan for the kernel's own distinct-expert counts moves exactly those experts."""
     cfg = layout.KernelConfig(batch=2, max_context=CONTEXT, depth=3, expert_slots=4,
-                              cache_block=8)
+                              cache_block=16)
     distinct = run_both(spec, weights, cfg, steps=1, seed=5)
     p = plan.dma_plan(spec, cfg, [int(d) for d in distinct])
     routed = [c for c in p if c.routed]
@@ -164,12 +164,12 @@ def test_plan_matches_kernel_counts(spec, weights):
 
 
 def test_vmem_budget_refuses_oversized_ring(spec):
-    cfg = layout.KernelConfig(batch=8, max_context=CONTEXT, depth=512, cache_block=8)
+    cfg = layout.KernelConfig(batch=8, max_context=CONTEXT, depth=512, cache_block=16)
     with pytest.raises(SpecError) as e:
         vmem.check_vmem(spec, cfg)
     msg = str(e.value)
-    budget = sum(b.bytes for b in vmem.buffers(spec, cfg, vmem.chip_info()))
-    excess = budget - (vmem.chip_info().vmem_capacity_bytes - vmem.MARGIN_BYTES)
+    budget = sum(b.bytes for b in vmem.buffers(spec, cfg))
+    excess = budget - (cfg.target.vmem_bytes - vmem.MARGIN_BYTES)
     assert e.value.field == "vmem" and "weight ring" in msg and f"{excess:,} B too many" in msg
     assert "for the compiler" in msg
 
@@ -178,7 +178,7 @@ def test_vmem_budget_keeps_the_compiler_margin(spec):
     """A configuration that fits the chip's whole VMEM but not VMEM less the margin is refused;
     the margin is the 6 MiB Inferact's TPU7x kernel leaves (explicit buffers <= 58 MiB)."""
     assert vmem.MARGIN_BYTES == (64 - 58) << 20
-    cfg = layout.KernelConfig(batch=1, max_context=CONTEXT, depth=2, cache_block=8)
+    cfg = layout.KernelConfig(batch=1, max_context=CONTEXT, depth=2, cache_block=16)
     fits = vmem.check_vmem(spec, cfg)
     assert fits.total_bytes < fits.limit_bytes == fits.capacity_bytes - vmem.MARGIN_BYTES
     with pytest.raises(SpecError, match="too many"):
@@ -193,14 +193,16 @@ def test_vmem_budget_keeps_the_compiler_margin(spec):
 
 
 def test_padded_bytes_follow_tpu_tiling():
-    info = vmem.chip_info()
-    assert vmem.padded_bytes((8, 1, 256), jnp.bfloat16, info) == 8 * 16 * 256 * 2
-    assert vmem.padded_bytes((3, 100), jnp.float32, info) == 8 * 128 * 4
-    assert vmem.padded_bytes((16,), jnp.int32, info) == 8 * 128 * 4
+    tpu7x, v5e = chip.chip("7x"), chip.chip("v5e")
+    assert vmem.padded_bytes((8, 1, 256), jnp.bfloat16, tpu7x) == 8 * 16 * 256 * 2
+    assert vmem.padded_bytes((8, 1, 256), jnp.bfloat16, v5e) == 8 * 8 * 256 * 2
+    for target in (tpu7x, v5e):
+        assert vmem.padded_bytes((3, 100), jnp.float32, target) == 8 * 128 * 4
+        assert vmem.padded_bytes((16,), jnp.int32, target) == 8 * 128 * 4
 
 
 def test_bad_inputs_raise_spec_error(spec, weights):
-    cfg = layout.KernelConfig(batch=2, max_context=CONTEXT, cache_block=8)
+    cfg = layout.KernelConfig(batch=2, max_context=CONTEXT, cache_block=16)
     packed = layout.pack_weights(weights, cfg)
     cache = reference.init_cache(spec, 2, CONTEXT)
     with pytest.raises(SpecError, match="tokens.shape"):
@@ -217,7 +219,10 @@ def test_bad_inputs_raise_spec_error(spec, weights):
     with pytest.raises(SpecError, match="tile"):
         layout.KernelConfig(batch=1, tile=100)
     with pytest.raises(SpecError, match="MXU width"):  # 128 lanes but half the TPU7x MXU
-        vmem.check_vmem(spec, layout.KernelConfig(batch=1, tile=128))
+        vmem.check_vmem(spec, layout.KernelConfig(batch=1, tile=384, chip="7x"))
+    assert vmem.check_vmem(spec, layout.KernelConfig(batch=1, tile=128, chip="v5e"))
+    with pytest.raises(SpecError, match="chip"):
+        layout.KernelConfig(batch=1, chip="v99")
     with pytest.raises(SpecError, match="wire"):
         layout.KernelConfig(batch=1, wire="f16")
 
@@ -228,7 +233,7 @@ def test_kernel_lowers_to_mosaic_for_tpu7x(spec, weights, rows):
     every op of the kernel body must have a Pallas TPU (Mosaic) lowering, and the named scopes
     become trace markers in the Mosaic module. (Mosaic's own layout passes run only on a TPU
     host.)"""
-    cfg = layout.KernelConfig(batch=4, max_context=CONTEXT, depth=6, cache_block=8, rows=rows,
+    cfg = layout.KernelConfig(batch=4, max_context=CONTEXT, depth=6, cache_block=16, rows=rows,
                               bank_rows=256)
     packed = layout.pack_weights(weights, cfg)
     cache = reference.init_cache(spec, cfg.batch, CONTEXT)
@@ -247,7 +252,7 @@ def test_kernel_lowers_to_mosaic_for_tpu7x(spec, weights, rows):
 
 def test_trace_does_not_grow_with_layers():
     """The layer loop is traced once per kind: 4 and 64 layers give kernel jaxprs within 10 %."""
-    cfg = layout.KernelConfig(batch=2, max_context=CONTEXT, depth=3, cache_block=8)
+    cfg = layout.KernelConfig(batch=2, max_context=CONTEXT, depth=3, cache_block=16)
     sizes = []
     for n in (4, 64):
         spec = derive("kimi-k3-mini", layers=n,

@@ -43,7 +43,7 @@ def check(tp: int, ep: int, hierarchical: bool, steps: int, rows: int = 1, host:
     spec = mini()
     weights = reference.init_weights(spec, 0)
     cfg = layout.KernelConfig(batch=batch, max_context=32, depth=3, expert_slots=2,
-                              cache_block=8, hierarchical=hierarchical, rows=rows,
+                              cache_block=16, hierarchical=hierarchical, rows=rows,
                               bank_rows=256, host_devices=host, wire=wire)
     dspec, step = parallel.make_step(spec, cfg, tp, ep,
                                      pltpu.InterpretParams(detect_races=True, on_race="warn"))
@@ -97,7 +97,7 @@ def late_entry(barrier: bool) -> None:
     from kernels.comm import AXIS
 
     spec, tp = mini(), 8
-    cfg = layout.KernelConfig(batch=1, max_context=16, depth=2, expert_slots=1, cache_block=8,
+    cfg = layout.KernelConfig(batch=1, max_context=16, depth=2, expert_slots=1, cache_block=16,
                               bank_rows=256)
     dspec = shard.device_spec(spec, tp)
     packed = parallel.pack(reference.init_weights(spec, 0), cfg, dspec)

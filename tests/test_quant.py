@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import layout, megakernel, plan, quant, reference
+from kernels import chip, layout, megakernel, plan, quant, reference
 from perfmodel.graph import ops
 from perfmodel.spec.arch import derive
 from perfmodel.spec.deployment import Deployment
@@ -76,7 +76,7 @@ def test_tiles_fed_to_the_mxu_give_the_dequantised_product(name):
                 q, u = divmod(k, f.chunk)
                 base, sub = lay.scale_first_row(m), f.chunk * f.scale_rows
                 chunk = src[base + q * sub:base + (q + 1) * sub]
-                assert chunk.shape[0] % quant.SUBLANE_TILE[chunk.dtype.itemsize] == 0
+                assert chunk.shape[0] % chip.tile_rows(chunk.dtype) == 0
                 sc = quant.tile_scales(jnp.asarray(chunk), u, f)
             out[:, j * 256:(j + 1) * 256] += np.asarray(quant.group_dot(
                 jnp.asarray(xp[:, i * 256:(i + 1) * 256]), op, sc, f))
@@ -99,7 +99,7 @@ def test_quantised_kernel_matches_reference(name):
     from test_megakernel import run_both
     spec = _mini(name)
     w = reference.init_weights(spec, 0)
-    cfg = layout.KernelConfig(batch=2, max_context=32, depth=3, expert_slots=2, cache_block=8,
+    cfg = layout.KernelConfig(batch=2, max_context=32, depth=3, expert_slots=2, cache_block=16,
                               bank_rows=256)
     run_both(spec, w, cfg, steps=1, reference_weights=quant.dequantized_weights(w, name))
 
@@ -109,7 +109,7 @@ def test_4bit_experts_reach_the_mxu_as_fp8(name):
     """In the kernel's jaxpr the experts' dots take an fp8 weight operand and a bf16 LHS of
     G x 8 rows (the block-diagonal input, G = 256 / group); no expert dot is bf16 x bf16."""
     spec = _mini(name)
-    cfg = layout.KernelConfig(batch=2, max_context=32, depth=3, cache_block=8, bank_rows=256)
+    cfg = layout.KernelConfig(batch=2, max_context=32, depth=3, cache_block=16, bank_rows=256)
     closed = jax.make_jaxpr(megakernel.build_call(spec, cfg))(*megakernel.call_args(spec, cfg))
     dots = []
 
@@ -151,7 +151,7 @@ def test_quantised_kernel_lowers_to_mosaic(name):
     from jax import export
     from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
     spec = _mini(name)
-    cfg = layout.KernelConfig(batch=2, max_context=32, depth=3, cache_block=8, bank_rows=256)
+    cfg = layout.KernelConfig(batch=2, max_context=32, depth=3, cache_block=16, bank_rows=256)
     tpu = AbstractDevice(device_kind="TPU7x", num_cores=1, platform="tpu")
     with use_abstract_mesh(AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=tpu)):
         exported = export.export(jax.jit(megakernel.build_call(spec, cfg)), platforms=["tpu"])(
