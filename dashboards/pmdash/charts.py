@@ -36,8 +36,14 @@ X_SHAPE = "M-1,-1L1,1M-1,1L1,-1"
 STAR_SHAPE = ("M0,-1L0.22,-0.31L0.95,-0.31L0.36,0.12L0.59,0.81L0,0.38L-0.59,0.81L-0.36,0.12L-0.95,-0.31"
               "L-0.22,-0.31Z")
 HEXAGON_SHAPE = "M0,-1L0.87,-0.5L0.87,0.5L0,1L-0.87,0.5L-0.87,-0.5Z"
-LEGEND = {"orient": "bottom", "columns": 2, "labelLimit": 420, "title": None}
-Y_EXTENT = 72  # px of a left y axis (ticks, labels, title): charts stacked as panels line up their plots
+LEGEND = {"orient": "bottom", "columns": 2, "labelLimit": 420, "title": None, "symbolOpacity": 1}
+# a panel's legends above its plot, one block per channel (colour, line style, marker), each titled
+TOP_LEGEND = {"orient": "top", "direction": "vertical", "columns": 1, "labelLimit": 520, "symbolOpacity": 1,
+              "titleFontWeight": "bold", "titleFontSize": 11, "labelFontSize": 12, "columnPadding": 24}
+Y_EXTENT = 78  # px of a left y axis (ticks, labels, title): charts stacked as panels line up their plots
+
+# A measured point's marker by the kind of its source: the same whatever else is plotted
+SOURCE_SHAPES = {"published": "circle", "measured by this project": "square", "your upload": "triangle-up"}
 
 
 def plain(v):
@@ -82,11 +88,28 @@ def colors(names: dict[str, str]) -> dict:
     return {"domain": list(names), "range": list(names.values())}
 
 
-def panel(layers: list[dict], height: int, **extra) -> dict:
+def panel(layers: list[dict], height: int, legend: dict | None = None, **extra) -> dict:
     """A chart of a few layers whose left y axis takes Y_EXTENT px, so panels drawn one under the other (two
-    charts: Streamlit fits only a single view to the page's width) share their x positions."""
-    return {"height": height, "layer": layers, "config": {"legend": LEGEND, "axisLeft": {
+    charts: Streamlit fits only a single view to the page's width) share their x positions; they share their
+    x range too when each is given the same `shared_x` scale."""
+    return {"height": height, "layer": layers, "config": {"legend": legend or LEGEND, "axisLeft": {
         "minExtent": Y_EXTENT, "maxExtent": Y_EXTENT}}, **extra}
+
+
+def shared_x(values, log: bool, pad: float = 0.06) -> dict:
+    """An x scale whose range is fixed by `values` (padded by `pad` of the span, in log space on a log axis), not
+    by what a layer happens to draw: panels stacked one under the other are given the same one. Its pixel padding
+    is nil (Vega-Lite pads a continuous scale under bars by 5 px, which would shift a bar panel's x positions)."""
+    vals = [float(v) for v in values if v is not None and (not log or v > 0)]
+    if not vals:
+        return {"type": "log" if log else "linear", "padding": 0}
+    lo, hi = min(vals), max(vals)
+    if log:
+        a, b = math.log10(lo), math.log10(hi)
+        span = (b - a) or 1.0
+        return {"type": "log", "domain": [10 ** (a - pad * span), 10 ** (b + pad * span)], "nice": False, "padding": 0}
+    span = (hi - lo) or max(abs(hi), 1.0)
+    return {"type": "linear", "domain": [lo - pad * span, hi + pad * span], "nice": False, "zero": False, "padding": 0}
 
 
 def show(spec: dict, key: str, **kw):

@@ -73,9 +73,9 @@ CANONICAL = canonical()
 # set from state (uploaders, buttons, downloads, selectable charts: by their key's ending or word) and
 # widgets whose options depend on other inputs (key prefixes).
 VIEW_PREFIXES = ("cmp_", "wi_", "ex_", "val_", "mh_", "ds_", "sv_")
-NOT_SETTABLE_WORDS = ("_upload", "_dl", "_btn", "_pick", "_near_", "_menu")
+NOT_SETTABLE_WORDS = ("_upload", "_dl", "_btn", "_pick", "_near_", "_menu", "_forced")
 NOT_SETTABLE_ENDINGS = ("_csv", "_json")
-NOT_SETTABLE_PREFIXES = ("wi_layers", "wi_acc", "val_run", "val_path_run", "val_upload_run")
+NOT_SETTABLE_PREFIXES = ("wi_layers", "wi_acc", "ex_acc", "val_run", "val_path_run", "val_upload_run")
 
 
 def settable(key: str) -> bool:
@@ -317,10 +317,15 @@ _FIELD_BYTES = re.compile(r"(\w+_bytes)=(\d+(?:\.\d+)?(?:e[+-]?\d+)?)")
 _BYTES = re.compile(r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?) B\b")
 
 
+_NONE_FITS = re.compile(r"; at most 0 MiB fits")
+
+
 def readable(msg: str) -> str:
-    """A model message with byte counts in MiB ("67108864 B" -> "64 MiB")."""
+    """A model message with byte counts in MiB ("67108864 B" -> "64 MiB"); "at most 0 MiB fits" (a buffer smaller
+    than one ring tile) said as it is."""
     msg = _FIELD_BYTES.sub(lambda m: f"{m[1].removesuffix('_bytes')}={fmt_mib(float(m[2]) / MiB)}", msg)
-    return _BYTES.sub(lambda m: fmt_mib(float(m[1]) / MiB), msg)
+    msg = _BYTES.sub(lambda m: fmt_mib(float(m[1]) / MiB), msg)
+    return _NONE_FITS.sub("; not even one tile fits (the buffer is smaller than one ring tile)", msg)
 
 
 def cause_of(msg: str) -> str:
@@ -395,22 +400,25 @@ def chrome_trace_json(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float
 
 
 def prefetch_sweep(m_ref: tuple, hw_ref: tuple, key: tuple, onchip_mib: float | None,
-                   depths_mib: tuple[float, ...]) -> tuple[list[dict], dict | None]:
-    """Step time per prefetch depth and the saturation point (perfmodel.search.sweep.saturation).
+                   depths_mib: tuple[float, ...]) -> tuple[list[dict], dict | None, list[str]]:
+    """Step time per prefetch depth, the saturation point (perfmodel.search.sweep.saturation) and the causes
+    of the step (the prediction's breakdown: each row's time of cause C is its column C_s; the causes are
+    named by the breakdown, not guessed from the columns' units).
 
     Each depth is one cached prediction (the points `perfmodel sweep --vary prefetch_mib=...` gives), so
     asking for another depth runs the model once, not once per depth."""
     from perfmodel.search.sweep import saturation
-    rows = []
+    rows, causes = [], {}
     for depth in depths_mib:
         r = predict_cached(m_ref, hw_ref, with_key(key, prefetch_mib=depth), onchip_mib)
         if "error" in r:
             rows.append({"prefetch_mib": depth, "error": r["error"]})
             continue
+        causes.update(dict.fromkeys(r["breakdown_s"]))
         rows.append({"prefetch_mib": depth, "step_s": r["step_s"], "tokens_per_s": r["tokens_per_s"],
                      "bound": r["bound"], **{f"{c}_s": v for c, v in r["breakdown_s"].items()}})
     sat = saturation(rows, axis="prefetch_mib")
-    return rows, None if sat is None else {"prefetch_mib": sat["prefetch_mib"], "step_s": sat["step_s"]}
+    return rows, None if sat is None else {"prefetch_mib": sat["prefetch_mib"], "step_s": sat["step_s"]}, list(causes)
 
 
 # ----- CLI commands shown next to the numbers ---------------------------------------------------
@@ -512,6 +520,25 @@ def static_table(df: pd.DataFrame, formats: dict[str, str] | None = None) -> Non
     st.markdown("\n".join(lines))
 
 
+def numbered_sources(texts, what: bool = True) -> tuple[list[str], list[str]]:
+    """Long source texts as short references: "[n] what" per text (what: the text before its first colon, at
+    most 40 characters; with what=False only "[n]") and the distinct texts, numbered from 1 in that order. A
+    table then stays a line a row, its sources one click away (sources_expander)."""
+    distinct = list(dict.fromkeys(t for t in texts if t))
+    def ref(t: str) -> str:
+        head = t.split(":")[0].strip()
+        return f"[{distinct.index(t) + 1}]" + ("" if not what else " " + (head if len(head) <= 40 else head[:39] + "…"))
+    return [ref(t) if t else "" for t in texts], distinct
+
+
+def sources_expander(key: str, sources: list[str], title: str = "Sources") -> None:
+    """The numbered sources of a table, drawn when opened."""
+    box = st.expander(f"{title} ({len(sources)})", key=key, on_change="rerun")
+    if box.open:
+        with box:
+            st.markdown("\n".join(f"{i}. " + MARKDOWN_SPECIAL.sub(r"\\\1", s) for i, s in enumerate(sources, 1)))
+
+
 def figures_line(figures: list[tuple[str, str]]) -> None:
     """A view's headline figures as one markdown line, "label: **value** · ..." (one element: a row of
     st.metric cost a page load about 0.03 CPU-s per figure)."""
@@ -568,21 +595,31 @@ def trace_roots() -> list[Path]:
     return [r.resolve() for r in [RESULTS_DIR, *(given or [REPO / "traces"])]]
 
 
+def roots_text() -> str:
+    """The directories a typed path may name, as a user of the page knows them: by what they are and, inside
+    the project, by their path in it; never the server's absolute paths."""
+    roots = trace_roots()
+    inside = [shown_path(r) for r in roots if not Path(shown_path(r)).is_absolute()]
+    outside = len(roots) - len(inside)
+    return ", ".join(inside + ([f"{outside} trace folder{'s' if outside > 1 else ''} chosen when the dashboard "
+                                "was started"] if outside else []))
+
+
 def confined_path(text: str, field: str = "trace path") -> Path:
     """A typed path, resolved (links followed) and refused unless it lies inside trace_roots().
-    A relative path is taken from the repository, else from each root."""
+    A relative path is taken from the repository, else from each root. Messages name the typed text and the
+    directories by roots_text (a browser's user sees neither the server's absolute paths nor its flags)."""
     p = Path(text).expanduser()
     roots = trace_roots()
     if not p.is_absolute():
         p = next((base / p for base in (REPO, *roots) if (base / p).exists()), REPO / p)
     try:
         real = p.resolve()
-    except (OSError, RuntimeError) as e:
-        raise SpecError(field, text, f"cannot be resolved ({e})") from None
+    except (OSError, RuntimeError):
+        raise SpecError(field, text, "cannot be resolved (a link loop or an unreadable directory)") from None
     if not any(real == r or r in real.parents for r in roots):
-        raise SpecError(field, text, "is outside the directories this dashboard was opened on ("
-                        + ", ".join(shown_path(r) for r in roots) + "); start it with `perfmodel dashboard "
-                        "--trace-root DIR` to open another")
+        raise SpecError(field, text, f"is outside the directories this dashboard was opened on ({roots_text()}); "
+                        "whoever starts the dashboard chooses the trace folders it may read")
     return real
 
 

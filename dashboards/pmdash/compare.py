@@ -2,10 +2,14 @@
 
 A measured point is drawn for a platform only when every setting of the platform's deployment
 matches it (pmdash.measured.differences); the others are listed with what differs. Under the
-curves, predicted / measured per point against a +-10 % band. Each measured source has its own
-marker and a plain-language name; a point above twice the chip's HBM roofline is flagged as
-implausible and left off the chart. A layout the model refuses gives one error box per cause with
-the nearest layouts that run. The tables open on demand.
+curves, predicted / measured per point against a +-10 % band, on the same batch range. The legend
+above the chart says what each colour (a platform: A blue, B red, whatever their hardware), line
+style (predicted, with spec decode dashed) and marker (the kind of a measured source: published,
+measured by this project, your upload) means; none of them changes with what else is plotted. A
+point above twice the chip's HBM roofline is flagged as implausible and left off the chart. Where
+each source's numbers come from (machine or chip, JAX version, date, command) is one click away. A
+layout the model refuses gives one error box per cause with the nearest layouts that run. The
+tables open on demand.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from .inputs import batches_field, current_or_last, maybe_stale, number_field
 
 SPEC_MODES = ("off", "on", "both")
 PLATFORM_COLORS = {"A": "#1f77b4", "B": "#d62728"}
-SOURCE_SYMBOLS = (charts.X_SHAPE, "circle", "square", "triangle-up", charts.STAR_SHAPE, charts.HEXAGON_SHAPE)
+CURVES = {"predicted": [1, 0], "predicted, spec decode": [6, 4]}  # line style per curve
 IMPLAUSIBLE = 2.0  # a measured point above this many times the HBM roofline is flagged
 BAND = 0.10        # the ratio panel's band: predicted within +-10 % of measured
 
@@ -124,7 +128,7 @@ def error_rows(model: str, plat: dict, points: pd.DataFrame, spec_on: bool, cont
                      "error": (pred / m["tokens_per_s"] - 1) if pred else None,
                      "hbm_roofline_tokens_per_s": roof,
                      "check": f"implausible: above {IMPLAUSIBLE:g}x the HBM roofline" if flag else "",
-                     "role": m["role"], "source": m["origin"],
+                     "role": m["role"], "source": m["origin"], "kind": m["kind"],
                      "reference": m["source"]})
     return rows
 
@@ -136,7 +140,7 @@ def not_compared(model: str, plat: dict, points: pd.DataFrame, spec_states: list
     settings = {s: plat_settings(model, plat, s, context) for s in spec_states}
     for r in points.to_dict("records"):
         spec = bool(r["draft_rows"])
-        if r["hardware"] != plat["hw"] or measured._value(r, "model") not in (None, model) or spec not in spec_states:
+        if r["hardware"] != plat["hw"] or r["model"] != model or spec not in spec_states:
             continue
         mine, onchip = settings[spec]
         if d := measured.differences(r, mine, onchip):
@@ -149,13 +153,16 @@ def load_points() -> tuple[pd.DataFrame, str]:
     host, host_note = measured.host_points()
     if host is not None:
         points.append(host)
-    with st.popover("Load your own measurements (CSV)", icon=":material/upload:", key="cmp_upload_menu"):
-        st.caption("Columns: hardware, engine, batch, tokens_per_s; optional model, devices, tp, ep, context, "
+    committed, committed_note = measured.committed_points()
+    points += [f["rows"] for f in committed]
+    row = st.container(horizontal=True)
+    with row, st.popover("Load your own measurements (CSV)", icon=":material/upload:", key="cmp_upload_menu"):
+        st.caption("Columns: model, hardware, engine, batch, tokens_per_s; optional devices, tp, ep, context, "
                    "draft_rows, acceptance_length, steps_per_call, serving_engine, kv_cache, prefetch_mib, "
-                   "expert_slots, vmem_mib, source. A setting left out is perfmodel's default (tp = ep = devices, "
-                   "context 4096, one step per call, the generic engine, the model's KV cache format, the default "
-                   "ring, slots and on-chip buffer); a point is drawn for a platform only when every setting "
-                   "matches. Lines starting with # are ignored.")
+                   "expert_slots, vmem_mib, source. Every row names its model. A setting left out is perfmodel's "
+                   "default (tp = ep = devices, context 4096, one step per call, the generic engine, the model's KV "
+                   "cache format, the default ring, slots and on-chip buffer), assumed, not measured; a point is "
+                   "drawn for a platform only when every setting matches. Lines starting with # are ignored.")
         up = st.file_uploader("Measurements CSV", type=None, key="cmp_upload")
         if up is not None:
             try:
@@ -164,7 +171,21 @@ def load_points() -> tuple[pd.DataFrame, str]:
                 st.success(f"Loaded {len(user)} measured point(s) from {up.name}.")
             except SpecError as e:
                 st.error(f"Could not use {up.name}: {e}")
-    return pd.concat(points, ignore_index=True), host_note
+    allpoints = pd.concat(points, ignore_index=True)
+    srcs = measured.sources(allpoints)
+    with row, st.popover(f"Where the measured points come from ({len(srcs)} sources)", icon=":material/info:",
+                         key="cmp_sources_menu"):
+        sources_text(srcs, committed_note)
+    return allpoints, host_note
+
+
+def sources_text(srcs: list[dict], committed_note: str) -> None:
+    """Each measured source: its marker, how many points, and its provenance (drawn when the popover opens)."""
+    for src in srcs:
+        st.markdown(f"**{src['origin']}** ({charts.SOURCE_SHAPES[src['kind']]} marker: {src['kind']}; "
+                    f"{src['points']} point{'s' if src['points'] != 1 else ''}; {src['file']})  \n"
+                    + measured.provenance_markdown(src["meta"]))
+    st.caption(committed_note)
 
 
 @c.callback
@@ -272,57 +293,67 @@ def groups(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
 
 
 def draw(x: dict, pred: list[dict], measured_rows: list[dict], log_y: bool) -> None:
-    """Tokens/s per batch (curves predicted, hollow markers measured, one shape per source) over a panel of
-    predicted / measured per point with the +-BAND band; Vega-Lite specs of plain dicts."""
-    colors = {p["label"]: PLATFORM_COLORS[p["tag"]] for p in (x["pa"], x["pb"])}
-    series: dict[str, str] = {}  # legend entry -> colour
+    """Tokens/s per batch (curves predicted, hollow markers measured) over a panel of predicted / measured per
+    point with the +-BAND band, on the same batch range; Vega-Lite specs of plain dicts. Colour: the platform;
+    line style: the curve; marker: the kind of the measured source (charts.SOURCE_SHAPES). Each row keeps its
+    `series` (its platform and curve or source) for the hover."""
+    plats = {p["label"]: PLATFORM_COLORS[p["tag"]] for p in (x["pa"], x["pb"])}
     lines = []
     for (label, spec), g in groups(pred, "platform", "spec_decode").items():
-        name = f"{label} predicted" + (" + spec decode" if spec else "")
-        series[name] = colors.get(label, "#7f7f7f")
-        lines += [{"series": name, "batch": r["batch"], "tokens_per_s": r["predicted_tokens_per_s"], "spec": spec,
+        curve = "predicted, spec decode" if spec else "predicted"
+        lines += [{"series": f"{label} predicted" + (" + spec decode" if spec else ""), "platform": label,
+                   "curve": curve, "batch": r["batch"], "tokens_per_s": r["predicted_tokens_per_s"],
                    "step_ms": r["step_ms"], "bound": r["bound"], "hbm": r["hbm_utilisation"]} for r in g]
     plotted = [r for r in measured_rows if r["check"] == "" and r["predicted_tokens_per_s"]]
-    sources = list(dict.fromkeys(r["source"] for r in plotted))
-    points, shapes = [], {}
+    points = []
     for (label, spec, source), g in groups(plotted, "platform", "spec_decode", "source").items():
         name = f"{source}" + (" + spec decode" if spec else "") + f" (platform {label.split(':')[0]})"
-        series[name] = colors.get(label, "#7f7f7f")
-        shapes[name] = SOURCE_SYMBOLS[sources.index(source) % len(SOURCE_SYMBOLS)]
-        points += [{"series": name, "batch": r["batch"], "tokens_per_s": r["measured_tokens_per_s"],
-                    "predicted": r["predicted_tokens_per_s"], "error": r["error"], "reference": r["reference"],
+        points += [{"series": name, "platform": label, "kind": r["kind"], "batch": r["batch"],
+                    "tokens_per_s": r["measured_tokens_per_s"], "predicted": r["predicted_tokens_per_s"],
+                    "error": r["error"], "reference": r["reference"],
                     "ratio": r["predicted_tokens_per_s"] / r["measured_tokens_per_s"]} for r in g]
-    ticks = list(x["batches"])
-    batch = charts.quant("batch", "batch (sequences)", scale={"type": "log"}, axis={"values": ticks, "format": "d"})
-    color = charts.nominal("series", "", scale=charts.colors(series))
-    shape = charts.nominal("series", "", scale=charts.colors(shapes), legend=None)
+    curves = [k for k in CURVES if any(r["curve"] == k for r in lines)]
+    kinds = [k for k in charts.SOURCE_SHAPES if any(r["kind"] == k for r in points)]
+    batch = charts.quant("batch", "batch (sequences)", scale=charts.shared_x(x["batches"], log=True),
+                         axis={"values": list(x["batches"]), "format": "d"})
+    color = charts.nominal("platform", "platform (colour)", scale=charts.colors(plats))
+    dash = charts.nominal("curve", "line", scale={"domain": curves, "range": [CURVES[k] for k in curves]},
+                          legend={"symbolType": "stroke", "symbolStrokeColor": "#444", "symbolStrokeWidth": 2})
+    shape = charts.nominal("kind", "measured (hollow marker)",
+                           scale={"domain": kinds, "range": [charts.SOURCE_SHAPES[k] for k in kinds]})
     hollow = {"type": "point", "filled": False, "size": 140, "strokeWidth": 2}
     tps = charts.quant("tokens_per_s", "aggregate decode tokens/s" + (" (log)" if log_y else ""),
                        scale={"type": "log" if log_y else "linear"})
-    upper = [charts.layer(lines, {"type": "line", "point": True}, x=batch,
-                          y=tps, color=color, strokeDash={"field": "spec", "type": "nominal", "legend": None, "scale": {
-                              "domain": [False, True], "range": [[1, 0], [6, 4]]}},
+    upper = [charts.layer(lines, {"type": "line", "point": {"size": 30}}, x=batch, y=tps, color=color,
+                          strokeDash=dash, detail={"field": "series"},
                           tooltip=charts.tip(("batch", "batch"), ("tokens_per_s", "predicted tokens/s", ",.0f"),
                                              ("step_ms", "step (ms)", ".3f"), ("bound", "bound"),
-                                             ("hbm", "HBM utilisation", ".0%"))),
-             charts.layer(points, hollow, x=batch, y=tps, color=color, shape=shape,
-                          tooltip=charts.tip(("batch", "batch"), ("tokens_per_s", "measured tokens/s", ",.0f"),
-                                             ("predicted", "predicted tokens/s", ",.0f"), ("error", "error", "+.1%"),
-                                             ("reference", "reference")))]
-    ratio = charts.quant("ratio", "predicted / measured", scale={"zero": False, **({} if plotted else {
-        "domain": [0.8, 1.2]})})
+                                             ("hbm", "HBM utilisation", ".0%")))]
+    if points:
+        upper.append(charts.layer(points, hollow, x=batch, y=tps, color=color, shape=shape,
+                                  tooltip=charts.tip(("batch", "batch"), ("tokens_per_s", "measured tokens/s", ",.0f"),
+                                                     ("predicted", "predicted tokens/s", ",.0f"),
+                                                     ("error", "error", "+.1%"), ("reference", "reference"))))
+    ratio_title = "predicted / measured"
+    ratio = charts.quant("ratio", ratio_title, scale={"zero": False, **({} if plotted else {"domain": [0.8, 1.2]})})
     lower = [charts.layer(charts.rows(series=f"+-{BAND:.0%} band", lo=1 - BAND, hi=1 + BAND),
-                          {"type": "rect", "color": "#2ca02c", "opacity": 0.15}, y=charts.quant("lo", "predicted / measured"),
+                          {"type": "rect", "color": "#2ca02c", "opacity": 0.15}, y=charts.quant("lo", ratio_title),
                           y2={"field": "hi"}),
              charts.layer(charts.rows(series="predicted = measured", ratio=1.0),
                           {"type": "rule", "color": "#2ca02c", "strokeDash": [2, 2]}, y=ratio),
-             charts.layer(charts.rows(series="band", ratio=1 + BAND, text=f"+-{BAND:.0%} band"),
+             charts.layer(charts.rows(series="labels", ratio=[1 + BAND, 1.0],
+                                      text=[f"+-{BAND:.0%} band", "predicted = measured"]),
                           {"type": "text", "align": "right", "baseline": "bottom", "x": {"expr": "width - 4"},
-                           "fontSize": 11}, y=ratio, text={"field": "text"}),
-             charts.layer(points, hollow, x=batch, y=ratio, color=color, shape=shape,
-                          tooltip=charts.tip(("batch", "batch"), ("ratio", "predicted / measured", ".3f"),
-                                             ("predicted", "predicted tokens/s", ",.0f"),
-                                             ("tokens_per_s", "measured tokens/s", ",.0f")))]
+                           "fontSize": 11, "color": "#2a7a2a"}, y=ratio, text={"field": "text"})]
+    if points:
+        lower.append(charts.layer(points, hollow, x=batch, y=ratio, color=dict(color, legend=None),
+                                  shape=dict(shape, legend=None),
+                                  tooltip=charts.tip(("batch", "batch"), ("ratio", "predicted / measured", ".3f"),
+                                                     ("predicted", "predicted tokens/s", ",.0f"),
+                                                     ("tokens_per_s", "measured tokens/s", ",.0f"))))
+    else:  # the batch axis all the same, so the panel lines up with the one above
+        lower.append(charts.layer(charts.rows(series="batch range", batch=list(x["batches"]), ratio=1.0),
+                                  {"type": "point", "opacity": 0, "aria": False}, x=batch, y=ratio))
     notes = []
     if not plotted:
         notes.append("no measurement matches every setting of either platform")
@@ -333,8 +364,8 @@ def draw(x: dict, pred: list[dict], measured_rows: list[dict], log_y: bool) -> N
         lower.append(charts.layer(charts.rows(series="note", text=text),
                                   {"type": "text", "fontSize": 13, "x": {"expr": "width / 2"}, "y": {"expr": "height / 2"}},
                                   text={"field": "text"}))
-    charts.show(charts.panel(upper, 380), "cmp_chart")
-    charts.show(charts.panel(lower, 150), "cmp_ratio")
+    charts.show(charts.panel(upper, 470, legend=charts.TOP_LEGEND), "cmp_chart")
+    charts.show(charts.panel(lower, 210), "cmp_ratio")
     bad = [r for r in measured_rows if r["check"]]
     if bad:
         st.warning(f"{len(bad)} measured point(s) left off the chart: above {IMPLAUSIBLE:g}x the chip's HBM roofline "

@@ -156,30 +156,36 @@ def headline(x: dict, table: list[dict], top: dict | None, chips: int) -> None:
 
 
 def draw(x: dict, table: list[dict], top: dict | None) -> None:
-    """TTFT over TPOT against load, p50 solid and p90 dashed (hollow markers: saturated loads), the target
-    lines and the highest load meeting both: TTFT (chart sv_chart) over TPOT (sv_tpot_chart), Vega-Lite specs of plain
-    dicts."""
+    """TTFT over TPOT against load, p50 solid and p90 dashed (the legend above says so; hollow markers: saturated
+    loads), the target lines and the highest load meeting both, each labelled: TTFT (chart sv_chart) over TPOT
+    (sv_tpot_chart) on the same load range, Vega-Lite specs of plain dicts."""
     xlabel = "offered load (" + ("Poisson arrivals, requests/s" if x["arrivals"] == "rate" else "concurrent clients") + ")"
     loads = [r["load"] for r in table]
-    color = charts.nominal("series", "", scale=charts.colors(
-        {f"{name} {q}": COLORS[q] for _, name, _, _ in METRICS for q in PERCENTILES}))
+    load = charts.quant("load", xlabel, scale=charts.shared_x(loads, log=True), axis={"values": loads, "format": "~g"})
+    pct = {"field": "pct", "type": "nominal", "title": "percentile (both panels)", "scale": charts.colors(COLORS)}
     for i, (k, name, unit, scale) in enumerate(METRICS):
-        load = charts.quant("load", xlabel, scale={"type": "log"}, axis={"values": loads, "format": "~g"})
         y = charts.quant("y", f"{name} ({unit})", scale={"type": "log"})
-        curve = [{"series": f"{name} {q}", "load": r["load"], "dash": q, "saturated": r["saturated"],
+        curve = [{"series": f"{name} {q}", "pct": q, "load": r["load"], "saturated": r["saturated"],
                   "y": None if r[f"{k[:-2]}_{q}_s"] is None else r[f"{k[:-2]}_{q}_s"] * scale}
                  for q in PERCENTILES for r in table]
+        legend = {} if i == 0 else {"legend": None}  # the TPOT panel under it reads the same legend
         target = x["targets"][k] * scale
         line = charts.rows(series=f"{name} target", y=target,
                            text=f"{name} target {target:g} {unit} ({x['targets']['percentile']})")
-        marks = [charts.layer(curve, {"type": "line"}, x=load, y=y, color=color, strokeDash={
-                     "field": "dash", "type": "nominal", "legend": None,
-                     "scale": {"domain": list(PERCENTILES), "range": [[1, 0], [6, 4]]}}),
-                 charts.layer(curve, {"type": "point", "size": 70, "strokeWidth": 2}, x=load, y=y, color=color,
-                              fill={"condition": {"test": "datum.saturated", "value": "white"}, "field": "series",
-                                    "type": "nominal", "legend": None, "scale": color["scale"]},
+        marks = [charts.layer(curve, {"type": "line"}, x=load, y=y, color={**pct, **legend}, strokeDash={
+                     **pct, "scale": {"domain": list(PERCENTILES), "range": [[1, 0], [6, 4]]},
+                     **({"legend": {"symbolType": "stroke", "symbolStrokeWidth": 2}} if i == 0 else legend)}),
+                 charts.layer(curve, {"type": "point", "size": 70, "strokeWidth": 2}, x=load, y=y,
+                              color={**pct, **legend},  # a layer's legend None would drop the merged legend
+                              fill={"condition": {"test": "datum.saturated", "value": "white"}, **pct, **legend},
                               tooltip=charts.tip(("load", "load", "g"), ("y", f"{name} ({unit})", ".4g"),
                                                  ("saturated", "saturated"))),
+                 # each curve named at its last load (p90 above p50), so a panel reads without the legend
+                 *(charts.layer([dict(r, label=q) for r in curve if r["load"] == loads[-1] and r["pct"] == q
+                                 and r["y"] is not None],
+                                {"type": "text", "align": "left", "dx": 8, "dy": dy, "baseline": base, "fontSize": 11,
+                                 "fontWeight": "bold"}, x=load, y=y, color={**pct, **legend}, text={"field": "label"})
+                   for q, base, dy in (("p50", "top", 1), ("p90", "bottom", -1))),
                  charts.layer(line, {"type": "rule", "color": "#d62728", "strokeWidth": 1.5, "strokeDash": [2, 2]},
                               y=y),
                  charts.layer(line, {"type": "text", "align": "left", "baseline": "bottom", "x": 4, "dy": -2,
@@ -188,10 +194,11 @@ def draw(x: dict, table: list[dict], top: dict | None) -> None:
             best = charts.rows(series="highest load meeting both", load=top["load"],
                                text=f"highest load meeting both: {top['load']:g}")
             marks.append(charts.layer(best, {"type": "rule", "color": "#2ca02c", "strokeWidth": 2}, x=load))
-            if i == 0:
-                marks.append(charts.layer(best, {"type": "text", "align": "left", "baseline": "top", "dx": 4, "y": 4,
-                                                 "color": "#2ca02c", "fontSize": 12}, x=load, text={"field": "text"}))
-        charts.show(charts.panel(marks, 260), "sv_chart" if i == 0 else "sv_tpot_chart")
+            marks.append(charts.layer(best, {"type": "text", "align": "left", "baseline": "top", "dx": 4, "y": 4,
+                                             "color": "#2ca02c", "fontSize": 12}, x=load, text={"field": "text"}))
+        top_legend = {**charts.TOP_LEGEND, "direction": "horizontal", "columns": 2}
+        charts.show(charts.panel(marks, 300 if i == 0 else 260, legend=top_legend),
+                    "sv_chart" if i == 0 else "sv_tpot_chart")
 
 
 def files(x: dict, table: list[dict], top: dict | None, chips: int) -> None:
