@@ -3,6 +3,11 @@ collectives and overhead), one layer's ops on the DMA, compute and link lanes (a
 that layer term by term as `perfmodel explain` gives it (bytes, FLOPs, each latency term with its
 mechanism and source), with the command beside it.
 
+The deployment comes from the form What-if uses (pmdash.deployment: the same inputs, the same cached
+prediction), so Explain's step is What-if's for the same inputs. The terms are a compact table, each
+term's source a numbered reference whose text opens on demand (a source is a few hundred characters,
+shared by many terms).
+
 Built from the prediction's per-layer rows and explain's JSON without naming their fields: a
 per-layer time part or a term the model adds later appears without a change here.
 """
@@ -17,6 +22,7 @@ from perfmodel.step.explain import explain
 
 from . import charts
 from . import common as c
+from . import deployment
 from .inputs import number_field
 
 PART_LABELS = {"compute_s": "compute", "stall_s": "DMA stall", "collective_s": "collectives",
@@ -35,15 +41,15 @@ def label(part: str) -> str:
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def explained(m_ref: tuple, h_ref: tuple, key: tuple, layer: int) -> dict:
+def explained(m_ref: tuple, h_ref: tuple, key: tuple, vmem: float | None, layer: int) -> dict:
     """`perfmodel explain` of one layer, as its JSON."""
-    return explain(c.model_for(m_ref, key), c.load_hardware_ref(h_ref), c.make_deployment(key), layer)
+    return explain(c.model_for(m_ref, key), c.resolve_hw(h_ref, vmem), c.make_deployment(key), layer)
 
 
 @st.cache_resource(show_spinner=False, max_entries=32)
-def layers_figure(m_ref, h_ref, key, layer: int) -> dict:
+def layers_figure(m_ref, h_ref, key, vmem, layer: int) -> dict:
     """A stacked bar per layer of its time parts, the explained layer marked; a click on a bar picks it."""
-    rows = c.predict_cached(m_ref, h_ref, key)["layers"]
+    rows = c.predict_cached(m_ref, h_ref, key, vmem)["layers"]
     drawn = [p for p in parts(rows) if any(r[p] > 0 for r in rows)]
     bars = [{"series": label(p), "layer": r["layer"], "kind": r["kind"], "us": r[p] * 1e6, "order": i}
             for i, p in enumerate(drawn) for r in rows if r[p] > 0]  # a part of no time draws nothing
@@ -90,7 +96,7 @@ def ops_table(out: dict) -> pd.DataFrame:
 
 
 def terms_table(out: dict) -> pd.DataFrame:
-    """One row per latency term of each op, with every field explain gives for it."""
+    """One row per latency term of each op, with every field explain gives for it (the download)."""
     rows = []
     for o in out["ops"]:
         for t in o["terms"]:
@@ -100,59 +106,70 @@ def terms_table(out: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def compact_terms(terms: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The terms table for the page, a line a term: every field but long texts (a source is hundreds of
+    characters), each source a numbered reference "[n] what" into the list returned beside it."""
+    short = terms.copy()
+    sources: list[str] = []
+    if "source" in short:
+        short["source"], sources = c.numbered_sources(list(short["source"].fillna("")))
+    long = [k for k in short if k not in ("op", "term", "source") and short[k].astype(str).str.len().max() > 80]
+    return short.drop(columns=long), sources
+
+
+@c.callback
+def use_whatif() -> None:
+    """Button callback: Explain takes What-if's deployment (its form's values)."""
+    deployment.copy_from("wi", "ex")
+
+
 def render() -> None:
     st.header("Explain: the step layer by layer, each term with its mechanism")
-    tpu = c.CANONICAL["tpu-v7"]
-    c.init(ex_model="kimi-k3", ex_hw="tpu-v7", ex_engine=tpu["engine"], ex_batch=1, ex_devices=str(tpu["devices"]),
-           ex_tp=str(tpu["tp"]), ex_ep=str(tpu["ep"]), ex_layer="1")
-    errs: list[str] = []
-    r = st.columns(7)
-    model = r[0].selectbox("Model", c.model_options(), key="ex_model")
-    hw = r[1].selectbox("Hardware", c.hardware_options(), key="ex_hw")
-    engine = r[2].radio("Engine", ("megakernel", "multikernel"), key="ex_engine")
-    batch = r[3].select_slider("Batch", list(c.BATCHES), key="ex_batch")
-    devices = number_field(r[4], "Devices", "ex_devices", errors=errs)
-    tp = number_field(r[5], "TP", "ex_tp", errors=errs)
-    ep = number_field(r[6], "EP groups", "ex_ep", errors=errs)
-    if errs:
+    st.caption("The deployment is set as in What-if (the same form, the same prediction): the same inputs give the "
+               "same step time in both.")
+    x, errs = deployment.form("ex", compact=True)
+    st.button("Use What-if's deployment", key="ex_use_wi_btn", on_click=use_whatif,
+              help="Copy every setting of the What-if view's deployment here.")
+    if x is None:
         return
+    model, hw, key, vmem = x["model"], x["hw"], x["key"], x["vmem"]
     m_ref, h_ref = c.model_ref(model), c.hardware_ref(hw)
-    key = c.dep_key(devices, tp, ep, engine, batch=batch)
     with st.spinner("Running the model..."):
-        p = c.predict_cached(m_ref, h_ref, key)
+        p = c.predict_cached(m_ref, h_ref, key, vmem)
     if "error" in p:
         st.error(f"This deployment cannot run: {p['error']}")
         return
+    c.init(ex_layer="1")
     last = p["layers"][-1]["layer"]
     layer = number_field(st.columns(4)[0], f"Layer to explain (0 = embedding, {last} = head)", "ex_layer", lo=0,
                          hi=last, errors=errs)
     if layer is None:
         return
-    row = next(x for x in p["layers"] if x["layer"] == layer)
+    row = next(r for r in p["layers"] if r["layer"] == layer)
     c.figures_line([
         ("step time", f"{p['step_s'] * 1e3:.3f} ms"), ("tokens/s", f"{p['tokens_per_s']:,.0f}"),
         (f"layer {layer} ({row['kind']}) in the step", f"{row['time_s'] * 1e6:.2f} us"),
         ("share of the step", f"{row['time_s'] / p['step_s']:.1%}"),
         ("largest part", label(max(parts([row]), key=lambda k: row[k], default="-")))])
-    charts.show(layers_figure(m_ref, h_ref, key, layer), "ex_layers_pick", on_select=pick_layer, selection_mode="bar")
+    charts.show(layers_figure(m_ref, h_ref, key, vmem, layer), "ex_layers_pick", on_select=pick_layer,
+                selection_mode="bar")
     st.subheader(f"Layer {layer} ({row['kind']}): its ops on the DMA, compute and link lanes")
     with st.spinner("Simulating the step's events..."):
-        spec, n, _ = charts.gantt(m_ref, h_ref, key, None, layer, layer, height=260)
+        spec, n, _ = charts.gantt(m_ref, h_ref, key, vmem, layer, layer, height=260)
     charts.show(spec, "ex_gantt")
     st.caption(f"{n} bars (a weight stream's tile copies merged into one); hover for each op's start and length.")
-    out = explained(m_ref, h_ref, key, layer)
-    k = dict(key)
-    cmd = ["perfmodel", "explain", "--model", c._cli_name("model", model), "--hardware", c._cli_name("hardware", hw),
-           "--devices", str(k["devices"]), "--tp", str(k["tp"]), "--ep", str(k["ep"]), "--engine", engine,
-           "--batch", str(batch), "--layer", str(layer), "--json"]
-    # one column: the terms table is wide (its sources), and beside a second column it ran over that one
+    out = explained(m_ref, h_ref, key, vmem, layer)
+    cmd = ["perfmodel", "explain"] + c.cli_args(model, hw, key, vmem) + [
+        "--batch", str(dict(key)["batch"]), "--layer", str(layer), "--json"]
     st.markdown("**Terms: each op's latency terms alone, their mechanism and source**")
     st.caption("An op's terms are its costs in isolation; in the step they overlap (the Gantt above), so they "
-               "do not add up to the layer's time.")
+               "do not add up to the layer's time. Each source is a numbered reference; their texts open below.")
     c.show_command(shlex.join(cmd))
     terms = terms_table(out)
     c.downloads(terms, f"explain_layer{layer}_terms", "ex_terms_dl", {"explain": out})
-    c.static_table(terms, {"us (alone)": ".3f"})
+    short, sources = compact_terms(terms)
+    c.static_table(short, {"us (alone)": ".3f"})
+    c.sources_expander("ex_sources_exp", sources, "Sources of these terms")
     ops = st.expander("Ops: bytes, FLOPs, time and what each waited on", key="ex_ops_exp", on_change="rerun")
     if ops.open:
         with ops:

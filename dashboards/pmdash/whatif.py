@@ -21,73 +21,23 @@ from perfmodel.search.batch import evaluate
 
 from . import charts
 from . import common as c
-from . import fit, measured
+from . import deployment, fit, measured
 from .charts import LEGEND, STAR_SHAPE, color, colors, layer, nominal, quant, rows, show, tip
-from .inputs import current_or_last, maybe_stale, number_field
+from .inputs import current_or_last, maybe_stale
 
 KIND_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
-ENGINES = ("megakernel", "multikernel")
 VMEM_FIELDS = ("prefetch_bytes", "expert_slots", "onchip_bytes")
-FIELD_KEYS = {"devices": "wi_devices", "tp": "wi_tp", "ep": "wi_ep", "batch": "wi_batch", "context": "wi_context",
-              "prefetch_mib": "wi_prefetch", "expert_slots": "wi_slots", "steps_per_call": "wi_steps"}
+FIELD_KEYS = {k: f"wi_{name}" for k, name in deployment.KEY_NAMES.items()}
 TABS = ("Step breakdown", "Ring x expert slots", "Prefetch depth", "Timeline", "Roofline")
 RIGHT_EXTENT = 40  # px of the prefetch sweep's right axis (its labels; the title beside them)
 HEAT_METRICS = {"tokens/s": ("tokens_per_s", False), "step time (ms)": ("step_ms", True)}  # column, reversed
 
 
-# ----- inputs -------------------------------------------------------------------------------------
+# ----- inputs: the deployment form (pmdash.deployment, shared with Explain) ------------------------
 
 def inputs() -> tuple[dict | None, list[str]]:
-    models, hws = c.model_options(), c.hardware_options()
-    tpu = c.CANONICAL["tpu-v7"]
-    c.init(wi_model="kimi-k3", wi_hw="tpu-v7", wi_engine=tpu["engine"], wi_batch="1", wi_devices=str(tpu["devices"]),
-           wi_tp=str(tpu["tp"]), wi_ep=str(tpu["ep"]), wi_context="4096", wi_steps=str(tpu["steps_per_call"]),
-           wi_prefetch="", wi_slots="", wi_vmem="", wi_spec=False, wi_draft="7", wi_tab=TABS[0],
-           wi_serving=c.GENERIC, wi_kv=c.MODEL_KV)
-    errs: list[str] = []
-    r1 = st.columns(4)
-    model = r1[0].selectbox("Model", models, key="wi_model")
-    hw = r1[1].selectbox("Hardware", hws, key="wi_hw")
-    engine = r1[2].radio("Engine", ENGINES, horizontal=True, key="wi_engine")
-    batch = number_field(r1[3], "Batch (sequences)", "wi_batch", errors=errs)
-    r2 = st.columns(5)
-    devices = number_field(r2[0], "Devices", "wi_devices", errors=errs)
-    tp = number_field(r2[1], "TP", "wi_tp", errors=errs)
-    ep = number_field(r2[2], "EP groups", "wi_ep", errors=errs)
-    context = number_field(r2[3], "Context (tokens in cache)", "wi_context", lo=0, hi=10_000_000, errors=errs)
-    steps = number_field(r2[4], "Steps per device call", "wi_steps", lo=1, hi=4096, errors=errs,
-                         help="Decode steps one device call runs; its per-call cost is shared by them "
-                              "(Deployment.steps_per_call; the published TPU runs: 64, with spec decode 24).")
-    r3 = st.columns(4)
-    hw_spec = c.load_hardware_ref(c.hardware_ref(hw))
-    kind, preset_mib = hw_spec.onchip_kind, hw_spec.onchip_bytes / c.MiB
-    prefetch = number_field(r3[0], "Prefetch depth (MiB per core)", "wi_prefetch", integer=False, lo=0.001, hi=1e7,
-                            allow_empty=True, errors=errs, placeholder=f"default: half the {kind}",
-                            help="Megakernel weight ring size (Deployment.prefetch_bytes). Empty: the default.")
-    slots = number_field(r3[1], "Expert slots", "wi_slots", lo=1, hi=4096, allow_empty=True, errors=errs,
-                         placeholder="default: as many as fit (<= top-k)",
-                         help="Megakernel expert buffers (Deployment.expert_slots). Empty: the default.")
-    vmem = number_field(r3[2], f"{kind} per core (MiB)", "wi_vmem", integer=False, lo=0.001, hi=1e7,
-                        allow_empty=True, errors=errs, placeholder=f"preset: {preset_mib:g} MiB",
-                        help="On-chip buffer per core (Hardware.onchip_bytes). Empty: the preset's.")
-    with r3[3]:
-        spec = st.toggle("Speculative decoding", key="wi_spec")
-        draft = acc = None
-        if spec:  # its settings only when it is on (the page stays short)
-            a, b = st.columns(2)
-            draft = number_field(a, "Draft rows", "wi_draft", lo=1, hi=64, errors=errs)
-            top = float(draft or c.SPEC_DRAFT_ROWS) + 1
-            if "wi_acc" in st.session_state and st.session_state["wi_acc"] > top:
-                st.session_state["wi_acc"] = top
-            acc = b.slider("Acceptance length", 1.0, top, min(c.SPEC_ACCEPTANCE, top), step=0.5, key="wi_acc",
-                           help="Tokens accepted per verification step (tau).")
-    serving, kv = c.kernel_choices(*st.columns(2), hw, engine, "wi")
-    if errs:
-        return None, errs
-    key = c.dep_key(devices, tp, ep, engine, batch=batch, context=context, prefetch_mib=prefetch,
-                    expert_slots=slots, draft_rows=draft if spec else 0, acceptance_length=acc if spec else None,
-                    steps_per_call=steps, serving_engine=serving, kv_cache=kv)
-    return dict(model=model, hw=hw, key=key, vmem=vmem, engine=engine), []
+    c.init(wi_tab=TABS[0])
+    return deployment.form("wi")
 
 
 def refs(x: dict) -> tuple:
@@ -195,29 +145,42 @@ def headline(x: dict, r: dict, stale: str | None) -> dict | None:
     exact, near, diffs = measured.reference(measured.all_points(), mine, defaults)
     rep = exact[0] if exact else None
     with maybe_stale(stale, "wi_head"):
-        m = st.columns(6)
+        m = st.columns([1, 1, 1, 2])
         m[0].metric("tokens/s (predicted)", f"{r['tokens_per_s']:,.0f}")
         if rep is not None:
             err = r["tokens_per_s"] / rep["tokens_per_s"] - 1
             m[1].metric("measured tokens/s", f"{rep['tokens_per_s']:,.0f}", delta=f"{err:+.1%} predicted",
-                        delta_color="off", help=f"{rep['origin']} ({rep['source']}): every setting matches.")
+                        delta_color="off", help=f"{rep['origin']} ({rep['source']}): every setting matches (those "
+                        "it does not state at perfmodel's defaults, assumed).")
         else:
-            m[1].metric("measured tokens/s", "none", help="No published or host measurement matches every setting "
+            m[1].metric("measured tokens/s", "none", help="No published or measured run matches every setting "
                         "of this deployment.")
         m[2].metric("step time", f"{r['step_s'] * 1e3:.3f} ms")
-        m[3].metric("bound", r["bound"])
-        m[4].metric("HBM floor", f"{r['hbm_floor_s'] * 1e3:.3f} ms")
-        m[5].metric("HBM utilisation", f"{r['hbm_utilisation']:.0%}")
+        m[3].markdown(f"bound: **{r['bound']}**  \nHBM floor: **{r['hbm_floor_s'] * 1e3:.3f} ms**  \n"
+                      f"HBM utilisation: **{r['hbm_utilisation']:.0%}**")
         if rep is not None:
-            st.caption(f"Measured: {rep['tokens_per_s']:,.0f} tokens/s, {rep['origin']} ({rep['source']}); "
-                       f"the prediction is {err:+.1%} off.")
-        elif near is not None:
             a, b = st.columns([5, 1])
+            told = measured.assumed(rep, mine, defaults)
+            a.caption(f"Measured: {rep['tokens_per_s']:,.0f} tokens/s, {rep['origin']} ({rep['source']}); "
+                      f"the prediction is {err:+.1%} off."
+                      + (" Not stated by the measurement, assumed at perfmodel's defaults: "
+                         + ", ".join(f"{label} {v}" for label, v in told) + "." if told else ""))
+            provenance_menu(b, rep)
+        elif near is not None:
+            a, b, d = st.columns([4, 1, 1])
             a.caption(f"Nearest measurement: {near['tokens_per_s']:,.0f} tokens/s at batch {int(near['batch'])}, "
                       f"{near['origin']} ({near['source']}); yours differs in {measured.differs_text(diffs)}. "
                       "Not a reference for these settings.")
             b.button("Use its settings", key="wi_meas_btn", on_click=apply_measured, args=(near,))
+            provenance_menu(d, near)
     return rep
+
+
+def provenance_menu(col, row: dict) -> None:
+    """Where a measurement comes from (machine or chip, JAX version, date, command), in a popover."""
+    file, meta = measured.provenance(row["origin"], row["kind"])
+    with col.popover("Provenance", key="wi_meas_src_menu"):
+        st.markdown(f"**{row['origin']}** ({file})  \n" + measured.provenance_markdown(meta))
 
 
 def headline_files(x: dict, r: dict, rep: dict | None, stale: str | None) -> None:
@@ -462,25 +425,27 @@ def events_csv(m_ref, h_ref, key, vmem, lo, hi) -> str:
 # ----- prefetch sweep -----------------------------------------------------------------------------
 
 @st.cache_data(show_spinner=False, max_entries=128)
-def sweep_rows(m_ref, h_ref, key, vmem) -> tuple[list[dict], dict | None, float]:
-    """The sweep, each depth with its ring banks and expert slots; the saturation point; the current depth."""
+def sweep_rows(m_ref, h_ref, key, vmem) -> tuple[list[dict], dict | None, float, list[str]]:
+    """The sweep, each depth with its ring banks and expert slots; the saturation point; the current depth; the
+    step's causes (each row's time of cause C in its column C_s)."""
     hw = c.resolve_hw(h_ref, vmem)
     current = dict(key)["prefetch_mib"] or hw.onchip_bytes / 2 / c.MiB
-    rows, sat = c.prefetch_sweep(m_ref, h_ref, key, vmem, depths_for(hw, current))
+    rows, sat, causes = c.prefetch_sweep(m_ref, h_ref, key, vmem, depths_for(hw, current))
     for row in rows:
         b = fit.onchip_budget(m_ref, h_ref, c.with_key(key, prefetch_mib=row["prefetch_mib"]), vmem)
         row.update(banks=b["banks"], expert_slots=b["slots"])
-    return rows, sat, current
+    return rows, sat, current, causes
 
 
 @st.cache_resource(show_spinner=False, max_entries=64)
 def sweep_figure(m_ref, h_ref, key, vmem, log_x: bool) -> tuple[dict, dict]:
     """Step time against the depth (with the expert slots on a second axis, the current depth and the
     saturation point) over each depth's step by cause: two panels on one depth axis."""
-    all_rows, sat, current = sweep_rows(m_ref, h_ref, key, vmem)
+    all_rows, sat, current, step_causes = sweep_rows(m_ref, h_ref, key, vmem)
     ok = [r for r in all_rows if "step_s" in r]
+    # both panels on the same depth range (their layers draw different extents: a line, bars)
     depth = quant("prefetch_mib", "prefetch depth (MiB of weight ring per core" + (", log)" if log_x else ")"),
-                  scale={"type": "log" if log_x else "linear", "zero": False})
+                  scale=charts.shared_x([r["prefetch_mib"] for r in ok], log=log_x, pad=0.04))
     where = ("prefetch_mib", "prefetch (MiB)", "g")
     line = rows(series="step time", prefetch_mib=[r["prefetch_mib"] for r in ok], step_ms=[r["step_s"] * 1e3 for r in ok],
                 tokens_per_s=[r["tokens_per_s"] for r in ok], banks=[r["banks"] for r in ok],
@@ -492,37 +457,45 @@ def sweep_figure(m_ref, h_ref, key, vmem, log_x: bool) -> tuple[dict, dict]:
                        "label": f"saturates at {sat['prefetch_mib']:g} MiB"})
     top = max((r["expert_slots"] for r in ok), default=1)
     slots = [dict(r, series="expert slots") for r in line]
+    # one colour scale for the lines and the marks; the legend names the two lines (the marks carry labels)
+    lines = {"step time": "#1f77b4", "expert slots": "#7f7f7f", "current": "#2ca02c", "saturation": "#d62728"}
+    hue = {"field": "series", "type": "nominal", "scale": colors(lines), "title": None,
+           "legend": {"values": ["step time", "expert slots"], "symbolType": "stroke", "symbolStrokeWidth": 2,
+                      "labelExpr": "datum.label == 'step time' ? 'step time (left axis)' : "
+                                   "'expert slots at that depth (right axis)'"}}
     upper = charts.panel([
         {"layer": [
-            layer(line, {"type": "line", "point": True, "color": "#1f77b4"}, x=depth, y=step,
+            layer(line, {"type": "line", "point": True}, x=depth, y=step, color=hue,
                   tooltip=tip(where, ("banks", "ring banks"), ("expert_slots", "expert slots"),
                               ("step_ms", "step (ms)", ".4f"), ("tokens_per_s", "tokens/s", ",.0f"))),
             layer(points, {"type": "point", "size": 220, "filled": True, "stroke": "black"}, x=depth, y=step,
                   shape={"field": "series", "type": "nominal", "scale": colors({"current": "diamond",
                                                                                   "saturation": STAR_SHAPE}),
                          "legend": None},
-                  color={"field": "series", "type": "nominal", "scale": colors({"current": "#2ca02c",
-                                                                                  "saturation": "#d62728"}),
-                         "legend": None},
-                  tooltip=tip(where, ("step_ms", "step (ms)", ".4f"))),
+                  color=hue, tooltip=tip(where, ("step_ms", "step (ms)", ".4f"))),
             layer(points, {"type": "text", "dy": 18, "fontSize": 11}, x=depth, y=step, text={"field": "label"})]},
-        layer(slots, {"type": "line", "point": {"shape": "square", "size": 30}, "color": "#7f7f7f",
-                      "strokeDash": [2, 3], "interpolate": "step-after"}, x=depth,
+        layer(slots, {"type": "line", "point": {"shape": "square", "size": 30}, "strokeDash": [2, 3],
+                      "interpolate": "step-after"}, x=depth, color=hue,
               y=quant("expert_slots", "expert slots", scale={"domain": [0, top * 1.15 + 0.5]},
                       axis={"orient": "right", "grid": False, "tickMinStep": max(1, math.ceil(top / 5))}),
-              tooltip=tip(where, ("expert_slots", "expert slots")))], 300,
-        resolve={"scale": {"y": "independent"}})
+              tooltip=tip(where, ("expert_slots", "expert slots")))], 340,
+        legend={**charts.TOP_LEGEND, "direction": "horizontal", "columns": 2}, resolve={"scale": {"y": "independent"}})
     upper["config"]["axisRight"] = {"minExtent": RIGHT_EXTENT, "maxExtent": RIGHT_EXTENT}
-    causes = list(dict.fromkeys(list(c.CAUSE_LABELS) + [k[:-2] for r in ok for k in r if k.endswith("_s")
-                                                        and k != "step_s"]))
-    drawn = [k for k in causes if any(r.get(f"{k}_s", 0) > 0 for r in ok)]
+    causes = list(dict.fromkeys(list(c.CAUSE_LABELS) + step_causes))  # the page's order, then any the model adds
+    drawn = [k for k in causes if k in step_causes and any(r.get(f"{k}_s", 0) > 0 for r in ok)]
     bars = [{"series": c.CAUSE_LABELS.get(k, k), "prefetch_mib": r["prefetch_mib"], "ms": r[f"{k}_s"] * 1e3,
              "order": i} for i, k in enumerate(drawn) for r in ok if f"{k}_s" in r]
     scale = colors({c.CAUSE_LABELS.get(k, k): color(k, causes.index(k)) for k in drawn})
+    # the panel above has a right axis (the expert slots): an invisible one here of the same extent and title, so
+    # both plots are as wide and their depths at the same x
+    ghost = layer(rows(series="right axis", v=0), {"type": "rule", "opacity": 0, "aria": False},
+                  y=quant("v", "expert slots", axis={"orient": "right", "grid": False, "labelOpacity": 0,
+                                                     "titleOpacity": 0, "ticks": False, "domain": False}))
     lower = charts.panel([layer(
         bars, {"type": "bar", "width": 9}, x=depth, y=quant("ms", "time by cause (ms)", stack="zero"),
         color=nominal("series", "", scale=scale, sort=scale["domain"]), order={"field": "order"},
-        tooltip=tip(where, ("ms", "ms", ".4f")))], 220, padding={"right": RIGHT_EXTENT + 20})
+        tooltip=tip(where, ("ms", "ms", ".4f"))), ghost], 280, resolve={"scale": {"y": "independent"}})
+    lower["config"]["axisRight"] = {"minExtent": RIGHT_EXTENT, "maxExtent": RIGHT_EXTENT}
     return upper, lower
 
 
@@ -567,11 +540,17 @@ def prefetch_section(x: dict, stale: str | None) -> None:
     m_ref, h_ref, key, vmem = refs(x)
     hw = c.resolve_hw(h_ref, vmem)
     with maybe_stale(stale, "wi_pf"), st.spinner("Sweeping the prefetch depth..."):
-        rows, sat, current = sweep_rows(m_ref, h_ref, key, vmem)
+        rows, sat, current, _ = sweep_rows(m_ref, h_ref, key, vmem)
         ok = [r for r in rows if "step_s" in r]
         c.init(wi_pf_logx=False)
         far = current > 64 * hw.dma_tile_bytes / c.MiB  # beyond the tile multiples: only a log axis shows both
-        log_x = st.toggle("Log depth axis", key="wi_pf_logx", disabled=far) or far
+        if far:  # the axis is log whatever the choice: the toggle shown says so (the choice is kept for later)
+            st.toggle("Log depth axis", value=True, disabled=True, key="wi_pf_logx_forced",
+                      help=f"On: the current depth ({current:g} MiB) is far beyond the ring-tile multiples, which a "
+                           "linear axis would squeeze into its first pixels.")
+            log_x = True
+        else:
+            log_x = st.toggle("Log depth axis", key="wi_pf_logx")
         if ok:
             upper, lower = sweep_figure(m_ref, h_ref, key, vmem, log_x)
             show(upper, "wi_prefetch_chart")
