@@ -106,11 +106,13 @@ def render() -> None:
                 st.code(text, language="toml")
         c.show_command(f"perfmodel sweep --design design.toml --out design.parquet --top {top} --objective {objective}")
         return
+    # defaults into the session state once: a widget given a default while its kept value is set again (the
+    # inputs kept across views) makes Streamlit warn in the server log
+    c.init(ds_file_objective="tokens_per_s_per_chip", ds_file_top=10)
     r = st.columns([3, 1, 1])
     up = r[0].file_uploader("Rows written by perfmodel sweep --out", type=["parquet", "csv"], key="ds_upload")
-    objective = r[1].selectbox("Objective (top K)", list(OBJECTIVES), index=list(OBJECTIVES).index("tokens_per_s_per_chip"),
-                               key="ds_file_objective")
-    top = int(r[2].number_input("K", 1, 1000, 10, key="ds_file_top"))
+    objective = r[1].selectbox("Objective (top K)", list(OBJECTIVES), key="ds_file_objective")
+    top = int(r[2].number_input("K", 1, 1000, key="ds_file_top"))
     if up is None:
         st.info("Upload a .parquet or .csv written by `perfmodel sweep --design FILE --out ROWS`.")
         return

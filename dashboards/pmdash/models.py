@@ -110,15 +110,20 @@ def model_fields(m) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+OVERVIEW_HIDDEN = {"sources", "efficiency"}  # long texts: in the details (and the downloads), not the overview
+
+
 def render() -> None:
     st.header("Models and hardware")
     ms, hs = preset_tables()
     st.subheader("Model presets")
-    c.static_table(ms)
+    c.static_table(ms.drop(columns=[k for k in OVERVIEW_HIDDEN if k in ms]))
     c.downloads(ms, "model_presets", "mh_models_dl")
     st.subheader("Hardware presets")
-    c.static_table(hs)
+    c.static_table(hs.drop(columns=[k for k in OVERVIEW_HIDDEN if k in hs]))
     c.downloads(hs, "hardware_presets", "mh_hw_dl")
+    st.caption("Every number's source and the efficiency parameters: in the details of a preset below (and in the "
+               "downloads).")
     c.show_command("perfmodel list --json")
 
     details = st.container()  # filled after the uploads, so new files are choices at once
@@ -154,12 +159,14 @@ def render() -> None:
             mf = model_fields(m)
             c.static_table(mf)
             c.downloads(mf, f"model_{m.name}", "mh_model_fields_dl", {"sources": m.sources})
-            st.markdown("**Sources**")
-            c.static_table(pd.DataFrame([{"what": k, "source": v} for k, v in m.sources.items()]))
+            c.sources_expander("mh_model_sources_exp", [f"{k}: {v}" for k, v in m.sources.items()],
+                               f"Sources of {mname}")
         with right:
             hname = st.selectbox("Hardware", c.hardware_options(), key="mh_hw_pick")
             h = c.load_hardware_ref(c.hardware_ref(hname))
             hf = hardware_fields(h)
-            c.static_table(hf)
+            refs, sources = c.numbered_sources(list(hf["source"]), what=False)
+            c.static_table(hf.assign(source=refs))
             c.downloads(hf, f"hardware_{h.name}", "mh_hw_fields_dl")
+            c.sources_expander("mh_hw_sources_exp", sources, f"Sources of {hname}")
 

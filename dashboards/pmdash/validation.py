@@ -6,11 +6,17 @@ the per-layer bars and table on demand, a real megakernel's published phase prof
 The bundled results are experiments/results/host_validation.csv, written by
 experiments/validate_host.py, and experiments/results/gpu_validation.csv (experiments/validate_gpu.py,
 an H200), each with one row per layer and one "step" row per run (variant, model, mode, batch,
-context). A trace the user gives is parsed and compared by `perfmodel.validate.host`
+context). Each names the machine it was measured on in its header, shown as such (never as "this
+machine": the dashboard may run elsewhere), with the rest of its provenance one click away; a large
+step error comes with what the traces say about it. This project's megakernel on a real TPU
+(experiments/results/tpu_megakernel.csv, written by experiments/tpu_megakernel.py on a lent chip) is
+drawn run by run, predicted against measured, once committed; until then the page says it is not.
+A trace the user gives is parsed and compared by `perfmodel.validate.host`
 (`perfmodel.validate.traces` underneath), exactly as `perfmodel validate --trace ...` does.
 """
 from __future__ import annotations
 
+import json
 import shlex
 import tempfile
 from pathlib import Path, PurePosixPath
@@ -22,8 +28,10 @@ from perfmodel.util.errors import SpecError
 
 from . import charts
 from . import common as c
+from . import measured
 from .measured import GPU_VALIDATION_CSV, HOST_VALIDATION_CSV
 
+TPU_RUNS_CSV = c.RESULTS_DIR / "tpu_megakernel.csv"  # experiments/tpu_megakernel.py on a lent TPU
 WORST = 5
 KIND_COLORS = ("#1f77b4", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#bcbd22")
 BAND = 0.25  # the per-layer target of the host validation (docs/validation.md): within +-25 %
@@ -68,27 +76,32 @@ def per_layer_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def show_comparison(df: pd.DataFrame, title: str, key: str, command: str | None,
-                    step: tuple[float, float] | None = None) -> None:
-    """MAPE, the per-layer chart with the worst layers in red, the table, downloads, the CLI."""
+                    step: tuple[float, float] | None = None, why: str | None = None, unit: str = "layer") -> None:
+    """MAPE, the per-layer chart with the worst layers in red, the table, downloads, the CLI; `why`: what the
+    traces say about the step error, under the figures; `unit`: what a row is (a layer, or a run)."""
     if df.empty:
         st.warning(f"{title}: no layer has both a predicted and a measured time.")
         return
     mape = float(df["abs_error"].mean())
     pred_step, meas_step = step or (df["predicted_us"].sum() / 1e6, df["measured_us"].sum() / 1e6)
     m = st.columns(4)
-    m[0].metric("MAPE over layers", f"{mape:.1%}")
+    m[0].metric(f"MAPE over {unit}s", f"{mape:.1%}")
     m[1].metric("step error", f"{pred_step / meas_step - 1:+.1%}" if meas_step else "n/a",
                 help="(predicted - measured) / measured for the whole step" if step else
                 "sum of the layers (no separate step measurement)")
     m[2].metric("measured step", f"{meas_step * 1e3:.3f} ms")
-    m[3].metric("layers", f"{len(df)}")
+    m[3].metric(f"{unit}s", f"{len(df)}")
+    if why:
+        st.info(why, icon=":material/lightbulb:")
     worst = df.nlargest(min(WORST, len(df)), "abs_error")
     is_worst = df.index.isin(worst.index)
-    charts.show(scatter_figure(df, is_worst), f"{key}_chart")
+    charts.show(scatter_figure(df, is_worst, unit), f"{key}_chart")
     inside = float((df["abs_error"] <= BAND).mean())
-    st.caption(f"{inside:.0%} of the layers lie inside the +-{BAND:.0%} band (the per-layer target). Red: the "
-               f"{len(worst)} layers with the largest absolute error "
-               f"({', '.join(f'layer {int(r.layer)} {r.error:+.0%}' for r in worst.itertuples())}).")
+    st.caption(f"{inside:.0%} of the {unit}s lie inside the +-{BAND:.0%} band (the per-layer target). Red: the "
+               f"{len(worst)} {unit}s with the largest absolute error "
+               f"({', '.join(f'{unit} {int(r.layer)} {r.error:+.0%}' for r in worst.itertuples())}).")
+    if unit != "layer":
+        return c.downloads(df, f"validation_{key}", f"{key}_dl", {"title": title, "mape": mape})
     bars = st.expander("Per layer: measured bars, predicted marks", key=f"{key}_bars_exp", on_change="rerun")
     if bars.open:
         with bars:
@@ -116,14 +129,14 @@ LAYER_TIP = charts.tip(("layer", "layer"), ("kind", "kind"), ("measured_us", "me
                        ("predicted_us", "predicted (us)", ".2f"), ("error", "error", "+.1%"))
 
 
-def scatter_figure(df: pd.DataFrame, is_worst) -> dict:
-    """Predicted against measured layer time (log-log), one colour per layer kind, y = x and the band, the
-    worst layers red and numbered."""
+def scatter_figure(df: pd.DataFrame, is_worst, unit: str = "layer") -> dict:
+    """Predicted against measured layer (or run) time (log-log), one colour per layer kind, y = x and the band,
+    the worst layers red and numbered."""
     lo = float(min(df["measured_us"].min(), df["predicted_us"].min())) / 1.5
     hi = float(max(df["measured_us"].max(), df["predicted_us"].max())) * 1.5
     decades = {"type": "log", "domain": [lo, hi], "nice": False}
-    x = charts.quant("measured_us", "measured time per layer (us, log)", scale=decades)
-    y = charts.quant("predicted_us", "predicted time per layer (us, log)", scale=decades)
+    x = charts.quant("measured_us", f"measured time per {unit} (us, log)", scale=decades)
+    y = charts.quant("predicted_us", f"predicted time per {unit} (us, log)", scale=decades)
     band, exact = f"+-{BAND:.0%} (per-layer target)", "y = x (exact)"
     names = {band: "#2ca02c", exact: "#2ca02c"}
     points = []
@@ -131,7 +144,7 @@ def scatter_figure(df: pd.DataFrame, is_worst) -> dict:
         names[kind or "layers"] = KIND_COLORS[i % len(KIND_COLORS)]
         points += layer_rows(g, kind or "layers")
     w = df[is_worst]
-    worst = f"{len(w)} worst layers"
+    worst = f"{len(w)} worst {unit}s"
     names[worst] = "#d62728"
     color = charts.nominal("series", "", scale=charts.colors(names))
     return {"height": 440, "config": {"legend": charts.LEGEND}, "layer": [
@@ -169,20 +182,30 @@ def read_host_csv(path: str, mtime: float) -> pd.DataFrame:
     return c.read_csv_bytes(Path(path).read_bytes())
 
 
-def csv_header(path: Path) -> list[str]:
-    return [l[2:] for l in path.read_text().splitlines()[:12] if l.startswith("# ")]
+def provenance_line(path: Path, prefix: str, meta: dict[str, str] | None = None) -> None:
+    """Where a results file's numbers were measured (the machine its header names, the date), with its whole
+    provenance (command, hardware file, load, note) in a popover."""
+    meta = measured.file_header(path) if meta is None else meta
+    date = meta.get("date", "").replace("T", " ")[:16]
+    a, b = st.columns([4, 1])
+    a.caption(f"Measured on {measured.machine_of(meta)}" + (f", {date} UTC" if date else "")
+              + f" ({c.shown_path(path)}); not necessarily the machine this dashboard runs on.")
+    with b.popover("Provenance", key=f"{prefix}_prov_menu"):
+        st.markdown(measured.provenance_markdown(meta))
 
 
-def bundled(path: Path, what: str, command: str, prefix: str, key: str) -> None:
+def bundled(path: Path, what: str, command: str, prefix: str, key: str, why=None) -> None:
     """A bundled validation results CSV (the layout experiments/validation_report.py writes): every
-    run's step error and layer MAPE, then one run's layers (`key`: its comparison's widgets)."""
+    run's step error and layer MAPE, then one run's layers (`key`: its comparison's widgets). `why(step row)`:
+    what the traces say about that run's step error, or None."""
     if not path.exists():
         st.info(f"No {what} results yet: {c.shown_path(path)} is missing. `{command}` produces them; this "
                 "view then shows them.")
         return
+    note = None
     try:
         raw = read_host_csv(str(path), path.stat().st_mtime)
-        st.caption(" · ".join(csv_header(path)))
+        provenance_line(path, prefix)
         runs = [k for k in RUN_KEYS if k in raw.columns]
         step_pair = None
         if runs:
@@ -202,6 +225,7 @@ def bundled(path: Path, what: str, command: str, prefix: str, key: str) -> None:
             step_rows = raw[raw["layer"].astype(str) == "step"] if "layer" in raw.columns else raw.iloc[0:0]
             if len(step_rows) == 1:
                 step_pair = (float(step_rows["predicted_s"].iloc[0]), float(step_rows["measured_s"].iloc[0]))
+                note = why(step_rows.iloc[0]) if why else None
         df = per_layer_table(raw)
     except SpecError as e:
         st.error(f"{path.name} has an unexpected layout: {e}")
@@ -209,7 +233,46 @@ def bundled(path: Path, what: str, command: str, prefix: str, key: str) -> None:
     except Exception as e:  # noqa: BLE001 -- a broken results file must not break the page
         st.error(f"{path.name} could not be read ({type(e).__name__}: {e}).")
         return
-    show_comparison(df, what, key, command, step_pair)
+    show_comparison(df, what, key, command, step_pair, note)
+
+
+GPU_RUNS_JSON = GPU_VALIDATION_CSV.with_suffix(".json")
+
+
+@st.cache_data(show_spinner=False, max_entries=2)
+def gpu_runs(path: str, mtime: float) -> dict[tuple, dict]:
+    """The GPU results' per-run figures (idle share, kernel time) by (model, mode, batch, context)."""
+    runs = json.loads(Path(path).read_text()).get("runs", [])
+    return {(r["model"], r["mode"], int(r["batch"]), int(r["context"])): r for r in runs}
+
+
+def gpu_step_why(step: pd.Series) -> str | None:
+    """What the H200's traces say about a run's step error (docs/validation.md, "The H200 runs"): the GPU
+    mostly waits on the host, and the model prices another program (a serving engine's op graph, not the
+    reference's XLA:GPU kernels)."""
+    pred, meas = float(step["predicted_s"]), float(step["measured_s"])
+    err = pred / meas - 1 if meas else 0.0
+    if abs(err) < 0.25:
+        return None
+    run = {}
+    if GPU_RUNS_JSON.exists():
+        key = (step["model"], step["mode"], int(step["batch"]), int(step["context"]))
+        run = gpu_runs(str(GPU_RUNS_JSON), GPU_RUNS_JSON.stat().st_mtime).get(key, {})
+    busy, idle = run.get("traced_busy_s"), run.get("idle_share")
+    kernels, ops = step.get("traced_ops"), step.get("model_ops")
+    parts = [f"**Why the step error is {err:+.0%}.** The measured step is the wall time of a step "
+             f"({meas * 1e3:.3f} ms), untraced."]
+    if idle is not None:
+        parts.append(f"In a traced step the GPU was idle {idle:.0%} of the time, waiting on the host: the Python "
+                     "call's dispatch and a host round trip on every trip of the reference's expert loop, host work "
+                     "the model does not price.")
+    if busy:
+        parts.append(f"The GPU's kernels took {busy * 1e3:.3f} ms; the model's step is {pred / busy - 1:+.0%} of "
+                     "that" + (f": XLA:GPU ran {int(kernels):,} kernels where the model prices the {int(ops)} ops of "
+                               "a serving engine's graph" if pd.notna(kernels) and pd.notna(ops) else "") + ".")
+    parts.append("The measured costs of the dispatch and of a loop trip, and what would close the gap: "
+                 "docs/validation.md, \"The H200 runs\". Nothing is fitted to these runs.")
+    return " ".join(parts)
 
 
 def run_summary(raw: pd.DataFrame, runs: list[str]) -> pd.DataFrame:
@@ -286,7 +349,7 @@ def trace_inputs() -> dict:
                         help="compiled / op_by_op: the host reference step; megakernel: a TPU trace of the kernel")
     if not HOST_HW_FILE.exists():
         st.caption(f"{c.shown_path(HOST_HW_FILE)} is missing: run `perfmodel hostbench --out "
-                   f"{c.shown_path(HOST_HW_FILE)}` to measure this machine.")
+                   f"{c.shown_path(HOST_HW_FILE)}` to measure the machine the dashboard runs on.")
     return {"hardware": hw, "model": None if model == FROM_CAPTURE else model, "batch": batch,
             "context": context, "mode": None if mode == FROM_CAPTURE else mode}
 
@@ -302,16 +365,14 @@ def cli_validate(path: str, x: dict) -> str:
 
 def uploaded() -> None:
     st.caption("A `.xplane.pb` file, or a trace directory from `perfmodel capture` / `jax.profiler` (upload the "
-               "directory's files, or give its path on this machine). Layers are attributed from the named "
+               "directory's files, or give its path on the machine the dashboard runs on). Layers are attributed from the named "
                "scopes in the HLO dump beside the trace (`hlo/`); `capture.json` supplies model, batch and "
                "context.")
     x = trace_inputs()
     files = st.file_uploader("Trace file(s)", accept_multiple_files=True, key="val_upload")
-    path_text = st.text_input("...or a trace path on this machine", key="val_path",
+    path_text = st.text_input("...or a trace path on the dashboard's machine", key="val_path",
                               placeholder="e.g. traces/kimi-k3-host-small_b1_c64_compiled or run.xplane.pb",
-                              help="Inside the directories this dashboard was opened on: "
-                                   + ", ".join(c.shown_path(r) for r in c.trace_roots())
-                                   + " (`perfmodel dashboard --trace-root DIR` opens another).")
+                              help="Inside the directories this dashboard was opened on: " + c.roots_text() + ".")
     if files:
         check_trace_upload(files)
         with st.spinner("Parsing the uploaded trace and running the model on it (several seconds for a large "
@@ -376,28 +437,70 @@ def show_results(results: list, title: str, key: str, command: str | None) -> No
 
 def gpu_header() -> dict[str, str]:
     """The bundled GPU results' provenance lines (machine, date, command, hardware_file, ...)."""
-    if not GPU_VALIDATION_CSV.exists():
-        return {}
-    return dict(line.split(": ", 1) for line in csv_header(GPU_VALIDATION_CSV) if ": " in line)
+    return measured.file_header(GPU_VALIDATION_CSV)
+
+
+def tpu_runs() -> tuple[pd.DataFrame | None, dict]:
+    """This project's megakernel measured on a TPU (experiments/tpu_megakernel.py): its runs and provenance (the
+    JSON beside the CSV: machine, JAX version, date, command, whether it ran in interpret mode)."""
+    if not TPU_RUNS_CSV.exists():
+        return None, {}
+    js = TPU_RUNS_CSV.with_suffix(".json")
+    meta = dict(measured.file_header(TPU_RUNS_CSV))
+    if js.exists():
+        full = json.loads(js.read_text())
+        meta.update({k: str(full[k]) for k in ("machine", "jax", "date", "command", "interpret") if k in full})
+    return read_host_csv(str(TPU_RUNS_CSV), TPU_RUNS_CSV.stat().st_mtime), meta
 
 
 def trace_coverage(gpu: dict[str, str]) -> str:
     """Which hardware has trace validation (`gpu`: the bundled GPU results' gpu_header), which only
-    the published table, which nothing."""
+    the published table, which nothing; the host results named by the machine they were measured on."""
     from perfmodel.spec import hardware
     from .measured import published_table
     published = sorted(set(published_table()["hardware"]))
     traced = [gpu["hardware_file"]] if "hardware_file" in gpu else []
     others = [h for h in hardware.list_presets() if h not in published + traced]
-    on_gpu = (f" and {gpu.get('machine', traced[0])} as `{traced[0]}` (the same reference step with XLA:GPU, its "
-              "kernels per layer; below, on demand)") if traced else ""
+    host = measured.machine_of(measured.file_header(HOST_VALIDATION_CSV), "a host CPU")
+    on_gpu = (f" and {measured.machine_of(gpu, traced[0])} as `{traced[0]}` (the same reference step with XLA:GPU, "
+              "its kernels per layer; below, on demand)") if traced else ""
+    runs, meta = tpu_runs()
+    tpu = (f"This project's megakernel on a real TPU: {len(runs)} runs on {measured.machine_of(meta)} (below)."
+           if runs is not None else "This project's megakernel on a real TPU: no run committed yet (below).")
     return ("**Which platforms have trace validation.** Per layer, from profiler traces: the host CPU "
-            f"(this machine: traces of the pure-JAX reference step; bundled results below){on_gpu}. "
+            f"({host}: traces of the pure-JAX reference step; bundled results below){on_gpu}. "
             f"**{', '.join(published)}: no trace validation yet**; their predictions are checked only against the "
             "published tokens/s table (Inferact, tpu-megakernels report, Sept 2026; see Compare). "
-            f"{', '.join(others)}: no step or trace measurement. A TPU trace of the megakernel can be compared "
-            f"below once one is recorded. {PROFILE_HW} has one published phase-by-phase profile of a real megakernel "
-            "(Inferact's Muse Spark kernel: training data, which its DMA engine's settings are fitted to; below).")
+            f"{', '.join(others)}: no step or trace measurement. {tpu} {PROFILE_HW} has one published "
+            "phase-by-phase profile of a real megakernel (Inferact's Muse Spark kernel: training data, which its "
+            "DMA engine's settings are fitted to; below).")
+
+
+def tpu_section() -> None:
+    """This project's megakernel on a real TPU, run by run: measured (traced) step against the prediction from
+    the run's own DMA plan, with the provenance; or what is there until such a file is committed."""
+    runs, meta = tpu_runs()
+    if runs is None:
+        st.info(f"No TPU run of this project's megakernel is committed yet. `python experiments/tpu_megakernel.py` "
+                f"on a lent TPU writes {c.shown_path(TPU_RUNS_CSV)} (one row a run: slice, batch, ring depth, "
+                "expert slots, measured and predicted step) and a JSON beside it (the chip, the JAX version, the date, "
+                "the command); each run is drawn here, measured against predicted, once they are committed. Until "
+                "then the megakernel's timing is checked only against the published table (Compare) and the "
+                "published phase profile (below).")
+        return
+    provenance_line(TPU_RUNS_CSV, "val_tpu", meta)
+    if meta.get("interpret") == "True":
+        st.warning("These runs were made in Pallas interpret mode on a CPU (a check of the pipeline): their times "
+                   "are not TPU timings and are not compared here.")
+        return
+    col = "traced_step_s" if runs["traced_step_s"].notna().any() else "wall_step_s"
+    df = pd.DataFrame({"layer": range(len(runs)),
+                       "kind": runs["slice"].astype(str) + ", batch " + runs["batch"].astype(str),
+                       "predicted_us": runs["predicted_step_s"] * 1e6, "measured_us": runs[col] * 1e6})
+    df = df[df["measured_us"].notna() & (df["measured_us"] > 0)].reset_index(drop=True)
+    df["error"] = df["predicted_us"] / df["measured_us"] - 1
+    df["abs_error"] = df["error"].abs()
+    show_comparison(df, "TPU runs", "val_tpu", "python experiments/tpu_megakernel.py", unit="run")
 
 
 @st.cache_data(show_spinner=False, max_entries=1)
@@ -458,20 +561,29 @@ def render() -> None:
     st.header("Validation: per-layer predicted vs measured")
     gpu_results = gpu_header()
     st.info(trace_coverage(gpu_results))
-    st.subheader("Bundled host validation")
+    host = measured.machine_of(measured.file_header(HOST_VALIDATION_CSV), "a host CPU")
+    st.subheader(f"Bundled host validation: the reference step on {host}")
     bundled(HOST_VALIDATION_CSV, "host validation", "python experiments/validate_host.py", "val", "val_host")
-    machine = gpu_results.get("machine", "a GPU").split(" (")[0]
+    machine = measured.machine_of(gpu_results, "a GPU")
     gpu = st.expander(f"A real GPU: the reference step traced on {machine} (each layer's kernel time; the step "
                       "is the wall time)", key="val_gpu_exp", on_change="rerun")
     if gpu.open:  # drawn only when opened
         with gpu:
-            bundled(GPU_VALIDATION_CSV, "GPU validation", "python experiments/validate_gpu.py", "val_gpu", "val_gpu")
+            bundled(GPU_VALIDATION_CSV, "GPU validation", "python experiments/validate_gpu.py", "val_gpu", "val_gpu",
+                    why=gpu_step_why)
+    runs, meta = tpu_runs()
+    tpu = st.expander("A real TPU: this project's megakernel, run by run (" + (
+        f"{len(runs)} runs on {measured.machine_of(meta)})" if runs is not None else "none committed yet)"),
+        key="val_tpu_exp", on_change="rerun")
+    if tpu.open:
+        with tpu:
+            tpu_section()
     profile = st.expander(f"A real megakernel, phase by phase: Inferact's Muse Spark kernel on {PROFILE_HW} "
                           "(training data)", key="val_profile_exp", on_change="rerun")
     if profile.open:  # drawn only when opened
         with profile:
             profile_section()
-    yours = st.expander("Your trace: a path on this machine or an upload, compared with the model",
+    yours = st.expander("Your trace: a path on the dashboard's machine or an upload, compared with the model",
                         key="val_trace_exp", on_change="rerun")
     if yours.open:  # its inputs and uploader are drawn only when opened
         with yours:
