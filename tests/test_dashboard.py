@@ -334,16 +334,18 @@ def test_compare_speculative_decoding_toggle():
 def test_compare_upload_names_its_serving_engine_and_kv_cache():
     """An uploaded row is the reference for platform B only with B's serving engine and KV cache format."""
     at = open_view("Compare")
-    csv = (b"hardware,engine,devices,tp,ep,batch,tokens_per_s,serving_engine,kv_cache,source\n"
-           b"gb200,multikernel,16,16,1,16,900,vllm,fp8-kv,my vllm run\n"
-           b"gb200,multikernel,16,16,1,32,1500,,,my generic run\n")
+    csv = (b"model,hardware,engine,devices,tp,ep,batch,tokens_per_s,serving_engine,kv_cache,source\n"
+           b"kimi-k3,gb200,multikernel,16,16,1,16,900,vllm,fp8-kv,my vllm run\n"
+           b"kimi-k3,gb200,multikernel,16,16,1,32,1500,,,my generic run\n")
     at.file_uploader(key="cmp_upload").set_value(("gb.csv", csv, "text/csv")).run()
     assert_clean(at)
     err = table(at, "cmp_errors")
     mine = err[err["source"] == "your upload: gb.csv"]
     assert list(mine["reference"]) == ["my vllm run"] and list(mine["platform"]) == [GB200]
     note = next(c.value for c in at.caption if "Not a reference for platform B: your upload: gb.csv" in c.value)
-    assert "serving engine (yours vllm, measured generic)" in note and "KV cache (yours fp8-kv, measured bf16)" in note
+    # the row states neither: the defaults it is compared at are assumptions, not measurements
+    assert "serving engine (yours vllm; not stated, assumed generic)" in note
+    assert "KV cache (yours fp8-kv; not stated, assumed bf16)" in note
 
 
 def test_compare_batches_and_platform_widgets():
@@ -416,8 +418,9 @@ def test_compare_one_error_box_per_cause_and_nearest_layouts():
 
 def test_compare_sources_markers_log_axis_and_implausible_upload():
     at = open_view("Compare")
-    csv = (b"hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s\ntpu-v7,megakernel,32,32,8,64,16,1500\n"
-           b"tpu-v7,megakernel,32,32,8,64,32,1e30\n")
+    before = chart(at, "cmp_chart")
+    csv = (b"model,hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s\n"
+           b"kimi-k3,tpu-v7,megakernel,32,32,8,64,16,1500\nkimi-k3,tpu-v7,megakernel,32,32,8,64,32,1e30\n")
     at.file_uploader(key="cmp_upload").set_value(("bench.csv", csv, "text/csv")).run()
     assert_clean(at)
     main = chart(at, "cmp_chart")
@@ -427,8 +430,12 @@ def test_compare_sources_markers_log_axis_and_implausible_upload():
     assert set(measured_series) == set(ratios) == {"Inferact, 16x TPU v7, published (platform A)",
                                                    "Inferact, 16x GB200 (vLLM), published (platform B)",
                                                    "your upload: bench.csv (platform A)"}
-    symbols = {legend(main, "shape")[name] for name in measured_series}
-    assert len(symbols) == 3  # each source its own marker
+    # a marker per kind of source, whatever else is plotted: published o before and after the upload
+    assert legend(before, "shape") == {"published": "circle"}
+    assert legend(main, "shape") == {"published": "circle", "your upload": "triangle-up"}
+    assert {r["kind"] for r in measured_series["your upload: bench.csv (platform A)"]} == {"your upload"}
+    # a colour per platform: A blue, B red, named in the legend
+    assert legend(main, "color") == {TPU_V7: "#1f77b4", GB200: "#d62728"}
     assert max(r["tokens_per_s"] for rows in series(main).values() for r in rows) < 1e5  # the 1e30 row is not plotted
     assert any("above 2x the chip's HBM roofline" in w.value and "1e+30" in w.value for w in at.warning)
     err = table(at, "cmp_errors")
@@ -450,16 +457,17 @@ def test_compare_impossible_layout_shows_message():
 
 def test_compare_user_measurements_upload():
     at = open_view("Compare")
-    csv = b"# my run\nhardware,engine,devices,batch,tokens_per_s,source\ntpu-v7,megakernel,32,16,1500,my bench\n"
+    csv = (b"# my run\nmodel,hardware,engine,devices,batch,tokens_per_s,source\n"
+           b"kimi-k3,tpu-v7,megakernel,32,16,1500,my bench\n")
     at.file_uploader(key="cmp_upload").set_value(("mine.csv", csv, "text/csv")).run()
     assert_clean(at)
-    # no tp, ep or steps per call: the defaults (tp = ep = devices, 1 step per call), not platform A's
+    # no tp, ep or steps per call: the defaults (tp = ep = devices, 1 step per call), assumed, not platform A's
     assert not (table(at, "cmp_errors")["source"] == "your upload: mine.csv").any()
     note = next(c.value for c in at.caption if "your upload: mine.csv" in c.value)
-    assert "Not a reference for platform A" in note and "EP (yours 8, measured 32)" in note
-    assert "steps per call (yours 64, measured 1)" in note
-    csv = (b"# my run\nhardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s,source\n"
-           b"tpu-v7,megakernel,32,32,8,64,16,1500,my bench\n")
+    assert "Not a reference for platform A" in note and "EP (yours 8; not stated, assumed 32)" in note
+    assert "steps per call (yours 64; not stated, assumed 1)" in note
+    csv = (b"# my run\nmodel,hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s,source\n"
+           b"kimi-k3,tpu-v7,megakernel,32,32,8,64,16,1500,my bench\n")
     at.file_uploader(key="cmp_upload").set_value(("mine.csv", csv, "text/csv")).run()
     err = table(at, "cmp_errors")
     mine = err[err["source"] == "your upload: mine.csv"]
@@ -468,10 +476,92 @@ def test_compare_user_measurements_upload():
     at.file_uploader(key="cmp_upload").set_value(("photo.png", b"\x89PNG\r\n\x1a\n\x00\x00", "image/png")).run()
     assert_message(at, "expected a .csv")
     at.file_uploader(key="cmp_upload").set_value(("bad.csv", b"a,b\n1,2\n", "text/csv")).run()
-    assert_message(at, "missing column(s) hardware, engine, batch, tokens_per_s")
+    assert_message(at, "missing column(s) model, hardware, engine, batch, tokens_per_s")
     at.file_uploader(key="cmp_upload").set_value(
-        ("bad2.csv", b"hardware,engine,batch,tokens_per_s\ntpu-v7,megakernel,two,5\n", "text/csv")).run()
+        ("bad2.csv", b"model,hardware,engine,batch,tokens_per_s\nkimi-k3,tpu-v7,megakernel,two,5\n", "text/csv")).run()
     assert any("column batch" in e for e in errors(at))
+
+
+def test_compare_upload_without_a_model_is_refused():
+    """A measurements file that names no model would be the reference for every model: refused, with why."""
+    at = open_view("Compare")
+    csv = b"hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s\ntpu-v7,megakernel,32,32,8,64,16,1500\n"
+    at.file_uploader(key="cmp_upload").set_value(("nomodel.csv", csv, "text/csv")).run()
+    assert_message(at, "has no model column")
+    assert not any("nomodel.csv" in name for name in series(chart(at, "cmp_chart")))
+    assert not (table(at, "cmp_errors")["source"] == "your upload: nomodel.csv").any()
+    csv = b"model,hardware,engine,batch,tokens_per_s\n,tpu-v7,megakernel,16,1500\n"  # a row without one
+    at.file_uploader(key="cmp_upload").set_value(("blank.csv", csv, "text/csv")).run()
+    assert_message(at, "row 1: no model")
+
+
+def test_compare_sources_and_their_provenance_one_click_away():
+    """Each measured source in the sources popover: its marker, its points and where it comes from; and what is
+    not there yet (no committed measurement of this project's own runs on an accelerator)."""
+    at = open_view("Compare")
+    text = "\n".join(m.value for m in at.markdown)
+    assert "**Inferact, 16x TPU v7, published** (circle marker: published" in text
+    assert "does not state: the context, the ring depth" in text
+    assert f"**{measured.HOST_ORIGIN}** (square marker: measured by this project" in text and "- machine: " in text
+    assert any("No measurement of this project's own runs on an accelerator is committed yet" in c.value
+               for c in at.caption)
+
+
+def test_compare_draws_a_committed_measurement_file_with_its_provenance(monkeypatch, tmp_path):
+    """A committed results file (experiments/results/measured_*.csv) is a source of its own: drawn beside the
+    predictions with the marker of this project's measurements, its chip, JAX version, date and command listed."""
+    (tmp_path / "measured_tpu-v7.csv").write_text(
+        "# chip: TPU v7 (test)\n# jax: 0.9.9\n# date: 2027-01-02T03:04:05+00:00\n"
+        "# command: python experiments/tpu_megakernel.py --whole-step\n"
+        "model,hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s\n"
+        "kimi-k3,tpu-v7,megakernel,32,32,8,64,16,900\n")
+    monkeypatch.setattr(measured, "RESULTS_DIR", tmp_path)
+    at = open_view("Compare")
+    name = "TPU v7, measured (measured_tpu-v7.csv) (platform A)"
+    pts = series(chart(at, "cmp_chart"), "point")
+    assert [r["batch"] for r in pts[name]] == [16] and {r["kind"] for r in pts[name]} == {measured.OURS}
+    assert legend(chart(at, "cmp_chart"), "shape")[measured.OURS] == "square"
+    text = "\n".join(m.value for m in at.markdown)
+    assert "- jax: 0.9.9" in text and "python experiments/tpu_megakernel.py --whole-step" in text
+    assert any("Committed measurement files" in c.value for c in at.caption)
+
+
+def x_domain(spec: dict) -> list[float]:
+    return scale(spec, "x")["domain"]
+
+
+def test_stacked_panels_share_their_x_range():
+    """A chart of two panels (Compare's predicted / measured, Serving's TPOT, the prefetch sweep's causes) is two
+    charts: each lower panel has the x range of the one above it, whatever its own layers draw."""
+    at = open_view("Compare")
+    assert x_domain(chart(at, "cmp_chart")) == x_domain(chart(at, "cmp_ratio"))
+    lo, hi = x_domain(chart(at, "cmp_ratio"))
+    assert lo < 1 and hi > 64  # every batch typed, not only the measured ones (1 to 8)
+    at = open_view("Serving")
+    assert x_domain(chart(at, "sv_chart")) == x_domain(chart(at, "sv_tpot_chart"))
+    at = open_view("What-if", tab="Prefetch depth")
+    for log in (False, True):
+        at.toggle(key="wi_pf_logx").set_value(log).run()
+        up, down = chart(at, "wi_prefetch_chart"), chart(at, "wi_prefetch_causes")
+        assert scale(up, "x") == scale(down, "x") and scale(up, "x")["type"] == ("log" if log else "linear")
+
+
+def test_compare_legend_names_platforms_curves_and_markers():
+    """The legend says what colour, line style and marker mean, each on a channel of its own."""
+    at = open_view("Compare")
+    at.radio(key="cmp_spec").set_value("both").run()
+    main = chart(at, "cmp_chart")
+    line = next(lay for lay in layers(main) if mark_type(lay) == "line")
+    assert line["encoding"]["color"]["field"] == "platform" and line["encoding"]["strokeDash"]["field"] == "curve"
+    assert legend(main, "strokeDash") == {"predicted": [1, 0], "predicted, spec decode": [6, 4]}
+    assert legend(main, "color") == {TPU_V7: "#1f77b4", GB200: "#d62728"}
+    assert all(lay["encoding"].get(ch, {}).get("legend", {}) is not None for lay in layers(main)
+               for ch in ("color", "shape", "strokeDash"))  # a layer's legend None would drop the merged one
+    # another platform B: A keeps blue, the published points keep their circle
+    use_deployment(at, "cmp_B", "tpu-v7", "megakernel", devices=32, tp=32, ep=8)
+    main = chart(at, "cmp_chart")
+    assert list(legend(main, "color").values()) == ["#1f77b4", "#d62728"]
+    assert legend(main, "shape") == {"published": "circle"}
 
 
 def test_compare_host_validation_points(monkeypatch, tmp_path):
@@ -512,11 +602,14 @@ def test_measurements_normalise_rejects_bad_values():
     import pandas as pd
     from perfmodel.util.errors import SpecError
     with pytest.raises(SpecError, match="engine"):
-        measured.normalise(pd.DataFrame({"hardware": ["x"], "engine": ["vllm"], "batch": [1],
+        measured.normalise(pd.DataFrame({"model": ["m"], "hardware": ["x"], "engine": ["vllm"], "batch": [1],
                                          "tokens_per_s": [3.0]}), "t")
     with pytest.raises(SpecError, match="tokens_per_s > 0"):
-        measured.normalise(pd.DataFrame({"hardware": ["x"], "engine": ["megakernel"], "batch": [1],
+        measured.normalise(pd.DataFrame({"model": ["m"], "hardware": ["x"], "engine": ["megakernel"], "batch": [1],
                                          "tokens_per_s": [0.0]}), "t")
+    with pytest.raises(SpecError, match="no model column"):
+        measured.normalise(pd.DataFrame({"hardware": ["x"], "engine": ["megakernel"], "batch": [1],
+                                         "tokens_per_s": [1.0]}), "t")
     assert len(measured.published_table()) == 10
 
 
@@ -524,7 +617,7 @@ def test_measurements_normalise_rejects_bad_values():
 
 def whatif_state(at: AppTest) -> dict:
     return {"tps": number(metric(at, "tokens/s (predicted)")), "step_ms": number(metric(at, "step time")),
-            "bound": metric(at, "bound")}
+            "bound": headline(at, "bound")}
 
 
 WHATIF_TABS = {"Step breakdown": ("wi_breakdown",), "Ring x expert slots": ("wi_heat_pick",),
@@ -683,6 +776,7 @@ def test_whatif_infeasible_keeps_the_page_and_shows_what_fits():
     assert len(errors(at)) == 1
     msg = errors(at)[0]
     assert "MiB" in msg and "VMEM per core: 0.5 MiB" in msg and not re.search(r"\d{6,} B", msg)
+    assert "at most 0 MiB" not in msg and "not even one tile fits" in msg
     assert any(m.value.startswith("**Nearest configurations that run") for m in at.markdown)
     use = [b for b in at.button if b.key.startswith("wi_near_")]
     assert use
@@ -735,6 +829,8 @@ def test_whatif_more_vmem_slower_is_explained_and_consistent():
     # so the collectives' remote copies queue behind the ring's far-ahead tiles)
     assert any("Deeper than" in i.value and "dma_concurrent_copies" in i.value and "collectives" in i.value
                for i in at.info)
+    forced = at.toggle(key="wi_pf_logx_forced")  # the axis is log whatever the choice: the toggle shown says so
+    assert forced.value is True and forced.disabled and "wi_pf_logx" not in [t.key for t in at.toggle]
     fig = chart(at, "wi_prefetch_chart")
     (cur,) = series(fig, "point")["current"]
     assert cur["prefetch_mib"] == pytest.approx(500_000) and cur["step_ms"] == pytest.approx(big["step_ms"], rel=1e-3)
@@ -744,15 +840,18 @@ def test_whatif_more_vmem_slower_is_explained_and_consistent():
 def test_whatif_measured_only_when_every_setting_matches():
     at = open_view("What-if")
     assert metric(at, "measured tokens/s") == "249"
-    assert any("Measured: 249 tokens/s, Inferact, 16x TPU v7, published" in c.value for c in at.caption)
+    measured_note = next(c.value for c in at.caption if c.value.startswith("Measured: 249 tokens/s, Inferact, 16x TPU v7"))
+    assert "Not stated by the measurement, assumed" in measured_note and "prefetch depth 32 MiB" in measured_note
+    assert "measured 32" not in " ".join(c.value for c in at.caption)
     delta = next(m.delta for m in at.metric if m.label == "measured tokens/s")
     assert delta.startswith("-") or delta.startswith("+")  # the badge's arrow follows the sign
     typed(at, "wi_batch", 2)
     assert metric(at, "measured tokens/s") == "392"
+    # what the published table states is "measured"; what it does not (context, ring, VMEM) is "assumed"
     for field, value, differs in (("wi_ep", 16, "EP (yours 16, measured 8)"), ("wi_tp", 16, "TP (yours 16, measured 32)"),
-                                  ("wi_context", 8192, "context (yours 8192, measured 4096)"),
-                                  ("wi_prefetch", 16.0, "prefetch depth (yours 16, measured 32)"),
-                                  ("wi_vmem", 48.0, "VMEM (yours 48, measured 64)"),
+                                  ("wi_context", 8192, "context (yours 8192 tokens; not stated, assumed 4096 tokens)"),
+                                  ("wi_prefetch", 16.0, "prefetch depth (yours 16 MiB; not stated, assumed 32 MiB)"),
+                                  ("wi_vmem", 48.0, "VMEM (yours 48 MiB; not stated, assumed 64 MiB)"),
                                   ("wi_steps", 1, "steps per call (yours 1, measured 64)")):
         before = at.text_input(key=field).value
         typed(at, field, value)
@@ -827,6 +926,44 @@ def test_whatif_other_hardware_and_model():
     assert at.metric or at.error  # either a prediction or a message naming the bad layout
 
 
+def test_whatif_prefetch_causes_are_times():
+    """The time-by-cause panel draws the step's causes (its breakdown), never another column in seconds such as
+    tokens_per_s; at each depth they add up to the step."""
+    at = open_view("What-if", tab="Prefetch depth")
+    bars = series(chart(at, "wi_prefetch_causes"), "bar")
+    assert bars and set(bars) <= set(common.CAUSE_LABELS.values())
+    step = {r["prefetch_mib"]: r["step_ms"] for r in series(chart(at, "wi_prefetch_chart"))["step time"]}
+    for depth, ms in step.items():
+        assert sum(r["ms"] for rows in bars.values() for r in rows if r["prefetch_mib"] == depth) == pytest.approx(ms)
+
+
+def test_whatif_ring_fields_are_off_on_the_multikernel_engine():
+    """The ring, the expert slots and the on-chip buffer change nothing on the multi-kernel engine: disabled there,
+    left out of the deployment and the command."""
+    at = open_view("What-if")
+    typed(at, "wi_prefetch", 16)
+    at.radio(key="wi_engine").set_value("multikernel").run()
+    assert_clean(at)
+    assert all(at.text_input(key=k).disabled for k in ("wi_prefetch", "wi_slots", "wi_vmem"))
+    cmd = next(c for c in commands(at) if c.startswith("perfmodel predict"))
+    assert "--prefetch-mib" not in cmd
+    at.radio(key="wi_engine").set_value("megakernel").run()
+    assert not at.text_input(key="wi_prefetch").disabled and at.text_input(key="wi_prefetch").value == "16"
+    assert any("--prefetch-mib 16" in c for c in commands(at))
+
+
+@pytest.mark.parametrize("depth", ["0.1", "6"])
+def test_whatif_ring_depth_is_whole_tiles(depth):
+    """A depth that is not a whole number of ring tiles would run as fewer whole tiles: said beside the field."""
+    at = open_view("What-if")
+    typed(at, "wi_prefetch", depth)
+    assert_message(at, "the ring holds whole 4 MiB tiles")
+    assert any("would run as 4 MiB" in e for e in errors(at))
+    assert any("Stale" in c.value for c in at.caption)
+    typed(at, "wi_prefetch", 8)
+    assert_clean(at)
+
+
 # ----- Explain -----------------------------------------------------------------------------------
 
 def test_explain_layers_gantt_terms_and_command():
@@ -854,6 +991,50 @@ def test_explain_layers_gantt_terms_and_command():
     assert_message(at, "out of range")
     typed(at, "ex_tp", 7)
     assert_message(at, "cannot run")
+
+
+def test_explain_equals_whatif_for_the_same_inputs():
+    """Explain and What-if share one deployment form: the same inputs give the same step and tokens/s (the
+    published TPU runs' 64 steps per call included), typed in each or copied with a button."""
+    at = open_view("What-if")
+    wi = whatif_state(at)
+    at.sidebar.radio(key="view").set_value("Explain").run()
+    assert_clean(at)
+    assert number(headline(at, "step time")) == wi["step_ms"] and number(headline(at, "tokens/s")) == wi["tps"]
+    for prefix in ("ex", "wi"):  # the same settings typed in both views
+        at.sidebar.radio(key="view").set_value({"ex": "Explain", "wi": "What-if"}[prefix]).run()
+        for name, v in (("steps", 1), ("context", 8192), ("batch", 4), ("prefetch", 16), ("slots", 4)):
+            typed(at, f"{prefix}_{name}", v)
+        assert_clean(at)
+    wi = whatif_state(at)
+    at.sidebar.radio(key="view").set_value("Explain").run()
+    assert number(headline(at, "step time")) == wi["step_ms"] and number(headline(at, "tokens/s")) == wi["tps"]
+    assert "--steps-per-call" not in next(c for c in commands(at) if c.startswith("perfmodel explain"))
+    at.sidebar.radio(key="view").set_value("What-if").run()  # another deployment there, copied over
+    at.toggle(key="wi_spec").set_value(True).run()
+    typed(at, "wi_vmem", 48)
+    wi = whatif_state(at)
+    at.sidebar.radio(key="view").set_value("Explain").run()
+    at.button(key="ex_use_wi_btn").click().run()
+    assert_clean(at)
+    assert number(headline(at, "step time")) == wi["step_ms"] and number(headline(at, "tokens/s")) == wi["tps"]
+    cmd = next(c for c in commands(at) if c.startswith("perfmodel explain"))
+    assert "--vmem-mib 48" in cmd and "--draft-rows 7" in cmd
+    out = run_cli(cmd)
+    assert out["step_s"] * 1e3 == pytest.approx(wi["step_ms"], abs=5e-4)
+
+
+def test_explain_terms_are_compact_with_sources_on_demand():
+    """A line a term (no source text in the table): each source a numbered reference, its text on demand."""
+    at = open_view("Explain")
+    terms = [d for d in tables(at) if "mechanism" in d.columns][0]
+    assert terms["source"].str.match(r"^\[\d+\] ").all()
+    assert all(len(str(v)) <= 100 for v in terms.to_numpy().ravel())
+    assert not any(m.value.startswith("1. ") for m in at.markdown)  # the sources open on demand
+    at.session_state["ex_sources_exp"] = True
+    at.run()
+    listed = next(m.value for m in at.markdown if m.value.startswith("1. ")).split("\n")
+    assert len(listed) == terms["source"].nunique() and max(len(x) for x in listed) > 100
 
 
 def gantt_labels(spec: dict) -> set[str]:
@@ -1027,7 +1208,7 @@ def test_validation_host_csv_schema_runs_and_step_rows(monkeypatch, tmp_path):
     csv.write_text("\n".join(rows) + "\n")
     monkeypatch.setattr(validation, "HOST_VALIDATION_CSV", csv)
     at = open_view("Validation")
-    assert any("machine: test cpu" in c.value for c in at.caption)
+    assert any(c.value.startswith("Measured on test cpu") for c in at.caption)  # the file's machine, not "this one"
     assert metric(at, "step error") == "-20.0%"
     assert number(metric(at, "layers")) == 4  # the step row is not a layer
     runs = [d for d in tables(at) if "layer_mape" in d.columns][0]
@@ -1054,7 +1235,7 @@ def test_validation_bundled_gpu_runs_on_demand():
     step = next(r for r in rows if [r[k] for k in validation.RUN_KEYS] == run and r["layer"] == "step")
     shown = [m.value for m in at.metric if m.label == "measured step"]
     assert f"{float(step['measured_s']) * 1e3:.3f} ms" in shown  # the wall step of the run picked
-    assert any("machine: NVIDIA H200" in cap.value for cap in at.caption)
+    assert any(cap.value.startswith("Measured on NVIDIA H200") for cap in at.caption)
 
 
 @pytest.fixture(scope="module")
@@ -1124,6 +1305,8 @@ def test_validation_path_is_confined_to_the_opened_directories(monkeypatch, tmp_
         at.text_input(key="val_path").input(path).run()
         assert_message(at, "is outside the directories this dashboard was opened on")
         assert any(f"trace path={path}" in e or path in e for e in errors(at)), errors(at)  # the error names it
+        # not the server's own paths nor its command-line flags: a browser's user can act on neither
+        assert not any(str(root) in e.replace(path, "") or "--trace-root" in e for e in errors(at)), errors(at)
     at.text_input(key="val_path").input(str(root)).run()  # inside: parsed (no run there)
     assert not any("outside the directories" in e for e in errors(at))
     assert common.confined_path(str(root)) == root.resolve()
@@ -1133,6 +1316,40 @@ def test_validation_says_which_platforms_have_trace_validation(monkeypatch, tmp_
     at = open_view("Validation")
     text = at.info[0].value
     assert "gb200, tpu-v7: no trace validation yet" in text and "host CPU" in text
+
+
+def test_validation_names_the_machines_and_says_why_the_gpu_step_is_off():
+    """Results measured elsewhere are named by the machine their file names (never "this machine"); the provenance
+    reads as lines (no Python dict, no temporary path); the H200's large step error comes with what its traces say."""
+    at = open_view("Validation", val_gpu_exp=True)
+    assert_clean(at)
+    text = " ".join([i.value for i in at.info] + [c.value for c in at.caption] + [m.value for m in at.markdown])
+    assert "this machine" not in text and "{'start'" not in text and "/tmp/" not in text
+    host = measured.header(validation.HOST_VALIDATION_CSV)["machine"]
+    assert f"the host CPU ({host}" in at.info[0].value
+    assert any(m.value.startswith("- machine: ") and "- load average (1 min): " in m.value for m in at.markdown)
+    why = next(i.value for i in at.info if i.value.startswith("**Why the step error is"))
+    assert "idle" in why and "kernels" in why and "docs/validation.md" in why
+
+
+def test_validation_tpu_runs_when_committed(monkeypatch, tmp_path):
+    """This project's megakernel on a TPU: said to be missing until its results are committed, then drawn run by
+    run with its provenance (chip, JAX version, date, command)."""
+    monkeypatch.setattr(validation, "TPU_RUNS_CSV", tmp_path / "tpu_megakernel.csv")
+    at = open_view("Validation", val_tpu_exp=True)
+    assert any("No TPU run of this project's megakernel is committed yet" in i.value for i in at.info)
+    (tmp_path / "tpu_megakernel.csv").write_text(
+        "# machine: TPU v5 lite\n# date: 2027-01-02T03:04:05+00:00\n# command: python experiments/tpu_megakernel.py\n"
+        "slice,batch,depth,expert_slots,weight_descriptors,padding_fraction,remote_descriptors,wall_step_s,"
+        "traced_step_s,predicted_step_s,error,unattributed_share\n"
+        "one core,1,4,2,100,0.0,0,0.0011,0.0010,0.0009,-0.1,0.01\none core,8,8,4,100,0.0,0,0.0021,0.0020,0.0022,0.1,0.01\n")
+    (tmp_path / "tpu_megakernel.json").write_text(json.dumps({"machine": "TPU v5 lite", "jax": "0.9.9",
+                                                               "interpret": False, "runs": []}))
+    at = open_view("Validation", val_tpu_exp=True)
+    assert_clean(at)
+    assert "2 runs on TPU v5 lite" in at.info[0].value
+    assert [r["measured_us"] for rows in series(chart(at, "val_tpu_chart"), "point").values() for r in rows]
+    assert any("- jax: 0.9.9" in m.value for m in at.markdown)
 
 
 def test_validation_shows_the_real_megakernels_phase_profile():
@@ -1182,13 +1399,17 @@ HF_CONFIG = {"num_hidden_layers": 4, "hidden_size": 1024, "vocab_size": 32000, "
 
 
 def test_models_view_presets_and_sources():
-    at = open_view("Models & hardware")
+    at = open_view("Models & hardware", mh_model_sources_exp=True, mh_hw_sources_exp=True)
     models = table(at, "mh_models")
-    assert "kimi-k3" in set(models["model"]) and (models["sources"].str.len() > 0).all()
+    assert "kimi-k3" in set(models["model"]) and "sources" not in models  # a line a preset; sources in the details
     hw = table(at, "mh_hw")
-    assert {"tpu-v7", "gb200"} <= set(hw["hardware"])
+    assert {"tpu-v7", "gb200"} <= set(hw["hardware"]) and "efficiency" not in hw
     fields = table(at, "mh_hw_fields")
-    assert (fields.set_index("field").loc["hbm_bandwidth_bytes_per_s", "source"]).startswith("Inferact")
+    ref = fields.set_index("field").loc["hbm_bandwidth_bytes_per_s", "source"]  # "[n]": the n-th source below
+    listed = next(m.value for m in at.markdown if m.value.startswith("1. ") and "shapes:" not in m.value)
+    n = int(ref.strip("[]"))
+    assert listed.split("\n")[n - 1].startswith(f"{n}. Inferact")
+    assert any("shapes:" in m.value for m in at.markdown if m.value.startswith("1. "))  # the model's sources
     assert fields.set_index("field").loc["hbm_bandwidth_bytes_per_s", "value"].endswith("TB/s")
     at.selectbox(key="mh_hw_pick").set_value("gb200").run()
     assert table(at, "mh_hw_fields").set_index("field").loc["onchip_kind", "value"] != "VMEM"

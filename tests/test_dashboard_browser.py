@@ -55,8 +55,23 @@ MARKS = """key => {
   });
   const axes = [...svg.querySelectorAll('[aria-roledescription="axis"]')].map(e => e.getAttribute('aria-label'));
   const texts = [...svg.querySelectorAll('g.mark-text text')].filter(e => !guide(e)).map(e => e.textContent);
-  return {marks, axes, texts};
+  // each axis's tick labels with their centre on the page; each legend's title and entries
+  const ticks = [...svg.querySelectorAll('[aria-roledescription="axis"]')].map(e => ({
+    axis: e.getAttribute('aria-label'), labels: [...e.querySelectorAll('g.role-axis-label text')].map(t => {
+      const r = t.getBoundingClientRect();
+      return {text: t.textContent, x: r.left + r.width / 2, y: r.top + r.height / 2};
+    })}));
+  const legends = [...svg.querySelectorAll('[aria-roledescription="legend"]')].map(e => ({
+    label: e.getAttribute('aria-label') || '',
+    entries: [...e.querySelectorAll('g.role-legend-label text')].map(t => t.textContent),
+    title: [...e.querySelectorAll('g.role-legend-title text')].map(t => t.textContent).join(' ')}));
+  return {marks, axes, texts, ticks, legends};
 }"""
+# What a chart of every view says its series are: a legend, or labels in the plot or on an axis. A lower panel
+# (two charts stacked as one figure) reads the legend of the panel above it for the marks it shares with it.
+LOWER_PANELS = {"cmp_ratio": "cmp_chart"}
+# the charts drawn one under the other as one figure: they share their x range and their x positions
+STACKED = (("cmp_chart", "cmp_ratio"), ("sv_chart", "sv_tpot_chart"), ("wi_prefetch_chart", "wi_prefetch_causes"))
 
 
 @pytest.fixture(scope="module")
@@ -228,10 +243,61 @@ def figure(page, key: str) -> dict:
     """A chart as drawn: {"series": {name: [marks]}, "axes": [descriptions], "texts": [...]} (see MARKS)."""
     got = page.evaluate(MARKS, key)
     assert got is not None, f"no chart {key}"
-    out = {"series": {}, "axes": got["axes"], "texts": got["texts"]}
+    out = {"series": {}, "axes": got["axes"], "texts": got["texts"], "ticks": got["ticks"], "legends": got["legends"]}
     for m in got["marks"]:
         out["series"].setdefault(m.get("series"), []).append(m)
     return out
+
+
+def legend_entries(fig: dict) -> list[str]:
+    """Every entry of every legend of a chart (a gradient legend counts by its title)."""
+    return [e for lg in fig["legends"] for e in lg["entries"] or [lg["title"] or lg["label"]]]
+
+
+def chart_keys(page) -> list[str]:
+    """The keys of the charts the page shows."""
+    return page.evaluate("""() => [...document.querySelectorAll('.vega-embed svg.marks')].map(svg => {
+      const h = svg.closest('[class*="st-key-"]'); const m = h && h.className.match(/st-key-(\\S+)/);
+      return m ? m[1] : null; }).filter(k => k)""")
+
+
+def assert_legible(page) -> list[str]:
+    """Every chart on the page says what its series are: a legend, or every series it draws named by a text in
+    the plot or a label on an axis (a lane, a phase); a lower panel by the legend of the panel above for the
+    marks it shares with it. Returns the charts checked."""
+    keys = chart_keys(page)
+    assert keys
+    for key in keys:
+        fig = figure(page, key)
+        if legend_entries(fig):
+            continue
+        labels = set(fig["texts"]) | {t["text"] for a in fig["ticks"] for t in a["labels"]}
+        shown = {name for name, marks in fig["series"].items() if name and any(m["role"] != "text mark" for m in marks)}
+        unnamed = {name for name in shown if not any(label and label in name for label in labels)}
+        if key in LOWER_PANELS:
+            assert legend_entries(figure(page, LOWER_PANELS[key])), key
+            unnamed = {name for name in unnamed if not all(m["role"] == "point" for m in fig["series"][name])}
+        assert not unnamed, (key, unnamed, labels)
+    return keys
+
+
+def x_ticks(fig: dict) -> dict[str, float]:
+    """The x axis's tick labels and their x centres on the page."""
+    return {t["text"]: t["x"] for a in fig["ticks"] if a["axis"].startswith("X-axis") for t in a["labels"]}
+
+
+def assert_stacked_panels_aligned(page) -> None:
+    """Each pair of stacked panels on the page: the same x range (the axes' descriptions) and the same x positions
+    (each tick label within 1.5 px of the one above it)."""
+    keys = set(chart_keys(page))
+    pairs = [pair for pair in STACKED if set(pair) <= keys]
+    for up, down in pairs:
+        a, b = figure(page, up), figure(page, down)
+        xa = next(x for x in a["axes"] if x.startswith("X-axis"))
+        xb = next(x for x in b["axes"] if x.startswith("X-axis"))
+        assert xa.split(" titled")[1].split("'")[2:] == xb.split(" titled")[1].split("'")[2:], (xa, xb)  # range, scale
+        ta, tb = x_ticks(a), x_ticks(b)
+        assert ta.keys() == tb.keys() and all(abs(ta[k] - tb[k]) <= 1.5 for k in ta), (up, ta, tb)
 
 
 def axis(fig: dict, which: str) -> str:
@@ -264,6 +330,10 @@ def changes(page, key: str, action) -> None:
 
 def value(page, key: str) -> str:
     return page.locator(f".st-key-{key} input").first.input_value()
+
+
+def field_disabled(page, key: str) -> bool:
+    return page.locator(f".st-key-{key} input").first.is_disabled()
 
 
 def metric(page, label: str) -> str:
@@ -334,6 +404,15 @@ def test_compare_every_control_upload_and_downloads(page, tmp_path):
     assert_no_errors(page)
     assert page.locator('[data-testid="stAppDeployButton"]').count() == 0  # no Deploy button
     screenshot(page, "compare")
+    # the legend says which colour is which platform, what the line and the markers are
+    entries = legend_entries(figure(page, "cmp_chart"))
+    assert any(e.startswith("A: tpu-v7") for e in entries) and any(e.startswith("B: gb200") for e in entries)
+    assert {"predicted", "published"} <= set(entries)
+    assert set(assert_legible(page)) == {"cmp_chart", "cmp_ratio"}
+    assert_stacked_panels_aligned(page)
+    published = {m["d"] for name, marks in figure(page, "cmp_chart")["series"].items()
+                 if name and "published" in name for m in marks}
+    assert len(published) == 1  # one marker for every published point, whichever platform
     ratio = figure(page, "cmp_ratio")
     ratios = {name: marks for name, marks in ratio["series"].items() if name and "platform" in name}
     assert {name.rsplit("(", 1)[1] for name in ratios} == {"platform A)", "platform B)"}  # both published sets
@@ -344,8 +423,10 @@ def test_compare_every_control_upload_and_downloads(page, tmp_path):
     assert "Not a reference for platform A" in page.inner_text("body")  # the published runs are at 4096
     type_in(page, "cmp_context", 4096)
     changes(page, "cmp_chart", lambda: radio(page, "cmp_spec", "both"))
+    assert "predicted, spec decode" in legend_entries(figure(page, "cmp_chart"))  # dashed: named
     changes(page, "cmp_chart", lambda: toggle(page, "cmp_logy"))
     assert axis(figure(page, "cmp_chart"), "Y") == "log"
+    assert_stacked_panels_aligned(page)
     # the published GB200 runs name their serving engine and KV cache format: another one is no reference
     # each platform's serving engine, KV cache and steps per call are in its popover (mounted when opened)
     assert page.locator(".st-key-cmp_B_serving").count() == 0
@@ -371,6 +452,8 @@ def test_compare_every_control_upload_and_downloads(page, tmp_path):
     changes(page, "cmp_chart", lambda: pick(page, "cmp_model", "deepseek-v3"))
     upload_measurements(page, tmp_path, "model,hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s\n"
                         "deepseek-v3,tpu-v6e,multikernel,64,16,16,2,1,100\n", 1)
+    assert_legible(page)
+    assert_stacked_panels_aligned(page)  # the measured point at batch 1 only: the ratio panel keeps 1 to 8
     expand(page, "cmp_errors_exp")
     expand(page, "cmp_pred_exp")
     assert table_shown(page, "cmp_errors_exp") and table_shown(page, "cmp_pred_exp")
@@ -397,7 +480,10 @@ def test_whatif_every_control_tab_click_and_downloads(page):
     changes(page, "wi_breakdown", lambda: click(page, "wi_meas_btn"))  # the nearest measurement's settings
     assert metric(page, "measured tokens/s") == "392" and value(page, "wi_ep") == "8"
     changes(page, "wi_breakdown", lambda: radio(page, "wi_engine", "multikernel"))
+    for key in ("wi_prefetch", "wi_slots", "wi_vmem"):  # megakernel settings: off on the multi-kernel engine
+        assert field_disabled(page, key)
     changes(page, "wi_breakdown", lambda: radio(page, "wi_engine", "megakernel"))
+    assert not field_disabled(page, "wi_prefetch")
     changes(page, "wi_breakdown", lambda: type_in(page, "wi_prefetch", 16))
     changes(page, "wi_breakdown", lambda: type_in(page, "wi_slots", 4))
     type_in(page, "wi_vmem", 48)  # with the ring and slots fixed, a larger buffer changes no time: only the command
@@ -423,6 +509,7 @@ def test_whatif_every_control_tab_click_and_downloads(page):
     toggle(page, "wi_spec")
     assert_no_errors(page)
     tab(page, "wi_tab", "Ring x expert slots", "wi_heat_pick")
+    assert_legible(page)
     changes(page, "wi_heat_pick", lambda: radio(page, "wi_heat_z", "step time (ms)"))
     best = click_mark(page, "wi_heat_pick", "best")  # a click on the best cell puts its ring and slots in the fields
     page.wait_for_function("v => document.querySelector('.st-key-wi_slots input').value === v", arg=best["slots"])
@@ -435,16 +522,26 @@ def test_whatif_every_control_tab_click_and_downloads(page):
     click_mark(page, "wi_heat_pick", "cells", dy=8, **where)  # any cell: its ring and slots in the fields
     page.wait_for_function("v => document.querySelector('.st-key-wi_slots input').value === v", arg=other["slots"])
     assert value(page, "wi_prefetch") == other["ring (MiB)"]
+    assert_legible(page)
     tab(page, "wi_tab", "Prefetch depth", "wi_prefetch_chart")
+    bb.wait_chart(page, "wi_prefetch_causes")
+    causes = {name for name, marks in figure(page, "wi_prefetch_causes")["series"].items() if name}
+    assert causes and not any("tokens" in c for c in causes)  # times by cause, not tokens/s
+    assert max(float(m["ms"]) for marks in figure(page, "wi_prefetch_causes")["series"].values() for m in marks) < 100
+    assert_legible(page)
+    assert_stacked_panels_aligned(page)
     changes(page, "wi_prefetch_chart", lambda: toggle(page, "wi_pf_logx"))
     assert axis(figure(page, "wi_prefetch_chart"), "X") == axis(figure(page, "wi_prefetch_causes"), "X") == "log"
+    assert_stacked_panels_aligned(page)
     tab(page, "wi_tab", "Timeline", "wi_timeline")
+    assert_legible(page)
     drawn = figure(page, "wi_timeline")
     names = {m["what"].split(" (layer")[0] for marks in drawn["series"].values() for m in marks if m["role"] == "bar"}
     assert ("q_proj" in names or "attn_norm" in names) and set(drawn["texts"]) <= names  # op names, on the bars that fit
     key = page.locator("[class*='st-key-wi_layers_']").first.get_attribute("class").split("st-key-")[1].split()[0]
     changes(page, "wi_timeline", lambda: slide(page, key, 3, thumb=1))
     tab(page, "wi_tab", "Roofline", "wi_roofline")
+    assert_legible(page)
     expand(page, "wi_layers_exp")
     assert table_shown(page, "wi_layers_exp")
     assert_no_errors(page)
@@ -464,14 +561,22 @@ def test_whatif_every_control_tab_click_and_downloads(page):
 
 
 def test_explain_every_control_bar_click_and_downloads(page):
+    view(page, "What-if", "wi_breakdown")
+    step = metric(page, "step time")
     view(page, "Explain", "ex_gantt")
     assert_no_errors(page)
     screenshot(page, "explain")
+    assert f"step time: {step}" in page.inner_text("body")  # What-if's deployment, What-if's step
+    assert set(assert_legible(page)) == {"ex_layers_pick", "ex_gantt"}
     assert page.get_by_text("perfmodel explain").count() >= 1
     changes(page, "ex_gantt", lambda: click_mark(page, "ex_layers_pick", "compute", dy=3, layer=4))
     assert value(page, "ex_layer") == "4"
     changes(page, "ex_gantt", lambda: type_in(page, "ex_layer", 2))
-    changes(page, "ex_layers_pick", lambda: slide(page, "ex_batch", 2))
+    changes(page, "ex_layers_pick", lambda: type_in(page, "ex_batch", 4))
+    in_menu(page, "ex_more_menu", lambda: changes(page, "ex_layers_pick", lambda: type_in(page, "ex_steps", 1)))
+    assert "1 steps/call" in page.locator(".st-key-ex_more_menu").inner_text()  # the popover names its values
+    changes(page, "ex_layers_pick", lambda: click(page, "ex_use_wi_btn"))  # What-if's deployment again
+    assert value(page, "ex_batch") == "1" and f"step time: {step}" in page.inner_text("body")
     changes(page, "ex_layers_pick", lambda: radio(page, "ex_engine", "multikernel"))
     changes(page, "ex_layers_pick", lambda: pick(page, "ex_hw", "gb200"))
     for key, v in (("ex_tp", 2), ("ex_ep", 2), ("ex_devices", 2)):  # Kimi K3 does not fit there: a message meanwhile
@@ -553,6 +658,9 @@ def test_serving_every_control_and_downloads(page):
     curves = {name for fig in (ttft, tpot) for name, marks in fig["series"].items()
               if any(m["role"] == "point" for m in marks)}
     assert curves == {"TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90"}
+    assert {"p50", "p90"} <= set(legend_entries(ttft)) and {"p50", "p90"} <= set(tpot["texts"])  # named in both
+    assert set(assert_legible(page)) == {"sv_chart", "sv_tpot_chart"}
+    assert_stacked_panels_aligned(page)
     assert any(t.startswith("highest load meeting both") for t in ttft["texts"])
     assert "--serving-engine vllm --kv-cache fp8-kv" in page.inner_text("body")  # the published GB200 deployment
     assert 'perfmodel serve --model kimi-k3' in page.inner_text("body") and '--rate "$load"' in page.inner_text("body")
@@ -570,6 +678,7 @@ def test_serving_every_control_and_downloads(page):
     changes(page, "sv_chart", lambda: type_in(page, "sv_loads", "0.5, 2, 8"))
     p50 = [m for m in figure(page, "sv_chart")["series"]["TTFT p50"] if m["role"] == "point"]
     assert [m["offered load (Poisson arrivals, requests/s)"] for m in p50] == ["0.5", "2", "8"]
+    assert_stacked_panels_aligned(page)
     in_menu(page, "sv_kernels_menu", lambda: (changes(page, "sv_chart", lambda: pick(page, "sv_kv", "model's")),
                                               changes(page, "sv_chart", lambda: pick(page, "sv_serving", "generic"))))
     for key, v in (("sv_ep", 16), ("sv_tp", 8), ("sv_devices", 32)):  # layouts that run
@@ -598,6 +707,10 @@ def test_validation_every_control_uploads_path_and_downloads(page, tmp_path):
     screenshot(page, "validation")
     assert page.get_by_text("no trace validation yet").count() == 1
     assert {"y = x (exact)", "+-25% (per-layer target)"} <= set(figure(page, "val_host_chart")["series"])
+    assert "y = x (exact)" in legend_entries(figure(page, "val_host_chart"))
+    body = page.inner_text("body")
+    assert "this machine" not in body and "{'start'" not in body and "/tmp/" not in body  # the file's machine, plainly
+    in_menu(page, "val_prov_menu", lambda: page.get_by_text("load average (1 min):").wait_for())
     page.locator(".st-key-val_run").click()
     page.keyboard.press("ArrowDown")  # the next run
     page.keyboard.press("Enter")
@@ -612,6 +725,7 @@ def test_validation_every_control_uploads_path_and_downloads(page, tmp_path):
         data["validation_val_host.csv"]["abs_error"].mean())
     expand(page, "val_gpu_exp")  # the H200 runs, on demand: another run picked, its layers drawn
     bb.wait_chart(page, "val_gpu_chart")
+    assert page.get_by_text("Why the step error is").count() == 1  # the H200's step error comes with its why
     page.locator(".st-key-val_gpu_run").click()
     page.keyboard.press("ArrowDown")
     page.keyboard.press("Enter")
@@ -621,6 +735,9 @@ def test_validation_every_control_uploads_path_and_downloads(page, tmp_path):
     expand(page, "val_profile_exp")  # the real megakernel's phase profile, on demand
     for kernel in ("final", "first"):
         bb.wait_chart(page, f"val_profile_{kernel}")
+    assert_legible(page)
+    expand(page, "val_tpu_exp")  # this project's megakernel on a TPU: what is there (no run committed yet)
+    page.get_by_text("No TPU run of this project's megakernel is committed yet").wait_for()
     expand(page, "val_trace_exp")  # your trace: its inputs on demand
     pick(page, "val_hw", "tpu-v7")
     pick(page, "val_model", "kimi-k3-host-small")
@@ -642,6 +759,7 @@ def test_validation_every_control_uploads_path_and_downloads(page, tmp_path):
     page.locator(ERRORS).first.wait_for()
     msg = " ".join(errors(page))
     assert "trace path='/etc'" in msg and "outside the directories this dashboard was opened on" in msg
+    assert "--trace-root" not in msg and str(ROOT) not in msg  # neither the server's flags nor its paths
 
 
 def test_models_every_control_uploads_and_downloads(page, tmp_path):
@@ -702,6 +820,7 @@ def test_infeasible_configuration_keeps_the_page(page):
     msgs = errors(page)
     assert len(msgs) == 1 and "cannot run" in msgs[0] and "MiB" in msgs[0]
     assert not re.search(r"\d{6,} B", msgs[0])  # no raw byte counts
+    assert "at most 0 MiB" not in msgs[0] and "not even one tile fits" in msgs[0]
     assert page.get_by_text("Nearest configurations that run").count() == 1
     assert figure(page, "wi_breakdown")["series"]  # the last good outputs stay
     tab(page, "wi_tab", "Prefetch depth")
@@ -723,16 +842,51 @@ def test_prefetch_sweep_and_vmem_mechanism(page):
     (cur,) = [m for m in figure(page, "wi_prefetch_chart")["series"]["current"] if m["role"] == "point"]
     step = number(metric(page, "step time"))
     assert cur["prefetch (MiB)"] == "500000" and float(cur["step (ms)"]) == pytest.approx(step, rel=1e-3)
+    # the axis is log: the toggle shown says so (on, and off limits), not the user's choice left off
+    forced = page.locator(".st-key-wi_pf_logx_forced input")
+    assert forced.is_checked() and forced.is_disabled() and page.locator(".st-key-wi_pf_logx").count() == 0
+    assert axis(figure(page, "wi_prefetch_chart"), "X") == "log"
+
+
+def test_ring_depth_of_part_of_a_tile_is_refused_beside_the_field(page):
+    view(page, "What-if", "wi_breakdown")
+    type_in(page, "wi_prefetch", 0.1)
+    field_box = page.locator(".st-key-wi_prefetch").locator("xpath=..")
+    assert "whole 4 MiB tiles" in field_box.inner_text() and "would run as 4 MiB" in field_box.inner_text()
+    assert page.locator("[class*='st-key-stale_wi_bd']").count() == 1
+    type_in(page, "wi_prefetch", "")
+    assert_no_errors(page)
+
+
+def test_headline_fits_a_small_window(page):
+    """At 1280 x 720 every headline figure is whole (none cut to "3.872 ...")."""
+    page.set_viewport_size({"width": 1280, "height": 720})
+    view(page, "What-if", "wi_breakdown")
+    values = page.locator('[data-testid="stMetricValue"]')
+    assert values.count() >= 3
+    for i in range(values.count()):
+        cut = values.nth(i).evaluate("e => [...e.querySelectorAll('*')].concat([e]).some(x => x.scrollWidth > "
+                                     "x.clientWidth + 1)")
+        assert not cut, values.nth(i).inner_text()
+    assert "ms" in metric(page, "step time")
+    page.set_viewport_size({"width": 1400, "height": 1000})
 
 
 def test_measured_sources_log_axis_and_implausible_upload(page, tmp_path):
-    upload_measurements(page, tmp_path, "hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s\n"
-                        "tpu-v7,megakernel,32,32,8,64,16,1500\ntpu-v7,megakernel,32,32,8,64,32,1e30\n", 2)
+    def shapes() -> dict[str, str]:
+        fig = figure(page, "cmp_chart")
+        return {name: marks[0]["d"] for name, marks in fig["series"].items() if name and not name.endswith("predicted")}
+    before = shapes()
+    upload_measurements(page, tmp_path, "model,hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s\n"
+                        "kimi-k3,tpu-v7,megakernel,32,32,8,64,16,1500\nkimi-k3,tpu-v7,megakernel,32,32,8,64,32,1e30\n", 2)
     fig = figure(page, "cmp_chart")
-    measured = {name: marks for name, marks in fig["series"].items() if name and not name.endswith("predicted")}
+    measured = shapes()
     assert "your upload: bench.csv (platform A)" in measured
     assert "Inferact, 16x TPU v7, published (platform A)" in measured
-    assert len({marks[0]["d"] for marks in measured.values()}) == len(measured)  # each source its own shape
+    # a marker per kind of source, whatever else is plotted: the published ones keep theirs after an upload
+    assert {k: v for k, v in measured.items() if "published" in k} == before
+    assert measured["your upload: bench.csv (platform A)"] not in before.values()
+    assert {"published", "your upload"} <= set(legend_entries(fig))
     assert max(float(m["aggregate decode tokens/s"]) for marks in fig["series"].values() for m in marks) < 1e5
     page.get_by_text("above 2x the chip's HBM roofline").first.wait_for(timeout=30_000)  # drawn after the chart
     assert "seed" not in page.inner_text("body").lower()
@@ -756,6 +910,26 @@ def test_compare_refused_layouts_one_box_per_cause(page):
 
 
 # ----- local and offline (last: the other tests have used every view on this server) --------------
+
+def test_upload_without_a_model_is_refused(page, tmp_path):
+    csv = tmp_path / "nomodel.csv"
+    csv.write_text("hardware,engine,devices,tp,ep,steps_per_call,batch,tokens_per_s\ntpu-v7,megakernel,32,32,8,64,16,1500\n")
+    page.get_by_text("Load your own measurements (CSV)").click()
+    upload(page, "cmp_upload", csv)
+    page.get_by_text("has no model column").wait_for()
+    bb.wait_idle(page)
+    page.keyboard.press("Escape")
+    assert not any("nomodel" in name for name in figure(page, "cmp_chart")["series"] if name)
+
+
+def test_server_log_holds_no_warning(server, page):
+    """After every view's sessions (a Design search results file left open and come back to among them): the
+    server logged no widget-state warning and no traceback."""
+    view(page, "Design search", "ds_pareto")
+    view(page, "Compare", "cmp_chart")
+    log = server["log"].read_text()
+    assert "was created with a default value" not in log and "Traceback" not in log, log[-3000:]
+
 
 def test_server_listens_on_loopback_and_nothing_leaves_the_machine(page, server):
     for name, chart in (("What-if", "wi_breakdown"), ("Explain", "ex_gantt"), ("Design search", "ds_pareto"),
