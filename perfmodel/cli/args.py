@@ -20,8 +20,39 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors, and the options given on the command line recorded in the
+    namespace (`given`: dest -> the option's name), so that an option a command would not use
+    can be refused by name (`refuse_unused`)."""
+
     def error(self, message: str):
         raise UsageError(f"{self.prog}: error: {message}")
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._given: dict[str, str] = {}
+        ns, rest = super().parse_known_args(args, namespace)
+        ns.given = {**getattr(ns, "given", {}), **self._given}
+        return ns, rest
+
+    def _get_values(self, action, arg_strings):
+        if action.option_strings and hasattr(self, "_given"):
+            self._given[action.dest] = max(action.option_strings, key=len)
+        return super()._get_values(action, arg_strings)
+
+
+def refuse_unused(a: argparse.Namespace, used: set[str] | tuple[str, ...], why: str,
+                  ignore: tuple[str, ...] = ("json", "no_progress")) -> None:
+    """SpecError naming the first option given on the command line that is not in `used` (dests):
+    an option that would do nothing is refused, never ignored."""
+    from perfmodel.util.errors import SpecError
+    for dest, flag in getattr(a, "given", {}).items():
+        if dest not in used and dest not in ignore:
+            v = getattr(a, dest, None)
+            raise SpecError(flag, v[0] if isinstance(v, list) and len(v) == 1 else v, why)
+
+
+def given(a: argparse.Namespace, dest: str) -> bool:
+    """Whether option `dest` was given on the command line."""
+    return dest in getattr(a, "given", {})
 
 
 def items(text: str) -> list[str]:

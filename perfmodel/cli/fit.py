@@ -69,7 +69,7 @@ def cmd_calibrate(a) -> dict:
            "out": a.out}
     if a.out:
         write_atomic(a.out, to_toml(new, f"{new.name}: components fitted by perfmodel calibrate "
-                                                f"--microbench {Path(a.microbench).name}"), parents=True)
+                                                f"--microbench {Path(a.microbench).name}"), parents=True, last=True)
     if not a.json:
         print(f"{new.name}: component parameters fitted to their own micro-benchmarks "
               f"({a.microbench})\n")

@@ -18,8 +18,10 @@ import sys
 import traceback
 
 from perfmodel.cli.args import Parser, UsageError
+from perfmodel.util import interrupts
 from perfmodel.util.checks import one_line
 from perfmodel.util.errors import SpecError
+from perfmodel.util.interrupts import Terminated
 
 # command -> (module, the function that adds its arguments and sets `func`, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -56,18 +58,6 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         if chosen is None or name == chosen:
             getattr(importlib.import_module(module), configure)(p)
     return parser
-
-
-class Terminated(BaseException):
-    """SIGTERM or SIGHUP: unwinds like Ctrl-C, so every open output is discarded on the way out."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _terminate(signum, _frame):
-    raise Terminated(signum)
 
 
 class _Stdout:
@@ -116,25 +106,25 @@ def _silence_stdout() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Exit 0; 2 with one line on stderr for bad input (or a missing optional
     dependency, or an output that cannot be written); 1 with one line for an internal error
-    (`--debug` adds the traceback); 128 + N with one line for signal N (INT, TERM, HUP)."""
+    (`--debug` adds the traceback); 128 + N with one line for signal N (INT, TERM, HUP;
+    perfmodel.util.interrupts). Called without `argv` (the `perfmodel` program), a signal that
+    arrives after the command has ended no longer interrupts the interpreter's exit."""
+    process = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv  # accepted anywhere on the line
     argv = [x for x in argv if x != "--debug"]
     if hasattr(sys.stdout, "reconfigure"):  # echoed paths may hold undecodable bytes
         sys.stdout.reconfigure(errors="backslashreplace")
     real_stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)
-    handlers = {}
-    try:
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            handlers[sig] = signal.signal(sig, _terminate)
-    except ValueError:  # not the main thread: signals stay as they are
-        pass
+    handlers = interrupts.install()
     try:
         return _run(argv, debug)
     finally:
         sys.stdout = real_stdout
-        for sig, h in handlers.items():
-            signal.signal(sig, h)
+        if process and handlers:  # the command has ended: its exit status stands
+            interrupts.finished()
+        else:
+            interrupts.restore(handlers)
 
 
 def _run(argv: list[str], debug: bool) -> int:
@@ -144,6 +134,7 @@ def _run(argv: list[str], debug: bool) -> int:
         a = build_parser(argv).parse_args(argv)
         command = f"perfmodel {a.command}"
         out = a.func(a)
+        interrupts.checkpoint()  # a signal that landed where it could not unwind the command
         if getattr(a, "json", False):
             from perfmodel.step.report import SCHEMA_VERSION, json_text
             sys.stdout.write(json_text({"schema_version": SCHEMA_VERSION, "command": a.command, **out}))

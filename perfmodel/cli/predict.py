@@ -4,10 +4,12 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from perfmodel.cli.args import count, int_list
+from perfmodel.cli.args import count, int_list, integer, refuse_unused
+from perfmodel.util.checks import MAX_LAYERS
 from perfmodel.cli.inputs import add_deployment_args, add_prefill_args, inputs_json, load_inputs
 from perfmodel.spec import arch, hardware, loaders
 from perfmodel.step.report import SCHEMA_VERSION, json_text, layer_summary, plain, prediction_json, table
+from perfmodel.util import limits
 from perfmodel.util.errors import SpecError
 from perfmodel.util.files import check_output, write_atomic
 
@@ -38,19 +40,32 @@ def cmd_list(a) -> dict:
     return out
 
 
+KERNEL_PLAN_OPTIONS = ("kernel_plan", "hardware", "steps_per_call")  # the rest comes from the plan file
+
+
 def cmd_predict(a) -> dict:
     from perfmodel.step.predict import expert_tiling_cost, predict
     if a.kernel_plan:
+        refuse_unused(a, KERNEL_PLAN_OPTIONS, "--kernel-plan predicts the plan file's own model and deployment; "
+                      "with it only --hardware and --steps-per-call apply")
         return kernel_plans(a)
-    model, hw, d = load_inputs(a)
-    preds = [predict(model, hw, dataclasses.replace(d, batch=b)) for b in a.batch]
-    prompt = {}
-    if a.prompt is not None:
-        from perfmodel.step.prefill import with_ttft
-        preds = [with_ttft(model, hw, p, a.prompt, a.prefill_chunk) for p in preds]
-        prompt = {"prompt": a.prompt, "prefill_chunk": a.prefill_chunk or a.prompt}
-    elif a.prefill_chunk is not None:
+    if a.prefill_chunk is not None and a.prompt is None:
         raise SpecError("--prefill-chunk", a.prefill_chunk, "needs --prompt")
+    model, hw, d = load_inputs(a)
+    batches = list(dict.fromkeys(a.batch))  # each distinct batch predicted once
+    check_predict_work(a, model, batches)
+    preds_by_batch = {}
+    timelines = len(batches) * predict_timelines(a)
+    with limits.progress(timelines, "predict") as step:
+        for b in batches:
+            p = predict(model, hw, dataclasses.replace(d, batch=b))
+            step()
+            if a.prompt is not None:
+                from perfmodel.step.prefill import with_ttft
+                p = with_ttft(model, hw, p, a.prompt, a.prefill_chunk, on_chunk=step)
+            preds_by_batch[b] = p
+    preds = [preds_by_batch[b] for b in a.batch]
+    prompt = {"prompt": a.prompt, "prefill_chunk": a.prefill_chunk or a.prompt} if a.prompt is not None else {}
     method = (f"{d.serving_engine} kernels replayed back to back, shared experts beside the routed ones where "
               "the engine runs them on a second stream (perfmodel.engine.serving)" if d.serving_engine
               else f"{d.engine} timeline simulation (perfmodel.engine.{d.engine})")
@@ -64,8 +79,11 @@ def cmd_predict(a) -> dict:
             r["kernels"] = kernel_summary(model, hw, p.deployment)
     if a.gain:
         from perfmodel.step.predict import prefetch_gain
+        gains = {}
         for r, p in zip(out["results"], preds):
-            r["prefetch_gain"] = prefetch_gain(model, hw, p.deployment)
+            if p.deployment.batch not in gains:
+                gains[p.deployment.batch] = prefetch_gain(model, hw, p.deployment)
+            r["prefetch_gain"] = gains[p.deployment.batch]
     tiling = expert_tiling_cost(model, hw, preds[0])
     if tiling:
         out["expert_tiling"] = {**tiling, "batch": preds[0].deployment.batch}
@@ -114,11 +132,34 @@ def cmd_predict(a) -> dict:
     return out
 
 
+def predict_timelines(a) -> int:
+    """Step timelines one batch size of `perfmodel predict` simulates at most: its step, the
+    prefetch gain's two engines, its prompt's chunks, and the expert tiling's comparison."""
+    chunks = -(-a.prompt // (a.prefill_chunk or a.prompt)) if a.prompt is not None else 0
+    return 1 + 2 * bool(a.gain) + chunks + 1
+
+
+def check_predict_work(a, model, batches: list[int]) -> None:
+    """Refuse, before any step is simulated, a prediction whose batch sizes, prompt and chunks ask
+    for more than MAX_LAYER_STEPS of simulation (perfmodel.util.limits)."""
+    layers = len(model.layers) + 2
+    n = len(batches) * predict_timelines(a)
+    what = f"{len(batches)} batch sizes x {predict_timelines(a)} step timelines each"
+    if a.prompt is not None:
+        chunk = a.prefill_chunk or a.prompt
+        what += f" (a {a.prompt}-token prompt in {-(-a.prompt // chunk):,} chunks of {chunk})"
+        field, value = ("--prefill-chunk", a.prefill_chunk) if a.prefill_chunk else ("--prompt", a.prompt)
+        limits.check_layer_steps(field, value, n, layers, what, "a larger --prefill-chunk or fewer --batch values")
+    limits.check_layer_steps("--batch", ",".join(map(str, batches)) if len(batches) <= 8 else f"{len(batches)} values",
+                             n, layers, what, "fewer --batch values")
+
+
 def kernel_plans(a) -> dict:
     """--kernel-plan FILE ...: per plan file, the model's own megakernel and the plan's kernel on
     the plan's deployment, side by side, and what makes them differ."""
     from perfmodel.graph.dmaplan import load_plan
     from perfmodel.step.explain import kernel_plan_comparison
+    limits.refuse("--kernel-plan", a.kernel_plan[-1], "plan files given", len(a.kernel_plan), limits.MAX_PLANS, "files")
     hw = hardware.load_hardware(a.hardware)
     out = {"schema_version": SCHEMA_VERSION, "command": "predict", "kernel_plans": []}
     for path in a.kernel_plan:
@@ -157,7 +198,7 @@ def cmd_trace(a) -> dict:
     out = {"schema_version": SCHEMA_VERSION, "command": "trace", "out": a.out,
            "events": len(trace["traceEvents"]), "step_s": p.step_s}
     json_text(out)  # the output is complete before anything is written
-    write_atomic(a.out, json.dumps(plain(trace), allow_nan=False))
+    write_atomic(a.out, json.dumps(plain(trace), allow_nan=False), last=True)
     if not a.json:
         print(f"wrote {a.out}: {out['events']} events, step {p.step_s * 1e3:.3f} ms "
               f"(open in ui.perfetto.dev or chrome://tracing)")
@@ -169,11 +210,15 @@ def cmd_explain(a) -> dict:
     from perfmodel.step.phases import load_profile
     from perfmodel.step.report import table
     if a.profile is not None:
+        refuse_unused(a, ("profile", "hardware"), "--profile predicts the profile file's own kernels and deployment; "
+                      "with it only --hardware applies")
         out = explain_profile(load_profile(a.profile), hardware.load_hardware(a.hardware))
         if not a.json:
             print_profile(out["phase_profile"])
         return out
     if a.kernel_plan is not None:
+        refuse_unused(a, KERNEL_PLAN_OPTIONS, "--kernel-plan explains the plan file's own model and deployment; "
+                      "with it only --hardware and --steps-per-call apply")
         from perfmodel.graph.dmaplan import load_plan
         from perfmodel.step.explain import kernel_plan_comparison
         plan = load_plan(a.kernel_plan)
@@ -183,7 +228,6 @@ def cmd_explain(a) -> dict:
             print_kernel_plans([out])
         return out
     if a.layer is None:
-        from perfmodel.util.errors import SpecError
         raise SpecError("--layer", None, "give a layer to explain (0 = embedding, n + 1 = head), --profile NAME "
                         "or --kernel-plan FILE")
     model, hw, d = load_inputs(a)
@@ -264,8 +308,9 @@ def configure_trace(p) -> None:
 
 def configure_explain(p) -> None:
     add_deployment_args(p)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--layer", type=int, default=None, help="0 = embedding, n + 1 = head")
+    p.add_argument("--batch", type=count, default=1)
+    p.add_argument("--layer", type=lambda t: integer(t, 0, MAX_LAYERS + 1), default=None,
+                   help="0 = embedding, n + 1 = head")
     p.add_argument("--kernel-plan", default=None, metavar="PLAN.json",
                    help="a kernel's DMA plan file: what makes it differ from the model's own megakernel")
     p.add_argument("--profile", default=None,

@@ -5,16 +5,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from perfmodel.cli.args import count, integer, number, positive
+from perfmodel.cli.args import count, given, integer, number, positive
 from perfmodel.cli.inputs import add_deployment_args, add_prefill_args, inputs_json, load_inputs
 from perfmodel.spec.deployment import ENGINES
 from perfmodel.util.errors import SpecError
+from perfmodel.util.limits import MAX_REQUESTS
+
+# deployment options a serving simulation has no use for: each request brings its own context
+# (its prompt and the tokens it has generated), and the simulator runs one step per device call
+UNUSED = {"context": "each request's cache holds its own prompt and output: the traffic sets the context "
+                     "(--input-len, --output-len, --trace)",
+          "steps_per_call": "the serving simulator runs one step per device call (its scheduler decides each step)"}
 
 
 def configure_serve(p) -> None:
     add_deployment_args(p)
     w = p.add_argument_group("traffic")
-    w.add_argument("--requests", type=count, default=1000, help="requests to simulate (default 1000)")
+    w.add_argument("--requests", type=lambda t: integer(t, 1, MAX_REQUESTS), default=1000,
+                   help=f"requests to simulate (default 1000, at most {MAX_REQUESTS:,})")
     arr = w.add_mutually_exclusive_group()
     arr.add_argument("--rate", type=positive, default=None, help="Poisson arrivals, requests per second")
     arr.add_argument("--concurrency", type=count, default=None,
@@ -68,6 +76,9 @@ def scheduler(a: argparse.Namespace):
 def cmd_serve(a: argparse.Namespace) -> dict:
     from perfmodel.serve.simulate import simulate
     from perfmodel.spec.deployment import Deployment
+    for dest, why in UNUSED.items():
+        if given(a, dest):
+            raise SpecError(a.given[dest], getattr(a, dest), f"serve does not use it: {why}")
     model, hw, d = load_inputs(a)
     if d.spec is not None:
         raise SpecError("--draft-rows", a.draft_rows, "serve simulates steps without speculative decoding")
@@ -78,8 +89,8 @@ def cmd_serve(a: argparse.Namespace) -> dict:
                              engine=a.prefill_engine, routing_skew=d.routing_skew,
                              routing_correlation=d.routing_correlation)
     else:
-        for flag in ("prefill_tp", "prefill_ep", "compare_aggregated"):
-            if getattr(a, flag):
+        for flag in ("prefill_tp", "prefill_ep", "compare_aggregated", "prefill_engine"):
+            if given(a, flag):
                 raise SpecError(f"--{flag.replace('_', '-')}", getattr(a, flag), "needs --prefill-devices")
     show = False if (a.json or a.no_progress) else None
     r = simulate(model, hw, d, w, sched, prefill, progress=show)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from perfmodel.cli.args import given, refuse_unused
 from perfmodel.cli.inputs import add_deployment_args, check_spec_flags
 from perfmodel.search import design as design_mod
 from perfmodel.search.batch import OBJECTIVES
@@ -57,16 +58,23 @@ def parse_constraint(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"expected NAME=SECONDS (e.g. ttft_p90_s=2), got {text!r}") from None
 
 
+SWEEP_OPTIONS = ("vary", "design", "out", "top", "objective", "executor", "address", "jobs", "chunk", "constraint")
+
+
 def cmd_sweep(a: argparse.Namespace) -> dict:
+    refuse_unused(a, SWEEP_OPTIONS + tuple(design_mod.SETTINGS),
+                  "a sweep point has no such setting (settings: " + ", ".join(design_mod.SETTINGS) + ")")
     require(a.jobs is None or a.executor == "local", "--jobs", a.jobs, "only with --executor local (Ray uses its cluster)")
     if a.out:
         check_output(a.out)
     from perfmodel.search.sweep import run_design, saturation_by_group
     from perfmodel.step.report import SCHEMA_VERSION
     check_spec_flags(a, drafts_elsewhere=a.design is not None or any(n == "draft_rows" for n, _ in a.vary or []))
+    # a decode-only option counts only where given: its default must not turn up in a serving design
     base = {k: design_mod.check_setting(f"--{k.replace('_', '-')}", k, v)
-            for k, v in vars(a).items() if k in design_mod.SETTINGS and v is not None}
-    d = design_mod.load(a.design, base) if a.design else design_mod.grid_from_vary(a.vary, base)
+            for k, v in vars(a).items() if k in design_mod.SETTINGS and v is not None
+            and (k not in design_mod.DECODE_ONLY or given(a, k))}
+    d = design_mod.load(a.design, base) if a.design is not None else design_mod.grid_from_vary(a.vary, base)
     if a.constraint:
         d = dataclasses.replace(d, constraints=d.constraints | dict(a.constraint))
     s = run_design(d, executor=a.executor, jobs=a.jobs, address=a.address, out=a.out, top=a.top,

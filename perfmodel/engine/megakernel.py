@@ -25,6 +25,7 @@ from perfmodel.graph.dmaplan import Copy
 from perfmodel.graph.ops import OpGraph
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import Hardware
+from perfmodel.util import interrupts, limits
 from perfmodel.util.errors import SpecError
 
 
@@ -344,12 +345,14 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     same DMA engine. The loops run compiled
     (perfmodel.engine.megakernel_sim)."""
     from perfmodel.engine import megakernel_sim as ms
+    limits.spend("layer_steps", int(g.layer[-1]) + 1 if len(g) else 0)
     s = sizing(g, hw, d, top_k)
     banks, slots, pieces = s.banks, s.slots, s.tiles_per_expert
     a = cached_arrays(g, hw, plan, weights)
     t0 = a.t0 / d.steps_per_call
-    start, end, stream, fetch, coll_w, now, hbm_bytes, begin, done, tags, refs = ms.run(
-        a.eng, t0, a.overhead, banks, slots, pieces, *a.args())
+    with interrupts.deferred():  # compiled: a signal inside is raised when it returns
+        start, end, stream, fetch, coll_w, now, hbm_bytes, begin, done, tags, refs = ms.run(
+            a.eng, t0, a.overhead, banks, slots, pieces, *a.args())
     n = len(g)
     waits = {"compute": a.comp * ~g.is_collective, "weight_streaming": stream, "expert_fetch": fetch,
              "collective": coll_w, "launch": np.where(g.is_collective, 0.0, a.overhead) + t0 * (np.arange(n) == 0),

@@ -14,6 +14,7 @@ from perfmodel.engine.host import host_terms
 from perfmodel.engine.terms import Timeline, call_s, collective_s, launch_s, op_compute_s, stream_terms
 from perfmodel.graph.ops import OpGraph
 from perfmodel.spec.hardware import Hardware
+from perfmodel.util import limits
 
 
 def fused_norms(g: OpGraph, hw: Hardware) -> np.ndarray:
@@ -27,6 +28,7 @@ def fused_norms(g: OpGraph, hw: Hardware) -> np.ndarray:
 
 def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
                          weights: np.ndarray | None = None, steps_per_call: int = 1) -> Timeline:
+    limits.spend("layer_steps", int(g.layer[-1]) + 1 if len(g) else 0)
     bw, dma_lat, desc = stream_terms(hw, multikernel=True)
     comp, coll = op_compute_s(g, hw, weights), collective_s(g, hw)
     nbytes = g.bytes

@@ -33,6 +33,7 @@ from perfmodel.spec.arch import GQA, KDA, MLA, ModelSpec
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.engines import ROW_PARALLEL, inventory
 from perfmodel.spec.hardware import Hardware
+from perfmodel.util import limits
 from perfmodel.util.errors import SpecError
 
 TABLE_DTYPE = {"fp8-kv": "fp8", "int4-group32": "int4", "int4-g128-f32": "int4"}
@@ -486,6 +487,7 @@ def simulate_serving(model: ModelSpec, hw: Hardware, d: Deployment, g: OpGraph, 
     kernel on the main stream pays its time less what hides under the one before it, one on the
     second stream only its share not hidden beside the routed experts (`paid_seconds`), and its
     event lies on the "aux" lane."""
+    limits.spend("layer_steps", int(g.layer[-1]) + 1 if len(g) else 0)
     ks = kernels(model, hw, d, g)
     n = len(g)
     dur = np.zeros(n)

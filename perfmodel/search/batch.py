@@ -9,6 +9,7 @@ spec-decode settings cannot run), with the one-line reason.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -20,6 +21,7 @@ from perfmodel.search.design import CONSTRAINTS, SERVE_TRAFFIC, SETTINGS, Chunk
 from perfmodel.spec import arch, hardware, loaders
 from perfmodel.spec.deployment import Deployment, SpecDecode, resident_bytes_per_device, validate
 from perfmodel.step.predict import predict, summarise
+from perfmodel.util import interrupts, limits
 from perfmodel.util.errors import SpecError
 
 MiB = 2**20
@@ -119,13 +121,64 @@ def evaluate(model: arch.ModelSpec, chip: hardware.Hardware, settings: list[dict
                 for _, _, hw, banks, slots, pieces in members}
         cols = np.array(list(runs), np.int64).T
         t0 = a.t0 / members[0][1].steps_per_call  # the group shares its steps per call (key)
-        steps, hbm, totals = megakernel_sim.run_many(a.eng, t0, a.overhead, cols[0], cols[1], cols[2],
-                                                     cols[3].astype(float), *a.args())
+        limits.spend("layer_steps", cols.shape[1] * (int(g.layer[-1]) + 1 if len(g) else 0))
+        with interrupts.deferred():  # compiled: a signal inside is raised when it returns
+            steps, hbm, totals = megakernel_sim.run_many(a.eng, t0, a.overhead, cols[0], cols[1], cols[2],
+                                                         cols[3].astype(float), *a.args())
         for key, step, nbytes, tot in zip(runs, steps.tolist(), hbm.tolist(), totals.tolist()):
             runs[key] = (step, nbytes, dict(zip(megakernel_sim.TOTALS, tot)))
         for i, d, hw, banks, slots, pieces in members:
             rows[i] = _row(model, d, hw, summarise(hw, d, *runs[banks, slots, pieces, hw.dma_sharing == "shared"]))
     return rows
+
+
+def serving_work(design) -> tuple[int, float]:
+    """(serving points, serving steps they take) of a design, estimated from each point's settings
+    before any runs (perfmodel.serve.simulate.estimate_steps on the mean lengths, a point's steps
+    at most MAX_SERVE_STEPS: one estimated over it is refused when it runs); SpecError when the
+    design asks for more than MAX_SERVE_POINTS serving points or MAX_SWEEP_SERVE_STEPS steps."""
+    from perfmodel.search.design import MAX_SERVE_POINTS
+    from perfmodel.serve.scheduler import MAX_BATCH, MAX_TOKENS_PER_STEP
+    from perfmodel.serve.simulate import step_floor_s
+    from perfmodel.spec.deployment import validate as check
+    cols, base = design.columns, design.base
+    if not any(k in cols or base.get(k) is not None for k in SERVE_TRAFFIC):
+        return 0, 0.0
+    n = len(design)
+    limits.refuse("sweep design", f"{n} points", "serving points (each a serving simulation)", n,
+                  MAX_SERVE_POINTS, "points", "fewer points, or split the design")
+    floors: dict[tuple, float] = {}
+    total = 0.0
+    for i in range(n):
+        s = design.settings(i)
+        key = tuple(s.get(k) for k in ("model", "hardware", "devices", "tp", "ep", "engine", "hbm_gbps",
+                                      "prefill_devices", "prefill_tp", "prefill_ep", "vmem_mib"))
+        if key not in floors:
+            try:
+                model, chip = _load("model", s["model"]), _load("hardware", s["hardware"])
+                d, hw = configure(chip, {**s, "draft_rows": 0})
+                pools = [d] + ([Deployment(devices=s["prefill_devices"], tp=s.get("prefill_tp") or s["prefill_devices"],
+                                           ep=s.get("prefill_ep"), engine="multikernel")]
+                               if s.get("prefill_devices") else [])
+                one = [dataclasses.replace(p, batch=1, context=0, spec=None, steps_per_call=1) for p in pools]
+                for p in one:
+                    check(model, hw, p)
+                floors[key] = min(step_floor_s(model, hw, p) for p in one)
+            except SpecError:
+                floors[key] = None  # the point is filtered when it runs, at no cost
+        floor = floors[key]
+        if floor is None:
+            continue
+        cap = min(s.get("prefill_chunk") or s.get("max_tokens_per_step") or MAX_TOKENS_PER_STEP,
+                  s.get("max_tokens_per_step") or MAX_TOKENS_PER_STEP)
+        alone = math.ceil((s.get("input_len") or 1024) / cap) + (s.get("output_len") or 256)
+        requests = s.get("requests") or SERVE_REQUESTS
+        flight = s["concurrency"] if s.get("concurrency") else s["rate"] * alone * floor
+        flight = min(max(flight, 1.0), s.get("max_batch") or MAX_BATCH, requests)
+        total += min(requests * alone / flight, limits.MAX_SERVE_STEPS)
+    limits.refuse("sweep design", f"{n} points", f"{n} serving simulations", total, limits.MAX_SWEEP_SERVE_STEPS,
+                  "serving steps (estimated)", "fewer points, requests or output tokens")
+    return n, total
 
 
 def serve_row(model, d: Deployment, hw: hardware.Hardware, s: dict, constraints: dict) -> dict:

@@ -18,13 +18,15 @@ import numpy as np
 from perfmodel.spec.deployment import ENGINES
 from perfmodel.spec.hardware import DMA_SHARING
 from perfmodel.util.checks import MAX_MIB, MAX_SKEW
-from perfmodel.util import schema
-from perfmodel.util.errors import in_file, require
+from perfmodel.util import limits, schema
+from perfmodel.util.errors import SpecError, in_file, require
+from perfmodel.util.files import check_path
 
 MAX_POINTS = 10_000_000   # a sweep file's design (streamed in chunks; written to --out)
 MAX_VARY_POINTS = 10_000  # a grid typed on the command line (its rows are printed and held)
 MAX_CELLS = 2**25         # axis values a design holds (about 40 B each: 1.3 GB), checked before any is built
-MAX_SERVE_REQUESTS = 1_000_000  # requests one serving point simulates
+MAX_SERVE_REQUESTS = limits.MAX_REQUESTS  # requests one serving point simulates
+MAX_SERVE_POINTS = 10_000  # points of a serving design (each a simulation of seconds)
 
 
 # setting -> (type, domain check or None, what the domain is); a value None means "the default"
@@ -46,13 +48,20 @@ SETTINGS = {
     # serving (perfmodel.serve): a point with a rate or a concurrency is a serving simulation
     "rate": (float, lambda v: v > 0, "> 0"), "concurrency": (int, lambda v: v > 0, "> 0"),
     "requests": (int, lambda v: 0 < v <= MAX_SERVE_REQUESTS, f"in 1..{MAX_SERVE_REQUESTS}"),
-    "input_len": (int, lambda v: v > 0, "> 0"), "output_len": (int, lambda v: v > 0, "> 0"),
+    "input_len": (int, lambda v: 0 < v <= limits.MAX_TOKENS, f"in 1..{limits.MAX_TOKENS}"),
+    "output_len": (int, lambda v: 0 < v <= limits.MAX_TOKENS, f"in 1..{limits.MAX_TOKENS}"),
     "max_batch": (int, lambda v: v > 0, "> 0"), "max_tokens_per_step": (int, lambda v: v > 0, "> 0"),
     "prefill_chunk": (int, lambda v: v > 0, "> 0"), "prefill_devices": (int, lambda v: v > 0, "> 0"),
     "prefill_tp": (int, lambda v: v > 0, "> 0"), "prefill_ep": (int, lambda v: v > 0, "> 0"),
     "serve_seed": (int, lambda v: v >= 0, ">= 0"),
 }
 SERVE_TRAFFIC = ("rate", "concurrency")
+# settings only a serving point uses, and settings a serving point has no use for (its scheduler
+# decides each step's rows and their context; it runs a step per call and no draft rows)
+SERVE_ONLY = ("requests", "input_len", "output_len", "max_batch", "max_tokens_per_step", "prefill_chunk",
+              "prefill_devices", "prefill_tp", "prefill_ep", "serve_seed")
+DECODE_ONLY = ("batch", "context", "steps_per_call", "draft_rows", "acceptance_length", "acceptance_prob",
+               "draft_cost")
 # latency constraints of serving designs: <metric>_<percentile>_s <= value
 CONSTRAINTS = tuple(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99))
 TYPE_WORDS = {int: "an integer", float: "a number", str: "a string"}
@@ -71,7 +80,15 @@ def check_setting(where: str, name: str, value):
     kind, ok, domain = SETTINGS[name]
     fits = isinstance(value, (int, float) if kind is float else kind) and not isinstance(value, bool)
     require(fits, where, value, f"{name} must be {TYPE_WORDS[kind]}")
-    v = kind(value)
+    if kind is str:  # written to CSV / Parquet as UTF-8
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SpecError(where, value, f"{name} must be UTF-8 text (it holds an undecodable byte)") from None
+    try:
+        v = kind(value)
+    except OverflowError:
+        raise SpecError(where, value, f"{name} must be a finite number") from None
     require(kind is not float or math.isfinite(v), where, value, f"{name} must be a finite number")
     require(ok is None or ok(v), where, value, f"{name} must be {domain}")
     return v
@@ -115,10 +132,31 @@ class Design:
         require(not self.constraints or serving, "constraints", ", ".join(self.constraints),
                 "latency constraints need serving traffic: a rate or a concurrency (docs/sweep.md)")
         given = lambda k: k in self.axes or self.base.get(k) is not None
+        for k in SERVE_ONLY if not serving else ():
+            if given(k):
+                self._refuse(k, "a serving setting: it needs traffic, a rate or a concurrency (a point without is "
+                             "one decode step and would not use it)")
+        for k in DECODE_ONLY if serving else ():
+            if given(k) and (k != "draft_rows" or any(_values(self.axes.get(k, self.base.get(k))))):
+                self._refuse(k, "a serving point does not use it: its scheduler sets each step's rows and their "
+                             "context, one step per device call, without draft rows")
+        for k in ("prefill_tp", "prefill_ep"):
+            if given(k) and not given("prefill_devices"):
+                self._refuse(k, "needs prefill_devices (a separate prefill pool); without it the point serves "
+                             "aggregated and would not use it")
         drafts = self.axes.get("draft_rows", [self.base.get("draft_rows") or 0])
         if (drafts.max if isinstance(drafts, Range) else max(drafts)) > 0:
             require(given("acceptance_length") or given("acceptance_prob"), "acceptance_length", None,
                     "speculative decoding (draft_rows > 0) needs acceptance_length or acceptance_prob")
+
+    def _refuse(self, k: str, why: str) -> None:
+        """SpecError naming setting `k` where the design gives it (an axis or the base)."""
+        if self.source == "--vary":
+            where = f"--vary {k}" if k in self.axes else f"--{k.replace('_', '-')}"
+        else:
+            where = f"{self.kind}.{k}" if k in self.axes else f"base.{k}"
+        v = self.axes[k] if k in self.axes else self.base[k]
+        raise SpecError(where, vars(v) if isinstance(v, Range) else v, why)
 
     def __len__(self) -> int:
         return len(next(iter(self.columns.values())))
@@ -162,6 +200,11 @@ class Design:
         if self.constraints:
             out["constraints"] = self.constraints
         return out | ({"samples": self.samples, "seed": self.seed} if self.kind == "random" else {})
+
+
+def _values(axis) -> list:
+    """An axis' values (a range: its bounds)."""
+    return [axis.min, axis.max] if isinstance(axis, Range) else list(axis) if isinstance(axis, list) else [axis]
 
 
 def _axis(where: str, name: str, spec, kind: str) -> list | Range:
@@ -219,7 +262,7 @@ def from_dict(data: dict, base: dict | None = None, source: str = "<dict>") -> D
 
 def load(path: str, base: dict | None = None) -> Design:
     """A sweep file: .toml, or .yaml / .yml when PyYAML is installed."""
-    p = Path(path)
+    p = check_path("--design", path)
     require(p.is_file(), "--design", path, "file not found")
     require(p.suffix in (".toml", ".yaml", ".yml"), "--design", path, "must be a .toml, .yaml or .yml file")
     data = schema.load(p, {"base": {"*": None}, "grid": {"*": None}, "random": {"*": None}, "constraints": {"*": None}},

@@ -12,9 +12,11 @@ starts once the chunks after the first have taken as long here as starting it wo
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -160,16 +162,25 @@ def _ray(fn, chunks, address: str | None) -> Iterator:
     started = not ray.is_initialized()
     if started and address:
         _reachable(address)
-    if started:
-        try:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        except ConnectionError as e:
-            raise SpecError("--address", address, f"no Ray cluster there, or it refused us ({e}); a cluster with "
-                            "token authentication needs RAY_AUTH_MODE=token and its token (docs/sweep.md)") from None
+    # a local instance we start keeps its session files in a directory of ours, removed with it
+    # (Ray's default, /tmp/ray, would stay behind)
+    own = tempfile.mkdtemp(prefix="perfmodel-ray-") if started and not (address or os.environ.get("RAY_ADDRESS")) \
+        else None
     try:
-        remote = ray.remote(fn)
-        window = 4 * max(1, int(ray.cluster_resources().get("CPU", 1)))
-        yield from _windowed(lambda c: remote.remote(c), lambda ref: _ray_get(ray, ref), chunks, window)
-    finally:
         if started:
-            ray.shutdown()
+            try:
+                ray.init(address=address, logging_level="ERROR", log_to_driver=False,
+                         **({"_temp_dir": own} if own else {}))
+            except ConnectionError as e:
+                raise SpecError("--address", address, f"no Ray cluster there, or it refused us ({e}); a cluster with "
+                                "token authentication needs RAY_AUTH_MODE=token and its token (docs/sweep.md)") from None
+        try:
+            remote = ray.remote(fn)
+            window = 4 * max(1, int(ray.cluster_resources().get("CPU", 1)))
+            yield from _windowed(lambda c: remote.remote(c), lambda ref: _ray_get(ray, ref), chunks, window)
+        finally:
+            if started:
+                ray.shutdown()
+    finally:
+        if own:
+            shutil.rmtree(own, ignore_errors=True)

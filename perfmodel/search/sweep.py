@@ -18,8 +18,8 @@ from contextlib import nullcontext
 import numpy as np
 
 from perfmodel.search import design as design_mod
-from perfmodel.search.batch import COLUMNS, OBJECTIVES, run_chunk
-from perfmodel.search.executors import run as run_chunks
+from perfmodel.search.batch import COLUMNS, OBJECTIVES, run_chunk, serving_work
+from perfmodel.search.executors import EXECUTORS, run as run_chunks
 from perfmodel.spec.arch import ModelSpec
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import Hardware, load_hardware
@@ -179,7 +179,7 @@ class RowFile:
         except OSError as e:
             self.atomic.discard()
             raise SpecError("--out", str(self.path), f"cannot write: {e.strerror or e}") from None
-        self.atomic.commit()
+        self.atomic.commit(last=True)
         return False
 
 
@@ -201,9 +201,14 @@ def run_design(design: design_mod.Design, *, executor: str = "local", jobs: int 
     `keep_rows` (default: when there is no `out` file), every row in output order."""
     require(objective in OBJECTIVES, "--objective", objective, f"must be one of {', '.join(OBJECTIVES)}")
     require(isinstance(top, int) and top >= 0, "--top", top, "must be an integer >= 0")
+    require(isinstance(chunk, int) and chunk > 0, "--chunk", chunk, "must be a positive integer")
+    require(jobs is None or (isinstance(jobs, int) and jobs > 0), "--jobs", jobs, "must be a positive integer")
+    require(executor in EXECUTORS, "--executor", executor, f"must be one of {EXECUTORS}")
+    require(address is None or executor == "ray", "--address", address, "needs --executor ray")
     for name in ("model", "hardware"):  # refuse a bad preset name here, not in a worker
         for ref in set(design.columns.get(name, [(design_mod.DEFAULTS | design.base)[name]])):
             (load_model if name == "model" else load_hardware)(ref)
+    serving_work(design)  # the serving points' work within its limits, before any runs
     n = len(design)
     keep_rows = out is None if keep_rows is None else keep_rows
     best, rows, t0 = Best(top, objective), [], time.perf_counter()

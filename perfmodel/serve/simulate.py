@@ -22,13 +22,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfmodel.engine.terms import call_s, launch_s
 from perfmodel.serve.costs import shared
-from perfmodel.serve.kv import kv_cache
+from perfmodel.serve.kv import kv_cache, weight_bytes_per_device
 from perfmodel.serve.scheduler import Pool, Requests, Scheduler
 from perfmodel.serve.workload import Workload
 from perfmodel.spec.arch import ModelSpec
 from perfmodel.spec.deployment import Deployment, cache_bytes_per_seq, validate
 from perfmodel.spec.hardware import Hardware
+from perfmodel.util import limits
 from perfmodel.util.errors import SpecError, require
 
 PERCENTILES = (50, 90, 99)
@@ -49,10 +51,16 @@ def kv_transfer_s(model: ModelSpec, hw: Hardware, prefill: Deployment, decode: D
     return hw.link_latency_s + cache_bytes_per_seq(model, tokens, 1) / (lanes * per_device)
 
 
-def _pool(name: str, model, hw, d: Deployment, sched: Scheduler, reqs: Requests, role: str, longest: int) -> Pool:
+def _pool_deployment(model, hw, d: Deployment) -> Deployment:
+    """A pool's deployment, checked: its scheduler sets each step's rows and context."""
     d = dataclasses.replace(d, batch=1, context=0, spec=None, steps_per_call=1)
     require(d.pp == 1, "pp", d.pp, "the serving simulator does not pipeline steps over stages (pp must be 1)")
     validate(model, hw, d)
+    return d
+
+
+def _pool(name: str, model, hw, d: Deployment, sched: Scheduler, reqs: Requests, role: str, longest: int) -> Pool:
+    d = _pool_deployment(model, hw, d)
     kv = kv_cache(model, hw, d, sched.block_tokens, sched.memory_utilization)
     need = kv.bytes_for(longest)
     if need > kv.capacity_bytes / d.dp:
@@ -155,6 +163,35 @@ def pool_json(p: Pool, series: bool = True) -> dict:
     return out
 
 
+def step_floor_s(model: ModelSpec, hw: Hardware, d: Deployment) -> float:
+    """A lower bound of one step's seconds on deployment `d` (no step is shorter): a device's
+    weights at the chip's peak HBM bandwidth, a kernel launch per layer (multi-kernel), the
+    device call's dispatch, and 1 us."""
+    weights = weight_bytes_per_device(model, d) / hw.core_hbm_bandwidth_bytes_per_s
+    launches = launch_s(hw) * len(model.layers) if d.engine == "multikernel" else 0.0
+    return max(weights, launches, call_s(hw), 1e-6)
+
+
+def estimate_steps(inp: np.ndarray, out: np.ndarray, arrivals: np.ndarray | None, concurrency: int | None,
+                   scheduler: Scheduler, floor_s: float) -> tuple[float, float]:
+    """(steps, requests in flight) a simulation of these requests takes, estimated before it runs.
+    Alone, a request takes one step per prompt chunk and one per output token; `in flight`
+    requests share each step (at most max_batch). In flight: a closed loop's clients, or
+    Little's law over the arrivals (arrival rate x a request's time alone at `floor_s` a step, a
+    lower bound of a step's seconds, so the estimate errs high)."""
+    cap = min(scheduler.prefill_chunk or scheduler.max_tokens_per_step, scheduler.max_tokens_per_step)
+    chunks = -(-inp // cap) if scheduler.chunked_prefill else np.ones_like(inp)
+    alone = chunks + out
+    total = float(alone.sum())
+    if concurrency is not None:
+        flight = float(concurrency)
+    else:
+        span = float(arrivals[-1] - arrivals[0]) if len(arrivals) > 1 else 0.0
+        flight = len(alone) * float(alone.mean()) * floor_s / span if span > 0 else float(len(alone))
+    flight = min(max(flight, 1.0), scheduler.max_batch, len(alone))
+    return total / flight, flight
+
+
 def simulate(model: ModelSpec, hw: Hardware, d: Deployment, workload: Workload,
              scheduler: Scheduler = Scheduler(), prefill: Deployment | None = None,
              prefill_scheduler: Scheduler | None = None, progress: bool | None = False) -> ServeResult:
@@ -170,6 +207,12 @@ def simulate(model: ModelSpec, hw: Hardware, d: Deployment, workload: Workload,
         require(int(inp.max()) <= scheduler.max_tokens_per_step, "max_tokens_per_step", scheduler.max_tokens_per_step,
                 f"without chunked prefill a step must hold the longest prompt ({int(inp.max())} tokens)")
     n = workload.requests
+    floor = min(step_floor_s(model, hw, _pool_deployment(model, hw, p)) for p in ([d] if prefill is None else [prefill, d]))
+    steps, flight = estimate_steps(inp, out, arrivals, workload.concurrency, scheduler, floor)
+    limits.refuse("requests", n, f"{n} requests of {float(inp.mean()):.0f} + {float(out.mean()):.0f} tokens on "
+                  f"average, about {flight:.3g} in flight (a step of at least {floor * 1e6:.3g} us)",
+                  steps, limits.MAX_SERVE_STEPS, "serving steps (estimated)",
+                  "fewer requests or output tokens, larger prefill chunks, or more traffic at once")
     q = Requests(n)
     if prefill is None:
         pools = [_pool("mixed", model, hw, d, scheduler, q, "both", longest)]
@@ -196,7 +239,14 @@ def simulate(model: ModelSpec, hw: Hardware, d: Deployment, workload: Workload,
               mininterval=0.5) as bar:
         while done < n:
             pool = min(pools, key=Pool.next_time)
+            stepped = pool.steps
             left, before = pool.step().tolist(), done
+            if pool.steps > stepped:
+                limits.spend("serve_steps")
+                if sum(p.steps for p in pools) > limits.MAX_SERVE_STEPS:  # preemptions beyond the estimate
+                    raise SpecError("requests", n, f"the simulation took more than {limits.MAX_SERVE_STEPS:,} "
+                                    f"serving steps (the limit) with {done} of {n} requests done: its KV cache "
+                                    "preempts and recomputes requests; fewer at once (--max-batch) or more memory")
             for i in left:
                 if pool is not last:  # prefill pool -> KV over the fabric -> decode pool
                     if q.generated[i] >= q.output_len[i]:  # a one-token request ends at the prefill pool

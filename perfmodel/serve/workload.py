@@ -20,11 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfmodel.util import schema
 from perfmodel.util.errors import SpecError, require
 from perfmodel.util.files import read_text
-
-MAX_REQUESTS = 10_000_000
-MAX_TOKENS = 2**24         # one request's prompt or output
+from perfmodel.util.limits import MAX_REQUESTS, MAX_SIM_SECONDS, MAX_TOKENS
 COLUMNS = {"input_len": ("input_len", "ContextTokens"), "output_len": ("output_len", "GeneratedTokens"),
            "arrival_s": ("arrival_s",)}
 
@@ -98,6 +97,11 @@ class Workload:
         if self.rate is not None:
             require(isinstance(self.rate, (int, float)) and math.isfinite(self.rate) and self.rate > 0, "rate",
                     self.rate, "must be a finite number > 0 (requests per second)")
+            span = self.requests / self.rate  # the arrivals' expected span
+            require(span <= MAX_SIM_SECONDS, "rate", self.rate,
+                    f"{self.requests} requests at {self.rate:g} per second arrive over about {span:.3g} s; the "
+                    f"simulated clock keeps a step's precision up to {MAX_SIM_SECONDS:g} s: a higher rate or "
+                    "fewer requests")
         if self.concurrency is not None:
             require(isinstance(self.concurrency, int) and self.concurrency > 0, "concurrency", self.concurrency,
                     "must be a positive integer")
@@ -145,6 +149,9 @@ def read_trace(path: str) -> Trace:
     text = read_text(path, "--trace")
     rows: list[dict] = []
     if str(path).endswith((".jsonl", ".json")):
+        # one flat object a line: nesting bounded before any line is parsed
+        require(not schema.too_deep(text, "json", 2), "--trace", path, "nested more than 2 deep: each line "
+                "must be one flat JSON object")
         for i, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
@@ -153,13 +160,16 @@ def read_trace(path: str) -> Trace:
                     raise SpecError("--trace", f"{path}:{i}", f"not a JSON object: {e}") from None
                 require(isinstance(r, dict), "--trace", f"{path}:{i}", "each line must be a JSON object")
                 rows.append(r)
+                require(len(rows) <= MAX_REQUESTS, "--trace", path, f"more than {MAX_REQUESTS:,} requests (rows)")
     else:
         try:
-            rows = list(csv.DictReader(io.StringIO(text)))
+            reader = csv.DictReader(io.StringIO(text))
+            for r in reader:
+                rows.append(r)
+                require(len(rows) <= MAX_REQUESTS, "--trace", path, f"more than {MAX_REQUESTS:,} requests (rows)")
         except csv.Error as e:
             raise SpecError("--trace", path, f"not a CSV file: {e}") from None
     require(rows, "--trace", path, "holds no requests")
-    require(len(rows) <= MAX_REQUESTS, "--trace", path, f"more than {MAX_REQUESTS} requests")
     cols = {}
     for key, names in COLUMNS.items():
         name = next((n for n in names if n in rows[0]), None)
@@ -169,16 +179,19 @@ def read_trace(path: str) -> Trace:
         kind = float if key == "arrival_s" else int
         vals = []
         for i, r in enumerate(rows, 1):
-            try:
-                v = kind(float(r.get(name))) if kind is int else float(r.get(name))
-                ok = math.isfinite(v) and (v >= 0 if kind is float else 1 <= v <= MAX_TOKENS)
-                if kind is int:
-                    ok = ok and float(r.get(name)) == v
-            except (TypeError, ValueError):
-                ok = False
-            require(ok, "--trace", f"{path} row {i}", f"{name} = {r.get(name)!r}: expected "
-                    + ("a finite number >= 0" if kind is float else f"an integer in [1, {MAX_TOKENS}]"))
-            vals.append(v)
+            raw = r.get(name)
+            try:  # a number as JSON gives it or as CSV text; never a bool, a list or an object
+                x = float(raw) if isinstance(raw, (int, float, str)) and not isinstance(raw, bool) else math.nan
+            except (ValueError, OverflowError):
+                x = math.nan
+            if kind is int:
+                ok = math.isfinite(x) and x == int(x) and 1 <= x <= MAX_TOKENS
+            else:
+                ok = math.isfinite(x) and 0 <= x <= MAX_SIM_SECONDS
+            require(ok, "--trace", f"{path} row {i}", f"{name} = {raw!r}: expected "
+                    + (f"a number of seconds in [0, {MAX_SIM_SECONDS:g}]" if kind is float
+                       else f"an integer in [1, {MAX_TOKENS}]"))
+            vals.append(int(x) if kind is int else x)
         cols[key] = np.asarray(vals, float if kind is float else np.int64)
     t = cols.get("arrival_s")
     if t is not None:

@@ -82,23 +82,29 @@ class Prefill:
 
 
 def prefill(model: ModelSpec, hw: Hardware, d: Deployment, prompt: int, chunk: int | None = None,
-            seqs: int = 1) -> Prefill:
+            seqs: int = 1, on_chunk=None) -> Prefill:
     """Prefill `seqs` prompts of `prompt` tokens (spread over the deployment's attention
-    replicas) in chunks of `chunk` tokens (None: one chunk); the caches they fill must fit."""
+    replicas) in chunks of `chunk` tokens (None: one chunk); the caches they fill must fit.
+    `on_chunk()` is called after each chunk is costed (a progress bar)."""
     positive_int("seqs", seqs)
     chunks = prompt_chunks(prompt, chunk)
     validate(model, hw, dataclasses.replace(d, batch=seqs, context=prompt, spec=None))
     per = -(-seqs // d.dp)
-    times = tuple(step_cost(model, hw, dataclasses.replace(d, spec=None),
-                            StepShape(chunks=per, chunk_tokens=c, chunk_context=p,
-                                      finishing=per if c + p == prompt else 0)).step_s
-                  for c, p in chunks)
-    return Prefill(prompt, chunk or prompt, seqs, times)
+    times = []
+    for c, p in chunks:
+        times.append(step_cost(model, hw, dataclasses.replace(d, spec=None),
+                               StepShape(chunks=per, chunk_tokens=c, chunk_context=p,
+                                         finishing=per if c + p == prompt else 0)).step_s)
+        if on_chunk is not None:
+            on_chunk()
+    return Prefill(prompt, chunk or prompt, seqs, tuple(times))
 
 
-def with_ttft(model: ModelSpec, hw: Hardware, p: Prediction, prompt: int, chunk: int | None = None) -> Prediction:
+def with_ttft(model: ModelSpec, hw: Hardware, p: Prediction, prompt: int, chunk: int | None = None,
+              on_chunk=None) -> Prediction:
     """Prediction `p` with `ttft_s`: its batch's prompts of `prompt` tokens prefilled together."""
-    return dataclasses.replace(p, ttft_s=prefill(model, hw, p.deployment, prompt, chunk, p.deployment.batch).ttft_s)
+    return dataclasses.replace(p, ttft_s=prefill(model, hw, p.deployment, prompt, chunk, p.deployment.batch,
+                                                 on_chunk).ttft_s)
 
 
 def prefill_prediction(model: ModelSpec, hw: Hardware, d: Deployment, prompt: int, seqs: int = 1) -> Prediction:

@@ -5,8 +5,12 @@ Every output goes through `AtomicFile` (one file; `write_atomic`, `write_csv` fo
 `write_all` (several files, all or none). The new content is written into an unnamed file in
 the target's directory (Linux O_TMPFILE: nothing to clean up after any failure or signal, even
 SIGKILL), fsynced, then linked into place by one rename: a reader sees the old file or the whole
-new one. Where O_TMPFILE is unsupported a hidden named temporary stands in, removed on every
-error path (SIGKILL excepted).
+new one. Over an existing file the unnamed file gets a hidden name for the rename
+(`.NAME.<pid>.tmp`), and where O_TMPFILE is unsupported a hidden named temporary
+(`.NAME.<pid>.<random>.tmp`) stands in; both are removed on every error path, and one left by a
+process killed outright (SIGKILL) is removed by the next write of the same path (its process is
+gone). A command's last output is committed with signals held (`commit(last=True)`): from then
+on its work is whole and a signal ends nothing (perfmodel.util.interrupts).
 """
 from __future__ import annotations
 
@@ -15,10 +19,12 @@ import csv
 import errno
 import io
 import os
+import re
 import signal
 import tempfile
 from pathlib import Path
 
+from perfmodel.util import interrupts
 from perfmodel.util.errors import SpecError, require
 
 MAX_FILE_BYTES = 64 * 2**20   # a spec or config file; traces are read elsewhere
@@ -96,6 +102,7 @@ class AtomicFile:
             except OSError as e:
                 raise _cannot(field, p, e, "cannot create its directory") from None
         check_output(p, field)
+        remove_stale_temporaries(p)
 
     def stage(self):
         """Open the unnamed (or hidden) file the content goes to; returns the file object."""
@@ -106,7 +113,7 @@ class AtomicFile:
             except (AttributeError, OSError) as e:
                 if isinstance(e, OSError) and e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
                     raise
-                self.fd, self.tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name[:200]}.", suffix=".tmp")
+                self.fd, self.tmp = tempfile.mkstemp(dir=p.parent, prefix=_temp_prefix(p), suffix=".tmp")
             os.fchmod(self.fd, mode)
             self.file = os.fdopen(self.fd, "wb" if self.binary else "w", closefd=True,
                                   **({} if self.binary else {"encoding": "utf-8", "newline": self.newline}))
@@ -115,22 +122,32 @@ class AtomicFile:
             raise _cannot(self.field, p, e) from None
         return self.file
 
-    def commit(self) -> Path:
-        """Flush, fsync and rename the staged content over the path."""
+    def commit(self, last: bool = False) -> Path:
+        """Flush, fsync and rename the staged content over the path, signals held meanwhile (a
+        signal that arrived before is raised first, and nothing is committed). `last`: the
+        command's last output; from then on a signal ends nothing (perfmodel.util.interrupts)."""
         p = self.path
         try:
-            self.file.flush()
-            os.fsync(self.file.fileno())
-            if self.tmp is None:
-                self._link()
-            else:
-                os.replace(self.tmp, p)
-                self.tmp = None
-            self.file.close()
-            _fsync_dir(p.parent)
-        except OSError as e:
+            interrupts.checkpoint()
+        except BaseException:
             self.discard()
-            raise _cannot(self.field, p, e) from None
+            raise
+        with interrupts.deferred(check=not last):
+            try:
+                self.file.flush()
+                os.fsync(self.file.fileno())
+                if self.tmp is None:
+                    self._link()
+                else:
+                    os.replace(self.tmp, p)
+                    self.tmp = None
+                self.file.close()
+                _fsync_dir(p.parent)
+            except OSError as e:
+                self.discard()
+                raise _cannot(self.field, p, e) from None
+            if last:
+                interrupts.finished()
         return p
 
     def _link(self) -> None:
@@ -146,7 +163,7 @@ class AtomicFile:
             os.replace(self.tmp, self.path)
             self.tmp = None
             return
-        tmp = self.path.with_name(f".{self.path.name[:200]}.{os.getpid()}.tmp")
+        tmp = self.path.with_name(f"{_temp_prefix(self.path)}tmp")
         tmp.unlink(missing_ok=True)
         _link_fd(self.file.fileno(), tmp)
         try:
@@ -156,7 +173,7 @@ class AtomicFile:
             raise
 
     def _copy_to_named(self) -> None:
-        fd, self.tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name[:200]}.", suffix=".tmp")
+        fd, self.tmp = tempfile.mkstemp(dir=self.path.parent, prefix=_temp_prefix(self.path), suffix=".tmp")
         with os.fdopen(fd, "wb") as dst, open(self.file.fileno(), "rb", closefd=False) as src:
             src.seek(0)
             while chunk := src.read(1 << 20):
@@ -190,8 +207,43 @@ class AtomicFile:
         return False
 
 
-def write_atomic(path, text: str | bytes, field: str = "--out", parents: bool = False) -> Path:
-    """Write `text` (or bytes) to `path` whole or not at all (AtomicFile)."""
+def _temp_prefix(path: Path) -> str:
+    """The start of this process's temporary names beside `path`: `.NAME.<pid>.`"""
+    return f".{path.name[:200]}.{os.getpid()}."
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the hidden temporaries beside `path` (`.NAME.<pid>[.<random>].tmp`) whose process
+    is gone (killed outright while it wrote `path`); returns them."""
+    pattern = re.compile(re.escape(f".{path.name[:200]}.") + r"(\d+)(\.[A-Za-z0-9_]+)?\.tmp")
+    removed = []
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return removed
+    for e in entries:
+        m = pattern.fullmatch(e.name)
+        if m is None or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(e.path)
+            removed.append(Path(e.path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # another user's process (or no such number): left alone
+    return True
+
+
+def write_atomic(path, text: str | bytes, field: str = "--out", parents: bool = False, last: bool = False) -> Path:
+    """Write `text` (or bytes) to `path` whole or not at all (AtomicFile); `last`: the command's
+    last output (AtomicFile.commit)."""
     f = AtomicFile(path, field, parents, binary=isinstance(text, bytes))
     out = f.stage()
     try:
@@ -202,7 +254,7 @@ def write_atomic(path, text: str | bytes, field: str = "--out", parents: bool = 
     except BaseException:
         f.discard()
         raise
-    return f.commit()
+    return f.commit(last)
 
 
 def write_all(files: dict, field: str = "--out", parents: bool = False) -> list[Path]:
