@@ -141,8 +141,7 @@ def fewest_devices(on, model, hw, batch: int, unit: int = 1, fields=LAYOUT_FIELD
         except SpecError as e:
             if e.field not in fields:
                 raise
-            if e.field == "devices":
-                last = (n, e.why)
+            last = (n, e.why if e.field == "devices" else f"{e.field}={e.value}: {e.why}")
         n *= 2
     short = f" (at {last[0]} devices: {last[1]})" if last else ""
     raise SpecError("devices", "default", f"no power of two up to {MAX_DEFAULT_DEVICES} devices holds {model.name} "

@@ -99,6 +99,14 @@ def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
     require(d.devices % (d.tp * d.pp) == 0, "tp", d.tp, f"tp x pp ({d.tp} x {d.pp}) must divide devices ({d.devices})")
     require(d.pp <= len(model.layers), "pp", d.pp, f"at most one stage per layer ({len(model.layers)})")
     require(d.moe_comm in MOE_COMM, "moe_comm", d.moe_comm, f"one of {MOE_COMM}")
+    if model.moe and model.count(ffn="moe"):
+        g = positive_int("ep", d.expert_groups)
+        require(d.devices % g == 0, "ep", g, f"must divide devices ({d.devices})")
+        require(model.moe.experts % g == 0, "ep", g, f"must divide experts ({model.moe.experts})")
+        if d.expert_slots is not None:
+            positive_int("expert_slots", d.expert_slots)
+            require(d.expert_slots <= model.moe.experts, "expert_slots", d.expert_slots,
+                    f"at most the model's {model.moe.experts} experts")
     if d.serving_engine is not None or d.pp > 1 or d.moe_comm != "all_reduce":
         require(hw.kind == "gpu" and d.engine == "multikernel", "serving_engine", d.serving_engine,
                 "serving engines, pipeline stages and all-to-all EP model GPU multi-kernel engines: "
@@ -115,14 +123,6 @@ def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
         require(heads % d.tp == 0, "tp", d.tp, f"must divide {label} heads ({heads})")
         groups = getattr(a, "o_groups", 0)  # a grouped output projection splits by whole groups
         require(not groups or groups % d.tp == 0, "tp", d.tp, f"must divide {label} output groups ({groups})")
-    if model.moe and model.count(ffn="moe"):
-        g = positive_int("ep", d.expert_groups)
-        require(d.devices % g == 0, "ep", g, f"must divide devices ({d.devices})")
-        require(model.moe.experts % g == 0, "ep", g, f"must divide experts ({model.moe.experts})")
-        if d.expert_slots is not None:
-            positive_int("expert_slots", d.expert_slots)
-            require(d.expert_slots <= model.moe.experts, "expert_slots", d.expert_slots,
-                    f"at most the model's {model.moe.experts} experts")
     if d.prefetch_bytes is not None:
         require(d.prefetch_bytes > 0, "prefetch_bytes", d.prefetch_bytes, "must be > 0")
     if d.routing_skew is not None:
@@ -130,11 +130,13 @@ def validate(model: ModelSpec, hw: Hardware, d: Deployment) -> None:
     if d.routing_correlation is not None:
         require(0 <= d.routing_correlation <= 1, "routing_correlation", d.routing_correlation,
                 "must be in [0, 1] (0 = independent rows, 1 = identical)")
-    tiles = model.weight_bytes() / (d.tp * hw.dma_tile_bytes)
+    # the ring's bank: the model's kernel's own, else the chip's DMA tile (perfmodel.engine.megakernel.bank_bytes)
+    bank, field = ((model.megakernel.bank_bytes, "megakernel.bank_bytes") if model.megakernel.bank_bytes
+                   else (hw.dma_tile_bytes, "dma_tile_bytes"))
+    tiles = model.weight_bytes() / (d.tp * bank)
     if d.engine == "megakernel" and tiles > MAX_STREAM_TILES:  # the simulator's arrays and loop
-        raise SpecError("dma_tile_bytes", hw.dma_tile_bytes,
-                        f"streams {model.name} in {tiles:.3g} tiles per step; the simulator takes at most "
-                        f"{MAX_STREAM_TILES}: use tiles of at least "
+        raise SpecError(field, bank, f"streams {model.name} in {tiles:.3g} banks per step; the simulator takes at "
+                        f"most {MAX_STREAM_TILES}: use banks of at least "
                         f"{model.weight_bytes() / (d.tp * MAX_STREAM_TILES):.0f} B")
     need = resident_bytes_per_device(model, d)
     have = hw.core_hbm_bytes

@@ -112,13 +112,14 @@ def from_table(table) -> Megakernel:
     if "kv_prefetch" in table:
         require(isinstance(table["kv_prefetch"], bool), "megakernel.kv_prefetch", table["kv_prefetch"],
                 "must be true or false")
-    for k, lo, hi in (("collective_rows", 1, MAX_ROWS), ("bank_bytes", 0, 1 << 34), ("ring_banks", 0, 1 << 20),
+    for k, lo, hi in (("collective_rows", 1, MAX_ROWS), ("bank_bytes", 1, 1 << 34), ("ring_banks", 0, 1 << 20),
                       ("expert_slots", 0, 1 << 16), ("defer_refills_rows", 0, MAX_ROWS),
                       ("kv_tile_tokens", 0, 1 << 24), ("expert_groups", 0, 1 << 20)):
         if k in table:
             v = table[k]
             require(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi, f"megakernel.{k}", v,
-                    f"must be an integer in {lo}..{hi}")
+                    f"must be an integer in {lo}..{hi}" + (" (left out: the chip's dma_tile_bytes)" if k == "bank_bytes"
+                                                           else ""))
     return Megakernel(**out)
 
 

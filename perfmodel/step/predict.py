@@ -159,7 +159,7 @@ def plan_model(model: ModelSpec, plan: KernelPlan) -> ModelSpec:
     change = {name: k[key] for key, name in (("bank_bytes", "bank_bytes"), ("depth", "ring_banks"),
                                               ("expert_slots", "expert_slots"), ("wire", "collective_wire"),
                                               ("all_reduce", "all_reduce"), ("collective_rows", "collective_rows"))
-              if key in k}
+              if key in k and not (key == "bank_bytes" and k[key] == 0)}  # a bank of 0: the chip's
     from perfmodel.spec.recipe import from_table, to_table
     recipe = from_table({**to_table(model.megakernel), **change})
     formats = dict(model.formats)
