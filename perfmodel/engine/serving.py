@@ -451,7 +451,8 @@ def generic_time(hw: Hardware, cls: str, s: dict, gpu: str, engine: str) -> tupl
     if cls in gk.COMM:
         return (cm.gpu_all_reduce_time(c, s["bytes"] * s["ranks"] / max(2 * (s["ranks"] - 1), 1), s["ranks"]),
                 "physical: hardware components allreduce_base_s, allreduce_per_peer_s, allreduce_bytes_per_s")
-    floor, what = (fastest_kernel_s(gpu, engine), f"the fastest kernel in {gpu}'s {engine} tables") if gpu else \
+    fastest = fastest_kernel_s(gpu, engine) if gpu else None
+    floor, what = (fastest, f"the fastest kernel in {gpu}'s {engine} tables") if fastest else \
         (cm.kernel_launch_time(c), "components.kernel_launch_s")
     bw = hw.hbm_bandwidth_bytes_per_s * cm.param(c, "kernel_bandwidth_efficiency")
     dtype_rate = max(hw.peak_flops_per_s.values()) * hw.efficiency.flops
@@ -459,8 +460,9 @@ def generic_time(hw: Hardware, cls: str, s: dict, gpu: str, engine: str) -> tupl
     return t, f"physical: {what} + bytes / (HBM x components.kernel_bandwidth_efficiency)"
 
 
-def fastest_kernel_s(gpu: str, engine: str) -> float:
-    return gk.tables(gpu, engine).fastest_kernel_s
+def fastest_kernel_s(gpu: str, engine: str) -> float | None:
+    t = gk.tables(gpu, engine)
+    return t.fastest_kernel_s if t is not None else None
 
 
 def paid_seconds(ks: list[Kernel], g: OpGraph, overlap_s: float = 0.0) -> list[float]:

@@ -28,7 +28,7 @@ from perfmodel.spec.formats import FORMATS, Format, format_from_dict, get_format
 from perfmodel.spec.recipe import Megakernel, from_table as megakernel_from_table, to_table as megakernel_table
 from perfmodel.util import schema
 from perfmodel.util.checks import MAX_EXPERTS, MAX_LAYERS, MAX_SKEW, STR, check_range, check_type
-from perfmodel.util.errors import in_file, positive_int, require
+from perfmodel.util.errors import SpecError, in_file, positive_int, require
 from perfmodel.util.files import check_path
 
 PRESET_DIR = Path(__file__).parents[1] / "presets" / "models"
@@ -145,6 +145,12 @@ HC_BYTES = 4  # hyper-connection weights are f32 in the DeepSeek-V4 reference co
 # reference inference code; docs/sources.md)
 CSA_FIXED_FORMATS = dict.fromkeys(("compress_kv", "compress_gate", "index_compress_kv", "index_compress_gate"),
                                   "f32")
+# Gated DeltaNet's beta / alpha projection (in_proj_ba) is not quantised in the published FP8
+# checkpoints (Qwen3-Next / Qwen3.5 FP8 config.json list in_proj_a / in_proj_b, or in_proj_ba, in
+# quantization_config.modules_to_not_convert; vLLM qwen3_next.py: "ba_proj doesn't support
+# blockwise fp8 quantization": its 2 x value_heads outputs split over tp ranks are narrower than a
+# 128-wide block): it is held in bf16 whenever the attention family is quantised.
+GDN_BF16_WHEN_QUANTISED = ("beta_alpha_proj",)
 
 
 @dataclass(frozen=True)
@@ -274,8 +280,11 @@ class ModelSpec:
             return out + [mm("o_proj", a.heads * vd, h)]
         if isinstance(a, GDN):
             k, v = a.key_heads * a.key_head_dim, a.value_heads * a.value_head_dim
-            return [mm("q_proj", h, k), mm("k_proj", h, k), mm("v_proj", h, v), mm("gate_proj", h, v),
-                    mm("beta_alpha_proj", h, 2 * a.value_heads), mm("o_proj", v, h)]
+            kept = self.formats["attention"].value_bits < 16  # GDN_BF16_WHEN_QUANTISED
+            gdn = lambda name, d_in, d_out: Matmul(name, "attention", d_in, d_out, 1,
+                                                   "bf16" if kept and name in GDN_BF16_WHEN_QUANTISED else "")
+            return [gdn("q_proj", h, k), gdn("k_proj", h, k), gdn("v_proj", h, v), gdn("gate_proj", h, v),
+                    gdn("beta_alpha_proj", h, 2 * a.value_heads), gdn("o_proj", v, h)]
         if isinstance(a, CSA):
             g = lambda name, d_in, d_out, n=1: Matmul(name, "attention", d_in, d_out, n,
                                                       CSA_FIXED_FORMATS.get(name, ""))
@@ -492,6 +501,8 @@ def read_toml(path: Path, seen: tuple[str, ...] = ()) -> dict:
     """A model file's table, merged into the one its `base` names: a preset, or another model
     file (a `.toml` path, relative to the file that names it)."""
     data = schema.load(path, dict.fromkeys(TOP_KEYS), "model file", fmt="toml")
+    own = data.get("formats")
+    older = isinstance(own, dict) and "shared_expert" in own and "latent_projection" not in own
     if "base" in data:
         with in_file(path):
             base = check_type("base", data.pop("base"), STR)
@@ -506,7 +517,25 @@ def read_toml(path: Path, seen: tuple[str, ...] = ()) -> dict:
             data = _derived(read_toml(file, seen + (key,)), data)
         else:
             data = _derived(preset_data(base, seen + (base,)), data)
+    if older:
+        with in_file(path):
+            check_latent_family(data, own["shared_expert"])
     return data
+
+
+def check_latent_family(data: dict, shared) -> None:
+    """Refuse a model file that sets the shared experts' format and not the latent projections'
+    when its model has latent projections: in the earlier format of this file the latent MoE's
+    down / up projections were streamed as `shared_expert`; they are now their own family
+    (`latent_projection`, bf16 unless given), so reading the file as written would change its
+    meaning without a word."""
+    moe = data.get("moe")
+    latent = moe.get("latent_dim", 0) if isinstance(moe, dict) else 0
+    if isinstance(latent, int) and not isinstance(latent, bool) and latent > 0:
+        raise SpecError("formats.shared_expert", shared,
+                        "this model has latent MoE projections, which files of the earlier format streamed as "
+                        "shared_expert; they are now their own family: add formats.latent_projection "
+                        f"(= {shared!r} keeps the earlier meaning, \"bf16\" the new default)")
 
 
 def preset_data(name: str, seen: tuple[str, ...] = ()) -> dict:

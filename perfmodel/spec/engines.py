@@ -2,11 +2,14 @@
 layouts they refuse, checked before anything is predicted."""
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 
+from perfmodel.spec.arch import GQA
 from perfmodel.util import schema
-from perfmodel.util.errors import SpecError, require
+from perfmodel.util.checks import BOOL, STR, ListOf, Num, OneOf, Req
+from perfmodel.util.errors import SpecError, in_file, require
 
 ENGINE_DIR = Path(__file__).parents[1] / "data" / "serving_engines"
 ROW_PARALLEL = ("o_proj", "down", "shared_down", "out_proj")   # split along the input over tp
@@ -16,12 +19,51 @@ def serving_engines() -> list[str]:
     return sorted(p.stem for p in ENGINE_DIR.glob("*.toml"))
 
 
+# An inventory file's schema: every key perfmodel.engine.serving reads, of the type it reads it as
+NAME = (STR,)
+TABLE_NAME = re.compile(r"[a-z0-9_]{1,64}")  # kernel_tables and measured_as.tables: perfmodel/data/kernels/<gpu>/<name>.npz
+# the names a kernel's `values` may multiply (perfmodel.engine.serving._layer_names)
+VALUE_NAMES = ("hidden", "latent", "vocab", "experts", "ffn_width", "shared_width", "heads", "head_dim", "kv_heads",
+               "q_width", "kv_width", "lora", "rope", "v_width")
+VALUES = re.compile(r"\s*(?:\d+(?:\.\d+)?|{n})(?:\s*\*\s*(?:\d+(?:\.\d+)?|{n}))*\s*".format(n="|".join(VALUE_NAMES)))
+COUNT = Num(1, 2**20, integer=True)
+INVENTORY = {
+    "engine": Req(NAME), "version": Req(NAME), "source": Req(NAME), "kernel_tables": Req(NAME),
+    "all_reduce": OneOf("custom", "nccl"), "all_reduce_nvlink_domain": OneOf("mnnvl"), "act_quant": (BOOL,),
+    "mla": OneOf("granular", "module"), "kda": [NAME], "moe_dispatch": NAME, "fused_moe_reduce": (BOOL,),
+    "norm_in_all_reduce": (BOOL,),
+    "measured_as": [{"class": Req(NAME), "kernel": NAME, "dtype": NAME, "ep": COUNT, "gpus": [NAME], "tables": [NAME],
+                     "table_class": NAME, "why": NAME}],
+    "gemm_groups": {"*": ListOf(NAME, 1)}, "replicated": {"matmuls": Req([NAME])},
+    "shared_experts_stream": {"max_rows": Req(Num(0, 2**20, integer=True))},
+    "latent_moe_tail": {"tp": Req([COUNT]), "max_rows": Req(Num(0, 2**20, integer=True)), "gpus": Req([NAME])},
+    "kernel": [{"op": Req(NAME), "name": Req(NAME), "values": Req(NAME), "before": (BOOL,), "attention": NAME}],
+    "published": [{"model": Req(NAME), "formats": {"*": NAME}, "hardware": Req(NAME), "devices": Req(COUNT),
+                   "tp": Req(COUNT), "ep": COUNT, "kv_cache": NAME, "source": Req(NAME)}],
+    "sources": {"block_splits": Req(NAME), "*": NAME},
+}
+# Where a serving engine is not named (a GPU deployment of the generic multi-kernel engine), the
+# rule every engine has for block-quantised splits (each inventory's [sources] block_splits)
+BLOCK_SPLITS_SOURCE = ("vLLM fp8.py / fp8_utils.validate_fp8_block_shape: 'not divisible by weight quantization "
+                       "block_n'; SGLang alike")
+
+
 @lru_cache(maxsize=None)
 def inventory(name: str) -> dict:
-    """One engine's kernel inventory (the TOML file as a dict)."""
+    """One engine's kernel inventory (the TOML file as a dict), through the schema layer (INVENTORY,
+    and each kernel's `values` a product of numbers and VALUE_NAMES)."""
     if name not in serving_engines():
         raise SpecError("serving_engine", name, f"one of {', '.join(serving_engines())}")
-    return schema.load(ENGINE_DIR / f"{name}.toml", {"*": None}, "serving engine inventory", fmt="toml")
+    path = ENGINE_DIR / f"{name}.toml"
+    data = schema.load(path, INVENTORY, "serving engine inventory", fmt="toml")
+    with in_file(path):
+        for key, where in ((data["kernel_tables"], "kernel_tables"),) + tuple(
+                (t, f"measured_as[{i}].tables") for i, m in enumerate(data.get("measured_as", [])) for t in m.get("tables", [])):
+            require(TABLE_NAME.fullmatch(key) is not None, where, key, "must be a table name (letters, digits, _)")
+        for i, k in enumerate(data.get("kernel", [])):
+            require(VALUES.fullmatch(k["values"]) is not None, f"kernel[{i}].values", k["values"],
+                    f"must be a product of numbers and {', '.join(VALUE_NAMES)}")
+    return data
 
 
 def check_serving_layout(model, hw, d) -> None:
@@ -53,9 +95,13 @@ def check_block_splits(model, d, replicated: set[str] | None = None, engine: str
     the FFN weights, which every engine splits this way, are checked."""
     families = FFN_FAMILIES if replicated is None else None
     replicated = kept_whole() if replicated is None else replicated
+    require(d.expert_groups > 0 and d.devices % d.expert_groups == 0, "ep", d.expert_groups,
+            f"must divide devices ({d.devices})")
     etp = d.devices // d.expert_groups
-    who = f"{engine} refuses it" if engine else "GPU serving engines (vLLM, SGLang, TensorRT-LLM) refuse it"
+    source = inventory(engine)["sources"]["block_splits"] if engine else BLOCK_SPLITS_SOURCE
+    who = (f"{engine} refuses it" if engine else "GPU serving engines (vLLM, SGLang, TensorRT-LLM) refuse it")
     for layer in {l.attention: l for l in model.layers}.values():
+        attn = model.attn(layer.attention) if layer.attention != "none" else None
         for mm in model.layer_matmuls(layer):
             fmt = model.matmul_format(mm)
             bo, bi = fmt.block
@@ -63,6 +109,10 @@ def check_block_splits(model, d, replicated: set[str] | None = None, engine: str
                     (families and mm.family not in families) or (mm.family == "routed_expert" and fmt.name in PADDED):
                 continue
             shards, field = (etp, "ep") if mm.family == "routed_expert" else (d.tp, "tp")
+            if isinstance(attn, GQA) and mm.name in ("k_proj", "v_proj"):
+                # fewer KV heads than ranks: each rank holds whole heads, replicated (vLLM
+                # QKVParallelLinear: num_kv_head_replicas = tp / total_num_kv_heads; SGLang alike)
+                shards = min(shards, attn.kv_heads)
             if shards == 1:
                 continue
             dim, block = (mm.d_in, bi) if mm.name in ROW_PARALLEL or mm.name == "expert_down" else (mm.d_out, bo)
@@ -72,4 +122,4 @@ def check_block_splits(model, d, replicated: set[str] | None = None, engine: str
                 value = d.tp if field == "tp" else d.expert_groups
                 raise SpecError(field, value, f"{who}: {mm.name} ({dim} wide, {fmt.name} in "
                                 f"{block}-wide blocks) split {shards} ways is {dim / shards:g} per GPU, not a "
-                                f"multiple of the block")
+                                f"multiple of the block (source: {source})")
