@@ -16,8 +16,10 @@ kernel_bandwidth_efficiency, kernel_flops_efficiency, allreduce_*), labelled by 
 """
 from __future__ import annotations
 
-import json
 import math
+import re
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -25,8 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from perfmodel.util import schema
-from perfmodel.util.errors import SpecError
-from perfmodel.util.files import read_text
+from perfmodel.util.checks import STR, ListOf, Num, Req
+from perfmodel.util.errors import SpecError, in_file, require
+from perfmodel.util.files import MAX_FILE_BYTES, read_text
 
 KERNEL_DIR = Path(__file__).parents[1] / "data" / "kernels"
 COMM = ("all_reduce", "mnnvl", "nccl", "a2a")  # mnnvl: a multi-node NVLink (multicast) collective
@@ -68,9 +71,11 @@ class Tables:
     engine: str
     version: dict[str, str]        # file -> framework version
     source: str
-    fastest_kernel_s: float        # the fastest compute kernel of these tables (a small kernel's floor)
+    fastest_kernel_s: float | None  # the fastest compute kernel of these tables (a small kernel's floor)
     classes: list[str]
     npz: object
+    path: Path = Path()
+    doc: dict = field(default_factory=dict)                   # the file's header (provenance)
     index: dict[str, dict] = field(default_factory=dict)      # class -> its index, once read
     values: dict[str, np.ndarray] = field(default_factory=dict)  # class -> its log latencies, once read
     built: dict[tuple[str, int], Table] = field(default_factory=dict)
@@ -78,17 +83,23 @@ class Tables:
 
     def _index(self, cls: str) -> dict:
         if cls not in self.index:
-            self.index[cls] = json.loads(self.npz[f"index.{cls}"].tobytes()) if cls in self.classes else \
-                {"files": [], "fields": [], "axes": [], "grids": [], "tables": []}
-            ix = self.index[cls]
+            if cls in self.classes:
+                ix = _json_array(self.npz, f"index.{cls}", self.path)
+                values = _array(self.npz, f"log_s.{cls}", self.path)
+                with in_file(self.path):
+                    require(values.ndim == 1 and values.dtype.kind == "f", f"log_s.{cls}", str(values.dtype),
+                            "must be a 1-D array of floats")
+                    check_class_index(cls, ix, len(values))
+                self.values[cls] = values.astype(float)
+            else:
+                ix = {"files": [], "fields": [], "axes": [], "grids": [], "tables": []}
+            self.index[cls] = ix
             ix["cols"] = {f: np.array([r[1][j] for r in ix["tables"]]) for j, f in enumerate(ix["fields"])}
         return self.index[cls]
 
     def _table(self, cls: str, i: int) -> Table:
         if (cls, i) not in self.built:
             ix = self._index(cls)
-            if cls not in self.values:
-                self.values[cls] = self.npz[f"log_s.{cls}"].astype(float)
             file, _, grids, offset = ix["tables"][i]
             raw = {a: ix["grids"][g] for a, g in zip(ix["axes"], grids)}
             shape = [len(raw[a]) for a in ix["axes"]]
@@ -111,22 +122,90 @@ class Tables:
                 if not kernel or kernel.lower() in str(src[i]).lower()]
 
 
+# A table file (.npz: numpy arrays, never pickled objects) through the schema layer: its header
+# `index` (JSON bytes), per class `index.<class>` (JSON bytes) and `log_s.<class>` (floats).
+NAME = re.compile(r"[a-z0-9_]{1,64}")  # a GPU, table or class name: a path component of ours
+HEADER = {"files": Req({"*": {"version": Req((STR,)), "*": None}}), "source": Req((STR,)),
+          "fastest_kernel_s": Req(Num(0, 1, lo_open=True, null=True)), "classes": Req(ListOf((STR,), 0, 64)), "*": None}
+CLASS_INDEX = {"files": Req([(STR,)]), "fields": Req([(STR,)]), "axes": Req([(STR,)]),
+               "grids": Req([ListOf(Num(0, lo_open=True), 1)]), "tables": Req([ListOf(None, 4, 4)])}
+KERNEL_DATA_ERRORS = (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+def _array(npz, key: str, path: Path) -> np.ndarray:
+    """Array `key` of a table file, or a SpecError naming the file and the key."""
+    try:
+        return npz[key]
+    except KERNEL_DATA_ERRORS as e:  # missing, truncated, corrupt, or pickled (allow_pickle is off)
+        raise SpecError(key, "<array>", f"unreadable ({type(e).__name__}: {str(e)[:120]})", file=str(path)) from None
+
+
+def _json_array(npz, key: str, path: Path):
+    """A table file's JSON array `key` (uint8 bytes), parsed through the schema layer."""
+    raw = _array(npz, key, path)
+    require(raw.dtype == np.uint8 and raw.ndim == 1, key, str(raw.dtype), "must be UTF-8 JSON as a 1-D uint8 array")
+    try:
+        text = raw.tobytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(key, "<bytes>", "not UTF-8 text", file=str(path)) from None
+    return schema.parse(text, "json", key, path)
+
+
+def check_class_index(cls: str, ix, n_values: int) -> None:
+    """A class index (`index.<class>`) of a table file: its lists, and each table's file, key,
+    grids and place in `log_s.<class>` (n_values floats) within them."""
+    schema.check_tree(ix, CLASS_INDEX, f"index.{cls}")
+    for g, grid in enumerate(ix["grids"]):
+        require(all(a < b for a, b in zip(grid, grid[1:])), f"index.{cls}.grids[{g}]", grid[:8],
+                "must be strictly increasing")
+    n_files, n_fields, n_axes, n_grids = (len(ix[k]) for k in ("files", "fields", "axes", "grids"))
+    for i, t in enumerate(ix["tables"]):
+        file, key, grids, offset = t
+        where = f"index.{cls}.tables[{i}]"
+        require(type(file) is int and 0 <= file < n_files, f"{where}[0]", file, f"must be a file number < {n_files}")
+        require(isinstance(key, list) and len(key) == n_fields and
+                all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in key), f"{where}[1]", key,
+                f"must be {n_fields} field values (strings or numbers)")
+        require(isinstance(grids, list) and len(grids) == n_axes and
+                all(type(g) is int and 0 <= g < n_grids for g in grids), f"{where}[2]", grids,
+                f"must be {n_axes} grid numbers < {n_grids}")
+        size = math.prod(len(ix["grids"][g]) for g in grids)
+        require(type(offset) is int and 0 <= offset and offset + size <= n_values, f"{where}[3]", offset,
+                f"must place its {size} cells within log_s.{cls} ({n_values} values)")
+
+
 @lru_cache(maxsize=None)
 def tables(gpu: str, engine: str) -> Tables | None:
-    """The imported tables of one GPU and engine (`nccl` for the NCCL collectives), or None."""
+    """The imported tables of one GPU and engine (`nccl` for the NCCL collectives), or None;
+    read through the schema layer (HEADER; each class's index when first used)."""
+    if not gpu:
+        return None
+    require(NAME.fullmatch(gpu) is not None, "gpu", gpu, "must be a GPU name (letters, digits, _)")
+    require(NAME.fullmatch(engine) is not None, "kernel_tables", engine, "must be a table name (letters, digits, _)")
     path = KERNEL_DIR / gpu / f"{engine}.npz"
     if not path.exists():
         return None
-    npz = np.load(path)
-    doc = json.loads(npz["index"].tobytes())
+    require(path.stat().st_size <= MAX_FILE_BYTES, "kernel table", str(path),
+            f"larger than {MAX_FILE_BYTES / 2**20:g} MiB")
+    try:
+        npz = np.load(path, allow_pickle=False)
+    except KERNEL_DATA_ERRORS as e:
+        raise SpecError("kernel table", str(path), f"not a table file ({type(e).__name__}: {str(e)[:120]})") from None
+    doc = _json_array(npz, "index", path)
+    with in_file(path):
+        schema.check_tree(doc, HEADER, "index")
+        for c in doc["classes"]:
+            require(NAME.fullmatch(c) is not None, "index.classes", c, "must be a class name (letters, digits, _)")
+            for key in (f"index.{c}", f"log_s.{c}"):
+                require(key in npz.files, "index.classes", c, f"the file holds no {key}")
     return Tables(gpu, engine, {f: m["version"] for f, m in doc["files"].items()}, doc["source"],
-                  doc["fastest_kernel_s"], doc["classes"], npz)
+                  doc["fastest_kernel_s"], doc["classes"], npz, path, doc)
 
 
 def provenance(gpu: str, engine: str) -> dict:
     """A table file's header: source, licence, importer, units and files with their versions."""
     t = tables(gpu, engine)
-    return json.loads(t.npz["index"].tobytes()) if t else {}
+    return dict(t.doc) if t else {}
 
 
 @lru_cache(maxsize=None)
@@ -381,17 +460,49 @@ def fit_group(cls: str, key: dict, pooled: bool = False) -> str:
     return "/".join(parts)
 
 
+# the fitted parameters physical_time reads, by class (a group is "<class>/..."), each > 0 where
+# it divides and >= 0 otherwise
+FIT_PARAMS = {"comm": ("fixed_s", "per_peer_s", "bytes_per_s"),
+              "gemm": ("fixed_s", "bytes_per_s", "flops_per_s", "min_n", "min_k", "tile_n", "tile_bytes_per_s",
+                       "overlap"),
+              "moe": ("fixed_s", "bytes_per_s", "flops_per_s", "overlap", "per_expert_s", "per_pair_s"),
+              "units": ("fixed_s", "bytes_per_s", "flops_per_s", "min_units", "per_unit_s"),
+              "other": ("fixed_s", "bytes_per_s", "flops_per_s")}
+DIVISORS = ("bytes_per_s", "flops_per_s", "tile_n", "tile_bytes_per_s")
+FIT_FILE = {"engines": Req({"*": {"*": {"cells": Req(Num(0, integer=True)), "*": None}}}),
+            "*": None}
+
+
 @lru_cache(maxsize=None)
 def fits(gpu: str) -> dict:
-    """perfmodel/data/kernels/<gpu>/fit.json: {engine: {group: params}} ({} when none)."""
+    """perfmodel/data/kernels/<gpu>/fit.json: {engine: {group: params}} ({} when none), checked
+    through the schema layer (FIT_FILE, and the parameters its class needs)."""
+    if not gpu:
+        return {}
+    require(NAME.fullmatch(gpu) is not None, "gpu", gpu, "must be a GPU name (letters, digits, _)")
     path = KERNEL_DIR / gpu / "fit.json"
-    return _read(path)["engines"] if path.exists() else {}
+    if not path.exists():
+        return {}
+    data = _read(path)
+    with in_file(path):
+        schema.check_tree(data, FIT_FILE, "file")
+        for engine, groups in data["engines"].items():
+            for group, p in groups.items():
+                cls = group.split("/")[0]
+                kind = "comm" if cls in COMM else cls if cls in ("gemm", "moe") else "units" if cls in UNITS else "other"
+                for name in FIT_PARAMS[kind]:
+                    v = p.get(name)
+                    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (v > 0 if name in DIVISORS else v >= 0)
+                    require(ok, f"engines.{engine}.{group}.{name}", v,
+                            "required, a number " + ("> 0" if name in DIVISORS else ">= 0"))
+    return data["engines"]
 
 
 def _read(path: Path) -> dict:
-    """A shipped kernel-table or fit file: read bounded and parsed through the schema layer (its
-    content is checked by tests/test_schema.py, not on every load: 0.4 s a file)."""
-    return schema.parse(read_text(path, "kernel table"), "json", "kernel table", path)
+    """A shipped fit file: read bounded and parsed through the schema layer."""
+    data = schema.parse(read_text(path, "kernel table"), "json", "kernel table", path)
+    require(isinstance(data, dict), "kernel table", str(path), "must hold an object at the top")
+    return data
 
 
 def fitted_params(gpu: str, engine: str, cls: str, key: dict, kernel: str = "") -> tuple[dict, str] | None:
