@@ -45,6 +45,38 @@ def check_path(field: str, path) -> Path:
     return Path(text)
 
 
+MAX_WALK_ENTRIES = 100_000   # directory entries a search under a directory looks at
+MAX_WALK_DEPTH = 8
+
+
+def find_files(root, name: str, field: str) -> list[Path]:
+    """The files called `name` under directory `root`, found by a bounded walk: at most
+    MAX_WALK_ENTRIES entries, MAX_WALK_DEPTH levels down, symbolic links not followed; a
+    directory it cannot read, or a tree beyond those bounds, is a SpecError naming `root`."""
+    root = check_path(field, root)
+    found, seen, stack = [], 0, [(root, 0)]
+    while stack:
+        d, depth = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                entries = list(it)
+        except OSError as e:
+            raise SpecError(field, str(root), f"cannot read {str(d)!r}: {e.strerror or type(e).__name__}") from None
+        seen += len(entries)
+        require(seen <= MAX_WALK_ENTRIES, field, str(root), f"more than {MAX_WALK_ENTRIES:,} entries under it; "
+                "give the directory of the runs")
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    if depth < MAX_WALK_DEPTH:
+                        stack.append((Path(e.path), depth + 1))
+                elif e.name == name and e.is_file():
+                    found.append(Path(e.path))
+            except OSError:
+                continue
+    return sorted(found)
+
+
 def read_bytes(path, field: str = "file", limit: int = MAX_FILE_BYTES) -> bytes:
     """The bytes of a user file (at most `limit`), or a SpecError naming the file and what is wrong."""
     p = check_path(field, path)
@@ -254,7 +286,7 @@ def write_atomic(path, text: str | bytes, field: str = "--out", parents: bool = 
     except BaseException:
         f.discard()
         raise
-    return f.commit(last)
+    return f.commit(last=True) if last else f.commit()
 
 
 def write_all(files: dict, field: str = "--out", parents: bool = False) -> list[Path]:

@@ -31,7 +31,7 @@ import numpy as np
 from perfmodel.util import schema
 from perfmodel.util.checks import INT, STR, Num, Req
 from perfmodel.util.errors import SpecError, in_file, require
-from perfmodel.util.files import host_hardware_file
+from perfmodel.util.files import check_path, find_files, host_hardware_file
 from perfmodel.validate.traces import TraceSummary, parse_trace
 
 DEFAULT_HOST_HARDWARE = str(host_hardware_file())  # where `perfmodel hostbench` writes by default
@@ -230,8 +230,8 @@ def against(t: TraceSummary, spec, hw, p, mode: str) -> Comparison:
 
 def run_dirs(trace: str | Path) -> list[Path]:
     """Every captured run under `trace` (directories holding capture.json), or `trace` itself."""
-    p = Path(trace)
-    runs = sorted(f.parent for f in p.rglob("capture.json")) if p.is_dir() else []
+    p = check_path("--trace", trace)
+    runs = [f.parent for f in find_files(p, "capture.json", "--trace")] if p.is_dir() else []
     return runs or [p]
 
 
