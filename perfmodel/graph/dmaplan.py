@@ -24,7 +24,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, fields
 
-from perfmodel.util import schema
+from perfmodel.util import limits, schema
 from perfmodel.util.errors import in_file, require
 
 FORMAT, VERSION = "perfmodel-dma-plan", 1
@@ -97,13 +97,18 @@ def save_plan(path, p: KernelPlan) -> None:
     write_atomic(path, json.dumps(plan_json(p), separators=(",", ":")) + "\n")
 
 
+# the most an integer field of a plan's deployment or kernel may hold (the CLI's own bounds)
+FIELD_MAX = {"context": 2**30, "bank_bytes": 2**34, "depth": 2**20, "expert_slots": 2**16}
+COUNT_MAX = 2**20
+
+
 def _typed(where: str, table, spec: dict, required: tuple[str, ...] = ()) -> dict:
     require(isinstance(table, dict), where, table, "must be an object")
     for k, v in table.items():
         require(k in spec, f"{where}.{k}", v, f"unknown field; known: {', '.join(spec)}")
-        kind = spec[k]
-        ok = isinstance(v, str) if kind is str else isinstance(v, int) and not isinstance(v, bool) and v >= 0
-        require(ok, f"{where}.{k}", v, "must be a string" if kind is str else "must be an integer >= 0")
+        kind, hi = spec[k], FIELD_MAX.get(k, COUNT_MAX)
+        ok = isinstance(v, str) if kind is str else isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= hi
+        require(ok, f"{where}.{k}", v, "must be a string" if kind is str else f"must be an integer in 0..{hi}")
     for k in required:
         require(k in table, f"{where}.{k}", None, "required field is missing")
     return dict(table)
@@ -130,6 +135,8 @@ def plan_from_json(data, where: str = "plan") -> KernelPlan:
         require(c in cols, f"{where}.columns", cols, f"needs {c!r}")
     rows = data.get("copies")
     require(isinstance(rows, list), f"{where}.copies", type(rows).__name__, "must be a list of rows")
+    limits.refuse(f"{where}.copies", f"{len(rows)} rows", "copies in the plan", len(rows), limits.MAX_PLAN_COPIES,
+                  "copies")
     types = {f.name: f.type for f in fields(Copy)}
     check = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool), "str": lambda v: isinstance(v, str),
              "bool": lambda v: isinstance(v, bool)}

@@ -27,7 +27,7 @@ from perfmodel.graph.ops import OpGraph
 from perfmodel.spec.arch import ModelSpec, derive, from_dict, preset_data
 from perfmodel.spec.deployment import Deployment, validate
 from perfmodel.spec.hardware import Hardware
-from perfmodel.util import schema
+from perfmodel.util import limits, schema
 from perfmodel.util.checks import STR, ListOf, Num, OneOf, Req
 from perfmodel.util.errors import SpecError, in_file, require
 from perfmodel.util.files import check_path
@@ -138,10 +138,11 @@ def load_profile(name_or_path: str) -> dict:
         known = sorted(q.stem for q in PROFILE_DIR.glob("*.json"))
         require(name_or_path in known, "--profile", name_or_path, f"unknown profile; known: {', '.join(known)}")
         p = PROFILE_DIR / f"{name_or_path}.json"
-    count = lambda lo: Num(lo, 2**31, integer=True)
-    timed = ListOf({"context": Req(count(0)), "steps": Req(count(1)), "*": None}, 1)
+    count = lambda lo, hi=2**20: Num(lo, hi, integer=True)
+    timed = ListOf({"context": Req(count(0, 2**30)), "steps": Req(count(1, 2**31)), "*": None}, 1,
+                   limits.MAX_PROFILE_GROUPS)
     deployment = {"devices": Req(count(1)), "tp": Req(count(1)), "ep": count(1), "batch": count(1),
-                  "context": count(0), "steps_per_call": count(1)}
+                  "context": count(0, 2**30), "steps_per_call": count(1)}
     stated = {"kv_prefetch_gain_us_per_layer": Num(0, lo_open=True),
               "kv_prefetch_gain_kernel": {"kernel": Req((STR,)), "megakernel": {"*": None}}, "*": None}
     harness = {"deployment": Req(deployment), "timed_steps": timed, "*": None}
@@ -152,6 +153,12 @@ def load_profile(name_or_path: str) -> dict:
     data = schema.load(p, rule, "--profile", fmt="json")
     with in_file(p):
         require(data["kernels"], "kernels", {}, "needs at least one kernel")
+        limits.refuse("kernels", f"{len(data['kernels'])} kernels", "kernels in the profile", len(data["kernels"]),
+                      limits.MAX_PROFILE_KERNELS, "kernels")
+        for name, entry in data["kernels"].items():
+            n = len(_settings(entry))
+            limits.refuse(f"kernels.{name}.phases", f"{n} settings", "distinct [megakernel] settings of its rows",
+                          n, limits.MAX_PROFILE_SETTINGS, "settings")
         for name, entry in data["kernels"].items():
             kernel_model(entry)  # its preset and settings load, or the error names this file
             for i, e in enumerate(entry["phases"]):
@@ -167,7 +174,39 @@ def load_profile(name_or_path: str) -> dict:
             require(gain["kernel"] in data["kernels"], "stated.kv_prefetch_gain_kernel.kernel", gain["kernel"],
                     f"one of the profile's kernels: {', '.join(data['kernels'])}")
             kernel_model(data["kernels"][gain["kernel"]], gain.get("megakernel"))
+        timelines, layer_steps = profile_work(data)
+        limits.refuse("harness.timed_steps", f"{len(data['harness'].get('timed_steps') or [1])} groups",
+                      f"{len(data['kernels'])} kernels x their settings x the timed groups: {timelines:,} step "
+                      "timelines of their models' layers", layer_steps, limits.MAX_LAYER_STEPS, "layer steps",
+                      "fewer kernels, settings or groups of timed steps")
     return data
+
+
+PHASE_TIMELINES = 7      # step timelines one `phases` call simulates (the step and its skipped variants)
+ATTENTION_TIMELINES = 3  # and one `attention_parts` call
+
+
+def _settings(entry: dict) -> set[str]:
+    """The distinct [megakernel] settings a profile kernel's rows are predicted with (its own included)."""
+    return {"{}"} | {json.dumps(e.get("megakernel") or {}, sort_keys=True) for e in entry["phases"]}
+
+
+def profile_work(profile: dict) -> tuple[int, int]:
+    """(step timelines, layer steps) that `explain --profile` simulates for `profile`: per kernel,
+    its rows' distinct settings' phases and its attention parts at each group of timed steps,
+    and the stated gain's two settings (perfmodel.util.limits)."""
+    groups = len(profile["harness"].get("timed_steps") or [1])
+    timelines = steps = 0
+    for entry in profile["kernels"].values():
+        n = groups * (PHASE_TIMELINES * len(_settings(entry)) + ATTENTION_TIMELINES)
+        timelines += n
+        steps += n * (len(kernel_model(entry).layers) + 2)
+    stated = profile.get("stated") or {}
+    if "kv_prefetch_gain_us_per_layer" in stated:
+        n = 2 * groups * PHASE_TIMELINES
+        timelines += n
+        steps += n * (len(kernel_model(profile["kernels"][stated["kv_prefetch_gain_kernel"]["kernel"]]).layers) + 2)
+    return timelines, steps
 
 
 def kernel_model(entry: dict, extra: dict | None = None) -> ModelSpec:
