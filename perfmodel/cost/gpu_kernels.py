@@ -154,7 +154,7 @@ def _json_array(npz, key: str, path: Path):
 def check_class_index(cls: str, ix, n_values: int) -> None:
     """A class index (`index.<class>`) of a table file: its lists, and each table's file, key,
     grids and place in `log_s.<class>` (n_values floats) within them."""
-    schema.check_tree(ix, CLASS_INDEX, f"index.{cls}")
+    schema.check_tree({f"index.{cls}": ix}, {f"index.{cls}": CLASS_INDEX})  # errors name index.<class>.<key>
     for g, grid in enumerate(ix["grids"]):
         require(all(a < b for a, b in zip(grid, grid[1:])), f"index.{cls}.grids[{g}]", grid[:8],
                 "must be strictly increasing")
@@ -193,7 +193,7 @@ def tables(gpu: str, engine: str) -> Tables | None:
         raise SpecError("kernel table", str(path), f"not a table file ({type(e).__name__}: {str(e)[:120]})") from None
     doc = _json_array(npz, "index", path)
     with in_file(path):
-        schema.check_tree(doc, HEADER, "index")
+        schema.check_tree({"index": doc}, {"index": HEADER})  # errors name index.<key>
         for c in doc["classes"]:
             require(NAME.fullmatch(c) is not None, "index.classes", c, "must be a class name (letters, digits, _)")
             for key in (f"index.{c}", f"log_s.{c}"):

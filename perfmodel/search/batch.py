@@ -175,7 +175,15 @@ def serving_work(design) -> tuple[int, float]:
         requests = s.get("requests") or SERVE_REQUESTS
         flight = s["concurrency"] if s.get("concurrency") else s["rate"] * alone * floor
         flight = min(max(flight, 1.0), s.get("max_batch") or MAX_BATCH, requests)
-        total += min(requests * alone / flight, limits.MAX_SERVE_STEPS)
+        steps = requests * alone / flight
+        if steps > limits.MAX_SERVE_STEPS:
+            k = next((k for k in ("requests", "output_len", "input_len", "rate", "concurrency", "prefill_chunk")
+                      if k in cols or base.get(k) is not None), "requests")
+            design.refuse(k, f"point {i} ({requests} requests of {s.get('input_len') or 1024} + "
+                          f"{s.get('output_len') or 256} tokens, about {flight:.3g} in flight) takes about "
+                          f"{steps:,.0f} serving steps (estimated), over the limit of {limits.MAX_SERVE_STEPS:,}; "
+                          "fewer requests or output tokens, or more traffic at once")
+        total += steps
     limits.refuse("sweep design", f"{n} points", f"{n} serving simulations", total, limits.MAX_SWEEP_SERVE_STEPS,
                   "serving steps (estimated)", "fewer points, requests or output tokens")
     return n, total

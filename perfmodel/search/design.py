@@ -134,22 +134,22 @@ class Design:
         given = lambda k: k in self.axes or self.base.get(k) is not None
         for k in SERVE_ONLY if not serving else ():
             if given(k):
-                self._refuse(k, "a serving setting: it needs traffic, a rate or a concurrency (a point without is "
+                self.refuse(k, "a serving setting: it needs traffic, a rate or a concurrency (a point without is "
                              "one decode step and would not use it)")
         for k in DECODE_ONLY if serving else ():
             if given(k) and (k != "draft_rows" or any(_values(self.axes.get(k, self.base.get(k))))):
-                self._refuse(k, "a serving point does not use it: its scheduler sets each step's rows and their "
+                self.refuse(k, "a serving point does not use it: its scheduler sets each step's rows and their "
                              "context, one step per device call, without draft rows")
         for k in ("prefill_tp", "prefill_ep"):
             if given(k) and not given("prefill_devices"):
-                self._refuse(k, "needs prefill_devices (a separate prefill pool); without it the point serves "
+                self.refuse(k, "needs prefill_devices (a separate prefill pool); without it the point serves "
                              "aggregated and would not use it")
         drafts = self.axes.get("draft_rows", [self.base.get("draft_rows") or 0])
         if (drafts.max if isinstance(drafts, Range) else max(drafts)) > 0:
             require(given("acceptance_length") or given("acceptance_prob"), "acceptance_length", None,
                     "speculative decoding (draft_rows > 0) needs acceptance_length or acceptance_prob")
 
-    def _refuse(self, k: str, why: str) -> None:
+    def refuse(self, k: str, why: str) -> None:
         """SpecError naming setting `k` where the design gives it (an axis or the base)."""
         if self.source == "--vary":
             where = f"--vary {k}" if k in self.axes else f"--{k.replace('_', '-')}"
