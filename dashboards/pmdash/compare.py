@@ -318,7 +318,9 @@ def draw(x: dict, pred: list[dict], measured_rows: list[dict], log_y: bool) -> N
                          axis={"values": list(x["batches"]), "format": "d"})
     color = charts.nominal("platform", "platform (colour)", scale=charts.colors(plats))
     dash = charts.nominal("curve", "line", scale={"domain": curves, "range": [CURVES[k] for k in curves]},
-                          legend={"symbolType": "stroke", "symbolStrokeColor": "#444", "symbolStrokeWidth": 2})
+                          # both colours set: with only the stroke's, Vega-Lite draws this legend's symbols blank
+                          legend={"symbolType": "stroke", "symbolStrokeWidth": 2, "symbolSize": 300,
+                                  "symbolStrokeColor": "#444", "symbolFillColor": "#444"})
     shape = charts.nominal("kind", "measured (hollow marker)",
                            scale={"domain": kinds, "range": [charts.SOURCE_SHAPES[k] for k in kinds]})
     hollow = {"type": "point", "filled": False, "size": 140, "strokeWidth": 2}
