@@ -1,7 +1,9 @@
 """The TPU micro-benchmark script (experiments/tpu_microbench.py) in its CPU dry run, the file it writes
-read back and fitted as `perfmodel calibrate --microbench` would, and the tpu-v5e hardware preset."""
+read back and fitted as `perfmodel calibrate --microbench` would, and the tpu-v5e hardware preset: the
+calibration of the file measured on a TPU v5e, its residuals, and no fp8 on a chip without an fp8 MXU."""
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -55,7 +57,7 @@ def test_dry_run_file_calibrates_the_tpu_v5e_preset(dry_run):
     for name in ("dma_bandwidth_bytes_per_s", "dma_descriptor_s", "dma_latency_s", "mxu_push_bf16_s",
                  "host_dispatch_s"):
         assert new.sources[f"components.{name}"].startswith("fitted by perfmodel calibrate")
-    assert new.components["mxu_push_fp8_s"] == hw.components["mxu_push_fp8_s"]
+    assert "mxu_push_fp8_s" not in new.components  # no fp8 MXU: nothing to fit, nothing to use
     rows = microbench.residual_table(data, new)
     assert {r["group"] for r in rows if r["within_target"] is not None} == {"dma", "mxu", "host"}
 
@@ -118,18 +120,109 @@ def test_tpu_v5e_preset_agrees_with_jax_tpu_info():
     assert hw.flops_rate("fp8") == hw.peak_flops_per_s["bf16"]
 
 
-def test_tpu_v5e_preset_marks_its_unmeasured_components_and_predicts():
+def test_tpu_v5e_preset_is_calibrated_and_predicts():
+    """What the v5e micro-benchmarks measure is fitted (or, the XLA op gap, taken as measured); what
+    they do not measure stays an assumption, said so in its source."""
     from perfmodel.spec.deployment import Deployment
     from perfmodel.spec.loaders import load_model
     from perfmodel.step.predict import predict
     hw = load_hardware("tpu-v5e")
-    assert hw.cores_per_chip == 1
-    # every component the micro-benchmarks will fit is an assumption until they have run
-    assert {f"components.{n}" for n in ("dma_bandwidth_bytes_per_s", "dma_latency_s", "dma_descriptor_s",
-                                        "mxu_row_s", "mxu_push_bf16_s", "mxu_dot_issue_s",
-                                        "host_dispatch_s")} <= set(hw.assumed)
+    assert hw.cores_per_chip == 1 and hw.dma_sharing == "fifo"
+    for n in FITTED:
+        assert hw.sources[f"components.{n}"].startswith(
+            "fitted by perfmodel calibrate --microbench tpu_v5e_microbench.json"), n
+    assert hw.launch_overhead_s == pytest.approx(0.104386e-6, rel=1e-5)
+    assert "v5e-xla-op-gap of tpu_v5e_microbench.json" in hw.sources["launch_overhead_s"]
+    assert {k for k in hw.assumed if k.startswith("components.")} == {f"components.{n}" for n in UNMEASURED}
     model = load_model("llama-3.2-1b")
     floor = 2.4e9 / hw.hbm_bandwidth_bytes_per_s  # about 2.4 GB of bf16 weights per step
     for engine in ("megakernel", "multikernel"):
-        p = predict(model, hw, Deployment(devices=1, tp=1, engine=engine, batch=1))
+        p = predict(model, hw, Deployment(devices=1, tp=1, engine=engine, batch=1, steps_per_call=64))
         assert floor < p.step_s < 3 * floor
+
+
+# ---- the file measured on a TPU v5e ----------------------------------------------------------
+
+MEASURED = ROOT / "experiments" / "results" / "tpu_v5e_microbench.json"
+FITTED = ("dma_bandwidth_bytes_per_s", "dma_latency_s", "dma_descriptor_s", "mxu_push_bf16_s", "mxu_row_s",
+          "mxu_dot_issue_s", "host_dispatch_s")
+UNMEASURED = ("vpu_dequant_s", "cross_chip_latency_s", "collective_call_s",
+              "collective_phase_s", "collective_copy_issue_s", "topk_round_s", "attention_core_s", "xla_embedding_s",
+              "mxu_row_tile")
+TARGET = 0.05
+# the fitted entries the components miss by more than TARGET, by why: what the components' form lacks
+# (docs/validation.md, "TPU v5e"); every other fitted entry is within it
+MISSES = {
+    "the DMA ring's knee: with latency and bytes about equal, 2-4 copies in flight take up to 9 % longer "
+    "than the larger of latency-bound and bandwidth-bound, which is what a FIFO engine gives": {
+        "v5e-dma-ring-128l-64k-q4", "v5e-dma-ring-128l-256k-q2", "v5e-dma-ring-256l-256k-q2"},
+    "the smallest copies (4-32 KiB, one at a time) take 5-7 % less than the one first-byte latency the "
+    "larger ones fit": {"v5e-dma-latency-4k", "v5e-dma-latency-8k", "v5e-dma-latency-32k"},
+    "in-kernel dots of 8 and 16 rows: their time depends on the shape at equal weights (2 MiB of weights "
+    "0.44-0.62 us) and grows faster than the weights beyond 2 MiB; the MXU push cost is per weight": {
+        f"v5e-mxu-bf16-m{m}-{s}" for m in (8, 16)
+        for s in ("128x128", "256x256", "512x512", "1024x1024", "2048x2048", "512x2048", "2048x512")},
+    "dots of 128 x 128 and 256 x 256 weights at 64-256 rows: 6-8 % more than the fitted issue cost and "
+    "rows": {"v5e-mxu-bf16-m64-128x128", "v5e-mxu-bf16-m256-128x128", "v5e-mxu-bf16-m64-256x256"},
+}
+
+
+@pytest.fixture(scope="module")
+def v5e():
+    data = microbench.load(MEASURED)
+    return data, microbench.calibrated(data, load_hardware("tpu-v5e"), "tpu_v5e_microbench.json")
+
+
+def test_bundled_copy_is_the_measured_file():
+    assert (ROOT / "perfmodel" / "data" / "microbench" / MEASURED.name).read_bytes() == MEASURED.read_bytes()
+
+
+def test_calibrating_the_measured_file_reproduces_the_preset(v5e):
+    """`perfmodel calibrate --microbench tpu_v5e_microbench.json` from the preset gives the preset
+    (to the 6 digits it is written with), sources and all but the date."""
+    _, new = v5e
+    hw = load_hardware("tpu-v5e")
+    assert set(new.components) == set(hw.components)
+    for k, v in hw.components.items():
+        assert new.components[k] == pytest.approx(v, rel=1e-5, abs=1e-18), k
+    assert new.launch_overhead_s == pytest.approx(hw.launch_overhead_s, rel=1e-5)
+    undated = lambda s: re.sub(r" on \d{4}-\d{2}-\d{2}", "", s)
+    assert {k: undated(v) for k, v in new.sources.items()} == {k: undated(v) for k, v in hw.sources.items()}
+
+
+def test_v5e_residuals_within_5_percent_but_the_named_misses(v5e):
+    """The residual table of the fitted components (printed with -s): every entry within 5 % but
+    MISSES, those within 30 %; the DMA stream and the host dispatch within 2 % at the median."""
+    from perfmodel.step.report import table
+    data, hw = v5e
+    rows = microbench.residual_table(data, hw)
+    fitted = [r for r in rows if r["within_target"] is not None]
+    print("\n" + table(["entry", "group", "measured", "predicted", "unit", "error %"],
+                       [[r["id"], r["group"], r["measured"], r["predicted"], r["unit"], 100 * r["error"]]
+                        for r in fitted]))
+    assert {r["group"] for r in fitted} == {"dma", "mxu", "host"} and len(fitted) == 83
+    over = {r["id"] for r in fitted if abs(r["error"]) > TARGET}
+    assert over == set().union(*MISSES.values())
+    assert max(abs(r["error"]) for r in fitted) < 0.30
+    for group in ("dma", "host"):
+        errors = sorted(abs(r["error"]) for r in fitted if r["group"] == group)
+        assert errors[len(errors) // 2] < 0.02, group
+    # every entry no component models is listed with its reason and never fitted
+    assert all(r["not_modelled"] and r["group"] in (None, "mxu") for r in rows if r["within_target"] is None)
+
+
+def test_no_fp8_on_a_chip_without_an_fp8_mxu():
+    """A TPU takes fp8 (and int4, pushed at the fp8 rate) only where its spec sheet lists an fp8 rate:
+    on the v5e an fp8 format is fed through its fallback, bf16; tpu-v7 keeps fp8."""
+    from perfmodel.cost.components import matrix_dtypes
+    from perfmodel.engine.terms import op_feeds
+    from perfmodel.graph.ops import build
+    from perfmodel.spec.arch import derive
+    from perfmodel.spec.deployment import Deployment
+    assert matrix_dtypes(load_hardware("tpu-v5e")) == {"bf16", "f32", "int8"}
+    assert {"fp8", "int4"} <= matrix_dtypes(load_hardware("tpu-v7"))
+    model = derive("kimi-k3-mini", formats={"routed_expert": "fp8"})
+    g = build(model, Deployment(devices=1, tp=1, batch=1))
+    routed = [j for j in range(len(g)) if g.routed_bytes[j] > 0]
+    assert routed and {op_feeds(g, load_hardware("tpu-v5e"))[0][j] for j in routed} == {"bf16"}
+    assert {op_feeds(g, load_hardware("tpu-v7"))[0][j] for j in routed} == {"fp8"}

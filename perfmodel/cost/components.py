@@ -335,12 +335,14 @@ def host_absorbed_kv_b_time(c: dict, nbytes: float) -> float:
 
 def matrix_dtypes(hw) -> frozenset[str]:
     """The operand dtypes `hw`'s matrix unit takes (perfmodel.spec.formats.Format.feed): a TPU with
-    fitted components those of its push table; otherwise its peak-rate table's and bf16 / f32; a
-    host CPU every dtype (XLA:CPU widens them; its dots are costed by bytes)."""
+    fitted components those of its push table whose push rate its spec sheet lists in its peak-rate
+    table (no fp8 there, no fp8 MXU: fp8 and int4 reach it through their formats' fallback); otherwise
+    its peak-rate table's and bf16 / f32; a host CPU every dtype (XLA:CPU widens them; its dots are
+    costed by bytes)."""
     if hw.kind == "cpu":
         return frozenset(("f32", "bf16", "fp8", "int8", "int4", "fp4"))
     if is_tpu_model(hw.components):
-        return frozenset(PUSH_DTYPE)
+        return frozenset(d for d, rate in PUSH_DTYPE.items() if rate in hw.peak_flops_per_s)
     return frozenset(hw.peak_flops_per_s) | {"bf16", "f32"}
 
 

@@ -8,7 +8,9 @@ entries of its own mechanisms, the other groups held at their current values, in
 below, twice (the stream benchmarks compose the DMA and MXU groups). A file's `fit` table may
 name the parameters a group fits on its platform (a subset, or one of the group's OPTIONAL ones
 that its entries determine). Entries marked `not_modelled` are printed with the reason and never
-fitted.
+fitted. A few hardware fields are not fitted but taken as measured from a mechanism's entries
+(MEASURED: the multi-kernel engine's per-op cost on a TPU is the time of one small XLA op in a
+chain of them), their source naming the entries and the file.
 
 CLI: `perfmodel calibrate --microbench FILE [--hardware NAME] [--out FILE] [--json]`.
 """
@@ -70,6 +72,10 @@ GROUPS = {
     "host_argmax": (("host_argmax_values_per_s",), ("host_argmax",)),
     "host_absorb": (("host_absorb_fixed_s", "host_absorb_bytes_per_s"), ("host_absorbed_kv_b",)),
 }
+# hardware fields set to what a mechanism's entries measure (their median), not fitted: the per-op
+# cost of XLA's ops (perfmodel.engine.terms.launch_s), from a chain of small dependent XLA ops
+# (experiments/tpu_microbench.py, xla_ops)
+MEASURED = {"xla_op": "launch_overhead_s"}
 # parameters a file's `fit` table may add to a group where its entries determine them: a ring of
 # copies kept one in flight exposes the first-byte latency (experiments/tpu_microbench.py)
 OPTIONAL = {"dma": ("dma_latency_s",)}
@@ -313,10 +319,27 @@ def residual_table(data: dict, hw: Hardware) -> list[dict]:
     return rows
 
 
+def measured_fields(data: dict, hw: Hardware, source_name: str) -> tuple[dict, dict]:
+    """(fields, their sources) of `hw` that this platform's entries measure directly (MEASURED)."""
+    fields, sources = {}, {}
+    for mech, name in MEASURED.items():
+        own = [e for e in data["entries"] if e["mechanism"] == mech
+               and e.get("platform", data.get("platform")) == hw.name]
+        if not own:
+            continue
+        fields[name] = float(np.median([e["value"] * UNITS[e["unit"]] for e in own]))
+        sources[name] = (f"measured: {', '.join(e['id'] for e in own)} of {source_name} (perfmodel calibrate "
+                         f"--microbench {source_name} on {date.today()}: {own[0].get('scope', mech)}"
+                         f"{', the median' if len(own) > 1 else ''})")
+    return fields, sources
+
+
 def calibrated(data: dict, hw: Hardware, source_name: str) -> Hardware:
-    """`hw` with every fitted group's parameters replaced, and their provenance."""
-    new = fit(data, hw)
-    sources = dict(hw.sources)
+    """`hw` with every fitted group's parameters replaced, the fields its entries measure
+    (MEASURED) set, and their provenance."""
+    fields, measured = measured_fields(data, hw, source_name)
+    new = fit(data, hw).replace(**fields)
+    sources = dict(hw.sources) | measured
     rows = residual_table(data, new)
     for g, (names, _) in GROUPS.items():
         ids = [r["id"] for r in rows if r["group"] == g and r["within_target"] is not None]
