@@ -1,0 +1,460 @@
+"""TPU v5e validation: the megakernel's runs on the chip against the model's prediction of each.
+
+    python experiments/validate_tpu.py [--results experiments/results/tpu_megakernel.json]
+        [--hardware tpu-v5e] [--out experiments/results] [--quiet]
+
+No TPU needed: it reads the results `python experiments/tpu_megakernel.py` wrote on a TPU v5e and
+predicts every run on the `tpu-v5e` preset, whose components come from the chip's own
+micro-benchmarks only (`perfmodel calibrate --microbench tpu_v5e_microbench.json`). Nothing is
+fitted on these runs: they are held out.
+
+- A megakernel run: its DMA plan rebuilt from the kernel (`kernels.plan.dma_plan`: the slice's
+  spec from `kernels.specs.slice_spec`, the run's KernelConfig, the distinct experts each MoE
+  layer fetched, the positions) and replayed by the schedule simulator
+  (`kernels.plan.predicted_step`, one step a call, context = the largest position). Compared, on
+  device time (the prediction less its call's host dispatch, `components.host_dispatch_s`): the
+  step against the run's `step_s` (the slope of a call's wall time over the steps it runs) and
+  against the trace's step window; each layer (0 embed, 1..n, n + 1 head) and each phase (embed,
+  layer_XX/attention, layer_XX/ffn, head; a trace's nested scopes summed into theirs) against the
+  trace, through `perfmodel.validate.host.against`, the comparison the host validation uses. The
+  one-step call's wall time, dispatch included, is printed beside it without a tolerance.
+- An XLA run (the pure-JAX reference as one XLA program; every weight in bf16, the routed experts
+  dequantised): the multi-kernel engine on the same slice with bf16 experts, batch and context
+  (`perfmodel.predict`, engine multikernel); its device time against `step_s`.
+- Per slice, format and batch with both: the megakernel's speed-up over XLA, predicted and measured.
+
+Tolerances (exit status 1 when one is missed, 2 on a bad input): per-layer median |error| <= 5 %,
+every layer and phase within 10 %, every megakernel step within 5 %, every XLA step within 10 %.
+A run the model cannot predict is listed with the reason and counts as a miss. Writes
+tpu_validation.json (comparisons, speed-ups, summary) and tpu_validation.csv (a row per step,
+layer, phase and speed-up) under --out; the last line printed is the summary.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+import validation_report
+from perfmodel.util import schema
+from perfmodel.util.checks import COUNT, STR, ListOf, Num, Req, check_tree
+from perfmodel.util.errors import SpecError, in_file, require
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "experiments" / "results"
+DEFAULT_RESULTS = RESULTS / "tpu_megakernel.json"
+TOLERANCES = {"layer_median": 0.05, "layer_phase_max": 0.10, "step_max": 0.05, "xla_step_max": 0.10}
+
+_SECONDS = Num(0, lo_open=True)
+RESULTS_FILE = {"machine": Req((STR,)), "chip": (STR,), "jax": (STR,), "libtpu": (STR, None), "python": (STR,),
+                "date": Req((STR,)), "command": (STR,), "runs": Req(ListOf({"kind": Req((STR,)), "*": None})),
+                "*": None}
+_RUN = {"kind": Req((STR,)), "slice": Req((STR,)), "format": Req((STR,)), "batch": Req((COUNT,)), "*": None}
+MEGAKERNEL_RUN = {**_RUN, "config": Req({"*": None}), "positions": Req(ListOf(Num(0, integer=True), 1)),
+                  "distinct_experts": Req(ListOf(Num(0, integer=True))), "step_s": Req(_SECONDS),
+                  "wall_step_s": _SECONDS, "trace": None, "plan_bytes": Num(0, integer=True)}
+XLA_RUN = {**_RUN, "step_s": Req(_SECONDS), "wall_step_s": _SECONDS, "positions": ListOf(Num(0, integer=True), 1)}
+TRACE = {"step_s": Req(_SECONDS), "layers_s": Req({"*": Num(0)}), "phases_s": Req({"*": Num(0)}), "*": None}
+TRACE_RUN = {**_RUN, "config": {"*": None}, "error": (STR,), "step_s": _SECONDS, "layers_s": {"*": Num(0)},
+             "phases_s": {"*": Num(0)}}
+
+
+def load(path: Path) -> dict:
+    """The results file, checked: its header, each megakernel, XLA and trace record (other kinds
+    are kept and listed as not compared)."""
+    data = schema.load(path, RESULTS_FILE, "--results", fmt="json")
+    rules = {"megakernel": MEGAKERNEL_RUN, "xla": XLA_RUN, "trace": TRACE_RUN}
+    with in_file(path):
+        for i, r in enumerate(data["runs"]):
+            if r["kind"] in rules:
+                check_tree(r, rules[r["kind"]], f"runs[{i}]", 1)
+            if r["kind"] == "megakernel" and r.get("trace") is not None:
+                check_tree(r["trace"], TRACE, f"runs[{i}].trace", 2)
+            if r["kind"] == "trace" and "error" not in r:
+                for k in ("step_s", "layers_s", "phases_s"):
+                    require(k in r, f"runs[{i}].{k}", None, "a trace record without `error` needs its times")
+    return data
+
+
+def label(r: dict) -> str:
+    c = r.get("config") or {}
+    extra = f" depth {c['depth']} slots {c['expert_slots']}" if "depth" in c else ""
+    return f"{r['slice']} {r['format']} b{r['batch']}{extra}{' (sweep)' if r.get('sweep') else ''}"
+
+
+def attach_traces(runs: list[dict]) -> list[str]:
+    """Trace records (kind "trace") given to the first megakernel run of the same slice, format,
+    batch and config that has none of its own; the notes of those that could not be."""
+    notes = []
+    for t in (r for r in runs if r["kind"] == "trace"):
+        if "error" in t:
+            notes.append(f"trace of {label(t)}: {t['error']}")
+            continue
+        key = lambda r: (r["slice"], r["format"], r["batch"], r.get("config"))
+        run = next((r for r in runs if r["kind"] == "megakernel" and r.get("trace") is None
+                    and key(r) == key(t)), None)
+        if run is None:
+            notes.append(f"trace of {label(t)}: no megakernel run of the same slice, format, batch and config")
+            continue
+        run["trace"] = {k: t[k] for k in ("step_s", "layers_s", "phases_s")}
+    return notes
+
+
+# ---- the prediction of a run ---------------------------------------------------------------
+
+def dispatch_s(hw, d) -> float:
+    """The host dispatch a prediction's step carries (one call over its steps): the device-time
+    prediction is the step less this (it shifts the whole timeline: the embedding layer holds it)."""
+    from perfmodel.engine.terms import call_s
+    return call_s(hw) / d.steps_per_call
+
+
+def scope_of(layer: int, phase: str, n: int) -> str:
+    """The kernel's scope of a model op: embed, layer_XX/attention, layer_XX/ffn (the rest of a layer: its
+    FFN or MoE and their norm), head."""
+    if layer == 0:
+        return "embed"
+    if layer == n + 1:
+        return "head"
+    return f"layer_{layer:02d}/{'attention' if phase == 'attention' else 'ffn'}"
+
+
+def phase_times(g, tl, n: int) -> dict[str, float]:
+    """Predicted seconds of each scope of one step: each run of its ops in program order the
+    advance of the step's running end (as perfmodel.step.predict does per layer)."""
+    keys = [scope_of(l, ph, n) for l, ph in zip(g.layer.tolist(), g.phase)]
+    ends = np.maximum.accumulate(tl.end_s).tolist()
+    out, prev = defaultdict(float), 0.0
+    for i, k in enumerate(keys):
+        if i + 1 == len(keys) or keys[i + 1] != k:
+            out[k] += ends[i] - prev
+            prev = ends[i]
+    return dict(out)
+
+
+def measured_phases(phases_s: dict[str, float]) -> dict[str, float]:
+    """A trace's scopes summed into their top-level scope (a nested marker's time is shared with
+    the one around it: the sum is the scope's time); moe named ffn, as the kernel names it."""
+    from perfmodel.validate.traces import scope_of as trace_scope
+    out = defaultdict(float)
+    for k, v in phases_s.items():
+        s = trace_scope(k)
+        if s is None:
+            continue
+        out[s[0] if s[1] is None else f"layer_{s[1]:02d}/{'ffn' if s[2] == 'moe' else s[2]}"] += v
+    return dict(out)
+
+
+def trace_summary(run: dict, n: int, source: str):
+    """The run's trace (or, untraced, its step alone) as the host validation's TraceSummary: the
+    untraced step (step_s) as `host_step_s`, the traced window as `step_s`."""
+    from perfmodel.validate.traces import Spread, Step, TraceSummary, layer_index
+    from perfmodel.validate.traces import scope_of as trace_scope
+    t = run.get("trace") or {}
+    phases = t.get("phases_s", {})
+    layers = {}
+    for k, v in t.get("layers_s", {}).items():
+        if k.isdigit() or trace_scope(k):
+            layers[int(k) if k.isdigit() else layer_index(k, n)] = v
+    for name, idx in (("embed", 0), ("head", n + 1)):
+        if idx not in layers and name in phases:
+            layers[idx] = phases[name]
+    window = t.get("step_s", math.nan)
+    return TraceSummary(source, label(run), {}, n, [Step(0, window, window, 0.0, dict(phases))],
+                        Spread.of([window]), {k: Spread.of([v]) for k, v in layers.items()}, {},
+                        {k: Spread.of([v]) for k, v in phases.items()}, 0.0, Spread.of([run["step_s"]]),
+                        platform="tpu")
+
+
+def predict_megakernel(run: dict, hw_name: str):
+    """(spec, device-time prediction, its phases, the dispatch taken out) of a megakernel run."""
+    from kernels import plan as kplan
+    from kernels.layout import KernelConfig
+    from kernels.specs import slice_spec
+    from perfmodel.graph.ops import build
+    from perfmodel.spec.hardware import load_hardware
+    from perfmodel.step.predict import plan_model
+    spec = slice_spec(run["slice"], run["format"])
+    try:
+        cfg = KernelConfig(**run["config"])
+    except TypeError as e:
+        raise SpecError("config", sorted(run["config"]), f"not the fields of KernelConfig: {e}") from None
+    context = max(run["positions"])
+    the_plan = kplan.dma_plan(spec, cfg, run["distinct_experts"], run["positions"])
+    p = kplan.predicted_step(spec, cfg, the_plan, context, hardware=hw_name)
+    hw = load_hardware(hw_name)
+    t0 = dispatch_s(hw, p.deployment)
+    g = build(plan_model(spec, kplan.as_kernel_plan(spec, spec, cfg, the_plan, context)), p.deployment)
+    require(len(g) == len(p.timeline.end_s), "plan", label(run), "the op graph is not the prediction's")
+    phases = phase_times(g, p.timeline, len(spec.layers))
+    phases["embed"] = phases.get("embed", 0.0) - t0
+    layers = [dataclasses.replace(r, time_s=r.time_s - t0) if r.layer == 0 else r for r in p.layers]
+    return spec, hw, dataclasses.replace(p, step_s=p.step_s - t0, layers=layers), phases, t0
+
+
+def predict_xla(run: dict, context: int, hw_name: str) -> tuple[float, float]:
+    """(device time, wall time with one call a step) the multi-kernel engine predicts for an XLA
+    run: the slice with its routed experts in bf16 (the reference's dequantised weights)."""
+    import perfmodel
+    from kernels.specs import slice_spec
+    spec = slice_spec(run["slice"], "bf16")
+    hw = perfmodel.load_hardware(hw_name)
+    d = perfmodel.Deployment(devices=1, tp=1, engine="multikernel", batch=run["batch"], context=context)
+    p = perfmodel.predict(spec, hw, d)
+    return p.step_s - dispatch_s(hw, d), p.step_s
+
+
+# ---- comparisons -----------------------------------------------------------------------------
+
+def rel(predicted, measured) -> float:
+    from perfmodel.validate.host import rel_error
+    return rel_error(predicted, measured) if measured else math.nan
+
+
+def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
+    from perfmodel.validate.host import against
+    spec, hw, p, phases, t0 = predict_megakernel(run, hw_name)
+    n = len(spec.layers)
+    c = against(trace_summary(run, n, source), spec, hw, p, "megakernel")
+    c = dataclasses.replace(c, model=f"{spec.name} {run['format']}")
+    traced = run.get("trace") is not None
+    measured = measured_phases(run["trace"]["phases_s"]) if traced else {}
+    phase_rows = [{"scope": k, "predicted_s": phases.get(k, 0.0), "measured_s": v,
+                   "rel_error": rel(phases.get(k, 0.0), v)} for k, v in measured.items()]
+    wall = run.get("wall_step_s")
+    return {"run": label(run), "kind": "megakernel", "slice": run["slice"], "format": run["format"],
+            "batch": run["batch"], "sweep": bool(run.get("sweep")), "traced": traced, "comparison": c,
+            "phases": sorted(phase_rows, key=lambda r: _scope_order(r["scope"], n)),
+            "traced_step_error": rel(c.predicted_step_s, c.traced_step_s) if traced else math.nan,
+            "dispatch_s": t0, "predicted_wall_s": c.predicted_step_s + t0, "measured_wall_s": wall,
+            "wall_error": rel(c.predicted_step_s + t0, wall) if wall else math.nan}
+
+
+def _scope_order(scope: str, n: int) -> tuple:
+    return (0, "") if scope == "embed" else (n + 1, "") if scope == "head" else (int(scope[6:8]), scope)
+
+
+def compare_xla(run: dict, runs: list[dict], hw_name: str) -> dict:
+    mk = next((r for r in runs if r["kind"] == "megakernel" and not r.get("sweep")
+               and (r["slice"], r["format"], r["batch"]) == (run["slice"], run["format"], run["batch"])), None)
+    positions = run.get("positions") or (mk or {}).get("positions")
+    require(positions is not None, "positions", None, f"the XLA run {label(run)} gives no positions and no "
+            "megakernel run of its slice, format and batch does")
+    device, wall = predict_xla(run, max(positions), hw_name)
+    return {"run": label(run), "kind": "xla", "slice": run["slice"], "format": run["format"], "batch": run["batch"],
+            "context": max(positions), "predicted_step_s": device, "measured_step_s": run["step_s"],
+            "step_error": rel(device, run["step_s"]), "predicted_wall_s": wall,
+            "measured_wall_s": run.get("wall_step_s"),
+            "wall_error": rel(wall, run["wall_step_s"]) if run.get("wall_step_s") else math.nan}
+
+
+def speedups(mk: list[dict], xla: list[dict]) -> list[dict]:
+    """XLA step / megakernel step, predicted and measured, per slice, format and batch (the first
+    megakernel run of each that is not a sweep point)."""
+    first = {}
+    for m in mk:
+        if not m["sweep"]:
+            first.setdefault((m["slice"], m["format"], m["batch"]), m)
+    out = []
+    for x in xla:
+        m = first.get((x["slice"], x["format"], x["batch"]))
+        if m is None:
+            continue
+        c = m["comparison"]
+        pred, meas = x["predicted_step_s"] / c.predicted_step_s, x["measured_step_s"] / c.measured_step_s
+        out.append({"slice": x["slice"], "format": x["format"], "batch": x["batch"], "predicted": pred,
+                    "measured": meas, "rel_error": rel(pred, meas)})
+    return out
+
+
+def summarise(mk: list[dict], xla: list[dict], failed: list[dict]) -> dict:
+    """The figures the tolerances are on, and which are missed."""
+    layer = [abs(r.rel_error) for m in mk if m["traced"] for r in m["comparison"].layers if r.measured_s > 0]
+    phase = [abs(r["rel_error"]) for m in mk for r in m["phases"] if r["measured_s"] > 0]
+    step = [abs(m["comparison"].step_error) for m in mk]
+    traced_step = [abs(m["traced_step_error"]) for m in mk if m["traced"]]
+    xstep = [abs(x["step_error"]) for x in xla]
+    med = lambda xs: statistics.median(xs) if xs else math.nan
+    top = lambda xs: max(xs) if xs else math.nan
+    s = {"runs": len(mk) + len(xla), "megakernel_runs": len(mk), "traced_runs": sum(m["traced"] for m in mk),
+         "xla_runs": len(xla), "not_compared": len(failed),
+         "median_abs_layer_error": med(layer), "max_abs_layer_error": top(layer),
+         "max_abs_phase_error": top(phase), "median_abs_step_error": med(step), "max_abs_step_error": top(step),
+         "max_abs_traced_step_error": top(traced_step), "median_abs_xla_error": med(xstep),
+         "max_abs_xla_error": top(xstep), "tolerances": TOLERANCES}
+    missed = []
+    if layer and s["median_abs_layer_error"] > TOLERANCES["layer_median"]:
+        missed.append(f"per-layer median {s['median_abs_layer_error']:.1%} > {TOLERANCES['layer_median']:.0%}")
+    worst = top(layer + phase)
+    if worst == worst and worst > TOLERANCES["layer_phase_max"]:
+        missed.append(f"a layer or phase at {worst:.1%} > {TOLERANCES['layer_phase_max']:.0%}")
+    worst = top(step + traced_step)
+    if worst == worst and worst > TOLERANCES["step_max"]:
+        missed.append(f"a step at {worst:.1%} > {TOLERANCES['step_max']:.0%}")
+    if xstep and s["max_abs_xla_error"] > TOLERANCES["xla_step_max"]:
+        missed.append(f"an XLA step at {s['max_abs_xla_error']:.1%} > {TOLERANCES['xla_step_max']:.0%}")
+    if failed:
+        missed.append(f"{len(failed)} run(s) not predicted")
+    s["missed"] = missed
+    return s
+
+
+def summary_line(s: dict) -> str:
+    pct = lambda x: f"{x:.1%}" if x == x else "n/a"
+    return (f"validate_tpu: {s['runs']} runs ({s['megakernel_runs']} megakernel, {s['traced_runs']} traced; "
+            f"{s['xla_runs']} XLA): per-layer median |error| {pct(s['median_abs_layer_error'])}, max "
+            f"{pct(s['max_abs_layer_error'])} (phases max {pct(s['max_abs_phase_error'])}); step median |error| "
+            f"{pct(s['median_abs_step_error'])}, max {pct(s['max_abs_step_error'])}; XLA median |error| "
+            f"{pct(s['median_abs_xla_error'])}; "
+            + ("tolerances met" if not s["missed"] else "MISSED: " + "; ".join(s["missed"])))
+
+
+# ---- output ----------------------------------------------------------------------------------
+
+def print_run(m: dict) -> None:
+    from perfmodel.step.report import table
+    c = m["comparison"]
+    us = lambda x: x * 1e6 if x == x and x is not None else "-"
+    pct = lambda x: f"{x:+.1%}" if x == x else "-"
+    print(f"\n{m['run']}: context {c.context}, device time (host dispatch {m['dispatch_s'] * 1e6:.0f} us "
+          "taken out of the prediction)")
+    rows = [["step (step_s)", us(c.predicted_step_s), us(c.measured_step_s), pct(c.step_error)]]
+    if m["traced"]:
+        rows.append(["step (trace)", us(c.predicted_step_s), us(c.traced_step_s), pct(m["traced_step_error"])])
+        rows += [[f"layer {r.layer} {r.kind}", us(r.predicted_s), us(r.measured_s), pct(r.rel_error)]
+                 for r in c.layers if r.measured_s > 0]
+        rows += [[r["scope"], us(r["predicted_s"]), us(r["measured_s"]), pct(r["rel_error"])] for r in m["phases"]]
+    rows.append(["one-step call, wall", us(m["predicted_wall_s"]), us(m["measured_wall_s"] or math.nan),
+                 pct(m["wall_error"])])
+    print(table(["", "predicted us", "measured us", "error"], rows))
+
+
+def csv_rows(mk: list[dict], xla: list[dict], ups: list[dict]) -> list[list]:
+    """validation_report's columns: a run's step and layers (its rows_of), then its traced step,
+    phases and wall time; an XLA run's step; the speed-ups (layer column: what the row is)."""
+    rows = []
+    for m in mk:
+        c = m["comparison"]
+        base = [m["run"], c.model, "megakernel", c.batch, c.context]
+        step, *layers = validation_report.rows_of(m["run"], [c])
+        rows.append(step)
+        if m["traced"]:
+            rows.append(base + ["step_traced", "step", c.predicted_step_s, c.traced_step_s, "", "",
+                                m["traced_step_error"], "", "", "", c.unattributed_share])
+            rows += [r for r, lc in zip(layers, c.layers) if lc.measured_s > 0]
+            rows += [base + [r["scope"], "phase", r["predicted_s"], r["measured_s"], "", "", r["rel_error"],
+                             "", "", "", ""] for r in m["phases"]]
+        rows.append(base + ["wall", "one-step call", m["predicted_wall_s"], m["measured_wall_s"] or "", "", "",
+                            m["wall_error"], "", "", "", ""])
+    for x in xla:
+        base = [x["run"], f"{x['slice']} {x['format']}", "xla", x["batch"], x["context"]]
+        rows.append(base + ["step", "step", x["predicted_step_s"], x["measured_step_s"], "", "", x["step_error"],
+                            "", "", "", ""])
+        rows.append(base + ["wall", "one-step call", x["predicted_wall_s"], x["measured_wall_s"] or "", "", "",
+                            x["wall_error"], "", "", "", ""])
+    for u in ups:
+        rows.append([f"{u['slice']} {u['format']} b{u['batch']}", f"{u['slice']} {u['format']}", "speedup",
+                     u["batch"], "", "speedup", "xla_over_megakernel", u["predicted"], u["measured"], "", "",
+                     u["rel_error"], "", "", "", ""])
+    return [[("" if isinstance(v, float) and v != v else v) for v in r] for r in rows]
+
+
+def _json(v):
+    """NaN as null (strict JSON)."""
+    if isinstance(v, float) and v != v:
+        return None
+    if isinstance(v, dict):
+        return {k: _json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json(x) for x in v]
+    return v
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python experiments/validate_tpu.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=str(DEFAULT_RESULTS), help="tpu_megakernel.py's results file")
+    ap.add_argument("--hardware", default="tpu-v5e", help="hardware preset or .toml to predict on")
+    ap.add_argument("--out", default=str(RESULTS), help="directory for tpu_validation.json and .csv")
+    ap.add_argument("--quiet", action="store_true", help="only the summary line")
+    a = ap.parse_args(argv)
+    path = Path(a.results)
+    try:
+        from perfmodel.spec.hardware import load_hardware
+        load_hardware(a.hardware)
+        data = load(path)
+    except SpecError as e:
+        hint = " (run python experiments/tpu_megakernel.py on a TPU first)" if not path.exists() else ""
+        print(f"validate_tpu: {e}{hint}", file=sys.stderr)
+        return 2
+    runs = data["runs"]
+    notes = attach_traces(runs)
+    mk, xla, failed = [], [], []
+    for i, r in enumerate(runs):
+        if r["kind"] not in ("megakernel", "xla"):
+            continue
+        try:
+            with in_file(f"{path}: runs[{i}]"):
+                if r["kind"] == "megakernel":
+                    mk.append(compare_megakernel(r, a.hardware, str(path)))
+                else:
+                    xla.append(compare_xla(r, runs, a.hardware))
+        except SpecError as e:
+            failed.append({"run": label(r), "kind": r["kind"], "why": str(e)})
+    if not mk and not xla and not failed:
+        print(f"validate_tpu: --results {path}: no megakernel or XLA run in it", file=sys.stderr)
+        return 2
+    ups = speedups(mk, xla)
+    s = summarise(mk, xla, failed)
+    if not a.quiet:
+        for m in mk:
+            print_run(m)
+        from perfmodel.step.report import table
+        if xla:
+            print("\nXLA reference steps (multi-kernel engine), device time")
+            print(table(["run", "context", "predicted us", "measured us", "error"],
+                        [[x["run"], x["context"], x["predicted_step_s"] * 1e6, x["measured_step_s"] * 1e6,
+                          f"{x['step_error']:+.1%}"] for x in xla]))
+        if ups:
+            print("\nspeed-up of the megakernel over XLA (XLA step / megakernel step)")
+            print(table(["slice", "format", "batch", "predicted", "measured", "error"],
+                        [[u["slice"], u["format"], u["batch"], f"{u['predicted']:.2f}x", f"{u['measured']:.2f}x",
+                          f"{u['rel_error']:+.1%}"] for u in ups]))
+        for n in notes:
+            print(f"not compared: {n}")
+        for f in failed:
+            print(f"not predicted: {f['run']} ({f['kind']}): {f['why']}")
+        kinds = sorted({r["kind"] for r in runs} - {"megakernel", "xla", "trace"})
+        if kinds:
+            print(f"not compared (no prediction of them): records of kind {', '.join(kinds)}")
+    out = Path(a.out)
+    meta = {"machine": data["machine"], "chip": data.get("chip"), "jax": data.get("jax"), "libtpu": data.get("libtpu"),
+            "date": data["date"], "measured_by": data.get("command"), "results": str(path),
+            "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *(argv if argv is not None
+                                                                                  else sys.argv[1:])]),
+            "hardware_file": a.hardware, "load_average_1min": None,
+            "note": "nothing is fitted on these runs: the hardware preset's components come from the chip's "
+                    "micro-benchmarks only; device time (host dispatch taken out of the predictions)"}
+    document = {"summary": s, "runs": [{**{k: v for k, v in m.items() if k != "comparison"},
+                                        "comparison": m["comparison"].json()} for m in mk],
+                "xla": xla, "speedups": ups, "not_predicted": failed, "not_compared": notes}
+    try:
+        validation_report.write(out / "tpu_validation.csv", out / "tpu_validation.json", meta,
+                                csv_rows(mk, xla, ups), _json(document))
+    except SpecError as e:
+        print(f"validate_tpu: {e}", file=sys.stderr)
+        return 2
+    if not a.quiet:
+        print(f"\nwrote {out / 'tpu_validation.csv'} and {out / 'tpu_validation.json'}")
+    print(summary_line(s))
+    return 1 if s["missed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""experiments/validate_tpu.py on small synthetic results files (kimi-k3-mini on the tpu-v5e preset; no
+TPU): device time, layers and phases from a trace, XLA steps, speed-ups, the tolerances, the exit status
+and both result files."""
+import copy
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax")
+ROOT = Path(__file__).resolve().parents[1]
+CFG = dict(batch=2, max_context=256, depth=4, tile=128, expert_slots=2, cache_block=256, hierarchical=False,
+           rows=1, bank_rows=1024, host_devices=0, wire="f32", chip="v5e")
+MK = {"kind": "megakernel", "slice": "kimi-k3-mini", "format": "bf16", "batch": 2, "config": CFG,
+      "positions": [100, 120], "distinct_experts": [4, 4, 3], "plan_bytes": 1}
+HEADER = {"machine": "TPU v5 lite", "chip": "v5e", "jax": "0.10.2", "libtpu": "0.0.42.1", "python": "3.11.7",
+          "date": "2026-12-06T00:00:00+00:00", "command": "synthetic (tests/test_validate_tpu.py)"}
+
+
+@pytest.fixture(scope="module")
+def vt():
+    sys.path.insert(0, str(ROOT / "experiments"))  # its sibling validation_report
+    spec = importlib.util.spec_from_file_location("validate_tpu", ROOT / "experiments" / "validate_tpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def predicted(vt):
+    """The model's own figures for MK and its XLA twin: measuring exactly them is a perfect run."""
+    spec, hw, p, phases, t0 = vt.predict_megakernel(dict(MK, step_s=1.0), "tpu-v5e")
+    device, wall = vt.predict_xla({"slice": "kimi-k3-mini", "batch": 2}, 120, "tpu-v5e")
+    return {"p": p, "phases": phases, "t0": t0, "xla": device, "xla_wall": wall, "n": len(spec.layers)}
+
+
+def results(predicted, step=1.0, layer2=1.0, xla=1.0, trace_apart=False):
+    """A results file measuring the predictions times the factors given: the megakernel's step_s
+    (`step`), its layer 2 and phase layer_02/attention in the trace (`layer2`), the XLA step (`xla`).
+    The trace splits layer_02/ffn into it and a nested marker, as the kernel's named scopes do."""
+    p, phases = predicted["p"], dict(predicted["phases"])
+    d = phases["layer_02/attention"] * (layer2 - 1)
+    phases["layer_02/attention"] += d
+    ffn = phases.pop("layer_02/ffn")
+    phases |= {"layer_02/ffn": 0.25 * ffn, "layer_02/ffn/experts": 0.75 * ffn}
+    trace = {"step_s": p.step_s + d, "phases_s": phases,
+             "layers_s": {str(r.layer): r.time_s + (d if r.layer == 2 else 0.0) for r in p.layers}}
+    mk = dict(MK, step_s=p.step_s * step, wall_step_s=p.step_s + predicted["t0"],
+              trace=None if trace_apart else trace)
+    runs = [mk, {"kind": "xla", "slice": "kimi-k3-mini", "format": "bf16", "batch": 2,
+                 "step_s": predicted["xla"] * xla, "wall_step_s": predicted["xla_wall"]},
+            {"kind": "packing", "slice": "kimi-k3-mini", "format": "bf16", "init_s": 1.0, "pack_s": 1.0}]
+    if trace_apart:  # the producer's separate trace record
+        runs.append({"kind": "trace", "slice": "kimi-k3-mini", "format": "bf16", "batch": 2, "config": CFG,
+                     "unattributed_share": 0.0, **trace})
+    return dict(HEADER, runs=runs)
+
+
+def run(vt, tmp_path, doc, capsys):
+    f = tmp_path / "tpu_megakernel.json"
+    f.write_text(json.dumps(doc))
+    rc = vt.main(["--results", str(f), "--out", str(tmp_path)])
+    return rc, capsys.readouterr()
+
+
+def test_a_run_measured_as_predicted_meets_every_tolerance(vt, predicted, tmp_path, capsys):
+    rc, out = run(vt, tmp_path, results(predicted, xla=1.08), capsys)
+    assert rc == 0, out.out[-3000:]
+    last = out.out.strip().splitlines()[-1]
+    assert last.startswith("validate_tpu: 2 runs (1 megakernel, 1 traced; 1 XLA)") and last.endswith("tolerances met")
+    assert "XLA median |error| 7.4%" in last  # 1 / 1.08 - 1
+    doc = json.loads((tmp_path / "tpu_validation.json").read_text())
+    s = doc["summary"]
+    assert s["median_abs_layer_error"] == pytest.approx(0, abs=1e-9) and s["max_abs_phase_error"] < 1e-9
+    r = doc["runs"][0]
+    # the trace's nested marker summed into its scope; every scope of the model's step compared
+    assert {x["scope"] for x in r["phases"]} == {"embed", "head"} | {
+        f"layer_{i:02d}/{ph}" for i in range(1, predicted["n"] + 1) for ph in ("attention", "ffn")}
+    assert r["comparison"]["measured_step_s"] == pytest.approx(predicted["p"].step_s)
+    assert r["wall_error"] == pytest.approx(0, abs=1e-9)
+    (u,) = doc["speedups"]
+    assert u["predicted"] == pytest.approx(predicted["xla"] / predicted["p"].step_s)
+    assert u["measured"] == pytest.approx(1.08 * u["predicted"])
+    assert doc["meta"]["machine"] == "TPU v5 lite" and doc["meta"]["hardware_file"] == "tpu-v5e"
+    lines = (tmp_path / "tpu_validation.csv").read_text().splitlines()
+    assert lines[0].startswith("# machine: TPU v5 lite")
+    for what in (",step,step,", ",step_traced,step,", ",layer_02/ffn,phase,", ",wall,one-step call,",
+                 ",speedup,xla_over_megakernel,"):
+        assert any(what in line for line in lines), what
+    assert "not compared (no prediction of them): records of kind packing" in out.out
+
+
+@pytest.mark.parametrize("factors, missed", [
+    ({"layer2": 1.12}, "a layer or phase at"),      # layer 2 and its attention 12 % slower than predicted
+    ({"step": 1.06}, "a step at"),                  # the untraced step 6 % slower
+    ({"xla": 0.85}, "an XLA step at"),              # the XLA step 15 % faster
+])
+def test_a_missed_tolerance_exits_1_and_says_which(vt, predicted, tmp_path, capsys, factors, missed):
+    rc, out = run(vt, tmp_path, results(predicted, **factors), capsys)
+    last = out.out.strip().splitlines()[-1]
+    assert rc == 1 and "MISSED: " in last and missed in last and last.count("\n") == 0
+
+
+def test_a_separate_trace_record_is_the_runs_trace(vt, predicted, tmp_path, capsys):
+    rc, out = run(vt, tmp_path, results(predicted, trace_apart=True), capsys)
+    assert rc == 0 and "1 traced" in out.out.strip().splitlines()[-1]
+
+
+def test_device_time_is_the_prediction_without_host_dispatch(vt, predicted):
+    """The dispatch shifts the whole predicted timeline: taking it out of the step and the embedding
+    layer is predicting with no dispatch at all."""
+    from kernels import plan as kplan
+    from kernels.layout import KernelConfig
+    from kernels.specs import slice_spec
+    from perfmodel.spec.hardware import load_hardware
+    from perfmodel.step.predict import plan_deployment, predict
+    spec, cfg = slice_spec("kimi-k3-mini", "bf16"), KernelConfig(**CFG)
+    the_plan = kplan.dma_plan(spec, cfg, MK["distinct_experts"], MK["positions"])
+    kp = kplan.as_kernel_plan(spec, spec, cfg, the_plan, 120)
+    hw = load_hardware("tpu-v5e")
+    assert predicted["t0"] == hw.components["host_dispatch_s"]
+    bare = predict(spec, hw.with_components(host_dispatch_s=0.0), plan_deployment(kp), plan=kp)
+    p = predicted["p"]
+    assert p.step_s == pytest.approx(bare.step_s, rel=1e-9)
+    assert [r.time_s for r in p.layers] == pytest.approx([r.time_s for r in bare.layers], rel=1e-9, abs=1e-15)
+    assert sum(predicted["phases"].values()) == pytest.approx(sum(r.time_s for r in p.layers), rel=1e-9)
+
+
+def test_bad_or_missing_results_exit_2_with_one_line(vt, predicted, tmp_path, capsys):
+    rc, out = run(vt, tmp_path, {"machine": "x", "runs": []}, capsys)
+    assert rc == 2 and "date" in out.err and len(out.err.strip().splitlines()) == 1
+    doc = results(predicted)
+    doc["runs"][0]["step_s"] = -1.0
+    rc, out = run(vt, tmp_path, doc, capsys)
+    assert rc == 2 and "runs[0].step_s" in out.err
+    assert vt.main(["--results", str(tmp_path / "none.json")]) == 2
+    assert "tpu_megakernel.py on a TPU" in capsys.readouterr().err
+
+
+def test_a_run_the_model_cannot_predict_is_listed_and_missed(vt, predicted, tmp_path, capsys):
+    doc = copy.deepcopy(results(predicted))
+    doc["runs"][0]["distinct_experts"] = [4, 4]  # one count short of the MoE layers
+    rc, out = run(vt, tmp_path, doc, capsys)
+    assert rc == 1 and "not predicted: kimi-k3-mini bf16 b2" in out.out
+    assert "1 run(s) not predicted" in out.out.strip().splitlines()[-1]
