@@ -117,14 +117,34 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.reconfigure(errors="backslashreplace")
     real_stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)
     handlers = interrupts.install()
+    code = 1
     try:
-        return _run(argv, debug)
+        code = _run(argv, debug)
+        return code
     finally:
         sys.stdout = real_stdout
         if process and handlers:  # the command has ended: its exit status stands
             interrupts.finished()
+            if code in SIGNAL_EXITS:
+                _exit_now(code)
         else:
             interrupts.restore(handlers)
+
+
+SIGNAL_EXITS = (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP)
+
+
+def _exit_now(code: int) -> None:
+    """End the process with `code` at once, after a signal ended its command: its outputs are
+    discarded and its workers ended, and the interpreter's teardown is skipped (a KeyboardInterrupt
+    that passed through an extension's embedded evaluation would make it exit by SIGINT instead,
+    and a finalizer could print)."""
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os._exit(code)
 
 
 def _run(argv: list[str], debug: bool) -> int:
