@@ -771,6 +771,37 @@ def make_step(spec: ModelSpec, cfg: KernelConfig, interpret=None):
     return functools.partial(verify_step, run, cfg)
 
 
+def make_loop(spec: ModelSpec, cfg: KernelConfig, interpret=None):
+    """Validate once (as `make_step`) and return loop(packed, cache, tokens [B], positions [B],
+    steps) -> (tokens [B] after `steps` (a traced int32) greedy decode steps run in one jitted
+    program (a loop around the pallas_call: one host dispatch for all of them), new cache,
+    distinct experts of the last step): the kernel's time per step is the slope of a call's
+    time over `steps`, and one compile serves every count."""
+    require(cfg.rows == 1, "rows", cfg.rows, "the decode loop runs one row per sequence")
+    budget = vmem.check_vmem(spec, cfg)
+    call = build_call(spec, cfg, interpret,
+                      vmem_limit_bytes=None if interpret else budget.capacity_bytes)
+    names = list(ref.cache_shapes(spec, cfg.batch, cfg.max_context))
+    static = [jnp.asarray(a) for a in static_inputs(spec, cfg)]
+    accepted = jnp.ones((cfg.batch,), jnp.int32)
+
+    @functools.partial(jax.jit, donate_argnames=("cache",))
+    def loop(packed, cache, tokens, positions, steps):
+        smem, hbm = weight_args(packed)
+
+        def body(_, carry):
+            tok, pos, caches, _ = carry
+            flat = jnp.pad(tok, (0, cfg.padded_batch - cfg.batch))
+            nxt, _, *caches, ndist = call(flat, pos, accepted, *static, jnp.zeros(1, jnp.int32),
+                                          *smem, *hbm, *caches)
+            return nxt[:cfg.batch, 0], pos + 1, caches, ndist
+        ndist0 = jnp.zeros((max(spec.count(ffn="moe"), 1),), jnp.int32)
+        tok, _, caches, ndist = lax.fori_loop(
+            0, steps, body, (tokens, positions, [cache[k] for k in names], ndist0))
+        return tok, dict(zip(names, caches)), ndist[:spec.count(ffn="moe")]
+    return loop
+
+
 def verify_step(run, cfg, packed, cache, tokens, positions, accepted=None):
     """The step of `make_step`: inputs to the kernel's token-row layout, run, outputs back."""
     nxt, logits, cache, ndist = run(packed, cache, *step_inputs(cfg, tokens, positions, accepted))

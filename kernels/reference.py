@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from perfmodel.spec.arch import Layer, ModelSpec
@@ -455,6 +456,25 @@ def _decode_step_jit(weights, cache, tokens, positions, accepted, *, rows, mla_f
         x = ffn(spec, layer, lw, x)
     nxt, logits = head(weights, x)
     return nxt, logits, cache
+
+
+def make_loop():
+    """loop(weights, cache, tokens [B], positions [B], steps) -> (tokens after `steps` (a traced
+    int32) greedy decode steps of `decode_step`'s XLA program in one jitted call (one host
+    dispatch), new cache): the program's time per step is the slope of a call's time over
+    `steps`, and one compile serves every count."""
+    @functools.partial(jax.jit, donate_argnames=("cache",))
+    def loop(weights, cache, tokens, positions, steps):
+        ones = jnp.ones_like(positions)
+
+        def body(_, carry):
+            tok, pos, cache = carry
+            nxt, _, cache = _decode_step_jit.__wrapped__(weights, cache, tok, pos, ones, rows=1,
+                                                         mla_form="absorbed")
+            return nxt, pos + 1, cache
+        tok, _, cache = lax.fori_loop(0, steps, body, (tokens, positions, cache))
+        return tok, cache
+    return loop
 
 
 def _batch(cache):

@@ -92,19 +92,24 @@ def run_both(spec, weights, cfg, steps, seed=1, reference_weights=None):
     return distinct
 
 
-# (batch, depth, slots, steps, bank rows, tile); MINI's stream is 52 banks of 256 rows (13 a
-# layer), so depth 1 waits for every bank, 14 prefetches across layers, 60 holds the stream
-CASES = [(2, 3, 4, 2, 256, 256),
-         pytest.param(1, 1, 1, 2, 256, 256, marks=pytest.mark.slow),
-         pytest.param(4, 14, 2, 1, 512, 256, marks=pytest.mark.slow),
-         pytest.param(8, 60, 3, 1, 1024, 256, marks=pytest.mark.slow),
-         pytest.param(3, 5, 2, 1, 512, 512, marks=pytest.mark.slow)]
+# (batch, depth, slots, steps, bank rows, chip, tile); MINI's stream is 52 banks of 256 rows at
+# TPU7x's 256 lanes (13 a layer), so depth 1 waits for every bank, 14 prefetches across layers,
+# 60 holds the stream; v5e's MXU is 128 wide (twice the banks, 8-row bf16 tiles)
+CASES = [(2, 3, 4, 2, 256, "7x", 256),
+         (3, 4, 2, 2, 256, "v5e", 128),
+         pytest.param(1, 1, 1, 2, 256, "7x", 256, marks=pytest.mark.slow),
+         pytest.param(4, 14, 2, 1, 512, "7x", 256, marks=pytest.mark.slow),
+         pytest.param(8, 60, 3, 1, 1024, "7x", 256, marks=pytest.mark.slow),
+         pytest.param(3, 5, 2, 1, 512, "7x", 512, marks=pytest.mark.slow),
+         pytest.param(8, 8, 3, 1, 1024, "v5e", 128, marks=pytest.mark.slow)]
 
 
-@pytest.mark.parametrize("batch,depth,slots,steps,bank_rows,tile", CASES)
-def test_megakernel_matches_reference(spec, weights, batch, depth, slots, steps, bank_rows, tile):
+@pytest.mark.parametrize("batch,depth,slots,steps,bank_rows,target,tile", CASES)
+def test_megakernel_matches_reference(spec, weights, batch, depth, slots, steps, bank_rows,
+                                      target, tile):
     cfg = layout.KernelConfig(batch=batch, max_context=CONTEXT, depth=depth,
-                              expert_slots=slots, tile=tile, cache_block=16, bank_rows=bank_rows)
+                              expert_slots=slots, tile=tile, cache_block=16, bank_rows=bank_rows,
+                              chip=target)
     run_both(spec, weights, cfg, steps)
 
 
