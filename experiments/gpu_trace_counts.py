@@ -95,7 +95,8 @@ def main(argv=None) -> int:
         return 2
     print(table(["model", "batch", "context", "events", "D2H copies", "median event us", "busy us", "waits",
                  "lead us", "traced / wall", "wall us", "accounted"], rows))
-    print(f"\naccounted: dispatch ({', '.join(f'{k} {v['call_s'] * 1e6:.0f} us' for k, v in overheads['dispatch'].items())})"
+    dispatch = ", ".join(f"{k} {v['call_s'] * 1e6:.0f} us" for k, v in overheads["dispatch"].items())
+    print(f"\naccounted: dispatch ({dispatch})"
           f" + D2H copies x {overheads['loop_trip']['per_trip_s'] * 1e6:.1f} us a loop trip + the GPU's busy time, "
           f"of the wall step: {min(shares):.0%} to {max(shares):.0%}, median {statistics.median(shares):.0%} "
           f"(costs measured on {overheads['device']}, {overheads['date'][:10]}: experiments/gpu_jax_overheads.py)")
