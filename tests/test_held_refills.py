@@ -3,6 +3,7 @@
 refills they would issue for the next layer's tiles, and the experts issue them after their last
 dots, so the expert copies meet no next-layer weights on the DMA engine."""
 import dataclasses
+import os
 import subprocess
 import sys
 
@@ -71,7 +72,9 @@ def test_plain_python_and_compiled_loops_agree():
             "m = derive('muse-spark', megakernel={'defer_refills_rows': 4}); "
             "print(repr(predict(m, load_hardware('tpu-v7'), profile_deployment(load_profile('musespark'))).step_s),"
             " ms.is_compiled())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    env = {**os.environ, "PERFMODEL_LOOPS": "python"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=env).stdout.split()
     assert ms.is_compiled() and out[1] == "False"
     assert float(out[0]) == pytest.approx(timeline(4, record=False)[2].step_s, rel=1e-9)
 

@@ -4,11 +4,15 @@ random configurations (models, chips, DMA modes and limits on the copies in serv
 context, ring depth, slots, on-chip size, expert tiles, held-back refills), and the batched sweep
 path against the scalar one."""
 import functools
+import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+from perfmodel.engine import megakernel, megakernel_sim
 from perfmodel.engine.megakernel import simulate_megakernel
 from perfmodel.engine.terms import op_weights
 from perfmodel.graph import ops
@@ -122,3 +126,43 @@ def test_batched_sweep_rows_equal_scalar_predictions():
         assert close(r["hbm_utilisation"], p.hbm_utilisation) and r["bound"] == p.bound, s
         for cause, v in p.breakdown_s.items():
             assert close(r[f"{cause}_s"], v), (cause, s)
+
+
+def test_plain_python_loops_equal_the_compiled_ones():
+    """The loops as plain Python (PERFMODEL_LOOPS=python, or a small `expect`) and compiled give the
+    same timeline, bit for bit: the same operations in the same order."""
+    for g, hw, d, top_k, w, _ in corpus()[:12]:
+        s = megakernel.sizing(g, hw, d, top_k)
+        a = megakernel.cached_arrays(g, hw, None, w)
+        args = (a.eng, a.t0, a.overhead, s.banks, s.slots, s.tiles_per_expert, *a.args())
+        plain, compiled = megakernel_sim._PLAIN["_run"](*args), megakernel_sim._run(*args)
+        for x, y in zip(plain, compiled):
+            assert np.array_equal(x, y), (hw.name, d)
+
+
+def test_the_compiled_loops_take_plain_scalars():
+    """One signature per compiled loop: Python ints where floats are declared are converted, not
+    compiled for afresh (the disk cache holds one entry per loop)."""
+    g, hw, d, top_k, w, _ = corpus()[0]
+    s = megakernel.sizing(g, hw, d, top_k)
+    a = megakernel.cached_arrays(g, hw, None, w)
+    want = megakernel_sim.run(a.eng, a.t0, 0.0, np.int64(s.banks), np.int64(s.slots), np.int64(1), *a.args())
+    got = megakernel_sim.run(a.eng, a.t0, 0, int(s.banks), int(s.slots), True, *a.args())
+    assert got[5] == want[5]
+    assert all(len(megakernel_sim._COMPILED[name].signatures) == 1 for name in ("_run", "_run_many"))
+
+
+def test_loops_are_chosen_once_per_process_unless_asked():
+    code = ("from perfmodel.engine import megakernel_sim as ms; import sys; "
+            "print(ms.expect(int(sys.argv[1])), ms.expect(10), ms.loops())")
+    def mode(steps: int, env: str | None = None) -> list[str]:
+        e = {k: v for k, v in os.environ.items() if k != "PERFMODEL_LOOPS"} | ({"PERFMODEL_LOOPS": env} if env else {})
+        return subprocess.run([sys.executable, "-c", code, str(steps)], capture_output=True, text=True, check=True,
+                              env=e).stdout.split()
+    # a small first job runs plain Python; a large one loads the compiled loops and keeps them
+    assert mode(95) == ["python", "python", "python"]
+    assert mode(megakernel_sim.BREAK_EVEN_LAYER_STEPS) == ["compiled", "compiled", "compiled"]
+    assert mode(10**6, env="python") == ["python", "python", "python"]
+    with pytest.raises(SpecError) as e:
+        megakernel_sim.loops("fast")
+    assert e.value.field == "loops"
