@@ -5,21 +5,38 @@
 #   make test-all  every test, slow tiers included
 #   make test-kernels-slow  the megakernel's slow tier (every mesh layout, every expert format,
 #                  the barrier test, the TPU script's CPU smoke test; CI runs it as its own step)
+#   make test-oldest  the oldest Python and JAX supported (a TPU VM's: Python 3.11, JAX 0.10.2 and
+#                  its libtpu) in .venv-oldest: the kernels' fast CPU tier in interpret mode, and the
+#                  megakernel compiled ahead of time for a TPU v5e by libtpu (tests marked aot;
+#                  under CI=true a skipped one fails the run). CI runs it as its own step
 #   make fuzz      the CLI contract fuzzed with 12,000 generated cases (tests/test_fuzz.py)
 #   make wheel-check  build the wheel, install it into a fresh venv, run the installed CLI
 #   make docs      rewrite the README / docs figures from the commands that produce them
 #   make docs-check  fail when a committed figure differs from what the code prints now (CI)
-# Both create .venv with Python >= 3.12 and install the pinned requirements.lock first.
+# Both create .venv with Python >= 3.12 (requirements.lock is pinned there; the package itself
+# needs >= 3.11) and install the pinned requirements.lock first; `make setup` also writes the bytecode and compiles the simulator's
+# loops (numba, cached on disk), so a later `perfmodel` or `import perfmodel` starts warm.
 
 VENV := .venv
 STAMP := $(VENV)/.installed
-# first Python >= 3.12 found: PATH, then pyenv's versions (whose shims need PYENV_VERSION)
+# first Python >= 3.12 found for .venv (requirements.lock is pinned on 3.12): PATH, then pyenv's
+# versions (whose shims need PYENV_VERSION)
 PYTHON ?= $(shell for p in python3.13 python3.12 $(HOME)/.pyenv/versions/3.1[2-9]*/bin/python3 /usr/bin/python3.12 python3; do \
 	  $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$p; break; }; done)
+# the oldest supported Python, for .venv-oldest (requirements-oldest.lock is pinned on 3.11)
+OLDEST_PYTHON ?= $(shell for p in python3.11 $(HOME)/.pyenv/versions/3.11*/bin/python3 /usr/bin/python3.11; do \
+	  $$p -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
+# what `make setup` byte-compiles (a shell with PYTHONDONTWRITEBYTECODE set never writes it)
+SOURCES := perfmodel perfmodel_jax kernels dashboards experiments
+# compiles the simulator's loops, or loads them from numba's disk cache when they are current
+WARM := -c "from perfmodel.engine import megakernel_sim as m; m.compile_loops(); print('perfmodel: simulator loops compiled')"
 
-.PHONY: run test test-all test-kernels-slow fuzz wheel-check predict setup browser docs \
+.PHONY: run test test-all test-kernels-slow test-oldest fuzz wheel-check predict setup browser docs \
 	docs-check
+# run again after pulling: the bytecode and the compiled loops of the sources as they are now
 setup: $(STAMP)
+	$(VENV)/bin/python -m compileall -q $(SOURCES)
+	$(VENV)/bin/python $(WARM)
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -n "$(PYTHON)" || { echo "need Python >= 3.12 (python3.12 on PATH or pyenv)"; exit 1; }
@@ -27,7 +44,8 @@ $(STAMP): pyproject.toml requirements.lock
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.lock
 	$(VENV)/bin/pip install -q --no-deps -e .
-	$(VENV)/bin/python dashboards/pmdash/warm.py
+	$(VENV)/bin/python -m compileall -q $(SOURCES)
+	$(VENV)/bin/python $(WARM)
 	touch $@
 
 run: $(STAMP)
@@ -54,6 +72,31 @@ KERNEL_TESTS := tests/test_megakernel.py tests/test_kernel_plan.py tests/test_pa
 	tests/test_quant.py tests/test_plan_simulation.py
 test-kernels-slow: $(STAMP)
 	$(VENV)/bin/python -m pytest -n 2 -q -m slow --durations=8 $(KERNEL_TESTS)
+
+OLDEST := .venv-oldest
+OLDEST_STAMP := $(OLDEST)/.installed
+$(OLDEST_STAMP): pyproject.toml requirements-oldest.lock
+	@test -n "$(OLDEST_PYTHON)" || { echo "need Python 3.11 (python3.11 on PATH or pyenv)"; exit 1; }
+	rm -rf $(OLDEST)
+	$(OLDEST_PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/pip install -q --upgrade pip
+	$(OLDEST)/bin/pip install -q -r requirements-oldest.lock
+	$(OLDEST)/bin/pip install -q --no-deps -e .
+	$(OLDEST)/bin/python -m compileall -q perfmodel kernels
+	$(OLDEST)/bin/python $(WARM)
+	touch $@
+
+# the kernels' fast tier and the tests marked aot, each file named (the other test files need
+# the dashboard's packages, which this venv leaves out); a skipped aot test fails under CI=true.
+# No chip here, so several processes may load libtpu at once (the xdist workers, or another
+# command on the machine): ALLOW_MULTIPLE_LIBTPU_LOAD lifts libtpu's one-process lock
+OLDEST_TESTS := tests/test_megakernel.py tests/test_kernel_plan.py tests/test_quant.py
+AOT_TESTS := tests/test_tpu_compile.py
+test-oldest: $(OLDEST_STAMP)
+	ALLOW_MULTIPLE_LIBTPU_LOAD=1 $(OLDEST)/bin/python -m pytest -n 2 -q -m "not slow" --durations=5 \
+		$(OLDEST_TESTS)
+	ALLOW_MULTIPLE_LIBTPU_LOAD=1 PERFMODEL_REQUIRED_MARKS=aot $(OLDEST)/bin/python -m pytest -n 2 -q -m aot \
+		--durations=5 $(AOT_TESTS)
 
 fuzz: $(STAMP)
 	PERFMODEL_FUZZ_PROFILE=fuzz $(VENV)/bin/python -m pytest -n 2 -q tests/test_fuzz.py

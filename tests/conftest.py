@@ -38,12 +38,35 @@ def h200_runs(tmp_path) -> Path:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Under CI=true a browser test may not skip (a missing Chromium fails the run)."""
+    """Under CI=true a browser test may not skip (a missing Chromium fails the run), nor a test
+    with a mark named in PERFMODEL_REQUIRED_MARKS (make test-oldest: aot, a missing libtpu)."""
     outcome = yield
     rep = outcome.get_result()
-    if rep.skipped and os.environ.get("CI") == "true" and item.get_closest_marker("browser"):
+    required = {"browser", *filter(None, os.environ.get("PERFMODEL_REQUIRED_MARKS", "").split(","))}
+    marks = [m for m in required if item.get_closest_marker(m)]
+    if rep.skipped and os.environ.get("CI") == "true" and marks:
         reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else rep.longrepr
-        rep.outcome, rep.longrepr = "failed", f"CI=true and the browser test skipped: {reason}"
+        rep.outcome, rep.longrepr = "failed", f"CI=true and the {marks[0]} test skipped: {reason}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test marked tpu needs a TPU chip: skipped without one (the check opens JAX's backends
+    only when such a test is selected)."""
+    chip = [item for item in items if item.get_closest_marker("tpu")]
+    if chip and not _tpu_attached():
+        for item in chip:
+            item.add_marker(pytest.mark.skip(reason="needs a TPU chip attached (pytest -m tpu on a TPU VM)"))
+
+
+def _tpu_attached() -> bool:
+    import importlib.util
+    if importlib.util.find_spec("libtpu") is None:
+        return False
+    import jax
+    try:
+        return bool(jax.devices("tpu"))
+    except RuntimeError:  # libtpu found no chip
+        return False
 
 
 def pytest_sessionstart(session):
