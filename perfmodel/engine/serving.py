@@ -454,9 +454,8 @@ def generic_time(hw: Hardware, cls: str, s: dict, gpu: str, engine: str) -> tupl
     fastest = fastest_kernel_s(gpu, engine) if gpu else None
     floor, what = (fastest, f"the fastest kernel in {gpu}'s {engine} tables") if fastest else \
         (cm.kernel_launch_time(c), "components.kernel_launch_s")
-    bw = hw.hbm_bandwidth_bytes_per_s * cm.param(c, "kernel_bandwidth_efficiency")
     dtype_rate = max(hw.peak_flops_per_s.values()) * hw.efficiency.flops
-    t = floor + max(s["bytes"] / bw, s["flops"] / dtype_rate)
+    t = floor + max(cm.kernel_stream_time(c, s["bytes"], hw.hbm_bandwidth_bytes_per_s), s["flops"] / dtype_rate)
     return t, f"physical: {what} + bytes / (HBM x components.kernel_bandwidth_efficiency)"
 
 

@@ -184,12 +184,13 @@ def collective_s(g: OpGraph, hw: Hardware) -> np.ndarray:
 def stream_terms(hw: Hardware, multikernel: bool = False) -> tuple[float, float, float]:
     """(bandwidth, first-byte latency, per-descriptor cost) of one core's HBM -> on-chip copies:
     the fitted DMA component on a TPU, the achieved decode-kernel bandwidth of a multi-kernel
-    engine on a GPU, else the spec sheet x `efficiency.hbm`."""
+    engine on a GPU (the rate of components.kernel_stream_time), else the spec sheet x
+    `efficiency.hbm`."""
     c, peak = hw.components, hw.core_hbm_bandwidth_bytes_per_s
     if cm.is_tpu_model(c):
         return tuple(cm.param(c, k) for k in ("dma_bandwidth_bytes_per_s", "dma_latency_s", "dma_descriptor_s"))
     if cm.is_gpu_model(c) and multikernel:
-        return peak * cm.param(c, "kernel_bandwidth_efficiency"), hw.dma_latency_s, 0.0
+        return 1.0 / cm.kernel_stream_time(c, 1.0, peak), hw.dma_latency_s, 0.0
     return peak * hw.efficiency.hbm, hw.dma_latency_s, 0.0
 
 
