@@ -78,9 +78,3 @@ def load(path, rule=None, field: str = "file", fmt: str | None = None, limit: in
             f"must hold {'an object' if fmt == 'json' else 'a table'} at the top, not {type(data).__name__}")
     with in_file(path):
         return check_tree(data, rule, "file")
-
-
-def checked(path, data, rule):
-    """`check_tree(data, rule)` with the file named in its errors (data already parsed)."""
-    with in_file(path):
-        return check_tree(data, rule, "file")
