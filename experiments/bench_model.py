@@ -147,8 +147,9 @@ def main():
     hw = load_hardware("tpu-v7")
     d = Deployment(devices=32, tp=32, ep=8, engine="megakernel", batch=1)
     model = load_model("kimi-k3")
+    megakernel_sim.loops("python")  # the plain loops first (PERFMODEL_LOOPS=python, a one-off command)
     predict(model, hw, d)
-    python_mode = timed(lambda: predict(model, hw, d), 5)[0]  # before compiling: plain-Python loops
+    python_mode = timed(lambda: predict(model, hw, d), 5)[0]
     megakernel_sim.compile_loops()
     predict(model, hw, d)  # builds or loads the compiled loops
     run_design(dataclasses.replace(design.load(str(DESIGN)), samples=20), jobs=1, keep_rows=False, progress=False)
@@ -166,7 +167,7 @@ def main():
     load0 = os.getloadavg()[0]
     print(f"machine: {machine}; medians of {a.repeats} repeats, one process; load {load0:.1f}")
     report("python_mode", "predict kimi-k3 tpu-v7 megakernel b=1 (plain Python)", python_mode, None,
-           "(median of 5; the CLI's one-off predictions)")
+           "(median of 5; the loops without numba: PERFMODEL_LOOPS=python)")
     med, lo, hi = timed(lambda: predict(model, hw, d), a.repeats)
     report("warm", "predict kimi-k3 tpu-v7 megakernel b=1 (warm)", med, TARGETS_S["warm"],
            f"(min {lo * 1e3:.2f}, max {hi * 1e3:.2f} ms)")
