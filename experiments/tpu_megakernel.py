@@ -1,40 +1,34 @@
-"""Validate the megakernel on a TPU VM in one command: Kimi K3-shaped slices, depth and slot
-sweeps, profiler traces, phases from the kernel's markers, and the model's prediction of each
-run from the kernel's own DMA plan.
+"""The megakernel on the attached TPU in one command: right, fast, traced, beside XLA.
 
-    pip install -e '.[tpu]'
-    python experiments/tpu_megakernel.py               # on a TPU VM (TPU7x: 4 chips = 8 cores)
-    python experiments/tpu_megakernel.py --allow-cpu   # no TPU: the same pipeline, interpret mode
+    python experiments/tpu_megakernel.py                 # on a TPU VM (one chip: ~8 min)
+    python experiments/tpu_megakernel.py --only check,speed --slices k3-tp32-core
+    python experiments/tpu_megakernel.py --report        # the committed results, no TPU needed
+    python experiments/tpu_megakernel.py --dry-run       # CPU: the pipeline in interpret mode
 
-Slices (4 layers as Kimi K3 begins and ends: KDA + dense FFN, 2 x KDA + MoE, MLA + MoE; routed
-experts MXFP4 as the preset):
-- "one core": one TensorCore with the per-core widths of Kimi K3 at TP32 x EP8 (3 heads of
-  each attention, dense width 1056, 112 experts of width 768, shared width 192, vocabulary
-  5120, top-4: about the 4.2 distinct experts the busiest expert group fetches at batch 1 in
-  `perfmodel.graph.moe`); a mesh shards and gathers the low-rank projections (q_a, kv_a,
-  decay_a, latent_down), which this one core computes whole;
-- "tp8": the same 4 layers at Kimi K3's full widths over the 8 cores of one TPU7x host, experts
-  in 2 groups of 4 cores (each expert split 4 ways, as at TP32 x EP8), `--tp8-experts` experts
-  (default 32: a TPU VM host builds and quantises the random weights).
-With --allow-cpu both slices shrink to the MINI preset with 8 heads (one device; TP8 on 8
-virtual CPU devices, one configuration) and run in Pallas TPU interpret mode with race
-detection: the pipeline is checked end to end, and its timings are CPU interpretation, not TPU
-timings.
-
-For each slice, batch, ring depth (--depths) and expert slots (--slots): build the step (VMEM
-budget checked), compile and warm up, trace --steps steps under `jax.profiler.trace` (one
-`StepTraceAnnotation` a step; on a TPU the libtpu flags of experiments/profile_megakernel.py
-make the kernel's named scopes trace markers), attribute each step's time to the kernel's
-phases (embed, layer_XX/attention, layer_XX/ffn, head; `perfmodel.validate.traces`), and
-predict the same run with `kernels.plan.predicted_step` on the kernel's plan for the experts it
-actually fetched. Writes experiments/results/tpu_megakernel.csv (one row a run), .json (every
-figure, the machine, the command) and .md (a short report); traces under
-out/tpu_megakernel_traces/.
+Parts (`--only`, in this order):
+- check: greedy tokens of the megakernel and of the pure-JAX reference (`reference.decode_step`,
+  one XLA program) on the same chip and weights, for MINI and the Kimi K3 slices in each expert
+  format (the reference uses the dequantised experts); tokens must be equal, logits within the
+  bound stated in `LOGIT_TOL`;
+- speed: per slice, expert format and batch: the kernel's time per step as the slope of a
+  call's wall time over the steps it runs (`megakernel.make_loop`: 1 and 1 + `--steps` steps in
+  one program, median of `--repeats` calls each), so the ~0.5 ms host dispatch of a call cancels;
+  the XLA reference the same way (`reference.make_loop`); the bytes the step's DMA plan moves and
+  their rate against the chip's in-kernel stream bandwidth measured by tpu_microbench.py;
+  packing time and, for the largest slice, trace + Mosaic compile time;
+- sweep: ring depth and expert slots around the tuned values, one slice, batch 1 and 8;
+- trace: a `jax.profiler` trace of each slice at batch 1 and 8 with the kernel's named scopes as
+  in-kernel markers (the libtpu flags of experiments/profile_megakernel.py), per-layer and
+  per-phase times by `perfmodel.validate.traces`; the first trace is kept (--keep-trace).
+Results: experiments/results/tpu_megakernel.json (machine, chip, JAX, libtpu, date, command,
+one record a run; rewritten after every run, so a cut-short call keeps what it measured) and
+`--report`'s summary. `experiments/validate_tpu.py` compares them with the model.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import platform
@@ -43,196 +37,420 @@ import sys
 import time
 from pathlib import Path
 
-import profile_megakernel  # noqa: F401  (sets the libtpu trace flags before jax is imported)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import profile_megakernel  # noqa: E402,F401  (sets the libtpu trace flags before jax is imported)
 
 ROOT = Path(__file__).resolve().parent.parent
-MOE_LAYERS = dict(layers=4, attention={"default": "kda", "mla_layers": [4]},
-                  ffn={"dense_layers": [1]})
+RESULTS = ROOT / "experiments" / "results" / "tpu_megakernel.json"
+PARTS = ("check", "speed", "sweep", "trace")
+SLICES = ("k3-tp32-core", "k3-tp8-core")
+FORMATS = {"k3-tp32-core": ("mxfp4", "int8", "bf16"), "k3-tp8-core": ("mxfp4", "int4")}
+BATCHES = (1, 2, 4, 8)
+CONTEXT, POSITION = 2048, 1024    # MLA cache capacity; cached tokens per sequence at the start
+# logits of kernel and reference differ by f32 accumulation order over bf16 products and by
+# where each rounds activations to bf16 (the kernel's stream: inputs of every dot); relative to
+# the logits' spread: 2^-8 (bf16's half ulp) times a few roundings in series per layer
+LOGIT_TOL = 0.05
 
 
-def slices(cpu: bool, tp8_experts: int):
-    """[(name, full spec, devices, expert groups)] of the run."""
-    from perfmodel.spec.arch import derive
-    if cpu:
-        mini = derive("kimi-k3-mini", kda={"heads": 8}, mla={"heads": 8})
-        return [("one core", mini, 1, None), ("tp8", mini, 8, 2)]
-    one = derive("kimi-k3", name="kimi-k3-core-slice", vocab=163840 // 32,
-                 kda={"heads": 3}, mla={"heads": 3},
-                 ffn={"dense_layers": [1], "dense_width": 33792 // 32},
-                 moe={"experts": 896 // 8, "top_k": 4, "expert_width": 3072 // 4,
-                      "shared_width": 6144 // 32}, **{k: v for k, v in MOE_LAYERS.items()
-                                                      if k != "ffn"})
-    tp8 = derive("kimi-k3", name="kimi-k3-tp8-slice", moe={"experts": tp8_experts, "top_k": 8},
-                 **MOE_LAYERS)
-    return [("one core", one, 1, None), ("tp8", tp8, 8, 2)]
+def say(*a):
+    print(*a, flush=True)
 
 
-def run_one(name, full, devices, ep, batch, depth, slots, a, interpret, traces: Path):
-    """Build, warm up, trace and predict one configuration: a result dict."""
+class Recorder:
+    """The results file, rewritten (atomically) after every run."""
+
+    def __init__(self, path: Path, header: dict):
+        self.path, self.res = path, dict(header, runs=[])
+
+    def add(self, run: dict):
+        from perfmodel.util.files import write_atomic
+        self.res["runs"].append(run)
+        write_atomic(self.path, json.dumps(self.res, indent=1) + "\n")
+
+
+def header(jax, chip_name: str) -> dict:
+    import importlib.metadata as md
+    try:
+        libtpu = md.version("libtpu")
+    except md.PackageNotFoundError:
+        libtpu = None
+    dev = jax.devices()[0]
+    return {"machine": dev.device_kind, "chip": chip_name, "jax": jax.__version__,
+            "libtpu": libtpu, "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": "python experiments/tpu_megakernel.py " + " ".join(sys.argv[1:])}
+
+
+def stream_bandwidth(chip: str) -> float | None:
+    """The chip's in-kernel HBM -> VMEM stream bandwidth from its committed micro-benchmarks:
+    the median of the ring entries of copies >= 1 MiB with >= 2 in flight."""
+    path = ROOT / "experiments" / "results" / f"tpu_{chip}_microbench.json"
+    if not path.exists():
+        return None
+    rates = []
+    for e in json.loads(path.read_text())["entries"]:
+        i = e.get("inputs", {})
+        if e.get("mechanism") == "dma_ring" and i.get("bytes", 0) >= 1 << 20 \
+                and i.get("in_flight", 0) >= 2:
+            rates.append(i["bytes"] / (e["value"] * 1e-6))
+    return statistics.median(rates) if rates else None
+
+
+def timed(fn, *args, repeats: int):
+    """Median wall time of fn(*args) (blocked), after one untimed call; the last result."""
+    import jax
+    out = jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+class Slice:
+    """A slice's weights on the chip: reference (bf16; the experts dequantised when the format
+    is quantised) and packed for the kernel, with how long packing took."""
+
+    def __init__(self, name, fmt, cfg0, interpret):
+        import jax
+        from kernels import layout, quant, reference
+        from kernels.specs import slice_spec
+        self.name, self.fmt, self.spec = name, fmt, slice_spec(name, fmt)
+        t0 = time.perf_counter()
+        w = reference.init_weights(self.spec, 0)
+        jax.block_until_ready(w.params)
+        self.init_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.packed = layout.pack_weights(w, cfg0)
+        jax.block_until_ready(self.packed)
+        self.pack_s = time.perf_counter() - t0
+        if fmt != "bf16":   # the reference runs the dequantised experts, replaced in place
+            for lw in w["layers"]:
+                for k in quant.EXPERT_KEYS:
+                    if k in lw:
+                        lw[k] = quant.dequantized_experts(lw[k], fmt, cfg0.tile)
+        self.weights, self.interpret = w, interpret
+
+
+def kernel_cfg(spec, batch, interpret, **over):
+    from kernels import layout, tuned
+    t = tuned.tuned(spec.name, 1)
+    base = dict(batch=batch, max_context=64 if interpret else CONTEXT,
+                depth=3 if interpret else t.depth, expert_slots=t.expert_slots,
+                cache_block=16 if interpret else 256,
+                bank_rows=256 if interpret else t.bank_rows)
+    base.update(over)
+    return layout.KernelConfig(**base)
+
+
+def start_state(sl, cfg):
+    import jax.numpy as jnp
+    from kernels import reference
+    pos = min(POSITION, cfg.max_context // 2)
+    return (reference.init_cache(sl.spec, cfg.batch, cfg.max_context),
+            jnp.arange(cfg.batch, dtype=jnp.int32) % sl.spec.vocab,
+            jnp.full((cfg.batch,), pos, jnp.int32), pos)
+
+
+def check(sl, cfg, steps=4) -> dict:
+    """Greedy tokens of kernel and reference from the same start, `steps` steps."""
+    import jax.numpy as jnp
+    import numpy as np
+    from kernels import megakernel, reference
+    step = megakernel.make_step(sl.spec, cfg, sl.interpret)
+    kc, tok, pos, _ = start_state(sl, cfg)
+    rc = {k: v.copy() for k, v in kc.items()}
+    rt, worst, same = tok, 0.0, True
+    for _ in range(steps):
+        tok, klog, kc, _ = step(sl.packed, kc, tok, pos)
+        rt, rlog, rc = reference.decode_step(sl.weights, rc, rt, pos)
+        spread = float(jnp.std(rlog)) or 1.0
+        worst = max(worst, float(jnp.max(jnp.abs(klog - rlog))) / spread)
+        same &= bool(np.array_equal(np.asarray(tok), np.asarray(rt)))
+        tok = rt   # both continue from the reference's tokens
+        pos = pos + 1
+    return {"tokens_equal": same, "logit_error": worst, "logit_tolerance": LOGIT_TOL,
+            "ok": same and worst <= LOGIT_TOL}
+
+
+def slope(fn, weights, cache, tok, pos, steps: int, repeats: int):
+    """fn(weights, cache, tok, pos, n) -> (tok, cache, ...) runs n steps in one call (the cache
+    donated and threaded through): (time per step, the slope of the median call time between
+    1 and 1 + steps steps; one-step call's wall time; the first call's time, compile included;
+    the last output)."""
     import jax
     import jax.numpy as jnp
-    from kernels import layout, megakernel, parallel, plan, reference, shard, tuned, vmem
+    state = [cache]
+
+    def call(n):
+        out = jax.block_until_ready(fn(weights, state[0], tok, pos, jnp.int32(n)))
+        state[0] = out[1]
+        return out
+
+    def median_of(n):
+        times, out = [], None
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = call(n)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times), out
+    t0 = time.perf_counter()
+    call(1)
+    first = time.perf_counter() - t0
+    t1, _ = median_of(1)
+    tn, out = median_of(1 + steps)
+    return (tn - t1) / steps, t1, first, out
+
+
+def speed(sl, cfg, steps, repeats, with_xla=True) -> list[dict]:
+    """The kernel's (and the XLA reference's) time per step on this slice and config."""
+    from kernels import megakernel, plan, reference
+    cache, tok, pos, p0 = start_state(sl, cfg)
+    loop = megakernel.make_loop(sl.spec, cfg, sl.interpret)
+    step_s, wall, first, res = slope(loop, sl.packed, cache, tok, pos, steps, repeats)
+    ndist = [int(d) for d in res[2]]
+    mid = p0 + steps // 2     # the loop's positions run p0 .. p0 + steps
+    the_plan = plan.dma_plan(sl.spec, cfg, ndist, [mid] * cfg.batch)
+    nbytes = sum(c.bytes for c in the_plan)
+    out = [{"kind": "megakernel", "slice": sl.name, "format": sl.fmt, "batch": cfg.batch,
+            "config": config_dict(cfg), "positions": [mid] * cfg.batch,
+            "distinct_experts": ndist, "step_s": step_s, "wall_step_s": wall,
+            "first_call_s": first, "plan_bytes": nbytes,
+            "plan_bytes_per_s": nbytes / step_s if step_s > 0 else None,
+            "feed": feed_of(sl.spec, cfg)}]
+    if with_xla:
+        cache = start_state(sl, cfg)[0]
+        r_step, r_wall, r_first, _ = slope(reference.make_loop(), sl.weights, cache, tok, pos,
+                                           steps, repeats)
+        out.append({"kind": "xla", "slice": sl.name, "format": sl.fmt, "batch": cfg.batch,
+                    "positions": [mid] * cfg.batch, "step_s": r_step, "wall_step_s": r_wall,
+                    "first_call_s": r_first})
+    return out
+
+
+def config_dict(cfg) -> dict:
+    import dataclasses
+    return dataclasses.asdict(cfg)
+
+
+def feed_of(spec, cfg) -> str | None:
+    """How the routed experts reach the MXU on this chip, in words."""
+    from kernels import layout, quant
+    if not spec.count(ffn="moe"):
+        return None
+    f = layout.expert_layout(spec, cfg).fmt
+    why = "" if cfg.target.fp8 or quant.feed(f) != "bf16" or f.name in ("bf16", "int8") else \
+        f" (TPU {cfg.target.version} has no fp8 MXU)"
+    return f"{f.name} fed to the MXU as {quant.feed(f)}{why}"
+
+
+def trace_run(sl, cfg, steps, out_dir: Path) -> dict:
+    """Per-layer and per-phase times of `steps` traced one-step calls."""
+    import jax
+    import jax.numpy as jnp
+    from kernels import megakernel
     from perfmodel.util.errors import SpecError
     from perfmodel.validate.traces import STEP_NAME, parse_trace
-
-    t = tuned.tuned("kimi-k3", 32)
-    host = 8 if interpret else jax.local_device_count()
-    cfg = layout.KernelConfig(batch=batch, max_context=a.context, depth=depth,
-                              tile=vmem.chip_info().mxu_column_size, expert_slots=slots,
-                              cache_block=min(256, a.context), bank_rows=a.bank_rows or
-                              (256 if interpret else t.bank_rows), host_devices=host,
-                              wire="f32" if interpret else t.wire)
-    dspec = shard.device_spec(full, devices, ep) if devices > 1 else full
-    budget = vmem.check_vmem(dspec, cfg)
-    weights = reference.init_weights(full, 0)
-    cache = reference.init_cache(full, batch, a.context)
-    if devices > 1:
-        _, step = parallel.make_step(full, cfg, devices, ep, interpret)
-        packed, cache = parallel.pack(weights, cfg, dspec), parallel.shard_cache(cache, dspec)
-    else:
-        step, packed = megakernel.make_step(full, cfg, interpret), layout.pack_weights(weights, cfg)
-    del weights
-    pos = a.context // 2
-    tokens = jnp.zeros((batch,), jnp.int32)
-    positions = jnp.full((batch,), pos, jnp.int32)
-    for _ in range(a.warmup):   # compile, warm up
-        tokens, _, cache, distinct = step(packed, cache, tokens, positions)
-    jax.block_until_ready(tokens)
-    label = f"{name.replace(' ', '_')}_b{batch}_d{depth}_s{slots}"
-    trace_dir = traces / label
-    walls = []
-    with jax.profiler.trace(str(trace_dir)):
-        for i in range(a.steps):
+    loop = megakernel.make_loop(sl.spec, cfg, sl.interpret)
+    cache, tok, pos, _ = start_state(sl, cfg)
+    one = jnp.int32(1)
+    tok, cache, _ = jax.block_until_ready(loop(sl.packed, cache, tok, pos, one))
+    with jax.profiler.trace(str(out_dir)):
+        for i in range(steps):
             with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
-                t0 = time.perf_counter()
-                tokens, _, cache, distinct = step(packed, cache, tokens, positions)
-                jax.block_until_ready(tokens)
-                walls.append(time.perf_counter() - t0)
-    d = [int(x) for x in (distinct[0] if devices > 1 else distinct)]
-    the_plan = plan.dma_plan(dspec, cfg, d, [pos] * batch)
-    pred = plan.predicted_step(dspec, cfg, the_plan, pos, full=full if devices > 1 else None)
-    w = plan.weight_copies(the_plan)
-    phases, unattributed, measured, note = {}, None, None, ""
+                tok, cache, _ = jax.block_until_ready(loop(sl.packed, cache, tok, pos, one))
     try:
-        tr = parse_trace(trace_dir, n_layers=len(full.layers))
-        measured = tr.step_s.median
-        unattributed = tr.unattributed_share
-        for scope, spread in tr.phase_s.items():
-            phases[scope] = spread.median
+        tr = parse_trace(out_dir, n_layers=len(sl.spec.layers))
     except SpecError as e:
-        note = f"trace not attributed: {e}"
-    return {"slice": name, "model": full.name, "devices": devices, "ep": ep, "batch": batch,
-            "depth": depth, "expert_slots": slots, "bank_bytes": cfg.bank_bytes,
-            "context": pos, "vmem_bytes": budget.total_bytes,
-            "distinct_experts": d, "weight_descriptors": len(w),
-            "padding_fraction": sum(c.padding for c in w) / max(1, sum(c.bytes for c in w)),
-            "remote_descriptors": sum(c.peer >= 0 for c in the_plan),
-            "wall_step_s": statistics.median(walls), "traced_step_s": measured,
-            "predicted_step_s": pred.step_s,
-            "error": (pred.step_s / measured - 1) if measured and not interpret else None,
-            "phases_s": phases, "unattributed_share": unattributed, "trace": str(trace_dir),
-            "note": note}
+        return {"error": str(e)}
+    return {"step_s": tr.step_s.median, "unattributed_share": tr.unattributed_share,
+            "phases_s": {k: v.median for k, v in tr.phase_s.items()},
+            "layers_s": {str(k): v.median for k, v in tr.layer_s.items()}}
 
 
-def report(res: dict) -> str:
-    lines = ["# Megakernel on " + res["machine"], "",
-             f"`{res['command']}` ({res['date']})", ""]
-    if res["interpret"]:
-        lines += ["Pallas TPU interpret mode on CPU: the pipeline ran end to end; the timings are "
-                  "CPU interpretation and say nothing about a TPU.", ""]
-    lines += ["| slice | batch | depth | slots | weight DMAs | step (traced) us | "
-              "predicted us | error |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+def summary_line(res: dict) -> str:
+    """One line over a results file: slices, formats, batches, batch-1 stream share, speed-up
+    over XLA at batches 1 and 8, compile and packing time."""
+    runs = res["runs"]
+    mk = [r for r in runs if r["kind"] == "megakernel" and "step_s" in r]
+    xla = {(r["slice"], r["batch"]): r["step_s"] for r in runs if r["kind"] == "xla"}
+    share = [r["plan_bytes_per_s"] / res["stream_bytes_per_s"] for r in mk
+             if r["batch"] == 1 and res.get("stream_bytes_per_s") and r.get("plan_bytes_per_s")]
+
+    def speedup(b):
+        v = [xla[(r["slice"], b)] / r["step_s"] for r in mk if r["batch"] == b
+             and (r["slice"], b) in xla]
+        return f"{min(v):.2f}-{max(v):.2f}x" if v else "-"
+    comp = [r["first_call_s"] for r in mk if r.get("first_call_s")]
+    pack = [r["pack_s"] for r in runs if r["kind"] == "packing"]
+    checks = [r for r in runs if r["kind"] == "check"]
+    return (f"{res['machine']} ({res['date'][:10]}, jax {res['jax']}): "
+            f"{len({r['slice'] for r in mk})} slices, {len({r['format'] for r in mk})} formats, "
+            f"batches {sorted({r['batch'] for r in mk})}; checks {sum(c['ok'] for c in checks)}"
+            f"/{len(checks)} equal; batch-1 stream share "
+            + (f"{min(share):.0%}-{max(share):.0%}" if share else "-")
+            + f"; speed-up over XLA batch 1 {speedup(1)}, batch 8 {speedup(8)}; first call "
+            + (f"<= {max(comp):.0f} s" if comp else "-") + "; packing "
+            + (f"<= {max(pack):.1f} s" if pack else "-"))
+
+
+def report(path: Path) -> int:
+    res = json.loads(path.read_text())
     for r in res["runs"]:
-        meas = f"{r['traced_step_s'] * 1e6:.1f}" if r["traced_step_s"] else "-"
-        err = f"{r['error']:+.1%}" if r["error"] is not None else "-"
-        lines.append(f"| {r['slice']} | {r['batch']} | {r['depth']} | {r['expert_slots']} | "
-                     f"{r['weight_descriptors']} | {meas} | {r['predicted_step_s'] * 1e6:.1f} | "
-                     f"{err} |")
-    lines += ["", "Predicted: `kernels.plan.predicted_step` on each run's own DMA plan (the "
-              "experts it fetched); phases per run in the JSON."]
-    return "\n".join(lines) + "\n"
+        if r["kind"] == "megakernel":
+            share = (r["plan_bytes_per_s"] / res["stream_bytes_per_s"]
+                     if res.get("stream_bytes_per_s") and r.get("plan_bytes_per_s") else None)
+            say(f"{r['slice']:>13} {r['format']:>6} batch {r['batch']} depth "
+                f"{r['config']['depth']:>2} slots {r['config']['expert_slots']}: "
+                f"{r['step_s'] * 1e6:8.1f} us/step ({r['batch'] / r['step_s']:8.0f} tok/s), "
+                f"{r['plan_bytes'] / 1e6:7.1f} MB at "
+                + (f"{share:.0%} of the stream" if share else "-"))
+        elif r["kind"] == "xla":
+            say(f"{r['slice']:>13} {'xla':>6} batch {r['batch']}: {r['step_s'] * 1e6:8.1f} us/step")
+    say(summary_line(res))
+    return 0
 
 
 def main(argv=None) -> int:
-    from perfmodel.cli.args import int_list
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--allow-cpu", action="store_true",
-                    help="without a TPU: run the pipeline in interpret mode (timings mean nothing)")
-    ap.add_argument("--batch", type=int_list, help="batches (default 1,8; CPU: 2)")
-    ap.add_argument("--depths", type=int_list, help="ring depths in banks (default 4,8,12; CPU: 3)")
-    ap.add_argument("--slots", type=int_list, help="expert slots (default 2,4; CPU: 1,2)")
-    ap.add_argument("--bank-rows", type=int, help="rows of a ring bank (default: kernels.tuned)")
-    ap.add_argument("--context", type=int, help="MLA cache capacity (default 1024; CPU 32)")
-    ap.add_argument("--steps", type=int, default=5, help="traced steps a run (CPU: 1)")
-    ap.add_argument("--warmup", type=int, default=2, help="untraced steps first (CPU: 0)")
-    ap.add_argument("--tp8-experts", type=int, default=32)
-    ap.add_argument("--only", choices=("one core", "tp8"), help="run one slice only")
-    ap.add_argument("--traces", default=str(ROOT / "out" / "tpu_megakernel_traces"))
-    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "tpu_megakernel.csv"))
+    ap = argparse.ArgumentParser(prog="python experiments/tpu_megakernel.py",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--report", action="store_true",
+                    help="print the committed results' table and summary line (no TPU)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="no TPU: MINI in interpret mode through every part (timings mean nothing)")
+    ap.add_argument("--only", default=",".join(PARTS), help=f"parts: {','.join(PARTS)}")
+    ap.add_argument("--slices", default=",".join(SLICES))
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--steps", type=int, default=8, help="extra steps a call for the slope")
+    ap.add_argument("--repeats", type=int, default=5, help="timed calls per point (median)")
+    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--keep-trace", help="copy the first trace's .xplane.pb here")
+    ap.add_argument("--budget-s", type=float, default=540,
+                    help="start no new run after this many seconds")
     a = ap.parse_args(argv)
-    if a.allow_cpu and "host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                                   + " --xla_force_host_platform_device_count=8")
+    if a.report:
+        return report(Path(a.out))
+    parts = a.only.split(",")
+    bad = [p for p in parts if p not in PARTS]
+    if bad:
+        ap.error(f"--only: unknown part(s) {', '.join(bad)}; known: {', '.join(PARTS)}")
     import jax
     from jax.experimental.pallas import tpu as pltpu
-    from perfmodel.util.errors import SpecError
-    from perfmodel.util.files import write_atomic, write_csv
-
+    from kernels import chip as chip_mod
     on_tpu = pltpu.is_tpu_device()
-    if not on_tpu and not a.allow_cpu:
-        print(f"tpu_megakernel: no TPU attached (JAX backend: {jax.default_backend()}); run it "
-              "on a TPU VM, or pass --allow-cpu for the interpret-mode smoke test",
+    if not on_tpu and not a.dry_run:
+        print("tpu_megakernel: no TPU attached; run it on a TPU VM, --dry-run for the CPU "
+              "interpret-mode smoke test, or --report for the committed results",
               file=sys.stderr)
         return 2
-    cpu = not on_tpu
-    interpret = pltpu.InterpretParams(detect_races=True) if cpu else None
-    a.batch = a.batch or ([2] if cpu else [1, 8])
-    a.depths = a.depths or ([3] if cpu else [4, 8, 12])
-    a.slots = a.slots or ([1, 2] if cpu else [2, 4])
-    a.context = a.context or (32 if cpu else 1024)
-    a.steps = 1 if cpu else a.steps
-    a.warmup = 0 if cpu else a.warmup
-    runs = []
-    try:
-        for name, full, devices, ep in slices(cpu, a.tp8_experts):
-            if a.only and name != a.only:
-                continue
-            # on CPU the TP8 slice runs once (interpreting 8 devices is slow)
-            depths, slot_counts = ([a.depths[0]], [a.slots[-1]]) if cpu and devices > 1 else \
-                (a.depths, a.slots)
-            for batch in a.batch:
-                for depth in depths:
-                    for slots in slot_counts:
-                        r = run_one(name, full, devices, ep, batch, depth, slots, a, interpret,
-                                    Path(a.traces))
-                        runs.append(r)
-                        meas = f"{r['traced_step_s'] * 1e6:.1f} us" if r["traced_step_s"] \
-                            else "not traced"
-                        print(f"{name:>8} batch {batch} depth {depth:2d} slots {slots}: traced "
-                              f"{meas}, predicted {r['predicted_step_s'] * 1e6:.1f} us, "
-                              f"{r['weight_descriptors']} weight DMAs"
-                              + (" (interpret mode: not a TPU timing)" if cpu else ""))
-    except SpecError as e:
-        print(f"tpu_megakernel: {e}", file=sys.stderr)
-        return 2
-    machine = jax.devices()[0].device_kind if on_tpu else \
-        f"CPU ({platform.processor() or platform.machine()})"
-    res = {"machine": machine, "interpret": cpu, "jax": jax.__version__,
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": "python " + " ".join(sys.argv), "trace_flags": profile_megakernel.TRACE_FLAGS,
-           "note": ("interpret mode on CPU: a smoke test of the pipeline; these are not TPU timings"
-                    if cpu else "measured on a TPU; predicted from each run's DMA plan"),
-           "runs": runs}
-    out = Path(a.out)
-    cols = ["slice", "batch", "depth", "expert_slots", "weight_descriptors", "padding_fraction",
-            "remote_descriptors", "wall_step_s", "traced_step_s", "predicted_step_s", "error",
-            "unattributed_share"]
-    write_csv(out, [f"machine: {machine}", f"date: {res['date']}", f"command: {res['command']}",
-                    f"note: {res['note']}"], cols, [[r[c] for c in cols] for r in runs])
-    write_atomic(out.with_suffix(".json"), json.dumps(res, indent=1) + "\n")
-    write_atomic(out.with_suffix(".md"), report(res))
-    print(f"wrote {out}, {out.with_suffix('.json').name}, {out.with_suffix('.md').name}")
+    interpret = None if on_tpu else pltpu.InterpretParams(detect_races=True)
+    target = chip_mod.chip()
+    t_start = time.perf_counter()
+    res = Recorder(Path(a.out), header(jax, target.version))
+    res.res["stream_bytes_per_s"] = stream_bandwidth(target.version)
+    res.res["note"] = ("interpret mode on CPU: a smoke test; no timing means anything"
+                       if interpret else "measured on the attached TPU")
+    slices = ["kimi-k3-mini"] if interpret else a.slices.split(",")
+    batches = [2] if interpret else [int(b) for b in a.batches.split(",")]
+    steps, repeats = (1, 1) if interpret else (a.steps, a.repeats)
+    say(f"{res.res['machine']}: jax {jax.__version__}, libtpu {res.res['libtpu']}; stream "
+        f"bandwidth {res.res['stream_bytes_per_s'] or 0:.3g} B/s (micro-benchmarks)")
+
+    def over_budget():
+        return time.perf_counter() - t_start > a.budget_s
+
+    if "check" in parts:
+        for name in ["kimi-k3-mini"] + ([] if interpret else slices):
+            for fmt in (["bf16", "mxfp4"] if name == "kimi-k3-mini" else FORMATS[name][:2]):
+                if over_budget():
+                    break
+                cfg = kernel_cfg_for(name, 4 if not interpret else 2, interpret)
+                sl = Slice(name, fmt, cfg, interpret)
+                r = check(sl, cfg, steps=2 if interpret else 4)
+                res.add(dict(kind="check", slice=name, format=fmt, batch=cfg.batch, **r))
+                say(f"check {name} {fmt}: tokens equal {r['tokens_equal']}, logit error "
+                    f"{r['logit_error']:.4f} of their spread (bound {LOGIT_TOL})")
+                del sl
+                gc.collect()
+    if "speed" in parts:
+        for name in slices:
+            for fmt in (["mxfp4"] if interpret else FORMATS[name]):
+                if over_budget():
+                    break
+                cfg0 = kernel_cfg_for(name, batches[0], interpret)
+                sl = Slice(name, fmt, cfg0, interpret)
+                res.add({"kind": "packing", "slice": name, "format": fmt,
+                         "init_s": sl.init_s, "pack_s": sl.pack_s})
+                say(f"{name} {fmt}: weights drawn in {sl.init_s:.1f} s, packed in "
+                    f"{sl.pack_s:.1f} s")
+                # every batch for a slice's first format; batches 1 and 8 for the others
+                first_fmt = fmt == (["mxfp4"] if interpret else FORMATS[name])[0]
+                for b in [b for b in batches if first_fmt or b in (batches[0], batches[-1])]:
+                    if over_budget():
+                        break
+                    cfg = kernel_cfg_for(name, b, interpret)
+                    for r in speed(sl, cfg, steps, repeats, with_xla=fmt == FORMATS.get(
+                            name, ("mxfp4",))[0] or interpret):
+                        res.add(r)
+                        say(f"  {r['kind']:>10} batch {b}: {r['step_s'] * 1e6:9.1f} us/step "
+                            f"(one-step call {r['wall_step_s'] * 1e3:.2f} ms)"
+                            + (f", {r['plan_bytes_per_s'] / 1e9:.0f} GB/s of plan bytes, "
+                               f"experts {r['distinct_experts']}, {r['feed']}"
+                               if r["kind"] == "megakernel" else ""))
+                del sl
+                gc.collect()
+    if "sweep" in parts and not over_budget():
+        name = slices[0]
+        sl = Slice(name, FORMATS.get(name, ("mxfp4",))[0], kernel_cfg_for(name, 1, interpret),
+                   interpret)
+        grid = [(b, d, s) for b in ((2,) if interpret else (1, 8))
+                for d, s in ([(d, 2) for d in (1, 2, 4, 8, 16)] + [(8, s) for s in (1, 3, 4)])]
+        for b, depth, slots in grid:
+            if over_budget():
+                break
+            cfg = kernel_cfg_for(name, b, interpret, depth=depth, expert_slots=slots)
+            for r in speed(sl, cfg, steps, repeats, with_xla=False):
+                res.add(dict(r, kind="megakernel", sweep=True))
+                say(f"  sweep batch {b} depth {depth:2d} slots {slots}: "
+                    f"{r['step_s'] * 1e6:9.1f} us/step")
+        del sl
+        gc.collect()
+    if "trace" in parts and not over_budget():
+        import shutil
+        import tempfile
+        kept = False
+        for name in slices:
+            sl = Slice(name, FORMATS.get(name, ("mxfp4",))[0],
+                       kernel_cfg_for(name, 1, interpret), interpret)
+            for b in ((2,) if interpret else (1, 8)):
+                if over_budget():
+                    break
+                cfg = kernel_cfg_for(name, b, interpret)
+                d = Path(tempfile.mkdtemp(prefix="tpu_trace_"))
+                tr = trace_run(sl, cfg, 3 if interpret else 5, d)
+                res.add({"kind": "trace", "slice": name, "format": sl.fmt, "batch": b,
+                         "config": config_dict(cfg), **tr})
+                say(f"  trace {name} batch {b}: " + (f"step {tr['step_s'] * 1e6:.1f} us, "
+                    f"{len(tr['phases_s'])} phases" if "step_s" in tr else tr["error"]))
+                if a.keep_trace and not kept:
+                    for f in d.rglob("*.xplane.pb"):
+                        shutil.copy(f, a.keep_trace)
+                        kept = True
+                        break
+                shutil.rmtree(d, ignore_errors=True)
+            del sl
+            gc.collect()
+    say(summary_line(res.res))
+    say(f"wrote {a.out} ({time.perf_counter() - t_start:.0f} s)")
     return 0
+
+
+def kernel_cfg_for(name, batch, interpret, **over):
+    from kernels.specs import slice_spec
+    return kernel_cfg(slice_spec(name), batch, interpret, **over)
 
 
 if __name__ == "__main__":

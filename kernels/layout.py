@@ -22,6 +22,7 @@ from perfmodel.util.errors import positive_int, require
 from . import chip as chip_mod, quant, reference, stream
 
 LANES = chip_mod.LANES
+PACK_EXPERTS = 16   # experts quantised and packed at once (their f32 temporaries on the device)
 
 
 @dataclass(frozen=True)
@@ -261,12 +262,14 @@ def pack_weights(weights: reference.Weights, cfg: KernelConfig) -> Packed:
         for layer, lw in zip(spec.layers, layers):
             if layer.ffn != "moe":
                 continue
-            codes, sc, gl = quant.pack_experts(lay, [jnp.asarray(lw[mm.name])
-                                                     for mm in expert_matmuls(spec)])
-            experts.append(codes)
-            if sc is not None:
-                scales.append(sc)
-            globs.append(gl.reshape(-1))
+            n_e = lw[expert_matmuls(spec)[0].name].shape[0]
+            parts = [quant.pack_experts(lay, [jnp.asarray(lw[mm.name][e:e + PACK_EXPERTS])
+                                              for mm in expert_matmuls(spec)])
+                     for e in range(0, n_e, PACK_EXPERTS)]   # bounded f32 temporaries
+            experts.append(jnp.concatenate([c for c, _, _ in parts]))
+            if parts[0][1] is not None:
+                scales.append(jnp.concatenate([sc for _, sc, _ in parts]))
+            globs.append(jnp.concatenate([gl for _, _, gl in parts]).reshape(-1))
     t = cfg.tile
     experts = jnp.stack(experts) if experts else jnp.zeros((1, 1, t, t), jnp.bfloat16)
     vr = vector_rows(spec)

@@ -323,11 +323,22 @@ def dequantized_weights(weights, name: str, t: int = 256):
     layers = []
     for lw in weights["layers"]:
         lw = dict(lw)
-        for k in ("expert_gate_up", "expert_down"):
+        for k in EXPERT_KEYS:
             if k in lw:
-                lw[k] = round_trip_jax(jnp.asarray(lw[k]), name, t).astype(jnp.bfloat16)
+                lw[k] = dequantized_experts(lw[k], name, t)
         layers.append(lw)
     return reference.Weights(dict(weights.params, layers=layers), weights.static)
+
+
+EXPERT_KEYS = ("expert_gate_up", "expert_down")
+
+
+def dequantized_experts(w, name: str, t: int = 256, chunk: int = 16):
+    """Experts [E, d_in, d_out] -> their dequantised `name` values in bf16, `chunk` experts at
+    a time (bounded f32 temporaries on the device)."""
+    w = jnp.asarray(w)
+    return jnp.concatenate([round_trip_jax(w[e:e + chunk], name, t).astype(jnp.bfloat16)
+                            for e in range(0, w.shape[0], chunk)])
 
 
 def round_trip(w: np.ndarray, name: str, t: int) -> np.ndarray:
