@@ -1,10 +1,17 @@
 """Fuzz the CLI contract: any argv and any model / hardware / config / micro-benchmark / design /
-trace / phase-profile file content, and any output path, either works (exit 0, and --json is plain JSON) or fails
+trace / phase-profile / kernel-plan / serving-trace file content, any serving, prefill and
+constraint options, any corruption of the bundled data (serving-engine inventories, kernel tables
+and their fits), and any output path, either works (exit 0, and --json is plain JSON) or fails
 with exit 2 and one line on stderr; an output is whole or absent, with no temporary beside it.
-An exit 1 (internal error), a traceback, a hang or any other exception fails the test.
+An exit 1 (internal error), a traceback, a hang (no answer within HANG_S) or any other exception
+fails the test.
 
-Profiles (PERFMODEL_FUZZ_PROFILE): `ci` (default: about 1,270 cases over the seven fuzz tests, fixed
-seed) and `fuzz` (`make fuzz`: at least 12,000, random). The module prints how many cases ran.
+The work limits (perfmodel.util.limits) run scaled down by LIMIT_SCALE: the checks are the
+same, and an accepted input then finishes well within HANG_S on a loaded 2-core machine
+(tests/test_limits.py checks that accepted inputs spend within their limits, at any scale).
+
+Profiles (PERFMODEL_FUZZ_PROFILE): `ci` (default: about 1,700 cases over the thirteen fuzz tests,
+fixed seed) and `fuzz` (`make fuzz`: at least 12,000, random). The module prints how many cases ran.
 """
 from __future__ import annotations
 
@@ -26,10 +33,12 @@ from perfmodel.spec import arch
 PRESETS = arch.PRESET_DIR.parent
 PROFILE = os.environ.get("PERFMODEL_FUZZ_PROFILE", "ci")
 SCALE = {"ci": 1, "fuzz": 10}[PROFILE]
-CASES = {"argv": 480, "files": 330, "traces": 120, "microbench": 120, "designs": 120, "outputs": 60,
-         "profiles": 40}
-# x SCALE: at most 1,270 / 12,700 in all; the sweep-output test has 240 distinct inputs, so under
+CASES = {"argv": 400, "files": 300, "traces": 100, "microbench": 100, "designs": 100, "outputs": 60,
+         "profiles": 60, "serve": 150, "prefill": 100, "plans": 100, "constraints": 60, "bundled": 120,
+         "serve traces": 60}
+# x SCALE: at most 1,710 / 17,100 in all; the sweep-output test has 240 distinct inputs, so under
 # `fuzz` it runs out near 300 and the others carry the 12,000
+LIMIT_SCALE = 10  # the work limits divided by this while fuzzing (module doc)
 
 
 def fuzz(test: str):
@@ -39,6 +48,13 @@ def fuzz(test: str):
 
 HANG_S = 30
 COUNTS: dict[str, int] = {}
+
+
+@pytest.fixture(autouse=True)
+def scaled_limits(monkeypatch):
+    from perfmodel.util import limits
+    for k in ("MAX_LAYER_STEPS", "MAX_SERVE_STEPS", "MAX_SWEEP_SERVE_STEPS"):
+        monkeypatch.setattr(limits, k, getattr(limits, k) // LIMIT_SCALE)
 
 
 def run(argv: list[str]) -> tuple[int, str, str]:
@@ -129,17 +145,27 @@ AXES = ["batch", "context", "prefetch_mib", "expert_slots", "routing_skew", "vme
         "link_latency_us", "engine", "dma_sharing", "nope", ""]
 EXTRA = {"predict": {"--batch": st.sampled_from(["1", "1,2", "8"]) | text_values},
          "sweep": {"--vary": st.tuples(st.sampled_from(AXES), text_values).map("=".join)},
-         "trace": {"--batch": st.sampled_from(["1", "2"]) | text_values, "--out": text_values}}
+         "trace": {"--batch": st.sampled_from(["1", "2"]) | text_values, "--out": text_values},
+         "serve": {"--rate": st.sampled_from(["1", "50"]) | text_values, "--requests": st.sampled_from(["5", "30"])
+                   | text_values, "--concurrency": st.sampled_from(["1", "8"]) | text_values,
+                   "--input-len": st.sampled_from(["16", "4:64"]) | text_values,
+                   "--output-len": st.sampled_from(["4", "1:9"]) | text_values},
+         "explain": {"--layer": st.sampled_from(["0", "1", "5", "999"]) | text_values,
+                     "--op": st.sampled_from(["routed_experts", "nope"]) | text_values,
+                     "--profile": st.sampled_from(["musespark", "nope", "x.json"]) | text_values,
+                     "--batch": st.sampled_from(["1", "8"]) | text_values}}
 
 
 @st.composite
 def argvs(draw, tmp: Path):
     cmd = draw(st.sampled_from(["predict", "sweep", "trace", "list", "reproduce", "validate",
-                                "capture", "hostbench", "nope"]))
+                                "capture", "hostbench", "nope", "serve", "explain"]))
     argv = [cmd]
     opts = {**DEPLOY_OPTS, **EXTRA.get(cmd, {})} if cmd in EXTRA else {}
-    if cmd == "predict":
+    if cmd in ("predict", "serve", "explain"):
         argv += ["--model", "kimi-k3-mini", "--devices", "1"]  # small unless the draw says else
+    if cmd == "serve":
+        argv += ["--no-progress"]
     for name in draw(st.lists(st.sampled_from(sorted(opts)), max_size=5, unique=True)) if opts else []:
         argv += [name, draw(opts[name])]
     if cmd == "sweep":
@@ -472,6 +498,244 @@ def test_fuzz_sweep_outputs(kind, fsize, old, jobs, sandbox):
         else:
             assert after == before and (not old or Path(out).read_text() == "old\n")
     count("sweep outputs")
+
+
+# ----- serving, prefill, constraints, kernel plans, serving traces, bundled data -------------------
+
+def mostly(*valid: str):
+    """One of `valid` three times in four, else any text."""
+    v = st.sampled_from(valid)
+    return st.sampled_from((True, True, True, False)).flatmap(lambda ok: v if ok else text_values)
+
+
+SERVE_OPTS = {"--requests": mostly("1", "7", "50", "400", "1000000", "1048576"),
+              "--input-len": mostly("1", "8", "300", "8:64", "64:8", "16777216"),
+              "--output-len": mostly("1", "2", "40", "1:30", "16777216"),
+              "--max-batch": mostly("1", "8", "256"), "--max-tokens-per-step": mostly("1", "64", "8192"),
+              "--prefill-chunk": mostly("1", "16", "512"), "--block-tokens": mostly("1", "16"),
+              "--memory-utilization": mostly("0.5", "0.9", "1"), "--prefill-devices": mostly("1", "2"),
+              "--prefill-tp": mostly("1", "2"), "--prefill-ep": mostly("1", "2"),
+              "--prefill-engine": mostly("megakernel", "multikernel"), "--seed": mostly("0", "1"),
+              "--context": st.sampled_from(["0", "64"]), "--steps-per-call": st.sampled_from(["1", "4"]),
+              "--draft-rows": st.sampled_from(["0", "3"]), "--engine": st.sampled_from(["megakernel", "multikernel"])}
+SERVE_MODELS = [["--model", "kimi-k3-mini", "--devices", "1"], ["--model", "llama-3.2-1b", "--hardware", "h100",
+                                                                "--devices", "1"]]
+TRAFFIC = st.one_of(st.tuples(st.just("--rate"), mostly("0.5", "5", "100", "1e-20", "5e-324", "1e9")),
+                    st.tuples(st.just("--concurrency"), mostly("1", "4", "64")), st.just(()))
+
+
+@fuzz("serve")
+@given(data=st.data())
+def test_fuzz_serve(data, sandbox):
+    argv = ["serve", *data.draw(st.sampled_from(SERVE_MODELS)), "--no-progress", "--requests", "20",
+            *data.draw(TRAFFIC)]
+    for name in data.draw(st.lists(st.sampled_from(sorted(SERVE_OPTS)), max_size=3, unique=True)):
+        argv += [name, data.draw(SERVE_OPTS[name])]
+    if "--prefill-devices" in argv and data.draw(st.booleans()):
+        argv.append("--compare-aggregated")
+    check_contract(argv + data.draw(st.sampled_from([[], ["--json"]])))
+    count("serve")
+
+
+@st.composite
+def serve_trace_content(draw) -> tuple[str, bytes]:
+    rows = draw(st.lists(st.fixed_dictionaries({}, optional={
+        "input_len": st.integers(-2, 5000) | st.sampled_from([1e400, "inf", "nan", "8", "", [1], {"a": 1}, True]),
+        "output_len": st.integers(-2, 300) | st.sampled_from(["inf", 1.5, "x", None, 2**70]),
+        "arrival_s": st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0, 1e300, -1, "1"]),
+        "ContextTokens": st.integers(1, 64)}), max_size=8))
+    if draw(st.booleans()):
+        name = "t.jsonl"
+        lines = [json.dumps(r) for r in rows]
+        if draw(st.integers(0, 4)) == 0:
+            lines.append("[" * draw(st.integers(1, 50_000)) + "]" * draw(st.integers(0, 50_000)))
+        raw = "\n".join(lines).encode()
+    else:
+        name = "t.csv"
+        keys = sorted({k for r in rows for k in r}) or ["input_len", "output_len"]
+        raw = (",".join(keys) + "\n" + "".join(",".join(str(r.get(k, "")) for k in keys) + "\n" for r in rows)).encode()
+    return name, byte_noise(raw or b"x", draw) if draw(st.integers(0, 4)) == 0 else raw
+
+
+@fuzz("serve traces")
+@given(data=st.data())
+def test_fuzz_serve_traces(data, sandbox):
+    name, raw = data.draw(serve_trace_content())
+    (sandbox / name).write_bytes(raw)
+    argv = ["serve", "--model", "kimi-k3-mini", "--devices", "1", "--trace", str(sandbox / name), "--no-progress"]
+    argv += data.draw(st.sampled_from([[], ["--rate", "5"], ["--concurrency", "2"], ["--requests", "3", "--rate", "50"]]))
+    check_contract(argv + data.draw(st.sampled_from([[], ["--json"]])))
+    count("serve traces")
+
+
+@fuzz("prefill")
+@given(data=st.data())
+def test_fuzz_prefill(data, sandbox):
+    argv = ["predict", *data.draw(st.sampled_from([["--model", "kimi-k3-mini", "--devices", "1"],
+                                                   ["--model", "llama-3.2-1b", "--hardware", "h100", "--devices", "1"],
+                                                   ["--model", "kimi-k3", "--devices", "32", "--ep", "8"]]))]
+    argv += ["--prompt", data.draw(mostly("1", "100", "4096", "131072", "1048576"))]
+    if data.draw(st.booleans()):
+        argv += ["--prefill-chunk", data.draw(mostly("1", "7", "64", "1024", "8192"))]
+    if data.draw(st.booleans()):
+        argv += ["--batch", data.draw(mostly("1", "1,8", ",".join(["8"] * 40), ",".join(map(str, range(1, 65)))))]
+    argv += data.draw(st.sampled_from([[], ["--gain"], ["--engine", "multikernel"], ["--json"]]))
+    check_contract(argv)
+    count("prefill")
+
+
+SERVING_DESIGN = {"base": {"model": "kimi-k3-mini", "devices": 1, "requests": 20, "input_len": 32, "output_len": 8},
+                  "grid": {"concurrency": [1, 4]}, "constraints": {"ttft_p90_s": 1.0}}
+
+
+@fuzz("constraints")
+@given(data=st.data())
+def test_fuzz_constraints(data, sandbox):
+    design = json.loads(json.dumps(SERVING_DESIGN))
+    if data.draw(st.integers(0, 2)):
+        design = mutate(design, data.draw)
+    (sandbox / "d.toml").write_bytes(toml_text(design).encode("utf-8", "surrogatepass"))
+    argv = ["sweep", "--design", str(sandbox / "d.toml"), "--no-progress", "--jobs", "1", "--top", "2"]
+    for _ in range(data.draw(st.integers(0, 2))):
+        name = data.draw(st.sampled_from(["ttft_p90_s", "tpot_p50_s", "e2e_p99_s", "ttft_p90_s", "ttft", "nope", ""]))
+        argv += ["--constraint", f"{name}={data.draw(mostly('1', '0.5', '0.001', '1e9'))}"]
+    check_contract(argv + data.draw(st.sampled_from([[], ["--json"], ["--out", "rows.csv"]])))
+    count("constraints")
+
+
+def synthetic_plan() -> dict:
+    """A plan file of kimi-k3-mini on one device: each layer's static weights as 256 KiB ring
+    banks, each MoE layer's experts as routed copies, its KV read at the layer's start."""
+    from perfmodel.graph import ops
+    from perfmodel.graph.dmaplan import COLUMNS, FORMAT, VERSION
+    from perfmodel.spec.deployment import Deployment
+    from perfmodel.spec.loaders import load_model
+    g = ops.build(load_model("kimi-k3-mini"), Deployment(devices=1, tp=1, batch=1, context=64))
+    rows, bank = [], 256 * 1024
+    for layer in sorted(set(g.layer.tolist())):
+        m = g.layer == layer
+        static, routed, kv = (int(x[m].sum()) for x in (g.static_bytes, g.routed_bytes, g.kv_bytes))
+        if kv:
+            rows.append([layer, "kv_cache", f"kv {layer}", kv, False, False])
+        for b in range(0, static, bank):
+            rows.append([layer, "attention", f"bank {b // bank}", min(bank, static - b), False, True])
+        if routed:
+            rows += [[layer, "routed_expert", f"expert {e}", routed // 2, True, False] for e in range(2)]
+    return {"format": FORMAT, "version": VERSION, "model": "kimi-k3-mini",
+            "deployment": {"devices": 1, "tp": 1, "ep": 1, "batch": 1, "context": 64},
+            "kernel": {"bank_bytes": bank, "depth": 8, "expert_slots": 2}, "source": "synthetic",
+            "columns": ["order", "layer", "family", "name", "bytes", "routed", "ring"],
+            "copies": [[i, *r] for i, r in enumerate(rows)]}
+
+
+@pytest.fixture(scope="module")
+def plan_src():
+    return synthetic_plan()
+
+
+@fuzz("plans")
+@given(data=st.data())
+def test_fuzz_kernel_plan_files(data, sandbox, plan_src):
+    plan = json.loads(json.dumps(plan_src))
+
+    def pick(draw):
+        target = draw(st.sampled_from(["deployment", "kernel", "row", "none"]))
+        if target == "row" and plan["copies"]:
+            i = draw(st.integers(0, len(plan["copies"]) - 1))
+            row = plan["copies"][i]
+            if isinstance(row, list) and row:
+                row[draw(st.integers(0, len(row) - 1))] = draw(toml_scalars)
+            if draw(st.integers(0, 5)) == 0:
+                plan["copies"] = plan["copies"][:draw(st.integers(0, len(plan["copies"])))]
+            return None
+        return plan.get(target) if isinstance(plan.get(target), dict) else None
+    raw = mutated_json(data.draw, plan, pick, 3, 4)
+    (sandbox / "plan.json").write_bytes(raw)
+    argv = data.draw(st.sampled_from([["predict"], ["explain"]])) + ["--kernel-plan", str(sandbox / "plan.json")]
+    argv += data.draw(st.sampled_from([[], ["--json"], ["--steps-per-call", "4"], ["--hardware", "tpu-v6e"],
+                                       ["--batch", "2"], ["--model", "kimi-k3"]]))
+    check_contract(argv)
+    count("plan files")
+
+
+@pytest.fixture
+def bundled_copy(tmp_path, monkeypatch):
+    """A function that puts fresh copies of the serving-engine inventories and H100's kernel
+    tables where the loaders read them instead of the package's (their caches cleared), for one
+    example to corrupt; returns (inventory dir, H100 table dir)."""
+    import shutil
+    from perfmodel.cost import gpu_kernels as gk
+    from perfmodel.spec import engines
+    src_inv, src_h100 = engines.ENGINE_DIR, gk.KERNEL_DIR / "h100"
+    inv, kdir = tmp_path / "serving_engines", tmp_path / "kernels"
+    monkeypatch.setattr(engines, "ENGINE_DIR", inv)
+    monkeypatch.setattr(gk, "KERNEL_DIR", kdir)
+    caches = (engines.inventory, gk.tables, gk.fits, gk.gpus_with_tables)
+
+    def fresh():
+        shutil.rmtree(inv, ignore_errors=True)
+        shutil.rmtree(kdir, ignore_errors=True)
+        shutil.copytree(src_inv, inv)
+        shutil.copytree(src_h100, kdir / "h100")
+        for c in caches:
+            c.cache_clear()
+        return inv, kdir / "h100"
+    yield fresh
+    for c in caches:
+        c.cache_clear()
+
+
+def corrupt_npz(path: Path, draw) -> None:
+    import numpy as np
+    how = draw(st.sampled_from(["bytes", "drop", "replace", "index"]))
+    if how == "bytes":
+        raw = path.read_bytes()
+        path.write_bytes(draw(st.sampled_from([raw[:draw(st.integers(0, len(raw)))], byte_noise(raw, draw)])))
+        return
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    key = draw(st.sampled_from(sorted(arrays)))
+    if how == "drop":
+        arrays.pop(key)
+    elif how == "replace":
+        arrays[key] = draw(st.sampled_from([np.zeros(3), np.array(["x"]), np.arange(4, dtype=np.uint8),
+                                            np.array([[1.0]]), np.array([{"a": 1}], dtype=object)]))
+    elif key.startswith("index"):
+        doc = json.loads(arrays[key].tobytes())
+        doc = mutate(doc, draw) if isinstance(doc, dict) else draw(toml_values)
+        arrays[key] = np.frombuffer(json.dumps(doc).encode("utf-8", "surrogatepass"), np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+@fuzz("bundled")
+@given(data=st.data())
+def test_fuzz_bundled_data(data, bundled_copy):
+    inv, h100 = bundled_copy()
+    what = data.draw(st.sampled_from(["inventory", "table", "fit", "nccl"]))
+    if what == "inventory":
+        f = inv / "vllm.toml"
+        src = tomllib.loads(f.read_text())
+        f.write_bytes(data.draw(file_content(src, False)))
+    elif what == "fit":
+        f = h100 / "fit.json"
+        doc = json.loads(f.read_text())
+        engines = doc["engines"]
+        doc["engines"] = {"vllm": dict(list(engines["vllm"].items())[:40])}  # quick to write and read
+
+        def pick(draw):
+            groups = doc["engines"].get("vllm") if isinstance(doc.get("engines"), dict) else None
+            if not isinstance(groups, dict) or not groups:
+                return None
+            g = groups[draw(st.sampled_from(sorted(groups)))]
+            return g if isinstance(g, dict) else None
+        f.write_bytes(mutated_json(data.draw, doc, pick, 3, 6))
+    else:
+        corrupt_npz(h100 / ("nccl.npz" if what == "nccl" else "vllm.npz"), data.draw)
+    argv = ["predict", "--model", data.draw(st.sampled_from(["llama-3.2-1b", "kimi-k3-mini"])), "--hardware", "h100",
+            "--devices", "1", "--engine", "multikernel", "--serving-engine", "vllm"]
+    check_contract(argv + data.draw(st.sampled_from([[], ["--json"], ["--batch", "1,64"]])))
+    count(f"bundled {what}")
 
 
 # ----- every signature the issue's fuzz run found, kept as explicit examples ------------------------

@@ -359,3 +359,12 @@ def test_accepted_sweeps_spend_within_their_limits(small_limits):
                       "--no-progress", "--json", "--jobs", "1"])
     assert rc == 0, err
     assert 0 < limits.SPENT["serve_steps"] <= limits.MAX_SWEEP_SERVE_STEPS
+
+
+def test_closed_loop_one_token_requests_disaggregated_end():
+    """Found by the extended fuzz: a one-token request ends at the prefill pool, and its client then
+    sends the next one (the closed loop stalled, and the simulation never ended)."""
+    limits.reset()
+    rc, out, err = run(["serve", *MINI, "--requests", "20", "--concurrency", "1", "--output-len", "1",
+                        "--block-tokens", "1", "--prefill-devices", "1", "--no-progress", "--json"])
+    assert rc == 0 and json.loads(out)["requests"] == 20, err

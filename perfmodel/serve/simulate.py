@@ -239,6 +239,8 @@ def simulate(model: ModelSpec, hw: Hardware, d: Deployment, workload: Workload,
               mininterval=0.5) as bar:
         while done < n:
             pool = min(pools, key=Pool.next_time)
+            if pool.next_time() == math.inf:  # nothing left to run while requests are not done
+                raise RuntimeError(f"serving simulation stalled with {done} of {n} requests done")
             stepped = pool.steps
             left, before = pool.step().tolist(), done
             if pool.steps > stepped:
@@ -252,6 +254,8 @@ def simulate(model: ModelSpec, hw: Hardware, d: Deployment, workload: Workload,
                     if q.generated[i] >= q.output_len[i]:  # a one-token request ends at the prefill pool
                         q.finish_s[i] = pool.now
                         done += 1
+                        if arrivals is None and q.count < n:  # its client sends the next one
+                            new_request(pool.now)
                         continue
                     q.handoff_s[i] = pool.now
                     start = max(pool.now, link_free)

@@ -30,7 +30,7 @@ COUNT = Num(1, 2**20, integer=True)
 INVENTORY = {
     "engine": Req(NAME), "version": Req(NAME), "source": Req(NAME), "kernel_tables": Req(NAME),
     "all_reduce": OneOf("custom", "nccl"), "all_reduce_nvlink_domain": OneOf("mnnvl"), "act_quant": (BOOL,),
-    "mla": OneOf("granular", "module"), "kda": [NAME], "moe_dispatch": NAME, "fused_moe_reduce": (BOOL,),
+    "mla": OneOf("granular", "module"), "kda": Req(ListOf(NAME, 1)), "moe_dispatch": NAME, "fused_moe_reduce": (BOOL,),
     "norm_in_all_reduce": (BOOL,),
     "measured_as": [{"class": Req(NAME), "kernel": NAME, "dtype": NAME, "ep": COUNT, "gpus": [NAME], "tables": [NAME],
                      "table_class": NAME, "why": NAME}],
@@ -40,7 +40,7 @@ INVENTORY = {
     "kernel": [{"op": Req(NAME), "name": Req(NAME), "values": Req(NAME), "before": (BOOL,), "attention": NAME}],
     "published": [{"model": Req(NAME), "formats": {"*": NAME}, "hardware": Req(NAME), "devices": Req(COUNT),
                    "tp": Req(COUNT), "ep": COUNT, "kv_cache": NAME, "source": Req(NAME)}],
-    "sources": {"block_splits": Req(NAME), "*": NAME},
+    "sources": Req({"block_splits": Req(NAME), "*": NAME}),
 }
 # Where a serving engine is not named (a GPU deployment of the generic multi-kernel engine), the
 # rule every engine has for block-quantised splits (each inventory's [sources] block_splits)
