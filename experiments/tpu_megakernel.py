@@ -324,6 +324,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=",".join(PARTS), help=f"parts: {','.join(PARTS)}")
     ap.add_argument("--slices", default=",".join(SLICES))
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--formats", help="expert formats of every slice (default: per slice, "
+                    "FORMATS)")
     ap.add_argument("--steps", type=int, default=8, help="extra steps a call for the slope")
     ap.add_argument("--repeats", type=int, default=5, help="timed calls per point (median)")
     ap.add_argument("--out", default=str(RESULTS))
@@ -377,7 +379,9 @@ def main(argv=None) -> int:
                 gc.collect()
     if "speed" in parts:
         for name in slices:
-            for fmt in (["mxfp4"] if interpret else FORMATS[name]):
+            fmts = ["mxfp4"] if interpret else (a.formats.split(",") if a.formats
+                                                else FORMATS[name])
+            for fmt in fmts:
                 if over_budget():
                     break
                 cfg0 = kernel_cfg_for(name, batches[0], interpret)
@@ -387,13 +391,12 @@ def main(argv=None) -> int:
                 say(f"{name} {fmt}: weights drawn in {sl.init_s:.1f} s, packed in "
                     f"{sl.pack_s:.1f} s")
                 # every batch for a slice's first format; batches 1 and 8 for the others
-                first_fmt = fmt == (["mxfp4"] if interpret else FORMATS[name])[0]
+                first_fmt = fmt == fmts[0]
                 for b in [b for b in batches if first_fmt or b in (batches[0], batches[-1])]:
                     if over_budget():
                         break
                     cfg = kernel_cfg_for(name, b, interpret)
-                    for r in speed(sl, cfg, steps, repeats, with_xla=fmt == FORMATS.get(
-                            name, ("mxfp4",))[0] or interpret):
+                    for r in speed(sl, cfg, steps, repeats, with_xla=first_fmt):
                         res.add(r)
                         say(f"  {r['kind']:>10} batch {b}: {r['step_s'] * 1e6:9.1f} us/step "
                             f"(one-step call {r['wall_step_s'] * 1e3:.2f} ms)"
@@ -425,7 +428,7 @@ def main(argv=None) -> int:
         for name in slices:
             sl = Slice(name, FORMATS.get(name, ("mxfp4",))[0],
                        kernel_cfg_for(name, 1, interpret), interpret)
-            for b in ((2,) if interpret else (1, 8)):
+            for b in batches:
                 if over_budget():
                     break
                 cfg = kernel_cfg_for(name, b, interpret)
