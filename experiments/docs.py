@@ -505,6 +505,12 @@ def fig_kernel_plan() -> str:
                      "rrrrrr") + "\n" + diff + "\n" + cause + f"\n{out['machine']}.\n")
 
 
+def fig_tpu_v5e() -> str:
+    """experiments/tpu_megakernel.py's committed results: the megakernel measured on a TPU v5e."""
+    import tpu_megakernel
+    return tpu_megakernel.table(result("tpu_megakernel.json"))
+
+
 # ---- host validation (experiments/validate_host.py and the hostbench files it wrote) --------------
 
 def pct(x: float, signed: bool = False) -> str:
@@ -844,7 +850,7 @@ FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed,
            "kernel-plan": fig_kernel_plan, "recipe-settings": fig_recipe_settings, "components-tpu": fig_components_tpu,
            "components-gpu": fig_components_gpu, "model-speed": fig_model_speed, "layer-time": fig_layer_time,
            "kernel-compile": fig_kernel_compile, "dashboard-browser": fig_dashboard_browser, "ttft-published": fig_ttft_published, "ttft-host": fig_ttft_host,
-           "serve-sweep": fig_serve_sweep, "serve-speed": fig_serve_speed}
+           "serve-sweep": fig_serve_sweep, "serve-speed": fig_serve_speed, "tpu-v5e": fig_tpu_v5e}
 
 
 # ---- the pages --------------------------------------------------------------------------------

@@ -289,28 +289,45 @@ def summary_line(res: dict) -> str:
     checks = [r for r in runs if r["kind"] == "check"]
     return (f"{res['machine']} ({res['date'][:10]}, jax {res['jax']}): "
             f"{len({r['slice'] for r in mk})} slices, {len({r['format'] for r in mk})} formats, "
-            f"batches {sorted({r['batch'] for r in mk})}; checks {sum(c['ok'] for c in checks)}"
-            f"/{len(checks)} equal; batch-1 stream share "
+            f"batches {sorted({r['batch'] for r in mk})}; greedy tokens equal in "
+            f"{sum(c['tokens_equal'] for c in checks)}/{len(checks)} checks, logits within "
+            f"bounds in {sum(c['ok'] for c in checks)}; batch-1 stream share "
             + (f"{min(share):.0%}-{max(share):.0%}" if share else "-")
             + f"; speed-up over XLA batch 1 {speedup(1)}, batch 8 {speedup(8)}; first call "
             + (f"<= {max(comp):.0f} s" if comp else "-") + "; packing "
             + (f"<= {max(pack):.1f} s" if pack else "-"))
 
 
-def report(path: Path) -> int:
-    res = json.loads(path.read_text())
+def table(res: dict) -> str:
+    """The measured runs as a markdown table: per slice, format and batch the kernel's time per
+    step and tokens/s, the XLA reference's time on the same chip and weights, the speed-up and
+    the share of the chip's measured stream bandwidth the step's DMA plan moves."""
+    xla = {(r["slice"], r["batch"]): r["step_s"] for r in res["runs"] if r["kind"] == "xla"}
+    lines = ["| slice | experts | batch | kernel us/step | tok/s | XLA us/step | speed-up | "
+             "stream share |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in res["runs"]:
-        if r["kind"] == "megakernel":
-            share = (r["plan_bytes_per_s"] / res["stream_bytes_per_s"]
-                     if res.get("stream_bytes_per_s") and r.get("plan_bytes_per_s") else None)
-            say(f"{r['slice']:>13} {r['format']:>6} batch {r['batch']} depth "
-                f"{r['config']['depth']:>2} slots {r['config']['expert_slots']}: "
-                f"{r['step_s'] * 1e6:8.1f} us/step ({r['batch'] / r['step_s']:8.0f} tok/s), "
-                f"{r['plan_bytes'] / 1e6:7.1f} MB at "
-                + (f"{share:.0%} of the stream" if share else "-"))
-        elif r["kind"] == "xla":
-            say(f"{r['slice']:>13} {'xla':>6} batch {r['batch']}: {r['step_s'] * 1e6:8.1f} us/step")
-    say(summary_line(res))
+        if r["kind"] != "megakernel" or r.get("sweep"):
+            continue
+        x = xla.get((r["slice"], r["batch"]))
+        share = (r["plan_bytes_per_s"] / res["stream_bytes_per_s"]
+                 if res.get("stream_bytes_per_s") and r.get("plan_bytes_per_s") else None)
+        lines.append(f"| {r['slice']} | {r['format']} as {r['feed'].split(' as ')[1].split()[0]}"
+                     f" | {r['batch']} | {r['step_s'] * 1e6:.0f} | {r['batch'] / r['step_s']:.0f}"
+                     f" | {x * 1e6:.0f} | {x / r['step_s']:.2f}x |" if x else
+                     f"| {r['slice']} | {r['format']} | {r['batch']} | {r['step_s'] * 1e6:.0f} | "
+                     f"{r['batch'] / r['step_s']:.0f} | - | - |")
+        lines[-1] += f" {share:.0%} |" if share else " - |"
+    checks = [r for r in res["runs"] if r["kind"] == "check"]
+    lines += ["", "| check on the chip | experts | greedy tokens equal | max logit error / spread |",
+              "|---|---|---|---:|"]
+    lines += [f"| {c['slice']} | {c['format']} | {'yes' if c['tokens_equal'] else 'NO'} | "
+              f"{c['logit_error']:.3f}{'' if c['logit_error'] <= c['logit_tolerance'] else ' (over ' + str(c['logit_tolerance']) + ')'} |"
+              for c in checks]
+    return "\n".join(lines) + f"\n\n{summary_line(res)}; `{res['command']}`.\n"
+
+
+def report(path: Path) -> int:
+    say(table(json.loads(path.read_text())))
     return 0
 
 
