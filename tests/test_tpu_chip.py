@@ -1,7 +1,9 @@
 """On a real TPU (`pytest -m tpu`, run through the device machine; skipped without a chip): the
 megakernel compiles with Mosaic for the attached chip and its greedy tokens equal the pure-JAX
 reference's on the same chip and weights, for MINI in each routed-expert format the chip feeds,
-at batch 1 and 8; the Kimi K3 TP32-core slice at batch 1."""
+at batch 1 and 8; the Kimi K3 TP32-core slice at batch 1. As in tests/test_megakernel.py (whose
+tolerance analysis holds here too), tokens must agree wherever the reference's top-2 logit
+margin exceeds `MARGIN`: below it a bf16 rounding flip may pick the other token."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -10,13 +12,16 @@ from jax.experimental.pallas import tpu as pltpu
 from kernels import layout, megakernel, quant, reference
 from kernels.specs import slice_spec
 
+MARGIN = 0.1
+
 pytestmark = [pytest.mark.tpu,
               pytest.mark.skipif(not pltpu.is_tpu_device(), reason="no TPU attached")]
 
 
 def greedy_both(spec, cfg, steps=3):
-    """(kernel tokens, reference tokens) over `steps` greedy steps, teacher-forced by the
-    reference; the reference runs the dequantised experts."""
+    """(kernel tokens, reference tokens, whether the reference's top-2 margin is clear) over
+    `steps` greedy steps, teacher-forced by the reference; the reference runs the dequantised
+    experts."""
     w = reference.init_weights(spec, 0)
     packed = layout.pack_weights(w, cfg)
     fmt = spec.formats["routed_expert"].name
@@ -26,14 +31,16 @@ def greedy_both(spec, cfg, steps=3):
     rc = reference.init_cache(spec, cfg.batch, cfg.max_context)
     tok = jnp.arange(cfg.batch, dtype=jnp.int32)
     pos = jnp.full((cfg.batch,), 5, jnp.int32)
-    ks, rs = [], []
+    ks, rs, clear = [], [], []
     for _ in range(steps):
         kt, _, kc, _ = step(packed, kc, tok, pos)
-        rt, _, rc = reference.decode_step(ref_w, rc, tok, pos)
+        rt, rlog, rc = reference.decode_step(ref_w, rc, tok, pos)
+        top2 = np.sort(np.asarray(rlog), axis=-1)[..., -2:]
         ks.append(np.asarray(kt))
         rs.append(np.asarray(rt))
+        clear.append(top2[..., 1] - top2[..., 0] > MARGIN)
         tok, pos = rt, pos + 1
-    return np.stack(ks), np.stack(rs)
+    return np.stack(ks), np.stack(rs), np.stack(clear)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "int8", "fp8", "int4", "mxfp4", "nvfp4"])
@@ -42,13 +49,13 @@ def test_mini_tokens_equal_the_reference_on_the_chip(fmt, batch):
     spec = slice_spec("kimi-k3-mini", fmt)
     cfg = layout.KernelConfig(batch=batch, max_context=64, depth=4, cache_block=16,
                               bank_rows=1024)
-    k, r = greedy_both(spec, cfg)
-    assert (k == r).all()
+    k, r, clear = greedy_both(spec, cfg)
+    assert clear.mean() > 0.5 and (k == r)[clear].all()
 
 
 def test_kimi_k3_slice_tokens_equal_the_reference_on_the_chip():
     spec = slice_spec("k3-tp32-core", "mxfp4")
     cfg = layout.KernelConfig(batch=1, max_context=512, depth=8, expert_slots=2,
                               cache_block=256, bank_rows=8192)
-    k, r = greedy_both(spec, cfg, steps=2)
-    assert (k == r).all()
+    k, r, clear = greedy_both(spec, cfg, steps=2)
+    assert (k == r)[clear].all()
