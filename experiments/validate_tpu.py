@@ -49,6 +49,12 @@ from perfmodel.util.errors import SpecError, in_file, require
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
+
+
+def shown(path: Path) -> str:
+    """A path as the results file records it: relative to the repository when inside it."""
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
 DEFAULT_RESULTS = RESULTS / "tpu_megakernel.json"
 TOLERANCES = {"layer_median": 0.05, "layer_phase_max": 0.10, "step_max": 0.05, "xla_step_max": 0.10}
 
@@ -435,7 +441,7 @@ def main(argv=None) -> int:
             print(f"not compared (no prediction of them): records of kind {', '.join(kinds)}")
     out = Path(a.out)
     meta = {"machine": data["machine"], "chip": data.get("chip"), "jax": data.get("jax"), "libtpu": data.get("libtpu"),
-            "date": data["date"], "measured_by": data.get("command"), "results": str(path),
+            "date": data["date"], "measured_by": data.get("command"), "results": shown(path),
             "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *(argv if argv is not None
                                                                                   else sys.argv[1:])]),
             "hardware_file": a.hardware, "load_average_1min": None,

@@ -46,7 +46,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from perfmodel.graph.ops import kernel_all_reduce
 
-from . import chip
+from . import chip, shard
 
 AXIS = "tp"
 F32, BF16 = jnp.float32, jnp.bfloat16
@@ -317,3 +317,18 @@ def buffer_shapes(spec, cfg, widths, tp: int) -> dict[tuple[int, str], tuple[tup
         p, r, l = max(p, n if e.scatter else 1), max(r, e.wire.rows), max(l, e.wire.lanes)
         out[key] = ((p, r, l), (2, n, r, l))
     return out
+
+
+def collective_widths(spec, cfg) -> dict[str, list[int]]:
+    """The widths the kernel gathers (f32, bf16), all-reduces and reduce-scatters
+    (`comm.buffer_shapes`)."""
+    tp = getattr(spec, "tp", 1)
+    f32 = [2] + [mm.d_out for l in spec.layers for mm in spec.layer_matmuls(l)
+                 if mm.name in shard.GATHERED and mm.name != "latent_down"]
+    bf16 = [spec.hidden // tp]
+    lat = spec.moe.latent_dim if spec.moe and spec.count(ffn="moe") else 0
+    bf16 += [lat // tp] if lat else []
+    one_shot = algorithm(spec, cfg) == "one_shot"
+    return {"gather_f32": sorted(set(f32)), "gather_bf16": sorted(set(bf16)),
+            "reduce": [spec.hidden] + ([lat] if lat and one_shot else []),
+            "scatter": [lat] if lat and not one_shot else []}

@@ -75,7 +75,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
     xfmt = lay.fmt if lay else None
     separate = lay is not None and lay.rows[1] > 0
     glob = xfmt is not None and xfmt.global_scale
-    widths = collective_widths(spec, cfg)
+    widths = comm_mod.collective_widths(spec, cfg)
     bufs = comm_mod.buffer_shapes(spec, cfg, widths, tp) if tp > 1 else {}
     refs = list(refs)
     take = lambda k: [refs.pop(0) for _ in range(k)]
@@ -580,21 +580,6 @@ def expert_padding_bytes(spec: ModelSpec, cfg: KernelConfig) -> tuple[int, int]:
     return int(codes), int(lay.scale_rows * t * item - used)
 
 
-def collective_widths(spec: ModelSpec, cfg: KernelConfig) -> dict[str, list[int]]:
-    """The widths the kernel gathers (f32, bf16), all-reduces and reduce-scatters
-    (`comm.buffer_shapes`)."""
-    tp = layout.tp_of(spec)
-    f32 = [2] + [mm.d_out for l in spec.layers for mm in spec.layer_matmuls(l)
-                 if mm.name in shard.GATHERED and mm.name != "latent_down"]
-    bf16 = [spec.hidden // tp]
-    lat = spec.moe.latent_dim if spec.moe and spec.count(ffn="moe") else 0
-    bf16 += [lat // tp] if lat else []
-    one_shot = comm_mod.algorithm(spec, cfg) == "one_shot"
-    return {"gather_f32": sorted(set(f32)), "gather_bf16": sorted(set(bf16)),
-            "reduce": [spec.hidden] + ([lat] if lat and one_shot else []),
-            "scatter": [lat] if lat and not one_shot else []}
-
-
 def _shapes(spec: ModelSpec, cfg: KernelConfig):
     """(output shapes, scratch shapes) of the pallas_call."""
     bp, t, e = cfg.padded_batch, cfg.tile, spec.moe.experts if spec.moe else 1
@@ -635,7 +620,7 @@ def _shapes(spec: ModelSpec, cfg: KernelConfig):
                     pltpu.SMEM((e,), jnp.int32)]
     if tp > 1:
         for (kind, dtype), (send, recv) in comm_mod.buffer_shapes(
-                spec, cfg, collective_widths(spec, cfg), tp).items():
+                spec, cfg, comm_mod.collective_widths(spec, cfg), tp).items():
             scratch += [pltpu.VMEM(send, dtype), pltpu.VMEM(recv, dtype)]
         scratch.append(pltpu.SemaphoreType.DMA((2, len(comm_mod.KINDS), 2)))
     return out, scratch

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from perfmodel.spec.arch import ModelSpec
 from perfmodel.util.errors import SpecError, require
 
-from . import layout, reference
+from . import comm, layout, reference
 from .chip import Chip
 from .layout import KernelConfig
 
@@ -66,7 +66,6 @@ def padded_bytes(shape: tuple[int, ...], dtype, target: Chip) -> int:
 
 def buffers(spec: ModelSpec, cfg: KernelConfig) -> list[Buffer]:
     """The kernel's VMEM scratch and blocks, plus its largest compiler-managed values."""
-    from . import comm, megakernel
     bp, t, h = cfg.padded_batch, cfg.tile, spec.hidden
     caches = reference.cache_shapes(spec, cfg.batch, cfg.max_context)
     items = [("weight ring (depth x bank)", (cfg.depth, cfg.bank_rows, t), jnp.bfloat16)]
@@ -103,7 +102,7 @@ def buffers(spec: ModelSpec, cfg: KernelConfig) -> list[Buffer]:
     tp = layout.tp_of(spec)
     if tp > 1:
         for (kind, dtype), (send, recv) in comm.buffer_shapes(
-                spec, cfg, megakernel.collective_widths(spec, cfg), tp).items():
+                spec, cfg, comm.collective_widths(spec, cfg), tp).items():
             items += [(f"send buffer ({comm.KINDS[kind]}, {dtype})", send, dtype),
                       (f"receive buffers ({comm.KINDS[kind]}, {dtype})", recv, dtype)]
     return [Buffer(n, tuple(s), jnp.dtype(d).name, padded_bytes(s, d, cfg.target))
