@@ -13,10 +13,12 @@ Formats (groups and scale dtypes of the 4-bit formats from `perfmodel.spec.forma
   max |w| / (6 * 448), block scale = e4m3(max |w_block| / 6 / global); NVIDIA's NVFP4 recipe).
 
 How the MXU is fed (the weight operand; the activations stay bf16), by the chip's facts
-(`kernels.chip`): bf16 as is; int8 codes as int8 (bf16 push rate on TPU7x); on a chip whose MXU
-takes fp8 (TPU7x, v6e) fp8 codes as fp8 and 4-bit codes unpacked to fp8 (every int4 and e2m1
-value is exact in e4m3); on one that does not (v5e) both as bf16 (every e4m3, int4 and e2m1
-value is exact in bf16). The 4-bit codes meet a block-diagonal left operand: row block g of the LHS is
+(`kernels.chip`): bf16 as is; int8 codes as bf16 (exact, |code| <= 127: an int8 MXU multiplies
+int8 by int8 only, and on the TPU v5e a bf16 x int8 dot left the logits 0.37 of their spread
+from the reference's, experiments/results/tpu_megakernel.json); on a chip whose MXU takes fp8
+(TPU7x, v6e) fp8 codes as fp8 and 4-bit codes unpacked to fp8 (every int4 and e2m1 value is
+exact in e4m3); on one that does not (v5e) both as bf16 (every e4m3, int4 and e2m1 value is
+exact in bf16). The 4-bit codes meet a block-diagonal left operand: row block g of the LHS is
 the input restricted to group g's rows, so one dot gives every group's partial sum and the
 group scales multiply those sums (`group_dot`). No format needs a bf16 dequantisation.
 
@@ -98,7 +100,7 @@ def tile_format(name: str, t: int, fp8: bool = True) -> TileFormat:
     if name == "bf16":
         return TileFormat(name, t, ml_dtypes.bfloat16, t, t, None, jnp.bfloat16)
     if name == "int8":
-        return TileFormat(name, t, np.int8, t, t, np.float32, jnp.int8)
+        return TileFormat(name, t, np.int8, t, t, np.float32, jnp.bfloat16)
     if name == "fp8":
         return TileFormat(name, t, FP8, t, t, np.float32, feed)
     f = get_format(name)  # 4-bit: f.block[1] input values per scale

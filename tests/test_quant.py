@@ -2,7 +2,7 @@
 against a block-diagonal LHS), the kernel against the reference, plan bytes, and the TPU7x
 lowering.
 
-Tolerances per format. The kernel multiplies the exact code values (as int8 or fp8) and applies
+Tolerances per format. The kernel multiplies the exact code values (as bf16 or fp8) and applies
 the f32 scales to the partial sums; the reference multiplies with code * scale rounded once to
 bf16. For mxfp4 and nvfp4 the two are the same numbers (e2m1 x a power of two, and e2m1 x
 e4m3 x the f32 global scale, have at most 6 significant bits); for int4 group 32 (bf16 scales)
@@ -49,7 +49,7 @@ def test_tiles_fed_to_the_mxu_give_the_dequantised_product(name):
     """Through the expert layout (codes, aligned scale chunks, one block or two) and the MXU feed
     (`mxu_operand`, `group_dot`), x @ each matrix equals x @ the dequantised matrix (the
     reference's weights before their bf16 rounding) up to the bf16 rounding of x; 4-bit formats
-    reach the MXU as fp8, int8 as int8."""
+    reach the MXU as fp8 (on TPU7x), int8 as bf16."""
     rng = np.random.default_rng(2)
     mats = [rng.standard_normal((300, 200)).astype(np.float32) * 0.05,
             rng.standard_normal((100, 300)).astype(np.float32) * 0.05]
@@ -59,7 +59,7 @@ def test_tiles_fed_to_the_mxu_give_the_dequantised_product(name):
     assert lay.copies() == (1 if name in ("bf16", "mxfp4", "nvfp4") else 2)
     assert (scales is None) == (lay.copies() == 1)
     src = codes[lay.code_rows:] if f.combined else scales
-    want_dtype = {"bf16": jnp.bfloat16, "int8": jnp.int8}.get(name, jnp.float8_e4m3fn)
+    want_dtype = jnp.bfloat16 if name in ("bf16", "int8") else jnp.float8_e4m3fn
     for m, (w, (r, c)) in enumerate(zip(mats, lay.shapes)):
         x = rng.standard_normal((8, w.shape[0])).astype(np.float32)
         xp = np.zeros((8, r * 256), np.float32)
