@@ -78,7 +78,7 @@ KIB, MIB = 1024, 1024 * 1024
 # JAX device_kind -> the hardware preset the entries are for
 PLATFORMS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v6 lite": "tpu-v6e", "TPU v5": "tpu-v5p",
              "TPU v5p": "tpu-v5p", "TPU7x": "tpu-v7"}
-SECTIONS = ("dispatch", "dma", "latency", "mxu", "vpu", "loop", "xla")  # run in this order
+SECTIONS = ("dispatch", "dma", "latency", "mxu", "vpu", "loop", "expert", "xla")  # run in this order
 
 
 @dataclass(frozen=True)
@@ -583,6 +583,56 @@ def vpu_elementwise(b: Bench):
             b.case(what, one, what, rows, lanes, op)
 
 
+def expert_tile_kernel(fmt, n_ref, codes_ref, scales_ref, x_ref, o_ref):
+    """n trips of the megakernel's own path for one routed-expert tile (`kernels.quant`): the
+    codes as the MXU operand (`mxu_operand`: the vector unit unpacks and decodes 4-bit codes),
+    the dot against the group's block-diagonal input with its scales (`group_dot`)."""
+    # n_ref: [1] i32 SMEM; codes_ref: [2, code_rows, T]; scales_ref: [2, chunk * G, T] or
+    # [2, 8, T] unused; x_ref: [rows, T] f32; o_ref: [rows, T] f32
+    from kernels import quant
+    o_ref[...] = jnp.zeros(o_ref.shape, F32)
+
+    def trip(i, carry):
+        w = quant.mxu_operand(codes_ref[i % 2], fmt)
+        sc = quant.tile_scales(scales_ref[i % 2], 0, fmt) if fmt.scale_rows else None
+        o_ref[...] += quant.group_dot(x_ref[...], w, sc, fmt)
+        return carry
+
+    lax.fori_loop(0, n_ref[0], trip, 0)
+
+
+def expert_tile(b: Bench):
+    """The megakernel's per-tile work on a routed expert, per format, at the chip's feed: codes
+    to the MXU operand on the vector unit (4-bit codes unpacked and decoded) and the dot with
+    its scales, over tiles held in VMEM (no copies); the slope over tiles."""
+    from kernels import chip as chip_mod, quant
+    target = chip_mod.chip()
+    t, rows = target.mxu, 8
+
+    def one(what, name):
+        fmt = quant.tile_format(name, t, fp8=target.fp8)
+        codes = jnp.ones((2, fmt.code_rows, t), fmt.code_dtype)
+        srows = fmt.chunk * fmt.scale_rows if fmt.scale_rows else 8
+        sdt = fmt.scale_dtype if fmt.scale_rows else F32
+        scales = jnp.ones((2, srows, t), sdt)
+        x = jnp.full((rows, t), 0.5, F32)
+        call = pallas(lambda *r: expert_tile_kernel(fmt, *r), jax.ShapeDtypeStruct((rows, t), F32),
+                      [SMEM_SPEC, VMEM_SPEC, VMEM_SPEC, VMEM_SPEC], VMEM_SPEC, [], b.sizes,
+                      b.interpret)
+        sl = b.kernel_slope(call, (codes, scales, x))
+        b.add(what, "expert_tile", {"format": name, "feed": quant.feed(fmt), "tile": t,
+                                    "rows": rows}, sl.per_rep_s * 1e6, "us_per_tile",
+              f"one {t} x {t} routed-expert tile of {name}, fed as {quant.feed(fmt)}, through the "
+              f"megakernel's mxu_operand + group_dot against {rows} input rows "
+              f"({t * t / max(sl.per_rep_s, 1e-15) / 1e9:.1f} G weights/s)", sl.notes("tiles"),
+              not_modelled="the model prices a routed expert's tiles by MXU feed and push only; "
+              "this is the kernel's whole per-tile path, decode included")
+
+    for name in ("bf16", "int8", "int4", "mxfp4", "nvfp4"):
+        what = f"expert-tile-{name}"
+        b.case(what, one, what, name)
+
+
 def loop_trip(b: Bench):
     """One trip of an in-kernel fori_loop (the body increments an SMEM scalar); then what starting a
     tiny copy and waiting for one long arrived adds to a trip with vector work of its own (the
@@ -702,6 +752,7 @@ MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted cal
               "mxu": (mxu_matmul, "in-kernel dots by shape and dtype"),
               "vpu": (vpu_elementwise, "vector-unit elementwise passes"),
               "loop": (loop_trip, "an in-kernel loop trip; a copy's start and wait beside vector work"),
+              "expert": (expert_tile, "the megakernel's routed-expert tile path per format"),
               "xla": (xla_ops, "XLA's op gap, dots by shape and decode attention")}
 
 
