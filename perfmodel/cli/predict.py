@@ -152,6 +152,8 @@ def check_predict_work(a, model, batches: list[int]) -> None:
         limits.check_layer_steps(field, value, n, layers, what, "a larger --prefill-chunk or fewer --batch values")
     limits.check_layer_steps("--batch", ",".join(map(str, batches)) if len(batches) <= 8 else f"{len(batches)} values",
                              n, layers, what, "fewer --batch values")
+    from perfmodel.engine import megakernel_sim
+    megakernel_sim.expect(n * layers)   # a small one-off answers before numba would have loaded
 
 
 def kernel_plans(a) -> dict:
