@@ -91,17 +91,26 @@ def check_contract(argv: list[str]) -> int:
     return rc
 
 
+COUNTS_FILE: list[Path] = []
+
+
 def count(test: str) -> None:
     COUNTS[test] = COUNTS.get(test, 0) + 1
+    if COUNTS_FILE and sum(COUNTS.values()) % 100 == 0:  # kept current: a worker's last teardown may not run
+        _write_counts()
+
+
+def _write_counts() -> None:
+    COUNTS_FILE[0].parent.mkdir(parents=True, exist_ok=True)
+    COUNTS_FILE[0].write_text(json.dumps(COUNTS))
 
 
 @pytest.fixture(scope="module", autouse=True)
 def record_counts(request):
     """Each process's case counts go to a file; conftest's terminal summary adds them up."""
+    COUNTS_FILE[:] = [request.config.rootpath / "test-output" / "fuzz-counts" / f"{os.getpid()}.json"]
     yield
-    out = request.config.rootpath / "test-output" / "fuzz-counts"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{os.getpid()}.json").write_text(json.dumps(COUNTS))
+    _write_counts()
 
 
 # ----- values -----------------------------------------------------------------------------------

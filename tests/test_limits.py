@@ -368,3 +368,10 @@ def test_closed_loop_one_token_requests_disaggregated_end():
     rc, out, err = run(["serve", *MINI, "--requests", "20", "--concurrency", "1", "--output-len", "1",
                         "--block-tokens", "1", "--prefill-devices", "1", "--no-progress", "--json"])
     assert rc == 0 and json.loads(out)["requests"] == 20, err
+
+
+def test_plan_copy_of_a_negative_layer(tmp_path):
+    """Found by the extended fuzz: a ring copy of layer -1 read the model's last layer's bytes and
+    then no op (IndexError)."""
+    f = plan_file(tmp_path, [[0, -1, "attention", "bank 0", 512, False, True, 0, -1, ""]])
+    refused(["predict", "--kernel-plan", f], "copies[0].layer=-1")

@@ -143,7 +143,7 @@ def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
     begin, end = np.zeros(len(g)), np.zeros(len(g))
     for layer in sorted({c.layer for c in ring}):
         idx = np.flatnonzero([c.layer == layer for c in ring])
-        if np.any(np.diff(idx) != 1) or layer >= len(model_static) or model_static[layer] == 0:
+        if np.any(np.diff(idx) != 1) or not 0 <= layer < len(model_static) or model_static[layer] == 0:
             raise SpecError("plan", f"layer {layer}", "ring tiles must be contiguous in the stream and "
                             "belong to a layer whose ops the model streams weights for")
         a, size = tile_end[idx[0]] - tiles[idx[0]], tiles[idx].sum()

@@ -150,6 +150,8 @@ def plan_from_json(data, where: str = "plan") -> KernelPlan:
         require(row["bytes"] >= 0 and row.get("padding", 0) >= 0 and row.get("padding", 0) <= row["bytes"],
                 f"{where}.copies[{i}].bytes", row["bytes"], "must be >= its padding >= 0")
         require(row["order"] == i, f"{where}.copies[{i}].order", row["order"], "copies are listed in issue order")
+        require(0 <= row["layer"] <= 1 << 20, f"{where}.copies[{i}].layer", row["layer"],
+                "must be a layer number >= 0 (0 = embedding)")
         copies.append(Copy(**row))
     src = data.get("source", "")
     require(isinstance(src, str), f"{where}.source", src, "must be a string")
