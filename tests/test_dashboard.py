@@ -1332,24 +1332,40 @@ def test_validation_names_the_machines_and_says_why_the_gpu_step_is_off():
     assert "idle" in why and "kernels" in why and "docs/validation.md" in why
 
 
-def test_validation_tpu_runs_when_committed(monkeypatch, tmp_path):
-    """This project's megakernel on a TPU: said to be missing until its results are committed, then drawn run by
-    run with its provenance (chip, JAX version, date, command)."""
-    monkeypatch.setattr(validation, "TPU_RUNS_CSV", tmp_path / "tpu_megakernel.csv")
-    at = open_view("Validation", val_tpu_exp=True)
-    assert any("No TPU run of this project's megakernel is committed yet" in i.value for i in at.info)
-    (tmp_path / "tpu_megakernel.csv").write_text(
-        "# machine: TPU v5 lite\n# date: 2027-01-02T03:04:05+00:00\n# command: python experiments/tpu_megakernel.py\n"
-        "slice,batch,depth,expert_slots,weight_descriptors,padding_fraction,remote_descriptors,wall_step_s,"
-        "traced_step_s,predicted_step_s,error,unattributed_share\n"
-        "one core,1,4,2,100,0.0,0,0.0011,0.0010,0.0009,-0.1,0.01\none core,8,8,4,100,0.0,0,0.0021,0.0020,0.0022,0.1,0.01\n")
-    (tmp_path / "tpu_megakernel.json").write_text(json.dumps({"machine": "TPU v5 lite", "jax": "0.9.9",
-                                                               "interpret": False, "runs": []}))
+def test_validation_tpu_runs_from_the_committed_json(monkeypatch, tmp_path):
+    """This project's megakernel and the XLA reference on a TPU: drawn from the committed JSON (tokens/s = batch /
+    step across batches, measured beside predicted, with the error), its source and provenance named, what is not
+    measured yet said; said to be missing when the file is not there."""
+    t = measured.tpu_results()
+    assert t is not None and not t["rows"].empty  # the committed v5e results
     at = open_view("Validation", val_tpu_exp=True)
     assert_clean(at)
-    assert "2 runs on TPU v5 lite" in at.info[0].value
-    assert [r["measured_us"] for rows in series(chart(at, "val_tpu_chart"), "point").values() for r in rows]
-    assert any("- jax: 0.9.9" in m.value for m in at.markdown)
+    captions = " ".join(c.value for c in at.caption)
+    assert measured.TPU_RUNS_JSON.name in captions and f"TPU {t['meta']['chip']}" in captions
+    got = series(chart(at, "val_tpu_chart"), "point")
+    for e, g in t["rows"][~t["rows"]["sweep"]].groupby("engine"):
+        pts = dict(sorted((r["batch"], r["tokens_per_s"]) for r in got[f"{e}, measured"]))
+        assert pts == pytest.approx(dict(zip(g["batch"], g["batch"] / g["measured_step_s"])))
+    assert any("- libtpu: " in m.value and "- command: " in m.value for m in at.markdown)  # the provenance popover
+    warn = " ".join(w.value for w in at.warning)
+    assert "Not measured yet" in warn and "no in-kernel trace" in warn
+    monkeypatch.setattr(measured, "TPU_RUNS_JSON", tmp_path / "tpu_megakernel.json")
+    at = open_view("Validation", val_tpu_exp=True)
+    assert any("No TPU run of this project's megakernel is committed yet" in i.value for i in at.info)
+
+
+def test_compare_and_whatif_name_the_tpu_runs():
+    """Compare, with a platform on TPU v5e, names this project's measured series there; What-if's ring x slots
+    map says the sweep is not measured yet (no sweep record committed)."""
+    t = measured.tpu_results()
+    at = open_view("Compare")
+    at.selectbox(key="cmp_A_hw").set_value("tpu-v5e").run()
+    note = next(c.value for c in at.caption if c.value.startswith("This project's runs on tpu-v5e"))
+    b, v = next(zip(t["rows"]["batch"], t["rows"]["measured_tokens_per_s"]))
+    assert measured.TPU_RUNS_JSON.name in note and f"{v:,.0f} at batch {b}" in note
+    at = open_view("What-if", tab="Ring x expert slots")
+    assert not t["rows"]["sweep"].any()
+    assert any("no ring depth x expert slot sweep on a real chip yet" in c.value for c in at.caption)
 
 
 def test_validation_shows_the_real_megakernels_phase_profile():

@@ -737,8 +737,9 @@ def test_validation_every_control_uploads_path_and_downloads(page, tmp_path):
     for kernel in ("final", "first"):
         bb.wait_chart(page, f"val_profile_{kernel}")
     assert_legible(page)
-    expand(page, "val_tpu_exp")  # this project's megakernel on a TPU: what is there (no run committed yet)
-    page.get_by_text("No TPU run of this project's megakernel is committed yet").wait_for()
+    expand(page, "val_tpu_exp")  # this project's megakernel on a TPU v5e: drawn from the committed JSON
+    bb.wait_chart(page, "val_tpu_chart")
+    page.get_by_text("tpu_megakernel.json").first.wait_for()
     expand(page, "val_trace_exp")  # your trace: its inputs on demand
     pick(page, "val_hw", "tpu-v7")
     pick(page, "val_model", "kimi-k3-host-small")

@@ -252,6 +252,7 @@ def render() -> None:
     with chart_slot, maybe_stale(stale, "cmp"):
         draw(x, pred, errs_rows, log_y)
         not_compared_note(others)
+        tpu_note(x)
     with maybe_stale(stale, "cmp_tables"):
         tables(x, pdf, edf, spec_states)
 
@@ -281,6 +282,31 @@ def not_compared_note(others: list[tuple]) -> None:
         pts = ", ".join(f"{r['tokens_per_s']:,.0f} at batch {int(r['batch'])}" for r in rows[:8])
         st.caption(f"Not a reference for platform {tag}: {origin} ({pts}{' ...' if len(rows) > 8 else ''}); "
                    f"platform {tag} differs in {why}.")
+
+
+TPU_HW = "tpu-v5e"  # the chip of this project's committed megakernel runs (experiments/tpu_megakernel.py)
+
+
+def tpu_note(x: dict) -> None:
+    """For a platform on TPU v5e: this project's measured series there (tokens/s across batches, megakernel and
+    the XLA reference). One slice of the model on one chip, so never a point against a whole deployment: a line
+    naming its file, with the comparison on Validation."""
+    tags = [p["tag"] for p in (x["pa"], x["pb"]) if p["hw"] == TPU_HW]
+    if not tags:
+        return
+    t = measured.tpu_results()
+    if t is None or t["rows"].empty:
+        st.caption(f"{charts.SOURCE_SHAPES['measured by this project'].capitalize()} markers (this project's runs) on "
+                   f"{TPU_HW}: none committed yet ({c.shown_path(measured.TPU_RUNS_JSON)}).")
+        return
+    rows = t["rows"][~t["rows"]["sweep"]]
+    series = "; ".join(
+        f"{e} on {', '.join(sorted(set(g['slice'])))} {', '.join(sorted(set(g['format'])))}: "
+        + ", ".join(f"{v:,.0f} at batch {b}" for b, v in zip(g["batch"], g["measured_tokens_per_s"]))
+        for e, g in rows.groupby("engine", sort=False))
+    st.caption(f"This project's runs on {TPU_HW} ({t['file']}, {t['meta'].get('date', '')[:10]}), tokens/s: {series}. "
+               f"One slice of the model on one chip, not platform {' / '.join(tags)}'s deployment, so not drawn "
+               "against it; Validation draws them against the model's predictions for that slice.")
 
 
 def groups(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:

@@ -19,6 +19,7 @@ lent; each is drawn beside the predictions as a source of its own.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -32,6 +33,9 @@ from .common import GENERIC, HOST_HW, REPO, RESULTS_DIR, UPLOAD_PREFIX, read_csv
 
 HOST_VALIDATION_CSV = REPO / "experiments" / "results" / "host_validation.csv"
 GPU_VALIDATION_CSV = REPO / "experiments" / "results" / "gpu_validation.csv"
+TPU_RUNS_JSON = RESULTS_DIR / "tpu_megakernel.json"          # experiments/tpu_megakernel.py on a lent TPU
+TPU_VALIDATION_JSON = RESULTS_DIR / "tpu_validation.json"    # experiments/validate_tpu.py: the model beside them
+TPU_PROVENANCE = ("chip", "machine", "jax", "libtpu", "python", "date", "command", "note")
 COMMITTED_GLOB = "measured_*.csv"  # this project's own measurement files, committed under experiments/results
 COLUMNS = ["source", "model", "hardware", "engine", "devices", "tp", "ep", "batch", "context", "draft_rows",
            "acceptance_length", "steps_per_call", "serving_engine", "kv_cache", "prefetch_mib", "expert_slots",
@@ -404,3 +408,62 @@ def reference(points: pd.DataFrame, mine: dict, defaults: dict | None = None,
                abs(float(r["batch"]) - float(mine.get("batch", r["batch"]))), i, r, d) for i, r in enumerate(near)]
     _, _, _, best, diffs = min(scored, key=lambda t: t[:3])
     return [], best, diffs
+
+
+# ----- this project's megakernel on a real TPU (experiments/tpu_megakernel.py, validate_tpu.py) ---------
+
+def tpu_results() -> dict | None:
+    """The committed TPU runs (None when none is): `rows` one a timed run (engine megakernel or xla, slice,
+    format, batch, depth, slots, sweep, measured and predicted step and tokens/s, the step's error as
+    experiments/validate_tpu.py gives it), `checks` (the correctness records), `summary` (validate_tpu's),
+    `meta` (chip, JAX, libtpu, date, command) and the two files."""
+    if not TPU_RUNS_JSON.exists():
+        return None
+    val = TPU_VALIDATION_JSON
+    return _tpu_results(str(TPU_RUNS_JSON), TPU_RUNS_JSON.stat().st_mtime,
+                        str(val), val.stat().st_mtime if val.exists() else None)
+
+
+def tpu_label(r: dict) -> str:
+    """A run's name as experiments/validate_tpu.py writes it ('k3-tp32-core mxfp4 b1 depth 8 slots 2')."""
+    cfg = r.get("config") or {}
+    extra = f" depth {cfg['depth']} slots {cfg['expert_slots']}" if "depth" in cfg else ""
+    return f"{r['slice']} {r['format']} b{r['batch']}{extra}{' (sweep)' if r.get('sweep') else ''}"
+
+
+@st.cache_data(show_spinner=False, max_entries=2)
+def _tpu_results(path: str, mtime: float, val_path: str, val_mtime: float | None) -> dict:
+    full = json.loads(Path(path).read_text())
+    val = json.loads(Path(val_path).read_text()) if val_mtime is not None else {}
+    predicted = {r["run"]: (r["comparison"]["predicted_step_s"], r["comparison"]["step_error"])
+                 for r in val.get("runs", []) if r.get("comparison")}
+    predicted.update({r["run"]: (r["predicted_step_s"], r["step_error"]) for r in val.get("xla", [])})
+    rows = []
+    for r in full.get("runs", []):
+        if r.get("kind") not in ("megakernel", "xla") or not r.get("step_s"):
+            continue
+        cfg = r.get("config") or {}
+        pred, err = predicted.get(tpu_label(r), (None, None))
+        rows.append({"engine": r["kind"], "slice": r["slice"], "format": r["format"], "batch": int(r["batch"]),
+                     "depth": cfg.get("depth"), "slots": cfg.get("expert_slots"), "sweep": bool(r.get("sweep")),
+                     "measured_step_s": r["step_s"], "measured_tokens_per_s": r["batch"] / r["step_s"],
+                     "predicted_step_s": pred, "predicted_tokens_per_s": r["batch"] / pred if pred else None,
+                     "step_error": err})
+    meta = {k: str(full[k]) for k in TPU_PROVENANCE if k in full}
+    return {"rows": pd.DataFrame(rows), "checks": [r for r in full.get("runs", []) if r.get("kind") == "check"],
+            "summary": val.get("summary", {}), "meta": meta, "file": shown_path(Path(path)),
+            "validation": shown_path(Path(val_path)) if val_mtime is not None else None}
+
+
+def tpu_not_measured(t: dict) -> list[str]:
+    """What the committed TPU runs do not measure yet, read from them."""
+    rows, out = t["rows"], []
+    if not t["summary"].get("traced_runs"):
+        out.append("no in-kernel trace (the step is timed whole: no layer or phase of it is measured)")
+    for col, what in (("slice", "slice"), ("format", "expert format")):
+        vals = sorted(set(rows[col])) if not rows.empty else []
+        if len(vals) == 1:
+            out.append(f"one {what} ({vals[0]})")
+    if rows.empty or not rows["sweep"].any():
+        out.append("no ring depth x expert slot sweep")
+    return out

@@ -8,9 +8,10 @@ experiments/validate_host.py, and experiments/results/gpu_validation.csv (experi
 an H200), each with one row per layer and one "step" row per run (variant, model, mode, batch,
 context). Each names the machine it was measured on in its header, shown as such (never as "this
 machine": the dashboard may run elsewhere), with the rest of its provenance one click away; a large
-step error comes with what the traces say about it. This project's megakernel on a real TPU
-(experiments/results/tpu_megakernel.csv, written by experiments/tpu_megakernel.py on a lent chip) is
-drawn run by run, predicted against measured, once committed; until then the page says it is not.
+step error comes with what the traces say about it. This project's megakernel and the XLA reference on a
+real TPU (experiments/results/tpu_megakernel.json, written by experiments/tpu_megakernel.py on a lent chip,
+and the model beside it in tpu_validation.json, experiments/validate_tpu.py) are drawn as tokens/s across
+batch sizes, measured against predicted, with what they do not measure yet.
 A trace the user gives is parsed and compared by `perfmodel.validate.host`
 (`perfmodel.validate.traces` underneath), exactly as `perfmodel validate --trace ...` does.
 """
@@ -31,7 +32,6 @@ from . import common as c
 from . import measured
 from .measured import GPU_VALIDATION_CSV, HOST_VALIDATION_CSV
 
-TPU_RUNS_CSV = c.RESULTS_DIR / "tpu_megakernel.csv"  # experiments/tpu_megakernel.py on a lent TPU
 WORST = 5
 KIND_COLORS = ("#1f77b4", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#bcbd22")
 BAND = 0.25  # the per-layer target of the host validation (docs/validation.md): within +-25 %
@@ -440,17 +440,9 @@ def gpu_header() -> dict[str, str]:
     return measured.file_header(GPU_VALIDATION_CSV)
 
 
-def tpu_runs() -> tuple[pd.DataFrame | None, dict]:
-    """This project's megakernel measured on a TPU (experiments/tpu_megakernel.py): its runs and provenance (the
-    JSON beside the CSV: machine, JAX version, date, command, whether it ran in interpret mode)."""
-    if not TPU_RUNS_CSV.exists():
-        return None, {}
-    js = TPU_RUNS_CSV.with_suffix(".json")
-    meta = dict(measured.file_header(TPU_RUNS_CSV))
-    if js.exists():
-        full = json.loads(js.read_text())
-        meta.update({k: str(full[k]) for k in ("machine", "jax", "date", "command", "interpret") if k in full})
-    return read_host_csv(str(TPU_RUNS_CSV), TPU_RUNS_CSV.stat().st_mtime), meta
+def tpu_name(meta: dict[str, str]) -> str:
+    """The TPU a results file names: 'TPU v5e' (its chip), else its machine."""
+    return f"TPU {meta['chip']}" if meta.get("chip") else measured.machine_of(meta)
 
 
 def trace_coverage(gpu: dict[str, str]) -> str:
@@ -464,9 +456,10 @@ def trace_coverage(gpu: dict[str, str]) -> str:
     host = measured.machine_of(measured.file_header(HOST_VALIDATION_CSV), "a host CPU")
     on_gpu = (f" and {measured.machine_of(gpu, traced[0])} as `{traced[0]}` (the same reference step with XLA:GPU, "
               "its kernels per layer; below, on demand)") if traced else ""
-    runs, meta = tpu_runs()
-    tpu = (f"This project's megakernel on a real TPU: {len(runs)} runs on {measured.machine_of(meta)} (below)."
-           if runs is not None else "This project's megakernel on a real TPU: no run committed yet (below).")
+    t = measured.tpu_results()
+    tpu = (f"This project's megakernel on a real TPU: {len(t['rows'])} timed runs on {tpu_name(t['meta'])}, whole "
+           "steps only (below)." if t is not None else "This project's megakernel on a real TPU: no run committed "
+           "yet (below).")
     return ("**Which platforms have trace validation.** Per layer, from profiler traces: the host CPU "
             f"({host}: traces of the pure-JAX reference step; bundled results below){on_gpu}. "
             f"**{', '.join(published)}: no trace validation yet**; their predictions are checked only against the "
@@ -476,31 +469,77 @@ def trace_coverage(gpu: dict[str, str]) -> str:
             "DMA engine's settings are fitted to; below).")
 
 
+TPU_ENGINES = {"megakernel": "#d62728", "xla": "#1f77b4"}  # this project's megakernel; the XLA reference step
+
+
+def tpu_figure(rows: pd.DataFrame) -> dict:
+    """Tokens/s per batch on the TPU: measured (squares: this project's runs) and predicted (lines), per engine."""
+    names = {e: f"{e}, measured" for e in TPU_ENGINES} | {e: f"{e}, predicted" for e in TPU_ENGINES}
+    scale = charts.colors({names[e]: col for e, col in TPU_ENGINES.items()}
+                          | {f"{e}, predicted": col for e, col in TPU_ENGINES.items()})
+    x = charts.quant("batch", "batch (sequences per step)", scale={"type": "log", "base": 2},
+                     axis={"values": sorted(set(rows["batch"])), "format": "d"})
+    y = charts.quant("tokens_per_s", "tokens/s (batch / device step time)")
+    tooltip = charts.tip(("batch", "batch"), ("tokens_per_s", "tokens/s", ",.0f"), ("step_us", "step (us)", ".1f"),
+                         ("error", "prediction's step error", "+.1%"))
+    color = charts.nominal("series", "", scale=scale)
+    layers = []
+    for kind, mark in (("predicted", {"type": "line", "point": False, "strokeDash": [6, 3]}),
+                       ("measured", {"type": "point", "shape": charts.SOURCE_SHAPES["measured by this project"],
+                                     "filled": True, "size": 90})):
+        data = [r for e in TPU_ENGINES for r in charts.rows(
+            series=f"{e}, {kind}", batch=list(rows.loc[rows.engine == e, "batch"]),
+            tokens_per_s=list(rows.loc[rows.engine == e, f"{kind}_tokens_per_s"]),
+            step_us=list(rows.loc[rows.engine == e, f"{kind}_step_s"] * 1e6),
+            error=list(rows.loc[rows.engine == e, "step_error"])) if r["tokens_per_s"] is not None]
+        layers.append(charts.layer(data, mark, x=x, y=y, color=color, tooltip=tooltip))
+    return {"height": 260, "config": {"legend": charts.LEGEND}, "layer": layers}
+
+
 def tpu_section() -> None:
-    """This project's megakernel on a real TPU, run by run: measured (traced) step against the prediction from
-    the run's own DMA plan, with the provenance; or what is there until such a file is committed."""
-    runs, meta = tpu_runs()
-    if runs is None:
+    """This project's megakernel and the XLA reference step on a real TPU: measured tokens/s across batch sizes
+    beside the model's predictions (experiments/validate_tpu.py), the error, the correctness checks, what is not
+    measured yet, and the provenance one click away; or what is there until such a file is committed."""
+    t = measured.tpu_results()
+    if t is None:
         st.info(f"No TPU run of this project's megakernel is committed yet. `python experiments/tpu_megakernel.py` "
-                f"on a lent TPU writes {c.shown_path(TPU_RUNS_CSV)} (one row a run: slice, batch, ring depth, "
-                "expert slots, measured and predicted step) and a JSON beside it (the chip, the JAX version, the date, "
-                "the command); each run is drawn here, measured against predicted, once they are committed. Until "
-                "then the megakernel's timing is checked only against the published table (Compare) and the "
-                "published phase profile (below).")
+                f"on a lent TPU writes {c.shown_path(measured.TPU_RUNS_JSON)} (the chip, JAX and libtpu versions, "
+                "the date, the command; one record a run) and `python experiments/validate_tpu.py` puts the model "
+                f"beside it ({c.shown_path(measured.TPU_VALIDATION_JSON)}); each run is drawn here once committed.")
         return
-    provenance_line(TPU_RUNS_CSV, "val_tpu", meta)
-    if meta.get("interpret") == "True":
-        st.warning("These runs were made in Pallas interpret mode on a CPU (a check of the pipeline): their times "
-                   "are not TPU timings and are not compared here.")
-        return
-    col = "traced_step_s" if runs["traced_step_s"].notna().any() else "wall_step_s"
-    df = pd.DataFrame({"layer": range(len(runs)),
-                       "kind": runs["slice"].astype(str) + ", batch " + runs["batch"].astype(str),
-                       "predicted_us": runs["predicted_step_s"] * 1e6, "measured_us": runs[col] * 1e6})
-    df = df[df["measured_us"].notna() & (df["measured_us"] > 0)].reset_index(drop=True)
-    df["error"] = df["predicted_us"] / df["measured_us"] - 1
-    df["abs_error"] = df["error"].abs()
-    show_comparison(df, "TPU runs", "val_tpu", "python experiments/tpu_megakernel.py", unit="run")
+    meta, rows = t["meta"], t["rows"]
+    date = meta.get("date", "").replace("T", " ")[:16]
+    a, b = st.columns([4, 1])
+    a.caption(f"Measured on {tpu_name(meta)}" + (f", {date} UTC" if date else "") + f" ({t['file']}; the model "
+              f"beside it: {t['validation'] or 'not compared yet, `python experiments/validate_tpu.py`'}).")
+    with b.popover("Provenance", key="val_tpu_prov_menu"):
+        st.markdown(measured.provenance_markdown(meta))
+    main = rows[~rows["sweep"]] if not rows.empty else rows
+    if main.empty:
+        st.info(f"{t['file']} holds no timed run (step_s) yet.")
+    else:
+        charts.show(tpu_figure(main), key="val_tpu_chart")
+        sm = t["summary"]
+        figs = [(f"{e} step error (median, max)", f"{sm[f'median_abs_{k}error']:.1%}, {sm[f'max_abs_{k}error']:.1%}")
+                for e, k in (("megakernel", "step_"), ("XLA", "xla_")) if sm.get(f"median_abs_{k}error") is not None]
+        if figs:
+            c.figures_line(figs)
+        table = main.assign(step_us=main["measured_step_s"] * 1e6, predicted_us=main["predicted_step_s"] * 1e6)[
+            ["engine", "slice", "format", "batch", "measured_tokens_per_s", "predicted_tokens_per_s", "step_us",
+             "predicted_us", "step_error"]].rename(columns={
+                "measured_tokens_per_s": "measured tokens/s", "predicted_tokens_per_s": "predicted tokens/s",
+                "step_us": "measured step us", "predicted_us": "predicted step us", "step_error": "step error"})
+        c.static_table(table, {"measured tokens/s": ",.0f", "predicted tokens/s": ",.0f", "measured step us": ".1f",
+                               "predicted step us": ".1f", "step error": "+.1%"})
+        st.caption("Device time per step (the slope of a call's wall time over the steps it runs: the host dispatch "
+                   "cancels); tokens/s = batch / step. Squares: measured by this project; dashed lines: predicted "
+                   "from the chip's micro-benchmarks, nothing fitted to these runs.")
+    if t["checks"]:
+        st.caption("Correctness against the XLA reference: " + "; ".join(
+            f"{k['slice']} {k['format']}: {'ok' if k.get('ok') else 'FAILED'} (logit error {k['logit_error']:.3g}, "
+            f"bound {k['logit_tolerance']:g})" for k in t["checks"]) + ".")
+    st.warning("**Not measured yet:** " + "; ".join(measured.tpu_not_measured(t)) + ".")
+    c.show_command("python experiments/tpu_megakernel.py --report && python experiments/validate_tpu.py")
 
 
 @st.cache_data(show_spinner=False, max_entries=1)
@@ -571,9 +610,9 @@ def render() -> None:
         with gpu:
             bundled(GPU_VALIDATION_CSV, "GPU validation", "python experiments/validate_gpu.py", "val_gpu", "val_gpu",
                     why=gpu_step_why)
-    runs, meta = tpu_runs()
-    tpu = st.expander("A real TPU: this project's megakernel, run by run (" + (
-        f"{len(runs)} runs on {measured.machine_of(meta)})" if runs is not None else "none committed yet)"),
+    t = measured.tpu_results()
+    tpu = st.expander("A real TPU: this project's megakernel and the XLA reference, tokens/s by batch (" + (
+        f"{len(t['rows'])} runs on {tpu_name(t['meta'])})" if t is not None else "none committed yet)"),
         key="val_tpu_exp", on_change="rerun")
     if tpu.open:
         with tpu:

@@ -380,12 +380,45 @@ def heat_section(x: dict, stale: str | None) -> None:
                    f"tokens/s** ({best_tps / cur_tps - 1:+.1%} against the current {g['depths'][cd]:g} MiB / "
                    f"{g['slots'][cs]} slots). Right of the red line the ring and the expert buffers exceed the "
                    "on-chip buffer. Click a cell to use its ring and slots.")
+        measured_sweep()
         rows = [{"prefetch_mib": d, "expert_slots": s, "step_s": g["step_s"][i, j], "tokens_per_s": g["tokens_per_s"][i, j]}
                 for i, s in enumerate(g["slots"]) for j, d in enumerate(g["depths"])]
         c.downloads(pd.DataFrame(rows), "whatif_ring_slots", "wi_heat_dl", {"model": x["model"], "hardware": x["hw"],
                                                                            "vmem_mib": vmem, "inputs": dict(key)})
         c.show_command(c.cli_sweep(x["model"], x["hw"], c.with_key(key, expert_slots=None), g["depths"], vmem,
                                    slots=g["slots"]))
+
+
+def measured_sweep() -> None:
+    """This project's ring depth x expert slot sweep on a real TPU (records with "sweep": true in
+    experiments/results/tpu_megakernel.json): measured tokens/s per ring depth (in ring tiles), a series per slot
+    count, beside the model's prediction for each; or a line saying none is measured yet."""
+    t = measured.tpu_results()
+    rows = t["rows"] if t is not None else pd.DataFrame()
+    sweep = rows[rows["sweep"]] if not rows.empty else rows
+    where = c.shown_path(measured.TPU_RUNS_JSON)
+    if sweep.empty:
+        st.caption(f"Measured: no ring depth x expert slot sweep on a real chip yet ({where} has no sweep record; "
+                   "`python experiments/tpu_megakernel.py --only sweep` on a lent TPU measures one, and it is drawn "
+                   "here beside the map). Until then the map is the model's alone.")
+        return
+    x = quant("depth", "ring depth (tiles)")
+    y = quant("tokens_per_s", "tokens/s")
+    color = nominal("series", "")
+    tooltip = tip(("depth", "ring depth"), ("tokens_per_s", "tokens/s", ",.0f"))
+    layers = []
+    for kind, mark in (("predicted", {"type": "line", "strokeDash": [6, 3]}),
+                       ("measured", {"type": "point", "shape": charts.SOURCE_SHAPES["measured by this project"],
+                                     "filled": True, "size": 80})):
+        data = [r for (b, slots), g in sweep.sort_values("depth").groupby(["batch", "slots"]) for r in charts.rows(
+            series=f"batch {b}, {slots:g} slots, {kind}", depth=list(g["depth"]),
+            tokens_per_s=list(g[f"{kind}_tokens_per_s"])) if r["tokens_per_s"] is not None]
+        layers.append(layer(data, mark, x=x, y=y, color=color, tooltip=tooltip))
+    g0 = sweep.iloc[0]
+    st.caption(f"Measured on TPU {t['meta'].get('chip', '')} ({where}, {t['meta'].get('date', '')[:10]}): "
+               f"{g0['slice']} {g0['format']}, the kernel's ring depth in tiles (squares: measured by this project; "
+               "dashed: predicted).")
+    show({"height": 220, "layer": layers, "config": {"legend": LEGEND}}, "wi_sweep_measured")
 
 
 # ----- timeline -----------------------------------------------------------------------------------
