@@ -22,6 +22,7 @@ from perfmodel.util.errors import positive_int, require
 from . import chip as chip_mod, quant, reference, stream
 
 LANES = chip_mod.LANES
+MAX_BATCH = 256     # sequences a kernel is built for (its per-sequence code is unrolled)
 PACK_EXPERTS = 16   # experts quantised and packed at once (their f32 temporaries on the device)
 
 
@@ -62,6 +63,9 @@ class KernelConfig:
             positive_int(name, getattr(self, name))
         require(self.rows <= reference.MAX_ROWS, "rows", self.rows,
                 f"must be <= {reference.MAX_ROWS} (a draft block)")
+        require(self.batch <= MAX_BATCH, "batch", self.batch,
+                f"must be <= {MAX_BATCH}: the kernel's per-sequence attention code is unrolled, "
+                "so its trace grows with the batch")
         require(self.tile % LANES == 0, "tile", self.tile, f"must be a multiple of {LANES} lanes")
         require(self.bank_rows % stream.SPLIT == 0 and self.bank_rows >= self.tile, "bank_rows",
                 self.bank_rows, f"must be a multiple of {stream.SPLIT} and at least the tile "

@@ -103,6 +103,8 @@ def add_block_and_mesh_arguments(p: argparse.ArgumentParser) -> None:
 def block_and_mesh(a) -> tuple[int, int]:
     """(tensor-parallel degree, accepted rows) of those options, or a SpecError naming the one
     that cannot run."""
+    if a.devices < 1:
+        raise SpecError("devices", a.devices, "must be at least 1")
     accepted = a.rows if a.accepted is None else a.accepted
     if not 1 <= accepted <= a.rows:
         raise SpecError("accepted", accepted, f"must be in [1, --rows = {a.rows}] (each step keeps at "
@@ -180,8 +182,15 @@ def plan_out(a, spec) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad options get one line naming the option and value (exit 2), not the whole usage."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = OneLineParser(prog="python -m kernels.run", add_help=False)
     pre.add_argument("--devices", type=int, default=1)
     pre.add_argument("--interpret", action="store_true")
     k, _ = pre.parse_known_args(argv)
@@ -189,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.get("XLA_FLAGS", ""):  # before JAX creates its CPU backend
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    f" --xla_force_host_platform_device_count={k.devices}")
-    p = argparse.ArgumentParser(prog="python -m kernels.run", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m kernels.run", description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="kimi-k3-mini")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=8)

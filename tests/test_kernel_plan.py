@@ -338,7 +338,7 @@ def test_run_cli_interpret(capsys):
 
 @pytest.mark.slow
 def test_run_cli_verify_rows(capsys):
-    assert run.main(["--batch", "2", "--steps", "2", "--depth", "3", "--context", "16",
+    assert run.main(["--batch", "2", "--steps", "2", "--depth", "3", "--context", "32",
                      "--rows", "3", "--accepted", "2", "--interpret"]) == 0
     out = capsys.readouterr().out
     assert "batch 2 x 3 rows" in out and "DMA plan of step 1" in out
@@ -369,3 +369,14 @@ def test_run_cli_errors(capsys):
     if not __import__("jax").devices()[0].platform == "tpu":
         assert run.main(["--steps", "1"]) == 2
         assert "no TPU" in capsys.readouterr().err
+    # sizes refused before any work, each in one line naming the option and value
+    assert run.main(["--plan-only", "--batch", "1048576"]) == 2
+    err = capsys.readouterr().err
+    assert "batch=1048576" in err and len(err.strip().splitlines()) == 1
+    assert run.main(["--devices", "0", "--plan-only"]) == 2
+    assert "devices=0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        run.main(["--batch", "x"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("python -m kernels.run: error: argument --batch")
+    assert len(err.strip().splitlines()) == 1
