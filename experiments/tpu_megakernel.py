@@ -30,7 +30,6 @@ import argparse
 import datetime
 import gc
 import json
-import os
 import platform
 import statistics
 import sys
