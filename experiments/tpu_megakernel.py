@@ -252,7 +252,7 @@ def trace_run(sl, cfg, steps, out_dir: Path) -> dict:
     import jax.numpy as jnp
     from kernels import megakernel
     from perfmodel.util.errors import SpecError
-    from perfmodel.validate.traces import STEP_NAME, parse_trace
+    from perfmodel.validate.traces import STEP_NAME
     loop = megakernel.make_loop(sl.spec, cfg, sl.interpret)
     cache, tok, pos, _ = start_state(sl, cfg)
     one = jnp.int32(1)
@@ -262,12 +262,21 @@ def trace_run(sl, cfg, steps, out_dir: Path) -> dict:
             with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
                 tok, cache, _ = jax.block_until_ready(loop(sl.packed, cache, tok, pos, one))
     try:
-        tr = parse_trace(out_dir, n_layers=len(sl.spec.layers))
+        return trace_record(out_dir, len(sl.spec.layers))
     except SpecError as e:
         return {"error": str(e)}
+
+
+def trace_record(path, n_layers: int) -> dict:
+    """A trace's medians over its steps (`perfmodel.validate.traces.parse_trace`): the step, each
+    layer and phase, the markers nested in a phase, and the parser's notes."""
+    from perfmodel.validate.traces import parse_trace
+    tr = parse_trace(path, n_layers=n_layers)
     return {"step_s": tr.step_s.median, "unattributed_share": tr.unattributed_share,
             "phases_s": {k: v.median for k, v in tr.phase_s.items()},
-            "layers_s": {str(k): v.median for k, v in tr.layer_s.items()}}
+            "layers_s": {str(k): v.median for k, v in tr.layer_s.items()},
+            "sub_phases_s": {k: v.median for k, v in tr.sub_phase_s.items()},
+            "notes": tr.notes}
 
 
 def summary_line(res: dict) -> str:

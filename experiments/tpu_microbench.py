@@ -633,6 +633,79 @@ def expert_tile(b: Bench):
         b.case(what, one, what, name)
 
 
+def expert_column_kernel(fmt, r, n_ref, codes_ref, scales_ref, x_ref, o_ref, wbuf):
+    """n trips of the megakernel's column path for one routed-expert column block of r row
+    tiles (`expert_columns`, formats the MXU takes as bf16): the r tiles decoded with their
+    scales into a VMEM buffer (`quant.scaled_operand`, scale chunks loaded aligned), then one
+    dot of the input [rows, r * T] over them; bf16 codes are the operand as they are."""
+    # n_ref: [1] i32 SMEM; codes_ref: [2, r * code_rows, T]; scales_ref: [2, r * G, T] (or
+    # [2, 8, T] unused); x_ref: [rows, r * T] bf16; o_ref: [rows, T] f32; wbuf: [r * T, T] bf16
+    from kernels import quant
+    t, ch, g = fmt.t, fmt.chunk, fmt.scale_rows
+    o_ref[...] = jnp.zeros(o_ref.shape, F32)
+
+    def trip(i, carry):
+        s = i % 2
+        if fmt.name == "bf16":
+            w = codes_ref[s]
+        else:
+            for q in range(r // ch):
+                sc = scales_ref[s, q * ch * g:(q + 1) * ch * g]
+                for u in range(ch):
+                    k = q * ch + u
+                    codes = codes_ref[s, k * fmt.code_rows:(k + 1) * fmt.code_rows]
+                    wbuf[k * t:(k + 1) * t] = quant.scaled_operand(
+                        codes, quant.tile_scales(sc, u, fmt), fmt)
+            w = wbuf[...]
+        o_ref[...] += jnp.dot(x_ref[...], w, preferred_element_type=F32)
+        return carry
+
+    lax.fori_loop(0, n_ref[0], trip, 0)
+
+
+def expert_column(b: Bench):
+    """The megakernel's per-column work on a routed expert where the MXU takes the format as
+    bf16 (all of them on a v5e): r row tiles decoded with their scales and one long dot; the
+    slope over columns, per tile."""
+    from kernels import chip as chip_mod, quant
+    target = chip_mod.chip()
+    t, rows = target.mxu, 8
+
+    def one(what, name, r):
+        fmt = quant.tile_format(name, t, fp8=target.fp8)
+        codes = jnp.ones((2, r * fmt.code_rows, t), fmt.code_dtype)
+        sdt = fmt.scale_dtype if fmt.scale_rows else F32
+        scales = jnp.ones((2, r * fmt.scale_rows if fmt.scale_rows else 8, t), sdt)
+        x = jnp.full((rows, r * t), 0.5, BF16)
+        call = pallas(lambda *refs: expert_column_kernel(fmt, r, *refs),
+                      jax.ShapeDtypeStruct((rows, t), F32),
+                      [SMEM_SPEC, VMEM_SPEC, VMEM_SPEC, VMEM_SPEC], VMEM_SPEC,
+                      [pltpu.VMEM((r * t, t), BF16)], b.sizes, b.interpret)
+        sl = b.kernel_slope(call, (codes, scales, x))
+        per_tile = sl.per_rep_s / r
+        b.add(what, "expert_column", {"format": name, "feed": quant.feed(fmt), "tile": t,
+                                      "rows": rows, "row_tiles": r}, per_tile * 1e6,
+              "us_per_tile",
+              f"one {t} x {t} routed-expert tile of {name} in a column block of {r} row tiles, "
+              f"fed as {quant.feed(fmt)} through the megakernel's column path (decode with "
+              f"scales into VMEM, one dot against {rows} input rows) "
+              f"({t * t / max(per_tile, 1e-15) / 1e9:.1f} G weights/s)", sl.notes("columns"),
+              not_modelled="the model prices a routed expert's tiles by MXU feed and push only; "
+              "this is the kernel's whole per-tile path, decode included")
+
+    for name in ("bf16", "int8", "int4", "mxfp4", "nvfp4"):
+        if quant.feed(quant.tile_format(name, t, fp8=target.fp8)) == "bf16":
+            for r in (8, 32):
+                what = f"expert-column-{name}-{r}"
+                b.case(what, one, what, name, r)
+
+
+def expert_paths(b: Bench):
+    """Both routed-expert paths: tile by tile (fp8 feeds) and by column (bf16 feeds)."""
+    expert_tile(b)
+    expert_column(b)
+
+
 def loop_trip(b: Bench):
     """One trip of an in-kernel fori_loop (the body increments an SMEM scalar); then what starting a
     tiny copy and waiting for one long arrived adds to a trip with vector work of its own (the
@@ -752,7 +825,7 @@ MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted cal
               "mxu": (mxu_matmul, "in-kernel dots by shape and dtype"),
               "vpu": (vpu_elementwise, "vector-unit elementwise passes"),
               "loop": (loop_trip, "an in-kernel loop trip; a copy's start and wait beside vector work"),
-              "expert": (expert_tile, "the megakernel's routed-expert tile path per format"),
+              "expert": (expert_paths, "the megakernel's routed-expert paths per format"),
               "xla": (xla_ops, "XLA's op gap, dots by shape and decode attention")}
 
 

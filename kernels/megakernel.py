@@ -105,6 +105,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
         cache_buf, window, kv_sem = take(3)  # [3, block, r + rope] bf16, [B, W, r + rope], DMA [3]
     if n_moe:
         mask_v, mask_s, ids_s = take(3)      # [1, E] int32 VMEM, [1, E] SMEM, [E] SMEM
+        (wbuf,) = take(1) if lay.decodes else (None,)   # [decoded rows, T] bf16
     if tp > 1:
         comm_bufs = {key: tuple(take(2)) for key in bufs}   # send, receive per (kind, dtype)
         (comm_sem,) = take(1)                                 # DMA [2, 5, 2]
@@ -399,12 +400,67 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
         return out
 
     def expert_matmul(m, x, slot, e_glob):
-        """x [bp, d_in] @ matrix m of the expert in `slot` -> [bp, d_out] f32: the tiles in
-        chunks of xfmt.chunk (one aligned load of their scale rows), each fed to the MXU in its
-        format (`quant.group_dot`), column block j accumulated in ys[j]."""
+        """x [bp, d_in] @ matrix m of the expert in `slot` -> [bp, d_out] f32."""
         (r, c), mm = lay.shapes[m], layout.expert_matmuls(spec)[m]
-        k0, n_t, ch = lay.first_tile(m), lay.shapes[m][0] * lay.shapes[m][1], xfmt.chunk
         xp = jnp.pad(x, ((0, 0), (0, r * t - x.shape[1])))
+        if xfmt.name == "bf16" or lay.decodes:
+            expert_columns(m, xp.astype(BF16), slot)
+        else:
+            expert_tiles(m, xp, slot)
+        out = jnp.concatenate([ys[j] for j in range(c)], axis=1)[:, :mm.d_out] \
+            if c > 1 else ys[0][:, :mm.d_out]
+        return out * glob_ref[e_glob + m] if glob else out
+
+    def expert_columns(m, xb, slot):
+        """Column block j of matrix m -> ys[j] by one dot of xb [bp, r * T] bf16 over its r row
+        tiles: bf16 codes are the operand; other formats are first decoded with their scales
+        into wbuf, `column_group` columns a pass, their scale chunks loaded aligned."""
+        (r, c), k0 = lay.shapes[m], lay.first_tile(m)
+
+        def column_dot(j, w_rows):
+            ys[j] = jnp.dot(xb, w_rows, preferred_element_type=F32)
+
+        if xfmt.name == "bf16":
+            lax.fori_loop(0, c, lambda j, cy: (column_dot(j, slot_buf[slot, pl.ds(
+                pl.multiple_of((k0 + j * r) * t, t), r * t)]), cy)[1], 0)
+            return
+        ch, cg = xfmt.chunk, lay.column_group(m)
+        src = scale_buf if separate else slot_buf
+        base = (0 if separate else lay.code_rows) + lay.scale_first_row(m)
+        sub = ch * xfmt.scale_rows
+
+        def decode(q, count, k_first):
+            """Tiles q*ch .. q*ch + count - 1 (count static) into wbuf from tile k_first on."""
+            sc = src[slot, pl.ds(base + q * sub, sub)]
+            for u in range(count):
+                k = q * ch + u
+                codes = slot_buf[slot, pl.ds((k0 + k) * xfmt.code_rows, xfmt.code_rows)]
+                w = quant.scaled_operand(codes, quant.tile_scales(sc, u, xfmt), xfmt)
+                wbuf[pl.ds(pl.multiple_of((k - k_first) * t, t), t)] = w
+
+        def columns(j0, n_cols):
+            """Columns j0 .. j0 + n_cols - 1 (n_cols static; j0 * r a multiple of ch)."""
+            k_first, n_t = j0 * r, n_cols * r
+            q0 = k_first // ch
+            if n_t // ch:
+                lax.fori_loop(q0, q0 + n_t // ch,
+                              lambda q, cy: (decode(q, ch, k_first), cy)[1], 0)
+            if n_t % ch:
+                decode(q0 + n_t // ch, n_t % ch, k_first)
+            for jj in range(n_cols):
+                column_dot(j0 + jj, wbuf[pl.ds(jj * r * t, r * t)])
+
+        if c // cg:
+            lax.fori_loop(0, c // cg, lambda g, cy: (columns(g * cg, cg), cy)[1], 0)
+        if c % cg:
+            columns(c - c % cg, c % cg)
+
+    def expert_tiles(m, xp, slot):
+        """Matrix m tile by tile (formats fed as fp8, whose scales cannot be folded into the
+        operand): the tiles in chunks of xfmt.chunk (one aligned load of their scale rows), each
+        fed to the MXU in its format (`quant.group_dot`), column block j accumulated in ys[j]."""
+        (r, c), k0 = lay.shapes[m], lay.first_tile(m)
+        n_t, ch = r * c, xfmt.chunk
         for q in range(r):
             xs[q] = xp[:, q * t:(q + 1) * t]
         for j in range(c):
@@ -430,9 +486,6 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
             lax.fori_loop(0, n_t // ch, lambda q, cy: (tiles(q, ch), cy)[1], 0)
         if n_t % ch:
             tiles(n_t // ch, n_t % ch)
-        out = jnp.concatenate([ys[j] for j in range(c)], axis=1)[:, :mm.d_out] \
-            if c > 1 else ys[0][:, :mm.d_out]
-        return out * glob_ref[e_glob + m] if glob else out
 
     @dma.branch(("ffn", "moe"))
     def moe(i, h):
@@ -618,6 +671,8 @@ def _shapes(spec: ModelSpec, cfg: KernelConfig):
     if n_moe:
         scratch += [pltpu.VMEM((1, e), jnp.int32), pltpu.SMEM((1, e), jnp.int32),
                     pltpu.SMEM((e,), jnp.int32)]
+        if lay.decodes:
+            scratch.append(pltpu.VMEM((lay.decoded_rows(), t), BF16))
     if tp > 1:
         for (kind, dtype), (send, recv) in comm_mod.buffer_shapes(
                 spec, cfg, comm_mod.collective_widths(spec, cfg), tp).items():

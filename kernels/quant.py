@@ -156,6 +156,25 @@ class ExpertLayout:
     def copies(self) -> int:
         return 1 + bool(self.rows[1])
 
+    @property
+    def decodes(self) -> bool:
+        """Whether the kernel first decodes the codes, scales applied, into a VMEM buffer of bf16
+        weights and then runs one dot per column block over all its row tiles: every format the
+        MXU takes as bf16 but bf16 itself (whose codes are the operand). On a v5e a dot per
+        128 x 128 tile costs ~0.11 us of MXU latency, ~7x a long dot's time per tile."""
+        return self.fmt.name != "bf16" and feed(self.fmt) == "bf16"
+
+    def column_group(self, m: int) -> int:
+        """Column blocks of matrix m decoded per pass: the fewest whose tiles fill whole scale
+        chunks (the chunks' scale loads stay aligned), at most the matrix's."""
+        r, c = self.shapes[m]
+        return min(c, self.fmt.chunk // math.gcd(r, self.fmt.chunk))
+
+    def decoded_rows(self) -> int:
+        """Rows of the decode buffer [rows, T] bf16 (0 when the kernel does not decode)."""
+        return max(self.column_group(m) * r for m, (r, _) in enumerate(self.shapes)) \
+            * self.fmt.t if self.decodes else 0
+
 
 def quantize(w, name: str, t: int):
     """w [..., d_in, d_out] -> (codes [..., d_in, d_out] before packing: int8, fp8, or 4-bit
@@ -352,18 +371,51 @@ def round_trip(w: np.ndarray, name: str, t: int) -> np.ndarray:
 
 def mxu_operand(codes, fmt: TileFormat):
     """A tile's codes [code_rows, T] -> the MXU weight operand [T, T] in `fmt.mxu` (bf16, int8
-    or fp8)."""
+    or fp8), unscaled (`group_dot` applies the scales)."""
+    return _decoded(codes, fmt).astype(fmt.mxu) if fmt.name in FOUR_BIT \
+        else codes.astype(fmt.mxu)
+
+
+def scaled_operand(codes, scales, fmt: TileFormat):
+    """A tile's codes [code_rows, T] and its scales [G, T] f32 (`tile_scales`) -> the weights
+    [T, T] bf16, each row group times its scales (exact in bf16 for 8- and 4-bit float codes;
+    rounded as the reference's dequantised bf16 weights are for the integer formats)."""
+    g, t = fmt.scale_rows, fmt.t
+    w = _decoded(codes, fmt).reshape(g, t // g, t) * scales[:, None, :]
+    return w.reshape(t, t).astype(jnp.bfloat16)
+
+
+def _decoded(codes, fmt: TileFormat):
+    """Codes [code_rows, T] -> their values [T, T] f32, on the vector unit in few 32-bit ops a
+    weight (their cost bounds the expert path on chips that feed them as bf16): int4 by
+    sign-extending shifts, e2m1 as twice its value (`_twice_e2m1`; `tile_scales` takes the
+    half back)."""
     if fmt.name not in FOUR_BIT:
-        return codes.astype(fmt.mxu)
-    n = codes.astype(jnp.int32)                       # int8 bits, sign-extended
-    lo, hi = n & 0xF, (n >> 4) & 0xF
-    return _values(jnp.concatenate([lo, hi], axis=0), fmt.name).astype(fmt.mxu)
+        return codes.astype(jnp.float32)
+    n = codes.astype(jnp.int32)                       # the byte, sign-extended: hi nibble at 4..7
+    if fmt.name in INT4:
+        return jnp.concatenate([(n << 28) >> 28, n >> 4], axis=0).astype(jnp.float32)
+    return _twice_e2m1(jnp.concatenate([n & 0xF, (n >> 4) & 0xF], axis=0))
+
+
+def _twice_e2m1(c):
+    """e2m1 codes (int32 0..15) -> 2 x their value as f32, exactly, in nine vector ops: the
+    magnitude bits c & 7 = (e, m) shifted into an f32's exponent and top mantissa bit over a
+    bias of 127 are 2^e (1 + m / 2) = 2 x value for e >= 1; for e = 0 twice the value is c & 7
+    itself (0 or 1); the sign bit moves to bit 31."""
+    mag = c & 7
+    normal = lax.bitcast_convert_type((mag << 22) + (127 << 23), jnp.float32)
+    twice = jnp.where(mag < 2, mag.astype(jnp.float32), normal)
+    return lax.bitcast_convert_type(lax.bitcast_convert_type(twice, jnp.int32) | ((c & 8) << 28),
+                                    jnp.float32)
 
 
 def tile_scales(scale_chunk, u: int, fmt: TileFormat):
-    """Scale rows [G, T] f32 of tile u of a loaded chunk [chunk * G, T] (storage dtype)."""
+    """Scale rows [G, T] f32 of tile u of a loaded chunk [chunk * G, T] (storage dtype); for
+    e2m1 formats halved, as `mxu_operand` feeds twice the code values."""
     g = fmt.scale_rows
-    return _scale(scale_chunk, fmt.name)[u * g:(u + 1) * g]
+    s = _scale(scale_chunk, fmt.name)[u * g:(u + 1) * g]
+    return s * 0.5 if fmt.name in E2M1_FORMATS else s
 
 
 def group_dot(x, w, scales, fmt: TileFormat):

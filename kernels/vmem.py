@@ -75,6 +75,8 @@ def buffers(spec: ModelSpec, cfg: KernelConfig) -> list[Buffer]:
         if lay.rows[1]:
             items.append(("expert scale slots", (cfg.expert_slots, lay.rows[1], t),
                           lay.fmt.scale_dtype))
+        if lay.decodes:
+            items.append(("expert decode buffer", (lay.decoded_rows(), t), jnp.bfloat16))
     rmax, cmax = layout.max_row_col_tiles(spec, cfg)
     items += [("layer vectors (double buffer)", (2, layout.vector_rows(spec), layout.LANES),
                jnp.bfloat16),

@@ -1,10 +1,9 @@
 """Trace parsing: real CPU traces recorded here, a real H200 trace (tests/data), constructed TPU
 and GPU traces, and bad files.
 
-The TPU traces below are CONSTRUCTED, not recorded: XSpace protobufs written from text in the
-XPlane schema (tensorflow/tsl profiler xplane.proto) with the layout a TPU trace of the
-megakernel has (a device plane with a `Steps` line, the kernel's custom-call event and its
-in-kernel named-scope markers). No TPU was available to record a real one.
+Most TPU traces below are CONSTRUCTED: XSpace protobufs written from text in the XPlane schema
+(tensorflow/tsl profiler xplane.proto) for layouts no recorded trace covers. One is RECORDED on
+a TPU v5e (tests/data/tpu_v5e_k3_b1.xplane.pb.gz, the megakernel on a Kimi K3 slice).
 """
 from __future__ import annotations
 
@@ -414,3 +413,30 @@ def test_recorded_h200_trace_is_attributed(h200_runs):
     c = host.compare(t, hardware="h200")
     assert c.measured_step_s > c.traced_busy_s > 0 and c.idle_share == t.idle_share
     assert [r.layer for r in c.layers] == list(range(6))
+
+
+# ----- a real TPU trace ------------------------------------------------------------------------
+
+def test_recorded_tpu_v5e_megakernel_trace(tmp_path):
+    """A trace recorded on a TPU v5e (experiments/tpu_megakernel.py --only trace: the Kimi K3
+    TP32-core slice, MXFP4 experts, batch 1, five one-step calls): the kernel's in-kernel markers
+    (line `XLA TraceMe`) give each step, every layer's phases and the markers nested in them; the
+    traced step agrees with the step timed by slope in another call on the chip; the device ops
+    outside the kernel (a relayout copy of the embedding table) are named, not counted."""
+    import gzip
+    f = tmp_path / "k3_b1.xplane.pb"
+    f.write_bytes(gzip.decompress((ROOT / "tests" / "data" / "tpu_v5e_k3_b1.xplane.pb.gz").read_bytes()))
+    t = traces.parse_trace(f, n_layers=4)
+    assert t.platform == "tpu" and len(t.steps) == 5
+    assert set(t.layer_s) == set(range(6))
+    assert t.unattributed_share < 0.01
+    assert sum(v.median for v in t.layer_s.values()) == pytest.approx(t.step_s.median, rel=0.02)
+    runs = json.loads((ROOT / "experiments" / "results" / "tpu_megakernel.json").read_text())["runs"]
+    slope = next(r["step_s"] for r in runs if r["kind"] == "megakernel" and r["batch"] == 1)
+    assert t.step_s.median == pytest.approx(slope, rel=0.05)
+    # each MoE layer's experts, router and shared expert inside its ffn phase
+    for layer in (2, 3, 4):
+        ffn = t.phase_s[f"layer_{layer:02d}/ffn"].median
+        parts = [t.sub_phase_s[f"layer_{layer:02d}/ffn/{p}"].median for p in ("router", "experts", "shared")]
+        assert 0.5 * ffn < sum(parts) <= ffn
+    assert any("outside" in n for n in t.notes)

@@ -57,6 +57,7 @@ PREFILL_STEP_NAME = "prefill_step"  # the annotation of one traced prefill (perf
 STEP_NAMES = (STEP_NAME, PREFILL_STEP_NAME)
 SCOPE_RE = re.compile(r"(?:^|/)(embed|head|layer_(\d+)/(attention|ffn|moe))(?=/|$)")
 MARKER_RE = re.compile(r"(embed|head|layer(_\d+)?/(attention|ffn|moe))(/[\w.\-]+)*")
+KERNEL_MARKERS = "XLA TraceMe"   # a TPU device plane's line of in-kernel named-scope markers
 LOOP_RE = re.compile(r"(?:^|/)layer/(attention|ffn|moe)(?=/|$)")
 HLO_SUFFIX = "_after_optimizations.txt"  # module_NNNN.<name>.cpu_after_... (CPU), .sm_9.0_gpu_after_... (GPU)
 _INSTR_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = ")
@@ -493,6 +494,7 @@ class TraceSummary:
     notes: list[str] = field(default_factory=list)
     idle_share: float = 0.0          # of the step windows, all steps: the device idle (a GPU's)
     platform: str = "cpu"            # whose ops were read: "cpu" (host threads), "gpu" or "tpu"
+    sub_phase_s: dict[str, Spread] = field(default_factory=dict)  # nested in-kernel markers
 
     def json(self) -> dict:
         return {"path": self.path, "run_dir": self.run_dir, "meta": self.meta, "n_layers": self.n_layers,
@@ -502,6 +504,7 @@ class TraceSummary:
                 "layers": {str(k): v.json() for k, v in sorted(self.layer_s.items())},
                 "layer_ops": {str(k): v for k, v in sorted(self.layer_ops.items())},
                 "phases": {k: v.json() for k, v in sorted(self.phase_s.items())},
+                "sub_phases": {k: v.json() for k, v in sorted(self.sub_phase_s.items())},
                 "notes": self.notes}
 
 
@@ -552,6 +555,17 @@ def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: i
         lo, hi = min(o.start_ns for o in ops), max(o.end_ns for o in ops)
         windows = [(0, lo, hi)]
         notes.append("no step markers: the whole trace is taken as one step")
+    kernel = [o for o in ops if o.line == KERNEL_MARKERS and o.plane.startswith("/device:")]
+    outside: list[float] = []
+    if kernel:   # a TPU kernel's in-kernel markers: a step is their span, they alone count
+        outside = [_outside_kernel(pd, kernel, t0, t1) for _, t0, t1 in windows]
+        windows = [(i, min(o.start_ns for o in k), max(o.end_ns for o in k))
+                   for i, t0, t1 in windows
+                   if (k := [o for o in kernel if t0 <= o.start_ns < t1])]
+        ops = kernel
+        notes.append("in-kernel markers: each step is the span of the kernel's markers; device "
+                     f"ops outside it (layout copies, the loop's bookkeeping) "
+                     f"{statistics.median(outside) * 1e6:.1f} us a step are left out")
     number_loop_layers(ops, windows)
     platform = next((p for p in ("gpu", "tpu") if any(o.plane.startswith(f"/device:{p.upper()}") for o in ops)),
                     "cpu")
@@ -586,6 +600,7 @@ def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: i
             per_scope[k].append(v)
     busy = sum(s.busy_s for s in steps)
     host = meta.get("host_step_s")
+    subs = _sub_phases(pd, ops, windows[skip_first:]) if kernel else {}
     return TraceSummary(str(xp), str(meta_file.parent if meta_file else run_dir), meta, n, steps,
                         Spread.of([s.window_s for s in steps]),
                         {k: Spread.of(v) for k, v in per_layer.items()},
@@ -593,4 +608,42 @@ def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: i
                         {k: Spread.of(v) for k, v in per_scope.items()},
                         sum(s.unattributed_s for s in steps) / busy if busy else 1.0,
                         Spread.of(host) if host else None, notes,
-                        sum(s.idle_s for s in steps) / sum(s.window_s for s in steps), platform)
+                        sum(s.idle_s for s in steps) / sum(s.window_s for s in steps), platform,
+                        {k: Spread.of(v) for k, v in subs.items()})
+
+
+def _outside_kernel(pd, kernel: list[OpEvent], t0: float, t1: float) -> float:
+    """Seconds of device op events (the `XLA Ops` lines) in the window [t0, t1] ns that end
+    before the kernel's first marker or start after its last."""
+    k = [o for o in kernel if t0 <= o.start_ns < t1]
+    if not k:
+        return 0.0
+    a, b = min(o.start_ns for o in k), max(o.end_ns for o in k)
+    return sum(ev.end_ns - ev.start_ns for plane in pd.planes if plane.name.startswith("/device:")
+               for line in plane.lines if line.name == "XLA Ops" for ev in line.events
+               if t0 <= ev.start_ns < t1 and (ev.end_ns <= a or ev.start_ns >= b)) * 1e-9
+
+
+def _sub_phases(pd, ops: list[OpEvent], windows) -> dict[str, list[float]]:
+    """Per step, the in-kernel markers nested in a layer's phase that name no phase themselves
+    (`router`, `experts`, ...), summed per `<phase scope>/<name>` (seconds): not added to the
+    layer sums, which their phase already holds."""
+    nested = []
+    for plane in pd.planes:
+        if plane.name.startswith("/device:"):
+            for line in plane.lines:
+                if line.name == KERNEL_MARKERS:
+                    nested += [(ev.start_ns, ev.end_ns, ev.name) for ev in line.events
+                               if not (MARKER_RE.fullmatch(ev.name) or SCOPE_RE.search(ev.name)
+                                       or LOOP_RE.search(ev.name))]
+    out: dict[str, list[float]] = defaultdict(list)
+    for _, t0, t1 in windows:
+        step: dict[str, float] = defaultdict(float)
+        for a, b, name in nested:
+            outer = next((o for o in ops if t0 <= a < t1 and o.start_ns <= a and b <= o.end_ns
+                          and o.scope), None)
+            if outer:
+                step[f"{outer.scope}/{name}"] += (b - a) * 1e-9
+        for k, v in step.items():
+            out[k].append(v)
+    return out
