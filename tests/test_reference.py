@@ -46,7 +46,7 @@ def test_one_program_equals_op_by_op(spec, weights, batch):
     c2 = jax.tree.map(jnp.copy, c1)
     for _ in range(3):
         n1, l1, c1 = reference.decode_step(weights, c1, tok, pos)
-        n2, l2, c2 = reference.decode_step_op_by_op(weights, c2, tok, pos)
+        _, l2, c2 = reference.decode_step_op_by_op(weights, c2, tok, pos)
         np.testing.assert_allclose(l1, l2, atol=1e-5, rtol=1e-5)
         tok, pos = n1, pos + 1
     for k in c1:
@@ -192,7 +192,7 @@ def test_derived_spec_runs_in_f32():
     nxt, logits, cache = reference.decode_step(w, cache, tok, pos)
     assert logits.shape == (3, spec.vocab) and np.isfinite(np.asarray(logits)).all()
     assert cache["mla_latent"].shape == (2, 3, 16, 192)
-    n2, l2, _ = reference.decode_step_op_by_op(w, c2, tok, pos, mla_form="plain")
+    _, l2, _ = reference.decode_step_op_by_op(w, c2, tok, pos, mla_form="plain")
     np.testing.assert_allclose(l2, logits, atol=1e-4, rtol=1e-4)
 
 

@@ -35,7 +35,6 @@ def color(name: str, i: int) -> str:
 X_SHAPE = "M-1,-1L1,1M-1,1L1,-1"
 STAR_SHAPE = ("M0,-1L0.22,-0.31L0.95,-0.31L0.36,0.12L0.59,0.81L0,0.38L-0.59,0.81L-0.36,0.12L-0.95,-0.31"
               "L-0.22,-0.31Z")
-HEXAGON_SHAPE = "M0,-1L0.87,-0.5L0.87,0.5L0,1L-0.87,0.5L-0.87,-0.5Z"
 LEGEND = {"orient": "bottom", "columns": 2, "labelLimit": 420, "title": None, "symbolOpacity": 1}
 # a panel's legends above its plot, one block per channel (colour, line style, marker), each titled
 TOP_LEGEND = {"orient": "top", "direction": "vertical", "columns": 1, "labelLimit": 520, "symbolOpacity": 1,

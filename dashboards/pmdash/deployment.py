@@ -23,7 +23,6 @@ NAMES = ("model", "hw", "engine", "batch", "devices", "tp", "ep", "context", "st
 # deployment key field -> the form's name for it
 KEY_NAMES = {"devices": "devices", "tp": "tp", "ep": "ep", "batch": "batch", "context": "context",
              "prefetch_mib": "prefetch", "expert_slots": "slots", "steps_per_call": "steps"}
-MEGAKERNEL_ONLY = ("prefetch", "slots", "vmem")
 
 
 def init(prefix: str) -> None:

@@ -278,7 +278,7 @@ def gpu_step_why(step: pd.Series) -> str | None:
 def run_summary(raw: pd.DataFrame, runs: list[str]) -> pd.DataFrame:
     """One line per run: step predicted / measured / error and the layers' MAPE."""
     rows = []
-    for run_id, g in raw.groupby("run", sort=False):
+    for _, g in raw.groupby("run", sort=False):
         layers = per_layer_table(g)
         step = g[g["layer"].astype(str) == "step"] if "layer" in g.columns else g.iloc[0:0]
         row = dict(zip(runs, g.iloc[0][runs]))

@@ -101,26 +101,6 @@ def deferred(check: bool = True):
         checkpoint()
 
 
-def deferring(fn):
-    """`fn` (a compiled function) with signals deferred during each call."""
-    def call(*args):
-        _state["deferred"] += 1
-        try:
-            out = fn(*args)
-        finally:
-            _state["deferred"] -= 1
-        if _state["pending"] is not None:
-            checkpoint()
-        return out
-    call.py_func = getattr(fn, "py_func", fn)
-    call.compiled = fn
-    return call
-
-
 def finished() -> None:
     """The command's outputs are committed: signals from now on end nothing."""
     _state["finished"] = True
-
-
-def is_finished() -> bool:
-    return _state["finished"]
