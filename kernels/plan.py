@@ -198,9 +198,14 @@ def settings(dspec: ModelSpec, cfg: KernelConfig) -> dict:
         out |= {"wire": cfg.wire, "all_reduce": comm.algorithm(dspec, cfg),
                 "collective_rows": comm.Wire(cfg.token_rows, 1, comm.WIRE[cfg.wire]).padded_rows}
     if dspec.moe and dspec.count(ffn="moe"):
-        f = layout.expert_layout(dspec, cfg).fmt
+        lay = layout.expert_layout(dspec, cfg)
+        f = lay.fmt
         out["expert_feed"] = quant.feed(f)
-        out["expert_scale_rows"] = max(1, f.scale_rows) if f.name in quant.FOUR_BIT else 1
+        # decoded with their scales into the operand: one LHS row per batch row
+        out["expert_scale_rows"] = max(1, f.scale_rows) if f.name in quant.FOUR_BIT \
+            and not lay.decodes else 1
+        if lay.decodes:
+            out["expert_decode"] = lay.decode_kind
     return out
 
 

@@ -164,6 +164,16 @@ class ExpertLayout:
         128 x 128 tile costs ~0.11 us of MXU latency, ~7x a long dot's time per tile."""
         return self.fmt.name != "bf16" and feed(self.fmt) == "bf16"
 
+    @property
+    def decode_kind(self) -> str:
+        """What the vector unit decodes a weight from when the kernel decodes (`decodes`): "e2m1",
+        "int4" or "int8" (fp8 codes widen as int8 do); "" otherwise
+        (`perfmodel.cost.components.vpu_decode_time` prices it)."""
+        if not self.decodes:
+            return ""
+        return "e2m1" if self.fmt.name in E2M1_FORMATS else "int4" if self.fmt.name in INT4 \
+            else "int8"
+
     def column_group(self, m: int) -> int:
         """Column blocks of matrix m decoded per pass: the fewest whose tiles fill whole scale
         chunks (the chunks' scale loads stay aligned), at most the matrix's."""

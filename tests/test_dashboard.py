@@ -1348,7 +1348,8 @@ def test_validation_tpu_runs_from_the_committed_json(monkeypatch, tmp_path):
         assert pts == pytest.approx(dict(zip(g["batch"], g["batch"] / g["measured_step_s"])))
     assert any("- libtpu: " in m.value and "- command: " in m.value for m in at.markdown)  # the provenance popover
     warn = " ".join(w.value for w in at.warning)
-    assert "Not measured yet" in warn and "no in-kernel trace" in warn
+    assert "Not measured yet" in warn and "no ring depth x expert slot sweep" in warn
+    assert ("no in-kernel trace" in warn) == (not t["summary"].get("traced_runs"))
     monkeypatch.setattr(measured, "TPU_RUNS_JSON", tmp_path / "tpu_megakernel.json")
     at = open_view("Validation", val_tpu_exp=True)
     assert any("No TPU run of this project's megakernel is committed yet" in i.value for i in at.info)

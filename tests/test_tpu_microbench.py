@@ -59,7 +59,8 @@ def test_dry_run_file_calibrates_the_tpu_v5e_preset(dry_run):
         assert new.sources[f"components.{name}"].startswith("fitted by perfmodel calibrate")
     assert "mxu_push_fp8_s" not in new.components  # no fp8 MXU: nothing to fit, nothing to use
     rows = microbench.residual_table(data, new)
-    assert {r["group"] for r in rows if r["within_target"] is not None} == {"dma", "mxu", "host"}
+    assert {r["group"] for r in rows if r["within_target"] is not None} == {"dma", "mxu", "host",
+                                                                           "vpu_decode"}
 
 
 def test_without_a_tpu_the_full_run_refuses(capsys):
@@ -145,7 +146,7 @@ def test_tpu_v5e_preset_is_calibrated_and_predicts():
 
 MEASURED = ROOT / "experiments" / "results" / "tpu_v5e_microbench.json"
 FITTED = ("dma_bandwidth_bytes_per_s", "dma_latency_s", "dma_descriptor_s", "mxu_push_bf16_s", "mxu_row_s",
-          "mxu_dot_issue_s", "host_dispatch_s")
+          "mxu_dot_issue_s", "host_dispatch_s", "vpu_decode_e2m1_s", "vpu_decode_int4_s", "vpu_decode_int8_s")
 UNMEASURED = ("vpu_dequant_s", "cross_chip_latency_s", "collective_call_s",
               "collective_phase_s", "collective_copy_issue_s", "topk_round_s", "attention_core_s", "xla_embedding_s",
               "mxu_row_tile")
@@ -164,6 +165,9 @@ MISSES = {
         for s in ("128x128", "256x256", "512x512", "1024x1024", "2048x2048", "512x2048", "2048x512")},
     "dots of 128 x 128 and 256 x 256 weights at 64-256 rows: 6-8 % more than the fitted issue cost and "
     "rows": {"v5e-mxu-bf16-m64-128x128", "v5e-mxu-bf16-m256-128x128", "v5e-mxu-bf16-m64-256x256"},
+    "a routed expert's bf16 column block (8 rows, one dot over 8 or 32 row tiles): the MXU push per "
+    "weight fitted on the dots above prices it 9-20 % high": {
+        "v5e-expert-column-bf16-8", "v5e-expert-column-bf16-32"},
 }
 
 
@@ -200,7 +204,7 @@ def test_v5e_residuals_within_5_percent_but_the_named_misses(v5e):
     print("\n" + table(["entry", "group", "measured", "predicted", "unit", "error %"],
                        [[r["id"], r["group"], r["measured"], r["predicted"], r["unit"], 100 * r["error"]]
                         for r in fitted]))
-    assert {r["group"] for r in fitted} == {"dma", "mxu", "host"} and len(fitted) == 83
+    assert {r["group"] for r in fitted} == {"dma", "mxu", "host", "vpu_decode"} and len(fitted) == 93
     over = {r["id"] for r in fitted if abs(r["error"]) > TARGET}
     assert over == set().union(*MISSES.values())
     assert max(abs(r["error"]) for r in fitted) < 0.30
@@ -208,7 +212,8 @@ def test_v5e_residuals_within_5_percent_but_the_named_misses(v5e):
         errors = sorted(abs(r["error"]) for r in fitted if r["group"] == group)
         assert errors[len(errors) // 2] < 0.02, group
     # every entry no component models is listed with its reason and never fitted
-    assert all(r["not_modelled"] and r["group"] in (None, "mxu") for r in rows if r["within_target"] is None)
+    assert all(r["not_modelled"] and r["group"] in (None, "mxu", "vpu_decode")
+               for r in rows if r["within_target"] is None)
 
 
 def test_no_fp8_on_a_chip_without_an_fp8_mxu():

@@ -83,6 +83,22 @@ def dequant_matmul_time(c: dict, weights: float, lhs_rows: int, matrices: int = 
     return matmul_time(c, weights, "bf16", lhs_rows, matrices) + matrices * param(c, "vpu_dequant_s")
 
 
+# what a kernel's vector unit decodes a weight from, scales applied, into the bf16 operand a chip
+# without the format's matrix dtype is fed (kernels.quant: e2m1 codes as float bits, int4 by
+# sign-extending shifts, int8 / fp8 widened)
+DECODE_KINDS = ("e2m1", "int4", "int8")
+
+
+def vpu_decode_time(c: dict, weights: float, kind: str) -> float:
+    """`weights` weights decoded on the vector unit from `kind` codes into a bf16 operand (the
+    kernel's work before its dots): `vpu_decode_<kind>_s` a weight; 0 on a chip whose preset
+    has not measured it. Micro-benchmarks: v5e-expert-column-* (the dot it feeds priced by
+    `matmul_time`)."""
+    if kind not in DECODE_KINDS:
+        raise SpecError("decode", kind, f"one of {', '.join(DECODE_KINDS)}")
+    return weights * c.get(f"vpu_decode_{kind}_s", 0.0)
+
+
 def remote_copy_time(c: dict, nbytes: float, path: str, links: int = 1) -> float:
     """One remote VMEM copy (issue to semaphore) to the sibling core of the chip or to a core on
     another chip over `links` links in parallel: latency + bytes / bandwidth.

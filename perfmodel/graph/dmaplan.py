@@ -35,9 +35,11 @@ DEPLOYMENT_FIELDS = {"devices": int, "tp": int, "ep": int, "batch": int, "contex
 #   all_reduce (its all-reduce algorithm at these rows: rs_ag, hierarchical, one_shot);
 #   collective_rows (rows a collective's payload is padded to); expert_feed (the dtype its routed
 #   experts' dots are fed: bf16 = dequantised, fp8, int4, ...) and expert_scale_rows (LHS rows per
-#   batch row of that feed)
+#   batch row of that feed); expert_decode (what the vector unit decodes each routed weight from
+#   before that feed, scales applied: e2m1, int4 or int8; absent: none)
 KERNEL_FIELDS = {"bank_bytes": int, "depth": int, "expert_slots": int, "wire": str, "all_reduce": str,
-                 "collective_rows": int, "expert_feed": str, "expert_scale_rows": int}
+                 "collective_rows": int, "expert_feed": str, "expert_scale_rows": int,
+                 "expert_decode": str}
 
 
 @dataclass(frozen=True)

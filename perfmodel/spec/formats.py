@@ -37,6 +37,7 @@ class Format:
     scale_rows: int = 1          # LHS rows per batch row fed with compute_dtype (block-diagonal scales)
     fallback_dtype: str = ""     # what a matrix unit without compute_dtype is fed ("" = none: an error)
     fallback_scale_rows: int = 1
+    decode: str = ""             # a kernel's vector-unit decode before the feed (components.DECODE_KINDS)
 
     def feed(self, native: frozenset[str], chip: str = "the chip") -> tuple[str, int]:
         """(operand dtype, LHS rows per batch row) a matrix unit taking the dtypes `native` is fed:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfmodel.cost import components as cm
 from perfmodel.engine.megakernel import simulate_megakernel
 from perfmodel.engine.multikernel import simulate_multikernel
 from perfmodel.engine.terms import CAUSES, Timeline, op_weights
@@ -166,10 +167,14 @@ def plan_model(model: ModelSpec, plan: KernelPlan) -> ModelSpec:
     if "expert_feed" in k:
         if k["expert_feed"] not in COMPUTE_DTYPES:
             raise SpecError("kernel.expert_feed", k["expert_feed"], f"one of {', '.join(COMPUTE_DTYPES)}")
+        decode = k.get("expert_decode", "")
+        if decode not in ("",) + cm.DECODE_KINDS:
+            raise SpecError("kernel.expert_decode", decode, f"one of {', '.join(cm.DECODE_KINDS)}")
         f = formats["routed_expert"]
         formats["routed_expert"] = dataclasses.replace(
-            f, name=f"{f.name} fed {k['expert_feed']}", compute_dtype=k["expert_feed"],
-            scale_rows=int(k.get("expert_scale_rows", 1)), fallback_dtype="")
+            f, name=f"{f.name} fed {k['expert_feed']}" + (f" after a {decode} decode" if decode else ""),
+            compute_dtype=k["expert_feed"], scale_rows=int(k.get("expert_scale_rows", 1)),
+            fallback_dtype="", decode=decode)
     return dataclasses.replace(model, megakernel=recipe, formats=formats)
 
 
