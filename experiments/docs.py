@@ -724,6 +724,26 @@ def components_table(microbench: str, *hardware: str) -> str:
     return text
 
 
+def fig_tpu_v5e_validation() -> str:
+    """experiments/validate_tpu.py's committed comparison: each v5e run's step (and, traced, each
+    layer) predicted from micro-benchmarks only, against the chip."""
+    v = result("tpu_validation.json")
+    us = lambda x: f"{x * 1e6:.0f}"
+    rows = []
+    for r in v["runs"]:
+        c = r["comparison"]
+        rows.append([r["run"], "step", us(c["predicted_step_s"]), us(c["measured_step_s"]),
+                     f"{c['step_error']:+.1%}"])
+        for layer in c["layers"] if r["traced"] else []:
+            rows.append(["", f"layer {layer['layer']} {layer['kind']} (trace)", us(layer["predicted_s"]),
+                         us(layer["measured_s"]), f"{layer['rel_error']:+.1%}"])
+    rows += [[f"XLA {x['run']}", "step", us(x["predicted_step_s"]), us(x["measured_step_s"]),
+              f"{x['step_error']:+.1%}"] for x in v["xla"]]
+    import validate_tpu
+    return md_table(["run", "what", "predicted us", "measured us", "error"], rows) + \
+        f"\n\n{validate_tpu.summary_line(v['summary'])}\n"
+
+
 def fig_components_tpu() -> str:
     """The TPU7x components against their micro-benchmarks (perfmodel/data/microbench/tpu7x.json)."""
     return components_table("tpu7x.json")
@@ -850,7 +870,8 @@ FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed,
            "kernel-plan": fig_kernel_plan, "recipe-settings": fig_recipe_settings, "components-tpu": fig_components_tpu,
            "components-gpu": fig_components_gpu, "model-speed": fig_model_speed, "layer-time": fig_layer_time,
            "kernel-compile": fig_kernel_compile, "dashboard-browser": fig_dashboard_browser, "ttft-published": fig_ttft_published, "ttft-host": fig_ttft_host,
-           "serve-sweep": fig_serve_sweep, "serve-speed": fig_serve_speed, "tpu-v5e": fig_tpu_v5e}
+           "serve-sweep": fig_serve_sweep, "serve-speed": fig_serve_speed, "tpu-v5e": fig_tpu_v5e,
+           "tpu-v5e-validation": fig_tpu_v5e_validation}
 
 
 # ---- the pages --------------------------------------------------------------------------------

@@ -331,7 +331,9 @@ def table(res: dict) -> str:
     lines += [f"| {c['slice']} | {c['format']} | {'yes' if c['tokens_equal'] else 'NO'} | "
               f"{c['logit_error']:.3f}{'' if c['logit_error'] <= c['logit_tolerance'] else ' (over ' + str(c['logit_tolerance']) + ')'} |"
               for c in checks]
-    return "\n".join(lines) + f"\n\n{summary_line(res)}; `{res['command']}`.\n"
+    commands = sorted({r.get("command", res["command"]) for r in res["runs"]})
+    return "\n".join(lines) + f"\n\n{summary_line(res)}; " + "; ".join(f"`{c}`" for c in commands) \
+        + ".\n"
 
 
 def report(path: Path) -> int:
