@@ -16,7 +16,9 @@ Parts (`--only`, in this order):
   the XLA reference the same way (`reference.make_loop`); the bytes the step's DMA plan moves and
   their rate against the chip's in-kernel stream bandwidth measured by tpu_microbench.py;
   packing time and, for the largest slice, trace + Mosaic compile time;
-- sweep: ring depth and expert slots around the tuned values, one slice, batch 1 and 8;
+- sweep: ring depth (`--depths`) at the tuned slots and expert slots (`--slots`) at the tuned
+  depth, the first slice, `--sweep-batches` (each point a compile: about 90 s for a K3 slice on
+  a v5e, so a 10-minute call holds about five);
 - trace: a `jax.profiler` trace of each slice at batch 1 and 8 with the kernel's named scopes as
   in-kernel markers (the libtpu flags of experiments/profile_megakernel.py), per-layer and
   per-phase times by `perfmodel.validate.traces`; the first trace is kept (--keep-trace).
@@ -357,6 +359,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed calls per point (median)")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--keep-trace", help="copy the first trace's .xplane.pb here")
+    ap.add_argument("--depths", default="1,2,4,8,16", help="sweep: ring depths (at the tuned slots)")
+    ap.add_argument("--slots", default="1,2,3,4", help="sweep: expert slots (at the tuned depth)")
+    ap.add_argument("--sweep-batches", default="1,8", help="sweep: batches")
+    ap.add_argument("--cache-dir", default="/tmp/perfmodel_jax_cache",
+                    help="JAX's persistent compilation cache on a TPU (unless JAX already has one)")
     ap.add_argument("--budget-s", type=float, default=540,
                     help="start no new run after this many seconds")
     a = ap.parse_args(argv)
@@ -370,6 +377,13 @@ def main(argv=None) -> int:
     from jax.experimental.pallas import tpu as pltpu
     from kernels import chip as chip_mod
     on_tpu = pltpu.is_tpu_device()
+    if on_tpu and not jax.config.jax_compilation_cache_dir:
+        # each run compiles the kernel, the reference and the weights' drawing programs anew; a
+        # later run on the same VM (another part, slice or call) reads them from disk: on the
+        # v5e a slice's weights took 56 s to draw cold, the whole traced run 56 s warm
+        jax.config.update("jax_compilation_cache_dir", str(Path(a.cache_dir)))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     if not on_tpu and not a.dry_run:
         print("tpu_megakernel: no TPU attached; run it on a TPU VM, --dry-run for the CPU "
               "interpret-mode smoke test, or --report for the committed results",
@@ -436,8 +450,11 @@ def main(argv=None) -> int:
         name = slices[0]
         sl = Slice(name, FORMATS.get(name, ("mxfp4",))[0], kernel_cfg_for(name, 1, interpret),
                    interpret)
-        grid = [(b, d, s) for b in ((2,) if interpret else (1, 8))
-                for d, s in ([(d, 2) for d in (1, 2, 4, 8, 16)] + [(8, s) for s in (1, 3, 4)])]
+        t = kernel_cfg_for(name, 1, interpret)   # the tuned depth and slots
+        depths, slots_ = (int(x) for x in a.depths.split(",")), [int(x) for x in a.slots.split(",")]
+        grid = [(b, d, s) for b in ((2,) if interpret else [int(x) for x in a.sweep_batches.split(",")])
+                for d, s in ([(d, t.expert_slots) for d in depths]
+                             + [(t.depth, s) for s in slots_ if s != t.expert_slots])]
         for b, depth, slots in grid:
             if over_budget():
                 break
