@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.extend
@@ -57,24 +59,223 @@ def _switch(pred_is_first, kinds, fns, *args):
     return lax.cond(pred_is_first, fns[kinds[0]], fns[kinds[1]], *args)
 
 
-def expert_fetch(refs, mo, e, s) -> Copies:
+Ref = Any   # a Pallas ref inside the kernel: SMEM, VMEM, HBM (memory_space=ANY) or DMA semaphores
+
+
+@dataclass(frozen=True)
+class KdaRefs:
+    """The KDA state and conv window of every KDA layer, and one layer's in VMEM."""
+    state: Ref        # [n_kda, B, ..] f32 (HBM, updated in place)
+    conv: Ref         # [n_kda, B, ..] (HBM, updated in place)
+    state_buf: Ref    # VMEM
+    conv_buf: Ref     # VMEM
+    sem: Ref          # DMA [4]: state and window reads, their write-backs
+    flag: Ref         # SMEM [1]: 1 while a write-back is in flight
+
+    def write_backs(self, o) -> list[Copies]:
+        """The VMEM state and window into KDA layer o's."""
+        return [Copies("kda state (write back)", (self.state_buf, self.state.at[o], self.sem.at[2])),
+                Copies("conv window (write back)", (self.conv_buf, self.conv.at[o], self.sem.at[3]))]
+
+    def await_write_back(self):
+        """Waits for the last KDA layer's write-back, if one is in flight."""
+        @pl.when(self.flag[0] == 1)
+        def _():
+            for cp in self.write_backs(0):
+                cp.wait()
+
+
+@dataclass(frozen=True)
+class MlaRefs:
+    """The latent cache of every MLA layer and its VMEM buffers."""
+    cache: Ref        # [n_mla, B, max_context, r + rope] (HBM, new rows written in place)
+    blocks: Ref       # VMEM [3, block, r + rope] bf16: cache blocks being read
+    window: Ref       # VMEM [B, W, r + rope] bf16: the tiles holding each sequence's new rows
+    sem: Ref          # DMA [3], one a block buffer
+
+
+@dataclass(frozen=True)
+class ExpertRefs:
+    """The routed experts: their layout, HBM arrays, VMEM slots and the used-expert lists."""
+    lay: quant.ExpertLayout
+    hbm: Ref                  # [n_moe, E/groups, rows, T] codes (and 8-bit scales)
+    scales_hbm: Ref | None    # [n_moe, E/groups, scale rows, T]: 16- and 32-bit scales
+    slots: Ref                # VMEM [slots, rows, T]
+    scale_slots: Ref | None   # VMEM [slots, scale rows, T]: 16- and 32-bit scales
+    sems: Ref                 # DMA [slots]
+    glob: Ref | None          # SMEM [n_moe * E/groups * 2] f32: nvfp4 global scales
+    mask_v: Ref               # VMEM [1, E] int32: the used-expert mask
+    mask_s: Ref               # SMEM [1, E]: its copy
+    ids: Ref                  # SMEM [E]: the used experts, ascending
+    decoded: Ref | None       # VMEM [decoded rows, T] bf16: formats decoded before the MXU
+    ndist: Ref                # SMEM [n_moe] output: distinct experts per MoE layer
+
+
+def expert_fetch(x: ExpertRefs, mo, e, s) -> Copies:
     """Expert `e` (of MoE layer `mo`) into slot s: its codes (with 8-bit scales) and, for 16-
     and 32-bit scales, its scales: one or two DMAs."""
-    hbm, slots, scales_hbm, scale_slots, sems = refs
-    pairs = [(hbm.at[mo, e], slots.at[s], sems.at[s])]
-    if scales_hbm is not None:
-        pairs.append((scales_hbm.at[mo, e], scale_slots.at[s], sems.at[s]))
+    pairs = [(x.hbm.at[mo, e], x.slots.at[s], x.sems.at[s])]
+    if x.scales_hbm is not None:
+        pairs.append((x.scales_hbm.at[mo, e], x.scale_slots.at[s], x.sems.at[s]))
     return Copies("expert", *pairs)
 
 
+@dataclass(frozen=True)
+class Context:
+    """What the phases of one kernel call share: the model and config, the DMA recorder, the
+    weight ring, the collectives, the refs (those of a kind the model lacks: None) and `real`."""
+    spec: ModelSpec
+    cfg: KernelConfig
+    dma: Dma
+    ring: Ring
+    comm: Comm
+    tok: Ref                   # SMEM [Bp] token ids
+    pos: Ref                   # SMEM [B] positions
+    acc: Ref                   # SMEM [B] accepted rows
+    table: Ref                 # SMEM [n_layers, 6] layer table
+    me: Ref                    # SMEM [1] device index
+    count_in: Ref | None       # SMEM [5] exchanges so far, per group kind (mesh only)
+    count: Ref | None          # SMEM [5] output, aliased to count_in (mesh only)
+    emb_hbm: Ref               # [V, 1, H/tp]
+    vec_hbm: Ref               # [n_layers + 1, vrows, 128] small vectors
+    next_tokens: Ref           # VMEM [Bp, 128] int32 output
+    logits: Ref                # VMEM [Bp, V/tp] f32 output
+    vbuf: Ref                  # VMEM [2, vrows, 128] bf16: two layers' small vectors
+    vsem: Ref                  # DMA [2]
+    xrows: Ref                 # VMEM [Bp, 1, H/tp] bf16 embedding rows
+    misc_sem: Ref              # DMA [4]: embedding rows (0), latent cache windows (2), expert mask (3)
+    xs: Ref                    # VMEM [rmax, Bp, T] f32 matmul input tiles
+    ys: Ref                    # VMEM [cmax, Bp, T] f32 matmul output column blocks
+    kda: KdaRefs | None
+    mla: MlaRefs | None
+    experts: ExpertRefs | None
+    real: jax.Array            # [Bp, 1] bool: token rows (row r of sequence b at r * B + b)
+
+    @property
+    def tp(self) -> int:
+        return layout.tp_of(self.spec)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.spec.layers)
+
+    @property
+    def att_kinds(self) -> list[str]:
+        return sorted({l.attention for l in self.spec.layers}, key=layout.ATTENTION_IDS.get)
+
+    @property
+    def ffn_kinds(self) -> list[str]:
+        return sorted({l.ffn for l in self.spec.layers}, key=layout.FFN_IDS.get)
+
+    def ffn_families(self, kind: str) -> list[str]:
+        return [f for _, f in stream_mod.layer_parts(self.spec, perfmodel_layer("kda", kind))
+                if f != "attention"]
+
+    def matmuls(self, i, kind: str, *families: str) -> LayerMatmuls:
+        return LayerMatmuls(self, i, kind, families)
+
+    # ----- small vectors: double-buffered, layer i+1's block issued when layer i starts -------
+    def vector_copies(self, entry, attention, with_router) -> list[Copies]:
+        """The copies of vector entry `entry` (traced; n_layers = final norm) for a layer kind."""
+        layer = None if attention is None else \
+            perfmodel_layer(attention, "moe" if with_router else "dense")
+        slot = lax.rem(entry, 2)
+        return [Copies("vectors", (self.vec_hbm.at[entry, pl.ds(r, n)],
+                                   self.vbuf.at[slot, pl.ds(r, n)], self.vsem.at[slot]))
+                for _, r, n in layout.vector_copies(self.spec, layer)]
+
+    def for_vector_copies(self, entry, fn):
+        """fn(copy) for each copy of entry's block (entry: an int, or traced in the loop, where
+        the copies are chosen by the entry's kinds from the layer table)."""
+        def each(attention, with_router):
+            for cp in self.vector_copies(entry, attention, with_router):
+                fn(cp)
+        if isinstance(entry, int):
+            layer = (*self.spec.layers, None)[entry]
+            return each(layer and layer.attention, layer is not None and layer.ffn == "moe")
+        last = entry == self.n_layers
+        pl.when(last)(lambda: each(None, False))
+        safe = jnp.minimum(entry, self.n_layers - 1)
+        for a in self.att_kinds:
+            for f in self.ffn_kinds:
+                hit = jnp.logical_and(self.table[safe, layout.ATT] == layout.ATTENTION_IDS[a],
+                                      self.table[safe, layout.FFN] == layout.FFN_IDS[f])
+                pl.when(jnp.logical_and(jnp.logical_not(last), hit))(
+                    lambda a=a, f=f: each(a, f == "moe"))
+
+    def vectors(self, slot, attention=None, ffn=None) -> dict:
+        """name -> f32 value of the block in vbuf slot, for one attention (or FFN) kind."""
+        lay_v = layout.vector_layout(self.spec, perfmodel_layer(attention or self.att_kinds[0],
+                                                                ffn or "dense"))
+        rows = self.vbuf[slot]
+        keep = ("router_bias",) if ffn else tuple(n for n in lay_v if n != "router_bias")
+        return {name: layout.unpack_vector(rows, lay_v[name]) for name in keep if name in lay_v}
+
+    def accepted(self):
+        """Rows kept per sequence, [B, 1] int32 (from SMEM)."""
+        b_real = self.cfg.batch
+        seq = lax.broadcasted_iota(jnp.int32, (b_real, 1), 0)
+        out = jnp.zeros((b_real, 1), jnp.int32)
+        for b in range(b_real):
+            out = jnp.where(seq == b, self.acc[b], out)
+        return out
+
+
+class LayerMatmuls:
+    """matmul(name, x) for layer i's parts of `families` (layer kind `kind`), reading each
+    part's banks from the ring in order; a fused group is computed once, at the call for its
+    first member, and its other members are sliced from that result."""
+
+    def __init__(self, ctx: Context, i, kind: str, families: tuple[str, ...]):
+        col = layout.FIRST if families[0] == "attention" else layout.FFN_FIRST
+        self.ctx, self.g0 = ctx, ctx.table[i, col]
+        self.parts = [layout.part(ctx.spec, ctx.cfg, (kind, f)) for f in families]
+        self.firsts = [sum(p.banks for p in self.parts[:k]) for k in range(len(self.parts))]
+        self.readers: dict[int, PartReader] = {}   # part -> its reader, in the order opened
+        self.results = {}                          # name -> (its group's input, its output)
+
+    def _reader(self, name):
+        k = next(q for q, p in enumerate(self.parts) if any(name in g.names for g in p.groups))
+        if k not in self.readers:
+            self.finish()
+            self.readers[k] = PartReader(self.ctx.ring, self.parts[k], self.g0 + self.firsts[k],
+                                         self.ctx.xs, self.ctx.ys)
+        return self.readers[k], self.parts[k]
+
+    def __call__(self, name, x):
+        if name not in self.results:
+            rd, p = self._reader(name)
+            k = p.group_of(name)
+            g = p.groups[k]
+            y = rd.matmul(k, x)
+            for nm, w in zip(g.names, g.widths):
+                c = g.column(nm)
+                self.results[nm] = (x, y[:, c:c + w])
+        x0, y = self.results[name]
+        assert x0 is x, f"{name} must read the same input as its group"
+        comm = self.ctx.comm
+        if name in shard.GATHERED:   # latent_down's output only feeds bf16 dots
+            return comm.all_gather(y, name, dtype=BF16 if name == "latent_down" else F32)
+        return comm.all_reduce(y, name) if name in ("o_proj", "down") else y
+
+    def matrix(self, name):
+        rd, p = self._reader(name)
+        return rd.matrix(p.group_of(name))
+
+    def finish(self):
+        for r in self.readers.values():
+            r.finish()
+
+
 def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
+    """The step: unpacks the refs into a `Context`, then embed, the layer loop (one trace of
+    each layer kind, whatever the layer count) and the head."""
     n_kda, n_mla = spec.count(attention="kda"), spec.count(attention="mla")
-    n_moe, n_layers = spec.count(ffn="moe"), len(spec.layers)
+    n_moe = spec.count(ffn="moe")
     tp = layout.tp_of(spec)
     lay = layout.expert_layout(spec, cfg) if n_moe else None
-    xfmt = lay.fmt if lay else None
     separate = lay is not None and lay.rows[1] > 0
-    glob = xfmt is not None and xfmt.global_scale
+    glob = lay is not None and lay.fmt.global_scale
     widths = comm_mod.collective_widths(spec, cfg)
     bufs = comm_mod.buffer_shapes(spec, cfg, widths, tp) if tp > 1 else {}
     refs = list(refs)
@@ -99,514 +300,507 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
     # [depth, bank_rows, T] bf16, DMA [depth], [slots, rows, T] codes, DMA [slots],
     # [2, vrows, 128] bf16, DMA [2], [Bp, 1, H/tp] bf16, DMA [4], [rmax, Bp, T] f32, [cmax, Bp, T]
     (scale_buf,) = take(1) if separate else (None,)  # [slots, scale rows, T]
-    if n_kda:
-        state_buf, conv_buf, kda_sem, kda_flag = take(4)  # state, window, DMA [4], SMEM [1]
-    if n_mla:
-        cache_buf, window, kv_sem = take(3)  # [3, block, r + rope] bf16, [B, W, r + rope], DMA [3]
+    kda = KdaRefs(kda_state, kda_conv, *take(4)) if n_kda else None  # state, window, DMA, flag
+    mla = MlaRefs(mla_cache, *take(3)) if n_mla else None  # blocks, windows, DMA [3]
+    experts = None
     if n_moe:
         mask_v, mask_s, ids_s = take(3)      # [1, E] int32 VMEM, [1, E] SMEM, [E] SMEM
         (wbuf,) = take(1) if lay.decodes else (None,)   # [decoded rows, T] bf16
+        experts = ExpertRefs(lay, exp_hbm, exp_scale_hbm, slot_buf, scale_buf, slot_sem, glob_ref,
+                             mask_v, mask_s, ids_s, wbuf, ndist_ref)
     if tp > 1:
         comm_bufs = {key: tuple(take(2)) for key in bufs}   # send, receive per (kind, dtype)
         (comm_sem,) = take(1)                                 # DMA [2, 5, 2]
     assert not refs
 
-    b_real, n_rows, n_real, bp, t = cfg.batch, cfg.rows, cfg.token_rows, cfg.padded_batch, cfg.tile
-    h_dim = spec.hidden
     dma = Dma(record)
-    s = layout.static_stream(spec, cfg)
-    ring = Ring(cfg.depth, s, static_hbm, ring_buf, ring_sem, row0_ref, cls_ref, dma)
+    ring = Ring(cfg.depth, layout.static_stream(spec, cfg), static_hbm, ring_buf, ring_sem, row0_ref,
+                cls_ref, dma)
     comm = Comm(tp, me_ref, comm_bufs if tp > 1 else {}, comm_sem if tp > 1 else None,
                 count_ref, cfg, spec, dma)
-    att_kinds = sorted({l.attention for l in spec.layers}, key=layout.ATTENTION_IDS.get)
-    ffn_kinds = sorted({l.ffn for l in spec.layers}, key=layout.FFN_IDS.get)
-    row = lax.broadcasted_iota(jnp.int32, (bp, 1), 0)
-    real = row < n_real  # token rows: row r of sequence b at r * b_real + b, then padding
+    real = lax.broadcasted_iota(jnp.int32, (cfg.padded_batch, 1), 0) < cfg.token_rows
+    ctx = Context(spec, cfg, dma, ring, comm, tok=tok_ref, pos=pos_ref, acc=acc_ref, table=table,
+                  me=me_ref, count_in=count_in, count=count_ref, emb_hbm=emb_hbm, vec_hbm=vec_hbm,
+                  next_tokens=next_ref, logits=logits_ref, vbuf=vbuf, vsem=vsem, xrows=xrows,
+                  misc_sem=misc_sem, xs=xs, ys=ys, kda=kda, mla=mla, experts=experts, real=real)
 
-    def matmuls_of(i, kind, *families):
-        """matmul(name, x) for layer i's parts of `families` (layer kind `kind`), reading each
-        part's banks from the ring in order; a fused group is computed once, at the call for
-        its first member, and its other members are sliced from that result."""
-        col = layout.FIRST if families[0] == "attention" else layout.FFN_FIRST
-        g0 = table[i, col]
-        parts = [layout.part(spec, cfg, (kind, f)) for f in families]
-        firsts, n = [], 0
-        for p in parts:
-            firsts.append(n)
-            n += p.banks
-        readers, done, cache = {}, [], {}
-
-        def reader(name):
-            k = next(q for q, p in enumerate(parts) if any(name in g.names for g in p.groups))
-            if k not in readers:
-                for r in done:
-                    r.finish()
-                readers[k] = PartReader(ring, parts[k], g0 + firsts[k], xs, ys)
-                done.append(readers[k])
-            return readers[k], parts[k]
-
-        def matmul(name, x):
-            if name not in cache:
-                rd, p = reader(name)
-                k = p.group_of(name)
-                g = p.groups[k]
-                y = rd.matmul(k, x)
-                for nm, w in zip(g.names, g.widths):
-                    c = g.column(nm)
-                    cache[nm] = (x, y[:, c:c + w])
-            x0, y = cache[name]
-            assert x0 is x, f"{name} must read the same input as its group"
-            if name in shard.GATHERED:   # latent_down's output only feeds bf16 dots
-                return comm.all_gather(y, name, dtype=BF16 if name == "latent_down" else F32)
-            return comm.all_reduce(y, name) if name in ("o_proj", "down") else y
-
-        def matrix(name):
-            rd, p = reader(name)
-            return rd.matrix(p.group_of(name))
-
-        def finish():
-            for r in done:
-                r.finish()
-        matmul.matrix, matmul.finish = matrix, finish
-        return matmul
-
-    # ----- small vectors: double-buffered, layer i+1's block issued when layer i starts -------
-    def vector_copies(entry, attention, with_router):
-        """The copies of vector entry `entry` (traced; n_layers = final norm) for a layer kind."""
-        layer = None if attention is None else \
-            perfmodel_layer(attention, "moe" if with_router else "dense")
-        slot = lax.rem(entry, 2)
-        return [Copies("vectors", (vec_hbm.at[entry, pl.ds(r, n)], vbuf.at[slot, pl.ds(r, n)],
-                                   vsem.at[slot]))
-                for _, r, n in layout.vector_copies(spec, layer)]
-
-    def for_vector_copies(entry, fn):
-        """fn(copy) for each copy of entry's block (entry: an int, or traced in the loop, where
-        the copies are chosen by the entry's kinds from the layer table)."""
-        def each(attention, with_router):
-            for cp in vector_copies(entry, attention, with_router):
-                fn(cp)
-        if isinstance(entry, int):
-            layer = (*spec.layers, None)[entry]
-            return each(layer and layer.attention, layer is not None and layer.ffn == "moe")
-        last = entry == n_layers
-        pl.when(last)(lambda: each(None, False))
-        safe = jnp.minimum(entry, n_layers - 1)
-        for a in att_kinds:
-            for f in ffn_kinds:
-                hit = jnp.logical_and(table[safe, layout.ATT] == layout.ATTENTION_IDS[a],
-                                      table[safe, layout.FFN] == layout.FFN_IDS[f])
-                pl.when(jnp.logical_and(jnp.logical_not(last), hit))(
-                    lambda a=a, f=f: each(a, f == "moe"))
-
-    def vectors_of(slot, attention=None, ffn=None):
-        """name -> f32 value of the block in vbuf slot, for one attention (or FFN) kind."""
-        lay_v = layout.vector_layout(spec, perfmodel_layer(attention or att_kinds[0],
-                                                           ffn or "dense"))
-        rows = vbuf[slot]
-        keep = ("router_bias",) if ffn else tuple(n for n in lay_v if n != "router_bias")
-        return {name: layout.unpack_vector(rows, lay_v[name]) for name in keep if name in lay_v}
-
-    # ----- embedding -----
-    with jax.named_scope("embed"):
-        ring.start()
-        if n_kda:
-            kda_flag[0] = 0
-        if tp > 1:
-            for k in range(len(comm_mod.KINDS)):
-                count_ref[k] = count_in[k]
-        dma.note("vectors", layer=0)
-        for_vector_copies(0, lambda cp: cp.start())
-        emb = [Copies("embedding row", (emb_hbm.at[tok_ref[b]], xrows.at[b], misc_sem.at[0]))
-               for b in range(n_real)]
-        for cp in emb:
-            dma.note("copy", 0, "embedding", "embedding row", h_dim // tp * 2)
-            cp.start()
-        comm.barrier(skip=not barrier)   # before the first remote write of the call
-        for cp in emb:
-            cp.wait()
-        x = comm.all_gather(jnp.where(real, xrows[:, 0, :].astype(F32), 0.0), "embedding",
-                            dtype=BF16)
-
-    # ----- attention kinds -----
-    def kda_writes(o):
-        return [Copies("kda state (write back)", (state_buf, kda_state.at[o], kda_sem.at[2])),
-                Copies("conv window (write back)", (conv_buf, kda_conv.at[o], kda_sem.at[3]))]
-
-    def accepted():
-        """Rows kept per sequence, [b_real, 1] int32 (from SMEM)."""
-        seq = lax.broadcasted_iota(jnp.int32, (b_real, 1), 0)
-        out = jnp.zeros((b_real, 1), jnp.int32)
-        for b in range(b_real):
-            out = jnp.where(seq == b, acc_ref[b], out)
-        return out
-
-    @dma.branch(("attention", "kda"))
-    def kda_attention(i, h):
-        o = table[i, layout.ATT_ORD]
-        v = vectors_of(lax.rem(i, 2), attention="kda")
-
-        @pl.when(kda_flag[0] == 1)  # the previous KDA layer's write-back
-        def _():
-            for cp in kda_writes(0):
-                cp.wait()
-        reads = [Copies("kda state", (kda_state.at[o], state_buf, kda_sem.at[0])),
-                 Copies("conv window", (kda_conv.at[o], conv_buf, kda_sem.at[1]))]
-        sizes = [kda_state.size // kda_state.shape[0] * 4,
-                 kda_conv.size // kda_conv.shape[0] * kda_conv.dtype.itemsize]
-        for nb, cp in zip(sizes, reads):
-            dma.note("copy", None, "state", cp.name, nb)
-            cp.start()
-
-        def load_state():
-            for cp in reads:
-                cp.wait()
-            return state_buf[...], conv_buf[...]
-
-        matmul = matmuls_of(i, "kda", "attention")
-        out, st, win = ref.kda_block(spec, matmul, v, load_state, h, accepted(), n_rows)
-        matmul.finish()
-        state_buf[...] = st
-        conv_buf[...] = win.astype(conv_buf.dtype)
-        for nb, cp in zip(sizes, kda_writes(o)):
-            dma.note("copy", None, "state", cp.name, nb)
-            cp.start()
-        kda_flag[0] = 1
-        return out
-
-    @dma.branch(("attention", "mla"))
-    def mla_attention(i, h):
-        m = spec.mla
-        o, cb, r = table[i, layout.ATT_ORD], cfg.cache_block, m.kv_lora_rank
-        v = vectors_of(lax.rem(i, 2), attention="mla")
-        matmul = matmuls_of(i, "mla", "attention")
-
-        def tile_copy(b, k):  # token tile k of sequence b into buffer k mod 3
-            first = k * cb if isinstance(k, int) else pl.multiple_of(k * cb, cb)
-            return Copies("latent cache block", (mla_cache.at[o, b, pl.ds(first, cb)],
-                                                 cache_buf.at[k % 3], kv_sem.at[k % 3]))
-
-        def window_base(b):  # first row of sequence b's patched window (a whole tile)
-            w_rows = layout.cache_window(cfg)
-            base = jnp.minimum(pos_ref[b] // ROW_TILE * ROW_TILE, cfg.max_context - w_rows)
-            return pl.multiple_of(base, ROW_TILE)
-
-        def window_copy(b, write: bool):  # the tile-aligned rows holding the new rows of b
-            hbm = mla_cache.at[o, b, pl.ds(window_base(b), layout.cache_window(cfg))]
-            pair = (window.at[b], hbm) if write else (hbm, window.at[b])
-            return Copies(f"latent cache window ({'write' if write else 'read'})",
-                          (*pair, misc_sem.at[2]))
-
-        def n_tiles(b):  # tiles holding positions < pos
-            return (pos_ref[b] + cb - 1) // cb
-
-        def start_first(b):
-            for k in range(min(2, cfg.max_context // cb)):
-                pl.when(k < n_tiles(b))(lambda k=k: tile_copy(b, k).start())
-
-        row_bytes = (r + m.qk_rope_dim) * mla_cache.dtype.itemsize
-        dma.note("cache_blocks", None, "kv_cache", "latent cache block", cb * row_bytes)
-        if b_real:
-            start_first(0)  # overlaps the projections
-        # the new rows are written by a read-modify-write of whole tiles (one row is not a
-        # tile); only sequences that keep a row take part
-        w_bytes = layout.cache_window(cfg) * row_bytes
-        dma.note("cache_window", None, "kv_cache", "latent cache window (read)", w_bytes,
-                 row_bytes=row_bytes)
-        for b in range(b_real):
-            pl.when(acc_ref[b] > 0)(window_copy(b, False).start)
-        q_nope, q_rope, c_new = ref.mla_project(spec, matmul, v, h)
-        kv_b = matmul.matrix("kv_b")
-        # absorbed form, flash-style: the new token first, then the cached tiles of each
-        # sequence with an online softmax (3 buffers: tiles k+1, k+2 in flight while k is used)
-        w_uk, w_uv = ref.split_kv_b(spec, kv_b)
-        c_new = c_new.astype(BF16).astype(F32)
-        q_lat = jnp.einsum("bhn,rhn->bhr", q_nope, w_uk)
-        scale = (m.qk_nope_dim + m.qk_rope_dim) ** -0.5
-        nt = (((1,), (1,)), ((), ()))  # contract the last dims: a @ b.T
-        hr = m.heads * n_rows  # query rows of one sequence: (draft row, head)
-        # causal within the verify block: query row (rr, head) sees block rows 0..rr
-        causal = lax.broadcasted_iota(jnp.int32, (hr, n_rows), 1) <= \
-            lax.broadcasted_iota(jnp.int32, (hr, n_rows), 0) // m.heads
-        ctxs = []
-        for b in range(b_real):
-            if b:
-                start_first(b)
-            mine = [rr * b_real + b for rr in range(n_rows)]  # this sequence's token rows
-            ql = jnp.concatenate([q_lat[k] for k in mine])    # [rows * heads, r]
-            qr = jnp.concatenate([q_rope[k] for k in mine])
-            blk = jnp.concatenate([c_new[k:k + 1] for k in mine])  # [rows, r + rope]
-            s_b = (lax.dot_general(ql, blk[:, :r], nt)
-                   + lax.dot_general(qr, blk[:, r:], nt)) * scale
-            s_b = jnp.where(causal, s_b, -jnp.inf)
-            mx0 = jnp.max(s_b, axis=-1, keepdims=True)
-            p0 = jnp.exp(s_b - mx0)
-
-            def body(k, carry, b=b, ql=ql, qr=qr):
-                mx, den, acc = carry
-                tile_copy(b, k).wait()
-                pl.when(k + 2 < n_tiles(b))(lambda: tile_copy(b, k + 2).start())
-                c = cache_buf[k % 3].astype(F32)
-                s = (lax.dot_general(ql, c[:, :r], nt) + lax.dot_general(qr, c[:, r:], nt)) \
-                    * scale
-                t_pos = k * cb + lax.broadcasted_iota(jnp.int32, s.shape, 1)
-                s = jnp.where(t_pos < pos_ref[b], s, -jnp.inf)
-                new_mx = jnp.maximum(mx, jnp.max(s, axis=-1, keepdims=True))
-                alpha, p = jnp.exp(mx - new_mx), jnp.exp(s - new_mx)
-                return (new_mx, den * alpha + jnp.sum(p, axis=-1, keepdims=True),
-                        acc * alpha + jnp.dot(p, c[:, :r]))
-            mx, den, acc = lax.fori_loop(
-                0, n_tiles(b), body,
-                (mx0, jnp.sum(p0, axis=-1, keepdims=True), jnp.dot(p0, blk[:, :r])))
-            ctxs.append((acc / den).reshape(n_rows, m.heads, r))
-        ctx = jnp.stack([ctxs[b][rr] for rr in range(n_rows) for b in range(b_real)]
-                        + [jnp.zeros((m.heads, r), F32)] * (bp - n_real))
-        dma.note("wait", name="latent cache block")
-        # the new rows are written only now (no write overlaps a tile read of the same range),
-        # and only the accepted rows of each sequence: rows pos + rr (rr < accepted) of the
-        # window take the new latents, the others keep what was read
-        w_row = lax.broadcasted_iota(jnp.int32, (layout.cache_window(cfg), 1), 0)
-        for b in range(b_real):   # the reads share a semaphore: all of them land first
-            pl.when(acc_ref[b] > 0)(window_copy(b, False).wait)
-        for b in range(b_real):
-            @pl.when(acc_ref[b] > 0)
-            def _(b=b):
-                at = pos_ref[b] - window_base(b)
-                val = window[b].astype(F32)
-                for rr in range(n_rows):
-                    k = rr * b_real + b
-                    hit = jnp.logical_and(w_row == at + rr, rr < acc_ref[b])
-                    val = jnp.where(hit, c_new[k:k + 1], val)
-                window[b] = val.astype(BF16)
-                window_copy(b, True).start()
-        dma.note("cache_window", None, "kv_cache", "latent cache window (write)", w_bytes,
-                 row_bytes=row_bytes)
-        out = ref.mla_output(spec, matmul, jnp.einsum("bhr,rhv->bhv", ctx, w_uv), h)
-        dma.note("wait", name="latent cache window (write)")
-        for b in range(b_real):
-            pl.when(acc_ref[b] > 0)(window_copy(b, True).wait)
-        matmul.finish()
-        return out
-
-    # ----- FFN kinds -----
-    ffn_families = {kind: [f for _, f in stream_mod.layer_parts(spec, perfmodel_layer("kda", kind))
-                           if f != "attention"] for kind in ffn_kinds}
-
-    @dma.branch(("ffn", "dense"))
-    def dense_ffn(i, h):
-        matmul = matmuls_of(i, "dense", *ffn_families["dense"])
-        out = matmul("down", ref.swiglu(matmul("gate_up", h)))
-        matmul.finish()
-        return out
-
-    def expert_matmul(m, x, slot, e_glob):
-        """x [bp, d_in] @ matrix m of the expert in `slot` -> [bp, d_out] f32."""
-        (r, c), mm = lay.shapes[m], layout.expert_matmuls(spec)[m]
-        xp = jnp.pad(x, ((0, 0), (0, r * t - x.shape[1])))
-        if xfmt.name == "bf16" or lay.decodes:
-            expert_columns(m, xp.astype(BF16), slot)
-        else:
-            expert_tiles(m, xp, slot)
-        out = jnp.concatenate([ys[j] for j in range(c)], axis=1)[:, :mm.d_out] \
-            if c > 1 else ys[0][:, :mm.d_out]
-        return out * glob_ref[e_glob + m] if glob else out
-
-    def expert_columns(m, xb, slot):
-        """Column block j of matrix m -> ys[j] by one dot of xb [bp, r * T] bf16 over its r row
-        tiles: bf16 codes are the operand; other formats are first decoded with their scales
-        into wbuf, `column_group` columns a pass, their scale chunks loaded aligned."""
-        (r, c), k0 = lay.shapes[m], lay.first_tile(m)
-
-        def column_dot(j, w_rows):
-            ys[j] = jnp.dot(xb, w_rows, preferred_element_type=F32)
-
-        if xfmt.name == "bf16":
-            lax.fori_loop(0, c, lambda j, cy: (column_dot(j, slot_buf[slot, pl.ds(
-                pl.multiple_of((k0 + j * r) * t, t), r * t)]), cy)[1], 0)
-            return
-        ch, cg = xfmt.chunk, lay.column_group(m)
-        src = scale_buf if separate else slot_buf
-        base = (0 if separate else lay.code_rows) + lay.scale_first_row(m)
-        sub = ch * xfmt.scale_rows
-
-        def decode(q, count, k_first):
-            """Tiles q*ch .. q*ch + count - 1 (count static) into wbuf from tile k_first on."""
-            sc = src[slot, pl.ds(base + q * sub, sub)]
-            for u in range(count):
-                k = q * ch + u
-                codes = slot_buf[slot, pl.ds((k0 + k) * xfmt.code_rows, xfmt.code_rows)]
-                w = quant.scaled_operand(codes, quant.tile_scales(sc, u, xfmt), xfmt)
-                wbuf[pl.ds(pl.multiple_of((k - k_first) * t, t), t)] = w
-
-        def columns(j0, n_cols):
-            """Columns j0 .. j0 + n_cols - 1 (n_cols static; j0 * r a multiple of ch)."""
-            k_first, n_t = j0 * r, n_cols * r
-            q0 = k_first // ch
-            if n_t // ch:
-                lax.fori_loop(q0, q0 + n_t // ch,
-                              lambda q, cy: (decode(q, ch, k_first), cy)[1], 0)
-            if n_t % ch:
-                decode(q0 + n_t // ch, n_t % ch, k_first)
-            for jj in range(n_cols):
-                column_dot(j0 + jj, wbuf[pl.ds(jj * r * t, r * t)])
-
-        if c // cg:
-            lax.fori_loop(0, c // cg, lambda g, cy: (columns(g * cg, cg), cy)[1], 0)
-        if c % cg:
-            columns(c - c % cg, c % cg)
-
-    def expert_tiles(m, xp, slot):
-        """Matrix m tile by tile (formats fed as fp8, whose scales cannot be folded into the
-        operand): the tiles in chunks of xfmt.chunk (one aligned load of their scale rows), each
-        fed to the MXU in its format (`quant.group_dot`), column block j accumulated in ys[j]."""
-        (r, c), k0 = lay.shapes[m], lay.first_tile(m)
-        n_t, ch = r * c, xfmt.chunk
-        for q in range(r):
-            xs[q] = xp[:, q * t:(q + 1) * t]
-        for j in range(c):
-            ys[j] = jnp.zeros((bp, t), F32)
-        src = scale_buf if separate else slot_buf
-        base = (0 if separate else lay.code_rows) + lay.scale_first_row(m)
-        sub = ch * xfmt.scale_rows
-
-        def tiles(q, count):
-            """Tiles q*ch .. q*ch + count - 1 (count static)."""
-            sc = src[slot, pl.ds(base + q * sub, sub)] if xfmt.scale_rows else None
-            for u in range(count):
-                k = q * ch + u
-                codes = slot_buf[slot, pl.ds((k0 + k) * xfmt.code_rows, xfmt.code_rows)]
-                w = quant.mxu_operand(codes, xfmt)
-                y = quant.group_dot(xs[lax.rem(k, r)], w,
-                                    quant.tile_scales(sc, u, xfmt) if sc is not None else None,
-                                    xfmt)
-                j = k // r
-                ys[j] = ys[j] + y
-
-        if n_t // ch:
-            lax.fori_loop(0, n_t // ch, lambda q, cy: (tiles(q, ch), cy)[1], 0)
-        if n_t % ch:
-            tiles(n_t // ch, n_t % ch)
-
-    @dma.branch(("ffn", "moe"))
-    def moe(i, h):
-        me, e_n = spec.moe, spec.moe.experts
-        mo = table[i, layout.MOE_ORD]
-        matmul = matmuls_of(i, "moe", *ffn_families["moe"])   # router first
-        lane = lax.broadcasted_iota(jnp.int32, (bp, e_n), 1)
-        with jax.named_scope("router"):
-            logits = matmul("router", h)
-            scores = jax.nn.sigmoid(logits)
-            sel = scores + vectors_of(lax.rem(i, 2), ffn="moe")["router_bias"]
-            picked = jnp.zeros((bp, e_n), jnp.bool_)
-            for _ in range(me.top_k):
-                hit = lane == _argmax_first(sel, lane)
-                picked, sel = picked | hit, jnp.where(hit, -jnp.inf, sel)
-            comb = jnp.where(picked, scores, 0.0)
-            comb = comb / jnp.sum(comb, axis=-1, keepdims=True)
-            own_first = (me_ref[0] // spec.expert_tp) * spec.local_experts if tp > 1 else 0
-            n_own = spec.local_experts if tp > 1 else e_n
-            own = (lane >= own_first) & (lane < own_first + n_own)
-            used = jnp.max(jnp.where(real & picked & own, 1, 0), axis=0, keepdims=True)
-            mask_v[...] = used.astype(jnp.int32)
-            cp = Copies("used-expert mask", (mask_v, mask_s, misc_sem.at[3]))  # VMEM -> SMEM
-            cp.start()
-            cp.wait()
-
-            def compact(e, n):
-                @pl.when(mask_s[0, e] != 0)
-                def _():
-                    ids_s[n] = e
-                return n + mask_s[0, e]
-            n_used = lax.fori_loop(0, e_n, compact, jnp.int32(0))
-            ndist_ref[mo] = n_used
-        with jax.named_scope("experts"):
-            s_n = cfg.expert_slots
-            fetch_refs = (exp_hbm, slot_buf, exp_scale_hbm, scale_buf, slot_sem)
-            fetch = lambda j: expert_fetch(fetch_refs, mo, ids_s[j] - own_first, j % s_n)
-            pads = expert_padding_bytes(spec, cfg)
-            dma.note("experts", None, "routed_expert", "expert", routed=True,
-                     sizes=[b for b in lay.bytes() if b],
-                     padding=[sum(pads)] if lay.copies() == 1 else list(pads))
-            for j in range(s_n):   # the first experts land while the latent projection runs
-                pl.when(j < n_used)(lambda j=j: fetch(j).start())
-            z = matmul("latent_down", h) if me.latent_dim else h
-            d_lat = me.latent_dim or h_dim
-
-            def apply(j, acc):
-                fetch(j).wait()
-                e, slot = ids_s[j], j % s_n
-                e_glob = ((mo * spec.local_experts if tp > 1 else mo * e_n)
-                          + e - own_first) * 2
-                gu = expert_matmul(0, z, slot, e_glob)
-                y = expert_matmul(1, ref.swiglu(gu), slot, e_glob)
-                pl.when(j + s_n < n_used)(lambda: fetch(j + s_n).start())
-                w_e = jnp.sum(jnp.where(lane == e, comb, 0.0), axis=1, keepdims=True)
-                return acc + w_e * y
-
-            # this device's experts' partial sum; summed over devices below
-            routed = lax.fori_loop(0, n_used, apply, jnp.zeros((bp, d_lat), F32))
-            if me.latent_dim and tp > 1:
-                if comm.alg == "one_shot":   # the whole sum on every device; my latent rows
-                    mine = comm.my_chunk(comm.all_reduce(routed, "routed experts"), tp)
-                else:
-                    mine = comm.reduce_scatter(routed, "routed experts")[:, :d_lat // tp]
-                out = matmul("latent_up", mine)
-            else:
-                out = matmul("latent_up", routed) if me.latent_dim else routed
-        if me.shared_width:
-            with jax.named_scope("shared"):
-                out = out + matmul("shared_down", ref.swiglu(matmul("shared_gate_up", h)))
-        matmul.finish()
-        return comm.all_reduce(out, "moe output")
-
-    # ----- the layer loop (one trace of each kind, whatever the layer count) -----
+    x = embed(ctx, barrier)
+    attention = _branches(ctx, "attention", {"kda": kda_attention, "mla": mla_attention})
+    ffn = _branches(ctx, "ffn", {"dense": dense_ffn, "moe": moe})
     dma.scope = "loop"
 
     def layer(i, x):
         with jax.named_scope("layer/attention"):
-            for_vector_copies(i, lambda cp: cp.wait())
+            ctx.for_vector_copies(i, lambda cp: cp.wait())
             dma.note("vectors", layer=1)
-            for_vector_copies(i + 1, lambda cp: cp.start())
-            common = vectors_of(lax.rem(i, 2), attention=att_kinds[0])
+            ctx.for_vector_copies(i + 1, lambda cp: cp.start())
+            common = ctx.vectors(lax.rem(i, 2), attention=ctx.att_kinds[0])
             h = ref.rms_norm(x, common["attn_norm"])
-            x = x + _switch(table[i, layout.ATT] == 0, att_kinds,
-                            {"kda": kda_attention, "mla": mla_attention}, i, h)
+            x = x + _switch(table[i, layout.ATT] == 0, ctx.att_kinds, attention, i, h)
         with jax.named_scope("layer/ffn"):
             h = ref.rms_norm(x, common["ffn_norm"])
-            return x + _switch(table[i, layout.FFN] == 0, ffn_kinds,
-                               {"dense": dense_ffn, "moe": moe}, i, h)
+            return x + _switch(table[i, layout.FFN] == 0, ctx.ffn_kinds, ffn, i, h)
 
-    x = lax.fori_loop(0, n_layers, layer, x)
+    x = lax.fori_loop(0, len(spec.layers), layer, x)
     dma.scope = "post"
+    head(ctx, x)
 
-    # ----- head -----
+
+def _branches(ctx: Context, family: str, phases: dict) -> dict:
+    """kind -> phase(ctx, i, h) of `family`, its DMA records tagged with (family, kind)."""
+    return {kind: ctx.dma.branch((family, kind))(functools.partial(fn, ctx))
+            for kind, fn in phases.items()}
+
+
+def embed(ctx: Context, barrier: bool):
+    """Starts the ring and layer 0's vectors; the token rows' embeddings (gathered over the
+    mesh, after the entry barrier) -> x [Bp, H] f32, padding rows zero."""
+    dma, tp = ctx.dma, ctx.tp
+    with jax.named_scope("embed"):
+        ctx.ring.start()
+        if ctx.kda is not None:
+            ctx.kda.flag[0] = 0
+        if tp > 1:
+            for k in range(len(comm_mod.KINDS)):
+                ctx.count[k] = ctx.count_in[k]
+        dma.note("vectors", layer=0)
+        ctx.for_vector_copies(0, lambda cp: cp.start())
+        emb = [Copies("embedding row", (ctx.emb_hbm.at[ctx.tok[b]], ctx.xrows.at[b],
+                                        ctx.misc_sem.at[0]))
+               for b in range(ctx.cfg.token_rows)]
+        for cp in emb:
+            dma.note("copy", 0, "embedding", "embedding row", ctx.spec.hidden // tp * 2)
+            cp.start()
+        ctx.comm.barrier(skip=not barrier)   # before the first remote write of the call
+        for cp in emb:
+            cp.wait()
+        return ctx.comm.all_gather(jnp.where(ctx.real, ctx.xrows[:, 0, :].astype(F32), 0.0),
+                                   "embedding", dtype=BF16)
+
+
+# ----- attention kinds -----
+def kda_attention(ctx: Context, i, h):
+    """Layer i's KDA attention of the normed input h: its state and window are read while the
+    projections run (after the previous KDA layer's write-back) and written back in place."""
+    kda, dma = ctx.kda, ctx.dma
+    o = ctx.table[i, layout.ATT_ORD]
+    v = ctx.vectors(lax.rem(i, 2), attention="kda")
+    kda.await_write_back()   # the previous KDA layer's
+    reads = [Copies("kda state", (kda.state.at[o], kda.state_buf, kda.sem.at[0])),
+             Copies("conv window", (kda.conv.at[o], kda.conv_buf, kda.sem.at[1]))]
+    sizes = [kda.state.size // kda.state.shape[0] * 4,
+             kda.conv.size // kda.conv.shape[0] * kda.conv.dtype.itemsize]
+    for nb, cp in zip(sizes, reads):
+        dma.note("copy", None, "state", cp.name, nb)
+        cp.start()
+
+    def load_state():
+        for cp in reads:
+            cp.wait()
+        return kda.state_buf[...], kda.conv_buf[...]
+
+    matmul = ctx.matmuls(i, "kda", "attention")
+    out, st, win = ref.kda_block(ctx.spec, matmul, v, load_state, h, ctx.accepted(), ctx.cfg.rows)
+    matmul.finish()
+    kda.state_buf[...] = st
+    kda.conv_buf[...] = win.astype(kda.conv_buf.dtype)
+    for nb, cp in zip(sizes, kda.write_backs(o)):
+        dma.note("copy", None, "state", cp.name, nb)
+        cp.start()
+    kda.flag[0] = 1
+    return out
+
+
+@dataclass(frozen=True)
+class LatentCache:
+    """MLA layer o's latent cache: token tile k of sequence b is read into buffer k mod 3; the
+    new rows of b are written by a read-modify-write of its window (whole tiles: one row is not
+    a tile)."""
+    ctx: Context
+    o: jax.Array
+
+    def tile_copy(self, b, k) -> Copies:
+        """Token tile k of sequence b into buffer k mod 3."""
+        cb, mla = self.ctx.cfg.cache_block, self.ctx.mla
+        first = k * cb if isinstance(k, int) else pl.multiple_of(k * cb, cb)
+        return Copies("latent cache block", (mla.cache.at[self.o, b, pl.ds(first, cb)],
+                                             mla.blocks.at[k % 3], mla.sem.at[k % 3]))
+
+    def window_base(self, b):
+        """First row of sequence b's window (a whole tile)."""
+        cfg = self.ctx.cfg
+        w_rows = layout.cache_window(cfg)
+        base = jnp.minimum(self.ctx.pos[b] // ROW_TILE * ROW_TILE, cfg.max_context - w_rows)
+        return pl.multiple_of(base, ROW_TILE)
+
+    def window_copy(self, b, write: bool) -> Copies:
+        """The tile-aligned rows holding the new rows of b, into or out of its window."""
+        mla = self.ctx.mla
+        hbm = mla.cache.at[self.o, b, pl.ds(self.window_base(b), layout.cache_window(self.ctx.cfg))]
+        pair = (mla.window.at[b], hbm) if write else (hbm, mla.window.at[b])
+        return Copies(f"latent cache window ({'write' if write else 'read'})",
+                      (*pair, self.ctx.misc_sem.at[2]))
+
+    def n_tiles(self, b):
+        """Tiles holding positions < pos."""
+        cb = self.ctx.cfg.cache_block
+        return (self.ctx.pos[b] + cb - 1) // cb
+
+    def start_first(self, b):
+        """Starts the first two tiles of sequence b (those it holds)."""
+        cfg = self.ctx.cfg
+        for k in range(min(2, cfg.max_context // cfg.cache_block)):
+            pl.when(k < self.n_tiles(b))(lambda k=k: self.tile_copy(b, k).start())
+
+
+def mla_attention(ctx: Context, i, h):
+    """Layer i's MLA attention of the normed input h: the cached tiles of each sequence are read
+    while the projections run; the accepted new latents are written into the cache in place."""
+    spec, cfg, dma, acc = ctx.spec, ctx.cfg, ctx.dma, ctx.acc
+    m, b_real = spec.mla, cfg.batch
+    cache = LatentCache(ctx, ctx.table[i, layout.ATT_ORD])
+    v = ctx.vectors(lax.rem(i, 2), attention="mla")
+    matmul = ctx.matmuls(i, "mla", "attention")
+    row_bytes = (m.kv_lora_rank + m.qk_rope_dim) * ctx.mla.cache.dtype.itemsize
+    dma.note("cache_blocks", None, "kv_cache", "latent cache block", cfg.cache_block * row_bytes)
+    if b_real:
+        cache.start_first(0)  # overlaps the projections
+    # only sequences that keep a row take part in the windows' read-modify-write
+    w_bytes = layout.cache_window(cfg) * row_bytes
+    dma.note("cache_window", None, "kv_cache", "latent cache window (read)", w_bytes,
+             row_bytes=row_bytes)
+    for b in range(b_real):
+        pl.when(acc[b] > 0)(cache.window_copy(b, False).start)
+    q_nope, q_rope, c_new = ref.mla_project(spec, matmul, v, h)
+    w_uk, w_uv = ref.split_kv_b(spec, matmul.matrix("kv_b"))
+    c_new = c_new.astype(BF16).astype(F32)
+    q_lat = jnp.einsum("bhn,rhn->bhr", q_nope, w_uk)
+    o_lat = _latent_attention(ctx, cache, q_lat, q_rope, c_new)
+    dma.note("wait", name="latent cache block")
+    _patch_windows(ctx, cache, c_new)
+    dma.note("cache_window", None, "kv_cache", "latent cache window (write)", w_bytes,
+             row_bytes=row_bytes)
+    out = ref.mla_output(spec, matmul, jnp.einsum("bhr,rhv->bhv", o_lat, w_uv), h)
+    dma.note("wait", name="latent cache window (write)")
+    for b in range(b_real):
+        pl.when(acc[b] > 0)(cache.window_copy(b, True).wait)
+    matmul.finish()
+    return out
+
+
+_NT = (((1,), (1,)), ((), ()))  # dot_general dimensions contracting the last dims: a @ b.T
+
+
+def _latent_attention(ctx: Context, cache: LatentCache, q_lat, q_rope, c_new):
+    """Absorbed form, flash-style: for each sequence the new rows first (causal within the
+    verify block), then its cached tiles with an online softmax (3 buffers: tiles k+1, k+2 in
+    flight while k is used) -> [Bp, heads, r] f32, padding rows zero."""
+    m, b_real, n_rows = ctx.spec.mla, ctx.cfg.batch, ctx.cfg.rows
+    scale = (m.qk_nope_dim + m.qk_rope_dim) ** -0.5
+    hr = m.heads * n_rows  # query rows of one sequence: (draft row, head)
+    # causal within the verify block: query row (rr, head) sees block rows 0..rr
+    causal = lax.broadcasted_iota(jnp.int32, (hr, n_rows), 1) <= \
+        lax.broadcasted_iota(jnp.int32, (hr, n_rows), 0) // m.heads
+    outs = []
+    for b in range(b_real):
+        if b:
+            cache.start_first(b)
+        mine = [rr * b_real + b for rr in range(n_rows)]  # this sequence's token rows
+        ql = jnp.concatenate([q_lat[k] for k in mine])    # [rows * heads, r]
+        qr = jnp.concatenate([q_rope[k] for k in mine])
+        blk = jnp.concatenate([c_new[k:k + 1] for k in mine])  # [rows, r + rope]
+        o_b = _sequence_attention(ctx, cache, b, ql, qr, blk, causal, scale)
+        outs.append(o_b.reshape(n_rows, m.heads, m.kv_lora_rank))
+    return jnp.stack([outs[b][rr] for rr in range(n_rows) for b in range(b_real)]
+                     + [jnp.zeros((m.heads, m.kv_lora_rank), F32)] * (ctx.cfg.padded_batch
+                                                                     - ctx.cfg.token_rows))
+
+
+def _sequence_attention(ctx: Context, cache: LatentCache, b, ql, qr, blk, causal, scale):
+    """Sequence b's latent queries (ql, qr [rows * heads, .]) over its new rows blk [rows, r +
+    rope] and its cached tiles -> [rows * heads, r] f32."""
+    r, cb = ctx.spec.mla.kv_lora_rank, ctx.cfg.cache_block
+    s_b = (lax.dot_general(ql, blk[:, :r], _NT) + lax.dot_general(qr, blk[:, r:], _NT)) * scale
+    s_b = jnp.where(causal, s_b, -jnp.inf)
+    mx0 = jnp.max(s_b, axis=-1, keepdims=True)
+    p0 = jnp.exp(s_b - mx0)
+
+    def body(k, carry):
+        mx, den, acc = carry
+        cache.tile_copy(b, k).wait()
+        pl.when(k + 2 < cache.n_tiles(b))(lambda: cache.tile_copy(b, k + 2).start())
+        c = ctx.mla.blocks[k % 3].astype(F32)
+        s = (lax.dot_general(ql, c[:, :r], _NT) + lax.dot_general(qr, c[:, r:], _NT)) * scale
+        t_pos = k * cb + lax.broadcasted_iota(jnp.int32, s.shape, 1)
+        s = jnp.where(t_pos < ctx.pos[b], s, -jnp.inf)
+        new_mx = jnp.maximum(mx, jnp.max(s, axis=-1, keepdims=True))
+        alpha, p = jnp.exp(mx - new_mx), jnp.exp(s - new_mx)
+        return (new_mx, den * alpha + jnp.sum(p, axis=-1, keepdims=True),
+                acc * alpha + jnp.dot(p, c[:, :r]))
+    mx, den, acc = lax.fori_loop(
+        0, cache.n_tiles(b), body,
+        (mx0, jnp.sum(p0, axis=-1, keepdims=True), jnp.dot(p0, blk[:, :r])))
+    return acc / den
+
+
+def _patch_windows(ctx: Context, cache: LatentCache, c_new):
+    """Writes the new latents c_new only now (no write overlaps a tile read of the same range),
+    and only the accepted rows of each sequence: rows pos + rr (rr < accepted) of its window
+    take the new latents, the others keep what was read; starts the windows' writes."""
+    b_real, acc, window = ctx.cfg.batch, ctx.acc, ctx.mla.window
+    w_row = lax.broadcasted_iota(jnp.int32, (layout.cache_window(ctx.cfg), 1), 0)
+    for b in range(b_real):   # the reads share a semaphore: all of them land first
+        pl.when(acc[b] > 0)(cache.window_copy(b, False).wait)
+    for b in range(b_real):
+        @pl.when(acc[b] > 0)
+        def _(b=b):
+            at = ctx.pos[b] - cache.window_base(b)
+            val = window[b].astype(F32)
+            for rr in range(ctx.cfg.rows):
+                k = rr * b_real + b
+                hit = jnp.logical_and(w_row == at + rr, rr < acc[b])
+                val = jnp.where(hit, c_new[k:k + 1], val)
+            window[b] = val.astype(BF16)
+            cache.window_copy(b, True).start()
+
+
+# ----- FFN kinds -----
+def dense_ffn(ctx: Context, i, h):
+    """Layer i's dense SwiGLU FFN of the normed input h."""
+    matmul = ctx.matmuls(i, "dense", *ctx.ffn_families("dense"))
+    out = matmul("down", ref.swiglu(matmul("gate_up", h)))
+    matmul.finish()
+    return out
+
+
+def moe(ctx: Context, i, h):
+    """Layer i's MoE of the normed input h: the router, this device's used routed experts and
+    the shared expert, summed over the mesh."""
+    me = ctx.spec.moe
+    mo = ctx.table[i, layout.MOE_ORD]
+    matmul = ctx.matmuls(i, "moe", *ctx.ffn_families("moe"))   # router first
+    lane = lax.broadcasted_iota(jnp.int32, (ctx.cfg.padded_batch, me.experts), 1)
+    with jax.named_scope("router"):
+        picked, comb = _route(ctx, i, matmul, h, lane)
+        own_first, n_used = _list_used_experts(ctx, mo, picked, lane)
+    with jax.named_scope("experts"):
+        out = _routed_experts(ctx, mo, matmul, h, lane, comb, own_first, n_used)
+    if me.shared_width:
+        with jax.named_scope("shared"):
+            out = out + matmul("shared_down", ref.swiglu(matmul("shared_gate_up", h)))
+    matmul.finish()
+    return ctx.comm.all_reduce(out, "moe output")
+
+
+def _route(ctx: Context, i, matmul: LayerMatmuls, h, lane):
+    """The router's top-k picks of every row -> (picked [Bp, E] bool, their combine weights)."""
+    me = ctx.spec.moe
+    logits = matmul("router", h)
+    scores = jax.nn.sigmoid(logits)
+    sel = scores + ctx.vectors(lax.rem(i, 2), ffn="moe")["router_bias"]
+    picked = jnp.zeros((ctx.cfg.padded_batch, me.experts), jnp.bool_)
+    for _ in range(me.top_k):
+        hit = lane == _argmax_first(sel, lane)
+        picked, sel = picked | hit, jnp.where(hit, -jnp.inf, sel)
+    comb = jnp.where(picked, scores, 0.0)
+    return picked, comb / jnp.sum(comb, axis=-1, keepdims=True)
+
+
+def _list_used_experts(ctx: Context, mo, picked, lane):
+    """This device's experts picked by a token row: their ids, ascending, into SMEM (the mask
+    moved VMEM -> SMEM, compacted by scalar code) -> (this device's first expert, their count),
+    the count also recorded for MoE layer mo."""
+    spec, x, tp, e_n = ctx.spec, ctx.experts, ctx.tp, ctx.spec.moe.experts
+    own_first = (ctx.me[0] // spec.expert_tp) * spec.local_experts if tp > 1 else 0
+    n_own = spec.local_experts if tp > 1 else e_n
+    own = (lane >= own_first) & (lane < own_first + n_own)
+    used = jnp.max(jnp.where(ctx.real & picked & own, 1, 0), axis=0, keepdims=True)
+    x.mask_v[...] = used.astype(jnp.int32)
+    cp = Copies("used-expert mask", (x.mask_v, x.mask_s, ctx.misc_sem.at[3]))  # VMEM -> SMEM
+    cp.start()
+    cp.wait()
+
+    def compact(e, n):
+        @pl.when(x.mask_s[0, e] != 0)
+        def _():
+            x.ids[n] = e
+        return n + x.mask_s[0, e]
+    n_used = lax.fori_loop(0, e_n, compact, jnp.int32(0))
+    x.ndist[mo] = n_used
+    return own_first, n_used
+
+
+def _routed_experts(ctx: Context, mo, matmul: LayerMatmuls, h, lane, comb, own_first, n_used):
+    """The used experts applied in turn, weighted by comb: expert j is fetched into slot j mod
+    slots, expert j + slots as soon as expert j is applied -> the routed output [Bp, H] f32."""
+    spec, x, tp, s_n = ctx.spec, ctx.experts, ctx.tp, ctx.cfg.expert_slots
+    me, e_n = spec.moe, spec.moe.experts
+    fetch = lambda j: expert_fetch(x, mo, x.ids[j] - own_first, j % s_n)
+    pads = expert_padding_bytes(spec, ctx.cfg)
+    ctx.dma.note("experts", None, "routed_expert", "expert", routed=True,
+                 sizes=[b for b in x.lay.bytes() if b],
+                 padding=[sum(pads)] if x.lay.copies() == 1 else list(pads))
+    for j in range(s_n):   # the first experts land while the latent projection runs
+        pl.when(j < n_used)(lambda j=j: fetch(j).start())
+    z = matmul("latent_down", h) if me.latent_dim else h
+    d_lat = me.latent_dim or spec.hidden
+
+    def apply(j, acc):
+        fetch(j).wait()
+        e, slot = x.ids[j], j % s_n
+        e_glob = ((mo * spec.local_experts if tp > 1 else mo * e_n) + e - own_first) * 2
+        gu = expert_matmul(ctx, 0, z, slot, e_glob)
+        y = expert_matmul(ctx, 1, ref.swiglu(gu), slot, e_glob)
+        pl.when(j + s_n < n_used)(lambda: fetch(j + s_n).start())
+        w_e = jnp.sum(jnp.where(lane == e, comb, 0.0), axis=1, keepdims=True)
+        return acc + w_e * y
+
+    # this device's experts' partial sum; summed over devices below
+    routed = lax.fori_loop(0, n_used, apply, jnp.zeros((ctx.cfg.padded_batch, d_lat), F32))
+    if me.latent_dim and tp > 1:
+        if ctx.comm.alg == "one_shot":   # the whole sum on every device; my latent rows
+            mine = ctx.comm.my_chunk(ctx.comm.all_reduce(routed, "routed experts"), tp)
+        else:
+            mine = ctx.comm.reduce_scatter(routed, "routed experts")[:, :d_lat // tp]
+        return matmul("latent_up", mine)
+    return matmul("latent_up", routed) if me.latent_dim else routed
+
+
+def expert_matmul(ctx: Context, m, x, slot, e_glob):
+    """x [bp, d_in] @ matrix m of the expert in `slot` -> [bp, d_out] f32."""
+    ex, ys = ctx.experts, ctx.ys
+    (r, c), mm = ex.lay.shapes[m], layout.expert_matmuls(ctx.spec)[m]
+    xp = jnp.pad(x, ((0, 0), (0, r * ctx.cfg.tile - x.shape[1])))
+    if ex.lay.fmt.name == "bf16" or ex.lay.decodes:
+        expert_columns(ctx, m, xp.astype(BF16), slot)
+    else:
+        expert_tiles(ctx, m, xp, slot)
+    out = jnp.concatenate([ys[j] for j in range(c)], axis=1)[:, :mm.d_out] \
+        if c > 1 else ys[0][:, :mm.d_out]
+    return out * ex.glob[e_glob + m] if ex.glob is not None else out
+
+
+def expert_columns(ctx: Context, m, xb, slot):
+    """Column block j of matrix m -> ys[j] by one dot of xb [bp, r * T] bf16 over its r row
+    tiles: bf16 codes are the operand; other formats are first decoded with their scales
+    into wbuf, `column_group` columns a pass, their scale chunks loaded aligned."""
+    ex, t, ys = ctx.experts, ctx.cfg.tile, ctx.ys
+    lay, xfmt, slots = ex.lay, ex.lay.fmt, ex.slots
+    (r, c), k0 = lay.shapes[m], lay.first_tile(m)
+
+    def column_dot(j, w_rows):
+        ys[j] = jnp.dot(xb, w_rows, preferred_element_type=F32)
+
+    if xfmt.name == "bf16":
+        lax.fori_loop(0, c, lambda j, cy: (column_dot(j, slots[slot, pl.ds(
+            pl.multiple_of((k0 + j * r) * t, t), r * t)]), cy)[1], 0)
+        return
+    ch, cg = xfmt.chunk, lay.column_group(m)
+    src, base = _scale_source(ex, m)
+    sub = ch * xfmt.scale_rows
+
+    def decode(q, count, k_first):
+        """Tiles q*ch .. q*ch + count - 1 (count static) into wbuf from tile k_first on."""
+        sc = src[slot, pl.ds(base + q * sub, sub)]
+        for u in range(count):
+            k = q * ch + u
+            codes = slots[slot, pl.ds((k0 + k) * xfmt.code_rows, xfmt.code_rows)]
+            w = quant.scaled_operand(codes, quant.tile_scales(sc, u, xfmt), xfmt)
+            ex.decoded[pl.ds(pl.multiple_of((k - k_first) * t, t), t)] = w
+
+    def columns(j0, n_cols):
+        """Columns j0 .. j0 + n_cols - 1 (n_cols static; j0 * r a multiple of ch)."""
+        k_first, n_t = j0 * r, n_cols * r
+        q0 = k_first // ch
+        if n_t // ch:
+            lax.fori_loop(q0, q0 + n_t // ch,
+                          lambda q, cy: (decode(q, ch, k_first), cy)[1], 0)
+        if n_t % ch:
+            decode(q0 + n_t // ch, n_t % ch, k_first)
+        for jj in range(n_cols):
+            column_dot(j0 + jj, ex.decoded[pl.ds(jj * r * t, r * t)])
+
+    if c // cg:
+        lax.fori_loop(0, c // cg, lambda g, cy: (columns(g * cg, cg), cy)[1], 0)
+    if c % cg:
+        columns(c - c % cg, c % cg)
+
+
+def expert_tiles(ctx: Context, m, xp, slot):
+    """Matrix m tile by tile (formats fed as fp8, whose scales cannot be folded into the
+    operand): the tiles in chunks of xfmt.chunk (one aligned load of their scale rows), each
+    fed to the MXU in its format (`quant.group_dot`), column block j accumulated in ys[j]."""
+    ex, t, xs, ys = ctx.experts, ctx.cfg.tile, ctx.xs, ctx.ys
+    lay, xfmt = ex.lay, ex.lay.fmt
+    (r, c), k0 = lay.shapes[m], lay.first_tile(m)
+    n_t, ch = r * c, xfmt.chunk
+    for q in range(r):
+        xs[q] = xp[:, q * t:(q + 1) * t]
+    for j in range(c):
+        ys[j] = jnp.zeros((ctx.cfg.padded_batch, t), F32)
+    src, base = _scale_source(ex, m)
+    sub = ch * xfmt.scale_rows
+
+    def tiles(q, count):
+        """Tiles q*ch .. q*ch + count - 1 (count static)."""
+        sc = src[slot, pl.ds(base + q * sub, sub)] if xfmt.scale_rows else None
+        for u in range(count):
+            k = q * ch + u
+            codes = ex.slots[slot, pl.ds((k0 + k) * xfmt.code_rows, xfmt.code_rows)]
+            w = quant.mxu_operand(codes, xfmt)
+            y = quant.group_dot(xs[lax.rem(k, r)], w,
+                                quant.tile_scales(sc, u, xfmt) if sc is not None else None,
+                                xfmt)
+            j = k // r
+            ys[j] = ys[j] + y
+
+    if n_t // ch:
+        lax.fori_loop(0, n_t // ch, lambda q, cy: (tiles(q, ch), cy)[1], 0)
+    if n_t % ch:
+        tiles(n_t // ch, n_t % ch)
+
+
+def _scale_source(ex: ExpertRefs, m):
+    """(the slots holding the experts' scales, first row of matrix m's scales in a slot)."""
+    separate = ex.scale_slots is not None
+    return (ex.scale_slots if separate else ex.slots,
+            (0 if separate else ex.lay.code_rows) + ex.lay.scale_first_row(m))
+
+
+# ----- head -----
+def head(ctx: Context, x):
+    """The final norm and lm_head -> the logits and the greedy next token of every row (the
+    first maximum over the whole vocabulary); waits for the last KDA write-back."""
     with jax.named_scope("head"):
-        for_vector_copies(n_layers, lambda cp: cp.wait())
-        final = layout.unpack_vector(vbuf[n_layers % 2],
-                                     layout.vector_layout(spec, None)["final_norm"])
+        ctx.for_vector_copies(ctx.n_layers, lambda cp: cp.wait())
+        final = layout.unpack_vector(ctx.vbuf[ctx.n_layers % 2],
+                                     layout.vector_layout(ctx.spec, None)["final_norm"])
         h = ref.rms_norm(x, final)
-        head = PartReader(ring, layout.part(spec, cfg, ("head", "lm_head")),
-                          s.first_bank[(n_layers + 1, "lm_head")], xs, ys)
-        logits = head.matmul(0, h)
-        head.finish()
-        logits_ref[...] = logits
+        lm_head = PartReader(ctx.ring, layout.part(ctx.spec, ctx.cfg, ("head", "lm_head")),
+                             ctx.ring.s.first_bank[(ctx.n_layers + 1, "lm_head")], ctx.xs, ctx.ys)
+        logits = lm_head.matmul(0, h)
+        lm_head.finish()
+        ctx.logits[...] = logits
         lane = lax.broadcasted_iota(jnp.int32, logits.shape, 1)
         best = _argmax_first(logits, lane)
-        if tp > 1:  # (max, global index) of every vocabulary shard; the first maximum wins
-            d_out = stream_mod.lm_head_matmul(spec).d_out
-            mx = jnp.max(logits, axis=-1, keepdims=True)
-            idx = (best + me_ref[0] * d_out).astype(F32)
-            pairs = comm.all_gather(jnp.concatenate([mx, idx], axis=1), "argmax")  # [bp, 2 tp]
-            pl_lane = lax.broadcasted_iota(jnp.int32, pairs.shape, 1)
-            at = _argmax_first(jnp.where(pl_lane % 2 == 0, pairs, -jnp.inf), pl_lane)
-            best = jnp.sum(jnp.where(pl_lane == at + 1, pairs, 0.0), axis=1,
-                           keepdims=True).astype(jnp.int32)
-        next_ref[...] = jnp.broadcast_to(best, next_ref.shape)
-        if n_kda:
-            @pl.when(kda_flag[0] == 1)
-            def _():
-                for cp in kda_writes(0):
-                    cp.wait()
+        if ctx.tp > 1:
+            best = _mesh_argmax(ctx, logits, best)
+        ctx.next_tokens[...] = jnp.broadcast_to(best, ctx.next_tokens.shape)
+        if ctx.kda is not None:
+            ctx.kda.await_write_back()
+
+
+def _mesh_argmax(ctx: Context, logits, best):
+    """The global index of the first maximum over every vocabulary shard, from this shard's
+    logits and local index `best` ([Bp, 1] int32)."""
+    d_out = stream_mod.lm_head_matmul(ctx.spec).d_out
+    mx = jnp.max(logits, axis=-1, keepdims=True)
+    idx = (best + ctx.me[0] * d_out).astype(F32)
+    pairs = ctx.comm.all_gather(jnp.concatenate([mx, idx], axis=1), "argmax")  # [bp, 2 tp]
+    pl_lane = lax.broadcasted_iota(jnp.int32, pairs.shape, 1)
+    at = _argmax_first(jnp.where(pl_lane % 2 == 0, pairs, -jnp.inf), pl_lane)
+    return jnp.sum(jnp.where(pl_lane == at + 1, pairs, 0.0), axis=1,
+                   keepdims=True).astype(jnp.int32)
 
 
 def perfmodel_layer(attention: str, ffn: str) -> Layer:
