@@ -7,7 +7,8 @@ After each MoE router, the top-k picks are reduced to a mask of used experts, mo
 SMEM, compacted into ascending expert ids in SMEM by scalar code, and the experts are fetched
 by data-dependent DMAs (`expert_fetch`: one or two per expert) into `expert_slots` VMEM slots
 (expert j goes to slot j mod slots; expert j+slots is fetched as soon as expert j has been
-applied); 4-bit experts are fed to the MXU as fp8 (`kernels.quant`). The KDA state / conv window
+applied); experts reach the MXU as the chip takes them (`kernels.quant`: fp8 where it takes fp8,
+else decoded with their scales to bf16 and fed a column block a dot). The KDA state / conv window
 and the MLA latent cache live in HBM, aliased in and out; they are prefetched at the start of
 their layer (MLA: only the blocks holding positions < pos) and written back in place (KDA:
 whole state; MLA: one row). On a mesh the collectives are remote DMAs (`kernels.comm`) behind
