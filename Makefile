@@ -27,7 +27,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 $(HOME)/.pyenv/versions/3.1[2-9
 OLDEST_PYTHON ?= $(shell for p in python3.11 $(HOME)/.pyenv/versions/3.11*/bin/python3 /usr/bin/python3.11; do \
 	  $$p -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
 # what `make setup` byte-compiles (a shell with PYTHONDONTWRITEBYTECODE set never writes it)
-SOURCES := perfmodel perfmodel_jax kernels dashboards experiments
+SOURCES := perfmodel perfmodel_jax perfmodel_kernels dashboards experiments
 # compiles the simulator's loops, or loads them from numba's disk cache when they are current
 WARM := -c "from perfmodel.engine import megakernel_sim as m; m.compile_loops(); print('perfmodel: simulator loops compiled')"
 
@@ -82,7 +82,7 @@ $(OLDEST_STAMP): pyproject.toml requirements-oldest.lock
 	$(OLDEST)/bin/pip install -q --upgrade pip
 	$(OLDEST)/bin/pip install -q -r requirements-oldest.lock
 	$(OLDEST)/bin/pip install -q --no-deps -e .
-	$(OLDEST)/bin/python -m compileall -q perfmodel kernels
+	$(OLDEST)/bin/python -m compileall -q perfmodel perfmodel_kernels
 	$(OLDEST)/bin/python $(WARM)
 	touch $@
 

@@ -2,9 +2,9 @@
 
     python experiments/bench_kernel_compile.py [--tp 32] [--ep 8] [--batch 4] [--repeats 3]
 
-Builds one device's shapes (`kernels.shard.device_spec`, TP over `--tp` devices, routed experts
+Builds one device's shapes (`perfmodel_kernels.shard.device_spec`, TP over `--tp` devices, routed experts
 in `--ep` groups, in the preset's format (Kimi K3: MXFP4) or --expert-format), with the tuned
-ring and slots of `kernels.tuned`, traces the kernel (its layer loop is traced once per kind)
+ring and slots of `perfmodel_kernels.tuned`, traces the kernel (its layer loop is traced once per kind)
 and exports the step with `jax.export` for an abstract mesh of `--tp` TPU7x devices (one
 pallas_call per device under shard_map, collectives as remote DMAs): every op must have a
 Pallas TPU (Mosaic) lowering. Repeats trace + export `--repeats` times in this process and
@@ -34,7 +34,7 @@ def export_once(dspec, cfg, tp: int):
     from jax.sharding import AbstractDevice, AbstractMesh, AxisType, PartitionSpec as P
     from jax.sharding import use_abstract_mesh
 
-    from kernels import comm, megakernel, vmem
+    from perfmodel_kernels import comm, megakernel, vmem
 
     t0 = time.perf_counter()
     eqns = megakernel.kernel_equations(dspec, cfg)
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
 
     import jax
 
-    from kernels import layout, shard, tuned, vmem
+    from perfmodel_kernels import layout, shard, tuned, vmem
     from perfmodel.spec.arch import derive
     from perfmodel.util.files import write_atomic
 

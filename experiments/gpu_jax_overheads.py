@@ -38,7 +38,7 @@ def dispatch(model: str, repeats: int) -> tuple[float, int]:
     """(seconds per call, weight arrays) of a trivial jitted call taking `model`'s weight tree."""
     import jax
     import jax.numpy as jnp
-    from kernels import reference as R
+    from perfmodel_kernels import reference as R
     from perfmodel.spec.loaders import load_model
     weights = R.init_weights(load_model(model), 0, dtype=jnp.float32)
     x = jnp.zeros((8,), jnp.float32)

@@ -3,7 +3,7 @@ Kimi K3 on 32 TPU v7 devices (TP32, EP8), batches 1, 2, 4, 8, 64 steps per devic
 
     python experiments/kernel_plan_predict.py [--plans DIR]
 
-Writes each batch's plan file with `python -m kernels.run ... --plan-out` (JAX traces the kernel
+Writes each batch's plan file with `python -m perfmodel_kernels.run ... --plan-out` (JAX traces the kernel
 for one device's shapes: about a minute a batch here; `--plans DIR` reuses the files in DIR),
 then runs `perfmodel predict --kernel-plan` on them and writes
 experiments/results/kernel_plan_kimi-k3.json (the README's kernel-plan figure).
@@ -35,7 +35,7 @@ def main() -> int:
         paths = [where / f"k3-b{b}.plan.json" for b in BATCHES]
         for b, p in zip(BATCHES, paths):
             if not (a.plans and p.exists()):
-                subprocess.run([sys.executable, "-m", "kernels.run", *KERNEL, "--batch", str(b), "--plan-out", str(p)],
+                subprocess.run([sys.executable, "-m", "perfmodel_kernels.run", *KERNEL, "--batch", str(b), "--plan-out", str(p)],
                                check=True)
         res = Path(tmp) / "out.json"
         with open(res, "w") as f, contextlib.redirect_stdout(f):

@@ -5,7 +5,7 @@
     python experiments/profile_megakernel.py --devices 2 --interpret   # CPU: numerics only
     python experiments/profile_megakernel.py --rows 4 --accepted 2   # verify blocks of 4 rows
 
-For each batch and ring depth: runs `kernels.megakernel.decode_step` under `jax.profiler.trace`
+For each batch and ring depth: runs `perfmodel_kernels.megakernel.decode_step` under `jax.profiler.trace`
 (one `StepTraceAnnotation("decode_step")` per step), parses the trace with `perfmodel.validate.traces`
 (the kernel's `jax.named_scope` per layer and phase appear as in-kernel trace markers), predicts
 the same configuration with the megakernel simulator (ring of `depth` banks of the kernel's tile
@@ -20,7 +20,7 @@ TPU runtime flags (set here before jax is imported; extend with PERFMODEL_TPU_TR
 These flags have not been exercised here (no TPU on the development machine): if a libtpu
 version rejects or renames one, set PERFMODEL_TPU_TRACE_FLAGS to the working set.
 With --devices N the kernel runs on N mesh devices (tensor parallel over all of them, routed
-experts in --ep groups; `kernels.parallel`) and the prediction uses the same deployment. With
+experts in --ep groups; `perfmodel_kernels.parallel`) and the prediction uses the same deployment. With
 --interpret (no TPU) it runs every configuration once in Pallas TPU interpret mode on N virtual
 CPU devices and reports tokens only: interpret-mode time says nothing about TPU speed.
 With --rows R every step is a verify block of R rows per sequence (causal within the block) of
@@ -46,7 +46,7 @@ import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from kernels.run import add_block_and_mesh_arguments, block_and_mesh  # noqa: E402
+from perfmodel_kernels.run import add_block_and_mesh_arguments, block_and_mesh  # noqa: E402
 from perfmodel.cli.args import int_list  # noqa: E402
 from perfmodel.spec.deployment import Deployment, SpecDecode  # noqa: E402
 from perfmodel.spec.hardware import load_hardware  # noqa: E402
@@ -84,7 +84,7 @@ def rows_of(c: Comparison, depth: int) -> list[list]:
 
 
 def _config(a, batch: int, depth: int):
-    from kernels import layout
+    from perfmodel_kernels import layout
     return layout.KernelConfig(batch=batch, max_context=a.context, depth=depth, tile=a.tile,
                                expert_slots=a.slots, cache_block=min(256, a.context),
                                hierarchical=a.hierarchical, rows=a.rows)
@@ -100,7 +100,7 @@ def _inputs(a, batch: int):
 
 def _prepare(a, spec, weights, cfg, interpret):
     """(step, packed weights, cache) on one device or on the mesh of --devices."""
-    from kernels import layout, megakernel, parallel, reference
+    from perfmodel_kernels import layout, megakernel, parallel, reference
     cache = reference.init_cache(spec, cfg.batch, cfg.max_context)
     if a.devices == 1:
         return megakernel.make_step(spec, cfg, interpret), layout.pack_weights(weights, cfg), cache
@@ -112,7 +112,7 @@ def _interpret(a) -> int:
     """Every configuration once in interpret mode: tokens only, no timing."""
     import jax.numpy as jnp
     from jax.experimental.pallas import tpu as pltpu
-    from kernels import reference
+    from perfmodel_kernels import reference
     spec = load_model(a.preset)
     weights = reference.init_weights(spec, 0)
     for batch in a.batch:
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
               "experiment needs a TPU VM. Its trace parsing and comparison are tested on "
               "constructed TPU traces (tests/test_traces.py).", file=sys.stderr)
         return 2
-    from kernels import layout, reference
+    from perfmodel_kernels import layout, reference
     spec = load_model(a.preset)
     weights = reference.init_weights(spec, 0)
     results, rows = [], []

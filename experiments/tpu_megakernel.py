@@ -117,8 +117,8 @@ class Slice:
 
     def __init__(self, name, fmt, cfg0, interpret):
         import jax
-        from kernels import layout, quant, reference
-        from kernels.specs import slice_spec
+        from perfmodel_kernels import layout, quant, reference
+        from perfmodel_kernels.specs import slice_spec
         self.name, self.fmt, self.spec = name, fmt, slice_spec(name, fmt)
         t0 = time.perf_counter()
         w = reference.init_weights(self.spec, 0)
@@ -137,7 +137,7 @@ class Slice:
 
 
 def kernel_cfg(spec, batch, interpret, **over):
-    from kernels import layout, tuned
+    from perfmodel_kernels import layout, tuned
     t = tuned.tuned(spec.name, 1)
     base = dict(batch=batch, max_context=64 if interpret else CONTEXT,
                 depth=3 if interpret else t.depth, expert_slots=t.expert_slots,
@@ -149,7 +149,7 @@ def kernel_cfg(spec, batch, interpret, **over):
 
 def start_state(sl, cfg):
     import jax.numpy as jnp
-    from kernels import reference
+    from perfmodel_kernels import reference
     pos = min(POSITION, cfg.max_context // 2)
     return (reference.init_cache(sl.spec, cfg.batch, cfg.max_context),
             jnp.arange(cfg.batch, dtype=jnp.int32) % sl.spec.vocab,
@@ -160,7 +160,7 @@ def check(sl, cfg, steps=4) -> dict:
     """Greedy tokens of kernel and reference from the same start, `steps` steps."""
     import jax.numpy as jnp
     import numpy as np
-    from kernels import megakernel, reference
+    from perfmodel_kernels import megakernel, reference
     step = megakernel.make_step(sl.spec, cfg, sl.interpret)
     kc, tok, pos, _ = start_state(sl, cfg)
     rc = {k: v.copy() for k, v in kc.items()}
@@ -208,7 +208,7 @@ def slope(fn, weights, cache, tok, pos, steps: int, repeats: int):
 
 def speed(sl, cfg, steps, repeats, with_xla=True) -> list[dict]:
     """The kernel's (and the XLA reference's) time per step on this slice and config."""
-    from kernels import megakernel, plan, reference
+    from perfmodel_kernels import megakernel, plan, reference
     cache, tok, pos, p0 = start_state(sl, cfg)
     loop = megakernel.make_loop(sl.spec, cfg, sl.interpret)
     step_s, wall, first, res = slope(loop, sl.packed, cache, tok, pos, steps, repeats)
@@ -239,7 +239,7 @@ def config_dict(cfg) -> dict:
 
 def feed_of(spec, cfg) -> str | None:
     """How the routed experts reach the MXU on this chip, in words."""
-    from kernels import layout, quant
+    from perfmodel_kernels import layout, quant
     if not spec.count(ffn="moe"):
         return None
     f = layout.expert_layout(spec, cfg).fmt
@@ -252,7 +252,7 @@ def trace_run(sl, cfg, steps, out_dir: Path) -> dict:
     """Per-layer and per-phase times of `steps` traced one-step calls."""
     import jax
     import jax.numpy as jnp
-    from kernels import megakernel
+    from perfmodel_kernels import megakernel
     from perfmodel.util.errors import SpecError
     from perfmodel.validate.traces import STEP_NAME
     loop = megakernel.make_loop(sl.spec, cfg, sl.interpret)
@@ -375,7 +375,7 @@ def main(argv=None) -> int:
         ap.error(f"--only: unknown part(s) {', '.join(bad)}; known: {', '.join(PARTS)}")
     import jax
     from jax.experimental.pallas import tpu as pltpu
-    from kernels import chip as chip_mod
+    from perfmodel_kernels import chip as chip_mod
     on_tpu = pltpu.is_tpu_device()
     if on_tpu and not jax.config.jax_compilation_cache_dir:
         # each run compiles the kernel, the reference and the weights' drawing programs anew; a
@@ -496,7 +496,7 @@ def main(argv=None) -> int:
 
 
 def kernel_cfg_for(name, batch, interpret, **over):
-    from kernels.specs import slice_spec
+    from perfmodel_kernels.specs import slice_spec
     return kernel_cfg(slice_spec(name), batch, interpret, **over)
 
 

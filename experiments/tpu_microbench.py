@@ -584,12 +584,12 @@ def vpu_elementwise(b: Bench):
 
 
 def expert_tile_kernel(fmt, n_ref, codes_ref, scales_ref, x_ref, o_ref):
-    """n trips of the megakernel's own path for one routed-expert tile (`kernels.quant`): the
+    """n trips of the megakernel's own path for one routed-expert tile (`perfmodel_kernels.quant`): the
     codes as the MXU operand (`mxu_operand`: the vector unit unpacks and decodes 4-bit codes),
     the dot against the group's block-diagonal input with its scales (`group_dot`)."""
     # n_ref: [1] i32 SMEM; codes_ref: [2, code_rows, T]; scales_ref: [2, chunk * G, T] or
     # [2, 8, T] unused; x_ref: [rows, T] f32; o_ref: [rows, T] f32
-    from kernels import quant
+    from perfmodel_kernels import quant
     o_ref[...] = jnp.zeros(o_ref.shape, F32)
 
     def trip(i, carry):
@@ -605,7 +605,7 @@ def expert_tile(b: Bench):
     """The megakernel's per-tile work on a routed expert, per format, at the chip's feed: codes
     to the MXU operand on the vector unit (4-bit codes unpacked and decoded) and the dot with
     its scales, over tiles held in VMEM (no copies); the slope over tiles."""
-    from kernels import chip as chip_mod, quant
+    from perfmodel_kernels import chip as chip_mod, quant
     target = chip_mod.chip()
     t, rows = target.mxu, 8
 
@@ -640,7 +640,7 @@ def expert_column_kernel(fmt, r, n_ref, codes_ref, scales_ref, x_ref, o_ref, wbu
     dot of the input [rows, r * T] over them; bf16 codes are the operand as they are."""
     # n_ref: [1] i32 SMEM; codes_ref: [2, r * code_rows, T]; scales_ref: [2, r * G, T] (or
     # [2, 8, T] unused); x_ref: [rows, r * T] bf16; o_ref: [rows, T] f32; wbuf: [r * T, T] bf16
-    from kernels import quant
+    from perfmodel_kernels import quant
     t, ch, g = fmt.t, fmt.chunk, fmt.scale_rows
     o_ref[...] = jnp.zeros(o_ref.shape, F32)
 
@@ -667,7 +667,7 @@ def expert_column(b: Bench):
     """The megakernel's per-column work on a routed expert where the MXU takes the format as
     bf16 (all of them on a v5e): r row tiles decoded with their scales and one long dot; the
     slope over columns, per tile."""
-    from kernels import chip as chip_mod, quant
+    from perfmodel_kernels import chip as chip_mod, quant
     target = chip_mod.chip()
     t, rows = target.mxu, 8
 

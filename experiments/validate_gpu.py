@@ -4,7 +4,7 @@
 
 One prepared run for a machine with one NVIDIA GPU and jax[cuda] (under 6 minutes on an H200
 with the defaults; nothing else is needed from the machine):
-1. Profiler traces of the pure-JAX reference step (`kernels/reference.py`, f32 weights) of
+1. Profiler traces of the pure-JAX reference step (`perfmodel_kernels/reference.py`, f32 weights) of
    kimi-k3-host-small and kimi-k3-host-large at batch 1, 4 and 16 and contexts 256 and 4096, as one
    compiled program and op by op (`perfmodel_jax.capture`); every kernel is attributed to its
    layer and phase through the named scopes of the compiled HLO (`perfmodel.validate.traces`).

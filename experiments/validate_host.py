@@ -42,7 +42,7 @@ def dispatch_gap_s(model: str, bench) -> float:
     """Diagnostic: the op-by-op gap if each dispatched phase (embed, per layer attention and
     FFN/MoE, head) paid hostbench's dispatch cost for its number of array arguments, less the
     one dispatch of the compiled step; the model instead charges one launch per graph op."""
-    from kernels.reference import cache_shapes, small_param_shapes
+    from perfmodel_kernels.reference import cache_shapes, small_param_shapes
     spec = load_model(model)
     per_layer = [len(small_param_shapes(spec, l)) + len(spec.layer_matmuls(l)) for l in spec.layers]
     leaves, cache = sum(per_layer) + 3, len(cache_shapes(spec, 1, 1))

@@ -6,7 +6,7 @@ compare with the model, per layer and per step (the decode check's attribution a
 1. The hardware file: experiments/results/host-cpu.toml (written by `perfmodel hostbench` in
    experiments/validate_host.py; nothing here is fitted).
 2. For kimi-k3-host-small and kimi-k3-host-large, batch 1 and 4, prompts of 128 and 512
-   tokens: traces of `kernels.prefill.prefill_step` (one compiled program; mode prefill of
+   tokens: traces of `perfmodel_kernels.prefill.prefill_step` (one compiled program; mode prefill of
    perfmodel_jax.capture), its structure counted in its compiled HLO (thunks with loops
    expanded, the loops' bytes).
 3. Predictions of one prefill step with the multi-kernel engine on one CPU device

@@ -8,10 +8,10 @@ predicts every run on the `tpu-v5e` preset, whose components come from the chip'
 micro-benchmarks only (`perfmodel calibrate --microbench tpu_v5e_microbench.json`). Nothing is
 fitted on these runs: they are held out.
 
-- A megakernel run: its DMA plan rebuilt from the kernel (`kernels.plan.dma_plan`: the slice's
-  spec from `kernels.specs.slice_spec`, the run's KernelConfig, the distinct experts each MoE
+- A megakernel run: its DMA plan rebuilt from the kernel (`perfmodel_kernels.plan.dma_plan`: the slice's
+  spec from `perfmodel_kernels.specs.slice_spec`, the run's KernelConfig, the distinct experts each MoE
   layer fetched, the positions) and replayed by the schedule simulator
-  (`kernels.plan.predicted_step`, one step a call, context = the largest position). Compared, on
+  (`perfmodel_kernels.plan.predicted_step`, one step a call, context = the largest position). Compared, on
   device time (the prediction less its call's host dispatch, `components.host_dispatch_s`): the
   step against the run's `step_s` (the slope of a call's wall time over the steps it runs) and
   against the trace's step window; each layer (0 embed, 1..n, n + 1 head) and each phase (embed,
@@ -181,9 +181,9 @@ def trace_summary(run: dict, n: int, source: str):
 
 def predict_megakernel(run: dict, hw_name: str):
     """(spec, device-time prediction, its phases, the dispatch taken out) of a megakernel run."""
-    from kernels import plan as kplan
-    from kernels.layout import KernelConfig
-    from kernels.specs import slice_spec
+    from perfmodel_kernels import plan as kplan
+    from perfmodel_kernels.layout import KernelConfig
+    from perfmodel_kernels.specs import slice_spec
     from perfmodel.graph.ops import build
     from perfmodel.spec.hardware import load_hardware
     from perfmodel.step.predict import plan_model
@@ -209,7 +209,7 @@ def predict_xla(run: dict, context: int, hw_name: str) -> tuple[float, float]:
     """(device time, wall time with one call a step) the multi-kernel engine predicts for an XLA
     run: the slice with its routed experts in bf16 (the reference's dequantised weights)."""
     import perfmodel
-    from kernels.specs import slice_spec
+    from perfmodel_kernels.specs import slice_spec
     spec = slice_spec(run["slice"], "bf16")
     hw = perfmodel.load_hardware(hw_name)
     d = perfmodel.Deployment(devices=1, tp=1, engine="multikernel", batch=run["batch"], context=context)

@@ -1,5 +1,5 @@
 """Record profiler traces of the pure-JAX reference decode step, or of its prefill of whole
-prompts (mode `prefill`, `kernels.prefill.prefill_step`: the run's context is the prompt
+prompts (mode `prefill`, `perfmodel_kernels.prefill.prefill_step`: the run's context is the prompt
 length), as `perfmodel capture`. A prefill run's capture.json also holds the structure counted
 in its compiled program (`prefill_structure`), which the host model uses for it.
 
@@ -24,7 +24,7 @@ from perfmodel.util.files import write_atomic
 from perfmodel.validate.traces import HLO_SUFFIX, PREFILL_STEP_NAME, STEP_NAME, parse_trace
 
 DECODE_MODES = ("compiled", "op_by_op")
-MODES = DECODE_MODES + ("prefill",)  # prefill: the run's context is its prompt (kernels.prefill)
+MODES = DECODE_MODES + ("prefill",)  # prefill: the run's context is its prompt (perfmodel_kernels.prefill)
 UNTRACED_STEPS_PER_STEP = 2  # untraced wall-time steps per traced step, modes interleaved
 
 
@@ -39,8 +39,8 @@ def _capture_worker(model: str, batches: list[int], contexts: list[int], modes: 
     import jax.numpy as jnp
     from tqdm import tqdm
 
-    from kernels import prefill as P
-    from kernels import reference as R
+    from perfmodel_kernels import prefill as P
+    from perfmodel_kernels import reference as R
     from perfmodel_jax.hostbench import cpu_model
     spec = load_model(model)
     dev = jax.devices()[0]

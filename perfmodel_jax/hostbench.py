@@ -25,14 +25,14 @@ Measured (min / median / max over repeats, all through JAX on the default CPU de
   steps (an 8 x THUNK_WIDTH matmul and a tanh), each call timed until its result is ready; their thunks (the kernels XLA:CPU's executable runs) are counted
   in the compiled HLO (`count_thunks`, a structure, not a timing); written as micro-benchmarks of
   `components.host_program_time` (a cost per call and per thunk);
-- thunks of the reference step: the compiled HLO of `kernels/reference.py`'s decode step for
+- thunks of the reference step: the compiled HLO of `perfmodel_kernels/reference.py`'s decode step for
   PROBE_MODEL (batch 1), counted per phase kind (embed, attention by kind, dense FFN, MoE,
   head; a MoE layer's expert loop counts as one thunk, its iterations are `host_expert_time`),
   written as `components.host_thunks_*` (structure, never fitted);
 - argmax: a jitted argmax over f32 logits (ARGMAX_SHAPES), values per second
   (`components.host_argmax_time`);
 - the expert loop: a `fori_loop` over EXPERT_DISTINCT of EXPERT_SLABS stacked f32 experts
-  (gate_up + SwiGLU + down, each expert indexed dynamically, as `kernels/reference.py` runs its
+  (gate_up + SwiGLU + down, each expert indexed dynamically, as `perfmodel_kernels/reference.py` runs its
   routed experts), for two expert sizes (EXPERT_SHAPES) by batch rows; written as
   micro-benchmarks of `components.host_expert_time`;
 - bf16 -> f32 widening: a jitted `astype(float32)` of bf16 arrays shaped like a latent cache
@@ -451,7 +451,7 @@ def reference_memory(batch: int, context: int, model: str = PROBE_MODEL) -> tupl
     stacked caches, "<kind>"; in an attention phase, in units of all caches, mean per kind,
     "attention_<kind>" (a cache named `<kind>_...` belongs to that attention kind)."""
     import jax.numpy as jnp
-    from kernels import reference as R
+    from perfmodel_kernels import reference as R
     from perfmodel.graph.ops import build
     from perfmodel.spec.deployment import Deployment
     from perfmodel.spec.loaders import load_model
@@ -480,7 +480,7 @@ def reference_memory(batch: int, context: int, model: str = PROBE_MODEL) -> tupl
 
 
 def _absorbed_kv_b(shape: tuple[int, int, int, int], copies: int, repeats: int) -> Stat:
-    """Seconds per kv_b weight of the absorbed MLA as kernels/reference.py runs it at one row:
+    """Seconds per kv_b weight of the absorbed MLA as perfmodel_kernels/reference.py runs it at one row:
     kv_b [r, heads * (nope + v)] split into W_uk [r, heads, nope] and W_uv [r, heads, v] (XLA:CPU
     lays each out again for its einsum), q_nope -> latent -> values; `copies` distinct weights in
     one program."""
@@ -579,7 +579,7 @@ def reference_thunks(model: str = PROBE_MODEL) -> dict[str, float]:
     over its layers of each kind): keys `embed`, `attention_<kind>`, `ffn`, `moe`, `head`, the
     op graph's phases. Compiled, never run: a count of the program's structure."""
     import jax.numpy as jnp
-    from kernels import reference as R
+    from perfmodel_kernels import reference as R
     from perfmodel.spec.loaders import load_model
     from perfmodel.validate.traces import scope_of
     spec = load_model(model)
@@ -789,13 +789,13 @@ def write(b: HostBench, out: str | Path, name: str = "host-cpu") -> Path:
     mb = out.with_suffix(".microbench.json")
     hw = calibrated(data, hw, mb.name)
     counted = f"counted by hostbench in the compiled HLO of the {PROBE_MODEL} reference decode step " \
-              f"(kernels/reference.py, batch 1; XLA:CPU on {b.cpu}, {b.date}): a structure, not a timing"
+              f"(perfmodel_kernels/reference.py, batch 1; XLA:CPU on {b.cpu}, {b.date}): a structure, not a timing"
     structure = {f"host_thunks_{k}": v for k, v in b.reference_thunks.items()}
     sources = {f"components.host_thunks_{k}": f"{counted}; mean over its {k} layers" for k in b.reference_thunks}
     for model, (temps, copies) in [(PROBE_MODEL, (b.temp_per_cache_byte, b.stack_copies)), *b.model_memory.items()]:
         suffix = "" if model == PROBE_MODEL else model_suffix(model)
         where = (f"counted by hostbench in the compiled reference decode step of {model} at batch {b.memory_probe[0]}, "
-                 f"context {b.memory_probe[1]} (kernels/reference.py; XLA:CPU on {b.cpu}, {b.date})")
+                 f"context {b.memory_probe[1]} (perfmodel_kernels/reference.py; XLA:CPU on {b.cpu}, {b.date})")
         for k, v in copies.items():
             structure[f"host_stack_copies_{k}{suffix}"] = v
             sources[f"components.host_stack_copies_{k}{suffix}"] = (

@@ -23,7 +23,7 @@ def spec():
 
 @pytest.fixture(scope="session")
 def weights(spec):
-    from kernels import reference  # jax only for the tests that ask for weights
+    from perfmodel_kernels import reference  # jax only for the tests that ask for weights
     return reference.init_weights(spec, seed=0)
 
 

@@ -11,7 +11,7 @@ ROOT = Path(perfmodel.__file__).parent
 LAYERS = (("util",), ("spec",), ("graph",), ("cost",), ("engine",), ("step",),
           ("fit", "validate", "search", "serve"), ("cli",), ("__init__",))
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
-FOREIGN = ("jax", "jaxlib", "kernels", "perfmodel_jax")
+FOREIGN = ("jax", "jaxlib", "perfmodel_kernels", "perfmodel_jax")
 # the two places that read JAX, inside the function that needs it (installing perfmodel needs no JAX)
 READS_JAX = {"perfmodel.spec.hardware": "jax tpu_info's chip figures", "perfmodel.validate.traces": "jax.profiler"}
 

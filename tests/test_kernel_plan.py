@@ -1,7 +1,7 @@
 """The megakernel's DMA plan as data: the static stream's layout, plan structure, bytes from
 first principles and against the analytic model's op graph, ring prefetch across layers, the
 full-scale Kimi K3 plan (descriptors, padding, the model's prediction of it), errors, and the
-`kernels.run` CLI."""
+`perfmodel_kernels.run` CLI."""
 import dataclasses
 import json
 import math
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kernels import layout, plan, reference, run, shard, stream, tuned
+from perfmodel_kernels import layout, plan, reference, run, shard, stream, tuned
 from perfmodel.graph import ops
 from perfmodel.graph.dmaplan import bytes_by_layer_family
 from perfmodel.spec.arch import WEIGHT_FAMILIES, derive
@@ -378,5 +378,5 @@ def test_run_cli_errors(capsys):
     with pytest.raises(SystemExit) as e:
         run.main(["--batch", "x"])
     err = capsys.readouterr().err
-    assert e.value.code == 2 and err.startswith("python -m kernels.run: error: argument --batch")
+    assert e.value.code == 2 and err.startswith("python -m perfmodel_kernels.run: error: argument --batch")
     assert len(err.strip().splitlines()) == 1

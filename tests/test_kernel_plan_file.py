@@ -1,5 +1,5 @@
 """A kernel's DMA plan as a file (perfmodel.graph.dmaplan.KernelPlan): written by the kernel side
-(`python -m kernels.run ... --plan-out`), read by `perfmodel predict --kernel-plan`, its bytes
+(`python -m perfmodel_kernels.run ... --plan-out`), read by `perfmodel predict --kernel-plan`, its bytes
 checked against the op graph, replayed by the engine on a sharded deployment with the kernel's
 own settings beside the model's own megakernel."""
 import functools
@@ -23,9 +23,9 @@ CTX, TP = 48, 2  # a whole number of 16-token cache blocks
 
 @functools.cache
 def mini_plan() -> tuple[KernelPlan, dict]:
-    """The MINI kernel's plan on device 0 of 2 (tp 2, 2 expert groups), batch 2, as kernels.run
+    """The MINI kernel's plan on device 0 of 2 (tp 2, 2 expert groups), batch 2, as perfmodel_kernels.run
     --plan-out writes it, and the kernel's own count of its padding and vectors."""
-    from kernels import layout, plan, shard
+    from perfmodel_kernels import layout, plan, shard
     spec = load_model("kimi-k3-mini")
     dspec = shard.device_spec(spec, TP, TP)
     cfg = layout.KernelConfig(batch=2, max_context=64, depth=6, expert_slots=2, cache_block=16)

@@ -1,11 +1,11 @@
-"""The reference prefill (kernels.prefill): a prompt in one program gives the logits and caches
+"""The reference prefill (perfmodel_kernels.prefill): a prompt in one program gives the logits and caches
 of feeding it token by token to the reference decode step, so decoding continues alike."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import reference as R
-from kernels.prefill import mla_form, prefill_step
+from perfmodel_kernels import reference as R
+from perfmodel_kernels.prefill import mla_form, prefill_step
 from perfmodel.spec.arch import derive
 from perfmodel.util.errors import SpecError
 
@@ -39,7 +39,7 @@ def test_prefill_equals_decoding_the_prompt(spec, prompt):
 
 def test_both_mla_forms_agree(spec):
     """The absorbed and plain forms are the same attention (kv_b applied before or after)."""
-    from kernels.prefill import _prefill_jit
+    from perfmodel_kernels.prefill import _prefill_jit
     weights = R.init_weights(spec, seed=2, dtype=jnp.float32)
     tokens = jnp.arange(8, dtype=jnp.int32).reshape(1, 8) % spec.vocab
     a = _prefill_jit(weights, tokens, max_context=8, form="absorbed")[1]

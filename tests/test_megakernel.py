@@ -24,8 +24,8 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
 from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interp_state
 
-from kernels import chip, layout, megakernel, plan, reference, vmem
-from kernels.specs import ODD_SIZED
+from perfmodel_kernels import chip, layout, megakernel, plan, reference, vmem
+from perfmodel_kernels.specs import ODD_SIZED
 from perfmodel.spec.arch import derive
 from perfmodel.util.errors import SpecError
 

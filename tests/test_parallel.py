@@ -38,7 +38,7 @@ def check(tp: int, ep: int, hierarchical: bool, steps: int, rows: int = 1, host:
     from jax.experimental.pallas import tpu as pltpu
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interp_state
 
-    from kernels import comm, layout, parallel, reference
+    from perfmodel_kernels import comm, layout, parallel, reference
 
     spec = mini()
     weights = reference.init_weights(spec, 0)
@@ -93,8 +93,8 @@ def late_entry(barrier: bool) -> None:
     from jax.experimental.pallas import tpu as pltpu
     from jax.sharding import Mesh, PartitionSpec as P
 
-    from kernels import layout, megakernel, parallel, reference, shard
-    from kernels.comm import AXIS
+    from perfmodel_kernels import layout, megakernel, parallel, reference, shard
+    from perfmodel_kernels.comm import AXIS
 
     spec, tp = mini(), 8
     cfg = layout.KernelConfig(batch=1, max_context=16, depth=2, expert_slots=1, cache_block=16,
@@ -176,7 +176,7 @@ def test_shard_collectives_at_8_rows():
 
 @pytest.mark.slow
 def test_run_cli_on_virtual_devices():
-    out = subprocess.run([sys.executable, "-m", "kernels.run", "--devices", "2", "--ep", "1",
+    out = subprocess.run([sys.executable, "-m", "perfmodel_kernels.run", "--devices", "2", "--ep", "1",
                           "--batch", "2", "--steps", "1", "--context", "16", "--depth", "3",
                           "--bank-rows", "256", "--interpret"], capture_output=True, text=True,
                          timeout=3000, cwd=ROOT)

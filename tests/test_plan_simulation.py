@@ -1,9 +1,9 @@
-"""The schedule simulator run on the megakernel's own DMA plan (kernels.plan)."""
+"""The schedule simulator run on the megakernel's own DMA plan (perfmodel_kernels.plan)."""
 import dataclasses
 
 import pytest
 
-from kernels import layout, plan
+from perfmodel_kernels import layout, plan
 from perfmodel.graph.ops import build
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.hardware import load_hardware

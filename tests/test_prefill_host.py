@@ -5,8 +5,8 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from kernels import prefill as P
-from kernels import reference as R
+from perfmodel_kernels import prefill as P
+from perfmodel_kernels import reference as R
 from perfmodel.spec.hardware import load_hardware
 from perfmodel.spec.loaders import load_model
 from perfmodel.validate import host

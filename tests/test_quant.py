@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import chip, layout, megakernel, plan, quant, reference
+from perfmodel_kernels import chip, layout, megakernel, plan, quant, reference
 from perfmodel.graph import ops
 from perfmodel.spec.arch import derive
 from perfmodel.spec.deployment import Deployment

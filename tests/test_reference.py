@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kernels import reference
-from kernels.specs import ODD_SIZED
+from perfmodel_kernels import reference
+from perfmodel_kernels.specs import ODD_SIZED
 from perfmodel.spec.arch import derive
 from perfmodel.util.errors import SpecError
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels import layout, megakernel, quant, reference
-from kernels.specs import slice_spec
+from perfmodel_kernels import layout, megakernel, quant, reference
+from perfmodel_kernels.specs import slice_spec
 
 MARGIN = 0.1
 

@@ -1,12 +1,12 @@
 """The megakernel compiled for a TPU v5e by libtpu's own compiler (Mosaic) on a machine without
-a chip (`kernels.aot`): what interpret mode cannot show, tile-aligned offsets, layouts, the
+a chip (`perfmodel_kernels.aot`): what interpret mode cannot show, tile-aligned offsets, layouts, the
 dtypes the chip's MXU and vector unit take. Marked `aot`: it needs the libtpu package (the
 oldest-JAX CI job installs it); without it the tests skip, and under CI=true in that job a skip
 fails the run."""
 import pytest
 
-from kernels import aot, layout, quant
-from kernels.specs import slice_spec
+from perfmodel_kernels import aot, layout, quant
+from perfmodel_kernels.specs import slice_spec
 
 pytestmark = [pytest.mark.aot,
               pytest.mark.skipif(not aot.available(), reason="libtpu is not installed")]
@@ -32,7 +32,7 @@ def test_kimi_k3_slices_compile_for_v5e(name, fmt):
 def test_a_misaligned_copy_is_refused_as_mosaic_would():
     """The check has teeth: a ring bank copy whose first row Mosaic cannot prove tile-aligned
     (the stream offset hint removed) is refused with Mosaic's own message."""
-    from kernels import ring
+    from perfmodel_kernels import ring
     spec = slice_spec("kimi-k3-mini")
     cfg = layout.KernelConfig(batch=1, max_context=256, depth=4, bank_rows=1024,
                               cache_block=128, chip="v5e")

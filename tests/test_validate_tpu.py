@@ -111,9 +111,9 @@ def test_a_separate_trace_record_is_the_runs_trace(vt, predicted, tmp_path, caps
 def test_device_time_is_the_prediction_without_host_dispatch(vt, predicted):
     """The dispatch shifts the whole predicted timeline: taking it out of the step and the embedding
     layer is predicting with no dispatch at all."""
-    from kernels import plan as kplan
-    from kernels.layout import KernelConfig
-    from kernels.specs import slice_spec
+    from perfmodel_kernels import plan as kplan
+    from perfmodel_kernels.layout import KernelConfig
+    from perfmodel_kernels.specs import slice_spec
     from perfmodel.spec.hardware import load_hardware
     from perfmodel.step.predict import plan_deployment, predict
     spec, cfg = slice_spec("kimi-k3-mini", "bf16"), KernelConfig(**CFG)

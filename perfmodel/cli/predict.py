@@ -296,7 +296,7 @@ def configure_predict(p) -> None:
     p.add_argument("--gain", action="store_true", help="also the prefetch gain over the other engine, by cause")
     add_prefill_args(p)
     p.add_argument("--kernel-plan", action="append", default=[], metavar="PLAN.json",
-                   help="a kernel's DMA plan file (python -m kernels.run ... --plan-out): its deployment predicted "
+                   help="a kernel's DMA plan file (python -m perfmodel_kernels.run ... --plan-out): its deployment predicted "
                         "as the model's own megakernel and as that kernel, side by side (repeatable)")
     p.set_defaults(func=cmd_predict)
 

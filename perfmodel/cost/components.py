@@ -84,7 +84,7 @@ def dequant_matmul_time(c: dict, weights: float, lhs_rows: int, matrices: int = 
 
 
 # what a kernel's vector unit decodes a weight from, scales applied, into the bf16 operand a chip
-# without the format's matrix dtype is fed (kernels.quant: e2m1 codes as float bits, int4 by
+# without the format's matrix dtype is fed (perfmodel_kernels.quant: e2m1 codes as float bits, int4 by
 # sign-extending shifts, int8 / fp8 widened)
 DECODE_KINDS = ("e2m1", "int4", "int8")
 

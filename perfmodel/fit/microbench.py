@@ -82,7 +82,7 @@ MEASURED = {"xla_op": "launch_overhead_s"}
 OPTIONAL = {"dma": ("dma_latency_s",)}
 
 
-# the vector-unit decode of an expert_column entry's format (kernels.quant.ExpertLayout.decode_kind)
+# the vector-unit decode of an expert_column entry's format (perfmodel_kernels.quant.ExpertLayout.decode_kind)
 COLUMN_DECODE = {"bf16": "", "int8": "int8", "fp8": "int8", "int4": "int4", "int4-g128-f32": "int4",
                  "mxfp4": "e2m1", "nvfp4": "e2m1"}
 

@@ -1,6 +1,6 @@
 """A decode step's DMA plan as data: every copy a kernel's DMA engine makes, in issue order.
 
-The Pallas megakernel (`kernels.plan`) emits its real plan in this form, one `Copy` per DMA
+The Pallas megakernel (`perfmodel_kernels.plan`) emits its real plan in this form, one `Copy` per DMA
 descriptor, and the schedule simulator (`perfmodel.engine.megakernel`) runs on it, so the model
 and the kernel agree copy by copy.
 

@@ -392,7 +392,7 @@ def mla_prefill_flops(a: MLA, heads: int, rows: int, context: int, span: float |
     "absorbed" (queries into the latent space: 2 (kv_lora + rope) + 2 kv_lora per token pair)
     or "plain" (the cached latents up-projected to per-head keys and values by kv_b, then
     2 (qk_nope + qk_rope) + 2 v_head per pair; the chunk's own rows go through kv_b as its op).
-    A prefill runs the cheaper (`min`; kernels.prefill runs the same choice)."""
+    A prefill runs the cheaper (`min`; perfmodel_kernels.prefill runs the same choice)."""
     span = attended(context, rows) if span is None else span
     return {"absorbed": rows * heads * span * (4.0 * a.kv_lora_rank + 2.0 * a.qk_rope_dim),
             "plain": (2.0 * rows * heads * span * (a.qk_nope_dim + a.qk_rope_dim + a.v_head_dim)

@@ -72,7 +72,7 @@ def simulate(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False
 
 def predict(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False,
             plan: list[Copy] | KernelPlan | None = None) -> Prediction:
-    """`plan`: a megakernel's own DMA plan (kernels.plan.dma_plan: its HBM copies) to simulate
+    """`plan`: a megakernel's own DMA plan (perfmodel_kernels.plan.dma_plan: its HBM copies) to simulate
     instead of the model's uniform stream of tiles; the ring's tile size is then the plan's. A
     KernelPlan (a plan file, perfmodel.graph.dmaplan) also brings the kernel's settings, which
     the engine replays beside its copies (plan_model); its deployment must be `d`'s."""

@@ -1,9 +1,9 @@
 """Profiler traces of decode steps: parse any XSpace (capture lives in `perfmodel_jax.capture`).
 
-Capture (`perfmodel_jax.capture.capture_reference`, CLI `perfmodel capture`): runs `kernels.reference.decode_step` (one
+Capture (`perfmodel_jax.capture.capture_reference`, CLI `perfmodel capture`): runs `perfmodel_kernels.reference.decode_step` (one
 compiled XLA program) and `decode_step_op_by_op` (one jitted call per phase) under
 `jax.profiler.trace`, each step inside a `StepTraceAnnotation("decode_step")` (a prefill run of
-`kernels.prefill.prefill_step`: "prefill_step"), in a subprocess
+`perfmodel_kernels.prefill.prefill_step`: "prefill_step"), in a subprocess
 whose XLA_FLAGS dump the optimised HLO of every compiled module (that is where the `op_name`
 metadata, i.e. the named scopes, lives). Layout of the output directory:
     OUT/hlo_<model>_<time>/module_NNNN.<name>.<backend>_after_optimizations.txt

@@ -1,5 +1,5 @@
 """Tuned sizes as data: the bank, ring and slot sizes (and the reduction wire) a preset runs
-with on a mesh of `devices` TensorCores, and why. `kernels.run` and the TPU script take them as
+with on a mesh of `devices` TensorCores, and why. `perfmodel_kernels.run` and the TPU script take them as
 defaults; command-line options override them. The one-chip slices' entries were chosen for a
 TPU v5e (128-lane tile: 2 MiB banks of 8192 rows); `experiments/tpu_megakernel.py` sweeps depth
 and slots around them on the chip."""

@@ -1,5 +1,5 @@
 """The megakernel on a mesh of `tp` devices: one pallas_call per device under `shard_map`, with
-the shards of `kernels.shard` and the in-kernel collectives of `kernels.comm`.
+the shards of `perfmodel_kernels.shard` and the in-kernel collectives of `perfmodel_kernels.comm`.
 
 Every per-device array gets a leading device axis (sharded over the mesh axis): packed weights,
 caches (KDA state and conv window hold the device's heads; the MLA latent cache is replicated,

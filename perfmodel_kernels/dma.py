@@ -1,6 +1,6 @@
 """The kernel's DMAs as named objects: `Copies` (start() / wait() of one or more async copies
 that belong together) and `Dma`, which records every issue site while the kernel is traced so
-that `kernels.plan` derives the DMA plan from the kernel's own code."""
+that `perfmodel_kernels.plan` derives the DMA plan from the kernel's own code."""
 from __future__ import annotations
 
 from jax.experimental.pallas import tpu as pltpu

@@ -1,8 +1,8 @@
 """The megakernel's configuration and how weights are laid out in HBM.
 
 Static weights (every matmul except the routed experts, plus the lm_head) form one stream of
-bf16 rows [rows, T], cut into ring banks: `kernels.stream`. Routed experts are packed per MoE
-layer as [E, rows, T] arrays of codes (and scales): `kernels.quant`. The small per-layer vectors
+bf16 rows [rows, T], cut into ring banks: `perfmodel_kernels.stream`. Routed experts are packed per MoE
+layer as [E, rows, T] arrays of codes (and scales): `perfmodel_kernels.quant`. The small per-layer vectors
 (RMSNorm weights, conv taps, decay constants, latent norms, router selection bias) are packed
 as rows of 128 lanes into [n_layers + 1, vector_rows, 128] (the last entry holds the final
 norm); the router bias sits at the same row in every layer.
@@ -34,11 +34,11 @@ class KernelConfig:
     routed-expert tile, a multiple of the MXU width (default the chip's MXU width;
     `vmem.check_vmem` checks it); expert_slots: VMEM slots for routed experts; cache_block: tokens per MLA cache tile
     (one DMA; 3 tile buffers in VMEM); hierarchical: all-reduce with the sibling TensorCore
-    first (`kernels.comm`); rows: verify rows per sequence (a draft block, causal within the
+    first (`perfmodel_kernels.comm`); rows: verify rows per sequence (a draft block, causal within the
     block; `reference.verify_inputs`); host_devices: mesh devices per host for the two-level
     one-shot all-reduce (0: all devices on one host); wire: the dtype reductions travel in
-    between devices ("f32" exact, "bf16" half the bytes; `kernels.comm`); chip: the TPU the
-    kernel is built for (`kernels.chip`; default the attached one, else TPU7x): its MXU width,
+    between devices ("f32" exact, "bf16" half the bytes; `perfmodel_kernels.comm`); chip: the TPU the
+    kernel is built for (`perfmodel_kernels.chip`; default the attached one, else TPU7x): its MXU width,
     VMEM and the dtypes its MXU takes."""
     batch: int
     max_context: int = 256
@@ -81,7 +81,7 @@ class KernelConfig:
 
     @property
     def target(self) -> chip_mod.Chip:
-        """The chip the kernel is built for (`kernels.chip`)."""
+        """The chip the kernel is built for (`perfmodel_kernels.chip`)."""
         return chip_mod.chip(self.chip)
 
     @property
@@ -241,7 +241,7 @@ def vector_rows(spec: ModelSpec) -> int:
 class Packed:
     """Weights laid out for the megakernel (all arrays in HBM)."""
     embed: object      # [V, 1, H/tp] bf16 (one row per token id)
-    static: object     # [stream rows, T] bf16 (`kernels.stream`)
+    static: object     # [stream rows, T] bf16 (`perfmodel_kernels.stream`)
     experts: object    # [n_moe_layers, E/groups, rows, T] codes (and 8-bit scales; bf16: the
     #                    weights; a zero block if no MoE)
     vectors: object    # [n_layers + 1, vector_rows, 128] bf16

@@ -3,7 +3,7 @@
 Each buffer's bytes are padded to the TPU memory tiling: the last dimension to the lane count
 (128) and the second-minor dimension to the dtype's sublane tiling (`TpuInfo.
 get_sublane_tiling`: 8 rows for 32-bit, 16 for bf16 (8 on v5e), 32 for 8-bit). The figures
-are those of the chip the kernel is built for (`KernelConfig.chip`, `kernels.chip`).
+are those of the chip the kernel is built for (`KernelConfig.chip`, `perfmodel_kernels.chip`).
 The explicit allocations may use the chip's VMEM minus `MARGIN_BYTES`, the room Mosaic needs
 for its own spill slots and internal scratch: Inferact's TPU7x megakernel keeps explicit
 allocations at or below 58 MiB of the 64 MiB and measured about 2.7 MiB of compiler spill slots

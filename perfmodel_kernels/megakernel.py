@@ -1,22 +1,22 @@
 """The Pallas TPU megakernel: a whole hybrid-MoE decode step in one `pallas_call`.
 
 Weights stay in HBM (`memory_space=ANY`). The static weights stream through a ring of `depth`
-VMEM banks, one DMA a bank (`kernels.ring`, layout `kernels.stream`), across layer and phase
+VMEM banks, one DMA a bank (`perfmodel_kernels.ring`, layout `perfmodel_kernels.stream`), across layer and phase
 boundaries, so the ring keeps prefetching through routing, attention and the collectives.
 After each MoE router, the top-k picks are reduced to a mask of used experts, moved VMEM ->
 SMEM, compacted into ascending expert ids in SMEM by scalar code, and the experts are fetched
 by data-dependent DMAs (`expert_fetch`: one or two per expert) into `expert_slots` VMEM slots
 (expert j goes to slot j mod slots; expert j+slots is fetched as soon as expert j has been
-applied); experts reach the MXU as the chip takes them (`kernels.quant`: fp8 where it takes fp8,
+applied); experts reach the MXU as the chip takes them (`perfmodel_kernels.quant`: fp8 where it takes fp8,
 else decoded with their scales to bf16 and fed a column block a dot). The KDA state / conv window
 and the MLA latent cache live in HBM, aliased in and out; they are prefetched at the start of
 their layer (MLA: only the blocks holding positions < pos) and written back in place (KDA:
-whole state; MLA: one row). On a mesh the collectives are remote DMAs (`kernels.comm`) behind
+whole state; MLA: one row). On a mesh the collectives are remote DMAs (`perfmodel_kernels.comm`) behind
 a barrier at the start of the call. A step may verify a block of `cfg.rows` tokens per
 sequence (causal within the block; only the first `accepted` rows of each sequence update the
 caches; see `make_step`). Every DMA issue site also records itself (`dma.Dma`) so that
-`kernels.plan` derives the DMA plan from the kernel's own code. Numerics follow
-`kernels.reference` (same helpers).
+`perfmodel_kernels.plan` derives the DMA plan from the kernel's own code. Numerics follow
+`perfmodel_kernels.reference` (same helpers).
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ concatenated: [d_in, C]. A group is cut into items:
 Placement: items follow one another; a block that starts on a 128-row boundary may straddle a
 bank boundary (the kernel splits its input range there, at a multiple of 128 lanes of the
 input); any other item that would straddle is moved to the next bank, the rows skipped being
-zeros (`Part.bank_padding_bytes` counts them; the kernel-plan figure in kernels/README.md gives the share).
+zeros (`Part.bank_padding_bytes` counts them; the kernel-plan figure in perfmodel_kernels/README.md gives the share).
 """
 from __future__ import annotations
 

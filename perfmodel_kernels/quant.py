@@ -13,7 +13,7 @@ Formats (groups and scale dtypes of the 4-bit formats from `perfmodel.spec.forma
   max |w| / (6 * 448), block scale = e4m3(max |w_block| / 6 / global); NVIDIA's NVFP4 recipe).
 
 How the MXU is fed (the weight operand; the activations stay bf16), by the chip's facts
-(`kernels.chip`): bf16 as is; int8 codes as bf16 (exact, |code| <= 127: an int8 MXU multiplies
+(`perfmodel_kernels.chip`): bf16 as is; int8 codes as bf16 (exact, |code| <= 127: an int8 MXU multiplies
 int8 by int8 only, and on the TPU v5e a bf16 x int8 dot left the logits 0.37 of their spread
 from the reference's, experiments/results/tpu_megakernel.json); on a chip whose MXU takes fp8
 (TPU7x, v6e) fp8 codes as fp8 and 4-bit codes unpacked to fp8 (every int4 and e2m1 value is

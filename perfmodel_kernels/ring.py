@@ -1,7 +1,7 @@
 """The static weight ring: `depth` VMEM banks of `bank_rows` x T bf16, one DMA per bank
 (`RingBank`), and the reader that computes a part's grouped matmuls from its banks.
 
-Bank g of the stream (`kernels.stream`) lives in slot g mod depth. At kernel start banks
+Bank g of the stream (`perfmodel_kernels.stream`) lives in slot g mod depth. At kernel start banks
 0..depth-1 are issued; when the last item of bank g has been used (its dot issued) the copy of
 bank g + depth is issued into the freed slot. The rule ignores layer and phase boundaries, so
 the ring keeps prefetching the next layers' weights during routing, attention, the experts and

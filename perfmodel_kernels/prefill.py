@@ -1,5 +1,5 @@
 """Pure-JAX prefill of the Kimi K3 hybrid family: whole prompts in one XLA program (the
-reference a host run traces, as `kernels.reference.decode_step` for decode).
+reference a host run traces, as `perfmodel_kernels.reference.decode_step` for decode).
 
 `prefill_step(weights, tokens, max_context)`: tokens [B, C] int32, every sequence's prompt of C
 tokens from position 0. Per layer, over all B x C rows (row b * C + t): RMSNorm, attention,
@@ -26,7 +26,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels import reference as R
+from perfmodel_kernels import reference as R
 from perfmodel.graph.ops import mla_prefill_flops
 from perfmodel.util.errors import positive_int, require
 

@@ -1,15 +1,15 @@
 """Generate tokens with the megakernel from seeded random weights, or print its DMA plan.
 
-    python -m kernels.run --preset kimi-k3-mini --batch 4 --steps 8 --depth 6 [--interpret]
-    python -m kernels.run --preset PRESET --devices 8 --tp 8 --ep 4 [--interpret]
-    python -m kernels.run --rows 4 --accepted 2 [--interpret]     # verify blocks of 4 rows
-    python -m kernels.run --preset kimi-k3 --devices 32 --tp 32 --ep 8 --batch 1 --plan-only --json
-    python -m kernels.run --preset kimi-k3 --devices 32 --tp 32 --ep 8 --batch 1 --plan-out k3.plan.json
+    python -m perfmodel_kernels.run --preset kimi-k3-mini --batch 4 --steps 8 --depth 6 [--interpret]
+    python -m perfmodel_kernels.run --preset PRESET --devices 8 --tp 8 --ep 4 [--interpret]
+    python -m perfmodel_kernels.run --rows 4 --accepted 2 [--interpret]     # verify blocks of 4 rows
+    python -m perfmodel_kernels.run --preset kimi-k3 --devices 32 --tp 32 --ep 8 --batch 1 --plan-only --json
+    python -m perfmodel_kernels.run --preset kimi-k3 --devices 32 --tp 32 --ep 8 --batch 1 --plan-out k3.plan.json
 
 --plan-only traces the kernel for one device's shapes (no weights, no TPU) and prints its DMA
 plan at --context cached tokens per sequence (default 4096): weight descriptors per device,
 padding, remote copies, VMEM, and the model's prediction of this plan next to its prediction
-of its own default megakernel (`kernels.plan.report`; --json: that dict). --plan-out writes the
+of its own default megakernel (`perfmodel_kernels.plan.report`; --json: that dict). --plan-out writes the
 same plan with the kernel's settings as a perfmodel plan file (`perfmodel predict --kernel-plan`).
 
 Prints the VMEM budget, the DMA plan summary of the first step (bytes per layer by family, of
@@ -116,7 +116,7 @@ def block_and_mesh(a) -> tuple[int, int]:
 
 
 def config_arguments(p: argparse.ArgumentParser) -> None:
-    """The kernel configuration options (defaults: `kernels.tuned` for the preset and mesh)."""
+    """The kernel configuration options (defaults: `perfmodel_kernels.tuned` for the preset and mesh)."""
     p.add_argument("--depth", type=int, help="weight ring banks in flight")
     p.add_argument("--bank-rows", type=int, help="rows of a ring bank (x tile x 2 B)")
     p.add_argument("--slots", type=int, help="routed expert slots")
@@ -127,7 +127,7 @@ def config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tile", type=int, default=0,
                    help="stream lanes and expert tile edge; default the chip's MXU width")
     p.add_argument("--chip", default="", help="the TPU to build for (v5e, v6e, 7x, ...; default "
-                   "the attached one, else 7x; `kernels.chip`)")
+                   "the attached one, else 7x; `perfmodel_kernels.chip`)")
 
 
 def kernel_config(a, spec, batch: int, max_context: int, on_tpu: bool = False
@@ -160,7 +160,7 @@ def plan_context(a, spec) -> tuple[int, layout.KernelConfig]:
 
 
 def plan_only(a, spec) -> int:
-    """--plan-only: the DMA plan's figures (`kernels.plan.report`)."""
+    """--plan-only: the DMA plan's figures (`perfmodel_kernels.plan.report`)."""
     context, cfg = plan_context(a, spec)
     res = plan.report(spec, cfg, a.devices, a.ep if a.devices > 1 else None, context)
     if a.json:
@@ -177,7 +177,7 @@ def plan_out(a, spec) -> int:
     context, cfg = plan_context(a, spec)
     tp = a.devices
     save_plan(a.plan_out, plan.kernel_plan(spec, cfg, tp, a.ep if tp > 1 else None, context,
-                                           "python -m kernels.run " + " ".join(sys.argv[1:])))
+                                           "python -m perfmodel_kernels.run " + " ".join(sys.argv[1:])))
     print(f"wrote {a.plan_out}")
     return 0
 
@@ -190,7 +190,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    pre = OneLineParser(prog="python -m kernels.run", add_help=False)
+    pre = OneLineParser(prog="python -m perfmodel_kernels.run", add_help=False)
     pre.add_argument("--devices", type=int, default=1)
     pre.add_argument("--interpret", action="store_true")
     k, _ = pre.parse_known_args(argv)
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.get("XLA_FLAGS", ""):  # before JAX creates its CPU backend
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    f" --xla_force_host_platform_device_count={k.devices}")
-    p = OneLineParser(prog="python -m kernels.run", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m perfmodel_kernels.run", description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="kimi-k3-mini")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=8)
