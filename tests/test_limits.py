@@ -198,6 +198,13 @@ def bundled(tmp_path, monkeypatch):
         c.cache_clear()
 
 
+def _grid_zeroed(index: np.ndarray) -> np.ndarray:
+    """A class index (JSON bytes) whose first grid starts at 0."""
+    ix = json.loads(index.tobytes())
+    ix["grids"][0][0] = 0
+    return np.frombuffer(json.dumps(ix).encode(), np.uint8)
+
+
 def _npz_rewrite(path: Path, change) -> None:
     with np.load(path) as z:
         arrays = {k: z[k] for k in z.files}
@@ -241,6 +248,7 @@ def test_corrupt_bundled_data_names_the_file(bundled, name):
                                                         "classes": []}).encode(), np.uint8)), "index.files=[]"),
     (lambda a: a.update({"index.gemm": np.frombuffer(b'{"files": 3}', np.uint8)}), "index.gemm.files=3"),
     (lambda a: a.update({"log_s.gemm": a["log_s.gemm"][:5]}), "index.gemm.tables"),
+    (lambda a: a.update({"index.gemm": _grid_zeroed(a["index.gemm"])}), "index.gemm.grids[0]"),
 ])
 def test_corrupt_kernel_table_arrays(bundled, change, needle):
     _, h100 = bundled

@@ -128,7 +128,7 @@ NAME = re.compile(r"[a-z0-9_]{1,64}")  # a GPU, table or class name: a path comp
 HEADER = {"files": Req({"*": {"version": Req((STR,)), "*": None}}), "source": Req((STR,)),
           "fastest_kernel_s": Req(Num(0, 1, lo_open=True, null=True)), "classes": Req(ListOf((STR,), 0, 64)), "*": None}
 CLASS_INDEX = {"files": Req([(STR,)]), "fields": Req([(STR,)]), "axes": Req([(STR,)]),
-               "grids": Req([ListOf(Num(0, lo_open=True), 1)]), "tables": Req([ListOf(None, 4, 4)])}
+               "grids": Req([ListOf(None, 1)]), "tables": Req([ListOf(None, 4, 4)])}  # grids: below
 KERNEL_DATA_ERRORS = (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error)
 
 
@@ -155,8 +155,11 @@ def check_class_index(cls: str, ix, n_values: int) -> None:
     """A class index (`index.<class>`) of a table file: its lists, and each table's file, key,
     grids and place in `log_s.<class>` (n_values floats) within them."""
     schema.check_tree({f"index.{cls}": ix}, {f"index.{cls}": CLASS_INDEX})  # errors name index.<class>.<key>
-    for g, grid in enumerate(ix["grids"]):
-        require(all(a < b for a, b in zip(grid, grid[1:])), f"index.{cls}.grids[{g}]", grid[:8],
+    for g, grid in enumerate(ix["grids"]):   # as arrays: a CLI call reads thousands of grid points
+        a = np.asarray(grid)
+        require(a.ndim == 1 and a.dtype.kind in "iuf" and bool((a > 0).all()), f"index.{cls}.grids[{g}]",
+                grid[:8], "must be a list of numbers > 0")
+        require(bool((a[1:] > a[:-1]).all()), f"index.{cls}.grids[{g}]", grid[:8],
                 "must be strictly increasing")
     n_files, n_fields, n_axes, n_grids = (len(ix[k]) for k in ("files", "fields", "axes", "grids"))
     for i, t in enumerate(ix["tables"]):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from perfmodel.cost.components import graph_overlap_time
-from perfmodel.engine.serving import perfmodel_kernels, paid_seconds
+from perfmodel.engine.serving import kernels, paid_seconds
 from perfmodel.graph import ops as ops_mod
 
 
