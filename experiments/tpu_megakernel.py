@@ -450,11 +450,12 @@ def main(argv=None) -> int:
         name = slices[0]
         sl = Slice(name, FORMATS.get(name, ("mxfp4",))[0], kernel_cfg_for(name, 1, interpret),
                    interpret)
-        t = kernel_cfg_for(name, 1, interpret)   # the tuned depth and slots
-        depths, slots_ = (int(x) for x in a.depths.split(",")), [int(x) for x in a.slots.split(",")]
+        tuned = kernel_cfg_for(name, 1, interpret)   # the tuned depth and slots
+        depths = [int(x) for x in a.depths.split(",")]
+        slot_counts = [int(x) for x in a.slots.split(",")]
         grid = [(b, d, s) for b in ((2,) if interpret else [int(x) for x in a.sweep_batches.split(",")])
-                for d, s in ([(d, t.expert_slots) for d in depths]
-                             + [(t.depth, s) for s in slots_ if s != t.expert_slots])]
+                for d, s in ([(d, tuned.expert_slots) for d in depths]
+                             + [(tuned.depth, s) for s in slot_counts if s != tuned.expert_slots])]
         for b, depth, slots in grid:
             if over_budget():
                 break
