@@ -20,13 +20,14 @@ def sequential(weights, tokens, t_max):
 @pytest.mark.parametrize("prompt", [1, 3, 7])
 def test_prefill_equals_decoding_the_prompt(spec, prompt):
     """f32 weights; both paths round the conv window and latents to the cache format alike, so
-    they differ by f32 summation order only (relative 1e-5 on logits of order 1)."""
+    they differ by f32 summation order only (up to 2e-4 on logits of order 1 with JAX 0.10's
+    CPU kernels, 1e-5 with JAX 0.12's)."""
     weights = R.init_weights(spec, seed=1, dtype=jnp.float32)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, spec.vocab, (2, prompt)), jnp.int32)
     t_max = prompt + 2
     nxt_s, logits_s, cache_s = sequential(weights, tokens, t_max)
     nxt_p, logits_p, cache_p = prefill_step(weights, tokens, t_max)
-    np.testing.assert_allclose(logits_p, logits_s, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(logits_p, logits_s, rtol=1e-3, atol=1e-3)
     assert (nxt_p == nxt_s).all()
     for k in cache_s:
         np.testing.assert_allclose(np.asarray(cache_p[k], np.float32), np.asarray(cache_s[k], np.float32),
