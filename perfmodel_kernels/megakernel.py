@@ -354,10 +354,18 @@ def _branches(ctx: Context, family: str, phases: dict) -> dict:
 
 
 def embed(ctx: Context, barrier: bool):
-    """Starts the ring and layer 0's vectors; the token rows' embeddings (gathered over the
-    mesh, after the entry barrier) -> x [Bp, H] f32, padding rows zero."""
+    """The token rows' embeddings, then the ring and layer 0's vectors, started; the rows
+    (gathered over the mesh, after the entry barrier) -> x [Bp, H] f32, padding rows zero. The
+    rows go first: the DMA engine serves copies in issue order, and behind the ring's first
+    banks they waited for all of them (on a v5e 23 us of a 1.1 ms step, in the trace)."""
     dma, tp = ctx.dma, ctx.tp
     with jax.named_scope("embed"):
+        emb = [Copies("embedding row", (ctx.emb_hbm.at[ctx.tok[b]], ctx.xrows.at[b],
+                                        ctx.misc_sem.at[0]))
+               for b in range(ctx.cfg.token_rows)]
+        for cp in emb:
+            dma.note("copy", 0, "embedding", "embedding row", ctx.spec.hidden // tp * 2)
+            cp.start()
         ctx.ring.start()
         if ctx.kda is not None:
             ctx.kda.flag[0] = 0
@@ -366,12 +374,6 @@ def embed(ctx: Context, barrier: bool):
                 ctx.count[k] = ctx.count_in[k]
         dma.note("vectors", layer=0)
         ctx.for_vector_copies(0, lambda cp: cp.start())
-        emb = [Copies("embedding row", (ctx.emb_hbm.at[ctx.tok[b]], ctx.xrows.at[b],
-                                        ctx.misc_sem.at[0]))
-               for b in range(ctx.cfg.token_rows)]
-        for cp in emb:
-            dma.note("copy", 0, "embedding", "embedding row", ctx.spec.hidden // tp * 2)
-            cp.start()
         ctx.comm.barrier(skip=not barrier)   # before the first remote write of the call
         for cp in emb:
             cp.wait()
