@@ -108,25 +108,20 @@ def check_spec(spec: ModelSpec) -> None:
         positive_int("mla.q_lora_rank", spec.mla.q_lora_rank)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 3))
-def _normal(key, shape, scale, dtype):
-    """scale x N(0, 1) of `shape` in dtype: one compiled program a shape (drawn op by op, every
-    new shape cost several compiles: a minute for a Kimi K3 slice on a TPU VM)."""
-    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype)
-
-
 def init_weights(spec: ModelSpec, seed: int = 0, dtype=jnp.bfloat16) -> Weights:
     """Seeded random weights named and shaped as `spec.layer_matmuls` / `small_param_shapes`,
-    drawn by JAX (on the accelerator when there is one: a Kimi K3 slice's gigabytes in seconds)."""
+    drawn by JAX on the accelerator when there is one (on a TPU VM each new shape compiles: a
+    Kimi K3 slice took about a minute cold; JAX's persistent compilation cache keeps those
+    compiles for a later run on the VM)."""
     check_spec(spec)
     base, count = jax.random.key(seed), iter(range(1 << 30))
     keys = (jax.random.fold_in(base, n) for n in count)   # one key per tensor
 
     def draw(shape):
-        return _normal(next(keys), tuple(shape), 1.0, jnp.float32)
+        return jax.random.normal(next(keys), shape, jnp.float32)
 
     def normal(shape, scale):
-        return _normal(next(keys), tuple(shape), scale, dtype)
+        return (draw(shape) * scale).astype(dtype)
 
     def small(name, shape):
         if name in ("attn_norm", "ffn_norm", "o_norm", "q_norm", "kv_norm"):

@@ -558,7 +558,9 @@ def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: i
     kernel = [o for o in ops if o.line == KERNEL_MARKERS and o.plane.startswith("/device:")]
     outside: list[float] = []
     if kernel:   # a TPU kernel's in-kernel markers: a step is their span, they alone count
-        outside = [_outside_kernel(pd, kernel, t0, t1) for _, t0, t1 in windows]
+        device_ops = [(ev.start_ns, ev.end_ns) for plane in pd.planes if plane.name.startswith("/device:")
+                      for line in plane.lines if line.name == "XLA Ops" for ev in line.events]
+        outside = [_outside_kernel(device_ops, kernel, t0, t1) for _, t0, t1 in windows]
         windows = [(i, min(o.start_ns for o in k), max(o.end_ns for o in k))
                    for i, t0, t1 in windows
                    if (k := [o for o in kernel if t0 <= o.start_ns < t1])]
@@ -612,16 +614,15 @@ def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: i
                         {k: Spread.of(v) for k, v in subs.items()})
 
 
-def _outside_kernel(pd, kernel: list[OpEvent], t0: float, t1: float) -> float:
-    """Seconds of device op events (the `XLA Ops` lines) in the window [t0, t1] ns that end
-    before the kernel's first marker or start after its last."""
+def _outside_kernel(device_ops: list[tuple[float, float]], kernel: list[OpEvent], t0: float,
+                    t1: float) -> float:
+    """Seconds of device op events (start, end ns: the `XLA Ops` lines) in the window [t0, t1]
+    that end before the kernel's first marker or start after its last."""
     k = [o for o in kernel if t0 <= o.start_ns < t1]
     if not k:
         return 0.0
     a, b = min(o.start_ns for o in k), max(o.end_ns for o in k)
-    return sum(ev.end_ns - ev.start_ns for plane in pd.planes if plane.name.startswith("/device:")
-               for line in plane.lines if line.name == "XLA Ops" for ev in line.events
-               if t0 <= ev.start_ns < t1 and (ev.end_ns <= a or ev.start_ns >= b)) * 1e-9
+    return sum(e - s for s, e in device_ops if t0 <= s < t1 and (e <= a or s >= b)) * 1e-9
 
 
 def _sub_phases(pd, ops: list[OpEvent], windows) -> dict[str, list[float]]:
