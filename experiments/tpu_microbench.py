@@ -683,8 +683,9 @@ def expert_column(b: Bench):
                       [pltpu.VMEM((r * t, t), BF16)], b.sizes, b.interpret)
         sl = b.kernel_slope(call, (codes, scales, x))
         per_tile = sl.per_rep_s / r
-        b.add(what, "expert_column", {"format": name, "feed": quant.feed(fmt), "tile": t,
-                                      "rows": rows, "row_tiles": r}, per_tile * 1e6,
+        decode = quant.expert_layout(name, t, [(t, t)], fp8=target.fp8).decode_kind
+        b.add(what, "expert_column", {"format": name, "decode": decode, "feed": quant.feed(fmt),
+                                      "tile": t, "rows": rows, "row_tiles": r}, per_tile * 1e6,
               "us_per_tile",
               f"one {t} x {t} routed-expert tile of {name} in a column block of {r} row tiles, "
               f"fed as {quant.feed(fmt)} through the megakernel's column path (decode with "

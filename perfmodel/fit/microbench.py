@@ -82,11 +82,6 @@ MEASURED = {"xla_op": "launch_overhead_s"}
 OPTIONAL = {"dma": ("dma_latency_s",)}
 
 
-# the vector-unit decode of an expert_column entry's format (perfmodel_kernels.quant.ExpertLayout.decode_kind)
-COLUMN_DECODE = {"bf16": "", "int8": "int8", "fp8": "int8", "int4": "int4", "int4-g128-f32": "int4",
-                 "mxfp4": "e2m1", "nvfp4": "e2m1"}
-
-
 # what each mechanism's entries must give as inputs (a fit reads every one of them)
 _BYTES = Num(0, 2**50, lo_open=True)
 _N = Num(1, 2**31, integer=True)
@@ -100,8 +95,8 @@ INPUTS = {
     "mxu_push": {"dtype": Req(_DTYPE)},
     "matmul": {"k": Req(_N), "n": Req(_N), "k_chunk": Req(_N), "lhs_rows_per_chunk": Req(_N), "dtype": Req(_DTYPE),
                "rows": _N},
-    "expert_column": {"format": Req(OneOf(*COLUMN_DECODE)), "feed": Req(OneOf("bf16")), "tile": Req(_N), "rows": Req(_N),
-                      "row_tiles": Req(_N)},
+    "expert_column": {"format": Req((STR,)), "decode": Req(OneOf("", *cm.DECODE_KINDS)), "feed": Req(OneOf("bf16")),
+                      "tile": Req(_N), "rows": Req(_N), "row_tiles": Req(_N)},
     "dequant_matmul": {"k": Req(_N), "n": Req(_N), "k_chunk": Req(_N), "lhs_rows_per_chunk": Req(_N),
                        "dtype": Req(_DTYPE), "rows": _N},
     "remote_copy": {"bytes": Req(_BYTES), "path": Req(OneOf("sibling", "cross_chip"))},
@@ -215,9 +210,8 @@ def predict_entry(e: dict, hw: Hardware) -> float:
         t = cm.matmul_time(c, i["k"] * i["n"], i["dtype"], i["lhs_rows_per_chunk"], chunks)
     elif m == "expert_column":   # per tile: r tiles decoded (not bf16), then one dot over them
         w = i["row_tiles"] * i["tile"] ** 2
-        kind = COLUMN_DECODE[i["format"]]
         t = (cm.matmul_time(c, w, "bf16", i["rows"], 1)
-             + (cm.vpu_decode_time(c, w, kind) if kind else 0.0)) / i["row_tiles"]
+             + (cm.vpu_decode_time(c, w, i["decode"]) if i["decode"] else 0.0)) / i["row_tiles"]
     elif m == "dequant_matmul":
         t = cm.dequant_matmul_time(c, i["k"] * i["n"], i["lhs_rows_per_chunk"])
     elif m == "remote_copy":
