@@ -5,23 +5,26 @@
     python experiments/tpu_megakernel.py --report        # the committed results, no TPU needed
     python experiments/tpu_megakernel.py --dry-run       # CPU: the pipeline in interpret mode
 
-Parts (`--only`, in this order):
+Per slice and expert format the weights are drawn and packed once, and every program the
+parts need is compiled ahead in parallel threads into JAX's persistent cache (`warm_compile`:
+lower and compile time of each recorded with its run). Parts (`--only`):
 - check: greedy tokens of the megakernel and of the pure-JAX reference (`reference.decode_step`,
-  one XLA program) on the same chip and weights, for MINI and the Kimi K3 slices in each expert
-  format (the reference uses the dequantised experts); tokens must be equal, logits within the
-  bound stated in `LOGIT_TOL`;
+  one XLA program) on the same chip and weights, for MINI and the Kimi K3 slices in their first
+  two expert formats (or `--formats`; the reference uses the dequantised experts); tokens must be
+  equal, logits within the bound stated in `LOGIT_TOL`;
 - speed: per slice, expert format and batch: the kernel's time per step as the slope of a
   call's wall time over the steps it runs (`megakernel.make_loop`: 1 and 1 + `--steps` steps in
   one program, median of `--repeats` calls each), so the ~0.5 ms host dispatch of a call cancels;
   the XLA reference the same way (`reference.make_loop`); the bytes the step's DMA plan moves and
   their rate against the chip's in-kernel stream bandwidth measured by tpu_microbench.py;
-  packing time and, for the largest slice, trace + Mosaic compile time;
-- sweep: ring depth (`--depths`) at the tuned slots and expert slots (`--slots`) at the tuned
-  depth, the first slice, `--sweep-batches` (each point a compile: about 90 s for a K3 slice on
-  a v5e, so a 10-minute call holds about five);
-- trace: a `jax.profiler` trace of each slice at batch 1 and 8 with the kernel's named scopes as
-  in-kernel markers (the libtpu flags of experiments/profile_megakernel.py), per-layer and
-  per-phase times by `perfmodel.validate.traces`; the first trace is kept (--keep-trace).
+  packing time;
+- xla: the XLA reference alone at `--xla-batches` (those speed does not run);
+- sweep: ring depth (`--depths`), expert slots (`--slots`) and bank rows (`--bank-rows`), each
+  around the tuned config, on the first slice in its first format at `--sweep-batches`;
+- trace: a `jax.profiler` trace of each slice at the first and last batch with the kernel's
+  named scopes as in-kernel markers (the libtpu flags of experiments/profile_megakernel.py),
+  per-layer and per-phase times by `perfmodel.validate.traces`; the first trace is kept
+  (--keep-trace).
 Results: experiments/results/tpu_megakernel.json (machine, chip, JAX, libtpu, date, command,
 one record a run; rewritten after every run, so a cut-short call keeps what it measured) and
 `--report`'s summary. `experiments/validate_tpu.py` compares them with the model.
@@ -44,7 +47,7 @@ import profile_megakernel  # noqa: E402,F401  (sets the libtpu trace flags befor
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results" / "tpu_megakernel.json"
-PARTS = ("check", "speed", "sweep", "trace")
+PARTS = ("check", "speed", "xla", "sweep", "trace")
 SLICES = ("k3-tp32-core", "k3-tp8-core")
 FORMATS = {"k3-tp32-core": ("mxfp4", "int8", "bf16"), "k3-tp8-core": ("mxfp4", "int4")}
 BATCHES = (1, 2, 4, 8)
@@ -81,7 +84,20 @@ def header(jax, chip_name: str) -> dict:
     return {"machine": dev.device_kind, "chip": chip_name, "jax": jax.__version__,
             "libtpu": libtpu, "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": source_commit(),
             "command": "python experiments/tpu_megakernel.py " + " ".join(sys.argv[1:])}
+
+
+def source_commit() -> str | None:
+    """The commit the code ran from: git's, or $PERFMODEL_COMMIT where the tree came without
+    its history (a copy on a TPU VM)."""
+    import os
+    import subprocess
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
+                              capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("PERFMODEL_COMMIT")
 
 
 def stream_bandwidth(chip: str) -> float | None:
@@ -222,14 +238,118 @@ def speed(sl, cfg, steps, repeats, with_xla=True) -> list[dict]:
             "first_call_s": first, "plan_bytes": nbytes,
             "plan_bytes_per_s": nbytes / step_s if step_s > 0 else None,
             "feed": feed_of(sl.spec, cfg)}]
-    if with_xla:
-        cache = start_state(sl, cfg)[0]
-        r_step, r_wall, r_first, _ = slope(reference.make_loop(), sl.weights, cache, tok, pos,
-                                           steps, repeats)
-        out.append({"kind": "xla", "slice": sl.name, "format": sl.fmt, "batch": cfg.batch,
-                    "positions": [mid] * cfg.batch, "step_s": r_step, "wall_step_s": r_wall,
-                    "first_call_s": r_first})
+    return out + ([xla_speed(sl, cfg, steps, repeats)] if with_xla else [])
+
+
+def xla_speed(sl, cfg, steps, repeats) -> dict:
+    """The XLA reference's time per step (one XLA program a step) on the slice's weights."""
+    from perfmodel_kernels import reference
+    cache, tok, pos, p0 = start_state(sl, cfg)
+    step_s, wall, first, _ = slope(reference.make_loop(), sl.weights, cache, tok, pos, steps,
+                                   repeats)
+    return {"kind": "xla", "slice": sl.name, "format": sl.fmt, "batch": cfg.batch,
+            "positions": [p0 + steps // 2] * cfg.batch, "step_s": step_s, "wall_step_s": wall,
+            "first_call_s": first}
+
+
+def slice_work(a, parts, name, k, fmt, batches, interpret, sweep) -> dict:
+    """The kernel configs each part runs on slice `name` in its k-th expert format `fmt`."""
+    cfg = lambda b, **over: kernel_cfg_for(name, b, interpret, **over)  # noqa: E731
+    first = k == 0 or bool(a.formats)
+    work = {"check": [cfg(2 if interpret else 4)] if "check" in parts and (a.formats or k < 2)
+            else [],
+            "speed": [cfg(b) for b in batches if first or b in (batches[0], batches[-1])]
+            if "speed" in parts else [],
+            "xla": [b for b in ([2] if interpret else map(int, a.xla_batches.split(",")))
+                    if b not in batches] if "xla" in parts and k == 0 else [],
+            "sweep": [], "trace": []}
+    if "sweep" in parts and sweep:
+        t = cfg(1)   # the tuned depth, slots and bank rows
+        for b in ((2,) if interpret else [int(x) for x in a.sweep_batches.split(",")]):
+            work["sweep"] += [cfg(b, depth=int(d)) for d in a.depths.split(",")]
+            work["sweep"] += [cfg(b, expert_slots=int(x)) for x in a.slots.split(",")
+                              if int(x) != t.expert_slots]
+            work["sweep"] += [cfg(b, bank_rows=int(x)) for x in a.bank_rows.split(",")
+                              if x and int(x) != t.bank_rows]
+    if "trace" in parts and k == 0:
+        work["trace"] = [cfg(b) for b in dict.fromkeys((batches[0], batches[-1]))]
+    return work
+
+
+def warm_compile(sl, work, budget_left) -> dict:
+    """Compile every program `work` needs ahead, into JAX's persistent cache, where the parts'
+    own calls find them: traced and lowered one at a time here (tracing holds Python's lock),
+    compiled in threads (Mosaic and XLA release it; each compile is single-threaded, a VM has
+    cores to spare). No job starts with less than 120 s of the budget left.
+    {("loop" | "step", cfg): {"lower_s", "compile_s", "compiled_beside"}}."""
+    import concurrent.futures as cf
+    import os
+    import jax.numpy as jnp
+    from perfmodel_kernels import megakernel, reference
+    jobs = {}
+    for cfg in dict.fromkeys(work["speed"] + work["sweep"] + work["trace"]):
+        jobs[("loop", cfg)] = lambda cfg=cfg: megakernel.make_loop(sl.spec, cfg, sl.interpret).lower(
+            sl.packed, *start_state(sl, cfg)[:3], jnp.int32(1))
+    for cfg in work["check"]:
+        jobs[("step", cfg)] = lambda cfg=cfg: megakernel.lower_step(
+            megakernel.make_step(sl.spec, cfg, sl.interpret), sl.packed, *start_state(sl, cfg)[:3])
+    xla = work["xla"] + ([c.batch for c in work["speed"]] if work["speed"] else [])
+    for b in dict.fromkeys(xla):
+        cfg = kernel_cfg_for(sl.name, b, False)
+        jobs[("xla", b)] = lambda cfg=cfg: reference.make_loop().lower(
+            sl.weights, *start_state(sl, cfg)[:3], jnp.int32(1))
+    workers = max(1, min(len(jobs), (os.cpu_count() or 2) - 1))
+    say(f"  compiling {len(jobs)} programs ahead, {workers} at a time")
+    out, running, t0 = {}, {}, time.perf_counter()
+
+    def compile_one(key, lowered, beside):
+        t = time.perf_counter()
+        lowered.compile()
+        return key, time.perf_counter() - t, beside
+
+    with cf.ThreadPoolExecutor(workers) as pool:
+        for key, lower in jobs.items():
+            if budget_left() < 120:
+                say("  budget: no more compiles started")
+                break
+            t = time.perf_counter()
+            lowered = lower()
+            out[key] = {"lower_s": time.perf_counter() - t}
+            beside = min(sum(not f.done() for f in running), workers - 1)
+            running[pool.submit(compile_one, key, lowered, beside)] = key
+        for f in cf.as_completed(running):
+            key, dt, beside = f.result()
+            out[key].update(compile_s=dt, compiled_beside=beside)
+            name = key[0] + (f" batch {key[1]}" if key[0] == "xla" else
+                             f" batch {key[1].batch} depth {key[1].depth} slots "
+                             f"{key[1].expert_slots} bank rows {key[1].bank_rows}")
+            say(f"    {name}: lowered in {out[key]['lower_s']:.1f} s, compiled in {dt:.1f} s "
+                f"(beside {beside} others; {time.perf_counter() - t0:.0f} s in)")
     return out
+
+
+def run_check(res, sl, cfg, interpret) -> None:
+    r = check(sl, cfg, steps=2 if interpret else 4)
+    res.add(dict(kind="check", slice=sl.name, format=sl.fmt, batch=cfg.batch, **r))
+    say(f"check {sl.name} {sl.fmt}: tokens equal {r['tokens_equal']}, logit error "
+        f"{r['logit_error']:.4f} of their spread (bound {LOGIT_TOL})")
+
+
+def run_trace(res, sl, cfg, keep: str | None, interpret) -> None:
+    """A trace of a few steps at cfg, parsed and recorded; the first one kept at `keep`."""
+    import shutil
+    import tempfile
+    d = Path(tempfile.mkdtemp(prefix="tpu_trace_"))
+    tr = trace_run(sl, cfg, 3 if interpret else 5, d)
+    res.add({"kind": "trace", "slice": sl.name, "format": sl.fmt, "batch": cfg.batch,
+             "config": config_dict(cfg), **tr})
+    say(f"  trace {sl.name} batch {cfg.batch}: " + (f"step {tr['step_s'] * 1e6:.1f} us, "
+        f"{len(tr['phases_s'])} phases" if "step_s" in tr else tr["error"]))
+    if keep and not any(r["kind"] == "trace" for r in res.res["runs"][:-1]):
+        for f in d.rglob("*.xplane.pb"):
+            shutil.copy(f, keep)
+            break
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def config_dict(cfg) -> dict:
@@ -361,7 +481,11 @@ def main(argv=None) -> int:
     ap.add_argument("--keep-trace", help="copy the first trace's .xplane.pb here")
     ap.add_argument("--depths", default="1,2,4,8,16", help="sweep: ring depths (at the tuned slots)")
     ap.add_argument("--slots", default="1,2,3,4", help="sweep: expert slots (at the tuned depth)")
-    ap.add_argument("--sweep-batches", default="1,8", help="sweep: batches")
+    ap.add_argument("--bank-rows", default="2048,4096,16384",
+                    help="sweep: ring bank rows (at the tuned depth and slots)")
+    ap.add_argument("--sweep-batches", default="1", help="sweep: batches")
+    ap.add_argument("--xla-batches", default="1,2,4,8,16,32,64",
+                    help="xla: batches of the XLA reference alone (those not run by speed)")
     ap.add_argument("--cache-dir", default="/tmp/perfmodel_jax_cache",
                     help="JAX's persistent compilation cache on a TPU (unless JAX already has one)")
     ap.add_argument("--budget-s", type=float, default=540,
@@ -399,96 +523,65 @@ def main(argv=None) -> int:
     slices = ["kimi-k3-mini"] if interpret else a.slices.split(",")
     batches = [2] if interpret else [int(b) for b in a.batches.split(",")]
     steps, repeats = (1, 1) if interpret else (a.steps, a.repeats)
+    if interpret:   # the dry run: one point of each sweep
+        a.depths, a.slots, a.bank_rows = "2", "1", "512"
     say(f"{res.res['machine']}: jax {jax.__version__}, libtpu {res.res['libtpu']}; stream "
         f"bandwidth {res.res['stream_bytes_per_s'] or 0:.3g} B/s (micro-benchmarks)")
 
     def over_budget():
         return time.perf_counter() - t_start > a.budget_s
 
-    if "check" in parts:
-        for name in ["kimi-k3-mini"] + ([] if interpret else slices):
-            for fmt in (["bf16", "mxfp4"] if name == "kimi-k3-mini" else FORMATS[name][:2]):
-                if over_budget():
-                    break
-                cfg = kernel_cfg_for(name, 4 if not interpret else 2, interpret)
-                sl = Slice(name, fmt, cfg, interpret)
-                r = check(sl, cfg, steps=2 if interpret else 4)
-                res.add(dict(kind="check", slice=name, format=fmt, batch=cfg.batch, **r))
-                say(f"check {name} {fmt}: tokens equal {r['tokens_equal']}, logit error "
-                    f"{r['logit_error']:.4f} of their spread (bound {LOGIT_TOL})")
-                del sl
-                gc.collect()
-    if "speed" in parts:
-        for name in slices:
-            fmts = ["mxfp4"] if interpret else (a.formats.split(",") if a.formats
-                                                else FORMATS[name])
-            for fmt in fmts:
-                if over_budget():
-                    break
-                cfg0 = kernel_cfg_for(name, batches[0], interpret)
-                sl = Slice(name, fmt, cfg0, interpret)
-                res.add({"kind": "packing", "slice": name, "format": fmt,
-                         "init_s": sl.init_s, "pack_s": sl.pack_s})
-                say(f"{name} {fmt}: weights drawn in {sl.init_s:.1f} s, packed in "
-                    f"{sl.pack_s:.1f} s")
-                # every batch for a slice's first format; batches 1 and 8 for the others
-                first_fmt = fmt == fmts[0]
-                for b in [b for b in batches if first_fmt or b in (batches[0], batches[-1])]:
-                    if over_budget():
-                        break
-                    cfg = kernel_cfg_for(name, b, interpret)
-                    for r in speed(sl, cfg, steps, repeats, with_xla=first_fmt):
-                        res.add(r)
-                        say(f"  {r['kind']:>10} batch {b}: {r['step_s'] * 1e6:9.1f} us/step "
-                            f"(one-step call {r['wall_step_s'] * 1e3:.2f} ms)"
-                            + (f", {r['plan_bytes_per_s'] / 1e9:.0f} GB/s of plan bytes, "
-                               f"experts {r['distinct_experts']}, {r['feed']}"
-                               if r["kind"] == "megakernel" else ""))
-                del sl
-                gc.collect()
-    if "sweep" in parts and not over_budget():
-        name = slices[0]
-        sl = Slice(name, FORMATS.get(name, ("mxfp4",))[0], kernel_cfg_for(name, 1, interpret),
-                   interpret)
-        tuned = kernel_cfg_for(name, 1, interpret)   # the tuned depth and slots
-        depths = [int(x) for x in a.depths.split(",")]
-        slot_counts = [int(x) for x in a.slots.split(",")]
-        grid = [(b, d, s) for b in ((2,) if interpret else [int(x) for x in a.sweep_batches.split(",")])
-                for d, s in ([(d, tuned.expert_slots) for d in depths]
-                             + [(tuned.depth, s) for s in slot_counts if s != tuned.expert_slots])]
-        for b, depth, slots in grid:
+    if "check" in parts and not a.formats and not interpret:   # MINI first: a quick signal
+        for fmt in ("bf16", "mxfp4"):
+            cfg = kernel_cfg_for("kimi-k3-mini", 2 if interpret else 4, interpret)
+            run_check(res, Slice("kimi-k3-mini", fmt, cfg, interpret), cfg, interpret)
+    for name in slices:
+        fmts = ["mxfp4"] if interpret else (a.formats.split(",") if a.formats
+                                            else list(FORMATS[name]))
+        for k, fmt in enumerate(fmts):
             if over_budget():
                 break
-            cfg = kernel_cfg_for(name, b, interpret, depth=depth, expert_slots=slots)
-            for r in speed(sl, cfg, steps, repeats, with_xla=False):
-                res.add(dict(r, kind="megakernel", sweep=True))
-                say(f"  sweep batch {b} depth {depth:2d} slots {slots}: "
-                    f"{r['step_s'] * 1e6:9.1f} us/step")
-        del sl
-        gc.collect()
-    if "trace" in parts and not over_budget():
-        import shutil
-        import tempfile
-        kept = False
-        for name in slices:
-            sl = Slice(name, FORMATS.get(name, ("mxfp4",))[0],
-                       kernel_cfg_for(name, 1, interpret), interpret)
-            for b in batches:
+            work = slice_work(a, parts, name, k, fmt, batches, interpret,
+                              sweep=name == slices[0] and k == 0)
+            if not any(work.values()):
+                continue
+            sl = Slice(name, fmt, kernel_cfg_for(name, 1, interpret), interpret)
+            res.add({"kind": "packing", "slice": name, "format": fmt,
+                     "init_s": sl.init_s, "pack_s": sl.pack_s})
+            say(f"{name} {fmt}: weights drawn in {sl.init_s:.1f} s, packed in {sl.pack_s:.1f} s")
+            compiled = warm_compile(sl, work, budget_left=lambda: (
+                a.budget_s - (time.perf_counter() - t_start)))
+            for cfg in work["check"]:
+                if not over_budget():
+                    run_check(res, sl, cfg, interpret)
+            for cfg in work["speed"]:
                 if over_budget():
                     break
-                cfg = kernel_cfg_for(name, b, interpret)
-                d = Path(tempfile.mkdtemp(prefix="tpu_trace_"))
-                tr = trace_run(sl, cfg, 3 if interpret else 5, d)
-                res.add({"kind": "trace", "slice": name, "format": sl.fmt, "batch": b,
-                         "config": config_dict(cfg), **tr})
-                say(f"  trace {name} batch {b}: " + (f"step {tr['step_s'] * 1e6:.1f} us, "
-                    f"{len(tr['phases_s'])} phases" if "step_s" in tr else tr["error"]))
-                if a.keep_trace and not kept:
-                    for f in d.rglob("*.xplane.pb"):
-                        shutil.copy(f, a.keep_trace)
-                        kept = True
-                        break
-                shutil.rmtree(d, ignore_errors=True)
+                for r in speed(sl, cfg, steps, repeats, with_xla=k == 0):
+                    r.update(compiled.get(("loop", cfg), {}))
+                    res.add(r)
+                    say(f"  {r['kind']:>10} batch {cfg.batch}: {r['step_s'] * 1e6:9.1f} us/step "
+                        f"(one-step call {r['wall_step_s'] * 1e3:.2f} ms)"
+                        + (f", {r['plan_bytes_per_s'] / 1e9:.0f} GB/s of plan bytes, experts "
+                           f"{r['distinct_experts']}, {r['feed']}" if r["kind"] == "megakernel"
+                           else ""))
+            for b in work["xla"]:
+                if over_budget():
+                    break
+                r = xla_speed(sl, kernel_cfg_for(name, b, interpret), steps, repeats)
+                res.add(r)
+                say(f"         xla batch {b}: {r['step_s'] * 1e6:9.1f} us/step")
+            for cfg in work["sweep"]:
+                if over_budget():
+                    break
+                r = speed(sl, cfg, steps, repeats, with_xla=False)[0]
+                r.update(compiled.get(("loop", cfg), {}))
+                res.add(dict(r, sweep=True))
+                say(f"  sweep batch {cfg.batch} depth {cfg.depth:2d} slots {cfg.expert_slots} "
+                    f"bank rows {cfg.bank_rows}: {r['step_s'] * 1e6:9.1f} us/step")
+            for cfg in work["trace"]:
+                if not over_budget():
+                    run_trace(res, sl, cfg, a.keep_trace, interpret)
             del sl
             gc.collect()
     say(summary_line(res.res))

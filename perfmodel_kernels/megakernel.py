@@ -1039,6 +1039,14 @@ def make_loop(spec: ModelSpec, cfg: KernelConfig, interpret=None):
     return loop
 
 
+def lower_step(step, packed, cache, tokens, positions, accepted=None):
+    """The jitted program behind `make_step`'s `step`, lowered for these inputs (`.compile()`
+    compiles it ahead, into JAX's persistent cache when one is set)."""
+    run, cfg = step.args
+    return run.func.lower(packed, cache, *step_inputs(cfg, tokens, positions, accepted),
+                          **run.keywords)
+
+
 def verify_step(run, cfg, packed, cache, tokens, positions, accepted=None):
     """The step of `make_step`: inputs to the kernel's token-row layout, run, outputs back."""
     nxt, logits, cache, ndist = run(packed, cache, *step_inputs(cfg, tokens, positions, accepted))

@@ -110,39 +110,50 @@ def check_spec(spec: ModelSpec) -> None:
 
 def init_weights(spec: ModelSpec, seed: int = 0, dtype=jnp.bfloat16) -> Weights:
     """Seeded random weights named and shaped as `spec.layer_matmuls` / `small_param_shapes`,
-    drawn by JAX on the accelerator when there is one (on a TPU VM each new shape compiles: a
-    Kimi K3 slice took about a minute cold; JAX's persistent compilation cache keeps those
-    compiles for a later run on the VM)."""
+    drawn on an accelerator by one jitted program per (spec, dtype): drawn op by op there,
+    every new shape compiled a program of its own (a Kimi K3 slice took about a minute on a TPU
+    v5e); on a CPU op by op (compiling the one program costs more than it saves)."""
     check_spec(spec)
-    base, count = jax.random.key(seed), iter(range(1 << 30))
-    keys = (jax.random.fold_in(base, n) for n in count)   # one key per tensor
+    static = StaticSpec(spec)
+    return Weights(_draw_program(static, jnp.dtype(dtype))(jax.random.key(seed)), static)
 
-    def draw(shape):
-        return jax.random.normal(next(keys), shape, jnp.float32)
 
-    def normal(shape, scale):
-        return (draw(shape) * scale).astype(dtype)
+@functools.lru_cache(maxsize=8)
+def _draw_program(static: StaticSpec, dtype):
+    """jit(key -> params) for `init_weights`: one key per tensor, folded in from the seed's."""
+    spec = static.spec
 
-    def small(name, shape):
-        if name in ("attn_norm", "ffn_norm", "o_norm", "q_norm", "kv_norm"):
-            return (1.0 + 0.1 * draw(shape)).astype(dtype)
-        if name == "A_log":
-            u = jax.random.uniform(next(keys), shape, jnp.float32, 1.0, 16.0)
-            return jnp.log(u).astype(dtype)
-        scale = {"conv": 0.5, "dt_bias": 0.5, "router_bias": 0.1}[name]
-        return normal(shape, scale)
+    def draw_all(base):
+        count = iter(range(1 << 30))
 
-    layers = []
-    for layer in spec.layers:
-        lw = {name: small(name, shape) for name, shape in small_param_shapes(spec, layer).items()}
-        for mm in spec.layer_matmuls(layer):
-            shape = (mm.d_in, mm.d_out) if mm.experts == 1 else (mm.experts, mm.d_in, mm.d_out)
-            lw[mm.name] = normal(shape, mm.d_in ** -0.5)
-        layers.append(lw)
-    params = {"embed": normal((spec.vocab, spec.hidden), 1.0), "layers": layers,
-              "final_norm": small("attn_norm", (spec.hidden,)),
-              "lm_head": normal((spec.hidden, spec.vocab), spec.hidden ** -0.5)}
-    return Weights(params, StaticSpec(spec))
+        def draw(shape):
+            return jax.random.normal(jax.random.fold_in(base, next(count)), shape, jnp.float32)
+
+        def normal(shape, scale):
+            return (draw(shape) * scale).astype(dtype)
+
+        def small(name, shape):
+            if name in ("attn_norm", "ffn_norm", "o_norm", "q_norm", "kv_norm"):
+                return (1.0 + 0.1 * draw(shape)).astype(dtype)
+            if name == "A_log":
+                u = jax.random.uniform(jax.random.fold_in(base, next(count)), shape,
+                                       jnp.float32, 1.0, 16.0)
+                return jnp.log(u).astype(dtype)
+            scale = {"conv": 0.5, "dt_bias": 0.5, "router_bias": 0.1}[name]
+            return normal(shape, scale)
+
+        layers = []
+        for layer in spec.layers:
+            lw = {name: small(name, shape)
+                  for name, shape in small_param_shapes(spec, layer).items()}
+            for mm in spec.layer_matmuls(layer):
+                shape = (mm.d_in, mm.d_out) if mm.experts == 1 else (mm.experts, mm.d_in, mm.d_out)
+                lw[mm.name] = normal(shape, mm.d_in ** -0.5)
+            layers.append(lw)
+        return {"embed": normal((spec.vocab, spec.hidden), 1.0), "layers": layers,
+                "final_norm": small("attn_norm", (spec.hidden,)),
+                "lm_head": normal((spec.hidden, spec.vocab), spec.hidden ** -0.5)}
+    return draw_all if jax.default_backend() == "cpu" else jax.jit(draw_all)
 
 
 def cache_shapes(spec: ModelSpec, batch: int, max_context: int) -> dict[str, tuple[tuple, object]]:
