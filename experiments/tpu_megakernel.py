@@ -172,12 +172,15 @@ def start_state(sl, cfg):
             jnp.full((cfg.batch,), pos, jnp.int32), pos)
 
 
-def check(sl, cfg, steps=4) -> dict:
-    """Greedy tokens of kernel and reference from the same start, `steps` steps."""
+def check(sl, cfg, steps=4, exe=None) -> dict:
+    """Greedy tokens of kernel and reference from the same start, `steps` steps (exe: the
+    kernel's step program compiled ahead, `warm_compile`)."""
+    import functools
     import jax.numpy as jnp
     import numpy as np
     from perfmodel_kernels import megakernel, reference
-    step = megakernel.make_step(sl.spec, cfg, sl.interpret)
+    step = functools.partial(megakernel.verify_step, exe, cfg) if exe else \
+        megakernel.make_step(sl.spec, cfg, sl.interpret)
     kc, tok, pos, _ = start_state(sl, cfg)
     rc = {k: v.copy() for k, v in kc.items()}
     rt, worst, same = tok, 0.0, True
@@ -222,11 +225,13 @@ def slope(fn, weights, cache, tok, pos, steps: int, repeats: int):
     return (tn - t1) / steps, t1, first, out
 
 
-def speed(sl, cfg, steps, repeats, with_xla=True) -> list[dict]:
-    """The kernel's (and the XLA reference's) time per step on this slice and config."""
-    from perfmodel_kernels import megakernel, plan, reference
+def speed(sl, cfg, steps, repeats, with_xla=True, exes=None) -> list[dict]:
+    """The kernel's (and the XLA reference's) time per step on this slice and config (exes:
+    programs compiled ahead, `warm_compile`)."""
+    from perfmodel_kernels import megakernel, plan
+    exes = exes or {}
     cache, tok, pos, p0 = start_state(sl, cfg)
-    loop = megakernel.make_loop(sl.spec, cfg, sl.interpret)
+    loop = exes.get(("loop", cfg)) or megakernel.make_loop(sl.spec, cfg, sl.interpret)
     step_s, wall, first, res = slope(loop, sl.packed, cache, tok, pos, steps, repeats)
     ndist = [int(d) for d in res[2]]
     mid = p0 + steps // 2     # the loop's positions run p0 .. p0 + steps
@@ -238,15 +243,16 @@ def speed(sl, cfg, steps, repeats, with_xla=True) -> list[dict]:
             "first_call_s": first, "plan_bytes": nbytes,
             "plan_bytes_per_s": nbytes / step_s if step_s > 0 else None,
             "feed": feed_of(sl.spec, cfg)}]
-    return out + ([xla_speed(sl, cfg, steps, repeats)] if with_xla else [])
+    return out + ([xla_speed(sl, cfg, steps, repeats, exes.get(("xla", cfg.batch)))]
+                  if with_xla else [])
 
 
-def xla_speed(sl, cfg, steps, repeats) -> dict:
+def xla_speed(sl, cfg, steps, repeats, exe=None) -> dict:
     """The XLA reference's time per step (one XLA program a step) on the slice's weights."""
     from perfmodel_kernels import reference
     cache, tok, pos, p0 = start_state(sl, cfg)
-    step_s, wall, first, _ = slope(reference.make_loop(), sl.weights, cache, tok, pos, steps,
-                                   repeats)
+    step_s, wall, first, _ = slope(exe or reference.make_loop(), sl.weights, cache, tok, pos,
+                                   steps, repeats)
     return {"kind": "xla", "slice": sl.name, "format": sl.fmt, "batch": cfg.batch,
             "positions": [p0 + steps // 2] * cfg.batch, "step_s": step_s, "wall_step_s": wall,
             "first_call_s": first}
@@ -260,9 +266,9 @@ def slice_work(a, parts, name, k, fmt, batches, interpret, sweep) -> dict:
             else [],
             "speed": [cfg(b) for b in batches if first or b in (batches[0], batches[-1])]
             if "speed" in parts else [],
-            "xla": [b for b in ([2] if interpret else map(int, a.xla_batches.split(",")))
+            "xla": [b for b in ([4] if interpret else map(int, a.xla_batches.split(",")))
                     if b not in batches] if "xla" in parts and k == 0 else [],
-            "sweep": [], "trace": []}
+            "sweep": [], "trace": [], "with_xla": k == 0}
     if "sweep" in parts and sweep:
         t = cfg(1)   # the tuned depth, slots and bank rows
         for b in ((2,) if interpret else [int(x) for x in a.sweep_batches.split(",")]):
@@ -276,35 +282,42 @@ def slice_work(a, parts, name, k, fmt, batches, interpret, sweep) -> dict:
     return work
 
 
-def warm_compile(sl, work, budget_left) -> dict:
-    """Compile every program `work` needs ahead, into JAX's persistent cache, where the parts'
-    own calls find them: traced and lowered one at a time here (tracing holds Python's lock),
-    compiled in threads (Mosaic and XLA release it; each compile is single-threaded, a VM has
-    cores to spare). No job starts with less than 120 s of the budget left.
-    {("loop" | "step", cfg): {"lower_s", "compile_s", "compiled_beside"}}."""
+def warm_compile(sl, work, budget_left) -> tuple[dict, dict]:
+    """Compile every program `work` needs ahead: traced and lowered one at a time here
+    (tracing holds Python's lock; on the lent v5e's host a Kimi K3 slice's kernel takes ~20 s
+    to lower), compiled in threads (Mosaic and XLA release the lock and compile on one core
+    each, a VM has cores to spare). No job starts with less than 120 s of the budget left.
+    (timings {key: {"lower_s", "compile_s", "compiled_beside"}}, executables {key: compiled}),
+    key ("loop" | "step", cfg) or ("xla", batch)."""
     import concurrent.futures as cf
     import os
     import jax.numpy as jnp
     from perfmodel_kernels import megakernel, reference
-    jobs = {}
-    for cfg in dict.fromkeys(work["speed"] + work["sweep"] + work["trace"]):
-        jobs[("loop", cfg)] = lambda cfg=cfg: megakernel.make_loop(sl.spec, cfg, sl.interpret).lower(
+    def loop(cfg):
+        return lambda: megakernel.make_loop(sl.spec, cfg, sl.interpret).lower(
             sl.packed, *start_state(sl, cfg)[:3], jnp.int32(1))
-    for cfg in work["check"]:
-        jobs[("step", cfg)] = lambda cfg=cfg: megakernel.lower_step(
-            megakernel.make_step(sl.spec, cfg, sl.interpret), sl.packed, *start_state(sl, cfg)[:3])
-    xla = work["xla"] + ([c.batch for c in work["speed"]] if work["speed"] else [])
-    for b in dict.fromkeys(xla):
-        cfg = kernel_cfg_for(sl.name, b, False)
-        jobs[("xla", b)] = lambda cfg=cfg: reference.make_loop().lower(
-            sl.weights, *start_state(sl, cfg)[:3], jnp.int32(1))
+
+    def xla(b):
+        cfg = kernel_cfg_for(sl.name, b, sl.interpret is not None)
+        return lambda: reference.make_loop().lower(sl.weights, *start_state(sl, cfg)[:3],
+                                                   jnp.int32(1))
+
+    def step(cfg):
+        return lambda: megakernel.lower_step(megakernel.make_step(sl.spec, cfg, sl.interpret),
+                                             sl.packed, *start_state(sl, cfg)[:3])
+    # in the order the parts need them, should the budget cut the list short
+    jobs = {("loop", c): loop(c) for c in work["speed"]}
+    jobs.update({("xla", c.batch): xla(c.batch) for c in work["speed"] if work["with_xla"]})
+    jobs.update({("step", c): step(c) for c in work["check"]})
+    jobs.update({("loop", c): loop(c) for c in work["sweep"] + work["trace"]})
+    jobs.update({("xla", b): xla(b) for b in work["xla"]})
     workers = max(1, min(len(jobs), (os.cpu_count() or 2) - 1))
     say(f"  compiling {len(jobs)} programs ahead, {workers} at a time")
-    out, running, t0 = {}, {}, time.perf_counter()
+    out, exes, running, t0 = {}, {}, {}, time.perf_counter()
 
     def compile_one(key, lowered, beside):
         t = time.perf_counter()
-        lowered.compile()
+        exes[key] = lowered.compile()
         return key, time.perf_counter() - t, beside
 
     with cf.ThreadPoolExecutor(workers) as pool:
@@ -325,22 +338,22 @@ def warm_compile(sl, work, budget_left) -> dict:
                              f"{key[1].expert_slots} bank rows {key[1].bank_rows}")
             say(f"    {name}: lowered in {out[key]['lower_s']:.1f} s, compiled in {dt:.1f} s "
                 f"(beside {beside} others; {time.perf_counter() - t0:.0f} s in)")
-    return out
+    return out, exes
 
 
-def run_check(res, sl, cfg, interpret) -> None:
-    r = check(sl, cfg, steps=2 if interpret else 4)
+def run_check(res, sl, cfg, interpret, exe=None) -> None:
+    r = check(sl, cfg, steps=2 if interpret else 4, exe=exe)
     res.add(dict(kind="check", slice=sl.name, format=sl.fmt, batch=cfg.batch, **r))
     say(f"check {sl.name} {sl.fmt}: tokens equal {r['tokens_equal']}, logit error "
         f"{r['logit_error']:.4f} of their spread (bound {LOGIT_TOL})")
 
 
-def run_trace(res, sl, cfg, keep: str | None, interpret) -> None:
+def run_trace(res, sl, cfg, keep: str | None, interpret, loop=None) -> None:
     """A trace of a few steps at cfg, parsed and recorded; the first one kept at `keep`."""
     import shutil
     import tempfile
     d = Path(tempfile.mkdtemp(prefix="tpu_trace_"))
-    tr = trace_run(sl, cfg, 3 if interpret else 5, d)
+    tr = trace_run(sl, cfg, 3 if interpret else 5, d, loop)
     res.add({"kind": "trace", "slice": sl.name, "format": sl.fmt, "batch": cfg.batch,
              "config": config_dict(cfg), **tr})
     say(f"  trace {sl.name} batch {cfg.batch}: " + (f"step {tr['step_s'] * 1e6:.1f} us, "
@@ -368,14 +381,15 @@ def feed_of(spec, cfg) -> str | None:
     return f"{f.name} fed to the MXU as {quant.feed(f)}{why}"
 
 
-def trace_run(sl, cfg, steps, out_dir: Path) -> dict:
-    """Per-layer and per-phase times of `steps` traced one-step calls."""
+def trace_run(sl, cfg, steps, out_dir: Path, loop=None) -> dict:
+    """Per-layer and per-phase times of `steps` traced one-step calls (loop: the program
+    compiled ahead)."""
     import jax
     import jax.numpy as jnp
     from perfmodel_kernels import megakernel
     from perfmodel.util.errors import SpecError
     from perfmodel.validate.traces import STEP_NAME
-    loop = megakernel.make_loop(sl.spec, cfg, sl.interpret)
+    loop = loop or megakernel.make_loop(sl.spec, cfg, sl.interpret)
     cache, tok, pos, _ = start_state(sl, cfg)
     one = jnp.int32(1)
     tok, cache, _ = jax.block_until_ready(loop(sl.packed, cache, tok, pos, one))
@@ -543,22 +557,23 @@ def main(argv=None) -> int:
                 break
             work = slice_work(a, parts, name, k, fmt, batches, interpret,
                               sweep=name == slices[0] and k == 0)
-            if not any(work.values()):
+            if not any(v for key, v in work.items() if key != "with_xla"):
                 continue
             sl = Slice(name, fmt, kernel_cfg_for(name, 1, interpret), interpret)
             res.add({"kind": "packing", "slice": name, "format": fmt,
                      "init_s": sl.init_s, "pack_s": sl.pack_s})
             say(f"{name} {fmt}: weights drawn in {sl.init_s:.1f} s, packed in {sl.pack_s:.1f} s")
-            compiled = warm_compile(sl, work, budget_left=lambda: (
+            compiled, exes = warm_compile(sl, work, budget_left=lambda: (
                 a.budget_s - (time.perf_counter() - t_start)))
             for cfg in work["check"]:
                 if not over_budget():
-                    run_check(res, sl, cfg, interpret)
+                    run_check(res, sl, cfg, interpret, exes.get(("step", cfg)))
             for cfg in work["speed"]:
                 if over_budget():
                     break
-                for r in speed(sl, cfg, steps, repeats, with_xla=k == 0):
-                    r.update(compiled.get(("loop", cfg), {}))
+                for r in speed(sl, cfg, steps, repeats, work["with_xla"], exes):
+                    r.update(compiled.get(("loop", cfg) if r["kind"] == "megakernel"
+                                          else ("xla", cfg.batch), {}))
                     res.add(r)
                     say(f"  {r['kind']:>10} batch {cfg.batch}: {r['step_s'] * 1e6:9.1f} us/step "
                         f"(one-step call {r['wall_step_s'] * 1e3:.2f} ms)"
@@ -568,20 +583,22 @@ def main(argv=None) -> int:
             for b in work["xla"]:
                 if over_budget():
                     break
-                r = xla_speed(sl, kernel_cfg_for(name, b, interpret), steps, repeats)
+                r = xla_speed(sl, kernel_cfg_for(name, b, interpret), steps, repeats,
+                              exes.get(("xla", b)))
+                r.update(compiled.get(("xla", b), {}))
                 res.add(r)
                 say(f"         xla batch {b}: {r['step_s'] * 1e6:9.1f} us/step")
             for cfg in work["sweep"]:
                 if over_budget():
                     break
-                r = speed(sl, cfg, steps, repeats, with_xla=False)[0]
+                r = speed(sl, cfg, steps, repeats, with_xla=False, exes=exes)[0]
                 r.update(compiled.get(("loop", cfg), {}))
                 res.add(dict(r, sweep=True))
                 say(f"  sweep batch {cfg.batch} depth {cfg.depth:2d} slots {cfg.expert_slots} "
                     f"bank rows {cfg.bank_rows}: {r['step_s'] * 1e6:9.1f} us/step")
             for cfg in work["trace"]:
                 if not over_budget():
-                    run_trace(res, sl, cfg, a.keep_trace, interpret)
+                    run_trace(res, sl, cfg, a.keep_trace, interpret, exes.get(("loop", cfg)))
             del sl
             gc.collect()
     say(summary_line(res.res))
