@@ -58,8 +58,12 @@ CONTEXT, POSITION = 2048, 1024    # MLA cache capacity; cached tokens per sequen
 LOGIT_TOL = 0.05
 
 
+T0 = time.perf_counter()
+
+
 def say(*a):
-    print(*a, flush=True)
+    """Print with the seconds since the script started."""
+    print(f"[{time.perf_counter() - T0:5.0f} s]", *a, flush=True)
 
 
 class Recorder:
@@ -89,15 +93,17 @@ def header(jax, chip_name: str) -> dict:
 
 
 def source_commit() -> str | None:
-    """The commit the code ran from: git's, or $PERFMODEL_COMMIT where the tree came without
-    its history (a copy on a TPU VM)."""
+    """The commit the code ran from: $PERFMODEL_COMMIT where the tree was copied (a TPU VM's
+    copy may hold a stale .git), else git's."""
     import os
     import subprocess
+    if os.environ.get("PERFMODEL_COMMIT"):
+        return os.environ["PERFMODEL_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
                               capture_output=True, text=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("PERFMODEL_COMMIT")
+        return None
 
 
 def stream_bandwidth(chip: str) -> float | None:
