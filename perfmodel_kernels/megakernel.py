@@ -137,13 +137,13 @@ class Context:
     me: Ref                    # SMEM [1] device index
     count_in: Ref | None       # SMEM [5] exchanges so far, per group kind (mesh only)
     count: Ref | None          # SMEM [5] output, aliased to count_in (mesh only)
-    emb_hbm: Ref               # [V, 1, H/tp]
+    emb_hbm: Ref               # [embed_rows, H/tp] bf16 (`layout.embed_rows`)
     vec_hbm: Ref               # [n_layers + 1, vrows, 128] small vectors
     next_tokens: Ref           # VMEM [Bp, 128] int32 output
     logits: Ref                # VMEM [Bp, V/tp] f32 output
     vbuf: Ref                  # VMEM [2, vrows, 128] bf16: two layers' small vectors
     vsem: Ref                  # DMA [2]
-    xrows: Ref                 # VMEM [Bp, 1, H/tp] bf16 embedding rows
+    xrows: Ref                 # VMEM [Bp, ROW_TILE, H/tp] bf16: the tile holding each token's row
     misc_sem: Ref              # DMA [4]: embedding rows (0), latent cache windows (2), expert mask (3)
     xs: Ref                    # VMEM [rmax, Bp, T] f32 matmul input tiles
     ys: Ref                    # VMEM [cmax, Bp, T] f32 matmul output column blocks
@@ -287,7 +287,7 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
     (glob_ref,) = take(1) if glob else (None,)      # SMEM [n_moe * E/groups * 2] f32
     (count_in,) = take(1) if tp > 1 else (None,)    # SMEM [5] exchanges so far, per group kind
     emb_hbm, static_hbm, exp_hbm, vec_hbm = take(4)
-    # [V, 1, H/tp], [stream rows, T], [n_moe, E/groups, rows, T], [n_layers + 1, vrows, 128]
+    # [embed_rows, H/tp], [stream rows, T], [n_moe, E/groups, rows, T], [n_layers + 1, vrows, 128]
     (exp_scale_hbm,) = take(1) if separate else (None,)   # [n_moe, E/groups, scale rows, T]
     take(2 * bool(n_kda) + bool(n_mla))  # cache inputs: aliased to the cache outputs below
     # outputs
@@ -299,7 +299,8 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
     # scratch
     ring_buf, ring_sem, slot_buf, slot_sem, vbuf, vsem, xrows, misc_sem, xs, ys = take(10)
     # [depth, bank_rows, T] bf16, DMA [depth], [slots, rows, T] codes, DMA [slots],
-    # [2, vrows, 128] bf16, DMA [2], [Bp, 1, H/tp] bf16, DMA [4], [rmax, Bp, T] f32, [cmax, Bp, T]
+    # [2, vrows, 128] bf16, DMA [2], [Bp, ROW_TILE, H/tp] bf16, DMA [4], [rmax, Bp, T] f32,
+    # [cmax, Bp, T] f32
     (scale_buf,) = take(1) if separate else (None,)  # [slots, scale rows, T]
     kda = KdaRefs(kda_state, kda_conv, *take(4)) if n_kda else None  # state, window, DMA, flag
     mla = MlaRefs(mla_cache, *take(3)) if n_mla else None  # blocks, windows, DMA [3]
@@ -355,16 +356,21 @@ def _branches(ctx: Context, family: str, phases: dict) -> dict:
 
 def embed(ctx: Context, barrier: bool):
     """The token rows' embeddings, then the ring and layer 0's vectors, started; the rows
-    (gathered over the mesh, after the entry barrier) -> x [Bp, H] f32, padding rows zero. The
-    rows go first: the DMA engine serves copies in issue order, and behind the ring's first
-    banks they waited for all of them (on a v5e 23 us of a 1.1 ms step, in the trace)."""
-    dma, tp = ctx.dma, ctx.tp
+    (gathered over the mesh, after the entry barrier) -> x [Bp, H] f32, padding rows zero. A
+    token's row is copied in the whole bf16 tile holding it (`ROW_TILE` rows: the row offset
+    is tile-aligned) and picked from it (`pick_rows`). The rows go first: the DMA engine
+    serves copies in issue order, and behind the ring's first banks they waited for all of
+    them (on a v5e 23 us of a 1.1 ms step, in the trace)."""
+    dma, tp, h = ctx.dma, ctx.tp, ctx.spec.hidden // ctx.tp
     with jax.named_scope("embed"):
-        emb = [Copies("embedding row", (ctx.emb_hbm.at[ctx.tok[b]], ctx.xrows.at[b],
+        first = [pl.multiple_of(ctx.tok[b] // ROW_TILE * ROW_TILE, ROW_TILE)
+                 for b in range(ctx.cfg.token_rows)]
+        emb = [Copies("embedding row", (ctx.emb_hbm.at[pl.ds(r, ROW_TILE)], ctx.xrows.at[b],
                                         ctx.misc_sem.at[0]))
-               for b in range(ctx.cfg.token_rows)]
+               for b, r in enumerate(first)]
         for cp in emb:
-            dma.note("copy", 0, "embedding", "embedding row", ctx.spec.hidden // tp * 2)
+            dma.note("copy", 0, "embedding", "embedding row", ROW_TILE * h * 2,
+                     padding=(ROW_TILE - 1) * h * 2)
             cp.start()
         ctx.ring.start()
         if ctx.kda is not None:
@@ -377,8 +383,21 @@ def embed(ctx: Context, barrier: bool):
         ctx.comm.barrier(skip=not barrier)   # before the first remote write of the call
         for cp in emb:
             cp.wait()
-        return ctx.comm.all_gather(jnp.where(ctx.real, ctx.xrows[:, 0, :].astype(F32), 0.0),
+        return ctx.comm.all_gather(pick_rows(ctx.tok, ctx.xrows, ctx.cfg.token_rows),
                                    "embedding", dtype=BF16)
+
+
+def pick_rows(tok, tiles, n: int):
+    """Row tok[b] % ROW_TILE of tiles[b] (VMEM [Bp, ROW_TILE, H] bf16) for b < n, bit-exact
+    (selects only), as [Bp, H] f32; rows n.. zero."""
+    rows = lax.broadcasted_iota(jnp.int32, (tiles.shape[0], 1), 0)
+    which = jnp.full(rows.shape, -1, jnp.int32)
+    for b in range(n):
+        which = jnp.where(rows == b, tok[b] % ROW_TILE, which)
+    x = jnp.zeros((tiles.shape[0], tiles.shape[-1]), F32)
+    for k in range(ROW_TILE):
+        x = jnp.where(which == k, tiles[:, k, :].astype(F32), x)
+    return x
 
 
 # ----- attention kinds -----
@@ -852,7 +871,7 @@ def _shapes(spec: ModelSpec, cfg: KernelConfig):
                pltpu.SemaphoreType.DMA((cfg.expert_slots,)),
                pltpu.VMEM((2, layout.vector_rows(spec), layout.LANES), BF16),
                pltpu.SemaphoreType.DMA((2,)),
-               pltpu.VMEM((bp, 1, spec.hidden // tp), BF16), pltpu.SemaphoreType.DMA((4,)),
+               pltpu.VMEM((bp, ROW_TILE, spec.hidden // tp), BF16), pltpu.SemaphoreType.DMA((4,)),
                pltpu.VMEM((rmax, bp, t), F32), pltpu.VMEM((cmax, bp, t), F32)]
     if rows_s:
         scratch.append(pltpu.VMEM((cfg.expert_slots, rows_s, t), lay.fmt.scale_dtype))
@@ -937,7 +956,7 @@ def call_args(spec: ModelSpec, cfg: KernelConfig) -> list[jax.ShapeDtypeStruct]:
         args.append(sds((n_moe * e * 2,), F32))
     if tp > 1:
         args.append(sds((len(comm_mod.KINDS),), jnp.int32))
-    args += [sds((spec.vocab, 1, spec.hidden // tp), BF16),
+    args += [sds((layout.embed_rows(spec), spec.hidden // tp), BF16),
              sds((layout.static_stream(spec, cfg).rows, t), BF16),
              sds((n_moe, e, lay.rows[0], t), lay.fmt.code_dtype) if n_moe else
              sds((1, 1, t, t), BF16),

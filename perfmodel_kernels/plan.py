@@ -6,9 +6,10 @@ of its kinds, and expands the ring (each bank released issues the bank `depth` a
 data-dependent sites: the copies of each distinct expert a MoE layer picked, per sequence
 ceil(pos / cache_block) MLA cache blocks and one new cache row per accepted verify row, and
 per collective exchange one remote copy to each other member of the group. Copies are listed
-in issue order, one per DMA descriptor; `bytes` is what the DMA moves (zeros included,
-counted in `padding`); write-backs (KDA state, new MLA cache rows) and remote copies are listed
-too, since they use the same DMA engine. The plan is that of one device (`device`) of the mesh.
+in issue order, one per DMA descriptor; `bytes` is what the DMA moves, counting in `padding`
+its zeros and, for an embedding row, the other rows of the bf16 tile it is copied in;
+write-backs (KDA state, new MLA cache rows) and remote copies are listed too, since they use
+the same DMA engine. The plan is that of one device (`device`) of the mesh.
 """
 from __future__ import annotations
 
@@ -162,7 +163,8 @@ def _expand(spec, cfg, distinct_experts, positions, accepted, device, events=Fal
             elif site in ("part",):
                 continue
             else:
-                yield copy(here, r["family"], r["name"], r["bytes"], r["routed"])
+                yield copy(here, r["family"], r["name"], r["bytes"], r["routed"],
+                           padding=r.get("padding", 0))
 
     records = _records(reference.StaticSpec(spec), cfg)
     scoped = {k: [r for r in records if r["scope"] == k] for k in ("pre", "loop", "post")}
@@ -179,10 +181,10 @@ def weight_copies(plan: list[Copy]) -> list[Copy]:
 
 def overhead_bytes(plan: list[Copy]) -> dict[str, int]:
     """What the plan moves beyond the bytes an analytic model counts (`perfmodel.graph.ops`):
-    "padding", the weight copies' zero bytes; "vectors", the small per-layer vectors (norms,
-    conv taps, decay constants, router bias, final norm) in 16 x 128 row blocks, which the model
-    does not count; "cache_window", the MLA cache rows read and written back around the new
-    rows (a row is not a whole tile)."""
+    "padding", the weight copies' zero bytes and the other rows of the embedding rows' tiles;
+    "vectors", the small per-layer vectors (norms, conv taps, decay constants, router bias,
+    final norm) in 16 x 128 row blocks, which the model does not count; "cache_window", the MLA
+    cache rows read and written back around the new rows (a row is not a whole tile)."""
     w = weight_copies(plan)
     return {"padding": sum(c.padding for c in w),
             "vectors": sum(c.bytes for c in w if c.name == "vectors"),

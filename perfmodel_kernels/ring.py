@@ -173,12 +173,14 @@ class PartReader:
         assert idx[0] == self.done, "groups must be consumed in stream order"
         for n in idx:
             it = self.p.items[n]
-            segs = []
-            for j in self._banks(it):
+            segs, banks = [], list(self._banks(it))
+            for j in banks:
                 self._acquire(j)
                 a = max(it.row, j * self.b)
                 z = min(it.row + it.rows, (j + 1) * self.b)
                 segs.append(self._rows(j, a, z - a))
+                if j != banks[-1]:   # read: free its slot, or a one-bank ring waits forever
+                    self._release(j)
             self._release_through(n)
             w = jnp.concatenate(segs, axis=0) if len(segs) > 1 else segs[0]
             (cols if it.kind == "block" else chunks).append(w)

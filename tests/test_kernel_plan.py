@@ -39,7 +39,8 @@ def test_plan_structure(spec):
 
 def test_plan_bytes_from_first_principles(spec):
     """Ring banks carry every static weight once plus their zeros; the routed copies are whole
-    experts in their layout; cache, state and embedding copies are what the kernel moves."""
+    experts in their layout; cache, state and embedding copies are what the kernel moves (a
+    token's embedding row: the bf16 tile holding it, its other rows padding)."""
     cfg, distinct, pos = cfg_(), [12, 11, 10], [3, 5, 0, 17]
     p = plan.dma_plan(spec, cfg, distinct, pos)
     fam = {f: sum(c.bytes for c in p if c.family == f) for f in {c.family for c in p}}
@@ -65,7 +66,9 @@ def test_plan_bytes_from_first_principles(spec):
     assert fam["kv_cache"] == blocks * cfg.cache_block * d * 2 + b * 2 * window
     per_seq = a.heads * a.head_dim ** 2 * 4 + (a.conv_width - 1) * 3 * a.heads * a.head_dim * 2
     assert fam["state"] == spec.count(attention="kda") * 2 * b * per_seq
-    assert fam["embedding"] == b * spec.hidden * 2
+    emb = [c for c in p if c.family == "embedding"]
+    assert fam["embedding"] == b * stream.ROW_TILE * spec.hidden * 2
+    assert sum(c.bytes - c.padding for c in emb) == b * spec.hidden * 2
 
 
 def plan_and_model(spec, device_spec, cfg, ctx, devices, ep=None):
@@ -290,7 +293,8 @@ def test_verify_rows_plan(spec):
     assert window == 32
     assert sum(c.bytes for c in p if c.family == "kv_cache") == \
         sum(c.bytes for c in blocks(p)) + spec.count(attention="mla") * keeping * 2 * window * d * 2
-    assert sum(c.bytes for c in p if c.family == "embedding") == 4 * 4 * spec.hidden * 2
+    assert sum(c.bytes for c in p if c.family == "embedding") == \
+        4 * 4 * stream.ROW_TILE * spec.hidden * 2
     assert sum(c.routed for c in p) == spec.count(ffn="moe") * min(spec.moe.experts,
                                                                    16 * spec.moe.top_k)
     events = plan.dma_events(spec, cfg, positions=pos, accepted=acc)

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import export
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
 from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interp_state
@@ -195,6 +196,30 @@ def test_vmem_budget_keeps_the_compiler_margin(spec):
         assert e.value.field == field and "0" in str(e.value)
     with pytest.raises(SpecError, match="bank_rows"):
         layout.KernelConfig(batch=1, bank_rows=200)
+
+
+def test_embedding_rows_are_picked_exactly(spec, weights):
+    """The table is 2-D, its vocabulary padded with zero rows to whole bf16 tiles; a token's row
+    picked from the tile it is copied in is its bf16 row bit for bit (signed zeros, every
+    finite pattern), the padding rows zero."""
+    assert layout.embed_rows(derive("kimi-k3-mini", vocab=1001)) == 1008
+    packed = layout.pack_weights(weights, layout.KernelConfig(batch=1, cache_block=16))
+    rows = layout.embed_rows(spec)
+    assert packed.embed.shape == (rows, spec.hidden) and rows % chip.tile_rows(jnp.bfloat16) == 0
+    bp, n, h, tile = 8, 6, 256, chip.tile_rows(jnp.bfloat16)
+    bits = np.random.default_rng(0).integers(0, 1 << 16, (bp, tile, h), dtype=np.uint16)
+    bits[(bits & 0x7F80) == 0x7F80] = 0x8000   # no inf / NaN; -0.0 instead
+    tok = np.array([0, 15, 16, 37, rows - 1, 9, 0, 0], np.int32)
+
+    def kernel(tok_ref, tiles_ref, out_ref):
+        out_ref[...] = megakernel.pick_rows(tok_ref, tiles_ref, n)
+    got = pl.pallas_call(kernel, jax.ShapeDtypeStruct((bp, h), jnp.float32),
+                         in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM),
+                                   pl.BlockSpec(memory_space=pltpu.VMEM)],
+                         interpret=pltpu.InterpretParams())(tok, bits.view(jnp.bfloat16))
+    want = np.zeros((bp, h), np.float32)
+    want[:n] = bits.view(jnp.bfloat16)[np.arange(n), tok[:n] % tile].astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))
 
 
 def test_padded_bytes_follow_tpu_tiling():

@@ -3,9 +3,13 @@ a chip (`perfmodel_kernels.aot`): what interpret mode cannot show, tile-aligned 
 dtypes the chip's MXU and vector unit take. Marked `aot`: it needs the libtpu package (the
 oldest-JAX CI job installs it); without it the tests skip, and under CI=true in that job a skip
 fails the run."""
-import pytest
+import re
 
-from perfmodel_kernels import aot, layout, quant
+import jax
+import pytest
+from jax.sharding import SingleDeviceSharding
+
+from perfmodel_kernels import aot, layout, megakernel, quant
 from perfmodel_kernels.specs import slice_spec
 
 pytestmark = [pytest.mark.aot,
@@ -43,3 +47,22 @@ def test_a_misaligned_copy_is_refused_as_mosaic_would():
             aot.compile_kernel(spec, cfg)
     finally:
         ring.ROW_TILE = saved
+
+
+def test_embedding_table_reaches_the_kernel_without_a_relayout():
+    """The table is a 2-D bf16 operand that XLA passes to the kernel as it lies in HBM: as
+    [V, 1, H] its default layout differed from the one Mosaic asks for, and XLA copied the
+    whole table before every call (349.5 us a call on a v5e for Kimi K3's TP32 slice)."""
+    spec = slice_spec("kimi-k3-mini")
+    cfg = layout.KernelConfig(batch=2, max_context=256, cache_block=128, chip="v5e")
+    sharding = SingleDeviceSharding(aot.device(cfg.chip))
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+            for a in megakernel.call_args(spec, cfg)]
+    k = next(i for i, a in enumerate(args) if a.shape == (layout.embed_rows(spec), spec.hidden))
+    with aot._target_chip(cfg.target.info):
+        hlo = jax.jit(megakernel.build_call(spec, cfg)).trace(*args).lower(
+            lowering_platforms=("tpu",)).compile().as_text()
+    name = re.search(rf"%(\S+) = bf16\[{args[k].shape[0]},{spec.hidden}\]\S* parameter\({k}\)",
+                     hlo).group(1)
+    operands = hlo.split("custom-call(")[1].split(")")[0].split(", ")
+    assert f"copy(%{name})" not in hlo and f"%{name}" in operands
