@@ -1,13 +1,16 @@
 """The megakernel on the attached TPU in one command: right, fast, traced, beside XLA.
 
-    python experiments/tpu_megakernel.py                 # on a TPU VM (one chip: ~8 min)
+    python experiments/tpu_megakernel.py                 # on a TPU VM: every part (see below)
     python experiments/tpu_megakernel.py --only check,speed --slices k3-tp32-core
     python experiments/tpu_megakernel.py --report        # the committed results, no TPU needed
     python experiments/tpu_megakernel.py --dry-run       # CPU: the pipeline in interpret mode
 
 Per slice and expert format the weights are drawn and packed once, and every program the
-parts need is compiled ahead in parallel threads into JAX's persistent cache (`warm_compile`:
-lower and compile time of each recorded with its run). Parts (`--only`):
+parts need is compiled ahead in parallel threads (`warm_compile`: lower and compile time of
+each recorded with its run). On the lent v5e a K3 slice's kernel takes 20-26 s to lower, one
+at a time, so a 10-minute call holds about 15 programs: the default set (about 40) stops at
+`--budget-s` and needs three calls split by `--only` / `--slices` / `--formats`. Parts
+(`--only`):
 - check: greedy tokens of the megakernel and of the pure-JAX reference (`reference.decode_step`,
   one XLA program) on the same chip and weights, for MINI and the Kimi K3 slices in their first
   two expert formats (or `--formats`; the reference uses the dequantised experts); tokens must be
