@@ -679,19 +679,20 @@ def bundled_copy(tmp_path, monkeypatch):
     inv, kdir = tmp_path / "serving_engines", tmp_path / "kernels"
     monkeypatch.setattr(engines, "ENGINE_DIR", inv)
     monkeypatch.setattr(gk, "KERNEL_DIR", kdir)
-    caches = (engines.inventory, gk.tables, gk.fits, gk.gpus_with_tables)
+    caches = (engines.inventory.cache_clear, gk.tables.cache_clear, gk.forget_fits,
+              gk.gpus_with_tables.cache_clear)
 
     def fresh():
         shutil.rmtree(inv, ignore_errors=True)
         shutil.rmtree(kdir, ignore_errors=True)
         shutil.copytree(src_inv, inv)
         shutil.copytree(src_h100, kdir / "h100")
-        for c in caches:
-            c.cache_clear()
+        for clear in caches:
+            clear()
         return inv, kdir / "h100"
     yield fresh
-    for c in caches:
-        c.cache_clear()
+    for clear in caches:
+        clear()
 
 
 def corrupt_npz(path: Path, draw) -> None:

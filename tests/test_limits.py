@@ -190,12 +190,13 @@ def bundled(tmp_path, monkeypatch):
     shutil.copytree(gk.KERNEL_DIR / "h100", kdir / "h100")
     monkeypatch.setattr(engines, "ENGINE_DIR", inv)
     monkeypatch.setattr(gk, "KERNEL_DIR", kdir)
-    caches = (engines.inventory, gk.tables, gk.fits, gk.gpus_with_tables)
-    for c in caches:
-        c.cache_clear()
+    caches = (engines.inventory.cache_clear, gk.tables.cache_clear, gk.forget_fits,
+              gk.gpus_with_tables.cache_clear)
+    for clear in caches:
+        clear()
     yield inv, kdir / "h100"
-    for c in caches:
-        c.cache_clear()
+    for clear in caches:
+        clear()
 
 
 def _grid_zeroed(index: np.ndarray) -> np.ndarray:

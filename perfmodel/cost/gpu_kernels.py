@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from perfmodel.util import schema
-from perfmodel.util.checks import STR, ListOf, Num, Req
+from perfmodel.util.checks import MAX_INT, STR, ListOf, Num, Req
 from perfmodel.util.errors import SpecError, in_file, require
 from perfmodel.util.files import MAX_FILE_BYTES, read_text
 
@@ -128,7 +128,7 @@ NAME = re.compile(r"[a-z0-9_]{1,64}")  # a GPU, table or class name: a path comp
 HEADER = {"files": Req({"*": {"version": Req((STR,)), "*": None}}), "source": Req((STR,)),
           "fastest_kernel_s": Req(Num(0, 1, lo_open=True, null=True)), "classes": Req(ListOf((STR,), 0, 64)), "*": None}
 CLASS_INDEX = {"files": Req([(STR,)]), "fields": Req([(STR,)]), "axes": Req([(STR,)]),
-               "grids": Req([ListOf(None, 1)]), "tables": Req([ListOf(None, 4, 4)])}  # grids: below
+               "grids": Req([ListOf(None, 1)])}   # grids and "tables" (thousands of rows): below
 KERNEL_DATA_ERRORS = (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error)
 
 
@@ -154,7 +154,10 @@ def _json_array(npz, key: str, path: Path):
 def check_class_index(cls: str, ix, n_values: int) -> None:
     """A class index (`index.<class>`) of a table file: its lists, and each table's file, key,
     grids and place in `log_s.<class>` (n_values floats) within them."""
-    schema.check_tree({f"index.{cls}": ix}, {f"index.{cls}": CLASS_INDEX})  # errors name index.<class>.<key>
+    head = {k: v for k, v in ix.items() if k != "tables"} if isinstance(ix, dict) else ix
+    schema.check_tree({f"index.{cls}": head}, {f"index.{cls}": CLASS_INDEX})  # errors name index.<class>.<key>
+    require(isinstance(ix.get("tables"), list), f"index.{cls}.tables", ix.get("tables"),
+            "required, a list of [file, key, grids, offset]")
     for g, grid in enumerate(ix["grids"]):   # as arrays: a CLI call reads thousands of grid points
         a = np.asarray(grid)
         require(a.ndim == 1 and a.dtype.kind in "iuf" and bool((a > 0).all()), f"index.{cls}.grids[{g}]",
@@ -163,12 +166,13 @@ def check_class_index(cls: str, ix, n_values: int) -> None:
                 "must be strictly increasing")
     n_files, n_fields, n_axes, n_grids = (len(ix[k]) for k in ("files", "fields", "axes", "grids"))
     for i, t in enumerate(ix["tables"]):
-        file, key, grids, offset = t
         where = f"index.{cls}.tables[{i}]"
+        require(isinstance(t, list) and len(t) == 4, where, t, "must be [file, key, grids, offset]")
+        file, key, grids, offset = t
         require(type(file) is int and 0 <= file < n_files, f"{where}[0]", file, f"must be a file number < {n_files}")
         require(isinstance(key, list) and len(key) == n_fields and
-                all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in key), f"{where}[1]", key,
-                f"must be {n_fields} field values (strings or numbers)")
+                all(type(v) is str or type(v) is int and abs(v) <= MAX_INT or type(v) is float and math.isfinite(v)
+                    for v in key), f"{where}[1]", key, f"must be {n_fields} field values (strings or finite numbers)")
         require(isinstance(grids, list) and len(grids) == n_axes and
                 all(type(g) is int and 0 <= g < n_grids for g in grids), f"{where}[2]", grids,
                 f"must be {n_axes} grid numbers < {n_grids}")
@@ -472,14 +476,13 @@ FIT_PARAMS = {"comm": ("fixed_s", "per_peer_s", "bytes_per_s"),
               "units": ("fixed_s", "bytes_per_s", "flops_per_s", "min_units", "per_unit_s"),
               "other": ("fixed_s", "bytes_per_s", "flops_per_s")}
 DIVISORS = ("bytes_per_s", "flops_per_s", "tile_n", "tile_bytes_per_s")
-FIT_FILE = {"engines": Req({"*": {"*": {"cells": Req(Num(0, integer=True)), "*": None}}}),
-            "*": None}
+FIT_GROUPS = {"*": {"cells": Req(Num(0, integer=True)), "*": None}}   # one engine's groups
 
 
 @lru_cache(maxsize=None)
-def fits(gpu: str) -> dict:
-    """perfmodel/data/kernels/<gpu>/fit.json: {engine: {group: params}} ({} when none), checked
-    through the schema layer (FIT_FILE, and the parameters its class needs)."""
+def _fit_file(gpu: str) -> dict:
+    """perfmodel/data/kernels/<gpu>/fit.json's engines, unchecked ({} when none); the rest of
+    the file checked through the schema layer."""
     if not gpu:
         return {}
     require(NAME.fullmatch(gpu) is not None, "gpu", gpu, "must be a GPU name (letters, digits, _)")
@@ -488,17 +491,46 @@ def fits(gpu: str) -> dict:
         return {}
     data = _read(path)
     with in_file(path):
-        schema.check_tree(data, FIT_FILE, "file")
-        for engine, groups in data["engines"].items():
-            for group, p in groups.items():
-                cls = group.split("/")[0]
-                kind = "comm" if cls in COMM else cls if cls in ("gemm", "moe") else "units" if cls in UNITS else "other"
-                for name in FIT_PARAMS[kind]:
-                    v = p.get(name)
-                    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (v > 0 if name in DIVISORS else v >= 0)
-                    require(ok, f"engines.{engine}.{group}.{name}", v,
-                            "required, a number " + ("> 0" if name in DIVISORS else ">= 0"))
-    return data["engines"]
+        engines = data.get("engines")
+        require(isinstance(engines, dict) and all(isinstance(v, dict) for v in engines.values()),
+                "engines", None, "required, a table of engines, each a table of fit groups")
+        schema.check_tree({k: v for k, v in data.items() if k != "engines"}, None, "file")
+    return engines
+
+
+def fit_engines(gpu: str) -> list[str]:
+    """The engines `gpu`'s fit file holds fits of."""
+    return sorted(_fit_file(gpu))
+
+
+@lru_cache(maxsize=None)
+def engine_fits(gpu: str, engine: str) -> dict:
+    """One engine's fits in perfmodel/data/kernels/<gpu>/fit.json: {group: params} ({} when
+    none), checked when first asked for (FIT_GROUPS, and the parameters its class needs: a
+    command line asks for one engine of a file of several)."""
+    groups = _fit_file(gpu).get(engine, {})
+    with in_file(KERNEL_DIR / gpu / "fit.json"):
+        schema.check_tree(groups, FIT_GROUPS, f"engines.{engine}", 1)
+        for group, p in groups.items():
+            cls = group.split("/")[0]
+            kind = "comm" if cls in COMM else cls if cls in ("gemm", "moe") else "units" if cls in UNITS else "other"
+            for name in FIT_PARAMS[kind]:
+                v = p.get(name)
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (v > 0 if name in DIVISORS else v >= 0)
+                require(ok, f"engines.{engine}.{group}.{name}", v,
+                        "required, a number " + ("> 0" if name in DIVISORS else ">= 0"))
+    return groups
+
+
+def forget_fits() -> None:
+    """Drop the fit files read so far (after one is rewritten)."""
+    _fit_file.cache_clear()
+    engine_fits.cache_clear()
+
+
+def fits(gpu: str) -> dict:
+    """Every engine's fits of `gpu`: {engine: {group: params}}, each checked (`engine_fits`)."""
+    return {e: engine_fits(gpu, e) for e in fit_engines(gpu)}
 
 
 def _read(path: Path) -> dict:
@@ -512,7 +544,7 @@ def fitted_params(gpu: str, engine: str, cls: str, key: dict, kernel: str = "") 
     """The fitted physical parameters for a kernel of `cls` and `key` on one GPU and engine: the
     fit of its own geometry (any kernel source containing `kernel`), else the pooled fit of its
     class and dtype; of several, the one with the most cells. Returns (params, which fit)."""
-    groups = fits(gpu).get(engine, {})
+    groups = engine_fits(gpu, engine)
     for prefix in (fit_group(cls, key), fit_group(cls, key, pooled=True)):
         same = sorted((p["cells"], g) for g, p in groups.items()
                       if (g == prefix or g.startswith(prefix + "/")) and kernel.lower() in g[len(prefix):].lower())

@@ -428,7 +428,7 @@ def _cost(k: Kernel, hw: Hardware, tabs, inv) -> Kernel:
     found = None
     if gpu and k.cls != "elementwise":  # the listed (else own, then any other) engine's fit on this GPU
         if not m:
-            where += [(gpu, e) for e in sorted(gk.fits(gpu)) if e != eng]
+            where += [(gpu, e) for e in gk.fit_engines(gpu) if e != eng]
         found = next((f for g, e in where if (f := gk.fitted_params(g, e, cls, k.key, kernel))), None)
     if found is not None:
         params, which = found

@@ -142,5 +142,5 @@ def calibrate_kernels(gpus: list[str] | None = None, write: bool = False) -> dic
         out[gpu] = doc
         if write:
             write_atomic(gk.KERNEL_DIR / gpu / "fit.json", fit_json(doc))
-    gk.fits.cache_clear()
+    gk.forget_fits()
     return out

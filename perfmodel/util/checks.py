@@ -96,8 +96,12 @@ def check_tree(data, rule=None, field: str = "file", depth: int = 0):
     """Every value in parsed file data finite, bounded and nested at most MAX_DEPTH deep, and of
     the kind `rule` says (see the rules above); returns `data`."""
     require(depth <= MAX_DEPTH, field, "...", f"nested more than {MAX_DEPTH} deep")
-    if rule is None and (type(data) is str or type(data) is bool or data is None):
-        return data  # nothing to check (the common case in large files)
+    if rule is None:   # any value: scalars checked here at once (the common case in large files)
+        t = type(data)
+        if t is str or t is bool or data is None:
+            return data
+        if t is float or t is int:
+            return check_finite(field, data)
     if isinstance(rule, Req):
         rule = rule.rule
     if isinstance(rule, list):
@@ -120,7 +124,7 @@ def check_tree(data, rule=None, field: str = "file", depth: int = 0):
     at = lambda k: f"{field}.{k}" if depth else str(k)
     if isinstance(data, list):
         item = rule.rule if isinstance(rule, ListOf) else None
-        if _numbers_pass(data, item):
+        if _numbers_pass(data, item) or (item is None and _scalars_pass(data)):
             return data
         for i, v in enumerate(data):
             check_tree(v, item, f"{field}[{i}]", depth + 1)
@@ -136,6 +140,22 @@ def check_tree(data, rule=None, field: str = "file", depth: int = 0):
     else:
         check_finite(field, data)
     return data
+
+
+def _scalars_pass(data: list) -> bool:
+    """Whether a list surely passes the rule None: strings, booleans, nulls and finite numbers
+    of bounded magnitude only (False: check one by one, where a bad one is named)."""
+    for v in data:
+        t = type(v)
+        if t is float:
+            if not math.isfinite(v):
+                return False
+        elif t is int:
+            if abs(v) > MAX_INT:
+                return False
+        elif not (t is str or t is bool or v is None):
+            return False
+    return True
 
 
 def _numbers_pass(data: list, item) -> bool:
