@@ -5,10 +5,10 @@
 #   make test-all  every test, slow tiers included
 #   make test-kernels-slow  the megakernel's slow tier (every mesh layout, every expert format,
 #                  the barrier test, the TPU script's CPU smoke test; CI runs it as its own step)
-#   make test-oldest  the oldest Python and JAX supported (a TPU VM's: Python 3.11, JAX 0.10.2 and
-#                  its libtpu) in .venv-oldest: the kernels' fast CPU tier in interpret mode, and the
-#                  megakernel compiled ahead of time for a TPU v5e by libtpu (tests marked aot;
-#                  under CI=true a skipped one fails the run). CI runs it as its own step
+#   make test-oldest  `make test` under the oldest Python and JAX supported (a TPU VM's: Python
+#                  3.11, JAX 0.10.2 and its libtpu) in .venv-oldest, the megakernel also compiled
+#                  ahead of time for a TPU v5e by libtpu (tests marked aot; under CI=true a
+#                  skipped one fails the run). CI runs it as its own step
 #   make fuzz      the CLI contract fuzzed with 12,000 generated cases (tests/test_fuzz.py)
 #   make wheel-check  build the wheel, install it into a fresh venv, run the installed CLI
 #   make docs      rewrite the README / docs figures from the commands that produce them
@@ -86,18 +86,13 @@ $(OLDEST_STAMP): pyproject.toml requirements-oldest.lock
 	$(OLDEST)/bin/python $(WARM)
 	touch $@
 
-# the kernels' fast tier and the tests marked aot, each file named (the other test files need
-# the dashboard's packages, which this venv leaves out); a skipped aot test fails under CI=true.
-# No chip here, so several processes may load libtpu at once (the xdist workers, or another
-# command on the machine): ALLOW_MULTIPLE_LIBTPU_LOAD lifts libtpu's one-process lock
-OLDEST_TESTS := tests/test_megakernel.py tests/test_kernel_plan.py tests/test_quant.py
-AOT_TESTS := tests/test_tpu_compile.py
-test-oldest: $(OLDEST_STAMP)
+# the whole fast suite, the tests marked aot among them (a skipped one fails under CI=true). No
+# chip here, so several processes may load libtpu at once (the xdist workers, or another command
+# on the machine): ALLOW_MULTIPLE_LIBTPU_LOAD lifts libtpu's one-process lock
+test-oldest: $(OLDEST_STAMP) browser
 	$(OLDEST)/bin/python -m compileall -q $(SOURCES) tests  # every file parses on Python 3.11
-	ALLOW_MULTIPLE_LIBTPU_LOAD=1 $(OLDEST)/bin/python -m pytest -n 2 -q -m "not slow" --durations=5 \
-		$(OLDEST_TESTS)
-	ALLOW_MULTIPLE_LIBTPU_LOAD=1 PERFMODEL_REQUIRED_MARKS=aot $(OLDEST)/bin/python -m pytest -n 2 -q -m aot \
-		--durations=5 $(AOT_TESTS)
+	ALLOW_MULTIPLE_LIBTPU_LOAD=1 PERFMODEL_REQUIRED_MARKS=aot $(OLDEST)/bin/python -m pytest -n 2 -q \
+		-m "not slow" --durations=5
 
 fuzz: $(STAMP)
 	PERFMODEL_FUZZ_PROFILE=fuzz $(VENV)/bin/python -m pytest -n 2 -q tests/test_fuzz.py
