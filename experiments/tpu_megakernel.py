@@ -302,6 +302,7 @@ def warm_compile(sl, work, budget_left) -> tuple[dict, dict]:
     import os
     import jax.numpy as jnp
     from perfmodel_kernels import megakernel, reference
+
     def loop(cfg):
         return lambda: megakernel.make_loop(sl.spec, cfg, sl.interpret).lower(
             sl.packed, *start_state(sl, cfg)[:3], jnp.int32(1))
