@@ -313,8 +313,8 @@ def warm_compile(sl, work, budget_left) -> tuple[dict, dict]:
                                                    jnp.int32(1))
 
     def step(cfg):
-        return lambda: megakernel.lower_step(megakernel.make_step(sl.spec, cfg, sl.interpret),
-                                             sl.packed, *start_state(sl, cfg)[:3])
+        return lambda: megakernel.lower_step(sl.spec, cfg, sl.packed, *start_state(sl, cfg)[:3],
+                                             interpret=sl.interpret)
     # in the order the parts need them, should the budget cut the list short
     jobs = {("loop", c): loop(c) for c in work["speed"]}
     jobs.update({("xla", c.batch): xla(c.batch) for c in work["speed"] if work["with_xla"]})

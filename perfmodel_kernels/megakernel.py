@@ -1021,10 +1021,15 @@ def make_step(spec: ModelSpec, cfg: KernelConfig, interpret=None):
     the first accepted[b] rows of each sequence written to the caches (default all). The cache
     (as `reference.init_cache`) is donated and updated in place. interpret: None on a TPU, or a
     `pltpu.InterpretParams`."""
+    return functools.partial(verify_step, functools.partial(_step, **_step_options(
+        spec, cfg, interpret)), cfg)
+
+
+def _step_options(spec: ModelSpec, cfg: KernelConfig, interpret) -> dict:
+    """`_step`'s static arguments, the VMEM budget checked (SpecError if it does not fit)."""
     budget = vmem.check_vmem(spec, cfg)
-    run = functools.partial(_step, static=ref.StaticSpec(spec), cfg=cfg, interpret=interpret,
-                            vmem_limit_bytes=None if interpret else budget.capacity_bytes)
-    return functools.partial(verify_step, run, cfg)
+    return dict(static=ref.StaticSpec(spec), cfg=cfg, interpret=interpret,
+                vmem_limit_bytes=None if interpret else budget.capacity_bytes)
 
 
 def make_loop(spec: ModelSpec, cfg: KernelConfig, interpret=None):
@@ -1058,12 +1063,12 @@ def make_loop(spec: ModelSpec, cfg: KernelConfig, interpret=None):
     return loop
 
 
-def lower_step(step, packed, cache, tokens, positions, accepted=None):
-    """The jitted program behind `make_step`'s `step`, lowered for these inputs (`.compile()`
-    compiles it ahead, into JAX's persistent cache when one is set)."""
-    run, cfg = step.args
-    return run.func.lower(packed, cache, *step_inputs(cfg, tokens, positions, accepted),
-                          **run.keywords)
+def lower_step(spec: ModelSpec, cfg: KernelConfig, packed, cache, tokens, positions,
+               accepted=None, interpret=None):
+    """The jitted program behind `make_step`'s step, lowered for these inputs: `.compile()`
+    compiles it ahead, and `verify_step(compiled, cfg, ...)` runs it as the step does."""
+    return _step.lower(packed, cache, *step_inputs(cfg, tokens, positions, accepted),
+                       **_step_options(spec, cfg, interpret))
 
 
 def verify_step(run, cfg, packed, cache, tokens, positions, accepted=None):

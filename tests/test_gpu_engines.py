@@ -62,7 +62,7 @@ def test_stored_fits_reproduce_their_residuals():
     """Recomputed from the stored parameters and the tables, each fit group's median residual is
     the one fit.json states (GB200 vLLM: every group)."""
     from perfmodel.fit.kernels import _cells
-    groups = gk.fits("gb200")["vllm"]
+    groups = gk.engine_fits("gb200", "vllm")
     for g, (cls, s, t) in _cells(gk.tables("gb200", "vllm")).items():
         res = gk.physical_time(groups[g], cls, s) / t - 1
         assert np.median(np.abs(res)) == pytest.approx(groups[g]["median_abs_residual"], rel=1e-3, abs=1e-4), g
@@ -83,8 +83,8 @@ def test_fits_stay_in_their_physical_ranges():
     for name, a, b in zip(gk.param_names("attention"), lo, hi):
         assert a * (1 - 1e-5) <= params[name] <= b * (1 + 1e-5), name
     for gpu in gk.gpus_with_tables():
-        for engine, groups in gk.fits(gpu).items():
-            for g, p in groups.items():
+        for engine in gk.fit_engines(gpu):
+            for g, p in gk.engine_fits(gpu, engine).items():
                 cls = g.split("/")[0]
                 for name, a, b in zip(gk.param_names(cls), *bounds(cls, *peaks(gpu))):
                     assert a * (1 - 1e-5) <= p[name] <= b * (1 + 1e-5), (gpu, engine, g, name, p[name])

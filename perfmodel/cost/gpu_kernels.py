@@ -527,12 +527,6 @@ def forget_fits() -> None:
     _fit_file.cache_clear()
     engine_fits.cache_clear()
 
-
-def fits(gpu: str) -> dict:
-    """Every engine's fits of `gpu`: {engine: {group: params}}, each checked (`engine_fits`)."""
-    return {e: engine_fits(gpu, e) for e in fit_engines(gpu)}
-
-
 def _read(path: Path) -> dict:
     """A shipped fit file: read bounded and parsed through the schema layer."""
     data = schema.parse(read_text(path, "kernel table"), "json", "kernel table", path)
