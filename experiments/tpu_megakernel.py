@@ -260,10 +260,11 @@ def xla_speed(sl, cfg, steps, repeats, exe=None) -> dict:
     """The XLA reference's time per step (one XLA program a step) on the slice's weights."""
     from perfmodel_kernels import reference
     cache, tok, pos, p0 = start_state(sl, cfg)
-    step_s, wall, first, _ = slope(exe or reference.make_loop(), sl.weights, cache, tok, pos,
-                                   steps, repeats)
+    step_s, wall, first, res = slope(exe or reference.make_loop(), sl.weights, cache, tok, pos,
+                                     steps, repeats)
     return {"kind": "xla", "slice": sl.name, "format": sl.fmt, "batch": cfg.batch,
-            "positions": [p0 + steps // 2] * cfg.batch, "step_s": step_s, "wall_step_s": wall,
+            "positions": [p0 + steps // 2] * cfg.batch,
+            "distinct_experts": [int(d) for d in res[2]], "step_s": step_s, "wall_step_s": wall,
             "first_call_s": first}
 
 

@@ -66,7 +66,8 @@ _RUN = {"kind": Req((STR,)), "slice": Req((STR,)), "format": Req((STR,)), "batch
 MEGAKERNEL_RUN = {**_RUN, "config": Req({"*": None}), "positions": Req(ListOf(Num(0, integer=True), 1)),
                   "distinct_experts": Req(ListOf(Num(0, integer=True))), "step_s": Req(_SECONDS),
                   "wall_step_s": _SECONDS, "trace": None, "plan_bytes": Num(0, integer=True)}
-XLA_RUN = {**_RUN, "step_s": Req(_SECONDS), "wall_step_s": _SECONDS, "positions": ListOf(Num(0, integer=True), 1)}
+XLA_RUN = {**_RUN, "step_s": Req(_SECONDS), "wall_step_s": _SECONDS, "positions": ListOf(Num(0, integer=True), 1),
+           "distinct_experts": ListOf(Num(0, integer=True))}
 TRACE = {"step_s": Req(_SECONDS), "layers_s": Req({"*": Num(0)}), "phases_s": Req({"*": Num(0)}), "*": None}
 TRACE_RUN = {**_RUN, "config": {"*": None}, "error": (STR,), "step_s": _SECONDS, "layers_s": {"*": Num(0)},
              "phases_s": {"*": Num(0)}}
@@ -207,13 +208,15 @@ def predict_megakernel(run: dict, hw_name: str):
 
 def predict_xla(run: dict, context: int, hw_name: str) -> tuple[float, float]:
     """(device time, wall time with one call a step) the multi-kernel engine predicts for an XLA
-    run: the slice with its routed experts in bf16 (the reference's dequantised weights)."""
+    run: the slice with its routed experts in bf16 (the reference's dequantised weights), each
+    MoE layer reading the distinct experts the run's last step picked where it recorded them
+    (the reference reads only those), else the analytic expectation."""
     import perfmodel
     from perfmodel_kernels.specs import slice_spec
     spec = slice_spec(run["slice"], "bf16")
     hw = perfmodel.load_hardware(hw_name)
     d = perfmodel.Deployment(devices=1, tp=1, engine="multikernel", batch=run["batch"], context=context)
-    p = perfmodel.predict(spec, hw, d)
+    p = perfmodel.predict(spec, hw, d, experts=run.get("distinct_experts"))
     return p.step_s - dispatch_s(hw, d), p.step_s
 
 

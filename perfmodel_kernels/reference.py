@@ -383,8 +383,9 @@ def distinct_experts(ids, n_experts, size):
     return jnp.unique(ids.reshape(-1), size=size, fill_value=n_experts)
 
 
-def ffn(spec, layer, lw, x):
-    """x + dense FFN or latent MoE of rms_norm(x)."""
+def ffn(spec, layer, lw, x, picked: list | None = None):
+    """x + dense FFN or latent MoE of rms_norm(x); a MoE layer appends to `picked` (when given)
+    the count of distinct experts its rows picked (traced int32)."""
     phase = "ffn" if layer.ffn == "dense" else "moe"
     with jax.named_scope(_scope(layer, phase)):
         h = rms_norm(x, lw["ffn_norm"])
@@ -405,6 +406,8 @@ def ffn(spec, layer, lw, x):
                 return acc + jax.lax.dynamic_index_in_dim(comb, e, axis=1) * y
 
             n = jnp.sum(uniq < m.experts)
+            if picked is not None:
+                picked.append(n)
             routed = jax.lax.fori_loop(0, n, apply, jnp.zeros(z.shape, jnp.float32))
             out = mm(routed, lw["latent_up"]) if m.latent_dim else routed
         if m.shared_width:
@@ -460,33 +463,40 @@ def verify_outputs(nxt, logits, batch, rows, block: bool):
     return (nxt, logits) if block else (nxt[:, 0], logits[:, 0])
 
 
-@functools.partial(jax.jit, static_argnames=("rows", "mla_form"), donate_argnames=("cache",))
-def _decode_step_jit(weights, cache, tokens, positions, accepted, *, rows, mla_form):
-    spec = weights.spec
+def _forward(weights, cache, tokens, positions, accepted, rows, mla_form):
+    """(next tokens, logits, new cache, distinct experts picked per MoE layer [n_moe] int32)."""
+    spec, picked = weights.spec, []
     x = embed(weights, tokens)
     for layer, lw in zip(spec.layers, weights["layers"]):
         x, cache = attention(spec, layer, lw, cache, x, positions, accepted, rows, mla_form)
-        x = ffn(spec, layer, lw, x)
+        x = ffn(spec, layer, lw, x, picked)
     nxt, logits = head(weights, x)
-    return nxt, logits, cache
+    return nxt, logits, cache, jnp.array(picked, jnp.int32).reshape(len(picked))
+
+
+@functools.partial(jax.jit, static_argnames=("rows", "mla_form"), donate_argnames=("cache",))
+def _decode_step_jit(weights, cache, tokens, positions, accepted, *, rows, mla_form):
+    return _forward(weights, cache, tokens, positions, accepted, rows, mla_form)[:3]
 
 
 def make_loop():
     """loop(weights, cache, tokens [B], positions [B], steps) -> (tokens after `steps` (a traced
     int32) greedy decode steps of `decode_step`'s XLA program in one jitted call (one host
-    dispatch), new cache): the program's time per step is the slope of a call's time over
-    `steps`, and one compile serves every count."""
+    dispatch), new cache, distinct experts each MoE layer picked in the last step): the
+    program's time per step is the slope of a call's time over `steps`, and one compile serves
+    every count."""
     @functools.partial(jax.jit, donate_argnames=("cache",))
     def loop(weights, cache, tokens, positions, steps):
         ones = jnp.ones_like(positions)
+        n_moe = sum(1 for l in weights.spec.layers if l.ffn == "moe")
 
         def body(_, carry):
-            tok, pos, cache = carry
-            nxt, _, cache = _decode_step_jit.__wrapped__(weights, cache, tok, pos, ones, rows=1,
-                                                         mla_form="absorbed")
-            return nxt, pos + 1, cache
-        tok, _, cache = lax.fori_loop(0, steps, body, (tokens, positions, cache))
-        return tok, cache
+            tok, pos, cache, _ = carry
+            nxt, _, cache, picked = _forward(weights, cache, tok, pos, ones, 1, "absorbed")
+            return nxt, pos + 1, cache, picked
+        tok, _, cache, picked = lax.fori_loop(
+            0, steps, body, (tokens, positions, cache, jnp.zeros(n_moe, jnp.int32)))
+        return tok, cache, picked
     return loop
 
 

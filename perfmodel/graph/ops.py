@@ -34,6 +34,7 @@ from perfmodel.spec.arch import CSA, GDN, GQA, HC_BYTES, KDA, MLA, Layer, Mamba2
 from perfmodel.spec.deployment import Deployment
 from perfmodel.spec.formats import Format
 from perfmodel.spec.recipe import Megakernel
+from perfmodel.util.errors import SpecError
 
 ACT_BYTES = 2  # bf16 activations
 
@@ -132,6 +133,47 @@ def build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = Non
 
 
 _CACHE: dict[int, tuple[ModelSpec, dict]] = {}  # id(model) -> (model kept alive, graphs)
+
+
+def with_experts(g: OpGraph, picked: list[float]) -> OpGraph:
+    """`g` with its MoE layers' routed ops (in layer order) at `picked` distinct experts each
+    instead of the analytic expectation (graph.moe): a measured step's routing. Their weight and
+    FLOPs scale alike, so the rows of each dot do not change; `distinct_experts` becomes the
+    busiest layer's. Kept per graph and counts (so the engines' caches by graph hold)."""
+    key = (id(g), tuple(float(x) for x in picked))
+    if key not in _WITH_EXPERTS:
+        if len(_WITH_EXPERTS) >= 64:
+            _WITH_EXPERTS.clear()
+        _WITH_EXPERTS[key] = (g, _with_experts(g, picked))   # g kept alive: its id stays its own
+    return _WITH_EXPERTS[key][1]
+
+
+def _with_experts(g: OpGraph, picked: list[float]) -> OpGraph:
+    moe = np.flatnonzero(np.bincount(g.layer, weights=g.routed_bytes) > 0)
+    if len(picked) != len(moe):
+        raise SpecError("distinct_experts", list(picked), f"one count per MoE layer ({len(moe)})")
+    if len(moe) == 0:
+        return g
+    scale = np.ones(int(g.layer.max(initial=0)) + 1)
+    scale[moe] = np.asarray(picked, float) / g.distinct_experts
+    per_op = np.where(g.routed_bytes > 0, scale[g.layer], 1.0)
+    return dataclasses.replace(g, routed_bytes=g.routed_bytes * per_op, flops=g.flops * per_op,
+                               distinct_experts=float(max(picked)))
+
+
+_WITH_EXPERTS: dict[tuple, tuple[OpGraph, OpGraph]] = {}
+
+
+def planned_experts(g: OpGraph, copies) -> list[float]:
+    """Per MoE layer of `g` (in layer order), the distinct experts a kernel's DMA plan fetched:
+    its routed copies' bytes less padding over one expert's bytes in `g`."""
+    fetched = np.zeros(int(g.layer.max(initial=0)) + 1)
+    for c in copies:
+        if c.routed:
+            fetched[c.layer] += c.bytes - c.padding
+    expected = np.bincount(g.layer, weights=g.routed_bytes, minlength=len(fetched))
+    per_expert = expected / g.distinct_experts if g.distinct_experts else expected
+    return [float(fetched[l] / per_expert[l]) for l in np.flatnonzero(expected > 0)]
 
 
 def _build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = None,

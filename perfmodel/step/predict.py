@@ -57,8 +57,13 @@ class Prediction:
         return self.hbm_floor_s / self.step_s if self.step_s else 0.0
 
 
-def simulate(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False, plan=None):
+def simulate(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False, plan=None,
+             experts: list[float] | None = None):
     g = ops_mod.build(model, d)
+    if plan is not None:
+        experts = ops_mod.planned_experts(g, plan)
+    if experts is not None:
+        g = ops_mod.with_experts(g, experts)
     w = op_weights(g, model.formats["routed_expert"].bytes_per_value)
     if d.engine == "megakernel":
         tl = simulate_megakernel(g, hw, d, model.moe.top_k if model.moe else 1, record, plan, w)
@@ -71,18 +76,24 @@ def simulate(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False
 
 
 def predict(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False,
-            plan: list[Copy] | KernelPlan | None = None) -> Prediction:
+            plan: list[Copy] | KernelPlan | None = None,
+            experts: list[float] | None = None) -> Prediction:
     """`plan`: a megakernel's own DMA plan (perfmodel_kernels.plan.dma_plan: its HBM copies) to simulate
-    instead of the model's uniform stream of tiles; the ring's tile size is then the plan's. A
-    KernelPlan (a plan file, perfmodel.graph.dmaplan) also brings the kernel's settings, which
-    the engine replays beside its copies (plan_model); its deployment must be `d`'s."""
+    instead of the model's uniform stream of tiles; the ring's tile size is then the plan's, and
+    each MoE layer computes the experts the plan fetched. A KernelPlan (a plan file,
+    perfmodel.graph.dmaplan) also brings the kernel's settings, which the engine replays beside
+    its copies (plan_model); its deployment must be `d`'s. `experts`: per MoE layer, the distinct
+    experts a measured step picked, read and computed instead of the expectation (any engine;
+    a plan brings its own)."""
     if plan is not None and d.engine != "megakernel":
         raise SpecError("plan", "given", "a DMA plan is the megakernel's; engine must be megakernel")
+    if plan is not None and experts is not None:
+        raise SpecError("experts", list(experts), "a plan brings its own experts; give one or the other")
     if isinstance(plan, KernelPlan):
         check_plan_deployment(plan, d)
         model, plan = plan_model(model, plan), plan.hbm_copies
     validate(model, hw, d)
-    g, tl = simulate(model, hw, d, record, plan)
+    g, tl = simulate(model, hw, d, record, plan, experts)
     s = summarise(hw, d, tl.step_s, tl.dma_bytes, {c: float(tl.wait_s[c].sum()) for c in CAUSES})
     return Prediction(model.name, hw.name, d, s.step_s, s.tokens_per_s, tl.dma_bytes, s.hbm_floor_s,
                       s.compute_floor_s, s.bound, s.breakdown_s, _layer_rows(g, tl), tl)
