@@ -741,8 +741,17 @@ def fig_tpu_v5e_validation() -> str:
     rows += [[f"XLA {x['run']}", "step", us(x["predicted_step_s"]), us(x["measured_step_s"]),
               f"{x['step_error']:+.1%}"] for x in v["xla"]]
     import validate_tpu
+    sweep = [[f"{w['slice']} {w['format']} b{w['batch']}", f"{w['knob']} {x}", us(pr), us(me),
+              f"{pr / me - 1:+.1%}"]
+             for w in v.get("whatif", []) for x, pr, me in zip(w["values"], w["predicted_s"], w["measured_s"])]
+    best = "".join(f"\n- {w['knob']} at batch {w['batch']}: best predicted {w['predicted_best']}, measured "
+                   f"{w['measured_best']}; gain from {w['values'][0]} to the best predicted "
+                   f"{us(w['predicted_gain_s'])} us, measured {us(w['measured_gain_s'])} us "
+                   f"({w['gain_error']:+.1%})" for w in v.get("whatif", []))
     return md_table(["run", "what", "predicted us", "measured us", "error"], rows) + \
-        f"\n\n{validate_tpu.summary_line(v['summary'])}\n"
+        ("\n\nThe sweeps (one knob from the tuned config at a time):\n\n"
+         + md_table(["run", "point", "predicted us", "measured us", "error"], sweep) + best
+         if sweep else "") + f"\n\n{validate_tpu.summary_line(v['summary'])}\n"
 
 
 def fig_components_tpu() -> str:

@@ -56,7 +56,9 @@ def shown(path: Path) -> str:
     p = Path(path).resolve()
     return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
 DEFAULT_RESULTS = RESULTS / "tpu_megakernel.json"
-TOLERANCES = {"layer_median": 0.05, "layer_phase_max": 0.10, "step_max": 0.05, "xla_step_max": 0.10}
+TOLERANCES = {"layer_median": 0.05, "layer_phase_max": 0.10, "step_max": 0.05, "xla_step_max": 0.10,
+              "whatif_gain": 0.15}
+KNOBS = ("depth", "expert_slots", "bank_rows")   # what the sweeps vary, one at a time
 
 _SECONDS = Num(0, lo_open=True)
 RESULTS_FILE = {"machine": Req((STR,)), "chip": (STR,), "jax": (STR,), "libtpu": (STR, None), "python": (STR,),
@@ -92,7 +94,8 @@ def load(path: Path) -> dict:
 
 def label(r: dict) -> str:
     c = r.get("config") or {}
-    extra = f" depth {c['depth']} slots {c['expert_slots']}" if "depth" in c else ""
+    extra = (f" depth {c['depth']} slots {c['expert_slots']}" if "depth" in c else "") + \
+        (f" bank {c['bank_rows']}" if "bank_rows" in c else "")
     return f"{r['slice']} {r['format']} b{r['batch']}{extra}{' (sweep)' if r.get('sweep') else ''}"
 
 
@@ -239,7 +242,8 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
                    "rel_error": rel(phases.get(k, 0.0), v)} for k, v in measured.items()]
     wall = run.get("wall_step_s")
     return {"run": label(run), "kind": "megakernel", "slice": run["slice"], "format": run["format"],
-            "batch": run["batch"], "sweep": bool(run.get("sweep")), "traced": traced, "comparison": c,
+            "batch": run["batch"], "sweep": bool(run.get("sweep")), "config": run["config"],
+            "traced": traced, "comparison": c,
             "phases": sorted(phase_rows, key=lambda r: _scope_order(r["scope"], n)),
             "traced_step_error": rel(c.predicted_step_s, c.traced_step_s) if traced else math.nan,
             "dispatch_s": t0, "predicted_wall_s": c.predicted_step_s + t0, "measured_wall_s": wall,
@@ -283,7 +287,39 @@ def speedups(mk: list[dict], xla: list[dict]) -> list[dict]:
     return out
 
 
-def summarise(mk: list[dict], xla: list[dict], failed: list[dict]) -> dict:
+def whatif(mk: list[dict]) -> list[dict]:
+    """The sweeps on the chip against the model: per slice, format, batch and knob (ring depth,
+    expert slots, bank rows), the points that vary that knob alone from the tuned config (the
+    non-sweep run's), each predicted and measured step; the optimum of each; the gain from the
+    knob's smallest value to the optimum, predicted against measured."""
+    out = []
+    for key in dict.fromkeys((m["slice"], m["format"], m["batch"]) for m in mk if m["sweep"]):
+        runs = [m for m in mk if (m["slice"], m["format"], m["batch"]) == key]
+        tuned = next((m["config"] for m in runs if not m["sweep"]), None)
+        if tuned is None:
+            continue
+        for knob in KNOBS:
+            pts = {}
+            for m in runs:
+                if all(m["config"].get(k) == tuned.get(k) for k in KNOBS if k != knob):
+                    pts.setdefault(m["config"][knob], []).append(m)
+            if len(pts) < 2:
+                continue
+            xs = sorted(pts)
+            pred = {x: statistics.median(m["comparison"].predicted_step_s for m in pts[x]) for x in xs}
+            meas = {x: statistics.median(m["comparison"].measured_step_s for m in pts[x]) for x in xs}
+            best_p, best_m = min(xs, key=pred.get), min(xs, key=meas.get)
+            gain_p, gain_m = pred[xs[0]] - pred[best_p], meas[xs[0]] - meas[best_m]
+            out.append({"slice": key[0], "format": key[1], "batch": key[2], "knob": knob, "values": xs,
+                        "predicted_s": [pred[x] for x in xs], "measured_s": [meas[x] for x in xs],
+                        "predicted_best": best_p, "measured_best": best_m,
+                        "predicted_gain_s": gain_p, "measured_gain_s": gain_m,
+                        "gain_error": rel(gain_p, gain_m) if gain_m > 0 else math.nan,
+                        "runs_per_point": {x: len(pts[x]) for x in xs}})
+    return out
+
+
+def summarise(mk: list[dict], xla: list[dict], failed: list[dict], sweeps: list[dict] = ()) -> dict:
     """The figures the tolerances are on, and which are missed."""
     layer = [abs(r.rel_error) for m in mk if m["traced"] for r in m["comparison"].layers if r.measured_s > 0]
     phase = [abs(r["rel_error"]) for m in mk for r in m["phases"] if r["measured_s"] > 0]
@@ -309,6 +345,12 @@ def summarise(mk: list[dict], xla: list[dict], failed: list[dict]) -> dict:
         missed.append(f"a step at {worst:.1%} > {TOLERANCES['step_max']:.0%}")
     if xstep and s["max_abs_xla_error"] > TOLERANCES["xla_step_max"]:
         missed.append(f"an XLA step at {s['max_abs_xla_error']:.1%} > {TOLERANCES['xla_step_max']:.0%}")
+    for w in sweeps:
+        what = f"{w['knob']} at batch {w['batch']} ({w['slice']} {w['format']})"
+        if w["predicted_best"] != w["measured_best"]:
+            missed.append(f"the best {what} predicted {w['predicted_best']}, measured {w['measured_best']}")
+        if w["gain_error"] == w["gain_error"] and abs(w["gain_error"]) > TOLERANCES["whatif_gain"]:
+            missed.append(f"the gain of {what} off by {w['gain_error']:+.1%}")
     if failed:
         missed.append(f"{len(failed)} run(s) not predicted")
     s["missed"] = missed
@@ -420,7 +462,8 @@ def main(argv=None) -> int:
         print(f"validate_tpu: --results {path}: no megakernel or XLA run in it", file=sys.stderr)
         return 2
     ups = speedups(mk, xla)
-    s = summarise(mk, xla, failed)
+    sweeps = whatif(mk)
+    s = summarise(mk, xla, failed, sweeps)
     if not a.quiet:
         for m in mk:
             print_run(m)
@@ -435,6 +478,15 @@ def main(argv=None) -> int:
             print(table(["slice", "format", "batch", "predicted", "measured", "error"],
                         [[u["slice"], u["format"], u["batch"], f"{u['predicted']:.2f}x", f"{u['measured']:.2f}x",
                           f"{u['rel_error']:+.1%}"] for u in ups]))
+        for w in sweeps:
+            print(f"\nwhat-if on the chip: {w['knob']} at batch {w['batch']} ({w['slice']} {w['format']}; "
+                  "the other knobs as tuned)")
+            print(table([w["knob"], "predicted us", "measured us", "error"],
+                        [[x, p * 1e6, m * 1e6, f"{rel(p, m):+.1%}"]
+                         for x, p, m in zip(w["values"], w["predicted_s"], w["measured_s"])]))
+            print(f"best: predicted {w['predicted_best']}, measured {w['measured_best']}; gain from "
+                  f"{w['values'][0]} to the best: predicted {w['predicted_gain_s'] * 1e6:.0f} us, measured "
+                  f"{w['measured_gain_s'] * 1e6:.0f} us ({w['gain_error']:+.1%})")
         for n in notes:
             print(f"not compared: {n}")
         for f in failed:
@@ -452,7 +504,7 @@ def main(argv=None) -> int:
                     "micro-benchmarks only; device time (host dispatch taken out of the predictions)"}
     document = {"summary": s, "runs": [{**{k: v for k, v in m.items() if k != "comparison"},
                                         "comparison": m["comparison"].json()} for m in mk],
-                "xla": xla, "speedups": ups, "not_predicted": failed, "not_compared": notes}
+                "xla": xla, "speedups": ups, "whatif": sweeps, "not_predicted": failed, "not_compared": notes}
     try:
         validation_report.write(out / "tpu_validation.csv", out / "tpu_validation.json", meta,
                                 csv_rows(mk, xla, ups), _json(document))

@@ -620,7 +620,7 @@ def whatif_state(at: AppTest) -> dict:
             "bound": headline(at, "bound")}
 
 
-WHATIF_TABS = {"Step breakdown": ("wi_breakdown",), "Ring x expert slots": ("wi_heat_pick",),
+WHATIF_TABS = {"Step breakdown": ("wi_breakdown",), "Ring x expert slots": ("wi_heat_pick", "wi_sweep_measured"),
                "Prefetch depth": ("wi_prefetch_chart", "wi_prefetch_causes"), "Timeline": ("wi_timeline",),
                "Roofline": ("wi_roofline",)}
 
@@ -1343,12 +1343,15 @@ def test_validation_tpu_runs_from_the_committed_json(monkeypatch, tmp_path):
     captions = " ".join(c.value for c in at.caption)
     assert measured.TPU_RUNS_JSON.name in captions and f"TPU {t['meta']['chip']}" in captions
     got = series(chart(at, "val_tpu_chart"), "point")
-    for e, g in t["rows"][~t["rows"]["sweep"]].groupby("engine"):
+    main = t["rows"][~t["rows"]["sweep"]]
+    drawn = main["format"].value_counts().index[0]   # the most measured format, the first choice
+    for e, g in main[main["format"] == drawn].groupby("engine"):
         pts = dict(sorted((r["batch"], r["tokens_per_s"]) for r in got[f"{e}, measured"]))
         assert pts == pytest.approx(dict(zip(g["batch"], g["batch"] / g["measured_step_s"])))
     assert any("- libtpu: " in m.value and "- command: " in m.value for m in at.markdown)  # the provenance popover
     warn = " ".join(w.value for w in at.warning)
-    assert "Not measured yet" in warn and "no ring depth x expert slot sweep" in warn
+    assert "Not measured yet" in warn
+    assert ("no ring depth x expert slot sweep" in warn) == (not t["rows"]["sweep"].any())
     assert ("no in-kernel trace" in warn) == (not t["summary"].get("traced_runs"))
     monkeypatch.setattr(measured, "TPU_RUNS_JSON", tmp_path / "tpu_megakernel.json")
     at = open_view("Validation", val_tpu_exp=True)
@@ -1357,7 +1360,7 @@ def test_validation_tpu_runs_from_the_committed_json(monkeypatch, tmp_path):
 
 def test_compare_and_whatif_name_the_tpu_runs():
     """Compare, with a platform on TPU v5e, names this project's measured series there; What-if's ring x slots
-    map says the sweep is not measured yet (no sweep record committed)."""
+    map draws the committed sweep beside the model's curve, measured points and predicted line per slot count."""
     t = measured.tpu_results()
     at = open_view("Compare")
     at.selectbox(key="cmp_A_hw").set_value("tpu-v5e").run()
@@ -1365,8 +1368,15 @@ def test_compare_and_whatif_name_the_tpu_runs():
     b, v = next(zip(t["rows"]["batch"], t["rows"]["measured_tokens_per_s"]))
     assert measured.TPU_RUNS_JSON.name in note and f"{v:,.0f} at batch {b}" in note
     at = open_view("What-if", tab="Ring x expert slots")
-    assert not t["rows"]["sweep"].any()
-    assert any("no ring depth x expert slot sweep on a real chip yet" in c.value for c in at.caption)
+    sweep = t["rows"][t["rows"]["sweep"]]
+    assert not sweep.empty
+    got = series(chart(at, "wi_sweep_measured"), "point")
+    b, slots = int(sweep["batch"].iloc[0]), 2
+    pts = got[f"batch {b}, {slots} slots, measured"]
+    want = sweep[(sweep["batch"] == b) & (sweep["slots"] == slots)]
+    assert sorted(r["depth"] for r in pts) == sorted(want["depth"])
+    assert f"batch {b}, {slots} slots, predicted" in series(chart(at, "wi_sweep_measured"), "line")
+    assert any("squares: measured by this project" in c.value for c in at.caption)
 
 
 def test_validation_shows_the_real_megakernels_phase_profile():

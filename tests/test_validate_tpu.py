@@ -145,3 +145,27 @@ def test_a_run_the_model_cannot_predict_is_listed_and_missed(vt, predicted, tmp_
     rc, out = run(vt, tmp_path, doc, capsys)
     assert rc == 1 and "not predicted: kimi-k3-mini bf16 b2" in out.out
     assert "1 run(s) not predicted" in out.out.strip().splitlines()[-1]
+
+
+def test_the_depth_sweep_is_judged_on_its_optimum_and_gain(vt, predicted, tmp_path, capsys):
+    """Depth sweep points measured as the model predicts them: the optimum and the gain from the
+    shallowest ring agree; the same points with the deepest measured slower move the optimum."""
+    doc = results(predicted)
+    mk = doc["runs"][0]
+    for depth in (1, 2, 8):
+        cfg = dict(mk["config"], depth=depth)
+        p = vt.predict_megakernel(dict(mk, config=cfg), "tpu-v5e")[2]
+        doc["runs"].append(dict(mk, config=cfg, sweep=True, trace=None, step_s=p.step_s))
+    rc, out = run(vt, tmp_path, doc, capsys)
+    assert "what-if on the chip: depth at batch 2" in out.out
+    w, = json.loads((tmp_path / "tpu_validation.json").read_text())["whatif"]
+    assert w["values"] == [1, 2, 4, 8] and w["predicted_s"][0] > w["predicted_s"][-1]
+    assert w["predicted_best"] == w["measured_best"] and w["gain_error"] == pytest.approx(0, abs=1e-9)
+    assert rc == 0, out.out[-2000:]
+    slow = copy.deepcopy(doc)
+    best = w["predicted_best"]
+    for r in slow["runs"]:
+        if r["kind"] == "megakernel" and r["config"]["depth"] == best:
+            r["step_s"] *= 1.5
+    rc, out = run(vt, tmp_path, slow, capsys)
+    assert rc == 1 and f"the best depth at batch 2 (kimi-k3-mini bf16) predicted {best}" in out.out

@@ -425,9 +425,10 @@ def tpu_results() -> dict | None:
 
 
 def tpu_label(r: dict) -> str:
-    """A run's name as experiments/validate_tpu.py writes it ('k3-tp32-core mxfp4 b1 depth 8 slots 2')."""
+    """A run's name as experiments/validate_tpu.py writes it ('k3-tp32-core mxfp4 b1 depth 8 slots 2 bank 8192')."""
     cfg = r.get("config") or {}
-    extra = f" depth {cfg['depth']} slots {cfg['expert_slots']}" if "depth" in cfg else ""
+    extra = (f" depth {cfg['depth']} slots {cfg['expert_slots']}" if "depth" in cfg else "") + \
+        (f" bank {cfg['bank_rows']}" if "bank_rows" in cfg else "")
     return f"{r['slice']} {r['format']} b{r['batch']}{extra}{' (sweep)' if r.get('sweep') else ''}"
 
 

@@ -518,7 +518,10 @@ def tpu_section() -> None:
     if main.empty:
         st.info(f"{t['file']} holds no timed run (step_s) yet.")
     else:
-        charts.show(tpu_figure(main), key="val_tpu_chart")
+        formats = main["format"].value_counts().index.tolist()   # the most measured format first
+        fmt = st.radio("Routed experts drawn", formats, horizontal=True, key="val_tpu_format") \
+            if len(formats) > 1 else formats[0]
+        charts.show(tpu_figure(main[main["format"] == fmt]), key="val_tpu_chart")
         sm = t["summary"]
         figs = [(f"{e} step error (median, max)", f"{sm[f'median_abs_{k}error']:.1%}, {sm[f'max_abs_{k}error']:.1%}")
                 for e, k in (("megakernel", "step_"), ("XLA", "xla_")) if sm.get(f"median_abs_{k}error") is not None]
