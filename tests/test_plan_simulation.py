@@ -83,3 +83,39 @@ def test_verify_rows_plan_runs_in_the_simulator():
     assert p.step_s >= predict(SPEC, one[2], one[3], plan=one[1]).step_s
     assert plan.predicted_step(SPEC, cfg, the_plan, CTX, acceptance_length=2.0).step_s == \
         pytest.approx(p.step_s)
+
+
+def test_a_plan_computes_the_experts_it_fetched():
+    """The graph's MoE layers hold the analytic expectation of distinct experts; a measured run's
+    plan holds the experts its router picked, and the step computes those (not only copies them)."""
+    import numpy as np
+    from perfmodel.graph import ops
+    cfg, _, hw, d = setup()
+    g = build(SPEC, Deployment(devices=1, tp=1, batch=4, context=CTX))
+    n_moe = SPEC.count(ffn="moe")
+    picked = [1] + [round(g.distinct_experts)] * (n_moe - 1)   # the first MoE layer picked one
+    few = plan.dma_plan(SPEC, cfg, picked, [CTX] * 4)
+    assert ops.planned_experts(g, few) == pytest.approx(picked)
+    scaled = ops.with_experts(g, ops.planned_experts(g, few))
+    per_layer = np.bincount(scaled.layer, weights=scaled.routed_bytes)
+    first = int(np.flatnonzero(per_layer)[0])
+    assert per_layer[first] == pytest.approx(np.bincount(g.layer, weights=g.routed_bytes)[first]
+                                             / g.distinct_experts)
+    full = plan.dma_plan(SPEC, cfg, [round(g.distinct_experts)] * n_moe, [CTX] * 4)
+    # fewer experts: less compute in that layer as well as fewer bytes
+    assert predict(SPEC, hw, d, plan=few).layers[first].time_s < \
+        predict(SPEC, hw, d, plan=full).layers[first].time_s
+
+
+def test_measured_experts_for_any_engine():
+    from perfmodel.spec.deployment import Deployment as D
+    hw = load_hardware("tpu-v5e")
+    d = D(devices=1, tp=1, batch=4, context=CTX, engine="multikernel")
+    n_moe = SPEC.count(ffn="moe")
+    base = predict(SPEC, hw, d)
+    assert predict(SPEC, hw, d, experts=[1] * n_moe).step_s < base.step_s
+    with pytest.raises(SpecError, match="distinct_experts"):
+        predict(SPEC, hw, d, experts=[1] * (n_moe + 1))
+    cfg, the_plan, hw7, dm = setup()
+    with pytest.raises(SpecError, match="experts"):
+        predict(SPEC, hw7, dm, plan=the_plan, experts=[1] * n_moe)
