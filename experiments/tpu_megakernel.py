@@ -159,6 +159,16 @@ class Slice:
                     if k in lw:
                         lw[k] = quant.dequantized_experts(lw[k], fmt, cfg0.tile)
         self.weights, self.interpret = w, interpret
+        self._by_banks = {self.packed.banks: self.packed}
+
+    def packed_for(self, cfg):
+        """The packed weights laid out in cfg's banks: the static stream packed again per bank
+        size (from the reference's weights: only their experts were dequantised above)."""
+        from perfmodel_kernels import layout
+        key = (cfg.tile, cfg.bank_rows)
+        if key not in self._by_banks:
+            self._by_banks[key] = layout.with_banks(self.packed, self.weights, cfg)
+        return self._by_banks[key]
 
 
 def kernel_cfg(spec, batch, interpret, **over):
@@ -191,10 +201,11 @@ def check(sl, cfg, steps=4, exe=None) -> dict:
     step = functools.partial(megakernel.verify_step, exe, cfg) if exe else \
         megakernel.make_step(sl.spec, cfg, sl.interpret)
     kc, tok, pos, _ = start_state(sl, cfg)
+    weights = sl.packed_for(cfg)
     rc = {k: v.copy() for k, v in kc.items()}
     rt, worst, same = tok, 0.0, True
     for _ in range(steps):
-        tok, klog, kc, _ = step(sl.packed, kc, tok, pos)
+        tok, klog, kc, _ = step(weights, kc, tok, pos)
         rt, rlog, rc = reference.decode_step(sl.weights, rc, rt, pos)
         spread = float(jnp.std(rlog)) or 1.0
         worst = max(worst, float(jnp.max(jnp.abs(klog - rlog))) / spread)
@@ -241,7 +252,7 @@ def speed(sl, cfg, steps, repeats, with_xla=True, exes=None) -> list[dict]:
     exes = exes or {}
     cache, tok, pos, p0 = start_state(sl, cfg)
     loop = exes.get(("loop", cfg)) or megakernel.make_loop(sl.spec, cfg, sl.interpret)
-    step_s, wall, first, res = slope(loop, sl.packed, cache, tok, pos, steps, repeats)
+    step_s, wall, first, res = slope(loop, sl.packed_for(cfg), cache, tok, pos, steps, repeats)
     ndist = [int(d) for d in res[2]]
     mid = p0 + steps // 2     # the loop's positions run p0 .. p0 + steps
     the_plan = plan.dma_plan(sl.spec, cfg, ndist, [mid] * cfg.batch)
@@ -306,7 +317,7 @@ def warm_compile(sl, work, budget_left) -> tuple[dict, dict]:
 
     def loop(cfg):
         return lambda: megakernel.make_loop(sl.spec, cfg, sl.interpret).lower(
-            sl.packed, *start_state(sl, cfg)[:3], jnp.int32(1))
+            sl.packed_for(cfg), *start_state(sl, cfg)[:3], jnp.int32(1))
 
     def xla(b):
         cfg = kernel_cfg_for(sl.name, b, sl.interpret is not None)
@@ -314,7 +325,7 @@ def warm_compile(sl, work, budget_left) -> tuple[dict, dict]:
                                                    jnp.int32(1))
 
     def step(cfg):
-        return lambda: megakernel.lower_step(sl.spec, cfg, sl.packed, *start_state(sl, cfg)[:3],
+        return lambda: megakernel.lower_step(sl.spec, cfg, sl.packed_for(cfg), *start_state(sl, cfg)[:3],
                                              interpret=sl.interpret)
     # in the order the parts need them, should the budget cut the list short
     jobs = {("loop", c): loop(c) for c in work["speed"]}
@@ -402,12 +413,12 @@ def trace_run(sl, cfg, steps, out_dir: Path, loop=None) -> dict:
     from perfmodel.validate.traces import STEP_NAME
     loop = loop or megakernel.make_loop(sl.spec, cfg, sl.interpret)
     cache, tok, pos, _ = start_state(sl, cfg)
-    one = jnp.int32(1)
-    tok, cache, _ = jax.block_until_ready(loop(sl.packed, cache, tok, pos, one))
+    one, weights = jnp.int32(1), sl.packed_for(cfg)
+    tok, cache, _ = jax.block_until_ready(loop(weights, cache, tok, pos, one))
     with jax.profiler.trace(str(out_dir)):
         for i in range(steps):
             with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
-                tok, cache, _ = jax.block_until_ready(loop(sl.packed, cache, tok, pos, one))
+                tok, cache, _ = jax.block_until_ready(loop(weights, cache, tok, pos, one))
     try:
         return trace_record(out_dir, len(sl.spec.layers))
     except SpecError as e:
@@ -430,17 +441,16 @@ def summary_line(res: dict) -> str:
     """One line over a results file: slices, formats, batches, batch-1 stream share, speed-up
     over XLA at batches 1 and 8, compile and packing time."""
     runs = res["runs"]
-    mk = [r for r in runs if r["kind"] == "megakernel" and "step_s" in r]
-    xla = {(r["slice"], r["batch"]): r["step_s"] for r in runs if r["kind"] == "xla"}
+    mk = [r for r in runs if r["kind"] == "megakernel" and "step_s" in r and not r.get("sweep")]
+    xla = {_point(r): r["step_s"] for r in runs if r["kind"] == "xla"}
     share = [r["plan_bytes_per_s"] / res["stream_bytes_per_s"] for r in mk
              if r["batch"] == 1 and res.get("stream_bytes_per_s") and r.get("plan_bytes_per_s")]
 
     def speedup(b):
-        v = [xla[(r["slice"], b)] / r["step_s"] for r in mk if r["batch"] == b
-             and (r["slice"], b) in xla]
+        v = [xla[_point(r)] / r["step_s"] for r in mk if r["batch"] == b and _point(r) in xla]
         return f"{min(v):.2f}-{max(v):.2f}x" if v else "-"
     comp = [r["lower_s"] + r["compile_s"] if "compile_s" in r else r["first_call_s"]
-            for r in mk if r.get("compile_s") or r.get("first_call_s")]
+            for r in runs if r["kind"] == "megakernel" and (r.get("compile_s") or r.get("first_call_s"))]
     pack = [r["pack_s"] for r in runs if r["kind"] == "packing"]
     checks = [r for r in runs if r["kind"] == "check"]
     return (f"{res['machine']} ({res['date'][:10]}, jax {res['jax']}): "
@@ -454,17 +464,23 @@ def summary_line(res: dict) -> str:
             + (f"<= {max(pack):.1f} s" if pack else "-"))
 
 
+def _point(r: dict) -> tuple:
+    return r["slice"], r["format"], r["batch"]
+
+
 def table(res: dict) -> str:
     """The measured runs as a markdown table: per slice, format and batch the kernel's time per
     step and tokens/s, the XLA reference's time on the same chip and weights, the speed-up and
-    the share of the chip's measured stream bandwidth the step's DMA plan moves."""
-    xla = {(r["slice"], r["batch"]): r["step_s"] for r in res["runs"] if r["kind"] == "xla"}
+    the share of the chip's measured stream bandwidth the step's DMA plan moves (the sweeps'
+    points are validate_tpu's)."""
+    xla = {_point(r): r["step_s"] for r in res["runs"] if r["kind"] == "xla"}
     lines = ["| slice | experts | batch | kernel us/step | tok/s | XLA us/step | speed-up | "
              "stream share |", "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r in res["runs"]:
+    for r in sorted(res["runs"], key=lambda r: (r["kind"], r.get("slice", ""), r.get("format", ""),
+                                                 r.get("batch", 0))):
         if r["kind"] != "megakernel" or r.get("sweep"):
             continue
-        x = xla.get((r["slice"], r["batch"]))
+        x = xla.get(_point(r))
         share = (r["plan_bytes_per_s"] / res["stream_bytes_per_s"]
                  if res.get("stream_bytes_per_s") and r.get("plan_bytes_per_s") else None)
         lines.append(f"| {r['slice']} | {r['format']} as {r['feed'].split(' as ')[1].split()[0]}"
@@ -473,19 +489,20 @@ def table(res: dict) -> str:
                      f"| {r['slice']} | {r['format']} | {r['batch']} | {r['step_s'] * 1e6:.0f} | "
                      f"{r['batch'] / r['step_s']:.0f} | - | - |")
         lines[-1] += f" {share:.0%} |" if share else " - |"
-    kernel = {(r["slice"], r["batch"]) for r in res["runs"] if r["kind"] == "megakernel"}
+    kernel = {_point(r) for r in res["runs"] if r["kind"] == "megakernel"}
     lines += [f"| {r['slice']} | (XLA alone) | {r['batch']} | - | {r['batch'] / r['step_s']:.0f} "
               f"| {r['step_s'] * 1e6:.0f} | - | - |" for r in res["runs"]
-              if r["kind"] == "xla" and (r["slice"], r["batch"]) not in kernel]
+              if r["kind"] == "xla" and _point(r) not in kernel]
     checks = [r for r in res["runs"] if r["kind"] == "check"]
     lines += ["", "| check on the chip | experts | greedy tokens equal | max logit error / spread |",
               "|---|---|---|---:|"]
     lines += [f"| {c['slice']} | {c['format']} | {'yes' if c['tokens_equal'] else 'NO'} | "
               f"{c['logit_error']:.3f}{'' if c['logit_error'] <= c['logit_tolerance'] else ' (over ' + str(c['logit_tolerance']) + ')'} |"
               for c in checks]
-    commands = sorted({r.get("command", res["command"]) for r in res["runs"]})
-    return "\n".join(lines) + f"\n\n{summary_line(res)}; " + "; ".join(f"`{c}`" for c in commands) \
-        + ".\n"
+    calls = len({r.get("command", res["command"]) for r in res["runs"]})
+    return "\n".join(lines) + f"\n\n{summary_line(res)}; {calls} commands, each run's in " \
+        "`experiments/results/tpu_megakernel.json`, the calls' logs in " \
+        "`experiments/results/tpu_v5e/`.\n"
 
 
 def report(path: Path) -> int:

@@ -12,6 +12,7 @@ call (349.5 us a call on a v5e for the 5120 x 7168 table of Kimi K3's TP32 slice
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -255,6 +256,28 @@ class Packed:
     vectors: object    # [n_layers + 1, vector_rows, 128] bf16
     expert_scales: object = None  # [n_moe_layers, E/groups, scale rows, T] (16/32-bit scales)
     expert_global: object = None  # [n_moe_layers * E/groups * 2] f32 (nvfp4 per-matrix scales)
+    banks: tuple = ()  # (tile, bank_rows) the arrays are laid out for (megakernel.weight_args checks)
+
+
+def with_banks(packed: Packed, weights: reference.Weights, cfg: KernelConfig) -> Packed:
+    """`packed` for a config of another bank size: its static stream packed again from
+    `weights` in cfg's banks, the rest shared (laid out by the tile alone)."""
+    require(packed.banks[:1] == (cfg.tile,), "tile", cfg.tile,
+            f"the packed weights are of tile {packed.banks[:1]}: pack them again (pack_weights)")
+    if packed.banks == (cfg.tile, cfg.bank_rows):
+        return packed
+    return dataclasses.replace(packed, static=_pack_static(weights, cfg),
+                               banks=(cfg.tile, cfg.bank_rows))
+
+
+def _pack_static(weights: reference.Weights, cfg: KernelConfig):
+    """The static weight stream [stream rows, T] bf16 in banks of cfg.bank_rows rows."""
+    spec, layers, slabs = weights.spec, weights["layers"], []
+    for layer in (*spec.layers, None):
+        src = {"lm_head": weights["lm_head"]} if layer is None else layers[layer.index - 1]
+        for key in stream.layer_parts(spec, layer):
+            slabs.append(stream.pack_part(part(spec, cfg, key), src))
+    return jnp.asarray(np.concatenate(slabs), jnp.bfloat16)
 
 
 def pack_weights(weights: reference.Weights, cfg: KernelConfig) -> Packed:
@@ -263,11 +286,6 @@ def pack_weights(weights: reference.Weights, cfg: KernelConfig) -> Packed:
     check_kernel_spec(spec, cfg)
     np_ = lambda a: np.asarray(a)
     layers = weights["layers"]
-    slabs = []
-    for layer in (*spec.layers, None):
-        src = {"lm_head": weights["lm_head"]} if layer is None else layers[layer.index - 1]
-        for key in stream.layer_parts(spec, layer):
-            slabs.append(stream.pack_part(part(spec, cfg, key), src))
     experts, scales, globs = [], [], []
     if spec.moe:
         lay = expert_layout(spec, cfg)
@@ -296,7 +314,7 @@ def pack_weights(weights: reference.Weights, cfg: KernelConfig) -> Packed:
     glob = spec.moe and expert_layout(spec, cfg).fmt.global_scale
     emb = jnp.asarray(weights["embed"])
     return Packed(embed=jnp.pad(emb, ((0, embed_rows(spec) - spec.vocab), (0, 0))),
-                  static=jnp.asarray(np.concatenate(slabs), jnp.bfloat16),
+                  static=_pack_static(weights, cfg), banks=(cfg.tile, cfg.bank_rows),
                   experts=experts, vectors=jnp.asarray(vec),
                   expert_scales=jnp.stack(scales) if scales else None,
                   expert_global=jnp.concatenate(globs) if glob else None)
@@ -313,4 +331,4 @@ def unpack_vector(vrows, layout_entry):
 
 jax.tree_util.register_dataclass(
     Packed, data_fields=["embed", "static", "experts", "vectors", "expert_scales",
-                         "expert_global"], meta_fields=[])
+                         "expert_global"], meta_fields=["banks"])
