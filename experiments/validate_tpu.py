@@ -453,9 +453,9 @@ def main(argv=None) -> int:
         try:
             with in_file(f"{path}: runs[{i}]"):
                 if r["kind"] == "megakernel":
-                    mk.append(compare_megakernel(r, a.hardware, str(path)))
+                    mk.append({**compare_megakernel(r, a.hardware, str(path)), "index": i})
                 else:
-                    xla.append(compare_xla(r, runs, a.hardware))
+                    xla.append({**compare_xla(r, runs, a.hardware), "index": i})
         except SpecError as e:
             failed.append({"run": label(r), "kind": r["kind"], "why": str(e)})
     if not mk and not xla and not failed:

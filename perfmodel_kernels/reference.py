@@ -488,7 +488,7 @@ def make_loop():
     @functools.partial(jax.jit, donate_argnames=("cache",))
     def loop(weights, cache, tokens, positions, steps):
         ones = jnp.ones_like(positions)
-        n_moe = sum(1 for l in weights.spec.layers if l.ffn == "moe")
+        n_moe = weights.spec.count(ffn="moe")
 
         def body(_, carry):
             tok, pos, cache, _ = carry

@@ -424,27 +424,20 @@ def tpu_results() -> dict | None:
                         str(val), val.stat().st_mtime if val.exists() else None)
 
 
-def tpu_label(r: dict) -> str:
-    """A run's name as experiments/validate_tpu.py writes it ('k3-tp32-core mxfp4 b1 depth 8 slots 2 bank 8192')."""
-    cfg = r.get("config") or {}
-    extra = (f" depth {cfg['depth']} slots {cfg['expert_slots']}" if "depth" in cfg else "") + \
-        (f" bank {cfg['bank_rows']}" if "bank_rows" in cfg else "")
-    return f"{r['slice']} {r['format']} b{r['batch']}{extra}{' (sweep)' if r.get('sweep') else ''}"
-
-
 @st.cache_data(show_spinner=False, max_entries=2)
 def _tpu_results(path: str, mtime: float, val_path: str, val_mtime: float | None) -> dict:
     full = json.loads(Path(path).read_text())
     val = json.loads(Path(val_path).read_text()) if val_mtime is not None else {}
-    predicted = {r["run"]: (r["comparison"]["predicted_step_s"], r["comparison"]["step_error"])
+    # validate_tpu's comparisons name the run they compare by its place in the results file
+    predicted = {r.get("index"): (r["comparison"]["predicted_step_s"], r["comparison"]["step_error"])
                  for r in val.get("runs", []) if r.get("comparison")}
-    predicted.update({r["run"]: (r["predicted_step_s"], r["step_error"]) for r in val.get("xla", [])})
+    predicted.update({r.get("index"): (r["predicted_step_s"], r["step_error"]) for r in val.get("xla", [])})
     rows = []
-    for r in full.get("runs", []):
+    for i, r in enumerate(full.get("runs", [])):
         if r.get("kind") not in ("megakernel", "xla") or not r.get("step_s"):
             continue
         cfg = r.get("config") or {}
-        pred, err = predicted.get(tpu_label(r), (None, None))
+        pred, err = predicted.get(i, (None, None))
         rows.append({"engine": r["kind"], "slice": r["slice"], "format": r["format"], "batch": int(r["batch"]),
                      "depth": cfg.get("depth"), "slots": cfg.get("expert_slots"), "sweep": bool(r.get("sweep")),
                      "measured_step_s": r["step_s"], "measured_tokens_per_s": r["batch"] / r["step_s"],

@@ -527,6 +527,7 @@ def forget_fits() -> None:
     _fit_file.cache_clear()
     engine_fits.cache_clear()
 
+
 def _read(path: Path) -> dict:
     """A shipped fit file: read bounded and parsed through the schema layer."""
     data = schema.parse(read_text(path, "kernel table"), "json", "kernel table", path)
