@@ -293,9 +293,9 @@ def slice_work(a, parts, name, k, fmt, batches, interpret, sweep) -> dict:
     if "sweep" in parts and sweep:
         t = cfg(1)   # the tuned depth, slots and bank rows
         for b in ((2,) if interpret else [int(x) for x in a.sweep_batches.split(",")]):
-            work["sweep"] += [cfg(b, depth=int(d)) for d in a.depths.split(",")]
+            work["sweep"] += [cfg(b, depth=int(d)) for d in a.depths.split(",") if d]
             work["sweep"] += [cfg(b, expert_slots=int(x)) for x in a.slots.split(",")
-                              if int(x) != t.expert_slots]
+                              if x and int(x) != t.expert_slots]
             work["sweep"] += [cfg(b, bank_rows=int(x)) for x in a.bank_rows.split(",")
                               if x and int(x) != t.bank_rows]
     if "trace" in parts and k == 0:

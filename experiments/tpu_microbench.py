@@ -78,7 +78,7 @@ KIB, MIB = 1024, 1024 * 1024
 # JAX device_kind -> the hardware preset the entries are for
 PLATFORMS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v6 lite": "tpu-v6e", "TPU v5": "tpu-v5p",
              "TPU v5p": "tpu-v5p", "TPU7x": "tpu-v7"}
-SECTIONS = ("dispatch", "dma", "latency", "mxu", "vpu", "loop", "expert", "xla")  # run in this order
+SECTIONS = ("dispatch", "dma", "latency", "mxu", "vpu", "loop", "expert", "xla", "xla_expert")  # run in this order
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,10 @@ class Sizes:
     attention_heads: tuple   # (KV heads, query heads per KV head, head dim)
     attention_tokens: tuple  # T cached rows
     op_chain: tuple          # small ops per loop trip (two lengths: the slope between them is an op)
+    expert_shapes: tuple     # (latent, width) of the XLA expert loop's experts (gate|up [latent, 2 width])
+    expert_rows: tuple       # rows (batch) of the XLA expert loop
+    expert_count: int        # experts stacked (the loop cycles through them)
+    expert_traced: tuple     # rows whose loop is also traced op by op (first shape)
     dispatch_calls: int
     target_s: float          # a timed call lasts at least this much longer than the smallest one
     repeats: int             # calls per count (the median is used)
@@ -123,7 +127,8 @@ FULL = Sizes(
     xla_shapes=((1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (2048, 8192)),
     xla_weights_per_trip=16,
     attention_heads=(8, 4, 128), attention_tokens=(1024, 4096, 16384, 65536),
-    op_chain=(1, 32), dispatch_calls=500, target_s=3e-3, repeats=7, vmem_limit_bytes=100 * MIB)
+    op_chain=(1, 32), expert_shapes=((3584, 768), (3584, 3072)), expert_rows=(1, 8, 16, 32, 64),
+    expert_count=8, expert_traced=(8, 64), dispatch_calls=500, target_s=3e-3, repeats=7, vmem_limit_bytes=100 * MIB)
 
 MINI = Sizes(  # the same code at tiny sizes: Pallas interpret mode on a CPU (--dry-run)
     dma_kib={128: (8, 16), 256: (16,)}, in_flight=(1, 2), ring_vmem_bytes=64 * KIB,
@@ -132,7 +137,8 @@ MINI = Sizes(  # the same code at tiny sizes: Pallas interpret mode on a CPU (--
     vpu_shapes=((8, 128),), vpu_ops=("mul", "exp"), issue_lag=2, issue_chain=2,
     xla_rows=(1,), xla_shapes=((128, 256),), xla_weights_per_trip=2,
     attention_heads=(2, 2, 128), attention_tokens=(64,),
-    op_chain=(1, 4), dispatch_calls=20, target_s=0.02, repeats=1, vmem_limit_bytes=100 * MIB)
+    op_chain=(1, 4), expert_shapes=((256, 128),), expert_rows=(1,), expert_count=2, expert_traced=(1,),
+    dispatch_calls=20, target_s=0.02, repeats=1, vmem_limit_bytes=100 * MIB)
 
 
 # ---- timing -----------------------------------------------------------------------------------
@@ -410,10 +416,10 @@ class Bench:
         f = jax.jit(call)
         return self.clock.slope(lambda n: jax.block_until_ready(f(self.count(n), *args)), n0)
 
-    def program_slope(self, fn, args, n0: int = 1) -> Slope:
+    def program_slope(self, fn, args, n0: int = 1, n_max: int = 1 << 24) -> Slope:
         """The slope per loop trip of a jitted fn(trips, *args) (trips a device scalar)."""
         f = jax.jit(fn)
-        return self.clock.slope(lambda n: jax.block_until_ready(f(self.count(n, ()), *args)), n0)
+        return self.clock.slope(lambda n: jax.block_until_ready(f(self.count(n, ()), *args)), n0, n_max)
 
     def add(self, ident: str, mechanism: str, inputs: dict, value: float, unit: str, scope: str,
             notes: str = "", not_modelled: str = ""):
@@ -817,6 +823,71 @@ def xla_ops(b: Bench):
         b.case(what, attention, what, tokens)
 
 
+EXPERT_TRIPS_MAX = 1 << 14  # the expert loop's id list (cycling through the stacked experts)
+
+
+def xla_expert_loop(b: Bench):
+    """The XLA reference's routed-expert loop alone (`reference.expert_loop`, the code the reference
+    decode runs): one while-loop trip per expert, swiglu(z @ gate_up[e]) @ down[e] scaled and summed,
+    each expert's bf16 weights read in place from the stacked [E, ...] arrays by a dynamic index; per
+    trip by rows and expert shape. For a few row counts one call is also traced and its device ops
+    listed by time (in the notes): which ops a trip runs, and what each costs."""
+    import tempfile
+
+    from perfmodel_kernels.reference import expert_loop
+    from perfmodel.validate.traces import op_table
+    s, key = b.sizes, jax.random.PRNGKey(2)
+    ids = jnp.arange(EXPERT_TRIPS_MAX, dtype=I32) % s.expert_count
+
+    def run(trips, z, comb, gu, dn):
+        return expert_loop(z, comb, ids, trips, gu, dn)
+
+    def shape(latent, width):
+        e = s.expert_count
+        gu = (jax.random.normal(key, (e, latent, 2 * width), F32) * latent ** -0.5).astype(BF16)
+        dn = (jax.random.normal(key, (e, width, latent), F32) * width ** -0.5).astype(BF16)
+        nbytes = 2 * 3 * latent * width
+        try:
+            for m in s.expert_rows:
+                what = f"xla-expert-m{m}-{latent}x{width}"
+                b.case(what, one, what, m, latent, width, nbytes, gu, dn)
+        finally:
+            gu.delete()
+            dn.delete()
+
+    def one(what, m, latent, width, nbytes, gu, dn):
+        z = jax.random.normal(key, (m, latent), F32)
+        comb = jax.nn.softmax(jax.random.normal(key, (m, s.expert_count), F32), axis=-1)
+        sl = b.program_slope(run, (z, comb, gu, dn), n_max=EXPERT_TRIPS_MAX)
+        t = sl.per_rep_s
+        ops = ""
+        if m in s.expert_traced and (latent, width) == s.expert_shapes[0]:
+            ops = "; traced ops (32 trips, per trip): " + traced_ops(run, (z, comb, gu, dn), 32)
+        b.add(what, "xla_expert_loop", {"rows": m, "latent": latent, "width": width, "bytes": nbytes,
+                                        "experts": s.expert_count}, t * 1e6, "us_per_trip",
+              f"one trip of the XLA reference's routed-expert loop: rows {m}, bf16 expert gate|up [{latent}, "
+              f"{2 * width}] and down [{width}, {latent}] read by a dynamic index ({nbytes / max(t, 1e-15) / 1e9:.0f} "
+              "GB/s of expert weights)", sl.notes("trips") + ops)
+
+    def traced_ops(fn, args, trips: int) -> str:
+        f = jax.jit(fn)
+        n = b.count(trips, ())
+        jax.block_until_ready(f(n, *args))
+        with tempfile.TemporaryDirectory() as d:
+            with jax.profiler.trace(d):
+                jax.block_until_ready(f(n, *args))
+            rows = op_table(d)
+        text = ", ".join(f"{r.name} [{r.category}] x{r.count / trips:g} {r.total_s / trips * 1e6:.2f} us"
+                         for r in rows)
+        for r in rows:
+            print(f"    {r.name:28s} {r.category:18s} x{r.count:<5d} {r.total_s * 1e6:9.1f} us  {r.hlo[:160]}",
+                  flush=True)
+        return text
+
+    for latent, width in s.expert_shapes:
+        b.case(f"xla-expert-{latent}x{width}", shape, latent, width)
+
+
 # section -> (its function, a title to print)
 MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted call"),
               "dma": (dma_ring, "HBM -> VMEM copy ring by copy size and copies in flight"),
@@ -825,7 +896,8 @@ MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted cal
               "vpu": (vpu_elementwise, "vector-unit elementwise passes"),
               "loop": (loop_trip, "an in-kernel loop trip; a copy's start and wait beside vector work"),
               "expert": (expert_paths, "the megakernel's routed-expert paths per format"),
-              "xla": (xla_ops, "XLA's op gap, dots by shape and decode attention")}
+              "xla": (xla_ops, "XLA's op gap, dots by shape and decode attention"),
+              "xla_expert": (xla_expert_loop, "the XLA reference's routed-expert loop by rows and shape")}
 
 
 def libtpu_version() -> str:

@@ -383,6 +383,17 @@ def distinct_experts(ids, n_experts, size):
     return jnp.unique(ids.reshape(-1), size=size, fill_value=n_experts)
 
 
+def expert_loop(z, comb, uniq, n, gate_up, down):
+    """sum over j < n of comb[:, e] * swiglu(z @ gate_up[e]) @ down[e], e = uniq[j] (f32): one XLA
+    loop trip per expert, each reading that expert's weights in place from the stacked [E, ...]
+    arrays. (tpu_microbench.py times this loop alone.)"""
+    def apply(j, acc):
+        e = uniq[j]
+        y = mm(swiglu(mm(z, gate_up[e])), down[e])
+        return acc + jax.lax.dynamic_index_in_dim(comb, e, axis=1) * y
+    return jax.lax.fori_loop(0, n, apply, jnp.zeros(z.shape, jnp.float32))
+
+
 def ffn(spec, layer, lw, x, picked: list | None = None):
     """x + dense FFN or latent MoE of rms_norm(x); a MoE layer appends to `picked` (when given)
     the count of distinct experts its rows picked (traced int32)."""
@@ -399,16 +410,10 @@ def ffn(spec, layer, lw, x, picked: list | None = None):
             # Loop over the batch's distinct experts (ascending ids, as the megakernel), reading
             # each expert's weights in place: only the picked experts are read, once.
             uniq = distinct_experts(ids, m.experts, min(m.experts, ids.size))
-
-            def apply(j, acc):
-                e = uniq[j]
-                y = mm(swiglu(mm(z, lw["expert_gate_up"][e])), lw["expert_down"][e])
-                return acc + jax.lax.dynamic_index_in_dim(comb, e, axis=1) * y
-
             n = jnp.sum(uniq < m.experts)
             if picked is not None:
                 picked.append(n)
-            routed = jax.lax.fori_loop(0, n, apply, jnp.zeros(z.shape, jnp.float32))
+            routed = expert_loop(z, comb, uniq, n, lw["expert_gate_up"], lw["expert_down"])
             out = mm(routed, lw["latent_up"]) if m.latent_dim else routed
         if m.shared_width:
             with jax.named_scope("shared"):

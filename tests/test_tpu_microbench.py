@@ -64,7 +64,7 @@ def test_dry_run_file_calibrates_the_tpu_v5e_preset(dry_run):
     assert "mxu_push_fp8_s" not in new.components  # no fp8 MXU: nothing to fit, nothing to use
     rows = microbench.residual_table(data, new)
     assert {r["group"] for r in rows if r["within_target"] is not None} == {"dma", "mxu", "host",
-                                                                           "vpu_decode"}
+                                                                           "vpu_decode", "xla_expert"}
 
 
 def test_without_a_tpu_the_full_run_refuses(capsys):

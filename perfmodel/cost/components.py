@@ -12,7 +12,8 @@ TPU (one TensorCore = one device; a chip has `cores_per_chip` of them):
 - `collective_time`: one collective as phases of remote copies and a semaphore round, per
   algorithm (`rs_ag`, `hierarchical`, `one_shot`, `direct`), the fastest picked per payload as a
   kernel would;
-- `device_call_time`: host dispatch of one device call (a jitted program).
+- `device_call_time`: host dispatch of one device call (a jitted program);
+- `xla_expert_time`: the XLA reference's loop over the distinct routed experts (multi-kernel).
 GPU: `kernel_launch_time` (CUDA-graph node), `kernel_stream_time` (achieved bandwidth of a decode
 GEMV / grouped GEMM kernel), `gpu_all_reduce_time` (by ranks and payload).
 Host CPU: `host_dot_time` (XLA:CPU decode-shaped dots by rows), `host_expert_time` (the
@@ -286,6 +287,17 @@ def host_expert_time(c: dict, nbytes: float, rows: float, experts: float) -> flo
     `host_dot_time` do not carry over). Micro-benchmarks: host-expert-loop-f32-r* (hostbench)."""
     return experts * param(c, "host_expert_fixed_s") + nbytes * (
         1 / param(c, "host_expert_bandwidth_bytes_per_s") + rows * param(c, "host_expert_row_s_per_byte"))
+
+
+def xla_expert_time(c: dict, nbytes: float, rows: float, experts: float) -> float:
+    """The routed experts of one MoE layer as the XLA reference runs them on a TPU
+    (`reference.expert_loop`): a while loop over the `experts` distinct experts (`nbytes` of bf16
+    weights in all), each trip reading its expert's weights in place by a dynamic index and
+    applying them to all `rows` of the batch: a fixed cost per trip (the loop's trip, its ops'
+    launches, the dynamic index and the combine) + the loop's streaming rate and a cost per row and
+    byte. Micro-benchmarks: v5e-xla-expert-m*-* (experiments/tpu_microbench.py, xla_expert)."""
+    return experts * param(c, "xla_expert_trip_s") + nbytes * (
+        1 / param(c, "xla_expert_bandwidth_bytes_per_s") + rows * param(c, "xla_expert_row_s_per_byte"))
 
 
 def host_convert_time(c: dict, values: float, allocated_bytes: float) -> float:

@@ -648,3 +648,34 @@ def _sub_phases(pd, ops: list[OpEvent], windows) -> dict[str, list[float]]:
         for k, v in step.items():
             out[k].append(v)
     return out
+
+
+@dataclass(frozen=True)
+class OpTotal:
+    """One XLA op of a device plane's `XLA Ops` lines, summed over a trace."""
+    name: str
+    category: str    # the event's hlo_category stat ("" where absent)
+    count: int
+    total_s: float
+    hlo: str         # the op's HLO text (`long_name` stat), truncated
+
+
+def op_table(path: str | Path, top: int = 12) -> list[OpTotal]:
+    """The `top` device ops of a trace by total time (all device planes' `XLA Ops` lines): what an
+    XLA program spends its time on, op by op."""
+    pd = load_xspace(find_xplane(path))
+    acc: dict[str, list] = {}
+    for plane in pd.planes:
+        if not plane.name.startswith("/device:"):
+            continue
+        for line in plane.lines:
+            if line.name != "XLA Ops":
+                continue
+            for ev in line.events:
+                stats = {k: v for k, v in ev.stats}
+                a = acc.setdefault(ev.name, [str(stats.get("hlo_category", "")), 0, 0.0,
+                                             str(stats.get("long_name", ""))[:300]])
+                a[1] += 1
+                a[2] += (ev.end_ns - ev.start_ns) * 1e-9
+    rows = [OpTotal(n, c, k, t, h) for n, (c, k, t, h) in acc.items()]
+    return sorted(rows, key=lambda r: -r.total_s)[:top]
