@@ -27,7 +27,9 @@ at a time, so a 10-minute call holds about 15 programs: the default set (about 4
 - trace: a `jax.profiler` trace of each slice at the first and last batch with the kernel's
   named scopes as in-kernel markers (the libtpu flags of experiments/profile_megakernel.py),
   per-layer and per-phase times by `perfmodel.validate.traces`; the first trace is kept
-  (--keep-trace).
+  (--keep-trace);
+- xla_trace: the same for the XLA reference at `--xla-trace-batches` (per layer and phase from
+  its ops' named scopes), with its device ops listed by time (`traces.op_table`).
 Results: experiments/results/tpu_megakernel.json (machine, chip, JAX, libtpu, date, command,
 one record a run; rewritten after every run, so a cut-short call keeps what it measured) and
 `--report`'s summary. `experiments/validate_tpu.py` compares them with the model.
@@ -50,9 +52,10 @@ import profile_megakernel  # noqa: E402,F401  (sets the libtpu trace flags befor
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results" / "tpu_megakernel.json"
-PARTS = ("check", "speed", "xla", "sweep", "trace")
-SLICES = ("k3-tp32-core", "k3-tp8-core")
-FORMATS = {"k3-tp32-core": ("mxfp4", "int8", "bf16"), "k3-tp8-core": ("mxfp4", "int4")}
+PARTS = ("check", "speed", "xla", "sweep", "trace", "xla_trace")
+SLICES = ("k3-tp32-core", "k3-tp8-core", "k3-tp8-dense")
+FORMATS = {"k3-tp32-core": ("mxfp4", "int8", "bf16"), "k3-tp8-core": ("mxfp4", "int4"),
+           "k3-tp8-dense": ("bf16",)}   # no routed experts: the format names nothing
 BATCHES = (1, 2, 4, 8)
 CONTEXT, POSITION = 2048, 1024    # MLA cache capacity; cached tokens per sequence at the start
 # logits of kernel and reference differ by f32 accumulation order over bf16 products and by
@@ -289,7 +292,9 @@ def slice_work(a, parts, name, k, fmt, batches, interpret, sweep) -> dict:
             if "speed" in parts else [],
             "xla": [b for b in ([4] if interpret else map(int, a.xla_batches.split(",")))
                     if b not in batches] if "xla" in parts and k == 0 else [],
-            "sweep": [], "trace": [], "with_xla": k == 0}
+            "sweep": [], "trace": [], "with_xla": k == 0,
+            "xla_trace": [b for b in ([2] if interpret else map(int, a.xla_trace_batches.split(",")))]
+            if "xla_trace" in parts and k == 0 else []}
     if "sweep" in parts and sweep:
         t = cfg(1)   # the tuned depth, slots and bank rows
         for b in ((2,) if interpret else [int(x) for x in a.sweep_batches.split(",")]):
@@ -332,7 +337,7 @@ def warm_compile(sl, work, budget_left) -> tuple[dict, dict]:
     jobs.update({("xla", c.batch): xla(c.batch) for c in work["speed"] if work["with_xla"]})
     jobs.update({("step", c): step(c) for c in work["check"]})
     jobs.update({("loop", c): loop(c) for c in work["sweep"] + work["trace"]})
-    jobs.update({("xla", b): xla(b) for b in work["xla"]})
+    jobs.update({("xla", b): xla(b) for b in work["xla"] + work["xla_trace"]})
     workers = max(1, min(len(jobs), (os.cpu_count() or 2) - 1))
     say(f"  compiling {len(jobs)} programs ahead, {workers} at a time")
     out, exes, running, t0 = {}, {}, {}, time.perf_counter()
@@ -385,6 +390,41 @@ def run_trace(res, sl, cfg, keep: str | None, interpret, loop=None) -> None:
             shutil.copy(f, keep)
             break
     shutil.rmtree(d, ignore_errors=True)
+
+
+def run_xla_trace(res, sl, cfg, exe=None) -> None:
+    """A trace of a few one-step calls of the XLA reference, parsed per layer and phase, with
+    its device ops by time; recorded."""
+    import shutil
+    import tempfile
+    import jax
+    import jax.numpy as jnp
+    from perfmodel_kernels import reference
+    from perfmodel.util.errors import SpecError
+    from perfmodel.validate.traces import STEP_NAME, op_table
+    d = Path(tempfile.mkdtemp(prefix="xla_trace_"))
+    loop, steps = exe or reference.make_loop(), 3
+    cache, tok, pos, _ = start_state(sl, cfg)
+    one = jnp.int32(1)
+    tok, cache, picked = jax.block_until_ready(loop(sl.weights, cache, tok, pos, one))
+    with jax.profiler.trace(str(d)):
+        for i in range(steps):
+            with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
+                tok, cache, picked = jax.block_until_ready(loop(sl.weights, cache, tok, pos, one))
+    try:
+        tr = trace_record(d, len(sl.spec.layers))
+        tr["ops"] = [{"name": o.name, "category": o.category, "per_step": o.count / steps,
+                      "s_per_step": o.total_s / steps, "hlo": o.hlo[:200]} for o in op_table(d, 25)]
+    except SpecError as e:
+        tr = {"error": str(e)}
+    shutil.rmtree(d, ignore_errors=True)
+    res.add({"kind": "xla_trace", "slice": sl.name, "format": sl.fmt, "batch": cfg.batch,
+             "distinct_experts": [int(x) for x in picked], **tr})
+    say(f"  xla trace {sl.name} batch {cfg.batch}: " + (f"step {tr['step_s'] * 1e6:.1f} us, "
+        f"{len(tr['phases_s'])} phases" if "step_s" in tr else tr["error"]))
+    for o in tr.get("ops", [])[:15]:
+        say(f"    {o['s_per_step'] * 1e6:8.1f} us x{o['per_step']:<5g} {o['name']} [{o['category']}] "
+            f"{o['hlo'][:120]}")
 
 
 def config_dict(cfg) -> dict:
@@ -533,6 +573,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-batches", default="1", help="sweep: batches")
     ap.add_argument("--xla-batches", default="1,2,4,8,16,32,64",
                     help="xla: batches of the XLA reference alone (those not run by speed)")
+    ap.add_argument("--xla-trace-batches", default="1,8,64", help="xla_trace: batches")
     ap.add_argument("--cache-dir", default="/tmp/perfmodel_jax_cache",
                     help="JAX's persistent compilation cache on a TPU (unless JAX already has one)")
     ap.add_argument("--budget-s", type=float, default=540,
@@ -632,6 +673,9 @@ def main(argv=None) -> int:
             for cfg in work["trace"]:
                 if not over_budget():
                     run_trace(res, sl, cfg, a.keep_trace, interpret, exes.get(("loop", cfg)))
+            for b in work["xla_trace"]:
+                if not over_budget():
+                    run_xla_trace(res, sl, kernel_cfg_for(name, b, interpret), exes.get(("xla", b)))
             del sl
             gc.collect()
     say(summary_line(res.res))

@@ -31,6 +31,10 @@ SLICES = {
     "k3-tp8-core": dict(name="kimi-k3-tp8-core", vocab=163840 // 8, kda={"heads": 12},
                         mla={"heads": 12}, ffn={"dense_layers": [1], "dense_width": 33792 // 8},
                         moe={"experts": 32, "top_k": 4, "shared_width": 6144 // 8}),
+    # a dense slice: one chip of TP8's attention (12 heads) with Kimi K3's dense FFN (its first
+    # layer's, width 4224) in every layer, no MoE
+    "k3-tp8-dense": dict(name="kimi-k3-tp8-dense", vocab=163840 // 8, kda={"heads": 12},
+                         mla={"heads": 12}, ffn={"dense_layers": [1, 2, 3, 4], "dense_width": 33792 // 8}),
 }
 
 
@@ -44,6 +48,8 @@ def slice_spec(name: str, fmt: str | None = None, layers: int = 4):
     require(layers >= 4, "layers", layers, "a Kimi K3 slice has at least its first 4 layers")
     over = dict(SLICES[name], layers=layers,
                 attention={"default": "kda", "mla_layers": list(range(4, layers + 1, 4))})
+    if name.endswith("-dense"):
+        over["ffn"] = dict(over["ffn"], dense_layers=list(range(1, layers + 1)))
     if fmt:
         over["formats"] = {"routed_expert": fmt}
     return derive("kimi-k3", **over)

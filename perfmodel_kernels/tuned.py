@@ -24,7 +24,7 @@ TUNED = {
         "VMEM); 4 expert slots and a bf16 wire as Inferact's TPU7x kernel (docs/sources.md); "
         "fits the 58 MiB VMEM budget at batch 1 to 8 (tests/test_kernel_plan.py)"),
 }
-for _slice in ("kimi-k3-tp32-core", "kimi-k3-tp8-core"):
+for _slice in ("kimi-k3-tp32-core", "kimi-k3-tp8-core", "kimi-k3-tp8-dense"):
     TUNED[(_slice, 1)] = Tuned(
         8192, 8, 2, "f32",
         "2 MiB banks at v5e's 128 lanes: the chip's in-kernel stream reaches its plateau (755 "

@@ -3,7 +3,9 @@
 A kernel pays its launch, starts its weight loads when it starts (DMA latency + first tile =
 pipeline fill) and computes the last tile after the loads end (drain); collectives are kernels
 of their own; activations go through HBM. Nothing overlaps across a kernel boundary (one
-CUDA-graph stream).
+CUDA-graph stream). Where the hardware file has the XLA expert-loop component (a TPU measured with
+tpu_microbench.py), a MoE layer's routed experts are XLA's loop over them: a trip per expert
+(`components.xla_expert_time`).
 """
 from __future__ import annotations
 
@@ -34,6 +36,11 @@ def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
     nbytes = g.bytes
     t_mem = nbytes / bw + np.where(nbytes > 0, desc * np.ceil(nbytes / hw.dma_tile_bytes), 0.0)
     host_launch = 0.0
+    if "xla_expert_trip_s" in hw.components:  # XLA on a TPU: the routed experts are a loop of their own
+        experts = g.experts_read()
+        for j in np.flatnonzero(g.routed_bytes > 0):
+            t_mem[j] = (cm.xla_expert_time(hw.components, g.routed_bytes[j], g.tokens, experts[j])
+                        + (nbytes[j] - g.routed_bytes[j]) / bw)
     if cm.is_host_model(hw.components):  # XLA:CPU as the reference runs (hostbench components)
         t_mem, host_launch = host_terms(g, hw, t_mem, bw, weights)
     tile = np.minimum(nbytes, hw.dma_tile_bytes)

@@ -79,6 +79,13 @@ class OpGraph:
     def bytes(self) -> np.ndarray:
         return self.static_bytes + self.routed_bytes + self.kv_bytes + self.act_bytes
 
+    def experts_read(self) -> np.ndarray:
+        """Per op, the distinct routed experts it reads (0 for ops without routed weights): one
+        expert's bytes are alike in every MoE layer, so an op's count is its routed bytes over the
+        busiest layer's, times `distinct_experts`."""
+        top = self.routed_bytes.max(initial=0.0)
+        return self.distinct_experts * self.routed_bytes / top if top > 0 else np.zeros(len(self.routed_bytes))
+
     def __len__(self) -> int:
         return len(self.name)
 
