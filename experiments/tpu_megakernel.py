@@ -392,9 +392,9 @@ def run_trace(res, sl, cfg, keep: str | None, interpret, loop=None) -> None:
     shutil.rmtree(d, ignore_errors=True)
 
 
-def run_xla_trace(res, sl, cfg, exe=None) -> None:
+def run_xla_trace(res, sl, cfg, exe=None, keep: str | None = None) -> None:
     """A trace of a few one-step calls of the XLA reference, parsed per layer and phase, with
-    its device ops by time; recorded."""
+    its device ops by time; recorded (keep: a folder the trace's .xplane.pb is copied to)."""
     import shutil
     import tempfile
     import jax
@@ -413,10 +413,13 @@ def run_xla_trace(res, sl, cfg, exe=None) -> None:
                 tok, cache, picked = jax.block_until_ready(loop(sl.weights, cache, tok, pos, one))
     try:
         tr = trace_record(d, len(sl.spec.layers))
-        tr["ops"] = [{"name": o.name, "category": o.category, "per_step": o.count / steps,
-                      "s_per_step": o.total_s / steps, "hlo": o.hlo[:200]} for o in op_table(d, 25)]
     except SpecError as e:
         tr = {"error": str(e)}
+    tr["ops"] = [{"name": o.name, "category": o.category, "per_step": o.count / steps,
+                  "s_per_step": o.total_s / steps, "hlo": o.hlo[:200]} for o in op_table(d, 25)]
+    if keep:
+        for f in d.rglob("*.xplane.pb"):
+            shutil.copy(f, Path(keep) / f"xla_{sl.name}_{sl.fmt}_b{cfg.batch}.xplane.pb")
     shutil.rmtree(d, ignore_errors=True)
     res.add({"kind": "xla_trace", "slice": sl.name, "format": sl.fmt, "batch": cfg.batch,
              "distinct_experts": [int(x) for x in picked], **tr})
@@ -574,6 +577,7 @@ def main(argv=None) -> int:
     ap.add_argument("--xla-batches", default="1,2,4,8,16,32,64",
                     help="xla: batches of the XLA reference alone (those not run by speed)")
     ap.add_argument("--xla-trace-batches", default="1,8,64", help="xla_trace: batches")
+    ap.add_argument("--keep-xla-traces", help="xla_trace: copy each trace's .xplane.pb to this folder")
     ap.add_argument("--cache-dir", default="/tmp/perfmodel_jax_cache",
                     help="JAX's persistent compilation cache on a TPU (unless JAX already has one)")
     ap.add_argument("--budget-s", type=float, default=540,
@@ -675,7 +679,8 @@ def main(argv=None) -> int:
                     run_trace(res, sl, cfg, a.keep_trace, interpret, exes.get(("loop", cfg)))
             for b in work["xla_trace"]:
                 if not over_budget():
-                    run_xla_trace(res, sl, kernel_cfg_for(name, b, interpret), exes.get(("xla", b)))
+                    run_xla_trace(res, sl, kernel_cfg_for(name, b, interpret), exes.get(("xla", b)),
+                                  a.keep_xla_traces)
             del sl
             gc.collect()
     say(summary_line(res.res))
