@@ -526,10 +526,12 @@ def table(res: dict) -> str:
         x = xla.get(_point(r))
         share = (r["plan_bytes_per_s"] / res["stream_bytes_per_s"]
                  if res.get("stream_bytes_per_s") and r.get("plan_bytes_per_s") else None)
-        lines.append(f"| {r['slice']} | {r['format']} as {r['feed'].split(' as ')[1].split()[0]}"
+        experts = f"{r['format']} as {r['feed'].split(' as ')[1].split()[0]}" if r.get("feed") \
+            else "none (dense)"
+        lines.append(f"| {r['slice']} | {experts}"
                      f" | {r['batch']} | {r['step_s'] * 1e6:.0f} | {r['batch'] / r['step_s']:.0f}"
                      f" | {x * 1e6:.0f} | {x / r['step_s']:.2f}x |" if x else
-                     f"| {r['slice']} | {r['format']} | {r['batch']} | {r['step_s'] * 1e6:.0f} | "
+                     f"| {r['slice']} | {experts} | {r['batch']} | {r['step_s'] * 1e6:.0f} | "
                      f"{r['batch'] / r['step_s']:.0f} | - | - |")
         lines[-1] += f" {share:.0%} |" if share else " - |"
     kernel = {_point(r) for r in res["runs"] if r["kind"] == "megakernel"}

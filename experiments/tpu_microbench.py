@@ -30,6 +30,9 @@ mechanism) and the `mechanism` of its entries:
   weights per loop trip, alternately [k, n] and [n, k]; XLA's decode attention over a bf16 cache,
   one query row per head (8 KV heads of 4 query heads each, head dim 128) against T cached rows,
   softmax included; the loop's trip subtracted from both.
+- xla_expert, `xla_expert_loop`: the XLA reference's own routed-expert loop (`reference.expert_loop`)
+  alone, by rows (1 .. 64) and expert shape (Kimi K3's latent 3584, width 768 and 3072): time per
+  trip (one expert); at two row counts one call is also traced and its ops listed by time.
 
 Timing. A jitted call costs about half a millisecond of host time on a TPU VM, so no figure is one
 call's wall clock: every kernel and XLA program takes its repetition count as an argument (an SMEM

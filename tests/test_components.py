@@ -257,3 +257,29 @@ def test_all_gather_benchmarks_carry_the_gathered_result():
     for e in gathers:
         rows, width = map(int, re.search(r"\[(\d+), (\d+)\] bf16 per rank", e["inputs"]["shard"]).groups())
         assert e["inputs"]["payload_bytes"] == e["inputs"]["devices"] * rows * width * 2
+
+
+def test_xla_expert_loop_prices_a_trip_per_distinct_expert():
+    """On a TPU whose hardware file has the XLA expert-loop component (tpu-v5e), the multi-kernel
+    engine prices each MoE layer's routed experts as XLA's loop over them: one more distinct expert
+    in a layer costs one trip (fixed cost + its bytes at the loop's rate + rows x bytes); without
+    the component the same graph streams the bytes at the engine's bandwidth with no trip cost."""
+    import dataclasses
+    from perfmodel.cost import components as cm
+    from perfmodel.engine.multikernel import simulate_multikernel
+    from perfmodel.graph.ops import build, with_experts
+    from perfmodel.spec.deployment import Deployment
+    from perfmodel_kernels.specs import slice_spec
+    hw = load_hardware("tpu-v5e")
+    c = hw.components
+    g = build(slice_spec("k3-tp32-core", "bf16"), Deployment(devices=1, tp=1, engine="multikernel", batch=8))
+    few, more = with_experts(g, [20, 20, 20]), with_experts(g, [20, 21, 20])
+    assert list(more.experts_read()[more.routed_bytes > 0]) == pytest.approx([20, 21, 20])
+    one = more.routed_bytes.max() / 21       # one expert's bf16 bytes
+    trip = cm.xla_expert_time(c, one, g.tokens, 1)
+    assert trip == pytest.approx(c["xla_expert_trip_s"] + one / c["xla_expert_bandwidth_bytes_per_s"]
+                                 + g.tokens * one * c["xla_expert_row_s_per_byte"])
+    step = lambda gr, h: simulate_multikernel(gr, h).step_s   # noqa: E731
+    assert step(more, hw) - step(few, hw) == pytest.approx(trip, rel=1e-3)  # (+ the last tile's drain)
+    plain = dataclasses.replace(hw, components={k: v for k, v in c.items() if not k.startswith("xla_expert")})
+    assert step(more, plain) - step(few, plain) < trip - 0.9 * c["xla_expert_trip_s"]

@@ -440,3 +440,27 @@ def test_recorded_tpu_v5e_megakernel_trace(tmp_path):
         parts = [t.sub_phase_s[f"layer_{layer:02d}/ffn/{p}"].median for p in ("router", "experts", "shared")]
         assert 0.5 * ffn < sum(parts) <= ffn
     assert any("outside" in n for n in t.notes)
+
+
+def test_recorded_tpu_v5e_xla_trace_op_table(tmp_path):
+    """The XLA reference traced on a TPU v5e (tpu_megakernel.py --only xla_trace, batch 64, three
+    one-step calls): op_table names each op from its event (this libtpu puts the HLO text in the
+    name), the step's while loop first, then the three MoE layers' expert loops, whose trips run
+    once per distinct expert the step picked."""
+    import gzip
+    f = tmp_path / "xla_b64.xplane.pb"
+    f.write_bytes(gzip.decompress((ROOT / "experiments" / "results" / "tpu_v5e" /
+                                   "xla_k3-tp32-core_mxfp4_b64.xplane.pb.gz").read_bytes()))
+    ops = traces.op_table(f, top=20)
+    assert ops[0].name.startswith("while") and ops[0].count == 3
+    loops = [o for o in ops[1:4] if o.name.startswith("while")]
+    assert len(loops) == 3 and all("bf16[112,3584,1536]" in o.hlo for o in loops)
+    # each loop's gate|up dot (the stacked experts' dynamic slice fused in) runs once a trip
+    runs = json.loads((ROOT / "experiments" / "results" / "tpu_megakernel.json").read_text())["runs"]
+    picked = next(r["distinct_experts"] for r in runs if r["kind"] == "xla_trace" and r["batch"] == 64)
+    gate_up = [o for o in ops if o.name.startswith("fusion") and "f32[64,1536]" in o.hlo
+               and "bf16[112,3584,1536]" in o.hlo]
+    assert len(gate_up) == 3
+    trips = sum(o.count for o in gate_up) / 3   # a step (routing moves a little from step to step)
+    assert trips == pytest.approx(sum(picked), rel=0.1)
+    assert sum(o.total_s for o in loops) < ops[0].total_s

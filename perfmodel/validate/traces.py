@@ -653,16 +653,18 @@ def _sub_phases(pd, ops: list[OpEvent], windows) -> dict[str, list[float]]:
 @dataclass(frozen=True)
 class OpTotal:
     """One XLA op of a device plane's `XLA Ops` lines, summed over a trace."""
-    name: str
+    name: str        # the HLO instruction (`fusion.12`)
     category: str    # the event's hlo_category stat ("" where absent)
     count: int
     total_s: float
-    hlo: str         # the op's HLO text (`long_name` stat), truncated
+    hlo: str         # the op's HLO text, truncated
 
 
 def op_table(path: str | Path, top: int = 12) -> list[OpTotal]:
     """The `top` device ops of a trace by total time (all device planes' `XLA Ops` lines): what an
-    XLA program spends its time on, op by op."""
+    XLA program spends its time on, op by op. An event names its op, or (the v5e's libtpu 0.0.42)
+    carries the whole HLO text `%fusion.12 = f32[..] fusion(..)` as its name; the text is also in a
+    `long_name` stat on other versions."""
     pd = load_xspace(find_xplane(path))
     acc: dict[str, list] = {}
     for plane in pd.planes:
@@ -673,8 +675,10 @@ def op_table(path: str | Path, top: int = 12) -> list[OpTotal]:
                 continue
             for ev in line.events:
                 stats = {k: v for k, v in ev.stats}
-                a = acc.setdefault(ev.name, [str(stats.get("hlo_category", "")), 0, 0.0,
-                                             str(stats.get("long_name", ""))[:300]])
+                name, _, text = ev.name.partition(" = ")
+                name = name.lstrip("%")
+                a = acc.setdefault(name, [str(stats.get("hlo_category", "")), 0, 0.0,
+                                          (text or str(stats.get("long_name", "")))[:300]])
                 a[1] += 1
                 a[2] += (ev.end_ns - ev.start_ns) * 1e-9
     rows = [OpTotal(n, c, k, t, h) for n, (c, k, t, h) in acc.items()]
