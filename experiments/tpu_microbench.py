@@ -785,9 +785,7 @@ def xla_ops(b: Bench):
                   f"XLA bf16 dot [{m}, {k}] @ [{k}, {n}] in a chain through {per_trip} distinct weights (half of "
                   f"them [{n}, {k}]), per dot ({nbytes / max(t, 1e-15) / 1e9:.0f} GB/s of weights)",
                   f"{sl.notes('trips')}; the loop's trip ({loop['s'] * 1e6:.2f} us) subtracted, the rest over "
-                  f"{per_trip} dots",
-                  not_modelled="XLA's dot is costed by the multi-kernel engine from the DMA and MXU components "
-                  "and launch_overhead_s: a check of that engine, not a component's data")
+                  f"{per_trip} dots")
 
         try:
             for m in s.xla_rows:

@@ -263,7 +263,7 @@ def test_xla_expert_loop_prices_a_trip_per_distinct_expert():
     """On a TPU whose hardware file has the XLA expert-loop component (tpu-v5e), the multi-kernel
     engine prices each MoE layer's routed experts as XLA's loop over them: one more distinct expert
     in a layer costs one trip (fixed cost + its bytes at the loop's rate + rows x bytes); without
-    the component the same graph streams the bytes at the engine's bandwidth with no trip cost."""
+    XLA's components the same graph streams the bytes at the engine's bandwidth with no trip cost."""
     import dataclasses
     from perfmodel.cost import components as cm
     from perfmodel.engine.multikernel import simulate_multikernel
@@ -281,5 +281,27 @@ def test_xla_expert_loop_prices_a_trip_per_distinct_expert():
                                  + g.tokens * one * c["xla_expert_row_s_per_byte"])
     step = lambda gr, h: simulate_multikernel(gr, h).step_s   # noqa: E731
     assert step(more, hw) - step(few, hw) == pytest.approx(trip, rel=1e-3)  # (+ the last tile's drain)
-    plain = dataclasses.replace(hw, components={k: v for k, v in c.items() if not k.startswith("xla_expert")})
+    plain = dataclasses.replace(hw, components={k: v for k, v in c.items() if not k.startswith(("xla_dot", "xla_expert"))})
     assert step(more, plain) - step(few, plain) < trip - 0.9 * c["xla_expert_trip_s"]
+
+
+def test_xla_dots_on_a_tpu_take_their_measured_time_without_fill():
+    """With XLA's dot component (tpu-v5e), a static dot's op lasts xla_dot_time of its weights plus
+    its activations at the stream rate: no launch gap, first-byte latency or pipeline fill of its
+    own (XLA copies its weights in behind the ops before it); an op without weights keeps them."""
+    from perfmodel.cost import components as cm
+    from perfmodel.engine.multikernel import simulate_multikernel
+    from perfmodel.engine.terms import launch_s
+    from perfmodel.graph.ops import build
+    from perfmodel.spec.deployment import Deployment
+    from perfmodel_kernels.specs import slice_spec
+    hw = load_hardware("tpu-v5e")
+    c = hw.components
+    g = build(slice_spec("k3-tp8-dense", "bf16"), Deployment(devices=1, tp=1, engine="multikernel", batch=1))
+    tl = simulate_multikernel(g, hw)
+    dur = tl.end_s - tl.start_s
+    j = g.name.index("gate_up")
+    other = g.bytes[j] - g.static_bytes[j]
+    assert dur[j] == pytest.approx(cm.xla_dot_time(c, g.static_bytes[j]) + other / c["dma_bandwidth_bytes_per_s"])
+    k = g.name.index("attn_norm", 1)
+    assert dur[k] >= launch_s(hw) + c["dma_latency_s"]

@@ -64,7 +64,7 @@ def test_dry_run_file_calibrates_the_tpu_v5e_preset(dry_run):
     assert "mxu_push_fp8_s" not in new.components  # no fp8 MXU: nothing to fit, nothing to use
     rows = microbench.residual_table(data, new)
     assert {r["group"] for r in rows if r["within_target"] is not None} == {"dma", "mxu", "host",
-                                                                           "vpu_decode", "xla_expert"}
+                                                                           "vpu_decode", "xla_expert", "xla_dot"}
 
 
 def test_without_a_tpu_the_full_run_refuses(capsys):
@@ -151,7 +151,8 @@ def test_tpu_v5e_preset_is_calibrated_and_predicts():
 MEASURED = ROOT / "experiments" / "results" / "tpu_v5e_microbench.json"
 FITTED = ("dma_bandwidth_bytes_per_s", "dma_latency_s", "dma_descriptor_s", "mxu_push_bf16_s", "mxu_row_s",
           "mxu_dot_issue_s", "host_dispatch_s", "vpu_decode_e2m1_s", "vpu_decode_int4_s", "vpu_decode_int8_s",
-          "xla_expert_trip_s", "xla_expert_bandwidth_bytes_per_s", "xla_expert_row_s_per_byte")
+          "xla_expert_trip_s", "xla_expert_bandwidth_bytes_per_s", "xla_expert_row_s_per_byte",
+          "xla_dot_fixed_s", "xla_dot_bandwidth_bytes_per_s")
 UNMEASURED = ("vpu_dequant_s", "cross_chip_latency_s", "collective_call_s",
               "collective_phase_s", "collective_copy_issue_s", "topk_round_s", "attention_core_s", "xla_embedding_s",
               "mxu_row_tile")
@@ -209,11 +210,12 @@ def test_v5e_residuals_within_5_percent_but_the_named_misses(v5e):
     print("\n" + table(["entry", "group", "measured", "predicted", "unit", "error %"],
                        [[r["id"], r["group"], r["measured"], r["predicted"], r["unit"], 100 * r["error"]]
                         for r in fitted]))
-    assert {r["group"] for r in fitted} == {"dma", "mxu", "host", "vpu_decode", "xla_expert"} and len(fitted) == 103
+    assert {r["group"] for r in fitted} == {"dma", "mxu", "host", "vpu_decode", "xla_expert", "xla_dot"} \
+        and len(fitted) == 128
     over = {r["id"] for r in fitted if abs(r["error"]) > TARGET}
     assert over == set().union(*MISSES.values())
     assert max(abs(r["error"]) for r in fitted) < 0.30
-    for group in ("dma", "host", "xla_expert"):
+    for group in ("dma", "host", "xla_expert", "xla_dot"):
         errors = sorted(abs(r["error"]) for r in fitted if r["group"] == group)
         assert errors[len(errors) // 2] < 0.02, group
     # every entry no component models is listed with its reason and never fitted

@@ -13,7 +13,8 @@ TPU (one TensorCore = one device; a chip has `cores_per_chip` of them):
   algorithm (`rs_ag`, `hierarchical`, `one_shot`, `direct`), the fastest picked per payload as a
   kernel would;
 - `device_call_time`: host dispatch of one device call (a jitted program);
-- `xla_expert_time`: the XLA reference's loop over the distinct routed experts (multi-kernel).
+- `xla_dot_time`, `xla_expert_time`: XLA's dots and its loop over the distinct routed experts,
+  as the multi-kernel engine prices XLA on a TPU.
 GPU: `kernel_launch_time` (CUDA-graph node), `kernel_stream_time` (achieved bandwidth of a decode
 GEMV / grouped GEMM kernel), `gpu_all_reduce_time` (by ranks and payload).
 Host CPU: `host_dot_time` (XLA:CPU decode-shaped dots by rows), `host_expert_time` (the
@@ -287,6 +288,16 @@ def host_expert_time(c: dict, nbytes: float, rows: float, experts: float) -> flo
     `host_dot_time` do not carry over). Micro-benchmarks: host-expert-loop-f32-r* (hostbench)."""
     return experts * param(c, "host_expert_fixed_s") + nbytes * (
         1 / param(c, "host_expert_bandwidth_bytes_per_s") + rows * param(c, "host_expert_row_s_per_byte"))
+
+
+def xla_dot_time(c: dict, nbytes: float) -> float:
+    """One XLA dot on a TPU among others (the multi-kernel engine's op with weights): its weights
+    at XLA's streaming rate plus a fixed cost; no separate first-byte latency or launch gap, as
+    XLA starts the copies of a dot's weights into VMEM while the ops before it run (its async
+    copy-start / copy-done pairs), and flat in the rows up to 64 (measured). Micro-benchmarks:
+    v5e-xla-dot-bf16-m*-* (experiments/tpu_microbench.py, xla: a chain of 16 distinct dots a
+    loop trip)."""
+    return param(c, "xla_dot_fixed_s") + nbytes / param(c, "xla_dot_bandwidth_bytes_per_s")
 
 
 def xla_expert_time(c: dict, nbytes: float, rows: float, experts: float) -> float:

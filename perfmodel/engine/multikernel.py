@@ -3,9 +3,11 @@
 A kernel pays its launch, starts its weight loads when it starts (DMA latency + first tile =
 pipeline fill) and computes the last tile after the loads end (drain); collectives are kernels
 of their own; activations go through HBM. Nothing overlaps across a kernel boundary (one
-CUDA-graph stream). Where the hardware file has the XLA expert-loop component (a TPU measured with
-tpu_microbench.py), a MoE layer's routed experts are XLA's loop over them: a trip per expert
-(`components.xla_expert_time`).
+CUDA-graph stream). Where the hardware file has XLA's own components (a TPU measured with
+tpu_microbench.py), an op with weights is priced as XLA runs it there: a dot at XLA's measured rate
+with its gap and no first-byte latency or fill (XLA copies a dot's weights into VMEM behind the ops
+before it; `components.xla_dot_time`), a MoE layer's routed experts as XLA's loop over them, a trip
+per expert (`components.xla_expert_time`).
 """
 from __future__ import annotations
 
@@ -36,19 +38,25 @@ def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
     nbytes = g.bytes
     t_mem = nbytes / bw + np.where(nbytes > 0, desc * np.ceil(nbytes / hw.dma_tile_bytes), 0.0)
     host_launch = 0.0
-    if "xla_expert_trip_s" in hw.components:  # XLA on a TPU: the routed experts are a loop of their own
+    xla_tpu = "xla_dot_fixed_s" in hw.components   # XLA on a TPU, its dots and expert loop measured
+    prefetched = np.zeros(len(g), bool)  # ops whose weights XLA copies in behind the ops before them
+    if xla_tpu:
+        prefetched = (g.flops > 0) & (g.static_bytes + g.routed_bytes > 0) & ~g.is_collective
         experts = g.experts_read()
-        for j in np.flatnonzero(g.routed_bytes > 0):
-            t_mem[j] = (cm.xla_expert_time(hw.components, g.routed_bytes[j], g.tokens, experts[j])
-                        + (nbytes[j] - g.routed_bytes[j]) / bw)
+        for j in np.flatnonzero(prefetched):
+            if g.routed_bytes[j] > 0:   # the routed experts: XLA's loop over them
+                t_mem[j] = cm.xla_expert_time(hw.components, g.routed_bytes[j], g.tokens, experts[j])
+            else:
+                t_mem[j] = cm.xla_dot_time(hw.components, g.static_bytes[j])
+            t_mem[j] += (nbytes[j] - g.static_bytes[j] - g.routed_bytes[j]) / bw
     if cm.is_host_model(hw.components):  # XLA:CPU as the reference runs (hostbench components)
         t_mem, host_launch = host_terms(g, hw, t_mem, bw, weights)
     tile = np.minimum(nbytes, hw.dma_tile_bytes)
     first = tile / bw
     last = np.where(nbytes > 0, comp * tile / np.maximum(nbytes, 1.0), comp)
-    core = np.maximum(t_mem + last, first + comp)
-    lat = np.where(nbytes > 0, dma_lat, 0.0)
-    launch = np.full(len(g), launch_s(hw))
+    core = np.where(prefetched, np.maximum(t_mem, comp), np.maximum(t_mem + last, first + comp))
+    lat = np.where((nbytes > 0) & ~prefetched, dma_lat, 0.0)
+    launch = np.where(prefetched & (g.routed_bytes == 0), 0.0, launch_s(hw))  # a dot's gap: in its time
     if len(g):
         launch[0] += call_s(hw) / steps_per_call
     launch = launch + host_launch

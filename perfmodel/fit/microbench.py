@@ -64,6 +64,7 @@ GROUPS = {
     "host_dot": (("dot_gemv_bandwidth_bytes_per_s", "dot_gemm_bandwidth_bytes_per_s", "dot_gemm_row_s_per_byte",
                   "dot_fixed_s"),
                  ("host_dot",)),
+    "xla_dot": (("xla_dot_fixed_s", "xla_dot_bandwidth_bytes_per_s"), ("xla_dot",)),
     "xla_expert": (("xla_expert_trip_s", "xla_expert_bandwidth_bytes_per_s", "xla_expert_row_s_per_byte"),
                    ("xla_expert_loop",)),
     "host_expert": (("host_expert_fixed_s", "host_expert_bandwidth_bytes_per_s", "host_expert_row_s_per_byte"),
@@ -117,6 +118,7 @@ INPUTS = {
     "host_temp_pages": {"bytes": Req(_BYTES)}, "host_stack_copy": {"bytes": Req(_BYTES)},
     "host_absorbed_kv_b": {"bytes": Req(_BYTES)}, "host_argmax": {"values": Req(_N)},
     "host_expert_loop": {"bytes": Req(_BYTES), "rows": Req(_N), "experts": Req(_N)},
+    "xla_dot": {"bytes": Req(_BYTES), "m": _N, "k": _N, "n": _N, "dtype": _DTYPE},
     "xla_expert_loop": {"bytes": Req(_BYTES), "rows": Req(_N), "latent": _N, "width": _N, "experts": _N},
     "engine_bandwidth_fraction": {"model": Req((STR,)), "devices": Req(_N), "batch": Req(_N)},
 }
@@ -254,6 +256,8 @@ def predict_entry(e: dict, hw: Hardware) -> float:
         t = cm.host_argmax_time(c, i["values"])
     elif m == "host_expert_loop":
         t = cm.host_expert_time(c, i["bytes"], i["rows"], i["experts"]) / i["experts"]
+    elif m == "xla_dot":
+        t = cm.xla_dot_time(c, i["bytes"])
     elif m == "xla_expert_loop":  # per trip: bytes are one expert's
         t = cm.xla_expert_time(c, i["bytes"], i["rows"], 1)
     elif m == "engine_bandwidth_fraction":
