@@ -209,18 +209,61 @@ def predict_megakernel(run: dict, hw_name: str):
     return spec, hw, dataclasses.replace(p, step_s=p.step_s - t0, layers=layers), phases, t0
 
 
-def predict_xla(run: dict, context: int, hw_name: str) -> tuple[float, float]:
+def predict_xla(run: dict, context: int, hw_name: str, prediction: bool = False):
     """(device time, wall time with one call a step) the multi-kernel engine predicts for an XLA
     run: the slice with its routed experts in bf16 (the reference's dequantised weights), each
     MoE layer reading the distinct experts the run's last step picked where it recorded them
-    (the reference reads only those), else the analytic expectation."""
+    (the reference reads only those), else the analytic expectation. prediction: also the
+    prediction itself and the call's dispatch."""
     import perfmodel
     from perfmodel_kernels.specs import slice_spec
     spec = slice_spec(run["slice"], "bf16")
     hw = perfmodel.load_hardware(hw_name)
     d = perfmodel.Deployment(devices=1, tp=1, engine="multikernel", batch=run["batch"], context=context)
     p = perfmodel.predict(spec, hw, d, experts=run.get("distinct_experts"))
-    return p.step_s - dispatch_s(hw, d), p.step_s
+    t0 = dispatch_s(hw, d)
+    return (p.step_s - t0, p.step_s, p, t0) if prediction else (p.step_s - t0, p.step_s)
+
+
+def compare_xla_layers(run: dict, runs: list[dict], hw_name: str, where: Path) -> dict:
+    """A traced XLA run (kind "xla_trace") per layer: the device time its ops take in a step
+    (`traces.xla_layer_times`: its committed trace, `where`/xla_<slice>_<format>_b<B>.xplane.pb.gz,
+    read with the program's HLO compiled ahead of time for the chip by the same libtpu,
+    `where`/xla_<slice>_b<B>.hlo.txt.gz: experiments/xla_reference_hlo.py) against the model's
+    layers (the call's dispatch taken out of layer 0)."""
+    import gzip
+    import tempfile
+    from perfmodel.validate.traces import xla_layer_times
+    trace = where / f"xla_{run['slice']}_{run['format']}_b{run['batch']}.xplane.pb.gz"
+    hlo = where / f"xla_{run['slice']}_b{run['batch']}.hlo.txt.gz"
+    for f in (trace, hlo):
+        require(f.exists(), "file", shown(f), "not committed: the traced XLA run cannot be read per layer")
+    xla = next((r for r in runs if r["kind"] == "xla" and _point(r) == _point(run)), None)
+    require(xla is not None and xla.get("positions"), "positions", None,
+            f"no XLA run of {label(run)} with positions to predict the trace at")
+    with tempfile.TemporaryDirectory() as d:
+        xp = Path(d) / "trace.xplane.pb"
+        xp.write_bytes(gzip.decompress(trace.read_bytes()))
+        layers, per_call, steps = xla_layer_times(xp, gzip.decompress(hlo.read_bytes()).decode(),
+                                                  len(slice_spec_of(run).layers))
+    _, _, p, t0 = predict_xla({**run, "distinct_experts": run.get("distinct_experts")}, max(xla["positions"]),
+                              hw_name, prediction=True)
+    rows = [{"layer": r.layer, "kind": r.kind, "predicted_s": r.time_s - (t0 if r.layer == 0 else 0.0),
+             "traced_s": layers.get(r.layer, 0.0)} for r in p.layers]
+    for r in rows:
+        r["rel_error"] = rel(r["predicted_s"], r["traced_s"])
+    return {"run": label(run), "slice": run["slice"], "format": run["format"], "batch": run["batch"],
+            "steps": steps, "per_call_s": per_call, "layers": rows,
+            "trace": shown(trace), "hlo": shown(hlo)}
+
+
+def slice_spec_of(run: dict):
+    from perfmodel_kernels.specs import slice_spec
+    return slice_spec(run["slice"], "bf16")
+
+
+def _point(r: dict) -> tuple:
+    return r["slice"], r["format"], r["batch"]
 
 
 # ---- comparisons -----------------------------------------------------------------------------
@@ -461,6 +504,14 @@ def main(argv=None) -> int:
     if not mk and not xla and not failed:
         print(f"validate_tpu: --results {path}: no megakernel or XLA run in it", file=sys.stderr)
         return 2
+    layers = []
+    for i, r in enumerate(runs):
+        if r["kind"] == "xla_trace":
+            try:
+                with in_file(f"{path}: runs[{i}]"):
+                    layers.append(compare_xla_layers(r, runs, a.hardware, path.parent / "tpu_v5e"))
+            except SpecError as e:
+                notes.append(f"{label(r)} (xla_trace): {e}")
     ups = speedups(mk, xla)
     sweeps = whatif(mk)
     s = summarise(mk, xla, failed, sweeps)
@@ -473,6 +524,12 @@ def main(argv=None) -> int:
             print(table(["run", "context", "predicted us", "measured us", "error"],
                         [[x["run"], x["context"], x["predicted_step_s"] * 1e6, x["measured_step_s"] * 1e6,
                           f"{x['step_error']:+.1%}"] for x in xla]))
+        for x in layers:
+            print(f"\nXLA reference traced per layer, {x['run']} (device time of its ops in a step; "
+                  f"{x['per_call_s'] * 1e6:.0f} us a call outside the step loop; {x['steps']} one-step calls)")
+            print(table(["layer", "kind", "predicted us", "traced us", "error"],
+                        [[r["layer"], r["kind"], r["predicted_s"] * 1e6, r["traced_s"] * 1e6,
+                          f"{r['rel_error']:+.1%}"] for r in x["layers"]]))
         if ups:
             print("\nspeed-up of the megakernel over XLA (XLA step / megakernel step)")
             print(table(["slice", "format", "batch", "predicted", "measured", "error"],
@@ -491,7 +548,7 @@ def main(argv=None) -> int:
             print(f"not compared: {n}")
         for f in failed:
             print(f"not predicted: {f['run']} ({f['kind']}): {f['why']}")
-        kinds = sorted({r["kind"] for r in runs} - {"megakernel", "xla", "trace"})
+        kinds = sorted({r["kind"] for r in runs} - {"megakernel", "xla", "trace", "xla_trace"})
         if kinds:
             print(f"not compared (no prediction of them): records of kind {', '.join(kinds)}")
     out = Path(a.out)
@@ -504,7 +561,7 @@ def main(argv=None) -> int:
                     "micro-benchmarks only; device time (host dispatch taken out of the predictions)"}
     document = {"summary": s, "runs": [{**{k: v for k, v in m.items() if k != "comparison"},
                                         "comparison": m["comparison"].json()} for m in mk],
-                "xla": xla, "speedups": ups, "whatif": sweeps, "not_predicted": failed, "not_compared": notes}
+                "xla": xla, "xla_layers": layers, "speedups": ups, "whatif": sweeps, "not_predicted": failed, "not_compared": notes}
     try:
         validation_report.write(out / "tpu_validation.csv", out / "tpu_validation.json", meta,
                                 csv_rows(mk, xla, ups), _json(document))

@@ -193,6 +193,7 @@ class ModuleScopes:
 
 
 _DEDUP_RE = re.compile(r'deduplicated_name="([^"]*)"')
+_LOOP_OP_RE = re.compile(r"^%[\w.\-]+ = .* (while|conditional)\(")
 
 
 def module_scopes(hlo_text: str) -> ModuleScopes:
@@ -391,6 +392,15 @@ def _events(pd, hlo: dict[int, ModuleScopes]):
                     scope, shared = _op_scope(name, stats, table, on_device)
                     ops.append(OpEvent(ev.start_ns, ev.end_ns, scope, plane.name, line.name, shared,
                                        table.order if table else None))
+                elif on_device and line.name == "XLA Ops" and name.startswith("%") and len(hlo) == 1:
+                    # an op named by its HLO text and nothing else (the v5e's libtpu): its
+                    # instruction in the one module given; a loop's own event spans its body's
+                    # ops, which are events of their own, so it is left out
+                    if _LOOP_OP_RE.search(name):
+                        continue
+                    table = next(iter(hlo.values()))
+                    ops.append(OpEvent(ev.start_ns, ev.end_ns,
+                                       table.ops.get(name.split(" = ")[0].lstrip("%")), plane.name, line.name))
     if any(o.plane.startswith("/device:") for o in ops):
         ops = [o for o in ops if o.plane.startswith("/device:")]
     resolve_shared(ops)
@@ -683,3 +693,39 @@ def op_table(path: str | Path, top: int = 12) -> list[OpTotal]:
                 a[2] += (ev.end_ns - ev.start_ns) * 1e-9
     rows = [OpTotal(n, c, k, t, h) for n, (c, k, t, h) in acc.items()]
     return sorted(rows, key=lambda r: -r.total_s)[:top]
+
+
+def xla_layer_times(path: str | Path, hlo_text: str, n_layers: int) -> tuple[dict[int, float], float, int]:
+    """Per layer, the device time a step of an XLA program spends in its ops, from a trace whose
+    op events are named by their HLO text alone (the v5e's libtpu) and the program's optimised
+    HLO (`hlo_text`, e.g. compiled ahead of time for the chip by the same libtpu: the instruction
+    names match). Ops in the entry computation run once a call (a loop over steps' own copies in
+    and out) and are summed apart; loop ops are left out (their bodies' ops are events of their
+    own); ops without a scope go to no layer. Returns ({layer: seconds a step}, seconds a call
+    outside the step loop, steps: the trace's `decode_step` annotations)."""
+    pd = load_xspace(find_xplane(path))
+    instructions = list(_instructions(hlo_text))
+    scopes = _scopes_of(instructions)
+    entry = {name for _, is_entry, name, _ in instructions if is_entry}
+    steps = sum(1 for plane in pd.planes if not plane.name.startswith("/device:")
+                for line in plane.lines for ev in line.events if ev.name == STEP_NAME)
+    if not steps:
+        raise SpecError("trace", str(path), f"no {STEP_NAME} annotations")
+    layers: dict[int, float] = defaultdict(float)
+    per_call = 0.0
+    for plane in pd.planes:
+        if not plane.name.startswith("/device:"):
+            continue
+        for line in plane.lines:
+            if line.name != "XLA Ops":
+                continue
+            for ev in line.events:
+                if _LOOP_OP_RE.search(ev.name):
+                    continue
+                name = ev.name.split(" = ")[0].lstrip("%")
+                dt = (ev.end_ns - ev.start_ns) * 1e-9
+                if name in entry:
+                    per_call += dt
+                elif name in scopes:
+                    layers[layer_index(scopes[name], n_layers)] += dt
+    return {k: v / steps for k, v in sorted(layers.items())}, per_call / steps, steps
