@@ -485,3 +485,19 @@ def test_recorded_tpu_v5e_xla_trace_per_layer(tmp_path):
     assert sum(layers.values()) == pytest.approx(slope, rel=0.05)
     assert layers[4] - layers[3] > 1e-3
     assert per_call > 0.8e-3
+
+
+def test_parse_trace_reads_hlo_named_ops_with_the_one_module_given(tmp_path):
+    """parse_trace with the AOT-compiled module as its HLO dump: the ops named by their HLO text
+    take their instruction's scope (loops left out), so nearly nothing is unattributed."""
+    import gzip
+    res = ROOT / "experiments" / "results" / "tpu_v5e"
+    f = tmp_path / "xla_b8.xplane.pb"
+    f.write_bytes(gzip.decompress((res / "xla_k3-tp32-core_mxfp4_b8.xplane.pb.gz").read_bytes()))
+    hlo = tmp_path / "hlo"
+    hlo.mkdir()
+    (hlo / f"module_0001.jit_loop{traces.HLO_SUFFIX}").write_bytes(
+        gzip.decompress((res / "xla_k3-tp32-core_b8.hlo.txt.gz").read_bytes()))
+    t = traces.parse_trace(f, hlo_dir=hlo, n_layers=4)
+    assert len(t.steps) == 3 and set(t.layer_s) == set(range(6))
+    assert t.unattributed_share < 0.01
