@@ -670,27 +670,28 @@ class OpTotal:
     hlo: str         # the op's HLO text, truncated
 
 
+def _xla_op_events(pd):
+    """The op events of every device plane's `XLA Ops` lines."""
+    for plane in pd.planes:
+        if plane.name.startswith("/device:"):
+            for line in plane.lines:
+                if line.name == "XLA Ops":
+                    yield from line.events
+
+
 def op_table(path: str | Path, top: int = 12) -> list[OpTotal]:
     """The `top` device ops of a trace by total time (all device planes' `XLA Ops` lines): what an
     XLA program spends its time on, op by op. An event names its op, or (the v5e's libtpu 0.0.42)
     carries the whole HLO text `%fusion.12 = f32[..] fusion(..)` as its name; the text is also in a
     `long_name` stat on other versions."""
-    pd = load_xspace(find_xplane(path))
     acc: dict[str, list] = {}
-    for plane in pd.planes:
-        if not plane.name.startswith("/device:"):
-            continue
-        for line in plane.lines:
-            if line.name != "XLA Ops":
-                continue
-            for ev in line.events:
-                stats = {k: v for k, v in ev.stats}
-                name, _, text = ev.name.partition(" = ")
-                name = name.lstrip("%")
-                a = acc.setdefault(name, [str(stats.get("hlo_category", "")), 0, 0.0,
-                                          (text or str(stats.get("long_name", "")))[:300]])
-                a[1] += 1
-                a[2] += (ev.end_ns - ev.start_ns) * 1e-9
+    for ev in _xla_op_events(load_xspace(find_xplane(path))):
+        stats = {k: v for k, v in ev.stats}
+        name, _, text = ev.name.partition(" = ")
+        a = acc.setdefault(name.lstrip("%"), [str(stats.get("hlo_category", "")), 0, 0.0,
+                                              (text or str(stats.get("long_name", "")))[:300]])
+        a[1] += 1
+        a[2] += (ev.end_ns - ev.start_ns) * 1e-9
     rows = [OpTotal(n, c, k, t, h) for n, (c, k, t, h) in acc.items()]
     return sorted(rows, key=lambda r: -r.total_s)[:top]
 
@@ -713,19 +714,13 @@ def xla_layer_times(path: str | Path, hlo_text: str, n_layers: int) -> tuple[dic
         raise SpecError("trace", str(path), f"no {STEP_NAME} annotations")
     layers: dict[int, float] = defaultdict(float)
     per_call = 0.0
-    for plane in pd.planes:
-        if not plane.name.startswith("/device:"):
+    for ev in _xla_op_events(pd):
+        if _LOOP_OP_RE.search(ev.name):
             continue
-        for line in plane.lines:
-            if line.name != "XLA Ops":
-                continue
-            for ev in line.events:
-                if _LOOP_OP_RE.search(ev.name):
-                    continue
-                name = ev.name.split(" = ")[0].lstrip("%")
-                dt = (ev.end_ns - ev.start_ns) * 1e-9
-                if name in entry:
-                    per_call += dt
-                elif name in scopes:
-                    layers[layer_index(scopes[name], n_layers)] += dt
+        name = ev.name.split(" = ")[0].lstrip("%")
+        dt = (ev.end_ns - ev.start_ns) * 1e-9
+        if name in entry:
+            per_call += dt
+        elif name in scopes:
+            layers[layer_index(scopes[name], n_layers)] += dt
     return {k: v / steps for k, v in sorted(layers.items())}, per_call / steps, steps
