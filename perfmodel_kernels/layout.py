@@ -27,7 +27,9 @@ from . import chip as chip_mod, quant, reference, stream
 
 LANES = chip_mod.LANES
 MAX_BATCH = 256     # sequences a kernel is built for (its per-sequence code is unrolled)
-PACK_EXPERTS = 16   # experts quantised and packed at once (their f32 temporaries on the device)
+PACK_BYTES = 512 << 20  # f32 temporaries of the experts quantised and packed at once (at most 16):
+PACK_EXPERTS = 16       # whole K3 experts (33 M weights) 3 at a time, a quarter's 15 (a TP8 chip's
+                        # slice ran out of HBM packing 16 whole experts beside its bf16 copy)
 
 
 @dataclass(frozen=True)
@@ -292,10 +294,12 @@ def pack_weights(weights: reference.Weights, cfg: KernelConfig) -> Packed:
         for layer, lw in zip(spec.layers, layers):
             if layer.ffn != "moe":
                 continue
-            n_e = lw[expert_matmuls(spec)[0].name].shape[0]
-            parts = [quant.pack_experts(lay, [jnp.asarray(lw[mm.name][e:e + PACK_EXPERTS])
-                                              for mm in expert_matmuls(spec)])
-                     for e in range(0, n_e, PACK_EXPERTS)]   # bounded f32 temporaries
+            mats = [lw[mm.name] for mm in expert_matmuls(spec)]
+            n_e = mats[0].shape[0]
+            values = sum(math.prod(m.shape[1:]) for m in mats)   # one expert's weights
+            step = max(1, min(PACK_EXPERTS, PACK_BYTES // (4 * values)))
+            parts = [quant.pack_experts(lay, [jnp.asarray(m[e:e + step]) for m in mats])
+                     for e in range(0, n_e, step)]   # bounded f32 temporaries
             experts.append(jnp.concatenate([c for c, _, _ in parts]))
             if parts[0][1] is not None:
                 scales.append(jnp.concatenate([sc for _, sc, _ in parts]))

@@ -33,3 +33,17 @@ def test_weights_packed_for_another_bank_size_are_refused():
     assert not np.array_equal(np.asarray(repacked.static), np.asarray(packed.static))
     with pytest.raises(SpecError, match="tile"):
         layout.with_banks(packed, w, dataclasses.replace(b, tile=256))
+
+
+def test_experts_packed_a_few_at_a_time_pack_alike(monkeypatch):
+    """Experts are quantised and packed in chunks whose f32 temporaries stay under
+    layout.PACK_BYTES (a TP8 chip's whole experts: 3 at a time); one expert a chunk packs the
+    same bytes as the whole layer at once."""
+    from perfmodel_kernels.specs import slice_spec
+    w = reference.init_weights(slice_spec("kimi-k3-mini", "mxfp4"), 0)
+    whole = layout.pack_weights(w, cfg(256))
+    monkeypatch.setattr(layout, "PACK_BYTES", 1)
+    one = layout.pack_weights(w, cfg(256))
+    for part in ("experts", "expert_scales", "expert_global"):
+        a, b = getattr(one, part), getattr(whole, part)
+        assert (a is None and b is None) or np.array_equal(np.asarray(a), np.asarray(b)), part
