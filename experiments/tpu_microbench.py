@@ -32,7 +32,10 @@ mechanism) and the `mechanism` of its entries:
   softmax included; the loop's trip subtracted from both.
 - xla_expert, `xla_expert_loop`: the XLA reference's own routed-expert loop (`reference.expert_loop`)
   alone, by rows (1 .. 64) and expert shape (Kimi K3's latent 3584, width 768 and 3072): time per
-  trip (one expert); at two row counts one call is also traced and its ops listed by time.
+  trip (one expert); at two row counts one call is also traced and its ops listed by time;
+- xla_cache, `xla_cache_update`: the reference's MLA cache update (`reference.latent_write`) by
+  cache size (batch 1 .. 64 x 2048 tokens x 576), beyond reading the cache: what XLA's copies of
+  the cache cost a step (no term of the model yet).
 
 Timing. A jitted call costs about half a millisecond of host time on a TPU VM, so no figure is one
 call's wall clock: every kernel and XLA program takes its repetition count as an argument (an SMEM
@@ -81,7 +84,7 @@ KIB, MIB = 1024, 1024 * 1024
 # JAX device_kind -> the hardware preset the entries are for
 PLATFORMS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v6 lite": "tpu-v6e", "TPU v5": "tpu-v5p",
              "TPU v5p": "tpu-v5p", "TPU7x": "tpu-v7"}
-SECTIONS = ("dispatch", "dma", "latency", "mxu", "vpu", "loop", "expert", "xla", "xla_expert")  # run in this order
+SECTIONS = ("dispatch", "dma", "latency", "mxu", "vpu", "loop", "expert", "xla", "xla_expert", "xla_cache")  # run in this order
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,9 @@ class Sizes:
     expert_rows: tuple       # rows (batch) of the XLA expert loop
     expert_count: int        # experts stacked (the loop cycles through them)
     expert_traced: tuple     # rows whose loop is also traced op by op (first shape)
+    cache_batches: tuple     # sequences of the XLA cache update's bf16 [B, tokens, 576] cache
+    cache_tokens: int
+    cache_traced: tuple      # batches whose update is also traced op by op
     dispatch_calls: int
     target_s: float          # a timed call lasts at least this much longer than the smallest one
     repeats: int             # calls per count (the median is used)
@@ -131,7 +137,8 @@ FULL = Sizes(
     xla_weights_per_trip=16,
     attention_heads=(8, 4, 128), attention_tokens=(1024, 4096, 16384, 65536),
     op_chain=(1, 32), expert_shapes=((3584, 768), (3584, 3072)), expert_rows=(1, 8, 16, 32, 64),
-    expert_count=8, expert_traced=(8, 64), dispatch_calls=500, target_s=3e-3, repeats=7, vmem_limit_bytes=100 * MIB)
+    expert_count=8, expert_traced=(8, 64), cache_batches=(1, 8, 16, 32, 64), cache_tokens=2048,
+    cache_traced=(8, 64), dispatch_calls=500, target_s=3e-3, repeats=7, vmem_limit_bytes=100 * MIB)
 
 MINI = Sizes(  # the same code at tiny sizes: Pallas interpret mode on a CPU (--dry-run)
     dma_kib={128: (8, 16), 256: (16,)}, in_flight=(1, 2), ring_vmem_bytes=64 * KIB,
@@ -141,7 +148,7 @@ MINI = Sizes(  # the same code at tiny sizes: Pallas interpret mode on a CPU (--
     xla_rows=(1,), xla_shapes=((128, 256),), xla_weights_per_trip=2,
     attention_heads=(2, 2, 128), attention_tokens=(64,),
     op_chain=(1, 4), expert_shapes=((256, 128),), expert_rows=(1,), expert_count=2, expert_traced=(1,),
-    dispatch_calls=20, target_s=0.02, repeats=1, vmem_limit_bytes=100 * MIB)
+    cache_batches=(2,), cache_tokens=64, cache_traced=(2,), dispatch_calls=20, target_s=0.02, repeats=1, vmem_limit_bytes=100 * MIB)
 
 
 # ---- timing -----------------------------------------------------------------------------------
@@ -824,6 +831,23 @@ def xla_ops(b: Bench):
         b.case(what, attention, what, tokens)
 
 
+def traced_ops(b: Bench, fn, args, trips: int) -> str:
+    """One call of jitted fn(trips, *args) traced: its device ops by time, printed and in words
+    (per trip)."""
+    import tempfile
+    from perfmodel.validate.traces import op_table
+    f = jax.jit(fn)
+    n = b.count(trips, ())
+    jax.block_until_ready(f(n, *args))
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            jax.block_until_ready(f(n, *args))
+        rows = op_table(d)
+    for r in rows:
+        print(f"    {r.name:28s} {r.category:18s} x{r.count:<5d} {r.total_s * 1e6:9.1f} us  {r.hlo[:160]}", flush=True)
+    return ", ".join(f"{r.name} x{r.count / trips:g} {r.total_s / trips * 1e6:.2f} us" for r in rows)
+
+
 EXPERT_TRIPS_MAX = 1 << 14  # the expert loop's id list (cycling through the stacked experts)
 
 
@@ -833,10 +857,7 @@ def xla_expert_loop(b: Bench):
     each expert's bf16 weights read in place from the stacked [E, ...] arrays by a dynamic index; per
     trip by rows and expert shape. For a few row counts one call is also traced and its device ops
     listed by time (in the notes): which ops a trip runs, and what each costs."""
-    import tempfile
-
     from perfmodel_kernels.reference import expert_loop
-    from perfmodel.validate.traces import op_table
     s, key = b.sizes, jax.random.PRNGKey(2)
     ids = jnp.arange(EXPERT_TRIPS_MAX, dtype=I32) % s.expert_count
 
@@ -863,30 +884,68 @@ def xla_expert_loop(b: Bench):
         t = sl.per_rep_s
         ops = ""
         if m in s.expert_traced and (latent, width) == s.expert_shapes[0]:
-            ops = "; traced ops (32 trips, per trip): " + traced_ops(run, (z, comb, gu, dn), 32)
+            ops = "; traced ops (32 trips, per trip): " + traced_ops(b, run, (z, comb, gu, dn), 32)
         b.add(what, "xla_expert_loop", {"rows": m, "latent": latent, "width": width, "bytes": nbytes,
                                         "experts": s.expert_count}, t * 1e6, "us_per_trip",
               f"one trip of the XLA reference's routed-expert loop: rows {m}, bf16 expert gate|up [{latent}, "
               f"{2 * width}] and down [{width}, {latent}] read by a dynamic index ({nbytes / max(t, 1e-15) / 1e9:.0f} "
               "GB/s of expert weights)", sl.notes("trips") + ops)
 
-    def traced_ops(fn, args, trips: int) -> str:
-        f = jax.jit(fn)
-        n = b.count(trips, ())
-        jax.block_until_ready(f(n, *args))
-        with tempfile.TemporaryDirectory() as d:
-            with jax.profiler.trace(d):
-                jax.block_until_ready(f(n, *args))
-            rows = op_table(d)
-        text = ", ".join(f"{r.name} [{r.category}] x{r.count / trips:g} {r.total_s / trips * 1e6:.2f} us"
-                         for r in rows)
-        for r in rows:
-            print(f"    {r.name:28s} {r.category:18s} x{r.count:<5d} {r.total_s * 1e6:9.1f} us  {r.hlo[:160]}",
-                  flush=True)
-        return text
-
     for latent, width in s.expert_shapes:
         b.case(f"xla-expert-{latent}x{width}", shape, latent, width)
+
+
+def xla_cache_update(b: Bench):
+    """What the XLA reference's MLA cache update costs a step (`reference.latent_write`: the cache
+    with the block's rows written, for this step's attention, and with the accepted rows written,
+    kept for the next; XLA writes at least one into a copy), by cache size: a loop whose trip
+    writes one row a sequence into a bf16 [B, T, 576] cache held in a one-layer stack, reads the
+    written cache as attention does (a dot of one row a sequence against it, in f32) and puts the
+    kept one back in the stack; minus the same loop reading the cache unwritten. At two sizes one
+    call is traced and its ops listed (is the cache copied, and where does it live)."""
+    from perfmodel_kernels.reference import latent_write
+    s, key = b.sizes, jax.random.PRNGKey(3)
+    t, width = s.cache_tokens, 576
+
+    def loop(write: bool):
+        def run(trips, stack, new, q):
+            seq = jnp.arange(stack.shape[1])
+            zero, one = jnp.zeros_like(seq), jnp.ones_like(seq)
+
+            def trip(j, carry):
+                stack, acc = carry
+                cache = stack[0]
+                pos = jnp.full_like(seq, j % t)
+                block, kept = latent_write(cache, new, seq, zero, pos, one) if write else (cache, cache)
+                read = jnp.einsum("bd,btd->bt", q * (j + 1).astype(F32), block.astype(F32))  # not hoistable
+                return stack.at[0].set(kept), acc + read[:, 0].sum()
+            return lax.fori_loop(0, trips, trip, (stack, jnp.float32(0)))[1]
+        return run
+
+    def one(what, batch):
+        stack = jax.random.normal(key, (1, batch, t, width), F32).astype(BF16)
+        new = jax.random.normal(key, (batch, width), F32)
+        q = jax.random.normal(key, (batch, width), F32)
+        try:
+            both = b.program_slope(loop(True), (stack, new, q))
+            read = b.program_slope(loop(False), (stack, new, q))
+            ops = ""
+            if batch in s.cache_traced:
+                ops = "; traced ops (8 trips, per trip): " + traced_ops(b, loop(True), (stack, new, q), 8)
+        finally:
+            stack.delete()
+        nbytes = batch * t * width * 2
+        b.add(what, "xla_cache_update", {"batch": batch, "tokens": t, "width": width, "bytes": nbytes},
+              (both.per_rep_s - read.per_rep_s) * 1e6, "us_per_trip",
+              f"the reference's MLA cache update (two writes of one row a sequence into one bf16 [{batch}, {t}, "
+              f"{width}] cache, {nbytes / 2**20:.0f} MiB) beyond reading it ({read.per_rep_s * 1e6:.1f} us alone)",
+              f"with the update: {both.notes('trips')}; reading only: {read.notes('trips')}{ops}",
+              not_modelled="no term of the model yet: the multi-kernel engine does not price XLA's copies of a "
+              "cache; these entries are the data for one")
+
+    for batch in s.cache_batches:
+        what = f"xla-cache-update-b{batch}"
+        b.case(what, one, what, batch)
 
 
 # section -> (its function, a title to print)
@@ -898,7 +957,8 @@ MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted cal
               "loop": (loop_trip, "an in-kernel loop trip; a copy's start and wait beside vector work"),
               "expert": (expert_paths, "the megakernel's routed-expert paths per format"),
               "xla": (xla_ops, "XLA's op gap, dots by shape and decode attention"),
-              "xla_expert": (xla_expert_loop, "the XLA reference's routed-expert loop by rows and shape")}
+              "xla_expert": (xla_expert_loop, "the XLA reference's routed-expert loop by rows and shape"),
+              "xla_cache": (xla_cache_update, "the XLA reference's MLA cache update by cache size")}
 
 
 def libtpu_version() -> str:

@@ -328,17 +328,25 @@ def row_layout(positions, rows):
     return seq, r, positions[seq] + r
 
 
+def latent_write(latent_cache, new, seq, r, pos, accepted):
+    """(the cache with every row of the block written, for this step's attention; the cache with
+    only the accepted rows written, kept for the next step). Two updates of one array: XLA
+    writes at least one of them into a copy of the cache (tpu_microbench.py times it)."""
+    new = new.astype(latent_cache.dtype)
+    # every row of the block attends the cache and rows 0..r of its own block; only the
+    # accepted rows are written to the cache
+    block = latent_cache.at[seq, pos].set(new)
+    kept = latent_cache.at[seq, jnp.where(r < accepted[seq], pos, latent_cache.shape[1])].set(new, mode="drop")
+    return block, kept
+
+
 def _mla(spec, lw, latent_cache, h, positions, accepted, rows, form):
     m = spec.mla
     matmul = lambda name, x: mm(x, lw[name])
     t_max = latent_cache.shape[1]
     q_nope, q_rope, new = mla_project(spec, matmul, lw, h)
     seq, r, pos = row_layout(positions, rows)
-    new = new.astype(latent_cache.dtype)
-    # every row of the block attends the cache and rows 0..r of its own block; only the
-    # accepted rows are written to the cache
-    block = latent_cache.at[seq, pos].set(new)
-    kept = latent_cache.at[seq, jnp.where(r < accepted[seq], pos, t_max)].set(new, mode="drop")
+    block, kept = latent_write(latent_cache, new, seq, r, pos, accepted)
     cache = (block if rows == 1 else block[seq]).astype(jnp.float32)  # one row: seq is arange(B)
     c, k_rope = cache[..., :m.kv_lora_rank], cache[..., m.kv_lora_rank:]
     w_uk, w_uv = split_kv_b(spec, lw["kv_b"])
