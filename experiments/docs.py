@@ -755,6 +755,31 @@ def fig_tpu_v5e_validation() -> str:
          if sweep else "") + f"\n\n{validate_tpu.summary_line(v['summary'])}\n"
 
 
+def fig_tpu_v5e_model() -> str:
+    """The README's view of experiments/validate_tpu.py's comparison: tokens/s on the v5e per
+    slice, expert format and batch, predicted (micro-benchmarks only) and measured, for the
+    megakernel (its first run of each point that is not a sweep) and the XLA reference."""
+    v = result("tpu_validation.json")
+    kernel = {}
+    for r in v["runs"]:
+        if not r["sweep"]:
+            kernel.setdefault((r["slice"], r["format"], r["batch"]), r["comparison"])
+    xla = {(x["slice"], x["format"], x["batch"]): x for x in v["xla"]}
+    tok = lambda b, s: f"{b / s:.0f}"  # noqa: E731
+    rows = []
+    for key in sorted(set(kernel) | set(xla)):
+        sl, fmt, b = key
+        c, x = kernel.get(key), xla.get(key)
+        rows.append([sl, "none (dense)" if sl.endswith("-dense") else fmt, b,
+                     *((tok(b, c["predicted_step_s"]), tok(b, c["measured_step_s"]), pct(c["step_error"], True))
+                       if c else ("-", "-", "-")),
+                     *((tok(b, x["predicted_step_s"]), tok(b, x["measured_step_s"]), pct(x["step_error"], True))
+                       if x else ("-", "-", "-"))])
+    return md_table(["slice", "experts", "batch", "kernel tok/s predicted", "measured", "step error",
+                     "XLA tok/s predicted", "measured", "step error"], rows, "llrrrrrrr") + \
+        "\n\nStep error: predicted step time over measured, less one (device time).\n"
+
+
 def fig_components_tpu() -> str:
     """The TPU7x components against their micro-benchmarks (perfmodel/data/microbench/tpu7x.json)."""
     return components_table("tpu7x.json")
@@ -882,7 +907,7 @@ FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed,
            "components-gpu": fig_components_gpu, "model-speed": fig_model_speed, "layer-time": fig_layer_time,
            "kernel-compile": fig_kernel_compile, "dashboard-browser": fig_dashboard_browser, "ttft-published": fig_ttft_published, "ttft-host": fig_ttft_host,
            "serve-sweep": fig_serve_sweep, "serve-speed": fig_serve_speed, "tpu-v5e": fig_tpu_v5e,
-           "tpu-v5e-validation": fig_tpu_v5e_validation}
+           "tpu-v5e-validation": fig_tpu_v5e_validation, "tpu-v5e-model": fig_tpu_v5e_model}
 
 
 # ---- the pages --------------------------------------------------------------------------------
