@@ -32,9 +32,9 @@ SLICES = {
                         mla={"heads": 12}, ffn={"dense_layers": [1], "dense_width": 33792 // 8},
                         moe={"experts": 32, "top_k": 4, "shared_width": 6144 // 8}),
     # a dense slice: one chip of TP8's attention (12 heads) with Kimi K3's dense FFN (its first
-    # layer's, width 4224) in every layer, no MoE
+    # layer's, width 4224) in every layer (`slice_spec`: a "-dense" slice), no MoE
     "k3-tp8-dense": dict(name="kimi-k3-tp8-dense", vocab=163840 // 8, kda={"heads": 12},
-                         mla={"heads": 12}, ffn={"dense_layers": [1, 2, 3, 4], "dense_width": 33792 // 8}),
+                         mla={"heads": 12}, ffn={"dense_width": 33792 // 8}),
 }
 
 
