@@ -1338,6 +1338,8 @@ def test_validation_tpu_runs_from_the_committed_json(monkeypatch, tmp_path):
     measured yet said; said to be missing when the file is not there."""
     t = measured.tpu_results()
     assert t is not None and not t["rows"].empty  # the committed v5e results
+    dense = t["rows"][t["rows"]["slice"].str.endswith("-dense")]   # a slice without MoE: no experts named
+    assert not dense.empty and set(dense["format"]) == {"none (dense)"}
     at = open_view("Validation", val_tpu_exp=True)
     assert_clean(at)
     captions = " ".join(c.value for c in at.caption)

@@ -438,7 +438,8 @@ def _tpu_results(path: str, mtime: float, val_path: str, val_mtime: float | None
             continue
         cfg = r.get("config") or {}
         pred, err = predicted.get(i, (None, None))
-        rows.append({"engine": r["kind"], "slice": r["slice"], "format": r["format"], "batch": int(r["batch"]),
+        fmt = "none (dense)" if r.get("distinct_experts") == [] else r["format"]   # no MoE layer: no experts
+        rows.append({"engine": r["kind"], "slice": r["slice"], "format": fmt, "batch": int(r["batch"]),
                      "depth": cfg.get("depth"), "slots": cfg.get("expert_slots"), "sweep": bool(r.get("sweep")),
                      "measured_step_s": r["step_s"], "measured_tokens_per_s": r["batch"] / r["step_s"],
                      "predicted_step_s": pred, "predicted_tokens_per_s": r["batch"] / pred if pred else None,
