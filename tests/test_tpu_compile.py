@@ -66,3 +66,24 @@ def test_embedding_table_reaches_the_kernel_without_a_relayout():
                      hlo).group(1)
     operands = hlo.split("custom-call(")[1].split(")")[0].split(", ")
     assert f"copy(%{name})" not in hlo and f"%{name}" in operands
+
+
+def test_the_xla_reference_compiles_ahead_of_time_as_on_the_chip():
+    """experiments/xla_reference_hlo.py: the XLA reference for a v5e, compiled here, with the
+    instruction names and layer scopes a chip trace of it is read by; for the committed batch-8
+    trace's slice it is the committed HLO, byte for byte."""
+    import gzip
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "experiments"))
+    import xla_reference_hlo
+    from perfmodel.validate import traces
+    text = xla_reference_hlo.reference_hlo("k3-tp32-core", 8, "v5e")
+    committed = gzip.decompress((root / "experiments/results/tpu_v5e/xla_k3-tp32-core_b8.hlo.txt.gz")
+                                .read_bytes()).decode()
+    # the instructions alike (their metadata's stack frames name the caller: a test here)
+    instructions = lambda t: [line.split(", metadata=")[0] for line in t.splitlines()  # noqa: E731
+                              if re.match(r"\s*(ROOT )?%", line)]
+    assert instructions(text) == instructions(committed) and len(instructions(text)) > 1000
+    assert {s.split("/")[0] for s in traces.hlo_scopes(text).values()} >= {"layer_01", "layer_04", "head"}
