@@ -244,10 +244,9 @@ def compare_xla_layers(run: dict, runs: list[dict], hw_name: str, where: Path) -
     with tempfile.TemporaryDirectory() as d:
         xp = Path(d) / "trace.xplane.pb"
         xp.write_bytes(gzip.decompress(trace.read_bytes()))
+        _, _, p, t0 = predict_xla(run, max(xla["positions"]), hw_name, prediction=True)
         layers, per_call, steps = xla_layer_times(xp, gzip.decompress(hlo.read_bytes()).decode(),
-                                                  len(slice_spec_of(run).layers))
-    _, _, p, t0 = predict_xla({**run, "distinct_experts": run.get("distinct_experts")}, max(xla["positions"]),
-                              hw_name, prediction=True)
+                                                  len(p.layers) - 2)
     rows = [{"layer": r.layer, "kind": r.kind, "predicted_s": r.time_s - (t0 if r.layer == 0 else 0.0),
              "traced_s": layers.get(r.layer, 0.0)} for r in p.layers]
     for r in rows:
@@ -255,11 +254,6 @@ def compare_xla_layers(run: dict, runs: list[dict], hw_name: str, where: Path) -
     return {"run": label(run), "slice": run["slice"], "format": run["format"], "batch": run["batch"],
             "steps": steps, "per_call_s": per_call, "layers": rows,
             "trace": shown(trace), "hlo": shown(hlo)}
-
-
-def slice_spec_of(run: dict):
-    from perfmodel_kernels.specs import slice_spec
-    return slice_spec(run["slice"], "bf16")
 
 
 def _point(r: dict) -> tuple:
@@ -509,7 +503,8 @@ def main(argv=None) -> int:
         if r["kind"] == "xla_trace":
             try:
                 with in_file(f"{path}: runs[{i}]"):
-                    layers.append(compare_xla_layers(r, runs, a.hardware, path.parent / "tpu_v5e"))
+                    layers.append(compare_xla_layers(r, runs, a.hardware,
+                                                     path.parent / f"tpu_{data.get('chip', 'v5e')}"))
             except SpecError as e:
                 notes.append(f"{label(r)} (xla_trace): {e}")
     ups = speedups(mk, xla)
@@ -561,7 +556,8 @@ def main(argv=None) -> int:
                     "micro-benchmarks only; device time (host dispatch taken out of the predictions)"}
     document = {"summary": s, "runs": [{**{k: v for k, v in m.items() if k != "comparison"},
                                         "comparison": m["comparison"].json()} for m in mk],
-                "xla": xla, "xla_layers": layers, "speedups": ups, "whatif": sweeps, "not_predicted": failed, "not_compared": notes}
+                "xla": xla, "xla_layers": layers, "speedups": ups, "whatif": sweeps, "not_predicted": failed,
+                "not_compared": notes}
     try:
         validation_report.write(out / "tpu_validation.csv", out / "tpu_validation.json", meta,
                                 csv_rows(mk, xla, ups), _json(document))
