@@ -759,6 +759,7 @@ def fig_tpu_v5e_model() -> str:
     """The README's view of experiments/validate_tpu.py's comparison: tokens/s on the v5e per
     slice, expert format and batch, predicted (micro-benchmarks only) and measured, for the
     megakernel (its first run of each point that is not a sweep) and the XLA reference."""
+    from perfmodel_kernels.specs import slice_spec
     v = result("tpu_validation.json")
     kernel = {}
     for r in v["runs"]:
@@ -770,7 +771,7 @@ def fig_tpu_v5e_model() -> str:
     for key in sorted(set(kernel) | set(xla)):
         sl, fmt, b = key
         c, x = kernel.get(key), xla.get(key)
-        rows.append([sl, "none (dense)" if sl.endswith("-dense") else fmt, b,
+        rows.append([sl, fmt if slice_spec(sl).count(ffn="moe") else "none (dense)", b,
                      *((tok(b, c["predicted_step_s"]), tok(b, c["measured_step_s"]), pct(c["step_error"], True))
                        if c else ("-", "-", "-")),
                      *((tok(b, x["predicted_step_s"]), tok(b, x["measured_step_s"]), pct(x["step_error"], True))

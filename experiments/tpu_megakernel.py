@@ -28,8 +28,8 @@ at a time, so a 10-minute call holds about 15 programs: the default set (about 4
   named scopes as in-kernel markers (the libtpu flags of experiments/profile_megakernel.py),
   per-layer and per-phase times by `perfmodel.validate.traces`; the first trace is kept
   (--keep-trace);
-- xla_trace: the same for the XLA reference at `--xla-trace-batches` (per layer and phase from
-  its ops' named scopes), with its device ops listed by time (`traces.op_table`).
+- xla_trace: a trace of the XLA reference at `--xla-trace-batches`, its device ops listed by time
+  (`traces.op_table`); `--keep-xla-traces` keeps them for validate_tpu.py's per-layer reading.
 Results: experiments/results/tpu_megakernel.json (machine, chip, JAX, libtpu, date, command,
 one record a run; rewritten after every run, so a cut-short call keeps what it measured) and
 `--report`'s summary. `experiments/validate_tpu.py` compares them with the model.
@@ -393,41 +393,46 @@ def run_trace(res, sl, cfg, keep: str | None, interpret, loop=None) -> None:
 
 
 def run_xla_trace(res, sl, cfg, exe=None, keep: str | None = None) -> None:
-    """A trace of a few one-step calls of the XLA reference, parsed per layer and phase, with
-    its device ops by time; recorded (keep: a folder the trace's .xplane.pb is copied to)."""
+    """A trace of a few one-step calls of the XLA reference and its device ops by time,
+    recorded (keep: a folder the trace's .xplane.pb is copied to). This libtpu's XLA ops carry
+    no named scopes: validate_tpu.py reads a kept trace per layer with the program's HLO
+    (experiments/xla_reference_hlo.py)."""
     import shutil
     import tempfile
-    import jax
-    import jax.numpy as jnp
     from perfmodel_kernels import reference
-    from perfmodel.util.errors import SpecError
-    from perfmodel.validate.traces import STEP_NAME, op_table
+    from perfmodel.validate.traces import op_table
     d = Path(tempfile.mkdtemp(prefix="xla_trace_"))
-    loop, steps = exe or reference.make_loop(), 3
-    cache, tok, pos, _ = start_state(sl, cfg)
-    one = jnp.int32(1)
-    tok, cache, picked = jax.block_until_ready(loop(sl.weights, cache, tok, pos, one))
-    with jax.profiler.trace(str(d)):
-        for i in range(steps):
-            with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
-                tok, cache, picked = jax.block_until_ready(loop(sl.weights, cache, tok, pos, one))
-    try:
-        tr = trace_record(d, len(sl.spec.layers))
-    except SpecError as e:
-        tr = {"error": str(e)}
-    tr["ops"] = [{"name": o.name, "category": o.category, "per_step": o.count / steps,
-                  "s_per_step": o.total_s / steps, "hlo": o.hlo[:200]} for o in op_table(d, 25)]
+    steps = 3
+    picked = profiled(exe or reference.make_loop(), sl.weights, sl, cfg, steps, d)[2]
+    ops = [{"name": o.name, "category": o.category, "per_step": o.count / steps,
+            "s_per_step": o.total_s / steps, "hlo": o.hlo[:200]} for o in op_table(d, 25)]
     if keep:
         for f in d.rglob("*.xplane.pb"):
             shutil.copy(f, Path(keep) / f"xla_{sl.name}_{sl.fmt}_b{cfg.batch}.xplane.pb")
     shutil.rmtree(d, ignore_errors=True)
     res.add({"kind": "xla_trace", "slice": sl.name, "format": sl.fmt, "batch": cfg.batch,
-             "distinct_experts": [int(x) for x in picked], **tr})
-    say(f"  xla trace {sl.name} batch {cfg.batch}: " + (f"step {tr['step_s'] * 1e6:.1f} us, "
-        f"{len(tr['phases_s'])} phases" if "step_s" in tr else tr["error"]))
-    for o in tr.get("ops", [])[:15]:
+             "distinct_experts": [int(x) for x in picked], "ops": ops})
+    say(f"  xla trace {sl.name} batch {cfg.batch}: {len(ops)} ops")
+    for o in ops[:15]:
         say(f"    {o['s_per_step'] * 1e6:8.1f} us x{o['per_step']:<5g} {o['name']} [{o['category']}] "
             f"{o['hlo'][:120]}")
+
+
+def profiled(loop, weights, sl, cfg, steps: int, out_dir: Path):
+    """`steps` one-step calls of `loop` (a make_loop program) from the start state, traced into
+    `out_dir` each inside a `decode_step` annotation, after one untimed call; the last call's
+    outputs."""
+    import jax
+    import jax.numpy as jnp
+    from perfmodel.validate.traces import STEP_NAME
+    cache, tok, pos, _ = start_state(sl, cfg)
+    one = jnp.int32(1)
+    out = jax.block_until_ready(loop(weights, cache, tok, pos, one))
+    with jax.profiler.trace(str(out_dir)):
+        for i in range(steps):
+            with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
+                out = jax.block_until_ready(loop(weights, out[1], out[0], pos, one))
+    return out
 
 
 def config_dict(cfg) -> dict:
@@ -449,19 +454,10 @@ def feed_of(spec, cfg) -> str | None:
 def trace_run(sl, cfg, steps, out_dir: Path, loop=None) -> dict:
     """Per-layer and per-phase times of `steps` traced one-step calls (loop: the program
     compiled ahead)."""
-    import jax
-    import jax.numpy as jnp
     from perfmodel_kernels import megakernel
     from perfmodel.util.errors import SpecError
-    from perfmodel.validate.traces import STEP_NAME
-    loop = loop or megakernel.make_loop(sl.spec, cfg, sl.interpret)
-    cache, tok, pos, _ = start_state(sl, cfg)
-    one, weights = jnp.int32(1), sl.packed_for(cfg)
-    tok, cache, _ = jax.block_until_ready(loop(weights, cache, tok, pos, one))
-    with jax.profiler.trace(str(out_dir)):
-        for i in range(steps):
-            with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
-                tok, cache, _ = jax.block_until_ready(loop(weights, cache, tok, pos, one))
+    profiled(loop or megakernel.make_loop(sl.spec, cfg, sl.interpret), sl.packed_for(cfg), sl, cfg,
+             steps, out_dir)
     try:
         return trace_record(out_dir, len(sl.spec.layers))
     except SpecError as e:

@@ -991,7 +991,7 @@ def step_inputs(cfg: KernelConfig, tokens, positions, accepted):
     return jnp.pad(flat, (0, cfg.padded_batch - cfg.token_rows)), positions, accepted
 
 
-def weight_args(packed: Packed, spec: ModelSpec, cfg: KernelConfig) -> tuple[list, list]:
+def weight_args(packed: Packed, cfg: KernelConfig) -> tuple[list, list]:
     """(SMEM weight inputs, HBM weight inputs) of packed weights, in the call's order; a
     SpecError unless they are laid out for cfg's tile and banks (packed for another bank size,
     the ring reads other rows, past the stream's end on the chip)."""
@@ -1010,7 +1010,7 @@ def _step(packed, cache, tokens, positions, accepted, *, static, cfg, interpret,
           vmem_limit_bytes=None):
     spec = static.spec
     names = list(ref.cache_shapes(spec, cfg.batch, cfg.max_context))
-    smem, hbm = weight_args(packed, spec, cfg)
+    smem, hbm = weight_args(packed, cfg)
     outs = build_call(spec, cfg, interpret, vmem_limit_bytes=vmem_limit_bytes)(
         tokens, positions, accepted, *map(jnp.asarray, static_inputs(spec, cfg)),
         jnp.zeros(1, jnp.int32), *smem, *hbm, *[cache[k] for k in names])
@@ -1053,7 +1053,7 @@ def make_loop(spec: ModelSpec, cfg: KernelConfig, interpret=None):
 
     @functools.partial(jax.jit, donate_argnames=("cache",))
     def loop(packed, cache, tokens, positions, steps):
-        smem, hbm = weight_args(packed, spec, cfg)
+        smem, hbm = weight_args(packed, cfg)
 
         def body(_, carry):
             tok, pos, caches, _ = carry

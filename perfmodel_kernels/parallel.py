@@ -80,7 +80,7 @@ def _step(packed, cache, tokens, positions, accepted, *, static, cfg, interpret,
                                  barrier=barrier)
     mesh = Mesh(np.asarray(jax.devices()[:tp]), (AXIS,))
     tables = [jnp.asarray(a) for a in megakernel.static_inputs(dspec, cfg)]
-    smem, hbm = megakernel.weight_args(packed, dspec, cfg)
+    smem, hbm = megakernel.weight_args(packed, cfg)
 
     def per_device(me, tok, pos, acc, *arrays):  # per-device arrays: this device's [0]
         t = list(arrays[:len(tables)])

@@ -22,11 +22,11 @@ def test_weights_packed_for_another_bank_size_are_refused():
     a, b = cfg(256), cfg(384)
     w = reference.init_weights(SPEC, 0)
     packed = layout.pack_weights(w, a)
-    megakernel.weight_args(packed, SPEC, a)
+    megakernel.weight_args(packed, a)
     with pytest.raises(SpecError, match=r"\(128, 384\)"):
-        megakernel.weight_args(packed, SPEC, b)
+        megakernel.weight_args(packed, b)
     repacked = layout.with_banks(packed, w, b)
-    megakernel.weight_args(repacked, SPEC, b)
+    megakernel.weight_args(repacked, b)
     assert repacked.experts is packed.experts
     fresh = layout.pack_weights(w, b)
     assert np.array_equal(np.asarray(repacked.static), np.asarray(fresh.static))

@@ -108,7 +108,7 @@ def late_entry(barrier: bool) -> None:
         dspec, cfg, pltpu.InterpretParams(detect_races=True, dma_execution_mode="eager"),
         barrier=barrier)
     tables = [jnp.asarray(a) for a in megakernel.static_inputs(dspec, cfg)]
-    smem, hbm = megakernel.weight_args(packed, dspec, cfg)
+    smem, hbm = megakernel.weight_args(packed, cfg)
     names = list(reference.cache_shapes(dspec, 1, 16))
 
     def late(me, tok):

@@ -38,9 +38,8 @@ def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
     nbytes = g.bytes
     t_mem = nbytes / bw + np.where(nbytes > 0, desc * np.ceil(nbytes / hw.dma_tile_bytes), 0.0)
     host_launch = 0.0
-    xla_tpu = "xla_dot_fixed_s" in hw.components   # XLA on a TPU, its dots and expert loop measured
     prefetched = np.zeros(len(g), bool)  # ops whose weights XLA copies in behind the ops before them
-    if xla_tpu:
+    if "xla_dot_fixed_s" in hw.components:   # XLA on a TPU, its dots and expert loop measured
         prefetched = (g.flops > 0) & (g.static_bytes + g.routed_bytes > 0) & ~g.is_collective
         experts = g.experts_read()
         for j in np.flatnonzero(prefetched):

@@ -399,8 +399,8 @@ def _events(pd, hlo: dict[int, ModuleScopes]):
                     if _LOOP_OP_RE.search(name):
                         continue
                     table = next(iter(hlo.values()))
-                    ops.append(OpEvent(ev.start_ns, ev.end_ns,
-                                       table.ops.get(name.split(" = ")[0].lstrip("%")), plane.name, line.name))
+                    ops.append(OpEvent(ev.start_ns, ev.end_ns, table.ops.get(_op_name(name)), plane.name,
+                                       line.name))
     if any(o.plane.startswith("/device:") for o in ops):
         ops = [o for o in ops if o.plane.startswith("/device:")]
     resolve_shared(ops)
@@ -670,6 +670,11 @@ class OpTotal:
     hlo: str         # the op's HLO text, truncated
 
 
+def _op_name(event_name: str) -> str:
+    """An XLA op event's instruction: its name, or the name its HLO text assigns (`%fusion.12 = ..`)."""
+    return event_name.partition(" = ")[0].lstrip("%")
+
+
 def _xla_op_events(pd):
     """The op events of every device plane's `XLA Ops` lines."""
     for plane in pd.planes:
@@ -687,9 +692,9 @@ def op_table(path: str | Path, top: int = 12) -> list[OpTotal]:
     acc: dict[str, list] = {}
     for ev in _xla_op_events(load_xspace(find_xplane(path))):
         stats = {k: v for k, v in ev.stats}
-        name, _, text = ev.name.partition(" = ")
-        a = acc.setdefault(name.lstrip("%"), [str(stats.get("hlo_category", "")), 0, 0.0,
-                                              (text or str(stats.get("long_name", "")))[:300]])
+        text = ev.name.partition(" = ")[2]
+        a = acc.setdefault(_op_name(ev.name), [str(stats.get("hlo_category", "")), 0, 0.0,
+                                               (text or str(stats.get("long_name", "")))[:300]])
         a[1] += 1
         a[2] += (ev.end_ns - ev.start_ns) * 1e-9
     rows = [OpTotal(n, c, k, t, h) for n, (c, k, t, h) in acc.items()]
@@ -717,7 +722,7 @@ def xla_layer_times(path: str | Path, hlo_text: str, n_layers: int) -> tuple[dic
     for ev in _xla_op_events(pd):
         if _LOOP_OP_RE.search(ev.name):
             continue
-        name = ev.name.split(" = ")[0].lstrip("%")
+        name = _op_name(ev.name)
         dt = (ev.end_ns - ev.start_ns) * 1e-9
         if name in entry:
             per_call += dt
