@@ -23,7 +23,8 @@ at a time, so a 10-minute call holds about 15 programs: the default set (about 4
   packing time;
 - xla: the XLA reference alone at `--xla-batches` (those speed does not run);
 - sweep: ring depth (`--depths`), expert slots (`--slots`) and bank rows (`--bank-rows`), each
-  around the tuned config, on the first slice in its first format at `--sweep-batches`;
+  around the tuned config, and rings of a given depth and bank size together (`--rings`), on the
+  first slice in its first format at `--sweep-batches`;
 - trace: a `jax.profiler` trace of each slice at the first and last batch with the kernel's
   named scopes as in-kernel markers (the libtpu flags of experiments/profile_megakernel.py),
   per-layer and per-phase times by `perfmodel.validate.traces`; the first trace is kept
@@ -303,9 +304,21 @@ def slice_work(a, parts, name, k, fmt, batches, interpret, sweep) -> dict:
                               if x and int(x) != t.expert_slots]
             work["sweep"] += [cfg(b, bank_rows=int(x)) for x in a.bank_rows.split(",")
                               if x and int(x) != t.bank_rows]
+            work["sweep"] += [cfg(b, depth=d, bank_rows=r) for d, r in rings(a.rings)]
     if "trace" in parts and k == 0:
         work["trace"] = [cfg(b) for b in dict.fromkeys((batches[0], batches[-1]))]
     return work
+
+
+def rings(text: str) -> list[tuple[int, int]]:
+    """--rings "16x16384,8x32768" -> [(16, 16384), (8, 32768)]."""
+    out = []
+    for item in filter(None, text.split(",")):
+        d, _, r = item.partition("x")
+        if not (d.isdigit() and r.isdigit() and int(d) > 0 and int(r) > 0):
+            raise SystemExit(f"tpu_megakernel: --rings: {item!r} is not DEPTHxBANK_ROWS (e.g. 16x16384)")
+        out.append((int(d), int(r)))
+    return out
 
 
 def warm_compile(sl, work, budget_left) -> tuple[dict, dict]:
@@ -571,6 +584,8 @@ def main(argv=None) -> int:
     ap.add_argument("--slots", default="1,2,3,4", help="sweep: expert slots (at the tuned depth)")
     ap.add_argument("--bank-rows", default="2048,4096,16384",
                     help="sweep: ring bank rows (at the tuned depth and slots)")
+    ap.add_argument("--rings", default="",
+                    help="sweep: rings DEPTHxBANK_ROWS (e.g. 16x16384), depth and bank rows changed together")
     ap.add_argument("--sweep-batches", default="1", help="sweep: batches")
     ap.add_argument("--xla-batches", default="1,2,4,8,16,32,64",
                     help="xla: batches of the XLA reference alone (those not run by speed)")
@@ -587,6 +602,7 @@ def main(argv=None) -> int:
     bad = [p for p in parts if p not in PARTS]
     if bad:
         ap.error(f"--only: unknown part(s) {', '.join(bad)}; known: {', '.join(PARTS)}")
+    rings(a.rings)   # a malformed --rings fails before the TPU is opened
     import jax
     from jax.experimental.pallas import tpu as pltpu
     from perfmodel_kernels import chip as chip_mod

@@ -23,6 +23,10 @@ mechanism) and the `mechanism` of its entries:
 - loop, `loop_trip` (entries `loop_trip`, `dma_issue_wait`): one trip of an in-kernel `fori_loop`
   whose body increments an SMEM scalar; what starting a tiny copy and waiting for one issued 16
   trips earlier (its data long arrived) adds to a trip that has 64 dependent vector multiply-adds;
+- queue, `dma_queue`: a small copy (4 KiB, or one 16-row tile of a 7168-wide bf16 embedding) issued
+  before or after k = 1 .. 16 copies of 2 MiB ring banks, all in flight at once: how much later
+  than alone the small copy arrives (the wait a step's first embedding rows, or an attention
+  phase's cache window, sees behind the ring's banks);
 - xla, `xla_ops` (entries `xla_op`, `xla_loop_trip`, `xla_dot`, `xla_attention`): a chain of small
   dependent XLA ops (tanh(x[8, 128] @ w[128, 128]), one fusion each) in an XLA while loop, bodies
   of 1 and 32 ops: the time per op (its launch gap and its tiny work) and the loop's own trip;
@@ -84,7 +88,8 @@ KIB, MIB = 1024, 1024 * 1024
 # JAX device_kind -> the hardware preset the entries are for
 PLATFORMS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v6 lite": "tpu-v6e", "TPU v5": "tpu-v5p",
              "TPU v5p": "tpu-v5p", "TPU7x": "tpu-v7"}
-SECTIONS = ("dispatch", "dma", "latency", "mxu", "vpu", "loop", "expert", "xla", "xla_expert", "xla_cache")  # run in this order
+SECTIONS = ("dispatch", "dma", "latency", "mxu", "vpu", "loop", "queue", "expert", "xla", "xla_expert",
+            "xla_cache")  # run in this order
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,10 @@ class Sizes:
     vpu_ops: tuple
     issue_lag: int           # dma_issue_wait: a copy is waited for this many trips after its start
     issue_chain: int         # dma_issue_wait: dependent vector multiply-adds in each trip
+    queue_big_rows: int      # dma_queue: rows of the bf16 [rows, 128] copies in flight beside the small one
+    queue_ahead: tuple       # dma_queue: how many such copies
+    queue_small: tuple       # dma_queue: (rows, lanes) of the small bf16 copy
+    queue_work_s: float      # dma_queue: vector work after the small copy's wait, at least this long
     xla_rows: tuple          # m of XLA's dots
     xla_shapes: tuple        # (k, n) of XLA's dots
     xla_weights_per_trip: int
@@ -132,6 +141,7 @@ FULL = Sizes(
     mxu_int8_lhs=((8, 1024, 1024), (8, 2048, 2048), (256, 1024, 1024), (256, 2048, 2048)),
     vpu_shapes=((8, 128), (8, 1024), (64, 1024), (256, 1024), (256, 4096)), vpu_ops=("mul", "exp"),
     issue_lag=16, issue_chain=64,
+    queue_big_rows=8192, queue_ahead=(1, 2, 4, 8, 16), queue_small=((16, 128), (16, 7168)), queue_work_s=80e-6,
     xla_rows=(1, 8, 16, 32, 64),
     xla_shapes=((1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (2048, 8192)),
     xla_weights_per_trip=16,
@@ -145,6 +155,7 @@ MINI = Sizes(  # the same code at tiny sizes: Pallas interpret mode on a CPU (--
     ring_source_bytes=64 * KIB, latency_rows=(16,),
     mxu_rows=(8,), mxu_shapes=((128, 128),), mxu_int8_shapes=((128, 128),), mxu_int8_lhs=((32, 128, 128),),
     vpu_shapes=((8, 128),), vpu_ops=("mul", "exp"), issue_lag=2, issue_chain=2,
+    queue_big_rows=64, queue_ahead=(2,), queue_small=((16, 128),), queue_work_s=1e-6,
     xla_rows=(1,), xla_shapes=((128, 256),), xla_weights_per_trip=2,
     attention_heads=(2, 2, 128), attention_tokens=(64,),
     op_chain=(1, 4), expert_shapes=((256, 128),), expert_rows=(1,), expert_count=2, expert_traced=(1,),
@@ -345,6 +356,43 @@ def issue_wait_call(lag: int, chain: int, with_copy: bool, sizes: Sizes, interpr
                   [pltpu.VMEM((lag, 16, 128), BF16), pltpu.SemaphoreType.DMA((lag,))], sizes, interpret)
 
 
+def dma_queue_kernel(ahead: int, small_first: bool, trips: int, n_ref, big_hbm, small_hbm, x_ref, o_ref,
+                     bigs, small, sems):
+    """n repetitions of: `ahead` big copies and one small copy started (the small first or last),
+    the small one waited for, `trips` x 8 dependent vector multiply-adds on a tile that reads it,
+    then the big ones waited for. With the work longer than the big copies, a repetition lasts the
+    small copy's arrival plus the work."""
+    # n_ref: [1] i32 SMEM; big_hbm: [ahead, R, 128] bf16 HBM; small_hbm: [r, l] bf16 HBM;
+    # x_ref, o_ref: [8, 128] f32 VMEM; bigs: [ahead, R, 128] bf16 VMEM; small: [r, l] bf16 VMEM; sems: DMA [ahead + 1]
+    big = [pltpu.make_async_copy(big_hbm.at[j], bigs.at[j], sems.at[j]) for j in range(ahead)]
+    one = pltpu.make_async_copy(small_hbm, small, sems.at[ahead])
+
+    def rep(i, x):
+        for cp in ([one] + big if small_first else big + [one]):
+            cp.start()
+        one.wait()
+        x = x + small[:8, :128].astype(F32)
+
+        def work(j, x):
+            for _ in range(8):
+                x = x * 0.5 + 0.25
+            return x
+        x = lax.fori_loop(0, trips, work, x)
+        for cp in big:
+            cp.wait()
+        return x
+
+    o_ref[...] = lax.fori_loop(0, n_ref[0], rep, x_ref[...])
+
+
+def dma_queue_call(ahead: int, small_first: bool, trips: int, big_rows: int, small_shape: tuple, sizes: Sizes,
+                   interpret: bool):
+    return pallas(lambda *r: dma_queue_kernel(ahead, small_first, trips, *r), jax.ShapeDtypeStruct((8, 128), F32),
+                  [SMEM_SPEC, HBM_SPEC, HBM_SPEC, VMEM_SPEC], VMEM_SPEC,
+                  [pltpu.VMEM((max(ahead, 1), big_rows, 128), BF16), pltpu.VMEM(small_shape, BF16),
+                   pltpu.SemaphoreType.DMA((ahead + 1,))], sizes, interpret)
+
+
 # ---- XLA programs -----------------------------------------------------------------------------
 
 def dot_chain(trips, x, ws):
@@ -432,10 +480,11 @@ class Bench:
         return self.clock.slope(lambda n: jax.block_until_ready(f(self.count(n, ()), *args)), n0, n_max)
 
     def add(self, ident: str, mechanism: str, inputs: dict, value: float, unit: str, scope: str,
-            notes: str = "", not_modelled: str = ""):
-        """One entry (printed as it comes); a value that is not positive is a failed measurement."""
+            notes: str = "", not_modelled: str = "", signed: bool = False):
+        """One entry (printed as it comes); a value that is not positive (not finite, when `signed`: a
+        difference of two times) is a failed measurement."""
         ident = f"{self.prefix}-{ident}"
-        if not (value > 0 and math.isfinite(value)):
+        if not ((signed or value > 0) and math.isfinite(value)):
             self.skip(ident, f"measured {value!r} {unit}: not a positive time ({notes})")
             return
         e = {"id": ident, "mechanism": mechanism, "inputs": inputs, "value": float(f"{value:.6g}"), "unit": unit,
@@ -751,6 +800,50 @@ def loop_trip(b: Bench):
     b.case("dma-issue-wait", issue_wait)
 
 
+def dma_queue(b: Bench):
+    """How much later a small copy arrives when k copies of a 2 MiB ring bank are in flight beside it,
+    started just before it or just after it: a repetition starts them all, waits for the small one,
+    runs vector work that reads it (longer than the big copies take) and waits for the big ones; the
+    entry is the repetition's slope minus that of the small copy alone with the same work. The work's
+    length is set from a first measurement so that it outlasts the 16 big copies."""
+    s = b.sizes
+    rows = s.queue_big_rows
+    big_src = jnp.ones((max(s.queue_ahead), rows, 128), BF16)
+    x = jnp.full((8, 128), 0.5, F32)
+    trips = 64
+    b.case("dma-queue", lambda: dma_queue_all(b, rows, big_src, x, trips))
+
+
+def dma_queue_all(b: Bench, rows: int, big_src, x, trips: int):
+    s = b.sizes
+    probe = b.kernel_slope(dma_queue_call(0, True, trips, rows, (16, 128), s, b.interpret),
+                           (big_src[:1], jnp.ones((16, 128), BF16), x))
+    trips = max(trips, math.ceil(trips * s.queue_work_s / max(probe.per_rep_s, 1e-9)))
+
+    def one(what, r, lanes, k, first, alone):
+        src = jnp.ones((r, lanes), BF16)
+        sl = b.kernel_slope(dma_queue_call(k, first, trips, rows, (r, lanes), s, b.interpret), (big_src[:max(k, 1)], src, x))
+        nbytes, big_bytes = r * lanes * 2, rows * 128 * 2
+        b.add(what, "dma_queue", {"bytes": nbytes, "big_bytes": big_bytes, "ahead": k,
+                                  "order": "small first" if first else "small last"},
+              (sl.per_rep_s - alone.per_rep_s) * 1e6, "us_per_copy",
+              f"how much later a {nbytes // KIB} KiB copy arrives with {k} copies of {big_bytes // KIB} KiB in flight, "
+              f"the small one started {'first' if first else 'last'}",
+              f"{sl.notes('repetitions')}; alone: {alone.per_rep_s * 1e6:.2f} us a repetition ({trips} x 8 "
+              f"vector multiply-adds after the wait)", signed=True)
+
+    try:
+        for r, lanes in s.queue_small:
+            alone = b.kernel_slope(dma_queue_call(0, True, trips, rows, (r, lanes), s, b.interpret),
+                                   (big_src[:1], jnp.ones((r, lanes), BF16), x))
+            for first in (True, False):
+                for k in s.queue_ahead:
+                    what = f"dma-queue-{r * lanes * 2 // KIB}k-{'first' if first else 'last'}-{k}x{rows * 256 // KIB}k"
+                    b.case(what, one, what, r, lanes, k, first, alone)
+    finally:
+        big_src.delete()
+
+
 def xla_ops(b: Bench):
     """XLA's own ops, as the multi-kernel engine runs them (each a kernel of its own): the per-op
     gap (a chain of small dependent ops in a while loop, bodies of two lengths), then bf16 dots by
@@ -955,6 +1048,7 @@ MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted cal
               "mxu": (mxu_matmul, "in-kernel dots by shape and dtype"),
               "vpu": (vpu_elementwise, "vector-unit elementwise passes"),
               "loop": (loop_trip, "an in-kernel loop trip; a copy's start and wait beside vector work"),
+              "queue": (dma_queue, "a small copy's arrival behind ring banks in flight"),
               "expert": (expert_paths, "the megakernel's routed-expert paths per format"),
               "xla": (xla_ops, "XLA's op gap, dots by shape and decode attention"),
               "xla_expert": (xla_expert_loop, "the XLA reference's routed-expert loop by rows and shape"),
