@@ -355,12 +355,16 @@ def _branches(ctx: Context, family: str, phases: dict) -> dict:
 
 
 def embed(ctx: Context, barrier: bool):
-    """The token rows' embeddings, then the ring and layer 0's vectors, started; the rows
-    (gathered over the mesh, after the entry barrier) -> x [Bp, H] f32, padding rows zero. A
-    token's row is copied in the whole bf16 tile holding it (`ROW_TILE` rows: the row offset
-    is tile-aligned) and picked from it (`pick_rows`). The rows go first: the DMA engine
-    serves copies in issue order, and behind the ring's first banks they waited for all of
-    them (on a v5e 23 us of a 1.1 ms step, in the trace)."""
+    """The token rows' embeddings copied and waited for, then layer 0's vectors and the ring
+    started; the rows (gathered over the mesh, after the entry barrier) -> x [Bp, H] f32,
+    padding rows zero. A token's row is copied in the whole bf16 tile holding it (`ROW_TILE`
+    rows: the row offset is tile-aligned) and picked from it (`pick_rows`). The rows are waited
+    for before the ring starts: the DMA engine serves copies in issue order (on a v5e a small
+    copy started after k 2 MiB copies arrives k x 2.8 us late: experiments/tpu_microbench.py,
+    queue), and started merely before the ring's banks in the program the rows still arrived
+    after them (a 27.8 us embed phase in a 1.1 ms step's trace; the compiler may reorder the
+    starts of independent copies). The vectors go before the banks for the same reason: layer
+    1's first op needs them."""
     dma, tp, h = ctx.dma, ctx.tp, ctx.spec.hidden // ctx.tp
     with jax.named_scope("embed"):
         first = [pl.multiple_of(ctx.tok[b] // ROW_TILE * ROW_TILE, ROW_TILE)
@@ -372,17 +376,17 @@ def embed(ctx: Context, barrier: bool):
             dma.note("copy", 0, "embedding", "embedding row", ROW_TILE * h * 2,
                      padding=(ROW_TILE - 1) * h * 2)
             cp.start()
+        for cp in emb:
+            cp.wait()
+        dma.note("vectors", layer=0)
+        ctx.for_vector_copies(0, lambda cp: cp.start())
         ctx.ring.start()
         if ctx.kda is not None:
             ctx.kda.flag[0] = 0
         if tp > 1:
             for k in range(len(comm_mod.KINDS)):
                 ctx.count[k] = ctx.count_in[k]
-        dma.note("vectors", layer=0)
-        ctx.for_vector_copies(0, lambda cp: cp.start())
         ctx.comm.barrier(skip=not barrier)   # before the first remote write of the call
-        for cp in emb:
-            cp.wait()
         return ctx.comm.all_gather(pick_rows(ctx.tok, ctx.xrows, ctx.cfg.token_rows),
                                    "embedding", dtype=BF16)
 

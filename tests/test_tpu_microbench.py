@@ -163,8 +163,11 @@ MISSES = {
     "the DMA ring's knee: with latency and bytes about equal, 2-4 copies in flight take up to 9 % longer "
     "than the larger of latency-bound and bandwidth-bound, which is what a FIFO engine gives": {
         "v5e-dma-ring-128l-64k-q4", "v5e-dma-ring-128l-256k-q2", "v5e-dma-ring-256l-256k-q2"},
-    "the smallest copies (4-32 KiB, one at a time) take 5-7 % less than the one first-byte latency the "
-    "larger ones fit": {"v5e-dma-latency-4k", "v5e-dma-latency-8k", "v5e-dma-latency-32k"},
+    "the smallest copies (4-16 KiB, one at a time) take 5-7 % less than the one first-byte latency the "
+    "larger ones fit": {"v5e-dma-latency-4k", "v5e-dma-latency-8k"},
+    "a small copy behind one or two 2 MiB copies: 0.9 us more than their bytes behind one (a 4 KiB copy), "
+    "7 % less behind two (224 KiB); behind 4-16 the bytes ahead of it within 5 %": {
+        "v5e-dma-queue-4k-last-1x2048k", "v5e-dma-queue-224k-last-2x2048k"},
     "in-kernel dots of 8 and 16 rows: their time depends on the shape at equal weights (2 MiB of weights "
     "0.44-0.62 us) and grows faster than the weights beyond 2 MiB; the MXU push cost is per weight": {
         f"v5e-mxu-bf16-m{m}-{s}" for m in (8, 16)
@@ -211,7 +214,7 @@ def test_v5e_residuals_within_5_percent_but_the_named_misses(v5e):
                        [[r["id"], r["group"], r["measured"], r["predicted"], r["unit"], 100 * r["error"]]
                         for r in fitted]))
     assert {r["group"] for r in fitted} == {"dma", "mxu", "host", "vpu_decode", "xla_expert", "xla_dot"} \
-        and len(fitted) == 128
+        and len(fitted) == 138
     over = {r["id"] for r in fitted if abs(r["error"]) > TARGET}
     assert over == set().union(*MISSES.values())
     assert max(abs(r["error"]) for r in fitted) < 0.30

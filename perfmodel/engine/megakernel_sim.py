@@ -142,6 +142,8 @@ def _run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, la
     Per collective op: the entry cost and its phases (remote-copy bytes and phase seconds)
     ph_*[ph_off[j]:ph_off[j+1]], used when `remote` (else its `coll` seconds). At most one routed op
     per layer (as perfmodel.graph.ops builds).
+    Layer 0 (the glue before the first decoder layer: the embedding rows) issues its copies
+    before the ring's first banks, as the kernel does.
     Held-back refills: an op with `defer` keeps the refills it would issue for tiles of a later layer
     (tile_layer) until the next op with `flush`, which issues them, in order, at its end.
     Returns (start, end, stream wait, expert wait, collective time per op, step end, HBM bytes,
@@ -164,6 +166,11 @@ def _run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, la
     issued = np.zeros(n_layers, np.int64)  # expert copies issued per layer
     held = np.empty(n_tiles, np.int64)  # refills held back (tile indices), held[:n_held]
     n_held = 0
+    if n and layer[0] == 0:  # the step's first layer: its copies (the embedding rows), then the next
+        # layer's vectors, ahead of the ring's first banks
+        kv_id[0] = _issue(t0, layer_start[0], False, TAG_KV, 0, eng, f, ni, F, I, kv_copies[0])
+        if vectors[0, 0] > 0:
+            _issue(t0, vectors[0, 0], False, TAG_VEC, 0, eng, f, ni, F, I, vectors[1, 0])
     first = min(banks, n_tiles)
     for k in range(first):
         tile_id[k] = _issue(t0, tile_bytes[k], False, TAG_TILE, k, eng, f, ni, F, I, 1.0)

@@ -44,7 +44,8 @@ GROUPS = {
     # differences of calls, so a copy's first-byte latency barely enters them (it is fitted, with
     # dma_concurrent_copies, to the phase profile: experiments/phase_split.py); a file whose
     # entries determine it (a ring kept one copy in flight) adds it by its `fit` table (OPTIONAL)
-    "dma": (("dma_bandwidth_bytes_per_s", "dma_descriptor_s"), ("weight_stream", "expert_stream", "dma_ring")),
+    "dma": (("dma_bandwidth_bytes_per_s", "dma_descriptor_s"),
+            ("weight_stream", "expert_stream", "dma_ring", "dma_queue")),
     "mxu": (("mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_row_s", "mxu_dot_issue_s"),
             ("mxu_push", "matmul")),
     "vpu_dequant": (("vpu_dequant_s",), ("dequant_matmul",)),
@@ -95,6 +96,7 @@ INPUTS = {
                       "layers_per_call": _N, "difference_of_calls": (BOOL,)},
     "expert_stream": {"bytes": Req(_BYTES), "descriptors": Req(_N)},
     "dma_ring": {"bytes": Req(_BYTES), "in_flight": Req(_N), "lanes": _N, "dtype": _DTYPE},
+    "dma_queue": {"bytes": Req(_BYTES), "big_bytes": Req(_BYTES), "ahead": Req(_N), "order": Req(OneOf("small last"))},
     "mxu_push": {"dtype": Req(_DTYPE)},
     "matmul": {"k": Req(_N), "n": Req(_N), "k_chunk": Req(_N), "lhs_rows_per_chunk": Req(_N), "dtype": Req(_DTYPE),
                "rows": _N},
@@ -208,6 +210,8 @@ def predict_entry(e: dict, hw: Hardware) -> float:
         t = cm.dma_stream_time(c, i["bytes"], i["descriptors"], cold=False)
     elif m == "dma_ring":
         t = dma_ring_time(c, i["bytes"], i["in_flight"])
+    elif m == "dma_queue":  # served in issue order: the small copy waits for the bytes ahead of it
+        t = i["ahead"] * cm.dma_stream_time(c, i["big_bytes"], 1, cold=False)
     elif m == "mxu_push":
         t = cm.mxu_push_s(c, i["dtype"])
     elif m == "matmul":
