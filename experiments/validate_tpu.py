@@ -101,15 +101,16 @@ def label(r: dict) -> str:
 
 def attach_traces(runs: list[dict]) -> list[str]:
     """Trace records (kind "trace") given to the first megakernel run of the same slice, format,
-    batch and config that has none of its own; the notes of those that could not be."""
+    batch and config that has none of its own, one of the same commit (the same kernel) first;
+    the notes of those that could not be."""
     notes = []
     for t in (r for r in runs if r["kind"] == "trace"):
         if "error" in t:
             notes.append(f"trace of {label(t)}: {t['error']}")
             continue
         key = lambda r: (r["slice"], r["format"], r["batch"], r.get("config"))
-        run = next((r for r in runs if r["kind"] == "megakernel" and r.get("trace") is None
-                    and key(r) == key(t)), None)
+        free = [r for r in runs if r["kind"] == "megakernel" and r.get("trace") is None and key(r) == key(t)]
+        run = next((r for r in free if r.get("commit") == t.get("commit")), free[0] if free else None)
         if run is None:
             notes.append(f"trace of {label(t)}: no megakernel run of the same slice, format, batch and config")
             continue

@@ -1,9 +1,8 @@
 """Tuned sizes as data: the bank, ring and slot sizes (and the reduction wire) a preset runs
 with on a mesh of `devices` TensorCores, and why. `perfmodel_kernels.run` and the TPU script take them as
-defaults; command-line options override them. The one-chip slices' entries were chosen for a
-TPU v5e (128-lane tile: 2 MiB banks of 8192 rows); `experiments/tpu_megakernel.py` sweeps depth,
-slots and bank size around them on the chip. There depth 16 and 16384-row banks each ran faster
-(docs/tpu.md); the entries stay until the two are measured together."""
+defaults; command-line options override them. The one-chip slices' entries were measured on a
+TPU v5e (128-lane tile), where `experiments/tpu_megakernel.py` swept depth, slots and bank size
+(docs/tpu.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Tuned:
-    bank_rows: int       # rows of one ring bank (x tile 256 x 2 B: 8192 rows = 4 MiB)
+    bank_rows: int       # rows of one ring bank (x tile x 2 B: 8192 rows of 256 lanes = 4 MiB)
     depth: int           # banks in flight
     expert_slots: int
     wire: str            # dtype reductions travel in between devices
@@ -27,12 +26,14 @@ TUNED = {
 }
 for _slice in ("kimi-k3-tp32-core", "kimi-k3-tp8-core"):
     TUNED[(_slice, 1)] = Tuned(
-        8192, 8, 2, "f32",
-        "2 MiB banks at v5e's 128 lanes: the chip's in-kernel stream reaches its plateau (755 "
-        "GB/s) from 512 KiB copies with 2 in flight (experiments/results/tpu_v5e_microbench.json)"
-        "; 8 in flight; 2 expert slots (top-4 picks about 4 distinct experts at batch 1)")
+        16384, 8, 2, "f32",
+        "4 MiB banks at v5e's 128 lanes, 8 in flight (32 MiB of VMEM), 2 expert slots: the "
+        "fastest measured on the K3 TP32-core slice within 1 % at batches 1 and 8 (1062.8 and "
+        "2424.5 us a step against 1129.7 and 2492.2 with 2 MiB banks; depth 16 or 32 or 8 MiB "
+        "banks gained no more: experiments/results/tpu_megakernel.json, the sweep runs); 2 slots "
+        "beat 1 and 4 at batch 1 (top-4 picks about 4 distinct experts)")
 TUNED[("kimi-k3-tp8-dense", 1)] = Tuned(
-    8192, 8, 2, "f32", "the MoE slices' ring on the same chip (no routed experts: the slots are unused)")
+    16384, 8, 2, "f32", "the MoE slices' ring on the same chip (no routed experts: the slots are unused)")
 DEFAULT = Tuned(1024, 6, 2, "f32", "defaults for MINI-scale runs (interpret mode)")
 
 

@@ -114,6 +114,47 @@ def test_constructed_loop_kernel_trace_numbers_layers_in_order(tmp_path):
     assert p.layer_s[4].median == pytest.approx(9e-6) and p.layer_s[2].median == pytest.approx(7e-6)
 
 
+def offset_clock_text(steps: int, step_us: float, period_us: float, host_lag_us: float) -> str:
+    """A TPU VM's trace as the v5e records it: on the device plane one `XLA Modules` event per
+    one-step call and the kernel's markers (LOOP_STEP) on the `XLA TraceMe` line; on the host
+    plane the `decode_step` annotations, their clock `host_lag_us` behind the device's."""
+    names = {"module": 1, "decode_step": 2}
+    mods, marks, host = [], [], []
+    for i in range(steps):
+        t0 = i * period_us * 1e6
+        mods.append(f"events {{ metadata_id: 1 offset_ps: {t0:.0f} duration_ps: {step_us * 1e6:.0f} }}")
+        host.append(f"events {{ metadata_id: 2 offset_ps: {t0 + host_lag_us * 1e6:.0f} duration_ps: "
+                    f"{(period_us - 1) * 1e6:.0f} stats {{ metadata_id: 1 int64_value: {i} }} }}")
+        for name, start, dur in LOOP_STEP:
+            mid = names.setdefault(name, len(names) + 1)
+            marks.append(f"events {{ metadata_id: {mid} offset_ps: {t0 + start * 1e6:.0f} "
+                         f"duration_ps: {dur * 1e6:.0f} }}")
+    md = "\n".join(f'event_metadata {{ key: {v} value {{ id: {v} name: "{k}" }} }}' for k, v in names.items())
+    return f"""planes {{
+  id: 1 name: "/device:TPU:0"
+  lines {{ id: 1 name: "XLA Modules" timestamp_ns: 1000 {' '.join(mods)} }}
+  lines {{ id: 2 name: "{traces.KERNEL_MARKERS}" timestamp_ns: 1000 {' '.join(marks)} }}
+  {md}
+}}
+planes {{ id: 2 name: "/host:CPU" lines {{ id: 1 name: "python3" timestamp_ns: 1000 {' '.join(host)} }}
+  {md}
+  stat_metadata {{ key: 1 value {{ id: 1 name: "step_num" }} }} }}
+"""
+
+
+def test_tpu_steps_cut_by_the_devices_program_runs_not_the_hosts_clock(tmp_path):
+    """On the lent v5e the host's step annotations ran 0.1 ms behind the device's clock, so each
+    host window held the end of one step and the start of the next (the embed phase read 0.9 ms):
+    a kernel's steps are the device's own program runs that hold its markers."""
+    f = write_xspace(tmp_path / "offset.xplane.pb", offset_clock_text(3, 30.0, 50.0, host_lag_us=12.0))
+    t = traces.parse_trace(f, n_layers=4)
+    assert len(t.steps) == 3 and t.step_s.median == pytest.approx(30e-6)
+    # in-kernel markers: the 0.5 us gap before layer 4's FFN is its time
+    for layer, us in {0: 1.0, 1: 5.0, 2: 7.0, 3: 7.0, 4: 9.5, 5: 0.5}.items():
+        assert t.layer_s[layer].median == pytest.approx(us * 1e-6, rel=1e-6), layer
+    assert any("program runs" in n for n in t.notes)
+
+
 def test_constructed_tpu_trace_prefixed_markers_and_unscoped_time(tmp_path):
     """Markers prefixed by the runtime are still read; kernel time outside any marker is
     reported as unattributed, not hidden."""
@@ -440,6 +481,55 @@ def test_recorded_tpu_v5e_megakernel_trace(tmp_path):
         parts = [t.sub_phase_s[f"layer_{layer:02d}/ffn/{p}"].median for p in ("router", "experts", "shared")]
         assert 0.5 * ffn < sum(parts) <= ffn
     assert any("outside" in n for n in t.notes)
+
+
+MARKERS = ROOT / "tests" / "data" / "tpu_v5e_k3_b1_markers.txt"
+
+
+def markers_xspace_text(path: Path) -> str:
+    """An XSpace (text proto) holding the events of a recorded trace's marker listing: sections
+    `## <plane> | <line>`, then `start_us duration_us name` a row; host `decode_step` rows get
+    their step number."""
+    planes: dict[str, dict[str, list]] = {}
+    line = None
+    for row in path.read_text().splitlines():
+        if row.startswith("## "):
+            plane, _, name = row[3:].partition(" | ")
+            line = planes.setdefault(plane, {}).setdefault(name, [])
+        elif row.strip() and not row.startswith("#"):
+            start, dur, name = row.split(None, 2)
+            line.append((float(start), float(dur), name))
+    out = []
+    for pid, (plane, lines) in enumerate(planes.items(), 1):
+        names = {n: i for i, n in enumerate(dict.fromkeys(n for evs in lines.values() for *_, n in evs), 1)}
+        body = []
+        for lid, (lname, evs) in enumerate(lines.items(), 1):
+            ev = " ".join(
+                f"events {{ metadata_id: {names[n]} offset_ps: {a * 1e6:.0f} duration_ps: {d * 1e6:.0f}"
+                + (f" stats {{ metadata_id: 1 int64_value: {k} }}" if n == traces.STEP_NAME else "") + " }"
+                for k, (a, d, n) in enumerate(evs))
+            body.append(f'lines {{ id: {lid} name: "{lname}" timestamp_ns: 0 {ev} }}')
+        md = " ".join(f'event_metadata {{ key: {i} value {{ id: {i} name: {json.dumps(n)} }} }}'
+                      for n, i in names.items())
+        out.append(f'planes {{ id: {pid} name: "{plane}" {" ".join(body)} {md} '
+                   f'stat_metadata {{ key: 1 value {{ id: 1 name: "step_num" }} }} }}')
+    return "\n".join(out)
+
+
+def test_recorded_tpu_v5e_markers_after_the_embedding_fix(tmp_path):
+    """The markers of a trace recorded on a TPU v5e after the kernel waited for its embedding rows
+    before starting the ring (Kimi K3 TP32-core, MXFP4, batch 1, five one-step calls): the host's
+    step annotations run 0.1 ms behind the device's clock, the steps are the device's program runs;
+    the embed phase is 5.5 us (27.8 us before the fix); the committed run's phases are this parse."""
+    f = write_xspace(tmp_path / "k3_b1.xplane.pb", markers_xspace_text(MARKERS))
+    t = traces.parse_trace(f, n_layers=4)
+    assert len(t.steps) == 5 and set(t.layer_s) == set(range(6))
+    assert t.phase_s["embed"].median == pytest.approx(5.5e-6, abs=0.1e-6)
+    assert sum(v.median for v in t.layer_s.values()) == pytest.approx(t.step_s.median, rel=0.01)
+    runs = json.loads((ROOT / "experiments" / "results" / "tpu_megakernel.json").read_text())["runs"]
+    rec = next(r for r in runs if r["kind"] == "trace" and r.get("commit") == "acf1eae" and r["batch"] == 1)
+    assert rec["step_s"] == pytest.approx(t.step_s.median, rel=1e-9)
+    assert rec["phases_s"] == pytest.approx({k: v.median for k, v in t.phase_s.items()}, rel=1e-9)
 
 
 def test_recorded_tpu_v5e_xla_trace_op_table(tmp_path):
