@@ -521,18 +521,17 @@ def _point(r: dict) -> tuple:
 
 
 def table(res: dict) -> str:
-    """The measured runs as a markdown table: per slice, format and batch the kernel's time per
-    step and tokens/s, the XLA reference's time on the same chip and weights, the speed-up and
-    the share of the chip's measured stream bandwidth the step's DMA plan moves (the sweeps'
-    points are validate_tpu's)."""
+    """The measured runs as a markdown table: per slice, format and batch (the latest run of
+    each: the current kernel) the kernel's time per step and tokens/s, the XLA reference's time on
+    the same chip and weights, the speed-up and the share of the chip's measured stream bandwidth
+    the step's DMA plan moves (the sweeps' points are validate_tpu's)."""
     xla = {_point(r): r["step_s"] for r in res["runs"] if r["kind"] == "xla"}
+    latest = {_point(r): r for r in res["runs"] if r["kind"] == "megakernel" and not r.get("sweep")}
     lines = ["| slice | experts | batch | kernel us/step | tok/s | XLA us/step | speed-up | "
              "stream share |", "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r in sorted(res["runs"], key=lambda r: (r["kind"], r.get("slice", ""), r.get("format", ""),
-                                                 r.get("batch", 0))):
-        if r["kind"] != "megakernel" or r.get("sweep"):
-            continue
-        x = xla.get(_point(r))
+    for key in sorted(latest):
+        r = latest[key]
+        x = xla.get(key)
         share = (r["plan_bytes_per_s"] / res["stream_bytes_per_s"]
                  if res.get("stream_bytes_per_s") and r.get("plan_bytes_per_s") else None)
         experts = f"{r['format']} as {r['feed'].split(' as ')[1].split()[0]}" if r.get("feed") \
