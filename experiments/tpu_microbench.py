@@ -27,6 +27,11 @@ mechanism) and the `mechanism` of its entries:
   before or after k = 1 .. 16 copies of 2 MiB ring banks, all in flight at once: how much later
   than alone the small copy arrives (the wait a step's first embedding rows, or an attention
   phase's cache window, sees behind the ring's banks);
+- mla_core, `mla_core` (entries `attention_core_tiles`): the megakernel's own MLA decode core
+  (`perfmodel_kernels.megakernel._sequence_attention`: one sequence's absorbed latent queries over
+  its cached tokens, cache tiles of 256 rows copied three in flight, an online softmax) by cached
+  tokens (256 .. 2048) and query rows (2 .. 16), latent rank 512: time per sequence (the kernel's
+  trace put its MLA core at 22.4 us of a batch-1 step, the model at 1.5 us);
 - xla, `xla_ops` (entries `xla_op`, `xla_loop_trip`, `xla_dot`, `xla_attention`): a chain of small
   dependent XLA ops (tanh(x[8, 128] @ w[128, 128]), one fusion each) in an XLA while loop, bodies
   of 1 and 32 ops: the time per op (its launch gap and its tiny work) and the loop's own trip;
@@ -56,9 +61,9 @@ libtpu versions and the date. The file is rewritten after every entry, so a run 
 keeps what it measured; `--budget-s` stops starting new measurements past that many seconds.
 With `--dry-run` (no TPU) the same code runs at tiny sizes, the Pallas kernels in interpret mode on
 the CPU: a check of the pipeline (a test runs it), its timings are not a TPU's.
-Expected on a TPU v5e: about 2-3 minutes after JAX has opened the chip (an estimate from the
-spec sheet's rates and this machine's compile times: not yet run on a chip): about a minute of it
-compiling the 111 Pallas kernels and 31 XLA programs, the rest timed calls.
+On the lent TPU v5e every section but mla_core has run (experiments/results/tpu_v5e/: the whole
+first run under `--budget-s 240`; queue alone 9.8 s, xla_cache 33.2 s); mla_core has not yet
+run on a chip.
 """
 from __future__ import annotations
 
@@ -88,8 +93,8 @@ KIB, MIB = 1024, 1024 * 1024
 # JAX device_kind -> the hardware preset the entries are for
 PLATFORMS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v6 lite": "tpu-v6e", "TPU v5": "tpu-v5p",
              "TPU v5p": "tpu-v5p", "TPU7x": "tpu-v7"}
-SECTIONS = ("dispatch", "dma", "latency", "mxu", "vpu", "loop", "queue", "expert", "xla", "xla_expert",
-            "xla_cache")  # run in this order
+SECTIONS = ("dispatch", "dma", "latency", "mxu", "vpu", "loop", "queue", "expert", "mla_core", "xla",
+            "xla_expert", "xla_cache")  # run in this order
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,9 @@ class Sizes:
     queue_ahead: tuple       # dma_queue: how many such copies
     queue_small: tuple       # dma_queue: (rows, lanes) of the small bf16 copy
     queue_work_s: float      # dma_queue: vector work after the small copy's wait, at least this long
+    mla_tokens: tuple        # mla_core: cached tokens of the sequence
+    mla_rows: tuple          # mla_core: query rows (heads x draft rows) of the sequence
+    mla_rank: tuple          # mla_core: (latent rank, rope dims, cache block rows)
     xla_rows: tuple          # m of XLA's dots
     xla_shapes: tuple        # (k, n) of XLA's dots
     xla_weights_per_trip: int
@@ -142,6 +150,7 @@ FULL = Sizes(
     vpu_shapes=((8, 128), (8, 1024), (64, 1024), (256, 1024), (256, 4096)), vpu_ops=("mul", "exp"),
     issue_lag=16, issue_chain=64,
     queue_big_rows=8192, queue_ahead=(1, 2, 4, 8, 16), queue_small=((16, 128), (16, 7168)), queue_work_s=80e-6,
+    mla_tokens=(256, 1024, 2048), mla_rows=(2, 8, 16), mla_rank=(512, 64, 256),
     xla_rows=(1, 8, 16, 32, 64),
     xla_shapes=((1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (2048, 8192)),
     xla_weights_per_trip=16,
@@ -156,6 +165,7 @@ MINI = Sizes(  # the same code at tiny sizes: Pallas interpret mode on a CPU (--
     mxu_rows=(8,), mxu_shapes=((128, 128),), mxu_int8_shapes=((128, 128),), mxu_int8_lhs=((32, 128, 128),),
     vpu_shapes=((8, 128),), vpu_ops=("mul", "exp"), issue_lag=2, issue_chain=2,
     queue_big_rows=64, queue_ahead=(2,), queue_small=((16, 128),), queue_work_s=1e-6,
+    mla_tokens=(64,), mla_rows=(2,), mla_rank=(128, 64, 16),
     xla_rows=(1,), xla_shapes=((128, 256),), xla_weights_per_trip=2,
     attention_heads=(2, 2, 128), attention_tokens=(64,),
     op_chain=(1, 4), expert_shapes=((256, 128),), expert_rows=(1,), expert_count=2, expert_traced=(1,),
@@ -391,6 +401,36 @@ def dma_queue_call(ahead: int, small_first: bool, trips: int, big_rows: int, sma
                   [SMEM_SPEC, HBM_SPEC, HBM_SPEC, VMEM_SPEC], VMEM_SPEC,
                   [pltpu.VMEM((max(ahead, 1), big_rows, 128), BF16), pltpu.VMEM(small_shape, BF16),
                    pltpu.SemaphoreType.DMA((ahead + 1,))], sizes, interpret)
+
+
+def mla_core_kernel(r: int, cb: int, n_ref, pos_ref, cache_hbm, ql_ref, qr_ref, blk_ref, o_ref, blocks, sems):
+    """n repetitions of the megakernel's MLA core for one sequence (`_sequence_attention`, its cache
+    tiles copied from HBM three in flight by `LatentCache`), each repetition's queries scaled by
+    the last one's output so none is hoisted."""
+    # n_ref, pos_ref: [1] i32 SMEM; cache_hbm: [1, 1, T, r + rope] bf16 HBM; ql_ref [hr, r], qr_ref
+    # [hr, rope], blk_ref [1, r + rope] f32 VMEM; o_ref [hr, r] f32; blocks: [3, cb, r + rope] bf16 VMEM
+    from types import SimpleNamespace
+    from perfmodel_kernels.megakernel import LatentCache, _sequence_attention
+    hr = ql_ref.shape[0]
+    ctx = SimpleNamespace(spec=SimpleNamespace(mla=SimpleNamespace(kv_lora_rank=r)),
+                          cfg=SimpleNamespace(cache_block=cb, max_context=cache_hbm.shape[2]),
+                          mla=SimpleNamespace(cache=cache_hbm, blocks=blocks, sem=sems), pos=pos_ref)
+    cache = LatentCache(ctx, 0)
+    causal = jnp.ones((hr, 1), bool)
+    scale = (r + qr_ref.shape[1]) ** -0.5
+
+    def rep(i, acc):
+        cache.start_first(0)
+        ql = ql_ref[...] * (1.0 + 1e-6 * acc[:, :1])
+        return _sequence_attention(ctx, cache, 0, ql, qr_ref[...], blk_ref[...], causal, scale)
+
+    o_ref[...] = lax.fori_loop(0, n_ref[0], rep, jnp.zeros((hr, r), F32))
+
+
+def mla_core_call(hr: int, tokens: int, r: int, rope: int, cb: int, sizes: Sizes, interpret: bool):
+    return pallas(lambda *refs: mla_core_kernel(r, cb, *refs), jax.ShapeDtypeStruct((hr, r), F32),
+                  [SMEM_SPEC, SMEM_SPEC, HBM_SPEC, VMEM_SPEC, VMEM_SPEC, VMEM_SPEC], VMEM_SPEC,
+                  [pltpu.VMEM((3, cb, r + rope), BF16), pltpu.SemaphoreType.DMA((3,))], sizes, interpret)
 
 
 # ---- XLA programs -----------------------------------------------------------------------------
@@ -850,6 +890,36 @@ def dma_queue_all(b: Bench, rows: int, big_src, x, trips: int):
         big_src.delete()
 
 
+def mla_core(b: Bench):
+    """The megakernel's MLA decode core for one sequence, by cached tokens and query rows: the slope
+    over repetitions of the kernel's own `_sequence_attention` (its cache in HBM, read tile by tile)."""
+    s = b.sizes
+    r, rope, cb = s.mla_rank
+    key = jax.random.PRNGKey(5)
+
+    def one(what, tokens, hr):
+        cache = jax.random.normal(key, (1, 1, tokens, r + rope), F32).astype(BF16)
+        ql = jax.random.normal(key, (hr, r), F32)
+        qr = jax.random.normal(key, (hr, rope), F32)
+        blk = jax.random.normal(key, (1, r + rope), F32)
+        pos = jnp.full((1,), tokens, I32)
+        sl = b.kernel_slope(mla_core_call(hr, tokens, r, rope, cb, s, b.interpret), (pos, cache, ql, qr, blk))
+        tiles = -(-tokens // cb)
+        b.add(what, "attention_core_tiles", {"kind": "mla", "tokens": tokens, "rows": hr, "rank": r, "rope": rope,
+                                             "cache_block": cb, "tiles": tiles},
+              sl.per_rep_s * 1e6, "us_per_attention",
+              f"the megakernel's MLA core for one sequence: {hr} query rows over {tokens} cached tokens ({tiles} tiles "
+              f"of {cb} rows read from HBM three in flight), latent rank {r} + {rope} rope",
+              sl.notes("repetitions"),
+              not_modelled="no term of the model yet: components.attention_core_time is one fixed latency a "
+              "sequence; these entries are the data for a per-tile term")
+
+    for tokens in s.mla_tokens:
+        for hr in s.mla_rows:
+            what = f"mla-core-t{tokens}-r{hr}"
+            b.case(what, one, what, tokens, hr)
+
+
 def xla_ops(b: Bench):
     """XLA's own ops, as the multi-kernel engine runs them (each a kernel of its own): the per-op
     gap (a chain of small dependent ops in a while loop, bodies of two lengths), then bf16 dots by
@@ -1055,6 +1125,7 @@ MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted cal
               "vpu": (vpu_elementwise, "vector-unit elementwise passes"),
               "loop": (loop_trip, "an in-kernel loop trip; a copy's start and wait beside vector work"),
               "queue": (dma_queue, "a small copy's arrival behind ring banks in flight"),
+              "mla_core": (mla_core, "the megakernel's MLA decode core by cached tokens and query rows"),
               "expert": (expert_paths, "the megakernel's routed-expert paths per format"),
               "xla": (xla_ops, "XLA's op gap, dots by shape and decode attention"),
               "xla_expert": (xla_expert_loop, "the XLA reference's routed-expert loop by rows and shape"),
