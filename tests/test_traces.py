@@ -114,15 +114,19 @@ def test_constructed_loop_kernel_trace_numbers_layers_in_order(tmp_path):
     assert p.layer_s[4].median == pytest.approx(9e-6) and p.layer_s[2].median == pytest.approx(7e-6)
 
 
-def offset_clock_text(steps: int, step_us: float, period_us: float, host_lag_us: float) -> str:
+def offset_clock_text(steps: int, step_us: float, period_us: float, host_lag_us: float,
+                      steps_per_call: int = 1) -> str:
     """A TPU VM's trace as the v5e records it: on the device plane one `XLA Modules` event per
-    one-step call and the kernel's markers (LOOP_STEP) on the `XLA TraceMe` line; on the host
-    plane the `decode_step` annotations, their clock `host_lag_us` behind the device's."""
+    call of `steps_per_call` steps and the kernel's markers (LOOP_STEP) on the `XLA TraceMe` line;
+    on the host plane a `decode_step` annotation a step, its clock `host_lag_us` behind the
+    device's."""
     names = {"module": 1, "decode_step": 2}
     mods, marks, host = [], [], []
     for i in range(steps):
         t0 = i * period_us * 1e6
-        mods.append(f"events {{ metadata_id: 1 offset_ps: {t0:.0f} duration_ps: {step_us * 1e6:.0f} }}")
+        if i % steps_per_call == 0:
+            span = (steps_per_call - 1) * period_us + step_us
+            mods.append(f"events {{ metadata_id: 1 offset_ps: {t0:.0f} duration_ps: {span * 1e6:.0f} }}")
         host.append(f"events {{ metadata_id: 2 offset_ps: {t0 + host_lag_us * 1e6:.0f} duration_ps: "
                     f"{(period_us - 1) * 1e6:.0f} stats {{ metadata_id: 1 int64_value: {i} }} }}")
         for name, start, dur in LOOP_STEP:
@@ -153,6 +157,11 @@ def test_tpu_steps_cut_by_the_devices_program_runs_not_the_hosts_clock(tmp_path)
     for layer, us in {0: 1.0, 1: 5.0, 2: 7.0, 3: 7.0, 4: 9.5, 5: 0.5}.items():
         assert t.layer_s[layer].median == pytest.approx(us * 1e-6, rel=1e-6), layer
     assert any("program runs" in n for n in t.notes)
+    # a call of two steps: its run holds two steps, the host's annotations cut them
+    f = write_xspace(tmp_path / "two.xplane.pb", offset_clock_text(4, 30.0, 50.0, 0.0, steps_per_call=2))
+    t = traces.parse_trace(f, n_layers=4)
+    assert len(t.steps) == 4 and t.step_s.median == pytest.approx(30e-6)
+    assert not any("program runs" in n for n in t.notes)
 
 
 def test_constructed_tpu_trace_prefixed_markers_and_unscoped_time(tmp_path):

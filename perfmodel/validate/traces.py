@@ -632,14 +632,18 @@ def parse_trace(path: str | Path, hlo_dir: str | Path | None = None, n_layers: i
 
 def _program_runs(pd, kernel: list[OpEvent]) -> list[tuple[int, float, float]]:
     """(step, start ns, end ns) of each run of a device program (the `XLA Modules` lines) that
-    holds in-kernel markers, in order. On a TPU VM the device's clock and the host's are offset
-    (by 0.1 ms on the lent v5e: a step's first markers fell inside the host's window of the step
-    before), so a device step is cut by the device's own program runs."""
+    holds in-kernel markers, in order; none where a run holds more than one step (more than one
+    `embed` marker: a call of several steps). On a TPU VM the device's clock and the host's are
+    offset (by 0.1 ms on the lent v5e: a step's first markers fell inside the host's window of
+    the step before), so a one-step call's step is cut by the device's own program run."""
     runs = sorted((ev.start_ns, ev.end_ns) for plane in pd.planes if plane.name.startswith("/device:")
                   for line in plane.lines if line.name == "XLA Modules" for ev in line.events)
     starts = sorted(o.start_ns for o in kernel)
-    held = [(t0, t1) for t0, t1 in runs
-            if bisect.bisect_left(starts, t0) < bisect.bisect_left(starts, t1)]
+    embeds = sorted(o.start_ns for o in kernel if o.scope == "embed")
+    count = lambda xs, t0, t1: bisect.bisect_left(xs, t1) - bisect.bisect_left(xs, t0)  # noqa: E731
+    held = [(t0, t1) for t0, t1 in runs if count(starts, t0, t1)]
+    if any(count(embeds, t0, t1) > 1 for t0, t1 in held):
+        return []
     return [(i, t0, t1) for i, (t0, t1) in enumerate(held)]
 
 
