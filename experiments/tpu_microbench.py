@@ -842,19 +842,17 @@ def loop_trip(b: Bench):
 def dma_queue(b: Bench):
     """How much later a small copy arrives when k copies of a 2 MiB ring bank are in flight beside it,
     started just before it or just after it: a repetition starts them all, waits for the small one,
-    runs vector work that reads it (longer than the big copies take) and waits for the big ones; the
-    entry is the repetition's slope minus that of the small copy alone with the same work. The work's
-    length is set from a first measurement so that it outlasts the 16 big copies."""
+    runs vector work that reads it (at least `queue_work_s`, longer than the big copies take, its
+    length set from a first measurement) and waits for the big ones; the figure is the repetition's
+    slope minus that of the small copy alone with the same work."""
+    b.case("dma-queue", _dma_queue, b)
+
+
+def _dma_queue(b: Bench):
     s = b.sizes
-    rows = s.queue_big_rows
+    rows, trips = s.queue_big_rows, 64
     big_src = jnp.ones((max(s.queue_ahead), rows, 128), BF16)
     x = jnp.full((8, 128), 0.5, F32)
-    trips = 64
-    b.case("dma-queue", lambda: dma_queue_all(b, rows, big_src, x, trips))
-
-
-def dma_queue_all(b: Bench, rows: int, big_src, x, trips: int):
-    s = b.sizes
     probe = b.kernel_slope(dma_queue_call(0, True, trips, rows, (16, 128), s, b.interpret),
                            (big_src[:1], jnp.ones((16, 128), BF16), x))
     trips = max(trips, math.ceil(trips * s.queue_work_s / max(probe.per_rep_s, 1e-9)))
@@ -866,8 +864,8 @@ def dma_queue_all(b: Bench, rows: int, big_src, x, trips: int):
         later = (sl.per_rep_s - alone.per_rep_s) * 1e6
         if first:   # zero within noise where copies are served in issue order: a signed value, not an entry
             b.context.setdefault("dma_queue_started_first_us", {
-                "what": f"how much later a small copy started before 1-16 copies of {big_bytes // KIB} KiB arrives "
-                        "than alone (the dma_queue entries' other order)",
+                "what": f"how much later a small copy started before {min(s.queue_ahead)}-{max(s.queue_ahead)} "
+                        f"copies of {big_bytes // KIB} KiB arrives than alone (the dma_queue entries' other order)",
                 "source": b.source, "values": {}})["values"][f"{b.prefix}-{what}"] = round(later, 4)
             print(f"{b.prefix}-{what}: {later:.4g} us later than alone (started first)", flush=True)
             return
