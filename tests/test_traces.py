@@ -114,12 +114,12 @@ def test_constructed_loop_kernel_trace_numbers_layers_in_order(tmp_path):
     assert p.layer_s[4].median == pytest.approx(9e-6) and p.layer_s[2].median == pytest.approx(7e-6)
 
 
-def offset_clock_text(steps: int, step_us: float, period_us: float, host_lag_us: float,
+def offset_clock_text(steps: int, step_us: float, period_us: float, device_lag_us: float,
                       steps_per_call: int = 1) -> str:
     """A TPU VM's trace as the v5e records it: on the device plane one `XLA Modules` event per
     call of `steps_per_call` steps and the kernel's markers (LOOP_STEP) on the `XLA TraceMe` line;
-    on the host plane a `decode_step` annotation a step, its clock `host_lag_us` behind the
-    device's."""
+    on the host plane a `decode_step` annotation a step; the device's clock reads `device_lag_us`
+    behind the host's."""
     names = {"module": 1, "decode_step": 2}
     mods, marks, host = [], [], []
     for i in range(steps):
@@ -127,7 +127,7 @@ def offset_clock_text(steps: int, step_us: float, period_us: float, host_lag_us:
         if i % steps_per_call == 0:
             span = (steps_per_call - 1) * period_us + step_us
             mods.append(f"events {{ metadata_id: 1 offset_ps: {t0:.0f} duration_ps: {span * 1e6:.0f} }}")
-        host.append(f"events {{ metadata_id: 2 offset_ps: {t0 + host_lag_us * 1e6:.0f} duration_ps: "
+        host.append(f"events {{ metadata_id: 2 offset_ps: {t0 + device_lag_us * 1e6:.0f} duration_ps: "
                     f"{(period_us - 1) * 1e6:.0f} stats {{ metadata_id: 1 int64_value: {i} }} }}")
         for name, start, dur in LOOP_STEP:
             mid = names.setdefault(name, len(names) + 1)
@@ -147,10 +147,10 @@ planes {{ id: 2 name: "/host:CPU" lines {{ id: 1 name: "python3" timestamp_ns: 1
 
 
 def test_tpu_steps_cut_by_the_devices_program_runs_not_the_hosts_clock(tmp_path):
-    """On the lent v5e the host's step annotations ran 0.1 ms behind the device's clock, so each
-    host window held the end of one step and the start of the next (the embed phase read 0.9 ms):
+    """On the lent v5e the device's clock read 0.1 ms behind the host's, so each host step
+    window held the end of one step and the start of the next (the embed phase read 0.9 ms):
     a kernel's steps are the device's own program runs that hold its markers."""
-    f = write_xspace(tmp_path / "offset.xplane.pb", offset_clock_text(3, 30.0, 50.0, host_lag_us=12.0))
+    f = write_xspace(tmp_path / "offset.xplane.pb", offset_clock_text(3, 30.0, 50.0, device_lag_us=12.0))
     t = traces.parse_trace(f, n_layers=4)
     assert len(t.steps) == 3 and t.step_s.median == pytest.approx(30e-6)
     # in-kernel markers: the 0.5 us gap before layer 4's FFN is its time
@@ -528,7 +528,7 @@ def markers_xspace_text(path: Path) -> str:
 def test_recorded_tpu_v5e_markers_after_the_embedding_fix(tmp_path):
     """The markers of a trace recorded on a TPU v5e after the kernel waited for its embedding rows
     before starting the ring (Kimi K3 TP32-core, MXFP4, batch 1, five one-step calls): the host's
-    step annotations run 0.1 ms behind the device's clock, the steps are the device's program runs;
+    step annotations and the device's clock are 0.1 ms apart, the steps are the device's program runs;
     the embed phase is 5.5 us (27.8 us before the fix); the committed run's phases are this parse."""
     f = write_xspace(tmp_path / "k3_b1.xplane.pb", markers_xspace_text(MARKERS))
     t = traces.parse_trace(f, n_layers=4)
