@@ -146,7 +146,14 @@ def test_tp2_matches_reference():
     run_case(2, 2, 0, 2)
 
 
+def _jax_version() -> tuple:
+    import importlib.metadata
+    return tuple(int(x) for x in importlib.metadata.version("jax").split(".")[:2])
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(_jax_version() < (0, 11), reason="JAX 0.10's interpreter never completes the call with a "
+                    "late device and DMAs executed when issued, with the barrier or without (420 s, 2026-12-06)")
 def test_remote_writes_wait_for_late_peers():
     """Without the entry barrier the first all-gather's remote writes reach device 7 before it
     has entered the kernel: the interpreter finds no VMEM of that kernel on device 7 to write
