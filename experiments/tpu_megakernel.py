@@ -581,7 +581,7 @@ def main(argv=None) -> int:
     ap.add_argument("--keep-trace", help="copy the first trace's .xplane.pb here")
     ap.add_argument("--depths", default="1,2,4,8,16", help="sweep: ring depths (at the tuned slots)")
     ap.add_argument("--slots", default="1,2,3,4", help="sweep: expert slots (at the tuned depth)")
-    ap.add_argument("--bank-rows", default="2048,4096,16384",
+    ap.add_argument("--bank-rows", default="4096,8192,32768",
                     help="sweep: ring bank rows (at the tuned depth and slots)")
     ap.add_argument("--rings", default="",
                     help="sweep: rings DEPTHxBANK_ROWS (e.g. 16x16384), depth and bank rows changed together")
