@@ -126,9 +126,15 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     t0 = call_s(hw) / d.steps_per_call
     per_copy = max(1.0, st.expert_descriptors / pieces)  # descriptors of one routed copy
     kv_id = {}
-    early = bool(layers) and layers[0] == 0 and st.layer_start_bytes.get(0, 0.0) > 0  # the embedding rows
-    if early:
-        kv_id[0] = issue(t0, st.layer_start_bytes[0], ("kv_cache/state", 0), descriptors=st.kv_copies.get(0, 1))
+
+    def layer_start(layer, t):  # the next layer's vectors, then its own KV cache / state
+        vec_bytes, vec_descriptors = st.vectors.get(layer, (0.0, 0))
+        if vec_bytes > 0:
+            issue(t, vec_bytes, ("layer_vectors", layer), descriptors=vec_descriptors)
+        kv_id[layer] = issue(t, st.layer_start_bytes.get(layer, 0.0), ("kv_cache/state", layer),
+                             descriptors=st.kv_copies.get(layer, 1))
+    if layers:  # the first layer's copies ahead of the ring's first banks
+        layer_start(layers[0], t0)
     tile_id = [issue(t0, tile_bytes[k], label(k)) for k in range(min(banks, n_tiles))]
     next_tile = len(tile_id)
     overhead = hw.efficiency.op_overhead_s
@@ -141,13 +147,8 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     expert_ids: dict[int, list[int]] = {}  # layer -> its expert copies issued so far
     for j in range(n):
         layer = layers[j]
-        if layer not in kv_id or (early and j == 0):  # layer start: the next layer's vectors, then its
-            vec_bytes, vec_descriptors = st.vectors.get(layer, (0.0, 0))  # own KV cache / state
-            if vec_bytes > 0:
-                issue(now, vec_bytes, ("layer_vectors", layer), descriptors=vec_descriptors)
-            if layer not in kv_id:
-                kv_id[layer] = issue(now, st.layer_start_bytes.get(layer, 0.0), ("kv_cache/state", layer),
-                                     descriptors=st.kv_copies.get(layer, 1))
+        if layer not in kv_id:
+            layer_start(layer, now)
         if is_coll[j]:
             if writeback.get(layer) is not None:  # the attention's cache write-back, waited for first
                 now = max(now, completion(writeback[layer]))
@@ -168,7 +169,7 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
                 events.append(("link", names[j], layer, now, end[j]))
             now = end[j]
             continue
-        waits = (kv_op[j] > 0 and own[j] == 0) or (early and layer == 0)
+        waits = (kv_op[j] > 0 and own[j] == 0) or layer == 0
         ready = max(now, completion(kv_id[layer])) if waits else now
         if own[j] > 0:  # the op's own KV / state copy, issued now
             ready = max(ready, completion(issue(now, own[j], ("kv_cache/state", layer),

@@ -268,8 +268,8 @@ def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray 
         counts[l + 1] = len(copies)
     rc_bytes = np.array([b for l in sorted(st.routed_copies) for b in st.routed_copies[l]], float)
     remote = cm.is_tpu_model(hw.components)
-    # an op waits for its layer's KV / state copy; layer 0's ops (the embedding) for the rows it copies
-    kv_wait = ((g.kv_bytes > 0) & (st.op_fetch == 0)) | ((layer == 0) & (layer_start[0] > 0))
+    # an op waits for its layer's KV / state copy; layer 0's ops (the embedding) for its rows
+    kv_wait = ((g.kv_bytes > 0) & (st.op_fetch == 0)) | (layer == 0)
     return MegakernelArrays(
         np.array([bw, lat, desc * bw, float(hw.dma_sharing == "shared"), st.expert_descriptors,
                   float(hw.dma_concurrent_copies)]), call_s(hw),

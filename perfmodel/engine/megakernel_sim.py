@@ -142,8 +142,8 @@ def _run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, la
     Per collective op: the entry cost and its phases (remote-copy bytes and phase seconds)
     ph_*[ph_off[j]:ph_off[j+1]], used when `remote` (else its `coll` seconds). At most one routed op
     per layer (as perfmodel.graph.ops builds).
-    Layer 0's copies (a kernel plan's embedding rows) are issued before the ring's first banks, as
-    the kernel does, and its ops wait for them (kv_wait).
+    The first layer's copies (its vectors and its start copy: a kernel plan's embedding rows) are
+    issued before the ring's first banks, as the kernel does; layer 0's ops wait for them (kv_wait).
     Held-back refills: an op with `defer` keeps the refills it would issue for tiles of a later layer
     (tile_layer) until the next op with `flush`, which issues them, in order, at its end.
     Returns (start, end, stream wait, expert wait, collective time per op, step end, HBM bytes,
@@ -166,9 +166,11 @@ def _run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, la
     issued = np.zeros(n_layers, np.int64)  # expert copies issued per layer
     held = np.empty(n_tiles, np.int64)  # refills held back (tile indices), held[:n_held]
     n_held = 0
-    early = n > 0 and layer[0] == 0 and layer_start[0] > 0  # layer 0's copies (the embedding rows)
-    if early:
-        kv_id[0] = _issue(t0, layer_start[0], False, TAG_KV, 0, eng, f, ni, F, I, kv_copies[0])
+    if n:  # the first layer's copies go ahead of the ring's first banks, as the kernel issues them
+        l0 = layer[0]
+        if vectors[0, l0] > 0:
+            _issue(t0, vectors[0, l0], False, TAG_VEC, l0, eng, f, ni, F, I, vectors[1, l0])
+        kv_id[l0] = _issue(t0, layer_start[l0], False, TAG_KV, l0, eng, f, ni, F, I, kv_copies[l0])
     first = min(banks, n_tiles)
     for k in range(first):
         tile_id[k] = _issue(t0, tile_bytes[k], False, TAG_TILE, k, eng, f, ni, F, I, 1.0)
@@ -176,12 +178,11 @@ def _run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, la
     now = t0
     for j in range(n):
         lj = layer[j]
-        if kv_id[lj] < 0 or (early and j == 0):  # layer start: the next layer's vectors, then its own
-            if vectors[0, lj] > 0:                    # KV cache / state
+        if kv_id[lj] < 0:  # layer start: the next layer's vectors, then its own KV cache / state
+            if vectors[0, lj] > 0:
                 _issue(now, vectors[0, lj], False, TAG_VEC, lj, eng, f, ni, F, I,
                        vectors[1, lj])
-            if kv_id[lj] < 0:
-                kv_id[lj] = _issue(now, layer_start[lj], False, TAG_KV, lj, eng, f, ni, F, I, kv_copies[lj])
+            kv_id[lj] = _issue(now, layer_start[lj], False, TAG_KV, lj, eng, f, ni, F, I, kv_copies[lj])
         if kind[j] == COLL:
             if wb_id[lj] >= 0:  # the attention's cache write-back, waited for first
                 c = wb_id[lj]
