@@ -71,7 +71,7 @@ def test_embedding_table_reaches_the_kernel_without_a_relayout():
 def test_the_xla_reference_compiles_ahead_of_time_as_on_the_chip():
     """experiments/xla_reference_hlo.py: the XLA reference for a v5e, compiled here, with the
     instruction names and layer scopes a chip trace of it is read by; for the committed batch-8
-    trace's slice it is the committed HLO, byte for byte."""
+    trace's slice its instructions are the committed HLO's (metadata aside)."""
     import gzip
     import sys
     from pathlib import Path
