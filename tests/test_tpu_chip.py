@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from perfmodel_kernels import layout, megakernel, quant, reference
+from perfmodel_kernels import layout, megakernel, quant, reference, tuned
 from perfmodel_kernels.specs import slice_spec
 
 MARGIN = 0.1
@@ -55,7 +55,8 @@ def test_mini_tokens_equal_the_reference_on_the_chip(fmt, batch):
 
 def test_kimi_k3_slice_tokens_equal_the_reference_on_the_chip():
     spec = slice_spec("k3-tp32-core", "mxfp4")
-    cfg = layout.KernelConfig(batch=1, max_context=512, depth=8, expert_slots=2,
-                              cache_block=256, bank_rows=8192)
+    t = tuned.tuned("kimi-k3-tp32-core", 1)  # the ring the slice runs with on one chip
+    cfg = layout.KernelConfig(batch=1, max_context=512, depth=t.depth, expert_slots=t.expert_slots,
+                              cache_block=256, bank_rows=t.bank_rows)
     k, r, clear = greedy_both(spec, cfg, steps=2)
     assert (k == r)[clear].all()
