@@ -4,20 +4,21 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from perfmodel.cost import components as cm
-from perfmodel.engine.megakernel import simulate_megakernel
-from perfmodel.engine.multikernel import simulate_multikernel
 from perfmodel.engine.terms import CAUSES, Timeline, op_weights
 from perfmodel.graph import ops as ops_mod
-from perfmodel.graph.dmaplan import Copy, KernelPlan
 from perfmodel.spec.arch import ModelSpec
 from perfmodel.spec.deployment import Deployment, validate
 from perfmodel.spec.formats import COMPUTE_DTYPES
 from perfmodel.spec.hardware import Hardware
 from perfmodel.util.errors import SpecError
+
+if TYPE_CHECKING:  # the engine a deployment names, and plans, are imported where used
+    from perfmodel.graph.dmaplan import Copy, KernelPlan
 
 
 @dataclass
@@ -66,11 +67,13 @@ def simulate(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False
         g = ops_mod.with_experts(g, experts)
     w = op_weights(g, model.formats["routed_expert"].bytes_per_value)
     if d.engine == "megakernel":
+        from perfmodel.engine.megakernel import simulate_megakernel
         tl = simulate_megakernel(g, hw, d, model.moe.top_k if model.moe else 1, record, plan, w)
     elif d.serving_engine is not None:  # a GPU serving engine: its kernels (perfmodel.engine.serving)
         from perfmodel.engine.serving import simulate_serving
         tl = simulate_serving(model, hw, d, g, record)[0]
     else:
+        from perfmodel.engine.multikernel import simulate_multikernel
         tl = simulate_multikernel(g, hw, record, w, d.steps_per_call)
     return g, tl
 
@@ -89,9 +92,11 @@ def predict(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False,
         raise SpecError("plan", "given", "a DMA plan is the megakernel's; engine must be megakernel")
     if plan is not None and experts is not None:
         raise SpecError("experts", list(experts), "a plan brings its own experts; give one or the other")
-    if isinstance(plan, KernelPlan):
-        check_plan_deployment(plan, d)
-        model, plan = plan_model(model, plan), plan.hbm_copies
+    if plan is not None:
+        from perfmodel.graph.dmaplan import KernelPlan
+        if isinstance(plan, KernelPlan):
+            check_plan_deployment(plan, d)
+            model, plan = plan_model(model, plan), plan.hbm_copies
     validate(model, hw, d)
     g, tl = simulate(model, hw, d, record, plan, experts)
     s = summarise(hw, d, tl.step_s, tl.dma_bytes, {c: float(tl.wait_s[c].sum()) for c in CAUSES})
