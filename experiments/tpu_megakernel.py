@@ -491,9 +491,11 @@ def trace_record(path, n_layers: int) -> dict:
 
 def summary_line(res: dict) -> str:
     """One line over a results file: slices, formats, batches, batch-1 stream share, speed-up
-    over XLA at batches 1 and 8, compile and packing time."""
+    over XLA at batches 1 and 8, compile and packing time, of the latest run of each point (as
+    `table`: the current kernel)."""
     runs = res["runs"]
-    mk = [r for r in runs if r["kind"] == "megakernel" and "step_s" in r and not r.get("sweep")]
+    mk = list({_point(r): r for r in runs if r["kind"] == "megakernel" and "step_s" in r
+               and not r.get("sweep")}.values())
     xla = {_point(r): r["step_s"] for r in runs if r["kind"] == "xla"}
     share = [r["plan_bytes_per_s"] / res["stream_bytes_per_s"] for r in mk
              if r["batch"] == 1 and res.get("stream_bytes_per_s") and r.get("plan_bytes_per_s")]
@@ -502,8 +504,8 @@ def summary_line(res: dict) -> str:
         v = [xla[_point(r)] / r["step_s"] for r in mk if r["batch"] == b and _point(r) in xla]
         return f"{min(v):.2f}-{max(v):.2f}x" if v else "-"
     comp = [r["lower_s"] + r["compile_s"] if "compile_s" in r else r["first_call_s"]
-            for r in runs if r["kind"] == "megakernel" and (r.get("compile_s") or r.get("first_call_s"))]
-    pack = [r["pack_s"] for r in runs if r["kind"] == "packing"]
+            for r in mk if r.get("compile_s") or r.get("first_call_s")]
+    pack = list({(r["slice"], r["format"]): r["pack_s"] for r in runs if r["kind"] == "packing"}.values())
     checks = [r for r in runs if r["kind"] == "check"]
     return (f"{res['machine']} ({res['date'][:10]}, jax {res['jax']}): "
             f"{len({r['slice'] for r in mk})} slices, {len({r['format'] for r in mk})} formats, "

@@ -194,8 +194,10 @@ def overhead_bytes(plan: list[Copy]) -> dict[str, int]:
 def settings(dspec: ModelSpec, cfg: KernelConfig) -> dict:
     """The kernel's settings an engine replays beside its copies
     (`perfmodel.graph.dmaplan.KERNEL_FIELDS`): ring, slots, the all-reduce algorithm, wire dtype
-    and the rows a message carries, and how the routed experts reach the MXU."""
-    out = {"bank_bytes": cfg.bank_bytes, "depth": cfg.depth, "expert_slots": cfg.expert_slots}
+    and the rows a message carries, the cache tile its attention walks, and how the routed
+    experts reach the MXU."""
+    out = {"bank_bytes": cfg.bank_bytes, "depth": cfg.depth, "expert_slots": cfg.expert_slots,
+           "cache_block": cfg.cache_block}
     if layout.tp_of(dspec) > 1:
         out |= {"wire": cfg.wire, "all_reduce": comm.algorithm(dspec, cfg),
                 "collective_rows": comm.Wire(cfg.token_rows, 1, comm.WIRE[cfg.wire]).padded_rows}

@@ -280,6 +280,29 @@ def test_the_attention_moves_its_cache_in_tiles_and_waits_for_the_write_back_bef
     assert e.value.field == "megakernel.kv_tile_tokens"
 
 
+def test_the_attention_core_pays_a_latency_a_sequence_and_one_a_cache_tile_it_walks():
+    """Kimi K3's MLA core walks each sequence's latent cache in the kernel's tiles: at 1028 cached
+    tokens, 5 tiles of 256 a sequence (the new rows scored apart), 20 at batch 4; its core term is
+    sequences x attention_core_s + tiles x attention_tile_s (the v5e's, fitted to the kernel's MLA
+    core on the chip). A KDA layer's recurrence walks none; without tiles set, no tile term."""
+    v5e = load_hardware("tpu-v5e")
+    c = v5e.components
+    tiled = derive("kimi-k3", megakernel={"kv_tile_tokens": 256})
+    for batch, per in ((1, 5), (4, 20)):
+        d = Deployment(devices=32, tp=32, ep=8, batch=batch, context=1028, engine="megakernel")
+        g = build(tiled, d)
+        mla = [l.index for l in tiled.layers if l.attention == "mla"]
+        kda = [l.index for l in tiled.layers if l.attention == "kda"]
+        assert {g.core_tiles[i] for i in mla} == {per} and not any(i in g.core_tiles for i in kda)
+        core = kernel_terms(g, v5e)["attention_core"]
+        j = next(j for j, (n, l) in enumerate(zip(g.name, g.layer)) if n == "mla_attention" and l == mla[0])
+        k = next(j for j, (n, l) in enumerate(zip(g.name, g.layer)) if n == "kda_recurrence" and l == kda[0])
+        assert core[j] == pytest.approx(batch * c["attention_core_s"] + per * c["attention_tile_s"])
+        assert core[k] == pytest.approx(batch * c["attention_core_s"])
+    g0 = build(derive("kimi-k3", megakernel={"kv_tile_tokens": 0}), d)
+    assert g0.core_tiles == {}
+
+
 def test_each_layer_copies_the_next_layers_vectors_as_it_starts():
     """Muse Spark's kernel copies each layer's ten small vectors (three norms [1, 8192] bf16, four
     residual gates [1, 8192] f32, two expert norms [1, 4096] bf16, the router bias [1, 256] f32: 193

@@ -202,12 +202,16 @@ def topk_time(c: dict, algorithm: str, k: int) -> float:
     return (k if algorithm == "iterative_argmax" else 2) * param(c, "topk_round_s")
 
 
-def attention_core_time(c: dict) -> float:
-    """The fixed latency of one sequence's decode attention core in a megakernel (its chain of
-    small dependent steps: norms, scores, softmax, output gate), beside its bytes and FLOPs.
-    Micro-benchmark: ms-phase-attention (Muse Spark's GQA, KV prefetched); assumed the same for
-    other attention kinds."""
-    return param(c, "attention_core_s")
+def attention_core_time(c: dict, sequences: float = 1, tiles: float = 0) -> float:
+    """The decode attention core of `sequences` sequences in a megakernel, beside its bytes and
+    FLOPs: a fixed latency a sequence (its chain of small dependent steps: norms, scores, softmax,
+    output gate) and one per cache tile it walks (`tiles` over all sequences: the tile's wait,
+    dots and online-softmax update; its bytes are a DMA copy of their own). Micro-benchmarks:
+    ms-phase-attention (Muse Spark's GQA, KV prefetched: no tile term) on tpu-v7;
+    v5e-mla-core-* (the megakernel's MLA core by cached tokens, its 256-token tiles three in
+    flight) on tpu-v5e; a recurrence's core (KDA, GDN, Mamba2) assumed to pay the same latency a
+    sequence."""
+    return sequences * param(c, "attention_core_s") + tiles * param(c, "attention_tile_s")
 
 
 def xla_embedding_time(c: dict) -> float:

@@ -289,8 +289,9 @@ def kernel_terms(g: OpGraph, hw: Hardware) -> dict[str, np.ndarray]:
     `bank_dots` (the kernel consumes each ring bank with a dot of its own, so a matmul streamed over
     n banks issues n - 1 dots beyond the one components.matmul_time counts, each
     `mxu_dot_issue_s`: Muse Spark's stream.py consumes every load with one MXU op, and the stream
-    micro-benchmarks that fit the issue cost were timed so), `attention_core` (the fixed latency of
-    each sequence's decode attention core, components.attention_core_time), `top_k` (routing's
+    micro-benchmarks that fit the issue cost were timed so), `attention_core` (each sequence's
+    decode attention core: a latency a sequence and one per cache tile it walks, OpGraph.core_tiles,
+    components.attention_core_time), `top_k` (routing's
     pick, components.topk_time, by the kernel's algorithm), `xla_embedding` (the lookup and psum in
     XLA glue around the kernel, components.xla_embedding_time) and `xla_sampling` (the greedy pick
     in XLA glue after it, components.xla_sampling_time). Zero without TPU components."""
@@ -299,10 +300,11 @@ def kernel_terms(g: OpGraph, hw: Hardware) -> dict[str, np.ndarray]:
         return out
     c, k = hw.components, g.top_k or 1
     glue = {"xla_embedding": cm.xla_embedding_time(c), "xla_sampling": cm.xla_sampling_time(c)}
-    per_op = {"top_k": cm.topk_time(c, g.recipe.top_k, k), **glue,
-              **dict.fromkeys(ATTENTION_CORES, g.sequences * cm.attention_core_time(c))}
+    per_op = {"top_k": cm.topk_time(c, g.recipe.top_k, k), **glue}
     names = np.array(g.name)
-    cost = np.array([per_op.get(nm, 0.0) for nm in g.name]) * ((g.flops > 0) | np.isin(names, list(glue)))
+    cost = np.array([cm.attention_core_time(c, g.sequences, g.core_tiles.get(int(l), 0)) if nm in ATTENTION_CORES
+                     else per_op.get(nm, 0.0) for nm, l in zip(g.name, g.layer)])
+    cost *= (g.flops > 0) | np.isin(names, list(glue))
     banks = np.ceil(g.static_bytes / bank_bytes(g, hw))
     out["bank_dots"] = np.where((g.flops > 0) & (banks > 1), (banks - 1) * cm.param(c, "mxu_dot_issue_s"), 0.0)
     out["attention_core"] = np.where(np.isin(names, ATTENTION_CORES), cost, 0.0)

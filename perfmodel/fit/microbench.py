@@ -54,7 +54,7 @@ GROUPS = {
                      "link_bandwidth_bytes_per_s"), ("remote_copy", "link_bandwidth")),
     "collective": (("collective_call_s", "collective_phase_s", "collective_copy_issue_s",
                     "chip_bandwidth_bytes_per_s"), ("collective",)),
-    "vpu": (("topk_round_s", "attention_core_s"), ("topk", "attention_core")),
+    "vpu": (("topk_round_s", "attention_core_s"), ("topk", "attention_core", "attention_core_tiles")),
     "xla_glue": (("xla_embedding_s",), ("xla_glue",)),
     "host": (("host_dispatch_s",), ("host_dispatch",)),
     "gpu_launch": (("kernel_launch_s",), ("kernel_launch",)),
@@ -82,8 +82,9 @@ GROUPS = {
 # (experiments/tpu_microbench.py, xla_ops)
 MEASURED = {"xla_op": "launch_overhead_s"}
 # parameters a file's `fit` table may add to a group where its entries determine them: a ring of
-# copies kept one in flight exposes the first-byte latency (experiments/tpu_microbench.py)
-OPTIONAL = {"dma": ("dma_latency_s",)}
+# copies kept one in flight exposes the first-byte latency, an attention core timed by cached
+# tokens its cost per cache tile (experiments/tpu_microbench.py)
+OPTIONAL = {"dma": ("dma_latency_s",), "vpu": ("attention_tile_s",)}
 
 
 # what each mechanism's entries must give as inputs (a fit reads every one of them)
@@ -111,6 +112,8 @@ INPUTS = {
     "topk": {"algorithm": Req(OneOf(*TOP_K)), "k": Req(_N), "experts": _N},
     "attention_core": {"sequences": Req(_N), "kind": (STR,), "q_heads_per_core": _N, "kv_heads_per_core": _N,
                        "head_dim": _N},
+    "attention_core_tiles": {"tiles": Req(_N), "kind": (STR,), "tokens": _N, "rows": _N, "rank": _N, "rope": _N,
+                             "cache_block": _N},
     "xla_glue": {}, "host_dispatch": {}, "kernel_launch": {},
     "pdl_kernel_pair": {"without_pdl_us": Req(Num(0, lo_open=True)), "with_pdl_us": Req(Num(0, lo_open=True))},
     "gpu_all_reduce": {"bytes": Req(_BYTES), "ranks": Req(_N)},
@@ -233,7 +236,9 @@ def predict_entry(e: dict, hw: Hardware) -> float:
     elif m == "topk":
         t = cm.topk_time(c, i["algorithm"], i["k"])
     elif m == "attention_core":
-        t = i["sequences"] * cm.attention_core_time(c)
+        t = cm.attention_core_time(c, i["sequences"])
+    elif m == "attention_core_tiles":  # one sequence over its cached tiles
+        t = cm.attention_core_time(c, 1, i["tiles"])
     elif m == "xla_glue":
         t = cm.xla_embedding_time(c)
     elif m == "host_dispatch":
@@ -306,6 +311,9 @@ def fit(data: dict, hw: Hardware) -> Hardware:
             missing = [n for n in names if n not in hw.components]
             require(not missing, f"components.{missing[0] if missing else ''}", None,
                     f"needs a starting value in the {hw.name} hardware file")
+            zero = [n for n in names if not hw.components[n] > 0]
+            require(not zero, f"components.{zero[0] if zero else ''}", hw.components.get(zero[0]) if zero else None,
+                    f"needs a positive starting value in the {hw.name} hardware file (the fit is in log space)")
             x0 = np.log([hw.components[n] for n in names])
             hi = np.log([upper_bound(hw, n) for n in names])
             x0 = np.minimum(x0, hi - 1e-6)

@@ -39,7 +39,7 @@ DEPLOYMENT_FIELDS = {"devices": int, "tp": int, "ep": int, "batch": int, "contex
 #   before that feed, scales applied: e2m1, int4 or int8; absent: none)
 KERNEL_FIELDS = {"bank_bytes": int, "depth": int, "expert_slots": int, "wire": str, "all_reduce": str,
                  "collective_rows": int, "expert_feed": str, "expert_scale_rows": int,
-                 "expert_decode": str}
+                 "expert_decode": str, "cache_block": int}
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,9 @@ class OpGraph:
     # sequence, tile and cache array (GQA: K and V)
     kv_copies: dict[int, int] = dataclasses.field(default_factory=dict)
     writeback: dict[int, tuple[float, int]] = dataclasses.field(default_factory=dict)
+    # per layer ([megakernel] kv_tile_tokens): the cache tiles its attention core walks, summed over
+    # its sequences (components.attention_core_time); a layer not here walks none
+    core_tiles: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
     def bytes(self) -> np.ndarray:
@@ -290,19 +293,23 @@ def _build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = No
 
 
 def _kv_tiles(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...], tile: int):
-    """(OpGraph.kv_copies, OpGraph.writeback) of a kernel that moves GQA caches in `tile`-token tiles:
-    each sequence reads the tiles holding its cached tokens and its new rows (K and V one copy each
-    per tile, as _gqa_core counts their bytes) and writes one tile back; a recurrent state is
-    written back whole (one copy a sequence)."""
+    """(OpGraph.kv_copies, OpGraph.writeback, OpGraph.core_tiles) of a kernel that moves caches in
+    `tile`-token tiles: each sequence reads the GQA tiles holding its cached tokens and its new rows
+    (K and V one copy each per tile, as _gqa_core counts their bytes) and writes one tile back; its
+    MLA core walks the tiles holding its cached tokens (the new rows scored apart, as
+    perfmodel_kernels.megakernel does); a recurrent state is written back whole (one copy a sequence)."""
     if not tile:
-        return {}, {}
-    reads, back, seqs = {}, {}, sum(g.seqs for g in groups)
+        return {}, {}, {}
+    reads, back, walked, seqs = {}, {}, {}, sum(g.seqs for g in groups)
     for l in model.layers:
         a = model.attn(l.attention)
         if isinstance(a, GQA) and not a.index_topk:
-            reads[l.index] = sum(2 * g.seqs * _tiles(_cached(a, g.context) + g.rows, tile) for g in groups)
+            walked[l.index] = sum(g.seqs * _tiles(_cached(a, g.context) + g.rows, tile) for g in groups)
+            reads[l.index] = 2 * walked[l.index]
+        elif isinstance(a, MLA) and not a.index_topk:
+            walked[l.index] = sum(g.seqs * _tiles(g.context, tile) for g in groups)
         back[l.index] = (seqs * model.cache_bytes(l.attention, tile, d.tp), seqs * (2 if isinstance(a, GQA) else 1))
-    return reads, back
+    return reads, back, walked
 
 
 def _cached(a: GQA, context: int) -> int:

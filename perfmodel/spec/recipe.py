@@ -62,8 +62,10 @@ class Megakernel:
     # holding the cached tokens (one copy per tile for K and one for V) and writes the last back as it
     # starts, waited for before the layer's next collective (Muse Spark's kernel: 256-token tiles,
     # attention.py; the write-back waited for after the o projection, decode_megakernel.py
-    # wait_cache_writes); other caches: a recurrent state written back whole. 0: the cached tokens
-    # read as one copy, no write-back wait inside the layer
+    # wait_cache_writes); other caches: a recurrent state written back whole. Its GQA and MLA cores
+    # pay components.attention_core_time per tile walked (an MLA core walks its latent cache in such
+    # tiles: perfmodel_kernels' cache_block). 0: the cached tokens read as one copy, no write-back
+    # wait inside the layer, no tile term
     kv_tile_tokens: int = 0
     # bytes of each small per-layer vector (norm weights, residual gates, router bias) the kernel
     # copies from HBM one DMA apiece, issued as a layer starts, for the next layer (Muse Spark's

@@ -39,8 +39,8 @@ def _source(hw, *names: str) -> str:
 
 KERNEL_TERMS = {"bank_dots": ("one MXU dot per ring bank the matmul streams over, beyond its first",
                               "components.matmul_time", ("mxu_dot_issue_s",)),
-                "attention_core": ("fixed latency of the attention core (per sequence)", "components.attention_core_time",
-                                   ("attention_core_s",)),
+                "attention_core": ("the attention core's latency (per sequence and per cache tile walked)",
+                                   "components.attention_core_time", ("attention_core_s", "attention_tile_s")),
                 "top_k": ("routing's pick", "components.topk_time", ("topk_round_s",)),
                 "xla_embedding": ("embedding lookup + psum in XLA glue around the kernel",
                                   "components.xla_embedding_time", ("xla_embedding_s",)),

@@ -170,12 +170,13 @@ def expert_tiling_cost(model: ModelSpec, hw: Hardware, p: Prediction) -> dict | 
 
 def plan_model(model: ModelSpec, plan: KernelPlan) -> ModelSpec:
     """`model` as the plan's kernel runs it: its [megakernel] settings replaced by the kernel's
-    (bank, ring depth, slots, collective wire and rows, all-reduce algorithm) and its routed
+    (bank, ring depth, slots, collective wire and rows, all-reduce algorithm, cache tile) and its routed
     experts fed as the kernel feeds them (expert_feed, expert_scale_rows)."""
     k = plan.kernel
     change = {name: k[key] for key, name in (("bank_bytes", "bank_bytes"), ("depth", "ring_banks"),
                                               ("expert_slots", "expert_slots"), ("wire", "collective_wire"),
-                                              ("all_reduce", "all_reduce"), ("collective_rows", "collective_rows"))
+                                              ("all_reduce", "all_reduce"), ("collective_rows", "collective_rows"),
+                                              ("cache_block", "kv_tile_tokens"))
               if key in k and not (key == "bank_bytes" and k[key] == 0)}  # a bank of 0: the chip's
     from perfmodel.spec.recipe import from_table, to_table
     recipe = from_table({**to_table(model.megakernel), **change})
