@@ -32,6 +32,11 @@ mechanism) and the `mechanism` of its entries:
   its cached tokens, cache tiles of 256 rows copied three in flight, an online softmax) by cached
   tokens (256 .. 2048) and query rows (2 .. 16), latent rank 512: time per sequence (fits
   `attention_core_s` and `attention_tile_s`);
+- attn_parts, `attn_parts` (entries `kda_core`, `mla_absorb`): the megakernel's attention between its
+  projections at the widths of the K3 TP32-core and TP8-core slices, batches 1 and 8: the KDA
+  block's recurrence (`reference.kda_block` with the projections' outputs given: gates, short
+  conv, delta rule, norm, output gate; state in VMEM) and the MLA layer's two absorption einsums
+  with kv_b (bhn,rhn->bhr, bhr,rhv->bhv; and the latter as one dot a head);
 - xla, `xla_ops` (entries `xla_op`, `xla_loop_trip`, `xla_dot`, `xla_attention`): a chain of small
   dependent XLA ops (tanh(x[8, 128] @ w[128, 128]), one fusion each) in an XLA while loop, bodies
   of 1 and 32 ops: the time per op (its launch gap and its tiny work) and the loop's own trip;
@@ -92,7 +97,7 @@ KIB, MIB = 1024, 1024 * 1024
 # JAX device_kind -> the hardware preset the entries are for
 PLATFORMS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v6 lite": "tpu-v6e", "TPU v5": "tpu-v5p",
              "TPU v5p": "tpu-v5p", "TPU7x": "tpu-v7"}
-SECTIONS = ("dispatch", "dma", "latency", "mxu", "vpu", "loop", "queue", "expert", "mla_core", "xla",
+SECTIONS = ("dispatch", "dma", "latency", "mxu", "vpu", "loop", "queue", "expert", "mla_core", "attn_parts", "xla",
             "xla_expert", "xla_cache")  # run in this order
 
 
@@ -119,6 +124,8 @@ class Sizes:
     mla_tokens: tuple        # mla_core: cached tokens of the sequence
     mla_rows: tuple          # mla_core: query rows (heads x draft rows) of the sequence
     mla_rank: tuple          # mla_core: (latent rank, rope dims, cache block rows)
+    attn_slices: tuple       # attn_parts: kernel slices (perfmodel_kernels.specs) whose KDA and MLA widths are timed
+    attn_batches: tuple      # attn_parts: sequences of the step (padded to whole 8-row tiles)
     xla_rows: tuple          # m of XLA's dots
     xla_shapes: tuple        # (k, n) of XLA's dots
     xla_weights_per_trip: int
@@ -150,6 +157,7 @@ FULL = Sizes(
     issue_lag=16, issue_chain=64,
     queue_big_rows=8192, queue_ahead=(1, 2, 4, 8, 16), queue_small=((16, 128), (16, 7168)), queue_work_s=80e-6,
     mla_tokens=(256, 1024, 2048), mla_rows=(2, 8, 16), mla_rank=(512, 64, 256),
+    attn_slices=("k3-tp32-core", "k3-tp8-core"), attn_batches=(1, 8),
     xla_rows=(1, 8, 16, 32, 64),
     xla_shapes=((1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (2048, 8192)),
     xla_weights_per_trip=16,
@@ -165,6 +173,7 @@ MINI = Sizes(  # the same code at tiny sizes: Pallas interpret mode on a CPU (--
     vpu_shapes=((8, 128),), vpu_ops=("mul", "exp"), issue_lag=2, issue_chain=2,
     queue_big_rows=64, queue_ahead=(2,), queue_small=((16, 128),), queue_work_s=1e-6,
     mla_tokens=(64,), mla_rows=(2,), mla_rank=(128, 64, 16),
+    attn_slices=("kimi-k3-mini",), attn_batches=(1,),
     xla_rows=(1,), xla_shapes=((128, 256),), xla_weights_per_trip=2,
     attention_heads=(2, 2, 128), attention_tokens=(64,),
     op_chain=(1, 4), expert_shapes=((256, 128),), expert_rows=(1,), expert_count=2, expert_traced=(1,),
@@ -430,6 +439,56 @@ def mla_core_call(hr: int, tokens: int, r: int, rope: int, cb: int, sizes: Sizes
     return pallas(lambda *refs: mla_core_kernel(r, cb, *refs), jax.ShapeDtypeStruct((hr, r), F32),
                   [SMEM_SPEC, SMEM_SPEC, HBM_SPEC, VMEM_SPEC, VMEM_SPEC, VMEM_SPEC], VMEM_SPEC,
                   [pltpu.VMEM((3, cb, r + rope), BF16), pltpu.SemaphoreType.DMA((3,))], sizes, interpret)
+
+
+def kda_core_kernel(spec, rows: int, n_ref, q_ref, k_ref, v_ref, dec_ref, beta_ref, gate_ref, a_log_ref, dt_ref,
+                    norm_ref, conv_ref, state_in, window_in, o_ref, state, window):
+    """n repetitions of the megakernel's KDA attention between its projections (`reference.kda_block`
+    with the projections' outputs given: gates, short conv, delta rule, norm and output gate), its
+    state and window in VMEM as the kernel holds them; each repetition's inputs scaled by the last
+    one's output so none is hoisted."""
+    from perfmodel_kernels import reference as ref
+    state[...], window[...] = state_in[...], window_in[...]
+    v = {"A_log": a_log_ref[...], "dt_bias": dt_ref[...], "o_norm": norm_ref[...], "conv": conv_ref[...]}
+    b = state.shape[0]
+    accepted = jnp.full((b, 1), rows, jnp.int32)
+
+    def rep(i, acc):
+        s = 1.0 + 1e-6 * acc[:, :1]
+        proj = {"q_proj": q_ref, "k_proj": k_ref, "v_proj": v_ref, "decay_b": dec_ref, "beta_proj": beta_ref,
+                "gate_proj": gate_ref}
+
+        def matmul(name, x):
+            if name in ("decay_a", "o_proj"):  # decay_b gives the pair's output; o_proj's input is the result
+                return x
+            return proj[name][...] * s
+        out, st, win = ref.kda_block(spec, matmul, v, lambda: (state[...], window[...]), acc, accepted, rows)
+        state[...] = st
+        window[...] = win.astype(window.dtype)
+        return out
+
+    o_ref[...] = lax.fori_loop(0, n_ref[0], rep, jnp.zeros(o_ref.shape, F32))
+
+
+def mla_absorb_kernel(spec, which: str, n_ref, kv_b_ref, x_ref, o_ref):
+    """n repetitions of one of the megakernel's MLA absorption einsums on the kv_b matrix as the ring
+    hands it over (bf16 [rank, heads x (nope + v)], split by `reference.split_kv_b`): "absorb" the
+    queries into the latent (bhn,rhn->bhr) or "expand" the latent values (bhr,rhv->bhv); and
+    "expand_heads", the same product as one 2-D dot a head on kv_b's lane-aligned columns."""
+    from perfmodel_kernels import reference as ref
+    m = spec.mla
+    w = m.qk_nope_dim + m.v_head_dim
+
+    def rep(i, acc):
+        x = x_ref[...] * (1.0 + 1e-6 * acc[:1, :1, :1])
+        if which == "expand_heads":
+            return jnp.stack([jnp.dot(x[:, h, :], kv_b_ref[:, h * w + m.qk_nope_dim:(h + 1) * w].astype(F32))
+                              for h in range(m.heads)], axis=1)
+        w_uk, w_uv = ref.split_kv_b(spec, kv_b_ref[...])
+        y = jnp.einsum("bhn,rhn->bhr", x, w_uk) if which == "absorb" else jnp.einsum("bhr,rhv->bhv", x, w_uv)
+        return y[..., :m.qk_nope_dim] if which == "absorb" else y
+    width = m.qk_nope_dim if which == "absorb" else m.v_head_dim
+    o_ref[...] = lax.fori_loop(0, n_ref[0], rep, jnp.zeros(o_ref.shape[:2] + (width,), F32))
 
 
 # ---- XLA programs -----------------------------------------------------------------------------
@@ -1114,6 +1173,65 @@ def xla_cache_update(b: Bench):
         b.case(what, one, what, batch)
 
 
+def attn_parts(b: Bench):
+    """The megakernel's attention between its projections, by slice width and batch: the KDA block's
+    recurrence (gates, conv, delta rule, norm, gate; its state in VMEM) and the MLA layer's two
+    absorption einsums with the kv_b matrix (the slope over repetitions of the kernel's own code)."""
+    from perfmodel_kernels import chip, reference as ref
+    from perfmodel_kernels.specs import slice_spec
+    s = b.sizes
+    key = jax.random.PRNGKey(7)
+    rnd = lambda shape, scale=1.0: scale * jax.random.normal(key, shape, F32)  # noqa: E731
+
+    def kda(what, name, batch):
+        spec = slice_spec(name)
+        a = spec.kda
+        n, c = chip.round_rows(batch, F32), a.heads * a.head_dim
+        shapes = ref.cache_shapes(spec, batch, 256)
+        (st_shape, st_dt), (win_shape, win_dt) = shapes["kda_state"], shapes["kda_conv"]
+        args = (rnd((n, c)), rnd((n, c)), rnd((n, c)), rnd((n, c)), rnd((n, a.heads)), rnd((n, c)),
+                jnp.zeros((1, a.heads), F32), jnp.zeros((1, a.heads), F32), jnp.ones((1, a.head_dim), F32),
+                rnd((a.conv_width, 3 * c), 0.5), jnp.zeros(st_shape[1:], st_dt), jnp.zeros(win_shape[1:], win_dt))
+        call = pallas(lambda *refs: kda_core_kernel(spec, 1, *refs), jax.ShapeDtypeStruct((n, c), F32),
+                      [SMEM_SPEC] + [VMEM_SPEC] * 12, VMEM_SPEC,
+                      [pltpu.VMEM(st_shape[1:], st_dt), pltpu.VMEM(win_shape[1:], win_dt)], s, b.interpret)
+        sl = b.kernel_slope(call, args)
+        b.add(what, "kda_core", {"slice": name, "batch": batch, "rows": n, "heads": a.heads, "head_dim": a.head_dim,
+                                 "conv_width": a.conv_width},
+              sl.per_rep_s * 1e6, "us_per_layer",
+              f"the megakernel's KDA attention between its projections ({name}: {a.heads} heads of {a.head_dim}, "
+              f"batch {batch} in {n} rows; state [{batch}, {a.heads}, {a.head_dim}, {a.head_dim}] f32 in VMEM)",
+              sl.notes("repetitions"),
+              not_modelled="no term of the model yet: the data for pricing the KDA core")
+
+    def mla(what, name, batch, which):
+        spec = slice_spec(name)
+        m = spec.mla
+        n = chip.round_rows(batch, F32)
+        kv_b = rnd((m.kv_lora_rank, m.heads * (m.qk_nope_dim + m.v_head_dim)), 0.05).astype(BF16)
+        x = rnd((n, m.heads, m.qk_nope_dim if which == "absorb" else m.kv_lora_rank))
+        width = m.qk_nope_dim if which == "absorb" else m.v_head_dim
+        call = pallas(lambda *refs: mla_absorb_kernel(spec, which, *refs),
+                      jax.ShapeDtypeStruct((n, m.heads, width), F32), [SMEM_SPEC, VMEM_SPEC, VMEM_SPEC], VMEM_SPEC,
+                      [], s, b.interpret)
+        sl = b.kernel_slope(call, (kv_b, x))
+        eq = {"absorb": "bhn,rhn->bhr", "expand": "bhr,rhv->bhv", "expand_heads": "bhr,rhv->bhv as a dot a head"}[which]
+        b.add(what, "mla_absorb", {"slice": name, "batch": batch, "rows": n, "heads": m.heads,
+                                   "rank": m.kv_lora_rank, "einsum": which},
+              sl.per_rep_s * 1e6, "us_per_layer",
+              f"the megakernel's MLA einsum {eq} ({name}: {m.heads} heads, rank {m.kv_lora_rank}, {n} rows) with "
+              "kv_b split as the ring hands it over", sl.notes("repetitions"),
+              not_modelled="no term of the model yet: the data for pricing the MLA absorption")
+
+    for name in s.attn_slices:
+        for batch in s.attn_batches:
+            what = f"kda-core-{name}-b{batch}"
+            b.case(what, kda, what, name, batch)
+            for which in ("absorb", "expand", "expand_heads"):
+                what = f"mla-{which}-{name}-b{batch}"
+                b.case(what, mla, what, name, batch, which)
+
+
 # section -> (its function, a title to print)
 MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted call"),
               "dma": (dma_ring, "HBM -> VMEM copy ring by copy size and copies in flight"),
@@ -1123,6 +1241,7 @@ MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted cal
               "loop": (loop_trip, "an in-kernel loop trip; a copy's start and wait beside vector work"),
               "queue": (dma_queue, "a small copy's arrival behind ring banks in flight"),
               "mla_core": (mla_core, "the megakernel's MLA decode core by cached tokens and query rows"),
+              "attn_parts": (attn_parts, "the megakernel's KDA core and MLA absorption einsums by width and batch"),
               "expert": (expert_paths, "the megakernel's routed-expert paths per format"),
               "xla": (xla_ops, "XLA's op gap, dots by shape and decode attention"),
               "xla_expert": (xla_expert_loop, "the XLA reference's routed-expert loop by rows and shape"),
