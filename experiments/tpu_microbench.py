@@ -35,8 +35,8 @@ mechanism) and the `mechanism` of its entries:
 - attn_parts, `attn_parts` (entries `kda_core`, `mla_absorb`): the megakernel's attention between its
   projections at the widths of the K3 TP32-core and TP8-core slices, batches 1 and 8: the KDA
   block's recurrence (`reference.kda_block` with the projections' outputs given: gates, short
-  conv, delta rule, norm, output gate; state in VMEM) and the MLA layer's two absorption einsums
-  with kv_b (bhn,rhn->bhr, bhr,rhv->bhv; and the latter as one dot a head);
+  conv, delta rule, norm, output gate; state in VMEM; fits `vpu_flops_per_s`) and the MLA layer's
+  two absorption einsums with kv_b (bhn,rhn->bhr, bhr,rhv->bhv; and the latter as one dot a head);
 - xla, `xla_ops` (entries `xla_op`, `xla_loop_trip`, `xla_dot`, `xla_attention`): a chain of small
   dependent XLA ops (tanh(x[8, 128] @ w[128, 128]), one fusion each) in an XLA while loop, bodies
   of 1 and 32 ops: the time per op (its launch gap and its tiny work) and the loop's own trip;
@@ -474,16 +474,16 @@ def mla_absorb_kernel(spec, which: str, n_ref, kv_b_ref, x_ref, o_ref):
     """n repetitions of one of the megakernel's MLA absorption einsums on the kv_b matrix as the ring
     hands it over (bf16 [rank, heads x (nope + v)], split by `reference.split_kv_b`): "absorb" the
     queries into the latent (bhn,rhn->bhr) or "expand" the latent values (bhr,rhv->bhv); and
-    "expand_heads", the same product as one 2-D dot a head on kv_b's lane-aligned columns."""
+    "expand_heads", the same product as one 2-D dot a head on kv_b's columns, as the kernel now
+    computes it (`megakernel.expand_latent`)."""
     from perfmodel_kernels import reference as ref
+    from perfmodel_kernels.megakernel import expand_latent
     m = spec.mla
-    w = m.qk_nope_dim + m.v_head_dim
 
     def rep(i, acc):
         x = x_ref[...] * (1.0 + 1e-6 * acc[:1, :1, :1])
         if which == "expand_heads":
-            return jnp.stack([jnp.dot(x[:, h, :], kv_b_ref[:, h * w + m.qk_nope_dim:(h + 1) * w].astype(F32))
-                              for h in range(m.heads)], axis=1)
+            return expand_latent(spec, x, kv_b_ref[...])
         w_uk, w_uv = ref.split_kv_b(spec, kv_b_ref[...])
         y = jnp.einsum("bhn,rhn->bhr", x, w_uk) if which == "absorb" else jnp.einsum("bhr,rhv->bhv", x, w_uv)
         return y[..., :m.qk_nope_dim] if which == "absorb" else y
@@ -606,8 +606,9 @@ class Bench:
                    "dma": ["dma_bandwidth_bytes_per_s", "dma_descriptor_s", "dma_latency_s"],
                    # no fp8 MXU: its push is not measured
                    "mxu": ["mxu_push_bf16_s", "mxu_row_s", "mxu_dot_issue_s"],
-                   # the MLA core by cached tokens: a latency a sequence and one a cache tile (no top-k here)
-                   "vpu": ["attention_core_s", "attention_tile_s"]}},
+                   # the MLA core by cached tokens: a latency a sequence and one a cache tile; the KDA core
+                   # by heads and batch: the vector unit's rate (no top-k here)
+                   "vpu": ["attention_core_s", "attention_tile_s", "vpu_flops_per_s"]}},
                "entries": self.entries}
         if self.entries:
             write_atomic(self.out, json.dumps(doc, indent=1) + "\n", parents=True)
@@ -1201,8 +1202,7 @@ def attn_parts(b: Bench):
               sl.per_rep_s * 1e6, "us_per_layer",
               f"the megakernel's KDA attention between its projections ({name}: {a.heads} heads of {a.head_dim}, "
               f"batch {batch} in {n} rows; state [{batch}, {a.heads}, {a.head_dim}, {a.head_dim}] f32 in VMEM)",
-              sl.notes("repetitions"),
-              not_modelled="no term of the model yet: the data for pricing the KDA core")
+              sl.notes("repetitions"))
 
     def mla(what, name, batch, which):
         spec = slice_spec(name)
@@ -1221,7 +1221,7 @@ def attn_parts(b: Bench):
               sl.per_rep_s * 1e6, "us_per_layer",
               f"the megakernel's MLA einsum {eq} ({name}: {m.heads} heads, rank {m.kv_lora_rank}, {n} rows) with "
               "kv_b split as the ring hands it over", sl.notes("repetitions"),
-              not_modelled="no term of the model yet: the data for pricing the MLA absorption")
+              not_modelled="no term of the model yet: the op graph does not hold the MLA absorption products")
 
     for name in s.attn_slices:
         for batch in s.attn_batches:

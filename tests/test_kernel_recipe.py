@@ -284,10 +284,12 @@ def test_the_attention_core_pays_a_latency_a_sequence_and_one_a_cache_tile_it_wa
     """Kimi K3's MLA core walks each sequence's latent cache in the kernel's tiles: at 1028 cached
     tokens, 5 tiles of 256 a sequence (the new rows scored apart), 20 at batch 4; its core term is
     sequences x attention_core_s + tiles x attention_tile_s (the v5e's, fitted to the kernel's MLA
-    core on the chip). A KDA layer's recurrence walks none; without tiles set, no tile term."""
+    core on the chip). A KDA layer's recurrence walks none: on the v5e (its KDA core measured) it is
+    one latency and its FLOPs on the vector unit, all sequences at once (components.recurrence_time,
+    in its compute); on tpu-v7 (no vector rate) a latency a sequence. Without tiles, no tile term."""
     v5e = load_hardware("tpu-v5e")
     c = v5e.components
-    tiled = derive("kimi-k3", megakernel={"kv_tile_tokens": 256})
+    tiled = derive("kimi-k3", megakernel={"kv_tile_tokens": 256}, formats={"routed_expert": "int8"})
     for batch, per in ((1, 5), (4, 20)):
         d = Deployment(devices=32, tp=32, ep=8, batch=batch, context=1028, engine="megakernel")
         g = build(tiled, d)
@@ -298,7 +300,10 @@ def test_the_attention_core_pays_a_latency_a_sequence_and_one_a_cache_tile_it_wa
         j = next(j for j, (n, l) in enumerate(zip(g.name, g.layer)) if n == "mla_attention" and l == mla[0])
         k = next(j for j, (n, l) in enumerate(zip(g.name, g.layer)) if n == "kda_recurrence" and l == kda[0])
         assert core[j] == pytest.approx(batch * c["attention_core_s"] + per * c["attention_tile_s"])
-        assert core[k] == pytest.approx(batch * c["attention_core_s"])
+        assert core[k] == 0.0
+        assert op_compute_s(g, v5e, megakernel=True)[k] == pytest.approx(
+            c["attention_core_s"] + g.flops[k] / c["vpu_flops_per_s"])
+        assert kernel_terms(g, TPU)["attention_core"][k] == pytest.approx(batch * TPU.components["attention_core_s"])
     g0 = build(derive("kimi-k3", megakernel={"kv_tile_tokens": 0}), d)
     assert g0.core_tiles == {}
 

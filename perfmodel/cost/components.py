@@ -210,8 +210,19 @@ def attention_core_time(c: dict, sequences: float = 1, tiles: float = 0) -> floa
     ms-phase-attention (Muse Spark's GQA, KV prefetched: no tile term) on tpu-v7;
     v5e-mla-core-* (the megakernel's MLA core by cached tokens, its 256-token tiles three in
     flight) on tpu-v5e; a recurrence's core (KDA, GDN, Mamba2) assumed to pay the same latency a
-    sequence."""
+    sequence where recurrence_time does not price it."""
     return sequences * param(c, "attention_core_s") + tiles * param(c, "attention_tile_s")
+
+
+def recurrence_time(c: dict, flops: float) -> float | None:
+    """A recurrent core (KDA, GDN, Mamba2: elementwise updates and reductions of its state, every
+    sequence at once) in a megakernel: one core latency (`attention_core_s`) and its FLOPs on the
+    vector unit at `vpu_flops_per_s`; None where the hardware file has no such rate (the roofline
+    prices the FLOPs, attention_core_time the latency a sequence). Micro-benchmarks: v5e-kda-core-*
+    (the megakernel's KDA block between its projections, by heads and batch)."""
+    if "vpu_flops_per_s" not in c:
+        return None
+    return param(c, "attention_core_s") + flops / c["vpu_flops_per_s"]
 
 
 def xla_embedding_time(c: dict) -> float:

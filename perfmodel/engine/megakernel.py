@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfmodel.cost import components as cm
-from perfmodel.engine.terms import Sizing, Timeline, call_s, collective_terms, op_compute_s, stream_terms
+from perfmodel.engine.terms import (RECURRENCES, Sizing, Timeline, call_s, collective_terms, op_compute_s,
+                                    stream_terms)
 from perfmodel.graph.dmaplan import Copy
 from perfmodel.graph.ops import OpGraph
 from perfmodel.spec.deployment import Deployment
@@ -291,7 +292,8 @@ def kernel_terms(g: OpGraph, hw: Hardware) -> dict[str, np.ndarray]:
     `mxu_dot_issue_s`: Muse Spark's stream.py consumes every load with one MXU op, and the stream
     micro-benchmarks that fit the issue cost were timed so), `attention_core` (each sequence's
     decode attention core: a latency a sequence and one per cache tile it walks, OpGraph.core_tiles,
-    components.attention_core_time), `top_k` (routing's
+    components.attention_core_time; a recurrence's where its compute does not hold it,
+    components.recurrence_time), `top_k` (routing's
     pick, components.topk_time, by the kernel's algorithm), `xla_embedding` (the lookup and psum in
     XLA glue around the kernel, components.xla_embedding_time) and `xla_sampling` (the greedy pick
     in XLA glue after it, components.xla_sampling_time). Zero without TPU components."""
@@ -302,7 +304,9 @@ def kernel_terms(g: OpGraph, hw: Hardware) -> dict[str, np.ndarray]:
     glue = {"xla_embedding": cm.xla_embedding_time(c), "xla_sampling": cm.xla_sampling_time(c)}
     per_op = {"top_k": cm.topk_time(c, g.recipe.top_k, k), **glue}
     names = np.array(g.name)
-    cost = np.array([cm.attention_core_time(c, g.sequences, g.core_tiles.get(int(l), 0)) if nm in ATTENTION_CORES
+    on_vpu = cm.recurrence_time(c, 0.0) is not None  # a recurrence's latency is in its compute (op_compute_s)
+    cost = np.array([0.0 if on_vpu and nm in RECURRENCES else
+                     cm.attention_core_time(c, g.sequences, g.core_tiles.get(int(l), 0)) if nm in ATTENTION_CORES
                      else per_op.get(nm, 0.0) for nm, l in zip(g.name, g.layer)])
     cost *= (g.flops > 0) | np.isin(names, list(glue))
     banks = np.ceil(g.static_bytes / bank_bytes(g, hw))

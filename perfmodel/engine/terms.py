@@ -21,6 +21,7 @@ from perfmodel.graph.ops import OpGraph
 from perfmodel.spec.hardware import Hardware
 
 
+RECURRENCES = ("kda_recurrence", "gdn_recurrence", "mamba2_scan")  # state updates on the vector unit
 CAUSES = ("compute", "weight_streaming", "expert_fetch", "collective", "launch", "fill_drain")
 
 
@@ -131,7 +132,8 @@ def op_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None,
                  megakernel: bool = False) -> np.ndarray:
     """Per-op compute: the roofline of the peak rate (of the dtype the matrix unit is fed, op_feeds)
     x `efficiency.flops`; on a TPU with fitted components, matmuls cost the MXU weight push instead
-    (tpu_matmuls)."""
+    (tpu_matmuls), and in the megakernel a recurrent core's FLOPs run on the vector unit where the
+    hardware file has its rate (components.recurrence_time)."""
     feeds = op_feeds(g, hw)
     dtype = feeds[0]
     eff, table = hw.efficiency.flops, {dt: hw.flops_rate(dt) for dt in set(dtype) if dt}
@@ -140,6 +142,9 @@ def op_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None,
     if cm.is_tpu_model(hw.components):
         for j, (secs, _) in tpu_matmuls(g, hw, weights, megakernel, feeds).items():
             t[j] = secs
+        if megakernel and cm.recurrence_time(hw.components, 1.0) is not None:
+            for j in np.flatnonzero(np.isin(g.name, RECURRENCES)):
+                t[j] = cm.recurrence_time(hw.components, float(g.flops[j]))
     return t
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from perfmodel.cost import components as cm
+from perfmodel.graph.ops import kda_flops
 from perfmodel.spec.hardware import Hardware
 from perfmodel.spec.recipe import TOP_K
 from perfmodel.util import schema
@@ -54,7 +55,7 @@ GROUPS = {
                      "link_bandwidth_bytes_per_s"), ("remote_copy", "link_bandwidth")),
     "collective": (("collective_call_s", "collective_phase_s", "collective_copy_issue_s",
                     "chip_bandwidth_bytes_per_s"), ("collective",)),
-    "vpu": (("topk_round_s", "attention_core_s"), ("topk", "attention_core", "attention_core_tiles")),
+    "vpu": (("topk_round_s", "attention_core_s"), ("topk", "attention_core", "attention_core_tiles", "kda_core")),
     "xla_glue": (("xla_embedding_s",), ("xla_glue",)),
     "host": (("host_dispatch_s",), ("host_dispatch",)),
     "gpu_launch": (("kernel_launch_s",), ("kernel_launch",)),
@@ -83,8 +84,9 @@ GROUPS = {
 MEASURED = {"xla_op": "launch_overhead_s"}
 # parameters a file's `fit` table may add to a group where its entries determine them: a ring of
 # copies kept one in flight exposes the first-byte latency, an attention core timed by cached
-# tokens its cost per cache tile (experiments/tpu_microbench.py)
-OPTIONAL = {"dma": ("dma_latency_s",), "vpu": ("attention_tile_s",)}
+# tokens its cost per cache tile, a KDA core by heads and batch the vector unit's rate
+# (experiments/tpu_microbench.py)
+OPTIONAL = {"dma": ("dma_latency_s",), "vpu": ("attention_tile_s", "vpu_flops_per_s")}
 
 
 # what each mechanism's entries must give as inputs (a fit reads every one of them)
@@ -114,6 +116,8 @@ INPUTS = {
                        "head_dim": _N},
     "attention_core_tiles": {"tiles": Req(_N), "kind": (STR,), "tokens": _N, "rows": _N, "rank": _N, "rope": _N,
                              "cache_block": _N},
+    "kda_core": {"batch": Req(_N), "heads": Req(_N), "head_dim": Req(_N), "conv_width": Req(_N), "slice": (STR,),
+                 "rows": _N},
     "xla_glue": {}, "host_dispatch": {}, "kernel_launch": {},
     "pdl_kernel_pair": {"without_pdl_us": Req(Num(0, lo_open=True)), "with_pdl_us": Req(Num(0, lo_open=True))},
     "gpu_all_reduce": {"bytes": Req(_BYTES), "ranks": Req(_N)},
@@ -239,6 +243,9 @@ def predict_entry(e: dict, hw: Hardware) -> float:
         t = cm.attention_core_time(c, i["sequences"])
     elif m == "attention_core_tiles":  # one sequence over its cached tiles
         t = cm.attention_core_time(c, 1, i["tiles"])
+    elif m == "kda_core":  # one token a sequence, every sequence at once
+        t = cm.recurrence_time(c, kda_flops(i["batch"], i["heads"], i["head_dim"], i["conv_width"]))
+        require(t is not None, "components.vpu_flops_per_s", None, f"needs a starting value in the {hw.name} hardware file")
     elif m == "xla_glue":
         t = cm.xla_embedding_time(c)
     elif m == "host_dispatch":

@@ -363,10 +363,7 @@ def _attention_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment
     a = model.attn(layer.attention)
     if isinstance(a, KDA):
         hl = a.heads // d.tp
-        conv_ch = 3 * hl * a.head_dim
-        # per head and token: decay, k^T S, rank-1 delta update, S^T q = 7 dk dv FLOPs
-        flops = t * (7.0 * hl * a.head_dim * a.head_dim + 2.0 * conv_ch * a.conv_width)
-        ops.compute(i, "attention", "kda_recurrence", flops, "f32",
+        ops.compute(i, "attention", "kda_recurrence", kda_flops(t, hl, a.head_dim, a.conv_width), "f32",
                     kv=2 * b * model.cache_bytes(layer.attention, L, d.tp),
                     act=ACT_BYTES * t * 4 * hl * a.head_dim)
     elif isinstance(a, GDN):
@@ -404,6 +401,13 @@ def _attention_core(ops: _Builder, model: ModelSpec, layer: Layer, d: Deployment
     elif isinstance(a, GQA):
         span = _cached(a, L)
         _gqa_core(ops, model, a, i, d, g, (L + rows, L), span, span)
+
+
+def kda_flops(tokens: float, heads: int, head_dim: int, conv_width: int) -> float:
+    """A KDA step's FLOPs for `tokens` token rows over `heads` heads: per head and token the decay,
+    k^T S, the rank-1 delta update and S^T q (7 dk dv), and the short conv of q|k|v (2 x width a
+    channel)."""
+    return tokens * (7.0 * heads * head_dim * head_dim + 2.0 * 3 * heads * head_dim * conv_width)
 
 
 def _csa_core(ops: _Builder, model: ModelSpec, a: CSA, i: int, d: Deployment, g: Rows):
