@@ -23,7 +23,7 @@ from perfmodel.graph.dmaplan import Copy, KernelPlan, bytes_by_layer_family
 from perfmodel.spec.arch import ModelSpec
 from perfmodel.util.errors import require
 
-from . import comm, layout, megakernel, quant, reference
+from . import comm, layout, megakernel, quant, reference, stream
 from .layout import KernelConfig
 
 
@@ -191,13 +191,25 @@ def overhead_bytes(plan: list[Copy]) -> dict[str, int]:
             "cache_window": sum(c.padding for c in plan if c.family == "kv_cache")}
 
 
+def matmul_dots(dspec: ModelSpec, cfg: KernelConfig) -> dict[str, int]:
+    """"<layer kind>/<matmul>" -> the MXU dots `ring.PartReader` issues for it: one a lane-tile block
+    of its group's outputs and one a tile-wide input chunk of a narrower remainder, all on the
+    group's first member (its fused others 0)."""
+    t, out = cfg.tile, {}
+    for layer in (*dspec.layers, None):
+        for key in stream.layer_parts(dspec, layer):
+            for g in stream.groups_of(dspec, key):
+                out |= {f"{key[0]}/{n}": (g.blocks(t) + g.chunks(t)) if k == 0 else 0 for k, n in enumerate(g.names)}
+    return out
+
+
 def settings(dspec: ModelSpec, cfg: KernelConfig) -> dict:
     """The kernel's settings an engine replays beside its copies
     (`perfmodel.graph.dmaplan.KERNEL_FIELDS`): ring, slots, the all-reduce algorithm, wire dtype
-    and the rows a message carries, the cache tile its attention walks, and how the routed
-    experts reach the MXU."""
+    and the rows a message carries, the cache tile its attention walks, the dots of each streamed
+    matmul (`matmul_dots`), and how the routed experts reach the MXU."""
     out = {"bank_bytes": cfg.bank_bytes, "depth": cfg.depth, "expert_slots": cfg.expert_slots,
-           "cache_block": cfg.cache_block}
+           "cache_block": cfg.cache_block, "matmul_dots": matmul_dots(dspec, cfg)}
     if layout.tp_of(dspec) > 1:
         out |= {"wire": cfg.wire, "all_reduce": comm.algorithm(dspec, cfg),
                 "collective_rows": comm.Wire(cfg.token_rows, 1, comm.WIRE[cfg.wire]).padded_rows}
@@ -237,7 +249,7 @@ def kernel_plan(full: ModelSpec, cfg: KernelConfig, devices: int, ep: int | None
 
 def predicted_step(spec: ModelSpec, cfg: KernelConfig, the_plan: list[Copy], context: int,
                    hardware: str = "tpu-v7", acceptance_length: float = 1.0,
-                   full: ModelSpec | None = None):
+                   full: ModelSpec | None = None, kernel_dots: bool = True):
     """The schedule simulator run on this plan with the kernel's settings (`settings`): the
     ring of cfg.depth banks of cfg.bank_bytes, cfg.expert_slots expert buffers, its all-reduce
     and wire, its experts' MXU feed, cfg.rows rows per sequence (rows > 1: speculative decoding
@@ -245,11 +257,14 @@ def predicted_step(spec: ModelSpec, cfg: KernelConfig, the_plan: list[Copy], con
     the step time), on tp devices of `hardware` when `spec` is a device spec (`full` the model it
     shards). The engine replays the plan's HBM copies; its collectives are the model's own terms
     with the kernel's algorithm and wire (the plan's remote copies are not replayed one by one).
-    A prediction (perfmodel.step.predict.Prediction), not a measurement."""
+    Without `kernel_dots`, each streamed matmul issues one dot (the model's own kernel), not the
+    kernel's `matmul_dots`. A prediction (perfmodel.step.predict.Prediction), not a measurement."""
     from perfmodel.spec.deployment import SpecDecode
     from perfmodel.spec.hardware import load_hardware
     from perfmodel.step.predict import plan_deployment, predict
     kp = as_kernel_plan(full or spec, spec, cfg, the_plan, context)
+    if not kernel_dots:
+        kp = dataclasses.replace(kp, kernel={k: v for k, v in kp.kernel.items() if k != "matmul_dots"})
     d = plan_deployment(kp)
     if cfg.rows > 1:
         d = dataclasses.replace(d, spec=SpecDecode(cfg.rows - 1,
@@ -292,8 +307,9 @@ def report(full: ModelSpec, cfg: KernelConfig, devices: int, ep: int | None, con
            hardware: str = "tpu-v7") -> dict:
     """The plan of device 0 at `context` cached tokens per sequence, from the kernel's trace
     alone (no weights): its descriptors, padding, remote copies, and the model's predictions
-    of this plan (`predicted_step_s`) and of its own default megakernel for the same
-    deployment (`model_step_s`)."""
+    of this plan (`predicted_step_s`; `one_dot_step_s` with one dot a streamed matmul, as the
+    model's own kernel issues) and of its own default megakernel for the same deployment
+    (`model_step_s`)."""
     from perfmodel.spec.deployment import Deployment, SpecDecode
     from perfmodel.spec.hardware import load_hardware
     from perfmodel.step.predict import predict
@@ -305,6 +321,7 @@ def report(full: ModelSpec, cfg: KernelConfig, devices: int, ep: int | None, con
     w, remote = weight_copies(p), kp.remote_copies
     weight_bytes, pad = sum(c.bytes for c in w), sum(c.padding for c in w)
     pred = predicted_step(dspec, cfg, p, context, hardware, full=full if devices > 1 else None)
+    one_dot = predicted_step(dspec, cfg, p, context, hardware, full=full if devices > 1 else None, kernel_dots=False)
     verify = SpecDecode(draft_rows=cfg.rows - 1, acceptance_length=1.0) if cfg.rows > 1 else None
     model = predict(full, load_hardware(hardware),
                     Deployment(devices=devices, tp=devices, ep=ep if devices > 1 else None,
@@ -328,6 +345,7 @@ def report(full: ModelSpec, cfg: KernelConfig, devices: int, ep: int | None, con
         "vmem_bytes": budget.total_bytes, "vmem_limit_bytes": budget.limit_bytes,
         "kernel": kp.kernel,
         "predicted_step_s": pred.step_s,
+        "one_dot_step_s": one_dot.step_s,
         "predicted_note": "perfmodel.step.predict on this plan's HBM copies with the kernel's "
                           "settings; its collectives are the model's terms with the kernel's "
                           "algorithm and wire (the remote copies are listed, not replayed)",

@@ -36,7 +36,9 @@ def test_plan_simulation_moves_exactly_the_plan_bytes():
     # (its vectors and scales included) land within 10 % of the model's uniform stream
     assert p.bytes_per_device > own.bytes_per_device
     assert p.step_s == pytest.approx(own.step_s, rel=0.10)
-    assert plan.predicted_step(SPEC, cfg, the_plan, CTX).step_s == pytest.approx(p.step_s)
+    # with the kernel's settings (its dots among them) the plan predicts as predicted_step does
+    kp = plan.as_kernel_plan(SPEC, SPEC, cfg, the_plan, CTX)
+    assert plan.predicted_step(SPEC, cfg, the_plan, CTX).step_s == pytest.approx(predict(SPEC, hw, d, plan=kp).step_s)
 
 
 def test_plan_ring_depth_under_fifo():
@@ -81,8 +83,9 @@ def test_verify_rows_plan_runs_in_the_simulator():
     assert p.bytes_per_device == sum(c.bytes for c in the_plan)
     one = setup()
     assert p.step_s >= predict(SPEC, one[2], one[3], plan=one[1]).step_s
+    kp = plan.as_kernel_plan(SPEC, SPEC, cfg, the_plan, CTX)
     assert plan.predicted_step(SPEC, cfg, the_plan, CTX, acceptance_length=2.0).step_s == \
-        pytest.approx(p.step_s)
+        pytest.approx(predict(SPEC, hw, d, plan=kp).step_s)
 
 
 def test_a_plan_computes_the_experts_it_fetched():

@@ -99,7 +99,8 @@ def tpu_matmuls(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None, meg
                 feeds: tuple[list[str], list[int]] | None = None) -> dict[int, tuple[float, bool]]:
     """Per matmul op on a TPU with fitted components: (seconds, dequantised). The MXU weight push
     (components.matmul_time: flat for few rows, the rows times a block-diagonal feed's rows per batch
-    row; a routed op issues two dots per distinct expert). Its rows are those routed to an expert,
+    row; a routed op issues two dots per distinct expert, a streamed one the kernel's dots where the
+    graph counts them, OpGraph.dots). Its rows are those routed to an expert,
     or every row of the step where the kernel runs each expert's dots over the whole batch and keeps
     its rows' results by mask (whole_batch_experts). A block-diagonal feed (more than one LHS row per
     batch row) costs at most the same matrices dequantised to bf16 on the vector unit first
@@ -110,7 +111,8 @@ def tpu_matmuls(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None, meg
     dtype, scale_rows = feeds or op_feeds(g, hw)
     decode = [f.decode if f is not None else "" for f in (g.fmt or [None] * len(g))]
     w = op_weights(g) if weights is None else weights
-    dots = np.where(g.routed_bytes > 0, 2.0 * max(1.0, math.ceil(g.distinct_experts)), 1.0).tolist()
+    dots = np.where(g.routed_bytes > 0, 2.0 * max(1.0, math.ceil(g.distinct_experts)),
+                    1.0 if g.dots is None else g.dots).tolist()
     memo: dict[tuple, tuple[float, bool]] = {}  # ops of the same shape in every layer: each shape once
     flops, w_ = g.flops.tolist(), w.tolist()
     batch, routed = whole_batch_experts(g, hw, megakernel), (g.routed_bytes > 0).tolist()

@@ -39,7 +39,7 @@ DEPLOYMENT_FIELDS = {"devices": int, "tp": int, "ep": int, "batch": int, "contex
 #   before that feed, scales applied: e2m1, int4 or int8; absent: none)
 KERNEL_FIELDS = {"bank_bytes": int, "depth": int, "expert_slots": int, "wire": str, "all_reduce": str,
                  "collective_rows": int, "expert_feed": str, "expert_scale_rows": int,
-                 "expert_decode": str, "cache_block": int}
+                 "expert_decode": str, "cache_block": int, "matmul_dots": dict}
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,12 @@ def _typed(where: str, table, spec: dict, required: tuple[str, ...] = ()) -> dic
     for k, v in table.items():
         require(k in spec, f"{where}.{k}", v, f"unknown field; known: {', '.join(spec)}")
         kind, hi = spec[k], FIELD_MAX.get(k, COUNT_MAX)
+        if kind is dict:   # names -> counts (matmul_dots)
+            require(isinstance(v, dict) and len(v) <= 4096, f"{where}.{k}", v, "must be an object of names -> counts")
+            for name, n in v.items():
+                require(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= hi, f"{where}.{k}.{name}", n,
+                        f"must be an integer in 0..{hi}")
+            continue
         ok = isinstance(v, str) if kind is str else isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= hi
         require(ok, f"{where}.{k}", v, "must be a string" if kind is str else f"must be an integer in 0..{hi}")
     for k in required:

@@ -77,6 +77,8 @@ class OpGraph:
     # per layer ([megakernel] kv_tile_tokens): the cache tiles its attention core walks, summed over
     # its sequences (components.attention_core_time); a layer not here walks none
     core_tiles: dict[int, int] = dataclasses.field(default_factory=dict)
+    # per op ([megakernel] matmul_dots): the MXU dots a streamed matmul issues; None: one a matmul
+    dots: np.ndarray | None = None
 
     @property
     def bytes(self) -> np.ndarray:
@@ -113,12 +115,12 @@ class _Builder:
         self.rows: list[tuple] = []
 
     def compute(self, layer, phase, name, flops=0.0, dtype="bf16", static=0.0, routed=0.0, kv=0.0, act=0.0,
-                fmt=None):
-        self.rows.append((layer, phase, name, False, flops, dtype, static, routed, kv, act, "", 0.0, 1, fmt))
+                fmt=None, dots=1):
+        self.rows.append((layer, phase, name, False, flops, dtype, static, routed, kv, act, "", 0.0, 1, fmt, dots))
 
     def collective(self, layer, phase, name, kind, nbytes, group):
         if group > 1:
-            self.rows.append((layer, phase, name, True, 0.0, "", 0.0, 0.0, 0.0, 0.0, kind, nbytes, group, None))
+            self.rows.append((layer, phase, name, True, 0.0, "", 0.0, 0.0, 0.0, 0.0, kind, nbytes, group, None, 0))
 
 
 def build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = None,
@@ -198,12 +200,15 @@ def _build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = No
     rc = model.megakernel if d.engine == "megakernel" else Megakernel()
     wire = lambda rows, width: rc.wire_bytes * max(rows, rc.collective_rows) * width  # a collective's payload
 
-    def matmul(layer: int, phase: str, mm: Matmul, shards: int, rows: int = t):
+    dots = dict(rc.matmul_dots)
+
+    def matmul(layer: int, phase: str, mm: Matmul, shards: int, rows: int = t, kind: str = "head"):
         fmt = model.matmul_format(mm)
         d_in = mm.d_in if mm.experts == 1 else mm.d_in * mm.experts / shards  # grouped: inputs split too
         ops.compute(layer, phase, mm.name, 2.0 * rows * mm.params / shards, fmt.compute_dtype,
                     static=model.matmul_bytes(mm) / shards,
-                    act=ACT_BYTES * rows * (d_in + mm.d_out * mm.experts / shards), fmt=fmt)
+                    act=ACT_BYTES * rows * (d_in + mm.d_out * mm.experts / shards), fmt=fmt,
+                    dots=dots.get(f"{kind}/{mm.name}", 1))
 
     n_hc = model.residual_streams
 
@@ -242,13 +247,13 @@ def _build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = No
             hc_pre(i, "attention")
             ops.compute(i, "attention", "attn_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
             for mm in mms[:-1]:
-                matmul(i, "attention", mm, d.tp)
+                matmul(i, "attention", mm, d.tp, kind=layer.attention)
             first = len(ops.rows)
             for g in groups:
                 (_causal_core if g.causal else _attention_core)(ops, model, layer, d, g)
             if len(groups) > 1:
                 _merge_by_name(ops.rows, first)
-            matmul(i, "attention", mms[-1], d.tp)
+            matmul(i, "attention", mms[-1], d.tp, kind=layer.attention)
             ops.collective(i, "attention", "attn_all_reduce", "all_reduce", wire(t, h), d.tp)
             hc_post(i, "attention")
         if layer.ffn != "none":
@@ -256,7 +261,7 @@ def _build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = No
             ops.compute(i, layer.ffn, "ffn_norm", 4.0 * t * h, act=2 * ACT_BYTES * t * h)
         if layer.ffn == "dense":
             for mm in model.ffn_matmuls("dense"):
-                matmul(i, "ffn", mm, d.tp)
+                matmul(i, "ffn", mm, d.tp, kind="dense")
             ops.collective(i, "ffn", "ffn_all_reduce", "all_reduce", wire(t, h), d.tp)
         elif layer.ffn == "moe":
             distinct = _moe(ops, model, i, d, t, rc, wire)
@@ -289,7 +294,7 @@ def _build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = No
                               for l in model.layers},
                    kernel_all_reduce(model, t), list(cols[13]), rc, b, model.moe.top_k if model.moe else 0,
                    expert_descriptors(model), None if sampled == t else sampled,
-                   *_kv_tiles(model, d, groups, rc.kv_tile_tokens))
+                   *_kv_tiles(model, d, groups, rc.kv_tile_tokens), dots=arr(14) if rc.matmul_dots else None)
 
 
 def _kv_tiles(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...], tile: int):
@@ -526,7 +531,8 @@ def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int, rc: Meg
         fmt = f[mm.family]
         ops.compute(i, "moe", mm.name, 2.0 * t * mm.params / shards * copies, fmt.compute_dtype,
                     static=model.matmul_bytes(mm) / shards * copies,
-                    act=ACT_BYTES * t * (mm.d_in + mm.d_out / shards), fmt=fmt)
+                    act=ACT_BYTES * t * (mm.d_in + mm.d_out / shards), fmt=fmt,
+                    dots=dict(rc.matmul_dots).get(f"moe/{mm.name}", 1) * copies)
 
     matmul(mms["router"], 1, m.router_copies)  # replicated; a hi/lo pair is applied twice
     ops.compute(i, "moe", "top_k", 4.0 * t * m.experts, act=4.0 * t * m.experts)

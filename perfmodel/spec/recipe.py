@@ -67,6 +67,13 @@ class Megakernel:
     # tiles: perfmodel_kernels' cache_block). 0: the cached tokens read as one copy, no write-back
     # wait inside the layer, no tile term
     kv_tile_tokens: int = 0
+    # the MXU dots a kernel issues for each streamed (non-routed) matmul, as ("<layer kind>/<matmul>",
+    # dots) pairs (layer kind: its attention or FFN kind, or "head"): perfmodel_kernels issues one a
+    # lane-tile block of a fused group's outputs and one a tile-wide input chunk of a narrower
+    # remainder, counted on its first member (its plan's `matmul_dots`); each pays
+    # components.matmul_time's issue cost. A matmul not named: one dot (and one per ring bank beyond
+    # its first: Muse Spark's stream.py)
+    matmul_dots: tuple[tuple[str, int], ...] = ()
     # bytes of each small per-layer vector (norm weights, residual gates, router bias) the kernel
     # copies from HBM one DMA apiece, issued as a layer starts, for the next layer (Muse Spark's
     # kernel: decode_megakernel.py prefetch_vectors, layout.py VECTOR_FAMILIES); waited for at that
@@ -97,6 +104,15 @@ def from_table(table) -> Megakernel:
             positive_int("megakernel.shard_collective_rows", r)
             require(r <= MAX_ROWS, "megakernel.shard_collective_rows", r, f"must be <= {MAX_ROWS}")
         out["shard_collective_rows"] = tuple(sorted(set(rows)))
+    dots = table.get("matmul_dots")
+    if dots is not None:
+        require(isinstance(dots, (list, tuple)) and len(dots) <= MAX_VECTORS * 16, "megakernel.matmul_dots", dots,
+                "must be a list of [\"<layer kind>/<matmul>\", dots] pairs")
+        for pair in dots:
+            require(isinstance(pair, (list, tuple)) and len(pair) == 2 and isinstance(pair[0], str)
+                    and isinstance(pair[1], int) and not isinstance(pair[1], bool) and 0 <= pair[1] <= 1 << 20,
+                    "megakernel.matmul_dots", pair, "must be a [\"<layer kind>/<matmul>\", dots] pair, dots in 0..1048576")
+        out["matmul_dots"] = tuple(sorted((p[0], p[1]) for p in dots))
     vectors = table.get("layer_vector_bytes")
     if vectors is not None:
         require(isinstance(vectors, list) and len(vectors) <= MAX_VECTORS, "megakernel.layer_vector_bytes", vectors,
@@ -131,5 +147,5 @@ def to_table(m: Megakernel) -> dict:
     for f in fields(Megakernel):
         v = getattr(m, f.name)
         if v != f.default:
-            out[f.name] = list(v) if isinstance(v, tuple) else v
+            out[f.name] = [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v
     return out
