@@ -1346,8 +1346,10 @@ def test_validation_tpu_runs_from_the_committed_json(monkeypatch, tmp_path):
     assert measured.TPU_RUNS_JSON.name in captions and f"TPU {t['meta']['chip']}" in captions
     got = series(chart(at, "val_tpu_chart"), "point")
     main = t["rows"][~t["rows"]["sweep"]]
-    drawn = main["format"].value_counts().index[0]   # the most measured format, the first choice
-    for e, g in main[main["format"] == drawn].groupby("engine"):
+    run = main["slice"] + " " + main["format"]
+    drawn = run.value_counts().index[0]   # the most measured slice and format, the first choice
+    for e, g in main[run == drawn].groupby("engine"):   # the latest run of each batch
+        assert len(got[f"{e}, measured"]) == g["batch"].nunique()
         pts = dict(sorted((r["batch"], r["tokens_per_s"]) for r in got[f"{e}, measured"]))
         assert pts == pytest.approx(dict(zip(g["batch"], g["batch"] / g["measured_step_s"])))
     assert any("- libtpu: " in m.value and "- command: " in m.value for m in at.markdown)  # the provenance popover

@@ -518,10 +518,13 @@ def tpu_section() -> None:
     if main.empty:
         st.info(f"{t['file']} holds no timed run (step_s) yet.")
     else:
-        formats = main["format"].value_counts().index.tolist()   # the most measured format first
-        fmt = st.radio("Routed experts drawn", formats, horizontal=True, key="val_tpu_format") \
-            if len(formats) > 1 else formats[0]
-        charts.show(tpu_figure(main[main["format"] == fmt]), key="val_tpu_chart")
+        run = main["slice"] + " " + main["format"]   # one curve a slice and expert format
+        runs = run.value_counts().index.tolist()     # the most measured first
+        pick = st.radio("Slice and routed experts drawn", runs, horizontal=True, key="val_tpu_format") \
+            if len(runs) > 1 else runs[0]
+        # the latest run of each engine and batch (the current kernel), as the README's table
+        charts.show(tpu_figure(main[run == pick].drop_duplicates(["engine", "batch"], keep="last")),
+                    key="val_tpu_chart")
         sm = t["summary"]
         figs = [(f"{e} step error (median, max)", f"{sm[f'median_abs_{k}error']:.1%}, {sm[f'max_abs_{k}error']:.1%}")
                 for e, k in (("megakernel", "step_"), ("XLA", "xla_")) if sm.get(f"median_abs_{k}error") is not None]
