@@ -243,7 +243,7 @@ def test_the_plan_counts_the_dots_its_matmuls_issue():
     input group (q, k, v, gate 384 columns each, decay_a 128, beta 3) 13 whole blocks and, for
     beta's 3-column remainder, one dot per 128-wide chunk of its 7168 inputs (56), decay_b 3,
     o_proj 56 (7168 / 128); its MLA attention 153. The op graph built from the plan carries them
-    on each group's first member."""
+    on each group's first member, and `explain` says so."""
     spec = slice_spec("k3-tp32-core", "mxfp4")
     cfg = layout.KernelConfig(batch=1, max_context=2048, depth=8, expert_slots=2, cache_block=256,
                               bank_rows=16384, chip="v5e")
@@ -256,6 +256,11 @@ def test_the_plan_counts_the_dots_its_matmuls_issue():
     g = ops.build(plan_model(spec, kp), plan_deployment(kp))
     kda = next(l.index for l in spec.layers if l.attention == "kda")
     assert sum(g.dots[(g.layer == kda) & (np.array(g.phase) == "attention")]) == 128 + 1 + 1  # + norm, recurrence
+    from perfmodel.spec.hardware import load_hardware
+    from perfmodel.step.explain import explain
+    ops_ = explain(plan_model(spec, kp), load_hardware("tpu-v5e"), plan_deployment(kp), kda)["ops"]
+    q = next(o for o in ops_ if o["op"] == "q_proj")
+    assert any(t["term"].startswith("matmul weight push (69 dots)") for t in q["terms"])
 
 
 @pytest.mark.slow

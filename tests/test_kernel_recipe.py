@@ -289,7 +289,7 @@ def test_the_attention_core_pays_a_latency_a_sequence_and_one_a_cache_tile_it_wa
     in its compute); on tpu-v7 (no vector rate) a latency a sequence. Without tiles, no tile term."""
     v5e = load_hardware("tpu-v5e")
     c = v5e.components
-    tiled = derive("kimi-k3", megakernel={"kv_tile_tokens": 256}, formats={"routed_expert": "int8"})
+    tiled = derive("kimi-k3", megakernel={"attention_tile_tokens": 256}, formats={"routed_expert": "int8"})
     for batch, per in ((1, 5), (4, 20)):
         d = Deployment(devices=32, tp=32, ep=8, batch=batch, context=1028, engine="megakernel")
         g = build(tiled, d)
@@ -304,7 +304,7 @@ def test_the_attention_core_pays_a_latency_a_sequence_and_one_a_cache_tile_it_wa
         assert op_compute_s(g, v5e, megakernel=True)[k] == pytest.approx(
             c["attention_core_s"] + g.flops[k] / c["vpu_flops_per_s"])
         assert kernel_terms(g, TPU)["attention_core"][k] == pytest.approx(batch * TPU.components["attention_core_s"])
-    g0 = build(derive("kimi-k3", megakernel={"kv_tile_tokens": 0}), d)
+    g0 = build(derive("kimi-k3", megakernel={"attention_tile_tokens": 0}), d)
     assert g0.core_tiles == {}
 
 

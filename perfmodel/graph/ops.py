@@ -74,8 +74,8 @@ class OpGraph:
     # sequence, tile and cache array (GQA: K and V)
     kv_copies: dict[int, int] = dataclasses.field(default_factory=dict)
     writeback: dict[int, tuple[float, int]] = dataclasses.field(default_factory=dict)
-    # per layer ([megakernel] kv_tile_tokens): the cache tiles its attention core walks, summed over
-    # its sequences (components.attention_core_time); a layer not here walks none
+    # per layer ([megakernel] attention_tile_tokens): the cache tiles its attention core walks, summed
+    # over its sequences (components.attention_core_time); a layer not here walks none
     core_tiles: dict[int, int] = dataclasses.field(default_factory=dict)
     # per op ([megakernel] matmul_dots): the MXU dots a streamed matmul issues; None: one a matmul
     dots: np.ndarray | None = None
@@ -294,27 +294,40 @@ def _build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = No
                               for l in model.layers},
                    kernel_all_reduce(model, t), list(cols[13]), rc, b, model.moe.top_k if model.moe else 0,
                    expert_descriptors(model), None if sampled == t else sampled,
-                   *_kv_tiles(model, d, groups, rc.kv_tile_tokens), dots=arr(14) if rc.matmul_dots else None)
+                   *_kv_tiles(model, d, groups, rc.kv_tile_tokens),
+                   _core_tiles(model, groups, rc.attention_tile_tokens or rc.kv_tile_tokens),
+                   dots=arr(14) if rc.matmul_dots else None)
 
 
 def _kv_tiles(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...], tile: int):
-    """(OpGraph.kv_copies, OpGraph.writeback, OpGraph.core_tiles) of a kernel that moves caches in
-    `tile`-token tiles: each sequence reads the GQA tiles holding its cached tokens and its new rows
-    (K and V one copy each per tile, as _gqa_core counts their bytes) and writes one tile back; its
-    MLA core walks the tiles holding its cached tokens (the new rows scored apart, as
-    perfmodel_kernels.megakernel does); a recurrent state is written back whole (one copy a sequence)."""
+    """(OpGraph.kv_copies, OpGraph.writeback) of a kernel that moves GQA caches in `tile`-token tiles:
+    each sequence reads the tiles holding its cached tokens and its new rows (K and V one copy each
+    per tile, as _gqa_core counts their bytes) and writes one tile back; a recurrent state is
+    written back whole (one copy a sequence)."""
     if not tile:
-        return {}, {}, {}
-    reads, back, walked, seqs = {}, {}, {}, sum(g.seqs for g in groups)
+        return {}, {}
+    reads, back, seqs = {}, {}, sum(g.seqs for g in groups)
     for l in model.layers:
         a = model.attn(l.attention)
         if isinstance(a, GQA) and not a.index_topk:
-            walked[l.index] = sum(g.seqs * _tiles(_cached(a, g.context) + g.rows, tile) for g in groups)
-            reads[l.index] = 2 * walked[l.index]
-        elif isinstance(a, MLA) and not a.index_topk:
-            walked[l.index] = sum(g.seqs * _tiles(g.context, tile) for g in groups)
+            reads[l.index] = sum(2 * g.seqs * _tiles(_cached(a, g.context) + g.rows, tile) for g in groups)
         back[l.index] = (seqs * model.cache_bytes(l.attention, tile, d.tp), seqs * (2 if isinstance(a, GQA) else 1))
-    return reads, back, walked
+    return reads, back
+
+
+def _core_tiles(model: ModelSpec, groups: tuple[Rows, ...], tile: int) -> dict[int, int]:
+    """OpGraph.core_tiles: per GQA or MLA layer, the `tile`-token cache tiles its core walks over its
+    sequences: a GQA core the tiles holding the cached tokens and the new rows (as _kv_tiles reads
+    them), an MLA core those holding the cached tokens (the new rows scored apart, as
+    perfmodel_kernels.megakernel does)."""
+    out = {}
+    for l in (model.layers if tile else ()):
+        a = model.attn(l.attention)
+        if isinstance(a, GQA) and not a.index_topk:
+            out[l.index] = sum(g.seqs * _tiles(_cached(a, g.context) + g.rows, tile) for g in groups)
+        elif isinstance(a, MLA) and not a.index_topk:
+            out[l.index] = sum(g.seqs * _tiles(g.context, tile) for g in groups)
+    return out
 
 
 def _cached(a: GQA, context: int) -> int:

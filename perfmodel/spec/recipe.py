@@ -62,11 +62,12 @@ class Megakernel:
     # holding the cached tokens (one copy per tile for K and one for V) and writes the last back as it
     # starts, waited for before the layer's next collective (Muse Spark's kernel: 256-token tiles,
     # attention.py; the write-back waited for after the o projection, decode_megakernel.py
-    # wait_cache_writes); other caches: a recurrent state written back whole. Its GQA and MLA cores
-    # pay components.attention_core_time per tile walked (an MLA core walks its latent cache in such
-    # tiles: perfmodel_kernels' cache_block). 0: the cached tokens read as one copy, no write-back
-    # wait inside the layer, no tile term
+    # wait_cache_writes); other caches: a recurrent state written back whole. 0: the cached tokens
+    # read as one copy, no write-back wait inside the layer
     kv_tile_tokens: int = 0
+    # tokens of the cache tiles a GQA or MLA core walks, each paying components.attention_core_time's
+    # tile term (perfmodel_kernels' MLA core: its plan's cache_block); 0: kv_tile_tokens
+    attention_tile_tokens: int = 0
     # the MXU dots a kernel issues for each streamed (non-routed) matmul, as ("<layer kind>/<matmul>",
     # dots) pairs (layer kind: its attention or FFN kind, or "head"): perfmodel_kernels issues one a
     # lane-tile block of a fused group's outputs and one a tile-wide input chunk of a narrower
@@ -132,7 +133,8 @@ def from_table(table) -> Megakernel:
                 "must be true or false")
     for k, lo, hi in (("collective_rows", 1, MAX_ROWS), ("bank_bytes", 1, 1 << 34), ("ring_banks", 0, 1 << 20),
                       ("expert_slots", 0, 1 << 16), ("defer_refills_rows", 0, MAX_ROWS),
-                      ("kv_tile_tokens", 0, 1 << 24), ("expert_groups", 0, 1 << 20)):
+                      ("kv_tile_tokens", 0, 1 << 24), ("attention_tile_tokens", 0, 1 << 24),
+                      ("expert_groups", 0, 1 << 20)):
         if k in table:
             v = table[k]
             require(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi, f"megakernel.{k}", v,

@@ -14,7 +14,7 @@ import numpy as np
 
 from perfmodel.cost import components as cm
 from perfmodel.engine.megakernel import kernel_terms, vector_copies
-from perfmodel.engine.terms import (collective_terms, op_compute_s, op_feeds, op_weights, stream_terms,
+from perfmodel.engine.terms import (RECURRENCES, collective_terms, op_compute_s, op_feeds, op_weights, stream_terms,
                                     tpu_matmuls, whole_batch_experts)
 from perfmodel.graph import ops as ops_mod
 from perfmodel.spec.recipe import to_table as recipe_table
@@ -85,11 +85,17 @@ def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarra
             fed = f"; {fmt.name} dequantised to bf16 first (cheaper than its block-diagonal {dtype} dot at these rows)"
         if g.routed_bytes[j] > 0 and whole_batch_experts(g, hw, megakernel):
             fed += "; each expert's dots over the whole batch"
-    out.append({"term": ("matmul weight push" if mxu else "compute (peak x efficiency.flops)") + fed, "seconds": comp,
-                "mechanism": "components.matmul_time" if mxu else "engine.terms.op_compute_s",
-                "source": (_source(hw, "mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_dot_issue_s") if mxu
-                           else _source(hw, "peak_flops_per_s", "flops"))
-                + (f"; format {fmt.name}: {fmt.source}" if fmt is not None and fmt.source else "")})
+    if megakernel and g.name[j] in RECURRENCES and cm.recurrence_time(c, 0.0) is not None:
+        out.append({"term": "recurrence: the core's latency and its FLOPs on the vector unit", "seconds": comp,
+                    "mechanism": "components.recurrence_time",
+                    "source": _source(hw, "attention_core_s", "vpu_flops_per_s")})
+    else:
+        dots = f" ({g.dots[j]:.0f} dots)" if mxu and g.dots is not None and g.routed_bytes[j] == 0 else ""
+        out.append({"term": ("matmul weight push" + dots if mxu else "compute (peak x efficiency.flops)") + fed,
+                    "seconds": comp, "mechanism": "components.matmul_time" if mxu else "engine.terms.op_compute_s",
+                    "source": (_source(hw, "mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_dot_issue_s") if mxu
+                               else _source(hw, "peak_flops_per_s", "flops"))
+                    + (f"; format {fmt.name}: {fmt.source}" if fmt is not None and fmt.source else "")})
     for key, v in (extra or {}).items():
         if v[j] > 0:
             what, mech, params = KERNEL_TERMS[key]

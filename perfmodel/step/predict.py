@@ -176,7 +176,7 @@ def plan_model(model: ModelSpec, plan: KernelPlan) -> ModelSpec:
     change = {name: k[key] for key, name in (("bank_bytes", "bank_bytes"), ("depth", "ring_banks"),
                                               ("expert_slots", "expert_slots"), ("wire", "collective_wire"),
                                               ("all_reduce", "all_reduce"), ("collective_rows", "collective_rows"),
-                                              ("cache_block", "kv_tile_tokens"))
+                                              ("cache_block", "attention_tile_tokens"))
               if key in k and not (key == "bank_bytes" and k[key] == 0)}  # a bank of 0: the chip's
     if "matmul_dots" in k:
         change["matmul_dots"] = sorted(k["matmul_dots"].items())
