@@ -9,7 +9,7 @@ import jax
 import pytest
 from jax.sharding import SingleDeviceSharding
 
-from perfmodel_kernels import aot, layout, megakernel, quant
+from perfmodel_kernels import aot, layout, megakernel, quant, tuned
 from perfmodel_kernels.specs import slice_spec
 
 pytestmark = [pytest.mark.aot,
@@ -28,9 +28,12 @@ def test_mini_compiles_for_v5e(fmt, batch, rows):
 
 @pytest.mark.parametrize("name,fmt", [("k3-tp32-core", "mxfp4"), ("k3-tp8-core", "int4")])
 def test_kimi_k3_slices_compile_for_v5e(name, fmt):
-    cfg = layout.KernelConfig(batch=8, max_context=2048, depth=8, expert_slots=2,
-                              cache_block=256, bank_rows=8192, chip="v5e")
-    assert aot.compile_kernel(slice_spec(name, fmt), cfg)["compile_s"] > 0
+    """Both K3 slices at batch 8 with the ring each runs with on one chip (tuned.py)."""
+    spec = slice_spec(name, fmt)
+    t = tuned.tuned(spec.name, 1)
+    cfg = layout.KernelConfig(batch=8, max_context=2048, depth=t.depth, expert_slots=t.expert_slots,
+                              cache_block=256, bank_rows=t.bank_rows, chip="v5e")
+    assert aot.compile_kernel(spec, cfg)["compile_s"] > 0
 
 
 def test_a_misaligned_copy_is_refused_as_mosaic_would():
