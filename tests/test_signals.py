@@ -188,6 +188,26 @@ def test_sigint_ends_with_one_line_and_130(tmp_path):
     assert interrupted >= 15, runs  # the signals landed mid-run
 
 
+def test_after_a_signal_a_finalizers_error_stays_off_stderr(capsys):
+    """A finalizer's error is reported as Python would until a signal arrives; after it (a numba
+    compile cut short leaves llvmlite handles that fail in __del__) it is not: the command's one
+    line stands."""
+    from perfmodel.util import interrupts
+
+    class HalfBuilt:
+        def __del__(self):
+            raise AttributeError("_as_parameter_")
+    old = interrupts.install()
+    try:
+        HalfBuilt()   # collected at once: its __del__'s error goes to sys.unraisablehook
+        assert "_as_parameter_" in capsys.readouterr().err
+        interrupts._state["pending"] = signal.SIGINT
+        HalfBuilt()
+        assert capsys.readouterr().err == ""
+    finally:
+        interrupts.restore(old)
+
+
 COMPILED_LOOP = """
 from perfmodel.search.batch import evaluate
 from perfmodel.spec.hardware import load_hardware

@@ -12,7 +12,8 @@ Three places where Python would lose or mangle that exception are closed:
 - inside a finalizer or a callback whose exceptions Python ignores (printed as "Exception ignored
   in ..."): the signal stays recorded and `checkpoint`, called with every unit of work
   (perfmodel.util.limits.spend) and before an output is committed, raises it again; main's
-  unraisable hook keeps such a swallowed interrupt off stderr;
+  unraisable hook keeps such a swallowed interrupt, and once a signal has arrived any
+  finalizer's error, off stderr;
 - after an output is committed (perfmodel.util.files): the command's work is done and whole, so
   a signal from then on is recorded and not raised (`finished`): the command ends as it would
   have, and nothing it wrote is left half-done or removed.
@@ -75,8 +76,11 @@ def restore(old: dict) -> None:
 
 def _unraisable(args) -> None:
     """An interrupt swallowed where Python ignores exceptions stays recorded (checkpoint raises
-    it again); anything else is reported as Python would."""
-    if isinstance(args.exc_value, (KeyboardInterrupt, Terminated)):
+    it again). Once a signal has arrived, a finalizer's error is not reported either: it comes
+    from work the signal cut short (llvmlite's handles of a numba compile it interrupted, half
+    built, fail in their __del__), and the command ends with its one line. Anything else is
+    reported as Python would."""
+    if isinstance(args.exc_value, (KeyboardInterrupt, Terminated)) or _state["pending"] is not None:
         return
     sys.__unraisablehook__(args)
 
