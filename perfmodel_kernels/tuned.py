@@ -1,7 +1,8 @@
 """Tuned sizes as data: the bank, ring and slot sizes (and the reduction wire) a preset runs
 with on a mesh of `devices` TensorCores, and why. `perfmodel_kernels.run` and the TPU script take them as
-defaults; command-line options override them. The one-chip slices' entries were measured on a
-TPU v5e (128-lane tile), where `experiments/tpu_megakernel.py` swept depth, slots and bank size
+defaults; command-line options override them. The TP32-core slice's entry was measured on a
+TPU v5e (128-lane tile), where `experiments/tpu_megakernel.py` swept depth, slots and bank size;
+the TP8 slices' ring was chosen by its ahead-of-time compile time, its speed not yet measured
 (docs/tpu.md)."""
 from __future__ import annotations
 
