@@ -487,8 +487,7 @@ def mla_absorb_kernel(spec, which: str, n_ref, kv_b_ref, x_ref, o_ref):
         w_uk, w_uv = ref.split_kv_b(spec, kv_b_ref[...])
         y = jnp.einsum("bhn,rhn->bhr", x, w_uk) if which == "absorb" else jnp.einsum("bhr,rhv->bhv", x, w_uv)
         return y[..., :m.qk_nope_dim] if which == "absorb" else y
-    width = m.qk_nope_dim if which == "absorb" else m.v_head_dim
-    o_ref[...] = lax.fori_loop(0, n_ref[0], rep, jnp.zeros(o_ref.shape[:2] + (width,), F32))
+    o_ref[...] = lax.fori_loop(0, n_ref[0], rep, jnp.zeros(o_ref.shape, F32))
 
 
 # ---- XLA programs -----------------------------------------------------------------------------

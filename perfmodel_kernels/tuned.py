@@ -6,6 +6,7 @@ the TP8 slices' ring was chosen by its ahead-of-time compile time, its speed not
 (docs/tpu.md)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -39,12 +40,12 @@ TUNED[("kimi-k3-tp8-core", 1)] = Tuned(
     "the TP32-core slice's 8 x 4 MiB ring (whose 148 s to lower and compile on the VM missed "
     "the 90 s goal), and 8 such banks run out of VMEM at batch 8; on the TP32-core slice 8 MiB "
     "banks ran within 1 % of 4 MiB ones. Its speed at this ring is not yet measured on a chip")
-TUNED[("kimi-k3-tp8-dense", 1)] = Tuned(
-    32768, 6, 2, "f32",
-    "the TP8-core slice's ring (no routed experts: the slots are unused): compiled ahead of time on a "
-    "2-core CPU box, 22.9 s at batch 1 against 52.9 s with 8 x 4 MiB banks, the ring its measured "
-    "runs used (1997.2 us a step at batch 1; 113.6 s to lower and compile on the VM). Its speed at "
-    "this ring is not yet measured on a chip")
+TUNED[("kimi-k3-tp8-dense", 1)] = dataclasses.replace(
+    TUNED[("kimi-k3-tp8-core", 1)],
+    why="the TP8-core slice's ring (no routed experts: the slots are unused): compiled ahead of time on a "
+        "2-core CPU box, 22.9 s at batch 1 against 52.9 s with 8 x 4 MiB banks, the ring its measured "
+        "runs used (1997.2 us a step at batch 1; 113.6 s to lower and compile on the VM). Its speed at "
+        "this ring is not yet measured on a chip")
 DEFAULT = Tuned(1024, 6, 2, "f32", "defaults for MINI-scale runs (interpret mode)")
 
 

@@ -214,15 +214,19 @@ def attention_core_time(c: dict, sequences: float = 1, tiles: float = 0) -> floa
     return sequences * param(c, "attention_core_s") + tiles * param(c, "attention_tile_s")
 
 
-def recurrence_time(c: dict, flops: float) -> float | None:
+def recurrence_on_vpu(c: dict) -> bool:
+    """Whether the hardware file prices a recurrent core by recurrence_time (it has the vector
+    unit's rate); without it the roofline prices the FLOPs and attention_core_time the latency a
+    sequence."""
+    return "vpu_flops_per_s" in c
+
+
+def recurrence_time(c: dict, flops: float) -> float:
     """A recurrent core (KDA, GDN, Mamba2: elementwise updates and reductions of its state, every
     sequence at once) in a megakernel: one core latency (`attention_core_s`) and its FLOPs on the
-    vector unit at `vpu_flops_per_s`; None where the hardware file has no such rate (the roofline
-    prices the FLOPs, attention_core_time the latency a sequence). Micro-benchmarks: v5e-kda-core-*
-    (the megakernel's KDA block between its projections, by heads and batch)."""
-    if "vpu_flops_per_s" not in c:
-        return None
-    return param(c, "attention_core_s") + flops / c["vpu_flops_per_s"]
+    vector unit at `vpu_flops_per_s`. Micro-benchmarks: v5e-kda-core-* (the megakernel's KDA block
+    between its projections, by heads and batch)."""
+    return param(c, "attention_core_s") + flops / param(c, "vpu_flops_per_s")
 
 
 def xla_embedding_time(c: dict) -> float:

@@ -304,7 +304,7 @@ def kernel_terms(g: OpGraph, hw: Hardware) -> dict[str, np.ndarray]:
     glue = {"xla_embedding": cm.xla_embedding_time(c), "xla_sampling": cm.xla_sampling_time(c)}
     per_op = {"top_k": cm.topk_time(c, g.recipe.top_k, k), **glue}
     names = np.array(g.name)
-    on_vpu = cm.recurrence_time(c, 0.0) is not None  # a recurrence's latency is in its compute (op_compute_s)
+    on_vpu = cm.recurrence_on_vpu(c)  # a recurrence's latency is then in its compute (op_compute_s)
     cost = np.array([0.0 if on_vpu and nm in RECURRENCES else
                      cm.attention_core_time(c, g.sequences, g.core_tiles.get(int(l), 0)) if nm in ATTENTION_CORES
                      else per_op.get(nm, 0.0) for nm, l in zip(g.name, g.layer)])

@@ -144,7 +144,7 @@ def op_compute_s(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None,
     if cm.is_tpu_model(hw.components):
         for j, (secs, _) in tpu_matmuls(g, hw, weights, megakernel, feeds).items():
             t[j] = secs
-        if megakernel and cm.recurrence_time(hw.components, 1.0) is not None:
+        if megakernel and cm.recurrence_on_vpu(hw.components):
             for j in np.flatnonzero(np.isin(g.name, RECURRENCES)):
                 t[j] = cm.recurrence_time(hw.components, float(g.flops[j]))
     return t

@@ -539,13 +539,14 @@ def _gqa_core(ops: _Builder, model: ModelSpec, a: GQA, i: int, d: Deployment, g:
 def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int, rc: Megakernel, wire) -> float:
     m, f, h = model.moe, model.formats, model.hidden
     mms = {mm.name: mm for mm in model.ffn_matmuls("moe")}
+    dots = dict(rc.matmul_dots)
 
     def matmul(mm: Matmul, shards: int, copies: int = 1):
         fmt = f[mm.family]
         ops.compute(i, "moe", mm.name, 2.0 * t * mm.params / shards * copies, fmt.compute_dtype,
                     static=model.matmul_bytes(mm) / shards * copies,
                     act=ACT_BYTES * t * (mm.d_in + mm.d_out / shards), fmt=fmt,
-                    dots=dict(rc.matmul_dots).get(f"moe/{mm.name}", 1) * copies)
+                    dots=dots.get(f"moe/{mm.name}", 1) * copies)
 
     matmul(mms["router"], 1, m.router_copies)  # replicated; a hi/lo pair is applied twice
     ops.compute(i, "moe", "top_k", 4.0 * t * m.experts, act=4.0 * t * m.experts)

@@ -85,7 +85,7 @@ def terms(g: ops_mod.OpGraph, hw, j: int, weights: np.ndarray, coll_s: np.ndarra
             fed = f"; {fmt.name} dequantised to bf16 first (cheaper than its block-diagonal {dtype} dot at these rows)"
         if g.routed_bytes[j] > 0 and whole_batch_experts(g, hw, megakernel):
             fed += "; each expert's dots over the whole batch"
-    if megakernel and g.name[j] in RECURRENCES and cm.recurrence_time(c, 0.0) is not None:
+    if megakernel and g.name[j] in RECURRENCES and cm.recurrence_on_vpu(c):
         out.append({"term": "recurrence: the core's latency and its FLOPs on the vector unit", "seconds": comp,
                     "mechanism": "components.recurrence_time",
                     "source": _source(hw, "attention_core_s", "vpu_flops_per_s")})
