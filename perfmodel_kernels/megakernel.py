@@ -743,7 +743,7 @@ def expert_columns(ctx: Context, m, xb, slot):
         for u in range(count):
             k = q * ch + u
             codes = slots[slot, pl.ds((k0 + k) * xfmt.code_rows, xfmt.code_rows)]
-            w = quant.decoded_tile(codes, sc, u, xfmt)
+            w = quant.scaled_operand(codes, quant.tile_scales(sc, u, xfmt), xfmt)
             ex.decoded[pl.ds(pl.multiple_of((k - k_first) * t, t), t)] = w
 
     def columns(j0, n_cols):
