@@ -90,17 +90,20 @@ def _mini(name):
     return derive("kimi-k3-mini", formats={"routed_expert": name})
 
 
-@pytest.mark.parametrize("name", [
-    "mxfp4", pytest.param("nvfp4", marks=pytest.mark.slow),
-    pytest.param("int4-g128-f32", marks=pytest.mark.slow),
-    pytest.param("int8", marks=pytest.mark.slow), pytest.param("fp8", marks=pytest.mark.slow),
-    pytest.param("int4", marks=pytest.mark.slow)])
-def test_quantised_kernel_matches_reference(name):
+@pytest.mark.parametrize("name,target", [
+    ("mxfp4", "7x"), ("mxfp4", "v5e"), pytest.param("nvfp4", "7x", marks=pytest.mark.slow),
+    pytest.param("int4-g128-f32", "7x", marks=pytest.mark.slow),
+    pytest.param("int8", "7x", marks=pytest.mark.slow), pytest.param("fp8", "7x", marks=pytest.mark.slow),
+    pytest.param("int4", "7x", marks=pytest.mark.slow)])
+def test_quantised_kernel_matches_reference(name, target):
+    """On the TPU7x's shapes (4-bit codes fed as fp8) and, for mxfp4, the v5e's (128-wide
+    tiles, the codes decoded with their scales into bf16 on the vector unit)."""
     from test_megakernel import run_both
     spec = _mini(name)
     w = reference.init_weights(spec, 0)
+    t = chip.chip(target).mxu
     cfg = layout.KernelConfig(batch=2, max_context=32, depth=3, expert_slots=2, cache_block=16,
-                              bank_rows=256)
+                              bank_rows=256 * 256 // t, tile=t, chip=target)
     run_both(spec, w, cfg, steps=1, reference_weights=quant.dequantized_weights(w, name))
 
 
@@ -158,3 +161,36 @@ def test_quantised_kernel_lowers_to_mosaic(name):
             *megakernel.call_args(spec, cfg))
     assert exported.mlir_module().count("tpu_custom_call") == 1
     assert layout.expert_layout(spec, cfg).fmt.code_rows == 128   # two 4-bit codes a byte
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "int4", "int8"])
+def test_tiles_decoded_for_a_bf16_feed_are_the_dequantised_weights(name):
+    """On a chip whose MXU takes no fp8 (the v5e: 128-wide tiles), each tile the kernel decodes
+    with its scales (`scaled_operand` of `tile_scales`) equals the dequantised weights rounded
+    to bf16: bit for bit for the e2m1 formats (every scaled value exact in bf16), zeros and
+    groups whose scales sit far apart included."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((260, 140)).astype(np.float32) * np.float32(0.03)
+    w[rng.random(w.shape) < 0.1] = 0.0
+    w[:32, :7] *= 1e4
+    lay = quant.expert_layout(name, 128, [w.shape], fp8=False)
+    f = lay.fmt
+    assert lay.decodes
+    codes, scales, globs = quant.pack_expert(lay, [w])
+    src = codes[lay.code_rows:] if f.combined else scales
+    (r, c), sub = lay.shapes[0], f.chunk * f.scale_rows
+    want = np.zeros((r * 128, c * 128), np.float32)
+    want[:260, :140] = quant.round_trip(w, name, 128) / globs[0]
+    for k in range(r * c):
+        j, i = divmod(k, r)
+        q, u = divmod(k, f.chunk)
+        chunk = jnp.asarray(src[q * sub:(q + 1) * sub])
+        got = np.asarray(quant.scaled_operand(
+            jnp.asarray(codes[k * f.code_rows:(k + 1) * f.code_rows]),
+            quant.tile_scales(chunk, u, f), f), np.float32)
+        tile = np.asarray(want[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
+                          .astype(jnp.bfloat16), np.float32)
+        if name in quant.E2M1_FORMATS:
+            np.testing.assert_array_equal(got, tile)
+        else:
+            np.testing.assert_allclose(got, tile, rtol=2 ** -8, atol=0)
