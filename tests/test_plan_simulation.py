@@ -57,8 +57,13 @@ def test_plan_records_every_copy_on_the_dma_lane():
     _, the_plan, hw, d = setup()
     p = predict(SPEC, hw, d, record=True, plan=the_plan)
     dma = [e for e in p.timeline.events if e[0] == "dma"]
-    # every ring tile and expert copy, plus one layer-start copy (KV / state, vectors) per layer
-    assert len(dma) == sum(c.ring for c in the_plan) + sum(c.routed for c in the_plan) + len(SPEC.layers) + 2
+    # every ring tile and expert copy, one layer-start copy (KV / state, vectors) per layer and
+    # one write-back (KDA state, MLA cache rows) per layer that writes one
+    writes = {c.layer for c in the_plan if "(write" in c.name}
+    assert writes == {layer.index for layer in SPEC.layers}
+    assert len(dma) == sum(c.ring for c in the_plan) + sum(c.routed for c in the_plan) \
+        + len(SPEC.layers) + 2 + len(writes)
+    assert sum(e[1] == "kv_writeback" for e in dma) == len(writes)
     assert all(e[4] > e[3] for e in dma)
 
 
@@ -122,3 +127,28 @@ def test_measured_experts_for_any_engine():
     cfg, the_plan, hw7, dm = setup()
     with pytest.raises(SpecError, match="experts"):
         predict(SPEC, hw7, dm, plan=the_plan, experts=[1] * n_moe)
+
+
+def test_an_mla_attention_ends_once_its_cache_rows_are_written():
+    """The K3 TP32-core slice's plan on a v5e (FIFO engine, the tuned ring): the MLA layer's
+    cache-row write, issued by the op that reads the cache, queues behind the ring banks issued
+    before it and is awaited as the attention ends (megakernel.mla_attention), so its last op
+    ends when the write lands, well after its own work; a KDA layer's state write-back is awaited
+    by the next KDA layer, so its attention ends first."""
+    from perfmodel_kernels import tuned
+    from perfmodel_kernels.specs import slice_spec
+    from perfmodel.step.predict import plan_deployment
+    spec = slice_spec("k3-tp32-core", "mxfp4")
+    t = tuned.tuned("kimi-k3-tp32-core", 1)
+    cfg = layout.KernelConfig(batch=1, max_context=2048, depth=t.depth, expert_slots=t.expert_slots,
+                              cache_block=256, bank_rows=t.bank_rows, tile=128, chip="v5e")
+    kp = plan.as_kernel_plan(spec, spec, cfg, plan.dma_plan(spec, cfg, [4, 4, 4], [1028]), 1028)
+    events = predict(spec, load_hardware("tpu-v5e"), plan_deployment(kp), plan=kp,
+                     record=True).timeline.events
+    ops = {(e[1], e[2]): (e[3], e[4]) for e in events if e[0] == "compute"}
+    lands = {e[2]: e[4] for e in events if e[0] == "dma" and e[1] == "kv_writeback"}
+    mla = next(layer.index for layer in spec.layers if layer.attention == "mla")
+    start, end = ops[("o_proj", mla)]
+    assert end == pytest.approx(lands[mla]) and end - start > 2 * (ops[("o_proj", 1)][1] - ops[("o_proj", 1)][0])
+    kda = [layer.index for layer in spec.layers if layer.attention == "kda"]
+    assert kda and all(ops[("o_proj", k)][1] < lands[k] for k in kda)

@@ -99,6 +99,8 @@ class Stream:
     expert_descriptors: int = 1  # descriptors of one routed copy (the model's stream: one per matrix and scale)
     kv_copies: dict[int, int] = field(default_factory=dict)  # per layer: descriptors of its KV copy (default 1)
     writeback: dict[int, tuple[float, int]] = field(default_factory=dict)  # per layer: (bytes, descriptors)
+    # layers whose attention ends waiting for its write-back (else the layer's next collective does)
+    writeback_awaited: frozenset[int] = frozenset()
     # per layer: (bytes, descriptors) of the next layer's vectors, copied as it starts, before its KV
     vectors: dict[int, tuple[float, int]] = field(default_factory=dict)
 
@@ -135,8 +137,10 @@ def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
     """A kernel's real DMA plan (perfmodel.graph.dmaplan; its HBM copies): its ring tiles in
     order, each layer's ops consuming that layer's tiles in proportion to the bytes the model
     gives them; each routed expert one copy of its descriptors (consecutive copies of one expert:
-    its matrices and scales); the plan's other copies (KV / state reads and write-backs, vectors,
-    embedding rows) at layer start; the plan's write-backs are among them, so no other."""
+    its matrices and scales); the plan's write-backs issued by the op that reads the layer's KV /
+    state, an MLA cache's awaited as its attention ends (megakernel.mla_attention; a KDA state's by
+    the next KDA layer, long after: not awaited); the plan's other copies (KV / state reads,
+    vectors, embedding rows) at layer start."""
     ring = [c for c in plan if c.ring]
     tiles = np.array([c.bytes for c in ring], float)
     tile_end = np.cumsum(tiles)
@@ -154,6 +158,8 @@ def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
         end[m] = a + size * within
         begin[m] = end[m] - size * g.static_bytes[m] / model_static[layer]
     layer_start: dict[int, float] = {}
+    writeback: dict[int, tuple[float, int]] = {}
+    awaited: set[int] = set()
     routed: dict[int, list[float]] = {}
     descriptors: list[int] = []  # per routed expert copy
     last = None
@@ -167,10 +173,16 @@ def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
                 routed.setdefault(c.layer, []).append(float(c.bytes))
                 descriptors.append(1)
             last = expert
+        elif "(write" in c.name:   # "(write back)", "(write) seq b"
+            b, n = writeback.get(c.layer, (0.0, 0))
+            writeback[c.layer] = (b + c.bytes, n + 1)
+            if c.family == "kv_cache":
+                awaited.add(c.layer)
         elif not c.ring:
             layer_start[c.layer] = layer_start.get(c.layer, 0.0) + c.bytes
     per = max(1, round(float(np.mean(descriptors)))) if descriptors else 1
-    return Stream(tiles, tile_end, begin, end, layer_start, routed, np.zeros(len(g)), per)
+    return Stream(tiles, tile_end, begin, end, layer_start, routed, np.zeros(len(g)), per,
+                  writeback=writeback, writeback_awaited=frozenset(awaited))
 
 
 @dataclass
@@ -193,7 +205,8 @@ class MegakernelArrays:
     op_fetch: np.ndarray
     layer_start: np.ndarray
     kv_copies: np.ndarray      # per layer: the descriptors of its KV / state copy
-    writeback: np.ndarray      # per layer: bytes and descriptors of its attention's cache write-back, shape (2, layers)
+    writeback: np.ndarray      # per layer: bytes, descriptors of its attention's cache write-back and the op
+    #                            whose end waits for it (-1: the next collective), shape (3, layers)
     vectors: np.ndarray        # per layer: bytes and descriptors of the vectors copied as it starts, shape (2, layers)
     rc_off: np.ndarray
     rc_bytes: np.ndarray
@@ -255,13 +268,16 @@ def megakernel_arrays(g: OpGraph, hw: Hardware, st: Stream, weights: np.ndarray 
     if np.bincount(layer[kind == ms.ROUTED], minlength=1).max() > 1:
         raise ValueError("megakernel_sim takes at most one routed-expert op per layer")
     layer_start, kv_copies = np.zeros(n_layers), np.ones(n_layers)
-    writeback, vectors = np.zeros((2, n_layers)), np.zeros((2, n_layers))
+    writeback, vectors = np.zeros((3, n_layers)), np.zeros((2, n_layers))
+    writeback[2] = -1
     for l, b in st.layer_start_bytes.items():
         layer_start[l] = b
     for l, n in st.kv_copies.items():
         kv_copies[l] = n
+    attention = np.array(g.phase) == "attention"
     for l, (b, n) in st.writeback.items():
-        writeback[:, l] = b, n
+        last = np.flatnonzero(attention & (layer == l))
+        writeback[:, l] = b, n, last[-1] if l in st.writeback_awaited and len(last) else -1
     for l, (b, n) in st.vectors.items():
         vectors[:, l] = b, n
     counts = np.zeros(n_layers + 1, np.int64)
@@ -348,7 +364,9 @@ def simulate_megakernel(g: OpGraph, hw: Hardware, d: Deployment, top_k: int,
     known (shared experts compute meanwhile), the expert matmuls wait for them, the all-reduce
     follows, and the next layer's ops follow that. A kernel that moves its KV cache in tiles
     ([megakernel] kv_tile_tokens) reads them as a copy per tile and cache array and issues the
-    write-back of the last tile as the attention starts; the layer's next collective waits for it.
+    write-back of the last tile as the attention starts; the layer's next collective waits for it
+    (on a kernel's plan, an MLA cache's write-back is awaited as its attention ends, as the
+    kernel does).
     With fitted TPU components, each phase of a collective moves its bytes as a remote copy on this
     same DMA engine. The loops run compiled
     (perfmodel.engine.megakernel_sim)."""

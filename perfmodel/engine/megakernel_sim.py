@@ -136,8 +136,9 @@ def _run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, la
     copies itself when it starts and waits for (a KV cache read without prefetch). Per layer:
     the next layer's vectors (bytes, descriptors) issued first at its start and waited for by none of
     its ops, bytes issued at its start, the descriptors of that KV / state copy (or of an op's own, kv_copies),
-    the cache write-back (bytes, descriptors) its first op that reads the KV / state issues when it
-    starts and its next collective waits for, its routed expert copies
+    the cache write-back (bytes, descriptors, and the op whose end waits for it or -1) its first op
+    that reads the KV / state issues when it starts and that op, else its next collective, waits
+    for, its routed expert copies
     rc_bytes[rc_off[l]:rc_off[l+1]] (each streamed in `pieces` equal copies through `slots` buffers).
     Per collective op: the entry cost and its phases (remote-copy bytes and phase seconds)
     ph_*[ph_off[j]:ph_off[j+1]], used when `remote` (else its `coll` seconds). At most one routed op
@@ -261,6 +262,13 @@ def _run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, la
                     expert_id[base + e] = _issue(t, rc_bytes[rc_off[lj] + e // pieces] / pieces, False, TAG_TOPK,
                                                  lj, eng, f, ni, F, I, max(1.0, eng[4] / pieces))
                 issued[lj] = min(slots, count)
+        if writeback[2, lj] == j and wb_id[lj] >= 0:  # the op that ends waiting for the write-back
+            c = wb_id[lj]
+            landed = F[DONE, c] if not math.isnan(F[DONE, c]) else _completion(c, bw, cap, f, ni, F, I)
+            if landed > t:
+                stream[j] += landed - t
+                t = landed
+            wb_id[lj] = -2
         if flush[j]:  # issue the refills held back, in their order
             for h in range(n_held):
                 tile_id[held[h]] = _issue(t, tile_bytes[held[h]], False, TAG_TILE, held[h], eng, f, ni, F, I, 1.0)
