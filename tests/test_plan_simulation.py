@@ -152,3 +152,15 @@ def test_an_mla_attention_ends_once_its_cache_rows_are_written():
     assert end == pytest.approx(lands[mla]) and end - start > 2 * (ops[("o_proj", 1)][1] - ops[("o_proj", 1)][0])
     kda = [layer.index for layer in spec.layers if layer.attention == "kda"]
     assert kda and all(ops[("o_proj", k)][1] < lands[k] for k in kda)
+
+
+def test_the_model_own_stream_carries_its_vectors_and_write_backs():
+    """The model's own stream (no plan) of a kernel that copies each layer's vectors and writes
+    its KV tiles back (Muse Spark's preset) carries both, and awaits no write-back at an
+    attention's end (its next collective does)."""
+    from perfmodel.engine.megakernel import uniform_stream, vector_copies
+    model = load_model("muse-spark")
+    g = build(model, Deployment(devices=32, tp=32, batch=1, context=4096))
+    st = uniform_stream(g, 2 ** 21)
+    assert st.vectors == vector_copies(g) and st.vectors
+    assert st.writeback == g.writeback and st.writeback and not st.writeback_awaited

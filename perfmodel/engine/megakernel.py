@@ -99,10 +99,10 @@ class Stream:
     expert_descriptors: int = 1  # descriptors of one routed copy (the model's stream: one per matrix and scale)
     kv_copies: dict[int, int] = field(default_factory=dict)  # per layer: descriptors of its KV copy (default 1)
     writeback: dict[int, tuple[float, int]] = field(default_factory=dict)  # per layer: (bytes, descriptors)
-    # layers whose attention ends waiting for its write-back (else the layer's next collective does)
-    writeback_awaited: frozenset[int] = frozenset()
     # per layer: (bytes, descriptors) of the next layer's vectors, copied as it starts, before its KV
     vectors: dict[int, tuple[float, int]] = field(default_factory=dict)
+    # layers whose attention ends waiting for its write-back (else the layer's next collective does)
+    writeback_awaited: frozenset[int] = frozenset()
 
 
 def uniform_stream(g: OpGraph, tile_bytes: float) -> Stream:
