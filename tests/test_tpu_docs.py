@@ -58,3 +58,15 @@ def test_readme_quotes_the_committed_stream_shares():
     mk = [r for r in runs if r["kind"] == "megakernel" and r["slice"] == "k3-tp8-core" and r["batch"] == 1][-1]
     assert f"the largest slice packs in {pack['pack_s']:.1f} s and compiles in " \
            f"{mk['lower_s'] + mk['compile_s']:.1f} s" in text
+
+
+def test_the_word_decode_trial_quotes_its_log():
+    """The trial not kept (docs/tpu.md) quotes the call's log, its only record."""
+    import re
+    text = " ".join((ROOT / "docs" / "tpu.md").read_text().split())
+    log = (ROOT / "experiments/results/tpu_v5e/calls_2026-12-06g_w.log").read_text()
+    step = float(re.search(r"megakernel batch 1:\s+([\d.]+) us/step", log)[1])
+    xla = float(re.search(r"xla batch 1:\s+([\d.]+) us/step", log)[1])
+    share = re.search(r"batch-1 stream share (\d+)%", log)[1]
+    assert f"TP8-core step {step:.1f} us ({xla / step:.2f}x over XLA, {share} % of the stream)" in text
+    assert "FAILED tests/test_tpu_chip.py::test_mini_tokens_equal_the_reference_on_the_chip[1-mxfp4]" in log
