@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perfmodel.util import schema
+from perfmodel.util import checked, schema
 from perfmodel.util.checks import MAX_INT, STR, ListOf, Num, Req
 from perfmodel.util.errors import SpecError, in_file, require
 from perfmodel.util.files import MAX_FILE_BYTES, read_text
@@ -86,10 +86,12 @@ class Tables:
             if cls in self.classes:
                 ix = _json_array(self.npz, f"index.{cls}", self.path)
                 values = _array(self.npz, f"log_s.{cls}", self.path)
-                with in_file(self.path):
-                    require(values.ndim == 1 and values.dtype.kind == "f", f"log_s.{cls}", str(values.dtype),
-                            "must be a 1-D array of floats")
-                    check_class_index(cls, ix, len(values))
+                def check():
+                    with in_file(self.path):
+                        require(values.ndim == 1 and values.dtype.kind == "f", f"log_s.{cls}", str(values.dtype),
+                                "must be a 1-D array of floats")
+                        check_class_index(cls, ix, len(values))
+                checked.once(self.path, f"class {cls}", check)
                 self.values[cls] = values.astype(float)
             else:
                 ix = {"files": [], "fields": [], "axes": [], "grids": [], "tables": []}
@@ -509,16 +511,21 @@ def engine_fits(gpu: str, engine: str) -> dict:
     none), checked when first asked for (FIT_GROUPS, and the parameters its class needs: a
     command line asks for one engine of a file of several)."""
     groups = _fit_file(gpu).get(engine, {})
-    with in_file(KERNEL_DIR / gpu / "fit.json"):
-        schema.check_tree(groups, FIT_GROUPS, f"engines.{engine}", 1)
-        for group, p in groups.items():
-            cls = group.split("/")[0]
-            kind = "comm" if cls in COMM else cls if cls in ("gemm", "moe") else "units" if cls in UNITS else "other"
-            for name in FIT_PARAMS[kind]:
-                v = p.get(name)
-                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (v > 0 if name in DIVISORS else v >= 0)
-                require(ok, f"engines.{engine}.{group}.{name}", v,
-                        "required, a number " + ("> 0" if name in DIVISORS else ">= 0"))
+    path = KERNEL_DIR / gpu / "fit.json"
+
+    def check():
+        with in_file(path):
+            schema.check_tree(groups, FIT_GROUPS, f"engines.{engine}", 1)
+            for group, p in groups.items():
+                cls = group.split("/")[0]
+                kind = "comm" if cls in COMM else cls if cls in ("gemm", "moe") else "units" if cls in UNITS else "other"
+                for name in FIT_PARAMS[kind]:
+                    v = p.get(name)
+                    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (v > 0 if name in DIVISORS else v >= 0)
+                    require(ok, f"engines.{engine}.{group}.{name}", v,
+                            "required, a number " + ("> 0" if name in DIVISORS else ">= 0"))
+    if groups:
+        checked.once(path, f"engine {engine}", check)
     return groups
 
 
