@@ -8,6 +8,12 @@ The explicit allocations may use the chip's VMEM minus `MARGIN_BYTES`, the room 
 for its own spill slots and internal scratch: Inferact's TPU7x megakernel keeps explicit
 allocations at or below 58 MiB of the 64 MiB and measured about 2.7 MiB of compiler spill slots
 (docs/sources.md, "The public TPU7x megakernel"); Mosaic gets the whole VMEM as its limit.
+Compiled ahead of time for a v5e at a limit 1 MiB over the explicit buffers (libtpu says by how
+much Mosaic exceeds it), Mosaic also held about two more KDA states a batch row (the TP8-core
+slice: 1.1, 5.2 and 11.6 MiB over at batches 1, 4 and 8, a KDA state being 0.79 MB a
+sequence), counted here as the update's intermediates; beyond them up to 4.3 MiB (the dense
+slice at batch 1), within the margin. `aot.compile_kernel` compiles at the budget plus the
+margin, so every ahead-of-time compile checks that they suffice.
 """
 from __future__ import annotations
 
@@ -90,6 +96,8 @@ def buffers(spec: ModelSpec, cfg: KernelConfig) -> list[Buffer]:
     if "kda_state" in caches:
         items += [("kda state", caches["kda_state"][0][1:], jnp.float32),
                   ("kda state (value)", caches["kda_state"][0][1:], jnp.float32),
+                  ("kda state (the update's two intermediates)", (2, *caches["kda_state"][0][1:]),
+                   jnp.float32),
                   ("kda conv window", caches["kda_conv"][0][1:], caches["kda_conv"][1])]
     if "mla_latent" in caches:
         m = spec.mla

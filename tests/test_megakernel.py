@@ -180,6 +180,21 @@ def test_vmem_budget_refuses_oversized_ring(spec):
     assert "for the compiler" in msg
 
 
+def test_vmem_budget_counts_what_mosaic_held_for_the_kda_update():
+    """Compiled ahead of time for a v5e, the TP8-core slice at batch 8 with 8 banks of 32768 rows
+    ran out of VMEM (Mosaic used 132.5 MiB of 128): the budget refuses it, counting about two
+    more KDA states a batch row for the recurrence's update; with 6 such banks it fits."""
+    from perfmodel_kernels.specs import slice_spec
+    tp8 = slice_spec("k3-tp8-core", "mxfp4")
+    cfg = lambda depth: layout.KernelConfig(batch=8, max_context=2048, depth=depth,  # noqa: E731
+                                            expert_slots=2, cache_block=256, bank_rows=32768, chip="v5e")
+    with pytest.raises(SpecError, match="vmem"):
+        vmem.check_vmem(tp8, cfg(8))
+    fits = vmem.check_vmem(tp8, cfg(6))
+    extra = next(b for b in fits.buffers if "intermediates" in b.name)
+    assert extra.bytes == 2 * 8 * 12 * 128 * 128 * 4   # two f32 [batch, heads, dk, dv] states
+
+
 def test_vmem_budget_keeps_the_compiler_margin(spec):
     """A configuration that fits the chip's whole VMEM but not VMEM less the margin is refused;
     the margin is the 6 MiB Inferact's TPU7x kernel leaves (explicit buffers <= 58 MiB)."""
