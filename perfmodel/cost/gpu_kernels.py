@@ -86,6 +86,7 @@ class Tables:
             if cls in self.classes:
                 ix = _json_array(self.npz, f"index.{cls}", self.path)
                 values = _array(self.npz, f"log_s.{cls}", self.path)
+
                 def check():
                     with in_file(self.path):
                         require(values.ndim == 1 and values.dtype.kind == "f", f"log_s.{cls}", str(values.dtype),
