@@ -260,3 +260,20 @@ def test_no_fp8_on_a_chip_without_an_fp8_mxu():
     routed = [j for j in range(len(g)) if g.routed_bytes[j] > 0]
     assert routed and {op_feeds(g, load_hardware("tpu-v5e"))[0][j] for j in routed} == {"bf16"}
     assert {op_feeds(g, load_hardware("tpu-v7"))[0][j] for j in routed} == {"fp8"}
+
+
+def test_the_packing_probe_reads_interpret_modes_pairing(tmp_path):
+    """experiments/tpu_packing_probe.py, in interpret mode, finds the pairing interpret mode
+    defines for each bitcast (consecutive rows, lowest bits first) and writes it; on a TPU the
+    same code reports the chip's."""
+    pytest.importorskip("jax")
+    spec = importlib.util.spec_from_file_location("tpu_packing_probe", ROOT / "experiments" / "tpu_packing_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    out = tmp_path / "packing.json"
+    assert probe.main(["--interpret", "--out", str(out)]) == 0
+    cases = json.loads(out.read_text())["cases"]
+    assert [c["case"] for c in cases] == [c[0] for c in probe.CASES]
+    assert all(c["as_interpret_mode"] for c in cases)
+    assert cases[0]["pairing"][:2] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert cases[1]["pairing"][:2] == [[0, 1], [2, 3]]
