@@ -18,10 +18,11 @@ from typing import Callable
 def _marker(path: Path, what: str) -> Path | None:
     try:
         data = path.read_bytes()
-    except OSError:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except (OSError, RuntimeError):   # unreadable, or no home directory to cache in
         return None
     name = f"{len(data):x}-{zlib.crc32(data):08x}-{zlib.adler32(data):08x}-{zlib.crc32(what.encode()):08x}"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "perfmodel" / "checked" / name
+    return base / "perfmodel" / "checked" / name
 
 
 def known(path: Path, what: str) -> bool:
