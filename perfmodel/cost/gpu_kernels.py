@@ -77,6 +77,7 @@ class Tables:
     npz: object
     path: Path = Path()
     doc: dict = field(default_factory=dict)                   # the file's header (provenance)
+    content: str | None = None    # the name of the file's bytes as read (perfmodel.util.checked)
     index: dict[str, dict] = field(default_factory=dict)      # class -> its index, once read
     values: dict[str, np.ndarray] = field(default_factory=dict)  # class -> its log latencies, once read
     built: dict[tuple[str, int], Table] = field(default_factory=dict)
@@ -85,7 +86,7 @@ class Tables:
     def _index(self, cls: str) -> dict:
         if cls not in self.index:
             if cls in self.classes:
-                ix = _json_array(self.npz, f"index.{cls}", self.path)
+                ix = _json_array(self.npz, f"index.{cls}", self.path, self.content)
                 values = _array(self.npz, f"log_s.{cls}", self.path)
 
                 def check():
@@ -93,7 +94,7 @@ class Tables:
                         require(values.ndim == 1 and values.dtype.kind == "f", f"log_s.{cls}", str(values.dtype),
                                 "must be a 1-D array of floats")
                         check_class_index(cls, ix, len(values))
-                checked.once(self.path, f"class {cls}", check)
+                checked.once(self.content, f"class {cls}", check)
                 self.values[cls] = values.astype(float)
             else:
                 ix = {"files": [], "fields": [], "axes": [], "grids": [], "tables": []}
@@ -144,18 +145,19 @@ def _array(npz, key: str, path: Path) -> np.ndarray:
         raise SpecError(key, "<array>", f"unreadable ({type(e).__name__}: {str(e)[:120]})", file=str(path)) from None
 
 
-def _json_array(npz, key: str, path: Path):
-    """A table file's JSON array `key` (uint8 bytes), parsed through the schema layer."""
+def _json_array(npz, key: str, path: Path, content: str | None):
+    """A table file's JSON array `key` (uint8 bytes), parsed through the schema layer unless these
+    bytes of the file (`content`) parsed before."""
     raw = _array(npz, key, path)
     require(raw.dtype == np.uint8 and raw.ndim == 1, key, str(raw.dtype), "must be UTF-8 JSON as a 1-D uint8 array")
     try:
         text = raw.tobytes().decode("utf-8")
     except UnicodeDecodeError:
         raise SpecError(key, "<bytes>", "not UTF-8 text", file=str(path)) from None
-    if checked.known(path, f"parse {key}"):   # these bytes parsed (nesting bounded) before
+    if checked.known(content, f"parse {key}"):   # parsed (nesting bounded) before
         return json.loads(text)
     out = schema.parse(text, "json", key, path)
-    checked.remember(path, f"parse {key}")
+    checked.remember(content, f"parse {key}")
     return out
 
 
@@ -206,7 +208,8 @@ def tables(gpu: str, engine: str) -> Tables | None:
         npz = np.load(path, allow_pickle=False)
     except KERNEL_DATA_ERRORS as e:
         raise SpecError("kernel table", str(path), f"not a table file ({type(e).__name__}: {str(e)[:120]})") from None
-    doc = _json_array(npz, "index", path)
+    content = checked.content(path)
+    doc = _json_array(npz, "index", path, content)
     with in_file(path):
         schema.check_tree({"index": doc}, {"index": HEADER})  # errors name index.<key>
         for c in doc["classes"]:
@@ -214,7 +217,7 @@ def tables(gpu: str, engine: str) -> Tables | None:
             for key in (f"index.{c}", f"log_s.{c}"):
                 require(key in npz.files, "index.classes", c, f"the file holds no {key}")
     return Tables(gpu, engine, {f: m["version"] for f, m in doc["files"].items()}, doc["source"],
-                  doc["fastest_kernel_s"], doc["classes"], npz, path, doc)
+                  doc["fastest_kernel_s"], doc["classes"], npz, path, doc, content=content)
 
 
 def provenance(gpu: str, engine: str) -> dict:
@@ -488,27 +491,28 @@ FIT_GROUPS = {"*": {"cells": Req(Num(0, integer=True)), "*": None}}   # one engi
 
 
 @lru_cache(maxsize=None)
-def _fit_file(gpu: str) -> dict:
-    """perfmodel/data/kernels/<gpu>/fit.json's engines, unchecked ({} when none); the rest of
-    the file checked through the schema layer."""
+def _fit_file(gpu: str) -> tuple[dict, str | None]:
+    """perfmodel/data/kernels/<gpu>/fit.json's engines, unchecked ({} when none), and the name of
+    its content (perfmodel.util.checked); the rest of the file checked through the schema layer."""
     if not gpu:
-        return {}
+        return {}, None
     require(NAME.fullmatch(gpu) is not None, "gpu", gpu, "must be a GPU name (letters, digits, _)")
     path = KERNEL_DIR / gpu / "fit.json"
     if not path.exists():
-        return {}
+        return {}, None
+    content = checked.content(path)
     data = _read(path)
     with in_file(path):
         engines = data.get("engines")
         require(isinstance(engines, dict) and all(isinstance(v, dict) for v in engines.values()),
                 "engines", None, "required, a table of engines, each a table of fit groups")
         schema.check_tree({k: v for k, v in data.items() if k != "engines"}, None, "file")
-    return engines
+    return engines, content
 
 
 def fit_engines(gpu: str) -> list[str]:
     """The engines `gpu`'s fit file holds fits of."""
-    return sorted(_fit_file(gpu))
+    return sorted(_fit_file(gpu)[0])
 
 
 @lru_cache(maxsize=None)
@@ -516,7 +520,8 @@ def engine_fits(gpu: str, engine: str) -> dict:
     """One engine's fits in perfmodel/data/kernels/<gpu>/fit.json: {group: params} ({} when
     none), checked when first asked for (FIT_GROUPS, and the parameters its class needs: a
     command line asks for one engine of a file of several)."""
-    groups = _fit_file(gpu).get(engine, {})
+    engines, content = _fit_file(gpu)
+    groups = engines.get(engine, {})
     path = KERNEL_DIR / gpu / "fit.json"
 
     def check():
@@ -531,7 +536,7 @@ def engine_fits(gpu: str, engine: str) -> dict:
                     require(ok, f"engines.{engine}.{group}.{name}", v,
                             "required, a number " + ("> 0" if name in DIVISORS else ">= 0"))
     if groups:
-        checked.once(path, f"engine {engine}", check)
+        checked.once(content, f"engine {engine}", check)
     return groups
 
 

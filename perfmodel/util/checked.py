@@ -2,10 +2,11 @@
 is not checked again, so a command line does not re-validate thousands of table rows it read
 unchanged a moment ago (the GPU kernel tables: about 50 ms of a 190 ms command).
 
-A marker per (content, check) lives in $XDG_CACHE_HOME/perfmodel/checked (default
-~/.cache/perfmodel/checked), named by the bytes' length, CRC-32 and Adler-32 (zlib: no OpenSSL
-to load) and the check's name; where that cannot be written, every process checks. A file whose
-bytes change (a re-import rewrites it) is checked again on its next read.
+A file's content is named once per read (`content`: its length, CRC-32 and Adler-32, by zlib: no
+OpenSSL to load), and a marker per (content, check) lives in $XDG_CACHE_HOME/perfmodel/checked
+(default ~/.cache/perfmodel/checked); where the file cannot be read or the cache written, every
+process checks. A file whose bytes change (a re-import rewrites it) is checked again on its next
+read.
 """
 from __future__ import annotations
 
@@ -15,25 +16,35 @@ from pathlib import Path
 from typing import Callable
 
 
-def _marker(path: Path, what: str) -> Path | None:
+def content(path: Path) -> str | None:
+    """The name of `path`'s bytes as they are now, or None when it cannot be read."""
     try:
         data = path.read_bytes()
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    except (OSError, RuntimeError):   # unreadable, or no home directory to cache in
+    except OSError:
         return None
-    name = f"{len(data):x}-{zlib.crc32(data):08x}-{zlib.adler32(data):08x}-{zlib.crc32(what.encode()):08x}"
-    return base / "perfmodel" / "checked" / name
+    return f"{len(data):x}-{zlib.crc32(data):08x}-{zlib.adler32(data):08x}"
 
 
-def known(path: Path, what: str) -> bool:
-    """Whether `path`'s bytes passed check `what` before."""
-    marker = _marker(path, what)
+def _marker(content_id: str | None, what: str) -> Path | None:
+    if content_id is None:
+        return None
+    try:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except RuntimeError:   # no home directory to cache in
+        return None
+    return base / "perfmodel" / "checked" / f"{content_id}-{zlib.crc32(what.encode()):08x}"
+
+
+def known(content_id: str | None, what: str) -> bool:
+    """Whether the content named `content_id` passed check `what` before."""
+    marker = _marker(content_id, what)
     return marker is not None and marker.exists()
 
 
-def remember(path: Path, what: str) -> None:
-    """Note that `path`'s bytes passed check `what` (nothing where the cache cannot be written)."""
-    marker = _marker(path, what)
+def remember(content_id: str | None, what: str) -> None:
+    """Note that the content named `content_id` passed check `what` (nothing where the cache
+    cannot be written)."""
+    marker = _marker(content_id, what)
     if marker is not None:
         try:
             marker.parent.mkdir(parents=True, exist_ok=True)
@@ -42,8 +53,9 @@ def remember(path: Path, what: str) -> None:
             pass
 
 
-def once(path: Path, what: str, check: Callable[[], None]) -> None:
-    """Run `check` (which raises on bad data) unless `path`'s bytes passed check `what` before."""
-    if not known(path, what):
+def once(content_id: str | None, what: str, check: Callable[[], None]) -> None:
+    """Run `check` (which raises on bad data) unless the content named `content_id` passed check
+    `what` before."""
+    if not known(content_id, what):
         check()
-        remember(path, what)
+        remember(content_id, what)
