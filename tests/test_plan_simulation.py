@@ -59,7 +59,7 @@ def test_plan_records_every_copy_on_the_dma_lane():
     dma = [e for e in p.timeline.events if e[0] == "dma"]
     # every ring tile and expert copy, one layer-start copy (KV / state, vectors) per layer and
     # one write-back (KDA state, MLA cache rows) per layer that writes one
-    writes = {c.layer for c in the_plan if "(write" in c.name}
+    writes = {c.layer for c in the_plan if c.writes_back}
     assert writes == {layer.index for layer in SPEC.layers}
     assert len(dma) == sum(c.ring for c in the_plan) + sum(c.routed for c in the_plan) \
         + len(SPEC.layers) + 2 + len(writes)

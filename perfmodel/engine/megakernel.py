@@ -173,7 +173,7 @@ def plan_stream(g: OpGraph, plan: list[Copy]) -> Stream:
                 routed.setdefault(c.layer, []).append(float(c.bytes))
                 descriptors.append(1)
             last = expert
-        elif "(write" in c.name:   # "(write back)", "(write) seq b"
+        elif c.writes_back:
             b, n = writeback.get(c.layer, (0.0, 0))
             writeback[c.layer] = (b + c.bytes, n + 1)
             if c.family == "kv_cache":

@@ -56,6 +56,12 @@ class Copy:
     peer: int = -1        # a remote copy to this mesh device (-1: HBM <-> on-chip)
     collective: str = ""  # the collective (and algorithm) a remote copy belongs to
 
+    @property
+    def writes_back(self) -> bool:
+        """On-chip state written back to HBM: the kernel names those copies "... (write back)"
+        (a KDA state) or "... (write) ..." (an MLA cache's new rows)."""
+        return "(write" in self.name
+
 
 COLUMNS = tuple(f.name for f in fields(Copy))
 

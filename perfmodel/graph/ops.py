@@ -264,7 +264,7 @@ def _build(model: ModelSpec, d: Deployment, groups: tuple[Rows, ...] | None = No
                 matmul(i, "ffn", mm, d.tp, kind="dense")
             ops.collective(i, "ffn", "ffn_all_reduce", "all_reduce", wire(t, h), d.tp)
         elif layer.ffn == "moe":
-            distinct = _moe(ops, model, i, d, t, rc, wire)
+            distinct = _moe(ops, model, i, d, t, rc, wire, dots)
         if layer.ffn != "none":
             hc_post(i, layer.ffn)
         done[same] = (a, len(ops.rows))
@@ -536,10 +536,10 @@ def _gqa_core(ops: _Builder, model: ModelSpec, a: GQA, i: int, d: Deployment, g:
                 act=ACT_BYTES * t * hl * (a.head_dim + vd))
 
 
-def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int, rc: Megakernel, wire) -> float:
+def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int, rc: Megakernel, wire,
+         dots: dict[str, int]) -> float:
     m, f, h = model.moe, model.formats, model.hidden
     mms = {mm.name: mm for mm in model.ffn_matmuls("moe")}
-    dots = dict(rc.matmul_dots)
 
     def matmul(mm: Matmul, shards: int, copies: int = 1):
         fmt = f[mm.family]
