@@ -64,8 +64,12 @@ def test_dry_run_file_calibrates_the_tpu_v5e_preset(dry_run):
         assert new.sources[f"components.{name}"].startswith("fitted by perfmodel calibrate")
     assert "mxu_push_fp8_s" not in new.components  # no fp8 MXU: nothing to fit, nothing to use
     rows = microbench.residual_table(data, new)
-    assert {r["group"] for r in rows if r["within_target"] is not None} == {"dma", "mxu", "host", "vpu",
-                                                                           "vpu_decode", "xla_expert", "xla_dot"}
+    fitted = {r["group"] for r in rows if r["within_target"] is not None}
+    assert {"dma", "mxu", "host"} <= fitted <= {"dma", "mxu", "host", "vpu", "vpu_decode", "xla_expert", "xla_dot"}
+    # a group may lack rows only where its entries were skipped for a noisy (non-positive) slope
+    skipped = " ".join(data["context"]["skipped"])
+    for g in {"vpu", "vpu_decode", "xla_expert", "xla_dot"} - fitted:
+        assert any(m.replace("_", "-") in skipped for m in microbench.GROUPS[g][1]), g
 
 
 def test_without_a_tpu_the_full_run_refuses(capsys):
