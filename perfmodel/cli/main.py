@@ -15,7 +15,6 @@ import importlib
 import os
 import signal
 import sys
-import traceback
 
 from perfmodel.cli.args import Parser, UsageError
 from perfmodel.util import interrupts
@@ -197,6 +196,7 @@ def _fail(message: str, code: int) -> int:
 
 def _internal(command: str, e: BaseException, debug: bool) -> int:
     if debug:
+        import traceback   # imported here: only a crash under --debug prints one
         traceback.print_exception(e)
     return _fail(f"{command}: internal error: {type(e).__name__}: {e} (please report it; "
                  f"--debug shows the traceback)", 1)

@@ -15,13 +15,11 @@ on its work is whole and a signal ends nothing (perfmodel.util.interrupts).
 from __future__ import annotations
 
 import contextlib
-import csv
 import errno
 import io
 import os
 import re
 import signal
-import tempfile
 from pathlib import Path
 
 from perfmodel.util import interrupts
@@ -145,6 +143,7 @@ class AtomicFile:
             except (AttributeError, OSError) as e:
                 if isinstance(e, OSError) and e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
                     raise
+                import tempfile   # imported here: the rare fallback (tempfile costs 2 ms of every start)
                 self.fd, self.tmp = tempfile.mkstemp(dir=p.parent, prefix=_temp_prefix(p), suffix=".tmp")
             os.fchmod(self.fd, mode)
             self.file = os.fdopen(self.fd, "wb" if self.binary else "w", closefd=True,
@@ -205,6 +204,7 @@ class AtomicFile:
             raise
 
     def _copy_to_named(self) -> None:
+        import tempfile
         fd, self.tmp = tempfile.mkstemp(dir=self.path.parent, prefix=_temp_prefix(self.path), suffix=".tmp")
         with os.fdopen(fd, "wb") as dst, open(self.file.fileno(), "rb", closefd=False) as src:
             src.seek(0)
@@ -370,6 +370,7 @@ def _fsync_dir(d: Path) -> None:
 def write_csv(path, comments: list[str], header: list[str], rows, field: str = "--out") -> Path:
     """A CSV with its provenance as leading `# ` comment lines, written atomically (missing
     directories created)."""
+    import csv   # imported here: most commands write no CSV
     f = io.StringIO(newline="")
     f.writelines(f"# {c}\n" for c in comments)
     w = csv.writer(f)
