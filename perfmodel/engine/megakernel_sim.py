@@ -51,6 +51,17 @@ DONE, ARRIVAL, SIZE, BEGIN, HEAP = 0, 1, 2, 3, 4
 QUEUED, TAG, REF, HEAP_ID = 0, 1, 2, 3
 
 
+def _view(a):
+    """An array as the loops index it element by element. Plain Python: a memoryview, whose
+    elements are Python floats and ints (a third faster to index than numpy's scalars, and several
+    times faster to compute with). Compiled: the array itself (numba compiles `_same` instead)."""
+    return memoryview(a)
+
+
+def _same(a):
+    return a
+
+
 def _issue(t, nbytes, remote, tag, ref, eng, f, ni, F, I, descriptors):
     """Issue a copy of `descriptors` DMA descriptors at `t`; returns its id. eng = [bandwidth,
     latency, one descriptor's cost as bytes, shared, descriptors of a routed copy, copies in
@@ -150,22 +161,29 @@ def _run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, la
     Returns (start, end, stream wait, expert wait, collective time per op, step end, HBM bytes,
     and per copy: start of service, completion, tag, reference)."""
     n, n_tiles, n_layers = len(kind), len(tile_bytes), len(layer_start)
-    bw, cap = eng[0], eng[5]
-    total = tile_end[n_tiles - 1] if n_tiles else 0.0
     max_copies = n_tiles + 3 * n_layers + len(ph_bytes) + rc_off[n_layers] * pieces + n
-    f = np.zeros(3)
-    ni = np.zeros(4, np.int64)
     F = np.empty((5, max_copies))
     F[DONE] = np.nan
-    I = np.empty((4, max_copies), np.int64)
-    start, end = np.zeros(n), np.zeros(n)
-    stream, fetch, coll_w = np.zeros(n), np.zeros(n), np.zeros(n)
-    tile_id = np.empty(n_tiles, np.int64)
-    kv_id = np.full(n_layers, -1, np.int64)
-    wb_id = np.full(n_layers, -1, np.int64)  # the layer's write-back: -1 not issued, -2 waited for
-    expert_id = np.empty(rc_off[n_layers] * pieces, np.int64)
-    issued = np.zeros(n_layers, np.int64)  # expert copies issued per layer
-    held = np.empty(n_tiles, np.int64)  # refills held back (tile indices), held[:n_held]
+    # every array read or written element by element through _view (plain Python: a memoryview,
+    # whose elements are Python numbers; compiled: the array itself)
+    f, ni, F, I = _view(np.zeros(3)), _view(np.zeros(4, np.int64)), _view(F), _view(np.empty((4, max_copies), np.int64))
+    start, end = _view(np.zeros(n)), _view(np.zeros(n))
+    stream, fetch, coll_w = _view(np.zeros(n)), _view(np.zeros(n)), _view(np.zeros(n))
+    tile_id = _view(np.empty(n_tiles, np.int64))
+    kv_id = _view(np.full(n_layers, -1, np.int64))
+    wb_id = _view(np.full(n_layers, -1, np.int64))  # the layer's write-back: -1 not issued, -2 waited for
+    expert_id = _view(np.empty(rc_off[n_layers] * pieces, np.int64))
+    issued = _view(np.zeros(n_layers, np.int64))  # expert copies issued per layer
+    held = _view(np.empty(n_tiles, np.int64))  # refills held back (tile indices), held[:n_held]
+    eng, tile_bytes, kind, layer, op_begin, op_end = (_view(eng), _view(tile_bytes), _view(kind), _view(layer),
+                                                      _view(op_begin), _view(op_end))
+    comp, coll, kv_wait, op_fetch, layer_start = _view(comp), _view(coll), _view(kv_wait), _view(op_fetch), _view(layer_start)
+    kv_copies, writeback, vectors, rc_off, rc_bytes = (_view(kv_copies), _view(writeback), _view(vectors), _view(rc_off),
+                                                       _view(rc_bytes))
+    ph_off, ph_bytes, ph_time, coll_call = _view(ph_off), _view(ph_bytes), _view(ph_time), _view(coll_call)
+    defer, flush, tile_layer, ends = _view(defer), _view(flush), _view(tile_layer), _view(tile_end)
+    bw, cap = eng[0], eng[5]
+    total = ends[n_tiles - 1] if n_tiles else 0.0
     n_held = 0
     if n:  # the first layer's copies go ahead of the ring's first banks, as the kernel issues them
         l0 = layer[0]
@@ -221,15 +239,15 @@ def _run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, la
         if kind[j] == STREAM:  # consume this op's byte range of the stream, tile by tile
             lo, hi = op_begin[j], op_end[j]
             per_byte = comp[j] / (hi - lo)
-            k = np.searchsorted(tile_end, lo, side="right")
-            while k < n_tiles and tile_end[k] - tile_bytes[k] < hi:
+            k = int(np.searchsorted(tile_end, lo, side="right"))
+            while k < n_tiles and ends[k] - tile_bytes[k] < hi:
                 c = tile_id[k]
                 arrive = F[DONE, c] if not math.isnan(F[DONE, c]) else _completion(c, bw, cap, f, ni, F, I)
                 if arrive > t:
                     stream[j] += arrive - t
                     t = arrive
-                t += per_byte * (min(hi, tile_end[k]) - max(lo, tile_end[k] - tile_bytes[k]))
-                if (hi >= tile_end[k] or hi >= total) and next_tile < n_tiles:  # consumed: refill its bank
+                t += per_byte * (min(hi, ends[k]) - max(lo, ends[k] - tile_bytes[k]))
+                if (hi >= ends[k] or hi >= total) and next_tile < n_tiles:  # consumed: refill its bank
                     if defer[j] and tile_layer[next_tile] > lj:
                         held[n_held] = next_tile
                         n_held += 1
@@ -279,8 +297,10 @@ def _run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, la
     for i in range(n_copies):  # complete the copies still in flight (the DMA lane)
         if math.isnan(F[DONE, i]):
             _completion(i, bw, cap, f, ni, F, I)
-    return (start, end, stream, fetch, coll_w, now, f[2], F[BEGIN, :n_copies].copy(), F[DONE, :n_copies].copy(),
-            I[TAG, :n_copies].astype(np.int8), I[REF, :n_copies].copy())
+    F, I = np.asarray(F), np.asarray(I)
+    return (np.asarray(start), np.asarray(end), np.asarray(stream), np.asarray(fetch), np.asarray(coll_w), now, f[2],
+            F[BEGIN, :n_copies].copy(), F[DONE, :n_copies].copy(), I[TAG, :n_copies].astype(np.int8),
+            I[REF, :n_copies].copy())
 
 
 def _run_many(eng, t0, overhead, banks, slots, pieces, shared, tile_bytes, tile_end, kind, layer, op_begin, op_end,
@@ -317,7 +337,7 @@ ENV = "PERFMODEL_LOOPS"   # "python": plain loops unless a caller asks for compi
 # layer steps (perfmodel.util.limits) whose plain-Python time equals loading the compiled loops in
 # a fresh process (about 0.2 ms a layer step against about 0.5 s: numba's import and target setup)
 BREAK_EVEN_LAYER_STEPS = 2_500
-_JIT = {"_issue": {"inline": "always"}, "_completion": {"inline": "always"}, "_run": {}, "_run_many": {}}
+_JIT = {"_view": {"inline": "always"}, "_issue": {"inline": "always"}, "_completion": {"inline": "always"}, "_run": {}, "_run_many": {}}
 _PLAIN = {name: globals()[name] for name in _JIT}
 _COMPILED: dict = {}
 _MODE = {"now": None}
@@ -415,7 +435,7 @@ def _compiled() -> dict:
         g.update(_PLAIN)
         for name, options in _JIT.items():
             fn = njit(*[sigs[name]] if name in sigs else [], cache=True, error_model="numpy", **options)
-            g[name] = fn(_PLAIN[name])
+            g[name] = fn(_same if name == "_view" else _PLAIN[name])
         _COMPILED.update({name: g[name] for name in _JIT})
     finally:
         note.cancel()
