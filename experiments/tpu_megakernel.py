@@ -278,7 +278,7 @@ def xla_speed(sl, cfg, steps, repeats, exe=None) -> dict:
     step_s, wall, first, res = slope(exe or reference.make_loop(), sl.weights, cache, tok, pos,
                                      steps, repeats)
     return {"kind": "xla", "slice": sl.name, "format": sl.fmt, "batch": cfg.batch,
-            "positions": [p0 + steps // 2] * cfg.batch,
+            "positions": [p0 + steps // 2] * cfg.batch, "cache_tokens": cfg.max_context,
             "distinct_experts": [int(d) for d in res[2]], "step_s": step_s, "wall_step_s": wall,
             "first_call_s": first}
 

@@ -19,8 +19,9 @@ fitted on these runs: they are held out.
   trace, through `perfmodel.validate.host.against`, the comparison the host validation uses. The
   one-step call's wall time, dispatch included, is printed beside it without a tolerance.
 - An XLA run (the pure-JAX reference as one XLA program; every weight in bf16, the routed experts
-  dequantised): the multi-kernel engine on the same slice with bf16 experts, batch and context
-  (`perfmodel.predict`, engine multikernel); its device time against `step_s`.
+  dequantised): the multi-kernel engine (`perfmodel.predict`, engine multikernel) on the same
+  slice with bf16 experts and batch, at its MLA cache's capacity as context (the reference reads
+  the whole cache every step, masked); its device time against `step_s`.
 - Per slice, format and batch with both: the megakernel's speed-up over XLA, predicted and measured.
 
 Tolerances (exit status 1 when one is missed, 2 on a bad input): per-layer median |error| <= 5 %,
@@ -69,7 +70,10 @@ MEGAKERNEL_RUN = {**_RUN, "config": Req({"*": None}), "positions": Req(ListOf(Nu
                   "distinct_experts": Req(ListOf(Num(0, integer=True))), "step_s": Req(_SECONDS),
                   "wall_step_s": _SECONDS, "trace": None, "plan_bytes": Num(0, integer=True)}
 XLA_RUN = {**_RUN, "step_s": Req(_SECONDS), "wall_step_s": _SECONDS, "positions": ListOf(Num(0, integer=True), 1),
-           "distinct_experts": ListOf(Num(0, integer=True))}
+           "cache_tokens": (COUNT,), "distinct_experts": ListOf(Num(0, integer=True))}
+# the MLA cache capacity of the XLA runs recorded before their records named it (`cache_tokens`):
+# tpu_megakernel.py's CONTEXT, 2048 since its first run
+CACHE_TOKENS_BEFORE_RECORDED = 2048
 TRACE = {"step_s": Req(_SECONDS), "layers_s": Req({"*": Num(0)}), "phases_s": Req({"*": Num(0)}), "*": None}
 TRACE_RUN = {**_RUN, "config": {"*": None}, "error": (STR,), "step_s": _SECONDS, "layers_s": {"*": Num(0)},
              "phases_s": {"*": Num(0)}}
@@ -210,12 +214,19 @@ def predict_megakernel(run: dict, hw_name: str):
     return spec, hw, dataclasses.replace(p, step_s=p.step_s - t0, layers=layers), phases, t0
 
 
+def reference_context(run: dict) -> int:
+    """The context an XLA run is predicted at: its MLA cache's capacity, which the reference's
+    attention reads whole every step (masked past each sequence's position) and XLA copies
+    whole around its update (`components.xla_cache_copy_time`), whatever the positions."""
+    return run.get("cache_tokens", CACHE_TOKENS_BEFORE_RECORDED)
+
+
 def predict_xla(run: dict, context: int, hw_name: str, prediction: bool = False):
     """(device time, wall time with one call a step) the multi-kernel engine predicts for an XLA
-    run: the slice with its routed experts in bf16 (the reference's dequantised weights), each
-    MoE layer reading the distinct experts the run's last step picked where it recorded them
-    (the reference reads only those), else the analytic expectation. prediction: also the
-    prediction itself and the call's dispatch."""
+    run at `context` (`reference_context`): the slice with its routed experts in bf16 (the
+    reference's dequantised weights), each MoE layer reading the distinct experts the run's last
+    step picked where it recorded them (the reference reads only those), else the analytic
+    expectation. prediction: also the prediction itself and the call's dispatch."""
     import perfmodel
     from perfmodel_kernels.specs import slice_spec
     spec = slice_spec(run["slice"], "bf16")
@@ -240,12 +251,11 @@ def compare_xla_layers(run: dict, runs: list[dict], hw_name: str, where: Path) -
     for f in (trace, hlo):
         require(f.exists(), "file", shown(f), "not committed: the traced XLA run cannot be read per layer")
     xla = next((r for r in runs if r["kind"] == "xla" and _point(r) == _point(run)), None)
-    require(xla is not None and xla.get("positions"), "positions", None,
-            f"no XLA run of {label(run)} with positions to predict the trace at")
+    require(xla is not None, "xla", None, f"no XLA run of {label(run)} to predict the trace at")
     with tempfile.TemporaryDirectory() as d:
         xp = Path(d) / "trace.xplane.pb"
         xp.write_bytes(gzip.decompress(trace.read_bytes()))
-        _, _, p, t0 = predict_xla(run, max(xla["positions"]), hw_name, prediction=True)
+        _, _, p, t0 = predict_xla(run, reference_context(xla), hw_name, prediction=True)
         layers, per_call, steps = xla_layer_times(xp, gzip.decompress(hlo.read_bytes()).decode(),
                                                   len(p.layers) - 2)
     rows = [{"layer": r.layer, "kind": r.kind, "predicted_s": r.time_s - (t0 if r.layer == 0 else 0.0),
@@ -292,15 +302,11 @@ def _scope_order(scope: str, n: int) -> tuple:
     return (0, "") if scope == "embed" else (n + 1, "") if scope == "head" else (int(scope[6:8]), scope)
 
 
-def compare_xla(run: dict, runs: list[dict], hw_name: str) -> dict:
-    mk = next((r for r in runs if r["kind"] == "megakernel" and not r.get("sweep")
-               and (r["slice"], r["format"], r["batch"]) == (run["slice"], run["format"], run["batch"])), None)
-    positions = run.get("positions") or (mk or {}).get("positions")
-    require(positions is not None, "positions", None, f"the XLA run {label(run)} gives no positions and no "
-            "megakernel run of its slice, format and batch does")
-    device, wall = predict_xla(run, max(positions), hw_name)
+def compare_xla(run: dict, hw_name: str) -> dict:
+    context = reference_context(run)
+    device, wall = predict_xla(run, context, hw_name)
     return {"run": label(run), "kind": "xla", "slice": run["slice"], "format": run["format"], "batch": run["batch"],
-            "context": max(positions), "predicted_step_s": device, "measured_step_s": run["step_s"],
+            "context": context, "predicted_step_s": device, "measured_step_s": run["step_s"],
             "step_error": rel(device, run["step_s"]), "predicted_wall_s": wall,
             "measured_wall_s": run.get("wall_step_s"),
             "wall_error": rel(wall, run["wall_step_s"]) if run.get("wall_step_s") else math.nan}
@@ -493,7 +499,7 @@ def main(argv=None) -> int:
                 if r["kind"] == "megakernel":
                     mk.append({**compare_megakernel(r, a.hardware, str(path)), "index": i})
                 else:
-                    xla.append({**compare_xla(r, runs, a.hardware), "index": i})
+                    xla.append({**compare_xla(r, a.hardware), "index": i})
         except SpecError as e:
             failed.append({"run": label(r), "kind": r["kind"], "why": str(e)})
     if not mk and not xla and not failed:

@@ -305,3 +305,32 @@ def test_xla_dots_on_a_tpu_take_their_measured_time_without_fill():
     assert dur[j] == pytest.approx(cm.xla_dot_time(c, g.static_bytes[j]) + other / c["dma_bandwidth_bytes_per_s"])
     k = g.name.index("attn_norm", 1)
     assert dur[k] >= launch_s(hw) + c["dma_latency_s"]
+
+
+def test_xla_copies_an_mla_cache_through_hbm_once_it_outgrows_vmem():
+    """XLA's two copies of an MLA latent cache a step: none through HBM while both fit on chip, one
+    when only one does, both beyond (each reading and writing the whole cache at XLA's streaming
+    rate); in the multi-kernel engine on a TPU with XLA's components they lengthen the MLA attention
+    op by exactly that, and a batch's larger cache crosses from VMEM into HBM."""
+    import dataclasses
+    from perfmodel.cost import components as cm
+    from perfmodel.engine.multikernel import simulate_multikernel
+    from perfmodel.graph.ops import build
+    from perfmodel.spec.deployment import Deployment
+    from perfmodel_kernels.specs import slice_spec
+    hw = load_hardware("tpu-v5e")
+    c, vmem = hw.components, hw.onchip_bytes
+    copy = lambda b: 2 * b / c["xla_dot_bandwidth_bytes_per_s"]   # noqa: E731
+    assert cm.xla_cache_copy_time(c, 0.3 * vmem, vmem) == 0.0
+    assert cm.xla_cache_copy_time(c, 0.6 * vmem, vmem) == pytest.approx(copy(0.6 * vmem))
+    assert cm.xla_cache_copy_time(c, 1.2 * vmem, vmem) == pytest.approx(2 * copy(1.2 * vmem))
+    spec = slice_spec("k3-tp32-core", "bf16")
+    for batch, copies in ((8, 0), (64, 2)):   # a 19 MB cache, a 151 MB one (context 2048)
+        g = build(spec, Deployment(devices=1, tp=1, engine="multikernel", batch=batch, context=2048))
+        j = g.name.index("mla_attention")
+        cache = g.cache_bytes[int(g.layer[j])]
+        assert cache == pytest.approx(batch * 2048 * 576 * 2, rel=0.01)
+        tl = simulate_multikernel(g, hw)
+        plain = simulate_multikernel(g, dataclasses.replace(hw, onchip_bytes=10 * cache))  # both on chip
+        extra = (tl.end_s - tl.start_s)[j] - (plain.end_s - plain.start_s)[j]
+        assert extra == pytest.approx(copies * copy(cache), rel=1e-6, abs=1e-12)

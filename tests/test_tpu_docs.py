@@ -70,3 +70,16 @@ def test_the_word_decode_trial_quotes_its_log():
     share = re.search(r"batch-1 stream share (\d+)%", log)[1]
     assert f"TP8-core step {step:.1f} us ({xla / step:.2f}x over XLA, {share} % of the stream)" in text
     assert "FAILED tests/test_tpu_chip.py::test_mini_tokens_equal_the_reference_on_the_chip[1-mxfp4]" in log
+
+
+def test_tpu_status_quotes_the_xla_comparison():
+    """The XLA errors docs/tpu.md quotes are tpu_validation.json's (python experiments/validate_tpu.py)."""
+    text = " ".join((ROOT / "docs" / "tpu.md").read_text().split())
+    v = json.loads((ROOT / "experiments/results/tpu_validation.json").read_text())
+    err = {(x["slice"], x["batch"]): f"{x['step_error'] * 100:+.1f}".replace("+", "") for x in v["xla"]
+           if x["format"] in ("mxfp4", "bf16")}
+    quoted = [f"median |error| of {v['summary']['median_abs_xla_error'] * 100:.1f} %",
+              f"batch 64 is {err['k3-tp32-core', 64]} %",
+              f"({err['k3-tp8-dense', 32]} / {err['k3-tp8-dense', 64]} % at 32 / 64)"]
+    missing = [q for q in quoted if q not in text]
+    assert not missing, f"docs/tpu.md does not quote tpu_validation.json: {missing}"

@@ -330,6 +330,26 @@ def xla_expert_time(c: dict, nbytes: float, rows: float, experts: float) -> floa
         1 / param(c, "xla_expert_bandwidth_bytes_per_s") + rows * param(c, "xla_expert_row_s_per_byte"))
 
 
+# the copies of an MLA latent cache the reference's update makes a step (`reference.latent_write`:
+# the block this step attends over and the cache kept for the next), as XLA compiles it for a
+# TPU v5e at batches 1-64 (experiments/xla_reference_hlo.py)
+XLA_LATENT_COPIES = 2
+
+
+def xla_cache_copy_time(c: dict, cache_bytes: float, onchip_bytes: float) -> float:
+    """XLA's copies of one MLA latent cache (`cache_bytes` allocated) around the reference's update
+    of it, a step: XLA_LATENT_COPIES copies, each placed in on-chip memory while it fits
+    (`onchip_bytes` // `cache_bytes` of them: in the compiled programs both sit in the v5e's
+    128 MiB VMEM at 36 MiB, one at 72 MiB, none at 144 MiB), the rest copied through HBM, every
+    byte read and written at XLA's streaming rate (`xla_dot_bandwidth_bytes_per_s`, measured on
+    XLA's dots: no micro-benchmark of a copy alone; the batch-64 trace's two copies of a 151 MB
+    cache ran at 0.55 ms each, 0.41 ms at this rate)."""
+    if cache_bytes <= 0:
+        return 0.0
+    in_hbm = max(0, XLA_LATENT_COPIES - int(onchip_bytes // cache_bytes))
+    return in_hbm * 2 * cache_bytes / param(c, "xla_dot_bandwidth_bytes_per_s")
+
+
 def host_convert_time(c: dict, values: float, allocated_bytes: float) -> float:
     """Widening `values` cached bf16 values to f32 as XLA:CPU runs it (the reference converts the
     whole MLA latent cache every step before attending), an elementwise fusion into a fresh f32

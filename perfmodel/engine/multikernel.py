@@ -7,7 +7,8 @@ CUDA-graph stream). Where the hardware file has XLA's own components (a TPU meas
 tpu_microbench.py), an op with weights is priced as XLA runs it there: a dot at XLA's measured rate
 with its gap and no first-byte latency or fill (XLA copies a dot's weights into VMEM behind the ops
 before it; `components.xla_dot_time`), a MoE layer's routed experts as XLA's loop over them, a trip
-per expert (`components.xla_expert_time`).
+per expert (`components.xla_expert_time`), and an MLA layer's attention with the copies of its
+latent cache XLA makes around the cache's update (`components.xla_cache_copy_time`).
 """
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ def simulate_multikernel(g: OpGraph, hw: Hardware, record: bool = False,
             else:
                 t_mem[j] = cm.xla_dot_time(hw.components, g.static_bytes[j])
             t_mem[j] += (nbytes[j] - g.static_bytes[j] - g.routed_bytes[j]) / bw
+        for j in (j for j, name in enumerate(g.name) if name == "mla_attention" and g.kv_bytes[j] > 0):
+            t_mem[j] += cm.xla_cache_copy_time(hw.components, g.cache_bytes.get(int(g.layer[j]), 0.0), hw.onchip_bytes)
     if cm.is_host_model(hw.components):  # XLA:CPU as the reference runs (hostbench components)
         t_mem, host_launch = host_terms(g, hw, t_mem, bw, weights)
     tile = np.minimum(nbytes, hw.dma_tile_bytes)
