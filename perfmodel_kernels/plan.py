@@ -193,13 +193,22 @@ def overhead_bytes(plan: list[Copy]) -> dict[str, int]:
 
 def matmul_dots(dspec: ModelSpec, cfg: KernelConfig) -> dict[str, int]:
     """"<layer kind>/<matmul>" -> the MXU dots `ring.PartReader` issues for it: one a lane-tile block
-    of its group's outputs and one a tile-wide input chunk of a narrower remainder, all on the
-    group's first member (its fused others 0)."""
+    of its group's outputs, one more for each further bank a block's rows reach into (a block
+    straddling banks is split at their ends, a dot a piece: fewer the larger the banks), and one a
+    tile-wide input chunk of a narrower remainder, all on the group's first member (its fused
+    others 0). A part is laid out from its own first bank, so every layer of a kind splits alike."""
     t, out = cfg.tile, {}
     for layer in (*dspec.layers, None):
         for key in stream.layer_parts(dspec, layer):
-            for g in stream.groups_of(dspec, key):
-                out |= {f"{key[0]}/{n}": (g.blocks(t) + g.chunks(t)) if k == 0 else 0 for k, n in enumerate(g.names)}
+            p = stream.part(dspec, key, t, cfg.bank_rows)
+            b = p.bank_rows
+            split = [0] * len(p.groups)
+            for it in p.items:
+                if it.kind == "block":
+                    split[it.group] += (it.row + it.rows - 1) // b - it.row // b
+            for k, g in enumerate(p.groups):
+                out |= {f"{key[0]}/{n}": (g.blocks(t) + g.chunks(t) + split[k]) if m == 0 else 0
+                        for m, n in enumerate(g.names)}
     return out
 
 

@@ -239,28 +239,34 @@ def test_kimi_k3_plan_is_few_large_copies():
 
 
 def test_the_plan_counts_the_dots_its_matmuls_issue():
-    """At a v5e's 128-lane tile the K3 TP32-core slice's KDA attention issues 128 dots: its fused
-    input group (q, k, v, gate 384 columns each, decay_a 128, beta 3) 13 whole blocks and, for
-    beta's 3-column remainder, one dot per 128-wide chunk of its 7168 inputs (56), decay_b 3,
-    o_proj 56 (7168 / 128); its MLA attention 153. The op graph built from the plan carries them
-    on each group's first member, and `explain` says so."""
+    """At a v5e's 128-lane tile the K3 TP32-core slice's KDA attention issues 128 dots while each
+    part fits one bank: its fused input group (q, k, v, gate 384 columns each, decay_a 128, beta 3)
+    13 whole blocks and, for beta's 3-column remainder, one dot per 128-wide chunk of its 7168
+    inputs (56), decay_b 3, o_proj 56 (7168 / 128); its MLA attention 153. In 16384-row banks a
+    block that straddles a bank end is split there, a dot a piece: the input group's 13 blocks of
+    7168 rows hold the bank ends at 16384 x 1..5 (6 more dots in the layer with o_proj's one).
+    The op graph built from the plan carries them on each group's first member, and `explain`
+    says so."""
     spec = slice_spec("k3-tp32-core", "mxfp4")
-    cfg = layout.KernelConfig(batch=1, max_context=2048, depth=8, expert_slots=2, cache_block=256,
-                              bank_rows=16384, chip="v5e")
-    dots = plan.matmul_dots(spec, cfg)
+    whole = layout.KernelConfig(batch=1, max_context=2048, depth=2, expert_slots=2, cache_block=256,
+                                bank_rows=262144, chip="v5e")   # every part in one bank
+    dots = plan.matmul_dots(spec, whole)
     assert (dots["kda/q_proj"], dots["kda/beta_proj"], dots["kda/decay_b"], dots["kda/o_proj"]) == (13 + 56, 0, 3, 56)
     assert sum(v for k, v in dots.items() if k.startswith("kda/")) == 128
     assert sum(v for k, v in dots.items() if k.startswith("mla/")) == 153
+    cfg = dataclasses.replace(whole, depth=8, bank_rows=16384)
+    dots = plan.matmul_dots(spec, cfg)
+    assert dots["kda/q_proj"] == 13 + 56 + 5 and sum(v for k, v in dots.items() if k.startswith("kda/")) == 128 + 6
     kp = plan.as_kernel_plan(spec, spec, cfg, plan.dma_plan(spec, cfg, [4, 4, 4], [1028]), 1028)
     from perfmodel.step.predict import plan_deployment, plan_model
     g = ops.build(plan_model(spec, kp), plan_deployment(kp))
     kda = next(l.index for l in spec.layers if l.attention == "kda")
-    assert sum(g.dots[(g.layer == kda) & (np.array(g.phase) == "attention")]) == 128 + 1 + 1  # + norm, recurrence
+    assert sum(g.dots[(g.layer == kda) & (np.array(g.phase) == "attention")]) == 134 + 1 + 1  # + norm, recurrence
     from perfmodel.spec.hardware import load_hardware
     from perfmodel.step.explain import explain
     ops_ = explain(plan_model(spec, kp), load_hardware("tpu-v5e"), plan_deployment(kp), kda)["ops"]
     q = next(o for o in ops_ if o["op"] == "q_proj")
-    assert any(t["term"].startswith("matmul weight push (69 dots)") for t in q["terms"])
+    assert any(t["term"].startswith("matmul weight push (74 dots)") for t in q["terms"])
 
 
 @pytest.mark.slow

@@ -83,3 +83,15 @@ def test_tpu_status_quotes_the_xla_comparison():
               f"({err['k3-tp8-dense', 32]} / {err['k3-tp8-dense', 64]} % at 32 / 64)"]
     missing = [q for q in quoted if q not in text]
     assert not missing, f"docs/tpu.md does not quote tpu_validation.json: {missing}"
+
+
+def test_tpu_status_quotes_the_kernel_comparison():
+    """The kernel errors docs/tpu.md quotes are tpu_validation.json's."""
+    text = " ".join((ROOT / "docs" / "tpu.md").read_text().split())
+    v = json.loads((ROOT / "experiments/results/tpu_validation.json").read_text())
+    pct = lambda x: f"{x * 100:+.1f} %".replace("+", "") if x < 0 else f"+{x * 100:.1f} %"  # noqa: E731
+    steps = [r["comparison"]["step_error"] for r in v["runs"] if not r["sweep"]]
+    quoted = [f"median |error| of {v['summary']['median_abs_step_error'] * 100:.1f} %"]
+    quoted += [pct(e) for e in sorted(steps, key=abs)[-2:]]   # the two worst steps
+    missing = [q for q in quoted if q not in text]
+    assert not missing, f"docs/tpu.md does not quote tpu_validation.json: {missing}"
