@@ -48,8 +48,10 @@ mechanism) and the `mechanism` of its entries:
   alone, by rows (1 .. 64) and expert shape (Kimi K3's latent 3584, width 768 and 3072): time per
   trip (one expert); at two row counts one call is also traced and its ops listed by time;
 - xla_cache, `xla_cache_update`: the reference's MLA cache update (`reference.latent_write`) by
-  cache size (batch 1 .. 64 x 2048 tokens x 576), beyond reading the cache: what XLA's copies of
-  the cache cost a step (no term of the model yet).
+  cache size (batch 1 .. 64 x 2048 tokens x 576), beyond reading the cache: a check of where XLA
+  places the cache's copies (`components.xla_cache_copy_time`);
+- xla_copy, `xla_copy`: XLA copying a bf16 [B, 2048, 576] array whole (a roll by one token) in a
+  loop, by B: the copy rate that term needs.
 
 Timing. A jitted call costs about half a millisecond of host time on a TPU VM, so no figure is one
 call's wall clock: every kernel and XLA program takes its repetition count as an argument (an SMEM
@@ -98,7 +100,7 @@ KIB, MIB = 1024, 1024 * 1024
 PLATFORMS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v6 lite": "tpu-v6e", "TPU v5": "tpu-v5p",
              "TPU v5p": "tpu-v5p", "TPU7x": "tpu-v7"}
 SECTIONS = ("dispatch", "dma", "latency", "mxu", "vpu", "loop", "queue", "expert", "mla_core", "attn_parts", "xla",
-            "xla_expert", "xla_cache")  # run in this order
+            "xla_expert", "xla_cache", "xla_copy")  # run in this order
 
 
 @dataclass(frozen=True)
@@ -1165,11 +1167,43 @@ def xla_cache_update(b: Bench):
               f"the reference's MLA cache update (two writes of one row a sequence into one bf16 [{batch}, {t}, "
               f"{width}] cache, {nbytes / 2**20:.0f} MiB) beyond reading it ({read.per_rep_s * 1e6:.1f} us alone)",
               f"with the update: {both.notes('trips')}; reading only: {read.notes('trips')}{ops}",
-              not_modelled="no term of the model yet: the multi-kernel engine does not price XLA's copies of a "
-              "cache; these entries are the data for one")
+              not_modelled="a check of components.xla_cache_copy_time (the reference's placement of its cache "
+              "copies), not its data: this loop is not the reference's program, and it mixes the copy with the update")
 
     for batch in s.cache_batches:
         what = f"xla-cache-update-b{batch}"
+        b.case(what, one, what, batch)
+
+
+def xla_copy(b: Bench):
+    """XLA's rate for copying a cache-sized buffer, by size: a loop whose trip rolls a bf16
+    [B, tokens, 576] array by one token (`jnp.roll`: every byte read once and written once into a
+    new buffer, in VMEM where XLA places it there, else through HBM); time per trip. The rate
+    `components.xla_cache_copy_time` needs (it takes XLA's dot streaming rate until these entries
+    are measured)."""
+    s, key = b.sizes, jax.random.PRNGKey(5)
+    t, width = s.cache_tokens, 576
+
+    def run(trips, x):
+        y = lax.fori_loop(0, trips, lambda j, x: jnp.roll(x, 1, axis=1), x)
+        return y[:, 0, 0].astype(F32).sum()
+
+    def one(what, batch):
+        x = jax.random.normal(key, (batch, t, width), F32).astype(BF16)
+        try:
+            sl = b.program_slope(run, (x,))
+        finally:
+            x.delete()
+        nbytes = batch * t * width * 2
+        b.add(what, "xla_copy", {"batch": batch, "tokens": t, "width": width, "bytes": nbytes},
+              sl.per_rep_s * 1e6, "us_per_copy",
+              f"XLA copying a bf16 [{batch}, {t}, {width}] array ({nbytes / 2**20:.0f} MiB) whole, a loop trip",
+              sl.notes("trips"),
+              not_modelled="the data for components.xla_cache_copy_time's rate (it takes XLA's dot streaming "
+              "rate until these are measured)")
+
+    for batch in s.cache_batches:
+        what = f"xla-copy-b{batch}"
         b.case(what, one, what, batch)
 
 
@@ -1244,7 +1278,8 @@ MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted cal
               "expert": (expert_paths, "the megakernel's routed-expert paths per format"),
               "xla": (xla_ops, "XLA's op gap, dots by shape and decode attention"),
               "xla_expert": (xla_expert_loop, "the XLA reference's routed-expert loop by rows and shape"),
-              "xla_cache": (xla_cache_update, "the XLA reference's MLA cache update by cache size")}
+              "xla_cache": (xla_cache_update, "the XLA reference's MLA cache update by cache size"),
+              "xla_copy": (xla_copy, "XLA's copy of a cache-sized buffer by size")}
 
 
 def libtpu_version() -> str:
