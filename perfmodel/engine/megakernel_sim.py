@@ -7,7 +7,7 @@ counts / DMA modes of the same arrays at once and returns only step times and ca
 The same code runs two ways (`loops`). By default compiled with numba, its machine code cached on
 disk once per install (`make setup` compiles it): one Kimi K3 step in about 0.2 ms, after a
 first call in the process that loads numba and the cached code (about 0.5 s). Or as plain Python
-(one Kimi K3 step in 15-40 ms, nothing to load): PERFMODEL_LOOPS=python, or `expect(layer_steps)`
+(one Kimi K3 step in about 13 ms, nothing to load): PERFMODEL_LOOPS=python, or `expect(layer_steps)`
 from a caller whose work is too small to pay for the load (a one-off command).
 tests/test_simulator_equivalence.py holds both to the same timelines.
 
@@ -166,7 +166,8 @@ def _run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, la
     F[DONE] = np.nan
     # every array read or written element by element through _view (plain Python: a memoryview,
     # whose elements are Python numbers; compiled: the array itself)
-    f, ni, F, I = _view(np.zeros(3)), _view(np.zeros(4, np.int64)), _view(F), _view(np.empty((4, max_copies), np.int64))
+    f, ni = _view(np.zeros(3)), _view(np.zeros(4, np.int64))
+    F, I = _view(F), _view(np.empty((4, max_copies), np.int64))
     start, end = _view(np.zeros(n)), _view(np.zeros(n))
     stream, fetch, coll_w = _view(np.zeros(n)), _view(np.zeros(n)), _view(np.zeros(n))
     tile_id = _view(np.empty(n_tiles, np.int64))
@@ -177,7 +178,8 @@ def _run(eng, t0, overhead, banks, slots, pieces, tile_bytes, tile_end, kind, la
     held = _view(np.empty(n_tiles, np.int64))  # refills held back (tile indices), held[:n_held]
     eng, tile_bytes, kind, layer, op_begin, op_end = (_view(eng), _view(tile_bytes), _view(kind), _view(layer),
                                                       _view(op_begin), _view(op_end))
-    comp, coll, kv_wait, op_fetch, layer_start = _view(comp), _view(coll), _view(kv_wait), _view(op_fetch), _view(layer_start)
+    comp, coll, kv_wait, op_fetch = _view(comp), _view(coll), _view(kv_wait), _view(op_fetch)
+    layer_start = _view(layer_start)
     kv_copies, writeback, vectors, rc_off, rc_bytes = (_view(kv_copies), _view(writeback), _view(vectors), _view(rc_off),
                                                        _view(rc_bytes))
     ph_off, ph_bytes, ph_time, coll_call = _view(ph_off), _view(ph_bytes), _view(ph_time), _view(coll_call)
@@ -335,9 +337,11 @@ def _run_many(eng, t0, overhead, banks, slots, pieces, shared, tile_bytes, tile_
 MODES = ("compiled", "python")
 ENV = "PERFMODEL_LOOPS"   # "python": plain loops unless a caller asks for compiled ones (compile_loops)
 # layer steps (perfmodel.util.limits) whose plain-Python time equals loading the compiled loops in
-# a fresh process (about 0.2 ms a layer step against about 0.5 s: numba's import and target setup)
-BREAK_EVEN_LAYER_STEPS = 2_500
-_JIT = {"_view": {"inline": "always"}, "_issue": {"inline": "always"}, "_completion": {"inline": "always"}, "_run": {}, "_run_many": {}}
+# a fresh process (about 0.14 ms a layer step, Kimi K3 on TPU v7's 95 in 13.5 ms, against about
+# 0.5 s: numba's import and target setup)
+BREAK_EVEN_LAYER_STEPS = 3_500
+_JIT = {"_view": {"inline": "always"}, "_issue": {"inline": "always"}, "_completion": {"inline": "always"},
+        "_run": {}, "_run_many": {}}
 _PLAIN = {name: globals()[name] for name in _JIT}
 _COMPILED: dict = {}
 _MODE = {"now": None}
