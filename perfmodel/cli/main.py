@@ -45,14 +45,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    """The parser; only the command named in `argv` (every command when None) gets its arguments,
-    so parsing imports that command's module alone."""
+    """The parser; the command named in `argv` alone when it names one (parsing imports that
+    command's module alone), else every command (for the overview and the error naming them)."""
     parser = Parser(prog="perfmodel", description="LLM decode performance model: predict, explain, sweep and serve "
                     "decode steps on accelerators; validate them against measurements")
     parser.add_argument("--debug", action="store_true", help="show the traceback of internal errors")
     sub = parser.add_subparsers(dest="command", required=True)
     chosen = None if argv is None else next((x for x in argv if not x.startswith("-")), "")
     for name, (module, configure, text) in COMMANDS.items():
+        if chosen in COMMANDS and name != chosen:
+            continue
         p = sub.add_parser(name, help=text, description=text)
         if chosen is None or name == chosen:
             getattr(importlib.import_module(module), configure)(p)
