@@ -332,7 +332,8 @@ def xla_expert_time(c: dict, nbytes: float, rows: float, experts: float) -> floa
 
 # the copies of an MLA latent cache the reference's update makes a step (`reference.latent_write`:
 # the block this step attends over and the cache kept for the next), as XLA compiles it for a
-# TPU v5e at batches 1-64 (experiments/xla_reference_hlo.py)
+# TPU v5e at batches 1-64 (experiments/xla_reference_hlo.py; the K3 slices, one MLA layer each:
+# whether a deeper stack of caches is copied whole per layer is not compiled yet)
 XLA_LATENT_COPIES = 2
 
 
