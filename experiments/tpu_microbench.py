@@ -11,6 +11,9 @@ mechanism) and the `mechanism` of its entries:
 - dma, `dma_ring`: HBM -> VMEM copies of bf16 [rows, 128] and [rows, 256] blocks, 64 KiB .. 16 MiB,
   1, 2, 4 or 8 kept in flight (a ring of VMEM slots; a copy issued as the oldest is waited for),
   time per copy (`components.dma_stream_time`: bandwidth, per-descriptor cost, first-byte latency);
+- ring_dot, `ring_dot`: the ring as the megakernel uses it: bf16 [rows, 128] banks (1 .. 8 MiB),
+  8 in flight, each waited for, consumed by one dot of 8 rows and refilled: time per bank, what a
+  bank costs beyond its bytes (no term of the model yet);
 - latency, `dma_latency` (entries `dma_ring`): the same ring with one copy in flight and tiny
   copies (4 .. 32 KiB), each issued, then waited for: its first-byte latency, descriptor and bytes;
 - mxu, `mxu_matmul` (entries `matmul`, `matmul_int8_lhs`): x[m, k] @ w[k, n] inside a kernel, m in
@@ -99,7 +102,7 @@ KIB, MIB = 1024, 1024 * 1024
 # JAX device_kind -> the hardware preset the entries are for
 PLATFORMS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v6 lite": "tpu-v6e", "TPU v5": "tpu-v5p",
              "TPU v5p": "tpu-v5p", "TPU7x": "tpu-v7"}
-SECTIONS = ("dispatch", "dma", "latency", "mxu", "vpu", "loop", "queue", "expert", "mla_core", "attn_parts", "xla",
+SECTIONS = ("dispatch", "dma", "ring_dot", "latency", "mxu", "vpu", "loop", "queue", "expert", "mla_core", "attn_parts", "xla",
             "xla_expert", "xla_cache", "xla_copy")  # run in this order
 
 
@@ -108,6 +111,8 @@ class Sizes:
     """Every shape the run measures, and how long a timed call should be."""
     dma_kib: dict            # lanes -> copy sizes (KiB) of the ring at that width
     in_flight: tuple         # copies kept in flight
+    ring_dot_rows: tuple     # ring_dot: bank rows of the bf16 [rows, 128] banks a dot consumes
+    ring_dot_depth: int      # ring_dot: banks in flight (the kernel's ring depth)
     ring_vmem_bytes: int     # a ring's slots at most this much VMEM (in_flight x copy)
     ring_source_bytes: int   # the HBM a ring reads, cycled through (blocks of the copy size)
     latency_rows: tuple      # tiny copies: rows of a bf16 [rows, 128] block, one in flight
@@ -149,7 +154,8 @@ class Sizes:
 
 FULL = Sizes(
     dma_kib={128: (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384), 256: (256, 1024, 4096, 16384)},
-    in_flight=(1, 2, 4, 8), ring_vmem_bytes=64 * MIB, ring_source_bytes=64 * MIB,
+    in_flight=(1, 2, 4, 8), ring_dot_rows=(4096, 8192, 16384, 32768), ring_dot_depth=8,
+    ring_vmem_bytes=64 * MIB, ring_source_bytes=64 * MIB,
     latency_rows=(16, 32, 64, 128),
     mxu_rows=(8, 16, 64, 256),
     mxu_shapes=((128, 128), (256, 256), (512, 512), (1024, 1024), (2048, 2048), (512, 2048), (2048, 512)),
@@ -169,7 +175,8 @@ FULL = Sizes(
     cache_traced=(8, 64), dispatch_calls=500, target_s=3e-3, repeats=7, vmem_limit_bytes=100 * MIB)
 
 MINI = Sizes(  # the same code at tiny sizes: Pallas interpret mode on a CPU (--dry-run)
-    dma_kib={128: (8, 16), 256: (16,)}, in_flight=(1, 2), ring_vmem_bytes=64 * KIB,
+    dma_kib={128: (8, 16), 256: (16,)}, in_flight=(1, 2), ring_dot_rows=(32, 64), ring_dot_depth=2,
+    ring_vmem_bytes=64 * KIB,
     ring_source_bytes=64 * KIB, latency_rows=(16,),
     mxu_rows=(8,), mxu_shapes=((128, 128),), mxu_int8_shapes=((128, 128),), mxu_int8_lhs=((32, 128, 128),),
     vpu_shapes=((8, 128),), vpu_ops=("mul", "exp"), issue_lag=2, issue_chain=2,
@@ -288,6 +295,35 @@ def dma_ring_call(rows: int, lanes: int, in_flight: int, blocks: int, sizes: Siz
     return pallas(lambda *r: dma_ring_kernel(in_flight, blocks, *r),
                   jax.ShapeDtypeStruct((16, lanes), BF16), [SMEM_SPEC, HBM_SPEC], VMEM_SPEC,
                   [pltpu.VMEM((in_flight, rows, lanes), BF16), pltpu.SemaphoreType.DMA((in_flight,))],
+                  sizes, interpret)
+
+
+def ring_dot_kernel(in_flight: int, blocks: int, n_ref, x_ref, src_hbm, o_ref, slots, sems):
+    """The ring of dma_ring_kernel with the megakernel's use of a bank between its wait and its
+    refill: a dot of the rows x[8, rows] against the bank (ring.PartReader's block), the copy
+    in_flight ahead issued once the bank is used."""
+    # n_ref: [1] i32 SMEM; x_ref: [8, rows] bf16 VMEM; src_hbm: [blocks, rows, 128] bf16 HBM;
+    # o_ref: [8, 128] f32; slots: [in_flight, rows, 128] bf16 VMEM; sems: DMA [in_flight]
+    n = n_ref[0]
+    for j in range(in_flight):
+        ring_copy(src_hbm, slots, sems, blocks, j).start()
+
+    def trip(i, acc):
+        ring_copy(src_hbm, slots, sems, blocks, i).wait()
+        acc = acc + jnp.dot(x_ref[...], slots[i % in_flight], preferred_element_type=F32)
+
+        @pl.when(i + in_flight < n)
+        def _():
+            ring_copy(src_hbm, slots, sems, blocks, i + in_flight).start()
+        return acc
+
+    o_ref[...] = lax.fori_loop(0, n, trip, jnp.zeros(o_ref.shape, F32))
+
+
+def ring_dot_call(rows: int, in_flight: int, blocks: int, sizes: Sizes, interpret: bool):
+    return pallas(lambda *r: ring_dot_kernel(in_flight, blocks, *r),
+                  jax.ShapeDtypeStruct((8, 128), F32), [SMEM_SPEC, VMEM_SPEC, HBM_SPEC], VMEM_SPEC,
+                  [pltpu.VMEM((in_flight, rows, 128), BF16), pltpu.SemaphoreType.DMA((in_flight,))],
                   sizes, interpret)
 
 
@@ -674,6 +710,36 @@ def dma_ring(b: Bench):
                     b.skip(what, f"{q} slots of {kib} KiB exceed the ring's {s.ring_vmem_bytes // MIB} MiB of VMEM")
                     continue
                 b.case(what, one, what, kib * KIB // (lanes * 2), lanes, kib, q)
+
+
+def ring_dot(b: Bench):
+    """The weight ring as the megakernel uses it: time per bank of bf16 [rows, 128] banks, depth of
+    them in flight, each waited for, consumed by one dot of 8 rows against it and then refilled,
+    by bank rows (the slope over the number of banks). Beside the dma_ring entries of the same
+    bytes (the stream alone) they say what a bank costs the kernel beyond its bytes."""
+    s, q = b.sizes, b.sizes.ring_dot_depth
+
+    def one(what, rows):
+        nbytes = rows * 128 * 2
+        blocks = ring_blocks(s, nbytes)
+        src, x = jnp.ones((blocks, rows, 128), BF16), jnp.ones((8, rows), BF16)
+        try:
+            sl = b.kernel_slope(ring_dot_call(rows, q, blocks, s, b.interpret), (x, src), n0=max(q, 2))
+        finally:
+            src.delete()
+        b.add(what, "ring_dot", {"bytes": nbytes, "in_flight": q, "lanes": 128, "rows": 8, "bank_rows": rows},
+              sl.per_rep_s * 1e6, "us_per_copy",
+              f"a ring bank of bf16 [{rows}, 128] ({nbytes // KIB} KiB), {q} in flight, waited for, one dot "
+              "of 8 rows against it, then refilled", sl.notes("banks"),
+              not_modelled="the data for a per-bank cost of the kernel's streamed matmul beyond its bytes "
+              "(the model has none: the bank-size sweep's gains are under-predicted)")
+
+    for rows in s.ring_dot_rows:
+        if q * rows * 128 * 2 > s.ring_vmem_bytes:
+            b.skip(f"ring-dot-{rows}", f"{q} banks of {rows} rows exceed the ring's {s.ring_vmem_bytes // MIB} MiB")
+            continue
+        what = f"ring-dot-{rows}"
+        b.case(what, one, what, rows)
 
 
 def dma_latency(b: Bench):
@@ -1268,6 +1334,7 @@ def attn_parts(b: Bench):
 # section -> (its function, a title to print)
 MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted call"),
               "dma": (dma_ring, "HBM -> VMEM copy ring by copy size and copies in flight"),
+              "ring_dot": (ring_dot, "the weight ring with a dot consuming each bank, by bank rows"),
               "latency": (dma_latency, "a tiny copy's first-byte latency (one in flight)"),
               "mxu": (mxu_matmul, "in-kernel dots by shape and dtype"),
               "vpu": (vpu_elementwise, "vector-unit elementwise passes"),
