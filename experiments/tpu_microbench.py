@@ -270,24 +270,30 @@ def ring_copy(src_hbm, slots, sems, blocks: int, i):
     return pltpu.make_async_copy(src_hbm.at[i % blocks], slots.at[s], sems.at[s])
 
 
-def dma_ring_kernel(in_flight: int, blocks: int, n_ref, src_hbm, o_ref, slots, sems):
+def ring_trips(n, in_flight: int, copy, use, carry):
     """n copies (n >= in_flight), in_flight of them outstanding: the first in_flight issued at once,
-    then each trip waits for the oldest and issues the copy in_flight ahead into its slot."""
-    # n_ref: [1] i32 SMEM (copies); src_hbm: [blocks, rows, lanes] bf16 HBM; o_ref: [16, lanes]
-    # slots: [in_flight, rows, lanes] bf16 VMEM; sems: DMA [in_flight]
-    n = n_ref[0]
+    then trip i waits for copy i, uses it (`use(i, carry)`) and issues copy i + in_flight into its
+    slot. Returns the last carry."""
     for j in range(in_flight):
-        ring_copy(src_hbm, slots, sems, blocks, j).start()
+        copy(j).start()
 
     def trip(i, carry):
-        ring_copy(src_hbm, slots, sems, blocks, i).wait()
+        copy(i).wait()
+        carry = use(i, carry)
 
         @pl.when(i + in_flight < n)
         def _():
-            ring_copy(src_hbm, slots, sems, blocks, i + in_flight).start()
+            copy(i + in_flight).start()
         return carry
 
-    lax.fori_loop(0, n, trip, 0)
+    return lax.fori_loop(0, n, trip, carry)
+
+
+def dma_ring_kernel(in_flight: int, blocks: int, n_ref, src_hbm, o_ref, slots, sems):
+    """The copies alone: each used as soon as it has landed."""
+    # n_ref: [1] i32 SMEM (copies); src_hbm: [blocks, rows, lanes] bf16 HBM; o_ref: [16, lanes]
+    # slots: [in_flight, rows, lanes] bf16 VMEM; sems: DMA [in_flight]
+    ring_trips(n_ref[0], in_flight, lambda i: ring_copy(src_hbm, slots, sems, blocks, i), lambda i, c: c, 0)
     o_ref[...] = slots[0, :16, :]
 
 
@@ -299,25 +305,14 @@ def dma_ring_call(rows: int, lanes: int, in_flight: int, blocks: int, sizes: Siz
 
 
 def ring_dot_kernel(in_flight: int, blocks: int, n_ref, x_ref, src_hbm, o_ref, slots, sems):
-    """The ring of dma_ring_kernel with the megakernel's use of a bank between its wait and its
-    refill: a dot of the rows x[8, rows] against the bank (ring.PartReader's block), the copy
-    in_flight ahead issued once the bank is used."""
+    """The megakernel's use of a bank between its wait and its refill: a dot of the rows x[8, rows]
+    against it (ring.PartReader's block)."""
     # n_ref: [1] i32 SMEM; x_ref: [8, rows] bf16 VMEM; src_hbm: [blocks, rows, 128] bf16 HBM;
     # o_ref: [8, 128] f32; slots: [in_flight, rows, 128] bf16 VMEM; sems: DMA [in_flight]
-    n = n_ref[0]
-    for j in range(in_flight):
-        ring_copy(src_hbm, slots, sems, blocks, j).start()
-
-    def trip(i, acc):
-        ring_copy(src_hbm, slots, sems, blocks, i).wait()
-        acc = acc + jnp.dot(x_ref[...], slots[i % in_flight], preferred_element_type=F32)
-
-        @pl.when(i + in_flight < n)
-        def _():
-            ring_copy(src_hbm, slots, sems, blocks, i + in_flight).start()
-        return acc
-
-    o_ref[...] = lax.fori_loop(0, n, trip, jnp.zeros(o_ref.shape, F32))
+    def use(i, acc):
+        return acc + jnp.dot(x_ref[...], slots[i % in_flight], preferred_element_type=F32)
+    o_ref[...] = ring_trips(n_ref[0], in_flight, lambda i: ring_copy(src_hbm, slots, sems, blocks, i), use,
+                            jnp.zeros(o_ref.shape, F32))
 
 
 def ring_dot_call(rows: int, in_flight: int, blocks: int, sizes: Sizes, interpret: bool):

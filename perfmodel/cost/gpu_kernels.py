@@ -16,6 +16,7 @@ kernel_bandwidth_efficiency, kernel_flops_efficiency, allreduce_*), labelled by 
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -30,7 +31,7 @@ import numpy as np
 from perfmodel.util import checked, schema
 from perfmodel.util.checks import MAX_INT, STR, ListOf, Num, Req
 from perfmodel.util.errors import SpecError, in_file, require
-from perfmodel.util.files import MAX_FILE_BYTES, read_text
+from perfmodel.util.files import as_text, read_bytes
 
 KERNEL_DIR = Path(__file__).parents[1] / "data" / "kernels"
 COMM = ("all_reduce", "mnnvl", "nccl", "a2a")  # mnnvl: a multi-node NVLink (multicast) collective
@@ -202,13 +203,12 @@ def tables(gpu: str, engine: str) -> Tables | None:
     path = KERNEL_DIR / gpu / f"{engine}.npz"
     if not path.exists():
         return None
-    require(path.stat().st_size <= MAX_FILE_BYTES, "kernel table", str(path),
-            f"larger than {MAX_FILE_BYTES / 2**20:g} MiB")
+    data = read_bytes(path, "kernel table")   # read once: its arrays and the name of its bytes
     try:
-        npz = np.load(path, allow_pickle=False)
+        npz = np.load(io.BytesIO(data), allow_pickle=False)
     except KERNEL_DATA_ERRORS as e:
         raise SpecError("kernel table", str(path), f"not a table file ({type(e).__name__}: {str(e)[:120]})") from None
-    content = checked.content(path)
+    content = checked.content(data)
     doc = _json_array(npz, "index", path, content)
     with in_file(path):
         schema.check_tree({"index": doc}, {"index": HEADER})  # errors name index.<key>
@@ -500,11 +500,12 @@ def _fit_file(gpu: str) -> tuple[dict, str | None]:
     path = KERNEL_DIR / gpu / "fit.json"
     if not path.exists():
         return {}, None
-    content = checked.content(path)
+    raw = read_bytes(path, "kernel table")
+    content, text = checked.content(raw), as_text(raw, "kernel table", path)
     if checked.known(content, "fit file"):   # these bytes parsed (nesting bounded) and checked before
-        data = json.loads(read_text(path, "kernel table"))
-        return data["engines"], content
-    data = _read(path)
+        return json.loads(text)["engines"], content
+    data = schema.parse(text, "json", "kernel table", path)
+    require(isinstance(data, dict), "kernel table", str(path), "must hold an object at the top")
     with in_file(path):
         engines = data.get("engines")
         require(isinstance(engines, dict) and all(isinstance(v, dict) for v in engines.values()),
@@ -548,13 +549,6 @@ def forget_fits() -> None:
     """Drop the fit files read so far (after one is rewritten)."""
     _fit_file.cache_clear()
     engine_fits.cache_clear()
-
-
-def _read(path: Path) -> dict:
-    """A shipped fit file: read bounded and parsed through the schema layer."""
-    data = schema.parse(read_text(path, "kernel table"), "json", "kernel table", path)
-    require(isinstance(data, dict), "kernel table", str(path), "must hold an object at the top")
-    return data
 
 
 def fitted_params(gpu: str, engine: str, cls: str, key: dict, kernel: str = "") -> tuple[dict, str] | None:

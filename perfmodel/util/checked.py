@@ -2,10 +2,10 @@
 is not checked again, so a command line does not re-validate thousands of table rows it read
 unchanged a moment ago (the GPU kernel tables: about 50 ms of a 190 ms command).
 
-A file's content is named once per read (`content`: its length, CRC-32 and Adler-32, by zlib: no
-OpenSSL to load), and a marker per (content, check) lives in $XDG_CACHE_HOME/perfmodel/checked
-(default ~/.cache/perfmodel/checked); where the file cannot be read or the cache written, every
-process checks. A file whose bytes change (a re-import rewrites it) is checked again on its next
+A file's bytes, as its reader read them, are named once (`content`: their length, CRC-32 and
+Adler-32, by zlib: no OpenSSL to load), and a marker per (content, check) lives in
+$XDG_CACHE_HOME/perfmodel/checked (default ~/.cache/perfmodel/checked); where the cache cannot
+be written (or a caller names no content), every process checks. A file whose bytes change (a re-import rewrites it) is checked again on its next
 read.
 """
 from __future__ import annotations
@@ -16,12 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 
-def content(path: Path) -> str | None:
-    """The name of `path`'s bytes as they are now, or None when it cannot be read."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
+def content(data: bytes) -> str:
+    """The name of a file's bytes, as its reader read them."""
     return f"{len(data):x}-{zlib.crc32(data):08x}-{zlib.adler32(data):08x}"
 
 

@@ -89,7 +89,11 @@ def read_bytes(path, field: str = "file", limit: int = MAX_FILE_BYTES) -> bytes:
 
 def read_text(path, field: str = "file", limit: int = MAX_FILE_BYTES) -> str:
     """The UTF-8 text of a user file, or a SpecError naming the file and what is wrong."""
-    data = read_bytes(path, field, limit)
+    return as_text(read_bytes(path, field, limit), field, path)
+
+
+def as_text(data: bytes, field: str, path) -> str:
+    """`data`, read from `path`, as UTF-8 text, or a SpecError naming the file and the byte."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
