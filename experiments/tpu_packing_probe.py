@@ -6,7 +6,9 @@ int32 view of int8 holds rows 4a..4a+3 (row 4a in the low byte), of bf16 rows 2a
 kernel that builds bf16 weights as integer words on the vector unit (MXFP4 decoded two weights a
 word) relies on that pairing; on a TPU v5e such a kernel matched the reference in interpret mode
 and not on the chip (experiments/results/tpu_v5e/calls_2026-12-06g_w.log). This probe sends rows
-numbered by their index through each bitcast on the chip and prints the pairing it finds.
+numbered by their index through each bitcast on the chip and prints the pairing it finds. On the
+lent TPU v5e (JAX 0.10.2, libtpu 0.0.42.1) it is the one interpret mode defines, in all three
+cases (experiments/results/tpu_v5e/packing_probe_2026-12-06.json): the pairing is not the fault.
 
     python experiments/tpu_packing_probe.py [--out FILE.json]     # on a TPU (seconds)
     python experiments/tpu_packing_probe.py --interpret            # interpret mode, on a CPU

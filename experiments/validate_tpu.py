@@ -352,6 +352,8 @@ def whatif(mk: list[dict]) -> list[dict]:
             xs = sorted(pts)
             pred = {x: statistics.median(m["comparison"].predicted_step_s for m in pts[x]) for x in xs}
             meas = {x: statistics.median(m["comparison"].measured_step_s for m in pts[x]) for x in xs}
+            span = {x: (min(m["comparison"].measured_step_s for m in pts[x]),
+                        max(m["comparison"].measured_step_s for m in pts[x])) for x in xs}
             best_p, best_m = min(xs, key=pred.get), min(xs, key=meas.get)
             gain_p, gain_m = pred[xs[0]] - pred[best_p], meas[xs[0]] - meas[best_m]
             out.append({"slice": key[0], "format": key[1], "batch": key[2], "knob": knob, "values": xs,
@@ -359,7 +361,9 @@ def whatif(mk: list[dict]) -> list[dict]:
                         "predicted_best": best_p, "measured_best": best_m,
                         "predicted_gain_s": gain_p, "measured_gain_s": gain_m,
                         "gain_error": rel(gain_p, gain_m) if gain_m > 0 else math.nan,
-                        "runs_per_point": {x: len(pts[x]) for x in xs}})
+                        "runs_per_point": {x: len(pts[x]) for x in xs},
+                        "measured_range_s": [list(span[x]) for x in xs],
+                        "repeat_spread": max((hi / lo - 1 for lo, hi in span.values()), default=0.0)})
     return out
 
 
@@ -540,9 +544,16 @@ def main(argv=None) -> int:
         for w in sweeps:
             print(f"\nwhat-if on the chip: {w['knob']} at batch {w['batch']} ({w['slice']} {w['format']}; "
                   "the other knobs as tuned)")
-            print(table([w["knob"], "predicted us", "measured us", "error"],
-                        [[x, p * 1e6, m * 1e6, f"{rel(p, m):+.1%}"]
-                         for x, p, m in zip(w["values"], w["predicted_s"], w["measured_s"])]))
+            print(table([w["knob"], "predicted us", "measured us", "error", "runs", "measured range us"],
+                        [[x, p * 1e6, m * 1e6, f"{rel(p, m):+.1%}", w["runs_per_point"][x],
+                          f"{lo * 1e6:.0f}-{hi * 1e6:.0f}"]
+                         for x, p, m, (lo, hi) in zip(w["values"], w["predicted_s"], w["measured_s"],
+                                                      w["measured_range_s"])]))
+            ranked = sorted(zip(w["measured_s"], w["values"]))
+            margin = f"; the measured best leads the next by {ranked[1][0] / ranked[0][0] - 1:.1%}" \
+                if len(ranked) > 1 else ""
+            print(f"a point's runs (separate calls, often separate VMs) spread up to {w['repeat_spread']:.1%}"
+                  f"{margin}")
             print(f"best: predicted {w['predicted_best']}, measured {w['measured_best']}; gain from "
                   f"{w['values'][0]} to the best: predicted {w['predicted_gain_s'] * 1e6:.0f} us, measured "
                   f"{w['measured_gain_s'] * 1e6:.0f} us ({w['gain_error']:+.1%})")

@@ -39,7 +39,7 @@ def test_tpu_status_quotes_the_committed_runs():
               ", ".join(us(mk[moe, "mxfp4", b]["step_s"]) for b in (1, 2, 4)) + f", {us(mk[moe, 'mxfp4', 8]['step_s'])} us a step",
               ", ".join(us(first[1, d, 2, 8192]) for d in (1, 2, 4, 8, 16)) + f", {us(first[1, 32, 2, 8192])} us a step",
               ", ".join(us(first[1, 8, k, 8192]) for k in (1, 2)) + f", {us(first[1, 8, 4, 8192])} us",
-              f"{us(sweep[1, 8, 2, 4096])}, {us(sweep[1, 8, 2, 16384])} us",
+              f"{us(first[1, 8, 2, 4096])}, {us(first[1, 8, 2, 16384])} us",
               f"depth 16 took {us(sweep[8, 16, 2, 8192])} us and 16384-row banks {us(sweep[8, 8, 2, 16384])} "
               f"us against {us(sweep[8, 8, 2, 8192])}"]
     missing = [q for q in quoted if q not in text]
