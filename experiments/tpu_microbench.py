@@ -711,7 +711,8 @@ def ring_dot(b: Bench):
     """The weight ring as the megakernel uses it: time per bank of bf16 [rows, 128] banks, depth of
     them in flight, each waited for, consumed by one dot of 8 rows against it and then refilled,
     by bank rows (the slope over the number of banks). Beside the dma_ring entries of the same
-    bytes (the stream alone) they say what a bank costs the kernel beyond its bytes."""
+    bytes (the stream alone) they say what a bank costs the kernel beyond its bytes; fitted with
+    them (the copy and the dot overlap: the longer of the two)."""
     s, q = b.sizes, b.sizes.ring_dot_depth
 
     def one(what, rows):
@@ -725,9 +726,7 @@ def ring_dot(b: Bench):
         b.add(what, "ring_dot", {"bytes": nbytes, "in_flight": q, "lanes": 128, "rows": 8, "bank_rows": rows},
               sl.per_rep_s * 1e6, "us_per_copy",
               f"a ring bank of bf16 [{rows}, 128] ({nbytes // KIB} KiB), {q} in flight, waited for, one dot "
-              "of 8 rows against it, then refilled", sl.notes("banks"),
-              not_modelled="the data for a per-bank cost of the kernel's streamed matmul beyond its bytes "
-              "(the model has none: the bank-size sweep's gains are under-predicted)")
+              "of 8 rows against it, then refilled", sl.notes("banks"))
 
     for rows in s.ring_dot_rows:
         if q * rows * 128 * 2 > s.ring_vmem_bytes:
@@ -1239,11 +1238,15 @@ def xla_cache_update(b: Bench):
 def xla_copy(b: Bench):
     """XLA's rate for copying a cache-sized buffer, by size: a loop whose trip rolls a bf16
     [B, tokens, 576] array by one token (`jnp.roll`: every byte read once and written once into a
-    new buffer, in VMEM where XLA places it there, else through HBM); time per trip. The rate
-    `components.xla_cache_copy_time` needs (it takes XLA's dot streaming rate until these entries
-    are measured)."""
+    new buffer, in VMEM where XLA places it there, else through HBM); time per trip. The compiled
+    loop holds two buffers placed as the reference's two cache copies (both in VMEM while they
+    fit, one at 72 MiB, none at 144 MiB, read ahead of time for a v5e), so the buffers XLA copies
+    through HBM fit `components.xla_cache_copy_time`'s rate; the others are not charged by it."""
+    from perfmodel.cost.components import XLA_LATENT_COPIES
+    from perfmodel.spec.hardware import load_hardware
     s, key = b.sizes, jax.random.PRNGKey(5)
     t, width = s.cache_tokens, 576
+    onchip = load_hardware(b.platform).onchip_bytes
 
     def run(trips, x):
         y = lax.fori_loop(0, trips, lambda j, x: jnp.roll(x, 1, axis=1), x)
@@ -1260,8 +1263,9 @@ def xla_copy(b: Bench):
               sl.per_rep_s * 1e6, "us_per_copy",
               f"XLA copying a bf16 [{batch}, {t}, {width}] array ({nbytes / 2**20:.0f} MiB) whole, a loop trip",
               sl.notes("trips"),
-              not_modelled="the data for components.xla_cache_copy_time's rate (it takes XLA's dot streaming "
-              "rate until these are measured)")
+              not_modelled="" if onchip // nbytes < XLA_LATENT_COPIES else
+              f"both buffers in VMEM ({onchip // MIB} MiB): no copy through HBM, which is all "
+              "components.xla_cache_copy_time charges")
 
     for batch in s.cache_batches:
         what = f"xla-copy-b{batch}"

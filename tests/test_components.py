@@ -309,7 +309,7 @@ def test_xla_dots_on_a_tpu_take_their_measured_time_without_fill():
 
 def test_xla_copies_an_mla_cache_through_hbm_once_it_outgrows_vmem():
     """XLA's two copies of an MLA latent cache a step: none through HBM while both fit on chip, one
-    when only one does, both beyond (each reading and writing the whole cache at XLA's streaming
+    when only one does, both beyond (each reading and writing the whole cache at XLA's copy
     rate); in the multi-kernel engine on a TPU with XLA's components they lengthen the MLA attention
     op by exactly that, and a batch's larger cache crosses from VMEM into HBM."""
     import dataclasses
@@ -320,7 +320,7 @@ def test_xla_copies_an_mla_cache_through_hbm_once_it_outgrows_vmem():
     from perfmodel_kernels.specs import slice_spec
     hw = load_hardware("tpu-v5e")
     c, vmem = hw.components, hw.onchip_bytes
-    copy = lambda b: 2 * b / c["xla_dot_bandwidth_bytes_per_s"]   # noqa: E731
+    copy = lambda b: 2 * b / c["xla_copy_bandwidth_bytes_per_s"]   # noqa: E731
     assert cm.xla_cache_copy_time(c, 0.3 * vmem, vmem) == 0.0
     assert cm.xla_cache_copy_time(c, 0.6 * vmem, vmem) == pytest.approx(copy(0.6 * vmem))
     assert cm.xla_cache_copy_time(c, 1.2 * vmem, vmem) == pytest.approx(2 * copy(1.2 * vmem))

@@ -342,13 +342,13 @@ def xla_cache_copy_time(c: dict, cache_bytes: float, onchip_bytes: float) -> flo
     of it, a step: XLA_LATENT_COPIES copies, each placed in on-chip memory while it fits
     (`onchip_bytes` // `cache_bytes` of them: in the compiled programs both sit in the v5e's
     128 MiB VMEM at 36 MiB, one at 72 MiB, none at 144 MiB), the rest copied through HBM, every
-    byte read and written at XLA's streaming rate (`xla_dot_bandwidth_bytes_per_s`, measured on
-    XLA's dots: no micro-benchmark of a copy alone; the batch-64 trace's two copies of a 151 MB
-    cache ran at 0.55 ms each, 0.41 ms at this rate)."""
+    byte read and written at XLA's copy rate (`xla_copy_bandwidth_bytes_per_s`, bytes moved: the
+    xla_copy micro-benchmarks, a loop rolling a cache-sized buffer whose compiled program places
+    its two buffers the same way). On-chip copies are not charged."""
     if cache_bytes <= 0:
         return 0.0
     in_hbm = max(0, XLA_LATENT_COPIES - int(onchip_bytes // cache_bytes))
-    return in_hbm * 2 * cache_bytes / param(c, "xla_dot_bandwidth_bytes_per_s")
+    return in_hbm * 2 * cache_bytes / param(c, "xla_copy_bandwidth_bytes_per_s")
 
 
 def host_convert_time(c: dict, values: float, allocated_bytes: float) -> float:

@@ -46,7 +46,7 @@ GROUPS = {
     # dma_concurrent_copies, to the phase profile: experiments/phase_split.py); a file whose
     # entries determine it (a ring kept one copy in flight) adds it by its `fit` table (OPTIONAL)
     "dma": (("dma_bandwidth_bytes_per_s", "dma_descriptor_s"),
-            ("weight_stream", "expert_stream", "dma_ring", "dma_queue")),
+            ("weight_stream", "expert_stream", "dma_ring", "dma_queue", "ring_dot")),
     "mxu": (("mxu_push_bf16_s", "mxu_push_fp8_s", "mxu_row_s", "mxu_dot_issue_s"),
             ("mxu_push", "matmul")),
     "vpu_dequant": (("vpu_dequant_s",), ("dequant_matmul",)),
@@ -67,6 +67,7 @@ GROUPS = {
                   "dot_fixed_s"),
                  ("host_dot",)),
     "xla_dot": (("xla_dot_fixed_s", "xla_dot_bandwidth_bytes_per_s"), ("xla_dot",)),
+    "xla_copy": (("xla_copy_bandwidth_bytes_per_s",), ("xla_copy",)),
     "xla_expert": (("xla_expert_trip_s", "xla_expert_bandwidth_bytes_per_s", "xla_expert_row_s_per_byte"),
                    ("xla_expert_loop",)),
     "host_expert": (("host_expert_fixed_s", "host_expert_bandwidth_bytes_per_s", "host_expert_row_s_per_byte"),
@@ -128,6 +129,9 @@ INPUTS = {
     "host_absorbed_kv_b": {"bytes": Req(_BYTES)}, "host_argmax": {"values": Req(_N)},
     "host_expert_loop": {"bytes": Req(_BYTES), "rows": Req(_N), "experts": Req(_N)},
     "xla_dot": {"bytes": Req(_BYTES), "m": _N, "k": _N, "n": _N, "dtype": _DTYPE},
+    "xla_copy": {"bytes": Req(_BYTES), "batch": _N, "tokens": _N, "width": _N},
+    "ring_dot": {"bytes": Req(_BYTES), "in_flight": Req(_N), "bank_rows": Req(_N), "lanes": Req(_N),
+                 "rows": Req(_N)},
     "xla_expert_loop": {"bytes": Req(_BYTES), "rows": Req(_N), "latent": _N, "width": _N, "experts": _N},
     "engine_bandwidth_fraction": {"model": Req((STR,)), "devices": Req(_N), "batch": Req(_N)},
 }
@@ -217,6 +221,9 @@ def predict_entry(e: dict, hw: Hardware) -> float:
         t = cm.dma_stream_time(c, i["bytes"], i["descriptors"], cold=False)
     elif m == "dma_ring":
         t = dma_ring_time(c, i["bytes"], i["in_flight"])
+    elif m == "ring_dot":   # a bank's copy and one dot against it overlap: the longer of the two
+        t = max(dma_ring_time(c, i["bytes"], i["in_flight"]),
+                cm.matmul_time(c, i["bank_rows"] * i["lanes"], "bf16", i["rows"], 1))
     elif m == "dma_queue":  # served in issue order: the small copy waits for the bytes ahead of it
         t = i["ahead"] * cm.dma_stream_time(c, i["big_bytes"], 1, cold=False)
     elif m == "mxu_push":
@@ -273,6 +280,8 @@ def predict_entry(e: dict, hw: Hardware) -> float:
         t = cm.host_expert_time(c, i["bytes"], i["rows"], i["experts"]) / i["experts"]
     elif m == "xla_dot":
         t = cm.xla_dot_time(c, i["bytes"])
+    elif m == "xla_copy":   # a buffer copied as the reference copies its cache (placed alike)
+        t = cm.xla_cache_copy_time(c, i["bytes"], hw.onchip_bytes)
     elif m == "xla_expert_loop":  # per trip: bytes are one expert's
         t = cm.xla_expert_time(c, i["bytes"], i["rows"], 1)
     elif m == "engine_bandwidth_fraction":
