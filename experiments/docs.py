@@ -666,7 +666,7 @@ COMPONENT_FUNCTIONS = {
     "host": "device_call_time", "gpu_launch": "kernel_launch_time", "gpu_kernel": "kernel_stream_time",
     "gpu_all_reduce": "gpu_all_reduce_time", "gpu_graph_overlap": "graph_overlap_time",
     "host_dot": "host_dot_time", "host_expert": "host_expert_time", "host_convert": "host_convert_time",
-    "xla_expert": "xla_expert_time", "xla_dot": "xla_dot_time", "xla_copy": "xla_cache_copy_time",
+    "xla_expert": "xla_expert_time", "xla_dot": "xla_dot_time", "xla_copy": "xla_cache_copy_time", "embed": "embed_pick_time",
     "host_program": "host_program_time", "host_pages": "host_fresh_pages_time",
     "host_stack_copy": "host_stack_copy_time", "host_argmax": "host_argmax_time",
     "host_absorb": "host_absorbed_kv_b_time"}

@@ -40,6 +40,8 @@ mechanism) and the `mechanism` of its entries:
   block's recurrence (`reference.kda_block` with the projections' outputs given: gates, short
   conv, delta rule, norm, output gate; state in VMEM; fits `vpu_flops_per_s`) and the MLA layer's
   two absorption einsums with kv_b (bhn,rhn->bhr, bhr,rhv->bhv; and the latter as one dot a head);
+- embed, `embed_pick`: the megakernel's pick of each sequence's embedding row out of the bf16 tile it
+  copied it in (`megakernel.pick_rows`) at the same slices, batches 1, 8 and 16 (fits `embed_pick_s`);
 - xla, `xla_ops` (entries `xla_op`, `xla_loop_trip`, `xla_dot`, `xla_attention`): a chain of small
   dependent XLA ops (tanh(x[8, 128] @ w[128, 128]), one fusion each) in an XLA while loop, bodies
   of 1 and 32 ops: the time per op (its launch gap and its tiny work) and the loop's own trip;
@@ -54,7 +56,7 @@ mechanism) and the `mechanism` of its entries:
   cache size (batch 1 .. 64 x 2048 tokens x 576), beyond reading the cache: a check of where XLA
   places the cache's copies (`components.xla_cache_copy_time`);
 - xla_copy, `xla_copy`: XLA copying a bf16 [B, 2048, 576] array whole (a roll by one token) in a
-  loop, by B: the copy rate that term needs.
+  loop, by B: the copy rate that term needs (fits `xla_copy_bandwidth_bytes_per_s`).
 
 Timing. A jitted call costs about half a millisecond of host time on a TPU VM, so no figure is one
 call's wall clock: every kernel and XLA program takes its repetition count as an argument (an SMEM
@@ -102,7 +104,7 @@ KIB, MIB = 1024, 1024 * 1024
 # JAX device_kind -> the hardware preset the entries are for
 PLATFORMS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v6 lite": "tpu-v6e", "TPU v5": "tpu-v5p",
              "TPU v5p": "tpu-v5p", "TPU7x": "tpu-v7"}
-SECTIONS = ("dispatch", "dma", "ring_dot", "latency", "mxu", "vpu", "loop", "queue", "expert", "mla_core", "attn_parts", "xla",
+SECTIONS = ("dispatch", "dma", "ring_dot", "latency", "mxu", "vpu", "loop", "queue", "expert", "mla_core", "attn_parts", "embed", "xla",
             "xla_expert", "xla_cache", "xla_copy")  # run in this order
 
 
@@ -521,6 +523,14 @@ def mla_absorb_kernel(spec, which: str, n_ref, kv_b_ref, x_ref, o_ref):
         y = jnp.einsum("bhn,rhn->bhr", x, w_uk) if which == "absorb" else jnp.einsum("bhr,rhv->bhv", x, w_uv)
         return y[..., :m.qk_nope_dim] if which == "absorb" else y
     o_ref[...] = lax.fori_loop(0, n_ref[0], rep, jnp.zeros(o_ref.shape, F32))
+
+
+def embed_pick_kernel(batch: int, n_ref, tok_ref, tiles_ref, o_ref):
+    """n repetitions of the megakernel's embed phase after its rows arrive: each sequence's row
+    picked out of its copied 16-row tile (`megakernel.pick_rows`, selects over [Bp, H] f32)."""
+    from perfmodel_kernels.megakernel import pick_rows
+    o_ref[...] = lax.fori_loop(0, n_ref[0], lambda i, acc: acc + pick_rows(tok_ref, tiles_ref, batch),
+                               jnp.zeros(o_ref.shape, F32))
 
 
 # ---- XLA programs -----------------------------------------------------------------------------
@@ -1330,6 +1340,33 @@ def attn_parts(b: Bench):
                 b.case(what, mla, what, name, batch, which)
 
 
+def embed_parts(b: Bench):
+    """The megakernel's embed phase beyond its rows' copies, by slice width and batch: picking each
+    sequence's row out of its copied bf16 tile of 16 (`megakernel.pick_rows`: a select a tile row
+    over [Bp, H] f32), timed as the slope over repetitions of the kernel's own code."""
+    from perfmodel_kernels import chip, stream
+    from perfmodel_kernels.specs import slice_spec
+    s = b.sizes
+
+    def one(what, name, batch):
+        h, bp, rows = slice_spec(name).hidden, chip.round_rows(batch, F32), stream.ROW_TILE
+        tok = jnp.arange(bp, dtype=jnp.int32) * 7 % rows
+        tiles = jax.random.normal(jax.random.PRNGKey(3), (bp, rows, h), F32).astype(BF16)
+        call = pallas(lambda *refs: embed_pick_kernel(batch, *refs), jax.ShapeDtypeStruct((bp, h), F32),
+                      [SMEM_SPEC, SMEM_SPEC, VMEM_SPEC], VMEM_SPEC, [], s, b.interpret)
+        sl = b.kernel_slope(call, (tok, tiles))
+        b.add(what, "embed_pick", {"slice": name, "batch": batch, "rows": bp, "tile_rows": rows, "hidden": h,
+                                   "values": bp * rows * h},
+              sl.per_rep_s * 1e6, "us_per_layer",
+              f"the megakernel's pick of each sequence's embedding row out of its bf16 [{rows}, {h}] tile "
+              f"({name}, batch {batch} in {bp} rows)", sl.notes("repetitions"))
+
+    for name in s.attn_slices:
+        for batch in sorted({*s.attn_batches, 2 * max(s.attn_batches)}):   # 16 rows too at the largest
+            what = f"embed-pick-{name}-b{batch}"
+            b.case(what, one, what, name, batch)
+
+
 # section -> (its function, a title to print)
 MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted call"),
               "dma": (dma_ring, "HBM -> VMEM copy ring by copy size and copies in flight"),
@@ -1341,6 +1378,7 @@ MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted cal
               "queue": (dma_queue, "a small copy's arrival behind ring banks in flight"),
               "mla_core": (mla_core, "the megakernel's MLA decode core by cached tokens and query rows"),
               "attn_parts": (attn_parts, "the megakernel's KDA core and MLA absorption einsums by width and batch"),
+              "embed": (embed_parts, "the megakernel's pick of embedding rows out of their tiles"),
               "expert": (expert_paths, "the megakernel's routed-expert paths per format"),
               "xla": (xla_ops, "XLA's op gap, dots by shape and decode attention"),
               "xla_expert": (xla_expert_loop, "the XLA reference's routed-expert loop by rows and shape"),

@@ -216,9 +216,12 @@ def settings(dspec: ModelSpec, cfg: KernelConfig) -> dict:
     """The kernel's settings an engine replays beside its copies
     (`perfmodel.graph.dmaplan.KERNEL_FIELDS`): ring, slots, the all-reduce algorithm, wire dtype
     and the rows a message carries, the cache tile its attention walks, the dots of each streamed
-    matmul (`matmul_dots`), and how the routed experts reach the MXU."""
+    matmul (`matmul_dots`), the values its embed phase selects through (`megakernel.pick_rows`:
+    one select a row of the copied bf16 tile over [padded rows, hidden] f32), and how the routed
+    experts reach the MXU."""
     out = {"bank_bytes": cfg.bank_bytes, "depth": cfg.depth, "expert_slots": cfg.expert_slots,
-           "cache_block": cfg.cache_block, "matmul_dots": matmul_dots(dspec, cfg)}
+           "cache_block": cfg.cache_block, "matmul_dots": matmul_dots(dspec, cfg),
+           "embedding_pick_values": cfg.padded_batch * stream.ROW_TILE * (dspec.hidden // layout.tp_of(dspec))}
     if layout.tp_of(dspec) > 1:
         out |= {"wire": cfg.wire, "all_reduce": comm.algorithm(dspec, cfg),
                 "collective_rows": comm.Wire(cfg.token_rows, 1, comm.WIRE[cfg.wire]).padded_rows}

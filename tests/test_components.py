@@ -334,3 +334,30 @@ def test_xla_copies_an_mla_cache_through_hbm_once_it_outgrows_vmem():
         plain = simulate_multikernel(g, dataclasses.replace(hw, onchip_bytes=10 * cache))  # both on chip
         extra = (tl.end_s - tl.start_s)[j] - (plain.end_s - plain.start_s)[j]
         assert extra == pytest.approx(copies * copy(cache), rel=1e-6, abs=1e-12)
+
+
+def test_the_kernels_embed_pick_is_charged_on_its_embedding_op():
+    """The megakernel's pick of each sequence's embedding row out of its copied tile: the values its
+    plan says it selects through (one select a bf16 tile row over [padded rows, hidden] f32) at the
+    v5e's measured cost a value, on the embedding op alone; nothing where the plan has no pick or the
+    hardware file never measured one."""
+    import dataclasses
+    from perfmodel.cost import components as cm
+    from perfmodel.engine.megakernel import kernel_terms
+    from perfmodel.graph.ops import build
+    from perfmodel.spec.deployment import Deployment
+    from perfmodel_kernels import layout, plan, stream
+    from perfmodel_kernels.specs import slice_spec
+    spec = slice_spec("k3-tp32-core", "mxfp4")
+    cfg = layout.KernelConfig(batch=3, max_context=256, tile=128, chip="v5e")
+    values = plan.settings(spec, cfg)["embedding_pick_values"]
+    assert values == 8 * stream.ROW_TILE * spec.hidden   # 3 sequences in one 8-row f32 tile
+    g = build(spec, Deployment(devices=1, tp=1, engine="megakernel", batch=3, context=256))
+    v5e, v7 = load_hardware("tpu-v5e"), load_hardware("tpu-v7")
+    assert "embed_pick" not in kernel_terms(g, v5e)
+    g.recipe = dataclasses.replace(g.recipe, embedding_pick_values=values)
+    t = kernel_terms(g, v5e)["embed_pick"]
+    j = g.name.index("embedding_gather")
+    assert t[j] == pytest.approx(values * v5e.components["embed_pick_s"]) == cm.embed_pick_time(v5e.components, values)
+    assert t.sum() == t[j] and 4e-6 < t[j] < 6e-6   # about the 5 us the chip's own pick_rows takes
+    assert "embed_pick" not in kernel_terms(g, v7)

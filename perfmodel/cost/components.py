@@ -193,6 +193,14 @@ def collective_time(c: dict, kind: str, payload: float, devices: int, cores: int
     return best
 
 
+def embed_pick_time(c: dict, values: float) -> float:
+    """A megakernel's pick of each sequence's embedding row out of the tile it copied the row in,
+    `values` selected through (perfmodel_kernels: one select a bf16 tile row over [padded rows,
+    hidden] f32): `embed_pick_s` a value. Micro-benchmarks: v5e-embed-pick-* (the kernel's own
+    `pick_rows`)."""
+    return values * param(c, "embed_pick_s")
+
+
 def topk_time(c: dict, algorithm: str, k: int) -> float:
     """Routing's pick of the top-k expert ids, which the scalar unit must read before it can issue
     their copies: rounds of a dependent cross-lane reduction whose result the scalar unit reads,

@@ -310,7 +310,9 @@ def kernel_terms(g: OpGraph, hw: Hardware) -> dict[str, np.ndarray]:
     decode attention core: a latency a sequence and one per cache tile it walks, OpGraph.core_tiles,
     components.attention_core_time; a recurrence's where its compute does not hold it,
     components.recurrence_time), `top_k` (routing's
-    pick, components.topk_time, by the kernel's algorithm), `xla_embedding` (the lookup and psum in
+    pick, components.topk_time, by the kernel's algorithm), `embed_pick` (the kernel's pick of each
+    sequence's embedding row out of its copied tile, Megakernel.embedding_pick_values, on hardware
+    that measures components.embed_pick_time), `xla_embedding` (the lookup and psum in
     XLA glue around the kernel, components.xla_embedding_time) and `xla_sampling` (the greedy pick
     in XLA glue after it, components.xla_sampling_time). Zero without TPU components."""
     out: dict[str, np.ndarray] = {}
@@ -330,6 +332,9 @@ def kernel_terms(g: OpGraph, hw: Hardware) -> dict[str, np.ndarray]:
     out["attention_core"] = np.where(np.isin(names, ATTENTION_CORES), cost, 0.0)
     for term in ("top_k", *glue):
         out[term] = np.where(names == term, cost, 0.0)
+    if g.recipe.embedding_pick_values and "embed_pick_s" in c:
+        out["embed_pick"] = np.where(names == "embedding_gather",
+                                     cm.embed_pick_time(c, g.recipe.embedding_pick_values), 0.0)
     return out
 
 

@@ -68,6 +68,7 @@ GROUPS = {
                  ("host_dot",)),
     "xla_dot": (("xla_dot_fixed_s", "xla_dot_bandwidth_bytes_per_s"), ("xla_dot",)),
     "xla_copy": (("xla_copy_bandwidth_bytes_per_s",), ("xla_copy",)),
+    "embed": (("embed_pick_s",), ("embed_pick",)),
     "xla_expert": (("xla_expert_trip_s", "xla_expert_bandwidth_bytes_per_s", "xla_expert_row_s_per_byte"),
                    ("xla_expert_loop",)),
     "host_expert": (("host_expert_fixed_s", "host_expert_bandwidth_bytes_per_s", "host_expert_row_s_per_byte"),
@@ -130,6 +131,7 @@ INPUTS = {
     "host_expert_loop": {"bytes": Req(_BYTES), "rows": Req(_N), "experts": Req(_N)},
     "xla_dot": {"bytes": Req(_BYTES), "m": _N, "k": _N, "n": _N, "dtype": _DTYPE},
     "xla_copy": {"bytes": Req(_BYTES), "batch": _N, "tokens": _N, "width": _N},
+    "embed_pick": {"values": Req(_N), "rows": _N, "tile_rows": _N, "hidden": _N, "batch": _N, "slice": (STR,)},
     "ring_dot": {"bytes": Req(_BYTES), "in_flight": Req(_N), "bank_rows": Req(_N), "lanes": Req(_N),
                  "rows": Req(_N)},
     "xla_expert_loop": {"bytes": Req(_BYTES), "rows": Req(_N), "latent": _N, "width": _N, "experts": _N},
@@ -280,6 +282,8 @@ def predict_entry(e: dict, hw: Hardware) -> float:
         t = cm.host_expert_time(c, i["bytes"], i["rows"], i["experts"]) / i["experts"]
     elif m == "xla_dot":
         t = cm.xla_dot_time(c, i["bytes"])
+    elif m == "embed_pick":
+        t = cm.embed_pick_time(c, i["values"])
     elif m == "xla_copy":   # a buffer copied as the reference copies its cache (placed alike)
         t = cm.xla_cache_copy_time(c, i["bytes"], hw.onchip_bytes)
     elif m == "xla_expert_loop":  # per trip: bytes are one expert's

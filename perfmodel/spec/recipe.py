@@ -80,6 +80,11 @@ class Megakernel:
     # kernel: decode_megakernel.py prefetch_vectors, layout.py VECTOR_FAMILIES); waited for at that
     # layer's start, by when they have landed. Empty: none copied inside the step
     layer_vector_bytes: tuple[int, ...] = ()
+    # values the kernel's embed phase selects through once its embedding rows arrive: perfmodel_kernels
+    # copies each sequence's row in its bf16 tile and picks it out with one select a tile row over
+    # [padded rows, hidden] f32 (its plan's setting, `megakernel.pick_rows`; components.embed_pick_time);
+    # 0: no pick
+    embedding_pick_values: int = 0
     # the expert-parallel groups the kernel runs with, a command's --ep when it names none and they
     # divide its devices (Muse Spark's kernel splits every expert over its tp ranks: 1; Kimi K3's
     # owns them in 8 groups); 0: one group per device
@@ -134,7 +139,7 @@ def from_table(table) -> Megakernel:
     for k, lo, hi in (("collective_rows", 1, MAX_ROWS), ("bank_bytes", 1, 1 << 34), ("ring_banks", 0, 1 << 20),
                       ("expert_slots", 0, 1 << 16), ("defer_refills_rows", 0, MAX_ROWS),
                       ("kv_tile_tokens", 0, 1 << 24), ("attention_tile_tokens", 0, 1 << 24),
-                      ("expert_groups", 0, 1 << 20)):
+                      ("expert_groups", 0, 1 << 20), ("embedding_pick_values", 0, 1 << 40)):
         if k in table:
             v = table[k]
             require(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi, f"megakernel.{k}", v,

@@ -42,6 +42,8 @@ KERNEL_TERMS = {"bank_dots": ("one MXU dot per ring bank the matmul streams over
                 "attention_core": ("the attention core's latency (per sequence and per cache tile walked)",
                                    "components.attention_core_time", ("attention_core_s", "attention_tile_s")),
                 "top_k": ("routing's pick", "components.topk_time", ("topk_round_s",)),
+                "embed_pick": ("the pick of each sequence's embedding row out of its copied tile",
+                               "components.embed_pick_time", ("embed_pick_s",)),
                 "xla_embedding": ("embedding lookup + psum in XLA glue around the kernel",
                                   "components.xla_embedding_time", ("xla_embedding_s",)),
                 "xla_sampling": ("greedy pick (argmax + all-gather) in XLA glue after the kernel",
