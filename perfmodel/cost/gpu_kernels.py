@@ -17,11 +17,13 @@ kernel_bandwidth_efficiency, kernel_flops_efficiency, allreduce_*), labelled by 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import re
 import zipfile
 import zlib
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -195,7 +197,8 @@ def check_class_index(cls: str, ix, n_values: int) -> None:
 @lru_cache(maxsize=None)
 def tables(gpu: str, engine: str) -> Tables | None:
     """The imported tables of one GPU and engine (`nccl` for the NCCL collectives), or None;
-    read through the schema layer (HEADER; each class's index when first used)."""
+    read through the schema layer (HEADER, checked once per content of the file; each class's index
+    when first used)."""
     if not gpu:
         return None
     require(NAME.fullmatch(gpu) is not None, "gpu", gpu, "must be a GPU name (letters, digits, _)")
@@ -210,12 +213,15 @@ def tables(gpu: str, engine: str) -> Tables | None:
         raise SpecError("kernel table", str(path), f"not a table file ({type(e).__name__}: {str(e)[:120]})") from None
     content = checked.content(data)
     doc = _json_array(npz, "index", path, content)
-    with in_file(path):
-        schema.check_tree({"index": doc}, {"index": HEADER})  # errors name index.<key>
-        for c in doc["classes"]:
-            require(NAME.fullmatch(c) is not None, "index.classes", c, "must be a class name (letters, digits, _)")
-            for key in (f"index.{c}", f"log_s.{c}"):
-                require(key in npz.files, "index.classes", c, f"the file holds no {key}")
+
+    def check():
+        with in_file(path):
+            schema.check_tree({"index": doc}, {"index": HEADER})  # errors name index.<key>
+            for c in doc["classes"]:
+                require(NAME.fullmatch(c) is not None, "index.classes", c, "must be a class name (letters, digits, _)")
+                for key in (f"index.{c}", f"log_s.{c}"):
+                    require(key in npz.files, "index.classes", c, f"the file holds no {key}")
+    checked.once(content, "header", check)
     return Tables(gpu, engine, {f: m["version"] for f, m in doc["files"].items()}, doc["source"],
                   doc["fastest_kernel_s"], doc["classes"], npz, path, doc, content=content)
 
@@ -233,24 +239,24 @@ def gpus_with_tables() -> list[str]:
 
 def interpolate(t: Table, point: dict) -> float | None:
     """Multilinear interpolation of log latency in log axes; None outside the grid or where a
-    corner was not measured."""
+    corner was not measured. Scalar by scalar (numpy's per-call overhead would be most of it)."""
     lo, w = [], []
     for a, g in zip(t.axes, t.grid):
         x = math.log(max(point[a], 1e-30))
         if x < g[0] - 1e-9 or x > g[-1] + 1e-9:
             return None
-        i = int(np.clip(np.searchsorted(g, x) - 1, 0, max(len(g) - 2, 0)))
         if len(g) == 1:
             lo.append(0), w.append(0.0)
             continue
-        lo.append(i), w.append(float(np.clip((x - g[i]) / (g[i + 1] - g[i]), 0.0, 1.0)))
+        i = min(max(bisect_left(g, x) - 1, 0), len(g) - 2)
+        lo.append(i), w.append(float(min(max((x - g[i]) / (g[i + 1] - g[i]), 0.0), 1.0)))
     total = 0.0
-    for corner in np.ndindex(*([2] * len(lo))):
+    for corner in itertools.product((0, 1), repeat=len(lo)):
         weight = math.prod(wi if c else 1 - wi for c, wi in zip(corner, w))
         if weight == 0.0:
             continue
         v = t.values[tuple(i + c for i, c in zip(lo, corner))]
-        if np.isnan(v):
+        if math.isnan(v):
             return None
         total += weight * v
     return math.exp(total)

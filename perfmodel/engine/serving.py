@@ -478,15 +478,15 @@ def paid_seconds(ks: list[Kernel], g: OpGraph, overlap_s: float = 0.0) -> list[f
     the kernel before it in the graph (`overlap_s`, the hardware's components.graph_kernel_overlap_s,
     never more than the kernel's own time); on the second stream its share of what the layer's
     routed experts (on the main stream meanwhile) do not cover."""
-    aux, beside = {}, {}
+    layers, aux, beside = g.layer.tolist(), {}, {}
     for k in ks:
-        layer = int(g.layer[k.op])
+        layer = layers[k.op]
         if k.stream == "aux":
             aux[layer] = aux.get(layer, 0.0) + k.seconds
         elif g.name[k.op] == "routed_experts":
             beside[layer] = beside.get(layer, 0.0) + k.seconds
     share = {layer: max(0.0, a - beside.get(layer, 0.0)) / a if a > 0 else 0.0 for layer, a in aux.items()}
-    return [k.seconds * share[int(g.layer[k.op])] if k.stream == "aux" else k.seconds - min(overlap_s, k.seconds)
+    return [k.seconds * share[layers[k.op]] if k.stream == "aux" else k.seconds - min(overlap_s, k.seconds)
             for k in ks]
 
 
@@ -500,12 +500,13 @@ def simulate_serving(model: ModelSpec, hw: Hardware, d: Deployment, g: OpGraph, 
     limits.spend("layer_steps", int(g.layer[-1]) + 1 if len(g) else 0)
     ks = kernels(model, hw, d, g)
     n = len(g)
-    dur = np.zeros(n)
-    wait = {c: np.zeros(n) for c in ("compute", "weight_streaming", "expert_fetch", "collective", "launch", "fill_drain")}
+    dur = [0.0] * n   # summed as Python floats (the same sums; a numpy item update costs far more)
+    wait = {c: [0.0] * n for c in ("compute", "weight_streaming", "expert_fetch", "collective", "launch", "fill_drain")}
     paid = paid_seconds(ks, g, cm.graph_overlap_time(hw.components))
     for k, p in zip(ks, paid):
         dur[k.op] += p
         wait[k.cause][k.op] += p
+    dur, wait = np.array(dur), {c: np.array(w) for c, w in wait.items()}
     end = np.cumsum(dur)
     start = end - dur
     tl = Timeline(start, end, wait, float(end[-1]) if n else 0.0, float(g.bytes.sum()))

@@ -7,9 +7,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from perfmodel.spec.arch import GQA
-from perfmodel.util import schema
-from perfmodel.util.checks import BOOL, STR, ListOf, Num, OneOf, Req
+from perfmodel.util import checked, schema
+from perfmodel.util.checks import BOOL, STR, ListOf, Num, OneOf, Req, check_tree
 from perfmodel.util.errors import SpecError, in_file, require
+from perfmodel.util.files import as_text, read_bytes
 
 ENGINE_DIR = Path(__file__).parents[1] / "data" / "serving_engines"
 ROW_PARALLEL = ("o_proj", "down", "shared_down", "out_proj")   # split along the input over tp
@@ -25,7 +26,8 @@ TABLE_NAME = re.compile(r"[a-z0-9_]{1,64}")  # kernel_tables and measured_as.tab
 # the names a kernel's `values` may multiply (perfmodel.engine.serving._layer_names)
 VALUE_NAMES = ("hidden", "latent", "vocab", "experts", "ffn_width", "shared_width", "heads", "head_dim", "kv_heads",
                "q_width", "kv_width", "lora", "rope", "v_width")
-VALUES = re.compile(r"\s*(?:\d+(?:\.\d+)?|{n})(?:\s*\*\s*(?:\d+(?:\.\d+)?|{n}))*\s*".format(n="|".join(VALUE_NAMES)))
+# a kernel's `values`: a product of numbers and VALUE_NAMES (a pattern: compiled only where an inventory is checked)
+VALUES = r"\s*(?:\d+(?:\.\d+)?|{n})(?:\s*\*\s*(?:\d+(?:\.\d+)?|{n}))*\s*".format(n="|".join(VALUE_NAMES))
 COUNT = Num(1, 2**20, integer=True)
 INVENTORY = {
     "engine": Req(NAME), "version": Req(NAME), "source": Req(NAME), "kernel_tables": Req(NAME),
@@ -51,18 +53,25 @@ BLOCK_SPLITS_SOURCE = ("vLLM fp8.py / fp8_utils.validate_fp8_block_shape: 'not d
 @lru_cache(maxsize=None)
 def inventory(name: str) -> dict:
     """One engine's kernel inventory (the TOML file as a dict), through the schema layer (INVENTORY,
-    and each kernel's `values` a product of numbers and VALUE_NAMES)."""
+    and each kernel's `values` a product of numbers and VALUE_NAMES), checked once per content of
+    the file (perfmodel.util.checked)."""
     if name not in serving_engines():
         raise SpecError("serving_engine", name, f"one of {', '.join(serving_engines())}")
     path = ENGINE_DIR / f"{name}.toml"
-    data = schema.load(path, INVENTORY, "serving engine inventory", fmt="toml")
-    with in_file(path):
-        for key, where in ((data["kernel_tables"], "kernel_tables"),) + tuple(
-                (t, f"measured_as[{i}].tables") for i, m in enumerate(data.get("measured_as", [])) for t in m.get("tables", [])):
-            require(TABLE_NAME.fullmatch(key) is not None, where, key, "must be a table name (letters, digits, _)")
-        for i, k in enumerate(data.get("kernel", [])):
-            require(VALUES.fullmatch(k["values"]) is not None, f"kernel[{i}].values", k["values"],
-                    f"must be a product of numbers and {', '.join(VALUE_NAMES)}")
+    raw = read_bytes(path, "serving engine inventory")
+    data = schema.parse(as_text(raw, "serving engine inventory", path), "toml", "serving engine inventory", path)
+
+    def check():
+        with in_file(path):
+            check_tree(data, INVENTORY, "file")
+            for key, where in ((data["kernel_tables"], "kernel_tables"),) + tuple(
+                    (t, f"measured_as[{i}].tables") for i, m in enumerate(data.get("measured_as", []))
+                    for t in m.get("tables", [])):
+                require(TABLE_NAME.fullmatch(key) is not None, where, key, "must be a table name (letters, digits, _)")
+            for i, k in enumerate(data.get("kernel", [])):
+                require(re.fullmatch(VALUES, k["values"]) is not None, f"kernel[{i}].values", k["values"],
+                        f"must be a product of numbers and {', '.join(VALUE_NAMES)}")
+    checked.once(checked.content(raw), "inventory", check)
     return data
 
 

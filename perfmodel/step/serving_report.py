@@ -23,17 +23,21 @@ def kernel_summary(model, hw, d) -> dict:
     shared experts on the second stream under the routed experts; `overlap_hidden_s`: each main-stream
     kernel's part under the one before it, components.graph_kernel_overlap_s), the share of the time
     from measured tables, and each distinct kernel's count and total time."""
-    rows, _ = kernel_rows(model, hw, d)
-    total = sum(r["seconds"] for r in rows) or 1.0
+    g = ops_mod.build(model, d)
+    ks = kernels(model, hw, d, g)   # summed from the kernels themselves: no row per kernel
+    paid = paid_seconds(ks, g, graph_overlap_time(hw.components))
+    total = sum(k.seconds for k in ks) or 1.0
     by: dict[str, dict] = {}
-    for r in rows:
-        e = by.setdefault(r["kernel"], {"kernel": r["kernel"], "class": r["class"], "count": 0, "seconds": 0.0,
-                                        "measured": r["measured"], "source": r["source"]})
+    for k in ks:
+        e = by.get(k.name)
+        if e is None:
+            e = by[k.name] = {"kernel": k.name, "class": k.cls, "count": 0, "seconds": 0.0,
+                              "measured": k.measured, "source": k.source}
         e["count"] += 1
-        e["seconds"] += r["seconds"]
-        e["measured"] = e["measured"] and r["measured"]
-    hidden = sum(r["seconds"] - r["exposed_s"] for r in rows if r.get("stream") == "aux")
-    overlap = sum(r["seconds"] - r["exposed_s"] for r in rows if r.get("stream") != "aux")
-    return {"count": len(rows), "seconds": total, "hidden_s": hidden, "overlap_hidden_s": overlap,
-            "measured_share": sum(r["seconds"] for r in rows if r["measured"]) / total,
+        e["seconds"] += k.seconds
+        e["measured"] = e["measured"] and k.measured
+    hidden = sum(k.seconds - p for k, p in zip(ks, paid) if k.stream == "aux")
+    overlap = sum(k.seconds - p for k, p in zip(ks, paid) if k.stream != "aux")
+    return {"count": len(ks), "seconds": total, "hidden_s": hidden, "overlap_hidden_s": overlap,
+            "measured_share": sum(k.seconds for k in ks if k.measured) / total,
             "by_kernel": sorted(by.values(), key=lambda e: -e["seconds"])}

@@ -21,20 +21,23 @@ def content(data: bytes) -> str:
     return f"{len(data):x}-{zlib.crc32(data):08x}-{zlib.adler32(data):08x}"
 
 
-def _marker(content_id: str | None, what: str) -> Path | None:
+def _marker(content_id: str | None, what: str) -> str | None:
+    """The marker's path, as a string (a command line asks for dozens; pathlib costs more than the stat)."""
     if content_id is None:
         return None
-    try:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    except RuntimeError:   # no home directory to cache in
-        return None
-    return base / "perfmodel" / "checked" / f"{content_id}-{zlib.crc32(what.encode()):08x}"
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        home = os.path.expanduser("~")
+        if home.startswith("~"):   # no home directory to cache in
+            return None
+        base = os.path.join(home, ".cache")
+    return os.path.join(base, "perfmodel", "checked", f"{content_id}-{zlib.crc32(what.encode()):08x}")
 
 
 def known(content_id: str | None, what: str) -> bool:
     """Whether the content named `content_id` passed check `what` before."""
     marker = _marker(content_id, what)
-    return marker is not None and marker.exists()
+    return marker is not None and os.path.exists(marker)
 
 
 def remember(content_id: str | None, what: str) -> None:
@@ -43,8 +46,8 @@ def remember(content_id: str | None, what: str) -> None:
     marker = _marker(content_id, what)
     if marker is not None:
         try:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            Path(marker).touch()
         except OSError:
             pass
 
