@@ -170,9 +170,9 @@ def expert_tiling_cost(model: ModelSpec, hw: Hardware, p: Prediction) -> dict | 
 
 def plan_model(model: ModelSpec, plan: KernelPlan) -> ModelSpec:
     """`model` as the plan's kernel runs it: its [megakernel] settings replaced by the kernel's
-    (bank, ring depth, slots, collective wire and rows, all-reduce algorithm, cache tile, dots a matmul,
-    embed pick) and its routed
-    experts fed as the kernel feeds them (expert_feed, expert_scale_rows)."""
+    (bank, ring depth, slots, collective wire and rows, all-reduce algorithm, cache tile, dots a
+    matmul, embed pick) and its routed experts fed as the kernel feeds them (expert_feed,
+    expert_scale_rows)."""
     k = plan.kernel
     change = {name: k[key] for key, name in (("bank_bytes", "bank_bytes"), ("depth", "ring_banks"),
                                               ("expert_slots", "expert_slots"), ("wire", "collective_wire"),
