@@ -169,3 +169,24 @@ def test_the_depth_sweep_is_judged_on_its_optimum_and_gain(vt, predicted, tmp_pa
             r["step_s"] *= 1.5
     rc, out = run(vt, tmp_path, slow, capsys)
     assert rc == 1 and f"the best depth at batch 2 (kimi-k3-mini bf16) predicted {best}" in out.out
+
+
+def test_a_sweep_point_run_twice_is_judged_on_its_median_and_shows_its_range(vt, predicted, tmp_path, capsys):
+    """A sweep point measured in two calls: its median is what the optimum and the gain use, and
+    the comparison reports its runs, their range and the largest spread of a point's runs."""
+    doc = results(predicted)
+    mk = doc["runs"][0]
+    steps = {}
+    for depth in (1, 8):
+        cfg = dict(mk["config"], depth=depth)
+        steps[depth] = vt.predict_megakernel(dict(mk, config=cfg), "tpu-v5e")[2].step_s
+        doc["runs"].append(dict(mk, config=cfg, sweep=True, trace=None, step_s=steps[depth]))
+    cfg = dict(mk["config"], depth=8)
+    doc["runs"].append(dict(mk, config=cfg, sweep=True, trace=None, step_s=steps[8] * 1.04))  # a second call
+    rc, out = run(vt, tmp_path, doc, capsys)
+    w, = json.loads((tmp_path / "tpu_validation.json").read_text())["whatif"]
+    i = w["values"].index(8)
+    assert w["runs_per_point"]["8"] == 2 and w["measured_range_s"][i] == pytest.approx([steps[8], steps[8] * 1.04])
+    assert w["measured_s"][i] == pytest.approx(steps[8] * 1.02)   # the median of the two
+    assert w["repeat_spread"] == pytest.approx(0.04)
+    assert "spread up to 4.0%" in out.out
