@@ -138,6 +138,12 @@ def tp_of(spec: ModelSpec) -> int:
     return getattr(spec, "tp", 1)
 
 
+def embedding_tiles(spec: ModelSpec, cfg: KernelConfig) -> tuple[int, int, int]:
+    """[Bp, ROW_TILE, H/tp]: the bf16 tiles the kernel copies its sequences' embedding rows in, one
+    a sequence, and picks each row out of (`megakernel.pick_rows`)."""
+    return cfg.padded_batch, stream.ROW_TILE, spec.hidden // tp_of(spec)
+
+
 def static_stream(spec: ModelSpec, cfg: KernelConfig) -> stream.Stream:
     return stream.stream(spec, cfg.tile, cfg.bank_rows)
 

@@ -887,7 +887,7 @@ def _shapes(spec: ModelSpec, cfg: KernelConfig):
                pltpu.SemaphoreType.DMA((cfg.expert_slots,)),
                pltpu.VMEM((2, layout.vector_rows(spec), layout.LANES), BF16),
                pltpu.SemaphoreType.DMA((2,)),
-               pltpu.VMEM((bp, ROW_TILE, spec.hidden // tp), BF16), pltpu.SemaphoreType.DMA((4,)),
+               pltpu.VMEM(layout.embedding_tiles(spec, cfg), BF16), pltpu.SemaphoreType.DMA((4,)),
                pltpu.VMEM((rmax, bp, t), F32), pltpu.VMEM((cmax, bp, t), F32)]
     if rows_s:
         scratch.append(pltpu.VMEM((cfg.expert_slots, rows_s, t), lay.fmt.scale_dtype))

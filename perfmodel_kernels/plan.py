@@ -221,7 +221,7 @@ def settings(dspec: ModelSpec, cfg: KernelConfig) -> dict:
     experts reach the MXU."""
     out = {"bank_bytes": cfg.bank_bytes, "depth": cfg.depth, "expert_slots": cfg.expert_slots,
            "cache_block": cfg.cache_block, "matmul_dots": matmul_dots(dspec, cfg),
-           "embedding_pick_values": cfg.padded_batch * stream.ROW_TILE * (dspec.hidden // layout.tp_of(dspec))}
+           "embedding_pick_values": math.prod(layout.embedding_tiles(dspec, cfg))}
     if layout.tp_of(dspec) > 1:
         out |= {"wire": cfg.wire, "all_reduce": comm.algorithm(dspec, cfg),
                 "collective_rows": comm.Wire(cfg.token_rows, 1, comm.WIRE[cfg.wire]).padded_rows}

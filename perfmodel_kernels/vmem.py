@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from perfmodel.spec.arch import ModelSpec
 from perfmodel.util.errors import SpecError, require
 
-from . import comm, layout, reference, stream
+from . import comm, layout, reference
 from .chip import Chip
 from .layout import KernelConfig
 
@@ -86,8 +86,7 @@ def buffers(spec: ModelSpec, cfg: KernelConfig) -> list[Buffer]:
     rmax, cmax = layout.max_row_col_tiles(spec, cfg)
     items += [("layer vectors (double buffer)", (2, layout.vector_rows(spec), layout.LANES),
                jnp.bfloat16),
-              ("embedding tiles", (bp, stream.ROW_TILE, h // layout.tp_of(spec)),
-               jnp.bfloat16),
+              ("embedding tiles", layout.embedding_tiles(spec, cfg), jnp.bfloat16),
               ("input chunks, output blocks", (rmax + cmax, bp, t), jnp.float32),
               ("next tokens (output)", (bp, layout.LANES), jnp.int32),
               ("logits (output)", (bp, spec.vocab // layout.tp_of(spec)), jnp.float32),
