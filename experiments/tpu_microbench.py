@@ -872,7 +872,7 @@ def expert_tile(b: Bench):
 def expert_column_kernel(fmt, r, n_ref, codes_ref, scales_ref, x_ref, o_ref, wbuf):
     """n trips of the megakernel's column path for one routed-expert column block of r row
     tiles (`expert_columns`, formats the MXU takes as bf16): the r tiles decoded with their
-    scales into a VMEM buffer (`quant.scaled_operand`, scale chunks loaded aligned), then one
+    scales into a VMEM buffer (`quant.decoded_tile`, scale chunks loaded aligned), then one
     dot of the input [rows, r * T] over them; bf16 codes are the operand as they are."""
     # n_ref: [1] i32 SMEM; codes_ref: [2, r * code_rows, T]; scales_ref: [2, r * G, T] (or
     # [2, 8, T] unused); x_ref: [rows, r * T] bf16; o_ref: [rows, T] f32; wbuf: [r * T, T] bf16
@@ -890,8 +890,7 @@ def expert_column_kernel(fmt, r, n_ref, codes_ref, scales_ref, x_ref, o_ref, wbu
                 for u in range(ch):
                     k = q * ch + u
                     codes = codes_ref[s, k * fmt.code_rows:(k + 1) * fmt.code_rows]
-                    wbuf[k * t:(k + 1) * t] = quant.scaled_operand(
-                        codes, quant.tile_scales(sc, u, fmt), fmt)
+                    wbuf[k * t:(k + 1) * t] = quant.decoded_tile(codes, sc, u, fmt)
             w = wbuf[...]
         o_ref[...] += jnp.dot(x_ref[...], w, preferred_element_type=F32)
         return carry

@@ -687,8 +687,8 @@ def _routed_experts(ctx: Context, mo, matmul: LayerMatmuls, h, lane, comb, own_f
         fetch(j).wait()
         e, slot = x.ids[j], j % s_n
         e_glob = ((mo * spec.local_experts if tp > 1 else mo * e_n) + e - own_first) * 2
-        gu = expert_matmul(ctx, 0, z, slot, e_glob)
-        y = expert_matmul(ctx, 1, ref.swiglu(gu), slot, e_glob)
+        gu = expert_matmul(ctx, 0, z, slot, e_glob, j)
+        y = expert_matmul(ctx, 1, ref.swiglu(gu), slot, e_glob, j)
         pl.when(j + s_n < n_used)(lambda: fetch(j + s_n).start())
         w_e = jnp.sum(jnp.where(lane == e, comb, 0.0), axis=1, keepdims=True)
         return acc + w_e * y
@@ -704,13 +704,13 @@ def _routed_experts(ctx: Context, mo, matmul: LayerMatmuls, h, lane, comb, own_f
     return matmul("latent_up", routed) if me.latent_dim else routed
 
 
-def expert_matmul(ctx: Context, m, x, slot, e_glob):
-    """x [bp, d_in] @ matrix m of the expert in `slot` -> [bp, d_out] f32."""
+def expert_matmul(ctx: Context, m, x, slot, e_glob, turn):
+    """x [bp, d_in] @ matrix m of the expert in `slot`, the turn-th applied -> [bp, d_out] f32."""
     ex, ys = ctx.experts, ctx.ys
     (r, c), mm = ex.lay.shapes[m], layout.expert_matmuls(ctx.spec)[m]
     xp = jnp.pad(x, ((0, 0), (0, r * ctx.cfg.tile - x.shape[1])))
     if ex.lay.fmt.name == "bf16" or ex.lay.decodes:
-        expert_columns(ctx, m, xp.astype(BF16), slot)
+        expert_columns(ctx, m, xp.astype(BF16), slot, turn)
     else:
         expert_tiles(ctx, m, xp, slot)
     out = jnp.concatenate([ys[j] for j in range(c)], axis=1)[:, :mm.d_out] \
@@ -718,10 +718,12 @@ def expert_matmul(ctx: Context, m, x, slot, e_glob):
     return out * ex.glob[e_glob + m] if ex.glob is not None else out
 
 
-def expert_columns(ctx: Context, m, xb, slot):
+def expert_columns(ctx: Context, m, xb, slot, turn):
     """Column block j of matrix m -> ys[j] by one dot of xb [bp, r * T] bf16 over its r row
     tiles: bf16 codes are the operand; other formats are first decoded with their scales
-    into wbuf, `column_group` columns a pass, their scale chunks loaded aligned."""
+    into wbuf, `column_group` columns a pass, their scale chunks loaded aligned, each pass into
+    the other half of wbuf than the one before (`ExpertLayout.decoded_rows`; the expert is the
+    turn-th applied)."""
     ex, t, ys = ctx.experts, ctx.cfg.tile, ctx.ys
     lay, xfmt, slots = ex.lay, ex.lay.fmt, ex.slots
     (r, c), k0 = lay.shapes[m], lay.first_tile(m)
@@ -736,32 +738,36 @@ def expert_columns(ctx: Context, m, xb, slot):
     ch, cg = xfmt.chunk, lay.column_group(m)
     src, base = _scale_source(ex, m)
     sub = ch * xfmt.scale_rows
+    half = lay.decoded_rows() // 2
+    first = turn * sum(map(lay.passes, range(len(lay.shapes)))) + sum(map(lay.passes, range(m)))
 
-    def decode(q, count, k_first):
-        """Tiles q*ch .. q*ch + count - 1 (count static) into wbuf from tile k_first on."""
+    def decode(q, count, k_first, off):
+        """Tiles q*ch .. q*ch + count - 1 (count static) into wbuf from tile k_first on, row off."""
         sc = src[slot, pl.ds(base + q * sub, sub)]
         for u in range(count):
             k = q * ch + u
             codes = slots[slot, pl.ds((k0 + k) * xfmt.code_rows, xfmt.code_rows)]
-            w = quant.scaled_operand(codes, quant.tile_scales(sc, u, xfmt), xfmt)
-            ex.decoded[pl.ds(pl.multiple_of((k - k_first) * t, t), t)] = w
+            w = quant.decoded_tile(codes, sc, u, xfmt)
+            ex.decoded[pl.ds(pl.multiple_of(off + (k - k_first) * t, t), t)] = w
 
-    def columns(j0, n_cols):
-        """Columns j0 .. j0 + n_cols - 1 (n_cols static; j0 * r a multiple of ch)."""
+    def columns(p, n_cols):
+        """Pass p: columns p * cg .. p * cg + n_cols - 1 (n_cols static)."""
+        j0 = p * cg
         k_first, n_t = j0 * r, n_cols * r
         q0 = k_first // ch
+        off = lax.rem(first + p, 2) * half
         if n_t // ch:
             lax.fori_loop(q0, q0 + n_t // ch,
-                          lambda q, cy: (decode(q, ch, k_first), cy)[1], 0)
+                          lambda q, cy: (decode(q, ch, k_first, off), cy)[1], 0)
         if n_t % ch:
-            decode(q0 + n_t // ch, n_t % ch, k_first)
+            decode(q0 + n_t // ch, n_t % ch, k_first, off)
         for jj in range(n_cols):
-            column_dot(j0 + jj, ex.decoded[pl.ds(jj * r * t, r * t)])
+            column_dot(j0 + jj, ex.decoded[pl.ds(pl.multiple_of(off + jj * r * t, t), r * t)])
 
     if c // cg:
-        lax.fori_loop(0, c // cg, lambda g, cy: (columns(g * cg, cg), cy)[1], 0)
+        lax.fori_loop(0, c // cg, lambda g, cy: (columns(g, cg), cy)[1], 0)
     if c % cg:
-        columns(c - c % cg, c % cg)
+        columns(c // cg, c % cg)
 
 
 def expert_tiles(ctx: Context, m, xp, slot):

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jax import lax
+from jax.experimental.pallas import tpu as pltpu
 
 from perfmodel.spec.formats import get_format
 
@@ -91,6 +92,15 @@ class TileFormat:
     @property
     def global_scale(self) -> bool:
         return self.name == "nvfp4"
+
+    @property
+    def word_decode(self) -> bool:
+        """mxfp4 fed as bf16 with one scale group a quarter tile (T = 4 x 32, the v5e's 128): the
+        kernel builds the weights' bf16 bit patterns with integer ops on 32-bit words, two weights
+        a word, each group's power-of-two scale added to their exponents (`_word_decoded`), from
+        codes packed for it (`_word_packed`)."""
+        return self.name == "mxfp4" and jnp.dtype(self.mxu) == jnp.dtype(jnp.bfloat16) \
+            and self.t == 4 * self.group
 
 
 def tile_format(name: str, t: int, fp8: bool = True) -> TileFormat:
@@ -171,6 +181,8 @@ class ExpertLayout:
         (`perfmodel.cost.components.vpu_decode_time` prices it)."""
         if not self.decodes:
             return ""
+        if self.fmt.word_decode:
+            return "e2m1_words"
         return "e2m1" if self.fmt.name in E2M1_FORMATS else "int4" if self.fmt.name in INT4 \
             else "int8"
 
@@ -180,9 +192,15 @@ class ExpertLayout:
         r, c = self.shapes[m]
         return min(c, self.fmt.chunk // math.gcd(r, self.fmt.chunk))
 
+    def passes(self, m: int) -> int:
+        """Decode passes over matrix m (`column_group` columns a pass)."""
+        return -(-self.shapes[m][1] // self.column_group(m))
+
     def decoded_rows(self) -> int:
-        """Rows of the decode buffer [rows, T] bf16 (0 when the kernel does not decode)."""
-        return max(self.column_group(m) * r for m, (r, _) in enumerate(self.shapes)) \
+        """Rows of the decode buffer [rows, T] bf16 (0 when the kernel does not decode): two
+        halves that passes use in turn. On the v5e a pass's decoded stores, hoisted above the
+        previous pass's dot still reading the same rows, gave wrong columns."""
+        return 2 * max(self.column_group(m) * r for m, (r, _) in enumerate(self.shapes)) \
             * self.fmt.t if self.decodes else 0
 
 
@@ -231,7 +249,9 @@ def quantize_jax(w, name: str, t: int):
     else:
         if name == "mxfp4":
             k = jnp.floor(jnp.log2(jnp.where(amax > 0, amax, 1.0))).astype(jnp.int32) - 2
-            s = _bits_int8(jnp.clip(k, -126, 127) + 127)
+            # e8m0 bits 2..252: every scaled e2m1 value a normal bf16 below its infinity
+            # (what `_word_decoded` builds; a block that needs more is 2^+-123 off from 1)
+            s = _bits_int8(jnp.clip(k, -125, 125) + 127)
         else:  # nvfp4
             top = jnp.abs(w).max(axis=(-2, -1))
             glob = jnp.where(top > 0, top / (6 * 448), 1.0)
@@ -328,7 +348,9 @@ def pack_experts(lay: ExpertLayout, mats: list):
         globs.append(glob)
         full = jnp.pad(cw, ((0, 0), (0, r * t - d_in), (0, c * t - d_out)))
         tiles = full.reshape(e, r, t, c, t).transpose(0, 3, 1, 2, 4).reshape(e, c * r, t, t)
-        if f.name in FOUR_BIT:   # two codes a byte: row i low nibble, row i + T/2 high
+        if f.word_decode:
+            tiles = _word_packed(tiles, t)
+        elif f.name in FOUR_BIT:   # two codes a byte: row i low nibble, row i + T/2 high
             tiles = _bits_int8(tiles[:, :, :t // 2] | (tiles[:, :, t // 2:] << 4))
         codes.append(tiles.reshape(e, -1, t).astype(f.code_dtype))
         if f.scale_rows:
@@ -345,6 +367,20 @@ def pack_experts(lay: ExpertLayout, mats: list):
     if f.combined:
         return jnp.concatenate([codes, scales], axis=1), None, globs
     return codes, scales, globs
+
+
+def _word_packed(tiles, t: int):
+    """e2m1 code tiles [E, n, T, T] (int32 0..15) -> [E, n, T/2, T] int8 for `_word_decoded`.
+    Each code's magnitude becomes q, its step above half the scale in bf16's (exponent, top
+    mantissa bit): 0.5 -> 0, 1 -> 2, 1.5 -> 3, ..., 6 -> 7, and zero the unused q = 1 (the
+    magnitude's low bit flipped below 2). Weight row 32 k + 2 c + p (k < 4 the tile's scale
+    group, c < T/8, p < 2) goes to bits 4 k + 16 p of the 32-bit word c the kernel reads: byte
+    2 p + k // 2 of it, nibble k % 2."""
+    e, n = tiles.shape[:2]
+    c = tiles ^ ((tiles & 7) < 2).astype(tiles.dtype)
+    x = c.reshape(e, n, 2, 2, t // 8, 2, t)          # rows (k // 2, k % 2, c, p)
+    b = x[:, :, :, 0] | (x[:, :, :, 1] << 4)         # [E, n, k // 2, c, p, T]
+    return _bits_int8(b.transpose(0, 1, 3, 4, 2, 5).reshape(e, n, t // 2, t))
 
 
 def dequantized_weights(weights, name: str, t: int = 256):
@@ -384,6 +420,37 @@ def mxu_operand(codes, fmt: TileFormat):
     or fp8), unscaled (`group_dot` applies the scales)."""
     return _decoded(codes, fmt).astype(fmt.mxu) if fmt.name in FOUR_BIT \
         else codes.astype(fmt.mxu)
+
+
+def decoded_tile(codes, scale_chunk, u: int, fmt: TileFormat):
+    """Tile u of a loaded scale chunk: its codes [code_rows, T] -> the bf16 weights [T, T] with
+    their scales (a format the MXU takes as bf16, `ExpertLayout.decodes`)."""
+    if fmt.word_decode:
+        g = fmt.scale_rows
+        return _word_decoded(codes, (scale_chunk.astype(jnp.int32) & 0xFF)[u * g:(u + 1) * g], fmt)
+    return scaled_operand(codes, tile_scales(scale_chunk, u, fmt), fmt)
+
+
+# 32-bit words of two bf16 halves: masks a half (low | high << 16) and the two sign bits
+_HALVES_Q, _HALVES_ONE, _SIGNS = 0x00070007, 0x00010001, -0x7FFF8000   # -0x7FFF8000: 0x80008000
+
+
+def _word_decoded(codes, exps, fmt: TileFormat):
+    """mxfp4 codes [T/2, T] int8 (`_word_packed`) and the e8m0 bits [4, T] int32 of the tile's
+    four scale groups -> the weights [T, T] bf16, built as bit patterns two a 32-bit word: half
+    = sign << 15 | ((q << 6) + ((e - 1) << 7) where the code is not zero), about a dozen integer
+    ops a word for two weights where `scaled_operand` spends as many a weight in f32."""
+    w = pltpu.bitcast(codes, jnp.int32)                        # [T/8, T]: 8 codes a word
+    # bit 3 of each nibble: its q is not 1 (zero): (q ^ 1) + 7 carries into bit 3 unless q == 1
+    nonzero = (((w & 0x77777777) ^ 0x11111111) + 0x77777777) & -0x77777778   # & 0x88888888
+    out = []
+    for k in range(4):                                          # scale group k: rows 32k..32k+31
+        q = (w >> 4 * k) & _HALVES_Q
+        nz = (nonzero >> (4 * k + 3)) & _HALVES_ONE
+        half = (exps[k:k + 1] - 1) << 7
+        bits = ((q << 6) + (half | (half << 16))) & ((nz << 15) - nz)
+        out.append(bits | ((w << (12 - 4 * k)) & _SIGNS))
+    return pltpu.bitcast(jnp.concatenate(out, axis=0), jnp.bfloat16)
 
 
 def scaled_operand(codes, scales, fmt: TileFormat):

@@ -86,9 +86,10 @@ def dequant_matmul_time(c: dict, weights: float, lhs_rows: int, matrices: int = 
 
 
 # what a kernel's vector unit decodes a weight from, scales applied, into the bf16 operand a chip
-# without the format's matrix dtype is fed (perfmodel_kernels.quant: e2m1 codes as float bits, int4 by
-# sign-extending shifts, int8 / fp8 widened)
-DECODE_KINDS = ("e2m1", "int4", "int8")
+# without the format's matrix dtype is fed (perfmodel_kernels.quant: e2m1 codes as f32 bits, e2m1
+# codes with a power-of-two scale as bf16 bits two a 32-bit word, int4 by sign-extending shifts,
+# int8 / fp8 widened)
+DECODE_KINDS = ("e2m1", "e2m1_words", "int4", "int8")
 
 
 def vpu_decode_time(c: dict, weights: float, kind: str) -> float:
