@@ -266,7 +266,8 @@ def speed(sl, cfg, steps, repeats, with_xla=True, exes=None) -> list[dict]:
             "distinct_experts": ndist, "step_s": step_s, "wall_step_s": wall,
             "first_call_s": first, "plan_bytes": nbytes,
             "plan_bytes_per_s": nbytes / step_s if step_s > 0 else None,
-            "feed": feed_of(sl.spec, cfg)}]
+            "feed": feed_of(sl.spec, cfg),
+            "expert_decode": plan.settings(sl.spec, cfg).get("expert_decode")}]
     return out + ([xla_speed(sl, cfg, steps, repeats, exes.get(("xla", cfg.batch)))]
                   if with_xla else [])
 
@@ -512,7 +513,7 @@ def summary_line(res: dict) -> str:
             f"batches {sorted({r['batch'] for r in mk})}; greedy tokens equal in "
             f"{sum(c['tokens_equal'] for c in checks)}/{len(checks)} checks, logits within "
             f"bounds in {sum(c['ok'] for c in checks)}; batch-1 stream share "
-            + (f"{min(share):.0%}-{max(share):.0%}" if share else "-")
+            + (f"{min(share):.1%}-{max(share):.1%}" if share else "-")
             + f"; speed-up over XLA batch 1 {speedup(1)}, batch 8 {speedup(8)}; trace + compile "
             + (f"<= {max(comp):.0f} s" if comp else "-") + "; packing "
             + (f"<= {max(pack):.1f} s" if pack else "-"))
@@ -526,11 +527,11 @@ def table(res: dict) -> str:
     """The measured runs as a markdown table: per slice, format and batch (the latest run of
     each: the current kernel) the kernel's time per step and tokens/s, the XLA reference's time on
     the same chip and weights, the speed-up and the share of the chip's measured stream bandwidth
-    the step's DMA plan moves (the sweeps' points are validate_tpu's)."""
+    the step's DMA plan moves, and the commit it ran (the sweeps' points are validate_tpu's)."""
     xla = {_point(r): r["step_s"] for r in res["runs"] if r["kind"] == "xla"}
     latest = {_point(r): r for r in res["runs"] if r["kind"] == "megakernel" and not r.get("sweep")}
     lines = ["| slice | experts | batch | kernel us/step | tok/s | XLA us/step | speed-up | "
-             "stream share |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "stream share | commit |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for key in sorted(latest):
         r = latest[key]
         x = xla.get(key)
@@ -543,10 +544,10 @@ def table(res: dict) -> str:
                      f" | {x * 1e6:.0f} | {x / r['step_s']:.2f}x |" if x else
                      f"| {r['slice']} | {experts} | {r['batch']} | {r['step_s'] * 1e6:.0f} | "
                      f"{r['batch'] / r['step_s']:.0f} | - | - |")
-        lines[-1] += f" {share:.0%} |" if share else " - |"
+        lines[-1] += (f" {share:.1%} |" if share else " - |") + f" {r.get('commit') or '-'} |"
     kernel = {_point(r) for r in res["runs"] if r["kind"] == "megakernel"}
     lines += [f"| {r['slice']} | (XLA alone) | {r['batch']} | - | {r['batch'] / r['step_s']:.0f} "
-              f"| {r['step_s'] * 1e6:.0f} | - | - |" for r in res["runs"]
+              f"| {r['step_s'] * 1e6:.0f} | - | - | {r.get('commit') or '-'} |" for r in res["runs"]
               if r["kind"] == "xla" and _point(r) not in kernel]
     checks = [r for r in res["runs"] if r["kind"] == "check"]
     lines += ["", "| check on the chip | experts | greedy tokens equal | max logit error / spread |",

@@ -188,6 +188,14 @@ def trace_summary(run: dict, n: int, source: str):
                         platform="tpu")
 
 
+def run_decode(run: dict, current: str | None) -> str | None:
+    """The routed-expert decode a run's kernel ran: recorded with the run since the mxfp4 word
+    decode (commit 71cd019); every kernel before it decoded e2m1 codes in f32 ("e2m1")."""
+    if "expert_decode" in run:
+        return run["expert_decode"]
+    return "e2m1" if current == "e2m1_words" else current
+
+
 def predict_megakernel(run: dict, hw_name: str):
     """(spec, device-time prediction, its phases, the dispatch taken out) of a megakernel run."""
     from perfmodel_kernels import plan as kplan
@@ -202,11 +210,13 @@ def predict_megakernel(run: dict, hw_name: str):
     except TypeError as e:
         raise SpecError("config", sorted(run["config"]), f"not the fields of KernelConfig: {e}") from None
     context = max(run["positions"])
+    decode = run_decode(run, kplan.settings(spec, cfg).get("expert_decode"))
     the_plan = kplan.dma_plan(spec, cfg, run["distinct_experts"], run["positions"])
-    p = kplan.predicted_step(spec, cfg, the_plan, context, hardware=hw_name)
+    p = kplan.predicted_step(spec, cfg, the_plan, context, hardware=hw_name, expert_decode=decode)
     hw = load_hardware(hw_name)
     t0 = dispatch_s(hw, p.deployment)
-    g = build(plan_model(spec, kplan.as_kernel_plan(spec, spec, cfg, the_plan, context)), p.deployment)
+    g = build(plan_model(spec, kplan.as_kernel_plan(spec, spec, cfg, the_plan, context,
+                                                    expert_decode=decode)), p.deployment)
     require(len(g) == len(p.timeline.end_s), "plan", label(run), "the op graph is not the prediction's")
     phases = phase_times(g, p.timeline, len(spec.layers))
     phases["embed"] = phases.get("embed", 0.0) - t0
@@ -289,8 +299,12 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
     phase_rows = [{"scope": k, "predicted_s": phases.get(k, 0.0), "measured_s": v,
                    "rel_error": rel(phases.get(k, 0.0), v)} for k, v in measured.items()]
     wall = run.get("wall_step_s")
+    from perfmodel_kernels import plan as kplan
+    from perfmodel_kernels.layout import KernelConfig
+    decode = run_decode(run, kplan.settings(spec, KernelConfig(**run["config"])).get("expert_decode"))
     return {"run": label(run), "kind": "megakernel", "slice": run["slice"], "format": run["format"],
             "batch": run["batch"], "sweep": bool(run.get("sweep")), "config": run["config"],
+            "expert_decode": decode,
             "traced": traced, "comparison": c,
             "phases": sorted(phase_rows, key=lambda r: _scope_order(r["scope"], n)),
             "traced_step_error": rel(c.predicted_step_s, c.traced_step_s) if traced else math.nan,
@@ -313,15 +327,15 @@ def compare_xla(run: dict, hw_name: str) -> dict:
 
 
 def speedups(mk: list[dict], xla: list[dict]) -> list[dict]:
-    """XLA step / megakernel step, predicted and measured, per slice, format and batch (the first
-    megakernel run of each that is not a sweep point)."""
-    first = {}
+    """XLA step / megakernel step, predicted and measured, per slice, format and batch (the latest
+    megakernel run of each that is not a sweep point: the current kernel)."""
+    latest = {}
     for m in mk:
         if not m["sweep"]:
-            first.setdefault((m["slice"], m["format"], m["batch"]), m)
+            latest[(m["slice"], m["format"], m["batch"])] = m
     out = []
     for x in xla:
-        m = first.get((x["slice"], x["format"], x["batch"]))
+        m = latest.get((x["slice"], x["format"], x["batch"]))
         if m is None:
             continue
         c = m["comparison"]
@@ -334,11 +348,12 @@ def speedups(mk: list[dict], xla: list[dict]) -> list[dict]:
 def whatif(mk: list[dict]) -> list[dict]:
     """The sweeps on the chip against the model: per slice, format, batch and knob (ring depth,
     expert slots, bank rows), the points that vary that knob alone from the tuned config (the
-    non-sweep run's), each predicted and measured step; the optimum of each; the gain from the
-    knob's smallest value to the optimum, predicted against measured."""
+    non-sweep run's) with the same expert decode, each predicted and measured step; the optimum of
+    each; the gain from the knob's smallest value to the optimum, predicted against measured."""
     out = []
-    for key in dict.fromkeys((m["slice"], m["format"], m["batch"]) for m in mk if m["sweep"]):
-        runs = [m for m in mk if (m["slice"], m["format"], m["batch"]) == key]
+    point = lambda m: (m["slice"], m["format"], m["batch"], m["expert_decode"])
+    for key in dict.fromkeys(point(m) for m in mk if m["sweep"]):
+        runs = [m for m in mk if point(m) == key]
         tuned = next((m["config"] for m in runs if not m["sweep"]), None)
         if tuned is None:
             continue

@@ -212,13 +212,14 @@ def matmul_dots(dspec: ModelSpec, cfg: KernelConfig) -> dict[str, int]:
     return out
 
 
-def settings(dspec: ModelSpec, cfg: KernelConfig) -> dict:
+def settings(dspec: ModelSpec, cfg: KernelConfig, expert_decode: str | None = None) -> dict:
     """The kernel's settings an engine replays beside its copies
     (`perfmodel.graph.dmaplan.KERNEL_FIELDS`): ring, slots, the all-reduce algorithm, wire dtype
     and the rows a message carries, the cache tile its attention walks, the dots of each streamed
     matmul (`matmul_dots`), the values its embed phase selects through (`megakernel.pick_rows`:
     one select a row of the copied bf16 tile over [padded rows, hidden] f32), and how the routed
-    experts reach the MXU."""
+    experts reach the MXU (expert_decode: the decode a kernel of another commit ran, in place of
+    this one's `ExpertLayout.decode_kind`)."""
     out = {"bank_bytes": cfg.bank_bytes, "depth": cfg.depth, "expert_slots": cfg.expert_slots,
            "cache_block": cfg.cache_block, "matmul_dots": matmul_dots(dspec, cfg),
            "embedding_pick_values": math.prod(layout.embedding_tiles(dspec, cfg))}
@@ -233,19 +234,19 @@ def settings(dspec: ModelSpec, cfg: KernelConfig) -> dict:
         out["expert_scale_rows"] = max(1, f.scale_rows) if f.name in quant.FOUR_BIT \
             and not lay.decodes else 1
         if lay.decodes:
-            out["expert_decode"] = lay.decode_kind
+            out["expert_decode"] = expert_decode or lay.decode_kind
     return out
 
 
 def as_kernel_plan(full: ModelSpec, dspec: ModelSpec, cfg: KernelConfig, copies: list[Copy],
-                   context: int, source: str = "") -> KernelPlan:
+                   context: int, source: str = "", expert_decode: str | None = None) -> KernelPlan:
     """A plan of device 0 with the kernel's settings and deployment (a perfmodel plan file)."""
     tp = layout.tp_of(dspec)
     dep = {"devices": tp, "tp": tp, "batch": cfg.batch, "context": context,
            "draft_rows": cfg.rows - 1}
     if tp > 1:
         dep["ep"] = dspec.groups
-    return KernelPlan(full.name, dep, settings(dspec, cfg), tuple(copies), source)
+    return KernelPlan(full.name, dep, settings(dspec, cfg, expert_decode), tuple(copies), source)
 
 
 def kernel_plan(full: ModelSpec, cfg: KernelConfig, devices: int, ep: int | None, context: int,
@@ -261,7 +262,8 @@ def kernel_plan(full: ModelSpec, cfg: KernelConfig, devices: int, ep: int | None
 
 def predicted_step(spec: ModelSpec, cfg: KernelConfig, the_plan: list[Copy], context: int,
                    hardware: str = "tpu-v7", acceptance_length: float = 1.0,
-                   full: ModelSpec | None = None, kernel_dots: bool = True):
+                   full: ModelSpec | None = None, kernel_dots: bool = True,
+                   expert_decode: str | None = None):
     """The schedule simulator run on this plan with the kernel's settings (`settings`): the
     ring of cfg.depth banks of cfg.bank_bytes, cfg.expert_slots expert buffers, its all-reduce
     and wire, its experts' MXU feed, cfg.rows rows per sequence (rows > 1: speculative decoding
@@ -270,11 +272,12 @@ def predicted_step(spec: ModelSpec, cfg: KernelConfig, the_plan: list[Copy], con
     shards). The engine replays the plan's HBM copies; its collectives are the model's own terms
     with the kernel's algorithm and wire (the plan's remote copies are not replayed one by one).
     Without `kernel_dots`, each streamed matmul issues one dot (the model's own kernel), not the
-    kernel's `matmul_dots`. A prediction (perfmodel.step.predict.Prediction), not a measurement."""
+    kernel's `matmul_dots`; expert_decode as `settings`. A prediction
+    (perfmodel.step.predict.Prediction), not a measurement."""
     from perfmodel.spec.deployment import SpecDecode
     from perfmodel.spec.hardware import load_hardware
     from perfmodel.step.predict import plan_deployment, predict
-    kp = as_kernel_plan(full or spec, spec, cfg, the_plan, context)
+    kp = as_kernel_plan(full or spec, spec, cfg, the_plan, context, expert_decode=expert_decode)
     if not kernel_dots:
         kp = dataclasses.replace(kp, kernel={k: v for k, v in kp.kernel.items() if k != "matmul_dots"})
     d = plan_deployment(kp)

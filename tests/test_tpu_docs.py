@@ -51,8 +51,8 @@ def test_readme_quotes_the_committed_stream_shares():
     res = json.loads((ROOT / "experiments/results/tpu_megakernel.json").read_text())
     share = {r["format"]: r["plan_bytes_per_s"] / res["stream_bytes_per_s"] for r in res["runs"]
              if r["kind"] == "megakernel" and not r.get("sweep") and r["batch"] == 1 and r["slice"] == "k3-tp32-core"}
-    assert f"int8 experts it moves {share['int8']:.0%}".replace("%", " %") in text
-    assert f"MXFP4 experts {share['mxfp4']:.0%}".replace("%", " %") in text
+    assert f"int8 experts it moves {share['int8']:.1%}".replace("%", " %") in text
+    assert f"MXFP4 experts {share['mxfp4']:.1%}".replace("%", " %") in text
     runs = res["runs"]
     pack = [r for r in runs if r["kind"] == "packing" and r["slice"] == "k3-tp8-core"][-1]
     mk = [r for r in runs if r["kind"] == "megakernel" and r["slice"] == "k3-tp8-core" and r["batch"] == 1][-1]

@@ -190,3 +190,14 @@ def test_a_sweep_point_run_twice_is_judged_on_its_median_and_shows_its_range(vt,
     assert w["measured_s"][i] == pytest.approx(steps[8] * 1.02)   # the median of the two
     assert w["repeat_spread"] == pytest.approx(0.04)
     assert "spread up to 4.0%" in out.out
+
+
+def test_a_run_is_predicted_with_the_decode_its_kernel_ran(vt):
+    """A run records its routed-expert decode; one recorded before it did (all decoded e2m1 in
+    f32) is predicted with the f32 decode, slower on the v5e than the word decode it now runs."""
+    mk = dict(MK, format="mxfp4", step_s=1.0)
+    now = vt.predict_megakernel(dict(mk, expert_decode="e2m1_words"), "tpu-v5e")[2].step_s
+    before = vt.predict_megakernel(mk, "tpu-v5e")[2].step_s
+    assert vt.run_decode(mk, "e2m1_words") == "e2m1" and vt.run_decode(mk, "int8") == "int8"
+    assert vt.predict_megakernel(dict(mk, expert_decode="e2m1"), "tpu-v5e")[2].step_s == before
+    assert now < before
