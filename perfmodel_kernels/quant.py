@@ -198,8 +198,9 @@ class ExpertLayout:
 
     def decoded_rows(self) -> int:
         """Rows of the decode buffer [rows, T] bf16 (0 when the kernel does not decode): two
-        halves that passes use in turn. On the v5e a pass's decoded stores, hoisted above the
-        previous pass's dot still reading the same rows, gave wrong columns."""
+        halves that passes use in turn. On the v5e, a pass decoding into the rows the previous
+        pass's dot had just read gave that dot wrong columns (experiments/results/tpu_v5e/
+        calls_2026-12-07_*.log)."""
         return 2 * max(self.column_group(m) * r for m, (r, _) in enumerate(self.shapes)) \
             * self.fmt.t if self.decodes else 0
 
