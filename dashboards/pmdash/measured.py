@@ -415,7 +415,7 @@ def reference(points: pd.DataFrame, mine: dict, defaults: dict | None = None,
 def tpu_results() -> dict | None:
     """The committed TPU runs (None when none is): `rows` one a timed run (engine megakernel or xla, slice,
     format, batch, depth, slots, sweep, measured and predicted step and tokens/s, the step's error as
-    experiments/validate_tpu.py gives it), `checks` (the correctness records), `summary` (validate_tpu's),
+    experiments/validate_tpu.py gives it, the commit it ran), `checks` (the correctness records), `summary` (validate_tpu's),
     `meta` (chip, JAX, libtpu, date, command) and the two files."""
     if not TPU_RUNS_JSON.exists():
         return None
@@ -443,7 +443,7 @@ def _tpu_results(path: str, mtime: float, val_path: str, val_mtime: float | None
                      "depth": cfg.get("depth"), "slots": cfg.get("expert_slots"), "sweep": bool(r.get("sweep")),
                      "measured_step_s": r["step_s"], "measured_tokens_per_s": r["batch"] / r["step_s"],
                      "predicted_step_s": pred, "predicted_tokens_per_s": r["batch"] / pred if pred else None,
-                     "step_error": err})
+                     "step_error": err, "commit": r.get("commit") or ""})
     meta = {k: str(full[k]) for k in TPU_PROVENANCE if k in full}
     return {"rows": pd.DataFrame(rows), "checks": [r for r in full.get("runs", []) if r.get("kind") == "check"],
             "summary": val.get("summary", {}), "meta": meta, "file": shown_path(Path(path)),

@@ -532,7 +532,7 @@ def tpu_section() -> None:
             c.figures_line(figs)
         table = main.assign(step_us=main["measured_step_s"] * 1e6, predicted_us=main["predicted_step_s"] * 1e6)[
             ["engine", "slice", "format", "batch", "measured_tokens_per_s", "predicted_tokens_per_s", "step_us",
-             "predicted_us", "step_error"]].rename(columns={
+             "predicted_us", "step_error", "commit"]].rename(columns={
                 "measured_tokens_per_s": "measured tokens/s", "predicted_tokens_per_s": "predicted tokens/s",
                 "step_us": "measured step us", "predicted_us": "predicted step us", "step_error": "step error"})
         c.static_table(table, {"measured tokens/s": ",.0f", "predicted tokens/s": ",.0f", "measured step us": ".1f",
