@@ -100,7 +100,8 @@ def label(r: dict) -> str:
     c = r.get("config") or {}
     extra = (f" depth {c['depth']} slots {c['expert_slots']}" if "depth" in c else "") + \
         (f" bank {c['bank_rows']}" if "bank_rows" in c else "")
-    return f"{r['slice']} {r['format']} b{r['batch']}{extra}{' (sweep)' if r.get('sweep') else ''}"
+    words = " words" if r.get("expert_decode") == "e2m1_words" else ""   # the mxfp4 word decode's runs
+    return f"{r['slice']} {r['format']}{words} b{r['batch']}{extra}{' (sweep)' if r.get('sweep') else ''}"
 
 
 def attach_traces(runs: list[dict]) -> list[str]:

@@ -173,7 +173,8 @@ def test_tpu_v5e_preset_is_calibrated_and_predicts():
 
 MEASURED = ROOT / "experiments" / "results" / "tpu_v5e_microbench.json"
 FITTED = ("dma_bandwidth_bytes_per_s", "dma_latency_s", "dma_descriptor_s", "mxu_push_bf16_s", "mxu_row_s",
-          "mxu_dot_issue_s", "host_dispatch_s", "vpu_decode_e2m1_s", "vpu_decode_int4_s", "vpu_decode_int8_s",
+          "mxu_dot_issue_s", "host_dispatch_s", "vpu_decode_e2m1_s", "vpu_decode_e2m1_words_s", "vpu_decode_int4_s",
+          "vpu_decode_int8_s",
           "xla_expert_trip_s", "xla_expert_bandwidth_bytes_per_s", "xla_expert_row_s_per_byte",
           "xla_dot_fixed_s", "xla_dot_bandwidth_bytes_per_s", "attention_core_s", "attention_tile_s",
           "vpu_flops_per_s")
