@@ -189,12 +189,15 @@ def trace_summary(run: dict, n: int, source: str):
                         platform="tpu")
 
 
-def run_decode(run: dict, current: str | None) -> str | None:
-    """The routed-expert decode a run's kernel ran: recorded with the run since the mxfp4 word
-    decode (commit 71cd019); every kernel before it decoded e2m1 codes in f32 ("e2m1")."""
+def run_decode(run: dict, spec, cfg) -> str | None:
+    """The routed-expert decode a run's kernel ran (None: none): recorded with the run since the
+    mxfp4 word decode (commit 71cd019); every kernel before it decoded e2m1 codes in f32 ("e2m1")
+    where this one decodes words."""
     if "expert_decode" in run:
         return run["expert_decode"]
-    return "e2m1" if current == "e2m1_words" else current
+    from perfmodel_kernels import layout
+    current = layout.expert_layout(spec, cfg).decode_kind if spec.moe and spec.count(ffn="moe") else ""
+    return ("e2m1" if current == "e2m1_words" else current) or None
 
 
 def predict_megakernel(run: dict, hw_name: str):
@@ -211,7 +214,7 @@ def predict_megakernel(run: dict, hw_name: str):
     except TypeError as e:
         raise SpecError("config", sorted(run["config"]), f"not the fields of KernelConfig: {e}") from None
     context = max(run["positions"])
-    decode = run_decode(run, kplan.settings(spec, cfg).get("expert_decode"))
+    decode = run_decode(run, spec, cfg)
     the_plan = kplan.dma_plan(spec, cfg, run["distinct_experts"], run["positions"])
     p = kplan.predicted_step(spec, cfg, the_plan, context, hardware=hw_name, expert_decode=decode)
     hw = load_hardware(hw_name)
@@ -300,9 +303,8 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
     phase_rows = [{"scope": k, "predicted_s": phases.get(k, 0.0), "measured_s": v,
                    "rel_error": rel(phases.get(k, 0.0), v)} for k, v in measured.items()]
     wall = run.get("wall_step_s")
-    from perfmodel_kernels import plan as kplan
     from perfmodel_kernels.layout import KernelConfig
-    decode = run_decode(run, kplan.settings(spec, KernelConfig(**run["config"])).get("expert_decode"))
+    decode = run_decode(run, spec, KernelConfig(**run["config"]))
     return {"run": label(run), "kind": "megakernel", "slice": run["slice"], "format": run["format"],
             "batch": run["batch"], "sweep": bool(run.get("sweep")), "config": run["config"],
             "expert_decode": decode,

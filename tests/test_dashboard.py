@@ -1369,7 +1369,7 @@ def test_compare_and_whatif_name_the_tpu_runs():
     at = open_view("Compare")
     at.selectbox(key="cmp_A_hw").set_value("tpu-v5e").run()
     note = next(c.value for c in at.caption if c.value.startswith("This project's runs on tpu-v5e"))
-    latest = t["rows"][~t["rows"]["sweep"]].drop_duplicates(["engine", "slice", "format", "batch"], keep="last")
+    latest = measured.tpu_latest(t["rows"])
     b, v = next(zip(latest["batch"], latest["measured_tokens_per_s"]))
     assert measured.TPU_RUNS_JSON.name in note and f"{v:,.0f} at batch {b}" in note
     assert note.count(" at batch ") == len(latest)   # each point once: its latest run (the current kernel)

@@ -198,6 +198,12 @@ def test_a_run_is_predicted_with_the_decode_its_kernel_ran(vt):
     mk = dict(MK, format="mxfp4", step_s=1.0)
     now = vt.predict_megakernel(dict(mk, expert_decode="e2m1_words"), "tpu-v5e")[2].step_s
     before = vt.predict_megakernel(mk, "tpu-v5e")[2].step_s
-    assert vt.run_decode(mk, "e2m1_words") == "e2m1" and vt.run_decode(mk, "int8") == "int8"
+    from perfmodel_kernels.layout import KernelConfig
+    from perfmodel_kernels.specs import slice_spec
+    cfg = KernelConfig(**CFG)
+    assert vt.run_decode(mk, slice_spec("kimi-k3-mini", "mxfp4"), cfg) == "e2m1"
+    assert vt.run_decode(mk, slice_spec("kimi-k3-mini", "int8"), cfg) == "int8"
+    assert vt.run_decode(dict(mk, expert_decode="e2m1_words"), slice_spec("kimi-k3-mini", "mxfp4"), cfg) \
+        == "e2m1_words"
     assert vt.predict_megakernel(dict(mk, expert_decode="e2m1"), "tpu-v5e")[2].step_s == before
     assert now < before

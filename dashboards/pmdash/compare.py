@@ -299,8 +299,7 @@ def tpu_note(x: dict) -> None:
         st.caption(f"{charts.SOURCE_SHAPES['measured by this project'].capitalize()} markers (this project's runs) on "
                    f"{TPU_HW}: none committed yet ({c.shown_path(measured.TPU_RUNS_JSON)}).")
         return
-    rows = t["rows"][~t["rows"]["sweep"]].drop_duplicates(["engine", "slice", "format", "batch"], keep="last") \
-        .sort_values("batch", kind="stable")   # the latest run of each point (the current kernel)
+    rows = measured.tpu_latest(t["rows"]).sort_values("batch", kind="stable")
     series = "; ".join(
         f"{e} on {', '.join(sorted(set(g['slice'])))} {', '.join(sorted(set(g['format'])))}: "
         + ", ".join(f"{v:,.0f} at batch {b}" for b, v in zip(g["batch"], g["measured_tokens_per_s"]))

@@ -450,6 +450,12 @@ def _tpu_results(path: str, mtime: float, val_path: str, val_mtime: float | None
             "validation": shown_path(Path(val_path)) if val_mtime is not None else None}
 
 
+def tpu_latest(rows: pd.DataFrame) -> pd.DataFrame:
+    """The timed runs that are not sweep points, the latest of each engine, slice, format and batch
+    (the current kernel, as the README's table), in file order."""
+    return rows[~rows["sweep"]].drop_duplicates(["engine", "slice", "format", "batch"], keep="last")
+
+
 def tpu_not_measured(t: dict) -> list[str]:
     """What the committed TPU runs do not measure yet, read from them."""
     rows, out = t["rows"], []

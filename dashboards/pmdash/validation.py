@@ -522,8 +522,7 @@ def tpu_section() -> None:
         runs = run.value_counts().index.tolist()     # the most measured first
         pick = st.radio("Slice and routed experts drawn", runs, horizontal=True, key="val_tpu_format") \
             if len(runs) > 1 else runs[0]
-        # the latest run of each engine and batch (the current kernel), as the README's table
-        charts.show(tpu_figure(main[run == pick].drop_duplicates(["engine", "batch"], keep="last")),
+        charts.show(tpu_figure(measured.tpu_latest(main[run == pick])),
                     key="val_tpu_chart")
         sm = t["summary"]
         figs = [(f"{e} step error (median, max)", f"{sm[f'median_abs_{k}error']:.1%}, {sm[f'max_abs_{k}error']:.1%}")
