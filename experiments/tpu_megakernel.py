@@ -504,9 +504,19 @@ def summary_line(res: dict) -> str:
     def speedup(b):
         v = [xla[_point(r)] / r["step_s"] for r in mk if r["batch"] == b and _point(r) in xla]
         return f"{min(v):.2f}-{max(v):.2f}x" if v else "-"
-    comp = [r["lower_s"] + r["compile_s"] if "compile_s" in r else r["first_call_s"]
-            for r in mk if r.get("compile_s") or r.get("first_call_s")]
+    def compile_s(r):
+        return r["lower_s"] + r["compile_s"] if "compile_s" in r else r.get("first_call_s")
+    comp = [c for r in mk if (c := compile_s(r))]
     pack = list({(r["slice"], r["format"]): r["pack_s"] for r in runs if r["kind"] == "packing"}.values())
+    # the largest slice (the most bytes a batch-1 step streams): its own compile and packing times
+    big = max((r for r in mk if r["batch"] == 1 and r.get("plan_bytes")),
+              key=lambda r: r["plan_bytes"], default=None)
+    largest = "-"
+    if big is not None:
+        own = [c for r in mk if r["slice"] == big["slice"] and (c := compile_s(r))]
+        packs = [r["pack_s"] for r in runs if r["kind"] == "packing" and r["slice"] == big["slice"]]
+        largest = (f"{big['slice']}: trace + compile <= {max(own):.0f} s, packing "
+                   + (f"<= {max(packs):.1f} s" if packs else "-"))
     checks = [r for r in runs if r["kind"] == "check"]
     return (f"{res['machine']} ({res['date'][:10]}, jax {res['jax']}): "
             f"{len({r['slice'] for r in mk})} slices, {len({r['format'] for r in mk})} formats, "
@@ -516,7 +526,7 @@ def summary_line(res: dict) -> str:
             + (f"{min(share):.1%}-{max(share):.1%}" if share else "-")
             + f"; speed-up over XLA batch 1 {speedup(1)}, batch 8 {speedup(8)}; trace + compile "
             + (f"<= {max(comp):.0f} s" if comp else "-") + "; packing "
-            + (f"<= {max(pack):.1f} s" if pack else "-"))
+            + (f"<= {max(pack):.1f} s" if pack else "-") + f"; largest slice {largest}")
 
 
 def _point(r: dict) -> tuple:
