@@ -333,10 +333,10 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
 
     def layer(i, x):
         with jax.named_scope("layer/attention"):
-            # the waits carry their own trace markers (`state_wait` too): where the first
-            # layer's attention spends the ~20 us the model does not see on the v5e
+            # the waits carry their own trace markers (`state_wait` too); layer 0's vectors
+            # were waited for before the ring started (`embed`)
             with jax.named_scope("vector_wait"):
-                ctx.for_vector_copies(i, lambda cp: cp.wait())
+                pl.when(i > 0)(lambda: ctx.for_vector_copies(i, lambda cp: cp.wait()))
             dma.note("vectors", layer=1)
             ctx.for_vector_copies(i + 1, lambda cp: cp.start())
             common = ctx.vectors(lax.rem(i, 2), attention=ctx.att_kinds[0])
@@ -366,8 +366,9 @@ def embed(ctx: Context, barrier: bool):
     copy started after k 2 MiB copies arrives k x 2.8 us late: experiments/tpu_microbench.py,
     queue), and started merely before the ring's banks in the program the rows still arrived
     after them (a 27.8 us embed phase in a 1.1 ms step's trace; the compiler may reorder the
-    starts of independent copies). The vectors go before the banks for the same reason: layer
-    1's first op needs them."""
+    starts of independent copies). Layer 0's vectors are waited for before the ring for the same
+    reason: its first op needs them, and merely started before the banks they arrived behind
+    the ring's first 64 MiB (a 72.7 us `vector_wait` in layer 0's attention, TP32-core batch 1)."""
     dma, tp, h = ctx.dma, ctx.tp, ctx.spec.hidden // ctx.tp
     with jax.named_scope("embed"):
         first = [pl.multiple_of(ctx.tok[b] // ROW_TILE * ROW_TILE, ROW_TILE)
@@ -383,6 +384,7 @@ def embed(ctx: Context, barrier: bool):
             cp.wait()
         dma.note("vectors", layer=0)
         ctx.for_vector_copies(0, lambda cp: cp.start())
+        ctx.for_vector_copies(0, lambda cp: cp.wait())
         ctx.ring.start()
         if ctx.kda is not None:
             ctx.kda.flag[0] = 0
