@@ -417,7 +417,7 @@ def run_xla_trace(res, sl, cfg, exe=None, keep: str | None = None) -> None:
     from perfmodel.validate.traces import op_table
     d = Path(tempfile.mkdtemp(prefix="xla_trace_"))
     steps = 3
-    picked = profiled(exe or reference.make_loop(), sl.weights, sl, cfg, steps, d)[2]
+    picked = profiled(exe or reference.make_loop(), sl.weights, sl, cfg, steps, d)[1][-1]
     ops = [{"name": o.name, "category": o.category, "per_step": o.count / steps,
             "s_per_step": o.total_s / steps, "hlo": o.hlo[:200]} for o in op_table(d, 25)]
     if keep:
@@ -434,19 +434,21 @@ def run_xla_trace(res, sl, cfg, exe=None, keep: str | None = None) -> None:
 
 def profiled(loop, weights, sl, cfg, steps: int, out_dir: Path):
     """`steps` one-step calls of `loop` (a make_loop program) from the start state, traced into
-    `out_dir` each inside a `decode_step` annotation, after one untimed call; the last call's
-    outputs."""
+    `out_dir` each inside a `decode_step` annotation, after one untimed call: (the last call's
+    outputs, each traced call's distinct experts per MoE layer)."""
     import jax
     import jax.numpy as jnp
     from perfmodel.validate.traces import STEP_NAME
     cache, tok, pos, _ = start_state(sl, cfg)
     one = jnp.int32(1)
     out = jax.block_until_ready(loop(weights, cache, tok, pos, one))
+    picks = []
     with jax.profiler.trace(str(out_dir)):
         for i in range(steps):
             with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
                 out = jax.block_until_ready(loop(weights, out[1], out[0], pos, one))
-    return out
+            picks.append([int(d) for d in out[2]])
+    return out, picks
 
 
 def config_dict(cfg) -> dict:
@@ -467,13 +469,14 @@ def feed_of(spec, cfg) -> str | None:
 
 def trace_run(sl, cfg, steps, out_dir: Path, loop=None) -> dict:
     """Per-layer and per-phase times of `steps` traced one-step calls (loop: the program
-    compiled ahead)."""
+    compiled ahead), and the distinct experts each traced step picked per MoE layer (the
+    validation predicts the trace with them: a step's picks differ from the speed run's)."""
     from perfmodel_kernels import megakernel
     from perfmodel.util.errors import SpecError
-    profiled(loop or megakernel.make_loop(sl.spec, cfg, sl.interpret), sl.packed_for(cfg), sl, cfg,
-             steps, out_dir)
+    _, picks = profiled(loop or megakernel.make_loop(sl.spec, cfg, sl.interpret), sl.packed_for(cfg),
+                        sl, cfg, steps, out_dir)
     try:
-        return trace_record(out_dir, len(sl.spec.layers))
+        return dict(trace_record(out_dir, len(sl.spec.layers)), distinct_experts_steps=picks)
     except SpecError as e:
         return {"error": str(e)}
 

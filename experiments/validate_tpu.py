@@ -74,9 +74,11 @@ XLA_RUN = {**_RUN, "step_s": Req(_SECONDS), "wall_step_s": _SECONDS, "positions"
 # the MLA cache capacity of the XLA runs recorded before their records named it (`cache_tokens`):
 # tpu_megakernel.py's CONTEXT, 2048 since its first run
 CACHE_TOKENS_BEFORE_RECORDED = 2048
-TRACE = {"step_s": Req(_SECONDS), "layers_s": Req({"*": Num(0)}), "phases_s": Req({"*": Num(0)}), "*": None}
+_PICKS = ListOf(ListOf(Num(0, integer=True)), 1)   # each traced step's distinct experts per MoE layer
+TRACE = {"step_s": Req(_SECONDS), "layers_s": Req({"*": Num(0)}), "phases_s": Req({"*": Num(0)}),
+         "distinct_experts_steps": _PICKS, "*": None}
 TRACE_RUN = {**_RUN, "config": {"*": None}, "error": (STR,), "step_s": _SECONDS, "layers_s": {"*": Num(0)},
-             "phases_s": {"*": Num(0)}}
+             "phases_s": {"*": Num(0)}, "distinct_experts_steps": _PICKS}
 
 
 def load(path: Path) -> dict:
@@ -119,7 +121,7 @@ def attach_traces(runs: list[dict]) -> list[str]:
         if run is None:
             notes.append(f"trace of {label(t)}: no megakernel run of the same slice, format, batch and config")
             continue
-        run["trace"] = {k: t[k] for k in ("step_s", "layers_s", "phases_s")}
+        run["trace"] = {k: t[k] for k in ("step_s", "layers_s", "phases_s", "distinct_experts_steps") if k in t}
     return notes
 
 
@@ -292,12 +294,26 @@ def rel(predicted, measured) -> float:
     return rel_error(predicted, measured) if measured else math.nan
 
 
+def traced_picks(run: dict) -> list[int] | None:
+    """The distinct experts per MoE layer the run's traced steps picked (their median, rounded),
+    or None where the trace record predates keeping them (its steps are then predicted with the
+    speed run's picks, which its other tokens need not share)."""
+    steps = (run.get("trace") or {}).get("distinct_experts_steps")
+    return [round(statistics.median(layer)) for layer in zip(*steps)] if steps else None
+
+
 def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
     from perfmodel.validate.host import against
     spec, hw, p, phases, t0 = predict_megakernel(run, hw_name)
     n = len(spec.layers)
     c = against(trace_summary(run, n, source), spec, hw, p, "megakernel")
     c = dataclasses.replace(c, model=f"{spec.name} {run['format']}")
+    picks = traced_picks(run)
+    if picks is not None:   # the trace's layers and phases predicted with its own steps' picks
+        _, _, pt, phases, _ = predict_megakernel(dict(run, distinct_experts=picks), hw_name)
+        ct = against(trace_summary(run, n, source), spec, hw, pt, "megakernel")
+        c = dataclasses.replace(c, layers=ct.layers)
+    traced_step_s = pt.step_s if picks is not None else c.predicted_step_s
     traced = run.get("trace") is not None
     measured = measured_phases(run["trace"]["phases_s"]) if traced else {}
     phase_rows = [{"scope": k, "predicted_s": phases.get(k, 0.0), "measured_s": v,
@@ -310,7 +326,8 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
             "expert_decode": decode,
             "traced": traced, "comparison": c,
             "phases": sorted(phase_rows, key=lambda r: _scope_order(r["scope"], n)),
-            "traced_step_error": rel(c.predicted_step_s, c.traced_step_s) if traced else math.nan,
+            "traced_predicted_s": traced_step_s, "traced_picks": picks,
+            "traced_step_error": rel(traced_step_s, c.traced_step_s) if traced else math.nan,
             "dispatch_s": t0, "predicted_wall_s": c.predicted_step_s + t0, "measured_wall_s": wall,
             "wall_error": rel(c.predicted_step_s + t0, wall) if wall else math.nan}
 
@@ -441,10 +458,11 @@ def print_run(m: dict) -> None:
     us = lambda x: x * 1e6 if x == x and x is not None else "-"
     pct = lambda x: f"{x:+.1%}" if x == x else "-"
     print(f"\n{m['run']}: context {c.context}, device time (host dispatch {m['dispatch_s'] * 1e6:.0f} us "
-          "taken out of the prediction)")
+          "taken out of the prediction)" + (f"; the trace predicted with its own steps' expert picks "
+                                            f"{m['traced_picks']}" if m.get("traced_picks") else ""))
     rows = [["step (step_s)", us(c.predicted_step_s), us(c.measured_step_s), pct(c.step_error)]]
     if m["traced"]:
-        rows.append(["step (trace)", us(c.predicted_step_s), us(c.traced_step_s), pct(m["traced_step_error"])])
+        rows.append(["step (trace)", us(m["traced_predicted_s"]), us(c.traced_step_s), pct(m["traced_step_error"])])
         rows += [[f"layer {r.layer} {r.kind}", us(r.predicted_s), us(r.measured_s), pct(r.rel_error)]
                  for r in c.layers if r.measured_s > 0]
         rows += [[r["scope"], us(r["predicted_s"]), us(r["measured_s"]), pct(r["rel_error"])] for r in m["phases"]]
@@ -463,7 +481,7 @@ def csv_rows(mk: list[dict], xla: list[dict], ups: list[dict]) -> list[list]:
         step, *layers = validation_report.rows_of(m["run"], [c])
         rows.append(step)
         if m["traced"]:
-            rows.append(base + ["step_traced", "step", c.predicted_step_s, c.traced_step_s, "", "",
+            rows.append(base + ["step_traced", "step", m["traced_predicted_s"], c.traced_step_s, "", "",
                                 m["traced_step_error"], "", "", "", c.unattributed_share])
             rows += [r for r, lc in zip(layers, c.layers) if lc.measured_s > 0]
             rows += [base + [r["scope"], "phase", r["predicted_s"], r["measured_s"], "", "", r["rel_error"],

@@ -207,3 +207,25 @@ def test_a_run_is_predicted_with_the_decode_its_kernel_ran(vt):
         == "e2m1_words"
     assert vt.predict_megakernel(dict(mk, expert_decode="e2m1"), "tpu-v5e")[2].step_s == before
     assert now < before
+
+
+def test_a_trace_is_predicted_with_its_own_steps_expert_picks(vt, predicted, tmp_path, capsys):
+    """The traced steps run other tokens than the speed run: a trace keeping each step's distinct
+    experts is predicted with their median per layer, the untraced step with the run's own."""
+    picks = [1, 1, 1]   # fewer experts than MK's [4, 4, 3]: their layers take less time
+    _, _, pt, phases, _ = vt.predict_megakernel(dict(MK, step_s=1.0, distinct_experts=picks), "tpu-v5e")
+    trace = {"step_s": pt.step_s, "phases_s": phases, "layers_s": {str(r.layer): r.time_s for r in pt.layers},
+             "distinct_experts_steps": [picks, [1, 2, 1], picks]}
+    doc = results(predicted)
+    doc["runs"][0]["trace"] = trace
+    rc, out = run(vt, tmp_path, doc, capsys)
+    assert rc == 0, out.out[-3000:]
+    r = json.loads((tmp_path / "tpu_validation.json").read_text())["runs"][0]
+    assert r["traced_picks"] == picks and r["traced_step_error"] == pytest.approx(0, abs=1e-9)
+    assert max(abs(x["rel_error"]) for x in r["phases"]) < 1e-9
+    assert r["comparison"]["step_error"] == pytest.approx(0, abs=1e-9)   # the speed run's picks
+    assert "predicted with its own steps' expert picks [1, 1, 1]" in out.out
+    doc["runs"][0]["trace"] = {k: v for k, v in trace.items() if k != "distinct_experts_steps"}  # as before
+    rc, out = run(vt, tmp_path, doc, capsys)
+    r = json.loads((tmp_path / "tpu_validation.json").read_text())["runs"][0]
+    assert rc == 1 and r["traced_picks"] is None and abs(r["traced_step_error"]) > 0.01
