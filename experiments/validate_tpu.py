@@ -308,12 +308,11 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
     n = len(spec.layers)
     c = against(trace_summary(run, n, source), spec, hw, p, "megakernel")
     c = dataclasses.replace(c, model=f"{spec.name} {run['format']}")
-    picks = traced_picks(run)
-    if picks is not None:   # the trace's layers and phases predicted with its own steps' picks
+    picks, traced_step_s = traced_picks(run), c.predicted_step_s
+    if picks is not None:   # the trace's layers, phases and step predicted with its own steps' picks
         _, _, pt, phases, _ = predict_megakernel(dict(run, distinct_experts=picks), hw_name)
-        ct = against(trace_summary(run, n, source), spec, hw, pt, "megakernel")
-        c = dataclasses.replace(c, layers=ct.layers)
-    traced_step_s = pt.step_s if picks is not None else c.predicted_step_s
+        c = dataclasses.replace(c, layers=against(trace_summary(run, n, source), spec, hw, pt, "megakernel").layers)
+        traced_step_s = pt.step_s
     traced = run.get("trace") is not None
     measured = measured_phases(run["trace"]["phases_s"]) if traced else {}
     phase_rows = [{"scope": k, "predicted_s": phases.get(k, 0.0), "measured_s": v,
