@@ -34,8 +34,8 @@ TUNED[("kimi-k3-tp32-core", 1)] = Tuned(
     "TP32-core slice with mxfp4 experts 8 MiB banks ran faster than 4 MiB ones at batch 1 in both "
     "calls that ran the two (1005.9 against 1030.0 us a step with the f32 decode, 960.1 against "
     "976.7 with the word decode), and at batch 8 with the word decode (2041.2 against 2053.6; "
-    "with the f32 decode 2440.4 against 2424.5, in separate calls); the micro-benchmarks' 8 MiB "
-    "copies stream 1.2 % faster than 4 MiB ones. Depth 16 or 32 gained nothing, and 2 slots beat "
+    "with the f32 decode 2440.4 against 2424.5, in separate calls), which the model does not "
+    "predict (docs/validation.md). Depth 16 or 32 gained nothing, and 2 slots beat "
     "1 and 4 at batch 1 (top-4 picks about 4 distinct experts): "
     "experiments/results/tpu_megakernel.json, the sweep runs")
 TUNED[("kimi-k3-tp8-core", 1)] = Tuned(
