@@ -306,12 +306,13 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
     from perfmodel.validate.host import against
     spec, hw, p, phases, t0 = predict_megakernel(run, hw_name)
     n = len(spec.layers)
-    c = against(trace_summary(run, n, source), spec, hw, p, "megakernel")
+    summary = trace_summary(run, n, source)
+    c = against(summary, spec, hw, p, "megakernel")
     c = dataclasses.replace(c, model=f"{spec.name} {run['format']}")
     picks, traced_step_s = traced_picks(run), c.predicted_step_s
     if picks is not None:   # the trace's layers, phases and step predicted with its own steps' picks
         _, _, pt, phases, _ = predict_megakernel(dict(run, distinct_experts=picks), hw_name)
-        c = dataclasses.replace(c, layers=against(trace_summary(run, n, source), spec, hw, pt, "megakernel").layers)
+        c = dataclasses.replace(c, layers=against(summary, spec, hw, pt, "megakernel").layers)
         traced_step_s = pt.step_s
     traced = run.get("trace") is not None
     measured = measured_phases(run["trace"]["phases_s"]) if traced else {}
