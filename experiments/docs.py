@@ -758,13 +758,13 @@ def fig_tpu_v5e_validation() -> str:
 def fig_tpu_v5e_model() -> str:
     """The README's view of experiments/validate_tpu.py's comparison: tokens/s on the v5e per
     slice, expert format and batch, predicted (micro-benchmarks only) and measured, for the
-    megakernel (its latest run of each point that is not a sweep: the current kernel) and the XLA
-    reference (its latest run of each point)."""
+    megakernel (its latest speed run of each point that is not a sweep: the current kernel) and
+    the XLA reference (its latest run of each point)."""
     from perfmodel_kernels.specs import slice_spec
     v = result("tpu_validation.json")
     kernel = {}
     for r in v["runs"]:
-        if not r["sweep"]:
+        if not r["sweep"] and not r.get("trace_only"):
             kernel[r["slice"], r["format"], r["batch"]] = r["comparison"]
     xla = {(x["slice"], x["format"], x["batch"]): x for x in v["xla"]}
     tok = lambda b, s: f"{b / s:.0f}"  # noqa: E731

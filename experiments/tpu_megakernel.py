@@ -469,14 +469,17 @@ def feed_of(spec, cfg) -> str | None:
 
 def trace_run(sl, cfg, steps, out_dir: Path, loop=None) -> dict:
     """Per-layer and per-phase times of `steps` traced one-step calls (loop: the program
-    compiled ahead), and the distinct experts each traced step picked per MoE layer (the
-    validation predicts the trace with them: a step's picks differ from the speed run's)."""
-    from perfmodel_kernels import megakernel
+    compiled ahead), and what the validation predicts the trace with: the distinct experts each
+    traced step picked per MoE layer (other tokens than the speed run's), the steps' positions
+    (each call starts from the same ones) and the kernel's expert decode."""
+    from perfmodel_kernels import megakernel, plan
     from perfmodel.util.errors import SpecError
     _, picks = profiled(loop or megakernel.make_loop(sl.spec, cfg, sl.interpret), sl.packed_for(cfg),
                         sl, cfg, steps, out_dir)
     try:
-        return dict(trace_record(out_dir, len(sl.spec.layers)), distinct_experts_steps=picks)
+        return dict(trace_record(out_dir, len(sl.spec.layers)), distinct_experts_steps=picks,
+                    positions=[start_state(sl, cfg)[3]] * cfg.batch,
+                    expert_decode=plan.settings(sl.spec, cfg).get("expert_decode"))
     except SpecError as e:
         return {"error": str(e)}
 

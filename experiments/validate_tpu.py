@@ -78,7 +78,8 @@ _PICKS = ListOf(ListOf(Num(0, integer=True)), 1)   # each traced step's distinct
 TRACE = {"step_s": Req(_SECONDS), "layers_s": Req({"*": Num(0)}), "phases_s": Req({"*": Num(0)}),
          "distinct_experts_steps": _PICKS, "*": None}
 TRACE_RUN = {**_RUN, "config": {"*": None}, "error": (STR,), "step_s": _SECONDS, "layers_s": {"*": Num(0)},
-             "phases_s": {"*": Num(0)}, "distinct_experts_steps": _PICKS}
+             "phases_s": {"*": Num(0)}, "distinct_experts_steps": _PICKS,
+             "positions": ListOf(Num(0, integer=True), 1), "expert_decode": (STR, None)}
 
 
 def load(path: Path) -> dict:
@@ -103,26 +104,48 @@ def label(r: dict) -> str:
     extra = (f" depth {c['depth']} slots {c['expert_slots']}" if "depth" in c else "") + \
         (f" bank {c['bank_rows']}" if "bank_rows" in c else "")
     words = " words" if r.get("expert_decode") == "e2m1_words" else ""   # the mxfp4 word decode's runs
-    return f"{r['slice']} {r['format']}{words} b{r['batch']}{extra}{' (sweep)' if r.get('sweep') else ''}"
+    kind = " (sweep)" if r.get("sweep") else " (trace alone)" if r.get("trace_only") else ""
+    return f"{r['slice']} {r['format']}{words} b{r['batch']}{extra}{kind}"
 
 
-def attach_traces(runs: list[dict]) -> list[str]:
+def attach_traces(runs: list[dict]) -> tuple[list[str], list[tuple[int, dict]]]:
     """Trace records (kind "trace") given to the first megakernel run of the same slice, format,
-    batch and config that has none of its own, one of the same commit (the same kernel) first;
-    the notes of those that could not be."""
-    notes = []
-    for t in (r for r in runs if r["kind"] == "trace"):
+    batch, config and expert decode that has none of its own, one of the same commit (the same
+    kernel) first. A trace with no run of its commit that records its own positions, decode and
+    picks is a run of its own (`trace_run`); older ones go to a run of another commit.
+    (notes on those not compared, (index, run) of the traces run on their own)."""
+    notes, alone = [], []
+    for i, t in enumerate(runs):
+        if t["kind"] != "trace":
+            continue
         if "error" in t:
             notes.append(f"trace of {label(t)}: {t['error']}")
             continue
         key = lambda r: (r["slice"], r["format"], r["batch"], r.get("config"))
-        free = [r for r in runs if r["kind"] == "megakernel" and r.get("trace") is None and key(r) == key(t)]
-        run = next((r for r in free if r.get("commit") == t.get("commit")), free[0] if free else None)
+        free = [r for r in runs if r["kind"] == "megakernel" and r.get("trace") is None and key(r) == key(t)
+                and ("expert_decode" not in t or r.get("expert_decode") == t["expert_decode"])]
+        run = next((r for r in free if r.get("commit") == t.get("commit")), None)
+        if run is None and all(k in t for k in ("positions", "expert_decode", "distinct_experts_steps")):
+            alone.append((i, trace_run(t)))
+            continue
+        run = run or (free[0] if free else None)
         if run is None:
             notes.append(f"trace of {label(t)}: no megakernel run of the same slice, format, batch and config")
             continue
-        run["trace"] = {k: t[k] for k in ("step_s", "layers_s", "phases_s", "distinct_experts_steps") if k in t}
-    return notes
+        run["trace"] = {k: t[k] for k in TRACED if k in t}
+    return notes, alone
+
+
+TRACED = ("step_s", "layers_s", "phases_s", "distinct_experts_steps")   # what a run takes of its trace
+
+
+def trace_run(t: dict) -> dict:
+    """A trace record as a megakernel run of its own: its traced step the measured step (no
+    wall clock), its steps' median picks the run's."""
+    steps = t["distinct_experts_steps"]
+    return {**t, "kind": "megakernel", "trace_only": True, "wall_step_s": None,
+            "distinct_experts": [round(statistics.median(layer)) for layer in zip(*steps)],
+            "trace": {k: t[k] for k in TRACED}}
 
 
 # ---- the prediction of a run ---------------------------------------------------------------
@@ -322,7 +345,8 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
     from perfmodel_kernels.layout import KernelConfig
     decode = run_decode(run, spec, KernelConfig(**run["config"]))
     return {"run": label(run), "kind": "megakernel", "slice": run["slice"], "format": run["format"],
-            "batch": run["batch"], "sweep": bool(run.get("sweep")), "config": run["config"],
+            "batch": run["batch"], "sweep": bool(run.get("sweep")), "trace_only": bool(run.get("trace_only")),
+            "config": run["config"],
             "expert_decode": decode,
             "traced": traced, "comparison": c,
             "phases": sorted(phase_rows, key=lambda r: _scope_order(r["scope"], n)),
@@ -351,7 +375,7 @@ def speedups(mk: list[dict], xla: list[dict]) -> list[dict]:
     megakernel run of each that is not a sweep point: the current kernel)."""
     latest = {}
     for m in mk:
-        if not m["sweep"]:
+        if not m["sweep"] and not m["trace_only"]:
             latest[(m["slice"], m["format"], m["batch"])] = m
     out = []
     for x in xla:
@@ -373,7 +397,7 @@ def whatif(mk: list[dict]) -> list[dict]:
     out = []
     point = lambda m: (m["slice"], m["format"], m["batch"], m["expert_decode"])
     for key in dict.fromkeys(point(m) for m in mk if m["sweep"]):
-        runs = [m for m in mk if point(m) == key]
+        runs = [m for m in mk if point(m) == key and not m["trace_only"]]
         tuned = next((m["config"] for m in runs if not m["sweep"]), None)
         if tuned is None:
             continue
@@ -529,9 +553,9 @@ def main(argv=None) -> int:
         print(f"validate_tpu: {e}{hint}", file=sys.stderr)
         return 2
     runs = data["runs"]
-    notes = attach_traces(runs)
+    notes, alone = attach_traces(runs)
     mk, xla, failed = [], [], []
-    for i, r in enumerate(runs):
+    for i, r in [*enumerate(runs), *alone]:
         if r["kind"] not in ("megakernel", "xla"):
             continue
         try:

@@ -327,9 +327,11 @@ def test_tpu_script_smoke_on_cpu(tmp_path):
     assert all(r["tokens_equal"] for r in res["runs"] if r["kind"] == "check")
     assert any(r.get("sweep") for r in res["runs"])
     assert all(r["plan_bytes"] > 0 for r in res["runs"] if r["kind"] == "megakernel")
-    # a parsed trace keeps the experts each of its 3 steps picked, one count per MoE layer
-    assert all(len(r["distinct_experts_steps"]) == 3 and all(len(s) == 3 for s in r["distinct_experts_steps"])
-               for r in res["runs"] if r["kind"] == "trace" and "error" not in r)
+    # a parsed trace keeps the experts each of its 3 steps picked, one count per MoE layer, its
+    # steps' positions and the kernel's expert decode: enough to be predicted on its own
+    traces = [r for r in res["runs"] if r["kind"] == "trace" and "error" not in r]
+    assert traces and all(len(r["distinct_experts_steps"]) == 3 and all(len(s) == 3 for s in r["distinct_experts_steps"])
+                          and len(r["positions"]) == r["batch"] and "expert_decode" in r for r in traces)
     rep = subprocess.run([sys.executable, "experiments/tpu_megakernel.py", "--report", "--out",
                           str(path)], capture_output=True, text=True, timeout=300, cwd=root)
     assert rep.returncode == 0 and "| slice | experts | batch |" in rep.stdout

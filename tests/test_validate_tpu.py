@@ -229,3 +229,35 @@ def test_a_trace_is_predicted_with_its_own_steps_expert_picks(vt, predicted, tmp
     rc, out = run(vt, tmp_path, doc, capsys)
     r = json.loads((tmp_path / "tpu_validation.json").read_text())["runs"][0]
     assert rc == 1 and r["traced_picks"] is None and abs(r["traced_step_error"]) > 0.01
+
+
+def test_a_trace_without_a_run_of_its_kernel_is_predicted_on_its_own(vt, predicted, tmp_path, capsys):
+    """A trace that records its positions, decode and picks and has no speed run of its commit (or
+    only one with another decode) is a run of its own, its traced step the measured one; it sets no
+    speed-up. One without those fields still goes to a run of another commit, as before."""
+    picks = [1, 1, 1]
+    _, _, pt, phases, _ = vt.predict_megakernel(dict(MK, step_s=1.0, distinct_experts=picks,
+                                                     positions=[100, 100]), "tpu-v5e")
+    trace = {"kind": "trace", "slice": "kimi-k3-mini", "format": "bf16", "batch": 2, "config": CFG,
+             "commit": "new", "step_s": pt.step_s, "phases_s": phases,
+             "layers_s": {str(r.layer): r.time_s for r in pt.layers},
+             "distinct_experts_steps": [picks, picks], "positions": [100, 100], "expert_decode": "other"}
+    doc = results(predicted, trace_apart=True)
+    doc["runs"][0]["commit"] = "old"
+    doc["runs"] = [r for r in doc["runs"] if r["kind"] != "trace"] + [trace]
+    rc, out = run(vt, tmp_path, doc, capsys)
+    assert rc == 0, out.out[-3000:]
+    runs = json.loads((tmp_path / "tpu_validation.json").read_text())["runs"]
+    assert [r["trace_only"] for r in runs] == [False, True] and not runs[0]["traced"]
+    alone = runs[1]
+    assert alone["run"].endswith("(trace alone)") and alone["traced_picks"] == picks
+    assert abs(alone["traced_step_error"]) < 1e-9 and max(abs(x["rel_error"]) for x in alone["phases"]) < 1e-9
+    assert alone["measured_wall_s"] is None
+    ups = json.loads((tmp_path / "tpu_validation.json").read_text())["speedups"]
+    assert len(ups) == 1   # from the speed run, not the trace's fewer experts
+    assert ups[0]["measured"] == pytest.approx(predicted["xla"] / predicted["p"].step_s)
+    old = {k: v for k, v in trace.items() if k not in ("positions", "expert_decode")}
+    doc["runs"][-1] = old
+    rc, out = run(vt, tmp_path, doc, capsys)
+    runs = json.loads((tmp_path / "tpu_validation.json").read_text())["runs"]
+    assert len(runs) == 1 and runs[0]["traced"], out.out[-2000:]
