@@ -742,13 +742,13 @@ def fig_tpu_v5e_validation() -> str:
     rows += [[f"XLA {x['run']}", "step", us(x["predicted_step_s"]), us(x["measured_step_s"]),
               f"{x['step_error']:+.1%}"] for x in v["xla"]]
     import validate_tpu
-    sweep = [[f"{w['slice']} {w['format']} b{w['batch']}", f"{w['knob']} {x}", us(pr), us(me),
+    sweep = [[validate_tpu.sweep_name(w), f"{w['knob']} {x}", us(pr), us(me),
               f"{pr / me - 1:+.1%}"]
              for w in v.get("whatif", []) for x, pr, me in zip(w["values"], w["predicted_s"], w["measured_s"])]
-    best = "".join(f"\n- {w['knob']} at batch {w['batch']}: best predicted {w['predicted_best']}, measured "
-                   f"{w['measured_best']}; gain from {w['values'][0]} to the best predicted "
+    best = "".join(f"\n- {validate_tpu.sweep_name(w)}: best predicted {w['predicted_best']}, measured "
+                   f"{w['measured_best']}{verdict(w)}; gain from {w['values'][0]} to the best predicted "
                    f"{us(w['predicted_gain_s'])} us, measured {us(w['measured_gain_s'])} us "
-                   f"({w['gain_error']:+.1%})" for w in v.get("whatif", []))
+                   f"({gain_verdict(w)})" for w in v.get("whatif", []))
     return md_table(["run", "what", "predicted us", "measured us", "error"], rows) + \
         ("\n\nThe sweeps (one knob from the tuned config at a time):\n\n"
          + md_table(["run", "point", "predicted us", "measured us", "error"], sweep) + best
@@ -780,6 +780,31 @@ def fig_tpu_v5e_model() -> str:
     return md_table(["slice", "experts", "batch", "kernel tok/s predicted", "measured", "step error",
                      "XLA tok/s predicted", "measured", "step error"], rows, "llrrrrrrr") + \
         "\n\nStep error: predicted step time over measured, less one (device time).\n"
+
+
+def verdict(w: dict) -> str:
+    """A sweep's optimum against the model's, in words (validate_tpu.whatif's verdict)."""
+    return "" if w["predicted_best"] == w["measured_best"] else " (a tie)" if w["best_found"] else " (missed)"
+
+
+def gain_verdict(w: dict) -> str:
+    return f"{w['gain_error']:+.1%}" if w["gain_judged"] else "under the spread, not judged"
+
+
+def fig_tpu_v5e_whatif() -> str:
+    """The README's what-if on the chip: experiments/validate_tpu.py's ring depth and expert slot
+    sweeps of the current kernel (its expert decode: the latest speed run's), each family's best
+    value and the gain to it from the smallest value, predicted and measured."""
+    import validate_tpu
+    v = result("tpu_validation.json")
+    current = [r for r in v["runs"] if not r["sweep"] and not r.get("trace_only")][-1]["expert_decode"]
+    us = lambda x: f"{x * 1e6:.0f}"  # noqa: E731
+    rows = [[validate_tpu.sweep_name(w), ", ".join(map(str, w["values"])),
+             f"{w['predicted_best']} / {w['measured_best']}{verdict(w)}",
+             f"{us(w['predicted_gain_s'])} / {us(w['measured_gain_s'])}", gain_verdict(w)]
+            for w in v["whatif"] if w["knob"] in ("depth", "expert_slots") and w["expert_decode"] == current]
+    return md_table(["sweep", "points", "best predicted / measured", "gain from the first, us", "gain error"],
+                    rows) + "\n"
 
 
 def fig_components_tpu() -> str:
@@ -909,7 +934,8 @@ FIGURES = {"predict": fig_predict, "gain": fig_gain, "cli-speed": fig_cli_speed,
            "components-gpu": fig_components_gpu, "model-speed": fig_model_speed, "layer-time": fig_layer_time,
            "kernel-compile": fig_kernel_compile, "dashboard-browser": fig_dashboard_browser, "ttft-published": fig_ttft_published, "ttft-host": fig_ttft_host,
            "serve-sweep": fig_serve_sweep, "serve-speed": fig_serve_speed, "tpu-v5e": fig_tpu_v5e,
-           "tpu-v5e-validation": fig_tpu_v5e_validation, "tpu-v5e-model": fig_tpu_v5e_model}
+           "tpu-v5e-validation": fig_tpu_v5e_validation, "tpu-v5e-model": fig_tpu_v5e_model,
+           "tpu-v5e-whatif": fig_tpu_v5e_whatif}
 
 
 # ---- the pages --------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "dashboards" / "app.py"
 sys.path.insert(0, str(APP.parent))
 
-from pmdash import common, measured, validation  # noqa: E402
+from pmdash import common, measured, validation, whatif  # noqa: E402
 
 from perfmodel.fit.measurements import seed_measurements  # noqa: E402
 
@@ -620,7 +620,8 @@ def whatif_state(at: AppTest) -> dict:
             "bound": headline(at, "bound")}
 
 
-WHATIF_TABS = {"Step breakdown": ("wi_breakdown",), "Ring x expert slots": ("wi_heat_pick", "wi_sweep_measured"),
+WHATIF_TABS = {"Step breakdown": ("wi_breakdown",),
+               "Ring x expert slots": ("wi_heat_pick", "wi_sweep_measured", "wi_slots_measured"),
                "Prefetch depth": ("wi_prefetch_chart", "wi_prefetch_causes"), "Timeline": ("wi_timeline",),
                "Roofline": ("wi_roofline",)}
 
@@ -1364,7 +1365,8 @@ def test_validation_tpu_runs_from_the_committed_json(monkeypatch, tmp_path):
 
 def test_compare_and_whatif_name_the_tpu_runs():
     """Compare, with a platform on TPU v5e, names this project's measured series there; What-if's ring x slots
-    map draws the committed sweep beside the model's curve, measured points and predicted line per slot count."""
+    map draws the committed sweeps beside the model's curves, measured points and predicted line per family
+    (one knob varied, the others held: validate_tpu's)."""
     t = measured.tpu_results()
     at = open_view("Compare")
     at.selectbox(key="cmp_A_hw").set_value("tpu-v5e").run()
@@ -1374,14 +1376,16 @@ def test_compare_and_whatif_name_the_tpu_runs():
     assert measured.TPU_RUNS_JSON.name in note and f"{v:,.0f} at batch {b}" in note
     assert note.count(" at batch ") == len(latest)   # each point once: its latest run (the current kernel)
     at = open_view("What-if", tab="Ring x expert slots")
-    sweep = t["rows"][t["rows"]["sweep"]]
-    assert not sweep.empty
-    got = series(chart(at, "wi_sweep_measured"), "point")
-    b, slots = int(sweep["batch"].iloc[0]), 2
-    pts = got[f"batch {b}, {slots} slots, measured"]
-    want = sweep[(sweep["batch"] == b) & (sweep["slots"] == slots)]
-    assert sorted(r["depth"] for r in pts) == sorted(want["depth"])
-    assert f"batch {b}, {slots} slots, predicted" in series(chart(at, "wi_sweep_measured"), "line")
+    for knob, key, field in (("depth", "wi_sweep_measured", "depth"), ("expert_slots", "wi_slots_measured", "slots")):
+        fams = [w for w in t["sweeps"] if w["knob"] == knob]
+        assert fams
+        got, lines = series(chart(at, key), "point"), series(chart(at, key), "line")
+        assert len(got) == len(lines) == len(fams)
+        for w in fams:
+            label = whatif.sweep_label(w)
+            assert [r[field] for r in got[f"{label}, measured"]] == w["values"]
+            assert [r["tokens_per_s"] for r in lines[f"{label}, predicted"]] == \
+                pytest.approx([w["batch"] / s for s in w["predicted_s"]])
     assert any("squares: measured by this project" in c.value for c in at.caption)
 
 

@@ -168,7 +168,8 @@ def test_the_depth_sweep_is_judged_on_its_optimum_and_gain(vt, predicted, tmp_pa
         if r["kind"] == "megakernel" and r["config"]["depth"] == best:
             r["step_s"] *= 1.5
     rc, out = run(vt, tmp_path, slow, capsys)
-    assert rc == 1 and f"the best depth at batch 2 (kimi-k3-mini bf16) predicted {best}" in out.out
+    assert rc == 1 and f"the best depth at batch 2 (kimi-k3-mini bf16; expert_slots 2, bank_rows 1024) " \
+        f"predicted {best}" in out.out
 
 
 def test_a_sweep_point_run_twice_is_judged_on_its_median_and_shows_its_range(vt, predicted, tmp_path, capsys):
@@ -261,3 +262,40 @@ def test_a_trace_without_a_run_of_its_kernel_is_predicted_on_its_own(vt, predict
     rc, out = run(vt, tmp_path, doc, capsys)
     runs = json.loads((tmp_path / "tpu_validation.json").read_text())["runs"]
     assert len(runs) == 1 and runs[0]["traced"], out.out[-2000:]
+
+
+def test_a_near_tie_within_the_chips_spread_is_not_a_miss(vt, predicted, tmp_path, capsys):
+    """Sweep families are the runs that vary one knob with the others held, one family per held
+    value. A predicted best measured within the chip's spread of a point's runs (the median over
+    points run twice) of the measured best is a tie, and a gain under that spread is not judged;
+    beyond the spread the miss stands."""
+    doc = results(predicted)
+    mk = doc["runs"][0]
+    steps = {}
+    for depth in (1, 4, 8):
+        cfg = dict(mk["config"], depth=depth)
+        steps[depth] = vt.predict_megakernel(dict(mk, config=cfg), "tpu-v5e")[2].step_s
+    best = min(steps, key=steps.get)
+    other = 8 if best == 4 else 4
+    assert steps[1] > steps[best]   # the shallow ring is slower: a gain to judge
+
+    def sweep(measured_other):
+        d = copy.deepcopy(doc)
+        for depth, t in steps.items():   # depth 4 is the speed run's (MK's), the others sweep points
+            t = steps[best] * measured_other if depth == other else t
+            if depth == mk["config"]["depth"]:
+                d["runs"][0]["step_s"] = t
+            else:
+                d["runs"].append(dict(mk, config=dict(mk["config"], depth=depth), sweep=True, trace=None, step_s=t))
+        d["runs"].append(dict(mk, config=dict(mk["config"], depth=1), sweep=True, trace=None,
+                              step_s=steps[1] * 1.02))   # point 1 run twice: the chip's spread is 2 %
+        d["runs"].append(dict(mk, config=dict(mk["config"], depth=1, expert_slots=1), sweep=True,
+                              trace=None, step_s=1.0))   # another family (slots 1): not this one's point
+        return d
+    rc, out = run(vt, tmp_path, sweep(0.99), capsys)   # the other depth measured 1 % faster: a tie
+    ws = [w for w in json.loads((tmp_path / "tpu_validation.json").read_text())["whatif"] if w["knob"] == "depth"]
+    w, = [w for w in ws if w["others"]["expert_slots"] == 2]
+    assert w["chip_spread"] == pytest.approx(0.02) and w["measured_best"] == other and w["best_found"]
+    assert "a tie within the spread" in out.out and "the best depth" not in out.out.splitlines()[-1]
+    rc, out = run(vt, tmp_path, sweep(0.95), capsys)   # 5 % faster: beyond the spread
+    assert "the best depth at batch 2" in out.out.splitlines()[-1] and rc == 1

@@ -416,7 +416,8 @@ def tpu_results() -> dict | None:
     """The committed TPU runs (None when none is): `rows` one a timed run (engine megakernel or xla, slice,
     format, batch, depth, slots, sweep, measured and predicted step and tokens/s, the step's error as
     experiments/validate_tpu.py gives it, the commit it ran), `checks` (the correctness records), `summary` (validate_tpu's),
-    `meta` (chip, JAX, libtpu, date, command) and the two files."""
+    `sweeps` (validate_tpu's sweep families: one knob varied, the others held, each point's measured and
+    predicted step), `meta` (chip, JAX, libtpu, date, command) and the two files."""
     if not TPU_RUNS_JSON.exists():
         return None
     val = TPU_VALIDATION_JSON
@@ -446,7 +447,8 @@ def _tpu_results(path: str, mtime: float, val_path: str, val_mtime: float | None
                      "step_error": err, "commit": r.get("commit") or ""})
     meta = {k: str(full[k]) for k in TPU_PROVENANCE if k in full}
     return {"rows": pd.DataFrame(rows), "checks": [r for r in full.get("runs", []) if r.get("kind") == "check"],
-            "summary": val.get("summary", {}), "meta": meta, "file": shown_path(Path(path)),
+            "summary": val.get("summary", {}), "sweeps": val.get("whatif", []), "meta": meta,
+            "file": shown_path(Path(path)),
             "validation": shown_path(Path(val_path)) if val_mtime is not None else None}
 
 

@@ -389,36 +389,52 @@ def heat_section(x: dict, stale: str | None) -> None:
                                    slots=g["slots"]))
 
 
+SWEPT = {"depth": ("depth", "ring depth (banks)", "wi_sweep_measured"),
+         "expert_slots": ("slots", "expert slots", "wi_slots_measured")}
+
+
 def measured_sweep() -> None:
-    """This project's ring depth x expert slot sweep on a real TPU (records with "sweep": true in
-    experiments/results/tpu_megakernel.json): measured tokens/s per ring depth (in ring tiles), a series per slot
-    count, beside the model's prediction for each; or a line saying none is measured yet."""
+    """This project's ring depth and expert slot sweeps on a real TPU (experiments/validate_tpu.py's sweep
+    families: one knob varied from the kernel's config, the others held): measured tokens/s per ring
+    depth and per slot count, a series per family, beside the model's prediction for each; or a line
+    saying none is measured yet."""
     t = measured.tpu_results()
-    rows = t["rows"] if t is not None else pd.DataFrame()
-    sweep = rows[rows["sweep"]] if not rows.empty else rows
+    sweeps = t["sweeps"] if t is not None else []
     where = c.shown_path(measured.TPU_RUNS_JSON)
-    if sweep.empty:
-        st.caption(f"Measured: no ring depth x expert slot sweep on a real chip yet ({where} has no sweep record; "
-                   "`python experiments/tpu_megakernel.py --only sweep` on a lent TPU measures one, and it is drawn "
-                   "here beside the map). Until then the map is the model's alone.")
+    if not sweeps:
+        st.caption(f"Measured: no ring depth x expert slot sweep on a real chip yet ({where} has no sweep record "
+                   "compared by `python experiments/validate_tpu.py`; `python experiments/tpu_megakernel.py --only "
+                   "sweep` on a lent TPU measures one, and it is drawn here beside the map). Until then the map is "
+                   "the model's alone.")
         return
-    x = quant("depth", "ring depth (tiles)")
-    y = quant("tokens_per_s", "tokens/s")
-    color = nominal("series", "")
-    tooltip = tip(("depth", "ring depth"), ("tokens_per_s", "tokens/s", ",.0f"))
-    layers = []
-    for kind, mark in (("predicted", {"type": "line", "strokeDash": [6, 3]}),
-                       ("measured", {"type": "point", "shape": charts.SOURCE_SHAPES["measured by this project"],
-                                     "filled": True, "size": 80})):
-        data = [r for (b, slots), g in sweep.sort_values("depth").groupby(["batch", "slots"]) for r in charts.rows(
-            series=f"batch {b}, {slots:g} slots, {kind}", depth=list(g["depth"]),
-            tokens_per_s=list(g[f"{kind}_tokens_per_s"])) if r["tokens_per_s"] is not None]
-        layers.append(layer(data, mark, x=x, y=y, color=color, tooltip=tooltip))
-    g0 = sweep.iloc[0]
-    st.caption(f"Measured on TPU {t['meta'].get('chip', '')} ({where}, {t['meta'].get('date', '')[:10]}): "
-               f"{g0['slice']} {g0['format']}, the kernel's ring depth in tiles (squares: measured by this project; "
-               "dashed: predicted).")
-    show({"height": 220, "layer": layers, "config": {"legend": LEGEND}}, "wi_sweep_measured")
+    for knob, (field, title, key) in SWEPT.items():
+        fams = [w for w in sweeps if w["knob"] == knob]
+        if not fams:
+            continue
+        x, y = quant(field, title), quant("tokens_per_s", "tokens/s")
+        tooltip = tip((field, title), ("tokens_per_s", "tokens/s", ",.0f"))
+        layers = []
+        for kind, mark in (("predicted", {"type": "line", "strokeDash": [6, 3]}),
+                           ("measured", {"type": "point", "shape": charts.SOURCE_SHAPES["measured by this project"],
+                                         "filled": True, "size": 80})):
+            data = [r for w in fams for r in rows(
+                series=f"{sweep_label(w)}, {kind}", **{field: list(w["values"])},
+                tokens_per_s=[w["batch"] / s for s in w[f"{kind}_s"]])]
+            layers.append(layer(data, mark, x=x, y=y, color=nominal("series", ""), tooltip=tooltip))
+        show({"height": 220, "layer": layers, "config": {"legend": LEGEND}}, key)
+    w0 = sweeps[0]
+    st.caption(f"Measured on TPU {t['meta'].get('chip', '')} ({where}, up to {t['meta'].get('date', '')[:10]}): "
+               f"{w0['slice']} {w0['format']}, each series one knob varied with the others held (squares: measured "
+               "by this project, a point's median over its runs; dashed: predicted; `python "
+               "experiments/validate_tpu.py` prints each with its optimum and gain).")
+
+
+def sweep_label(w: dict) -> str:
+    """A sweep family in a legend: "batch 1, 2 slots, 32768-row banks, word decode"."""
+    held = {"depth": f"depth {w['others'].get('depth')}", "expert_slots": f"{w['others'].get('expert_slots')} slots",
+            "bank_rows": f"{w['others'].get('bank_rows')}-row banks"}
+    parts = [f"batch {w['batch']}", *(held[k] for k in w["others"])]
+    return ", ".join(parts + (["word decode"] if w.get("expert_decode") == "e2m1_words" else []))
 
 
 # ----- timeline -----------------------------------------------------------------------------------
