@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import io
 import itertools
-import json
 import math
 import re
-import zipfile
 import zlib
 from bisect import bisect_left
 from dataclasses import dataclass, field
@@ -69,18 +67,19 @@ class Table:
 
 @dataclass
 class Tables:
-    """One GPU and engine's tables; a class's index is read from the file when first asked for,
-    and a table's grid only once a lookup's key matches it."""
+    """One GPU and engine's tables; a class's index is read from the file's bytes when first asked
+    for (and kept, checked, beside the checks: perfmodel.util.checked.kept), and a table's grid
+    only once a lookup's key matches it."""
     gpu: str
     engine: str
     version: dict[str, str]        # file -> framework version
     source: str
     fastest_kernel_s: float | None  # the fastest compute kernel of these tables (a small kernel's floor)
     classes: list[str]
-    npz: object
+    data: bytes = field(repr=False)  # the file's bytes as read
     path: Path = Path()
     doc: dict = field(default_factory=dict)                   # the file's header (provenance)
-    content: str | None = None    # the name of the file's bytes as read (perfmodel.util.checked)
+    content: str | None = None    # the name of the file's bytes (perfmodel.util.checked)
     index: dict[str, dict] = field(default_factory=dict)      # class -> its index, once read
     values: dict[str, np.ndarray] = field(default_factory=dict)  # class -> its log latencies, once read
     built: dict[tuple[str, int], Table] = field(default_factory=dict)
@@ -89,20 +88,10 @@ class Tables:
     def _index(self, cls: str) -> dict:
         if cls not in self.index:
             if cls in self.classes:
-                ix = _json_array(self.npz, f"index.{cls}", self.path, self.content)
-                values = _array(self.npz, f"log_s.{cls}", self.path)
-
-                def check():
-                    with in_file(self.path):
-                        require(values.ndim == 1 and values.dtype.kind == "f", f"log_s.{cls}", str(values.dtype),
-                                "must be a 1-D array of floats")
-                        check_class_index(cls, ix, len(values))
-                checked.once(self.content, f"class {cls}", check)
-                self.values[cls] = values.astype(float)
+                ix, values = checked.kept(self.content, f"class {cls}", lambda: _read_class(self.data, self.path, cls))
             else:
-                ix = {"files": [], "fields": [], "axes": [], "grids": [], "tables": []}
-            self.index[cls] = ix
-            ix["cols"] = {f: np.array([r[1][j] for r in ix["tables"]]) for j, f in enumerate(ix["fields"])}
+                ix, values = {"files": [], "fields": [], "axes": [], "grids": [], "tables": []}, b""
+            self.index[cls], self.values[cls] = ix, np.frombuffer(values)
         return self.index[cls]
 
     def _table(self, cls: str, i: int) -> Table:
@@ -122,12 +111,17 @@ class Tables:
     def find(self, cls: str, key: dict, kernel: str = "") -> list[Table]:
         """The tables of `cls` whose key matches `key` (and whose kernel source contains `kernel`)."""
         ix = self._index(cls)
-        hit = np.ones(len(ix["tables"]), bool)
-        for f, v in key.items():
-            hit &= ix["cols"][f] == v if f in ix["cols"] else False
-        src = ix["cols"].get("kernel_source")
-        return [self._table(cls, i) for i in np.flatnonzero(hit)
-                if not kernel or kernel.lower() in str(src[i]).lower()]
+        fields, rows = ix["fields"], ix["tables"]
+        if not set(key) <= set(fields) or kernel and "kernel_source" not in fields:
+            return []
+        hit = range(len(rows))
+        for f, v in key.items():   # field by field: few rows are left after the first
+            j = fields.index(f)
+            hit = [i for i in hit if rows[i][1][j] == v]
+        if kernel:
+            src = fields.index("kernel_source")
+            hit = [i for i in hit if kernel.lower() in str(rows[i][1][src]).lower()]
+        return [self._table(cls, i) for i in hit]
 
 
 # A table file (.npz: numpy arrays, never pickled objects) through the schema layer: its header
@@ -137,31 +131,65 @@ HEADER = {"files": Req({"*": {"version": Req((STR,)), "*": None}}), "source": Re
           "fastest_kernel_s": Req(Num(0, 1, lo_open=True, null=True)), "classes": Req(ListOf((STR,), 0, 64)), "*": None}
 CLASS_INDEX = {"files": Req([(STR,)]), "fields": Req([(STR,)]), "axes": Req([(STR,)]),
                "grids": Req([ListOf(None, 1)])}   # grids and "tables" (thousands of rows): below
-KERNEL_DATA_ERRORS = (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+def _data_errors() -> tuple:
+    """What reading a table file's arrays raises when they are missing, truncated, corrupt or
+    pickled (allow_pickle is off)."""
+    import zipfile   # here: a file whose classes were all kept before is never opened as a zip
+    return KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error
+
+
+def _open(data: bytes, path: Path):
+    """The arrays of a table file's bytes (numpy's .npz reader, each array read when asked for)."""
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except _data_errors() as e:
+        raise SpecError("kernel table", str(path), f"not a table file ({type(e).__name__}: {str(e)[:120]})") from None
 
 
 def _array(npz, key: str, path: Path) -> np.ndarray:
     """Array `key` of a table file, or a SpecError naming the file and the key."""
     try:
         return npz[key]
-    except KERNEL_DATA_ERRORS as e:  # missing, truncated, corrupt, or pickled (allow_pickle is off)
+    except _data_errors() as e:
         raise SpecError(key, "<array>", f"unreadable ({type(e).__name__}: {str(e)[:120]})", file=str(path)) from None
 
 
-def _json_array(npz, key: str, path: Path, content: str | None):
-    """A table file's JSON array `key` (uint8 bytes), parsed through the schema layer unless these
-    bytes of the file (`content`) parsed before."""
+def _json_array(npz, key: str, path: Path):
+    """A table file's JSON array `key` (uint8 bytes), parsed through the schema layer."""
     raw = _array(npz, key, path)
     require(raw.dtype == np.uint8 and raw.ndim == 1, key, str(raw.dtype), "must be UTF-8 JSON as a 1-D uint8 array")
     try:
         text = raw.tobytes().decode("utf-8")
     except UnicodeDecodeError:
         raise SpecError(key, "<bytes>", "not UTF-8 text", file=str(path)) from None
-    if checked.known(content, f"parse {key}"):   # parsed (nesting bounded) before
-        return json.loads(text)
-    out = schema.parse(text, "json", key, path)
-    checked.remember(content, f"parse {key}")
-    return out
+    return schema.parse(text, "json", key, path)
+
+
+def _read_header(data: bytes, path: Path) -> dict:
+    """A table file's header (`index`), checked: HEADER, and each class's arrays in the file."""
+    npz = _open(data, path)
+    doc = _json_array(npz, "index", path)
+    with in_file(path):
+        schema.check_tree({"index": doc}, {"index": HEADER})  # errors name index.<key>
+        for c in doc["classes"]:
+            require(NAME.fullmatch(c) is not None, "index.classes", c, "must be a class name (letters, digits, _)")
+            for key in (f"index.{c}", f"log_s.{c}"):
+                require(key in npz.files, "index.classes", c, f"the file holds no {key}")
+    return doc
+
+
+def _read_class(data: bytes, path: Path, cls: str) -> tuple[dict, bytes]:
+    """A class of a table file, checked: its index and its log latencies (float64 bytes)."""
+    npz = _open(data, path)
+    ix = _json_array(npz, f"index.{cls}", path)
+    values = _array(npz, f"log_s.{cls}", path)
+    with in_file(path):
+        require(values.ndim == 1 and values.dtype.kind == "f", f"log_s.{cls}", str(values.dtype),
+                "must be a 1-D array of floats")
+        check_class_index(cls, ix, len(values))
+    return ix, values.astype(float).tobytes()
 
 
 def check_class_index(cls: str, ix, n_values: int) -> None:
@@ -197,8 +225,8 @@ def check_class_index(cls: str, ix, n_values: int) -> None:
 @lru_cache(maxsize=None)
 def tables(gpu: str, engine: str) -> Tables | None:
     """The imported tables of one GPU and engine (`nccl` for the NCCL collectives), or None;
-    read through the schema layer (HEADER, checked once per content of the file; each class's index
-    when first used)."""
+    read through the schema layer (HEADER; each class's index when first used), once per content
+    of the file (perfmodel.util.checked.kept)."""
     if not gpu:
         return None
     require(NAME.fullmatch(gpu) is not None, "gpu", gpu, "must be a GPU name (letters, digits, _)")
@@ -206,24 +234,11 @@ def tables(gpu: str, engine: str) -> Tables | None:
     path = KERNEL_DIR / gpu / f"{engine}.npz"
     if not path.exists():
         return None
-    data = read_bytes(path, "kernel table")   # read once: its arrays and the name of its bytes
-    try:
-        npz = np.load(io.BytesIO(data), allow_pickle=False)
-    except KERNEL_DATA_ERRORS as e:
-        raise SpecError("kernel table", str(path), f"not a table file ({type(e).__name__}: {str(e)[:120]})") from None
+    data = read_bytes(path, "kernel table")
     content = checked.content(data)
-    doc = _json_array(npz, "index", path, content)
-
-    def check():
-        with in_file(path):
-            schema.check_tree({"index": doc}, {"index": HEADER})  # errors name index.<key>
-            for c in doc["classes"]:
-                require(NAME.fullmatch(c) is not None, "index.classes", c, "must be a class name (letters, digits, _)")
-                for key in (f"index.{c}", f"log_s.{c}"):
-                    require(key in npz.files, "index.classes", c, f"the file holds no {key}")
-    checked.once(content, "header", check)
+    doc = checked.kept(content, "header", lambda: _read_header(data, path))
     return Tables(gpu, engine, {f: m["version"] for f, m in doc["files"].items()}, doc["source"],
-                  doc["fastest_kernel_s"], doc["classes"], npz, path, doc, content=content)
+                  doc["fastest_kernel_s"], doc["classes"], data, path, doc, content=content)
 
 
 def provenance(gpu: str, engine: str) -> dict:
@@ -497,46 +512,50 @@ FIT_GROUPS = {"*": {"cells": Req(Num(0, integer=True)), "*": None}}   # one engi
 
 
 @lru_cache(maxsize=None)
-def _fit_file(gpu: str) -> tuple[dict, str | None]:
-    """perfmodel/data/kernels/<gpu>/fit.json's engines, unchecked ({} when none), and the name of
-    its content (perfmodel.util.checked); the rest of the file checked through the schema layer."""
+def _fit_file(gpu: str) -> tuple[Path, bytes, str] | None:
+    """perfmodel/data/kernels/<gpu>/fit.json: its path, bytes and the name of its content
+    (perfmodel.util.checked); None when there is none."""
     if not gpu:
-        return {}, None
+        return None
     require(NAME.fullmatch(gpu) is not None, "gpu", gpu, "must be a GPU name (letters, digits, _)")
     path = KERNEL_DIR / gpu / "fit.json"
     if not path.exists():
-        return {}, None
+        return None
     raw = read_bytes(path, "kernel table")
-    content, text = checked.content(raw), as_text(raw, "kernel table", path)
-    if checked.known(content, "fit file"):   # these bytes parsed (nesting bounded) and checked before
-        return json.loads(text)["engines"], content
-    data = schema.parse(text, "json", "kernel table", path)
+    return path, raw, checked.content(raw)
+
+
+@lru_cache(maxsize=None)
+def _fit_engines(gpu: str) -> dict:
+    """A fit file's engines, unchecked; the rest of the file checked through the schema layer."""
+    path, raw, _ = _fit_file(gpu)
+    data = schema.parse(as_text(raw, "kernel table", path), "json", "kernel table", path)
     require(isinstance(data, dict), "kernel table", str(path), "must hold an object at the top")
     with in_file(path):
         engines = data.get("engines")
         require(isinstance(engines, dict) and all(isinstance(v, dict) for v in engines.values()),
                 "engines", None, "required, a table of engines, each a table of fit groups")
         schema.check_tree({k: v for k, v in data.items() if k != "engines"}, None, "file")
-    checked.remember(content, "fit file")
-    return engines, content
+    return engines
 
 
+@lru_cache(maxsize=None)
 def fit_engines(gpu: str) -> list[str]:
     """The engines `gpu`'s fit file holds fits of."""
-    return sorted(_fit_file(gpu)[0])
+    f = _fit_file(gpu)
+    return checked.kept(f[2], "fit engines", lambda: sorted(_fit_engines(gpu))) if f else []
 
 
 @lru_cache(maxsize=None)
 def engine_fits(gpu: str, engine: str) -> dict:
     """One engine's fits in perfmodel/data/kernels/<gpu>/fit.json: {group: params} ({} when
-    none), checked when first asked for (FIT_GROUPS, and the parameters its class needs: a
-    command line asks for one engine of a file of several)."""
-    engines, content = _fit_file(gpu)
-    groups = engines.get(engine, {})
-    path = KERNEL_DIR / gpu / "fit.json"
+    none), checked (FIT_GROUPS, and the parameters its class needs) and kept per engine (a command
+    line asks for one engine of a file of several), once per content of the file."""
+    f = _fit_file(gpu)
 
-    def check():
-        with in_file(path):
+    def read():
+        groups = _fit_engines(gpu).get(engine, {})
+        with in_file(f[0]):
             schema.check_tree(groups, FIT_GROUPS, f"engines.{engine}", 1)
             for group, p in groups.items():
                 cls = group.split("/")[0]
@@ -546,15 +565,14 @@ def engine_fits(gpu: str, engine: str) -> dict:
                     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (v > 0 if name in DIVISORS else v >= 0)
                     require(ok, f"engines.{engine}.{group}.{name}", v,
                             "required, a number " + ("> 0" if name in DIVISORS else ">= 0"))
-    if groups:
-        checked.once(content, f"engine {engine}", check)
-    return groups
+        return groups
+    return checked.kept(f[2], f"fit engine {engine}", read) if f else {}
 
 
 def forget_fits() -> None:
     """Drop the fit files read so far (after one is rewritten)."""
-    _fit_file.cache_clear()
-    engine_fits.cache_clear()
+    for cache in (_fit_file, _fit_engines, fit_engines, engine_fits):
+        cache.cache_clear()
 
 
 def fitted_params(gpu: str, engine: str, cls: str, key: dict, kernel: str = "") -> tuple[dict, str] | None:

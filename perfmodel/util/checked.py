@@ -1,19 +1,26 @@
 """Checks of the package's bundled data remembered across processes: content that passed a check
 is not checked again, so a command line does not re-validate thousands of table rows it read
-unchanged a moment ago (the GPU kernel tables: about 50 ms of a 190 ms command).
+unchanged a moment ago (the GPU kernel tables: about 50 ms of a 190 ms command); and what a
+reader made of such content (`kept`: parsed and checked), so it is not parsed again either.
 
 A file's bytes, as its reader read them, are named once (`content`: their length, CRC-32 and
 Adler-32, by zlib: no OpenSSL to load), and a marker per (content, check) lives in
-$XDG_CACHE_HOME/perfmodel/checked (default ~/.cache/perfmodel/checked); where the cache cannot
-be written (or a caller names no content), every process checks. A file whose bytes change (a re-import rewrites it) is checked again on its next
-read.
+$XDG_CACHE_HOME/perfmodel/checked (default ~/.cache/perfmodel/checked), beside the kept forms;
+where the cache cannot be written (or a caller names no content), every process checks. A file
+whose bytes change (a re-import rewrites it) is checked again on its next read.
 """
 from __future__ import annotations
 
+import marshal
 import os
 import zlib
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
+
+from perfmodel.util.errors import SpecError
+from perfmodel.util.files import write_atomic
+
+T = TypeVar("T")
 
 
 def content(data: bytes) -> str:
@@ -58,3 +65,24 @@ def once(content_id: str | None, what: str, check: Callable[[], None]) -> None:
     if not known(content_id, what):
         check()
         remember(content_id, what)
+
+
+def kept(content_id: str | None, what: str, make: Callable[[], T]) -> T:
+    """`make()` (which reads the content named `content_id` and raises on bad data), or what it
+    returned for that content before: its value (plain data: numbers, strings, bytes, lists,
+    tuples, dicts) is kept in the cache by marshal, as Python keeps bytecode. Made in every process
+    where the cache cannot be read or written, or a caller names no content."""
+    path = _marker(content_id, f"kept {what}")
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                return marshal.loads(f.read())
+        except (OSError, EOFError, ValueError, TypeError):   # not kept yet, or unreadable: made again
+            pass
+    value = make()
+    if path is not None:
+        try:
+            write_atomic(path, marshal.dumps(value), "cache", parents=True)
+        except SpecError:
+            pass
+    return value
