@@ -510,6 +510,10 @@ def test_whatif_every_control_tab_click_and_downloads(page):
     assert_no_errors(page)
     tab(page, "wi_tab", "Ring x expert slots", "wi_heat_pick")
     assert_legible(page)
+    for key in ("wi_sweep_measured", "wi_slots_measured"):   # the chip's depth and slot sweeps beside the model's
+        bb.wait_chart(page, key)
+        entries = legend_entries(figure(page, key))
+        assert any(e.endswith(", measured") for e in entries) and any(e.endswith(", predicted") for e in entries)
     changes(page, "wi_heat_pick", lambda: radio(page, "wi_heat_z", "step time (ms)"))
     best = click_mark(page, "wi_heat_pick", "best")  # a click on the best cell puts its ring and slots in the fields
     page.wait_for_function("v => document.querySelector('.st-key-wi_slots input').value === v", arg=best["slots"])
