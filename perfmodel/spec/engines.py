@@ -10,7 +10,7 @@ from perfmodel.spec.arch import GQA
 from perfmodel.util import checked, schema
 from perfmodel.util.checks import BOOL, STR, ListOf, Num, OneOf, Req, check_tree
 from perfmodel.util.errors import SpecError, in_file, require
-from perfmodel.util.files import as_text, read_bytes
+from perfmodel.util.files import read_bytes
 
 ENGINE_DIR = Path(__file__).parents[1] / "data" / "serving_engines"
 ROW_PARALLEL = ("o_proj", "down", "shared_down", "out_proj")   # split along the input over tp
@@ -59,7 +59,7 @@ def inventory(name: str) -> dict:
         raise SpecError("serving_engine", name, f"one of {', '.join(serving_engines())}")
     path = ENGINE_DIR / f"{name}.toml"
     raw = read_bytes(path, "serving engine inventory")
-    data = schema.parse(as_text(raw, "serving engine inventory", path), "toml", "serving engine inventory", path)
+    data = schema.parse_file(raw, "toml", "serving engine inventory", path)
 
     def check():
         with in_file(path):

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import marshal
 import os
+import sys
 import zlib
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -70,9 +72,11 @@ def once(content_id: str | None, what: str, check: Callable[[], None]) -> None:
 def kept(content_id: str | None, what: str, make: Callable[[], T]) -> T:
     """`make()` (which reads the content named `content_id` and raises on bad data), or what it
     returned for that content before: its value (plain data: numbers, strings, bytes, lists,
-    tuples, dicts) is kept in the cache by marshal, as Python keeps bytecode. Made in every process
-    where the cache cannot be read or written, or a caller names no content."""
-    path = _marker(content_id, f"kept {what}")
+    tuples, dicts) is kept in the cache by marshal, as Python keeps bytecode, under the content,
+    `what` and the source file of `make`'s module (its size and modification time: an edited
+    reader makes it again). Made in every process where the cache cannot be read or written, or a
+    caller names no content."""
+    path = _marker(content_id, f"kept {what} {_source(make.__module__)}")
     if path is not None:
         try:
             with open(path, "rb") as f:
@@ -83,6 +87,12 @@ def kept(content_id: str | None, what: str, make: Callable[[], T]) -> T:
     if path is not None:
         try:
             write_atomic(path, marshal.dumps(value), "cache", parents=True)
-        except SpecError:
+        except (ValueError, SpecError):   # not plain data, or the cache cannot be written
             pass
     return value
+
+
+@lru_cache(maxsize=None)
+def _source(module: str) -> str:
+    st = os.stat(sys.modules[module].__file__)
+    return f"{st.st_size}-{st.st_mtime_ns}"

@@ -11,12 +11,14 @@ every error.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
+from perfmodel.util import checked
 from perfmodel.util.checks import MAX_DEPTH, check_tree
 from perfmodel.util.errors import SpecError, in_file, require
-from perfmodel.util.files import MAX_FILE_BYTES, read_text
+from perfmodel.util.files import MAX_FILE_BYTES, as_text, read_bytes
 
 # strings and comments, skipped when counting brackets (possessive: linear time on any input)
 _JSON_SKIP = re.compile(r'"(?:[^"\\]++|\\.)*+"?')
@@ -25,6 +27,7 @@ _TOML_SKIP = re.compile(r'"""(?:[^"\\]++|\\.|"(?!""))*+(?:"""|$)|\'\'\'(?:[^\']+
 _NOT_BRACKET = re.compile(r"[^\[\]{}]++")
 _PAIR = re.compile(r"\[\]|\{\}")
 FORMATS = ("toml", "json", "yaml")
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # its presets and data
 
 
 def too_deep(text: str, fmt: str, bound: int) -> bool:
@@ -61,6 +64,16 @@ def parse(text: str, fmt: str, field: str, path, json_constant=None) -> object:
         raise SpecError(field, str(path), f"not valid {fmt.upper()}: {str(e).splitlines()[0][:200]}") from None
 
 
+def parse_file(raw: bytes, fmt: str, field: str, path, json_constant=None) -> object:
+    """The bytes of file `path` parsed as `fmt` (`parse`); the package's own TOML once per content
+    (perfmodel.util.checked.kept: tomllib is Python, and importing it and parsing a preset cost
+    more than the rest of its loading)."""
+    text = as_text(raw, field, path)
+    if fmt == "toml" and os.path.abspath(path).startswith(PACKAGE_DIR):
+        return checked.kept(checked.content(raw), "parse toml", lambda: parse(text, fmt, field, path))
+    return parse(text, fmt, field, path, json_constant)
+
+
 def format_of(path) -> str:
     suffix = Path(path).suffix.lower().lstrip(".")
     return {"yml": "yaml"}.get(suffix, suffix)
@@ -72,7 +85,7 @@ def load(path, rule=None, field: str = "file", fmt: str | None = None, limit: in
     checked against `rule` (a table unless the rule says otherwise). `json_constant`: what
     JSON's NaN / Infinity become (default: floats, refused by the check as not finite)."""
     fmt = fmt or format_of(path)
-    data = parse(read_text(path, field, limit), fmt, field, path, json_constant)
+    data = parse_file(read_bytes(path, field, limit), fmt, field, path, json_constant)
     rule = {"*": None} if rule is None else rule
     require(not isinstance(rule, dict) or isinstance(data, dict), field, str(path),
             f"must hold {'an object' if fmt == 'json' else 'a table'} at the top, not {type(data).__name__}")
