@@ -181,7 +181,8 @@ def _read_header(data: bytes, path: Path) -> dict:
 
 
 def _read_class(data: bytes, path: Path, cls: str) -> tuple[dict, bytes]:
-    """A class of a table file, checked: its index and its log latencies (float64 bytes)."""
+    """A class of a table file, checked: its index (each table's row a tuple: thousands of rows the
+    garbage collector need not track) and its log latencies (float64 bytes)."""
     npz = _open(data, path)
     ix = _json_array(npz, f"index.{cls}", path)
     values = _array(npz, f"log_s.{cls}", path)
@@ -189,6 +190,7 @@ def _read_class(data: bytes, path: Path, cls: str) -> tuple[dict, bytes]:
         require(values.ndim == 1 and values.dtype.kind == "f", f"log_s.{cls}", str(values.dtype),
                 "must be a 1-D array of floats")
         check_class_index(cls, ix, len(values))
+    ix["tables"] = [(file, tuple(key), tuple(grids), offset) for file, key, grids, offset in ix["tables"]]
     return ix, values.astype(float).tobytes()
 
 
