@@ -432,10 +432,13 @@ def run_xla_trace(res, sl, cfg, exe=None, keep: str | None = None) -> None:
             f"{o['hlo'][:120]}")
 
 
-def profiled(loop, weights, sl, cfg, steps: int, out_dir: Path):
+def profiled(loop, weights, sl, cfg, steps: int, out_dir: Path, hlo: bool = True):
     """`steps` one-step calls of `loop` (a make_loop program) from the start state, traced into
     `out_dir` each inside a `decode_step` annotation, after one untimed call: (the last call's
-    outputs, each traced call's distinct experts per MoE layer)."""
+    outputs, each traced call's distinct experts per MoE layer). hlo: the trace carries the HLO of
+    the programs compiled in this process, which XLA's op table reads. A megakernel's HLO holds its
+    Mosaic body: on the VM, traces after a fresh compile were over 16 MB and took the profiler
+    26-242 s, those of programs from the compile cache (no HLO in the process) 0.8 MB and 3-6 s."""
     import jax
     import jax.numpy as jnp
     from perfmodel.validate.traces import STEP_NAME
@@ -443,7 +446,9 @@ def profiled(loop, weights, sl, cfg, steps: int, out_dir: Path):
     one = jnp.int32(1)
     out = jax.block_until_ready(loop(weights, cache, tok, pos, one))
     picks = []
-    with jax.profiler.trace(str(out_dir)):
+    options = jax.profiler.ProfileOptions()
+    options.enable_hlo_proto = hlo
+    with jax.profiler.trace(str(out_dir), profiler_options=options):
         for i in range(steps):
             with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
                 out = jax.block_until_ready(loop(weights, out[1], out[0], pos, one))
@@ -475,7 +480,7 @@ def trace_run(sl, cfg, steps, out_dir: Path, loop=None) -> dict:
     from perfmodel_kernels import megakernel, plan
     from perfmodel.util.errors import SpecError
     _, picks = profiled(loop or megakernel.make_loop(sl.spec, cfg, sl.interpret), sl.packed_for(cfg),
-                        sl, cfg, steps, out_dir)
+                        sl, cfg, steps, out_dir, hlo=False)
     try:
         return dict(trace_record(out_dir, len(sl.spec.layers)), distinct_experts_steps=picks,
                     positions=[start_state(sl, cfg)[3]] * cfg.batch,
