@@ -108,6 +108,9 @@ def label(r: dict) -> str:
     return f"{r['slice']} {r['format']}{words} b{r['batch']}{extra}{kind}"
 
 
+TRACED = ("step_s", "layers_s", "phases_s", "distinct_experts_steps")   # what a run takes of its trace
+
+
 def attach_traces(runs: list[dict]) -> tuple[list[str], list[tuple[int, dict]]]:
     """Trace records (kind "trace") given to the first megakernel run of the same slice, format,
     batch, config and expert decode that has none of its own, one of the same commit (the same
@@ -134,9 +137,6 @@ def attach_traces(runs: list[dict]) -> tuple[list[str], list[tuple[int, dict]]]:
             continue
         run["trace"] = {k: t[k] for k in TRACED if k in t}
     return notes, alone
-
-
-TRACED = ("step_s", "layers_s", "phases_s", "distinct_experts_steps")   # what a run takes of its trace
 
 
 def trace_run(t: dict) -> dict:
