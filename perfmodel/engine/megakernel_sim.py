@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import threading
 
 import numpy as np
 
@@ -428,6 +427,7 @@ def _compiled() -> dict:
     takes 10 to 30 s, announced on stderr after 3 s."""
     if _COMPILED:
         return _COMPILED
+    import threading   # here, beside numba (which imports it too): the plain loops need neither
     from numba import njit
     sigs = signatures()
     note = threading.Timer(3.0, lambda: print("perfmodel: compiling the simulator's loops (numba), once for this "
