@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 
 from perfmodel.cli.args import count, int_list, integer, refuse_unused
 from perfmodel.util.checks import MAX_LAYERS
@@ -191,6 +190,7 @@ def print_kernel_plans(plans: list[dict]) -> None:
 
 
 def cmd_trace(a) -> dict:
+    import json
     from perfmodel.step.predict import predict
     from perfmodel.step.timeline import chrome_trace
     check_output(a.out)

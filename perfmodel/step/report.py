@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 
 import numpy as np
@@ -77,4 +76,5 @@ def plain(x):
 
 def json_text(out: dict) -> str:
     """The --json form of a command's result: plain JSON (no NaN / Infinity), one object."""
+    import json   # imported here: a command's plain output needs none
     return json.dumps(plain(out), indent=1, allow_nan=False) + "\n"

@@ -10,7 +10,6 @@ every error.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -47,6 +46,7 @@ def parse(text: str, fmt: str, field: str, path, json_constant=None) -> object:
     require(not too_deep(text, fmt, MAX_DEPTH + 1), field, str(path), f"nested more than {MAX_DEPTH} deep")
     try:
         if fmt == "json":
+            import json   # imported here, as tomllib: a command on kept presets parses neither
             return json.loads(text, parse_constant=json_constant)
         if fmt == "toml":
             import tomllib
