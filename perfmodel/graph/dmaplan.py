@@ -21,7 +21,6 @@ docs/json-schema.md "Kernel plan file").
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, fields
 
 from perfmodel.util import limits, schema
@@ -102,6 +101,7 @@ def plan_json(p: KernelPlan) -> dict:
 
 def save_plan(path, p: KernelPlan) -> None:
     """Write a plan file whole (perfmodel.util.files.write_atomic)."""
+    import json
     from perfmodel.util.files import write_atomic
     write_atomic(path, json.dumps(plan_json(p), separators=(",", ":")) + "\n")
 
