@@ -48,6 +48,8 @@ GROUPED_ROUTING = {(256, 8, 7168): (8, 4)}
 
 @dataclass
 class Table:
+    """One measured kernel table: its class, file and key, and its log latencies over the log grid
+    of its axes."""
     cls: str
     file: str
     key: dict

@@ -44,6 +44,7 @@ KERNEL_FIELDS = {"bank_bytes": int, "depth": int, "expert_slots": int, "wire": s
 
 @dataclass(frozen=True)
 class Copy:
+    """One copy of a kernel's plan: where it is issued, what it moves and how."""
     order: int       # issue position within the step (0-based)
     layer: int       # 1-based layer; 0 = embedding, n_layers + 1 = final norm / lm_head
     family: str      # a weight family of perfmodel.spec.arch (e.g. "attention"), "kv_cache" /

@@ -155,6 +155,8 @@ GDN_BF16_WHEN_QUANTISED = ("beta_alpha_proj",)
 
 @dataclass(frozen=True)
 class MoE:
+    """Mixture of experts: `top_k` of `experts` routed experts per token, shared experts, an optional
+    latent projection around them, and how tokens route."""
     experts: int
     top_k: int
     expert_width: int
@@ -182,6 +184,7 @@ class Matmul:
 
 @dataclass(frozen=True)
 class Layer:
+    """One layer: its attention label and FFN kind."""
     index: int        # 1-based
     attention: str    # an attention label (a kind of ATTENTION_KINDS, a variant, or "none")
     ffn: str          # one of FFN_KINDS
@@ -189,6 +192,8 @@ class Layer:
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """A model (module docstring): its widths, layers and storage formats, the shapes of its
+    attention kinds and MoE, and its own megakernel."""
     name: str
     hidden: int
     vocab: int

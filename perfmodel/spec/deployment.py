@@ -55,6 +55,7 @@ class SpecDecode:
 
 @dataclass(frozen=True)
 class Deployment:
+    """One way to serve a model (module docstring); each field's comment says what it sets."""
     devices: int                  # JAX devices (TPU v7: 2 per chip) or GPUs
     tp: int                       # tensor parallel degree of attention / dense / shared weights
     engine: str = "megakernel"

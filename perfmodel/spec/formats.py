@@ -27,6 +27,8 @@ MAX_SCALE_ROWS = 1024
 
 @dataclass(frozen=True)
 class Format:
+    """A storage format: bits per value, its block and global scales, and how a matrix unit is fed
+    its values (module docstring)."""
     name: str
     value_bits: int
     scale_dtype: str = ""

@@ -34,6 +34,8 @@ class Efficiency:
 
 @dataclass(frozen=True)
 class Hardware:
+    """One accelerator as its preset file gives it (module docstring): rates, memories, links,
+    overheads, fitted components and the source of each number."""
     name: str
     kind: str                           # "tpu", "gpu" or "cpu"
     cores_per_chip: int

@@ -25,6 +25,8 @@ EXPERT_ROWS = ("routed", "batch")
 
 @dataclass(frozen=True)
 class Megakernel:
+    """A model's own megakernel: the `[megakernel]` table, each field a choice of its kernel
+    (defaults: a generic megakernel's)."""
     # rows per step at which the kernel has shard-based collectives; at any other row count its
     # all-reduces are one-shot. None: the fastest algorithm per payload at every row count
     shard_collective_rows: tuple[int, ...] | None = None

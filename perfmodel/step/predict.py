@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the engine a deployment names, and plans, are imported wher
 
 @dataclass
 class LayerRow:
+    """One layer of a predicted step: its time, where the time went, its FLOPs and bytes."""
     layer: int
     kind: str
     time_s: float
@@ -39,6 +40,8 @@ class LayerRow:
 
 @dataclass
 class Prediction:
+    """A predicted decode step: time, tokens/s, HBM bytes and floors, its bound, the time by
+    cause, the per-layer rows and the timeline."""
     model: str
     hardware: str
     deployment: Deployment
@@ -106,6 +109,7 @@ def predict(model: ModelSpec, hw: Hardware, d: Deployment, record: bool = False,
 
 @dataclass
 class Summary:
+    """A step's figures from its timeline (`summarise`)."""
     step_s: float
     tokens_per_s: float
     hbm_floor_s: float
