@@ -104,3 +104,28 @@ def test_tpu_status_quotes_the_kernel_comparison():
     quoted += [pct(e) for e in sorted(steps, key=abs)[-2:]]   # the two worst steps
     missing = [q for q in quoted if q not in text]
     assert not missing, f"docs/tpu.md does not quote tpu_validation.json: {missing}"
+
+
+def test_the_next_chip_runs_quote_the_models_predictions():
+    """The slot counts docs/tpu.md names for the next device session are what the model predicts
+    for the current kernel's runs (b3e89de, their own picks), in device time."""
+    import dataclasses
+    import importlib.util
+    import sys
+    import pytest
+    pytest.importorskip("jax")
+    from perfmodel_kernels.layout import KernelConfig
+    sys.path.insert(0, str(ROOT / "experiments"))
+    spec = importlib.util.spec_from_file_location("validate_tpu", ROOT / "experiments" / "validate_tpu.py")
+    vt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vt)
+    text = " ".join((ROOT / "docs" / "tpu.md").read_text().split())
+    runs = json.loads((ROOT / "experiments/results/tpu_megakernel.json").read_text())["runs"]
+    for batch, slots in ((1, 4), (8, 6)):
+        run = next(r for r in runs if r["kind"] == "megakernel" and r.get("commit") == "b3e89de"
+                   and r["batch"] == batch and not r.get("sweep"))
+        step = lambda **over: vt.predict_megakernel(  # noqa: E731
+            dict(run, config=dataclasses.asdict(dataclasses.replace(KernelConfig(**run["config"]), **over))),
+            "tpu-v5e")[2].step_s * 1e6
+        assert f"{slots} slots at batch {batch} ({step(expert_slots=slots):.0f} us against {step():.0f} as tuned)" \
+            in text
