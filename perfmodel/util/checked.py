@@ -72,21 +72,22 @@ def once(content_id: str | None, what: str, check: Callable[[], None]) -> None:
 def kept(content_id: str | None, what: str, make: Callable[[], T]) -> T:
     """`make()` (which reads the content named `content_id` and raises on bad data), or what it
     returned for that content before: its value (plain data: numbers, strings, bytes, lists,
-    tuples, dicts) is kept in the cache by marshal, as Python keeps bytecode, under the content,
-    `what` and the source file of `make`'s module (its size and modification time: an edited
-    reader makes it again). Made in every process where the cache cannot be read or written, or a
-    caller names no content."""
-    path = _marker(content_id, f"kept {what} {_source(make.__module__)}")
+    tuples, dicts) is kept in the cache by marshal, as Python keeps bytecode, with the name of the
+    source of `make`'s module (a value an edited reader made is made again, in its place). Made in
+    every process where the cache cannot be read or written, or a caller names no content."""
+    path, source = _marker(content_id, f"kept {what}"), _source(make.__module__)
     if path is not None:
         try:
             with open(path, "rb") as f:
-                return marshal.loads(f.read())
+                made_by, value = marshal.loads(f.read())
+            if made_by == source:
+                return value
         except (OSError, EOFError, ValueError, TypeError):   # not kept yet, or unreadable: made again
             pass
     value = make()
     if path is not None:
         try:
-            write_atomic(path, marshal.dumps(value), "cache", parents=True)
+            write_atomic(path, marshal.dumps((source, value)), "cache", parents=True)
         except (ValueError, SpecError):   # not plain data, or the cache cannot be written
             pass
     return value
@@ -94,5 +95,5 @@ def kept(content_id: str | None, what: str, make: Callable[[], T]) -> T:
 
 @lru_cache(maxsize=None)
 def _source(module: str) -> str:
-    st = os.stat(sys.modules[module].__file__)
-    return f"{st.st_size}-{st.st_mtime_ns}"
+    with open(sys.modules[module].__file__, "rb") as f:
+        return content(f.read())
