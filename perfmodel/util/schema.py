@@ -19,12 +19,13 @@ from perfmodel.util.checks import MAX_DEPTH, check_tree
 from perfmodel.util.errors import SpecError, in_file, require
 from perfmodel.util.files import MAX_FILE_BYTES, as_text, read_bytes
 
-# strings and comments, skipped when counting brackets (possessive: linear time on any input)
-_JSON_SKIP = re.compile(r'"(?:[^"\\]++|\\.)*+"?')
-_TOML_SKIP = re.compile(r'"""(?:[^"\\]++|\\.|"(?!""))*+(?:"""|$)|\'\'\'(?:[^\']++|\'(?!\'\'))*+(?:\'\'\'|$)'
-                        r'|"(?:[^"\\\n]++|\\.)*+"?|\'[^\'\n]*+\'?|#[^\n]*+')
-_NOT_BRACKET = re.compile(r"[^\[\]{}]++")
-_PAIR = re.compile(r"\[\]|\{\}")
+# strings and comments, skipped when counting brackets (possessive: linear time on any input);
+# patterns compiled when first used (re keeps them), not by every command that imports this
+_JSON_SKIP = r'"(?:[^"\\]++|\\.)*+"?'
+_TOML_SKIP = (r'"""(?:[^"\\]++|\\.|"(?!""))*+(?:"""|$)|\'\'\'(?:[^\']++|\'(?!\'\'))*+(?:\'\'\'|$)'
+              r'|"(?:[^"\\\n]++|\\.)*+"?|\'[^\'\n]*+\'?|#[^\n]*+')
+_NOT_BRACKET = r"[^\[\]{}]++"
+_PAIR = r"\[\]|\{\}"
 FORMATS = ("toml", "json", "yaml")
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # its presets and data
 
@@ -32,12 +33,12 @@ PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.s
 def too_deep(text: str, fmt: str, bound: int) -> bool:
     """Whether brackets outside strings and comments nest more than `bound` deep, found without
     parsing: each pass deletes the innermost pairs (at most `bound` passes, each linear)."""
-    s = _NOT_BRACKET.sub("", (_TOML_SKIP if fmt == "toml" else _JSON_SKIP).sub("", text))
+    s = re.sub(_NOT_BRACKET, "", re.sub(_TOML_SKIP if fmt == "toml" else _JSON_SKIP, "", text))
     for _ in range(bound):
-        s, n = _PAIR.subn("", s)
+        s, n = re.subn(_PAIR, "", s)
         if not n:
             break
-    return bool(_PAIR.search(s) or re.search(r"[\[{]{%d}" % (bound + 1), s))
+    return bool(re.search(_PAIR, s) or re.search(r"[\[{]{%d}" % (bound + 1), s))
 
 
 def parse(text: str, fmt: str, field: str, path, json_constant=None) -> object:
