@@ -6,7 +6,6 @@ file fails with one `SpecError` naming the field and its value, never deep insid
 from __future__ import annotations
 
 import math
-import unicodedata
 
 from perfmodel.util.errors import require
 
@@ -190,5 +189,6 @@ def _check_num(field: str, v, r: Num) -> None:
 
 def one_line(text: str) -> str:
     """`text` with control, format and separator characters (and lone surrogates) escaped."""
+    import unicodedata   # imported here: only a message needs it
     return "".join(c.encode("unicode_escape").decode("ascii") if c != " " and
                    unicodedata.category(c)[0] in "CZ" else c for c in str(text))
