@@ -541,6 +541,26 @@ def test_recorded_tpu_v5e_markers_after_the_embedding_fix(tmp_path):
     assert rec["phases_s"] == pytest.approx({k: v.median for k, v in t.phase_s.items()}, rel=1e-9)
 
 
+def test_recorded_tpu_v5e_batch4_trace_is_its_committed_record(tmp_path):
+    """The current kernel traced on a TPU v5e at batch 4 (Kimi K3 TP32-core, MXFP4, five one-step
+    calls, commit b3e89de; experiments/results/tpu_v5e/k3-tp32-core_mxfp4_b4.xplane.pb.gz): the
+    committed record's step, layers and phases are this parse, and each KDA layer's attention
+    holds its wait for the state."""
+    import gzip
+    f = tmp_path / "k3_b4.xplane.pb"
+    f.write_bytes(gzip.decompress((ROOT / "experiments/results/tpu_v5e/k3-tp32-core_mxfp4_b4.xplane.pb.gz")
+                                  .read_bytes()))
+    t = traces.parse_trace(f, n_layers=4)
+    assert t.platform == "tpu" and len(t.steps) == 5 and set(t.layer_s) == set(range(6))
+    runs = json.loads((ROOT / "experiments" / "results" / "tpu_megakernel.json").read_text())["runs"]
+    rec = next(r for r in runs if r["kind"] == "trace" and r.get("commit") == "b3e89de" and r["batch"] == 4)
+    assert rec["step_s"] == pytest.approx(t.step_s.median, rel=1e-9)
+    assert rec["phases_s"] == pytest.approx({k: v.median for k, v in t.phase_s.items()}, rel=1e-9)
+    assert rec["layers_s"] == pytest.approx({str(k): v.median for k, v in t.layer_s.items()}, rel=1e-9)
+    for layer in (1, 2, 3):
+        assert 30e-6 < t.sub_phase_s[f"layer_{layer:02d}/attention/state_wait"].median < 50e-6
+
+
 def test_recorded_tpu_v5e_xla_trace_op_table(tmp_path):
     """The XLA reference traced on a TPU v5e (tpu_megakernel.py --only xla_trace, batch 64, three
     one-step calls): op_table names each op from its event (this libtpu puts the HLO text in the
