@@ -395,7 +395,7 @@ SWEPT = {"depth": ("depth", "ring depth (banks)", "wi_sweep_measured"),
 
 def measured_sweep() -> None:
     """This project's ring depth and expert slot sweeps on a real TPU (experiments/validate_tpu.py's sweep
-    families: one knob varied from the kernel's config, the others held): measured tokens/s per ring
+    families: one knob varied, the others held): measured tokens/s per ring
     depth and per slot count, a series per family, beside the model's prediction for each; or a line
     saying none is measured yet."""
     t = measured.tpu_results()
