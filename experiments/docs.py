@@ -748,7 +748,7 @@ def fig_tpu_v5e_validation() -> str:
     best = "".join(f"\n- {validate_tpu.sweep_name(w)}: best predicted {w['predicted_best']}, measured "
                    f"{w['measured_best']}{verdict(w)}; gain from {w['values'][0]} to the best predicted "
                    f"{us(w['predicted_gain_s'])} us, measured {us(w['measured_gain_s'])} us "
-                   f"({gain_verdict(w)})" for w in v.get("whatif", []))
+                   f"({validate_tpu.gain_words(w)})" for w in v.get("whatif", []))
     return md_table(["run", "what", "predicted us", "measured us", "error"], rows) + \
         ("\n\nThe sweeps (one knob from the tuned config at a time):\n\n"
          + md_table(["run", "point", "predicted us", "measured us", "error"], sweep) + best
@@ -787,10 +787,6 @@ def verdict(w: dict) -> str:
     return "" if w["predicted_best"] == w["measured_best"] else " (a tie)" if w["best_found"] else " (missed)"
 
 
-def gain_verdict(w: dict) -> str:
-    return f"{w['gain_error']:+.1%}" if w["gain_judged"] else "under the spread, not judged"
-
-
 def fig_tpu_v5e_whatif() -> str:
     """The README's what-if on the chip: experiments/validate_tpu.py's ring depth and expert slot
     sweeps of the current kernel (its expert decode: the latest speed run's), each family's best
@@ -801,7 +797,7 @@ def fig_tpu_v5e_whatif() -> str:
     us = lambda x: f"{x * 1e6:.0f}"  # noqa: E731
     rows = [[validate_tpu.sweep_name(w), ", ".join(map(str, w["values"])),
              f"{w['predicted_best']} / {w['measured_best']}{verdict(w)}",
-             f"{us(w['predicted_gain_s'])} / {us(w['measured_gain_s'])}", gain_verdict(w)]
+             f"{us(w['predicted_gain_s'])} / {us(w['measured_gain_s'])}", validate_tpu.gain_words(w)]
             for w in v["whatif"] if w["knob"] in ("depth", "expert_slots") and w["expert_decode"] == current]
     return md_table(["sweep", "points", "best predicted / measured", "gain from the first, us", "gain error"],
                     rows) + "\n"

@@ -189,10 +189,15 @@ def kernel_cfg(spec, batch, interpret, **over):
 def start_state(sl, cfg):
     import jax.numpy as jnp
     from perfmodel_kernels import reference
-    pos = min(POSITION, cfg.max_context // 2)
+    pos = start_position(cfg)
     return (reference.init_cache(sl.spec, cfg.batch, cfg.max_context),
             jnp.arange(cfg.batch, dtype=jnp.int32) % sl.spec.vocab,
             jnp.full((cfg.batch,), pos, jnp.int32), pos)
+
+
+def start_position(cfg) -> int:
+    """Each sequence's cached tokens at the start of a run."""
+    return min(POSITION, cfg.max_context // 2)
 
 
 def check(sl, cfg, steps=4, exe=None) -> dict:
@@ -483,7 +488,7 @@ def trace_run(sl, cfg, steps, out_dir: Path, loop=None) -> dict:
                         sl, cfg, steps, out_dir, hlo=False)
     try:
         return dict(trace_record(out_dir, len(sl.spec.layers)), distinct_experts_steps=picks,
-                    positions=[start_state(sl, cfg)[3]] * cfg.batch,
+                    positions=[start_position(cfg)] * cfg.batch,
                     expert_decode=plan.settings(sl.spec, cfg).get("expert_decode"))
     except SpecError as e:
         return {"error": str(e)}

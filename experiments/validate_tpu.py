@@ -142,10 +142,9 @@ def attach_traces(runs: list[dict]) -> tuple[list[str], list[tuple[int, dict]]]:
 def trace_run(t: dict) -> dict:
     """A trace record as a megakernel run of its own: its traced step the measured step (no
     wall clock), its steps' median picks the run's."""
-    steps = t["distinct_experts_steps"]
+    trace = {k: t[k] for k in TRACED}
     return {**t, "kind": "megakernel", "trace_only": True, "wall_step_s": None,
-            "distinct_experts": [round(statistics.median(layer)) for layer in zip(*steps)],
-            "trace": {k: t[k] for k in TRACED}}
+            "distinct_experts": traced_picks({"trace": trace}), "trace": trace}
 
 
 # ---- the prediction of a run ---------------------------------------------------------------
@@ -333,7 +332,7 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
     c = against(summary, spec, hw, p, "megakernel")
     c = dataclasses.replace(c, model=f"{spec.name} {run['format']}")
     picks, traced_step_s = traced_picks(run), c.predicted_step_s
-    if picks is not None:   # the trace's layers, phases and step predicted with its own steps' picks
+    if picks is not None and picks != run["distinct_experts"]:   # the trace predicted with its own steps' picks
         _, _, pt, phases, _ = predict_megakernel(dict(run, distinct_experts=picks), hw_name)
         c = dataclasses.replace(c, layers=against(summary, spec, hw, pt, "megakernel").layers)
         traced_step_s = pt.step_s
@@ -435,6 +434,11 @@ def whatif(mk: list[dict]) -> list[dict]:
         w |= {"chip_spread": spread, "best_found": w["measured_at_predicted_best"] <= spread,
               "gain_judged": w["measured_gain_s"] > spread * best}
     return out
+
+
+def gain_words(w: dict) -> str:
+    """A sweep's gain error, or why it is not judged."""
+    return f"{w['gain_error']:+.1%}" if w["gain_judged"] else "under the spread, not judged"
 
 
 def sweep_name(w: dict) -> str:
@@ -631,7 +635,7 @@ def main(argv=None) -> int:
             tie = "" if w["predicted_best"] == w["measured_best"] else \
                 f" ({w['measured_at_predicted_best']:+.1%} at the predicted best: " + \
                 ("a tie within the spread)" if w["best_found"] else "more than the spread)")
-            gain = f"{w['gain_error']:+.1%}" if w["gain_judged"] else "under the spread, not judged"
+            gain = gain_words(w)
             print(f"best: predicted {w['predicted_best']}, measured {w['measured_best']}{tie}; gain from "
                   f"{w['values'][0]} to the best: predicted {w['predicted_gain_s'] * 1e6:.0f} us, measured "
                   f"{w['measured_gain_s'] * 1e6:.0f} us ({gain})")
