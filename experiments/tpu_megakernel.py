@@ -14,7 +14,7 @@ at a time, so a 10-minute call holds about 15 programs: the default set (about 4
 - check: greedy tokens of the megakernel and of the pure-JAX reference (`reference.decode_step`,
   one XLA program) on the same chip and weights, for MINI and the Kimi K3 slices in their first
   two expert formats (or `--formats`; the reference uses the dequantised experts); tokens must be
-  equal, logits within the bound stated in `LOGIT_TOL`;
+  equal, logits within the bound stated in `LOGIT_TOL`; at `--check-batches` (default 4);
 - speed: per slice, expert format and batch: the kernel's time per step as the slope of a
   call's wall time over the steps it runs (`megakernel.make_loop`: 1 and 1 + `--steps` steps in
   one program, median of `--repeats` calls each), so the ~0.5 ms host dispatch of a call cancels;
@@ -24,7 +24,8 @@ at a time, so a 10-minute call holds about 15 programs: the default set (about 4
 - xla: the XLA reference alone at `--xla-batches` (those speed does not run);
 - sweep: ring depth (`--depths`), expert slots (`--slots`) and bank rows (`--bank-rows`), each
   around the tuned config, and rings of a given depth and bank size together (`--rings`), on the
-  first slice in its first format at `--sweep-batches`;
+  first slice in its first format at `--sweep-batches`; `--expert-slots` runs every part at those
+  slots instead of the tuned ones;
 - trace: a `jax.profiler` trace of each slice at the first and last batch with the kernel's
   named scopes as in-kernel markers (the libtpu flags of experiments/profile_megakernel.py),
   per-layer and per-phase times by `perfmodel.validate.traces`; the first trace is kept
@@ -291,10 +292,11 @@ def xla_speed(sl, cfg, steps, repeats, exe=None) -> dict:
 
 def slice_work(a, parts, name, k, fmt, batches, interpret, sweep) -> dict:
     """The kernel configs each part runs on slice `name` in its k-th expert format `fmt`."""
-    cfg = lambda b, **over: kernel_cfg_for(name, b, interpret, **over)  # noqa: E731
+    fixed = {"expert_slots": a.expert_slots} if a.expert_slots else {}
+    cfg = lambda b, **over: kernel_cfg_for(name, b, interpret, **{**fixed, **over})  # noqa: E731
     first = k == 0 or bool(a.formats)
-    work = {"check": [cfg(2 if interpret else 4)] if "check" in parts and (a.formats or k < 2)
-            else [],
+    work = {"check": ([cfg(2)] if interpret else [cfg(int(b)) for b in a.check_batches.split(",")])
+            if "check" in parts and (a.formats or k < 2) else [],
             "speed": [cfg(b) for b in batches if first or b in (batches[0], batches[-1])]
             if "speed" in parts else [],
             "xla": [b for b in ([4] if interpret else map(int, a.xla_batches.split(",")))
@@ -303,7 +305,7 @@ def slice_work(a, parts, name, k, fmt, batches, interpret, sweep) -> dict:
             "xla_trace": [b for b in ([2] if interpret else map(int, a.xla_trace_batches.split(",")))]
             if "xla_trace" in parts and k == 0 else []}
     if "sweep" in parts and sweep:
-        t = cfg(1)   # the tuned depth, slots and bank rows
+        t = cfg(1)   # the tuned depth, slots and bank rows (the slots of --expert-slots)
         for b in ((2,) if interpret else [int(x) for x in a.sweep_batches.split(",")]):
             work["sweep"] += [cfg(b, depth=int(d)) for d in a.depths.split(",") if d]
             work["sweep"] += [cfg(b, expert_slots=int(x)) for x in a.slots.split(",")
@@ -389,8 +391,8 @@ def warm_compile(sl, work, budget_left) -> tuple[dict, dict]:
 
 def run_check(res, sl, cfg, interpret, exe=None) -> None:
     r = check(sl, cfg, steps=2 if interpret else 4, exe=exe)
-    res.add(dict(kind="check", slice=sl.name, format=sl.fmt, batch=cfg.batch, **r))
-    say(f"check {sl.name} {sl.fmt}: tokens equal {r['tokens_equal']}, logit error "
+    res.add(dict(kind="check", slice=sl.name, format=sl.fmt, batch=cfg.batch, config=config_dict(cfg), **r))
+    say(f"check {sl.name} {sl.fmt} batch {cfg.batch} slots {cfg.expert_slots}: tokens equal {r['tokens_equal']}, logit error "
         f"{r['logit_error']:.4f} of their spread (bound {LOGIT_TOL})")
 
 
@@ -615,6 +617,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rings", default="",
                     help="sweep: rings DEPTHxBANK_ROWS (e.g. 16x16384), depth and bank rows changed together")
     ap.add_argument("--sweep-batches", default="1", help="sweep: batches")
+    ap.add_argument("--check-batches", default="4", help="check: batches the tokens are compared at")
+    ap.add_argument("--expert-slots", type=int,
+                    help="expert slots of every run instead of the tuned ones (--slots still sweeps)")
     ap.add_argument("--xla-batches", default="1,2,4,8,16,32,64",
                     help="xla: batches of the XLA reference alone (those not run by speed)")
     ap.add_argument("--xla-trace-batches", default="1,8,64", help="xla_trace: batches")
@@ -631,6 +636,10 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"--only: unknown part(s) {', '.join(bad)}; known: {', '.join(PARTS)}")
     rings(a.rings)   # a malformed --rings fails before the TPU is opened
+    if a.expert_slots is not None and a.expert_slots < 1:
+        ap.error(f"--expert-slots: {a.expert_slots} is not a positive number of slots")
+    if not all(b.strip().isdigit() and int(b) > 0 for b in a.check_batches.split(",")):
+        ap.error(f"--check-batches: {a.check_batches!r} is not a comma-separated list of batches")
     import jax
     from jax.experimental.pallas import tpu as pltpu
     from perfmodel_kernels import chip as chip_mod

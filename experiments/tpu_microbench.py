@@ -104,7 +104,7 @@ KIB, MIB = 1024, 1024 * 1024
 # JAX device_kind -> the hardware preset the entries are for
 PLATFORMS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v6 lite": "tpu-v6e", "TPU v5": "tpu-v5p",
              "TPU v5p": "tpu-v5p", "TPU7x": "tpu-v7"}
-SECTIONS = ("dispatch", "dma", "ring_dot", "latency", "mxu", "vpu", "loop", "queue", "expert", "mla_core", "attn_parts", "embed", "xla",
+SECTIONS = ("dispatch", "dma", "ring_dot", "latency", "mxu", "mxu_static", "ring_work", "vpu", "loop", "queue", "expert", "mla_core", "attn_parts", "embed", "xla",
             "xla_expert", "xla_cache", "xla_copy")  # run in this order
 
 
@@ -122,6 +122,9 @@ class Sizes:
     mxu_shapes: tuple        # (k, n), bf16 weights
     mxu_int8_shapes: tuple   # (k, n), int8 weights widened to bf16 (every m of mxu_rows)
     mxu_int8_lhs: tuple      # (m, k, n), int8 x int8 -> int32
+    mxu_static_rows: tuple   # mxu_static: m of the same dots, weights by a static index
+    ring_work_chunk: int     # ring_work: rows of a bank each step of its use reads
+    ring_work_fmas: tuple    # ring_work: multiply-adds per element of a bank's use
     vpu_shapes: tuple        # (rows, lanes) of the f32 array
     vpu_ops: tuple
     issue_lag: int           # dma_issue_wait: a copy is waited for this many trips after its start
@@ -163,6 +166,7 @@ FULL = Sizes(
     mxu_shapes=((128, 128), (256, 256), (512, 512), (1024, 1024), (2048, 2048), (512, 2048), (2048, 512)),
     mxu_int8_shapes=((256, 256), (1024, 1024), (2048, 2048)),
     mxu_int8_lhs=((8, 1024, 1024), (8, 2048, 2048), (256, 1024, 1024), (256, 2048, 2048)),
+    mxu_static_rows=(8, 64), ring_work_chunk=512, ring_work_fmas=(1, 4),
     vpu_shapes=((8, 128), (8, 1024), (64, 1024), (256, 1024), (256, 4096)), vpu_ops=("mul", "exp"),
     issue_lag=16, issue_chain=64,
     queue_big_rows=8192, queue_ahead=(1, 2, 4, 8, 16), queue_small=((16, 128), (16, 7168)), queue_work_s=80e-6,
@@ -181,6 +185,7 @@ MINI = Sizes(  # the same code at tiny sizes: Pallas interpret mode on a CPU (--
     ring_vmem_bytes=64 * KIB,
     ring_source_bytes=64 * KIB, latency_rows=(16,),
     mxu_rows=(8,), mxu_shapes=((128, 128),), mxu_int8_shapes=((128, 128),), mxu_int8_lhs=((32, 128, 128),),
+    mxu_static_rows=(8,), ring_work_chunk=16, ring_work_fmas=(1,),
     vpu_shapes=((8, 128),), vpu_ops=("mul", "exp"), issue_lag=2, issue_chain=2,
     queue_big_rows=64, queue_ahead=(2,), queue_small=((16, 128),), queue_work_s=1e-6,
     mla_tokens=(64,), mla_rows=(2,), mla_rank=(128, 64, 16),
@@ -341,6 +346,59 @@ def matmul_call(m: int, k: int, n: int, x_dtype, w_dtype, sizes: Sizes, interpre
     acc = I32 if x_dtype == I8 else F32
     return pallas(lambda *r: matmul_kernel(w_dtype != x_dtype, acc, *r), jax.ShapeDtypeStruct((m, n), acc),
                   [SMEM_SPEC, VMEM_SPEC, VMEM_SPEC], VMEM_SPEC, [], sizes, interpret)
+
+
+def matmul_static_kernel(n_ref, x_ref, w_ref, o_ref):
+    """n trips of two dots x @ w[0] then x @ w[1], each weight matrix named by a static index (the
+    `mxu` entries index it by the trip's parity, a dynamic load)."""
+    def trip(i, carry):
+        o_ref[...] = jnp.dot(x_ref[...], w_ref[0], preferred_element_type=F32)
+        o_ref[...] += jnp.dot(x_ref[...], w_ref[1], preferred_element_type=F32)
+        return carry
+
+    lax.fori_loop(0, n_ref[0], trip, 0)
+
+
+def matmul_static_call(m: int, k: int, n: int, sizes: Sizes, interpret: bool):
+    return pallas(matmul_static_kernel, jax.ShapeDtypeStruct((m, n), F32),
+                  [SMEM_SPEC, VMEM_SPEC, VMEM_SPEC], VMEM_SPEC, [], sizes, interpret)
+
+
+def ring_work_kernel(in_flight: int, blocks: int, chunk: int, fmas: int, streamed: bool, n_ref, x_ref, src_hbm,
+                     o_ref, slots, sems):
+    """A bank's use that outlasts its copy: the bank read `chunk` rows at a time, each chunk widened to
+    f32, put through `fmas` dependent multiply-adds on the vector unit and fed to one dot of 8 rows.
+    streamed: the ring refills each bank as it is used (ring_trips); else the banks copied once
+    stay resident and the same uses run with no copy in flight."""
+    # n_ref: [1] i32 SMEM (banks); x_ref: [rows // chunk, 8, chunk] bf16; src_hbm: [blocks, rows, 128]
+    # bf16 HBM; o_ref: [8, 128] f32; slots: [in_flight, rows, 128] bf16 VMEM; sems: DMA [in_flight]
+    parts = slots.shape[1] // chunk
+
+    def use(i, acc):
+        def part(j, acc):
+            w = slots[i % in_flight, pl.ds(pl.multiple_of(j * chunk, chunk), chunk), :].astype(F32)
+            for _ in range(fmas):
+                w = w * 0.5 + 0.25
+            return acc + jnp.dot(x_ref[j], w.astype(BF16), preferred_element_type=F32)
+        return lax.fori_loop(0, parts, part, acc)
+
+    copy = lambda i: ring_copy(src_hbm, slots, sems, blocks, i)  # noqa: E731
+    acc = jnp.zeros(o_ref.shape, F32)
+    if streamed:
+        o_ref[...] = ring_trips(n_ref[0], in_flight, copy, use, acc)
+        return
+    for j in range(in_flight):
+        copy(j).start()
+        copy(j).wait()
+    o_ref[...] = lax.fori_loop(0, n_ref[0], use, acc)
+
+
+def ring_work_call(rows: int, in_flight: int, blocks: int, chunk: int, fmas: int, streamed: bool, sizes: Sizes,
+                   interpret: bool):
+    return pallas(lambda *r: ring_work_kernel(in_flight, blocks, chunk, fmas, streamed, *r),
+                  jax.ShapeDtypeStruct((8, 128), F32), [SMEM_SPEC, VMEM_SPEC, HBM_SPEC], VMEM_SPEC,
+                  [pltpu.VMEM((in_flight, rows, 128), BF16), pltpu.SemaphoreType.DMA((in_flight,))],
+                  sizes, interpret)
 
 
 def vpu_kernel(op: str, n_ref, x_ref, o_ref):
@@ -797,6 +855,59 @@ def mxu_matmul(b: Bench):
         kind = {(BF16, BF16): "bf16", (BF16, I8): "int8w", (I8, I8): "int8x8"}[(xd, wd)]
         what = f"mxu-{kind}-m{m}-{k}x{n}"
         b.case(what, one, what, kind, m, k, n, xd, wd)
+
+
+def mxu_static(b: Bench):
+    """The `mxu` dots again, each weight matrix named by a static index (two dots a trip): whether
+    the dynamic load of the `mxu` entries' weights costs a dot time of its own, by shape."""
+    s = b.sizes
+    key = jax.random.PRNGKey(0)
+
+    def one(what, m, k, n):
+        x = jax.random.normal(key, (m, k), F32).astype(BF16)
+        w = jax.random.normal(key, (2, k, n), F32).astype(BF16)
+        sl = b.kernel_slope(matmul_static_call(m, k, n, s, b.interpret), (x, w))
+        b.add(what, "matmul", {"k": k, "n": n, "k_chunk": k, "lhs_rows_per_chunk": m, "dtype": "bf16", "rows": m},
+              sl.per_rep_s / 2 * 1e6, "us_per_dot",
+              f"in-kernel dot [{m}, {k}] @ [{k}, {n}], bf16, the weights by a static index, per dot", sl.notes("trips"),
+              not_modelled="a probe of the mxu entries' method (their weights by a dynamic index), not fitted")
+
+    for k, n in s.mxu_shapes:
+        for m in s.mxu_static_rows:
+            what = f"mxu-static-bf16-m{m}-{k}x{n}"
+            b.case(what, one, what, m, k, n)
+
+
+def ring_work(b: Bench):
+    """The weight ring when a bank's use outlasts its copy (the megakernel's f32 decode of its mxfp4
+    experts was such a use): bf16 [rows, 128] banks, 8 in flight, each used `chunk` rows at a time
+    (widened to f32, `fmas` multiply-adds, one dot of 8 rows), per bank; beside each, the same uses
+    of resident banks with no copy in flight. The difference is what streaming a bank costs a
+    compute-bound ring beyond its use."""
+    s, q, chunk = b.sizes, b.sizes.ring_dot_depth, b.sizes.ring_work_chunk
+
+    def one(what, rows, fmas, streamed):
+        nbytes = rows * 128 * 2
+        blocks = ring_blocks(s, nbytes) if streamed else q
+        src, x = jnp.ones((blocks, rows, 128), BF16), jnp.ones((rows // chunk, 8, chunk), BF16)
+        try:
+            sl = b.kernel_slope(ring_work_call(rows, q, blocks, chunk, fmas, streamed, s, b.interpret), (x, src),
+                                n0=max(q, 2))
+        finally:
+            src.delete()
+        b.add(what, "ring_work", {"bytes": nbytes, "in_flight": q, "bank_rows": rows, "chunk": chunk,
+                                  "fmas": fmas, "streamed": streamed},
+              sl.per_rep_s * 1e6, "us_per_copy",
+              f"a bank of bf16 [{rows}, 128] used {chunk} rows at a time (f32, {fmas} multiply-adds, a dot of "
+              f"8 rows), " + (f"{q} in flight, refilled as used" if streamed else "resident, no copy"),
+              sl.notes("banks"), not_modelled="a probe of a compute-bound ring: the streamed entry against its "
+              "resident twin, no term of the model yet")
+
+    for fmas in s.ring_work_fmas:
+        for rows in s.ring_dot_rows:
+            for streamed in (True, False):
+                what = f"ring-work-f{fmas}-{rows}" + ("" if streamed else "-resident")
+                b.case(what, one, what, rows, fmas, streamed)
 
 
 def vpu_elementwise(b: Bench):
@@ -1372,6 +1483,8 @@ MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted cal
               "ring_dot": (ring_dot, "the weight ring with a dot consuming each bank, by bank rows"),
               "latency": (dma_latency, "a tiny copy's first-byte latency (one in flight)"),
               "mxu": (mxu_matmul, "in-kernel dots by shape and dtype"),
+              "mxu_static": (mxu_static, "in-kernel bf16 dots, weights by a static index"),
+              "ring_work": (ring_work, "the weight ring when a bank's use outlasts its copy"),
               "vpu": (vpu_elementwise, "vector-unit elementwise passes"),
               "loop": (loop_trip, "an in-kernel loop trip; a copy's start and wait beside vector work"),
               "queue": (dma_queue, "a small copy's arrival behind ring banks in flight"),

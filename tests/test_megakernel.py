@@ -324,7 +324,7 @@ def test_tpu_script_smoke_on_cpu(tmp_path):
     assert "interpret mode" in res["note"]
     kinds = {r["kind"] for r in res["runs"]}
     assert {"check", "packing", "megakernel", "xla", "trace"} <= kinds
-    assert all(r["tokens_equal"] for r in res["runs"] if r["kind"] == "check")
+    assert all(r["tokens_equal"] and r["config"]["expert_slots"] >= 1 for r in res["runs"] if r["kind"] == "check")
     assert any(r.get("sweep") for r in res["runs"])
     assert all(r["plan_bytes"] > 0 for r in res["runs"] if r["kind"] == "megakernel")
     # a parsed trace keeps the experts each of its 3 steps picked, one count per MoE layer, its
@@ -336,3 +336,26 @@ def test_tpu_script_smoke_on_cpu(tmp_path):
                           str(path)], capture_output=True, text=True, timeout=300, cwd=root)
     assert rep.returncode == 0 and "| slice | experts | batch |" in rep.stdout
     assert "greedy tokens equal in" in rep.stdout.strip().splitlines()[-1]
+
+
+def test_tpu_script_runs_every_part_at_the_slots_it_is_given():
+    """`--expert-slots` replaces the tuned slots in every part (the sweep still varies them from
+    there) and `--check-batches` picks the batches the tokens are checked at."""
+    import importlib.util
+    import sys
+    from types import SimpleNamespace
+    root = __file__.rsplit("/tests/", 1)[0]
+    spec = importlib.util.spec_from_file_location("tpu_megakernel_script", f"{root}/experiments/tpu_megakernel.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    a = SimpleNamespace(expert_slots=4, check_batches="1,8", formats="mxfp4", xla_batches="", xla_trace_batches="",
+                        sweep_batches="8", depths="", slots="4,6", bank_rows="", rings="")
+    work = mod.slice_work(a, ["check", "speed", "sweep", "trace"], "k3-tp32-core", 0, "mxfp4", [1, 8], None,
+                          sweep=True)
+    assert [(c.batch, c.expert_slots) for c in work["check"]] == [(1, 4), (8, 4)]
+    assert {c.expert_slots for c in work["speed"] + work["trace"]} == {4}
+    assert [(c.batch, c.expert_slots) for c in work["sweep"]] == [(8, 6)]   # 4 is the run's own
+    a.expert_slots = None
+    tuned = mod.kernel_cfg_for("k3-tp32-core", 1, False).expert_slots
+    assert {c.expert_slots for c in mod.slice_work(a, ["speed"], "k3-tp32-core", 0, "mxfp4", [1], None,
+                                                   sweep=False)["speed"]} == {tuned}
