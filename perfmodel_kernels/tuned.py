@@ -29,15 +29,17 @@ TUNED = {
         "to 8 (tests/test_kernel_plan.py)"),
 }
 TUNED[("kimi-k3-tp32-core", 1)] = Tuned(
-    32768, 8, 2, "f32",
-    "8 MiB banks at v5e's 128 lanes, 8 in flight (64 MiB of VMEM), 2 expert slots: on the K3 "
+    32768, 8, 4, "f32",
+    "8 MiB banks at v5e's 128 lanes, 8 in flight (64 MiB of VMEM), 4 expert slots: on the K3 "
     "TP32-core slice with mxfp4 experts 8 MiB banks ran faster than 4 MiB ones at batch 1 in both "
     "calls that ran the two (1005.9 against 1030.0 us a step with the f32 decode, 960.1 against "
     "976.7 with the word decode), and at batch 8 with the word decode (2041.2 against 2053.6; "
     "with the f32 decode 2440.4 against 2424.5, in separate calls), which the model does not "
-    "predict (docs/validation.md). Depth 16 or 32 gained nothing, and 2 slots beat "
-    "1 and 4 at batch 1 (top-4 picks about 4 distinct experts): "
-    "experiments/results/tpu_megakernel.json, the sweep runs")
+    "predict (docs/validation.md). Depth 16 or 32 gained nothing. With the word decode 4 slots "
+    "beat 1 and 2 at batch 1 (892.1 against 1055.7 and 979.9 us), the model's best (873 us "
+    "predicted), and at batch 8 (1952.4 against 2019.6 us at 2); 6 slots ran 1912.6 us there "
+    "(the model's best at batch 8) but were not checked against the reference, 4 were at batches "
+    "1 and 8: experiments/results/tpu_megakernel.json, the sweep and check runs")
 TUNED[("kimi-k3-tp8-core", 1)] = Tuned(
     32768, 6, 2, "f32",
     "8 MiB banks, 6 in flight (48 MiB), 2 expert slots: compiled ahead of time for a v5e on a "
