@@ -315,7 +315,27 @@ def slice_work(a, parts, name, k, fmt, batches, interpret, sweep) -> dict:
             work["sweep"] += [cfg(b, depth=d, bank_rows=r) for d, r in rings(a.rings)]
     if "trace" in parts and k == 0:
         work["trace"] = [cfg(b) for b in dict.fromkeys((batches[0], batches[-1]))]
-    return work
+    return without_invalid(name, work)
+
+
+def without_invalid(name, work) -> dict:
+    """`work` less the kernel configs the slice's kernel refuses (e.g. more expert slots than a
+    step's picks), each named as it is dropped: before any weight is drawn."""
+    from perfmodel.util.errors import SpecError
+    from perfmodel_kernels import layout
+    from perfmodel_kernels.specs import slice_spec
+    spec = slice_spec(name)
+
+    def valid(cfg) -> bool:
+        try:
+            layout.check_kernel_spec(spec, cfg)
+            return True
+        except SpecError as e:
+            say(f"{name}: skipped batch {cfg.batch} depth {cfg.depth} slots {cfg.expert_slots} bank rows "
+                f"{cfg.bank_rows}: {e}")
+            return False
+    return {key: [c for c in v if valid(c)] if key in ("check", "speed", "sweep", "trace") else v
+            for key, v in work.items()}
 
 
 def rings(text: str) -> list[tuple[int, int]]:

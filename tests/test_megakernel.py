@@ -355,6 +355,8 @@ def test_tpu_script_runs_every_part_at_the_slots_it_is_given():
     assert [(c.batch, c.expert_slots) for c in work["check"]] == [(1, 4), (8, 4)]
     assert {c.expert_slots for c in work["speed"] + work["trace"]} == {4}
     assert [(c.batch, c.expert_slots) for c in work["sweep"]] == [(8, 6)]   # 4 is the run's own
+    a.slots, a.sweep_batches = "6", "1"   # 6 slots are more than a batch-1 step's 4 picks: dropped, named
+    assert mod.slice_work(a, ["sweep"], "k3-tp32-core", 0, "mxfp4", [1], None, sweep=True)["sweep"] == []
     a.expert_slots = None
     tuned = mod.kernel_cfg_for("k3-tp32-core", 1, False).expert_slots
     assert {c.expert_slots for c in mod.slice_work(a, ["speed"], "k3-tp32-core", 0, "mxfp4", [1], None,
