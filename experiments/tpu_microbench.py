@@ -21,6 +21,11 @@ mechanism) and the `mechanism` of its entries:
   (what int8 weights cost beside bf16 activations); int8 x int8 -> int32 (the v5e MXU's int8
   rate). Two weight matrices are used in turn, so no dot finds its weights already in the MXU.
   The v5e has no fp8 MXU (JAX's tpu_info: fp8_ops_per_second = 0): nothing is measured in fp8;
+- mxu_static (entries `matmul`, not fitted): the bf16 dots again at 8 and 64 rows, each weight
+  matrix named by a static index, two dots a trip: a probe of the mxu entries' method;
+- ring_work, `ring_work` (not fitted): the ring when a bank's use outlasts its copy (each bank
+  widened to f32 512 rows at a time, 1 or 4 multiply-adds, a dot of 8 rows), streamed and, as
+  its twin, resident with no copy in flight: what streaming costs a compute-bound ring;
 - vpu, `vpu_elementwise`: one elementwise pass (a multiply, or exp) over an f32 [rows, lanes]
   array held in VMEM, 8 .. 256 rows x 128 .. 4096 lanes;
 - loop, `loop_trip` (entries `loop_trip`, `dma_issue_wait`): one trip of an in-kernel `fori_loop`
