@@ -315,20 +315,21 @@ def slice_work(a, parts, name, k, fmt, batches, interpret, sweep) -> dict:
             work["sweep"] += [cfg(b, depth=d, bank_rows=r) for d, r in rings(a.rings)]
     if "trace" in parts and k == 0:
         work["trace"] = [cfg(b) for b in dict.fromkeys((batches[0], batches[-1]))]
-    return without_invalid(name, work)
+    return without_invalid(name, fmt, work)
 
 
-def without_invalid(name, work) -> dict:
-    """`work` less the kernel configs the slice's kernel refuses (e.g. more expert slots than a
-    step's picks), each named as it is dropped: before any weight is drawn."""
+def without_invalid(name, fmt, work) -> dict:
+    """`work` less the kernel configs the slice's kernel refuses (more expert slots than a step's
+    picks, buffers beyond the chip's VMEM), each named as it is dropped: before any weight is
+    drawn."""
     from perfmodel.util.errors import SpecError
-    from perfmodel_kernels import layout
+    from perfmodel_kernels import vmem
     from perfmodel_kernels.specs import slice_spec
-    spec = slice_spec(name)
+    spec = slice_spec(name, fmt)
 
     def valid(cfg) -> bool:
         try:
-            layout.check_kernel_spec(spec, cfg)
+            vmem.check_vmem(spec, cfg)
             return True
         except SpecError as e:
             say(f"{name}: skipped batch {cfg.batch} depth {cfg.depth} slots {cfg.expert_slots} bank rows "

@@ -338,12 +338,14 @@ def test_tpu_script_smoke_on_cpu(tmp_path):
     assert "greedy tokens equal in" in rep.stdout.strip().splitlines()[-1]
 
 
-def test_tpu_script_runs_every_part_at_the_slots_it_is_given():
+def test_tpu_script_runs_every_part_at_the_slots_it_is_given(monkeypatch):
     """`--expert-slots` replaces the tuned slots in every part (the sweep still varies them from
-    there) and `--check-batches` picks the batches the tokens are checked at."""
+    there), `--check-batches` picks the batches the tokens are checked at, and a config the kernel
+    refuses on the chip (a v5e here) is dropped before any weight is drawn."""
     import importlib.util
-    import sys
     from types import SimpleNamespace
+    from perfmodel_kernels import chip
+    monkeypatch.setattr(chip, "DEFAULT", "v5e")   # the chip the lent TPU runs: no TPU attached here
     root = __file__.rsplit("/tests/", 1)[0]
     spec = importlib.util.spec_from_file_location("tpu_megakernel_script", f"{root}/experiments/tpu_megakernel.py")
     mod = importlib.util.module_from_spec(spec)
@@ -357,6 +359,9 @@ def test_tpu_script_runs_every_part_at_the_slots_it_is_given():
     assert [(c.batch, c.expert_slots) for c in work["sweep"]] == [(8, 6)]   # 4 is the run's own
     a.slots, a.sweep_batches = "6", "1"   # 6 slots are more than a batch-1 step's 4 picks: dropped, named
     assert mod.slice_work(a, ["sweep"], "k3-tp32-core", 0, "mxfp4", [1], None, sweep=True)["sweep"] == []
+    a.expert_slots, a.slots = None, "3,4"   # on TP8-core 4 slots of MXFP4 experts exceed the v5e's VMEM
+    assert [c.expert_slots for c in mod.slice_work(a, ["sweep"], "k3-tp8-core", 0, "mxfp4", [1], None,
+                                                   sweep=True)["sweep"]] == [3]
     a.expert_slots = None
     tuned = mod.kernel_cfg_for("k3-tp32-core", 1, False).expert_slots
     assert {c.expert_slots for c in mod.slice_work(a, ["speed"], "k3-tp32-core", 0, "mxfp4", [1], None,

@@ -107,8 +107,9 @@ def test_tpu_status_quotes_the_kernel_comparison():
 
 
 def test_the_next_chip_runs_quote_the_models_predictions():
-    """The slot counts docs/tpu.md names for the next device session are what the model predicts
-    for the current kernel's runs (b3e89de, their own picks), in device time."""
+    """The slot counts and step times docs/tpu.md names as predicted before their chip runs are
+    what the model predicts for the kernel's runs they start from (their own picks), in device
+    time."""
     import dataclasses
     import importlib.util
     import sys
@@ -129,3 +130,12 @@ def test_the_next_chip_runs_quote_the_models_predictions():
             "tpu-v5e")[2].step_s * 1e6
         assert f"{slots} slots at batch {batch} ({step(expert_slots=slots):.0f} us against {step():.0f} as tuned)" \
             in text
+    run = next(r for r in runs if r["kind"] == "megakernel" and r.get("commit") == "0d74499"
+               and r["slice"] == "k3-tp8-core" and r["batch"] == 1)
+    step = lambda **over: vt.predict_megakernel(  # noqa: E731
+        dict(run, config=dataclasses.asdict(dataclasses.replace(KernelConfig(**run["config"]), **over))),
+        "tpu-v5e")[2].step_s * 1e6
+    slots = ", ".join(f"{step(expert_slots=k):.0f}" for k in (1, 2, 3))
+    depths = ", ".join(f"{step(depth=d):.0f}" for d in (2, 4, 6))
+    assert f"At expert slots 1, 2, 3 it predicts {slots} us a step" in text
+    assert f"at ring depth 2, 4, 6 {depths} us" in text
