@@ -422,18 +422,18 @@ def measured_sweep() -> None:
                 tokens_per_s=[w["batch"] / s for s in w[f"{kind}_s"]])]
             layers.append(layer(data, mark, x=x, y=y, color=nominal("series", ""), tooltip=tooltip))
         show({"height": 220, "layer": layers, "config": {"legend": LEGEND}}, key)
-    w0 = sweeps[0]
+    kinds = ", ".join(dict.fromkeys(f"{w['slice']} {w['format']}" for w in sweeps))
     st.caption(f"Measured on TPU {t['meta'].get('chip', '')} ({where}, up to {t['meta'].get('date', '')[:10]}): "
-               f"{w0['slice']} {w0['format']}, each series one knob varied with the others held (squares: measured "
+               f"{kinds}, each series one knob varied with the others held (squares: measured "
                "by this project, a point's median over its runs; dashed: predicted; `python "
                "experiments/validate_tpu.py` prints each with its optimum and gain).")
 
 
 def sweep_label(w: dict) -> str:
-    """A sweep family in a legend: "batch 1, 2 slots, 32768-row banks, word decode"."""
+    """A sweep family in a legend: "k3-tp32-core, batch 1, 2 slots, 32768-row banks, word decode"."""
     held = {"depth": f"depth {w['others'].get('depth')}", "expert_slots": f"{w['others'].get('expert_slots')} slots",
             "bank_rows": f"{w['others'].get('bank_rows')}-row banks"}
-    parts = [f"batch {w['batch']}", *(held[k] for k in w["others"])]
+    parts = [w["slice"], f"batch {w['batch']}", *(held[k] for k in w["others"])]
     return ", ".join(parts + (["word decode"] if w.get("expert_decode") == "e2m1_words" else []))
 
 
