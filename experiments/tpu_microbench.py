@@ -705,6 +705,7 @@ class Bench:
         doc = {"what": f"{self.context['device']} component micro-benchmarks (one mechanism each), with the "
                        "inputs the component model needs to predict each one.",
                "platform": self.platform, "source": self.source,
+               "target": 0.05,  # each fitted entry's |residual| at most this (perfmodel calibrate)
                "context": {**self.context, "skipped": list(self.skipped)},
                "fit": {self.platform: {
                    # the ring determines the first-byte latency beside the bandwidth and the descriptor

@@ -283,3 +283,23 @@ def test_the_packing_probe_reads_interpret_modes_pairing(tmp_path):
     assert all(c["as_interpret_mode"] for c in cases)
     assert cases[0]["pairing"][:2] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert cases[1]["pairing"][:2] == [[0, 1], [2, 3]]
+
+
+def test_a_files_target_judges_its_entries(tmp_path, capsys):
+    """The v5e file's `target` (5 %) is the bound calibrate judges each fitted entry by and prints; a
+    target outside (0, 1] is refused naming the field."""
+    from perfmodel.cli.main import main
+    data = json.loads(MEASURED.read_text())
+    assert data["target"] == 0.05
+    rows = microbench.residual_table(data, load_hardware("tpu-v5e"))
+    assert all(r["within_target"] == (abs(r["error"]) <= 0.05) for r in rows if r["within_target"] is not None)
+    assert main(["calibrate", "--microbench", str(MEASURED), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert main(["calibrate", "--microbench", str(MEASURED)]) == 0
+    text = capsys.readouterr().out
+    within = sum(r["within_target"] for r in out["residuals"] if r["within_target"] is not None)
+    assert out["target"] == 0.05 and "MISSED (<= 5 %)" in text and f"\n{within} of 165 fitted entries within 5 %" in text
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(dict(data, target=2)))
+    with pytest.raises(SpecError, match="target"):
+        microbench.load(bad)

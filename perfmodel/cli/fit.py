@@ -55,7 +55,7 @@ def cmd_calibrate(a) -> dict:
     if a.kernels:
         return calibrate_kernels_cmd(a)
     require(a.microbench is not None, "--microbench", None, "give --microbench FILE (or --kernels)")
-    from perfmodel.fit.microbench import TARGET, calibrated, load, residual_table
+    from perfmodel.fit.microbench import calibrated, load, residual_table, target
     from perfmodel.spec.hardware import load_hardware, to_toml
     from perfmodel.step.report import SCHEMA_VERSION
     data = load(a.microbench)
@@ -65,7 +65,7 @@ def cmd_calibrate(a) -> dict:
     new = calibrated(data, hw, Path(a.microbench).name)
     rows = residual_table(data, new)
     out = {"schema_version": SCHEMA_VERSION, "command": "calibrate", "microbench": str(a.microbench),
-           "hardware": new.name, "target": TARGET, "components": new.components, "residuals": rows,
+           "hardware": new.name, "target": target(data), "components": new.components, "residuals": rows,
            "out": a.out}
     if a.out:
         write_atomic(a.out, to_toml(new, f"{new.name}: components fitted by perfmodel calibrate "
@@ -80,11 +80,14 @@ def cmd_calibrate(a) -> dict:
                       "-" if r["predicted"] is None else f"{r['predicted']:.4g}", r["unit"],
                       "-" if r["error"] is None else f"{100 * r['error']:+.1f}",
                       "not fitted, no target" if r["within_target"] is None
-                      else ("met" if r["within_target"] else "MISSED") + f" (<= {100 * TARGET:.0f} %)"]
+                      else ("met" if r["within_target"] else "MISSED") + f" (<= {100 * out['target']:g} %)"]
                      for r in rows]))
         for r in rows:
             if r["within_target"] is None:
                 print(f"not modelled: {r['id']}: {r['not_modelled']}")
+        fitted = [r for r in rows if r["within_target"] is not None]
+        print(f"\n{sum(r['within_target'] for r in fitted)} of {len(fitted)} fitted entries within "
+              f"{100 * out['target']:g} %")
         if a.out:
             print(f"\nwrote {a.out}")
     return out

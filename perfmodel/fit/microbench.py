@@ -34,7 +34,7 @@ from perfmodel.util.errors import SpecError, in_file, require
 from perfmodel.util.files import check_path
 
 DATA_DIR = Path(__file__).parents[1] / "data" / "microbench"
-TARGET = 0.10
+TARGET = 0.10  # the bound a fitted entry's residual is judged against, unless its file sets `target`
 UNITS = {"us_per_layer": 1e-6, "us_per_step": 1e-6, "us_per_expert": 1e-6, "us_per_copy": 1e-6,
          "us_per_collective": 1e-6, "us_per_dot": 1e-6, "us_per_tile": 1e-6, "us_per_call": 1e-6,
          "us_per_kernel": 1e-6, "us_per_op": 1e-6, "us_per_trip": 1e-6, "us_per_attention": 1e-6,
@@ -141,7 +141,7 @@ ENTRY = {"id": Req((STR,)), "mechanism": Req((STR,)), "inputs": Req({"*": None})
          "unit": Req(OneOf(*UNITS)), "source": Req((STR,)), "scope": (STR,), "platform": (STR,),
          "not_modelled": (STR,), "notes": (STR,), "fits": OneOf(*GROUPS)}
 FILE = {"entries": Req(ListOf(ENTRY, 1)), "platform": (STR,), "what": (STR,), "source": (STR,),
-        "context": {"*": None}, "fit": {"*": {"*": ListOf((STR,), 1)}}}
+        "context": {"*": None}, "fit": {"*": {"*": ListOf((STR,), 1)}}, "target": Num(0, 1, lo_open=True)}
 
 
 def load(path: str | Path) -> dict:
@@ -347,8 +347,13 @@ def fit(data: dict, hw: Hardware) -> Hardware:
     return hw
 
 
+def target(data: dict) -> float:
+    """The |residual| a fitted entry of this file must stay within: its `target`, else TARGET."""
+    return data.get("target", TARGET)
+
+
 def residual_table(data: dict, hw: Hardware) -> list[dict]:
-    rows = []
+    rows, bound = [], target(data)
     for e in data["entries"]:
         if e.get("platform", data.get("platform")) != hw.name:
             continue
@@ -359,7 +364,7 @@ def residual_table(data: dict, hw: Hardware) -> list[dict]:
         except SpecError:
             p = None
         err = None if p is None else p / e["value"] - 1
-        r.update(predicted=p, error=err, within_target=None if e.get("not_modelled") else abs(err) <= TARGET)
+        r.update(predicted=p, error=err, within_target=None if e.get("not_modelled") else abs(err) <= bound)
         if e.get("not_modelled"):
             r["not_modelled"] = e["not_modelled"]
         rows.append(r)
