@@ -227,6 +227,8 @@ def settings(dspec: ModelSpec, cfg: KernelConfig, expert_decode: str | None = No
         out |= {"wire": cfg.wire, "all_reduce": comm.algorithm(dspec, cfg),
                 "collective_rows": comm.Wire(cfg.token_rows, 1, comm.WIRE[cfg.wire]).padded_rows}
     if dspec.moe and dspec.count(ffn="moe"):
+        if dspec.moe.shared_width:
+            out["shared_expert"] = "last"   # megakernel.moe: router, routed experts, then the shared one
         lay = layout.expert_layout(dspec, cfg)
         f = lay.fmt
         out["expert_feed"] = quant.feed(f)

@@ -58,3 +58,28 @@ def test_impossible_layouts_name_the_field(change, field):
     with pytest.raises(SpecError) as e:
         validate(load_model("kimi-k3"), load_hardware("tpu-v7"), d)
     assert e.value.field == field
+
+
+def test_the_shared_expert_runs_where_the_kernel_runs_it():
+    """[megakernel] shared_expert: "with_copies" (the default) puts a MoE layer's shared expert after the
+    latent down-projection, while the routed experts' copies land; "last" after the latent up-projection, as
+    perfmodel_kernels' moe does (its plan says so); the same ops and bytes either way. Another value is
+    refused naming the field."""
+    from perfmodel.spec.recipe import from_table
+    from perfmodel_kernels import plan as kplan
+    from perfmodel_kernels.layout import KernelConfig
+    from perfmodel_kernels.specs import slice_spec
+    m = load_model("kimi-k3")
+    d = Deployment(devices=32, tp=32, ep=8, batch=4)
+    first, last = (build(dataclasses.replace(m, megakernel=from_table({"shared_expert": s})), d)
+                   for s in ("with_copies", "last"))
+    layer = next(int(x) for x, k in zip(first.layer, first.phase) if k == "moe")
+    order = lambda g: [n for n, x in zip(g.name, g.layer) if x == layer and n in  # noqa: E731
+                       ("latent_down", "shared_gate_up", "shared_down", "routed_experts", "latent_up")]
+    assert order(first) == ["latent_down", "shared_gate_up", "shared_down", "routed_experts", "latent_up"]
+    assert order(last) == ["latent_down", "routed_experts", "latent_up", "shared_gate_up", "shared_down"]
+    assert sorted(first.name) == sorted(last.name) and first.static_bytes.sum() == last.static_bytes.sum()
+    assert kplan.settings(slice_spec("k3-tp32-core", "mxfp4"), KernelConfig(batch=1, chip="v5e"))["shared_expert"] \
+        == "last"
+    with pytest.raises(SpecError, match="megakernel.shared_expert"):
+        from_table({"shared_expert": "first"})

@@ -554,7 +554,7 @@ def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int, rc: Meg
     if m.latent_dim:
         matmul(mms["latent_down"], d.tp)
         ops.collective(i, "moe", "latent_all_gather", "all_gather", wire(t, d_exp), d.tp)
-    if m.shared_width:
+    if m.shared_width and rc.shared_expert == "with_copies":
         matmul(mms["shared_gate_up"], d.tp)
         matmul(mms["shared_down"], d.tp)
     groups = d.expert_groups
@@ -572,6 +572,9 @@ def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int, rc: Meg
     ops.collective(i, "moe", "expert_all_reduce", "all_reduce", wire(reduce_rows, d_exp), d.devices)
     if m.latent_dim:
         matmul(mms["latent_up"], d.tp)
+    if m.shared_width and rc.shared_expert == "last":
+        matmul(mms["shared_gate_up"], d.tp)
+        matmul(mms["shared_down"], d.tp)
     if m.latent_dim and rc.post_expert_projection == "output_sharded":  # each device a slice of h
         ops.collective(i, "moe", "moe_all_gather", "all_gather", wire(t, h), d.tp)
     else:

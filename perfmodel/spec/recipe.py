@@ -19,6 +19,7 @@ WIRES = {"bf16": 2, "f32": 4}
 TOP_K = ("rank", "iterative_argmax")
 EMBEDDINGS = ("kernel", "xla")
 SAMPLINGS = ("kernel", "xla")
+SHARED_EXPERT = ("with_copies", "last")
 ALL_REDUCE = ("rs_ag", "hierarchical", "one_shot")  # perfmodel.cost.components.ALGORITHMS["all_reduce"]
 EXPERT_ROWS = ("routed", "batch")
 
@@ -91,6 +92,10 @@ class Megakernel:
     # divide its devices (Muse Spark's kernel splits every expert over its tp ranks: 1; Kimi K3's
     # owns them in 8 groups); 0: one group per device
     expert_groups: int = 0
+    # where a MoE layer's shared expert runs: "with_copies", after the router and the latent
+    # down-projection while the routed experts' copies land (Inferact's kernels); "last", after the
+    # routed experts and the latent up-projection (perfmodel_kernels' `megakernel.moe`)
+    shared_expert: str = "with_copies"
 
     @property
     def wire_bytes(self) -> int:
@@ -132,7 +137,7 @@ def from_table(table) -> Megakernel:
     for k, choices in (("all_reduce", ALL_REDUCE), ("expert_rows", EXPERT_ROWS),
                        ("expert_reduce_rows", EXPERT_REDUCE_ROWS), ("post_expert_projection", POST_EXPERT_PROJECTIONS),
                        ("collective_wire", tuple(WIRES)), ("top_k", TOP_K), ("embedding", EMBEDDINGS),
-                       ("sampling", SAMPLINGS)):
+                       ("sampling", SAMPLINGS), ("shared_expert", SHARED_EXPERT)):
         if k in table:
             require(table[k] in choices, f"megakernel.{k}", table[k], f"must be one of {', '.join(choices)}")
     if "kv_prefetch" in table:

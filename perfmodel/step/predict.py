@@ -175,14 +175,15 @@ def expert_tiling_cost(model: ModelSpec, hw: Hardware, p: Prediction) -> dict | 
 def plan_model(model: ModelSpec, plan: KernelPlan) -> ModelSpec:
     """`model` as the plan's kernel runs it: its [megakernel] settings replaced by the kernel's
     (bank, ring depth, slots, collective wire and rows, all-reduce algorithm, cache tile, dots a
-    matmul, embed pick) and its routed experts fed as the kernel feeds them (expert_feed,
+    matmul, embed pick, where the shared expert runs) and its routed experts fed as the kernel feeds them (expert_feed,
     expert_scale_rows)."""
     k = plan.kernel
     change = {name: k[key] for key, name in (("bank_bytes", "bank_bytes"), ("depth", "ring_banks"),
                                               ("expert_slots", "expert_slots"), ("wire", "collective_wire"),
                                               ("all_reduce", "all_reduce"), ("collective_rows", "collective_rows"),
                                               ("cache_block", "attention_tile_tokens"),
-                                              ("embedding_pick_values", "embedding_pick_values"))
+                                              ("embedding_pick_values", "embedding_pick_values"),
+                                              ("shared_expert", "shared_expert"))
               if key in k and not (key == "bank_bytes" and k[key] == 0)}  # a bank of 0: the chip's
     if "matmul_dots" in k:
         change["matmul_dots"] = sorted(k["matmul_dots"].items())
