@@ -413,8 +413,8 @@ def warm_compile(sl, work, budget_left) -> tuple[dict, dict]:
 def run_check(res, sl, cfg, interpret, exe=None) -> None:
     r = check(sl, cfg, steps=2 if interpret else 4, exe=exe)
     res.add(dict(kind="check", slice=sl.name, format=sl.fmt, batch=cfg.batch, config=config_dict(cfg), **r))
-    say(f"check {sl.name} {sl.fmt} batch {cfg.batch} slots {cfg.expert_slots}: tokens equal {r['tokens_equal']}, logit error "
-        f"{r['logit_error']:.4f} of their spread (bound {LOGIT_TOL})")
+    say(f"check {sl.name} {sl.fmt} batch {cfg.batch} slots {cfg.expert_slots}: tokens equal "
+        f"{r['tokens_equal']}, logit error {r['logit_error']:.4f} of their spread (bound {LOGIT_TOL})")
 
 
 def run_trace(res, sl, cfg, keep: str | None, interpret, loop=None) -> None:

@@ -109,8 +109,8 @@ KIB, MIB = 1024, 1024 * 1024
 # JAX device_kind -> the hardware preset the entries are for
 PLATFORMS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v6 lite": "tpu-v6e", "TPU v5": "tpu-v5p",
              "TPU v5p": "tpu-v5p", "TPU7x": "tpu-v7"}
-SECTIONS = ("dispatch", "dma", "ring_dot", "latency", "mxu", "mxu_static", "ring_work", "vpu", "loop", "queue", "expert", "mla_core", "attn_parts", "embed", "xla",
-            "xla_expert", "xla_cache", "xla_copy")  # run in this order
+SECTIONS = ("dispatch", "dma", "ring_dot", "latency", "mxu", "mxu_static", "ring_work", "vpu", "loop", "queue",
+            "expert", "mla_core", "attn_parts", "embed", "xla", "xla_expert", "xla_cache", "xla_copy")  # in order
 
 
 @dataclass(frozen=True)

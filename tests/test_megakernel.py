@@ -324,7 +324,8 @@ def test_tpu_script_smoke_on_cpu(tmp_path):
     assert "interpret mode" in res["note"]
     kinds = {r["kind"] for r in res["runs"]}
     assert {"check", "packing", "megakernel", "xla", "trace"} <= kinds
-    assert all(r["tokens_equal"] and r["config"]["expert_slots"] >= 1 for r in res["runs"] if r["kind"] == "check")
+    assert all(r["tokens_equal"] and r["config"]["expert_slots"] >= 1
+               for r in res["runs"] if r["kind"] == "check")
     assert any(r.get("sweep") for r in res["runs"])
     assert all(r["plan_bytes"] > 0 for r in res["runs"] if r["kind"] == "megakernel")
     # a parsed trace keeps the experts each of its 3 steps picked, one count per MoE layer, its
