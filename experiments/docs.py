@@ -746,7 +746,7 @@ def fig_tpu_v5e_validation() -> str:
               f"{pr / me - 1:+.1%}"]
              for w in v.get("whatif", []) for x, pr, me in zip(w["values"], w["predicted_s"], w["measured_s"])]
     best = "".join(f"\n- {validate_tpu.sweep_name(w)}: best predicted {w['predicted_best']}, measured "
-                   f"{w['measured_best']}{verdict(w)}; gain from {w['values'][0]} to the best predicted "
+                   f"{w['measured_best']}{validate_tpu.best_words(w)}; gain from {w['values'][0]} to the best predicted "
                    f"{us(w['predicted_gain_s'])} us, measured {us(w['measured_gain_s'])} us "
                    f"({validate_tpu.gain_words(w)})" for w in v.get("whatif", []))
     return md_table(["run", "what", "predicted us", "measured us", "error"], rows) + \
@@ -782,11 +782,6 @@ def fig_tpu_v5e_model() -> str:
         "\n\nStep error: predicted step time over measured, less one (device time).\n"
 
 
-def verdict(w: dict) -> str:
-    """A sweep's optimum against the model's, in words (validate_tpu.whatif's verdict)."""
-    return "" if w["predicted_best"] == w["measured_best"] else " (a tie)" if w["best_found"] else " (missed)"
-
-
 def fig_tpu_v5e_whatif() -> str:
     """The README's what-if on the chip: experiments/validate_tpu.py's ring depth and expert slot
     sweeps of the current kernel (its expert decode: the latest speed run's), each family's best
@@ -796,7 +791,7 @@ def fig_tpu_v5e_whatif() -> str:
     current = [r for r in v["runs"] if not r["sweep"] and not r.get("trace_only")][-1]["expert_decode"]
     us = lambda x: f"{x * 1e6:.0f}"  # noqa: E731
     rows = [[validate_tpu.sweep_name(w), ", ".join(map(str, w["values"])),
-             f"{w['predicted_best']} / {w['measured_best']}{verdict(w)}",
+             f"{w['predicted_best']} / {w['measured_best']}{validate_tpu.best_words(w)}",
              f"{us(w['predicted_gain_s'])} / {us(w['measured_gain_s'])}", validate_tpu.gain_words(w)]
             for w in v["whatif"] if w["knob"] in ("depth", "expert_slots") and w["expert_decode"] == current]
     return md_table(["sweep", "points", "best predicted / measured", "gain from the first, us", "gain error"],

@@ -436,6 +436,12 @@ def whatif(mk: list[dict]) -> list[dict]:
     return out
 
 
+def best_words(w: dict) -> str:
+    """A sweep's measured optimum against the predicted one: "" (the same), " (a tie)" within the
+    chip's spread, else " (missed)"."""
+    return "" if w["predicted_best"] == w["measured_best"] else " (a tie)" if w["best_found"] else " (missed)"
+
+
 def gain_words(w: dict) -> str:
     """A sweep's gain error, or why it is not judged."""
     return f"{w['gain_error']:+.1%}" if w["gain_judged"] else "under the spread, not judged"
