@@ -548,15 +548,18 @@ def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int, rc: Meg
                     act=ACT_BYTES * t * (mm.d_in + mm.d_out / shards), fmt=fmt,
                     dots=dots.get(f"moe/{mm.name}", 1) * copies)
 
+    def shared_expert(where: str):
+        if m.shared_width and rc.shared_expert == where:
+            matmul(mms["shared_gate_up"], d.tp)
+            matmul(mms["shared_down"], d.tp)
+
     matmul(mms["router"], 1, m.router_copies)  # replicated; a hi/lo pair is applied twice
     ops.compute(i, "moe", "top_k", 4.0 * t * m.experts, act=4.0 * t * m.experts)
     d_exp = m.latent_dim or h
     if m.latent_dim:
         matmul(mms["latent_down"], d.tp)
         ops.collective(i, "moe", "latent_all_gather", "all_gather", wire(t, d_exp), d.tp)
-    if m.shared_width and rc.shared_expert == "with_copies":
-        matmul(mms["shared_gate_up"], d.tp)
-        matmul(mms["shared_down"], d.tp)
+    shared_expert("with_copies")
     groups = d.expert_groups
     expert_tp = d.devices // groups
     skew = m.routing_skew if d.routing_skew is None else d.routing_skew
@@ -572,9 +575,7 @@ def _moe(ops: _Builder, model: ModelSpec, i: int, d: Deployment, t: int, rc: Meg
     ops.collective(i, "moe", "expert_all_reduce", "all_reduce", wire(reduce_rows, d_exp), d.devices)
     if m.latent_dim:
         matmul(mms["latent_up"], d.tp)
-    if m.shared_width and rc.shared_expert == "last":
-        matmul(mms["shared_gate_up"], d.tp)
-        matmul(mms["shared_down"], d.tp)
+    shared_expert("last")
     if m.latent_dim and rc.post_expert_projection == "output_sharded":  # each device a slice of h
         ops.collective(i, "moe", "moe_all_gather", "all_gather", wire(t, h), d.tp)
     else:
