@@ -18,9 +18,10 @@ at a time, so a 10-minute call holds about 15 programs: the default set (about 4
 - speed: per slice, expert format and batch: the kernel's time per step as the slope of a
   call's wall time over the steps it runs (`megakernel.make_loop`: 1 and 1 + `--steps` steps in
   one program, median of `--repeats` calls each), so the ~0.5 ms host dispatch of a call cancels;
-  the XLA reference the same way (`reference.make_loop`); the bytes the step's DMA plan moves and
-  their rate against the chip's in-kernel stream bandwidth measured by tpu_microbench.py;
-  packing time;
+  the XLA reference the same way (`reference.make_loop`); the distinct experts each MoE layer
+  picked in each of the steps the slope spans (`distinct_experts_steps`: the run is predicted as
+  their mean); the bytes the step's DMA plan moves and their rate against the chip's in-kernel
+  stream bandwidth measured by tpu_microbench.py; packing time;
 - xla: the XLA reference alone at `--xla-batches` (those speed does not run);
 - sweep: ring depth (`--depths`), expert slots (`--slots`) and bank rows (`--bank-rows`), each
   around the tuned config, and rings of a given depth and bank size together (`--rings`), on the
@@ -255,6 +256,14 @@ def slope(fn, weights, cache, tok, pos, steps: int, repeats: int):
     return (tn - t1) / steps, t1, first, out
 
 
+def slope_picks(picks, steps: int) -> list[list[int]]:
+    """The distinct experts per MoE layer of the steps a slope's time per step is the mean of: the
+    longer call's steps after its first (which the one-step call also runs), from the loop's
+    per-step picks (`reference.make_loop`). A run is predicted as the mean over these steps, where
+    one step's picks had set a batch-4 prediction up to 7.6 % apart (12 or 14 experts a layer)."""
+    return [[int(d) for d in row] for row in picks[1:1 + steps]]
+
+
 def speed(sl, cfg, steps, repeats, with_xla=True, exes=None) -> list[dict]:
     """The kernel's (and the XLA reference's) time per step on this slice and config (exes:
     programs compiled ahead, `warm_compile`)."""
@@ -263,13 +272,14 @@ def speed(sl, cfg, steps, repeats, with_xla=True, exes=None) -> list[dict]:
     cache, tok, pos, p0 = start_state(sl, cfg)
     loop = exes.get(("loop", cfg)) or megakernel.make_loop(sl.spec, cfg, sl.interpret)
     step_s, wall, first, res = slope(loop, sl.packed_for(cfg), cache, tok, pos, steps, repeats)
-    ndist = [int(d) for d in res[2]]
+    picks = slope_picks(res[2], steps)
     mid = p0 + steps // 2     # the loop's positions run p0 .. p0 + steps
-    the_plan = plan.dma_plan(sl.spec, cfg, ndist, [mid] * cfg.batch)
-    nbytes = sum(c.bytes for c in the_plan)
+    nbytes = statistics.mean(sum(c.bytes for c in plan.dma_plan(sl.spec, cfg, ndist, [mid] * cfg.batch))
+                             for ndist in picks)
     out = [{"kind": "megakernel", "slice": sl.name, "format": sl.fmt, "batch": cfg.batch,
             "config": config_dict(cfg), "positions": [mid] * cfg.batch,
-            "distinct_experts": ndist, "step_s": step_s, "wall_step_s": wall,
+            "distinct_experts": picks[-1], "distinct_experts_steps": picks,
+            "step_s": step_s, "wall_step_s": wall,
             "first_call_s": first, "plan_bytes": nbytes,
             "plan_bytes_per_s": nbytes / step_s if step_s > 0 else None,
             "feed": feed_of(sl.spec, cfg),
@@ -286,7 +296,8 @@ def xla_speed(sl, cfg, steps, repeats, exe=None) -> dict:
                                      steps, repeats)
     return {"kind": "xla", "slice": sl.name, "format": sl.fmt, "batch": cfg.batch,
             "positions": [p0 + steps // 2] * cfg.batch, "cache_tokens": cfg.max_context,
-            "distinct_experts": [int(d) for d in res[2]], "step_s": step_s, "wall_step_s": wall,
+            "distinct_experts": slope_picks(res[2], steps)[-1],
+            "distinct_experts_steps": slope_picks(res[2], steps), "step_s": step_s, "wall_step_s": wall,
             "first_call_s": first}
 
 
@@ -482,7 +493,7 @@ def profiled(loop, weights, sl, cfg, steps: int, out_dir: Path, hlo: bool = True
         for i in range(steps):
             with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
                 out = jax.block_until_ready(loop(weights, out[1], out[0], pos, one))
-            picks.append([int(d) for d in out[2]])
+            picks.append([int(d) for d in out[2][0]])
     return out, picks
 
 
@@ -661,6 +672,10 @@ def main(argv=None) -> int:
     rings(a.rings)   # a malformed --rings fails before the TPU is opened
     if a.expert_slots is not None and a.expert_slots < 1:
         ap.error(f"--expert-slots: {a.expert_slots} is not a positive number of slots")
+    from perfmodel_kernels.reference import PICKS_KEPT
+    if not 1 <= a.steps < PICKS_KEPT:
+        ap.error(f"--steps: {a.steps}; the slope's longer call keeps the picks of {PICKS_KEPT} steps, "
+                 f"so 1 to {PICKS_KEPT - 1}")
     if not all(b.strip().isdigit() and int(b) > 0 for b in a.check_batches.split(",")):
         ap.error(f"--check-batches: {a.check_batches!r} is not a comma-separated list of batches")
     import jax

@@ -62,19 +62,21 @@ TOLERANCES = {"layer_median": 0.05, "layer_phase_max": 0.10, "step_max": 0.05, "
 KNOBS = ("depth", "expert_slots", "bank_rows")   # what the sweeps vary, one at a time
 
 _SECONDS = Num(0, lo_open=True)
+_PICKS = ListOf(ListOf(Num(0, integer=True)), 1)   # each step's distinct experts per MoE layer
 RESULTS_FILE = {"machine": Req((STR,)), "chip": (STR,), "jax": (STR,), "libtpu": (STR, None), "python": (STR,),
                 "date": Req((STR,)), "command": (STR,), "runs": Req(ListOf({"kind": Req((STR,)), "*": None})),
                 "*": None}
 _RUN = {"kind": Req((STR,)), "slice": Req((STR,)), "format": Req((STR,)), "batch": Req((COUNT,)), "*": None}
 MEGAKERNEL_RUN = {**_RUN, "config": Req({"*": None}), "positions": Req(ListOf(Num(0, integer=True), 1)),
                   "distinct_experts": Req(ListOf(Num(0, integer=True))), "step_s": Req(_SECONDS),
-                  "wall_step_s": _SECONDS, "trace": None, "plan_bytes": Num(0, integer=True)}
+                  "wall_step_s": _SECONDS, "trace": None, "plan_bytes": Num(0),
+                  "distinct_experts_steps": _PICKS}
 XLA_RUN = {**_RUN, "step_s": Req(_SECONDS), "wall_step_s": _SECONDS, "positions": ListOf(Num(0, integer=True), 1),
-           "cache_tokens": (COUNT,), "distinct_experts": ListOf(Num(0, integer=True))}
+           "cache_tokens": (COUNT,), "distinct_experts": ListOf(Num(0, integer=True)),
+           "distinct_experts_steps": _PICKS}
 # the MLA cache capacity of the XLA runs recorded before their records named it (`cache_tokens`):
 # tpu_megakernel.py's CONTEXT, 2048 since its first run
 CACHE_TOKENS_BEFORE_RECORDED = 2048
-_PICKS = ListOf(ListOf(Num(0, integer=True)), 1)   # each traced step's distinct experts per MoE layer
 TRACE = {"step_s": Req(_SECONDS), "layers_s": Req({"*": Num(0)}), "phases_s": Req({"*": Num(0)}),
          "distinct_experts_steps": _PICKS, "*": None}
 TRACE_RUN = {**_RUN, "config": {"*": None}, "error": (STR,), "step_s": _SECONDS, "layers_s": {"*": Num(0)},
@@ -143,7 +145,8 @@ def trace_run(t: dict) -> dict:
     """A trace record as a megakernel run of its own: its traced step the measured step (no
     wall clock), its steps' median picks the run's."""
     trace = {k: t[k] for k in TRACED}
-    return {**t, "kind": "megakernel", "trace_only": True, "wall_step_s": None,
+    own = {k: v for k, v in t.items() if k not in TRACED}   # its step and picks are the trace's
+    return {**own, "step_s": t["step_s"], "kind": "megakernel", "trace_only": True, "wall_step_s": None,
             "distinct_experts": traced_picks({"trace": trace}), "trace": trace}
 
 
@@ -154,6 +157,21 @@ def dispatch_s(hw, d) -> float:
     prediction is the step less this (it shifts the whole timeline: the embedding layer holds it)."""
     from perfmodel.engine.terms import call_s
     return call_s(hw) / d.steps_per_call
+
+
+def mean_over_steps(run: dict, step_s) -> float | None:
+    """The mean of step_s(picks) over the steps a run's time per step spans, each with the
+    distinct experts it picked (`distinct_experts_steps`, kept by speed runs since 2026-12-07;
+    each distinct picks predicted once); None for a run that kept its last step's picks alone,
+    predicted at those (one step's picks had set a batch-4 prediction up to 7.6 % apart)."""
+    steps = run.get("distinct_experts_steps")
+    if not steps:
+        return None
+    seen = {}
+    for s in map(tuple, steps):
+        if s not in seen:
+            seen[s] = step_s(list(s))
+    return statistics.mean(seen[tuple(s)] for s in steps)
 
 
 def scope_of(layer: int, phase: str, n: int) -> str:
@@ -225,7 +243,8 @@ def run_decode(run: dict, spec, cfg) -> str | None:
 
 
 def predict_megakernel(run: dict, hw_name: str):
-    """(spec, device-time prediction, its phases, the dispatch taken out) of a megakernel run."""
+    """(spec, hardware, device-time prediction at the last step's picks, its phases, the dispatch
+    taken out) of a megakernel run; `megakernel_step_s` gives the step over all its steps."""
     from perfmodel_kernels import plan as kplan
     from perfmodel_kernels.layout import KernelConfig
     from perfmodel_kernels.specs import slice_spec
@@ -252,6 +271,27 @@ def predict_megakernel(run: dict, hw_name: str):
     return spec, hw, dataclasses.replace(p, step_s=p.step_s - t0, layers=layers), phases, t0
 
 
+def megakernel_step_s(run: dict, hw_name: str, last_step_s: float) -> float:
+    """The device time a megakernel run's time per step is predicted at: the mean over its steps'
+    picks (`mean_over_steps`), else `last_step_s` (the prediction at its last step's picks)."""
+    from perfmodel_kernels import plan as kplan
+    from perfmodel_kernels.layout import KernelConfig
+    from perfmodel_kernels.specs import slice_spec
+    from perfmodel.spec.hardware import load_hardware
+    spec, cfg = slice_spec(run["slice"], run["format"]), KernelConfig(**run["config"])
+    context, decode = max(run["positions"]), run_decode(run, spec, cfg)
+    t0 = None
+
+    def step_s(picks):
+        nonlocal t0
+        p = kplan.predicted_step(spec, cfg, kplan.dma_plan(spec, cfg, picks, run["positions"]), context,
+                                 hardware=hw_name, expert_decode=decode)
+        t0 = dispatch_s(load_hardware(hw_name), p.deployment) if t0 is None else t0
+        return p.step_s - t0
+    mean = mean_over_steps(run, step_s)
+    return last_step_s if mean is None else mean
+
+
 def reference_context(run: dict) -> int:
     """The context an XLA run is predicted at: its MLA cache's capacity, which the reference's
     attention reads whole every step (masked past each sequence's position) and XLA copies
@@ -262,9 +302,10 @@ def reference_context(run: dict) -> int:
 def predict_xla(run: dict, context: int, hw_name: str, prediction: bool = False):
     """(device time, wall time with one call a step) the multi-kernel engine predicts for an XLA
     run at `context` (`reference_context`): the slice with its routed experts in bf16 (the
-    reference's dequantised weights), each MoE layer reading the distinct experts the run's last
-    step picked where it recorded them (the reference reads only those), else the analytic
-    expectation. prediction: also the prediction itself and the call's dispatch."""
+    reference's dequantised weights), each MoE layer reading the distinct experts the run's steps
+    picked where it recorded them (the reference reads only those; the mean over its steps,
+    `mean_over_steps`, else at its last step's), else the analytic expectation. prediction: the
+    prediction at the last step's picks itself and the call's dispatch instead."""
     import perfmodel
     from perfmodel_kernels.specs import slice_spec
     spec = slice_spec(run["slice"], "bf16")
@@ -272,7 +313,11 @@ def predict_xla(run: dict, context: int, hw_name: str, prediction: bool = False)
     d = perfmodel.Deployment(devices=1, tp=1, engine="multikernel", batch=run["batch"], context=context)
     p = perfmodel.predict(spec, hw, d, experts=run.get("distinct_experts"))
     t0 = dispatch_s(hw, d)
-    return (p.step_s - t0, p.step_s, p, t0) if prediction else (p.step_s - t0, p.step_s)
+    if prediction:
+        return p.step_s - t0, p.step_s, p, t0
+    mean = mean_over_steps(run, lambda s: perfmodel.predict(spec, hw, d, experts=s).step_s)
+    step = p.step_s if mean is None else mean
+    return step - t0, step
 
 
 def compare_xla_layers(run: dict, runs: list[dict], hw_name: str, where: Path) -> dict:
@@ -330,8 +375,9 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
     n = len(spec.layers)
     summary = trace_summary(run, n, source)
     c = against(summary, spec, hw, p, "megakernel")
-    c = dataclasses.replace(c, model=f"{spec.name} {run['format']}")
-    picks, traced_step_s = traced_picks(run), c.predicted_step_s
+    c = dataclasses.replace(c, model=f"{spec.name} {run['format']}",
+                            predicted_step_s=megakernel_step_s(run, hw_name, p.step_s))
+    picks, traced_step_s = traced_picks(run), p.step_s
     if picks is not None and picks != run["distinct_experts"]:   # the trace predicted with its own steps' picks
         _, _, pt, phases, _ = predict_megakernel(dict(run, distinct_experts=picks), hw_name)
         c = dataclasses.replace(c, layers=against(summary, spec, hw, pt, "megakernel").layers)

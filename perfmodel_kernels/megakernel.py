@@ -1068,9 +1068,10 @@ def _step_options(spec: ModelSpec, cfg: KernelConfig, interpret) -> dict:
 def make_loop(spec: ModelSpec, cfg: KernelConfig, interpret=None):
     """Validate once (as `make_step`) and return loop(packed, cache, tokens [B], positions [B],
     steps) -> (tokens [B] after `steps` (a traced int32) greedy decode steps run in one jitted
-    program (a loop around the pallas_call: one host dispatch for all of them), new cache,
-    distinct experts of the last step): the kernel's time per step is the slope of a call's
-    time over `steps`, and one compile serves every count."""
+    program (a loop around the pallas_call: one host dispatch for all of them), new cache, the
+    distinct experts each MoE layer picked in each step as `reference.make_loop` returns them):
+    the kernel's time per step is the slope of a call's time over `steps`, and one compile serves
+    every count."""
     require(cfg.rows == 1, "rows", cfg.rows, "the decode loop runs one row per sequence")
     budget = vmem.check_vmem(spec, cfg)
     call = build_call(spec, cfg, interpret,
@@ -1078,21 +1079,22 @@ def make_loop(spec: ModelSpec, cfg: KernelConfig, interpret=None):
     names = list(ref.cache_shapes(spec, cfg.batch, cfg.max_context))
     static = [jnp.asarray(a) for a in static_inputs(spec, cfg)]
     accepted = jnp.ones((cfg.batch,), jnp.int32)
+    n_moe = spec.count(ffn="moe")
 
     @functools.partial(jax.jit, donate_argnames=("cache",))
     def loop(packed, cache, tokens, positions, steps):
         smem, hbm = weight_args(packed, cfg)
 
-        def body(_, carry):
-            tok, pos, caches, _ = carry
+        def body(i, carry):
+            tok, pos, caches, picks = carry
             flat = jnp.pad(tok, (0, cfg.padded_batch - cfg.batch))
             nxt, _, *caches, ndist = call(flat, pos, accepted, *static, jnp.zeros(1, jnp.int32),
                                           *smem, *hbm, *caches)
-            return nxt[:cfg.batch, 0], pos + 1, caches, ndist
-        ndist0 = jnp.zeros((max(spec.count(ffn="moe"), 1),), jnp.int32)
-        tok, _, caches, ndist = lax.fori_loop(
-            0, steps, body, (tokens, positions, [cache[k] for k in names], ndist0))
-        return tok, dict(zip(names, caches)), ndist[:spec.count(ffn="moe")]
+            return nxt[:cfg.batch, 0], pos + 1, caches, picks.at[i].set(ndist[:n_moe], mode="drop")
+        picks0 = jnp.zeros((ref.PICKS_KEPT, n_moe), jnp.int32)
+        tok, _, caches, picks = lax.fori_loop(
+            0, steps, body, (tokens, positions, [cache[k] for k in names], picks0))
+        return tok, dict(zip(names, caches)), picks
     return loop
 
 

@@ -492,24 +492,27 @@ def _decode_step_jit(weights, cache, tokens, positions, accepted, *, rows, mla_f
     return _forward(weights, cache, tokens, positions, accepted, rows, mla_form)[:3]
 
 
+PICKS_KEPT = 64   # the steps of a decode loop (`make_loop`) whose distinct experts it returns
+
+
 def make_loop():
     """loop(weights, cache, tokens [B], positions [B], steps) -> (tokens after `steps` (a traced
     int32) greedy decode steps of `decode_step`'s XLA program in one jitted call (one host
-    dispatch), new cache, distinct experts each MoE layer picked in the last step): the
-    program's time per step is the slope of a call's time over `steps`, and one compile serves
-    every count."""
+    dispatch), new cache, the distinct experts each MoE layer picked in each step, [PICKS_KEPT,
+    MoE layers] int32 (row i step i; rows from `steps` on zero)): the program's time per step is
+    the slope of a call's time over `steps`, and one compile serves every count."""
     @functools.partial(jax.jit, donate_argnames=("cache",))
     def loop(weights, cache, tokens, positions, steps):
         ones = jnp.ones_like(positions)
         n_moe = weights.spec.count(ffn="moe")
 
-        def body(_, carry):
-            tok, pos, cache, _ = carry
+        def body(i, carry):
+            tok, pos, cache, picks = carry
             nxt, _, cache, picked = _forward(weights, cache, tok, pos, ones, 1, "absorbed")
-            return nxt, pos + 1, cache, picked
-        tok, _, cache, picked = lax.fori_loop(
-            0, steps, body, (tokens, positions, cache, jnp.zeros(n_moe, jnp.int32)))
-        return tok, cache, picked
+            return nxt, pos + 1, cache, picks.at[i].set(picked, mode="drop")
+        tok, _, cache, picks = lax.fori_loop(
+            0, steps, body, (tokens, positions, cache, jnp.zeros((PICKS_KEPT, n_moe), jnp.int32)))
+        return tok, cache, picks
     return loop
 
 

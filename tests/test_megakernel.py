@@ -328,6 +328,11 @@ def test_tpu_script_smoke_on_cpu(tmp_path):
                for r in res["runs"] if r["kind"] == "check")
     assert any(r.get("sweep") for r in res["runs"])
     assert all(r["plan_bytes"] > 0 for r in res["runs"] if r["kind"] == "megakernel")
+    # a speed run keeps the picks of each step its slope spans (one in interpret mode), the last
+    # its `distinct_experts`: the validation predicts their mean
+    timed = [r for r in res["runs"] if r["kind"] in ("megakernel", "xla")]
+    assert timed and all(len(r["distinct_experts_steps"]) == 1 and r["distinct_experts_steps"][-1]
+                         == r["distinct_experts"] and len(r["distinct_experts"]) == 3 for r in timed)
     # a parsed trace keeps the experts each of its 3 steps picked, one count per MoE layer, its
     # steps' positions and the kernel's expert decode: enough to be predicted on its own
     traces = [r for r in res["runs"] if r["kind"] == "trace" and "error" not in r]

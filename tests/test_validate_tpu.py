@@ -299,3 +299,33 @@ def test_a_near_tie_within_the_chips_spread_is_not_a_miss(vt, predicted, tmp_pat
     assert "a tie within the spread" in out.out and "the best depth" not in out.out.splitlines()[-1]
     rc, out = run(vt, tmp_path, sweep(0.95), capsys)   # 5 % faster: beyond the spread
     assert "the best depth at batch 2" in out.out.splitlines()[-1] and rc == 1
+
+
+def test_a_run_keeping_each_steps_picks_is_predicted_as_their_mean(vt, predicted, tmp_path, capsys):
+    """A speed run's time per step is the mean over the steps its slope spans, each with its own
+    distinct experts: predicted as the mean of the predictions at each step's picks (each distinct
+    picks once), not at its last step's; the XLA reference's alike. A run without them is
+    predicted at its last step's picks, as before."""
+    steps = [[1, 1, 1], [2, 3, 2], [1, 1, 1], [4, 4, 3]]   # the last MK's: its trace's picks
+    at = {tuple(s): vt.predict_megakernel(dict(MK, step_s=1.0, distinct_experts=s), "tpu-v5e")[2].step_s
+          for s in steps}
+    mean = sum(at[tuple(s)] for s in steps) / len(steps)
+    assert len(set(at.values())) == 3   # the picks move the step: the mean is not any one of them
+    doc = results(predicted)
+    doc["runs"][0] |= {"step_s": mean, "distinct_experts": steps[-1], "distinct_experts_steps": steps}
+    import perfmodel
+    from perfmodel_kernels.specs import slice_spec
+    hw = perfmodel.load_hardware("tpu-v5e")
+    d = perfmodel.Deployment(devices=1, tp=1, engine="multikernel", batch=2, context=120)
+    xla = sum(perfmodel.predict(slice_spec("kimi-k3-mini", "bf16"), hw, d, experts=s).step_s
+              for s in steps) / len(steps) - vt.dispatch_s(hw, d)
+    doc["runs"][1] |= {"step_s": xla, "distinct_experts": steps[-1], "distinct_experts_steps": steps}
+    rc, out = run(vt, tmp_path, doc, capsys)
+    assert rc == 0, out.out[-3000:]
+    res = json.loads((tmp_path / "tpu_validation.json").read_text())
+    assert res["runs"][0]["comparison"]["step_error"] == pytest.approx(0, abs=1e-9)
+    assert res["xla"][0]["step_error"] == pytest.approx(0, abs=1e-9)
+    del doc["runs"][0]["distinct_experts_steps"]   # the last step's picks alone: predicted at those
+    rc, out = run(vt, tmp_path, doc, capsys)
+    r = json.loads((tmp_path / "tpu_validation.json").read_text())["runs"][0]
+    assert r["comparison"]["step_error"] == pytest.approx(at[(4, 4, 3)] / mean - 1, abs=1e-9)
