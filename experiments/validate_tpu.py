@@ -396,6 +396,7 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
             "traced": traced, "comparison": c,
             "phases": sorted(phase_rows, key=lambda r: _scope_order(r["scope"], n)),
             "traced_predicted_s": traced_step_s, "traced_picks": picks,
+            "each_step_picks": bool(run.get("distinct_experts_steps")),
             "traced_step_error": rel(traced_step_s, c.traced_step_s) if traced else math.nan,
             "dispatch_s": t0, "predicted_wall_s": c.predicted_step_s + t0, "measured_wall_s": wall,
             "wall_error": rel(c.predicted_step_s + t0, wall) if wall else math.nan}
@@ -438,8 +439,10 @@ def whatif(mk: list[dict]) -> list[dict]:
     """The sweeps on the chip against the model: per slice, format, batch, expert decode and knob
     (ring depth, expert slots, bank rows), each family of runs (sweep points and speed runs
     alike) that vary that knob alone, the other knobs held (`others`), with a sweep point among
-    them; each point's predicted and measured step (the median of its runs); the optimum of each;
-    the gain from the knob's smallest value to the optimum, predicted against measured.
+    them; each point's predicted and measured step (the median of its runs: of those that kept
+    each step's expert picks where every point has one, the others predicted at one step's picks
+    only); the optimum of each; the gain from the knob's smallest value to the optimum, predicted
+    against measured.
     `chip_spread` is the median spread of a point's runs (separate calls, often separate VMs) over
     every point run more than once: a predicted optimum measured within it of the measured one is
     a tie the chip does not resolve (`best_found`), and a measured gain under it is not judged."""
@@ -460,6 +463,9 @@ def whatif(mk: list[dict]) -> list[dict]:
             xs = sorted(pts)
             steps = {x: [m["comparison"].measured_step_s for m in pts[x]] for x in xs}
             repeats.update({tuple(m["index"] for m in pts[x]): steps[x] for x in xs if len(pts[x]) > 1})
+            if all(any(m["each_step_picks"] for m in pts[x]) for x in xs):
+                pts = {x: [m for m in pts[x] if m["each_step_picks"]] for x in xs}
+                steps = {x: [m["comparison"].measured_step_s for m in pts[x]] for x in xs}
             pred = {x: statistics.median(m["comparison"].predicted_step_s for m in pts[x]) for x in xs}
             meas = {x: statistics.median(steps[x]) for x in xs}
             best_p, best_m = min(xs, key=pred.get), min(xs, key=meas.get)
