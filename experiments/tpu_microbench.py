@@ -26,6 +26,10 @@ mechanism) and the `mechanism` of its entries:
 - ring_work, `ring_work` (not fitted): the ring when a bank's use outlasts its copy (each bank
   widened to f32 512 rows at a time, 1 or 4 multiply-adds, a dot of 8 rows), streamed and, as
   its twin, resident with no copy in flight: what streaming costs a compute-bound ring;
+- ring_reader, `ring_reader` (not fitted): the kernel's own ring and reader (`ring.PartReader`) on
+  the static parts of one K3 TP32-core MoE layer (KDA attention, router, latent projections,
+  shared expert; 136 MiB), 8 rows, at rings of 8 x 32768, 16 x 16384, 32 x 8192 (64 MiB ahead),
+  8 x 16384 and 8 x 8192 rows: time per layer, what a bank costs the reader;
 - vpu, `vpu_elementwise`: one elementwise pass (a multiply, or exp) over an f32 [rows, lanes]
   array held in VMEM, 8 .. 256 rows x 128 .. 4096 lanes;
 - loop, `loop_trip` (entries `loop_trip`, `dma_issue_wait`): one trip of an in-kernel `fori_loop`
@@ -109,7 +113,8 @@ KIB, MIB = 1024, 1024 * 1024
 # JAX device_kind -> the hardware preset the entries are for
 PLATFORMS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v6 lite": "tpu-v6e", "TPU v5": "tpu-v5p",
              "TPU v5p": "tpu-v5p", "TPU7x": "tpu-v7"}
-SECTIONS = ("dispatch", "dma", "ring_dot", "latency", "mxu", "mxu_static", "ring_work", "vpu", "loop", "queue",
+SECTIONS = ("dispatch", "dma", "ring_dot", "latency", "mxu", "mxu_static", "ring_work", "ring_reader", "vpu", "loop",
+            "queue",
             "expert", "mla_core", "attn_parts", "embed", "xla", "xla_expert", "xla_cache", "xla_copy")  # in order
 
 
@@ -130,6 +135,8 @@ class Sizes:
     mxu_static_rows: tuple   # mxu_static: m of the same dots, weights by a static index
     ring_work_chunk: int     # ring_work: rows of a bank each step of its use reads
     ring_work_fmas: tuple    # ring_work: multiply-adds per element of a bank's use
+    reader_slice: str        # ring_reader: the kernel slice whose MoE layer's static parts are streamed
+    reader_rings: tuple      # ring_reader: (depth, bank rows) of the rings
     vpu_shapes: tuple        # (rows, lanes) of the f32 array
     vpu_ops: tuple
     issue_lag: int           # dma_issue_wait: a copy is waited for this many trips after its start
@@ -171,7 +178,8 @@ FULL = Sizes(
     mxu_shapes=((128, 128), (256, 256), (512, 512), (1024, 1024), (2048, 2048), (512, 2048), (2048, 512)),
     mxu_int8_shapes=((256, 256), (1024, 1024), (2048, 2048)),
     mxu_int8_lhs=((8, 1024, 1024), (8, 2048, 2048), (256, 1024, 1024), (256, 2048, 2048)),
-    mxu_static_rows=(8, 64), ring_work_chunk=512, ring_work_fmas=(1, 4),
+    mxu_static_rows=(8, 64), ring_work_chunk=512, ring_work_fmas=(1, 4), reader_slice="k3-tp32-core",
+    reader_rings=((8, 32768), (16, 16384), (32, 8192), (8, 16384), (8, 8192)),
     vpu_shapes=((8, 128), (8, 1024), (64, 1024), (256, 1024), (256, 4096)), vpu_ops=("mul", "exp"),
     issue_lag=16, issue_chain=64,
     queue_big_rows=8192, queue_ahead=(1, 2, 4, 8, 16), queue_small=((16, 128), (16, 7168)), queue_work_s=80e-6,
@@ -190,7 +198,8 @@ MINI = Sizes(  # the same code at tiny sizes: Pallas interpret mode on a CPU (--
     ring_vmem_bytes=64 * KIB,
     ring_source_bytes=64 * KIB, latency_rows=(16,),
     mxu_rows=(8,), mxu_shapes=((128, 128),), mxu_int8_shapes=((128, 128),), mxu_int8_lhs=((32, 128, 128),),
-    mxu_static_rows=(8,), ring_work_chunk=16, ring_work_fmas=(1,),
+    mxu_static_rows=(8,), ring_work_chunk=16, ring_work_fmas=(1,), reader_slice="kimi-k3-mini",
+    reader_rings=((2, 256), (4, 128)),
     vpu_shapes=((8, 128),), vpu_ops=("mul", "exp"), issue_lag=2, issue_chain=2,
     queue_big_rows=64, queue_ahead=(2,), queue_small=((16, 128),), queue_work_s=1e-6,
     mla_tokens=(64,), mla_rows=(2,), mla_rank=(128, 64, 16),
@@ -403,6 +412,79 @@ def ring_work_call(rows: int, in_flight: int, blocks: int, chunk: int, fmas: int
     return pallas(lambda *r: ring_work_kernel(in_flight, blocks, chunk, fmas, streamed, *r),
                   jax.ShapeDtypeStruct((8, 128), F32), [SMEM_SPEC, VMEM_SPEC, HBM_SPEC], VMEM_SPEC,
                   [pltpu.VMEM((in_flight, rows, 128), BF16), pltpu.SemaphoreType.DMA((in_flight,))],
+                  sizes, interpret)
+
+
+class CyclicRing:
+    """The kernel's weight ring (`perfmodel_kernels.ring.Ring`) over one layer's static parts read
+    again and again: bank g is the layer's bank g mod its banks, in slot g mod depth, `total`
+    (traced) banks in all. The kernel's `PartReader` consumes it as in the kernel."""
+
+    def __init__(self, ring, total):
+        self.ring, self.total = ring, total
+        self.depth, self.s, self.dma, self.banks = ring.depth, ring.s, ring.dma, ring.banks
+
+    def slot(self, g):
+        return self.ring.slot(g)
+
+    def bank(self, g, rows: int):
+        from perfmodel_kernels.dma import Copies
+        from perfmodel_kernels.stream import ROW_TILE
+        r = self.ring
+        row0 = pl.multiple_of(r.row0[lax.rem(g, r.n)], ROW_TILE)
+        return Copies(f"bank {g}", (r.hbm.at[pl.ds(row0, rows)], r.banks.at[self.slot(g), pl.ds(0, rows)],
+                                    r.sems.at[self.slot(g)]))
+
+    def start(self):
+        for g in range(self.depth):
+            self.bank(g, self.s.banks[g % self.ring.n].rows).start()
+
+    def issue(self, g):
+        j = lax.rem(g, self.ring.n)
+        for k, rows in enumerate(self.s.sizes):
+            pl.when(jnp.logical_and(g < self.total, self.ring.cls[j] == k))(
+                lambda rows=rows: self.bank(g, rows).start())
+
+
+def reader_layer(spec, bank_rows: int):
+    """(the static parts of the first MoE layer of `spec` in stream order, their stream of banks)."""
+    from perfmodel_kernels import stream as st
+    layer = next(x for x in spec.layers if x.ffn == "moe")
+    parts = [st.part(spec, key, 128, bank_rows) for key in st.layer_parts(spec, layer)]
+    banks, first, row0 = [], {}, 0
+    for p in parts:
+        first[p.key] = len(banks)
+        for j, n in enumerate(p.bank_sizes()):
+            banks.append(st.Bank(layer.index, p.family, j, row0, n, 0))
+            row0 += n
+    return parts, st.Stream(tuple(banks), first, tuple(sorted({b.rows for b in banks}, reverse=True)), row0)
+
+
+def ring_reader_kernel(depth: int, parts, stream, n_ref, row0_ref, cls_ref, x_ref, hbm, o_ref, banks, sems, xs, ys):
+    """n layers' static parts through the kernel's ring and reader: each group's dots of x against
+    its banks, the banks waited for and refilled as the kernel does."""
+    from perfmodel_kernels.dma import Dma
+    from perfmodel_kernels.ring import PartReader, Ring
+    nb = len(stream.banks)
+    ring = CyclicRing(Ring(depth, stream, hbm, banks, sems, row0_ref, cls_ref, Dma(None)), n_ref[0] * nb)
+    ring.start()
+
+    def layer(i, acc):
+        for p in parts:
+            r = PartReader(ring, p, i * nb + stream.first_bank[p.key], xs, ys)
+            for k, g in enumerate(p.groups):
+                acc = acc + jnp.sum(r.matmul(k, x_ref[:, :g.d_in]), axis=1, keepdims=True)
+            r.finish()
+        return acc
+    o_ref[...] = lax.fori_loop(0, n_ref[0], layer, jnp.zeros(o_ref.shape, F32))
+
+
+def ring_reader_call(depth: int, bank_rows: int, parts, stream, sizes: Sizes, interpret: bool):
+    most = max(max(g.blocks(128), g.chunks(128)) for p in parts for g in p.groups)
+    return pallas(lambda *r: ring_reader_kernel(depth, parts, stream, *r),
+                  jax.ShapeDtypeStruct((8, 128), F32), [SMEM_SPEC, SMEM_SPEC, SMEM_SPEC, VMEM_SPEC, HBM_SPEC],
+                  VMEM_SPEC, [pltpu.VMEM((depth, bank_rows, 128), BF16), pltpu.SemaphoreType.DMA((depth,)),
+                              pltpu.VMEM((most, 8, 128), F32), pltpu.VMEM((most, 8, 128), F32)],
                   sizes, interpret)
 
 
@@ -914,6 +996,41 @@ def ring_work(b: Bench):
             for streamed in (True, False):
                 what = f"ring-work-f{fmas}-{rows}" + ("" if streamed else "-resident")
                 b.case(what, one, what, rows, fmas, streamed)
+
+
+def ring_reader(b: Bench):
+    """The kernel's own ring and reader (`ring.Ring`, `ring.PartReader`) on the static parts of one
+    MoE layer of a slice (KDA attention, router, latent projections, shared expert), 8 rows, by
+    ring depth and bank rows: time per layer (the slope over layers). Beside the stream alone
+    (dma_ring) it says what a bank costs the reader: banks per layer are in the inputs."""
+    from perfmodel_kernels.specs import slice_spec
+    from perfmodel_kernels.stream import bank_tables
+    s = b.sizes
+    spec = slice_spec(s.reader_slice, "mxfp4")
+
+    def one(what, depth, rows):
+        parts, stream = reader_layer(spec, rows)
+        row0, cls = (jnp.asarray(t) for t in bank_tables(stream))
+        width = max(g.d_in for p in parts for g in p.groups)
+        hbm, x = jnp.ones((stream.rows, 128), BF16), jnp.full((8, width), 0.01, F32)
+        try:
+            sl = b.kernel_slope(ring_reader_call(depth, rows, parts, stream, s, b.interpret),
+                                (row0, cls, x, hbm))
+        finally:
+            hbm.delete()
+        nbytes = stream.rows * 128 * 2
+        b.add(what, "ring_reader", {"slice": s.reader_slice, "depth": depth, "bank_rows": rows,
+                                    "banks": len(stream.banks), "bytes": nbytes, "rows": 8,
+                                    "dots": sum(len(p.items) for p in parts)},
+              sl.per_rep_s * 1e6, "us_per_layer",
+              f"one MoE layer's static parts of {s.reader_slice} ({nbytes / MIB:.1f} MiB in {len(stream.banks)} "
+              f"banks of {rows} rows, {depth} in flight) through the kernel's ring and reader, 8 rows "
+              f"({nbytes / max(sl.per_rep_s, 1e-15) / 1e9:.0f} GB/s)", sl.notes("layers"),
+              not_modelled="a probe of what a bank costs the kernel's reader, no term of the model yet")
+
+    for depth, rows in s.reader_rings:
+        what = f"ring-reader-{depth}x{rows}"
+        b.case(what, one, what, depth, rows)
 
 
 def vpu_elementwise(b: Bench):
@@ -1491,6 +1608,7 @@ MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted cal
               "mxu": (mxu_matmul, "in-kernel dots by shape and dtype"),
               "mxu_static": (mxu_static, "in-kernel bf16 dots, weights by a static index"),
               "ring_work": (ring_work, "the weight ring when a bank's use outlasts its copy"),
+              "ring_reader": (ring_reader, "the kernel's ring and reader on a MoE layer's static parts"),
               "vpu": (vpu_elementwise, "vector-unit elementwise passes"),
               "loop": (loop_trip, "an in-kernel loop trip; a copy's start and wait beside vector work"),
               "queue": (dma_queue, "a small copy's arrival behind ring banks in flight"),
