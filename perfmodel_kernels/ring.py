@@ -122,7 +122,7 @@ class PartReader:
         bp, d16 = x.shape[0], pad16(g.d_in)
         xb = jnp.pad(x, ((0, 0), (0, d16 - x.shape[1]))).astype(BF16) if d16 > x.shape[1] \
             else x.astype(BF16)
-        tail = jnp.zeros((bp, pad16(g.tail(t))), F32)
+        tail = jnp.zeros((bp, pad16(g.tail(t))), F32) if g.tail(t) else None   # no [bp, 0] array
         if g.tail(t):
             xt = jnp.pad(x, ((0, 0), (0, g.chunks(t) * t - x.shape[1])))
             for c in range(g.chunks(t)):
