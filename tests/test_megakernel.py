@@ -372,3 +372,21 @@ def test_tpu_script_runs_every_part_at_the_slots_it_is_given(monkeypatch):
     tuned = mod.kernel_cfg_for("k3-tp32-core", 1, False).expert_slots
     assert {c.expert_slots for c in mod.slice_work(a, ["speed"], "k3-tp32-core", 0, "mxfp4", [1], None,
                                                    sweep=False)["speed"]} == {tuned}
+
+
+def test_tpu_script_keeps_the_picks_of_the_steps_its_slope_spans(capsys):
+    """A speed run records the picks of the longer call's steps after its first (which the
+    one-step call also runs), as many as `--steps`; more steps than the loop keeps are refused
+    before the TPU is looked for."""
+    import importlib.util
+    from perfmodel_kernels.reference import PICKS_KEPT
+    root = __file__.rsplit("/tests/", 1)[0]
+    spec = importlib.util.spec_from_file_location("tpu_megakernel_script", f"{root}/experiments/tpu_megakernel.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    picks = np.zeros((PICKS_KEPT, 3), np.int32)
+    picks[:4] = [[9, 9, 9], [1, 2, 3], [4, 5, 6], [7, 8, 9]]   # steps 0-3 of a 1 + 3 step call
+    assert mod.slope_picks(picks, 3) == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--steps", str(PICKS_KEPT)])
+    assert e.value.code == 2 and f"--steps: {PICKS_KEPT}" in capsys.readouterr().err
