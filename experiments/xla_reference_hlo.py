@@ -8,7 +8,9 @@ runs use (context 2048), and its HLO after optimisations is written gzipped to
 experiments/results/tpu_<chip>/xla_<slice>_b<B>.hlo.txt.gz. The same libtpu as on the chip
 (0.0.42.1 with JAX 0.10.2 here: `make test-oldest`'s environment) gives the same instruction
 names, so a trace whose ops carry only their HLO text (`--only xla_trace --keep-xla-traces`) can
-be read per layer: `perfmodel.validate.traces.xla_layer_times`, in `validate_tpu.py`.
+be read per layer: `perfmodel.validate.traces.xla_layer_times`, in `validate_tpu.py`. The HLO
+must be of the traced program: the committed files are the loop's before it kept each step's
+picks, and a trace of the loop since then needs the HLO this script writes at its commit.
 """
 from __future__ import annotations
 
