@@ -294,11 +294,11 @@ def xla_speed(sl, cfg, steps, repeats, exe=None) -> dict:
     cache, tok, pos, p0 = start_state(sl, cfg)
     step_s, wall, first, res = slope(exe or reference.make_loop(), sl.weights, cache, tok, pos,
                                      steps, repeats)
+    picks = slope_picks(res[2], steps)
     return {"kind": "xla", "slice": sl.name, "format": sl.fmt, "batch": cfg.batch,
             "positions": [p0 + steps // 2] * cfg.batch, "cache_tokens": cfg.max_context,
-            "distinct_experts": slope_picks(res[2], steps)[-1],
-            "distinct_experts_steps": slope_picks(res[2], steps), "step_s": step_s, "wall_step_s": wall,
-            "first_call_s": first}
+            "distinct_experts": picks[-1], "distinct_experts_steps": picks, "step_s": step_s,
+            "wall_step_s": wall, "first_call_s": first}
 
 
 def slice_work(a, parts, name, k, fmt, batches, interpret, sweep) -> dict:

@@ -114,8 +114,8 @@ KIB, MIB = 1024, 1024 * 1024
 PLATFORMS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v6 lite": "tpu-v6e", "TPU v5": "tpu-v5p",
              "TPU v5p": "tpu-v5p", "TPU7x": "tpu-v7"}
 SECTIONS = ("dispatch", "dma", "ring_dot", "latency", "mxu", "mxu_static", "ring_work", "ring_reader", "vpu", "loop",
-            "queue",
-            "expert", "mla_core", "attn_parts", "embed", "xla", "xla_expert", "xla_cache", "xla_copy")  # in order
+            "queue", "expert", "mla_core", "attn_parts", "embed", "xla", "xla_expert", "xla_cache",
+            "xla_copy")  # run in this order
 
 
 @dataclass(frozen=True)

@@ -242,27 +242,34 @@ def run_decode(run: dict, spec, cfg) -> str | None:
     return ("e2m1" if current == "e2m1_words" else current) or None
 
 
-def predict_megakernel(run: dict, hw_name: str):
-    """(spec, hardware, device-time prediction at the last step's picks, its phases, the dispatch
-    taken out) of a megakernel run; `megakernel_step_s` gives the step over all its steps."""
+def kernel_step(run: dict, hw_name: str, picks: list[int]):
+    """(spec, config, its DMA plan at `picks`, the kernel's prediction with the host dispatch in,
+    the expert decode) of a megakernel run at those distinct experts per MoE layer."""
     from perfmodel_kernels import plan as kplan
     from perfmodel_kernels.layout import KernelConfig
     from perfmodel_kernels.specs import slice_spec
-    from perfmodel.graph.ops import build
-    from perfmodel.spec.hardware import load_hardware
-    from perfmodel.step.predict import plan_model
     spec = slice_spec(run["slice"], run["format"])
     try:
         cfg = KernelConfig(**run["config"])
     except TypeError as e:
         raise SpecError("config", sorted(run["config"]), f"not the fields of KernelConfig: {e}") from None
-    context = max(run["positions"])
     decode = run_decode(run, spec, cfg)
-    the_plan = kplan.dma_plan(spec, cfg, run["distinct_experts"], run["positions"])
-    p = kplan.predicted_step(spec, cfg, the_plan, context, hardware=hw_name, expert_decode=decode)
+    the_plan = kplan.dma_plan(spec, cfg, picks, run["positions"])
+    p = kplan.predicted_step(spec, cfg, the_plan, max(run["positions"]), hardware=hw_name, expert_decode=decode)
+    return spec, cfg, the_plan, p, decode
+
+
+def predict_megakernel(run: dict, hw_name: str):
+    """(spec, hardware, device-time prediction at the last step's picks, its phases, the dispatch
+    taken out) of a megakernel run; `megakernel_step_s` gives the step over all its steps."""
+    from perfmodel_kernels import plan as kplan
+    from perfmodel.graph.ops import build
+    from perfmodel.spec.hardware import load_hardware
+    from perfmodel.step.predict import plan_model
+    spec, cfg, the_plan, p, decode = kernel_step(run, hw_name, run["distinct_experts"])
     hw = load_hardware(hw_name)
     t0 = dispatch_s(hw, p.deployment)
-    g = build(plan_model(spec, kplan.as_kernel_plan(spec, spec, cfg, the_plan, context,
+    g = build(plan_model(spec, kplan.as_kernel_plan(spec, spec, cfg, the_plan, max(run["positions"]),
                                                     expert_decode=decode)), p.deployment)
     require(len(g) == len(p.timeline.end_s), "plan", label(run), "the op graph is not the prediction's")
     phases = phase_times(g, p.timeline, len(spec.layers))
@@ -271,24 +278,11 @@ def predict_megakernel(run: dict, hw_name: str):
     return spec, hw, dataclasses.replace(p, step_s=p.step_s - t0, layers=layers), phases, t0
 
 
-def megakernel_step_s(run: dict, hw_name: str, last_step_s: float) -> float:
+def megakernel_step_s(run: dict, hw_name: str, last_step_s: float, t0: float) -> float:
     """The device time a megakernel run's time per step is predicted at: the mean over its steps'
-    picks (`mean_over_steps`), else `last_step_s` (the prediction at its last step's picks)."""
-    from perfmodel_kernels import plan as kplan
-    from perfmodel_kernels.layout import KernelConfig
-    from perfmodel_kernels.specs import slice_spec
-    from perfmodel.spec.hardware import load_hardware
-    spec, cfg = slice_spec(run["slice"], run["format"]), KernelConfig(**run["config"])
-    context, decode = max(run["positions"]), run_decode(run, spec, cfg)
-    t0 = None
-
-    def step_s(picks):
-        nonlocal t0
-        p = kplan.predicted_step(spec, cfg, kplan.dma_plan(spec, cfg, picks, run["positions"]), context,
-                                 hardware=hw_name, expert_decode=decode)
-        t0 = dispatch_s(load_hardware(hw_name), p.deployment) if t0 is None else t0
-        return p.step_s - t0
-    mean = mean_over_steps(run, step_s)
+    picks (`mean_over_steps`, the dispatch t0 taken out), else `last_step_s` (the prediction at
+    its last step's picks)."""
+    mean = mean_over_steps(run, lambda picks: kernel_step(run, hw_name, picks)[3].step_s - t0)
     return last_step_s if mean is None else mean
 
 
@@ -376,7 +370,7 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
     summary = trace_summary(run, n, source)
     c = against(summary, spec, hw, p, "megakernel")
     c = dataclasses.replace(c, model=f"{spec.name} {run['format']}",
-                            predicted_step_s=megakernel_step_s(run, hw_name, p.step_s))
+                            predicted_step_s=megakernel_step_s(run, hw_name, p.step_s, t0))
     picks, traced_step_s = traced_picks(run), p.step_s
     if picks is not None and picks != run["distinct_experts"]:   # the trace predicted with its own steps' picks
         _, _, pt, phases, _ = predict_megakernel(dict(run, distinct_experts=picks), hw_name)
