@@ -208,6 +208,29 @@ def test_after_a_signal_a_finalizers_error_stays_off_stderr(capsys):
         interrupts.restore(old)
 
 
+def test_an_error_raised_after_a_signal_is_that_signal(monkeypatch, capsys):
+    """Ctrl-C inside an extension's import comes out as an ImportError (numpy: "PyCapsule_Import
+    could not import module"): once a signal has arrived, the command ends as that signal; an
+    error with no signal before it stays an internal error."""
+    import perfmodel.cli.predict
+    from perfmodel.cli.main import main
+    from perfmodel.util import interrupts
+
+    def interrupted_import(_args):
+        with interrupts.deferred(check=False):
+            os.kill(os.getpid(), signal.SIGINT)
+        raise ImportError('PyCapsule_Import could not import module "datetime"')
+
+    def broken(_args):
+        raise ImportError("broken")
+    for func, code, line in ((interrupted_import, 130, "perfmodel list: interrupted"),
+                             (broken, 1, "perfmodel list: internal error: ImportError: broken (please report it; "
+                                         "--debug shows the traceback)")):
+        monkeypatch.setattr(perfmodel.cli.predict, "configure_list", lambda p, f=func: p.set_defaults(func=f))
+        assert main(["list"]) == code
+        assert capsys.readouterr().err.strip() == line
+
+
 COMPILED_LOOP = """
 from perfmodel.search.batch import evaluate
 from perfmodel.spec.hardware import load_hardware

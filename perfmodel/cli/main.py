@@ -176,12 +176,17 @@ def _run(argv: list[str], debug: bool) -> int:
     except BrokenPipeError:  # output piped into head and the like: not an error
         _silence_stdout()
     except KeyboardInterrupt:
-        return _fail(f"{command}: interrupted", 128 + signal.SIGINT)
+        return _signalled(command, signal.SIGINT)
     except Terminated as e:
-        return _fail(f"{command}: {'terminated' if e.signum == signal.SIGTERM else 'hung up'}", 128 + e.signum)
+        return _signalled(command, e.signum)
     except Exception as e:
         return _internal(command, e, debug)
     return 0
+
+
+def _signalled(command: str, signum: int) -> int:
+    words = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
+    return _fail(f"{command}: {words[signum]}", 128 + signum)
 
 
 # optional dependency (top-level module) -> the extra that installs it
@@ -197,6 +202,11 @@ def _fail(message: str, code: int) -> int:
 
 
 def _internal(command: str, e: BaseException, debug: bool) -> int:
+    """One line for an internal error, or the signal's line where one had arrived: an interrupt
+    that lands in an extension's import comes out as another error (numpy's ImportError)."""
+    signum = interrupts.arrived()
+    if signum is not None:
+        return _signalled(command, signum)
     if debug:
         import traceback   # imported here: only a crash under --debug prints one
         traceback.print_exception(e)

@@ -14,6 +14,9 @@ Three places where Python would lose or mangle that exception are closed:
   (perfmodel.util.limits.spend) and before an output is committed, raises it again; main's
   unraisable hook keeps such a swallowed interrupt, and once a signal has arrived any
   finalizer's error, off stderr;
+- inside an extension's import (numpy's C modules): an interrupt there comes out as an
+  ImportError; main treats any error raised once a signal has arrived (`arrived`) as that
+  signal;
 - after an output is committed (perfmodel.util.files): the command's work is done and whole, so
   a signal from then on is recorded and not raised (`finished`): the command ends as it would
   have, and nothing it wrote is left half-done or removed.
@@ -103,6 +106,11 @@ def deferred(check: bool = True):
         _state["deferred"] -= 1
     if check:
         checkpoint()
+
+
+def arrived() -> int | None:
+    """The signal that arrived while the command could still be ended by it, else None."""
+    return None if _state["finished"] else _state["pending"]
 
 
 def finished() -> None:
