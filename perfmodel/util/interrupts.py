@@ -4,7 +4,7 @@
 KeyboardInterrupt (SIGINT) or `Terminated` (SIGTERM, SIGHUP), so the command unwinds: every open
 output is discarded, worker processes are ended, and main prints one line.
 
-Three places where Python would lose or mangle that exception are closed:
+Four places where Python would lose or mangle that exception are closed:
 - inside compiled code (the simulator's numba loops): a handler that raises while the compiled
   function's dispatcher is between calls into Python leaves "a result with an exception set"
   (SystemError). `deferred` wraps those calls: a signal that arrives inside is recorded and
