@@ -97,7 +97,7 @@ def header(jax, chip_name: str) -> dict:
     return {"machine": dev.device_kind, "chip": chip_name, "jax": jax.__version__,
             "libtpu": libtpu, "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "commit": source_commit(),
+            "commit": source_commit(), "kernel_source": kernel_source(),
             "command": "python experiments/tpu_megakernel.py " + " ".join(sys.argv[1:])}
 
 
@@ -113,6 +113,19 @@ def source_commit() -> str | None:
                               capture_output=True, text=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
+
+
+def kernel_source(files: dict[str, bytes] | None = None) -> str:
+    """A hash of the kernel's code (perfmodel_kernels/*.py, or `files`: name -> bytes): runs with
+    the same hash ran the same kernel, whatever commit they came from. A what-if compares only
+    such runs (validate_tpu.whatif)."""
+    import hashlib
+    if files is None:
+        files = {p.name: p.read_bytes() for p in (ROOT / "perfmodel_kernels").glob("*.py")}
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + files[name] + b"\0")
+    return h.hexdigest()[:12]
 
 
 def stream_bandwidth(chip: str) -> float | None:

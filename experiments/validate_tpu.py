@@ -385,7 +385,7 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
     decode = run_decode(run, spec, KernelConfig(**run["config"]))
     return {"run": label(run), "kind": "megakernel", "slice": run["slice"], "format": run["format"],
             "batch": run["batch"], "sweep": bool(run.get("sweep")), "trace_only": bool(run.get("trace_only")),
-            "config": run["config"],
+            "config": run["config"], "kernel_source": run.get("kernel_source"),
             "expert_decode": decode,
             "traced": traced, "comparison": c,
             "phases": sorted(phase_rows, key=lambda r: _scope_order(r["scope"], n)),
@@ -430,17 +430,18 @@ def speedups(mk: list[dict], xla: list[dict]) -> list[dict]:
 
 
 def whatif(mk: list[dict]) -> list[dict]:
-    """The sweeps on the chip against the model: per slice, format, batch, expert decode and knob
-    (ring depth, expert slots, bank rows), each family of runs (sweep points and speed runs
-    alike) that vary that knob alone, the other knobs held (`others`), with a sweep point among
-    them; each point's predicted and measured step (the median of its runs: of those that kept
+    """The sweeps on the chip against the model: per slice, format, batch, expert decode, kernel
+    source and knob (ring depth, expert slots, bank rows), each family of runs (sweep points and
+    speed runs alike) that vary that knob alone, the other knobs and the kernel's code held
+    (`others`, `kernel_source`: runs of other code differ by more than the knob), with a sweep
+    point among them; each point's predicted and measured step (the median of its runs: of those that kept
     each step's expert picks where every point has one, the others predicted at one step's picks
     only); the optimum of each; the gain from the knob's smallest value to the optimum, predicted
     against measured.
     `chip_spread` is the median spread of a point's runs (separate calls, often separate VMs) over
     every point run more than once: a predicted optimum measured within it of the measured one is
     a tie the chip does not resolve (`best_found`), and a measured gain under it is not judged."""
-    point = lambda m: (m["slice"], m["format"], m["batch"], m["expert_decode"])
+    point = lambda m: (m["slice"], m["format"], m["batch"], m["expert_decode"], m["kernel_source"])
     runs = [m for m in mk if not m["trace_only"]]
     out, repeats = [], {}
     for knob in KNOBS:
@@ -465,7 +466,8 @@ def whatif(mk: list[dict]) -> list[dict]:
             best_p, best_m = min(xs, key=pred.get), min(xs, key=meas.get)
             gain_p, gain_m = pred[xs[0]] - pred[best_p], meas[xs[0]] - meas[best_m]
             out.append({"slice": key[0], "format": key[1], "batch": key[2], "expert_decode": key[3],
-                        "knob": knob, "others": dict(zip(others, key[4:])), "values": xs,
+                        "kernel_source": key[4], "knob": knob, "others": dict(zip(others, key[5:])),
+                        "values": xs,
                         "predicted_s": [pred[x] for x in xs], "measured_s": [meas[x] for x in xs],
                         "predicted_best": best_p, "measured_best": best_m,
                         "measured_at_predicted_best": meas[best_p] / meas[best_m] - 1,
