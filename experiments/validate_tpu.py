@@ -385,7 +385,7 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
     decode = run_decode(run, spec, KernelConfig(**run["config"]))
     return {"run": label(run), "kind": "megakernel", "slice": run["slice"], "format": run["format"],
             "batch": run["batch"], "sweep": bool(run.get("sweep")), "trace_only": bool(run.get("trace_only")),
-            "config": run["config"], "kernel_source": run.get("kernel_source"),
+            "config": run["config"], "commit": run.get("commit"), "kernel_source": run.get("kernel_source"),
             "expert_decode": decode,
             "traced": traced, "comparison": c,
             "phases": sorted(phase_rows, key=lambda r: _scope_order(r["scope"], n)),
@@ -466,8 +466,8 @@ def whatif(mk: list[dict]) -> list[dict]:
             best_p, best_m = min(xs, key=pred.get), min(xs, key=meas.get)
             gain_p, gain_m = pred[xs[0]] - pred[best_p], meas[xs[0]] - meas[best_m]
             out.append({"slice": key[0], "format": key[1], "batch": key[2], "expert_decode": key[3],
-                        "kernel_source": key[4], "knob": knob, "others": dict(zip(others, key[5:])),
-                        "values": xs,
+                        "kernel_source": key[4], "commits": sorted({m["commit"] for x in xs for m in pts[x]} - {None}),
+                        "knob": knob, "others": dict(zip(others, key[5:])), "values": xs,
                         "predicted_s": [pred[x] for x in xs], "measured_s": [meas[x] for x in xs],
                         "predicted_best": best_p, "measured_best": best_m,
                         "measured_at_predicted_best": meas[best_p] / meas[best_m] - 1,
@@ -496,10 +496,12 @@ def gain_words(w: dict) -> str:
 
 
 def sweep_name(w: dict) -> str:
-    """A sweep in words: "depth at batch 1 (k3-tp32-core mxfp4 words; expert_slots 2, bank_rows 32768)"."""
+    """A sweep in words: "depth at batch 1 (k3-tp32-core mxfp4 words; expert_slots 2, bank_rows
+    32768; run at 66d6b7f)", the commits its runs ran at naming the kernel's code."""
     words = " words" if w["expert_decode"] == "e2m1_words" else ""
     held = ", ".join(f"{k} {v}" for k, v in w["others"].items())
-    return f"{w['knob']} at batch {w['batch']} ({w['slice']} {w['format']}{words}; {held})"
+    at = f"; run at {', '.join(w['commits'])}" if w["commits"] else ""
+    return f"{w['knob']} at batch {w['batch']} ({w['slice']} {w['format']}{words}; {held}{at})"
 
 
 def summarise(mk: list[dict], xla: list[dict], failed: list[dict], sweeps: list[dict] = ()) -> dict:

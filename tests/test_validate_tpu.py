@@ -172,6 +172,23 @@ def test_the_depth_sweep_is_judged_on_its_optimum_and_gain(vt, predicted, tmp_pa
         f"predicted {best}" in out.out
 
 
+def test_a_sweep_holds_the_kernels_code(vt, predicted, tmp_path, capsys):
+    """Points run by other kernel code (another `kernel_source`) are not one sweep: each code's
+    runs make their own family, named by the commits they ran at."""
+    doc = results(predicted)
+    mk = doc["runs"][0]
+    for depth, source, commit in ((1, "aaaa", "c1"), (8, "aaaa", "c1"), (1, "bbbb", "c2"), (8, "bbbb", "c2")):
+        cfg = dict(mk["config"], depth=depth)
+        p = vt.predict_megakernel(dict(mk, config=cfg), "tpu-v5e")[2]
+        doc["runs"].append(dict(mk, config=cfg, sweep=True, trace=None, step_s=p.step_s, kernel_source=source,
+                                commit=commit))
+    rc, out = run(vt, tmp_path, doc, capsys)
+    ws = json.loads((tmp_path / "tpu_validation.json").read_text())["whatif"]
+    assert sorted((w["kernel_source"], w["values"], w["commits"]) for w in ws) == [
+        ("aaaa", [1, 8], ["c1"]), ("bbbb", [1, 8], ["c2"])]
+    assert "run at c1)" in out.out and "run at c2)" in out.out
+
+
 def test_a_sweep_point_run_twice_is_judged_on_its_median_and_shows_its_range(vt, predicted, tmp_path, capsys):
     """A sweep point measured in two calls: its median is what the optimum and the gain use, and
     the comparison reports its runs, their range and the largest spread of a point's runs."""
