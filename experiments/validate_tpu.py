@@ -70,7 +70,7 @@ _RUN = {"kind": Req((STR,)), "slice": Req((STR,)), "format": Req((STR,)), "batch
 MEGAKERNEL_RUN = {**_RUN, "config": Req({"*": None}), "positions": Req(ListOf(Num(0, integer=True), 1)),
                   "distinct_experts": Req(ListOf(Num(0, integer=True))), "step_s": Req(_SECONDS),
                   "wall_step_s": _SECONDS, "trace": None, "plan_bytes": Num(0),
-                  "distinct_experts_steps": _PICKS}
+                  "distinct_experts_steps": _PICKS, "commit": (STR, None), "kernel_source": (STR, None)}
 XLA_RUN = {**_RUN, "step_s": Req(_SECONDS), "wall_step_s": _SECONDS, "positions": ListOf(Num(0, integer=True), 1),
            "cache_tokens": (COUNT,), "distinct_experts": ListOf(Num(0, integer=True)),
            "distinct_experts_steps": _PICKS}
@@ -438,8 +438,8 @@ def whatif(mk: list[dict]) -> list[dict]:
     each step's expert picks where every point has one, the others predicted at one step's picks
     only); the optimum of each; the gain from the knob's smallest value to the optimum, predicted
     against measured.
-    `chip_spread` is the median spread of a point's runs (separate calls, often separate VMs) over
-    every point run more than once: a predicted optimum measured within it of the measured one is
+    `chip_spread` is the median spread of a point's runs of one kernel code (separate calls,
+    often separate VMs) over every point run more than once: a predicted optimum measured within it of the measured one is
     a tie the chip does not resolve (`best_found`), and a measured gain under it is not judged."""
     point = lambda m: (m["slice"], m["format"], m["batch"], m["expert_decode"], m["kernel_source"])
     runs = [m for m in mk if not m["trace_only"]]
@@ -497,7 +497,7 @@ def gain_words(w: dict) -> str:
 
 def sweep_name(w: dict) -> str:
     """A sweep in words: "depth at batch 1 (k3-tp32-core mxfp4 words; expert_slots 2, bank_rows
-    32768; run at 66d6b7f)", the commits its runs ran at naming the kernel's code."""
+    32768; run at 6578c2f, a2402e8)", the commits its runs ran at naming the kernel's code."""
     words = " words" if w["expert_decode"] == "e2m1_words" else ""
     held = ", ".join(f"{k} {v}" for k, v in w["others"].items())
     at = f"; run at {', '.join(w['commits'])}" if w["commits"] else ""

@@ -431,7 +431,7 @@ def measured_sweep() -> None:
 
 def sweep_label(w: dict) -> str:
     """A sweep family in a legend: "k3-tp32-core, batch 1, 2 slots, 32768-row banks, word decode,
-    at 66d6b7f" (the commits its runs ran at: one kernel's code)."""
+    at 6578c2f/a2402e8" (the commits its runs ran at: one kernel's code)."""
     held = {"depth": f"depth {w['others'].get('depth')}", "expert_slots": f"{w['others'].get('expert_slots')} slots",
             "bank_rows": f"{w['others'].get('bank_rows')}-row banks"}
     parts = [w["slice"], f"batch {w['batch']}", *(held[k] for k in w["others"])]
