@@ -434,13 +434,14 @@ def whatif(mk: list[dict]) -> list[dict]:
     source and knob (ring depth, expert slots, bank rows), each family of runs (sweep points and
     speed runs alike) that vary that knob alone, the other knobs and the kernel's code held
     (`others`, `kernel_source`: runs of other code differ by more than the knob), with a sweep
-    point among them; each point's predicted and measured step (the median of its runs: of those that kept
-    each step's expert picks where every point has one, the others predicted at one step's picks
-    only); the optimum of each; the gain from the knob's smallest value to the optimum, predicted
-    against measured.
+    point among them; each point's predicted and measured step (the median of its runs: of those
+    that kept each step's expert picks where every point has one, the others predicted at one
+    step's picks only); the optimum of each; the gain from the knob's smallest value to the
+    optimum, predicted against measured.
     `chip_spread` is the median spread of a point's runs of one kernel code (separate calls,
-    often separate VMs) over every point run more than once: a predicted optimum measured within it of the measured one is
-    a tie the chip does not resolve (`best_found`), and a measured gain under it is not judged."""
+    often separate VMs) over every point run more than once: a predicted optimum measured within
+    it of the measured one is a tie the chip does not resolve (`best_found`), and a measured gain
+    under it is not judged."""
     point = lambda m: (m["slice"], m["format"], m["batch"], m["expert_decode"], m["kernel_source"])
     runs = [m for m in mk if not m["trace_only"]]
     out, repeats = [], {}
