@@ -76,14 +76,16 @@ def say(*a):
 
 
 class Recorder:
-    """The results file, rewritten (atomically) after every run."""
+    """The results file, rewritten (atomically) after every run. Each run names the code it ran
+    (the header's commit and kernel_source), so runs merged from several calls keep it."""
 
     def __init__(self, path: Path, header: dict):
         self.path, self.res = path, dict(header, runs=[])
 
     def add(self, run: dict):
         from perfmodel.util.files import write_atomic
-        self.res["runs"].append(run)
+        self.res["runs"].append({"commit": self.res.get("commit"), "kernel_source": self.res.get("kernel_source"),
+                                 **run})
         write_atomic(self.path, json.dumps(self.res, indent=1) + "\n")
 
 

@@ -344,6 +344,27 @@ def test_tpu_script_smoke_on_cpu(tmp_path):
     assert "greedy tokens equal in" in rep.stdout.strip().splitlines()[-1]
 
 
+def test_tpu_script_stamps_each_run_with_the_code_it_ran(tmp_path):
+    """Every recorded run names its commit and the hash of the kernel's code (`kernel_source`:
+    perfmodel_kernels/*.py, in any order; any byte changes it), so runs merged from several calls
+    keep which kernel they ran (validate_tpu's sweeps compare only runs of one code)."""
+    import importlib.util
+    import json
+    root = __file__.rsplit("/tests/", 1)[0]
+    spec = importlib.util.spec_from_file_location("tpu_megakernel_script", f"{root}/experiments/tpu_megakernel.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    files = {"a.py": b"x = 1\n", "b.py": b"y = 2\n"}
+    assert mod.kernel_source(files) == mod.kernel_source(dict(reversed(files.items())))
+    assert mod.kernel_source(dict(files, **{"b.py": b"y = 3\n"})) != mod.kernel_source(files)
+    here = mod.kernel_source()
+    assert len(here) == 12 and here != mod.kernel_source(files)
+    rec = mod.Recorder(tmp_path / "r.json", {"commit": "abc1234", "kernel_source": here})
+    rec.add({"kind": "megakernel", "batch": 1})
+    run, = json.loads((tmp_path / "r.json").read_text())["runs"]
+    assert run == {"commit": "abc1234", "kernel_source": here, "kind": "megakernel", "batch": 1}
+
+
 def test_tpu_script_runs_every_part_at_the_slots_it_is_given(monkeypatch):
     """`--expert-slots` replaces the tuned slots in every part (the sweep still varies them from
     there), `--check-batches` picks the batches the tokens are checked at, and a config the kernel
