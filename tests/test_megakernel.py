@@ -328,6 +328,7 @@ def test_tpu_script_smoke_on_cpu(tmp_path):
                for r in res["runs"] if r["kind"] == "check")
     assert any(r.get("sweep") for r in res["runs"])
     assert all(r["plan_bytes"] > 0 for r in res["runs"] if r["kind"] == "megakernel")
+    assert len(res["kernel_source"]) == 12 and all(r["kernel_source"] == res["kernel_source"] for r in res["runs"])
     # a speed run keeps the picks of each step its slope spans (one in interpret mode), the last
     # its `distinct_experts`: the validation predicts their mean
     timed = [r for r in res["runs"] if r["kind"] in ("megakernel", "xla")]
