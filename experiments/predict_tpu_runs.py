@@ -4,8 +4,8 @@ device call measures them (docs/tpu.md, "Predicted before it ran"). No TPU neede
     python experiments/predict_tpu_runs.py --slices k3-tp32-core --formats int8 --batches 1,8
         [--depth N] [--expert-slots N] [--bank-rows N]
 
-Each run is the slice's tuned kernel config (`perfmodel_kernels.tuned`; the options override it)
-with the expert decode the current kernel runs for the format. What a run will pick is unknown
+Each run is the kernel config and expert decode `tpu_megakernel.py` would run for the slice
+(its tuned ring and slots; the options override them). What a run will pick is unknown
 until it runs: each prediction takes the expert picks and positions of the latest committed speed
 run of that slice and batch (any format; each of its steps' picks where it kept them) and names
 that run's commit. `experiments/validate_tpu.py` predicts the measured run at its own picks.
@@ -18,10 +18,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+import tpu_megakernel as tm  # noqa: E402
 import validate_tpu as vt  # noqa: E402
-
-PRESET = {"k3-tp32-core": "kimi-k3-tp32-core", "k3-tp8-core": "kimi-k3-tp8-core",
-          "k3-tp8-dense": "kimi-k3-tp8-dense"}
 
 
 def template(runs: list[dict], slice_: str, batch: int) -> dict:
@@ -34,17 +32,15 @@ def template(runs: list[dict], slice_: str, batch: int) -> dict:
 
 
 def planned(base: dict, fmt: str, overrides: dict) -> dict:
-    """The run `base` would be with format `fmt`, the slice's tuned config and the overrides."""
-    from perfmodel_kernels import layout
-    from perfmodel_kernels.layout import KernelConfig
+    """The run `base` would be with format `fmt` and the config tpu_megakernel.py runs (overrides
+    applied), on base's chip, at its batch, picks and positions."""
+    from perfmodel_kernels import plan
     from perfmodel_kernels.specs import slice_spec
-    from perfmodel_kernels.tuned import tuned
-    t = tuned(PRESET[base["slice"]], 1)
-    cfg = dict(base["config"], depth=t.depth, expert_slots=t.expert_slots, bank_rows=t.bank_rows)
-    cfg.update((k, v) for k, v in overrides.items() if v is not None)
     spec = slice_spec(base["slice"], fmt)
-    decode = layout.expert_layout(spec, KernelConfig(**cfg)).decode_kind if spec.moe else ""
-    return {**base, "format": fmt, "config": cfg, "expert_decode": decode or None}
+    over = {k: v for k, v in overrides.items() if v is not None}
+    cfg = tm.kernel_cfg(spec, base["batch"], False, chip=base["config"]["chip"], **over)
+    return {**base, "format": fmt, "config": tm.config_dict(cfg),
+            "expert_decode": plan.settings(spec, cfg).get("expert_decode")}
 
 
 def predict(run: dict, hw: str = "tpu-v5e") -> tuple[float, float]:
@@ -66,9 +62,10 @@ def main(argv=None) -> int:
     try:
         runs = json.loads(Path(a.results).read_text())["runs"]
         batches = [int(b) for b in a.batches.split(",")]
+        from perfmodel_kernels.specs import SLICES
         for s in a.slices.split(","):
-            if s not in PRESET:
-                raise vt.SpecError("slices", s, f"not one of {', '.join(PRESET)}")
+            if s not in SLICES:
+                raise vt.SpecError("slices", s, f"not one of {', '.join(SLICES)}")
             for fmt in a.formats.split(","):
                 for b in batches:
                     base = template(runs, s, b)
