@@ -244,8 +244,14 @@ def quantize_jax(w, name: str, t: int):
         s = jnp.where(amax > 0, amax / 448, 1).astype(jnp.float32)
         codes = (blocks / s[..., None, :]).astype(jnp.float8_e4m3fn)
     elif name in INT4:
-        s = jnp.where(amax > 0, amax / 7, 1).astype(fmt.scale_dtype)
-        codes = jnp.clip(jnp.rint(blocks / s.astype(jnp.float32)[..., None, :]), -8, 7)
+        s = jnp.where(amax > 0, amax / 7, 1)
+        if jnp.dtype(fmt.scale_dtype) == jnp.dtype(jnp.bfloat16):
+            # rounded to bf16 before the codes are taken from it: XLA may elide a plain cast
+            # (excess precision; on the TPU v5e the codes came from the unrounded scale, the
+            # products 2 % off the stored scale's: experiments/tpu_decode_probe.py)
+            s = lax.reduce_precision(s, exponent_bits=8, mantissa_bits=7)
+        codes = jnp.clip(jnp.rint(blocks / s[..., None, :]), -8, 7)
+        s = s.astype(fmt.scale_dtype)
         codes = codes.astype(jnp.int32) & 0xF
     else:
         if name == "mxfp4":

@@ -60,3 +60,16 @@ def test_kimi_k3_slice_tokens_equal_the_reference_on_the_chip():
                               cache_block=256, bank_rows=t.bank_rows)
     k, r, clear = greedy_both(spec, cfg, steps=2)
     assert (k == r)[clear].all()
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8", "mxfp4"])
+def test_k3_expert_columns_packed_on_the_chip_equal_their_dequantised_product(fmt):
+    """The kernel's expert column path at the TP32-core widths (6-28 row tiles a column), the
+    weights quantised and packed on the chip: on the v5e int4 was 2 % off when XLA there took
+    the codes from the unrounded group scale (experiments/tpu_decode_probe.py)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import tpu_decode_probe
+    recs = tpu_decode_probe.probe(fmt, "k3-tp32-core", interpret=False)
+    assert max(r["error"] for r in recs) < 1e-5

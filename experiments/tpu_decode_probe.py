@@ -1,0 +1,131 @@
+"""The megakernel's routed-expert column path (`megakernel.expert_columns`) alone on one packed
+expert at the K3 slices' widths, against numpy: x @ the dequantised weights, per format.
+
+Each format's error is printed as the largest |kernel - numpy| over the largest |numpy|, with
+the column blocks where it exceeds 1 %. On the TPU v5e (2026-12-07) it found why the K3 slices'
+int4 checks missed their bound (tokens differ, 0.06 of the logits' spread): int4 was 2 % off on
+every column block with the weights packed on the chip, exact with them packed on the CPU
+(`--pack-on-cpu`). The kernel was right: XLA on the chip had taken the codes from the f32 group
+scale where the code asked for its bf16 rounding (`quant.quantize_jax` now rounds with
+reduce_precision), so codes and stored scales disagreed. int8, mxfp4 and bf16 were exact either
+way (experiments/results/tpu_v5e/calls_2026-12-07_w.log).
+
+    python experiments/tpu_decode_probe.py [--out FILE.json]    # on a TPU (seconds)
+    python experiments/tpu_decode_probe.py --interpret           # interpret mode, on a CPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from perfmodel_kernels import layout, megakernel, quant  # noqa: E402
+from perfmodel_kernels.specs import SLICES, slice_spec  # noqa: E402
+
+VMEM = pl.BlockSpec(memory_space=pltpu.VMEM)
+T, BP = 128, 8   # the v5e's tile, the input rows
+FORMATS = ("int4", "int8", "mxfp4", "bf16")
+
+
+def matrices(slice_name: str) -> list[tuple[int, int]]:
+    """(d_in, d_out) of one routed expert's matrices on the slice, in the kernel's order."""
+    return [(mm.d_in, mm.d_out) for mm in layout.expert_matmuls(slice_spec(slice_name))]
+
+
+def columns_call(lay, m: int, turn: int, interpret: bool):
+    """A kernel that runs expert_columns on matrix m of one expert held in slot 0."""
+    (r, c) = lay.shapes[m]
+    separate = lay.rows[1] > 0
+
+    def kernel(*refs):
+        codes, *rest = refs
+        scales, x, out, dec, ys = rest if separate else [None, *rest]
+        ctx = SimpleNamespace(cfg=SimpleNamespace(tile=T), ys=ys, experts=SimpleNamespace(
+            lay=lay, slots=codes, scale_slots=scales, decoded=dec))
+        megakernel.expert_columns(ctx, m, x[...], 0, turn)
+        out[...] = ys[...]
+
+    scratch = [pltpu.VMEM((max(lay.decoded_rows(), 8), T), jnp.bfloat16),
+               pltpu.VMEM((c, BP, T), jnp.float32)]
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((c, BP, T), jnp.float32),
+        in_specs=[VMEM] * (3 if separate else 2), out_specs=VMEM, scratch_shapes=scratch,
+        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=100 * 2 ** 20),
+        interpret=pltpu.InterpretParams() if interpret else False)
+
+
+def probe(fmt: str, slice_name: str, interpret: bool, pack_on_cpu: bool = False,
+          seed: int = 0) -> list[dict]:
+    """Each matrix of one random expert at the slice's widths, packed and dequantised by
+    `quant` (on the default device, or the CPU), through expert_columns at turns 0 and 1."""
+    rng = np.random.default_rng(seed)
+    mats = matrices(slice_name)
+    lay = quant.expert_layout(fmt, T, mats, fp8=False)
+    ws = [rng.standard_normal((i, o)).astype(np.float32) * 0.02 for i, o in mats]
+    with jax.default_device(jax.devices("cpu")[0] if pack_on_cpu else None):
+        codes, scales, _ = quant.pack_experts(lay, [jnp.asarray(w)[None] for w in ws])
+        deqs = [w if fmt == "bf16" else quant.round_trip(w, fmt, T) for w in ws]
+    codes, scales = jax.device_put((codes, scales), jax.devices()[0])
+    out = []
+    for m, ((d_in, d_out), w) in enumerate(zip(mats, ws)):
+        r, c = lay.shapes[m]
+        x = (rng.standard_normal((BP, r * T)) * (np.arange(r * T) < d_in)).astype(np.float32)
+        xb = jnp.asarray(x, jnp.bfloat16)
+        w_bf16 = np.asarray(jnp.asarray(deqs[m], jnp.bfloat16), np.float32)
+        want = np.asarray(xb, np.float32)[:, :d_in] @ w_bf16
+        for turn in (0, 1):
+            args = (codes, scales, xb) if scales is not None else (codes, xb)
+            ys = np.asarray(columns_call(lay, m, turn, interpret)(*args))
+            got = np.concatenate(list(ys), axis=1)[:, :d_out]
+            err = np.abs(got - want)
+            col_err = np.pad(err, ((0, 0), (0, c * T - d_out))).reshape(BP, c, T).max(axis=(0, 2))
+            bad = [int(j) for j in np.nonzero(col_err > 1e-2 * np.abs(want).max())[0]]
+            rec = {"format": fmt, "slice": slice_name, "matrix": m, "tiles": [r, c],
+                   "column_group": lay.column_group(m), "chunk": lay.fmt.chunk, "turn": turn,
+                   "error": float(err.max() / np.abs(want).max()), "bad_columns": bad[:16],
+                   "n_bad_columns": len(bad)}
+            print(f"{fmt:6s} {slice_name} matrix {m} ({r} x {c} tiles, {lay.column_group(m)} "
+                  f"column(s) a pass, chunk {lay.fmt.chunk}) turn {turn}: error "
+                  f"{rec['error']:.2e}, {len(bad)} of {c} column blocks off"
+                  + (f": {bad[:16]}" if bad else ""), flush=True)
+            out.append(rec)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--interpret", action="store_true", help="Pallas interpret mode (a CPU)")
+    ap.add_argument("--formats", default=",".join(FORMATS), help=f"of {', '.join(FORMATS)}")
+    ap.add_argument("--slices", default="k3-tp32-core,k3-tp8-core",
+                    help=f"MoE slices of {', '.join(SLICES)}")
+    ap.add_argument("--pack-on-cpu", action="store_true",
+                    help="quantise, pack and dequantise on the CPU (the kernel runs on the TPU)")
+    ap.add_argument("--out", help="write the records here as JSON")
+    a = ap.parse_args(argv)
+    slices, fmts = a.slices.split(","), a.formats.split(",")
+    moe = [s for s in SLICES if "moe" in SLICES[s]]
+    for s in slices:
+        if s not in moe:
+            ap.error(f"--slices: {s!r} is not a MoE slice; known: {', '.join(moe)}")
+    for f in fmts:
+        if f not in FORMATS:
+            ap.error(f"--formats: unknown format {f!r}; known: {', '.join(FORMATS)}")
+    recs = [r for s in slices for f in fmts for r in probe(f, s, a.interpret, a.pack_on_cpu)]
+    if a.out:
+        Path(a.out).write_text(json.dumps({"device": jax.devices()[0].device_kind,
+                                           "jax": jax.__version__, "pack_on_cpu": a.pack_on_cpu,
+                                           "records": recs}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
