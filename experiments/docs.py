@@ -784,11 +784,14 @@ def fig_tpu_v5e_model() -> str:
 
 def fig_tpu_v5e_whatif() -> str:
     """The README's what-if on the chip: experiments/validate_tpu.py's ring depth and expert slot
-    sweeps of the current kernel (its expert decode: the latest speed run's), each family's best
-    value and the gain to it from the smallest value, predicted and measured."""
+    sweeps of the current kernel (its expert decode: that of the latest speed run of a swept
+    format), each family's best value and the gain to it from the smallest value, predicted and
+    measured."""
     import validate_tpu
     v = result("tpu_validation.json")
-    current = [r for r in v["runs"] if not r["sweep"] and not r.get("trace_only")][-1]["expert_decode"]
+    swept = {w["expert_decode"] for w in v["whatif"]}
+    current = [r["expert_decode"] for r in v["runs"] if not r["sweep"] and not r.get("trace_only")
+               and r.get("expert_decode") in swept][-1]
     us = lambda x: f"{x * 1e6:.0f}"  # noqa: E731
     rows = [[validate_tpu.sweep_name(w), ", ".join(map(str, w["values"])),
              f"{w['predicted_best']} / {w['measured_best']}{validate_tpu.best_words(w)}",
