@@ -49,6 +49,11 @@ mechanism) and the `mechanism` of its entries:
   block's recurrence (`reference.kda_block` with the projections' outputs given: gates, short
   conv, delta rule, norm, output gate; state in VMEM; fits `vpu_flops_per_s`) and the MLA layer's
   two absorption einsums with kv_b (bhn,rhn->bhr, bhr,rhv->bhv; and the latter as one dot a head);
+- expert_loop, `expert_kernel_columns` (not fitted): the kernel's own column path
+  (`megakernel.expert_columns`: its `fori_loop` over whole scale chunks, decode passes into
+  alternate halves of the decode buffer, one dot a column block) on each matrix of one routed
+  expert at the K3 TP32-core and TP8-core widths, per format, 8 rows: time per tile, beside
+  `expert_column` (whose chunks are a static loop);
 - embed, `embed_pick`: the megakernel's pick of each sequence's embedding row out of the bf16 tile it
   copied it in (`megakernel.pick_rows`) at the same slices, batches 1, 8 and 16 (fits `embed_pick_s`);
 - xla, `xla_ops` (entries `xla_op`, `xla_loop_trip`, `xla_dot`, `xla_attention`): a chain of small
@@ -114,7 +119,7 @@ KIB, MIB = 1024, 1024 * 1024
 PLATFORMS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v6 lite": "tpu-v6e", "TPU v5": "tpu-v5p",
              "TPU v5p": "tpu-v5p", "TPU7x": "tpu-v7"}
 SECTIONS = ("dispatch", "dma", "ring_dot", "latency", "mxu", "mxu_static", "ring_work", "ring_reader", "vpu", "loop",
-            "queue", "expert", "mla_core", "attn_parts", "embed", "xla", "xla_expert", "xla_cache",
+            "queue", "expert", "expert_loop", "mla_core", "attn_parts", "embed", "xla", "xla_expert", "xla_cache",
             "xla_copy")  # run in this order
 
 
@@ -136,6 +141,7 @@ class Sizes:
     ring_work_chunk: int     # ring_work: rows of a bank each step of its use reads
     ring_work_fmas: tuple    # ring_work: multiply-adds per element of a bank's use
     reader_slice: str        # ring_reader: the kernel slice whose MoE layer's static parts are streamed
+    expert_loop_slices: tuple  # expert_loop: the slices whose routed experts' matrices are run
     reader_rings: tuple      # ring_reader: (depth, bank rows) of the rings
     vpu_shapes: tuple        # (rows, lanes) of the f32 array
     vpu_ops: tuple
@@ -179,6 +185,7 @@ FULL = Sizes(
     mxu_int8_shapes=((256, 256), (1024, 1024), (2048, 2048)),
     mxu_int8_lhs=((8, 1024, 1024), (8, 2048, 2048), (256, 1024, 1024), (256, 2048, 2048)),
     mxu_static_rows=(8, 64), ring_work_chunk=512, ring_work_fmas=(1, 4), reader_slice="k3-tp32-core",
+    expert_loop_slices=("k3-tp32-core", "k3-tp8-core"),
     reader_rings=((8, 32768), (16, 16384), (32, 8192), (8, 16384), (8, 8192)),
     vpu_shapes=((8, 128), (8, 1024), (64, 1024), (256, 1024), (256, 4096)), vpu_ops=("mul", "exp"),
     issue_lag=16, issue_chain=64,
@@ -199,6 +206,7 @@ MINI = Sizes(  # the same code at tiny sizes: Pallas interpret mode on a CPU (--
     ring_source_bytes=64 * KIB, latency_rows=(16,),
     mxu_rows=(8,), mxu_shapes=((128, 128),), mxu_int8_shapes=((128, 128),), mxu_int8_lhs=((32, 128, 128),),
     mxu_static_rows=(8,), ring_work_chunk=16, ring_work_fmas=(1,), reader_slice="kimi-k3-mini",
+    expert_loop_slices=("kimi-k3-mini",),
     reader_rings=((2, 256), (4, 128)),
     vpu_shapes=((8, 128),), vpu_ops=("mul", "exp"), issue_lag=2, issue_chain=2,
     queue_big_rows=64, queue_ahead=(2,), queue_small=((16, 128),), queue_work_s=1e-6,
@@ -1168,6 +1176,68 @@ def expert_column(b: Bench):
                 b.case(what, one, what, name, r)
 
 
+def expert_loop_kernel(lay, m: int, separate: bool, n_ref, codes_ref, *refs):
+    """n trips of the megakernel's `expert_columns` on matrix m of the expert in slot 0, the trip's
+    parity its turn (the decode buffer's halves alternate as between the kernel's experts)."""
+    from types import SimpleNamespace
+    from perfmodel_kernels import megakernel
+    scales_ref, x_ref, o_ref, dec, ys = refs if separate else (None, *refs)
+    ctx = SimpleNamespace(cfg=SimpleNamespace(tile=lay.fmt.t), ys=ys, experts=SimpleNamespace(
+        lay=lay, slots=codes_ref, scale_slots=scales_ref, decoded=dec))
+
+    def trip(i, carry):
+        megakernel.expert_columns(ctx, m, x_ref[...], 0, i % 2)
+        return carry
+
+    lax.fori_loop(0, n_ref[0], trip, 0)
+    o_ref[...] = ys[0]
+
+
+def expert_loop(b: Bench):
+    """The kernel's own routed-expert column path, per format the MXU takes as bf16, on each matrix
+    of one expert of each slice in `expert_loop_slices` (random weights packed as the kernel's):
+    the slope over calls of the whole matrix, per tile."""
+    from perfmodel_kernels import chip as chip_mod, layout, quant
+    from perfmodel_kernels.specs import slice_spec
+    target = chip_mod.chip()
+    t, rows = target.mxu, 8
+
+    def one(what, name, sl, m, lay, codes, scales):
+        (r, c) = lay.shapes[m]
+        separate = scales is not None
+        x = jnp.full((rows, r * t), 0.5, BF16)
+        args = (codes, scales, x) if separate else (codes, x)
+        scratch = [pltpu.VMEM((max(lay.decoded_rows(), 8), t), BF16), pltpu.VMEM((c, rows, t), F32)]
+        call = pallas(lambda *refs: expert_loop_kernel(lay, m, separate, *refs),
+                      jax.ShapeDtypeStruct((rows, t), F32),
+                      [SMEM_SPEC] + [VMEM_SPEC] * len(args), VMEM_SPEC, scratch, b.sizes, b.interpret)
+        sl_ = b.kernel_slope(call, args)
+        per_tile = sl_.per_rep_s / (r * c)
+        b.add(what, "expert_kernel_columns",
+              {"format": name, "decode": lay.decode_kind, "slice": sl, "matrix": m, "row_tiles": r,
+               "column_blocks": c, "column_group": lay.column_group(m), "chunk": lay.fmt.chunk,
+               "tile": t, "rows": rows}, per_tile * 1e6, "us_per_tile",
+              f"one {t} x {t} tile of {name} in matrix {m} ({r} x {c} tiles) of a {sl} routed expert "
+              f"through the megakernel's own expert_columns ({lay.column_group(m)} column block(s) a "
+              f"decode pass, scale chunks of {lay.fmt.chunk} tiles), one dot a column block against "
+              f"{rows} input rows", sl_.notes("calls"),
+              not_modelled="measured beside expert-column-* (chunks a static loop), which price the "
+              "decode: on the TP8-core slice int4's routed experts ran 4-5 ns a tile over them")
+
+    rng = np.random.default_rng(0)
+    for sl in b.sizes.expert_loop_slices:
+        mats = [(mm.d_in, mm.d_out) for mm in layout.expert_matmuls(slice_spec(sl))]
+        ws = [jnp.asarray(rng.standard_normal((1, i, o)) * 0.02, F32) for i, o in mats]
+        for name in ("bf16", "int8", "int4", "mxfp4"):
+            lay = quant.expert_layout(name, t, mats, fp8=target.fp8)
+            if not (name == "bf16" or lay.decodes):
+                continue
+            codes, scales, _ = quant.pack_experts(lay, ws)
+            for m in range(len(mats)):
+                what = f"expert-loop-{name}-{sl}-m{m}"
+                b.case(what, one, what, name, sl, m, lay, codes, scales)
+
+
 def expert_paths(b: Bench):
     """Both routed-expert paths: tile by tile (fp8 feeds) and by column (bf16 feeds)."""
     expert_tile(b)
@@ -1616,6 +1686,7 @@ MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted cal
               "attn_parts": (attn_parts, "the megakernel's KDA core and MLA absorption einsums by width and batch"),
               "embed": (embed_parts, "the megakernel's pick of embedding rows out of their tiles"),
               "expert": (expert_paths, "the megakernel's routed-expert paths per format"),
+              "expert_loop": (expert_loop, "the megakernel's own expert column loop at the K3 widths"),
               "xla": (xla_ops, "XLA's op gap, dots by shape and decode attention"),
               "xla_expert": (xla_expert_loop, "the XLA reference's routed-expert loop by rows and shape"),
               "xla_cache": (xla_cache_update, "the XLA reference's MLA cache update by cache size"),
