@@ -1203,7 +1203,7 @@ def expert_loop(b: Bench):
     t, rows = target.mxu, 8
 
     def one(what, name, sl, m, lay, codes, scales):
-        (r, c) = lay.shapes[m]
+        r, c = lay.shapes[m]
         separate = scales is not None
         x = jnp.full((rows, r * t), 0.5, BF16)
         args = (codes, scales, x) if separate else (codes, x)
@@ -1211,8 +1211,8 @@ def expert_loop(b: Bench):
         call = pallas(lambda *refs: expert_loop_kernel(lay, m, separate, *refs),
                       jax.ShapeDtypeStruct((rows, t), F32),
                       [SMEM_SPEC] + [VMEM_SPEC] * len(args), VMEM_SPEC, scratch, b.sizes, b.interpret)
-        sl_ = b.kernel_slope(call, args)
-        per_tile = sl_.per_rep_s / (r * c)
+        slope = b.kernel_slope(call, args)
+        per_tile = slope.per_rep_s / (r * c)
         b.add(what, "expert_kernel_columns",
               {"format": name, "decode": lay.decode_kind, "slice": sl, "matrix": m, "row_tiles": r,
                "column_blocks": c, "column_group": lay.column_group(m), "chunk": lay.fmt.chunk,
@@ -1220,7 +1220,7 @@ def expert_loop(b: Bench):
               f"one {t} x {t} tile of {name} in matrix {m} ({r} x {c} tiles) of a {sl} routed expert "
               f"through the megakernel's own expert_columns ({lay.column_group(m)} column block(s) a "
               f"decode pass, scale chunks of {lay.fmt.chunk} tiles), one dot a column block against "
-              f"{rows} input rows", sl_.notes("calls"),
+              f"{rows} input rows", slope.notes("calls"),
               not_modelled="measured beside expert-column-* (chunks a static loop), which price the "
               "decode: on the TP8-core slice int4's routed experts ran 4-5 ns a tile over them")
 
