@@ -28,11 +28,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from perfmodel_kernels import layout, megakernel, quant  # noqa: E402
+from perfmodel_kernels import chip, layout, megakernel, quant  # noqa: E402
 from perfmodel_kernels.specs import SLICES, slice_spec  # noqa: E402
 
 VMEM = pl.BlockSpec(memory_space=pltpu.VMEM)
-T, BP = 128, 8   # the v5e's tile, the input rows
+V5E = chip.chip("v5e")   # the chip whose feed (bf16) and tile the probe lays the expert out for
+T, BP = V5E.mxu, 8       # the tile, the input rows
 FORMATS = ("int4", "int8", "mxfp4", "bf16")
 
 
@@ -43,7 +44,7 @@ def matrices(slice_name: str) -> list[tuple[int, int]]:
 
 def columns_call(lay, m: int, turn: int, interpret: bool):
     """A kernel that runs expert_columns on matrix m of one expert held in slot 0."""
-    (r, c) = lay.shapes[m]
+    c = lay.shapes[m][1]
     separate = lay.rows[1] > 0
 
     def kernel(*refs):
@@ -69,7 +70,7 @@ def probe(fmt: str, slice_name: str, interpret: bool, pack_on_cpu: bool = False,
     `quant` (on the default device, or the CPU), through expert_columns at turns 0 and 1."""
     rng = np.random.default_rng(seed)
     mats = matrices(slice_name)
-    lay = quant.expert_layout(fmt, T, mats, fp8=False)
+    lay = quant.expert_layout(fmt, T, mats, fp8=V5E.fp8)
     ws = [rng.standard_normal((i, o)).astype(np.float32) * 0.02 for i, o in mats]
     with jax.default_device(jax.devices("cpu")[0] if pack_on_cpu else None):
         codes, scales, _ = quant.pack_experts(lay, [jnp.asarray(w)[None] for w in ws])
