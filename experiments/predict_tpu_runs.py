@@ -44,10 +44,14 @@ def planned(base: dict, fmt: str, overrides: dict) -> dict:
 
 
 def predict(run: dict, hw: str = "tpu-v5e") -> tuple[float, float]:
-    """(megakernel, XLA) device time a step of `run`, s: the mean over its template's steps' picks."""
-    _, _, p, _, t0 = vt.predict_megakernel(run, hw)
+    """(megakernel, XLA) device time a step of `run`, s: the mean over its template's steps' picks
+    (the step alone: no op graph or phases, which validate_tpu builds for a measured run)."""
+    from perfmodel.spec.hardware import load_hardware
+    p = vt.kernel_step(run, hw, run["distinct_experts"])[3]
+    t0 = vt.dispatch_s(load_hardware(hw), p.deployment)
     xla = dict(run, kind="xla")
-    return vt.megakernel_step_s(run, hw, p.step_s, t0), vt.predict_xla(xla, vt.reference_context(xla), hw)[0]
+    return (vt.megakernel_step_s(run, hw, p.step_s - t0, t0),
+            vt.predict_xla(xla, vt.reference_context(xla), hw)[0])
 
 
 def main(argv=None) -> int:

@@ -19,7 +19,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -28,10 +27,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from perfmodel_kernels import chip, layout, megakernel, quant  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tpu_microbench  # noqa: E402
+from perfmodel_kernels import chip, layout, quant  # noqa: E402
 from perfmodel_kernels.specs import SLICES, slice_spec  # noqa: E402
 
-VMEM = pl.BlockSpec(memory_space=pltpu.VMEM)
 V5E = chip.chip("v5e")   # the chip whose feed (bf16) and tile the probe lays the expert out for
 T, BP = V5E.mxu, 8       # the tile, the input rows
 FORMATS = ("int4", "int8", "mxfp4", "bf16")
@@ -43,25 +43,20 @@ def matrices(slice_name: str) -> list[tuple[int, int]]:
 
 
 def columns_call(lay, m: int, turn: int, interpret: bool):
-    """A kernel that runs expert_columns on matrix m of one expert held in slot 0."""
+    """A kernel that runs expert_columns on matrix m of the expert in slot 0 until the given turn
+    (`tpu_microbench.expert_loop_kernel`, one trip a turn) and returns its column blocks."""
     c = lay.shapes[m][1]
     separate = lay.rows[1] > 0
-
-    def kernel(*refs):
-        codes, *rest = refs
-        scales, x, out, dec, ys = rest if separate else [None, *rest]
-        ctx = SimpleNamespace(cfg=SimpleNamespace(tile=T), ys=ys, experts=SimpleNamespace(
-            lay=lay, slots=codes, scale_slots=scales, decoded=dec))
-        megakernel.expert_columns(ctx, m, x[...], 0, turn)
-        out[...] = ys[...]
-
     scratch = [pltpu.VMEM((max(lay.decoded_rows(), 8), T), jnp.bfloat16),
                pltpu.VMEM((c, BP, T), jnp.float32)]
-    return pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((c, BP, T), jnp.float32),
-        in_specs=[VMEM] * (3 if separate else 2), out_specs=VMEM, scratch_shapes=scratch,
+    call = pl.pallas_call(
+        lambda *refs: tpu_microbench.expert_loop_kernel(lay, m, separate, *refs),
+        out_shape=jax.ShapeDtypeStruct((c, BP, T), jnp.float32),
+        in_specs=[tpu_microbench.SMEM_SPEC] + [tpu_microbench.VMEM_SPEC] * (3 if separate else 2),
+        out_specs=tpu_microbench.VMEM_SPEC, scratch_shapes=scratch,
         compiler_params=pltpu.CompilerParams(vmem_limit_bytes=100 * 2 ** 20),
         interpret=pltpu.InterpretParams() if interpret else False)
+    return lambda *args: call(jnp.full((1,), turn + 1, jnp.int32), *args)
 
 
 def probe(fmt: str, slice_name: str, interpret: bool, pack_on_cpu: bool = False,

@@ -1178,7 +1178,8 @@ def expert_column(b: Bench):
 
 def expert_loop_kernel(lay, m: int, separate: bool, n_ref, codes_ref, *refs):
     """n trips of the megakernel's `expert_columns` on matrix m of the expert in slot 0, the trip's
-    parity its turn (the decode buffer's halves alternate as between the kernel's experts)."""
+    parity its turn (the decode buffer's halves alternate as between the kernel's experts); the
+    last trip's column blocks out (also experiments/tpu_decode_probe.py's kernel)."""
     from types import SimpleNamespace
     from perfmodel_kernels import megakernel
     scales_ref, x_ref, o_ref, dec, ys = refs if separate else (None, *refs)
@@ -1190,7 +1191,7 @@ def expert_loop_kernel(lay, m: int, separate: bool, n_ref, codes_ref, *refs):
         return carry
 
     lax.fori_loop(0, n_ref[0], trip, 0)
-    o_ref[...] = ys[0]
+    o_ref[...] = ys[...]
 
 
 def expert_loop(b: Bench):
@@ -1209,7 +1210,7 @@ def expert_loop(b: Bench):
         args = (codes, scales, x) if separate else (codes, x)
         scratch = [pltpu.VMEM((max(lay.decoded_rows(), 8), t), BF16), pltpu.VMEM((c, rows, t), F32)]
         call = pallas(lambda *refs: expert_loop_kernel(lay, m, separate, *refs),
-                      jax.ShapeDtypeStruct((rows, t), F32),
+                      jax.ShapeDtypeStruct((c, rows, t), F32),
                       [SMEM_SPEC] + [VMEM_SPEC] * len(args), VMEM_SPEC, scratch, b.sizes, b.interpret)
         slope = b.kernel_slope(call, args)
         per_tile = slope.per_rep_s / (r * c)
