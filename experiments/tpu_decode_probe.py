@@ -97,6 +97,58 @@ def probe(fmt: str, slice_name: str, interpret: bool, pack_on_cpu: bool = False,
     return out
 
 
+def unpacked_int4(lay, codes, scales, m: int, d_in: int, d_out: int) -> np.ndarray:
+    """Matrix m of int4 experts as the kernel stores them (codes [E, rows, T] int8, two a byte;
+    bf16 scales [E, scale rows, T]) -> the weights [E, d_in, d_out] f32 they stand for (code x
+    its group's scale, as `quant.scaled_operand` forms them before the bf16 rounding)."""
+    f, (r, c), t = lay.fmt, lay.shapes[m], lay.fmt.t
+    e, g = codes.shape[0], f.scale_rows
+    rows = np.asarray(codes[:, lay.first_tile(m) * f.code_rows:(lay.first_tile(m) + r * c) * f.code_rows])
+    n = rows.astype(np.int32).reshape(e, c, r, t // 2, t)
+    vals = np.concatenate([(n << 28) >> 28, n >> 4], axis=3)       # [E, c, r, T, T]
+    first = lay.scale_first_row(m)
+    sc = np.asarray(jnp.asarray(scales[:, first:first + c * r * g], jnp.float32)).reshape(e, c, r, g, 1, t)
+    w = (vals.reshape(e, c, r, g, t // g, t) * sc).reshape(e, c, r * t, t)
+    return w.transpose(0, 2, 1, 3).reshape(e, r * t, c * t)[:, :d_in, :d_out]
+
+
+def slice_weights(slice_name: str, fmt: str = "int4") -> list[dict]:
+    """The whole slice's routed experts as the K3 check builds them on the default device (seed
+    0): packed for the kernel (`layout.pack_weights`) and unpacked here, against the reference's
+    dequantised experts (`quant.dequantized_experts`), per MoE layer and matrix: the largest
+    difference over the largest weight, and the experts whose difference exceeds 1 % of it."""
+    from perfmodel_kernels import reference, tuned
+    if fmt != "int4":
+        raise ValueError(f"--slice-weights: format {fmt!r} not unpacked here; int4 only")
+    spec = slice_spec(slice_name, fmt)
+    t = tuned.tuned(spec.name, 1)
+    cfg = layout.KernelConfig(batch=1, max_context=512, depth=t.depth, expert_slots=t.expert_slots,
+                              cache_block=256, bank_rows=t.bank_rows)
+    w = reference.init_weights(spec, 0)
+    packed = layout.pack_weights(w, cfg)
+    lay = layout.expert_layout(spec, cfg)
+    mms = layout.expert_matmuls(spec)
+    out, mo = [], 0
+    for li, (layer, lw) in enumerate(zip(spec.layers, w["layers"])):
+        if layer.ffn != "moe":
+            continue
+        for m, mm in enumerate(mms):
+            ref = np.asarray(jnp.asarray(quant.dequantized_experts(lw[mm.name], fmt, cfg.tile), jnp.float32))
+            got = unpacked_int4(lay, packed.experts[mo], packed.expert_scales[mo], m, mm.d_in, mm.d_out)
+            got = np.asarray(jnp.asarray(got, jnp.bfloat16), np.float32)
+            err = np.abs(got - ref).max(axis=(1, 2))
+            top = float(np.abs(ref).max())
+            bad = [int(e) for e in np.nonzero(err > 1e-2 * top)[0]]
+            rec = {"slice": slice_name, "format": fmt, "layer": li, "matrix": m, "name": mm.name,
+                   "error": float(err.max() / top), "bad_experts": bad[:16], "n_bad_experts": len(bad),
+                   "experts": int(err.shape[0])}
+            print(f"{slice_name} {fmt} layer {li} {mm.name}: error {rec['error']:.2e}, {len(bad)} of "
+                  f"{err.shape[0]} experts off" + (f": {bad[:16]}" if bad else ""), flush=True)
+            out.append(rec)
+        mo += 1
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--interpret", action="store_true", help="Pallas interpret mode (a CPU)")
@@ -105,6 +157,9 @@ def main(argv=None) -> int:
                     help=f"MoE slices of {', '.join(SLICES)}")
     ap.add_argument("--pack-on-cpu", action="store_true",
                     help="quantise, pack and dequantise on the CPU (the kernel runs on the TPU)")
+    ap.add_argument("--slice-weights", action="store_true",
+                    help="instead: each slice's whole int4 experts packed for the kernel against the "
+                         "reference's dequantised ones (no kernel runs)")
     ap.add_argument("--out", help="write the records here as JSON")
     a = ap.parse_args(argv)
     slices, fmts = a.slices.split(","), a.formats.split(",")
@@ -115,7 +170,10 @@ def main(argv=None) -> int:
     for f in fmts:
         if f not in FORMATS:
             ap.error(f"--formats: unknown format {f!r}; known: {', '.join(FORMATS)}")
-    recs = [r for s in slices for f in fmts for r in probe(f, s, a.interpret, a.pack_on_cpu)]
+    if a.slice_weights:
+        recs = [r for s in slices for r in slice_weights(s)]
+    else:
+        recs = [r for s in slices for f in fmts for r in probe(f, s, a.interpret, a.pack_on_cpu)]
     if a.out:
         Path(a.out).write_text(json.dumps({"device": jax.devices()[0].device_kind,
                                            "jax": jax.__version__, "pack_on_cpu": a.pack_on_cpu,
