@@ -219,7 +219,10 @@ def start_position(cfg) -> int:
 
 def check(sl, cfg, steps=4, exe=None) -> dict:
     """Greedy tokens of kernel and reference from the same start, `steps` steps (exe: the
-    kernel's step program compiled ahead, `warm_compile`)."""
+    kernel's step program compiled ahead, `warm_compile`); per step the logit error, whether the
+    tokens agree, and the reference's margins: top-2 logits over their spread, and the smallest
+    `reference.router_margin` of its MoE layers (near 0 the kernel, rounding otherwise, may
+    route a token to another expert, and the logits then differ by more than rounding)."""
     import functools
     import jax.numpy as jnp
     import numpy as np
@@ -229,17 +232,23 @@ def check(sl, cfg, steps=4, exe=None) -> dict:
     kc, tok, pos, _ = start_state(sl, cfg)
     weights = sl.packed_for(cfg)
     rc = {k: v.copy() for k, v in kc.items()}
-    rt, worst, same = tok, 0.0, True
+    rt, per_step = tok, []
     for _ in range(steps):
+        margins = np.asarray(reference.router_margins(sl.weights, rc, rt, pos))
         tok, klog, kc, _ = step(weights, kc, tok, pos)
         rt, rlog, rc = reference.decode_step(sl.weights, rc, rt, pos)
         spread = float(jnp.std(rlog)) or 1.0
-        worst = max(worst, float(jnp.max(jnp.abs(klog - rlog))) / spread)
-        same &= bool(np.array_equal(np.asarray(tok), np.asarray(rt)))
+        top2 = np.sort(np.asarray(rlog), axis=-1)[..., -2:]
+        per_step.append({"logit_error": float(jnp.max(jnp.abs(klog - rlog))) / spread,
+                         "tokens_equal": bool(np.array_equal(np.asarray(tok), np.asarray(rt))),
+                         "top2_margin": float(np.min(top2[..., 1] - top2[..., 0])) / spread,
+                         "router_margin": float(margins.min()) if margins.size else None})
         tok = rt   # both continue from the reference's tokens
         pos = pos + 1
+    worst = max(s["logit_error"] for s in per_step)
+    same = all(s["tokens_equal"] for s in per_step)
     return {"tokens_equal": same, "logit_error": worst, "logit_tolerance": LOGIT_TOL,
-            "ok": same and worst <= LOGIT_TOL}
+            "ok": same and worst <= LOGIT_TOL, "steps": per_step}
 
 
 def slope(fn, weights, cache, tok, pos, steps: int, repeats: int):
@@ -441,6 +450,10 @@ def run_check(res, sl, cfg, interpret, exe=None) -> None:
     res.add(dict(kind="check", slice=sl.name, format=sl.fmt, batch=cfg.batch, config=config_dict(cfg), **r))
     say(f"check {sl.name} {sl.fmt} batch {cfg.batch} slots {cfg.expert_slots}: tokens equal "
         f"{r['tokens_equal']}, logit error {r['logit_error']:.4f} of their spread (bound {LOGIT_TOL})")
+    for i, s in enumerate(r["steps"]):
+        router = "-" if s["router_margin"] is None else f"{s['router_margin']:.2e}"
+        say(f"  step {i}: logit error {s['logit_error']:.4f}, tokens equal {s['tokens_equal']}; the "
+            f"reference's top-2 logit margin {s['top2_margin']:.4f} of the spread, router margin {router}")
 
 
 def run_trace(res, sl, cfg, keep: str | None, interpret, loop=None) -> None:

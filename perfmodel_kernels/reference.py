@@ -247,6 +247,14 @@ def route(logits, bias, top_k):
     return w / jnp.sum(w, axis=-1, keepdims=True), ids
 
 
+def router_margin(logits, bias, top_k):
+    """The smallest gap over rows between the top_k-th and the next biased router score: below
+    about 2^-8 (bf16's step between 0.5 and 1, where sigmoid scores sit) a program that rounds
+    the hidden state differently may pick the other expert."""
+    top = jax.lax.top_k(jax.nn.sigmoid(logits) + bias.astype(jnp.float32), top_k + 1)[0]
+    return jnp.min(top[..., top_k - 1] - top[..., top_k])
+
+
 # ----- phases ---------------------------------------------------------------------------------
 
 def _scope(layer: Layer, phase: str) -> str:
@@ -402,9 +410,10 @@ def expert_loop(z, comb, uniq, n, gate_up, down):
     return jax.lax.fori_loop(0, n, apply, jnp.zeros(z.shape, jnp.float32))
 
 
-def ffn(spec, layer, lw, x, picked: list | None = None):
+def ffn(spec, layer, lw, x, picked: list | None = None, margins: list | None = None):
     """x + dense FFN or latent MoE of rms_norm(x); a MoE layer appends to `picked` (when given)
-    the count of distinct experts its rows picked (traced int32)."""
+    the count of distinct experts its rows picked (traced int32), to `margins` its
+    `router_margin`."""
     phase = "ffn" if layer.ffn == "dense" else "moe"
     with jax.named_scope(_scope(layer, phase)):
         h = rms_norm(x, lw["ffn_norm"])
@@ -412,7 +421,10 @@ def ffn(spec, layer, lw, x, picked: list | None = None):
             return x + mm(swiglu(mm(h, lw["gate_up"])), lw["down"])
         m = spec.moe
         with jax.named_scope("router"):
-            comb, ids = route(mm(h, lw["router"]), lw["router_bias"], m.top_k)
+            logits = mm(h, lw["router"])
+            comb, ids = route(logits, lw["router_bias"], m.top_k)
+            if margins is not None:
+                margins.append(router_margin(logits, lw["router_bias"], m.top_k))
         with jax.named_scope("experts"):
             z = mm(h, lw["latent_down"]) if m.latent_dim else h
             # Loop over the batch's distinct experts (ascending ids, as the megakernel), reading
@@ -476,13 +488,14 @@ def verify_outputs(nxt, logits, batch, rows, block: bool):
     return (nxt, logits) if block else (nxt[:, 0], logits[:, 0])
 
 
-def _forward(weights, cache, tokens, positions, accepted, rows, mla_form):
-    """(next tokens, logits, new cache, distinct experts picked per MoE layer [n_moe] int32)."""
+def _forward(weights, cache, tokens, positions, accepted, rows, mla_form, margins=None):
+    """(next tokens, logits, new cache, distinct experts picked per MoE layer [n_moe] int32);
+    each MoE layer's `router_margin` appended to `margins` when given."""
     spec, picked = weights.spec, []
     x = embed(weights, tokens)
     for layer, lw in zip(spec.layers, weights["layers"]):
         x, cache = attention(spec, layer, lw, cache, x, positions, accepted, rows, mla_form)
-        x = ffn(spec, layer, lw, x, picked)
+        x = ffn(spec, layer, lw, x, picked, margins)
     nxt, logits = head(weights, x)
     return nxt, logits, cache, jnp.array(picked, jnp.int32).reshape(len(picked))
 
@@ -490,6 +503,15 @@ def _forward(weights, cache, tokens, positions, accepted, rows, mla_form):
 @functools.partial(jax.jit, static_argnames=("rows", "mla_form"), donate_argnames=("cache",))
 def _decode_step_jit(weights, cache, tokens, positions, accepted, *, rows, mla_form):
     return _forward(weights, cache, tokens, positions, accepted, rows, mla_form)[:3]
+
+
+@jax.jit
+def router_margins(weights, cache, tokens, positions):
+    """Each MoE layer's `router_margin` [n_moe] f32 in the decode step `decode_step` would run
+    on these arguments (the cache is not donated; a dense model gives an empty array)."""
+    margins = []
+    _forward(weights, cache, tokens, positions, jnp.ones_like(positions), 1, "absorbed", margins)
+    return jnp.stack(margins) if margins else jnp.zeros((0,), jnp.float32)
 
 
 PICKS_KEPT = 64   # the steps of a decode loop (`make_loop`) whose distinct experts it returns
