@@ -13,8 +13,10 @@ at a time, so a 10-minute call holds about 15 programs: the default set (about 4
 (`--only`):
 - check: greedy tokens of the megakernel and of the pure-JAX reference (`reference.decode_step`,
   one XLA program) on the same chip and weights, for MINI and the Kimi K3 slices in their first
-  two expert formats (or `--formats`; the reference uses the dequantised experts); tokens must be
-  equal, logits within the bound stated in `LOGIT_TOL`; at `--check-batches` (default 4);
+  two expert formats (or `--formats`; the reference uses the dequantised experts), step by step:
+  tokens must be equal where the reference's top-2 logits are clear (`TOKEN_MARGIN`), logits
+  within `LOGIT_TOL` on the steps whose routing is decided (`ROUTER_MARGIN`); at
+  `--check-batches` (default 4);
 - speed: per slice, expert format and batch: the kernel's time per step as the slope of a
   call's wall time over the steps it runs (`megakernel.make_loop`: 1 and 1 + `--steps` steps in
   one program, median of `--repeats` calls each), so the ~0.5 ms host dispatch of a call cancels;
@@ -65,6 +67,13 @@ CONTEXT, POSITION = 2048, 1024    # MLA cache capacity; cached tokens per sequen
 # where each rounds activations to bf16 (the kernel's stream: inputs of every dot); relative to
 # the logits' spread: 2^-8 (bf16's half ulp) times a few roundings in series per layer
 LOGIT_TOL = 0.05
+# a step's tokens are compared where the reference's top-2 logits are further apart than both
+# may move (each by LOGIT_TOL); its logits are bounded where each MoE layer's router decides:
+# the reference's k-th and next biased expert scores at least a quarter of bf16's step between
+# 0.5 and 1 apart (2^-10), more than different bf16 roundings of the router's input move them.
+# Closer, the kernel may route a token elsewhere: on the v5e a TP32-core int4 step at a router
+# margin of 2.8e-4 differed by 0.43 of the spread, its neighbours at 1.6e-3 and more by 0.02
+TOKEN_MARGIN, ROUTER_MARGIN = 2 * LOGIT_TOL, 2.0 ** -10
 
 
 T0 = time.perf_counter()
@@ -245,10 +254,22 @@ def check(sl, cfg, steps=4, exe=None) -> dict:
                          "router_margin": float(margins.min()) if margins.size else None})
         tok = rt   # both continue from the reference's tokens
         pos = pos + 1
-    worst = max(s["logit_error"] for s in per_step)
-    same = all(s["tokens_equal"] for s in per_step)
-    return {"tokens_equal": same, "logit_error": worst, "logit_tolerance": LOGIT_TOL,
-            "ok": same and worst <= LOGIT_TOL, "steps": per_step}
+    return verdict(per_step)
+
+
+def verdict(per_step: list[dict]) -> dict:
+    """A check's record from its steps: tokens equal and the largest logit error over all steps;
+    `ok` when tokens agree wherever the reference's top-2 margin exceeds TOKEN_MARGIN and the
+    logits are within LOGIT_TOL on every step whose routing is decided (router margin at least
+    ROUTER_MARGIN; a dense model's always), at least one such step."""
+    decided = [s for s in per_step if s["router_margin"] is None or s["router_margin"] >= ROUTER_MARGIN]
+    clear = [s for s in per_step if s["top2_margin"] > TOKEN_MARGIN]
+    worst_decided = max((s["logit_error"] for s in decided), default=None)
+    return {"tokens_equal": all(s["tokens_equal"] for s in per_step),
+            "logit_error": max(s["logit_error"] for s in per_step), "logit_tolerance": LOGIT_TOL,
+            "logit_error_decided": worst_decided, "decided_steps": len(decided),
+            "ok": bool(decided) and worst_decided <= LOGIT_TOL and all(s["tokens_equal"] for s in clear),
+            "steps": per_step}
 
 
 def slope(fn, weights, cache, tok, pos, steps: int, repeats: int):
@@ -448,8 +469,11 @@ def warm_compile(sl, work, budget_left) -> tuple[dict, dict]:
 def run_check(res, sl, cfg, interpret, exe=None) -> None:
     r = check(sl, cfg, steps=2 if interpret else 4, exe=exe)
     res.add(dict(kind="check", slice=sl.name, format=sl.fmt, batch=cfg.batch, config=config_dict(cfg), **r))
+    decided = "-" if r["logit_error_decided"] is None else f"{r['logit_error_decided']:.4f}"
     say(f"check {sl.name} {sl.fmt} batch {cfg.batch} slots {cfg.expert_slots}: tokens equal "
-        f"{r['tokens_equal']}, logit error {r['logit_error']:.4f} of their spread (bound {LOGIT_TOL})")
+        f"{r['tokens_equal']}, logit error {r['logit_error']:.4f} of their spread, {decided} on the "
+        f"{r['decided_steps']} of {len(r['steps'])} steps whose routing is decided (bound {LOGIT_TOL}): "
+        f"{'ok' if r['ok'] else 'FAILED'}")
     for i, s in enumerate(r["steps"]):
         router = "-" if s["router_margin"] is None else f"{s['router_margin']:.2e}"
         say(f"  step {i}: logit error {s['logit_error']:.4f}, tokens equal {s['tokens_equal']}; the "
@@ -601,8 +625,8 @@ def summary_line(res: dict) -> str:
     return (f"{res['machine']} ({res['date'][:10]}, jax {res['jax']}): "
             f"{len({r['slice'] for r in mk})} slices, {len({r['format'] for r in mk})} formats, "
             f"batches {sorted({r['batch'] for r in mk})}; greedy tokens equal in "
-            f"{sum(c['tokens_equal'] for c in checks)}/{len(checks)} checks, logits within "
-            f"bounds in {sum(c['ok'] for c in checks)}; batch-1 stream share "
+            f"{sum(c['tokens_equal'] for c in checks)}/{len(checks)} checks, passed in "
+            f"{sum(c['ok'] for c in checks)}; batch-1 stream share "
             + (f"{min(share):.1%}-{max(share):.1%}" if share else "-")
             + f"; speed-up over XLA batch 1 {speedup(1)}, batch 8 {speedup(8)}; trace + compile "
             + (f"<= {max(comp):.0f} s" if comp else "-") + "; packing "
@@ -639,12 +663,15 @@ def table(res: dict) -> str:
     lines += [f"| {r['slice']} | (XLA alone) | {r['batch']} | - | {r['batch'] / r['step_s']:.0f} "
               f"| {r['step_s'] * 1e6:.0f} | - | - | {r.get('commit') or '-'} |" for r in res["runs"]
               if r["kind"] == "xla" and _point(r) not in kernel]
-    checks = [r for r in res["runs"] if r["kind"] == "check"]
-    lines += ["", "| check on the chip | experts | greedy tokens equal | max logit error / spread |",
-              "|---|---|---|---:|"]
-    lines += [f"| {c['slice']} | {c['format']} | {'yes' if c['tokens_equal'] else 'NO'} | "
-              f"{c['logit_error']:.3f}{'' if c['logit_error'] <= c['logit_tolerance'] else ' (over ' + str(c['logit_tolerance']) + ')'} |"
-              for c in checks]
+    checks = {_point(r): r for r in res["runs"] if r["kind"] == "check"}   # the latest of each
+    lines += ["", "| check on the chip (the latest of each) | experts | batch | greedy tokens equal | "
+              "max logit error / spread | on steps whose routing is decided | passed | commit |",
+              "|---|---|---:|---|---:|---:|---|---|"]
+    lines += [f"| {c['slice']} | {c['format']} | {c['batch']} | {'yes' if c['tokens_equal'] else 'NO'} | "
+              f"{c['logit_error']:.3f} | "
+              + ("-" if c.get("logit_error_decided") is None else
+                 f"{c['logit_error_decided']:.3f} ({c['decided_steps']} of {len(c['steps'])} steps)")
+              + f" | {'yes' if c['ok'] else 'NO'} | {c.get('commit') or '-'} |" for c in checks.values()]
     calls = len({r.get("command", res["command"]) for r in res["runs"]})
     return "\n".join(lines) + f"\n\n{summary_line(res)}; {calls} commands, each run's in " \
         "`experiments/results/tpu_megakernel.json`, the calls' logs in " \

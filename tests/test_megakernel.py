@@ -366,6 +366,27 @@ def test_tpu_script_stamps_each_run_with_the_code_it_ran(tmp_path):
     assert run == {"commit": "abc1234", "kernel_source": here, "kind": "megakernel", "batch": 1}
 
 
+def test_check_verdict_bounds_only_decided_steps():
+    """A check passes when tokens agree where the reference's top-2 logits are clear and logits
+    are within the bound on the steps whose routing is decided; a near-tied router step's error
+    is reported but not bounded, and a check with no decided step does not pass."""
+    import importlib.util
+    root = __file__.rsplit("/tests/", 1)[0]
+    spec = importlib.util.spec_from_file_location("tpu_megakernel_script", f"{root}/experiments/tpu_megakernel.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    step = lambda err, same=True, top2=0.5, router=0.01: dict(  # noqa: E731
+        logit_error=err, tokens_equal=same, top2_margin=top2, router_margin=router)
+    tied = mod.ROUTER_MARGIN / 4
+    r = mod.verdict([step(0.02, False, top2=0.01), step(0.43, False, 0.06, tied), step(0.02)])
+    assert r["ok"] and r["logit_error"] == 0.43 and r["logit_error_decided"] == 0.02
+    assert r["decided_steps"] == 2 and not r["tokens_equal"]
+    assert not mod.verdict([step(0.02), step(0.2)])["ok"]                  # a decided step over
+    assert not mod.verdict([step(0.02), step(0.02, False)])["ok"]          # clear tokens differ
+    assert not mod.verdict([step(0.0, router=tied)])["ok"]                 # nothing decided
+    assert mod.verdict([step(0.01, router=None)])["ok"]                    # dense: always decided
+
+
 def test_tpu_script_runs_every_part_at_the_slots_it_is_given(monkeypatch):
     """`--expert-slots` replaces the tuned slots in every part (the sweep still varies them from
     there), `--check-batches` picks the batches the tokens are checked at, and a config the kernel

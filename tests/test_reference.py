@@ -148,6 +148,29 @@ def test_router_picks_top_k_with_bias(seed):
                                    rtol=1e-5)
 
 
+def test_router_margin_is_the_gap_below_the_last_pick():
+    """The smallest over rows of (k-th - (k+1)-th) biased score; the row where the last pick and
+    the first one left out are nearly tied sets it."""
+    logits = jnp.asarray([[2.0, 1.0, 0.0, -1.0], [3.0, 0.5, 0.49, -2.0]], jnp.float32)
+    bias = jnp.zeros(4, jnp.float32)
+    s = np.asarray(jax.nn.sigmoid(logits))
+    want = min(s[0, 1] - s[0, 2], s[1, 1] - s[1, 2])
+    np.testing.assert_allclose(float(reference.router_margin(logits, bias, 2)), want, rtol=1e-6)
+    assert float(reference.router_margin(logits, bias, 2)) < 0.003   # row 1: 0.5 against 0.49
+
+
+def test_router_margins_one_per_moe_layer(spec, weights):
+    cache = reference.init_cache(spec, 2, 32)
+    tok, pos = jnp.arange(2, dtype=jnp.int32), jnp.full((2,), 3, jnp.int32)
+    m = np.asarray(reference.router_margins(weights, cache, tok, pos))
+    assert m.shape == (spec.count(ffn="moe"),) and (m >= 0).all() and (m < 1).all()
+    # the step itself is unchanged: same tokens as decode_step on a copy of the cache
+    t1, _, _ = reference.decode_step(weights, {k: v.copy() for k, v in cache.items()}, tok, pos)
+    m2 = np.asarray(reference.router_margins(weights, cache, tok, pos))
+    np.testing.assert_array_equal(m, m2)
+    assert t1.shape == (2,)
+
+
 def test_every_op_is_in_one_named_scope(spec, weights):
     cache, tok, pos = _inputs(spec, 2)
     acc = jnp.ones_like(pos)

@@ -541,8 +541,9 @@ def tpu_section() -> None:
                    "from the chip's micro-benchmarks, nothing fitted to these runs.")
     if t["checks"]:
         st.caption("Correctness against the XLA reference: " + "; ".join(
-            f"{k['slice']} {k['format']}: {'ok' if k.get('ok') else 'FAILED'} (logit error {k['logit_error']:.3g}, "
-            f"bound {k['logit_tolerance']:g})" for k in t["checks"]) + ".")
+            f"{k['slice']} {k['format']}: {'ok' if k.get('ok') else 'FAILED'} (logit error {k['logit_error']:.3g}"
+            + (f", {k['logit_error_decided']:.3g} where routing is decided" if k.get("logit_error_decided") is not None
+               else "") + f", bound {k['logit_tolerance']:g})" for k in t["checks"]) + ".")
     st.warning("**Not measured yet:** " + "; ".join(measured.tpu_not_measured(t)) + ".")
     c.show_command("python experiments/tpu_megakernel.py --report && python experiments/validate_tpu.py")
 
