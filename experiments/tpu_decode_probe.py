@@ -10,8 +10,14 @@ scale where the code asked for its bf16 rounding (`quant.quantize_jax` now round
 reduce_precision), so codes and stored scales disagreed. int8, mxfp4 and bf16 were exact either
 way (experiments/results/tpu_v5e/calls_2026-12-07_w.log).
 
+With the fix TP8-core int4 passed its check and TP32-core int4 did not (0.43); `--slice-weights`
+unpacks every int4 expert of a slice as packed on the chip for the kernel and compares it with
+the reference's dequantised expert: all equal on the v5e (calls_2026-12-07_d4.log), so the
+miss was not the weights (it was one step's near-tied routing, docs/tpu.md).
+
     python experiments/tpu_decode_probe.py [--out FILE.json]    # on a TPU (seconds)
     python experiments/tpu_decode_probe.py --interpret           # interpret mode, on a CPU
+    python experiments/tpu_decode_probe.py --slice-weights --slices k3-tp32-core   # a minute
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """experiments/tpu_decode_probe.py in interpret mode on the CPU: the kernel's expert column path
-at a K3 slice's widths equals numpy's product with the dequantised weights, and the script
-refuses what it cannot probe. (Its chip run is in tests/test_tpu_chip.py.)"""
+at a K3 slice's widths equals numpy's product with the dequantised weights, packed int4 experts
+read back equal the reference's, and the script refuses what it cannot probe. (Its chip run is in tests/test_tpu_chip.py.)"""
 import sys
 from pathlib import Path
 
@@ -43,3 +43,27 @@ def test_int4_codes_come_from_the_stored_bf16_scale():
     scale = np.repeat(np.asarray(s, np.float32), 32, axis=0)
     want = np.clip(np.rint(np.asarray(w) / scale), -8, 7).astype(np.int32) & 0xF
     np.testing.assert_array_equal(np.asarray(codes), want)
+
+
+def test_unpacked_int4_inverts_the_kernels_packing():
+    """`unpacked_int4` reads matrix m of packed int4 experts back as the weights they stand for:
+    equal to the reference's dequantised values at a K3 slice's expert shapes (two experts, both
+    matrices), and off once one code byte is changed (so --slice-weights can find a packing
+    fault)."""
+    mats = tpu_decode_probe.matrices("k3-tp32-core")
+    lay = quant.expert_layout("int4", tpu_decode_probe.T, mats, fp8=False)
+    ws = [jax.random.normal(jax.random.PRNGKey(i), (2, d_in, d_out), jnp.float32) * 0.02
+          for i, (d_in, d_out) in enumerate(mats)]
+    codes, scales, _ = quant.pack_experts(lay, ws)
+    for m, ((d_in, d_out), w) in enumerate(zip(mats, ws)):
+        got = tpu_decode_probe.unpacked_int4(lay, codes, scales, m, d_in, d_out)
+        want = np.asarray(quant.round_trip_jax(w, "int4", tpu_decode_probe.T))
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+    bad = codes.at[1, lay.first_tile(1) * lay.fmt.code_rows, 0].add(1)
+    got = tpu_decode_probe.unpacked_int4(lay, bad, scales, 1, *mats[1])
+    assert not np.allclose(got, np.asarray(quant.round_trip_jax(ws[1], "int4", tpu_decode_probe.T)))
+
+
+def test_slice_weights_refuses_other_formats():
+    with pytest.raises(ValueError, match="int4 only"):
+        tpu_decode_probe.slice_weights("k3-tp32-core", "mxfp4")
