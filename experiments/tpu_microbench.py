@@ -8,6 +8,9 @@ Sections, in the order they run (`--only` picks some), the function of each (nam
 mechanism) and the `mechanism` of its entries:
 - dispatch, `host_dispatch`: a trivial jitted call (`x + 1` on one [8, 128] f32 tile), called and
   waited on, median of many calls (`components.host_dispatch_s`);
+- dispatch_args, `host_dispatch_args` (not fitted): a pallas_call of 1, 8, 32 or 128 arguments
+  (one f32 tile read, the rest HBM arrays it never reads), its first input donated and aliased
+  to its output or not, called and waited on: what the host's dispatch costs per argument;
 - dma, `dma_ring`: HBM -> VMEM copies of bf16 [rows, 128] and [rows, 256] blocks, 64 KiB .. 16 MiB,
   1, 2, 4 or 8 kept in flight (a ring of VMEM slots; a copy issued as the oldest is waited for),
   time per copy (`components.dma_stream_time`: bandwidth, per-descriptor cost, first-byte latency);
@@ -54,6 +57,10 @@ mechanism) and the `mechanism` of its entries:
   alternate halves of the decode buffer, one dot a column block) on each matrix of one routed
   expert at the K3 TP32-core and TP8-core widths, per format, 8 rows: time per tile, beside
   `expert_column` (whose chunks are a static loop);
+- expert_slots, `expert_kernel_slots` (not fitted): the same column path over every matrix of a whole
+  expert at the K3 widths (int4, MXFP4, int8), the next expert's copy in flight into the other of
+  two slots (as the kernel's expert slots), and as its twin the same experts resident with no
+  copy in flight: time per tile, what the expert stream costs the decode beside it;
 - embed, `embed_pick`: the megakernel's pick of each sequence's embedding row out of the bf16 tile it
   copied it in (`megakernel.pick_rows`) at the same slices, batches 1, 8 and 16 (fits `embed_pick_s`);
 - xla, `xla_ops` (entries `xla_op`, `xla_loop_trip`, `xla_dot`, `xla_attention`): a chain of small
@@ -118,8 +125,8 @@ KIB, MIB = 1024, 1024 * 1024
 # JAX device_kind -> the hardware preset the entries are for
 PLATFORMS = {"TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e", "TPU v6 lite": "tpu-v6e", "TPU v5": "tpu-v5p",
              "TPU v5p": "tpu-v5p", "TPU7x": "tpu-v7"}
-SECTIONS = ("dispatch", "dma", "ring_dot", "latency", "mxu", "mxu_static", "ring_work", "ring_reader", "vpu", "loop",
-            "queue", "expert", "expert_loop", "mla_core", "attn_parts", "embed", "xla", "xla_expert", "xla_cache",
+SECTIONS = ("dispatch", "dispatch_args", "dma", "ring_dot", "latency", "mxu", "mxu_static", "ring_work", "ring_reader", "vpu", "loop",
+            "queue", "expert", "expert_loop", "expert_slots", "mla_core", "attn_parts", "embed", "xla", "xla_expert", "xla_cache",
             "xla_copy")  # run in this order
 
 
@@ -830,6 +837,49 @@ def host_dispatch(b: Bench):
           f"when {n} calls are issued before waiting")
 
 
+def dispatch_args(b: Bench):
+    """Host dispatch of a pallas_call against its argument count: a kernel that copies its first
+    f32 [8, 128] input to its output and takes N - 1 more HBM arrays it never reads, jitted, called
+    and waited on (median of calls); and the same with its first input donated and aliased to its
+    output, each call fed the last one's output (as the megakernel's cache). The megakernel's
+    one-step calls took 1.1-1.5 ms of host time where `host_dispatch` takes 0.55 ms."""
+    n_calls = b.sizes.dispatch_calls
+
+    def kernel(x_ref, *refs):
+        refs[-1][...] = x_ref[...] + 1.0
+
+    def one(what, n_args, donated):
+        call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), F32),
+                              in_specs=[VMEM_SPEC] + [HBM_SPEC] * (n_args - 1), out_specs=VMEM_SPEC,
+                              input_output_aliases={0: 0} if donated else {},
+                              interpret=pltpu.InterpretParams() if b.interpret else False)
+        f = jax.jit(call, donate_argnums=(0,) if donated else ())
+        rest = [jnp.zeros((8, 128), F32) + i for i in range(n_args - 1)]
+        state = [jnp.zeros((8, 128), F32)]
+
+        def run():
+            y = f(state[0], *rest)
+            y.block_until_ready()
+            if donated:
+                state[0] = y
+        for _ in range(5):
+            run()
+        times = [wall(run) for _ in range(n_calls)]
+        q = statistics.quantiles(times, n=10)
+        b.add(what, "host_dispatch_args", {"arguments": n_args, "donated": donated},
+              statistics.median(times) * 1e6, "us_per_call",
+              f"a pallas_call of {n_args} argument(s) (one [8, 128] f32 tile read, the rest untouched HBM"
+              + (", the first donated and aliased to the output)" if donated else ")")
+              + f", called and waited on, median of {n_calls} calls",
+              f"10th / 90th percentile {q[0] * 1e6:.1f} / {q[-1] * 1e6:.1f} us",
+              not_modelled="a probe of the host's dispatch against the argument count, beside host_dispatch")
+
+    for n_args in (1, 8, 32, 128):
+        for donated in (False, True):
+            what = f"dispatch-args-{n_args}" + ("-donated" if donated else "")
+            b.case(what, one, what, n_args, donated)
+
+
 def ring_blocks(sizes: Sizes, copy_bytes: int) -> int:
     """Blocks of the copy size in the HBM source a ring cycles through (at least 2)."""
     return max(2, sizes.ring_source_bytes // copy_bytes)
@@ -1237,6 +1287,95 @@ def expert_loop(b: Bench):
             for m in range(len(mats)):
                 what = f"expert-loop-{name}-{sl}-m{m}"
                 b.case(what, one, what, name, sl, m, lay, codes, scales)
+
+
+def expert_slots_kernel(lay, separate: bool, streamed: bool, sources: int, n_ref, codes_hbm, *refs):
+    """n trips of the megakernel's `expert_columns` over every matrix of the expert in slot i mod 2
+    (trip i is the i-th expert applied), copied by its `expert_fetch` from [1, sources, rows, T]
+    HBM arrays: streamed, the next expert's copy into the other slot is
+    in flight meanwhile (the kernel's expert slots); else both slots are copied once and the same
+    trips run with no copy in flight."""
+    from types import SimpleNamespace
+    from perfmodel_kernels import megakernel
+    scales_hbm, *refs = refs if separate else (None, *refs)
+    *xs, o_ref, slots, scale_slots, sems, dec, ys = refs if separate else (*refs[:-4], None, *refs[-4:])
+    ctx = SimpleNamespace(cfg=SimpleNamespace(tile=lay.fmt.t), ys=ys, experts=SimpleNamespace(
+        lay=lay, slots=slots, scale_slots=scale_slots, decoded=dec))
+
+    refs_x = SimpleNamespace(hbm=codes_hbm, scales_hbm=scales_hbm, slots=slots, scale_slots=scale_slots,
+                             sems=sems)
+    copy = lambda i: megakernel.expert_fetch(refs_x, 0, i % sources, i % 2)  # noqa: E731
+
+    def use(i, carry):
+        for m, x in enumerate(xs):
+            megakernel.expert_columns(ctx, m, x[...], i % 2, i % 2)
+        return carry
+
+    if streamed:
+        ring_trips(n_ref[0], 2, copy, use, 0)
+    else:
+        for j in range(2):
+            copy(j).start()
+            copy(j).wait()
+        lax.fori_loop(0, n_ref[0], use, 0)
+    o_ref[...] = ys[...]
+
+
+def expert_slots(b: Bench):
+    """The kernel's routed-expert column path on whole experts (every matrix), the next expert's
+    copy (codes and, for int4, scales apart) in flight into the other of two slots meanwhile, and
+    as its twin the same experts resident with no copy in flight: what the expert stream costs the
+    decode beside it (`expert_loop` times one matrix alone)."""
+    from perfmodel_kernels import chip as chip_mod, layout, quant
+    from perfmodel_kernels.specs import slice_spec
+    target = chip_mod.chip()
+    t, rows, sources = target.mxu, 8, 4
+
+    def one(what, name, sl, lay, codes, scales, streamed):
+        separate = scales is not None
+        xs = [jnp.full((rows, r * t), 0.5, BF16) for r, _ in lay.shapes]
+        cmax = max(c for _, c in lay.shapes)
+        (rc, rs), code_dtype = lay.rows, lay.fmt.code_dtype
+        scratch = [pltpu.VMEM((2, rc, t), code_dtype),
+                   *([pltpu.VMEM((2, rs, t), lay.fmt.scale_dtype)] if separate else []),
+                   pltpu.SemaphoreType.DMA((2,)), pltpu.VMEM((max(lay.decoded_rows(), 8), t), BF16),
+                   pltpu.VMEM((cmax, rows, t), F32)]
+        args = (codes, scales, *xs) if separate else (codes, *xs)
+        call = pallas(lambda *refs: expert_slots_kernel(lay, separate, streamed, sources, *refs),
+                      jax.ShapeDtypeStruct((cmax, rows, t), F32),
+                      [SMEM_SPEC, HBM_SPEC] + [HBM_SPEC] * separate + [VMEM_SPEC] * len(xs), VMEM_SPEC,
+                      scratch, b.sizes, b.interpret)
+        slope = b.kernel_slope(call, args, n0=2)
+        nbytes = sum(lay.bytes())
+        b.add(what, "expert_kernel_slots", {"format": name, "decode": lay.decode_kind, "slice": sl, "tiles": lay.tiles,
+                                      "bytes": nbytes, "copies": lay.copies(), "streamed": streamed,
+                                      "tile": t, "rows": rows},
+              slope.per_rep_s / lay.tiles * 1e6, "us_per_tile",
+              f"one {t} x {t} tile of a whole {sl} routed expert in {name} ({lay.tiles} tiles, "
+              f"{nbytes / MIB:.1f} MiB in {lay.copies()} copies) through the megakernel's own expert_columns, "
+              + ("the next expert's copy in flight into the other slot" if streamed else
+                 "resident in one of two slots, no copy in flight"), slope.notes("experts"),
+              not_modelled="a probe: the streamed entry against its resident twin and against expert_loop "
+              "(one matrix alone); in the whole kernel the routed-expert phases ran about 3 ns a tile over "
+              "the loop alone")
+
+    rng = np.random.default_rng(0)
+    for sl in b.sizes.expert_loop_slices:
+        mats = [(mm.d_in, mm.d_out) for mm in layout.expert_matmuls(slice_spec(sl))]
+        ws = [jnp.asarray(rng.standard_normal((sources, i, o)) * 0.02, F32) for i, o in mats]
+        for name in ("int4", "mxfp4", "int8"):
+            lay = quant.expert_layout(name, t, mats, fp8=target.fp8)
+            if not lay.decodes:
+                continue
+            codes, scales, _ = quant.pack_experts(lay, ws)
+            codes, scales = codes[None], None if scales is None else scales[None]   # one MoE layer
+            for streamed in (True, False):
+                what = f"expert-slots-{name}-{sl}" + ("" if streamed else "-resident")
+                b.case(what, one, what, name, sl, lay, codes, scales, streamed)
+            codes.delete()
+            if scales is not None:
+                scales.delete()
+        del ws
 
 
 def expert_paths(b: Bench):
@@ -1673,6 +1812,7 @@ def embed_parts(b: Bench):
 
 # section -> (its function, a title to print)
 MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted call"),
+              "dispatch_args": (dispatch_args, "host dispatch of a pallas_call by argument count, donated or not"),
               "dma": (dma_ring, "HBM -> VMEM copy ring by copy size and copies in flight"),
               "ring_dot": (ring_dot, "the weight ring with a dot consuming each bank, by bank rows"),
               "latency": (dma_latency, "a tiny copy's first-byte latency (one in flight)"),
@@ -1688,6 +1828,7 @@ MECHANISMS = {"dispatch": (host_dispatch, "host dispatch of a trivial jitted cal
               "embed": (embed_parts, "the megakernel's pick of embedding rows out of their tiles"),
               "expert": (expert_paths, "the megakernel's routed-expert paths per format"),
               "expert_loop": (expert_loop, "the megakernel's own expert column loop at the K3 widths"),
+              "expert_slots": (expert_slots, "whole experts through the kernel's column loop, the next one's copy in flight"),
               "xla": (xla_ops, "XLA's op gap, dots by shape and decode attention"),
               "xla_expert": (xla_expert_loop, "the XLA reference's routed-expert loop by rows and shape"),
               "xla_cache": (xla_cache_update, "the XLA reference's MLA cache update by cache size"),

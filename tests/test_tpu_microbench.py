@@ -40,7 +40,7 @@ def test_dry_run_writes_every_mechanism_in_the_microbench_format(dry_run):
     # skipped for a non-positive time (named in the file's context)
     missing = {"host_dispatch", "dma_ring", "matmul", "matmul_int8_lhs", "vpu_elementwise", "loop_trip",
                "dma_issue_wait", "dma_queue", "attention_core_tiles", "xla_op", "xla_dot", "xla_attention",
-               "expert_column", "xla_copy", "ring_dot", "expert_kernel_columns"} - mechanisms
+               "expert_column", "xla_copy", "ring_dot", "expert_kernel_columns", "expert_kernel_slots"} - mechanisms
     skipped = " ".join(data["context"]["skipped"])
     assert all(m.replace("_", "-") in skipped and "not a positive time" in skipped for m in missing), missing
     assert data["platform"] == "tpu-v5e" and all(e["value"] > 0 for e in data["entries"])
@@ -98,6 +98,15 @@ def test_full_sizes_fit_the_chip():
     heads, _, dim = s.attention_heads
     assert max(s.attention_tokens) * heads * dim * 2 < 4 * 2**30
     assert max(k * n * 2 for k, n in s.xla_shapes) * s.xla_weights_per_trip < 4 * 2**30
+    # expert_slots: two slots of a whole expert (codes, scales apart), the decode buffer, the columns
+    from perfmodel_kernels import layout, quant
+    from perfmodel_kernels.specs import slice_spec
+    for sl in s.expert_loop_slices:
+        mats = [(m.d_in, m.d_out) for m in layout.expert_matmuls(slice_spec(sl))]
+        for name in ("int4", "mxfp4", "int8"):
+            lay = quant.expert_layout(name, 128, mats, fp8=False)
+            cols = max(c for _, c in lay.shapes) * 8 * 128 * 4
+            assert 2 * sum(lay.bytes()) + lay.decoded_rows() * 128 * 2 + cols < s.vmem_limit_bytes, (sl, name)
 
 
 def test_dma_ring_time_shares_a_copy_among_those_in_flight():
