@@ -248,9 +248,9 @@ def route(logits, bias, top_k):
 
 
 def router_margin(logits, bias, top_k):
-    """The smallest gap over rows between the top_k-th and the next biased router score: below
-    about 2^-8 (bf16's step between 0.5 and 1, where sigmoid scores sit) a program that rounds
-    the hidden state differently may pick the other expert."""
+    """The smallest gap over rows between the top_k-th and the next biased router score: near
+    zero, a program that rounds the hidden state differently may pick the other expert (the TPU
+    check's bound: experiments/tpu_megakernel.py, ROUTER_MARGIN)."""
     top = jax.lax.top_k(jax.nn.sigmoid(logits) + bias.astype(jnp.float32), top_k + 1)[0]
     return jnp.min(top[..., top_k - 1] - top[..., top_k])
 
