@@ -638,7 +638,7 @@ def main(argv=None) -> int:
         if r["kind"] not in ("megakernel", "xla"):
             continue
         try:
-            with in_file(f"{path}: runs[{i}]"):
+            with in_file(f"{shown(path)}: runs[{i}]"):
                 if r["kind"] == "megakernel":
                     mk.append({**compare_megakernel(r, a.hardware, str(path)), "index": i})
                 else:
@@ -652,7 +652,7 @@ def main(argv=None) -> int:
     for i, r in enumerate(runs):
         if r["kind"] == "xla_trace":
             try:
-                with in_file(f"{path}: runs[{i}]"):
+                with in_file(f"{shown(path)}: runs[{i}]"):
                     layers.append(compare_xla_layers(r, runs, a.hardware,
                                                      path.parent / f"tpu_{data.get('chip', 'v5e')}"))
             except SpecError as e:
