@@ -1292,9 +1292,9 @@ def expert_loop(b: Bench):
 def expert_slots_kernel(lay, separate: bool, streamed: bool, sources: int, n_ref, codes_hbm, *refs):
     """n trips of the megakernel's `expert_columns` over every matrix of the expert in slot i mod 2
     (trip i is the i-th expert applied), copied by its `expert_fetch` from [1, sources, rows, T]
-    HBM arrays: streamed, the next expert's copy into the other slot is
-    in flight meanwhile (the kernel's expert slots); else both slots are copied once and the same
-    trips run with no copy in flight."""
+    HBM arrays: streamed, the next expert's copy into the other slot is in flight meanwhile (the
+    kernel's expert slots); else both slots are copied once and the same trips run with no copy
+    in flight."""
     from types import SimpleNamespace
     from perfmodel_kernels import megakernel
     scales_hbm, *refs = refs if separate else (None, *refs)
@@ -1356,8 +1356,8 @@ def expert_slots(b: Bench):
               + ("the next expert's copy in flight into the other slot" if streamed else
                  "resident in one of two slots, no copy in flight"), slope.notes("experts"),
               not_modelled="a probe: the streamed entry against its resident twin and against expert_loop "
-              "(one matrix alone); in the whole kernel the routed-expert phases ran about 3 ns a tile over "
-              "the loop alone")
+              "(one matrix alone); in the whole kernel the routed-expert phases ran longer a tile than the "
+              "loop alone (docs/validation.md)")
 
     rng = np.random.default_rng(0)
     for sl in b.sizes.expert_loop_slices:
