@@ -29,7 +29,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -55,13 +54,11 @@ def columns_call(lay, m: int, turn: int, interpret: bool):
     separate = lay.rows[1] > 0
     scratch = [pltpu.VMEM((max(lay.decoded_rows(), 8), T), jnp.bfloat16),
                pltpu.VMEM((c, BP, T), jnp.float32)]
-    call = pl.pallas_call(
+    call = tpu_microbench.pallas(
         lambda *refs: tpu_microbench.expert_loop_kernel(lay, m, separate, *refs),
-        out_shape=jax.ShapeDtypeStruct((c, BP, T), jnp.float32),
-        in_specs=[tpu_microbench.SMEM_SPEC] + [tpu_microbench.VMEM_SPEC] * (3 if separate else 2),
-        out_specs=tpu_microbench.VMEM_SPEC, scratch_shapes=scratch,
-        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=100 * 2 ** 20),
-        interpret=pltpu.InterpretParams() if interpret else False)
+        jax.ShapeDtypeStruct((c, BP, T), jnp.float32),
+        [tpu_microbench.SMEM_SPEC] + [tpu_microbench.VMEM_SPEC] * (3 if separate else 2),
+        tpu_microbench.VMEM_SPEC, scratch, tpu_microbench.FULL, interpret)
     return lambda *args: call(jnp.full((1,), turn + 1, jnp.int32), *args)
 
 
@@ -123,13 +120,12 @@ def slice_weights(slice_name: str, fmt: str = "int4") -> list[dict]:
     0): packed for the kernel (`layout.pack_weights`) and unpacked here, against the reference's
     dequantised experts (`quant.dequantized_experts`), per MoE layer and matrix: the largest
     difference over the largest weight, and the experts whose difference exceeds 1 % of it."""
-    from perfmodel_kernels import reference, tuned
+    import tpu_megakernel
+    from perfmodel_kernels import reference
     if fmt != "int4":
         raise ValueError(f"--slice-weights: format {fmt!r} not unpacked here; int4 only")
     spec = slice_spec(slice_name, fmt)
-    t = tuned.tuned(spec.name, 1)
-    cfg = layout.KernelConfig(batch=1, max_context=512, depth=t.depth, expert_slots=t.expert_slots,
-                              cache_block=256, bank_rows=t.bank_rows)
+    cfg = tpu_megakernel.kernel_cfg(spec, 1, interpret=False)   # the check's ring and tile
     w = reference.init_weights(spec, 0)
     packed = layout.pack_weights(w, cfg)
     lay = layout.expert_layout(spec, cfg)

@@ -1,6 +1,7 @@
 """experiments/tpu_decode_probe.py in interpret mode on the CPU: the kernel's expert column path
 at a K3 slice's widths equals numpy's product with the dequantised weights, packed int4 experts
-read back equal the reference's, and the script refuses what it cannot probe. (Its chip run is in tests/test_tpu_chip.py.)"""
+read back equal the reference's, and the script refuses what it cannot probe. (Its chip run is
+in tests/test_tpu_chip.py.)"""
 import sys
 from pathlib import Path
 
