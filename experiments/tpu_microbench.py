@@ -1298,7 +1298,7 @@ def expert_slots_kernel(lay, separate: bool, streamed: bool, sources: int, n_ref
     from types import SimpleNamespace
     from perfmodel_kernels import megakernel
     scales_hbm, *refs = refs if separate else (None, *refs)
-    *xs, o_ref, slots, scale_slots, sems, dec, ys = refs if separate else (*refs[:-4], None, *refs[-4:])
+    *xs, o_ref, slots, scale_slots, sems, dec, ys = refs if separate else (*refs[:-3], None, *refs[-3:])
     ctx = SimpleNamespace(cfg=SimpleNamespace(tile=lay.fmt.t), ys=ys, experts=SimpleNamespace(
         lay=lay, slots=slots, scale_slots=scale_slots, decoded=dec))
 

@@ -281,24 +281,26 @@ def kda_block(spec, matmul, v, load_state, h, accepted, rows=1):
     beta_logits, gate = matmul("beta_proj", h), matmul("gate_proj", h)
     state, window = load_state()
     b = state.shape[0]
-    decay, beta = kda_gates(dec, v["A_log"], v["dt_bias"], beta_logits, a.heads, a.head_dim)
-    kept_state, kept_window, outs = state, window, []
-    for r in range(rows):  # the window keeps earlier rows in its storage format, as the cache
-        act, window = short_conv(window, qkv[r * b:(r + 1) * b], v["conv"])
-        window = window.astype(kept_window.dtype)
-        split = lambda i: act[:, i * c:(i + 1) * c].reshape(b, a.heads, a.head_dim)
-        q, k, vv = l2_normalize(split(0)) * a.head_dim ** -0.5, l2_normalize(split(1)), split(2)
-        o, state = delta_rule(state, q, k, vv, decay[r * b:(r + 1) * b],
-                              beta[r * b:(r + 1) * b])
-        outs.append(o)
-        ok = r < accepted
-        kept_state = jnp.where(ok[:, :, None, None], state, kept_state)
-        kept_window = jnp.where(ok[:, :, None], window, kept_window)
-    if n > rows * b:
-        outs.append(jnp.zeros((n - rows * b,) + outs[0].shape[1:], outs[0].dtype))
-    o = jnp.concatenate(outs) if len(outs) > 1 else outs[0]
-    o = rms_norm(o, v["o_norm"]).reshape(n, c) * jax.nn.sigmoid(gate)
-    return matmul("o_proj", o), kept_state, kept_window
+    with jax.named_scope("recurrence"):  # a trace marker: the model's kda_recurrence op
+        decay, beta = kda_gates(dec, v["A_log"], v["dt_bias"], beta_logits, a.heads, a.head_dim)
+        kept_state, kept_window, outs = state, window, []
+        for r in range(rows):  # the window keeps earlier rows in its storage format, as the cache
+            act, window = short_conv(window, qkv[r * b:(r + 1) * b], v["conv"])
+            window = window.astype(kept_window.dtype)
+            split = lambda i: act[:, i * c:(i + 1) * c].reshape(b, a.heads, a.head_dim)
+            q, k, vv = l2_normalize(split(0)) * a.head_dim ** -0.5, l2_normalize(split(1)), split(2)
+            o, state = delta_rule(state, q, k, vv, decay[r * b:(r + 1) * b],
+                                  beta[r * b:(r + 1) * b])
+            outs.append(o)
+            ok = r < accepted
+            kept_state = jnp.where(ok[:, :, None, None], state, kept_state)
+            kept_window = jnp.where(ok[:, :, None], window, kept_window)
+        if n > rows * b:
+            outs.append(jnp.zeros((n - rows * b,) + outs[0].shape[1:], outs[0].dtype))
+        o = jnp.concatenate(outs) if len(outs) > 1 else outs[0]
+        o = rms_norm(o, v["o_norm"]).reshape(n, c) * jax.nn.sigmoid(gate)
+    with jax.named_scope("o_proj"):
+        return matmul("o_proj", o), kept_state, kept_window
 
 
 def mla_project(spec, matmul, v, h):
