@@ -110,7 +110,7 @@ def label(r: dict) -> str:
     return f"{r['slice']} {r['format']}{words} b{r['batch']}{extra}{kind}"
 
 
-TRACED = ("step_s", "layers_s", "phases_s", "distinct_experts_steps")   # what a run takes of its trace
+TRACED = ("step_s", "layers_s", "phases_s", "sub_phases_s", "distinct_experts_steps")   # what a run takes of its trace
 
 
 def attach_traces(runs: list[dict]) -> tuple[list[str], list[tuple[int, dict]]]:
@@ -144,7 +144,7 @@ def attach_traces(runs: list[dict]) -> tuple[list[str], list[tuple[int, dict]]]:
 def trace_run(t: dict) -> dict:
     """A trace record as a megakernel run of its own: its traced step the measured step (no
     wall clock), its steps' median picks the run's."""
-    trace = {k: t[k] for k in TRACED}
+    trace = {k: t[k] for k in TRACED if k in t}
     own = {k: v for k, v in t.items() if k not in TRACED}   # its step and picks are the trace's
     return {**own, "step_s": t["step_s"], "kind": "megakernel", "trace_only": True, "wall_step_s": None,
             "distinct_experts": traced_picks({"trace": trace}), "trace": trace}
@@ -195,6 +195,31 @@ def phase_times(g, tl, n: int) -> dict[str, float]:
             out[k] += ends[i] - prev
             prev = ends[i]
     return dict(out)
+
+
+# the kernel's markers inside a phase: marker -> (the model's ops it spans, in program order; the
+# layer kinds it is in)
+MARKED_OPS = {**{p: ((p,), "kda") for p in ("q_proj", "k_proj", "v_proj")},
+              "decay": (("decay_a", "decay_b"), "kda"), "beta_proj": (("beta_proj",), "kda"),
+              "gate_proj": (("gate_proj",), "kda"), "recurrence": (("kda_recurrence",), "kda"),
+              "o_proj": (("o_proj",), "kda"), "core": (("mla_attention",), "mla"),
+              "router": (("router", "top_k"), "moe"),
+              "experts": (("latent_down", "routed_experts", "latent_up"), "moe"),
+              "shared": (("shared_gate_up", "shared_down"), "moe")}
+
+
+def marker_times(g, tl, n: int) -> dict[str, float]:
+    """Predicted seconds of each marker's ops (`MARKED_OPS`) as `<phase scope>/<marker>`: the
+    advance of the step's running end over them, their waits and their work, as the kernel's
+    marker spans its ops' waits for their weights and their work."""
+    ends = np.maximum.accumulate(tl.end_s).tolist()
+    of_op = {op: marker for marker, (ops, _) in MARKED_OPS.items() for op in ops}
+    spans: dict[str, list[int]] = {}
+    for i, (layer, phase, name) in enumerate(zip(g.layer.tolist(), g.phase, g.name)):
+        marker = of_op.get(name)
+        if marker and i and MARKED_OPS[marker][1] in g.layer_kind.get(layer, "").split("+"):
+            spans.setdefault(f"{scope_of(layer, phase, n)}/{marker}", []).append(i)
+    return {k: ends[max(ix)] - ends[min(ix) - 1] for k, ix in spans.items()}
 
 
 def measured_phases(phases_s: dict[str, float]) -> dict[str, float]:
@@ -261,7 +286,8 @@ def kernel_step(run: dict, hw_name: str, picks: list[int]):
 
 def predict_megakernel(run: dict, hw_name: str):
     """(spec, hardware, device-time prediction at the last step's picks, its phases, the dispatch
-    taken out) of a megakernel run; `megakernel_step_s` gives the step over all its steps."""
+    taken out, its marked ops (`marker_times`)) of a megakernel run; `megakernel_step_s` gives the
+    step over all its steps."""
     from perfmodel_kernels import plan as kplan
     from perfmodel.graph.ops import build
     from perfmodel.spec.hardware import load_hardware
@@ -275,7 +301,8 @@ def predict_megakernel(run: dict, hw_name: str):
     phases = phase_times(g, p.timeline, len(spec.layers))
     phases["embed"] = phases.get("embed", 0.0) - t0
     layers = [dataclasses.replace(r, time_s=r.time_s - t0) if r.layer == 0 else r for r in p.layers]
-    return spec, hw, dataclasses.replace(p, step_s=p.step_s - t0, layers=layers), phases, t0
+    return (spec, hw, dataclasses.replace(p, step_s=p.step_s - t0, layers=layers), phases, t0,
+            marker_times(g, p.timeline, len(spec.layers)))
 
 
 def megakernel_step_s(run: dict, hw_name: str, last_step_s: float, t0: float) -> float:
@@ -365,7 +392,7 @@ def traced_picks(run: dict) -> list[int] | None:
 
 def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
     from perfmodel.validate.host import against
-    spec, hw, p, phases, t0 = predict_megakernel(run, hw_name)
+    spec, hw, p, phases, t0, markers = predict_megakernel(run, hw_name)
     n = len(spec.layers)
     summary = trace_summary(run, n, source)
     c = against(summary, spec, hw, p, "megakernel")
@@ -373,13 +400,16 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
                             predicted_step_s=megakernel_step_s(run, hw_name, p.step_s, t0))
     picks, traced_step_s = traced_picks(run), p.step_s
     if picks is not None and picks != run["distinct_experts"]:   # the trace predicted with its own steps' picks
-        _, _, pt, phases, _ = predict_megakernel(dict(run, distinct_experts=picks), hw_name)
+        _, _, pt, phases, _, markers = predict_megakernel(dict(run, distinct_experts=picks), hw_name)
         c = dataclasses.replace(c, layers=against(summary, spec, hw, pt, "megakernel").layers)
         traced_step_s = pt.step_s
     traced = run.get("trace") is not None
     measured = measured_phases(run["trace"]["phases_s"]) if traced else {}
     phase_rows = [{"scope": k, "predicted_s": phases.get(k, 0.0), "measured_s": v,
                    "rel_error": rel(phases.get(k, 0.0), v)} for k, v in measured.items()]
+    inside = run["trace"].get("sub_phases_s", {}) if traced else {}   # reported, not judged
+    marker_rows = [{"scope": k, "predicted_s": markers[k], "measured_s": v, "rel_error": rel(markers[k], v)}
+                   for k, v in inside.items() if k in markers]
     wall = run.get("wall_step_s")
     from perfmodel_kernels.layout import KernelConfig
     decode = run_decode(run, spec, KernelConfig(**run["config"]))
@@ -389,6 +419,8 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
             "expert_decode": decode,
             "traced": traced, "comparison": c,
             "phases": sorted(phase_rows, key=lambda r: _scope_order(r["scope"], n)),
+            "markers": sorted(marker_rows, key=lambda r: (_scope_order(r["scope"], n),   # program order
+                                                          list(MARKED_OPS).index(r["scope"].rsplit("/", 1)[1]))),
             "traced_predicted_s": traced_step_s, "traced_picks": picks,
             "each_step_picks": bool(run.get("distinct_experts_steps")),
             "traced_step_error": rel(traced_step_s, c.traced_step_s) if traced else math.nan,
@@ -569,6 +601,8 @@ def print_run(m: dict) -> None:
         rows += [[f"layer {r.layer} {r.kind}", us(r.predicted_s), us(r.measured_s), pct(r.rel_error)]
                  for r in c.layers if r.measured_s > 0]
         rows += [[r["scope"], us(r["predicted_s"]), us(r["measured_s"]), pct(r["rel_error"])] for r in m["phases"]]
+        rows += [[f"{r['scope']} (not judged)", us(r["predicted_s"]), us(r["measured_s"]), pct(r["rel_error"])]
+                 for r in m["markers"]]
     rows.append(["one-step call, wall", us(m["predicted_wall_s"]), us(m["measured_wall_s"] or math.nan),
                  pct(m["wall_error"])])
     print(table(["", "predicted us", "measured us", "error"], rows))

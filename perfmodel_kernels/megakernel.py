@@ -508,7 +508,8 @@ def mla_attention(ctx: Context, i, h):
     w_uk, _ = ref.split_kv_b(spec, kv_b)
     c_new = c_new.astype(BF16).astype(F32)
     q_lat = jnp.einsum("bhn,rhn->bhr", q_nope, w_uk)
-    o_lat = _latent_attention(ctx, cache, q_lat, q_rope, c_new)
+    with jax.named_scope("core"):   # a trace marker: the model's mla_attention op
+        o_lat = _latent_attention(ctx, cache, q_lat, q_rope, c_new)
     dma.note("wait", name="latent cache block")
     _patch_windows(ctx, cache, c_new)
     dma.note("cache_window", None, "kv_cache", "latent cache window (write)", w_bytes,

@@ -276,12 +276,20 @@ def kda_block(spec, matmul, v, load_state, h, accepted, rows=1):
     Returns (output [n, H], new state, new window)."""
     a = spec.kda
     n, c = h.shape[0], a.heads * a.head_dim
-    qkv = jnp.concatenate([matmul("q_proj", h), matmul("k_proj", h), matmul("v_proj", h)], -1)
-    dec = matmul("decay_b", matmul("decay_a", h))
-    beta_logits, gate = matmul("beta_proj", h), matmul("gate_proj", h)
+
+    def marked(scope, *names):   # h through the weights `names` in turn, under a trace marker
+        with jax.named_scope(scope):
+            x = h
+            for name in names:
+                x = matmul(name, x)
+            return x
+
+    qkv = jnp.concatenate([marked(p, p) for p in ("q_proj", "k_proj", "v_proj")], -1)
+    dec = marked("decay", "decay_a", "decay_b")
+    beta_logits, gate = marked("beta_proj", "beta_proj"), marked("gate_proj", "gate_proj")
     state, window = load_state()
     b = state.shape[0]
-    with jax.named_scope("recurrence"):  # a trace marker: the model's kda_recurrence op
+    with jax.named_scope("recurrence"):  # the model's kda_recurrence op
         decay, beta = kda_gates(dec, v["A_log"], v["dt_bias"], beta_logits, a.heads, a.head_dim)
         kept_state, kept_window, outs = state, window, []
         for r in range(rows):  # the window keeps earlier rows in its storage format, as the cache

@@ -53,6 +53,21 @@ def test_dry_run_writes_every_mechanism_in_the_microbench_format(dry_run):
     assert {e["inputs"]["in_flight"] for e in ring} == {1, 2} and {e["inputs"]["lanes"] for e in ring} == {128, 256}
 
 
+def test_expert_slots_runs_every_format_on_a_v5e_layout(tmp_path, monkeypatch):
+    """At the v5e's 128 tile every expert format decodes (on the dry run's default chip only
+    int8 does): MXFP4, whose scales share its codes' array, takes the same kernel's other refs."""
+    mod = script()
+    from perfmodel_kernels import chip as chip_mod
+    v5e = chip_mod.chip("v5e")
+    monkeypatch.setattr(chip_mod, "chip", lambda version=None: v5e)
+    out = tmp_path / "mb.json"
+    assert mod.main(["--dry-run", "--platform", "tpu-v5e", "--only", "expert_slots", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert not data["context"]["skipped"], data["context"]["skipped"]
+    runs = {(e["inputs"]["format"], e["inputs"]["streamed"]) for e in data["entries"]}
+    assert runs == {(f, s) for f in ("int4", "mxfp4", "int8") for s in (True, False)}
+
+
 def test_dry_run_file_calibrates_the_tpu_v5e_preset(dry_run):
     """Interpret-mode timings are not a TPU's, but the file drives the fit end to end: the DMA group
     fits its latency too (the file's fit table), the MXU group leaves the fp8 push alone."""

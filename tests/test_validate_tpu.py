@@ -31,7 +31,7 @@ def vt():
 @pytest.fixture(scope="module")
 def predicted(vt):
     """The model's own figures for MK and its XLA twin: measuring exactly them is a perfect run."""
-    spec, hw, p, phases, t0 = vt.predict_megakernel(dict(MK, step_s=1.0), "tpu-v5e")
+    spec, hw, p, phases, t0, _ = vt.predict_megakernel(dict(MK, step_s=1.0), "tpu-v5e")
     device, wall = vt.predict_xla({"slice": "kimi-k3-mini", "batch": 2}, 120, "tpu-v5e")
     return {"p": p, "phases": phases, "t0": t0, "xla": device, "xla_wall": wall, "n": len(spec.layers)}
 
@@ -231,9 +231,10 @@ def test_a_trace_is_predicted_with_its_own_steps_expert_picks(vt, predicted, tmp
     """The traced steps run other tokens than the speed run: a trace keeping each step's distinct
     experts is predicted with their median per layer, the untraced step with the run's own."""
     picks = [1, 1, 1]   # fewer experts than MK's [4, 4, 3]: their layers take less time
-    _, _, pt, phases, _ = vt.predict_megakernel(dict(MK, step_s=1.0, distinct_experts=picks), "tpu-v5e")
+    _, _, pt, phases, _, markers = vt.predict_megakernel(dict(MK, step_s=1.0, distinct_experts=picks), "tpu-v5e")
     trace = {"step_s": pt.step_s, "phases_s": phases, "layers_s": {str(r.layer): r.time_s for r in pt.layers},
-             "distinct_experts_steps": [picks, [1, 2, 1], picks]}
+             "distinct_experts_steps": [picks, [1, 2, 1], picks],
+             "sub_phases_s": {**markers, "layer_01/attention/state_wait": 1e-6}}   # no op of the graph
     doc = results(predicted)
     doc["runs"][0]["trace"] = trace
     rc, out = run(vt, tmp_path, doc, capsys)
@@ -241,6 +242,11 @@ def test_a_trace_is_predicted_with_its_own_steps_expert_picks(vt, predicted, tmp
     r = json.loads((tmp_path / "tpu_validation.json").read_text())["runs"][0]
     assert r["traced_picks"] == picks and r["traced_step_error"] == pytest.approx(0, abs=1e-9)
     assert max(abs(x["rel_error"]) for x in r["phases"]) < 1e-9
+    # the marked ops (the KDA projections, recurrence, the MoE's router, experts...) reported
+    # beside the phases, not judged
+    assert sorted(x["scope"] for x in r["markers"]) == sorted(markers)
+    assert {"layer_01/attention/recurrence", "layer_01/attention/decay", "layer_02/ffn/experts"} <= set(markers)
+    assert max(abs(x["rel_error"]) for x in r["markers"]) < 1e-9 and "recurrence (not judged)" in out.out
     assert r["comparison"]["step_error"] == pytest.approx(0, abs=1e-9)   # the speed run's picks
     assert "predicted with its own steps' expert picks [1, 1, 1]" in out.out
     doc["runs"][0]["trace"] = {k: v for k, v in trace.items() if k != "distinct_experts_steps"}  # as before
@@ -254,7 +260,7 @@ def test_a_trace_without_a_run_of_its_kernel_is_predicted_on_its_own(vt, predict
     only one with another decode) is a run of its own, its traced step the measured one; it sets no
     speed-up. One without those fields still goes to a run of another commit, as before."""
     picks = [1, 1, 1]
-    _, _, pt, phases, _ = vt.predict_megakernel(dict(MK, step_s=1.0, distinct_experts=picks,
+    _, _, pt, phases, _, _ = vt.predict_megakernel(dict(MK, step_s=1.0, distinct_experts=picks,
                                                      positions=[100, 100]), "tpu-v5e")
     trace = {"kind": "trace", "slice": "kimi-k3-mini", "format": "bf16", "batch": 2, "config": CFG,
              "commit": "new", "step_s": pt.step_s, "phases_s": phases,
