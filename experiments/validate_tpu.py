@@ -197,29 +197,42 @@ def phase_times(g, tl, n: int) -> dict[str, float]:
     return dict(out)
 
 
-# the kernel's markers inside a phase: marker -> (the model's ops it spans, in program order; the
-# layer kinds it is in)
-MARKED_OPS = {**{p: ((p,), "kda") for p in ("q_proj", "k_proj", "v_proj")},
-              "decay": (("decay_a", "decay_b"), "kda"), "beta_proj": (("beta_proj",), "kda"),
-              "gate_proj": (("gate_proj",), "kda"), "recurrence": (("kda_recurrence",), "kda"),
-              "o_proj": (("o_proj",), "kda"), "core": (("mla_attention",), "mla"),
-              "router": (("router", "top_k"), "moe"),
-              "experts": (("latent_down", "routed_experts", "latent_up"), "moe"),
-              "shared": (("shared_gate_up", "shared_down"), "moe")}
+# what the kernel's markers inside a phase hold, as the model's ops: name -> (the markers, summed:
+# the ring's reader runs a bank's dots as it arrives, so the first projection's marker holds the
+# others' dots of its banks; the model's ops they span, in program order; the layer kind)
+MARKED = {"projections": (("q_proj", "k_proj", "v_proj", "decay", "beta_proj", "gate_proj"),
+                          ("q_proj", "k_proj", "v_proj", "decay_a", "decay_b", "beta_proj", "gate_proj"), "kda"),
+          "recurrence": (("recurrence",), ("kda_recurrence",), "kda"),
+          "o_proj": (("o_proj",), ("o_proj",), "kda"),
+          "core": (("core",), ("mla_attention",), "mla"),
+          "router": (("router",), ("router", "top_k"), "moe"),
+          "experts": (("experts",), ("latent_down", "routed_experts", "latent_up"), "moe"),
+          "shared": (("shared",), ("shared_gate_up", "shared_down"), "moe")}
 
 
 def marker_times(g, tl, n: int) -> dict[str, float]:
-    """Predicted seconds of each marker's ops (`MARKED_OPS`) as `<phase scope>/<marker>`: the
-    advance of the step's running end over them, their waits and their work, as the kernel's
-    marker spans its ops' waits for their weights and their work."""
+    """Predicted seconds of each `MARKED` group's ops as `<phase scope>/<group>`: the advance of
+    the step's running end over them, their waits and their work (a marker spans its dots' waits
+    for their weights and the dots)."""
     ends = np.maximum.accumulate(tl.end_s).tolist()
-    of_op = {op: marker for marker, (ops, _) in MARKED_OPS.items() for op in ops}
+    of_op = {op: group for group, (_, ops, _) in MARKED.items() for op in ops}
     spans: dict[str, list[int]] = {}
     for i, (layer, phase, name) in enumerate(zip(g.layer.tolist(), g.phase, g.name)):
-        marker = of_op.get(name)
-        if marker and i and MARKED_OPS[marker][1] in g.layer_kind.get(layer, "").split("+"):
-            spans.setdefault(f"{scope_of(layer, phase, n)}/{marker}", []).append(i)
+        group = of_op.get(name)
+        if group and i and MARKED[group][2] in g.layer_kind.get(layer, "").split("+"):
+            spans.setdefault(f"{scope_of(layer, phase, n)}/{group}", []).append(i)
     return {k: ends[max(ix)] - ends[min(ix) - 1] for k, ix in spans.items()}
+
+
+def measured_markers(sub_phases_s: dict[str, float]) -> dict[str, float]:
+    """A trace's in-kernel markers summed into their `MARKED` groups, `<phase scope>/<group>`."""
+    group_of = {m: group for group, (markers, _, _) in MARKED.items() for m in markers}
+    out: dict[str, float] = defaultdict(float)
+    for k, v in sub_phases_s.items():
+        scope, _, marker = k.rpartition("/")
+        if marker in group_of:
+            out[f"{scope}/{group_of[marker]}"] += v
+    return dict(out)
 
 
 def measured_phases(phases_s: dict[str, float]) -> dict[str, float]:
@@ -407,7 +420,7 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
     measured = measured_phases(run["trace"]["phases_s"]) if traced else {}
     phase_rows = [{"scope": k, "predicted_s": phases.get(k, 0.0), "measured_s": v,
                    "rel_error": rel(phases.get(k, 0.0), v)} for k, v in measured.items()]
-    inside = run["trace"].get("sub_phases_s", {}) if traced else {}   # reported, not judged
+    inside = measured_markers(run["trace"].get("sub_phases_s", {})) if traced else {}   # reported, not judged
     marker_rows = [{"scope": k, "predicted_s": markers[k], "measured_s": v, "rel_error": rel(markers[k], v)}
                    for k, v in inside.items() if k in markers]
     wall = run.get("wall_step_s")
@@ -419,8 +432,8 @@ def compare_megakernel(run: dict, hw_name: str, source: str) -> dict:
             "expert_decode": decode,
             "traced": traced, "comparison": c,
             "phases": sorted(phase_rows, key=lambda r: _scope_order(r["scope"], n)),
-            "markers": sorted(marker_rows, key=lambda r: (_scope_order(r["scope"], n),   # program order
-                                                          list(MARKED_OPS).index(r["scope"].rsplit("/", 1)[1]))),
+            "markers": sorted(marker_rows, key=lambda r: (_scope_order(r["scope"].rpartition("/")[0], n),
+                                                          list(MARKED).index(r["scope"].rpartition("/")[2]))),
             "traced_predicted_s": traced_step_s, "traced_picks": picks,
             "each_step_picks": bool(run.get("distinct_experts_steps")),
             "traced_step_error": rel(traced_step_s, c.traced_step_s) if traced else math.nan,

@@ -64,7 +64,7 @@ def test_readme_quotes_the_committed_stream_shares():
     runs = res["runs"]
     pack = [r for r in runs if r["kind"] == "packing" and r["slice"] == "k3-tp8-core"][-1]
     mk = [r for r in runs if r["kind"] == "megakernel" and r["slice"] == "k3-tp8-core" and r["batch"] == 1
-          and not r.get("sweep")][-1]
+          and not r.get("sweep") and "compile_s" in r][-1]   # a program compiled past --budget-s has no time
     assert f"the largest slice packs in {pack['pack_s']:.1f} s and compiles in " \
            f"{mk['lower_s'] + mk['compile_s']:.1f} s" in text
 

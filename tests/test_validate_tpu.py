@@ -235,6 +235,9 @@ def test_a_trace_is_predicted_with_its_own_steps_expert_picks(vt, predicted, tmp
     trace = {"step_s": pt.step_s, "phases_s": phases, "layers_s": {str(r.layer): r.time_s for r in pt.layers},
              "distinct_experts_steps": [picks, [1, 2, 1], picks],
              "sub_phases_s": {**markers, "layer_01/attention/state_wait": 1e-6}}   # no op of the graph
+    for k in [k for k in markers if k.endswith("/projections")]:   # the kernel's markers of them, summed
+        proj, scope = trace["sub_phases_s"].pop(k), k.rpartition("/")[0]
+        trace["sub_phases_s"].update({f"{scope}/q_proj": proj - 1e-7, f"{scope}/decay": 1e-7})
     doc = results(predicted)
     doc["runs"][0]["trace"] = trace
     rc, out = run(vt, tmp_path, doc, capsys)
@@ -245,7 +248,7 @@ def test_a_trace_is_predicted_with_its_own_steps_expert_picks(vt, predicted, tmp
     # the marked ops (the KDA projections, recurrence, the MoE's router, experts...) reported
     # beside the phases, not judged
     assert sorted(x["scope"] for x in r["markers"]) == sorted(markers)
-    assert {"layer_01/attention/recurrence", "layer_01/attention/decay", "layer_02/ffn/experts"} <= set(markers)
+    assert {"layer_01/attention/recurrence", "layer_01/attention/projections", "layer_02/ffn/experts"} <= set(markers)
     assert max(abs(x["rel_error"]) for x in r["markers"]) < 1e-9 and "recurrence (not judged)" in out.out
     assert r["comparison"]["step_error"] == pytest.approx(0, abs=1e-9)   # the speed run's picks
     assert "predicted with its own steps' expert picks [1, 1, 1]" in out.out
