@@ -20,7 +20,7 @@ def test_a_planned_run_at_a_measured_config_is_predicted_as_validate_tpu_predict
     base = ptr.template(runs, "k3-tp32-core", 1)
     mk, xla = ptr.predict(ptr.planned(base, "mxfp4", {}))
     assert ptr.planned(base, "mxfp4", {})["config"] == base["config"]
-    _, _, p, _, t0 = vt.predict_megakernel(base, "tpu-v5e")
+    _, _, p, _, t0, _ = vt.predict_megakernel(base, "tpu-v5e")
     assert mk == pytest.approx(vt.megakernel_step_s(base, "tpu-v5e", p.step_s, t0), rel=1e-9)
     assert 0 < mk < xla
     assert ptr.predict(ptr.planned(base, "int8", {}))[0] != pytest.approx(mk, rel=1e-3)
