@@ -1323,9 +1323,9 @@ def expert_slots_kernel(lay, separate: bool, streamed: bool, sources: int, n_ref
 
 def expert_slots(b: Bench):
     """The kernel's routed-expert column path on whole experts (every matrix), the next expert's
-    copy (codes, and int4's and int8's scales apart) in flight into the other of two slots meanwhile, and
-    as its twin the same experts resident with no copy in flight: what the expert stream costs the
-    decode beside it (`expert_loop` times one matrix alone)."""
+    copy (codes, and int4's and int8's scales apart) in flight into the other of two slots
+    meanwhile, and as its twin the same experts resident with no copy in flight: what the expert
+    stream costs the decode beside it (`expert_loop` times one matrix alone)."""
     from perfmodel_kernels import chip as chip_mod, layout, quant
     from perfmodel_kernels.specs import slice_spec
     target = chip_mod.chip()
