@@ -388,11 +388,31 @@ def without_invalid(name, fmt, work) -> dict:
             vmem.check_vmem(spec, cfg)
             return True
         except SpecError as e:
-            say(f"{name}: skipped batch {cfg.batch} depth {cfg.depth} slots {cfg.expert_slots} bank rows "
-                f"{cfg.bank_rows}: {e}")
+            say(f"{name}: skipped {cfg_name(cfg)}: {e}")
             return False
     return {key: [c for c in v if valid(c)] if key in ("check", "speed", "sweep", "trace") else v
             for key, v in work.items()}
+
+
+def cfg_name(c) -> str:
+    """A kernel config as the logs name it."""
+    return f"batch {c.batch} depth {c.depth} slots {c.expert_slots} bank rows {c.bank_rows}"
+
+
+def compiled_ahead(work, compiled) -> dict:
+    """`work` less the programs `warm_compile` stopped short of for the budget, each named as it
+    is dropped: compiling one inside its part would run past --budget-s."""
+    def kept(key, label) -> bool:
+        if key in compiled:
+            return True
+        say(f"  budget: {label} not compiled ahead, skipped")
+        return False
+    loop = lambda part: [c for c in work[part] if kept(("loop", c), f"{part} {cfg_name(c)}")]  # noqa: E731
+    return {**work, "check": [c for c in work["check"] if kept(("step", c), f"check {cfg_name(c)}")],
+            "speed": [c for c in loop("speed") if not work["with_xla"] or kept(("xla", c.batch), f"xla batch {c.batch}")],
+            "sweep": loop("sweep"), "trace": loop("trace"),
+            "xla": [b for b in work["xla"] if kept(("xla", b), f"xla batch {b}")],
+            "xla_trace": [b for b in work["xla_trace"] if kept(("xla", b), f"xla_trace batch {b}")]}
 
 
 def rings(text: str) -> list[tuple[int, int]]:
@@ -458,9 +478,7 @@ def warm_compile(sl, work, budget_left) -> tuple[dict, dict]:
         for f in cf.as_completed(running):
             key, dt, beside = f.result()
             out[key].update(compile_s=dt, compiled_beside=beside)
-            name = key[0] + (f" batch {key[1]}" if key[0] == "xla" else
-                             f" batch {key[1].batch} depth {key[1].depth} slots "
-                             f"{key[1].expert_slots} bank rows {key[1].bank_rows}")
+            name = f"{key[0]} " + (f"batch {key[1]}" if key[0] == "xla" else cfg_name(key[1]))
             say(f"    {name}: lowered in {out[key]['lower_s']:.1f} s, compiled in {dt:.1f} s "
                 f"(beside {beside} others; {time.perf_counter() - t0:.0f} s in)")
     return out, exes
@@ -787,6 +805,7 @@ def main(argv=None) -> int:
             say(f"{name} {fmt}: weights drawn in {sl.init_s:.1f} s, packed in {sl.pack_s:.1f} s")
             compiled, exes = warm_compile(sl, work, budget_left=lambda: (
                 a.budget_s - (time.perf_counter() - t_start)))
+            work = compiled_ahead(work, compiled)
             for cfg in work["check"]:
                 if not over_budget():
                     run_check(res, sl, cfg, interpret, exes.get(("step", cfg)))

@@ -387,6 +387,26 @@ def test_check_verdict_bounds_only_decided_steps():
     assert mod.verdict([step(0.01, router=None)])["ok"]                    # dense: always decided
 
 
+def test_tpu_script_skips_what_the_budget_left_uncompiled(capsys):
+    """A program `warm_compile` did not start for the budget is not compiled inside its part
+    either (that ran a call past its timeout on the chip): its part drops it, named."""
+    import importlib.util
+    from collections import namedtuple
+    root = __file__.rsplit("/tests/", 1)[0]
+    spec = importlib.util.spec_from_file_location("tpu_megakernel_script", f"{root}/experiments/tpu_megakernel.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cfg = namedtuple("cfg", "batch depth expert_slots bank_rows")   # hashable, as KernelConfig
+    b1, b8 = (cfg(b, 6, 2, 32768) for b in (1, 8))
+    work = {"check": [b1], "speed": [b1, b8], "sweep": [], "trace": [b1, b8], "xla": [16], "xla_trace": [],
+            "with_xla": True}
+    compiled = {("step", b1): {}, ("loop", b1): {}, ("xla", 1): {}, ("loop", b8): {}}   # xla 8 and 16 cut
+    kept = mod.compiled_ahead(work, compiled)
+    assert kept == dict(work, speed=[b1], trace=[b1, b8], xla=[])
+    out = capsys.readouterr().out
+    assert "budget: xla batch 8 not compiled ahead, skipped" in out and "xla batch 16" in out
+
+
 def test_tpu_script_runs_every_part_at_the_slots_it_is_given(monkeypatch):
     """`--expert-slots` replaces the tuned slots in every part (the sweep still varies them from
     there), `--check-batches` picks the batches the tokens are checked at, and a config the kernel
