@@ -248,6 +248,16 @@ def wall(run) -> float:
     return time.perf_counter() - t0
 
 
+def call_times(run, n: int) -> tuple[float, str]:
+    """`run` (a call waited on) 5 times to warm, then n times: (the median s, its 10th / 90th
+    percentiles as a note)."""
+    for _ in range(5):
+        run()
+    times = [wall(run) for _ in range(n)]
+    q = statistics.quantiles(times, n=10)
+    return statistics.median(times), f"10th / 90th percentile {q[0] * 1e6:.1f} / {q[-1] * 1e6:.1f} us"
+
+
 class Clock:
     """Times `run(n)` (n repetitions in one call, waited on) and returns the slope per repetition."""
 
@@ -292,10 +302,12 @@ VMEM_SPEC = pl.BlockSpec(memory_space=pltpu.VMEM)
 HBM_SPEC = pl.BlockSpec(memory_space=pl.ANY)
 
 
-def pallas(kernel, out_shape, in_specs, out_specs, scratch, sizes: Sizes, interpret: bool):
-    """A pallas_call without a grid; interpret: Pallas TPU interpret mode (on a CPU)."""
+def pallas(kernel, out_shape, in_specs, out_specs, scratch, sizes: Sizes, interpret: bool, aliases=None):
+    """A pallas_call without a grid; interpret: Pallas TPU interpret mode (on a CPU); aliases:
+    its input_output_aliases."""
     return pl.pallas_call(
         kernel, out_shape=out_shape, in_specs=in_specs, out_specs=out_specs, scratch_shapes=scratch,
+        input_output_aliases=aliases or {},
         compiler_params=None if interpret else pltpu.CompilerParams(vmem_limit_bytes=sizes.vmem_limit_bytes),
         interpret=pltpu.InterpretParams() if interpret else False)
 
@@ -822,19 +834,15 @@ def host_dispatch(b: Bench):
     the median over calls. The same calls issued back to back without waiting are in the notes."""
     f = jax.jit(lambda x: x + 1)
     x = jnp.zeros((8, 128), F32)
-    for _ in range(5):
-        f(x).block_until_ready()
     n = b.sizes.dispatch_calls
-    sync = [wall(lambda: f(x).block_until_ready()) for _ in range(n)]
+    median, spread = call_times(lambda: f(x).block_until_ready(), n)
     t0 = time.perf_counter()
     ys = [f(x) for _ in range(n)]
     jax.block_until_ready(ys)
     queued = (time.perf_counter() - t0) / n
-    q = statistics.quantiles(sync, n=10)
-    b.add("host-dispatch", "host_dispatch", {}, statistics.median(sync) * 1e6, "us_per_call",
+    b.add("host-dispatch", "host_dispatch", {}, median * 1e6, "us_per_call",
           f"a jitted x + 1 on an [8, 128] f32 tile, called and waited on, median of {n} calls",
-          f"10th / 90th percentile {q[0] * 1e6:.1f} / {q[-1] * 1e6:.1f} us; {queued * 1e6:.1f} us a call "
-          f"when {n} calls are issued before waiting")
+          f"{spread}; {queued * 1e6:.1f} us a call when {n} calls are issued before waiting")
 
 
 def dispatch_args(b: Bench):
@@ -849,10 +857,8 @@ def dispatch_args(b: Bench):
         refs[-1][...] = x_ref[...] + 1.0
 
     def one(what, n_args, donated):
-        call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), F32),
-                              in_specs=[VMEM_SPEC] + [HBM_SPEC] * (n_args - 1), out_specs=VMEM_SPEC,
-                              input_output_aliases={0: 0} if donated else {},
-                              interpret=pltpu.InterpretParams() if b.interpret else False)
+        call = pallas(kernel, jax.ShapeDtypeStruct((8, 128), F32), [VMEM_SPEC] + [HBM_SPEC] * (n_args - 1),
+                      VMEM_SPEC, [], b.sizes, b.interpret, aliases={0: 0} if donated else None)
         f = jax.jit(call, donate_argnums=(0,) if donated else ())
         rest = [jnp.zeros((8, 128), F32) + i for i in range(n_args - 1)]
         state = [jnp.zeros((8, 128), F32)]
@@ -862,16 +868,11 @@ def dispatch_args(b: Bench):
             y.block_until_ready()
             if donated:
                 state[0] = y
-        for _ in range(5):
-            run()
-        times = [wall(run) for _ in range(n_calls)]
-        q = statistics.quantiles(times, n=10)
-        b.add(what, "host_dispatch_args", {"arguments": n_args, "donated": donated},
-              statistics.median(times) * 1e6, "us_per_call",
+        median, spread = call_times(run, n_calls)
+        b.add(what, "host_dispatch_args", {"arguments": n_args, "donated": donated}, median * 1e6, "us_per_call",
               f"a pallas_call of {n_args} argument(s) (one [8, 128] f32 tile read, the rest untouched HBM"
               + (", the first donated and aliased to the output)" if donated else ")")
-              + f", called and waited on, median of {n_calls} calls",
-              f"10th / 90th percentile {q[0] * 1e6:.1f} / {q[-1] * 1e6:.1f} us",
+              + f", called and waited on, median of {n_calls} calls", spread,
               not_modelled="a probe of the host's dispatch against the argument count, beside host_dispatch")
 
     for n_args in (1, 8, 32, 128):
