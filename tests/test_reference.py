@@ -164,7 +164,7 @@ def test_router_margins_one_per_moe_layer(spec, weights):
     tok, pos = jnp.arange(2, dtype=jnp.int32), jnp.full((2,), 3, jnp.int32)
     m = np.asarray(reference.router_margins(weights, cache, tok, pos))
     assert m.shape == (spec.count(ffn="moe"),) and (m >= 0).all() and (m < 1).all()
-    # the step itself is unchanged: same tokens as decode_step on a copy of the cache
+    # the cache is not donated: decode_step on a copy, then router_margins on it again, the same
     t1, _, _ = reference.decode_step(weights, {k: v.copy() for k, v in cache.items()}, tok, pos)
     m2 = np.asarray(reference.router_margins(weights, cache, tok, pos))
     np.testing.assert_array_equal(m, m2)
