@@ -338,12 +338,15 @@ def _kernel(spec: ModelSpec, cfg: KernelConfig, record, barrier, *refs):
             with jax.named_scope("vector_wait"):
                 pl.when(i > 0)(lambda: ctx.for_vector_copies(i, lambda cp: cp.wait()))
             dma.note("vectors", layer=1)
-            ctx.for_vector_copies(i + 1, lambda cp: cp.start())
+            with jax.named_scope("vector_start"):
+                ctx.for_vector_copies(i + 1, lambda cp: cp.start())
             common = ctx.vectors(lax.rem(i, 2), attention=ctx.att_kinds[0])
-            h = ref.rms_norm(x, common["attn_norm"])
+            with jax.named_scope("norm"):
+                h = ref.rms_norm(x, common["attn_norm"])
             x = x + _switch(table[i, layout.ATT] == 0, ctx.att_kinds, attention, i, h)
         with jax.named_scope("layer/ffn"):
-            h = ref.rms_norm(x, common["ffn_norm"])
+            with jax.named_scope("norm"):
+                h = ref.rms_norm(x, common["ffn_norm"])
             return x + _switch(table[i, layout.FFN] == 0, ctx.ffn_kinds, ffn, i, h)
 
     x = lax.fori_loop(0, len(spec.layers), layer, x)
@@ -416,7 +419,8 @@ def kda_attention(ctx: Context, i, h):
     kda, dma = ctx.kda, ctx.dma
     o = ctx.table[i, layout.ATT_ORD]
     v = ctx.vectors(lax.rem(i, 2), attention="kda")
-    kda.await_write_back()   # the previous KDA layer's
+    with jax.named_scope("write_back_wait"):
+        kda.await_write_back()   # the previous KDA layer's
     reads = [Copies("kda state", (kda.state.at[o], kda.state_buf, kda.sem.at[0])),
              Copies("conv window", (kda.conv.at[o], kda.conv_buf, kda.sem.at[1]))]
     sizes = [kda.state.size // kda.state.shape[0] * 4,
@@ -434,12 +438,13 @@ def kda_attention(ctx: Context, i, h):
     matmul = ctx.matmuls(i, "kda", "attention")
     out, st, win = ref.kda_block(ctx.spec, matmul, v, load_state, h, ctx.accepted(), ctx.cfg.rows)
     matmul.finish()
-    kda.state_buf[...] = st
-    kda.conv_buf[...] = win.astype(kda.conv_buf.dtype)
-    for nb, cp in zip(sizes, kda.write_backs(o)):
-        dma.note("copy", None, "state", cp.name, nb)
-        cp.start()
-    kda.flag[0] = 1
+    with jax.named_scope("state_store"):
+        kda.state_buf[...] = st
+        kda.conv_buf[...] = win.astype(kda.conv_buf.dtype)
+        for nb, cp in zip(sizes, kda.write_backs(o)):
+            dma.note("copy", None, "state", cp.name, nb)
+            cp.start()
+        kda.flag[0] = 1
     return out
 
 
@@ -511,13 +516,15 @@ def mla_attention(ctx: Context, i, h):
     with jax.named_scope("core"):   # a trace marker: the model's mla_attention op
         o_lat = _latent_attention(ctx, cache, q_lat, q_rope, c_new)
     dma.note("wait", name="latent cache block")
-    _patch_windows(ctx, cache, c_new)
+    with jax.named_scope("window"):
+        _patch_windows(ctx, cache, c_new)
     dma.note("cache_window", None, "kv_cache", "latent cache window (write)", w_bytes,
              row_bytes=row_bytes)
     out = ref.mla_output(spec, matmul, expand_latent(spec, o_lat, kv_b), h)
     dma.note("wait", name="latent cache window (write)")
-    for b in range(b_real):
-        pl.when(acc[b] > 0)(cache.window_copy(b, True).wait)
+    with jax.named_scope("window_wait"):
+        for b in range(b_real):
+            pl.when(acc[b] > 0)(cache.window_copy(b, True).wait)
     matmul.finish()
     return out
 
@@ -572,7 +579,8 @@ def _sequence_attention(ctx: Context, cache: LatentCache, b, ql, qr, blk, causal
 
     def body(k, carry):
         mx, den, acc = carry
-        cache.tile_copy(b, k).wait()
+        with jax.named_scope("tile_wait"):
+            cache.tile_copy(b, k).wait()
         pl.when(k + 2 < cache.n_tiles(b))(lambda: cache.tile_copy(b, k + 2).start())
         c = ctx.mla.blocks[k % 3].astype(F32)
         s = (lax.dot_general(ql, c[:, :r], _NT) + lax.dot_general(qr, c[:, r:], _NT)) * scale

@@ -291,8 +291,10 @@ def test_kernel_lowers_to_mosaic_for_tpu7x(spec, weights, rows):
     text = exported.mlir_module()
     assert text.count("tpu_custom_call") == 1
     body = base64.b64decode(re.search(r'\\22body\\22: \\22([A-Za-z0-9+/=]+)', text).group(1))
-    markers = {m.decode() for m in re.findall(rb"layer/\w+|embed|head|router|experts", body)}
-    assert {"embed", "head", "router", "experts", "layer/attention", "layer/ffn"} <= markers
+    markers = {m.decode() for m in re.findall(rb"layer/\w+|\w+", body)}
+    assert {"embed", "head", "router", "experts", "layer/attention", "layer/ffn", "norm",
+            "vector_start", "write_back_wait", "state_store", "core", "tile_wait", "window",
+            "window_wait"} <= markers
 
 
 def test_trace_does_not_grow_with_layers():
