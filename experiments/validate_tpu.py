@@ -199,10 +199,12 @@ def phase_times(g, tl, n: int) -> dict[str, float]:
 
 # what the kernel's markers inside a phase hold, as the model's ops: name -> (the markers, summed:
 # the ring's reader runs a bank's dots as it arrives, so the first projection's marker holds the
-# others' dots of its banks; the model's ops they span, in program order; the layer kind)
+# others' dots of its banks, and the model's recurrence waits for the state the kernel waits for
+# under `state_wait`; the model's ops they span, in program order; the layer kind). The MLA core's
+# `tile_wait` (its cache tiles' waits) is nested in `core`, whose time holds it.
 MARKED = {"projections": (("q_proj", "k_proj", "v_proj", "decay", "beta_proj", "gate_proj"),
                           ("q_proj", "k_proj", "v_proj", "decay_a", "decay_b", "beta_proj", "gate_proj"), "kda"),
-          "recurrence": (("recurrence",), ("kda_recurrence",), "kda"),
+          "recurrence": (("state_wait", "recurrence"), ("kda_recurrence",), "kda"),
           "o_proj": (("o_proj",), ("o_proj",), "kda"),
           "core": (("core",), ("mla_attention",), "mla"),
           "router": (("router",), ("router", "top_k"), "moe"),

@@ -219,7 +219,8 @@ def settings(dspec: ModelSpec, cfg: KernelConfig, expert_decode: str | None = No
     matmul (`matmul_dots`), the values its embed phase selects through (`megakernel.pick_rows`:
     one select a row of the copied bf16 tile over [padded rows, hidden] f32), and how the routed
     experts reach the MXU (expert_decode: the decode a kernel of another commit ran, in place of
-    this one's `ExpertLayout.decode_kind`)."""
+    this one's `ExpertLayout.decode_kind`; expert_decode_passes: the passes of its column loop
+    over one expert, `ExpertLayout.passes`)."""
     out = {"bank_bytes": cfg.bank_bytes, "depth": cfg.depth, "expert_slots": cfg.expert_slots,
            "cache_block": cfg.cache_block, "matmul_dots": matmul_dots(dspec, cfg),
            "embedding_pick_values": math.prod(layout.embedding_tiles(dspec, cfg))}
@@ -237,6 +238,7 @@ def settings(dspec: ModelSpec, cfg: KernelConfig, expert_decode: str | None = No
             and not lay.decodes else 1
         if lay.decodes:
             out["expert_decode"] = expert_decode or lay.decode_kind
+            out["expert_decode_passes"] = sum(map(lay.passes, range(len(lay.shapes))))
     return out
 
 

@@ -226,6 +226,9 @@ MISSES = {
     "a routed expert's bf16 column block (8 rows, one dot over 8 or 32 row tiles): the MXU push per "
     "weight fitted on the dots above prices it 9-20 % high": {
         "v5e-expert-column-bf16-8", "v5e-expert-column-bf16-32"},
+    "the kernel's int4 column loop over a TP32-core expert's second matrix (6 row tiles, two column "
+    "blocks a pass): 5.2 % over, the one pass cost a decode kind fits on both slices' matrices": {
+        "v5e-expert-loop-int4-k3-tp32-core-m1"},
 }
 
 
@@ -262,8 +265,8 @@ def test_v5e_residuals_within_5_percent_but_the_named_misses(v5e):
     print("\n" + table(["entry", "group", "measured", "predicted", "unit", "error %"],
                        [[r["id"], r["group"], r["measured"], r["predicted"], r["unit"], 100 * r["error"]]
                         for r in fitted]))
-    assert {r["group"] for r in fitted} == {"dma", "mxu", "host", "vpu", "vpu_decode", "xla_expert", "xla_dot",
-                                            "xla_copy", "embed"} and len(fitted) == 165
+    assert {r["group"] for r in fitted} == {"dma", "mxu", "host", "vpu", "vpu_decode", "expert_pass", "xla_expert",
+                                            "xla_dot", "xla_copy", "embed"} and len(fitted) == 177
     over = {r["id"] for r in fitted if abs(r["error"]) > TARGET}
     assert over == set().union(*MISSES.values())
     assert max(abs(r["error"]) for r in fitted) < 0.30
@@ -271,7 +274,7 @@ def test_v5e_residuals_within_5_percent_but_the_named_misses(v5e):
         errors = sorted(abs(r["error"]) for r in fitted if r["group"] == group)
         assert errors[len(errors) // 2] < 0.02, group
     # every entry no component models is listed with its reason and never fitted
-    assert all(r["not_modelled"] and r["group"] in (None, "mxu", "vpu_decode", "xla_copy")
+    assert all(r["not_modelled"] and r["group"] in (None, "mxu", "vpu_decode", "expert_pass", "xla_copy")
                for r in rows if r["within_target"] is None)
 
 
@@ -323,7 +326,7 @@ def test_a_files_target_judges_its_entries(tmp_path, capsys):
     text = capsys.readouterr().out
     within = sum(r["within_target"] for r in out["residuals"] if r["within_target"] is not None)
     assert out["target"] == 0.05 and "MISSED (<= 5 %)" in text
-    assert f"\n{within} of 165 fitted entries within 5 %" in text
+    assert f"\n{within} of 177 fitted entries within 5 %" in text
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(dict(data, target=2)))
     with pytest.raises(SpecError, match="target"):

@@ -102,6 +102,17 @@ def vpu_decode_time(c: dict, weights: float, kind: str) -> float:
     return weights * c.get(f"vpu_decode_{kind}_s", 0.0)
 
 
+def decode_pass_time(c: dict, passes: float, kind: str) -> float:
+    """`passes` passes of a kernel's routed-expert column loop decoding `kind` codes (each decodes a
+    group of column blocks into VMEM and runs their dots): `expert_pass_<kind>_s` a pass, what a
+    pass costs beyond its tiles' decode and push (its loop trip, the aligned load of its scale
+    chunk, its dots drained before the next pass); 0 on a chip whose preset has not measured it.
+    Micro-benchmarks: v5e-expert-loop-* (the kernel's loop over one matrix)."""
+    if kind not in DECODE_KINDS:
+        raise SpecError("decode", kind, f"one of {', '.join(DECODE_KINDS)}")
+    return passes * c.get(f"expert_pass_{kind}_s", 0.0)
+
+
 def remote_copy_time(c: dict, nbytes: float, path: str, links: int = 1) -> float:
     """One remote VMEM copy (issue to semaphore) to the sibling core of the chip or to a core on
     another chip over `links` links in parallel: latency + bytes / bandwidth.

@@ -107,23 +107,27 @@ def tpu_matmuls(g: OpGraph, hw: Hardware, weights: np.ndarray | None = None, meg
     (components.dequant_matmul_time): a kernel takes the cheaper (Inferact's NVFP4 path switches to
     it at batch 8, its measured crossover: musespark/fp4.py DEQUANT_MIN_BATCH). A format a kernel
     decodes on the vector unit first (Format.decode, from a kernel plan) adds that decode
-    (components.vpu_decode_time). `feeds`: op_feeds."""
+    (components.vpu_decode_time) and, for a routed op, its passes over each expert
+    (Format.decode_passes, components.decode_pass_time). `feeds`: op_feeds."""
     dtype, scale_rows = feeds or op_feeds(g, hw)
     decode = [f.decode if f is not None else "" for f in (g.fmt or [None] * len(g))]
     w = op_weights(g) if weights is None else weights
-    dots = np.where(g.routed_bytes > 0, 2.0 * max(1.0, math.ceil(g.distinct_experts)),
-                    1.0 if g.dots is None else g.dots).tolist()
+    experts = max(1.0, math.ceil(g.distinct_experts))
+    dots = np.where(g.routed_bytes > 0, 2.0 * experts, 1.0 if g.dots is None else g.dots).tolist()
+    passes = [experts * f.decode_passes if f is not None and r > 0 else 0.0
+              for f, r in zip(g.fmt or [None] * len(g), g.routed_bytes.tolist())]
     memo: dict[tuple, tuple[float, bool]] = {}  # ops of the same shape in every layer: each shape once
     flops, w_ = g.flops.tolist(), w.tolist()
     batch, routed = whole_batch_experts(g, hw, megakernel), (g.routed_bytes > 0).tolist()
     out = {}
     for j in np.flatnonzero((w > 0) & (g.flops > 0)).tolist():
         rows = g.tokens if batch and routed[j] else flops[j] / (2 * w_[j])
-        key = (w_[j], dtype[j], rows, scale_rows[j], dots[j], decode[j])
+        key = (w_[j], dtype[j], rows, scale_rows[j], dots[j], decode[j], passes[j])
         if key not in memo:
             fed = cm.matmul_time(hw.components, w_[j], dtype[j], rows * scale_rows[j], dots[j])
-            if decode[j]:   # the kernel decodes the codes on the vector unit before the dot
-                fed += cm.vpu_decode_time(hw.components, w_[j], decode[j])
+            if decode[j]:   # the kernel decodes the codes on the vector unit before the dot, in passes
+                fed += (cm.vpu_decode_time(hw.components, w_[j], decode[j])
+                        + cm.decode_pass_time(hw.components, passes[j], decode[j]))
             dequant = cm.dequant_matmul_time(hw.components, w_[j], rows, dots[j]) if scale_rows[j] > 1 else np.inf
             memo[key] = (min(fed, dequant), dequant < fed)
         out[j] = memo[key]

@@ -51,6 +51,7 @@ GROUPS = {
             ("mxu_push", "matmul")),
     "vpu_dequant": (("vpu_dequant_s",), ("dequant_matmul",)),
     "vpu_decode": (tuple(f"vpu_decode_{k}_s" for k in cm.DECODE_KINDS), ("expert_column",)),
+    "expert_pass": (tuple(f"expert_pass_{k}_s" for k in cm.DECODE_KINDS), ("expert_kernel_columns",)),
     "remote_copy": (("sibling_latency_s", "sibling_bandwidth_bytes_per_s", "cross_chip_latency_s",
                      "link_bandwidth_bytes_per_s"), ("remote_copy", "link_bandwidth")),
     "collective": (("collective_call_s", "collective_phase_s", "collective_copy_issue_s",
@@ -107,6 +108,9 @@ INPUTS = {
                "rows": _N},
     "expert_column": {"format": Req((STR,)), "decode": Req(OneOf("", *cm.DECODE_KINDS)), "feed": Req(OneOf("bf16")),
                       "tile": Req(_N), "rows": Req(_N), "row_tiles": Req(_N)},
+    "expert_kernel_columns": {"format": Req((STR,)), "decode": Req(OneOf("", *cm.DECODE_KINDS)), "tile": Req(_N),
+                              "rows": Req(_N), "row_tiles": Req(_N), "column_blocks": Req(_N),
+                              "column_group": Req(_N), "slice": (STR,), "matrix": Num(0, 2**31, integer=True), "chunk": _N},
     "dequant_matmul": {"k": Req(_N), "n": Req(_N), "k_chunk": Req(_N), "lhs_rows_per_chunk": Req(_N),
                        "dtype": Req(_DTYPE), "rows": _N},
     "remote_copy": {"bytes": Req(_BYTES), "path": Req(OneOf("sibling", "cross_chip"))},
@@ -237,6 +241,11 @@ def predict_entry(e: dict, hw: Hardware) -> float:
         w = i["row_tiles"] * i["tile"] ** 2
         t = (cm.matmul_time(c, w, "bf16", i["rows"], 1)
              + (cm.vpu_decode_time(c, w, i["decode"]) if i["decode"] else 0.0)) / i["row_tiles"]
+    elif m == "expert_kernel_columns":   # per tile: the matrix decoded in passes, one dot a column block
+        n_t = i["row_tiles"] * i["column_blocks"]
+        w = n_t * i["tile"] ** 2
+        t = (cm.matmul_time(c, w, "bf16", i["rows"], 1) + cm.vpu_decode_time(c, w, i["decode"])
+             + cm.decode_pass_time(c, -(-i["column_blocks"] // i["column_group"]), i["decode"])) / n_t
     elif m == "dequant_matmul":
         t = cm.dequant_matmul_time(c, i["k"] * i["n"], i["lhs_rows_per_chunk"])
     elif m == "remote_copy":

@@ -35,12 +35,13 @@ DEPLOYMENT_FIELDS = {"devices": int, "tp": int, "ep": int, "batch": int, "contex
 #   collective_rows (rows a collective's payload is padded to); expert_feed (the dtype its routed
 #   experts' dots are fed: bf16 = dequantised, fp8, int4, ...) and expert_scale_rows (LHS rows per
 #   batch row of that feed); expert_decode (what the vector unit decodes each routed weight from
-#   before that feed, scales applied: e2m1, e2m1_words, int4 or int8; absent: none); embedding_pick_values
+#   before that feed, scales applied: e2m1, e2m1_words, int4 or int8; absent: none) and
+#   expert_decode_passes (the passes of that decode over one expert); embedding_pick_values
 #   (what its embed phase selects through: Megakernel.embedding_pick_values); shared_expert (where
 #   a MoE layer's shared expert runs: Megakernel.shared_expert)
 KERNEL_FIELDS = {"bank_bytes": int, "depth": int, "expert_slots": int, "wire": str, "all_reduce": str,
                  "collective_rows": int, "expert_feed": str, "expert_scale_rows": int,
-                 "expert_decode": str, "cache_block": int, "matmul_dots": dict, "embedding_pick_values": int,
+                 "expert_decode": str, "expert_decode_passes": int, "cache_block": int, "matmul_dots": dict, "embedding_pick_values": int,
                  "shared_expert": str}
 
 

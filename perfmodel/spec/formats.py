@@ -40,6 +40,7 @@ class Format:
     fallback_dtype: str = ""     # what a matrix unit without compute_dtype is fed ("" = none: an error)
     fallback_scale_rows: int = 1
     decode: str = ""             # a kernel's vector-unit decode before the feed (components.DECODE_KINDS)
+    decode_passes: int = 0       # the passes of that decode a routed expert takes (components.decode_pass_time)
 
     def feed(self, native: frozenset[str], chip: str = "the chip") -> tuple[str, int]:
         """(operand dtype, LHS rows per batch row) a matrix unit taking the dtypes `native` is fed:

@@ -196,11 +196,14 @@ def plan_model(model: ModelSpec, plan: KernelPlan) -> ModelSpec:
         decode = k.get("expert_decode", "")
         if decode not in ("",) + cm.DECODE_KINDS:
             raise SpecError("kernel.expert_decode", decode, f"one of {', '.join(cm.DECODE_KINDS)}")
+        passes = k.get("expert_decode_passes", 0)
+        if passes < 0:
+            raise SpecError("kernel.expert_decode_passes", passes, "a count of passes, >= 0")
         f = formats["routed_expert"]
         formats["routed_expert"] = dataclasses.replace(
             f, name=f"{f.name} fed {k['expert_feed']}" + (f" after a {decode} decode" if decode else ""),
             compute_dtype=k["expert_feed"], scale_rows=int(k.get("expert_scale_rows", 1)),
-            fallback_dtype="", decode=decode)
+            fallback_dtype="", decode=decode, decode_passes=passes)
     return dataclasses.replace(model, megakernel=recipe, formats=formats)
 
 
