@@ -33,12 +33,14 @@ def template(runs: list[dict], slice_: str, batch: int) -> dict:
 
 def planned(base: dict, fmt: str, overrides: dict) -> dict:
     """The run `base` would be with format `fmt` and the config tpu_megakernel.py runs (overrides
-    applied), on base's chip, at its batch, picks and positions."""
-    from perfmodel_kernels import plan
+    applied), on base's chip, at its batch, picks and positions; SpecError (field `vmem`) where
+    the kernel would refuse that config for the chip's VMEM, as tpu_megakernel.py skips it."""
+    from perfmodel_kernels import plan, vmem
     from perfmodel_kernels.specs import slice_spec
     spec = slice_spec(base["slice"], fmt)
     over = {k: v for k, v in overrides.items() if v is not None}
     cfg = tm.kernel_cfg(spec, base["batch"], False, chip=base["config"]["chip"], **over)
+    vmem.check_vmem(spec, cfg)
     return {**base, "format": fmt, "config": tm.config_dict(cfg),
             "expert_decode": plan.settings(spec, cfg).get("expert_decode")}
 
@@ -73,8 +75,12 @@ def main(argv=None) -> int:
             for fmt in a.formats.split(","):
                 for b in batches:
                     base = template(runs, s, b)
-                    run = planned(base, fmt, {"depth": a.depth, "expert_slots": a.expert_slots,
-                                              "bank_rows": a.bank_rows})
+                    try:
+                        run = planned(base, fmt, {"depth": a.depth, "expert_slots": a.expert_slots,
+                                                  "bank_rows": a.bank_rows})
+                    except vt.SpecError as e:   # the kernel would refuse it: no run to predict
+                        print(f"{s} {fmt} b{b}: not run (tpu_megakernel.py skips it): {e}", flush=True)
+                        continue
                     mk, xla = predict(run)
                     c = run["config"]
                     picks = "each step's" if base.get("distinct_experts_steps") else "the last step's"

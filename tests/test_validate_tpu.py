@@ -212,7 +212,8 @@ def test_a_sweep_point_run_twice_is_judged_on_its_median_and_shows_its_range(vt,
 
 def test_a_run_is_predicted_with_the_decode_its_kernel_ran(vt):
     """A run records its routed-expert decode; one recorded before it did (all decoded e2m1 in
-    f32) is predicted with the f32 decode, slower on the v5e than the word decode it now runs."""
+    f32) is predicted with the f32 decode (its own cost a weight; no pass cost measured for it),
+    not the word decode it now runs."""
     mk = dict(MK, format="mxfp4", step_s=1.0)
     now = vt.predict_megakernel(dict(mk, expert_decode="e2m1_words"), "tpu-v5e")[2].step_s
     before = vt.predict_megakernel(mk, "tpu-v5e")[2].step_s
@@ -224,7 +225,7 @@ def test_a_run_is_predicted_with_the_decode_its_kernel_ran(vt):
     assert vt.run_decode(dict(mk, expert_decode="e2m1_words"), slice_spec("kimi-k3-mini", "mxfp4"), cfg) \
         == "e2m1_words"
     assert vt.predict_megakernel(dict(mk, expert_decode="e2m1"), "tpu-v5e")[2].step_s == before
-    assert now < before
+    assert now != pytest.approx(before, rel=1e-4)
 
 
 def test_a_trace_is_predicted_with_its_own_steps_expert_picks(vt, predicted, tmp_path, capsys):
@@ -234,7 +235,7 @@ def test_a_trace_is_predicted_with_its_own_steps_expert_picks(vt, predicted, tmp
     _, _, pt, phases, _, markers = vt.predict_megakernel(dict(MK, step_s=1.0, distinct_experts=picks), "tpu-v5e")
     trace = {"step_s": pt.step_s, "phases_s": phases, "layers_s": {str(r.layer): r.time_s for r in pt.layers},
              "distinct_experts_steps": [picks, [1, 2, 1], picks],
-             "sub_phases_s": {**markers, "layer_01/attention/state_wait": 1e-6}}   # no op of the graph
+             "sub_phases_s": {**markers, "layer_01/attention/norm": 1e-6}}   # in no marked group
     for k in [k for k in markers if k.endswith("/projections")]:   # the kernel's markers of them, summed
         proj, scope = trace["sub_phases_s"].pop(k), k.rpartition("/")[0]
         trace["sub_phases_s"].update({f"{scope}/q_proj": proj - 1e-7, f"{scope}/decay": 1e-7})
