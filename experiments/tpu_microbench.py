@@ -52,11 +52,12 @@ mechanism) and the `mechanism` of its entries:
   block's recurrence (`reference.kda_block` with the projections' outputs given: gates, short
   conv, delta rule, norm, output gate; state in VMEM; fits `vpu_flops_per_s`) and the MLA layer's
   two absorption einsums with kv_b (bhn,rhn->bhr, bhr,rhv->bhv; and the latter as one dot a head);
-- expert_loop, `expert_kernel_columns` (not fitted): the kernel's own column path
+- expert_loop, `expert_kernel_columns`: the kernel's own column path
   (`megakernel.expert_columns`: its `fori_loop` over whole scale chunks, decode passes into
   alternate halves of the decode buffer, one dot a column block) on each matrix of one routed
   expert at the K3 TP32-core and TP8-core widths, per format, 8 rows: time per tile, beside
-  `expert_column` (whose chunks are a static loop);
+  `expert_column` (whose chunks are a static loop); fits `expert_pass_<decode>_s` (bf16, which
+  decodes nothing, kept as data);
 - expert_slots, `expert_kernel_slots` (not fitted): the same column path over every matrix of a whole
   expert at the K3 widths (int4, MXFP4, int8), the next expert's copy in flight into the other of
   two slots (as the kernel's expert slots), and as its twin the same experts resident with no
@@ -823,7 +824,9 @@ class Bench:
                    "mxu": ["mxu_push_bf16_s", "mxu_row_s", "mxu_dot_issue_s"],
                    # the MLA core by cached tokens: a latency a sequence and one a cache tile; the KDA core
                    # by heads and batch: the vector unit's rate (no top-k here)
-                   "vpu": ["attention_core_s", "attention_tile_s", "vpu_flops_per_s"]}},
+                   "vpu": ["attention_core_s", "attention_tile_s", "vpu_flops_per_s"],
+                   # the kernel's column loop runs the word decode for MXFP4, not the f32 one
+                   "expert_pass": ["expert_pass_int4_s", "expert_pass_int8_s", "expert_pass_e2m1_words_s"]}},
                "entries": self.entries}
         if self.entries:
             write_atomic(self.out, json.dumps(doc, indent=1) + "\n", parents=True)
@@ -1273,8 +1276,9 @@ def expert_loop(b: Bench):
               f"through the megakernel's own expert_columns ({lay.column_group(m)} column block(s) a "
               f"decode pass, scale chunks of {lay.fmt.chunk} tiles), one dot a column block against "
               f"{rows} input rows", slope.notes("calls"),
-              not_modelled="measured beside expert-column-* (chunks a static loop), which price the "
-              "decode: on the TP8-core slice int4's routed experts ran 4-5 ns a tile over them")
+              not_modelled="" if lay.decode_kind else
+              "bf16 codes are the operand: no decode passes; the column loop's dots are priced by "
+              "components.matmul_time (bf16 routed experts are in no v5e kernel run)")
 
     rng = np.random.default_rng(0)
     for sl in b.sizes.expert_loop_slices:

@@ -81,7 +81,7 @@ def test_dry_run_file_calibrates_the_tpu_v5e_preset(dry_run):
     assert "mxu_push_fp8_s" not in new.components  # no fp8 MXU: nothing to fit, nothing to use
     rows = microbench.residual_table(data, new)
     fitted = {r["group"] for r in rows if r["within_target"] is not None}
-    optional = {"vpu", "vpu_decode", "xla_expert", "xla_dot", "embed"}
+    optional = {"vpu", "vpu_decode", "expert_pass", "xla_expert", "xla_dot", "embed"}
     assert {"dma", "mxu", "host"} <= fitted <= {"dma", "mxu", "host", "xla_copy"} | optional
     # a group may lack rows only where its entries were skipped for a noisy (non-positive) slope
     skipped = " ".join(data["context"]["skipped"])
