@@ -660,7 +660,7 @@ def fig_host_bench() -> str:
 # calibrate's group -> the component function of perfmodel/cost/components.py it fits
 COMPONENT_FUNCTIONS = {
     "dma": "dma_stream_time", "mxu": "matmul_time", "vpu_dequant": "dequant_matmul_time",
-    "vpu_decode": "vpu_decode_time",
+    "vpu_decode": "vpu_decode_time", "expert_pass": "decode_pass_time",
     "remote_copy": "remote_copy_time", "collective": "collective_time", "vpu": "topk_time, attention_core_time",
     "xla_glue": "xla_embedding_time",
     "host": "device_call_time", "gpu_launch": "kernel_launch_time", "gpu_kernel": "kernel_stream_time",
