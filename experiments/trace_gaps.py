@@ -12,9 +12,7 @@ is left of the phase is code the markers do not name: a stall, or work between m
 from __future__ import annotations
 
 import argparse
-import gzip
 import sys
-import tempfile
 from pathlib import Path
 
 PHASES = ("embed", "head", "layer/attention", "layer/ffn")
@@ -22,16 +20,8 @@ PHASES = ("embed", "head", "layer/attention", "layer/ffn")
 
 def markers(path: Path) -> list[tuple[float, float, str]]:
     """(start ns, end ns, name) of every in-kernel marker of the trace, in time order."""
-    from perfmodel.validate.traces import KERNEL_MARKERS, load_xspace
-    if path.suffix == ".gz":
-        with tempfile.NamedTemporaryFile(suffix=".xplane.pb") as f:
-            f.write(gzip.decompress(path.read_bytes()))
-            f.flush()
-            pd = load_xspace(Path(f.name))
-    else:
-        pd = load_xspace(path)
-    return sorted((ev.start_ns, ev.end_ns, ev.name) for plane in pd.planes if plane.name.startswith("/device:")
-                  for line in plane.lines if line.name == KERNEL_MARKERS for ev in line.events)
+    from perfmodel.validate.traces import kernel_markers, load_xspace
+    return kernel_markers(load_xspace(path))
 
 
 def step_gaps(evs: list[tuple[float, float, str]], step: int = 0) -> list[dict]:

@@ -363,7 +363,6 @@ def compare_xla_layers(run: dict, runs: list[dict], hw_name: str, where: Path) -
     `where`/xla_<slice>_b<B>.hlo.txt.gz: experiments/xla_reference_hlo.py) against the model's
     layers (the call's dispatch taken out of layer 0)."""
     import gzip
-    import tempfile
     from perfmodel.validate.traces import xla_layer_times
     trace = where / f"xla_{run['slice']}_{run['format']}_b{run['batch']}.xplane.pb.gz"
     hlo = where / f"xla_{run['slice']}_b{run['batch']}.hlo.txt.gz"
@@ -371,12 +370,8 @@ def compare_xla_layers(run: dict, runs: list[dict], hw_name: str, where: Path) -
         require(f.exists(), "file", shown(f), "not committed: the traced XLA run cannot be read per layer")
     xla = next((r for r in runs if r["kind"] == "xla" and _point(r) == _point(run)), None)
     require(xla is not None, "xla", None, f"no XLA run of {label(run)} to predict the trace at")
-    with tempfile.TemporaryDirectory() as d:
-        xp = Path(d) / "trace.xplane.pb"
-        xp.write_bytes(gzip.decompress(trace.read_bytes()))
-        _, _, p, t0 = predict_xla(run, reference_context(xla), hw_name, prediction=True)
-        layers, per_call, steps = xla_layer_times(xp, gzip.decompress(hlo.read_bytes()).decode(),
-                                                  len(p.layers) - 2)
+    _, _, p, t0 = predict_xla(run, reference_context(xla), hw_name, prediction=True)
+    layers, per_call, steps = xla_layer_times(trace, gzip.decompress(hlo.read_bytes()).decode(), len(p.layers) - 2)
     rows = [{"layer": r.layer, "kind": r.kind, "predicted_s": r.time_s - (t0 if r.layer == 0 else 0.0),
              "traced_s": layers.get(r.layer, 0.0)} for r in p.layers]
     for r in rows:

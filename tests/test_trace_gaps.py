@@ -31,3 +31,11 @@ def test_a_step_the_trace_lacks_is_one_line_naming_it(capsys):
     assert err.startswith("trace_gaps: error:") and "step=99" in err and len(err.splitlines()) == 1
     assert trace_gaps.main([str(TRACE), "--min-us", "1"]) == 0
     assert "layer 4 attention" in capsys.readouterr().out
+
+
+def test_a_truncated_gzip_is_one_line_naming_the_file(tmp_path, capsys):
+    bad = tmp_path / "cut.xplane.pb.gz"
+    bad.write_bytes(TRACE.read_bytes()[:1000])
+    assert trace_gaps.main([str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("trace_gaps: error: trace=") and "cut.xplane.pb.gz" in err and len(err.splitlines()) == 1

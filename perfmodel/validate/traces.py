@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import gzip
 import os
 import re
 import statistics
@@ -281,12 +282,15 @@ def _native_stderr_silenced():
 
 
 def load_xspace(path: Path):
-    """`jax.profiler.ProfileData` of one `.xplane.pb`, with a clear error for bad files."""
+    """`jax.profiler.ProfileData` of one `.xplane.pb` (or its gzip, as the repository keeps them),
+    with a clear error for bad files."""
     from jax.profiler import ProfileData
     try:
         data = Path(path).read_bytes()
-    except OSError as e:
-        raise SpecError("trace", str(path), e.strerror or type(e).__name__) from None
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+    except (OSError, EOFError) as e:
+        raise SpecError("trace", str(path), getattr(e, "strerror", None) or str(e) or type(e).__name__) from None
     if not data:
         raise SpecError("trace", str(path), "empty file (no XSpace protobuf)")
     try:
@@ -658,18 +662,18 @@ def _outside_kernel(device_ops: list[tuple[float, float]], kernel: list[OpEvent]
     return sum(e - s for s, e in device_ops if t0 <= s < t1 and (e <= a or s >= b)) * 1e-9
 
 
+def kernel_markers(pd) -> list[tuple[float, float, str]]:
+    """(start ns, end ns, name) of every in-kernel marker on the device planes, in time order."""
+    return sorted((ev.start_ns, ev.end_ns, ev.name) for plane in pd.planes if plane.name.startswith("/device:")
+                  for line in plane.lines if line.name == KERNEL_MARKERS for ev in line.events)
+
+
 def _sub_phases(pd, ops: list[OpEvent], windows) -> dict[str, list[float]]:
     """Per step, the in-kernel markers nested in a layer's phase that name no phase themselves
     (`router`, `experts`, ...), summed per `<phase scope>/<name>` (seconds): not added to the
     layer sums, which their phase already holds."""
-    nested = []
-    for plane in pd.planes:
-        if plane.name.startswith("/device:"):
-            for line in plane.lines:
-                if line.name == KERNEL_MARKERS:
-                    nested += [(ev.start_ns, ev.end_ns, ev.name) for ev in line.events
-                               if not (MARKER_RE.fullmatch(ev.name) or SCOPE_RE.search(ev.name)
-                                       or LOOP_RE.search(ev.name))]
+    nested = [(a, b, name) for a, b, name in kernel_markers(pd)
+              if not (MARKER_RE.fullmatch(name) or SCOPE_RE.search(name) or LOOP_RE.search(name))]
     out: dict[str, list[float]] = defaultdict(list)
     for _, t0, t1 in windows:
         step: dict[str, float] = defaultdict(float)
